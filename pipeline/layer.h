@@ -104,6 +104,11 @@ Layer MakeFunctionLayer(std::string type_name, FunctionLayer::Fn fn);
 // Runs `layers` one after another.
 Activations RunLayers(const std::vector<Layer>& layers, Activations inputs, const MicroBatch& batch);
 
+// How a stage runs its local layers. RunLayers is the plain one; activation
+// checkpointing (checkpoint/) supplies one that recomputes ranges in backward.
+using LayerRunner =
+    std::function<Activations(const std::vector<Layer>& layers, Activations inputs, const MicroBatch& batch)>;
+
 }  // namespace pp
 
 #endif  // PIPELINE_LAYER_H_
