@@ -189,7 +189,7 @@ void P2P::ResetShapes() {
 }
 
 absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage, const Activations& tensors,
-                                  const std::string& what) {
+                                  const std::string& what, int64_t message_id) {
   PP_RETURN_IF_ERROR(ReapCompletedSends());
   PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kActivation, src_stage, dst_stage));
   std::vector<TensorMeta> layout = LayoutOf(tensors);
@@ -217,7 +217,7 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage, const 
       c[0] = kSameHeader;
     } else {
       std::vector<int64_t> words = EncodeHeader(layout);
-      if (static_cast<int>(words.size()) < kControlWords) {
+      if (static_cast<int>(words.size()) < kIdWord) {
         c[0] = kInlineHeader;
         std::copy(words.begin(), words.end(), c + 1);
       } else {
@@ -228,6 +228,7 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage, const 
       sent_headers_[key] = layout;
       ++stats_.header_messages;
     }
+    c[kIdWord] = message_id;
     ++stats_.control_messages;
     PP_RETURN_IF_ERROR(PostSend(control, peer, tag, what));
     if (header.defined()) PP_RETURN_IF_ERROR(PostSend(header, peer, tag, what));
@@ -239,15 +240,17 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage, const 
 }
 
 absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int dst_stage,
-                                                 const std::string& what) {
+                                                 const std::string& what, int64_t* message_id) {
   PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kActivation, src_stage, dst_stage));
   std::vector<TensorMeta> layout;
+  if (message_id != nullptr) *message_id = -1;
   if (options_.fixed_layout.has_value()) {
     layout = *options_.fixed_layout;
   } else {
     torch::Tensor control = torch::empty({kControlWords}, torch::kInt64);
     PP_RETURN_IF_ERROR(RecvInto(control, peer, tag, what));
     const int64_t* c = control.data_ptr<int64_t>();
+    if (message_id != nullptr) *message_id = c[kIdWord];
     const ChannelKey key{src_stage, dst_stage};
     if (c[0] == kSameHeader) {
       auto it = received_headers_.find(key);
@@ -259,7 +262,7 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
     } else {
       std::vector<int64_t> words;
       if (c[0] == kInlineHeader) {
-        words.assign(c + 1, c + kControlWords);
+        words.assign(c + 1, c + kIdWord);
       } else if (c[0] == kHeaderFollows) {
         const int64_t length = c[1];
         if (length <= 0 || length > (1 << 20)) {

@@ -13,13 +13,16 @@
 //                                   on this channel; nothing else follows
 //          word 0 = kInlineHeader -> words 1.. hold the new header
 //          word 0 = kHeaderFollows-> word 1 = header length L; then
+//          word kIdWord (the last) = the message id (the micro-batch id the
+//                                   payload belongs to; -1 if none)
 //     2. header: int64[L]  (only for kHeaderFollows: huge tensor counts)
 //     3. the tensors, one message each, in order (empty tensors are skipped)
 //   header = [count, then per tensor: dtype, requires_grad, ndim, dims...]
 //
 //   activation message, fixed-shape mode (P2POptions::fixed_layout set;
 //   ColossalAI's `tensor_shape`): only step 3; both sides use the layout
-//   given in the options and no control or header is ever sent.
+//   given in the options and no control or header is ever sent (so the
+//   message id is not transmitted either: the receiver sees -1).
 //
 //   gradient message: only step 3, for exactly the tensors whose header said
 //   requires_grad, in order. Its layout needs no header: the receiver is the
@@ -99,10 +102,11 @@ struct P2PStats {
 // See the file comment. Owns nothing but a reference to the process group.
 class P2P {
  public:
-  static constexpr int kControlWords = 64;
+  static constexpr int kControlWords = 64;  // header words inline: kControlWords - 2
   static constexpr int64_t kSameHeader = 0;
   static constexpr int64_t kInlineHeader = 1;
   static constexpr int64_t kHeaderFollows = 2;
+  static constexpr int kIdWord = kControlWords - 1;
   // Virtual stage ids must be below this (tags encode a stage pair).
   static constexpr int kMaxStages = 4096;
 
@@ -114,13 +118,15 @@ class P2P {
 
   // Sends `tensors` from virtual stage `src_stage` to `dst_stage` on rank
   // `peer`. `what` names the action for error messages (e.g. "1SEND_F3").
+  // `message_id` travels in the control word (dynamic-shape mode only).
   absl::Status SendActivations(int peer, int src_stage, int dst_stage, const Activations& tensors,
-                               const std::string& what);
+                               const std::string& what, int64_t message_id = -1);
   // Receives the payload that SendActivations(…, src_stage, dst_stage, …)
   // sent from rank `peer`. Tensors flagged requires_grad come back as leaves
-  // that require grad.
+  // that require grad. `*message_id` (if given) gets the sender's id, or -1
+  // in fixed-shape mode.
   absl::StatusOr<Activations> RecvActivations(int peer, int src_stage, int dst_stage,
-                                              const std::string& what);
+                                              const std::string& what, int64_t* message_id = nullptr);
 
   // Sends the gradients of the activations `dst_stage` received from
   // `src_stage` back to `peer` (the rank of src_stage). `grads` holds one

@@ -92,9 +92,11 @@ TEST(P2PTest, HeaderOnlyOnLayoutChangeAndBuffersReused) {
     std::vector<std::vector<int64_t>> shapes = {{2, 3}, {2, 3}, {4, 3}, {2, 3}, {4, 3}};
     for (size_t i = 0; i < shapes.size(); ++i) {
       if (tr.rank == 0) {
-        PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {torch::full(shapes[i], float(i))}, "send"));
+        PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {torch::full(shapes[i], float(i))}, "send", 100 + i));
       } else {
-        PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "recv"));
+        int64_t id = -2;
+        PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "recv", &id));
+        PP_RETURN_IF_ERROR(Check(id == static_cast<int64_t>(100 + i), "message id carried"));
         PP_RETURN_IF_ERROR(Check(got[0].sizes().vec() == shapes[i], "shape"));
         PP_RETURN_IF_ERROR(Check(torch::equal(got[0], torch::full(shapes[i], float(i))), "value"));
         p2p.Recycle(std::move(got));
