@@ -92,7 +92,7 @@ class ParallelGrid {
   // DeadlineExceeded when a member never calls it.
   absl::StatusOr<ProcessGroupPtr> NewGroup(const std::vector<int>& ranks, const std::string& name);
 
-  // One line: "rank 3 pipe=1 data=1 model=0 | stage 1/2 dp 1/2 | pipe [1,3] data [2,3] model [3]".
+  // One line: "rank 3 pipe=2 x data=2 | stage 1/2 dp 1/2 mp 0/1 | pipe [1,3] data [2,3] model [3]".
   std::string DebugString() const;
 
  private:

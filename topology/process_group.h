@@ -11,6 +11,7 @@
 #define TOPOLOGY_PROCESS_GROUP_H_
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -47,6 +48,13 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
 // naming the prefix. REQUIRES: 0 <= rank < size.
 absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::string& prefix,
                                              int rank, int size, const GroupOptions& options);
+
+// e.what(), without the C++ backtrace c10::Error carries.
+std::string ExceptionMessage(const std::exception& e);
+
+// True when a c10d error message reports an expired wait (c10d throws plain
+// c10::Error for timeouts: "Socket Timeout", "Timeout waiting for key", ...).
+bool LooksLikeTimeout(const std::string& message);
 
 }  // namespace pp
 

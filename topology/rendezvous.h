@@ -68,6 +68,13 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
 // Rendezvous(DistEnvFromEnvironment(), options).
 absl::StatusOr<World> RendezvousFromEnv(const RendezvousOptions& options);
 
+// A TCP port on `address` that was free a moment ago (bind to port 0, read the
+// port, close). Racy by nature; used to pick MASTER_PORT on a single node.
+absl::StatusOr<int> PickFreePort(const std::string& address = "127.0.0.1");
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool IsLoopbackAddress(const std::string& address);
+
 }  // namespace pp
 
 #endif  // TOPOLOGY_RENDEZVOUS_H_
