@@ -7,8 +7,9 @@
 namespace pp {
 namespace {
 
-int64_t MicrosSince(std::chrono::steady_clock::time_point epoch) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - epoch)
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -40,8 +41,7 @@ StageExecutor::StageExecutor(int rank,
       source_(source),
       pipe_group_(pipe_group),
       options_(std::move(options)),
-      p2p_(pipe_group, options_.p2p),
-      epoch_(std::chrono::steady_clock::now()) {}
+      p2p_(pipe_group, options_.p2p) {}
 
 bool StageExecutor::IsLocal(const StepState& st, int stage) const {
   return stage >= 0 && stage < static_cast<int>(st.program->stage_to_rank.size()) &&
@@ -91,7 +91,7 @@ absl::StatusOr<const MicroBatchData*> StageExecutor::Data(StepState& st, int mb)
   auto it = st.data.find(mb);
   if (it != st.data.end()) return &it->second;
   const int64_t index = static_cast<int64_t>(options_.data_parallel_id) * st.program->num_microbatches + mb;
-  PP_ASSIGN_OR_RETURN(MicroBatchData data, source_->Get(st.step, index));
+  PP_ASSIGN_OR_RETURN(MicroBatchData data, st.source->Get(st.step, index));
   return &st.data.emplace(mb, std::move(data)).first->second;
 }
 
@@ -298,24 +298,27 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
   return absl::InternalError(absl::StrCat("unknown action type in ", Name(a)));
 }
 
-absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int64_t step, const TailFn& tail) {
+absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int64_t step, const TailFn& tail,
+                                              MicroBatchSource* source) {
   PP_RETURN_IF_ERROR(Validate(program));
   StepState st;
+  st.source = source != nullptr ? source : source_;
+  if (st.source == nullptr) return absl::InvalidArgumentError("StageExecutor::Run needs a MicroBatchSource");
   st.program = &program;
   st.step = step;
   st.forward_only = program.forward_only;
-  const int64_t start = MicrosSince(epoch_);
+  const int64_t start = NowMicros();
   absl::Status status = TorchCall(absl::StrCat("step ", step, " on rank ", rank_), [&] {
     std::optional<torch::NoGradGuard> no_grad;
     if (st.forward_only) no_grad.emplace();
     for (const Action& a : program.ranks[rank_]) {
-      const int64_t t0 = MicrosSince(epoch_);
+      const int64_t t0 = NowMicros();
       absl::Status s = Execute(a, st, tail);
       if (!s.ok()) {
         status_holder_ = s;
         return;
       }
-      const int64_t t1 = MicrosSince(epoch_);
+      const int64_t t1 = NowMicros();
       if (IsCompute(a.type)) st.stats.busy_us += t1 - t0;
       if (options_.trace) st.stats.timings.push_back(ActionTiming{a, t0, t1});
     }
@@ -328,7 +331,7 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
                                               " stashed micro-batches without backward"));
   }
   if (!status.ok()) return status;
-  st.stats.wall_us = MicrosSince(epoch_) - start;
+  st.stats.wall_us = NowMicros() - start;
   return std::move(st.stats);
 }
 

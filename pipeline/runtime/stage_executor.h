@@ -68,7 +68,8 @@ using LossFn = std::function<torch::Tensor(const Activations& outputs, const Mic
 // Wall-clock interval of one executed action, for traces and busy/idle time.
 struct ActionTiming {
   Action action;
-  int64_t start_us = 0;  // since the executor's epoch (see StageExecutor::epoch)
+  // steady_clock microseconds: comparable across the processes of one host.
+  int64_t start_us = 0;
   int64_t end_us = 0;
 };
 
@@ -110,11 +111,12 @@ class StageExecutor {
   // passed to `tail` in order. With `forward_only` (evaluation), runs under
   // no-grad and keeps nothing for backward. LibTorch errors become Status.
   // On error the executor's per-step state is cleared.
+  // `source` overrides the constructor's source for this run (evaluation).
   using TailFn = std::function<absl::Status(const Action&)>;
-  absl::StatusOr<StepStats> Run(const LoweredProgram& program, int64_t step, const TailFn& tail);
+  absl::StatusOr<StepStats> Run(const LoweredProgram& program, int64_t step, const TailFn& tail,
+                                MicroBatchSource* source = nullptr);
 
   P2P& p2p() { return p2p_; }
-  std::chrono::steady_clock::time_point epoch() const { return epoch_; }
 
  private:
   using Key = std::pair<int, int>;  // (virtual stage, micro-batch)
@@ -128,6 +130,7 @@ class StageExecutor {
     const LoweredProgram* program = nullptr;
     int64_t step = 0;
     bool forward_only = false;
+    MicroBatchSource* source = nullptr;
     std::map<int, MicroBatchData> data;                  // by micro-batch
     std::map<Key, std::pair<Activations, bool>> inbox;   // inputs for F: (tensors, received)
     std::map<Key, int64_t> inbox_ids;                    // micro-batch id that came with them
@@ -153,7 +156,6 @@ class StageExecutor {
   c10::intrusive_ptr<c10d::ProcessGroup> pipe_group_;
   StageExecutorOptions options_;
   P2P p2p_;
-  std::chrono::steady_clock::time_point epoch_;
   absl::Status status_holder_;  // an action's error, carried out of TorchCall
 };
 
