@@ -54,6 +54,38 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule,
       internal_schedule::TimeComputeOrder(schedule, costs);
   if (!timing.ok()) return timing.status();
 
+  // Per rank, the closed intervals in which it is between computes (rule
+  // step 2): [end of compute i-1, start of compute i], and after its last.
+  constexpr int kForever = 1 << 30;
+  std::vector<std::vector<std::pair<int, int>>> between(schedule.num_stages);
+  for (int r = 0; r < schedule.num_stages; ++r) {
+    int lo = 0;
+    for (size_t i = 0; i < timing->start[r].size(); ++i) {
+      between[r].push_back({lo, timing->start[r][i]});
+      lo = timing->end[r][i];
+    }
+    between[r].push_back({lo, kForever});
+  }
+  // Earliest t in [lo, hi] at which ranks a and b are both between computes;
+  // `lo` if there is none.
+  auto meeting_time = [&](int a, int b, int lo, int hi) {
+    const auto& x = between[a];
+    const auto& y = between[b];
+    size_t i = 0, j = 0;
+    while (i < x.size() && j < y.size()) {
+      const int from = std::max({x[i].first, y[j].first, lo});
+      const int to = std::min({x[i].second, y[j].second, hi});
+      if (from <= to) return from;
+      if (from > hi) break;
+      if (x[i].second < y[j].second) {
+        ++i;
+      } else {
+        ++j;
+      }
+    }
+    return lo;
+  };
+
   std::vector<Event> events;
   for (int r = 0; r < schedule.num_stages; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
@@ -63,8 +95,9 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule,
         if (dep.rank == r) continue;  // local hand-off
         const Action& producer = schedule.ranks[dep.rank][dep.pos];
         const int direction = producer.type == ActionType::kForward ? 0 : 1;
-        events.push_back({timing->end[dep.rank][dep.pos], 0, producer.stage,
-                          direction, a.microbatch});
+        const int t = meeting_time(dep.rank, r, timing->end[dep.rank][dep.pos],
+                                   timing->start[r][i]);
+        events.push_back({t, 0, producer.stage, direction, a.microbatch});
       }
     }
   }

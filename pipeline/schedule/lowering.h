@@ -32,8 +32,11 @@
 //     in the listed order, each as soon as its inputs exist (F(s,mb) after
 //     F(s-1,mb); B/I(s,mb) after F(s,mb) and B/I(s+1,mb); W after I), with
 //     the positive integer costs of LoweringOptions.
-//  2. Every input that crosses ranks becomes one message at time t = end of
-//     its producing compute.
+//  2. Every input that crosses ranks becomes one message, timed at the
+//     earliest instant t in [end of producer, start of consumer] at which
+//     both ranks are between computes (so neither waits for the other when
+//     the real costs match these), or at the end of the producer if there is
+//     no such instant.
 //  3. Sort all events into one global sequence by (time, messages before
 //     computes, producing stage, micro-batch); each rank's program is the
 //     projection of that sequence: a compute becomes itself, a message becomes
