@@ -71,7 +71,16 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule,
   auto meeting_time = [&](int a, int b, int lo, int hi) {
     const auto& x = between[a];
     const auto& y = between[b];
-    size_t i = 0, j = 0;
+    // Intervals are sorted and disjoint: skip those ending before `lo`.
+    auto first_reaching = [lo](const std::vector<std::pair<int, int>>& v) {
+      return static_cast<size_t>(
+          std::partition_point(v.begin(), v.end(),
+                               [lo](const std::pair<int, int>& iv) {
+                                 return iv.second < lo;
+                               }) -
+          v.begin());
+    };
+    size_t i = first_reaching(x), j = first_reaching(y);
     while (i < x.size() && j < y.size()) {
       const int from = std::max({x[i].first, y[j].first, lo});
       const int to = std::min({x[i].second, y[j].second, hi});
