@@ -104,7 +104,7 @@ absl::Status AverageGrads(const std::vector<torch::Tensor>& params,
 absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_params,
                                       const c10::intrusive_ptr<c10d::ProcessGroup>& pipe_group,
                                       const c10::intrusive_ptr<c10d::ProcessGroup>& data_group,
-                                      std::chrono::milliseconds timeout) {
+                                      std::chrono::milliseconds timeout, torch::Device device) {
   torch::NoGradGuard no_grad;
   double local = 0.0;
   for (const torch::Tensor& p : counted_params) {
@@ -113,7 +113,7 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_
     const double n = p.grad().detach().norm().item<double>();
     local += n * n;
   }
-  torch::Tensor sumsq = torch::tensor({local}, torch::kDouble);
+  torch::Tensor sumsq = torch::tensor({local}, torch::kDouble).to(device);
   std::vector<at::Tensor> one = {sumsq};
   if (pipe_group && pipe_group->getSize() > 1) {
     PP_RETURN_IF_ERROR(Collective("grad-norm all-reduce over the pipe group", timeout,
@@ -124,7 +124,7 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_
                                   [&] { return data_group->allreduce(one); }));
     sumsq.div_(static_cast<double>(data_group->getSize()));
   }
-  return std::sqrt(sumsq.item<double>());
+  return std::sqrt(sumsq.cpu().item<double>());
 }
 
 void ClipGradsToNorm(const std::vector<torch::Tensor>& params, double norm, double max_norm) {

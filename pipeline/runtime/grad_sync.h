@@ -52,11 +52,12 @@ absl::Status AverageGrads(const std::vector<torch::Tensor>& params,
 // The L2 norm of all gradients of the model: the sum of squares of
 // `counted_params`' gradients is summed over `pipe_group` and averaged over
 // `data_group` (after AverageGrads replicas agree; averaging makes every rank
-// use the bit-identical norm). Null groups are skipped.
+// use the bit-identical norm). Null groups are skipped. `device` holds the
+// reduced scalar (the rank's CUDA device for NCCL).
 absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_params,
                                       const c10::intrusive_ptr<c10d::ProcessGroup>& pipe_group,
                                       const c10::intrusive_ptr<c10d::ProcessGroup>& data_group,
-                                      std::chrono::milliseconds timeout);
+                                      std::chrono::milliseconds timeout, torch::Device device = torch::kCPU);
 
 // Scales all `params`' gradients by max_norm / (norm + 1e-6) when norm >
 // max_norm, like torch::nn::utils::clip_grad_norm_.

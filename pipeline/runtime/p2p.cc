@@ -162,7 +162,7 @@ torch::Tensor P2P::TakeBuffer(c10::ScalarType dtype, const std::vector<int64_t>&
     return t;
   }
   ++stats_.buffers_allocated;
-  return torch::empty(shape, torch::TensorOptions().dtype(dtype));
+  return torch::empty(shape, torch::TensorOptions().dtype(dtype).device(options_.device));
 }
 
 void P2P::Recycle(Activations tensors) {
@@ -230,8 +230,8 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage, const 
     }
     c[kIdWord] = message_id;
     ++stats_.control_messages;
-    PP_RETURN_IF_ERROR(PostSend(control, peer, tag, what));
-    if (header.defined()) PP_RETURN_IF_ERROR(PostSend(header, peer, tag, what));
+    PP_RETURN_IF_ERROR(PostSend(control.to(options_.device), peer, tag, what));
+    if (header.defined()) PP_RETURN_IF_ERROR(PostSend(header.to(options_.device), peer, tag, what));
   }
   for (const torch::Tensor& t : tensors) {
     PP_RETURN_IF_ERROR(PostSend(t, peer, tag, what));
@@ -247,8 +247,9 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
   if (options_.fixed_layout.has_value()) {
     layout = *options_.fixed_layout;
   } else {
-    torch::Tensor control = torch::empty({kControlWords}, torch::kInt64);
+    torch::Tensor control = torch::empty({kControlWords}, torch::dtype(torch::kInt64).device(options_.device));
     PP_RETURN_IF_ERROR(RecvInto(control, peer, tag, what));
+    control = control.cpu();
     const int64_t* c = control.data_ptr<int64_t>();
     if (message_id != nullptr) *message_id = c[kIdWord];
     const ChannelKey key{src_stage, dst_stage};
@@ -268,8 +269,9 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
         if (length <= 0 || length > (1 << 20)) {
           return absl::DataLossError(absl::StrCat(what, ": bad p2p header length ", length));
         }
-        torch::Tensor header = torch::empty({length}, torch::kInt64);
+        torch::Tensor header = torch::empty({length}, torch::dtype(torch::kInt64).device(options_.device));
         PP_RETURN_IF_ERROR(RecvInto(header, peer, tag, what));
+        header = header.cpu();
         const int64_t* h = header.data_ptr<int64_t>();
         words.assign(h, h + length);
       } else {

@@ -88,6 +88,9 @@ struct P2POptions {
   // Fixed-shape mode: when set, every activation payload on every channel has
   // exactly this layout, and no control message or header is sent.
   std::optional<std::vector<TensorMeta>> fixed_layout;
+  // Where receive buffers, control words and headers live: kCPU for Gloo; the
+  // rank's CUDA device for NCCL (which moves only device tensors).
+  torch::Device device = torch::kCPU;
 };
 
 // Counters, for tests and the benchmark.

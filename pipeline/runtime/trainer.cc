@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   StageExecutorOptions eo;
   eo.p2p.timeout = options.timeout;
   eo.p2p.fixed_layout = options.fixed_layout;
+  eo.p2p.device = options.device;
   eo.data_parallel_id = grid->data_parallel_id();
   eo.trace = options.trace;
   t->executor_ = std::make_unique<StageExecutor>(grid->stage_id(), std::move(stages), std::move(loss_fn), source,
@@ -127,7 +128,8 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
     }
     case ActionType::kOptimizerStep: {
       PP_ASSIGN_OR_RETURN(result.grad_norm,
-                          GlobalGradNorm(counted_params_, grid_->pipe_group(), grid_->data_group(), options_.timeout));
+                          GlobalGradNorm(counted_params_, grid_->pipe_group(), grid_->data_group(), options_.timeout,
+                                         options_.device));
       if (options_.max_grad_norm > 0) ClipGradsToNorm(params_, result.grad_norm, options_.max_grad_norm);
       return TorchCall("optimizer step", [&] { optimizer_->step(); });
     }
@@ -137,7 +139,7 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
 }
 
 absl::StatusOr<double> Trainer::ReduceLoss(const StepStats& stats) {
-  torch::Tensor loss = torch::tensor({stats.loss_sum}, torch::kDouble);
+  torch::Tensor loss = torch::tensor({stats.loss_sum}, torch::kDouble).to(options_.device);
   std::vector<at::Tensor> one = {loss};
   absl::Status s = TorchCall("loss all-reduce", [&] {
     if (grid_->num_stages() > 1) {
@@ -148,7 +150,7 @@ absl::StatusOr<double> Trainer::ReduceLoss(const StepStats& stats) {
     }
   });
   PP_RETURN_IF_ERROR(s);
-  return loss.item<double>() /
+  return loss.cpu().item<double>() /
          static_cast<double>(options_.num_microbatches * grid_->data_parallel_size());
 }
 
@@ -170,16 +172,20 @@ absl::StatusOr<StepResult> Trainer::Step() {
   // Busy/idle of every rank (one small all-gather).
   const int world = grid_->world_size();
   torch::Tensor mine = torch::tensor({static_cast<double>(stats.busy_us), static_cast<double>(stats.wall_us)},
-                                     torch::kDouble);
+                                     torch::kDouble)
+                           .to(options_.device);
   std::vector<std::vector<at::Tensor>> gathered(1);
-  for (int r = 0; r < world; ++r) gathered[0].push_back(torch::empty({2}, torch::kDouble));
+  for (int r = 0; r < world; ++r) {
+    gathered[0].push_back(torch::empty({2}, torch::dtype(torch::kDouble).device(options_.device)));
+  }
   std::vector<at::Tensor> input = {mine};
   PP_RETURN_IF_ERROR(TorchCall("busy-time all-gather", [&] {
     (void)WaitCollective(grid_->world_group()->allgather(gathered, input), options_.timeout);
   }));
   for (int r = 0; r < world; ++r) {
-    const double busy = gathered[0][r][0].item<double>() * 1e-6;
-    const double wall = gathered[0][r][1].item<double>() * 1e-6;
+    torch::Tensor got = gathered[0][r].cpu();
+    const double busy = got[0].item<double>() * 1e-6;
+    const double wall = got[1].item<double>() * 1e-6;
     result.busy_seconds.push_back(busy);
     result.idle_seconds.push_back(std::max(0.0, wall - busy));
   }
@@ -202,11 +208,13 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
   const int world = grid_->world_size();
   const int64_t n = static_cast<int64_t>(last_timings_.size());
   std::vector<std::vector<at::Tensor>> counts(1);
-  for (int r = 0; r < world; ++r) counts[0].push_back(torch::empty({1}, torch::kLong));
-  std::vector<at::Tensor> my_count = {torch::tensor({n}, torch::kLong)};
+  const auto on_device = torch::dtype(torch::kLong).device(options_.device);
+  for (int r = 0; r < world; ++r) counts[0].push_back(torch::empty({1}, on_device));
+  std::vector<at::Tensor> my_count = {torch::tensor({n}, torch::kLong).to(options_.device)};
   PP_RETURN_IF_ERROR(TorchCall("trace count all-gather", [&] {
     (void)WaitCollective(grid_->world_group()->allgather(counts, my_count), options_.timeout);
   }));
+  for (int r = 0; r < world; ++r) counts[0][r] = counts[0][r].cpu();
   int64_t max_n = 1;
   for (int r = 0; r < world; ++r) max_n = std::max(max_n, counts[0][r].item<int64_t>());
   torch::Tensor table = torch::zeros({max_n, 5}, torch::kLong);
@@ -219,11 +227,12 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
     table[i][4] = t.end_us;
   }
   std::vector<std::vector<at::Tensor>> tables(1);
-  for (int r = 0; r < world; ++r) tables[0].push_back(torch::empty({max_n, 5}, torch::kLong));
-  std::vector<at::Tensor> mine = {table};
+  for (int r = 0; r < world; ++r) tables[0].push_back(torch::empty({max_n, 5}, on_device));
+  std::vector<at::Tensor> mine = {table.to(options_.device)};
   PP_RETURN_IF_ERROR(TorchCall("trace all-gather", [&] {
     (void)WaitCollective(grid_->world_group()->allgather(tables, mine), options_.timeout);
   }));
+  for (int r = 0; r < world; ++r) tables[0][r] = tables[0][r].cpu();
   int64_t t0 = INT64_MAX;
   for (int r = 0; r < world; ++r) {
     const int64_t cnt = counts[0][r].item<int64_t>();

@@ -52,6 +52,10 @@ struct TrainerOptions {
   double max_grad_norm = 0.0;  // > 0: clip to this global norm
   // Every receive, send completion and collective waits at most this long.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Device of the p2p buffers and of the small tensors of the step's
+  // collectives (loss, norm, timings): kCPU for Gloo, the rank's CUDA device
+  // with NCCL (the model must be on it too).
+  torch::Device device = torch::kCPU;
   // Fixed-shape p2p (no headers); see P2POptions::fixed_layout.
   std::optional<std::vector<TensorMeta>> fixed_layout;
   // Set on every stage module (activation checkpointing); null keeps RunLayers.
