@@ -121,6 +121,7 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
     to.max_grad_norm = config.max_grad_norm;
     to.timeout = config.timeout;
     to.reduce_tied_grads = config.reduce_tied_grads;
+    to.defer_receives = config.defer_receives;
     PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, to));
     for (int step = 0; step < config.steps; ++step) {
       PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());

@@ -53,6 +53,7 @@ struct RunConfig {
   LrScheduleConfig lr_schedule;
   double max_grad_norm = 0.0;
   bool reduce_tied_grads = true;
+  bool defer_receives = true;
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
 };
 

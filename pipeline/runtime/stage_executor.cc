@@ -1,5 +1,7 @@
 #include "pipeline/runtime/stage_executor.h"
 
+#include <deque>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
@@ -311,17 +313,54 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
   absl::Status status = TorchCall(absl::StrCat("step ", step, " on rank ", rank_), [&] {
     std::optional<torch::NoGradGuard> no_grad;
     if (st.forward_only) no_grad.emplace();
-    for (const Action& a : program.ranks[rank_]) {
+    // Runs one action, timed. False (with status_holder_ set) on error.
+    auto run = [&](const Action& a) {
       const int64_t t0 = NowMicros();
       absl::Status s = Execute(a, st, tail);
       if (!s.ok()) {
         status_holder_ = absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
-        return;
+        return false;
       }
       const int64_t t1 = NowMicros();
       if (IsCompute(a.type)) st.stats.busy_us += t1 - t0;
       if (options_.trace) st.stats.timings.push_back(ActionTiming{a, t0, t1});
+      return true;
+    };
+    // Deferred receives: a RECV waits only when its data is needed (or at
+    // the tail), so a rank computes what it can before it blocks. Receives
+    // still complete in program order, which keeps each channel's messages
+    // in the order they were sent; sends are asynchronous, so deferring a
+    // receive cannot create a cycle of waits.
+    std::deque<Action> deferred;
+    auto drain_until = [&](const Action* needed) {
+      while (!deferred.empty()) {
+        const Action r = deferred.front();
+        deferred.pop_front();
+        if (!run(r)) return false;
+        if (needed != nullptr && r == *needed) return true;
+      }
+      return true;
+    };
+    const int last = program.num_virtual_stages() - 1;
+    for (const Action& a : program.ranks[rank_]) {
+      if (options_.defer_receives &&
+          (a.type == ActionType::kRecvForward || a.type == ActionType::kRecvBackward)) {
+        deferred.push_back(a);
+        continue;
+      }
+      if (a.type == ActionType::kForward && a.stage > 0 && st.inbox.count({a.stage, a.microbatch}) == 0) {
+        const Action needed{a.stage, ActionType::kRecvForward, a.microbatch};
+        if (!drain_until(&needed)) return;
+      } else if (a.type == ActionType::kBackward && a.stage < last &&
+                 st.grad_inbox.count({a.stage, a.microbatch}) == 0) {
+        const Action needed{a.stage, ActionType::kRecvBackward, a.microbatch};
+        if (!drain_until(&needed)) return;
+      } else if (IsTail(a.type)) {
+        if (!drain_until(nullptr)) return;
+      }
+      if (!run(a)) return;
     }
+    if (!drain_until(nullptr)) return;
   });
   if (status.ok() && !status_holder_.ok()) status = status_holder_;
   status_holder_ = absl::OkStatus();

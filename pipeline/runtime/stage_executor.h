@@ -90,6 +90,9 @@ struct StageExecutorOptions {
   int data_parallel_id = 0;
   // Record per-action timings.
   bool trace = true;
+  // Wait for a RECV only when a compute needs its data (or at the tail),
+  // instead of at its place in the program; see Run.
+  bool defer_receives = true;
 };
 
 // Executes lowered programs for the virtual stages of one rank. Borrows the

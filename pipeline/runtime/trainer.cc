@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   eo.p2p.device = options.device;
   eo.data_parallel_id = grid->data_parallel_id();
   eo.trace = options.trace;
+  eo.defer_receives = options.defer_receives;
   t->executor_ = std::make_unique<StageExecutor>(grid->stage_id(), std::move(stages), std::move(loss_fn), source,
                                                  grid->pipe_group(), eo);
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->train_program_));

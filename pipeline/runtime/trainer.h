@@ -62,6 +62,8 @@ struct TrainerOptions {
   LayerRunner layer_runner;
   // Record per-action timings (busy/idle, Chrome trace).
   bool trace = true;
+  // See StageExecutorOptions::defer_receives.
+  bool defer_receives = true;
   // Testing only: skip the tied-gradient all-reduce (shows that the
   // equivalence tests detect a missing reduction).
   bool reduce_tied_grads = true;
