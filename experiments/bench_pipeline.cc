@@ -38,6 +38,7 @@
 #include "pipeline/layer_spec.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/optimizer.h"
+#include "pipeline/runtime/stage_executor.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/schedule/action.h"
 #include "pipeline/schedule/lowering.h"
@@ -319,7 +320,9 @@ absl::Status RunBenchmark(const char* self) {
   so.num_stages = 2;
   so.num_microbatches = m;
   PP_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(absl::GetFlag(FLAGS_schedule), so));
-  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+  PP_ASSIGN_OR_RETURN(LoweredProgram lowered, Lower(schedule));
+  // The program the runtime executes (receives deferred to their consumers).
+  const LoweredProgram program = DeferReceives(lowered);
   const double f0 = pp2["cost"]["0F"].get<double>(), f1 = pp2["cost"]["1F"].get<double>();
   const double b0 = pp2["cost"]["0B"].get<double>(), b1 = pp2["cost"]["1B"].get<double>();
   SimulationCosts costs;

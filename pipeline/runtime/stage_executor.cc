@@ -1,5 +1,6 @@
 #include "pipeline/runtime/stage_executor.h"
 
+#include <algorithm>
 #include <deque>
 
 #include "absl/strings/str_cat.h"
@@ -300,9 +301,47 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
   return absl::InternalError(absl::StrCat("unknown action type in ", Name(a)));
 }
 
+LoweredProgram DeferReceives(const LoweredProgram& program) {
+  LoweredProgram out = program;
+  const int last = program.num_virtual_stages() - 1;
+  for (std::vector<Action>& actions : out.ranks) {
+    std::vector<Action> reordered;
+    std::deque<Action> deferred;
+    auto flush_until = [&](const Action* needed) {
+      if (needed != nullptr && std::find(deferred.begin(), deferred.end(), *needed) == deferred.end()) return;
+      while (!deferred.empty()) {
+        const Action r = deferred.front();
+        deferred.pop_front();
+        reordered.push_back(r);
+        if (needed != nullptr && r == *needed) return;
+      }
+    };
+    for (const Action& a : actions) {
+      if (a.type == ActionType::kRecvForward || a.type == ActionType::kRecvBackward) {
+        deferred.push_back(a);
+        continue;
+      }
+      if (a.type == ActionType::kForward && a.stage > 0) {
+        const Action needed{a.stage, ActionType::kRecvForward, a.microbatch};
+        flush_until(&needed);
+      } else if (a.type == ActionType::kBackward && a.stage < last) {
+        const Action needed{a.stage, ActionType::kRecvBackward, a.microbatch};
+        flush_until(&needed);
+      } else if (IsTail(a.type)) {
+        flush_until(nullptr);
+      }
+      reordered.push_back(a);
+    }
+    flush_until(nullptr);
+    actions = std::move(reordered);
+  }
+  return out;
+}
+
 absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int64_t step, const TailFn& tail,
                                               MicroBatchSource* source) {
   PP_RETURN_IF_ERROR(Validate(program));
+  const LoweredProgram exec_program = options_.defer_receives ? DeferReceives(program) : program;
   StepState st;
   st.source = source != nullptr ? source : source_;
   if (st.source == nullptr) return absl::InvalidArgumentError("StageExecutor::Run needs a MicroBatchSource");
@@ -326,41 +365,9 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
       if (options_.trace) st.stats.timings.push_back(ActionTiming{a, t0, t1});
       return true;
     };
-    // Deferred receives: a RECV waits only when its data is needed (or at
-    // the tail), so a rank computes what it can before it blocks. Receives
-    // still complete in program order, which keeps each channel's messages
-    // in the order they were sent; sends are asynchronous, so deferring a
-    // receive cannot create a cycle of waits.
-    std::deque<Action> deferred;
-    auto drain_until = [&](const Action* needed) {
-      while (!deferred.empty()) {
-        const Action r = deferred.front();
-        deferred.pop_front();
-        if (!run(r)) return false;
-        if (needed != nullptr && r == *needed) return true;
-      }
-      return true;
-    };
-    const int last = program.num_virtual_stages() - 1;
-    for (const Action& a : program.ranks[rank_]) {
-      if (options_.defer_receives &&
-          (a.type == ActionType::kRecvForward || a.type == ActionType::kRecvBackward)) {
-        deferred.push_back(a);
-        continue;
-      }
-      if (a.type == ActionType::kForward && a.stage > 0 && st.inbox.count({a.stage, a.microbatch}) == 0) {
-        const Action needed{a.stage, ActionType::kRecvForward, a.microbatch};
-        if (!drain_until(&needed)) return;
-      } else if (a.type == ActionType::kBackward && a.stage < last &&
-                 st.grad_inbox.count({a.stage, a.microbatch}) == 0) {
-        const Action needed{a.stage, ActionType::kRecvBackward, a.microbatch};
-        if (!drain_until(&needed)) return;
-      } else if (IsTail(a.type)) {
-        if (!drain_until(nullptr)) return;
-      }
+    for (const Action& a : exec_program.ranks[rank_]) {
       if (!run(a)) return;
     }
-    if (!drain_until(nullptr)) return;
   });
   if (status.ok() && !status_holder_.ok()) status = status_holder_;
   status_holder_ = absl::OkStatus();

@@ -90,10 +90,18 @@ struct StageExecutorOptions {
   int data_parallel_id = 0;
   // Record per-action timings.
   bool trace = true;
-  // Wait for a RECV only when a compute needs its data (or at the tail),
-  // instead of at its place in the program; see Run.
+  // Run DeferReceives(program) instead of the program as lowered.
   bool defer_receives = true;
 };
+
+// The program with every RECV moved to just before the first action that
+// needs its data (the F or B of the same stage and micro-batch; all pending
+// ones before the tail), keeping the receives' relative order. A rank then
+// computes what it can before it blocks. Receives stay in program order, so
+// each channel's messages still match in the order they were sent, and since
+// sends are asynchronous a later receive cannot close a cycle of waits. Pure;
+// the simulator can time the same program the runtime executes.
+LoweredProgram DeferReceives(const LoweredProgram& program);
 
 // Executes lowered programs for the virtual stages of one rank. Borrows the
 // modules, the source and the process group; they must outlive it.
