@@ -128,6 +128,9 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
       return AverageGrads(params, grid_->data_group(), options_.timeout);
     }
     case ActionType::kOptimizerStep: {
+      if (options_.max_grad_norm <= 0 && !options_.report_grad_norm) {
+        return TorchCall("optimizer step", [&] { optimizer_->step(); });
+      }
       PP_ASSIGN_OR_RETURN(result.grad_norm,
                           GlobalGradNorm(counted_params_, grid_->pipe_group(), grid_->data_group(), options_.timeout,
                                          options_.device));

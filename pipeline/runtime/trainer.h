@@ -50,6 +50,9 @@ struct TrainerOptions {
   OptimizerConfig optimizer;
   LrScheduleConfig lr_schedule;
   double max_grad_norm = 0.0;  // > 0: clip to this global norm
+  // Compute the global gradient norm for StepResult even without clipping
+  // (one pass over all gradients plus two scalar all-reduces per step).
+  bool report_grad_norm = true;
   // Every receive, send completion and collective waits at most this long.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // Device of the p2p buffers and of the small tensors of the step's
@@ -72,7 +75,7 @@ struct TrainerOptions {
 struct StepResult {
   int64_t step = 0;
   double loss = 0.0;       // mean over micro-batches and data-parallel replicas
-  double grad_norm = 0.0;  // global, before clipping
+  double grad_norm = 0.0;  // global, before clipping; 0 when not computed
   double learning_rate = 0.0;
   double step_seconds = 0.0;  // this rank's wall time of the program
   // Indexed by global rank: time in compute actions / the rest of the step.
