@@ -111,7 +111,9 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
     mo.chunks = config.chunks;
     mo.partition_method = "uniform";
     mo.base_seed = kSeed;
+    std::unique_lock<std::mutex> build_lock(ModelBuildMutex());
     PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(ToySpecs(config.blocks), mo, grid.stage_id()));
+    build_lock.unlock();
     ToySource source;
     TrainerOptions to;
     to.schedule = config.schedule;
@@ -161,6 +163,11 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   result.grad_norms = rank_norms[0];
   result.params = replica_params[0];
   return result;
+}
+
+std::mutex& ModelBuildMutex() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
 }
 
 absl::Status RunOnGrid(int pp, int dp, std::chrono::milliseconds timeout,

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,11 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config);
 // rank order, prefixed with the rank.
 absl::Status RunOnGrid(int pp, int dp, std::chrono::milliseconds timeout,
                        const std::function<absl::Status(ParallelGrid& grid)>& body);
+
+// PipelineModel::Create seeds and restores LibTorch's process-wide default
+// generator (BuildSeeded), so ranks running as threads of one process must not
+// build their models at the same time: hold this lock while building.
+std::mutex& ModelBuildMutex();
 
 // "" when equal within rtol (plus atol 1e-6 for values near zero), else a
 // description of the first differences.
