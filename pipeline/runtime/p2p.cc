@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <exception>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 
@@ -78,13 +80,48 @@ absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>&
 }
 
 P2P::P2P(c10::intrusive_ptr<c10d::ProcessGroup> group, P2POptions options)
-    : group_(std::move(group)), options_(std::move(options)) {}
+    : group_(std::move(group)), options_(std::move(options)) {
+  sender_ = std::thread([this] { SenderLoop(); });
+}
 
 P2P::~P2P() {
   // Outstanding sends keep their tensors alive themselves; waiting here (with
   // the timeout) keeps a destroyed executor from racing its own transfers.
   absl::Status s = WaitSends();
   (void)s;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  sender_.join();
+}
+
+void P2P::SenderLoop() {
+  while (true) {
+    SendRequest request;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](P2P* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->stop_ || !self->queue_.empty(); },
+          this));
+      if (queue_.empty()) return;  // stop_
+      request = std::move(queue_.front());
+      queue_.pop_front();
+      posting_ = true;
+    }
+    c10::intrusive_ptr<c10d::Work> work;
+    absl::Status s = TorchCall(absl::StrCat(request.what, ": send to rank ", request.peer), [&] {
+      std::vector<at::Tensor> one = {request.tensor};
+      work = group_->send(one, request.peer, request.tag);
+    });
+    absl::MutexLock lock(&mu_);
+    if (s.ok()) {
+      in_flight_.push_back(PendingSend{std::move(work), request.peer, std::move(request.what)});
+    } else if (send_error_.ok()) {
+      send_error_ = s;
+    }
+    posting_ = false;
+  }
 }
 
 int P2P::rank() const { return group_->getRank(); }
@@ -99,11 +136,14 @@ absl::StatusOr<int> P2P::Tag(Kind kind, int src_stage, int dst_stage) const {
 
 absl::Status P2P::PostSend(torch::Tensor tensor, int peer, int tag, const std::string& what) {
   if (tensor.numel() == 0) return absl::OkStatus();
-  return TorchCall(absl::StrCat(what, ": send to rank ", peer), [&] {
-    std::vector<at::Tensor> one = {tensor.detach().contiguous()};
-    pending_.push_back(PendingSend{group_->send(one, peer, tag), peer, what});
-    ++stats_.tensor_messages;
-  });
+  torch::Tensor payload;
+  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(what, ": send to rank ", peer),
+                               [&] { payload = tensor.detach().contiguous(); }));
+  absl::MutexLock lock(&mu_);
+  if (!send_error_.ok()) return send_error_;
+  queue_.push_back(SendRequest{std::move(payload), peer, tag, what});
+  ++stats_.tensor_messages;
+  return absl::OkStatus();
 }
 
 absl::Status P2P::RecvInto(torch::Tensor& tensor, int peer, int tag, const std::string& what) {
@@ -128,16 +168,33 @@ absl::Status P2P::RecvInto(torch::Tensor& tensor, int peer, int tag, const std::
 absl::Status P2P::ReapCompletedSends() {
   // Completed sends are dropped so that their tensors can be freed; errors
   // surface here or in WaitSends.
-  auto it = std::remove_if(pending_.begin(), pending_.end(), [](const PendingSend& p) {
+  absl::MutexLock lock(&mu_);
+  auto it = std::remove_if(in_flight_.begin(), in_flight_.end(), [](const PendingSend& p) {
     return p.work->isCompleted() && p.work->isSuccess();
   });
-  pending_.erase(it, pending_.end());
-  return absl::OkStatus();
+  in_flight_.erase(it, in_flight_.end());
+  return send_error_;
 }
 
 absl::Status P2P::WaitSends() {
+  std::vector<PendingSend> pending;
   absl::Status first_error;
-  for (PendingSend& p : pending_) {
+  {
+    absl::MutexLock lock(&mu_);
+    const bool posted = mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](P2P* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->queue_.empty() && !self->posting_; },
+            this),
+        absl::FromChrono(options_.timeout));
+    if (!posted) {
+      first_error = absl::DeadlineExceededError(absl::StrCat(
+          "sends still queued after ", options_.timeout.count(), " ms (a peer died, hung or is out of step)"));
+    }
+    pending.swap(in_flight_);
+    if (!send_error_.ok()) first_error = send_error_;
+    send_error_ = absl::OkStatus();
+  }
+  for (PendingSend& p : pending) {
     absl::Status s = TorchCall(absl::StrCat(p.what, ": send to rank ", p.peer), [&] {
       if (!p.work->wait(options_.timeout)) {
         throw std::runtime_error("aborted");
@@ -149,7 +206,6 @@ absl::Status P2P::WaitSends() {
           options_.timeout.count(), " ms)"));
     }
   }
-  pending_.clear();
   return first_error;
 }
 

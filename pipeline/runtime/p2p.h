@@ -31,20 +31,26 @@
 //   require grad gets no gradient, and both sides agree on that through the
 //   header flag, so nobody waits for a gradient that is never sent.
 //
-// Sends are asynchronous (the tensor is kept alive until completion) so two
-// ranks that both send before they receive cannot deadlock; WaitSends() joins
-// them with the timeout. Every wait has a timeout and its error names the peer
+// Sends are asynchronous: the caller queues them and a sender thread posts
+// them to the process group in order (Gloo's send can stall the calling
+// thread on the connection's lock while the peer's transport thread is busy;
+// the compute thread should not). The tensor is kept alive until completion,
+// two ranks that both send before they receive cannot deadlock, and
+// WaitSends() joins everything with the timeout. Every wait has a timeout and its error names the peer
 // rank and the action being executed.
 //
 // Receive buffers come from a pool keyed by dtype and shape. A received tensor
 // belongs to the caller until it is handed back with Recycle(); a buffer whose
 // storage is still referenced elsewhere is dropped instead of reused.
 //
-// Thread-compatible: one P2P object per rank, used by one thread.
+// Thread-compatible: one P2P object per rank, used by one thread (plus its
+// own sender thread, synchronised internally).
 #ifndef PIPELINE_RUNTIME_P2P_H_
 #define PIPELINE_RUNTIME_P2P_H_
 
 #include <chrono>
+#include <deque>
+#include <thread>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -57,6 +63,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "pipeline/layer.h"
 
 namespace pp {
@@ -164,6 +171,13 @@ class P2P {
     int peer;
     std::string what;
   };
+  struct SendRequest {
+    torch::Tensor tensor;
+    int peer = 0;
+    int tag = 0;
+    std::string what;
+  };
+  void SenderLoop();
 
   absl::StatusOr<int> Tag(Kind kind, int src_stage, int dst_stage) const;
   absl::Status PostSend(torch::Tensor tensor, int peer, int tag, const std::string& what);
@@ -176,8 +190,15 @@ class P2P {
   std::map<ChannelKey, std::vector<TensorMeta>> sent_headers_;
   std::map<ChannelKey, std::vector<TensorMeta>> received_headers_;
   std::map<std::pair<int, std::vector<int64_t>>, std::vector<torch::Tensor>> pool_;
-  std::vector<PendingSend> pending_;
   P2PStats stats_;
+
+  absl::Mutex mu_;
+  std::deque<SendRequest> queue_ ABSL_GUARDED_BY(mu_);
+  bool posting_ ABSL_GUARDED_BY(mu_) = false;  // the sender thread is inside send()
+  std::vector<PendingSend> in_flight_ ABSL_GUARDED_BY(mu_);
+  absl::Status send_error_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sender_;
 };
 
 }  // namespace pp
