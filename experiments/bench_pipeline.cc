@@ -277,9 +277,13 @@ absl::Status RunBenchmark(const char* self) {
     }
   }
   const double loop1 = Median(loop_times), engine1 = Median(engine_times);
+  // Interference from other processes only ever adds time: the fastest step
+  // of each is the least disturbed estimate of its cost.
+  const double loop1_min = *std::min_element(loop_times.begin(), loop_times.end());
+  const double engine1_min = *std::min_element(engine_times.begin(), engine_times.end());
   if (absl::GetFlag(FLAGS_overhead_only)) {
-    std::printf("(a) loop %.4f s, engine pp=1 %.4f s: engine = %.3fx loop throughput\n", loop1, engine1,
-                loop1 / engine1);
+    std::printf("(a) loop %.4f s, engine pp=1 %.4f s: engine = %.3fx loop throughput (fastest steps: %.3fx)\n",
+                loop1, engine1, loop1 / engine1, loop1_min / engine1_min);
     return absl::OkStatus();
   }
 
@@ -349,7 +353,8 @@ absl::Status RunBenchmark(const char* self) {
   };
   row("hand-written loop, 1 thread", loop1, "");
   row("hand-written loop, 2 threads", loop2, "");
-  row("(a) pipe engine pp=1, 1 thread", engine1, absl::StrFormat("%.3fx loop (target >= 0.98)", overhead_ratio));
+  row("(a) pipe engine pp=1, 1 thread", engine1,
+      absl::StrFormat("%.3fx loop; fastest steps %.3fx (target >= 0.98)", overhead_ratio, loop1_min / engine1_min));
   row(absl::StrCat("(b) pipe engine pp=2 ", absl::GetFlag(FLAGS_schedule), ", 2 procs x 1 thread"), pp2_time,
       absl::StrFormat("%.2fx loop-1t, %.2fx loop-2t (target >= 1.7)", speedup1, speedup2));
   row("    simulator bound for measured F/B costs", predicted,
@@ -368,6 +373,7 @@ absl::Status RunBenchmark(const char* self) {
   j["loop_2t_s"] = loop2;
   j["engine_pp1_s"] = engine1;
   j["overhead_ratio"] = overhead_ratio;
+  j["overhead_ratio_fastest"] = loop1_min / engine1_min;
   j["pp2_s"] = pp2_time;
   j["pp2_speedup_vs_loop_1t"] = speedup1;
   j["pp2_speedup_vs_loop_2t"] = speedup2;
