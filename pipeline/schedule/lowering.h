@@ -47,6 +47,8 @@
 // can exist. A producer (cost >= 1) precedes its message, which precedes the
 // consumer (which starts at or after t). The schedule's compute order per
 // rank is kept. The validator re-checks the result by simulation.
+// The tail's collectives come after every SEND/RECV of their rank, so a rank
+// waiting in one never holds up another rank's point-to-point traffic.
 #ifndef PIPELINE_SCHEDULE_LOWERING_H_
 #define PIPELINE_SCHEDULE_LOWERING_H_
 
