@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <tuple>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "pipeline/schedule/internal_dependencies.h"
 
