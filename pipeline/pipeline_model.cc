@@ -178,7 +178,6 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(std::vector
     group.key = key;
     group.layer_indices = positions;
     for (int64_t i : positions) group.stages.push_back(model->StageOfLayer(i));
-    group.stages.erase(std::unique(group.stages.begin(), group.stages.end()), group.stages.end());
     std::sort(group.stages.begin(), group.stages.end());
     group.stages.erase(std::unique(group.stages.begin(), group.stages.end()), group.stages.end());
     // The parameter names need the module; a stage that does not hold the key
@@ -200,17 +199,14 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(std::vector
   return model;
 }
 
-int64_t PipelineModel::StageOfLayer(int64_t layer) const {
+int64_t PipelineModel::PartOfLayer(int64_t layer) const {
   TORCH_CHECK(layer >= 0 && layer < num_layers(), "layer ", layer, " outside [0, ", num_layers(), ")");
-  const int64_t part = std::upper_bound(bounds_.begin(), bounds_.end(), layer) - bounds_.begin() - 1;
-  return part % options_.num_stages;
+  return std::upper_bound(bounds_.begin(), bounds_.end(), layer) - bounds_.begin() - 1;
 }
 
-int64_t PipelineModel::ChunkOfLayer(int64_t layer) const {
-  TORCH_CHECK(layer >= 0 && layer < num_layers(), "layer ", layer, " outside [0, ", num_layers(), ")");
-  const int64_t part = std::upper_bound(bounds_.begin(), bounds_.end(), layer) - bounds_.begin() - 1;
-  return part / options_.num_stages;
-}
+int64_t PipelineModel::StageOfLayer(int64_t layer) const { return PartOfLayer(layer) % options_.num_stages; }
+
+int64_t PipelineModel::ChunkOfLayer(int64_t layer) const { return PartOfLayer(layer) / options_.num_stages; }
 
 torch::OrderedDict<std::string, torch::Tensor> PipelineModel::named_parameters() const {
   std::vector<torch::OrderedDict<std::string, torch::Tensor>> lists;
