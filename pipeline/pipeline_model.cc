@@ -180,19 +180,24 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(std::vector
     for (int64_t i : positions) group.stages.push_back(model->StageOfLayer(i));
     std::sort(group.stages.begin(), group.stages.end());
     group.stages.erase(std::unique(group.stages.begin(), group.stages.end()), group.stages.end());
-    // The parameter names need the module; a stage that does not hold the key
-    // builds it briefly (seeded, then freed) so every stage reports the same group.
+    // Names declared by the spec need no module here (the stages holding the
+    // key check them against theirs). Otherwise a stage that does not hold the
+    // key builds the module briefly (seeded, then freed) to learn its names, so
+    // every stage reports the same group.
+    const std::vector<std::string>& declared = model->specs_[positions.front()].tied_param_names();
+    std::vector<std::string> names = declared;
     Layer module = model->TiedModule(key);
-    try {
-      if (module == nullptr) {
-        module = BuildSeeded(options.base_seed + positions.front(), model->specs_[positions.front()].factory());
+    if (module != nullptr || declared.empty()) {
+      try {
+        if (module == nullptr) {
+          module = BuildSeeded(options.base_seed + positions.front(), model->specs_[positions.front()].factory());
+        }
+      } catch (const c10::Error& e) {
+        return absl::InvalidArgumentError(absl::StrCat("building the shared module of tie key '", key,
+                                                       "' failed: ", e.what_without_backtrace()));
       }
-    } catch (const c10::Error& e) {
-      return absl::InvalidArgumentError(absl::StrCat("building the shared module of tie key '", key,
-                                                     "' failed: ", e.what_without_backtrace()));
+      PP_ASSIGN_OR_RETURN(names, TiedParamNames(key, declared, *module));
     }
-    PP_ASSIGN_OR_RETURN(std::vector<std::string> names,
-                        TiedParamNames(key, model->specs_[positions.front()].tied_param_names(), *module));
     for (const std::string& name : names) group.param_names.push_back(absl::StrCat("tied.", key, ".", name));
     model->tie_groups_.push_back(std::move(group));
   }
