@@ -222,6 +222,14 @@ TEST(RecomputeTest, InputGradientsOnlyLeaveParameterGradientsAlone) {
   for (const torch::Tensor& p : ParametersOf(layers)) EXPECT_FALSE(p.grad().defined());
 }
 
+TEST(RecomputeTest, RangeThatReturnsItsInputUnchanged) {
+  std::vector<Layer> layers = {MakeFunctionLayer("Identity", [](const torch::Tensor& t) { return t; })};
+  torch::Tensor x = torch::randn({3}).requires_grad_(true);
+  Activations out = RunLayersWithRecompute(layers, {x}, {});
+  (out[0] * torch::tensor({1.0f, 2.0f, 3.0f})).sum().backward();
+  EXPECT_TRUE(torch::equal(x.grad(), torch::tensor({1.0f, 2.0f, 3.0f})));
+}
+
 TEST(RecomputeTest, WithoutGradModeItIsPlainRunLayers) {
   torch::manual_seed(9);
   std::vector<Layer> layers = MakeMlpStack(2, 8, 16, 0.0);
