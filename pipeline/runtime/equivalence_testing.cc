@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/activation_checkpointing.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/pipeline_model.h"
@@ -124,6 +125,12 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
     to.timeout = config.timeout;
     to.reduce_tied_grads = config.reduce_tied_grads;
     to.defer_receives = config.defer_receives;
+    if (config.checkpoint_interval > 0) {
+      ActivationCheckpointPolicy policy;
+      policy.interval = config.checkpoint_interval;
+      policy.checkpointable_types = "Block";
+      PP_ASSIGN_OR_RETURN(to.layer_runner, MakeCheckpointingRunner(policy));
+    }
     PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, to));
     for (int step = 0; step < config.steps; ++step) {
       PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());

@@ -55,6 +55,9 @@ struct RunConfig {
   double max_grad_norm = 0.0;
   bool reduce_tied_grads = true;
   bool defer_receives = true;
+  // > 0: activation checkpointing (checkpoint/) of every run of this many
+  // local Block layers, set on the stage modules through the Trainer.
+  int checkpoint_interval = 0;
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
 };
 
