@@ -1,0 +1,79 @@
+// The launcher every experiment binary carries (torchrun built in).
+//
+// Run without RANK in its environment, a binary that calls MaybeLaunch first
+// becomes its own launcher: it starts --nproc_per_node copies of itself
+// (/proc/self/exe, same arguments) with torchrun's variables set, prefixes each
+// line they print with "[rank N] ", and exits with their status. If a worker
+// exits non-zero or is killed, the others get SIGTERM, then SIGKILL after a
+// grace period, and the launcher exits non-zero naming the rank and how it
+// ended. Ctrl-C (SIGINT/SIGTERM to the launcher) stops every worker. In a worker
+// (RANK set) MaybeLaunch splits the machine's cores among the local ranks and
+// returns.
+//
+//   int main(int argc, char** argv) {
+//     std::vector<char*> args = pp::MaybeLaunch(argc, argv);  // parent exits here
+//     PP_ASSIGN_OR_RETURN... pp::RendezvousFromEnv(...)
+//   }
+//
+// Flags (absl, defined here so every experiment has them): --nproc_per_node,
+// --nnodes, --node_rank, --master_addr, --master_port, --launcher_grace_period.
+//
+// Next: topology/rendezvous.h (what a worker does with the environment).
+#ifndef TOPOLOGY_LAUNCHER_H_
+#define TOPOLOGY_LAUNCHER_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+ABSL_DECLARE_FLAG(int, nproc_per_node);
+ABSL_DECLARE_FLAG(int, nnodes);
+ABSL_DECLARE_FLAG(int, node_rank);
+ABSL_DECLARE_FLAG(std::string, master_addr);
+ABSL_DECLARE_FLAG(int, master_port);
+ABSL_DECLARE_FLAG(absl::Duration, launcher_grace_period);
+
+namespace pp {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  // 0: pick a free port (single node only; several nodes must agree on one).
+  int master_port = 0;
+  // Between SIGTERM and SIGKILL when stopping workers.
+  absl::Duration grace_period = absl::Seconds(5);
+};
+
+// Validates `options` (InvalidArgument naming the bad value), starts the
+// workers running `argv` (argv[0] is replaced by /proc/self/exe), forwards
+// their output with "[rank N] " prefixes and waits. Returns the exit status the
+// launcher should exit with: 0 when every worker exited 0; otherwise non-zero,
+// after logging which rank failed first and how (exit code or signal).
+absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<std::string>& argv);
+
+// Parses absl flags (absl::ParseCommandLine) and returns the positional
+// arguments. When RANK is unset: runs the workers with options from the flags
+// and exits the process with their status (never returns). `default_nproc`, if
+// given, supplies --nproc_per_node when the flag is left at 0 (after flags
+// are parsed, so it may read the experiment's own flags); otherwise 1.
+// When RANK is set (a worker): calls ConfigureWorkerThreads() and returns.
+std::vector<char*> MaybeLaunch(int argc, char** argv,
+                               const std::function<int()>& default_nproc = nullptr);
+
+// The per-process thread count when `local_world_size` ranks share this
+// machine: max(1, hardware cores / local_world_size).
+int WorkerThreadCount(int local_world_size);
+
+// at::set_num_threads(WorkerThreadCount(LOCAL_WORLD_SIZE from the environment,
+// 1 if unset)); returns the count set.
+int ConfigureWorkerThreads();
+
+}  // namespace pp
+
+#endif  // TOPOLOGY_LAUNCHER_H_

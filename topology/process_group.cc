@@ -1,0 +1,81 @@
+#include "topology/process_group.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace pp {
+bool LooksLikeTimeout(const std::string& message) {
+  const std::string lower = absl::AsciiStrToLower(message);
+  return absl::StrContains(lower, "timeout") || absl::StrContains(lower, "timed out");
+}
+
+std::string ExceptionMessage(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
+    const std::string& hostname) {
+  try {
+    if (!hostname.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(hostname);
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    if (ifname != nullptr && *ifname != '\0') {
+      return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+    }
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot create a Gloo device for host '", hostname.empty() ? "(this host)" : hostname,
+        "': ", ExceptionMessage(e)));
+  }
+}
+
+absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::string& prefix,
+                                             int rank, int size, const GroupOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("group '", prefix, "': rank ", rank,
+                                                   " is out of range [0, ", size, ")"));
+  }
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  if (options.device != nullptr) {
+    gloo_options->devices.push_back(options.device);
+  } else {
+    auto device = MakeGlooDevice("127.0.0.1");
+    if (!device.ok()) return device.status();
+    gloo_options->devices.push_back(*std::move(device));
+  }
+  // Gloo's default of two worker threads per group is enough: pipe issues one
+  // collective per group at a time.
+  gloo_options->threads = 2;
+  try {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+    // The constructor meets the other members through the store and throws
+    // when they do not all arrive within the timeout.
+    ProcessGroupPtr group =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, gloo_options);
+    return group;
+  } catch (const std::exception& e) {
+    const std::string what =
+        absl::StrCat("group '", prefix, "' (rank ", rank, " of ", size, ")");
+    const std::string message = ExceptionMessage(e);
+    if (LooksLikeTimeout(message)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, ": not every member arrived within ",
+          std::chrono::duration<double>(options.timeout).count(), " s: ",
+          message.substr(0, message.find('\n'))));
+    }
+    return absl::UnavailableError(absl::StrCat(what, ": cannot connect: ", message));
+  }
+}
+
+}  // namespace pp

@@ -1,0 +1,61 @@
+// Making c10d process groups: one Gloo group per (store prefix, member set).
+//
+// Every group pipe creates (the world, the pipe/data/model axis groups, tie
+// groups) goes through NewGlooGroup, so the backend, the timeout and the
+// network device are chosen in one place. Only the members of a group call it;
+// Gloo's own rendezvous through the store meets them and gives up after the
+// timeout instead of hanging when a member never arrives.
+//
+// Next: topology/rendezvous.h (the world group), topology/parallel_grid.h.
+#ifndef TOPOLOGY_PROCESS_GROUP_H_
+#define TOPOLOGY_PROCESS_GROUP_H_
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "absl/status/statusor.h"
+
+namespace pp {
+
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+using StorePtr = c10::intrusive_ptr<c10d::Store>;
+
+// How groups are built. Copyable; the device is shared by every group of a
+// process (one Gloo transport thread, not one per group).
+struct GroupOptions {
+  // Bounds the group's rendezvous and every collective / p2p wait on it.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // Gloo transport device. Null: MakeGlooDevice("127.0.0.1").
+  std::shared_ptr<::gloo::transport::Device> device;
+};
+
+// A Gloo TCP device bound to `hostname` (an address or a name of this host).
+// An empty hostname binds the address this host's name resolves to, falling
+// back to loopback; the environment variable GLOO_SOCKET_IFNAME (as in
+// PyTorch) picks an interface instead. Errors name what failed.
+absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
+    const std::string& hostname);
+
+// A ProcessGroupGloo of `size` members, this one being `rank`, whose keys live
+// under `prefix` in `store` (each group needs its own prefix). Blocks until
+// all members have called it, at most options.timeout; then DeadlineExceeded
+// naming the prefix. REQUIRES: 0 <= rank < size.
+absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::string& prefix,
+                                             int rank, int size, const GroupOptions& options);
+
+// e.what(), without the C++ backtrace c10::Error carries.
+std::string ExceptionMessage(const std::exception& e);
+
+// True when a c10d error message reports an expired wait (c10d throws plain
+// c10::Error for timeouts: "Socket Timeout", "Timeout waiting for key", ...).
+bool LooksLikeTimeout(const std::string& message);
+
+}  // namespace pp
+
+#endif  // TOPOLOGY_PROCESS_GROUP_H_

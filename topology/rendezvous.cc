@@ -1,0 +1,168 @@
+#include "topology/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <utility>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pp {
+namespace {
+
+// The value of environment variable `name` as an int in [min, max]; nullopt
+// when unset (or empty); InvalidArgument when malformed.
+absl::StatusOr<std::optional<int>> IntFromEnv(const char* name, int min, int max) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr || *raw == '\0') return std::optional<int>();
+  int value = 0;
+  if (!absl::SimpleAtoi(raw, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable ", name, "='", raw, "' is not an integer"));
+  }
+  if (value < min || value > max) {
+    return absl::InvalidArgumentError(absl::StrCat("environment variable ", name, "=", value,
+                                                   " is out of range [", min, ", ", max, "]"));
+  }
+  return std::optional<int>(value);
+}
+
+absl::Status Missing(const char* name, const char* why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("environment variable ", name, " is not set; ", why,
+                   " (start workers with the launcher, or set torchrun's MASTER_ADDR, "
+                   "MASTER_PORT, RANK, WORLD_SIZE)"));
+}
+
+}  // namespace
+
+bool IsLoopbackAddress(const std::string& address) {
+  return address == "localhost" || address == "::1" || absl::StartsWith(address, "127.");
+}
+
+absl::StatusOr<DistEnv> DistEnvFromEnvironment() {
+  constexpr int kMaxRanks = 1 << 20;
+  DistEnv env;
+  PP_ASSIGN_OR_RETURN(std::optional<int> world_size, IntFromEnv("WORLD_SIZE", 1, kMaxRanks));
+  if (!world_size) return Missing("WORLD_SIZE", "it gives the number of ranks");
+  env.world_size = *world_size;
+  PP_ASSIGN_OR_RETURN(std::optional<int> rank, IntFromEnv("RANK", 0, env.world_size - 1));
+  if (!rank) return Missing("RANK", "it gives this process's rank");
+  env.rank = *rank;
+  PP_ASSIGN_OR_RETURN(std::optional<int> local_world_size,
+                      IntFromEnv("LOCAL_WORLD_SIZE", 1, env.world_size));
+  env.local_world_size = local_world_size.value_or(env.world_size);
+  PP_ASSIGN_OR_RETURN(std::optional<int> local_rank,
+                      IntFromEnv("LOCAL_RANK", 0, env.local_world_size - 1));
+  if (!local_rank && env.rank >= env.local_world_size) {
+    return Missing("LOCAL_RANK", "it is needed when RANK >= LOCAL_WORLD_SIZE");
+  }
+  env.local_rank = local_rank.value_or(env.rank);
+  PP_ASSIGN_OR_RETURN(std::optional<int> port, IntFromEnv("MASTER_PORT", 1, 65535));
+  if (port) {
+    env.master_port = *port;
+  } else if (env.world_size > 1) {
+    return Missing("MASTER_PORT", "rank 0 hosts the store on it");
+  }
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (addr != nullptr && *addr != '\0') env.master_addr = addr;
+  return env;
+}
+
+absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& options) {
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", env.rank, " is out of range [0, ",
+                                                   env.world_size, ")"));
+  }
+  if (options.timeout <= std::chrono::milliseconds(0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous timeout must be positive; got ", options.timeout.count(), " ms"));
+  }
+  World world;
+  world.rank = env.rank;
+  world.size = env.world_size;
+  world.local_rank = env.local_rank;
+  world.local_world_size = env.local_world_size;
+  world.group_options.timeout = options.timeout;
+
+  const std::string bind = !options.bind_address.empty() ? options.bind_address
+                           : IsLoopbackAddress(env.master_addr) ? "127.0.0.1"
+                                                                : "";
+  PP_ASSIGN_OR_RETURN(world.group_options.device, MakeGlooDevice(bind));
+
+  try {
+    if (!options.file_store_path.empty()) {
+      world.store = c10::make_intrusive<c10d::FileStore>(options.file_store_path, env.world_size);
+    } else {
+      c10d::TCPStoreOptions store_options;
+      store_options.port = static_cast<std::uint16_t>(env.master_port);
+      store_options.isServer = env.rank == 0;
+      store_options.numWorkers = env.world_size;
+      // The world group's rendezvous below waits for everyone (with the
+      // timeout and a clearer error); the store need not.
+      store_options.waitWorkers = false;
+      store_options.timeout = options.timeout;
+      world.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+    }
+    world.store->setTimeout(options.timeout);
+  } catch (const std::exception& e) {
+    const std::string where =
+        options.file_store_path.empty()
+            ? absl::StrCat("TCP store at ", env.master_addr, ":", env.master_port,
+                           env.rank == 0 ? " (hosted by this rank 0)" : "")
+            : absl::StrCat("file store ", options.file_store_path);
+    const std::string message = ExceptionMessage(e);
+    if (LooksLikeTimeout(message)) {
+      return absl::DeadlineExceededError(absl::StrCat("rank ", env.rank, " could not reach the ",
+                                                      where, " within the timeout: ", message));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("rank ", env.rank, " cannot open the ", where, ": ", message));
+  }
+  PP_ASSIGN_OR_RETURN(world.group, NewGlooGroup(world.store, "pp/world", env.rank,
+                                                env.world_size, world.group_options));
+  return world;
+}
+
+absl::StatusOr<World> RendezvousFromEnv(const RendezvousOptions& options) {
+  PP_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromEnvironment());
+  return Rendezvous(env, options);
+}
+
+absl::StatusOr<int> PickFreePort(const std::string& address) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(): ", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  if (::inet_pton(AF_INET, address.c_str(), &addr.sin_addr) != 1) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", address, "' is not an IPv4 address to pick a free port on"));
+  }
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot bind a free port on ", address, ": ", std::strerror(err)));
+  }
+  ::close(fd);
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
+}  // namespace pp

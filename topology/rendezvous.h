@@ -1,0 +1,80 @@
+// Rendezvous: from torchrun's environment to a c10d store and world group.
+//
+// A worker started by the launcher (topology/launcher.h) or by torchrun finds
+// MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE
+// in its environment. Rank 0 hosts a TCPStore on MASTER_PORT, the others
+// connect to it, and all build the Gloo world group. Tests (threads in one
+// process) can use a FileStore path instead of TCP.
+//
+//   PP_ASSIGN_OR_RETURN(pp::World world, pp::RendezvousFromEnv({}));
+//   PP_ASSIGN_OR_RETURN(pp::ParallelGrid grid, pp::ParallelGrid::Create(world, topology));
+//
+// Next: topology/parallel_grid.h.
+#ifndef TOPOLOGY_RENDEZVOUS_H_
+#define TOPOLOGY_RENDEZVOUS_H_
+
+#include <chrono>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "topology/process_group.h"
+
+namespace pp {
+
+// torchrun's variables, parsed.
+struct DistEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";  // MASTER_ADDR, default loopback
+  int master_port = 29500;
+};
+
+// Reads the variables above from the environment. RANK and WORLD_SIZE are
+// required; MASTER_PORT is required when WORLD_SIZE > 1; LOCAL_RANK defaults
+// to RANK and LOCAL_WORLD_SIZE to WORLD_SIZE; MASTER_ADDR to 127.0.0.1.
+// InvalidArgument names a missing or malformed variable and its value.
+absl::StatusOr<DistEnv> DistEnvFromEnvironment();
+
+struct RendezvousOptions {
+  // Bounds the store's connection, the world group's rendezvous and, through
+  // GroupOptions, every collective of every group built from this world.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // Non-empty: a c10d::FileStore at this path instead of the TCPStore (every
+  // rank must see the same file; it must not exist yet or be left over).
+  std::string file_store_path;
+  // Address the Gloo device binds. Empty: 127.0.0.1 when MASTER_ADDR is a
+  // loopback address, otherwise this host's address (see MakeGlooDevice).
+  std::string bind_address;
+};
+
+// What a rank knows after rendezvous. Copyable (handles are shared).
+struct World {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  StorePtr store;
+  ProcessGroupPtr group;  // all ranks, group rank == rank
+  GroupOptions group_options;  // to build more groups (ParallelGrid does)
+};
+
+// Store + world group for `env`. Blocks until every rank has arrived, at most
+// options.timeout; then DeadlineExceeded (a rank that never came), or
+// Unavailable when the store could not be reached / hosted.
+absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& options);
+
+// Rendezvous(DistEnvFromEnvironment(), options).
+absl::StatusOr<World> RendezvousFromEnv(const RendezvousOptions& options);
+
+// A TCP port on `address` that was free a moment ago (bind to port 0, read the
+// port, close). Racy by nature; used to pick MASTER_PORT on a single node.
+absl::StatusOr<int> PickFreePort(const std::string& address = "127.0.0.1");
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool IsLoopbackAddress(const std::string& address);
+
+}  // namespace pp
+
+#endif  // TOPOLOGY_RENDEZVOUS_H_
