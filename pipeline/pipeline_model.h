@@ -134,6 +134,8 @@ class PipelineModel {
   std::vector<torch::Tensor> parameters() const;
   // Chunk c's parameters under global names, each tensor once.
   torch::OrderedDict<std::string, torch::Tensor> chunk_named_parameters(int64_t c) const;
+  // This stage's buffers under global names, each tensor once.
+  torch::OrderedDict<std::string, torch::Tensor> named_buffers() const;
 
   // Every tie key of the model, sorted by key; identical on all stages.
   const std::vector<TieGroup>& tie_groups() const { return tie_groups_; }
@@ -156,7 +158,8 @@ class PipelineModel {
   // through `runner` (default RunLayers).
   StageModule ToSequential(const LayerRunner& runner = nullptr) const;
 
-  // DeepSpeed-style partition printout with trainable parameter counts.
+  // DeepSpeed-style partition printout with trainable parameter counts (layers
+  // without a declared count are built and freed one at a time to count them).
   std::string PartitionReport() const;
 
  private:

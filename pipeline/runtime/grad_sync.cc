@@ -1,0 +1,137 @@
+#include "pipeline/runtime/grad_sync.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/torch_status.h"
+
+namespace pp {
+namespace {
+
+absl::Status WaitOrError(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::milliseconds timeout,
+                         const std::string& what) {
+  bool ok = work->wait(timeout);
+  if (!ok) throw std::runtime_error(absl::StrCat(what, " was aborted"));
+  return absl::OkStatus();
+}
+
+absl::Status Collective(const std::string& what, std::chrono::milliseconds timeout,
+                        const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+  absl::Status s = TorchCall(what, [&] { (void)WaitOrError(start(), timeout, what); });
+  if (!s.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        s.message(), " (a member rank died, hung or is out of step; timeout ", timeout.count(), " ms)"));
+  }
+  return s;
+}
+
+// One flat buffer of all gradients (undefined ones as zeros).
+torch::Tensor FlattenGrads(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> flat;
+  flat.reserve(params.size());
+  for (const torch::Tensor& p : params) {
+    if (p.grad().defined()) {
+      flat.push_back(p.grad().detach().reshape({-1}));
+    } else {
+      flat.push_back(torch::zeros({p.numel()}, p.options()));
+    }
+  }
+  return torch::cat(flat);
+}
+
+void UnflattenGrads(const std::vector<torch::Tensor>& params, const torch::Tensor& flat) {
+  int64_t offset = 0;
+  for (const torch::Tensor& p : params) {
+    torch::Tensor slice = flat.narrow(0, offset, p.numel()).view(p.sizes());
+    offset += p.numel();
+    torch::Tensor& grad = const_cast<torch::Tensor&>(p).mutable_grad();
+    if (grad.defined()) {
+      grad.detach().copy_(slice);
+    } else {
+      grad = slice.clone();
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status BroadcastTiedParams(const std::vector<TiedParams>& ties, std::chrono::milliseconds timeout) {
+  torch::NoGradGuard no_grad;
+  for (const TiedParams& tie : ties) {
+    if (!tie.group || tie.group->getSize() == 1) continue;
+    for (size_t i = 0; i < tie.params.size(); ++i) {
+      std::vector<at::Tensor> one = {tie.params[i].detach()};
+      PP_RETURN_IF_ERROR(Collective(
+          absl::StrCat("broadcast of tied weight '", tie.key, "' param ", i, " over ranks ", tie.members),
+          timeout, [&] { return tie.group->broadcast(one); }));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AllReduceTiedGrads(const std::vector<TiedParams>& ties, std::chrono::milliseconds timeout) {
+  torch::NoGradGuard no_grad;
+  for (const TiedParams& tie : ties) {
+    if (!tie.group || tie.group->getSize() == 1 || tie.params.empty()) continue;
+    torch::Tensor flat;
+    PP_RETURN_IF_ERROR(TorchCall("flatten tied grads", [&] { flat = FlattenGrads(tie.params); }));
+    std::vector<at::Tensor> one = {flat};
+    PP_RETURN_IF_ERROR(Collective(
+        absl::StrCat("tied-grad all-reduce of '", tie.key, "' over ranks ", tie.members), timeout,
+        [&] { return tie.group->allreduce(one); }));
+    UnflattenGrads(tie.params, flat);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AverageGrads(const std::vector<torch::Tensor>& params,
+                          const c10::intrusive_ptr<c10d::ProcessGroup>& data_group,
+                          std::chrono::milliseconds timeout) {
+  if (!data_group || data_group->getSize() == 1 || params.empty()) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  torch::Tensor flat;
+  PP_RETURN_IF_ERROR(TorchCall("flatten grads", [&] { flat = FlattenGrads(params); }));
+  std::vector<at::Tensor> one = {flat};
+  PP_RETURN_IF_ERROR(Collective(
+      absl::StrCat("data-parallel gradient all-reduce over ", data_group->getSize(), " ranks"), timeout,
+      [&] { return data_group->allreduce(one); }));
+  flat.div_(static_cast<double>(data_group->getSize()));
+  UnflattenGrads(params, flat);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_params,
+                                      const c10::intrusive_ptr<c10d::ProcessGroup>& pipe_group,
+                                      const c10::intrusive_ptr<c10d::ProcessGroup>& data_group,
+                                      std::chrono::milliseconds timeout) {
+  torch::NoGradGuard no_grad;
+  double local = 0.0;
+  for (const torch::Tensor& p : counted_params) {
+    if (!p.grad().defined()) continue;
+    local += p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  torch::Tensor sumsq = torch::tensor({local}, torch::kDouble);
+  std::vector<at::Tensor> one = {sumsq};
+  if (pipe_group && pipe_group->getSize() > 1) {
+    PP_RETURN_IF_ERROR(Collective("grad-norm all-reduce over the pipe group", timeout,
+                                  [&] { return pipe_group->allreduce(one); }));
+  }
+  if (data_group && data_group->getSize() > 1) {
+    PP_RETURN_IF_ERROR(Collective("grad-norm all-reduce over the data group", timeout,
+                                  [&] { return data_group->allreduce(one); }));
+    sumsq.div_(static_cast<double>(data_group->getSize()));
+  }
+  return std::sqrt(sumsq.item<double>());
+}
+
+void ClipGradsToNorm(const std::vector<torch::Tensor>& params, double norm, double max_norm) {
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef >= 1.0) return;
+  torch::NoGradGuard no_grad;
+  for (const torch::Tensor& p : params) {
+    if (p.grad().defined()) p.grad().mul_(coef);
+  }
+}
+
+}  // namespace pp

@@ -1,0 +1,317 @@
+#include "pipeline/runtime/p2p.h"
+
+#include <algorithm>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "common/torch_status.h"
+
+namespace pp {
+namespace {
+
+constexpr int kMaxDims = 64;
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+}
+
+}  // namespace
+
+std::string TensorMeta::DebugString() const {
+  return absl::StrCat(c10::toString(dtype), ShapeString(shape), requires_grad ? "(grad)" : "");
+}
+
+std::vector<TensorMeta> LayoutOf(const Activations& tensors) {
+  std::vector<TensorMeta> layout;
+  layout.reserve(tensors.size());
+  for (const torch::Tensor& t : tensors) {
+    TensorMeta meta;
+    meta.dtype = t.scalar_type();
+    meta.shape = t.sizes().vec();
+    meta.requires_grad = t.is_floating_point() && t.requires_grad();
+    layout.push_back(std::move(meta));
+  }
+  return layout;
+}
+
+std::vector<int64_t> EncodeHeader(const std::vector<TensorMeta>& layout) {
+  std::vector<int64_t> words;
+  words.push_back(static_cast<int64_t>(layout.size()));
+  for (const TensorMeta& meta : layout) {
+    words.push_back(static_cast<int64_t>(meta.dtype));
+    words.push_back(meta.requires_grad ? 1 : 0);
+    words.push_back(static_cast<int64_t>(meta.shape.size()));
+    words.insert(words.end(), meta.shape.begin(), meta.shape.end());
+  }
+  return words;
+}
+
+absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>& words) {
+  if (words.empty() || words[0] < 0) {
+    return absl::DataLossError("p2p header is empty or has a negative tensor count");
+  }
+  std::vector<TensorMeta> layout;
+  size_t pos = 1;
+  for (int64_t i = 0; i < words[0]; ++i) {
+    if (pos + 3 > words.size()) {
+      return absl::DataLossError(absl::StrCat("p2p header truncated at tensor ", i, " of ", words[0]));
+    }
+    TensorMeta meta;
+    const int64_t dtype = words[pos];
+    if (dtype < 0 || dtype >= static_cast<int64_t>(c10::ScalarType::NumOptions)) {
+      return absl::DataLossError(absl::StrCat("p2p header: tensor ", i, " has unknown dtype code ", dtype));
+    }
+    meta.dtype = static_cast<c10::ScalarType>(dtype);
+    meta.requires_grad = words[pos + 1] != 0;
+    const int64_t ndim = words[pos + 2];
+    pos += 3;
+    if (ndim < 0 || ndim > kMaxDims || pos + ndim > words.size()) {
+      return absl::DataLossError(absl::StrCat("p2p header: tensor ", i, " has bad rank ", ndim));
+    }
+    meta.shape.assign(words.begin() + pos, words.begin() + pos + ndim);
+    pos += ndim;
+    layout.push_back(std::move(meta));
+  }
+  return layout;
+}
+
+P2P::P2P(c10::intrusive_ptr<c10d::ProcessGroup> group, P2POptions options)
+    : group_(std::move(group)), options_(std::move(options)) {}
+
+P2P::~P2P() {
+  // Outstanding sends keep their tensors alive themselves; waiting here (with
+  // the timeout) keeps a destroyed executor from racing its own transfers.
+  absl::Status s = WaitSends();
+  (void)s;
+}
+
+int P2P::rank() const { return group_->getRank(); }
+
+absl::StatusOr<int> P2P::Tag(Kind kind, int src_stage, int dst_stage) const {
+  if (src_stage < 0 || src_stage >= kMaxStages || dst_stage < 0 || dst_stage >= kMaxStages) {
+    return absl::InvalidArgumentError(absl::StrCat("p2p stage ids (", src_stage, ", ", dst_stage,
+                                                   ") must be in [0, ", kMaxStages, ")"));
+  }
+  return ((src_stage * kMaxStages) + dst_stage) * 2 + static_cast<int>(kind);
+}
+
+absl::Status P2P::PostSend(torch::Tensor tensor, int peer, int tag, const std::string& what) {
+  if (tensor.numel() == 0) return absl::OkStatus();
+  return TorchCall(absl::StrCat(what, ": send to rank ", peer), [&] {
+    std::vector<at::Tensor> one = {tensor.detach().contiguous()};
+    pending_.push_back(PendingSend{group_->send(one, peer, tag), peer, what});
+    ++stats_.tensor_messages;
+  });
+}
+
+absl::Status P2P::RecvInto(torch::Tensor& tensor, int peer, int tag, const std::string& what) {
+  if (tensor.numel() == 0) return absl::OkStatus();
+  bool completed = false;
+  absl::Status s = TorchCall(absl::StrCat(what, ": receive from rank ", peer), [&] {
+    std::vector<at::Tensor> one = {tensor};
+    c10::intrusive_ptr<c10d::Work> work = group_->recv(one, peer, tag);
+    completed = work->wait(options_.timeout);
+  });
+  if (!s.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        s.message(), " (peer rank ", peer, " died, hung or is out of step; timeout ",
+        options_.timeout.count(), " ms)"));
+  }
+  if (!completed) {
+    return absl::AbortedError(absl::StrCat(what, ": receive from rank ", peer, " was aborted"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status P2P::ReapCompletedSends() {
+  // Completed sends are dropped so that their tensors can be freed; errors
+  // surface here or in WaitSends.
+  auto it = std::remove_if(pending_.begin(), pending_.end(), [](const PendingSend& p) {
+    return p.work->isCompleted() && p.work->isSuccess();
+  });
+  pending_.erase(it, pending_.end());
+  return absl::OkStatus();
+}
+
+absl::Status P2P::WaitSends() {
+  absl::Status first_error;
+  for (PendingSend& p : pending_) {
+    absl::Status s = TorchCall(absl::StrCat(p.what, ": send to rank ", p.peer), [&] {
+      if (!p.work->wait(options_.timeout)) {
+        throw std::runtime_error("aborted");
+      }
+    });
+    if (!s.ok() && first_error.ok()) {
+      first_error = absl::DeadlineExceededError(absl::StrCat(
+          s.message(), " (peer rank ", p.peer, " died, hung or is out of step; timeout ",
+          options_.timeout.count(), " ms)"));
+    }
+  }
+  pending_.clear();
+  return first_error;
+}
+
+torch::Tensor P2P::TakeBuffer(c10::ScalarType dtype, const std::vector<int64_t>& shape) {
+  auto it = pool_.find({static_cast<int>(dtype), shape});
+  if (it != pool_.end() && !it->second.empty()) {
+    torch::Tensor t = std::move(it->second.back());
+    it->second.pop_back();
+    ++stats_.buffers_reused;
+    return t;
+  }
+  ++stats_.buffers_allocated;
+  return torch::empty(shape, torch::TensorOptions().dtype(dtype));
+}
+
+void P2P::Recycle(Activations tensors) {
+  for (torch::Tensor& t : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
+    // Only a buffer nobody else can see is safe to overwrite: a layer may have
+    // returned it as its output (and that output may still be in flight), or
+    // a view of it may live on in a caller's data.
+    if (t.use_count() != 1 || !t.has_storage() || t.storage().use_count() != 1 ||
+        !t.is_contiguous() || t.storage_offset() != 0) {
+      continue;
+    }
+    torch::Tensor buffer = t.detach();
+    t.reset();
+    if (buffer.storage().use_count() != 1) continue;
+    pool_[{static_cast<int>(buffer.scalar_type()), buffer.sizes().vec()}].push_back(std::move(buffer));
+  }
+}
+
+void P2P::ResetShapes() {
+  sent_headers_.clear();
+  received_headers_.clear();
+  pool_.clear();
+}
+
+absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage, const Activations& tensors,
+                                  const std::string& what, int64_t message_id) {
+  PP_RETURN_IF_ERROR(ReapCompletedSends());
+  PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kActivation, src_stage, dst_stage));
+  std::vector<TensorMeta> layout = LayoutOf(tensors);
+  if (options_.fixed_layout.has_value()) {
+    const std::vector<TensorMeta>& fixed = *options_.fixed_layout;
+    bool match = fixed.size() == layout.size();
+    for (size_t i = 0; match && i < fixed.size(); ++i) {
+      match = fixed[i].dtype == layout[i].dtype && fixed[i].shape == layout[i].shape;
+    }
+    if (!match) {
+      std::vector<std::string> got, want;
+      for (const auto& m : layout) got.push_back(m.DebugString());
+      for (const auto& m : fixed) want.push_back(m.DebugString());
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": payload {", absl::StrJoin(got, ", "), "} does not match the fixed p2p layout {",
+          absl::StrJoin(want, ", "), "}; unset P2POptions::fixed_layout for dynamic shapes"));
+    }
+  } else {
+    const ChannelKey key{src_stage, dst_stage};
+    auto it = sent_headers_.find(key);
+    torch::Tensor control = torch::zeros({kControlWords}, torch::kInt64);
+    int64_t* c = control.data_ptr<int64_t>();
+    torch::Tensor header;
+    if (it != sent_headers_.end() && it->second == layout) {
+      c[0] = kSameHeader;
+    } else {
+      std::vector<int64_t> words = EncodeHeader(layout);
+      if (static_cast<int>(words.size()) < kIdWord) {
+        c[0] = kInlineHeader;
+        std::copy(words.begin(), words.end(), c + 1);
+      } else {
+        c[0] = kHeaderFollows;
+        c[1] = static_cast<int64_t>(words.size());
+        header = torch::tensor(words, torch::kInt64);
+      }
+      sent_headers_[key] = layout;
+      ++stats_.header_messages;
+    }
+    c[kIdWord] = message_id;
+    ++stats_.control_messages;
+    PP_RETURN_IF_ERROR(PostSend(control, peer, tag, what));
+    if (header.defined()) PP_RETURN_IF_ERROR(PostSend(header, peer, tag, what));
+  }
+  for (const torch::Tensor& t : tensors) {
+    PP_RETURN_IF_ERROR(PostSend(t, peer, tag, what));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int dst_stage,
+                                                 const std::string& what, int64_t* message_id) {
+  PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kActivation, src_stage, dst_stage));
+  std::vector<TensorMeta> layout;
+  if (message_id != nullptr) *message_id = -1;
+  if (options_.fixed_layout.has_value()) {
+    layout = *options_.fixed_layout;
+  } else {
+    torch::Tensor control = torch::empty({kControlWords}, torch::kInt64);
+    PP_RETURN_IF_ERROR(RecvInto(control, peer, tag, what));
+    const int64_t* c = control.data_ptr<int64_t>();
+    if (message_id != nullptr) *message_id = c[kIdWord];
+    const ChannelKey key{src_stage, dst_stage};
+    if (c[0] == kSameHeader) {
+      auto it = received_headers_.find(key);
+      if (it == received_headers_.end()) {
+        return absl::DataLossError(absl::StrCat(what, ": rank ", peer,
+                                                " said 'same header' on a channel with no header yet"));
+      }
+      layout = it->second;
+    } else {
+      std::vector<int64_t> words;
+      if (c[0] == kInlineHeader) {
+        words.assign(c + 1, c + kIdWord);
+      } else if (c[0] == kHeaderFollows) {
+        const int64_t length = c[1];
+        if (length <= 0 || length > (1 << 20)) {
+          return absl::DataLossError(absl::StrCat(what, ": bad p2p header length ", length));
+        }
+        torch::Tensor header = torch::empty({length}, torch::kInt64);
+        PP_RETURN_IF_ERROR(RecvInto(header, peer, tag, what));
+        const int64_t* h = header.data_ptr<int64_t>();
+        words.assign(h, h + length);
+      } else {
+        return absl::DataLossError(absl::StrCat(what, ": bad p2p control word ", c[0], " from rank ", peer));
+      }
+      PP_ASSIGN_OR_RETURN(layout, DecodeHeader(words));
+      received_headers_[key] = layout;
+    }
+  }
+  Activations out;
+  out.reserve(layout.size());
+  for (const TensorMeta& meta : layout) {
+    torch::Tensor t = TakeBuffer(meta.dtype, meta.shape);
+    PP_RETURN_IF_ERROR(RecvInto(t, peer, tag, what));
+    if (meta.requires_grad && c10::isFloatingType(meta.dtype)) t.requires_grad_(true);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+absl::Status P2P::SendGrads(int peer, int src_stage, int dst_stage, const Activations& grads,
+                            const std::string& what) {
+  PP_RETURN_IF_ERROR(ReapCompletedSends());
+  PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kGradient, src_stage, dst_stage));
+  for (const torch::Tensor& g : grads) {
+    PP_RETURN_IF_ERROR(PostSend(g, peer, tag, what));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Activations> P2P::RecvGrads(int peer, int src_stage, int dst_stage,
+                                           const std::vector<TensorMeta>& sent_layout,
+                                           const std::string& what) {
+  PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kGradient, src_stage, dst_stage));
+  Activations grads;
+  for (const TensorMeta& meta : sent_layout) {
+    if (!meta.requires_grad) continue;
+    torch::Tensor g = TakeBuffer(meta.dtype, meta.shape);
+    PP_RETURN_IF_ERROR(RecvInto(g, peer, tag, what));
+    grads.push_back(std::move(g));
+  }
+  return grads;
+}
+
+}  // namespace pp

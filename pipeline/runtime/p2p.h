@@ -1,0 +1,182 @@
+// Point-to-point transfer of Activations between pipeline stages over a c10d
+// process group (Gloo on CPU, NCCL where LibTorch is CUDA-built).
+//
+// Wire protocol, per channel. A channel is (kind, source virtual stage,
+// destination virtual stage); kind is "activation" (forward) or "gradient"
+// (backward). Every message of a channel travels on its own Gloo tag, so
+// messages of different channels between the same two ranks never match each
+// other, and messages of one channel arrive in the order they were sent.
+//
+//   activation message, dynamic-shape mode (the default):
+//     1. control: int64[kControlWords]  (always; 8 * 64 = 512 bytes)
+//          word 0 = kSameHeader  -> the layout is the one of the last message
+//                                   on this channel; nothing else follows
+//          word 0 = kInlineHeader -> words 1.. hold the new header
+//          word 0 = kHeaderFollows-> word 1 = header length L; then
+//          word kIdWord (the last) = the message id (the micro-batch id the
+//                                   payload belongs to; -1 if none)
+//     2. header: int64[L]  (only for kHeaderFollows: huge tensor counts)
+//     3. the tensors, one message each, in order (empty tensors are skipped)
+//   header = [count, then per tensor: dtype, requires_grad, ndim, dims...]
+//
+//   activation message, fixed-shape mode (P2POptions::fixed_layout set;
+//   ColossalAI's `tensor_shape`): only step 3; both sides use the layout
+//   given in the options and no control or header is ever sent (so the
+//   message id is not transmitted either: the receiver sees -1).
+//
+//   gradient message: only step 3, for exactly the tensors whose header said
+//   requires_grad, in order. Its layout needs no header: the receiver is the
+//   stage that sent the activations and knows their shapes (RecvGrads takes
+//   them). Integer tensors never require grad; a float tensor that does not
+//   require grad gets no gradient, and both sides agree on that through the
+//   header flag, so nobody waits for a gradient that is never sent.
+//
+// Sends are asynchronous (the tensor is kept alive until completion) so two
+// ranks that both send before they receive cannot deadlock; WaitSends() joins
+// them with the timeout. Every wait has a timeout and its error names the peer
+// rank and the action being executed.
+//
+// Receive buffers come from a pool keyed by dtype and shape. A received tensor
+// belongs to the caller until it is handed back with Recycle(); a buffer whose
+// storage is still referenced elsewhere is dropped instead of reused.
+//
+// Thread-compatible: one P2P object per rank, used by one thread.
+#ifndef PIPELINE_RUNTIME_P2P_H_
+#define PIPELINE_RUNTIME_P2P_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pipeline/layer.h"
+
+namespace pp {
+
+// Layout of one tensor of a payload.
+struct TensorMeta {
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> shape;
+  bool requires_grad = false;
+
+  bool operator==(const TensorMeta& o) const {
+    return dtype == o.dtype && shape == o.shape && requires_grad == o.requires_grad;
+  }
+  bool operator!=(const TensorMeta& o) const { return !(*this == o); }
+  std::string DebugString() const;
+};
+
+// The layout a payload is sent with: requires_grad is true exactly for
+// floating-point tensors that require grad on the sender.
+std::vector<TensorMeta> LayoutOf(const Activations& tensors);
+
+// Encodes/decodes the header words (exposed for tests).
+std::vector<int64_t> EncodeHeader(const std::vector<TensorMeta>& layout);
+absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>& words);
+
+struct P2POptions {
+  // Every receive and send completion waits at most this long.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Fixed-shape mode: when set, every activation payload on every channel has
+  // exactly this layout, and no control message or header is sent.
+  std::optional<std::vector<TensorMeta>> fixed_layout;
+};
+
+// Counters, for tests and the benchmark.
+struct P2PStats {
+  int64_t control_messages = 0;
+  int64_t header_messages = 0;  // headers sent (inline or separate)
+  int64_t tensor_messages = 0;
+  int64_t buffers_allocated = 0;
+  int64_t buffers_reused = 0;
+};
+
+// See the file comment. Owns nothing but a reference to the process group.
+class P2P {
+ public:
+  static constexpr int kControlWords = 64;  // header words inline: kControlWords - 2
+  static constexpr int64_t kSameHeader = 0;
+  static constexpr int64_t kInlineHeader = 1;
+  static constexpr int64_t kHeaderFollows = 2;
+  static constexpr int kIdWord = kControlWords - 1;
+  // Virtual stage ids must be below this (tags encode a stage pair).
+  static constexpr int kMaxStages = 4096;
+
+  // `group`: the process group whose ranks `peer` arguments refer to.
+  P2P(c10::intrusive_ptr<c10d::ProcessGroup> group, P2POptions options);
+  P2P(const P2P&) = delete;
+  P2P& operator=(const P2P&) = delete;
+  ~P2P();
+
+  // Sends `tensors` from virtual stage `src_stage` to `dst_stage` on rank
+  // `peer`. `what` names the action for error messages (e.g. "1SEND_F3").
+  // `message_id` travels in the control word (dynamic-shape mode only).
+  absl::Status SendActivations(int peer, int src_stage, int dst_stage, const Activations& tensors,
+                               const std::string& what, int64_t message_id = -1);
+  // Receives the payload that SendActivations(…, src_stage, dst_stage, …)
+  // sent from rank `peer`. Tensors flagged requires_grad come back as leaves
+  // that require grad. `*message_id` (if given) gets the sender's id, or -1
+  // in fixed-shape mode.
+  absl::StatusOr<Activations> RecvActivations(int peer, int src_stage, int dst_stage,
+                                              const std::string& what, int64_t* message_id = nullptr);
+
+  // Sends the gradients of the activations `dst_stage` received from
+  // `src_stage` back to `peer` (the rank of src_stage). `grads` holds one
+  // tensor per activation flagged requires_grad, in order.
+  absl::Status SendGrads(int peer, int src_stage, int dst_stage, const Activations& grads,
+                         const std::string& what);
+  // Receives on src_stage's rank what SendGrads sent. `sent_layout` is the
+  // layout of the activations that were sent (LayoutOf(outputs)).
+  absl::StatusOr<Activations> RecvGrads(int peer, int src_stage, int dst_stage,
+                                        const std::vector<TensorMeta>& sent_layout,
+                                        const std::string& what);
+
+  // Waits for every outstanding send (with the timeout).
+  absl::Status WaitSends();
+
+  // Hands received tensors back to the buffer pool.
+  void Recycle(Activations tensors);
+
+  // Forgets every remembered header (both directions) and cached buffer.
+  // Both sides must call it at the same point (e.g. between phases).
+  void ResetShapes();
+
+  const P2PStats& stats() const { return stats_; }
+  const P2POptions& options() const { return options_; }
+  int rank() const;
+
+ private:
+  enum class Kind : int { kActivation = 0, kGradient = 1 };
+  using ChannelKey = std::tuple<int, int>;  // (src_stage, dst_stage)
+  struct PendingSend {
+    c10::intrusive_ptr<c10d::Work> work;
+    int peer;
+    std::string what;
+  };
+
+  absl::StatusOr<int> Tag(Kind kind, int src_stage, int dst_stage) const;
+  absl::Status PostSend(torch::Tensor tensor, int peer, int tag, const std::string& what);
+  absl::Status RecvInto(torch::Tensor& tensor, int peer, int tag, const std::string& what);
+  torch::Tensor TakeBuffer(c10::ScalarType dtype, const std::vector<int64_t>& shape);
+  absl::Status ReapCompletedSends();
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  P2POptions options_;
+  std::map<ChannelKey, std::vector<TensorMeta>> sent_headers_;
+  std::map<ChannelKey, std::vector<TensorMeta>> received_headers_;
+  std::map<std::pair<int, std::vector<int64_t>>, std::vector<torch::Tensor>> pool_;
+  std::vector<PendingSend> pending_;
+  P2PStats stats_;
+};
+
+}  // namespace pp
+
+#endif  // PIPELINE_RUNTIME_P2P_H_

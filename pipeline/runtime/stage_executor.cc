@@ -1,0 +1,338 @@
+#include "pipeline/runtime/stage_executor.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/torch_status.h"
+
+namespace pp {
+namespace {
+
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// What the next stage on the same rank receives: the outputs cut from this
+// stage's graph (so each stage's backward stays its own), with the same
+// requires-grad flags a p2p transfer would carry.
+Activations HandOver(const Activations& outputs) {
+  Activations inputs;
+  inputs.reserve(outputs.size());
+  for (const torch::Tensor& t : outputs) {
+    torch::Tensor d = t.detach();
+    if (t.is_floating_point() && t.requires_grad()) d.requires_grad_(true);
+    inputs.push_back(d);
+  }
+  return inputs;
+}
+
+std::string Name(const Action& a) { return ActionToString(a); }
+
+}  // namespace
+
+StageExecutor::StageExecutor(int rank,
+                             std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages,
+                             LossFn loss_fn, MicroBatchSource* source,
+                             c10::intrusive_ptr<c10d::ProcessGroup> pipe_group, StageExecutorOptions options)
+    : rank_(rank),
+      stages_(std::move(stages)),
+      loss_fn_(std::move(loss_fn)),
+      source_(source),
+      pipe_group_(pipe_group),
+      options_(std::move(options)),
+      p2p_(pipe_group, options_.p2p) {}
+
+bool StageExecutor::IsLocal(const StepState& st, int stage) const {
+  return stage >= 0 && stage < static_cast<int>(st.program->stage_to_rank.size()) &&
+         st.program->stage_to_rank[stage] == rank_;
+}
+
+absl::Status StageExecutor::Validate(const LoweredProgram& program) const {
+  if (rank_ < 0 || rank_ >= static_cast<int>(program.ranks.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " has no program: the schedule has ",
+                                                   program.ranks.size(), " ranks"));
+  }
+  if (pipe_group_ && pipe_group_->getSize() != program.num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat("schedule '", program.schedule_name, "' is for ",
+                                                   program.num_stages, " pipeline ranks but the pipe group has ",
+                                                   pipe_group_->getSize()));
+  }
+  const int num_virtual = program.num_virtual_stages();
+  for (int s = 0; s < num_virtual; ++s) {
+    const bool local = program.stage_to_rank[s] == rank_;
+    if (local != (stages_.count(s) > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule '", program.schedule_name, "' places virtual stage ", s, " on rank ", program.stage_to_rank[s],
+          " but rank ", rank_, (local ? " has no module for it" : " holds its module"),
+          "; the model must be partitioned into num_stages * num_chunks = ", num_virtual, " parts"));
+    }
+  }
+  for (const Action& a : program.ranks[rank_]) {
+    if (a.type == ActionType::kBackwardInput || a.type == ActionType::kBackwardWeight) {
+      return absl::UnimplementedError(absl::StrCat(
+          "schedule '", program.schedule_name, "' uses ", Name(a),
+          ": split backward (I/W, zero-bubble schedules) is not implemented by the runtime yet; "
+          "use a schedule with full B actions"));
+    }
+    if (HasStage(a.type) && !IsTail(a.type) && stages_.count(a.stage) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("action ", Name(a), " of rank ", rank_, " is for a virtual stage this rank does not hold"));
+    }
+    if (a.type == ActionType::kReduceGrads && stages_.count(a.stage) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("action ", Name(a), " of rank ", rank_, " is for a virtual stage this rank does not hold"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const MicroBatchData*> StageExecutor::Data(StepState& st, int mb) {
+  auto it = st.data.find(mb);
+  if (it != st.data.end()) return &it->second;
+  const int64_t index = static_cast<int64_t>(options_.data_parallel_id) * st.program->num_microbatches + mb;
+  PP_ASSIGN_OR_RETURN(MicroBatchData data, st.source->Get(st.step, index));
+  return &st.data.emplace(mb, std::move(data)).first->second;
+}
+
+absl::Status StageExecutor::Forward(const Action& a, StepState& st) {
+  const int s = a.stage;
+  const int mb = a.microbatch;
+  const Key key{s, mb};
+  const int last = st.program->num_virtual_stages() - 1;
+  PP_ASSIGN_OR_RETURN(const MicroBatchData* data, Data(st, mb));
+  Activations inputs;
+  bool received = false;
+  int64_t id = data->batch.id;
+  if (s == 0) {
+    inputs = data->inputs;
+  } else {
+    auto it = st.inbox.find(key);
+    if (it == st.inbox.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(Name(a), " on rank ", rank_, ": no input received for this micro-batch (the program runs F before its RECV_F)"));
+    }
+    inputs = std::move(it->second.first);
+    received = it->second.second;
+    st.inbox.erase(it);
+    auto id_it = st.inbox_ids.find(key);
+    if (id_it != st.inbox_ids.end()) {
+      if (id_it->second >= 0) id = id_it->second;
+      st.inbox_ids.erase(id_it);
+    }
+  }
+  Activations outputs = stages_.at(s)(inputs, data->batch);
+  if (s == last) {
+    if (id != data->batch.id) {
+      return absl::InternalError(absl::StrCat(Name(a), " on rank ", rank_, ": activations belong to micro-batch id ", id,
+                                              " but the labels to id ", data->batch.id,
+                                              "; refusing to compute a loss from mismatched batches"));
+    }
+    torch::Tensor loss = loss_fn_(outputs, data->batch);
+    if (loss.numel() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the loss function returned ", loss.numel(), " elements; it must return a scalar"));
+    }
+    st.stats.loss_sum += loss.detach().item<double>();
+    st.stats.losses_computed += 1;
+    if (!st.forward_only) {
+      StashEntry entry;
+      entry.inputs = std::move(inputs);
+      entry.received = received;
+      // The only place the loss is scaled: by 1/m, once, on the last stage.
+      entry.loss = loss / static_cast<double>(st.program->num_microbatches);
+      st.stash[key] = std::move(entry);
+    } else if (received) {
+      p2p_.Recycle(std::move(inputs));
+    }
+    return absl::OkStatus();
+  }
+  if (IsLocal(st, s + 1)) {
+    st.inbox[{s + 1, mb}] = {HandOver(outputs), false};
+    st.inbox_ids[{s + 1, mb}] = id;
+  } else {
+    st.outbox[key] = outputs;
+    st.outbox_ids[key] = id;
+  }
+  if (!st.forward_only) {
+    st.out_layouts[key] = LayoutOf(outputs);
+    StashEntry entry;
+    entry.inputs = std::move(inputs);
+    entry.outputs = std::move(outputs);
+    entry.received = received;
+    st.stash[key] = std::move(entry);
+  } else if (received) {
+    // Under no-grad the outputs hold no reference to the inputs unless a layer
+    // returned them as they are; Recycle checks that.
+    p2p_.Recycle(std::move(inputs));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::Backward(const Action& a, StepState& st) {
+  const int s = a.stage;
+  const int mb = a.microbatch;
+  const Key key{s, mb};
+  const int last = st.program->num_virtual_stages() - 1;
+  auto it = st.stash.find(key);
+  if (it == st.stash.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Name(a), " on rank ", rank_, ": nothing stashed (B before its F)"));
+  }
+  StashEntry entry = std::move(it->second);
+  st.stash.erase(it);
+  if (s == last) {
+    entry.loss.backward();
+  } else {
+    auto g = st.grad_inbox.find(key);
+    if (g == st.grad_inbox.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(Name(a), " on rank ", rank_, ": no output gradient (B before its RECV_B)"));
+    }
+    Activations grads = std::move(g->second.first);
+    const bool grads_received = g->second.second;
+    st.grad_inbox.erase(g);
+    std::vector<torch::Tensor> roots;
+    std::vector<torch::Tensor> root_grads;
+    size_t next = 0;
+    for (const torch::Tensor& out : entry.outputs) {
+      if (!(out.is_floating_point() && out.requires_grad())) continue;
+      if (next >= grads.size()) {
+        return absl::InternalError(absl::StrCat(Name(a), ": fewer output gradients (", grads.size(),
+                                                ") than outputs that require grad"));
+      }
+      roots.push_back(out);
+      root_grads.push_back(grads[next++]);
+    }
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads);
+    entry.outputs.clear();
+    if (grads_received) p2p_.Recycle(std::move(grads));
+  }
+  st.out_layouts.erase(key);
+  if (s > 0) {
+    Activations input_grads;
+    for (const torch::Tensor& in : entry.inputs) {
+      if (!(in.is_floating_point() && in.requires_grad())) continue;
+      torch::Tensor g = in.grad();
+      input_grads.push_back(g.defined() ? g : torch::zeros_like(in));
+    }
+    if (IsLocal(st, s - 1)) {
+      st.grad_inbox[{s - 1, mb}] = {std::move(input_grads), false};
+    } else {
+      st.grad_outbox[key] = std::move(input_grads);
+    }
+  }
+  if (entry.received) {
+    for (torch::Tensor& in : entry.inputs) {
+      if (in.requires_grad()) in.mutable_grad().reset();
+      in.requires_grad_(false);
+    }
+    p2p_.Recycle(std::move(entry.inputs));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn& tail) {
+  const LoweredProgram& program = *st.program;
+  const Key key{a.stage, a.microbatch};
+  switch (a.type) {
+    case ActionType::kForward:
+      return Forward(a, st);
+    case ActionType::kBackward:
+      if (st.forward_only) return absl::InvalidArgumentError(absl::StrCat(Name(a), " in a forward-only program"));
+      return Backward(a, st);
+    case ActionType::kRecvForward: {
+      int64_t id = -1;
+      PP_ASSIGN_OR_RETURN(Activations acts, p2p_.RecvActivations(program.PeerRank(a), a.stage - 1, a.stage,
+                                                                 absl::StrCat(Name(a), " on rank ", rank_), &id));
+      if (st.forward_only) {
+        for (torch::Tensor& t : acts) t.requires_grad_(false);
+      }
+      st.inbox[key] = {std::move(acts), true};
+      st.inbox_ids[key] = id;
+      return absl::OkStatus();
+    }
+    case ActionType::kSendForward: {
+      auto it = st.outbox.find(key);
+      if (it == st.outbox.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(Name(a), " on rank ", rank_, ": no output to send (SEND_F before F)"));
+      }
+      const int64_t id = st.outbox_ids[key];
+      absl::Status s = p2p_.SendActivations(program.PeerRank(a), a.stage, a.stage + 1, it->second,
+                                            absl::StrCat(Name(a), " on rank ", rank_), id);
+      st.outbox.erase(it);
+      st.outbox_ids.erase(key);
+      return s;
+    }
+    case ActionType::kRecvBackward: {
+      auto layout = st.out_layouts.find(key);
+      if (layout == st.out_layouts.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(Name(a), " on rank ", rank_, ": RECV_B before F"));
+      }
+      PP_ASSIGN_OR_RETURN(Activations grads, p2p_.RecvGrads(program.PeerRank(a), a.stage, a.stage + 1, layout->second,
+                                                            absl::StrCat(Name(a), " on rank ", rank_)));
+      st.grad_inbox[key] = {std::move(grads), true};
+      return absl::OkStatus();
+    }
+    case ActionType::kSendBackward: {
+      auto it = st.grad_outbox.find(key);
+      if (it == st.grad_outbox.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(Name(a), " on rank ", rank_, ": SEND_B before B"));
+      }
+      absl::Status s = p2p_.SendGrads(program.PeerRank(a), a.stage - 1, a.stage, it->second,
+                                      absl::StrCat(Name(a), " on rank ", rank_));
+      st.grad_outbox.erase(it);
+      return s;
+    }
+    case ActionType::kReduceTiedGrads:
+    case ActionType::kReduceGrads:
+    case ActionType::kOptimizerStep:
+      // Sends still in flight must complete before the tail's collectives and
+      // before the optimizer changes weights a later step depends on.
+      PP_RETURN_IF_ERROR(p2p_.WaitSends());
+      return tail ? tail(a) : absl::OkStatus();
+    case ActionType::kBackwardInput:
+    case ActionType::kBackwardWeight:
+      return absl::UnimplementedError(absl::StrCat(Name(a), ": split backward (I/W) is not implemented yet"));
+  }
+  return absl::InternalError(absl::StrCat("unknown action type in ", Name(a)));
+}
+
+absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int64_t step, const TailFn& tail,
+                                              MicroBatchSource* source) {
+  PP_RETURN_IF_ERROR(Validate(program));
+  StepState st;
+  st.source = source != nullptr ? source : source_;
+  if (st.source == nullptr) return absl::InvalidArgumentError("StageExecutor::Run needs a MicroBatchSource");
+  st.program = &program;
+  st.step = step;
+  st.forward_only = program.forward_only;
+  const int64_t start = NowMicros();
+  absl::Status status = TorchCall(absl::StrCat("step ", step, " on rank ", rank_), [&] {
+    std::optional<torch::NoGradGuard> no_grad;
+    if (st.forward_only) no_grad.emplace();
+    for (const Action& a : program.ranks[rank_]) {
+      const int64_t t0 = NowMicros();
+      absl::Status s = Execute(a, st, tail);
+      if (!s.ok()) {
+        status_holder_ = s;
+        return;
+      }
+      const int64_t t1 = NowMicros();
+      if (IsCompute(a.type)) st.stats.busy_us += t1 - t0;
+      if (options_.trace) st.stats.timings.push_back(ActionTiming{a, t0, t1});
+    }
+  });
+  if (status.ok() && !status_holder_.ok()) status = status_holder_;
+  status_holder_ = absl::OkStatus();
+  if (status.ok()) status = p2p_.WaitSends();
+  if (status.ok() && !st.stash.empty()) {
+    status = absl::InternalError(absl::StrCat("program of rank ", rank_, " left ", st.stash.size(),
+                                              " stashed micro-batches without backward"));
+  }
+  if (!status.ok()) return status;
+  st.stats.wall_us = NowMicros() - start;
+  return std::move(st.stats);
+}
+
+}  // namespace pp

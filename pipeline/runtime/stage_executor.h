@@ -1,0 +1,164 @@
+// StageExecutor: runs one rank's lowered program (pipeline/schedule/lowering.h)
+// for one step. It knows no schedule by name: it executes RECV_F, F, SEND_F,
+// RECV_B, B, SEND_B in the order given, stashing what backward needs keyed by
+// (virtual stage, micro-batch), and hands the step's tail (REDUCE_TIED,
+// REDUCE_GRAD, STEP) to a callback (the Trainer).
+//
+// Data flow of one micro-batch mb through virtual stage s:
+//   inputs  = s == 0 ? source.Get(step, mb).inputs : received (RECV_F) or
+//             handed over locally by stage s-1 on the same rank
+//   F       : outputs = chunk(s).Forward(inputs, batch); stash[(s, mb)]
+//             last stage: loss = loss_fn(outputs, batch) / m (scaled once,
+//             here only), its detached value accumulated
+//   B       : autograd from the stashed outputs with the output gradient
+//             (RECV_B or local), or from the scaled loss on the last stage;
+//             frees the stash entry; the input gradient goes to SEND_B or to
+//             stage s-1 locally.
+// Every rank that needs a micro-batch reads it itself from the deterministic
+// MicroBatchSource; its id travels with the activations, and the last stage
+// checks it against the labels it computes the loss with.
+//
+// Not thread-safe; one executor per rank, used by one thread.
+#ifndef PIPELINE_RUNTIME_STAGE_EXECUTOR_H_
+#define PIPELINE_RUNTIME_STAGE_EXECUTOR_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pipeline/layer.h"
+#include "pipeline/runtime/p2p.h"
+#include "pipeline/schedule/action.h"
+#include "pipeline/schedule/lowering.h"
+
+namespace pp {
+
+// One micro-batch: the first stage's inputs plus the side inputs (labels,
+// masks) with an id. Every rank reading (step, index) must get equal data.
+struct MicroBatchData {
+  Activations inputs;
+  MicroBatch batch;
+};
+
+// A deterministic data source that every rank calls itself. `index` is the
+// micro-batch's index within the global batch of the step (data-parallel
+// replica d reads indices [d * m, (d + 1) * m)). Implementations must be
+// deterministic in (step, index) and set batch.id uniquely per (step, index).
+class MicroBatchSource {
+ public:
+  virtual ~MicroBatchSource() = default;
+  virtual absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) = 0;
+};
+
+// The model's loss on the last stage: a scalar from the last stage's outputs
+// and the micro-batch's side inputs (e.g. labels).
+using LossFn = std::function<torch::Tensor(const Activations& outputs, const MicroBatch& batch)>;
+
+// Wall-clock interval of one executed action, for traces and busy/idle time.
+struct ActionTiming {
+  Action action;
+  // steady_clock microseconds: comparable across the processes of one host.
+  int64_t start_us = 0;
+  int64_t end_us = 0;
+};
+
+struct StepStats {
+  // Sum of this rank's last-stage micro-batch losses (unscaled, detached);
+  // 0 on ranks without the last stage.
+  double loss_sum = 0.0;
+  int64_t losses_computed = 0;
+  int64_t wall_us = 0;  // the whole program
+  int64_t busy_us = 0;  // compute actions (F, B)
+  std::vector<ActionTiming> timings;
+};
+
+struct StageExecutorOptions {
+  P2POptions p2p;
+  // Data-parallel replica: micro-batch mb reads global index
+  // data_parallel_id * m + mb.
+  int data_parallel_id = 0;
+  // Record per-action timings.
+  bool trace = true;
+};
+
+// Executes lowered programs for the virtual stages of one rank. Borrows the
+// modules, the source and the process group; they must outlive it.
+class StageExecutor {
+ public:
+  // `chunks[c]` is virtual stage chunks_stage[c]; `pipe_group` ranks are the
+  // pipeline ranks of LoweredProgram::stage_to_rank.
+  StageExecutor(int rank, std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages,
+                LossFn loss_fn, MicroBatchSource* source,
+                c10::intrusive_ptr<c10d::ProcessGroup> pipe_group, StageExecutorOptions options);
+
+  // Checks that `program` can run on this rank: every action's stage is local
+  // and known, I/W are rejected (not implemented yet), the program's stage
+  // count matches. InvalidArgument names the offending action.
+  absl::Status Validate(const LoweredProgram& program) const;
+
+  // Runs rank `rank`'s program of `program` for `step`. Tail actions are
+  // passed to `tail` in order. With `forward_only` (evaluation), runs under
+  // no-grad and keeps nothing for backward. LibTorch errors become Status.
+  // On error the executor's per-step state is cleared.
+  // `source` overrides the constructor's source for this run (evaluation).
+  using TailFn = std::function<absl::Status(const Action&)>;
+  absl::StatusOr<StepStats> Run(const LoweredProgram& program, int64_t step, const TailFn& tail,
+                                MicroBatchSource* source = nullptr);
+
+  P2P& p2p() { return p2p_; }
+
+ private:
+  using Key = std::pair<int, int>;  // (virtual stage, micro-batch)
+  struct StashEntry {
+    Activations inputs;   // what Forward received (leaves for grads)
+    Activations outputs;  // what Forward returned (graph roots), or
+    torch::Tensor loss;   // the scaled loss on the last stage
+    bool received = false;  // inputs came from p2p (their buffers can be recycled)
+  };
+  struct StepState {
+    const LoweredProgram* program = nullptr;
+    int64_t step = 0;
+    bool forward_only = false;
+    MicroBatchSource* source = nullptr;
+    std::map<int, MicroBatchData> data;                  // by micro-batch
+    std::map<Key, std::pair<Activations, bool>> inbox;   // inputs for F: (tensors, received)
+    std::map<Key, int64_t> inbox_ids;                    // micro-batch id that came with them
+    std::map<Key, Activations> outbox;                   // F outputs waiting for SEND_F
+    std::map<Key, int64_t> outbox_ids;
+    std::map<Key, std::vector<TensorMeta>> out_layouts;  // layout of F outputs (for RECV_B)
+    std::map<Key, std::pair<Activations, bool>> grad_inbox;  // output grads for B
+    std::map<Key, Activations> grad_outbox;              // input grads waiting for SEND_B
+    std::map<Key, StashEntry> stash;
+    StepStats stats;
+  };
+
+  absl::Status Execute(const Action& action, StepState& st, const TailFn& tail);
+  absl::StatusOr<const MicroBatchData*> Data(StepState& st, int mb);
+  absl::Status Forward(const Action& a, StepState& st);
+  absl::Status Backward(const Action& a, StepState& st);
+  bool IsLocal(const StepState& st, int stage) const;
+
+  int rank_;
+  std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages_;
+  LossFn loss_fn_;
+  MicroBatchSource* source_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pipe_group_;
+  StageExecutorOptions options_;
+  P2P p2p_;
+  absl::Status status_holder_;  // an action's error, carried out of TorchCall
+};
+
+}  // namespace pp
+
+#endif  // PIPELINE_RUNTIME_STAGE_EXECUTOR_H_

@@ -1,0 +1,256 @@
+#include "pipeline/runtime/trainer.h"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "common/torch_status.h"
+#include "pipeline/schedule/registry.h"
+
+namespace pp {
+namespace {
+
+absl::Status WaitCollective(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::milliseconds timeout) {
+  if (!work->wait(timeout)) return absl::AbortedError("collective aborted");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const ScheduleOptions& options,
+                                           bool want_forward_only) {
+  PP_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(name, options));
+  if (schedule.forward_only != want_forward_only) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule '", name, "' is ", schedule.forward_only ? "forward-only" : "a training schedule",
+        "; expected ", want_forward_only ? "a forward-only (evaluation) schedule" : "a training schedule"));
+  }
+  return Lower(schedule);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, PipelineModel* model, LossFn loss_fn,
+                                                         MicroBatchSource* source, TrainerOptions options) {
+  if (grid == nullptr || model == nullptr || source == nullptr || !loss_fn) {
+    return absl::InvalidArgumentError("Trainer::Create needs a grid, a model, a loss function and a source");
+  }
+  PP_RETURN_IF_ERROR(ValidateOptimizerConfig(options.optimizer));
+  PP_RETURN_IF_ERROR(ValidateLrSchedule(options.lr_schedule));
+  if (model->num_stages() != grid->num_stages() || model->stage() != grid->stage_id()) {
+    return absl::InvalidArgumentError(absl::StrCat("the model is stage ", model->stage(), " of ", model->num_stages(),
+                                                   " but the grid puts this rank at stage ", grid->stage_id(), " of ",
+                                                   grid->num_stages()));
+  }
+  if (options.num_microbatches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_microbatches (", options.num_microbatches, ") must be >= 1"));
+  }
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->grid_ = grid;
+  t->model_ = model;
+  t->options_ = options;
+  ScheduleOptions so;
+  so.num_stages = grid->num_stages();
+  so.num_microbatches = options.num_microbatches;
+  so.num_chunks = static_cast<int>(model->num_chunks());
+  PP_ASSIGN_OR_RETURN(t->train_program_, MakeProgram(options.schedule, so, false));
+  PP_ASSIGN_OR_RETURN(t->eval_program_, MakeProgram(options.eval_schedule, so, true));
+
+  if (options.layer_runner) model->set_layer_runner(options.layer_runner);
+  t->params_ = model->parameters();
+
+  // Tie groups: one process group per key over this replica's stages holding
+  // it, created in key order by the members only.
+  std::set<const void*> non_owner;
+  for (const TieGroup& group : model->LocalTieGroups()) {
+    TiedParams tie;
+    tie.key = group.key;
+    std::vector<int> ranks;
+    for (int64_t stage : group.stages) {
+      PP_ASSIGN_OR_RETURN(int r, grid->StageToGlobal(static_cast<int>(stage), grid->data_parallel_id()));
+      ranks.push_back(r);
+    }
+    tie.members = absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
+    if (ranks.size() > 1) {
+      PP_ASSIGN_OR_RETURN(tie.group,
+                          grid->NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp", grid->data_parallel_id())));
+    }
+    PP_ASSIGN_OR_RETURN(auto named, model->TiedParameters(group.key));
+    for (const auto& item : named) tie.params.push_back(item.value());
+    tie.counts_in_norm = !group.stages.empty() && group.stages.front() == grid->stage_id();
+    if (!tie.counts_in_norm) {
+      for (const torch::Tensor& p : tie.params) non_owner.insert(p.unsafeGetTensorImpl());
+    }
+    t->ties_.push_back(std::move(tie));
+  }
+  for (const torch::Tensor& p : t->params_) {
+    if (non_owner.count(p.unsafeGetTensorImpl()) == 0) t->counted_params_.push_back(p);
+  }
+  PP_RETURN_IF_ERROR(BroadcastTiedParams(t->ties_, options.timeout));
+
+  std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages;
+  for (int64_t c = 0; c < model->num_chunks(); ++c) {
+    StageModule chunk = model->chunk(c);
+    const int vstage = static_cast<int>(c * model->num_stages() + model->stage());
+    stages[vstage] = [chunk](const Activations& in, const MicroBatch& batch) mutable {
+      return chunk->Forward(in, batch);
+    };
+  }
+  StageExecutorOptions eo;
+  eo.p2p.timeout = options.timeout;
+  eo.p2p.fixed_layout = options.fixed_layout;
+  eo.data_parallel_id = grid->data_parallel_id();
+  eo.trace = options.trace;
+  t->executor_ = std::make_unique<StageExecutor>(grid->stage_id(), std::move(stages), std::move(loss_fn), source,
+                                                 grid->pipe_group(), eo);
+  PP_RETURN_IF_ERROR(t->executor_->Validate(t->train_program_));
+  PP_RETURN_IF_ERROR(t->executor_->Validate(t->eval_program_));
+  t->optimizer_ = MakeOptimizer(options.optimizer, t->params_);
+  return t;
+}
+
+absl::Status Trainer::Tail(const Action& action, StepResult& result) {
+  switch (action.type) {
+    case ActionType::kReduceTiedGrads:
+      if (!options_.reduce_tied_grads) return absl::OkStatus();
+      return AllReduceTiedGrads(ties_, options_.timeout);
+    case ActionType::kReduceGrads: {
+      // A tied module shared by two chunks of this rank belongs to both
+      // stages: average it only once.
+      const int64_t chunk = action.stage / model_->num_stages();
+      std::vector<torch::Tensor> params;
+      for (const auto& item : model_->chunk_named_parameters(chunk)) {
+        if (reduced_this_step_.insert(item.value().unsafeGetTensorImpl()).second) params.push_back(item.value());
+      }
+      return AverageGrads(params, grid_->data_group(), options_.timeout);
+    }
+    case ActionType::kOptimizerStep: {
+      PP_ASSIGN_OR_RETURN(result.grad_norm,
+                          GlobalGradNorm(counted_params_, grid_->pipe_group(), grid_->data_group(), options_.timeout));
+      if (options_.max_grad_norm > 0) ClipGradsToNorm(params_, result.grad_norm, options_.max_grad_norm);
+      return TorchCall("optimizer step", [&] { optimizer_->step(); });
+    }
+    default:
+      return absl::InternalError(absl::StrCat("not a tail action: ", ActionToString(action)));
+  }
+}
+
+absl::StatusOr<double> Trainer::ReduceLoss(const StepStats& stats) {
+  torch::Tensor loss = torch::tensor({stats.loss_sum}, torch::kDouble);
+  std::vector<at::Tensor> one = {loss};
+  absl::Status s = TorchCall("loss all-reduce", [&] {
+    if (grid_->num_stages() > 1) {
+      (void)WaitCollective(grid_->pipe_group()->allreduce(one), options_.timeout);
+    }
+    if (grid_->data_parallel_size() > 1) {
+      (void)WaitCollective(grid_->data_group()->allreduce(one), options_.timeout);
+    }
+  });
+  PP_RETURN_IF_ERROR(s);
+  return loss.item<double>() /
+         static_cast<double>(options_.num_microbatches * grid_->data_parallel_size());
+}
+
+absl::StatusOr<StepResult> Trainer::Step() {
+  StepResult result;
+  result.step = step_;
+  result.learning_rate = LearningRateAt(options_.lr_schedule, options_.optimizer.lr, step_);
+  reduced_this_step_.clear();
+  PP_RETURN_IF_ERROR(TorchCall("zero grads", [&] {
+    SetLearningRate(*optimizer_, result.learning_rate);
+    optimizer_->zero_grad();
+  }));
+  model_->train();
+  PP_ASSIGN_OR_RETURN(StepStats stats,
+                      executor_->Run(train_program_, step_,
+                                     [&](const Action& a) { return Tail(a, result); }));
+  PP_ASSIGN_OR_RETURN(result.loss, ReduceLoss(stats));
+  result.step_seconds = static_cast<double>(stats.wall_us) * 1e-6;
+  // Busy/idle of every rank (one small all-gather).
+  const int world = grid_->world_size();
+  torch::Tensor mine = torch::tensor({static_cast<double>(stats.busy_us), static_cast<double>(stats.wall_us)},
+                                     torch::kDouble);
+  std::vector<std::vector<at::Tensor>> gathered(1);
+  for (int r = 0; r < world; ++r) gathered[0].push_back(torch::empty({2}, torch::kDouble));
+  std::vector<at::Tensor> input = {mine};
+  PP_RETURN_IF_ERROR(TorchCall("busy-time all-gather", [&] {
+    (void)WaitCollective(grid_->world_group()->allgather(gathered, input), options_.timeout);
+  }));
+  for (int r = 0; r < world; ++r) {
+    const double busy = gathered[0][r][0].item<double>() * 1e-6;
+    const double wall = gathered[0][r][1].item<double>() * 1e-6;
+    result.busy_seconds.push_back(busy);
+    result.idle_seconds.push_back(std::max(0.0, wall - busy));
+  }
+  last_timings_ = std::move(stats.timings);
+  ++step_;
+  return result;
+}
+
+absl::StatusOr<double> Trainer::Evaluate(MicroBatchSource* source, int64_t step) {
+  model_->eval();
+  absl::StatusOr<StepStats> stats = executor_->Run(eval_program_, step, nullptr, source);
+  model_->train();
+  PP_RETURN_IF_ERROR(stats.status());
+  return ReduceLoss(*stats);
+}
+
+absl::StatusOr<std::string> Trainer::LastStepTrace() {
+  // Encode (stage, type, mb, start, end) per action; all-gather the counts,
+  // then the padded event tables.
+  const int world = grid_->world_size();
+  const int64_t n = static_cast<int64_t>(last_timings_.size());
+  std::vector<std::vector<at::Tensor>> counts(1);
+  for (int r = 0; r < world; ++r) counts[0].push_back(torch::empty({1}, torch::kLong));
+  std::vector<at::Tensor> my_count = {torch::tensor({n}, torch::kLong)};
+  PP_RETURN_IF_ERROR(TorchCall("trace count all-gather", [&] {
+    (void)WaitCollective(grid_->world_group()->allgather(counts, my_count), options_.timeout);
+  }));
+  int64_t max_n = 1;
+  for (int r = 0; r < world; ++r) max_n = std::max(max_n, counts[0][r].item<int64_t>());
+  torch::Tensor table = torch::zeros({max_n, 5}, torch::kLong);
+  for (int64_t i = 0; i < n; ++i) {
+    const ActionTiming& t = last_timings_[i];
+    table[i][0] = t.action.stage;
+    table[i][1] = static_cast<int64_t>(t.action.type);
+    table[i][2] = t.action.microbatch;
+    table[i][3] = t.start_us;
+    table[i][4] = t.end_us;
+  }
+  std::vector<std::vector<at::Tensor>> tables(1);
+  for (int r = 0; r < world; ++r) tables[0].push_back(torch::empty({max_n, 5}, torch::kLong));
+  std::vector<at::Tensor> mine = {table};
+  PP_RETURN_IF_ERROR(TorchCall("trace all-gather", [&] {
+    (void)WaitCollective(grid_->world_group()->allgather(tables, mine), options_.timeout);
+  }));
+  int64_t t0 = INT64_MAX;
+  for (int r = 0; r < world; ++r) {
+    const int64_t cnt = counts[0][r].item<int64_t>();
+    for (int64_t i = 0; i < cnt; ++i) t0 = std::min(t0, tables[0][r][i][3].item<int64_t>());
+  }
+  nlohmann::json events = nlohmann::json::array();
+  for (int r = 0; r < world; ++r) {
+    const int64_t cnt = counts[0][r].item<int64_t>();
+    auto acc = tables[0][r].accessor<int64_t, 2>();
+    for (int64_t i = 0; i < cnt; ++i) {
+      Action a{static_cast<int>(acc[i][0]), static_cast<ActionType>(acc[i][1]), static_cast<int>(acc[i][2])};
+      nlohmann::json e;
+      e["name"] = ActionToString(a);
+      e["cat"] = std::string(ActionTypeName(a.type));
+      e["ph"] = "X";
+      e["pid"] = r;
+      e["tid"] = a.stage >= 0 ? a.stage : 0;
+      e["ts"] = acc[i][3] - t0;
+      e["dur"] = acc[i][4] - acc[i][3];
+      events.push_back(std::move(e));
+    }
+  }
+  nlohmann::json doc;
+  doc["traceEvents"] = std::move(events);
+  doc["displayTimeUnit"] = "ms";
+  return doc.dump();
+}
+
+}  // namespace pp

@@ -1,0 +1,126 @@
+// Trainer: owns a pipeline training step on one rank.
+//
+//   pp::TrainerOptions o; o.schedule = "1f1b"; o.num_microbatches = 8;
+//   o.optimizer = {.name = "adamw", .lr = 1e-3};
+//   PP_ASSIGN_OR_RETURN(auto trainer, pp::Trainer::Create(&grid, model.get(), loss_fn, &source, o));
+//   for (...) { PP_ASSIGN_OR_RETURN(pp::StepResult r, trainer->Step()); }
+//
+// A step: the schedule's lowered program runs on the StageExecutor; its tail
+// all-reduces tied gradients within each tie group (SUM; the copies were
+// broadcast from the lowest rank at Create, so they start and stay equal),
+// averages gradients over the data-parallel group, clips by the global
+// gradient norm (reduced over the pipe and data groups, each tied parameter
+// counted once) and steps the optimizer with the scheduled learning rate.
+// The step's loss (mean over micro-batches, averaged over data-parallel
+// replicas) is reported on every rank.
+//
+// Every rank of the grid calls every method in the same order (they contain
+// collectives). Errors (timeouts naming the peer rank and action, c10::Error)
+// come back as Status. Not thread-safe; borrows grid, model and source.
+#ifndef PIPELINE_RUNTIME_TRAINER_H_
+#define PIPELINE_RUNTIME_TRAINER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pipeline/layer.h"
+#include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/grad_sync.h"
+#include "pipeline/runtime/optimizer.h"
+#include "pipeline/runtime/p2p.h"
+#include "pipeline/runtime/stage_executor.h"
+#include "pipeline/schedule/lowering.h"
+#include "topology/parallel_grid.h"
+
+namespace pp {
+
+struct TrainerOptions {
+  std::string schedule = "1f1b";            // a registered training schedule
+  std::string eval_schedule = "inference";  // a registered forward-only schedule
+  int num_microbatches = 1;                 // per data-parallel replica and step
+  OptimizerConfig optimizer;
+  LrScheduleConfig lr_schedule;
+  double max_grad_norm = 0.0;  // > 0: clip to this global norm
+  // Every receive, send completion and collective waits at most this long.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Fixed-shape p2p (no headers); see P2POptions::fixed_layout.
+  std::optional<std::vector<TensorMeta>> fixed_layout;
+  // Set on every stage module (activation checkpointing); null keeps RunLayers.
+  LayerRunner layer_runner;
+  // Record per-action timings (busy/idle, Chrome trace).
+  bool trace = true;
+  // Testing only: skip the tied-gradient all-reduce (shows that the
+  // equivalence tests detect a missing reduction).
+  bool reduce_tied_grads = true;
+};
+
+struct StepResult {
+  int64_t step = 0;
+  double loss = 0.0;       // mean over micro-batches and data-parallel replicas
+  double grad_norm = 0.0;  // global, before clipping
+  double learning_rate = 0.0;
+  double step_seconds = 0.0;  // this rank's wall time of the program
+  // Indexed by global rank: time in compute actions / the rest of the step.
+  std::vector<double> busy_seconds;
+  std::vector<double> idle_seconds;
+};
+
+class Trainer {
+ public:
+  // Builds the schedule programs, the tie groups (collective over the
+  // members: every rank must call Create), broadcasts tied weights from the
+  // lowest stage and makes the optimizer. InvalidArgument for options that do
+  // not fit the grid or the model (named).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(ParallelGrid* grid, PipelineModel* model, LossFn loss_fn,
+                                                         MicroBatchSource* source, TrainerOptions options);
+
+  // One training step on the source's next global batch.
+  absl::StatusOr<StepResult> Step();
+
+  // Runs the forward-only schedule under no-grad on `source`'s batch `step`
+  // and returns the mean loss (averaged over data-parallel replicas).
+  absl::StatusOr<double> Evaluate(MicroBatchSource* source, int64_t step);
+
+  // The last Step's per-action timings of all ranks as one Chrome-trace JSON
+  // document (pid = global rank, tid = virtual stage). Collective over the
+  // world group; every rank gets the document.
+  absl::StatusOr<std::string> LastStepTrace();
+
+  int64_t step() const { return step_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const LoweredProgram& train_program() const { return train_program_; }
+  const LoweredProgram& eval_program() const { return eval_program_; }
+  const TrainerOptions& options() const { return options_; }
+
+ private:
+  Trainer() = default;
+  absl::Status Tail(const Action& action, StepResult& result);
+  absl::StatusOr<double> ReduceLoss(const StepStats& stats);
+
+  ParallelGrid* grid_ = nullptr;
+  PipelineModel* model_ = nullptr;
+  TrainerOptions options_;
+  LoweredProgram train_program_;
+  LoweredProgram eval_program_;
+  std::vector<TiedParams> ties_;
+  std::vector<torch::Tensor> params_;          // this rank's parameters, each once
+  std::vector<torch::Tensor> counted_params_;  // params_ minus non-owner tied copies
+  std::unique_ptr<StageExecutor> executor_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::set<const void*> reduced_this_step_;  // params averaged over data this step
+  std::vector<ActionTiming> last_timings_;
+  int64_t step_ = 0;
+};
+
+}  // namespace pp
+
+#endif  // PIPELINE_RUNTIME_TRAINER_H_

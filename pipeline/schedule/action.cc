@@ -1,0 +1,167 @@
+#include "pipeline/schedule/action.h"
+
+#include <cctype>
+#include <tuple>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace pp {
+namespace {
+
+struct TypeToken {
+  ActionType type;
+  absl::string_view token;
+};
+
+constexpr TypeToken kTypeTokens[] = {
+    {ActionType::kForward, "F"},
+    {ActionType::kBackward, "B"},
+    {ActionType::kBackwardInput, "I"},
+    {ActionType::kBackwardWeight, "W"},
+    {ActionType::kSendForward, "SEND_F"},
+    {ActionType::kRecvForward, "RECV_F"},
+    {ActionType::kSendBackward, "SEND_B"},
+    {ActionType::kRecvBackward, "RECV_B"},
+    {ActionType::kReduceTiedGrads, "REDUCE_TIED"},
+    {ActionType::kReduceGrads, "REDUCE_GRAD"},
+    {ActionType::kOptimizerStep, "STEP"},
+};
+
+constexpr absl::string_view kGrammar =
+    "expected <stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B><microbatch> (e.g. "
+    "1F3, 0RECV_B2), <stage>REDUCE_GRAD, REDUCE_TIED or STEP";
+
+absl::Status Malformed(absl::string_view text, absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("malformed action \"", text, "\": ", why, "; ", kGrammar));
+}
+
+}  // namespace
+
+absl::string_view ActionTypeName(ActionType type) {
+  for (const TypeToken& t : kTypeTokens) {
+    if (t.type == type) return t.token;
+  }
+  return "?";
+}
+
+bool IsCompute(ActionType type) {
+  return type == ActionType::kForward || type == ActionType::kBackward ||
+         type == ActionType::kBackwardInput ||
+         type == ActionType::kBackwardWeight;
+}
+
+bool IsCommunication(ActionType type) {
+  return type == ActionType::kSendForward || type == ActionType::kRecvForward ||
+         type == ActionType::kSendBackward || type == ActionType::kRecvBackward;
+}
+
+bool IsTail(ActionType type) {
+  return type == ActionType::kReduceTiedGrads ||
+         type == ActionType::kReduceGrads || type == ActionType::kOptimizerStep;
+}
+
+bool HasStage(ActionType type) {
+  return type != ActionType::kReduceTiedGrads &&
+         type != ActionType::kOptimizerStep;
+}
+
+bool HasMicrobatch(ActionType type) {
+  return IsCompute(type) || IsCommunication(type);
+}
+
+bool operator<(const Action& a, const Action& b) {
+  return std::make_tuple(a.stage, static_cast<int>(a.type), a.microbatch) <
+         std::make_tuple(b.stage, static_cast<int>(b.type), b.microbatch);
+}
+
+std::string ActionToString(const Action& action) {
+  std::string out;
+  if (HasStage(action.type)) absl::StrAppend(&out, action.stage);
+  absl::StrAppend(&out, ActionTypeName(action.type));
+  if (HasMicrobatch(action.type)) absl::StrAppend(&out, action.microbatch);
+  return out;
+}
+
+std::ostream& operator<<(std::ostream& os, const Action& action) {
+  return os << ActionToString(action);
+}
+
+absl::StatusOr<Action> ParseAction(absl::string_view text) {
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  if (s.empty()) return Malformed(text, "empty");
+  size_t i = 0;
+  while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
+  absl::string_view stage_text = s.substr(0, i);
+  size_t j = i;
+  while (j < s.size() && !absl::ascii_isdigit(s[j])) ++j;
+  absl::string_view type_text = s.substr(i, j - i);
+  absl::string_view mb_text = s.substr(j);
+  Action action;
+  bool found = false;
+  for (const TypeToken& t : kTypeTokens) {
+    if (t.token == type_text) {
+      action.type = t.type;
+      found = true;
+    }
+  }
+  if (!found) {
+    return Malformed(text, absl::StrCat("unknown type \"", type_text, "\""));
+  }
+  for (char c : mb_text) {
+    if (!absl::ascii_isdigit(c)) {
+      return Malformed(text, "trailing characters after the micro-batch");
+    }
+  }
+  if (HasStage(action.type)) {
+    if (stage_text.empty() || !absl::SimpleAtoi(stage_text, &action.stage)) {
+      return Malformed(text, "missing or bad stage number");
+    }
+  } else if (!stage_text.empty()) {
+    return Malformed(text, absl::StrCat(type_text, " takes no stage"));
+  }
+  if (HasMicrobatch(action.type)) {
+    if (mb_text.empty() || !absl::SimpleAtoi(mb_text, &action.microbatch)) {
+      return Malformed(text, "missing or bad micro-batch number");
+    }
+  } else if (!mb_text.empty()) {
+    return Malformed(text, absl::StrCat(type_text, " takes no micro-batch"));
+  }
+  return action;
+}
+
+absl::StatusOr<std::vector<Action>> ParseActions(absl::string_view text) {
+  std::vector<Action> out;
+  for (absl::string_view token :
+       absl::StrSplit(text, absl::ByAnyChar(" ,\t\n"), absl::SkipEmpty())) {
+    absl::StatusOr<Action> action = ParseAction(token);
+    if (!action.ok()) return action.status();
+    out.push_back(*action);
+  }
+  return out;
+}
+
+std::string ActionsToString(const std::vector<Action>& actions) {
+  return absl::StrJoin(actions, " ", [](std::string* out, const Action& a) {
+    absl::StrAppend(out, ActionToString(a));
+  });
+}
+
+int PeerStage(const Action& action) {
+  switch (action.type) {
+    case ActionType::kSendForward:
+    case ActionType::kRecvBackward:
+      return action.stage + 1;
+    case ActionType::kRecvForward:
+    case ActionType::kSendBackward:
+      return action.stage - 1;
+    default:
+      return -1;
+  }
+}
+
+}  // namespace pp

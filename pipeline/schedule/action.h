@@ -1,0 +1,100 @@
+// The schedule IR's atom: one action of one rank, in PyTorch pipelining's
+// notation so that schedules can be exchanged with it.
+//
+//   <virtual stage><type><micro-batch>     0F3, 1B0, 2I1, 2W1, 1SEND_F3, 2RECV_B0
+//   <virtual stage>REDUCE_GRAD             data-parallel gradient reduce of a stage
+//   REDUCE_TIED, STEP                      rank-wide tail actions (no stage, no mb)
+//
+// A schedule (schedule.h) lists compute actions (F, B, I, W) per rank; the
+// lowering pass (lowering.h) adds communication and the step's tail. Parsing
+// and printing round-trip: ParseAction(ActionToString(a)) == a.
+#ifndef PIPELINE_SCHEDULE_ACTION_H_
+#define PIPELINE_SCHEDULE_ACTION_H_
+
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace pp {
+
+enum class ActionType {
+  // Compute. Listed by schedules.
+  kForward,         // "F": forward of (stage, mb).
+  kBackward,        // "B": full backward (input and weight gradients).
+  kBackwardInput,   // "I": backward for input gradients only (B split).
+  kBackwardWeight,  // "W": backward for weight gradients only (after I).
+  // Communication. Inserted by Lower(); peers are always neighbouring virtual
+  // stages (see PeerStage).
+  kSendForward,     // "SEND_F": stage s sends its F output of mb to s + 1.
+  kRecvForward,     // "RECV_F": stage s receives the F input of mb from s - 1.
+  kSendBackward,    // "SEND_B": stage s sends its input gradient of mb to s - 1.
+  kRecvBackward,    // "RECV_B": stage s receives the output gradient of mb from s + 1.
+  // The step's tail. Inserted by Lower() after every compute/communication
+  // action of a rank, in this order, only for training schedules.
+  kReduceTiedGrads,  // "REDUCE_TIED": all-reduce the gradients of every tie
+                     // group this rank belongs to (pipe axis), in key order.
+  kReduceGrads,      // "<s>REDUCE_GRAD": all-reduce stage s's gradients across
+                     // the data-parallel group.
+  kOptimizerStep,    // "STEP": (clip and) apply the optimizer on this rank.
+};
+
+// The type's token: "F", "SEND_B", "REDUCE_TIED", ...
+absl::string_view ActionTypeName(ActionType type);
+
+bool IsCompute(ActionType type);        // F, B, I, W
+bool IsCommunication(ActionType type);  // SEND_*, RECV_*
+bool IsTail(ActionType type);           // REDUCE_TIED, REDUCE_GRAD, STEP
+// Whether the string form carries a stage / a micro-batch.
+bool HasStage(ActionType type);       // all but REDUCE_TIED and STEP
+bool HasMicrobatch(ActionType type);  // compute and communication
+
+// One action. `stage` is a virtual stage (chunk c on rank r with p ranks is
+// c * p + r under the looped placement); -1 when the type has none, as is
+// `microbatch`. Plain value type.
+struct Action {
+  int stage = -1;
+  ActionType type = ActionType::kForward;
+  int microbatch = -1;
+
+  friend bool operator==(const Action& a, const Action& b) {
+    return a.stage == b.stage && a.type == b.type && a.microbatch == b.microbatch;
+  }
+  friend bool operator!=(const Action& a, const Action& b) { return !(a == b); }
+  friend bool operator<(const Action& a, const Action& b);
+  template <typename H>
+  friend H AbslHashValue(H h, const Action& a) {
+    return H::combine(std::move(h), a.stage, static_cast<int>(a.type), a.microbatch);
+  }
+};
+
+// Shorthands for building schedules: F(stage, mb), ...
+inline Action F(int stage, int mb) { return {stage, ActionType::kForward, mb}; }
+inline Action B(int stage, int mb) { return {stage, ActionType::kBackward, mb}; }
+inline Action I(int stage, int mb) { return {stage, ActionType::kBackwardInput, mb}; }
+inline Action W(int stage, int mb) { return {stage, ActionType::kBackwardWeight, mb}; }
+
+// "1F3", "2RECV_B0", "0REDUCE_GRAD", "STEP".
+std::string ActionToString(const Action& action);
+std::ostream& operator<<(std::ostream& os, const Action& action);
+
+// Inverse of ActionToString. Malformed text (unknown type, missing or extra
+// stage/micro-batch, negative or non-numeric parts) is InvalidArgument naming
+// the text and the grammar.
+absl::StatusOr<Action> ParseAction(absl::string_view text);
+
+// Space- or comma-separated list of actions ("0F0 0F1,0B0"); empty tokens skipped.
+absl::StatusOr<std::vector<Action>> ParseActions(absl::string_view text);
+std::string ActionsToString(const std::vector<Action>& actions);  // space-separated
+
+// The virtual stage at the other end of a communication action: SEND_F and
+// RECV_B talk to stage + 1, RECV_F and SEND_B to stage - 1.
+// REQUIRES: IsCommunication(action.type).
+int PeerStage(const Action& action);
+
+}  // namespace pp
+
+#endif  // PIPELINE_SCHEDULE_ACTION_H_

@@ -1,0 +1,71 @@
+#include "pipeline/schedule/chrome_trace.h"
+
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "pipeline/schedule/action.h"
+
+namespace pp {
+
+std::string ChromeTraceJson(const std::vector<TraceEvent>& events,
+                            const ChromeTraceOptions& options) {
+  nlohmann::json trace_events = nlohmann::json::array();
+  trace_events.push_back({{"name", "process_name"},
+                          {"ph", "M"},
+                          {"pid", 0},
+                          {"args", {{"name", options.process_name}}}});
+  std::set<int> ranks;
+  for (const TraceEvent& e : events) ranks.insert(e.rank);
+  for (int rank : ranks) {
+    trace_events.push_back({{"name", "thread_name"},
+                            {"ph", "M"},
+                            {"pid", 0},
+                            {"tid", rank},
+                            {"args", {{"name", absl::StrCat("rank ", rank)}}}});
+    trace_events.push_back({{"name", "thread_sort_index"},
+                            {"ph", "M"},
+                            {"pid", 0},
+                            {"tid", rank},
+                            {"args", {{"sort_index", rank}}}});
+  }
+  for (const TraceEvent& e : events) {
+    absl::StatusOr<Action> action = ParseAction(e.name);
+    std::string category =
+        action.ok() ? std::string(ActionTypeName(action->type)) : "other";
+    nlohmann::json event = {
+        {"name", e.name},
+        {"cat", category},
+        {"ph", "X"},
+        {"pid", 0},
+        {"tid", e.rank},
+        {"ts", e.start * options.microseconds_per_unit},
+        {"dur", (e.end - e.start) * options.microseconds_per_unit},
+    };
+    if (action.ok() && HasMicrobatch(action->type)) {
+      event["args"] = {{"stage", action->stage},
+                       {"microbatch", action->microbatch}};
+    }
+    trace_events.push_back(std::move(event));
+  }
+  nlohmann::json root = {{"traceEvents", trace_events},
+                         {"displayTimeUnit", "ms"}};
+  return root.dump(1);
+}
+
+absl::Status WriteChromeTrace(absl::string_view path,
+                              const std::vector<TraceEvent>& events,
+                              const ChromeTraceOptions& options) {
+  std::ofstream out{std::string(path)};
+  out << ChromeTraceJson(events, options);
+  out.close();
+  if (!out) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write the Chrome trace to \"", path, "\""));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pp

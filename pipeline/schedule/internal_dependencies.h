@@ -1,0 +1,41 @@
+// Internal to the lowering target: the data dependencies between compute
+// actions of a Schedule and their list-scheduled timing (rule step 1 in
+// lowering.h). Reports out-of-range, misplaced, duplicated and unreachable
+// actions with the step x rank grid.
+#ifndef PIPELINE_SCHEDULE_INTERNAL_DEPENDENCIES_H_
+#define PIPELINE_SCHEDULE_INTERNAL_DEPENDENCIES_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pipeline/schedule/schedule.h"
+
+namespace pp {
+namespace internal_schedule {
+
+struct DependencyCosts {
+  int forward = 1;
+  int backward = 2;
+  int backward_input = 1;
+  int backward_weight = 1;
+};
+
+// A producer of an input: the action at ranks[rank][pos].
+struct Dependency {
+  int rank;
+  int pos;
+};
+
+struct ComputeTiming {
+  // Indexed [rank][position in schedule.ranks[rank]].
+  std::vector<std::vector<int>> start, end;
+  std::vector<std::vector<std::vector<Dependency>>> deps;
+};
+
+absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
+                                               const DependencyCosts& costs);
+
+}  // namespace internal_schedule
+}  // namespace pp
+
+#endif  // PIPELINE_SCHEDULE_INTERNAL_DEPENDENCIES_H_

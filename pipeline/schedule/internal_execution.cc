@@ -1,0 +1,221 @@
+#include "pipeline/schedule/internal_execution.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace pp {
+namespace internal_schedule {
+namespace {
+
+absl::Status ProgramError(const LoweredProgram& program, int rank, int pos,
+                          absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "lowered program of \"", program.schedule_name, "\" (p=",
+      program.num_stages, ", m=", program.num_microbatches, ", v=",
+      program.num_chunks, "): rank ", rank, " step ", pos, ": ", message, "\n",
+      FormatGrid(program.ranks, GridMark{rank, pos})));
+}
+
+// The RECV that matches a SEND (and vice versa), seen from the peer.
+Action Counterpart(const Action& a) {
+  const int peer = PeerStage(a);
+  switch (a.type) {
+    case ActionType::kSendForward: return {peer, ActionType::kRecvForward, a.microbatch};
+    case ActionType::kRecvForward: return {peer, ActionType::kSendForward, a.microbatch};
+    case ActionType::kSendBackward: return {peer, ActionType::kRecvBackward, a.microbatch};
+    default: return {peer, ActionType::kSendBackward, a.microbatch};
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Execution> Execute(const LoweredProgram& program,
+                                  const ExecutionCosts& costs) {
+  const int p = program.num_stages;
+  const int num_virtual = static_cast<int>(program.stage_to_rank.size());
+  const int m = program.num_microbatches;
+  if (static_cast<int>(program.ranks.size()) != p) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lowered program has ", program.ranks.size(), " ranks for num_stages ", p));
+  }
+  for (int s = 0; s < num_virtual; ++s) {
+    if (program.stage_to_rank[s] < 0 || program.stage_to_rank[s] >= p) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage ", s, " is placed on rank ",
+                       program.stage_to_rank[s], ", outside [0, ", p, ")"));
+    }
+  }
+  // Static checks of every action.
+  for (int r = 0; r < p; ++r) {
+    for (int i = 0; i < static_cast<int>(program.ranks[r].size()); ++i) {
+      const Action& a = program.ranks[r][i];
+      if (HasStage(a.type)) {
+        if (a.stage < 0 || a.stage >= num_virtual) {
+          return ProgramError(program, r, i,
+                              absl::StrCat("stage ", a.stage, " is outside [0, ",
+                                           num_virtual, ")"));
+        }
+        if (program.stage_to_rank[a.stage] != r) {
+          return ProgramError(program, r, i,
+                              absl::StrCat("stage ", a.stage, " is placed on rank ",
+                                           program.stage_to_rank[a.stage]));
+        }
+      }
+      if (HasMicrobatch(a.type) && (a.microbatch < 0 || a.microbatch >= m)) {
+        return ProgramError(program, r, i,
+                            absl::StrCat("micro-batch ", a.microbatch,
+                                         " is outside [0, ", m, ")"));
+      }
+      if (IsCommunication(a.type)) {
+        const int peer = PeerStage(a);
+        if (peer < 0 || peer >= num_virtual) {
+          return ProgramError(program, r, i,
+                              absl::StrCat("peer stage ", peer, " does not exist"));
+        }
+        if (program.stage_to_rank[peer] == r) {
+          return ProgramError(program, r, i,
+                              absl::StrCat("peer stage ", peer,
+                                           " is on the same rank: stages on one "
+                                           "rank hand over locally, without a message"));
+        }
+      }
+    }
+  }
+
+  Execution ex;
+  ex.start.resize(p);
+  ex.end.resize(p);
+  for (int r = 0; r < p; ++r) {
+    ex.start[r].assign(program.ranks[r].size(), -1);
+    ex.end[r].assign(program.ranks[r].size(), -1);
+  }
+  std::vector<absl::flat_hash_set<Action>> done(p);
+  absl::flat_hash_map<Action, double> sent;  // non-blocking: SEND -> arrival
+  std::vector<int> pos(p, 0);
+  std::vector<double> clock(p, 0);
+  auto has = [&](int r, const Action& a) { return done[r].contains(a); };
+  // Whether the input an action needs is on rank r; empty string if so.
+  auto missing_input = [&](int r, const Action& a) -> std::string {
+    const int s = a.stage, mb = a.microbatch;
+    switch (a.type) {
+      case ActionType::kForward:
+        if (s == 0 || has(r, {s, ActionType::kRecvForward, mb}) ||
+            (program.stage_to_rank[s - 1] == r && has(r, F(s - 1, mb)))) {
+          return "";
+        }
+        return absl::StrCat("its input (", s - 1, "F", mb, " or ", s,
+                            "RECV_F", mb, ") is not there");
+      case ActionType::kBackward:
+      case ActionType::kBackwardInput:
+        if (!has(r, F(s, mb))) return absl::StrCat("its forward ", s, "F", mb, " has not run");
+        if (s == num_virtual - 1 || has(r, {s, ActionType::kRecvBackward, mb}) ||
+            (program.stage_to_rank[s + 1] == r &&
+             (has(r, B(s + 1, mb)) || has(r, I(s + 1, mb))))) {
+          return "";
+        }
+        return absl::StrCat("its output gradient (", s, "RECV_B", mb,
+                            " or a local backward of stage ", s + 1, ") is not there");
+      case ActionType::kBackwardWeight:
+        return has(r, I(s, mb)) ? "" : absl::StrCat(s, "I", mb, " has not run");
+      case ActionType::kSendForward:
+        return has(r, F(s, mb)) ? "" : absl::StrCat("it sends ", s, "F", mb, ", which has not run");
+      case ActionType::kSendBackward:
+        return has(r, B(s, mb)) || has(r, I(s, mb))
+                   ? ""
+                   : absl::StrCat("it sends the input gradient of ", s, "B", mb,
+                                  " (or ", s, "I", mb, "), which has not run");
+      default:
+        return "";
+    }
+  };
+
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int r = 0; r < p; ++r) {
+      while (pos[r] < static_cast<int>(program.ranks[r].size())) {
+        const int i = pos[r];
+        const Action& a = program.ranks[r][i];
+        std::string missing = missing_input(r, a);
+        if (!missing.empty()) {
+          return ProgramError(program, r, i,
+                              absl::StrCat(ActionToString(a), " cannot run: ", missing));
+        }
+        if (!IsCommunication(a.type)) {
+          ex.start[r][i] = clock[r];
+          clock[r] += IsCompute(a.type) ? costs.compute(a) : 0.0;
+          ex.end[r][i] = clock[r];
+          done[r].insert(a);
+          ++pos[r];
+          progress = true;
+          continue;
+        }
+        if (!costs.blocking_sends) {
+          if (a.type == ActionType::kSendForward ||
+              a.type == ActionType::kSendBackward) {
+            sent[a] = clock[r] + costs.message_latency;
+            ex.start[r][i] = ex.end[r][i] = clock[r];
+          } else {
+            auto it = sent.find(Counterpart(a));
+            if (it == sent.end()) break;  // not sent yet
+            ex.start[r][i] = clock[r];
+            clock[r] = std::max(clock[r], it->second);
+            ex.end[r][i] = clock[r];
+          }
+          done[r].insert(a);
+          ++pos[r];
+          progress = true;
+          continue;
+        }
+        const int q = program.stage_to_rank[PeerStage(a)];
+        if (pos[q] >= static_cast<int>(program.ranks[q].size())) break;
+        const int j = pos[q];
+        const Action& b = program.ranks[q][j];
+        if (b != Counterpart(a)) break;  // peer busy elsewhere (or mismatched)
+        std::string peer_missing = missing_input(q, b);
+        if (!peer_missing.empty()) {
+          return ProgramError(program, q, j,
+                              absl::StrCat(ActionToString(b), " cannot run: ", peer_missing));
+        }
+        const double t = std::max(clock[r], clock[q]);
+        ex.start[r][i] = clock[r];
+        ex.start[q][j] = clock[q];
+        clock[r] = clock[q] = t + costs.message_latency;
+        ex.end[r][i] = ex.end[q][j] = clock[r];
+        done[r].insert(a);
+        done[q].insert(b);
+        ++pos[r];
+        ++pos[q];
+        progress = true;
+      }
+    }
+  }
+  std::string waits;
+  int first = -1;
+  for (int r = 0; r < p; ++r) {
+    if (pos[r] == static_cast<int>(program.ranks[r].size())) continue;
+    if (first < 0) first = r;
+    const Action& a = program.ranks[r][pos[r]];
+    const int q = program.stage_to_rank[PeerStage(a)];
+    absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ",
+                    ActionToString(a), " waits for rank ", q, " (",
+                    ActionToString(Counterpart(a)), "), which ");
+    if (pos[q] == static_cast<int>(program.ranks[q].size())) {
+      absl::StrAppend(&waits, "has finished its program");
+    } else {
+      absl::StrAppend(&waits, "is at step ", pos[q], ": ",
+                      ActionToString(program.ranks[q][pos[q]]));
+    }
+  }
+  if (first >= 0) {
+    return ProgramError(program, first, pos[first],
+                        absl::StrCat("deadlock with blocking send/recv:", waits));
+  }
+  return ex;
+}
+
+}  // namespace internal_schedule
+}  // namespace pp

@@ -1,0 +1,169 @@
+#include "pipeline/schedule/lowering.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "pipeline/schedule/internal_dependencies.h"
+
+namespace pp {
+
+int LoweredProgram::PeerRank(const Action& action) const {
+  return stage_to_rank[PeerStage(action)];
+}
+
+std::vector<int> LoweredProgram::LocalStages(int rank) const {
+  std::vector<int> out;
+  for (int s = 0; s < static_cast<int>(stage_to_rank.size()); ++s) {
+    if (stage_to_rank[s] == rank) out.push_back(s);
+  }
+  return out;
+}
+
+namespace {
+
+// One entry of the global event sequence (rule step 3).
+struct Event {
+  int time;
+  int kind;   // 0 = message, 1 = compute: messages first at equal times
+  int a, b, c;  // message: producer stage, direction, mb; compute: rank, pos
+  bool operator<(const Event& o) const {
+    return std::tie(time, kind, a, b, c) < std::tie(o.time, o.kind, o.a, o.b, o.c);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule,
+                                     const LoweringOptions& options) {
+  if (options.forward_cost < 1 || options.backward_cost < 1 ||
+      options.backward_input_cost < 1 || options.backward_weight_cost < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lowering costs must be positive integers (the order of a message and "
+        "its producer relies on it); got F=", options.forward_cost,
+        " B=", options.backward_cost, " I=", options.backward_input_cost,
+        " W=", options.backward_weight_cost));
+  }
+  internal_schedule::DependencyCosts costs;
+  costs.forward = options.forward_cost;
+  costs.backward = options.backward_cost;
+  costs.backward_input = options.backward_input_cost;
+  costs.backward_weight = options.backward_weight_cost;
+  absl::StatusOr<internal_schedule::ComputeTiming> timing =
+      internal_schedule::TimeComputeOrder(schedule, costs);
+  if (!timing.ok()) return timing.status();
+
+  // Per rank, the closed intervals in which it is between computes (rule
+  // step 2): [end of compute i-1, start of compute i], and after its last.
+  constexpr int kForever = 1 << 30;
+  std::vector<std::vector<std::pair<int, int>>> between(schedule.num_stages);
+  for (int r = 0; r < schedule.num_stages; ++r) {
+    int lo = 0;
+    for (size_t i = 0; i < timing->start[r].size(); ++i) {
+      between[r].push_back({lo, timing->start[r][i]});
+      lo = timing->end[r][i];
+    }
+    between[r].push_back({lo, kForever});
+  }
+  // Earliest t in [lo, hi] at which ranks a and b are both between computes;
+  // `lo` if there is none.
+  auto meeting_time = [&](int a, int b, int lo, int hi) {
+    const auto& x = between[a];
+    const auto& y = between[b];
+    // Intervals are sorted and disjoint: skip those ending before `lo`.
+    auto first_reaching = [lo](const std::vector<std::pair<int, int>>& v) {
+      return static_cast<size_t>(
+          std::partition_point(v.begin(), v.end(),
+                               [lo](const std::pair<int, int>& iv) {
+                                 return iv.second < lo;
+                               }) -
+          v.begin());
+    };
+    size_t i = first_reaching(x), j = first_reaching(y);
+    while (i < x.size() && j < y.size()) {
+      const int from = std::max({x[i].first, y[j].first, lo});
+      const int to = std::min({x[i].second, y[j].second, hi});
+      if (from <= to) return from;
+      if (from > hi) break;
+      if (x[i].second < y[j].second) {
+        ++i;
+      } else {
+        ++j;
+      }
+    }
+    return lo;
+  };
+
+  std::vector<Event> events;
+  for (int r = 0; r < schedule.num_stages; ++r) {
+    for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
+      const Action& a = schedule.ranks[r][i];
+      events.push_back({timing->start[r][i], 1, r, i, 0});
+      for (const internal_schedule::Dependency& dep : timing->deps[r][i]) {
+        if (dep.rank == r) continue;  // local hand-off
+        const Action& producer = schedule.ranks[dep.rank][dep.pos];
+        const int direction = producer.type == ActionType::kForward ? 0 : 1;
+        const int t = meeting_time(dep.rank, r, timing->end[dep.rank][dep.pos],
+                                   timing->start[r][i]);
+        events.push_back({t, 0, producer.stage, direction, a.microbatch});
+      }
+    }
+  }
+  std::sort(events.begin(), events.end());
+
+  LoweredProgram program;
+  program.schedule_name = schedule.name;
+  program.num_stages = schedule.num_stages;
+  program.num_microbatches = schedule.num_microbatches;
+  program.num_chunks = schedule.num_chunks;
+  program.forward_only = schedule.forward_only;
+  program.stage_to_rank = schedule.stage_to_rank;
+  program.ranks.resize(schedule.num_stages);
+  for (const Event& e : events) {
+    if (e.kind == 1) {
+      program.ranks[e.a].push_back(schedule.ranks[e.a][e.b]);
+      continue;
+    }
+    const int stage = e.a, mb = e.c;
+    if (e.b == 0) {  // activation: stage -> stage + 1
+      program.ranks[schedule.stage_to_rank[stage]].push_back(
+          {stage, ActionType::kSendForward, mb});
+      program.ranks[schedule.stage_to_rank[stage + 1]].push_back(
+          {stage + 1, ActionType::kRecvForward, mb});
+    } else {  // gradient: stage -> stage - 1
+      program.ranks[schedule.stage_to_rank[stage]].push_back(
+          {stage, ActionType::kSendBackward, mb});
+      program.ranks[schedule.stage_to_rank[stage - 1]].push_back(
+          {stage - 1, ActionType::kRecvBackward, mb});
+    }
+  }
+
+  if (!schedule.forward_only && options.include_tail) {
+    for (int r = 0; r < schedule.num_stages; ++r) {
+      std::vector<Action>& actions = program.ranks[r];
+      // Local stages in the order their last backward appears.
+      std::vector<std::pair<int, int>> last_backward;  // (position, stage)
+      for (int stage : program.LocalStages(r)) {
+        int last = -1;
+        for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
+          const Action& a = actions[i];
+          if (a.stage == stage && (a.type == ActionType::kBackward ||
+                                   a.type == ActionType::kBackwardWeight)) {
+            last = i;
+          }
+        }
+        last_backward.push_back({last, stage});
+      }
+      std::sort(last_backward.begin(), last_backward.end());
+      actions.push_back({-1, ActionType::kReduceTiedGrads, -1});
+      for (const auto& [pos, stage] : last_backward) {
+        actions.push_back({stage, ActionType::kReduceGrads, -1});
+      }
+      actions.push_back({-1, ActionType::kOptimizerStep, -1});
+    }
+  }
+  return program;
+}
+
+}  // namespace pp

@@ -1,0 +1,89 @@
+#include "pipeline/schedule/schedule.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace pp {
+
+std::vector<int> LoopedPlacement(int num_stages, int num_chunks) {
+  std::vector<int> placement(num_stages * num_chunks);
+  for (int s = 0; s < static_cast<int>(placement.size()); ++s) {
+    placement[s] = s % num_stages;
+  }
+  return placement;
+}
+
+absl::Status CheckCommonOptions(const ScheduleOptions& options) {
+  if (options.num_stages < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_stages (", options.num_stages, ") must be at least 1"));
+  }
+  if (options.num_microbatches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_microbatches (", options.num_microbatches, ") must be at least 1"));
+  }
+  if (options.num_chunks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_chunks (", options.num_chunks, ") must be at least 1"));
+  }
+  if (options.group_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group_size (", options.group_size,
+        ") must be 0 (the schedule's default) or positive"));
+  }
+  return absl::OkStatus();
+}
+
+Schedule EmptyLoopedSchedule(absl::string_view name,
+                             const ScheduleOptions& options) {
+  Schedule schedule;
+  schedule.name = std::string(name);
+  schedule.num_stages = options.num_stages;
+  schedule.num_microbatches = options.num_microbatches;
+  schedule.num_chunks = options.num_chunks;
+  schedule.stage_to_rank = LoopedPlacement(options.num_stages, options.num_chunks);
+  schedule.ranks.resize(options.num_stages);
+  return schedule;
+}
+
+std::string FormatGrid(const RankActions& ranks, std::optional<GridMark> mark) {
+  size_t steps = 0;
+  size_t width = 6;  // "rank N" header
+  for (const auto& actions : ranks) {
+    steps = std::max(steps, actions.size());
+    for (const Action& a : actions) {
+      width = std::max(width, ActionToString(a).size() + 2);
+    }
+  }
+  std::string out = absl::StrFormat("%5s", "step");
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    out += absl::StrFormat("  %-*s", width, absl::StrCat("rank ", r));
+  }
+  out += "\n";
+  for (size_t step = 0; step < steps; ++step) {
+    std::string row = absl::StrFormat("%5d", step);
+    bool marked_row = false;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      std::string cell;
+      bool marked = mark.has_value() && mark->rank == static_cast<int>(r) &&
+                    mark->step == static_cast<int>(step);
+      if (step < ranks[r].size()) {
+        cell = ActionToString(ranks[r][step]);
+        cell = marked ? absl::StrCat("[", cell, "]") : absl::StrCat(" ", cell);
+      } else if (marked) {
+        cell = "[ ]";
+      }
+      marked_row |= marked;
+      row += absl::StrFormat("  %-*s", width, cell);
+    }
+    // Trailing blanks make diffs noisy.
+    while (!row.empty() && row.back() == ' ') row.pop_back();
+    if (marked_row) row += "   <-- here";
+    out += row + "\n";
+  }
+  return out;
+}
+
+}  // namespace pp

@@ -1,0 +1,149 @@
+// Exact orders of the built-in schedules against the published rules
+// (/work/shared/references/schedules.md, "Ordering rules") and hand-checked
+// examples.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "pipeline/schedule/registry.h"
+
+namespace pp {
+namespace {
+
+using ::testing::HasSubstr;
+
+Schedule MustMake(const std::string& name, int p, int m, int v = 1, int g = 0) {
+  absl::StatusOr<Schedule> s = MakeSchedule(name, {p, m, v, g});
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : Schedule{};
+}
+
+std::string Rank(const Schedule& s, int r) { return ActionsToString(s.ranks[r]); }
+
+TEST(RegistryTest, ListsBuiltInsAndRejectsUnknownNames) {
+  std::vector<std::string> names = RegisteredScheduleNames();
+  for (const char* name :
+       {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  }
+  absl::StatusOr<Schedule> s = MakeSchedule("2f2b", {});
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("1f1b"));
+  for (const ScheduleInfo& info : RegisteredSchedules()) {
+    EXPECT_FALSE(info.description.empty()) << info.name;
+  }
+}
+
+TEST(RegistryDeathTest, DuplicateNameAbortsWithTheName) {
+  EXPECT_DEATH(RegisterSchedule({"gpipe", "again", [](const ScheduleOptions&) {
+                                   return absl::StatusOr<Schedule>(Schedule{});
+                                 }}),
+               "\"gpipe\" registered twice");
+}
+
+TEST(GPipeTest, AllForwardsThenAllBackwards) {
+  Schedule s = MustMake("gpipe", 2, 3);
+  EXPECT_EQ(Rank(s, 0), "0F0 0F1 0F2 0B0 0B1 0B2");
+  EXPECT_EQ(Rank(s, 1), "1F0 1F1 1F2 1B0 1B1 1B2");
+  EXPECT_EQ(MakeSchedule("gpipe", {2, 3, 2, 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(OneFOneBTest, WarmupSteadyCooldown) {
+  Schedule s = MustMake("1f1b", 4, 8);
+  EXPECT_EQ(Rank(s, 0),
+            "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 0B5 0B6 0B7");
+  EXPECT_EQ(Rank(s, 2),
+            "2F0 2F1 2B0 2F2 2B1 2F3 2B2 2F4 2B3 2F5 2B4 2F6 2B5 2F7 2B6 2B7");
+  EXPECT_EQ(Rank(s, 3),
+            "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5 3F6 3B6 3F7 3B7");
+}
+
+TEST(OneFOneBTest, FewerMicrobatchesThanStages) {
+  Schedule s = MustMake("1f1b", 4, 2);
+  EXPECT_EQ(Rank(s, 0), "0F0 0F1 0B0 0B1");  // warm-up min(3, 2) = 2
+  EXPECT_EQ(Rank(s, 2), "2F0 2F1 2B0 2B1");  // warm-up 1: F0, then F1 B0
+  EXPECT_EQ(Rank(s, 3), "3F0 3B0 3F1 3B1");
+}
+
+TEST(Interleaved1F1BTest, TwoStagesFourMicrobatchesTwoChunks) {
+  // g = p = 2; table (mb, chunk): (0,0)(1,0)(0,1)(1,1)(2,0)(3,0)(2,1)(3,1).
+  Schedule s = MustMake("interleaved_1f1b", 2, 4, 2);
+  // Rank 0: warm-up 2*1 + 1*2 = 4.
+  EXPECT_EQ(Rank(s, 0),
+            "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3");
+  // Rank 1: warm-up 0 + 2 = 2.
+  EXPECT_EQ(Rank(s, 1),
+            "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3");
+}
+
+TEST(Interleaved1F1BTest, MegatronFigureFourStagesEightMicrobatches) {
+  // Narayanan et al. 2021, Fig. 4 (p = 4, m = 8, v = 2), device 1: ten
+  // warm-up forwards (mbs 1-4 chunk 1, 1-4 chunk 2, 5-6 chunk 1, 1-based),
+  // then forward/backward pairs with backwards of chunk 2 first.
+  Schedule s = MustMake("interleaved_1f1b", 4, 8, 2);
+  EXPECT_EQ(Rank(s, 0),
+            "0F0 0F1 0F2 0F3 4F0 4F1 4F2 4F3 0F4 0F5 "
+            "0F6 4B0 0F7 4B1 4F4 4B2 4F5 4B3 4F6 0B0 4F7 0B1 "
+            "0B2 0B3 4B4 4B5 4B6 4B7 0B4 0B5 0B6 0B7");
+  // Last device: warm-up (v - 1) g = 4.
+  EXPECT_EQ(Rank(s, 3),
+            "3F0 3F1 3F2 3F3 7F0 7B0 7F1 7B1 7F2 7B2 7F3 7B3 3F4 3B0 3F5 3B1 "
+            "3F6 3B2 3F7 3B3 7F4 7B4 7F5 7B5 7F6 7B6 7F7 7B7 3B4 3B5 3B6 3B7");
+}
+
+TEST(Interleaved1F1BTest, GroupSizeAndRemainderGroup) {
+  // p = 2, m = 5, g = 3: groups [0,3) and [3,5) (5 % 3 = 2 >= p).
+  Schedule s = MustMake("interleaved_1f1b", 2, 5, 2, 3);
+  // Table: (0,0)(1,0)(2,0)(0,1)(1,1)(2,1)(3,0)(4,0)(3,1)(4,1);
+  // rank 1 warm-up = 0 + 1 * 3 = 3.
+  EXPECT_EQ(Rank(s, 1),
+            "1F0 1F1 1F2 3F0 3B0 3F1 3B1 3F2 3B2 1F3 1B0 1F4 1B1 3F3 1B2 3F4 "
+            "3B3 3B4 1B3 1B4");
+}
+
+TEST(Interleaved1F1BTest, GroupEqualToMicrobatchesIsBreadthFirstForwards) {
+  // g = m: every forward of chunk 0 before any of chunk 1, as in looped BFS;
+  // rank 0 warms up with 2 (p - 1) + (v - 1) m = 6 forwards.
+  Schedule s = MustMake("interleaved_1f1b", 2, 4, 2, 4);
+  std::vector<Action> forwards;
+  for (const Action& a : s.ranks[0]) {
+    if (a.type == ActionType::kForward) forwards.push_back(a);
+  }
+  EXPECT_EQ(ActionsToString(forwards), "0F0 0F1 0F2 0F3 2F0 2F1 2F2 2F3");
+  EXPECT_EQ(Rank(s, 0).substr(0, 31), "0F0 0F1 0F2 0F3 2F0 2F1 2F2 2B0");
+}
+
+TEST(Interleaved1F1BTest, GroupRuleViolationsNameTheRuleAndValues) {
+  for (ScheduleOptions o : {ScheduleOptions{4, 2, 2, 0},   // m < p
+                            ScheduleOptions{4, 6, 2, 0},   // 6 % 4 = 2 < 4
+                            ScheduleOptions{4, 8, 2, 3},   // g < p
+                            ScheduleOptions{4, 8, 2, 9}}) {  // g > m
+    absl::StatusOr<Schedule> s = MakeSchedule("interleaved_1f1b", o);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.status().message()),
+                HasSubstr("p <= g <= m and (m % g == 0 or m % g >= p)"));
+    EXPECT_THAT(std::string(s.status().message()),
+                HasSubstr("m=" + std::to_string(o.num_microbatches)));
+  }
+  // m = 6, g = 4: 6 % 4 = 2 >= p = 2 is accepted; m = 5, g = 2: 1 < 2 is not.
+  EXPECT_TRUE(MakeSchedule("interleaved_1f1b", {2, 6, 2, 4}).ok());
+  EXPECT_FALSE(MakeSchedule("interleaved_1f1b", {2, 5, 2, 2}).ok());
+}
+
+TEST(LoopedBFSTest, ChunksBreadthFirstBackwardsReversed) {
+  Schedule s = MustMake("looped_bfs", 2, 2, 2);
+  EXPECT_EQ(Rank(s, 0), "0F0 0F1 2F0 2F1 2B1 2B0 0B1 0B0");
+  EXPECT_EQ(Rank(s, 1), "1F0 1F1 3F0 3F1 3B1 3B0 1B1 1B0");
+  EXPECT_EQ(s.stage_to_rank, (std::vector<int>{0, 1, 0, 1}));
+}
+
+TEST(InferenceTest, ForwardOnlyInOrder) {
+  Schedule s = MustMake("inference", 2, 3);
+  EXPECT_TRUE(s.forward_only);
+  EXPECT_EQ(Rank(s, 0), "0F0 0F1 0F2");
+  EXPECT_EQ(Rank(s, 1), "1F0 1F1 1F2");
+}
+
+}  // namespace
+}  // namespace pp

@@ -1,0 +1,116 @@
+#include "pipeline/schedule/simulator.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "pipeline/schedule/internal_execution.h"
+
+namespace pp {
+
+absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
+  SimulationCosts costs;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
+    double value = 0;
+    if (kv.size() != 2 || !absl::SimpleAtod(kv[1], &value) || value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad cost \"", item, "\" in \"", text,
+          "\": expected KEY:VALUE with KEY in F, B, I, W, comm and VALUE >= 0"));
+    }
+    if (kv[0] == "F") {
+      costs.forward = value;
+    } else if (kv[0] == "B") {
+      costs.backward = value;
+    } else if (kv[0] == "I") {
+      costs.backward_input = value;
+    } else if (kv[0] == "W") {
+      costs.backward_weight = value;
+    } else if (kv[0] == "comm") {
+      costs.comm = value;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown cost key \"", kv[0], "\" in \"", text,
+          "\": valid keys are F, B, I, W, comm"));
+    }
+  }
+  return costs;
+}
+
+absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
+                                                 const SimulationCosts& costs) {
+  const int num_virtual = program.num_virtual_stages();
+  if (costs.forward < 0 || costs.backward < 0 || costs.backward_input < 0 ||
+      costs.backward_weight < 0 || costs.comm < 0) {
+    return absl::InvalidArgumentError("simulation costs must be >= 0");
+  }
+  if (!costs.stage_multiplier.empty() &&
+      static_cast<int>(costs.stage_multiplier.size()) != num_virtual) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stage_multiplier has ", costs.stage_multiplier.size(),
+        " entries; expected one per virtual stage (", num_virtual, ") or none"));
+  }
+  internal_schedule::ExecutionCosts exec_costs;
+  exec_costs.message_latency = costs.comm;
+  exec_costs.blocking_sends = costs.blocking_sends;
+  exec_costs.compute = [&costs](const Action& a) {
+    double base = 0;
+    switch (a.type) {
+      case ActionType::kForward: base = costs.forward; break;
+      case ActionType::kBackward: base = costs.backward; break;
+      case ActionType::kBackwardInput: base = costs.backward_input; break;
+      default: base = costs.backward_weight; break;
+    }
+    if (!costs.stage_multiplier.empty()) base *= costs.stage_multiplier[a.stage];
+    return base;
+  };
+  PP_ASSIGN_OR_RETURN(internal_schedule::Execution ex,
+                      internal_schedule::Execute(program, exec_costs));
+  const int p = program.num_stages;
+  SimulationResult result;
+  result.busy.assign(p, 0);
+  result.idle.assign(p, 0);
+  result.peak_inflight.assign(p, 0);
+  for (int r = 0; r < p; ++r) {
+    int inflight = 0;
+    for (int i = 0; i < static_cast<int>(program.ranks[r].size()); ++i) {
+      const Action& a = program.ranks[r][i];
+      result.makespan = std::max(result.makespan, ex.end[r][i]);
+      if (IsTail(a.type)) continue;
+      result.timeline.push_back(
+          {r, ActionToString(a), ex.start[r][i], ex.end[r][i]});
+      if (!IsCompute(a.type)) continue;
+      result.busy[r] += ex.end[r][i] - ex.start[r][i];
+      if (a.type == ActionType::kForward) {
+        result.peak_inflight[r] = std::max(result.peak_inflight[r], ++inflight);
+      } else if (a.type == ActionType::kBackward ||
+                 a.type == ActionType::kBackwardWeight) {
+        --inflight;
+      }
+    }
+  }
+  // Forward-only programs free activations as they go: one at a time.
+  if (program.forward_only) {
+    for (int r = 0; r < p; ++r) {
+      result.peak_inflight[r] = std::min(result.peak_inflight[r], 1);
+    }
+  }
+  double total_idle = 0;
+  for (int r = 0; r < p; ++r) {
+    result.idle[r] = result.makespan - result.busy[r];
+    total_idle += result.idle[r];
+  }
+  result.bubble_fraction =
+      result.makespan > 0 ? total_idle / (p * result.makespan) : 0;
+  return result;
+}
+
+absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule,
+                                          const SimulationCosts& costs) {
+  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+  return SimulateProgram(program, costs);
+}
+
+}  // namespace pp

@@ -1,0 +1,153 @@
+#include "pipeline/schedule/simulator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "pipeline/schedule/registry.h"
+
+namespace pp {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+SimulationResult SimulateNamed(const std::string& name, int p, int m, int v = 1,
+                     SimulationCosts costs = {}) {
+  ScheduleOptions options;
+  options.num_stages = p;
+  options.num_microbatches = m;
+  options.num_chunks = v;
+  absl::StatusOr<Schedule> schedule = MakeSchedule(name, options);
+  EXPECT_TRUE(schedule.ok()) << schedule.status();
+  absl::StatusOr<SimulationResult> result = Simulate(*schedule, costs);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return *result;
+}
+
+TEST(SimulatorTest, OneFOneBFourStagesEightMicrobatches) {
+ for (bool blocking : {false, true}) {
+  SimulationCosts costs;
+  costs.blocking_sends = blocking;
+  SimulationResult r = SimulateNamed("1f1b", 4, 8, 1, costs);
+  EXPECT_DOUBLE_EQ(r.makespan, 33);
+  EXPECT_DOUBLE_EQ(r.bubble_fraction, 3.0 / 11.0);
+  EXPECT_THAT(r.peak_inflight, ElementsAre(4, 3, 2, 1));
+  EXPECT_THAT(r.busy, ElementsAre(24, 24, 24, 24));
+  EXPECT_THAT(r.idle, ElementsAre(9, 9, 9, 9));
+ }
+}
+
+TEST(SimulatorTest, GPipeTwoStagesFourMicrobatches) {
+  for (bool blocking : {false, true}) {
+    SimulationCosts costs;
+    costs.blocking_sends = blocking;
+    SimulationResult r = SimulateNamed("gpipe", 2, 4, 1, costs);
+    EXPECT_DOUBLE_EQ(r.makespan, 15);
+    EXPECT_THAT(r.peak_inflight, ElementsAre(4, 4));
+  }
+}
+
+// (p - 1) / (m + p - 1) for GPipe and 1F1B whenever F and B costs keep the
+// ratio of the lowering (B = 2F), for many p and m.
+TEST(SimulatorTest, AnalyticBubbleForGPipeAnd1F1B) {
+  for (const char* name : {"gpipe", "1f1b"}) {
+    for (int p = 1; p <= 8; ++p) {
+      for (int m = 1; m <= 24; ++m) {
+        SimulationCosts costs;
+        costs.blocking_sends = (p + m) % 2 == 0;  // both send models
+        SimulationResult r = SimulateNamed(name, p, m, 1, costs);
+        const double expected = (p - 1.0) / (m + p - 1.0);
+        EXPECT_NEAR(r.bubble_fraction, expected, 1e-12)
+            << name << " p=" << p << " m=" << m;
+        EXPECT_DOUBLE_EQ(r.makespan, 3.0 * (m + p - 1))
+            << name << " p=" << p << " m=" << m;
+      }
+    }
+  }
+}
+
+// Interleaving divides the bubble time by v: makespan = 3 (m + (p - 1) / v)
+// for v chunks of 1/v the cost each, and the fraction shrinks accordingly.
+TEST(SimulatorTest, InterleavingReducesTheBubble) {
+  const bool blocking = false;
+  for (int p : {2, 4, 8}) {
+    for (int m : {p, 2 * p, 4 * p}) {
+      const double plain = SimulateNamed("1f1b", p, m).bubble_fraction;
+      double previous = plain;
+      for (int v : {2, 4}) {
+        SimulationCosts costs;
+        costs.forward = 1.0 / v;
+        costs.backward = 2.0 / v;
+        costs.blocking_sends = blocking;
+        SimulationResult r = SimulateNamed("interleaved_1f1b", p, m, v, costs);
+        const double bubble_time = 3.0 * (p - 1) / v;
+        EXPECT_NEAR(r.makespan, 3.0 * m + bubble_time, 1e-9)
+            << "p=" << p << " m=" << m << " v=" << v << " blocking=" << blocking;
+        EXPECT_NEAR(r.bubble_fraction, bubble_time / (3.0 * m + bubble_time),
+                    1e-9);
+        EXPECT_LT(r.bubble_fraction, previous);
+        previous = r.bubble_fraction;
+        // Rendezvous sends can only be slower.
+        costs.blocking_sends = true;
+        EXPECT_GE(SimulateNamed("interleaved_1f1b", p, m, v, costs).makespan,
+                  r.makespan - 1e-9);
+      }
+    }
+  }
+}
+
+TEST(SimulatorTest, CommunicationLatencyLengthensThePipeline) {
+  SimulationCosts costs;
+  costs.comm = 0.5;
+  SimulationResult r = SimulateNamed("gpipe", 2, 1, 1, costs);
+  // F0 on rank 0, message, F0 and B0 on rank 1, message, B0 on rank 0.
+  EXPECT_DOUBLE_EQ(r.makespan, 1 + 0.5 + 1 + 2 + 0.5 + 2);
+}
+
+TEST(SimulatorTest, StageMultipliersScaleCompute) {
+  SimulationCosts costs;
+  costs.stage_multiplier = {1, 2};
+  SimulationResult r = SimulateNamed("gpipe", 2, 1, 1, costs);
+  EXPECT_DOUBLE_EQ(r.makespan, 1 + 2 + 4 + 2);
+  EXPECT_THAT(r.busy, ElementsAre(3, 6));
+  costs.stage_multiplier = {1};
+  ScheduleOptions options;
+  options.num_stages = 2;
+  EXPECT_FALSE(Simulate(*MakeSchedule("gpipe", options), costs).ok());
+}
+
+TEST(SimulatorTest, InferenceKeepsOneActivation) {
+  SimulationResult r = SimulateNamed("inference", 4, 8);
+  EXPECT_DOUBLE_EQ(r.makespan, 8 + 3);
+  EXPECT_THAT(r.peak_inflight, ElementsAre(1, 1, 1, 1));
+}
+
+TEST(SimulatorTest, TimelineHasComputeAndMessages) {
+  SimulationResult r = SimulateNamed("1f1b", 2, 2);
+  int computes = 0, messages = 0;
+  for (const TraceEvent& e : r.timeline) {
+    absl::StatusOr<Action> a = ParseAction(e.name);
+    ASSERT_TRUE(a.ok());
+    EXPECT_LE(e.start, e.end);
+    computes += IsCompute(a->type);
+    messages += IsCommunication(a->type);
+  }
+  EXPECT_EQ(computes, 8);
+  EXPECT_EQ(messages, 8);  // 2 activations + 2 gradients, both ends
+}
+
+TEST(SimulationCostsTest, ParsesAndRejects) {
+  absl::StatusOr<SimulationCosts> c = ParseSimulationCosts("F:1,B:2.5,W:0,comm:0.1");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->forward, 1);
+  EXPECT_DOUBLE_EQ(c->backward, 2.5);
+  EXPECT_DOUBLE_EQ(c->backward_weight, 0);
+  EXPECT_DOUBLE_EQ(c->comm, 0.1);
+  EXPECT_THAT(std::string(ParseSimulationCosts("X:1").status().message()),
+              HasSubstr("\"X\""));
+  EXPECT_FALSE(ParseSimulationCosts("F:-1").ok());
+  EXPECT_FALSE(ParseSimulationCosts("F=1").ok());
+}
+
+}  // namespace
+}  // namespace pp

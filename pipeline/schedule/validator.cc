@@ -1,0 +1,199 @@
+#include "pipeline/schedule/validator.h"
+
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "pipeline/schedule/internal_execution.h"
+
+namespace pp {
+namespace {
+
+absl::Status CellError(const Schedule& schedule, int rank, int pos,
+                       absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "schedule \"", schedule.name, "\" (p=", schedule.num_stages,
+      ", m=", schedule.num_microbatches, ", v=", schedule.num_chunks,
+      "): rank ", rank, " step ", pos, ": ", message, "\n",
+      FormatGrid(schedule.ranks, GridMark{rank, pos})));
+}
+
+struct Seen {
+  int rank = -1;
+  int pos = -1;
+  int count = 0;
+};
+
+}  // namespace
+
+absl::Status ValidateSchedule(const Schedule& schedule) {
+  const int p = schedule.num_stages;
+  const int m = schedule.num_microbatches;
+  if (p < 1 || m < 1 || schedule.num_chunks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule \"", schedule.name, "\": num_stages (", p,
+        "), num_microbatches (", m, ") and num_chunks (", schedule.num_chunks,
+        ") must all be at least 1"));
+  }
+  const int num_virtual = schedule.num_virtual_stages();
+  if (static_cast<int>(schedule.ranks.size()) != p ||
+      static_cast<int>(schedule.stage_to_rank.size()) != num_virtual) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule \"", schedule.name, "\" has ", schedule.ranks.size(),
+        " rank lists and a placement of ", schedule.stage_to_rank.size(),
+        " stages; expected ", p, " and ", num_virtual));
+  }
+  for (int s = 0; s < num_virtual; ++s) {
+    if (schedule.stage_to_rank[s] < 0 || schedule.stage_to_rank[s] >= p) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule \"", schedule.name, "\" places stage ", s, " on rank ",
+          schedule.stage_to_rank[s], ", outside [0, ", p, ")"));
+    }
+  }
+  // (type, stage, mb) -> where it was seen and how often.
+  std::map<std::tuple<ActionType, int, int>, Seen> seen;
+  for (int r = 0; r < p; ++r) {
+    for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
+      const Action& a = schedule.ranks[r][i];
+      if (!IsCompute(a.type)) {
+        return CellError(schedule, r, i,
+                         "only compute actions (F, B, I, W) belong in a "
+                         "schedule; Lower() adds communication and the tail");
+      }
+      if (a.stage < 0 || a.stage >= num_virtual) {
+        return CellError(schedule, r, i,
+                         absl::StrCat("stage ", a.stage, " is outside [0, ",
+                                      num_virtual, ")"));
+      }
+      if (schedule.stage_to_rank[a.stage] != r) {
+        return CellError(schedule, r, i,
+                         absl::StrCat("stage ", a.stage, " is placed on rank ",
+                                      schedule.stage_to_rank[a.stage]));
+      }
+      if (a.microbatch < 0 || a.microbatch >= m) {
+        return CellError(schedule, r, i,
+                         absl::StrCat("micro-batch ", a.microbatch,
+                                      " is outside [0, ", m, ")"));
+      }
+      if (schedule.forward_only && a.type != ActionType::kForward) {
+        return CellError(schedule, r, i,
+                         "a forward-only schedule has no backward actions");
+      }
+      Seen& entry = seen[{a.type, a.stage, a.microbatch}];
+      if (++entry.count > 1) {
+        return CellError(schedule, r, i,
+                         absl::StrCat(ActionToString(a), " appears twice (first "
+                                      "at rank ", entry.rank, " step ",
+                                      entry.pos, ")"));
+      }
+      entry.rank = r;
+      entry.pos = i;
+    }
+  }
+  auto find = [&](ActionType type, int s, int mb) -> const Seen* {
+    auto it = seen.find({type, s, mb});
+    return it == seen.end() ? nullptr : &it->second;
+  };
+  for (int s = 0; s < num_virtual; ++s) {
+    const int r = schedule.stage_to_rank[s];
+    const int end = static_cast<int>(schedule.ranks[r].size());
+    for (int mb = 0; mb < m; ++mb) {
+      const Seen* f = find(ActionType::kForward, s, mb);
+      const Seen* b = find(ActionType::kBackward, s, mb);
+      const Seen* in = find(ActionType::kBackwardInput, s, mb);
+      const Seen* w = find(ActionType::kBackwardWeight, s, mb);
+      if (f == nullptr) {
+        return CellError(schedule, r, end,
+                         absl::StrCat("missing ", ActionToString(F(s, mb))));
+      }
+      if (schedule.forward_only) continue;
+      if (b != nullptr && (in != nullptr || w != nullptr)) {
+        const Seen* split = in != nullptr ? in : w;
+        return CellError(schedule, r, split->pos,
+                         absl::StrCat("(stage ", s, ", mb ", mb, ") has both a "
+                                      "full backward B and a split I/W"));
+      }
+      if (b == nullptr && (in == nullptr || w == nullptr)) {
+        return CellError(
+            schedule, r, end,
+            absl::StrCat("missing backward of (stage ", s, ", mb ", mb,
+                         "): need ", ActionToString(B(s, mb)), " or both ",
+                         ActionToString(I(s, mb)), " and ",
+                         ActionToString(W(s, mb))));
+      }
+      const Seen* backward = b != nullptr ? b : in;
+      if (backward->pos < f->pos) {
+        return CellError(schedule, r, backward->pos,
+                         absl::StrCat("backward of (stage ", s, ", mb ", mb,
+                                      ") runs before its forward (step ",
+                                      f->pos, ")"));
+      }
+      if (w != nullptr && w->pos < in->pos) {
+        return CellError(schedule, r, w->pos,
+                         absl::StrCat(ActionToString(W(s, mb)), " runs before ",
+                                      ActionToString(I(s, mb)), " (step ",
+                                      in->pos, ")"));
+      }
+      // Neighbouring stages on the same rank: order within the rank.
+      if (s + 1 < num_virtual && schedule.stage_to_rank[s + 1] == r) {
+        const Seen* next_f = find(ActionType::kForward, s + 1, mb);
+        if (next_f != nullptr && next_f->pos < f->pos) {
+          return CellError(schedule, r, next_f->pos,
+                           absl::StrCat("F on stage ", s + 1, " runs before F "
+                                        "on stage ", s, " (step ", f->pos,
+                                        ") for mb ", mb));
+        }
+        const Seen* next_b = find(ActionType::kBackward, s + 1, mb);
+        if (next_b == nullptr) next_b = find(ActionType::kBackwardInput, s + 1, mb);
+        if (next_b != nullptr && backward->pos < next_b->pos) {
+          return CellError(schedule, r, backward->pos,
+                           absl::StrCat("backward on stage ", s, " runs before "
+                                        "the backward on stage ", s + 1,
+                                        " (step ", next_b->pos, ") for mb ", mb));
+        }
+      }
+    }
+  }
+  // Cross-rank progress (data dependencies), then the lowered program.
+  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+  return ValidateLoweredProgram(program);
+}
+
+absl::Status ValidateLoweredProgram(const LoweredProgram& program) {
+  internal_schedule::ExecutionCosts costs;
+  costs.compute = [](const Action&) { return 1.0; };
+  absl::StatusOr<internal_schedule::Execution> ex =
+      internal_schedule::Execute(program, costs);
+  if (!ex.ok()) return ex.status();
+  // Execute checks order and deadlock; counts: each stage's compute must be
+  // complete for the program to be a whole step.
+  const int m = program.num_microbatches;
+  std::map<std::tuple<ActionType, int, int>, int> count;
+  for (const auto& actions : program.ranks) {
+    for (const Action& a : actions) ++count[{a.type, a.stage, a.microbatch}];
+  }
+  for (int s = 0; s < program.num_virtual_stages(); ++s) {
+    for (int mb = 0; mb < m; ++mb) {
+      const int fwd = count[{ActionType::kForward, s, mb}];
+      const int full = count[{ActionType::kBackward, s, mb}];
+      const int in = count[{ActionType::kBackwardInput, s, mb}];
+      const int wt = count[{ActionType::kBackwardWeight, s, mb}];
+      const bool ok = fwd == 1 && (program.forward_only
+                                       ? full + in + wt == 0
+                                       : (full == 1 && in + wt == 0) ||
+                                             (full == 0 && in == 1 && wt == 1));
+      if (!ok) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "lowered program of \"", program.schedule_name, "\": (stage ", s,
+            ", mb ", mb, ") has ", fwd, " F, ", full, " B, ", in, " I, ", wt,
+            " W; expected one F and ",
+            program.forward_only ? "no backward" : "one B or one I and one W",
+            "\n", FormatGrid(program.ranks)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pp

@@ -1,0 +1,178 @@
+#include "topology/rendezvous.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "topology/thread_ranks.h"
+
+namespace pp {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Sets torchrun's variables for one test and restores "unset" afterwards.
+class DistEnvTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (const char* name :
+         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+      unsetenv(name);
+    }
+  }
+  void Set(const char* name, const char* value) { setenv(name, value, 1); }
+};
+
+TEST_F(DistEnvTest, ReadsTorchrunVariables) {
+  Set("RANK", "5");
+  Set("WORLD_SIZE", "8");
+  Set("LOCAL_RANK", "1");
+  Set("LOCAL_WORLD_SIZE", "4");
+  Set("MASTER_ADDR", "10.1.2.3");
+  Set("MASTER_PORT", "29511");
+  auto env = DistEnvFromEnvironment();
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->rank, 5);
+  EXPECT_EQ(env->world_size, 8);
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->local_world_size, 4);
+  EXPECT_EQ(env->master_addr, "10.1.2.3");
+  EXPECT_EQ(env->master_port, 29511);
+}
+
+TEST_F(DistEnvTest, DefaultsToLoopbackAndLocalEqualsGlobal) {
+  Set("RANK", "1");
+  Set("WORLD_SIZE", "2");
+  Set("MASTER_PORT", "1234");
+  auto env = DistEnvFromEnvironment();
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->master_addr, "127.0.0.1");
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->local_world_size, 2);
+}
+
+TEST_F(DistEnvTest, MissingOrMalformedVariablesAreNamed) {
+  EXPECT_THAT(DistEnvFromEnvironment().status().message(), HasSubstr("WORLD_SIZE is not set"));
+  Set("WORLD_SIZE", "4");
+  EXPECT_THAT(DistEnvFromEnvironment().status().message(), HasSubstr("RANK is not set"));
+  Set("RANK", "two");
+  EXPECT_THAT(DistEnvFromEnvironment().status().message(), HasSubstr("RANK='two'"));
+  Set("RANK", "4");
+  EXPECT_THAT(DistEnvFromEnvironment().status().message(),
+              HasSubstr("RANK=4 is out of range [0, 3]"));
+  Set("RANK", "1");
+  EXPECT_THAT(DistEnvFromEnvironment().status().message(), HasSubstr("MASTER_PORT is not set"));
+  Set("MASTER_PORT", "70000");
+  EXPECT_THAT(DistEnvFromEnvironment().status().message(), HasSubstr("MASTER_PORT=70000"));
+  Set("MASTER_PORT", "29500");
+  Set("WORLD_SIZE", "0");
+  EXPECT_THAT(DistEnvFromEnvironment().status().message(), HasSubstr("WORLD_SIZE=0"));
+  Set("WORLD_SIZE", "4");
+  Set("LOCAL_WORLD_SIZE", "2");
+  Set("RANK", "3");
+  EXPECT_THAT(DistEnvFromEnvironment().status().message(), HasSubstr("LOCAL_RANK is not set"));
+  Set("LOCAL_RANK", "2");
+  EXPECT_THAT(DistEnvFromEnvironment().status().message(), HasSubstr("LOCAL_RANK=2"));
+  Set("LOCAL_RANK", "1");
+  EXPECT_TRUE(DistEnvFromEnvironment().ok());
+}
+
+TEST_F(DistEnvTest, RendezvousFromEnvSingleRank) {
+  Set("RANK", "0");
+  Set("WORLD_SIZE", "1");
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  Set("MASTER_PORT", std::to_string(*port).c_str());
+  auto world = RendezvousFromEnv({});
+  ASSERT_TRUE(world.ok()) << world.status();
+  EXPECT_EQ(world->group->getSize(), 1);
+  EXPECT_EQ(world->group->getRank(), 0);
+}
+
+absl::Status AllReduceRanks(World& world) {
+  std::vector<at::Tensor> t = {at::full({1}, world.rank + 1, at::kLong)};
+  world.group->allreduce(t)->wait();
+  const int64_t expected = world.size * (world.size + 1) / 2;
+  if (t[0].item<int64_t>() != expected) {
+    return absl::InternalError(absl::StrCat("sum ", t[0].item<int64_t>(), " want ", expected));
+  }
+  return absl::OkStatus();
+}
+
+TEST(RendezvousTest, ThreeRanksOverTcpStore) {
+  at::set_num_threads(1);
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RendezvousOptions options;
+  options.timeout = std::chrono::seconds(20);
+  auto status = RunThreadRanks(3, *port, options, AllReduceRanks);
+  for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
+}
+
+// The ranks that came must give up with a timeout error, not hang.
+void ExpectAbsentRankTimesOut(const RendezvousOptions& options, int port) {
+  const auto start = std::chrono::steady_clock::now();
+  auto status = RunThreadRanks(3, port, options, AllReduceRanks, /*absent=*/{2});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(status[rank].code(), absl::StatusCode::kDeadlineExceeded) << status[rank];
+    EXPECT_THAT(status[rank].message(), HasSubstr("pp/world")) << status[rank];
+  }
+  EXPECT_LT(seconds, 15.0);
+}
+
+TEST(RendezvousTest, AbsentRankTimesOutOverTcpStore) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RendezvousOptions options;
+  options.timeout = std::chrono::seconds(2);
+  ExpectAbsentRankTimesOut(options, *port);
+}
+
+TEST(RendezvousTest, AbsentRankTimesOutOverFileStore) {
+  RendezvousOptions options;
+  options.timeout = std::chrono::seconds(2);
+  options.file_store_path = absl::StrCat(::testing::TempDir(), "/absent_", getpid());
+  ExpectAbsentRankTimesOut(options, 0);
+}
+
+TEST(RendezvousTest, StoreThatNeverComesUpTimesOut) {
+  // Rank 1 alone: nobody hosts the store on this port.
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RendezvousOptions options;
+  options.timeout = std::chrono::seconds(2);
+  auto world = Rendezvous(ThreadRankEnv(1, 2, *port), options);
+  EXPECT_EQ(world.status().code(), absl::StatusCode::kDeadlineExceeded) << world.status();
+  EXPECT_THAT(world.status().message(), HasSubstr(absl::StrCat("127.0.0.1:", *port)));
+}
+
+TEST(RendezvousTest, RejectsBadArguments) {
+  RendezvousOptions options;
+  EXPECT_THAT(Rendezvous(ThreadRankEnv(3, 2, 1), options).status().message(),
+              HasSubstr("rank 3 is out of range [0, 2)"));
+  options.timeout = std::chrono::milliseconds(0);
+  EXPECT_THAT(Rendezvous(ThreadRankEnv(0, 1, 1), options).status().message(),
+              HasSubstr("timeout must be positive"));
+}
+
+TEST(RendezvousTest, LoopbackAddresses) {
+  EXPECT_TRUE(IsLoopbackAddress("127.0.0.1"));
+  EXPECT_TRUE(IsLoopbackAddress("localhost"));
+  EXPECT_FALSE(IsLoopbackAddress("10.0.0.1"));
+  EXPECT_FALSE(PickFreePort("not-an-address").ok());
+}
+
+}  // namespace
+}  // namespace pp
