@@ -121,8 +121,10 @@ class PipelineModel {
 
   // All num_stages * chunks + 1 bounds, indexed by virtual stage.
   const Bounds& bounds() const { return bounds_; }
-  // Chunk c of this stage (virtual stage c * num_stages + stage).
-  const StageModule& chunk(int64_t c) const { return chunks_.at(c); }
+  // Chunk c of this stage (virtual stage c * num_stages + stage). A holder
+  // (shared pointer) by value, so callers can run it: model->chunk(0)->Forward(...).
+  StageModule chunk(int64_t c) const { return chunks_.at(c); }
+  // Iterate by value (`for (StageModule c : model->chunks())`) to call non-const methods.
   const std::vector<StageModule>& chunks() const { return chunks_; }
   // The stage that owns global layer `layer`, and the chunk within it.
   int64_t StageOfLayer(int64_t layer) const;

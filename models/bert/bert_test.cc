@@ -43,7 +43,7 @@ TEST(BertTest, ShapesAndLossOverMaskedPositionsOnly) {
       MlmBatchSource::Create(Text(), {.seq_len = 32, .micro_batch_size = 4, .num_microbatches = 1});
   ASSERT_TRUE(data.ok()) << data.status();
   LocalModel model = BuildLocalModel(*MakeBertSpecs(Tiny()), 1234);
-  MicroBatch batch = data->Get(0, 0);
+  MicroBatch batch = data->Batch(0, 0);
   Activations out = model.Forward(batch);
   ASSERT_EQ(out[0].sizes(), (std::vector<int64_t>{4, 32, 260}));
   const torch::Tensor loss = BertMlmLoss(out, batch);
@@ -100,7 +100,7 @@ TEST(BertTest, LearnsMaskedTokens) {
   torch::optim::AdamW optimizer(model.Parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.0));
   double first = 0, recent = 0;
   for (int step = 0; step < 80; ++step) {
-    MicroBatch batch = data->Get(step, 0);
+    MicroBatch batch = data->Batch(step, 0);
     optimizer.zero_grad();
     torch::Tensor loss = BertMlmLoss(model.Forward(batch), batch);
     loss.backward();

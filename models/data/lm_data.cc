@@ -35,14 +35,14 @@ int64_t LmBatchSource::WindowStart(int64_t step, int64_t row) const {
   return static_cast<int64_t>(rng.Below(num_starts));
 }
 
-MicroBatch LmBatchSource::Get(int64_t step, int64_t microbatch) const {
+MicroBatch LmBatchSource::AtGlobalIndex(int64_t step, int64_t index) const {
   const int64_t b = options_.micro_batch_size;
   const int64_t t = options_.seq_len;
   torch::Tensor inputs = torch::empty({b, t}, torch::kLong);
   torch::Tensor labels = torch::empty({b, t}, torch::kLong);
   auto in = inputs.accessor<int64_t, 2>();
   auto out = labels.accessor<int64_t, 2>();
-  const int64_t first_row = (options_.dp_rank * options_.num_microbatches + microbatch) * b;
+  const int64_t first_row = index * b;
   for (int64_t i = 0; i < b; ++i) {
     const int64_t start = WindowStart(step, first_row + i);
     for (int64_t j = 0; j < t; ++j) {
@@ -51,7 +51,7 @@ MicroBatch LmBatchSource::Get(int64_t step, int64_t microbatch) const {
     }
   }
   MicroBatch batch;
-  batch.id = step * options_.num_microbatches + microbatch;
+  batch.id = step * options_.dp_size * options_.num_microbatches + index;
   batch.tensors["input_ids"] = inputs;
   batch.tensors["labels"] = labels;
   return batch;
@@ -59,8 +59,20 @@ MicroBatch LmBatchSource::Get(int64_t step, int64_t microbatch) const {
 
 std::vector<MicroBatch> LmBatchSource::Step(int64_t step) const {
   std::vector<MicroBatch> batches;
-  for (int64_t m = 0; m < options_.num_microbatches; ++m) batches.push_back(Get(step, m));
+  for (int64_t m = 0; m < options_.num_microbatches; ++m) batches.push_back(Batch(step, m));
   return batches;
+}
+
+absl::StatusOr<MicroBatchData> LmBatchSource::Get(int64_t step, int64_t index) {
+  const int64_t global_size = options_.dp_size * options_.num_microbatches;
+  if (index < 0 || index >= global_size || step < 0) {
+    return absl::OutOfRangeError(absl::StrCat("micro-batch ", index, " of step ", step, " requested; a step has ",
+                                              global_size, " (dp_size x num_microbatches)"));
+  }
+  MicroBatchData data;
+  data.batch = AtGlobalIndex(step, index);
+  data.inputs = {data.batch.Get("input_ids")};
+  return data;
 }
 
 }  // namespace pp

@@ -144,24 +144,36 @@ void MlmBatchSource::FillRow(int64_t step, int64_t row, int64_t i, MicroBatch& b
   }
 }
 
-MicroBatch MlmBatchSource::Get(int64_t step, int64_t microbatch) const {
+MicroBatch MlmBatchSource::AtGlobalIndex(int64_t step, int64_t index) const {
   const int64_t b = options_.micro_batch_size;
   const int64_t t = options_.seq_len;
   MicroBatch batch;
-  batch.id = step * options_.num_microbatches + microbatch;
+  batch.id = step * options_.dp_size * options_.num_microbatches + index;
   batch.tensors["input_ids"] = torch::empty({b, t}, torch::kLong);
   batch.tensors["token_type_ids"] = torch::empty({b, t}, torch::kLong);
   batch.tensors["attention_mask"] = torch::empty({b, t}, torch::kBool);
   batch.tensors["labels"] = torch::empty({b, t}, torch::kLong);
-  const int64_t first_row = (options_.dp_rank * options_.num_microbatches + microbatch) * b;
+  const int64_t first_row = index * b;
   for (int64_t i = 0; i < b; ++i) FillRow(step, first_row + i, i, batch);
   return batch;
 }
 
 std::vector<MicroBatch> MlmBatchSource::Step(int64_t step) const {
   std::vector<MicroBatch> batches;
-  for (int64_t m = 0; m < options_.num_microbatches; ++m) batches.push_back(Get(step, m));
+  for (int64_t m = 0; m < options_.num_microbatches; ++m) batches.push_back(Batch(step, m));
   return batches;
+}
+
+absl::StatusOr<MicroBatchData> MlmBatchSource::Get(int64_t step, int64_t index) {
+  const int64_t global_size = options_.dp_size * options_.num_microbatches;
+  if (index < 0 || index >= global_size || step < 0) {
+    return absl::OutOfRangeError(absl::StrCat("micro-batch ", index, " of step ", step, " requested; a step has ",
+                                              global_size, " (dp_size x num_microbatches)"));
+  }
+  MicroBatchData data;
+  data.batch = AtGlobalIndex(step, index);
+  data.inputs = {data.batch.Get("input_ids")};
+  return data;
 }
 
 }  // namespace pp

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/layer.h"
+#include "pipeline/runtime/stage_executor.h"
 
 namespace pp {
 
@@ -46,15 +47,27 @@ struct MlmDataOptions {
 std::vector<std::string> SplitSentences(std::string_view text);
 
 // Immutable after construction; thread-safe.
-class MlmBatchSource {
+class MlmBatchSource : public MicroBatchSource {
  public:
   // InvalidArgument for non-positive sizes, dp_rank outside [0, dp_size),
   // seq_len < 8, mask_prob outside (0, 1], or a text without sentences.
   static absl::StatusOr<MlmBatchSource> Create(std::string_view text, MlmDataOptions options);
 
-  // This rank's micro-batch `microbatch` of `step`; id = step * M + microbatch.
-  MicroBatch Get(int64_t step, int64_t microbatch) const;
+  // This rank's micro-batch `microbatch` (in [0, num_microbatches)) of `step`:
+  // global index dp_rank * num_microbatches + microbatch.
+  MicroBatch Batch(int64_t step, int64_t microbatch) const {
+    return AtGlobalIndex(step, options_.dp_rank * options_.num_microbatches + microbatch);
+  }
+  // All of this rank's micro-batches of `step`, in order.
   std::vector<MicroBatch> Step(int64_t step) const;
+  // Micro-batch `index` in [0, dp_size * num_microbatches) of the step's
+  // global batch; id = step * dp_size * num_microbatches + index, unique per
+  // (step, index).
+  MicroBatch AtGlobalIndex(int64_t step, int64_t index) const;
+
+  // MicroBatchSource (the runtime's view; `index` is global as above, so
+  // dp_rank is not used): inputs = {input_ids}; OutOfRange for a bad index.
+  absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override;
 
   const MlmDataOptions& options() const { return options_; }
   int64_t num_sentences() const { return static_cast<int64_t>(sentences_.size()); }

@@ -28,7 +28,7 @@ TEST(MlmBatchSourceTest, LayoutPaddingAndMasks) {
   ASSERT_TRUE(source.ok()) << source.status();
   bool saw_padding = false, saw_pair = false;
   for (int64_t step = 0; step < 10; ++step) {
-    MicroBatch batch = source->Get(step, 1);
+    MicroBatch batch = source->Batch(step, 1);
     const torch::Tensor ids = batch.Get("input_ids");
     const torch::Tensor types = batch.Get("token_type_ids");
     const torch::Tensor mask = batch.Get("attention_mask");
@@ -61,7 +61,7 @@ TEST(MlmBatchSourceTest, MaskingRatesFollowBert) {
   ASSERT_TRUE(source.ok()) << source.status();
   int64_t maskable = 0, selected = 0, masked = 0, unchanged = 0, random = 0;
   for (int64_t step = 0; step < 60; ++step) {
-    MicroBatch batch = source->Get(step, 0);
+    MicroBatch batch = source->Batch(step, 0);
     const torch::Tensor ids = batch.Get("input_ids");
     const torch::Tensor labels = batch.Get("labels");
     const torch::Tensor is_selected = labels != kIgnoreLabel;
@@ -87,9 +87,9 @@ TEST(MlmBatchSourceTest, ShardsTileTheGlobalBatchAndAreDeterministic) {
   auto r1 = MlmBatchSource::Create(
       text, {.seq_len = 32, .micro_batch_size = 2, .num_microbatches = 1, .dp_rank = 1, .dp_size = 2});
   ASSERT_TRUE(whole.ok() && r1.ok());
-  EXPECT_TRUE(torch::equal(whole->Get(3, 1).Get("input_ids"), r1->Get(3, 0).Get("input_ids")));
-  EXPECT_TRUE(torch::equal(whole->Get(3, 1).Get("labels"), r1->Get(3, 0).Get("labels")));
-  EXPECT_FALSE(torch::equal(whole->Get(3, 0).Get("input_ids"), whole->Get(4, 0).Get("input_ids")));
+  EXPECT_TRUE(torch::equal(whole->Batch(3, 1).Get("input_ids"), r1->Batch(3, 0).Get("input_ids")));
+  EXPECT_TRUE(torch::equal(whole->Batch(3, 1).Get("labels"), r1->Batch(3, 0).Get("labels")));
+  EXPECT_FALSE(torch::equal(whole->Batch(3, 0).Get("input_ids"), whole->Batch(4, 0).Get("input_ids")));
 }
 
 TEST(MlmBatchSourceTest, RejectsBadOptions) {

@@ -91,7 +91,7 @@ TEST(GptTest, LearnsAGeneratedCorpus) {
   torch::optim::AdamW optimizer(model.Parameters(), torch::optim::AdamWOptions(5e-3).weight_decay(0.0));
   double first = 0, last = 0;
   for (int step = 0; step < 100; ++step) {
-    MicroBatch batch = data->Get(step, 0);
+    MicroBatch batch = data->Batch(step, 0);
     optimizer.zero_grad();
     torch::Tensor loss = GptLoss(model.Forward(batch), batch);
     loss.backward();

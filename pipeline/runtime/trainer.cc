@@ -2,12 +2,11 @@
 
 #include <algorithm>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "pipeline/schedule/chrome_trace.h"
 #include "pipeline/schedule/registry.h"
 
 namespace pp {
@@ -230,27 +229,20 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
     const int64_t cnt = counts[0][r].item<int64_t>();
     for (int64_t i = 0; i < cnt; ++i) t0 = std::min(t0, tables[0][r][i][3].item<int64_t>());
   }
-  nlohmann::json events = nlohmann::json::array();
+  std::vector<TraceEvent> events;
   for (int r = 0; r < world; ++r) {
     const int64_t cnt = counts[0][r].item<int64_t>();
     auto acc = tables[0][r].accessor<int64_t, 2>();
     for (int64_t i = 0; i < cnt; ++i) {
       Action a{static_cast<int>(acc[i][0]), static_cast<ActionType>(acc[i][1]), static_cast<int>(acc[i][2])};
-      nlohmann::json e;
-      e["name"] = ActionToString(a);
-      e["cat"] = std::string(ActionTypeName(a.type));
-      e["ph"] = "X";
-      e["pid"] = r;
-      e["tid"] = a.stage >= 0 ? a.stage : 0;
-      e["ts"] = acc[i][3] - t0;
-      e["dur"] = acc[i][4] - acc[i][3];
-      events.push_back(std::move(e));
+      events.push_back(TraceEvent{r, ActionToString(a), static_cast<double>(acc[i][3] - t0),
+                                  static_cast<double>(acc[i][4] - t0)});
     }
   }
-  nlohmann::json doc;
-  doc["traceEvents"] = std::move(events);
-  doc["displayTimeUnit"] = "ms";
-  return doc.dump();
+  ChromeTraceOptions options;
+  options.microseconds_per_unit = 1;
+  options.process_name = absl::StrCat("pipeline ", train_program_.schedule_name, " (measured)");
+  return ChromeTraceJson(events, options);
 }
 
 }  // namespace pp

@@ -91,7 +91,8 @@ class Trainer {
   absl::StatusOr<double> Evaluate(MicroBatchSource* source, int64_t step);
 
   // The last Step's per-action timings of all ranks as one Chrome-trace JSON
-  // document (pid = global rank, tid = virtual stage). Collective over the
+  // document (one row per global rank; the schedule package's writer).
+  // Timestamps are steady_clock, aligned on one host. Collective over the
   // world group; every rank gets the document.
   absl::StatusOr<std::string> LastStepTrace();
 

@@ -161,8 +161,11 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
           } else {
             auto it = sent.find(Counterpart(a));
             if (it == sent.end()) break;  // not sent yet
-            ex.start[r][i] = clock[r];
-            clock[r] = std::max(clock[r], it->second);
+            // The recorded span is the transfer seen by this rank, not the
+            // wait for it (that is idle time).
+            const double arrival = it->second;
+            ex.start[r][i] = std::max(clock[r], arrival - costs.message_latency);
+            clock[r] = std::max(clock[r], arrival);
             ex.end[r][i] = clock[r];
           }
           done[r].insert(a);
@@ -181,8 +184,7 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
                               absl::StrCat(ActionToString(b), " cannot run: ", peer_missing));
         }
         const double t = std::max(clock[r], clock[q]);
-        ex.start[r][i] = clock[r];
-        ex.start[q][j] = clock[q];
+        ex.start[r][i] = ex.start[q][j] = t;  // waiting before t is idle
         clock[r] = clock[q] = t + costs.message_latency;
         ex.end[r][i] = ex.end[q][j] = clock[r];
         done[r].insert(a);

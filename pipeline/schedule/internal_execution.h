@@ -26,7 +26,8 @@ struct ExecutionCosts {
 };
 
 struct Execution {
-  // Indexed [rank][position in program.ranks[rank]].
+  // Indexed [rank][position in program.ranks[rank]]. A message's span is its
+  // transfer (latency), not the time a rank waited for its peer.
   std::vector<std::vector<double>> start, end;
 };
 

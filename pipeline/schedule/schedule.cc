@@ -57,6 +57,9 @@ std::string FormatGrid(const RankActions& ranks, std::optional<GridMark> mark) {
       width = std::max(width, ActionToString(a).size() + 2);
     }
   }
+  if (mark.has_value() && mark->step >= 0) {
+    steps = std::max(steps, static_cast<size_t>(mark->step) + 1);
+  }
   std::string out = absl::StrFormat("%5s", "step");
   for (size_t r = 0; r < ranks.size(); ++r) {
     out += absl::StrFormat("  %-*s", width, absl::StrCat("rank ", r));

@@ -1,0 +1,218 @@
+// schedule_explorer: make, validate, lower, simulate and draw any registered
+// schedule, or compare several side by side. Thin main: all logic lives in
+// //pipeline/schedule.
+//
+//   bazel run //experiments:schedule_explorer -- --schedule=1f1b --stages=4 \
+//       --microbatches=8 [--chunks=2] [--group=4] [--costs=F:1,B:2,W:0,comm:0] \
+//       [--format=text|json|svg|chrome|csv] [--out=FILE] \
+//       [--compare=gpipe,1f1b,interleaved_1f1b] [--list]
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "pipeline/schedule/chrome_trace.h"
+#include "pipeline/schedule/lowering.h"
+#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/render.h"
+#include "pipeline/schedule/simulator.h"
+#include "pipeline/schedule/validator.h"
+
+ABSL_FLAG(std::string, schedule, "1f1b", "registered schedule name (see --list)");
+ABSL_FLAG(int, stages, 4, "pipeline stages (ranks), p");
+ABSL_FLAG(int, microbatches, 8, "micro-batches per step, m");
+ABSL_FLAG(int, chunks, 1, "model chunks (virtual stages) per rank, v");
+ABSL_FLAG(int, group, 0, "micro-batch group size for interleaved schedules (0 = p)");
+ABSL_FLAG(std::string, costs, "F:1,B:2,I:1,W:1,comm:0",
+          "costs of one micro-batch through one rank's share of the model "
+          "(with v chunks each chunk's action costs 1/v of it), and per message");
+ABSL_FLAG(bool, blocking_sends, false,
+          "simulate rendezvous sends (a SEND waits for its RECV) instead of "
+          "buffered ones");
+ABSL_FLAG(std::string, format, "text", "text, json, svg, chrome or csv");
+ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout");
+ABSL_FLAG(std::string, compare, "",
+          "comma-separated schedules to compare (makespan, bubble, memory)");
+ABSL_FLAG(bool, list, false, "list the registered schedules and exit");
+
+namespace pp {
+namespace {
+
+struct Explored {
+  Schedule schedule;
+  LoweredProgram program;
+  SimulationResult sim;
+};
+
+absl::StatusOr<Explored> Explore(const std::string& name, int chunks) {
+  ScheduleOptions options;
+  options.num_stages = absl::GetFlag(FLAGS_stages);
+  options.num_microbatches = absl::GetFlag(FLAGS_microbatches);
+  options.num_chunks = chunks;
+  options.group_size = absl::GetFlag(FLAGS_group);
+  Explored out;
+  PP_ASSIGN_OR_RETURN(out.schedule, MakeSchedule(name, options));
+  PP_RETURN_IF_ERROR(ValidateSchedule(out.schedule));
+  PP_ASSIGN_OR_RETURN(out.program, Lower(out.schedule));
+  PP_ASSIGN_OR_RETURN(SimulationCosts costs,
+                      ParseSimulationCosts(absl::GetFlag(FLAGS_costs)));
+  costs.blocking_sends = absl::GetFlag(FLAGS_blocking_sends);
+  costs.stage_multiplier.assign(out.schedule.num_virtual_stages(), 1.0 / chunks);
+  PP_ASSIGN_OR_RETURN(out.sim, SimulateProgram(out.program, costs));
+  return out;
+}
+
+nlohmann::json RankLists(const RankActions& ranks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    std::vector<std::string> actions;
+    for (const Action& a : ranks[r]) actions.push_back(ActionToString(a));
+    out.push_back({{"rank", r}, {"actions", actions}});
+  }
+  return out;
+}
+
+std::string Title(const Schedule& s) {
+  return absl::StrFormat("%s: p=%d, m=%d, v=%d", s.name, s.num_stages,
+                         s.num_microbatches, s.num_chunks);
+}
+
+std::string Render(const Explored& e, const std::string& format) {
+  const Schedule& s = e.schedule;
+  if (format == "json") {
+    nlohmann::json j = {
+        {"schedule", s.name},
+        {"stages", s.num_stages},
+        {"microbatches", s.num_microbatches},
+        {"chunks", s.num_chunks},
+        {"ranks", RankLists(s.ranks)},
+        {"lowered", RankLists(e.program.ranks)},
+        {"simulation",
+         {{"makespan", e.sim.makespan},
+          {"bubble_fraction", e.sim.bubble_fraction},
+          {"busy", e.sim.busy},
+          {"idle", e.sim.idle},
+          {"peak_inflight", e.sim.peak_inflight}}}};
+    return j.dump() + "\n";
+  }
+  if (format == "svg") {
+    SvgOptions options;
+    options.title = Title(s);
+    options.num_stages = s.num_stages;
+    return RenderSvg(e.sim, options);
+  }
+  if (format == "chrome") return ChromeTraceJson(e.sim.timeline) + "\n";
+  if (format == "csv") return DumpCsv(s.ranks);
+  std::string text = absl::StrCat(Title(s), "\n\ncompute order (step x rank):\n",
+                                  FormatGrid(s.ranks),
+                                  "\nsimulated timeline (costs ",
+                                  absl::GetFlag(FLAGS_costs), "):\n",
+                                  FormatTimelineGrid(e.sim), "\nlowered program:\n");
+  for (size_t r = 0; r < e.program.ranks.size(); ++r) {
+    absl::StrAppend(&text, "  rank ", r, ": ", ActionsToString(e.program.ranks[r]), "\n");
+  }
+  absl::StrAppend(&text, absl::StrFormat(
+      "\nmakespan %g  bubble %.4f  busy [%s]  peak in-flight [%s]\n",
+      e.sim.makespan, e.sim.bubble_fraction, absl::StrJoin(e.sim.busy, ", "),
+      absl::StrJoin(e.sim.peak_inflight, ", ")));
+  return text;
+}
+
+std::string Compare(const std::vector<std::string>& names) {
+  std::string out = absl::StrFormat(
+      "p=%d m=%d costs %s%s\n%-18s %3s %10s %8s %20s %16s\n",
+      absl::GetFlag(FLAGS_stages), absl::GetFlag(FLAGS_microbatches),
+      absl::GetFlag(FLAGS_costs),
+      absl::GetFlag(FLAGS_blocking_sends) ? " (blocking sends)" : "",
+      "schedule", "v", "makespan", "bubble", "peak act (chunks)",
+      "peak (x stage)");
+  for (const std::string& name : names) {
+    // Schedules with one chunk per rank are compared at v = 1.
+    const int chunks = absl::GetFlag(FLAGS_chunks);
+    absl::StatusOr<Explored> e = Explore(name, chunks);
+    if (!e.ok() && chunks > 1 &&
+        e.status().code() == absl::StatusCode::kInvalidArgument) {
+      e = Explore(name, 1);
+    }
+    if (!e.ok()) {
+      absl::StrAppend(&out, absl::StrFormat("%-18s %s\n", name,
+                                            e.status().message()));
+      continue;
+    }
+    int peak = 0;
+    for (int v : e->sim.peak_inflight) peak = std::max(peak, v);
+    absl::StrAppend(&out, absl::StrFormat(
+        "%-18s %3d %10g %7.1f%% %20s %16g\n", name, e->schedule.num_chunks,
+        e->sim.makespan, 100 * e->sim.bubble_fraction,
+        absl::StrCat("[", absl::StrJoin(e->sim.peak_inflight, ","), "]"),
+        static_cast<double>(peak) / e->schedule.num_chunks));
+  }
+  return out;
+}
+
+int Main() {
+  std::string output;
+  if (absl::GetFlag(FLAGS_list)) {
+    for (const ScheduleInfo& info : RegisteredSchedules()) {
+      output += absl::StrFormat("%-18s %s\n", info.name, info.description);
+    }
+  } else if (!absl::GetFlag(FLAGS_compare).empty()) {
+    output = Compare(absl::StrSplit(absl::GetFlag(FLAGS_compare), ',',
+                                    absl::SkipEmpty()));
+  } else {
+    const std::string format = absl::GetFlag(FLAGS_format);
+    if (format != "text" && format != "json" && format != "svg" &&
+        format != "chrome" && format != "csv") {
+      std::fprintf(stderr, "--format=%s: expected text, json, svg, chrome or csv\n",
+                   format.c_str());
+      return 2;
+    }
+    absl::StatusOr<Explored> e =
+        Explore(absl::GetFlag(FLAGS_schedule), absl::GetFlag(FLAGS_chunks));
+    if (!e.ok()) {
+      std::fprintf(stderr, "%s\n", e.status().ToString().c_str());
+      return 1;
+    }
+    output = Render(*e, format);
+  }
+  const std::string path = absl::GetFlag(FLAGS_out);
+  if (path.empty()) {
+    std::cout << output;
+    return 0;
+  }
+  std::ofstream file(path);
+  file << output;
+  file.close();
+  if (!file) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "wrote %s\n", path.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace pp
+
+int main(int argc, char** argv) {
+  std::string usage =
+      "Explore pipeline schedules: validate, lower, simulate, draw.\n"
+      "Registered schedules:\n";
+  for (const pp::ScheduleInfo& info : pp::RegisteredSchedules()) {
+    absl::StrAppend(&usage, "  ", info.name, ": ", info.description, "\n");
+  }
+  absl::SetProgramUsageMessage(usage);
+  absl::ParseCommandLine(argc, argv);
+  return pp::Main();
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs the explorer's formats end to end and checks their content.
+set -euo pipefail
+explorer="$1"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# --format=json: exactly one JSON object with the documented keys and values.
+"$explorer" --schedule=1f1b --stages=4 --microbatches=8 --format=json > "$tmp/out.json"
+python3 - "$tmp/out.json" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+obj = json.loads(text)  # raises on anything but one JSON document
+assert obj["schedule"] == "1f1b" and obj["stages"] == 4, obj
+assert obj["microbatches"] == 8 and obj["chunks"] == 1, obj
+assert obj["ranks"][0]["rank"] == 0
+assert obj["ranks"][0]["actions"][:4] == ["0F0", "0F1", "0F2", "0F3"], obj["ranks"][0]
+assert obj["lowered"][3]["actions"][-1] == "STEP", obj["lowered"][3]
+sim = obj["simulation"]
+assert sim["makespan"] == 33, sim
+assert abs(sim["bubble_fraction"] - 3 / 11) < 1e-12, sim
+assert sim["peak_inflight"] == [4, 3, 2, 1], sim
+assert sim["busy"] == [24, 24, 24, 24], sim
+PY
+
+"$explorer" --schedule=interleaved_1f1b --stages=4 --microbatches=8 --chunks=2 \
+  --format=svg --out="$tmp/t.svg" 2>/dev/null
+grep -q '</svg>' "$tmp/t.svg" || fail "svg not written"
+grep -q 'rank 3' "$tmp/t.svg" || fail "svg lacks rank rows"
+
+"$explorer" --schedule=gpipe --stages=2 --microbatches=4 --format=chrome > "$tmp/t.json"
+python3 -c "import json,sys; t=json.load(open(sys.argv[1])); assert sum(e['ph']=='X' for e in t['traceEvents']) >= 16" "$tmp/t.json"
+
+[[ "$("$explorer" --schedule=gpipe --stages=2 --microbatches=2 --format=csv)" == \
+   $'0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1' ]] || fail "csv"
+
+"$explorer" --list | grep -q '^interleaved_1f1b' || fail "--list"
+"$explorer" --list | grep -q '^eager_1f1b' || fail "--list lacks the example"
+"$explorer" --compare=gpipe,1f1b,interleaved_1f1b --chunks=2 > "$tmp/cmp.txt"
+grep -qE '^1f1b +1 +33 ' "$tmp/cmp.txt" || fail "compare: $(cat "$tmp/cmp.txt")"
+grep -qE '^interleaved_1f1b +2 ' "$tmp/cmp.txt" || fail "compare lacks interleaved"
+
+# Rejected options: a message naming the rule, non-zero exit.
+if "$explorer" --schedule=interleaved_1f1b --stages=4 --microbatches=6 --chunks=2 \
+     2> "$tmp/err.txt"; then
+  fail "accepted m=6 with p=4"
+fi
+grep -q 'm % g >= p' "$tmp/err.txt" || fail "error lacks the rule"
+echo PASS

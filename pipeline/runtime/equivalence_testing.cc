@@ -1,0 +1,195 @@
+#include "pipeline/runtime/equivalence_testing.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/torch_status.h"
+#include "pipeline/pipeline_model.h"
+#include "topology/parallel_grid.h"
+#include "topology/process_topology.h"
+#include "topology/thread_ranks.h"
+
+namespace pp {
+namespace testing_runtime {
+namespace {
+
+class BlockImpl : public LayerImpl {
+ public:
+  BlockImpl() : LayerImpl("Block") { linear_ = register_module("linear", torch::nn::Linear(kHidden, kHidden)); }
+  Activations Forward(const Activations& in, const MicroBatch&) override {
+    return {torch::tanh(linear_(in[0])) + in[0]};
+  }
+
+ private:
+  torch::nn::Linear linear_{nullptr};
+};
+
+Layer MakeEmbedding() { return MakeModuleLayer(torch::nn::Embedding(kVocab, kHidden)); }
+
+}  // namespace
+
+std::vector<LayerSpec> ToySpecs(int blocks) {
+  std::vector<LayerSpec> specs;
+  specs.push_back(TiedLayerSpec("embed", MakeEmbedding));
+  for (int i = 0; i < blocks; ++i) specs.push_back(LayerSpec("Block", [] { return std::make_shared<BlockImpl>(); }));
+  specs.push_back(TiedLayerSpec("embed", MakeEmbedding, TiedProjection("weight")).WithName("LmHead"));
+  return specs;
+}
+
+torch::Tensor ToyLoss(const Activations& outputs, const MicroBatch& batch) {
+  return torch::nn::functional::cross_entropy(outputs[0], batch.Get("labels"));
+}
+
+absl::StatusOr<MicroBatchData> ToySource::Get(int64_t step, int64_t index) {
+  torch::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000003 * step + 7919 * index + 17));
+  MicroBatchData d;
+  d.inputs = {torch::randint(kVocab, {kTokens}, gen, torch::kLong)};
+  d.batch.id = step * 1000 + index;
+  d.batch.tensors["labels"] = torch::randint(kVocab, {kTokens}, gen, torch::kLong);
+  return d;
+}
+
+absl::StatusOr<RunResult> TrainSequential(const RunConfig& config) {
+  RunResult result;
+  absl::Status s = TorchCall("sequential reference", [&] {
+    absl::StatusOr<StageModule> built = BuildSequential(ToySpecs(config.blocks), kSeed);
+    if (!built.ok()) throw std::runtime_error(built.status().ToString());
+    StageModule model = *built;
+    std::vector<torch::Tensor> params = model->parameters();
+    auto optimizer = MakeOptimizer(config.optimizer, params);
+    ToySource source;
+    const int total = config.dp * config.microbatches;
+    for (int step = 0; step < config.steps; ++step) {
+      SetLearningRate(*optimizer, LearningRateAt(config.lr_schedule, config.optimizer.lr, step));
+      optimizer->zero_grad();
+      double loss_sum = 0;
+      for (int i = 0; i < total; ++i) {
+        MicroBatchData d = *source.Get(step, i);
+        torch::Tensor loss = ToyLoss(model->Forward(d.inputs, d.batch), d.batch);
+        loss_sum += loss.item<double>();
+        (loss / static_cast<double>(total)).backward();
+      }
+      double sumsq = 0;
+      for (const torch::Tensor& p : params) {
+        if (p.grad().defined()) sumsq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+      }
+      const double norm = std::sqrt(sumsq);
+      if (config.max_grad_norm > 0) ClipGradsToNorm(params, norm, config.max_grad_norm);
+      optimizer->step();
+      result.losses.push_back(loss_sum / total);
+      result.grad_norms.push_back(norm);
+    }
+    for (const auto& item : model->named_parameters()) result.params[item.key()] = item.value().detach().clone();
+  });
+  PP_RETURN_IF_ERROR(s);
+  return result;
+}
+
+absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
+  static std::atomic<int> counter{0};
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  RendezvousOptions ro;
+  ro.timeout = config.timeout;
+  ro.file_store_path = absl::StrCat(tmp ? tmp : "/tmp", "/pp_equiv_", getpid(), "_", counter.fetch_add(1));
+  const int world = config.pp * config.dp;
+  std::mutex mu;
+  RunResult result;
+  std::vector<std::map<std::string, torch::Tensor>> replica_params(config.dp);
+  std::vector<std::vector<double>> rank_losses(world);
+  std::vector<std::vector<double>> rank_norms(world);
+  std::vector<absl::Status> statuses = RunThreadRanks(world, 0, ro, [&](World& w) -> absl::Status {
+    at::set_num_threads(1);
+    PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(config.pp, config.dp));
+    PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(w, topo));
+    PipelineModelOptions mo;
+    mo.num_stages = config.pp;
+    mo.chunks = config.chunks;
+    mo.partition_method = "uniform";
+    mo.base_seed = kSeed;
+    PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(ToySpecs(config.blocks), mo, grid.stage_id()));
+    ToySource source;
+    TrainerOptions to;
+    to.schedule = config.schedule;
+    to.num_microbatches = config.microbatches;
+    to.optimizer = config.optimizer;
+    to.lr_schedule = config.lr_schedule;
+    to.max_grad_norm = config.max_grad_norm;
+    to.timeout = config.timeout;
+    to.reduce_tied_grads = config.reduce_tied_grads;
+    PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, to));
+    for (int step = 0; step < config.steps; ++step) {
+      PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
+      rank_losses[w.rank].push_back(r.loss);
+      rank_norms[w.rank].push_back(r.grad_norm);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& item : model->named_parameters()) {
+      auto& slot = replica_params[grid.data_parallel_id()][item.key()];
+      torch::Tensor value = item.value().detach().clone();
+      if (slot.defined() && !torch::equal(slot, value)) {
+        return absl::InternalError(absl::StrCat("tied copies of ", item.key(), " differ between stages"));
+      }
+      slot = value;
+    }
+    return absl::OkStatus();
+  });
+  ::unlink(ro.file_store_path.c_str());
+  for (int r = 0; r < world; ++r) {
+    if (!statuses[r].ok()) {
+      return absl::Status(statuses[r].code(), absl::StrCat("rank ", r, ": ", statuses[r].message()));
+    }
+  }
+  for (int r = 1; r < world; ++r) {
+    if (rank_losses[r] != rank_losses[0] || rank_norms[r] != rank_norms[0]) {
+      return absl::InternalError(absl::StrCat("rank ", r, " reports a different loss or grad norm than rank 0"));
+    }
+  }
+  for (int d = 1; d < config.dp; ++d) {
+    for (const auto& [name, value] : replica_params[0]) {
+      if (!torch::equal(value, replica_params[d][name])) {
+        return absl::InternalError(absl::StrCat("data-parallel replica ", d, " differs in ", name));
+      }
+    }
+  }
+  result.losses = rank_losses[0];
+  result.grad_norms = rank_norms[0];
+  result.params = replica_params[0];
+  return result;
+}
+
+std::string CompareResults(const RunResult& want, const RunResult& got, double rtol) {
+  std::string out;
+  auto close = [&](double a, double b) { return std::abs(a - b) <= rtol * std::max(std::abs(a), std::abs(b)) + 1e-7; };
+  if (want.losses.size() != got.losses.size()) return "different number of steps";
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    if (!close(want.losses[i], got.losses[i])) {
+      absl::StrAppend(&out, "step ", i, " loss ", got.losses[i], " != sequential ", want.losses[i], "; ");
+    }
+    if (!close(want.grad_norms[i], got.grad_norms[i])) {
+      absl::StrAppend(&out, "step ", i, " grad norm ", got.grad_norms[i], " != sequential ", want.grad_norms[i], "; ");
+    }
+  }
+  if (want.params.size() != got.params.size()) {
+    absl::StrAppend(&out, got.params.size(), " parameters, sequential has ", want.params.size(), "; ");
+  }
+  for (const auto& [name, value] : want.params) {
+    auto it = got.params.find(name);
+    if (it == got.params.end()) {
+      absl::StrAppend(&out, "missing ", name, "; ");
+      continue;
+    }
+    if (!torch::allclose(it->second, value, rtol, 1e-6)) {
+      const double diff = (it->second - value).abs().max().item<double>();
+      absl::StrAppend(&out, name, " max abs diff ", diff, "; ");
+    }
+  }
+  return out;
+}
+
+}  // namespace testing_runtime
+}  // namespace pp

@@ -1,0 +1,78 @@
+// Test support for the runtime's equivalence proof: a toy model with a tied
+// first/last layer (embedding -> MLP blocks -> projection through the
+// embedding), a deterministic data source, a sequential reference trainer on
+// ToSequential()/BuildSequential, and a driver that trains the same model as a
+// pipeline on ranks-as-threads (real ProcessGroupGloo over a FileStore).
+#ifndef PIPELINE_RUNTIME_EQUIVALENCE_TESTING_H_
+#define PIPELINE_RUNTIME_EQUIVALENCE_TESTING_H_
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "pipeline/layer_spec.h"
+#include "pipeline/runtime/stage_executor.h"
+#include "pipeline/runtime/trainer.h"
+
+namespace pp {
+namespace testing_runtime {
+
+constexpr int64_t kVocab = 13;
+constexpr int64_t kHidden = 8;
+constexpr int64_t kTokens = 5;  // per micro-batch
+constexpr uint64_t kSeed = 4242;
+
+// Tied embedding, `blocks` Linear+tanh blocks, tied output projection:
+// blocks + 2 layers.
+std::vector<LayerSpec> ToySpecs(int blocks);
+
+// Cross entropy of the logits against batch "labels".
+torch::Tensor ToyLoss(const Activations& outputs, const MicroBatch& batch);
+
+// Token ids and labels drawn from a generator seeded by (step, index).
+class ToySource : public MicroBatchSource {
+ public:
+  absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override;
+};
+
+struct RunConfig {
+  std::string schedule = "1f1b";
+  int pp = 1;
+  int dp = 1;
+  int chunks = 1;
+  int microbatches = 4;  // per replica
+  int blocks = 6;
+  int steps = 3;
+  OptimizerConfig optimizer;
+  LrScheduleConfig lr_schedule;
+  double max_grad_norm = 0.0;
+  bool reduce_tied_grads = true;
+  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+};
+
+struct RunResult {
+  std::vector<double> losses;  // per step
+  std::vector<double> grad_norms;
+  std::map<std::string, torch::Tensor> params;  // global name -> final value
+};
+
+// ToSequential() trained on the same global batches (dp * microbatches
+// micro-batches per step, loss mean over them, same clipping and optimizer).
+absl::StatusOr<RunResult> TrainSequential(const RunConfig& config);
+
+// The pipeline on pp * dp thread ranks; parameters gathered from all ranks of
+// data-parallel replica 0 (every replica is checked to hold equal values).
+absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config);
+
+// "" when equal within rtol (plus atol 1e-6 for values near zero), else a
+// description of the first differences.
+std::string CompareResults(const RunResult& want, const RunResult& got, double rtol);
+
+}  // namespace testing_runtime
+}  // namespace pp
+
+#endif  // PIPELINE_RUNTIME_EQUIVALENCE_TESTING_H_

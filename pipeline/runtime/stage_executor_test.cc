@@ -1,0 +1,200 @@
+#include "pipeline/runtime/stage_executor.h"
+
+#include <chrono>
+
+#include <gtest/gtest.h>
+
+#include "common/status_macros.h"
+#include "pipeline/runtime/thread_ranks.h"
+#include "pipeline/schedule/registry.h"
+
+namespace pp {
+namespace {
+
+using std::chrono::milliseconds;
+using StageFn = std::function<Activations(const Activations&, const MicroBatch&)>;
+
+absl::Status Check(bool cond, const std::string& what) {
+  return cond ? absl::OkStatus() : absl::InternalError(what);
+}
+
+absl::StatusOr<LoweredProgram> Program(const std::string& name, int p, int m, int v = 1) {
+  ScheduleOptions o;
+  o.num_stages = p;
+  o.num_microbatches = m;
+  o.num_chunks = v;
+  PP_ASSIGN_OR_RETURN(Schedule s, MakeSchedule(name, o));
+  return Lower(s);
+}
+
+// Input 1 and target 0 for every micro-batch, ids step * 100 + index.
+class ConstantSource : public MicroBatchSource {
+ public:
+  explicit ConstantSource(int64_t id_offset = 0) : id_offset_(id_offset) {}
+  absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override {
+    MicroBatchData d;
+    d.inputs = {torch::ones({1, 1})};
+    d.batch.id = step * 100 + index + id_offset_;
+    d.batch.tensors["labels"] = torch::zeros({1, 1});
+    return d;
+  }
+
+ private:
+  int64_t id_offset_;
+};
+
+torch::Tensor Mse(const Activations& out, const MicroBatch& batch) {
+  return torch::mse_loss(out[0], batch.Get("labels"));
+}
+
+// DeepSpeed's smallest pipeline test: two Linear(1,1) with weight 1 on two
+// stages, MSE against 0 for input 1, SGD lr 0.1, two micro-batches: the first
+// weight becomes 0.8 after one step (d mean-loss / d w1 = 2 w1 w2^2 = 2).
+TEST(StageExecutorTest, DeepSpeedTwoLinearStages) {
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&](const ThreadRank& tr) -> absl::Status {
+      PP_ASSIGN_OR_RETURN(LoweredProgram program, Program(schedule, 2, 2));
+      torch::nn::Linear linear(torch::nn::LinearOptions(1, 1).bias(false));
+      {
+        torch::NoGradGuard g;
+        linear->weight.fill_(1.0);
+      }
+      ConstantSource source;
+      std::map<int, StageFn> stages = {
+          {tr.rank, [&](const Activations& in, const MicroBatch&) { return Activations{linear(in[0])}; }}};
+      StageExecutor exec(tr.rank, stages, Mse, &source, tr.world, StageExecutorOptions{});
+      torch::optim::SGD sgd(linear->parameters(), torch::optim::SGDOptions(0.1));
+      int steps_seen = 0;
+      PP_ASSIGN_OR_RETURN(StepStats stats, exec.Run(program, 0, [&](const Action& a) {
+        if (a.type == ActionType::kOptimizerStep) {
+          ++steps_seen;
+          sgd.step();
+        }
+        return absl::OkStatus();
+      }));
+      PP_RETURN_IF_ERROR(Check(steps_seen == 1, "one STEP"));
+      const float w = linear->weight.item<float>();
+      PP_RETURN_IF_ERROR(Check(std::abs(w - 0.8f) < 1e-6, schedule + ": weight " + std::to_string(w) + " != 0.8"));
+      if (tr.rank == 1) {
+        PP_RETURN_IF_ERROR(Check(stats.losses_computed == 2 && std::abs(stats.loss_sum - 2.0) < 1e-6, "losses"));
+      }
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << schedule << ": " << s;
+  }
+}
+
+// A payload of a float activation, an integer mask and a float without grad
+// crosses stages; gradients equal a single-process computation and nobody
+// waits for a gradient of the mask or the no-grad float.
+TEST(StageExecutorTest, MultiTensorPayloadMatchesSingleProcess) {
+  torch::manual_seed(0);
+  torch::Tensor w0_init = torch::randn({4, 4});
+  torch::Tensor w1_init = torch::randn({4, 4});
+  torch::Tensor x = torch::randn({3, 4});
+  // Reference.
+  torch::Tensor w0 = w0_init.clone().requires_grad_(true);
+  torch::Tensor w1 = w1_init.clone().requires_grad_(true);
+  torch::Tensor mask = torch::tensor({1, 0, 1}, torch::kLong);
+  for (int mb = 0; mb < 3; ++mb) {
+    torch::Tensor h = torch::tanh(torch::matmul(x + mb, w0));
+    torch::Tensor y = torch::matmul(h, w1) * mask.unsqueeze(1).to(torch::kFloat) + (x + mb).sum();
+    (y.pow(2).mean() / 3.0).backward();
+  }
+  class Source : public MicroBatchSource {
+   public:
+    explicit Source(torch::Tensor x) : x_(x) {}
+    absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override {
+      MicroBatchData d;
+      d.inputs = {x_ + index};
+      d.batch.id = index;
+      return d;
+    }
+    torch::Tensor x_;
+  };
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&](const ThreadRank& tr) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(LoweredProgram program, Program("1f1b", 2, 3));
+    torch::Tensor w = (tr.rank == 0 ? w0_init : w1_init).clone().requires_grad_(true);
+    Source source(x);
+    std::map<int, StageFn> stages;
+    if (tr.rank == 0) {
+      stages[0] = [&](const Activations& in, const MicroBatch&) {
+        return Activations{torch::tanh(torch::matmul(in[0], w)), torch::tensor({1, 0, 1}, torch::kLong),
+                           in[0].sum().reshape({1})};
+      };
+    } else {
+      stages[1] = [&](const Activations& in, const MicroBatch&) {
+        return Activations{torch::matmul(in[0], w) * in[1].unsqueeze(1).to(torch::kFloat) + in[2]};
+      };
+    }
+    auto loss = [](const Activations& out, const MicroBatch&) { return out[0].pow(2).mean(); };
+    StageExecutor exec(tr.rank, stages, loss, &source, tr.world, StageExecutorOptions{});
+    PP_ASSIGN_OR_RETURN(StepStats stats, exec.Run(program, 0, nullptr));
+    torch::Tensor want = tr.rank == 0 ? w0.grad() : w1.grad();
+    PP_RETURN_IF_ERROR(Check(torch::allclose(w.grad(), want, 1e-5, 1e-6), "grad mismatch on rank " +
+                                                                                std::to_string(tr.rank)));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Two virtual stages on one rank hand over locally (no process group
+// traffic) and still give the single-module gradients.
+TEST(StageExecutorTest, LocalHandOverBetweenChunksOfOneRank) {
+  absl::Status s = RunOnThreadRanks(1, milliseconds(20000), [&](const ThreadRank& tr) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(LoweredProgram program, Program("interleaved_1f1b", 1, 2, 2));
+    torch::Tensor a = torch::full({1}, 2.0, torch::requires_grad());
+    torch::Tensor b = torch::full({1}, 3.0, torch::requires_grad());
+    std::map<int, StageFn> stages = {
+        {0, [&](const Activations& in, const MicroBatch&) { return Activations{in[0].reshape({1}) * a}; }},
+        {1, [&](const Activations& in, const MicroBatch&) { return Activations{in[0] * b}; }}};
+    ConstantSource source;
+    auto loss = [](const Activations& out, const MicroBatch&) { return out[0].sum(); };
+    StageExecutor exec(0, stages, loss, &source, tr.world, StageExecutorOptions{});
+    PP_ASSIGN_OR_RETURN(StepStats stats, exec.Run(program, 0, nullptr));
+    // loss per mb = a*b*1, mean over 2 -> d/da = b = 3, d/db = a = 2.
+    PP_RETURN_IF_ERROR(Check(a.grad().item<float>() == 3.0f && b.grad().item<float>() == 2.0f, "grads"));
+    PP_RETURN_IF_ERROR(Check(exec.p2p().stats().tensor_messages == 0, "no messages"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// The last stage refuses to compute a loss when the activations' micro-batch
+// id differs from its labels' id (DeepSpeed #5729).
+TEST(StageExecutorTest, MismatchedMicroBatchIdIsAnError) {
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&](const ThreadRank& tr) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(LoweredProgram program, Program("gpipe", 2, 1));
+    torch::nn::Linear linear(1, 1);
+    ConstantSource source(/*id_offset=*/tr.rank == 0 ? 0 : 7);  // ranks disagree
+    std::map<int, StageFn> stages = {
+        {tr.rank, [&](const Activations& in, const MicroBatch&) { return Activations{linear(in[0])}; }}};
+    StageExecutor exec(tr.rank, stages, Mse, &source, tr.world,
+                       StageExecutorOptions{P2POptions{milliseconds(2000), std::nullopt}, 0, true});
+    absl::StatusOr<StepStats> r = exec.Run(program, 0, nullptr);
+    if (tr.rank == 1) {
+      PP_RETURN_IF_ERROR(Check(!r.ok() && std::string(r.status().message()).find("mismatched") != std::string::npos,
+                               "expected the mismatch error, got " + r.status().ToString()));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(StageExecutorTest, RejectsSplitBackward) {
+  LoweredProgram program;
+  program.schedule_name = "zb";
+  program.num_stages = 1;
+  program.num_microbatches = 1;
+  program.stage_to_rank = {0};
+  program.ranks = {{F(0, 0), I(0, 0), W(0, 0)}};
+  ConstantSource source;
+  std::map<int, StageFn> stages = {{0, [](const Activations& in, const MicroBatch&) { return in; }}};
+  StageExecutor exec(0, stages, Mse, &source, c10::intrusive_ptr<c10d::ProcessGroup>(), StageExecutorOptions{});
+  absl::Status s = exec.Validate(program);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(std::string(s.message()).find("0I0"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace pp

@@ -1,0 +1,55 @@
+#include "pipeline/schedule/chrome_trace.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
+
+namespace pp {
+namespace {
+
+TEST(ChromeTraceTest, OneCompleteEventPerActionWithRankThreads) {
+  std::vector<TraceEvent> events = {{0, "0F0", 0, 1},
+                                    {1, "1F0", 1, 2},
+                                    {1, "1RECV_F0", 1, 1},
+                                    {0, "loss", 2, 2.5}};
+  ChromeTraceOptions options;
+  options.microseconds_per_unit = 1000;
+  nlohmann::json trace = nlohmann::json::parse(ChromeTraceJson(events, options));
+  int complete = 0, thread_names = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") {
+      ++complete;
+      if (e["name"] == "1F0") {
+        EXPECT_EQ(e["tid"], 1);
+        EXPECT_EQ(e["cat"], "F");
+        EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 1000);
+        EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 1000);
+        EXPECT_EQ(e["args"]["microbatch"], 0);
+        EXPECT_EQ(e["args"]["stage"], 1);
+      }
+      if (e["name"] == "1RECV_F0") EXPECT_EQ(e["cat"], "RECV_F");
+      if (e["name"] == "loss") EXPECT_EQ(e["cat"], "other");
+    } else if (e["name"] == "thread_name") {
+      ++thread_names;
+    }
+  }
+  EXPECT_EQ(complete, 4);
+  EXPECT_EQ(thread_names, 2);
+}
+
+TEST(ChromeTraceTest, WritesAFileAndReportsUnwritablePaths) {
+  const std::string path = ::testing::TempDir() + "/trace.json";
+  ASSERT_TRUE(WriteChromeTrace(path, {{0, "0F0", 0, 1}}).ok());
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_TRUE(nlohmann::json::parse(text.str()).contains("traceEvents"));
+  EXPECT_EQ(WriteChromeTrace("/nonexistent-dir/x/trace.json", {}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pp

@@ -1,0 +1,297 @@
+#include "pipeline/schedule/render.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace pp {
+namespace {
+
+struct TypeStyle {
+  ActionType type;
+  const char* fill;
+  const char* label;
+};
+
+constexpr TypeStyle kStyles[] = {
+    {ActionType::kForward, "#4e79a7", "F forward"},
+    {ActionType::kBackward, "#f28e2b", "B backward"},
+    {ActionType::kBackwardInput, "#e15759", "I input grad"},
+    {ActionType::kBackwardWeight, "#59a14f", "W weight grad"},
+};
+
+const char* Fill(ActionType type) {
+  for (const TypeStyle& s : kStyles) {
+    if (s.type == type) return s.fill;
+  }
+  return "#9d9d9d";
+}
+
+std::string Escape(absl::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// A "nice" tick step for an axis of length `span` with about 10 ticks.
+double TickStep(double span) {
+  if (span <= 0) return 1;
+  const double raw = span / 10;
+  const double magnitude = std::pow(10, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (raw <= m * magnitude) return m * magnitude;
+  }
+  return 10 * magnitude;
+}
+
+}  // namespace
+
+std::string FormatTimelineGrid(const SimulationResult& sim) {
+  const int p = static_cast<int>(sim.busy.size());
+  std::set<double> times;
+  std::vector<std::vector<std::pair<std::string, std::pair<double, double>>>> rows(p);
+  for (const TraceEvent& e : sim.timeline) {
+    absl::StatusOr<Action> a = ParseAction(e.name);
+    if (!a.ok() || !IsCompute(a->type)) continue;
+    times.insert(e.start);
+    rows[e.rank].push_back({e.name, {e.start, e.end}});
+  }
+  size_t width = 6;
+  for (const auto& row : rows) {
+    for (const auto& cell : row) width = std::max(width, cell.first.size());
+  }
+  std::string out = absl::StrFormat("%7s", "time");
+  for (int r = 0; r < p; ++r) {
+    out += absl::StrFormat("  %-*s", width, absl::StrCat("rank ", r));
+  }
+  out += "\n";
+  for (double t : times) {
+    std::string line = absl::StrFormat("%7g", t);
+    for (int r = 0; r < p; ++r) {
+      std::string cell;
+      for (const auto& [name, span] : rows[r]) {
+        if (span.first == t) {
+          cell = name;
+        } else if (span.first < t && t < span.second) {
+          cell = "|";
+        }
+      }
+      line += absl::StrFormat("  %-*s", width, cell);
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string RenderSvg(const SimulationResult& sim, const SvgOptions& options) {
+  const int p = static_cast<int>(sim.busy.size());
+  const int num_stages = options.num_stages > 0 ? options.num_stages : p;
+  const double makespan = sim.makespan > 0 ? sim.makespan : 1;
+  const double left = 70, top = 50, row_height = 30, row_gap = 8;
+  const double scale = options.width_pixels / makespan;
+  const double plot_height = p * (row_height + row_gap);
+  const double width = left + options.width_pixels + 30;
+  const double height = top + plot_height + 90;
+  bool chunks = false;
+  std::set<ActionType> used;
+  bool messages_take_time = false;
+  for (const TraceEvent& e : sim.timeline) {
+    absl::StatusOr<Action> a = ParseAction(e.name);
+    if (!a.ok()) continue;
+    if (IsCompute(a->type)) {
+      used.insert(a->type);
+      chunks |= a->stage >= num_stages;
+    } else if (e.end > e.start) {
+      messages_take_time = true;
+    }
+  }
+
+  std::string svg = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+      "viewBox=\"0 0 %d %d\" font-family=\"Helvetica, Arial, sans-serif\">\n"
+      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+      static_cast<int>(width), static_cast<int>(height),
+      static_cast<int>(width), static_cast<int>(height));
+  std::string title = options.title;
+  absl::StrAppend(&svg, absl::StrFormat(
+      "<text x=\"%g\" y=\"22\" font-size=\"15\" font-weight=\"bold\">%s</text>\n",
+      left, Escape(title)));
+  absl::StrAppend(&svg, absl::StrFormat(
+      "<text x=\"%g\" y=\"40\" font-size=\"12\" fill=\"#444\">makespan %g, "
+      "bubble %.1f%%, peak in-flight activations [%s]</text>\n",
+      left, sim.makespan, 100 * sim.bubble_fraction,
+      absl::StrJoin(sim.peak_inflight, ", ")));
+
+  // Rows: a light background (idle shows through) and the rank label.
+  for (int r = 0; r < p; ++r) {
+    const double y = top + r * (row_height + row_gap);
+    absl::StrAppend(&svg, absl::StrFormat(
+        "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"#ececec\"/>\n"
+        "<text x=\"%g\" y=\"%g\" font-size=\"13\" text-anchor=\"end\">rank %d</text>\n",
+        left, y, makespan * scale, row_height, left - 8, y + row_height / 2 + 4, r));
+  }
+  // Time axis.
+  const double axis_y = top + plot_height + 4;
+  const double step = TickStep(makespan);
+  absl::StrAppend(&svg, absl::StrFormat(
+      "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>\n", left,
+      axis_y, left + makespan * scale, axis_y));
+  for (double t = 0; t <= makespan + 1e-9; t += step) {
+    const double x = left + t * scale;
+    absl::StrAppend(&svg, absl::StrFormat(
+        "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>"
+        "<text x=\"%g\" y=\"%g\" font-size=\"11\" text-anchor=\"middle\">%g</text>\n",
+        x, axis_y, x, axis_y + 5, x, axis_y + 17, t));
+  }
+  absl::StrAppend(&svg, absl::StrFormat(
+      "<text x=\"%g\" y=\"%g\" font-size=\"11\" fill=\"#444\">time</text>\n",
+      left + makespan * scale + 6, axis_y + 4));
+
+  // Boxes.
+  for (const TraceEvent& e : sim.timeline) {
+    absl::StatusOr<Action> a = ParseAction(e.name);
+    if (!a.ok()) continue;
+    const double y = top + e.rank * (row_height + row_gap);
+    const double x = left + e.start * scale;
+    const double w = (e.end - e.start) * scale;
+    if (!IsCompute(a->type)) {
+      if (w > 0) {
+        absl::StrAppend(&svg, absl::StrFormat(
+            "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"4\" fill=\"#9d9d9d\">"
+            "<title>%s</title></rect>\n",
+            x, y + row_height - 4, w, Escape(e.name)));
+      }
+      continue;
+    }
+    if (w <= 0) continue;
+    const int chunk = a->stage / num_stages;
+    // Later chunks are drawn lighter so that interleaving is visible.
+    const double opacity = chunks ? std::max(0.45, 1.0 - 0.3 * chunk) : 1.0;
+    absl::StrAppend(&svg, absl::StrFormat(
+        "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"%s\" "
+        "fill-opacity=\"%g\" stroke=\"white\" stroke-width=\"1\">"
+        "<title>%s [%g, %g)</title></rect>\n",
+        x, y, w, row_height, Fill(a->type), opacity, Escape(e.name), e.start,
+        e.end));
+    std::string label = chunks ? absl::StrCat(a->microbatch, ".", chunk)
+                               : absl::StrCat(a->microbatch);
+    if (w >= 7.0 * label.size()) {
+      absl::StrAppend(&svg, absl::StrFormat(
+          "<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"white\" "
+          "text-anchor=\"middle\">%s</text>\n",
+          x + w / 2, y + row_height / 2 + 4, label));
+    }
+  }
+
+  // Legend.
+  double lx = left;
+  const double ly = axis_y + 34;
+  auto legend = [&](const char* fill, absl::string_view label, double opacity) {
+    absl::StrAppend(&svg, absl::StrFormat(
+        "<rect x=\"%g\" y=\"%g\" width=\"14\" height=\"14\" fill=\"%s\" "
+        "fill-opacity=\"%g\"/><text x=\"%g\" y=\"%g\" font-size=\"12\">%s</text>\n",
+        lx, ly, fill, opacity, lx + 19, ly + 12, label));
+    lx += 40 + 7 * label.size();
+  };
+  for (const TypeStyle& s : kStyles) {
+    if (used.count(s.type)) legend(s.fill, s.label, 1.0);
+  }
+  if (messages_take_time) legend("#9d9d9d", "message", 1.0);
+  legend("#ececec", "idle", 1.0);
+  if (chunks) {
+    absl::StrAppend(&svg, absl::StrFormat(
+        "<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"#444\">labels: "
+        "micro-batch.chunk (lighter = later chunk)</text>\n",
+        lx, ly + 12));
+  } else {
+    absl::StrAppend(&svg, absl::StrFormat(
+        "<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"#444\">labels: "
+        "micro-batch</text>\n",
+        lx, ly + 12));
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+std::string DumpCsv(const RankActions& ranks) {
+  std::string out;
+  for (const auto& actions : ranks) {
+    out += absl::StrJoin(actions, ",", [](std::string* o, const Action& a) {
+      absl::StrAppend(o, ActionToString(a));
+    });
+    out += "\n";
+  }
+  return out;
+}
+
+absl::StatusOr<RankActions> LoadCsv(absl::string_view text) {
+  RankActions ranks;
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  // A trailing newline ends the last row; it does not start a new one.
+  if (!lines.empty() && absl::StripAsciiWhitespace(lines.back()).empty()) {
+    lines.pop_back();
+  }
+  for (size_t row = 0; row < lines.size(); ++row) {
+    absl::string_view line = absl::StripSuffix(lines[row], "\r");
+    std::vector<Action> actions;
+    std::vector<absl::string_view> cells = absl::StrSplit(line, ',');
+    for (size_t col = 0; col < cells.size(); ++col) {
+      absl::string_view cell = absl::StripAsciiWhitespace(cells[col]);
+      if (cell.empty()) continue;  // idle step
+      absl::StatusOr<Action> action = ParseAction(cell);
+      if (!action.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CSV row ", row, " (rank ", row, ") column ", col, ": ",
+                         action.status().message()));
+      }
+      actions.push_back(*action);
+    }
+    ranks.push_back(std::move(actions));
+  }
+  return ranks;
+}
+
+absl::StatusOr<Schedule> ScheduleFromRankActions(absl::string_view name,
+                                                 const RankActions& ranks) {
+  const int p = static_cast<int>(ranks.size());
+  if (p == 0) return absl::InvalidArgumentError("no ranks (empty schedule)");
+  int max_stage = -1, max_mb = -1;
+  bool backward = false;
+  for (const auto& actions : ranks) {
+    for (const Action& a : actions) {
+      max_stage = std::max(max_stage, a.stage);
+      max_mb = std::max(max_mb, a.microbatch);
+      backward |= a.type != ActionType::kForward;
+    }
+  }
+  if (max_stage < 0 || max_mb < 0) {
+    return absl::InvalidArgumentError("the schedule has no compute action");
+  }
+  if ((max_stage + 1) % p != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stages 0..", max_stage, " do not fill whole chunks of ", p,
+        " ranks (the looped placement needs a multiple of ", p, " stages)"));
+  }
+  Schedule schedule = EmptyLoopedSchedule(
+      name, ScheduleOptions{p, max_mb + 1, (max_stage + 1) / p, 0});
+  schedule.forward_only = !backward;
+  schedule.ranks = ranks;
+  return schedule;
+}
+
+}  // namespace pp

@@ -1,0 +1,458 @@
+#include "topology/launcher.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <ATen/Parallel.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "topology/rendezvous.h"
+
+extern char** environ;
+
+ABSL_FLAG(int, nproc_per_node, 0,
+          "Launcher: worker processes to start on this node (0: the experiment's default, "
+          "e.g. pp*dp*mp, else 1). Ignored in a worker (RANK set).");
+ABSL_FLAG(int, nnodes, 1, "Launcher: number of nodes (each runs this binary with its --node_rank).");
+ABSL_FLAG(int, node_rank, 0, "Launcher: this node's index in [0, --nnodes).");
+ABSL_FLAG(std::string, master_addr, "127.0.0.1",
+          "Launcher: address of node 0, where rank 0 hosts the TCP store.");
+ABSL_FLAG(int, master_port, 0,
+          "Launcher: TCP store port on --master_addr; 0 picks a free port (single node only).");
+ABSL_FLAG(absl::Duration, launcher_grace_period, absl::Seconds(5),
+          "Launcher: how long workers get between SIGTERM and SIGKILL when stopped.");
+
+namespace pp {
+namespace {
+
+// Written by the signal handler, read by the event loop (self-pipe trick).
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int signo) {
+  const int saved = errno;
+  const char byte = static_cast<char>(signo);
+  (void)!::write(g_signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+// One output stream of one worker: lines get the rank prefix.
+struct Stream {
+  int fd = -1;      // read end; -1 once closed
+  int out_fd = 1;   // where prefixed lines go (1 or 2)
+  std::string pending;  // bytes after the last newline
+};
+
+struct Worker {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = true;
+  int wait_status = 0;
+  Stream out, err;
+};
+
+void WriteAll(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // launcher's own output is gone; nothing to do
+    done += static_cast<size_t>(n);
+  }
+}
+
+void Say(const std::string& message) { WriteAll(2, absl::StrCat("[launcher] ", message, "\n")); }
+
+// Prefixes every complete line in `stream.pending` (all of it at EOF).
+void FlushLines(int rank, Stream& stream, bool eof) {
+  const std::string prefix = absl::StrCat("[rank ", rank, "] ");
+  std::string out;
+  size_t start = 0;
+  for (size_t nl; (nl = stream.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+    absl::StrAppend(&out, prefix, absl::string_view(stream.pending).substr(start, nl + 1 - start));
+  }
+  stream.pending.erase(0, start);
+  if (eof && !stream.pending.empty()) {
+    absl::StrAppend(&out, prefix, stream.pending, "\n");
+    stream.pending.clear();
+  }
+  if (!out.empty()) WriteAll(stream.out_fd, out);
+}
+
+// Reads what is available; closes the stream at EOF.
+void Drain(int rank, Stream& stream) {
+  char buffer[65536];
+  const ssize_t n = ::read(stream.fd, buffer, sizeof(buffer));
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {
+    ::close(stream.fd);
+    stream.fd = -1;
+    FlushLines(rank, stream, /*eof=*/true);
+    return;
+  }
+  stream.pending.append(buffer, static_cast<size_t>(n));
+  FlushLines(rank, stream, /*eof=*/false);
+}
+
+std::string HowItEnded(int wait_status) {
+  if (WIFEXITED(wait_status)) return absl::StrCat("exited with status ", WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    return absl::StrCat("was killed by signal ", sig, " (", strsignal(sig), ")");
+  }
+  return absl::StrCat("ended with wait status ", wait_status);
+}
+
+bool Failed(int wait_status) {
+  return !WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0;
+}
+
+// The exit status a shell would report for a worker that ended this way.
+int ShellStatus(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return 1;
+}
+
+void SignalRunning(std::vector<Worker>& workers, int signo) {
+  for (Worker& w : workers) {
+    if (w.running) ::kill(w.pid, signo);
+  }
+}
+
+int CpuCount() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// KEY=VALUE strings of the launcher's environment with `overrides` replacing
+// or adding keys.
+std::vector<std::string> WorkerEnvironment(
+    const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    bool replaced = false;
+    for (const auto& [key, value] : overrides) {
+      replaced = replaced || absl::StartsWith(entry, key + "=");
+    }
+    if (!replaced) env.push_back(entry);
+  }
+  for (const auto& [key, value] : overrides) env.push_back(absl::StrCat(key, "=", value));
+  return env;
+}
+
+std::vector<char*> CStrings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+absl::Status Validate(const LaunchOptions& o) {
+  if (o.nproc_per_node < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nproc_per_node=", o.nproc_per_node, " must be >= 1"));
+  }
+  if (o.nnodes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--nnodes=", o.nnodes, " must be >= 1"));
+  }
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    return absl::InvalidArgumentError(absl::StrCat("--node_rank=", o.node_rank,
+                                                   " must be in [0, --nnodes=", o.nnodes, ")"));
+  }
+  if (o.master_port < 0 || o.master_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--master_port=", o.master_port, " must be in [0, 65535]"));
+  }
+  if (o.master_port == 0 && o.nnodes > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nnodes=", o.nnodes, " needs an explicit --master_port that every node uses"));
+  }
+  if (o.master_addr.empty()) return absl::InvalidArgumentError("--master_addr is empty");
+  if (o.grace_period < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--launcher_grace_period=", absl::FormatDuration(o.grace_period), " is negative"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int WorkerThreadCount(int local_world_size) {
+  return std::max(1, CpuCount() / std::max(1, local_world_size));
+}
+
+int ConfigureWorkerThreads() {
+  int threads = 0;
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  if (omp == nullptr || !absl::SimpleAtoi(omp, &threads) || threads < 1) {
+    int local_world_size = 1;
+    const char* lws = std::getenv("LOCAL_WORLD_SIZE");
+    if (lws == nullptr || !absl::SimpleAtoi(lws, &local_world_size)) local_world_size = 1;
+    threads = WorkerThreadCount(local_world_size);
+  }
+  at::set_num_threads(threads);
+  return threads;
+}
+
+absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<std::string>& argv) {
+  absl::Status valid = Validate(options);
+  if (!valid.ok()) return valid;
+  if (argv.empty()) return absl::InvalidArgumentError("RunWorkers needs argv[0]");
+  int port = options.master_port;
+  if (port == 0) {
+    absl::StatusOr<int> free_port = PickFreePort(
+        IsLoopbackAddress(options.master_addr) ? "127.0.0.1" : "0.0.0.0");
+    if (!free_port.ok()) return free_port.status();
+    port = *free_port;
+  }
+  const int world_size = options.nproc_per_node * options.nnodes;
+  const int threads = WorkerThreadCount(options.nproc_per_node);
+
+  char exe[4096];
+  const ssize_t exe_len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  const std::string exe_path = exe_len > 0 ? std::string(exe, exe_len) : "/proc/self/exe";
+  std::vector<std::string> args = argv;
+  args[0] = exe_path;
+  std::vector<char*> c_args = CStrings(args);
+
+  // Signals: Ctrl-C / SIGTERM stop the workers; a worker's closed pipe must
+  // not kill the launcher.
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+  }
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  struct sigaction old_int {}, old_term {}, old_hup {}, old_pipe {};
+  ::sigaction(SIGINT, &action, &old_int);
+  ::sigaction(SIGTERM, &action, &old_term);
+  ::sigaction(SIGHUP, &action, &old_hup);
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignore, &old_pipe);
+
+  Say(absl::StrFormat("starting %d worker(s): ranks %d-%d of %d on node %d/%d, store %s:%d, "
+                      "%d thread(s) each",
+                      options.nproc_per_node, options.node_rank * options.nproc_per_node,
+                      (options.node_rank + 1) * options.nproc_per_node - 1, world_size,
+                      options.node_rank, options.nnodes, options.master_addr, port, threads));
+
+  std::vector<Worker> workers(options.nproc_per_node);
+  const pid_t launcher_pid = ::getpid();
+  absl::Status spawn_error;
+  for (int local = 0; local < options.nproc_per_node; ++local) {
+    Worker& w = workers[local];
+    w.rank = options.node_rank * options.nproc_per_node + local;
+    std::vector<std::pair<std::string, std::string>> overrides = {
+        {"MASTER_ADDR", options.master_addr},
+        {"MASTER_PORT", std::to_string(port)},
+        {"RANK", std::to_string(w.rank)},
+        {"WORLD_SIZE", std::to_string(world_size)},
+        {"LOCAL_RANK", std::to_string(local)},
+        {"LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node)},
+        {"GROUP_RANK", std::to_string(options.node_rank)},
+    };
+    // A user's explicit thread setting wins over the even split.
+    for (const char* key : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+      if (std::getenv(key) == nullptr) overrides.emplace_back(key, std::to_string(threads));
+    }
+    std::vector<std::string> env = WorkerEnvironment(overrides);
+    std::vector<char*> c_env = CStrings(env);
+
+    int out_pipe[2], err_pipe[2];
+    if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+      spawn_error = absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+      w.running = false;
+      break;
+    }
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      // Child: only async-signal-safe calls until exec.
+      ::dup2(out_pipe[1], 1);
+      ::dup2(err_pipe[1], 2);
+      // Die with the launcher even when it is SIGKILLed.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher_pid) ::_exit(1);
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      ::sigaction(SIGPIPE, &dfl, nullptr);  // ignored dispositions survive exec
+      ::execve(exe_path.c_str(), c_args.data(), c_env.data());
+      const char msg[] = "launcher: execve of the worker failed\n";
+      (void)!::write(2, msg, sizeof(msg) - 1);
+      ::_exit(127);
+    }
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    if (pid < 0) {
+      spawn_error = absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+      ::close(out_pipe[0]);
+      ::close(err_pipe[0]);
+      w.running = false;
+      break;
+    }
+    w.pid = pid;
+    w.out = Stream{out_pipe[0], 1, ""};
+    w.err = Stream{err_pipe[0], 2, ""};
+  }
+  // Workers after a spawn failure never started.
+  bool seen_unstarted = false;
+  for (Worker& w : workers) {
+    if (w.pid < 0) {
+      w.running = false;
+      seen_unstarted = true;
+    }
+  }
+
+  using Clock = std::chrono::steady_clock;
+  bool stopping = false;
+  bool killed = false;
+  Clock::time_point kill_at;
+  int result = 0;        // exit status of the launcher
+  std::string verdict;   // why it is non-zero
+  auto begin_stop = [&](const std::string& why, int status) {
+    if (stopping) return;
+    stopping = true;
+    result = status;
+    verdict = why;
+    kill_at = Clock::now() + absl::ToChronoNanoseconds(options.grace_period);
+    SignalRunning(workers, SIGTERM);
+  };
+  if (seen_unstarted) begin_stop(spawn_error.ToString(), 1);
+
+  Clock::time_point all_exited_at{};
+  while (true) {
+    std::vector<pollfd> fds = {{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<Worker*, Stream*>> owners = {{nullptr, nullptr}};
+    for (Worker& w : workers) {
+      for (Stream* s : {&w.out, &w.err}) {
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          owners.emplace_back(&w, s);
+        }
+      }
+    }
+    ::poll(fds.data(), fds.size(), /*timeout_ms=*/50);
+    if (fds[0].revents & POLLIN) {
+      char signals[16];
+      const ssize_t n = ::read(g_signal_pipe[0], signals, sizeof(signals));
+      for (ssize_t i = 0; i < n; ++i) {
+        const int signo = signals[i];
+        if (stopping) {
+          // A second Ctrl-C: no more patience.
+          Say(absl::StrCat("received ", strsignal(signo), " again; killing the workers"));
+          SignalRunning(workers, SIGKILL);
+          killed = true;
+        } else {
+          Say(absl::StrCat("received ", strsignal(signo), "; stopping the workers"));
+          begin_stop(absl::StrCat("stopped by ", strsignal(signo)), 128 + signo);
+        }
+      }
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) Drain(owners[i].first->rank, *owners[i].second);
+    }
+    for (Worker& w : workers) {
+      if (!w.running) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(w.pid, &status, WNOHANG);
+      if (r != w.pid) continue;
+      w.running = false;
+      w.wait_status = status;
+      if (Failed(status) && !stopping) {
+        const std::string how = absl::StrCat("rank ", w.rank, " (pid ", w.pid, ") ", HowItEnded(status));
+        const int others = static_cast<int>(std::count_if(
+            workers.begin(), workers.end(), [](const Worker& x) { return x.running; }));
+        Say(absl::StrCat(how, "; stopping the other ", others, " worker(s)"));
+        begin_stop(how, ShellStatus(status));
+      }
+    }
+    const bool any_running =
+        std::any_of(workers.begin(), workers.end(), [](const Worker& w) { return w.running; });
+    if (stopping && !killed && any_running && Clock::now() >= kill_at) {
+      Say(absl::StrCat("workers still running ", absl::FormatDuration(options.grace_period),
+                       " after SIGTERM; sending SIGKILL"));
+      SignalRunning(workers, SIGKILL);
+      killed = true;
+    }
+    if (!any_running) {
+      const bool any_open = std::any_of(workers.begin(), workers.end(), [](const Worker& w) {
+        return w.out.fd >= 0 || w.err.fd >= 0;
+      });
+      if (all_exited_at == Clock::time_point{}) all_exited_at = Clock::now();
+      // A grandchild may hold a pipe open; do not wait for it for long.
+      if (!any_open || Clock::now() - all_exited_at > std::chrono::seconds(1)) break;
+    }
+  }
+  for (Worker& w : workers) {
+    for (Stream* s : {&w.out, &w.err}) {
+      if (s->fd >= 0) {
+        ::close(s->fd);
+        s->fd = -1;
+      }
+      FlushLines(w.rank, *s, /*eof=*/true);
+    }
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGHUP, &old_hup, nullptr);
+  ::sigaction(SIGPIPE, &old_pipe, nullptr);
+  ::close(g_signal_pipe[0]);
+  ::close(g_signal_pipe[1]);
+  g_signal_pipe[0] = g_signal_pipe[1] = -1;
+
+  if (result != 0) {
+    Say(absl::StrCat("FAILED: ", verdict));
+  }
+  return result;
+}
+
+std::vector<char*> MaybeLaunch(int argc, char** argv, const std::function<int()>& default_nproc) {
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  const char* rank = std::getenv("RANK");
+  if (rank != nullptr && *rank != '\0') {
+    ConfigureWorkerThreads();
+    return positional;
+  }
+  LaunchOptions options;
+  options.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  if (options.nproc_per_node == 0) options.nproc_per_node = default_nproc ? default_nproc() : 1;
+  options.nnodes = absl::GetFlag(FLAGS_nnodes);
+  options.node_rank = absl::GetFlag(FLAGS_node_rank);
+  options.master_addr = absl::GetFlag(FLAGS_master_addr);
+  options.master_port = absl::GetFlag(FLAGS_master_port);
+  options.grace_period = absl::GetFlag(FLAGS_launcher_grace_period);
+  absl::StatusOr<int> status = RunWorkers(options, std::vector<std::string>(argv, argv + argc));
+  if (!status.ok()) {
+    Say(absl::StrCat("cannot launch: ", status.status().message()));
+    std::exit(2);
+  }
+  std::exit(*status);
+}
+
+}  // namespace pp

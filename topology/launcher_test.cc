@@ -1,0 +1,264 @@
+// Runs launcher_test_worker (an experiment binary carrying the launcher) as a
+// real child process and checks what the launcher does with its workers.
+#include "topology/launcher.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "topology/rendezvous.h"
+
+namespace pp {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using Clock = std::chrono::steady_clock;
+
+std::string WorkerBinary() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir != nullptr && workspace != nullptr) {
+    return absl::StrCat(srcdir, "/", workspace, "/topology/launcher_test_worker");
+  }
+  return "topology/launcher_test_worker";
+}
+
+struct Result {
+  int wait_status = -1;
+  bool timed_out = false;
+  double seconds = 0;
+  Clock::time_point exited_at;
+  std::string out, err;
+};
+
+// Starts the worker binary with `args` (the environment minus RANK and thread
+// settings), collects stdout/stderr, and kills it after `timeout`. `on_start`
+// runs once with the launcher's pid (e.g. to send it SIGINT).
+Result RunLauncher(const std::vector<std::string>& args, double timeout_s = 60,
+           const std::function<void(pid_t)>& on_start = nullptr) {
+  std::vector<std::string> argv = {WorkerBinary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> c_argv;
+  for (std::string& a : argv) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  int out_pipe[2], err_pipe[2];
+  EXPECT_EQ(pipe2(out_pipe, O_CLOEXEC), 0);
+  EXPECT_EQ(pipe2(err_pipe, O_CLOEXEC), 0);
+  const auto start = Clock::now();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                             "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+                             "OPENBLAS_NUM_THREADS"}) {
+      unsetenv(name);
+    }
+    execv(c_argv[0], c_argv.data());
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  Result result;
+  if (on_start) on_start(pid);
+  int fds_open = 2;
+  std::string* sinks[2] = {&result.out, &result.err};
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  bool exited = false;
+  while (!exited || fds_open > 0) {
+    poll(fds, 2, 50);
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buffer[4096];
+      const ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
+      if (n <= 0) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --fds_open;
+      } else {
+        sinks[i]->append(buffer, n);
+      }
+    }
+    if (!exited && waitpid(pid, &result.wait_status, WNOHANG) == pid) {
+      exited = true;
+      result.exited_at = Clock::now();
+    }
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    if (!exited && elapsed > timeout_s) {
+      result.timed_out = true;
+      kill(pid, SIGKILL);
+    }
+    if (exited && elapsed > timeout_s + 5) break;  // a leaked worker holds the pipe
+  }
+  for (auto& f : fds) {
+    if (f.fd >= 0) close(f.fd);
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+int ExitCode(const Result& r) { return WIFEXITED(r.wait_status) ? WEXITSTATUS(r.wait_status) : -1; }
+
+std::string NewDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_", getpid());
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+pid_t ReadPid(const std::string& dir, int rank) {
+  pid_t pid = -1;
+  std::ifstream(absl::StrCat(dir, "/", rank, ".pid")) >> pid;
+  return pid;
+}
+
+// Seconds from the failing worker's exit to the launcher's.
+double SecondsFromFailureToExit(const std::string& dir, const Result& r) {
+  Clock::rep failed_at = 0;
+  std::ifstream(absl::StrCat(dir, "/failed_at")) >> failed_at;
+  EXPECT_GT(failed_at, 0) << "the failing worker did not record its exit";
+  const double seconds =
+      std::chrono::duration<double>(r.exited_at - Clock::time_point(Clock::duration(failed_at)))
+          .count();
+  EXPECT_GT(seconds, 0.0);
+  return seconds;
+}
+
+bool Alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
+
+TEST(LauncherTest, NormalExitReturnsZeroAndPrefixesLines) {
+  Result r = RunLauncher({"--nproc_per_node=3", "--mode=ok"});
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_EQ(ExitCode(r), 0) << r.out << r.err;
+  const int threads = WorkerThreadCount(3);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[rank ", rank, "] hello from rank ", rank,
+                                              " of 3 local ", rank, "/3 omp=", threads,
+                                              " threads=", threads, "\n")));
+    // Every rank saw the same all-reduce: 0 + 1 + 2.
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[rank ", rank, "] sum=3\n")));
+    // stderr is forwarded to stderr, and a last line without '\n' is kept.
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("[rank ", rank, "] to stderr\n")));
+  }
+  // Every line of stdout carries a prefix.
+  size_t start = 0;
+  for (size_t nl; (nl = r.out.find('\n', start)) != std::string::npos; start = nl + 1) {
+    EXPECT_EQ(r.out.compare(start, 6, "[rank "), 0) << r.out.substr(start, nl - start);
+  }
+}
+
+TEST(LauncherTest, FailingWorkerStopsItsSiblings) {
+  const std::string dir = NewDir("fail");
+  Result r = RunLauncher({"--nproc_per_node=3", "--mode=fail", "--fail_rank=1", "--exit_code=3",
+                  absl::StrCat("--pid_dir=", dir)});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_NE(ExitCode(r), 0);
+  EXPECT_EQ(ExitCode(r), 3);
+  EXPECT_LT(SecondsFromFailureToExit(dir, r), 10.0);
+  EXPECT_THAT(r.err, HasSubstr("rank 1 (pid"));
+  EXPECT_THAT(r.err, HasSubstr("exited with status 3"));
+  for (int rank : {0, 2}) {
+    const pid_t pid = ReadPid(dir, rank);
+    EXPECT_GT(pid, 0) << "rank " << rank << " never started";
+    EXPECT_FALSE(Alive(pid)) << "rank " << rank << " (pid " << pid << ") survived";
+  }
+}
+
+TEST(LauncherTest, WorkerKilledBySignalIsNamed) {
+  const std::string dir = NewDir("signal");
+  Result r = RunLauncher({"--nproc_per_node=2", "--mode=signal", "--fail_rank=0",
+                  absl::StrCat("--pid_dir=", dir)});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_NE(ExitCode(r), 0);
+  EXPECT_THAT(r.err, HasSubstr("rank 0 (pid"));
+  EXPECT_THAT(r.err, HasSubstr("was killed by signal 9"));
+  EXPECT_FALSE(Alive(ReadPid(dir, 1)));
+}
+
+TEST(LauncherTest, WorkerIgnoringSigtermGetsSigkill) {
+  const std::string dir = NewDir("stubborn");
+  Result r = RunLauncher({"--nproc_per_node=2", "--mode=fail", "--fail_rank=0", "--ignore_sigterm",
+                  "--launcher_grace_period=1s", absl::StrCat("--pid_dir=", dir)});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(ExitCode(r), 3);
+  // Grace period 1 s, then SIGKILL.
+  EXPECT_LT(SecondsFromFailureToExit(dir, r), 10.0);
+  EXPECT_THAT(r.err, HasSubstr("sending SIGKILL"));
+  EXPECT_FALSE(Alive(ReadPid(dir, 1)));
+}
+
+TEST(LauncherTest, InterruptStopsEveryone) {
+  const std::string dir = NewDir("interrupt");
+  Result r = RunLauncher({"--nproc_per_node=2", "--mode=hang", absl::StrCat("--pid_dir=", dir)}, 60,
+                 [&](pid_t launcher) {
+                   // Ctrl-C once both workers run.
+                   for (int i = 0; i < 400 && (ReadPid(dir, 0) < 0 || ReadPid(dir, 1) < 0); ++i) {
+                     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                   }
+                   kill(launcher, SIGINT);
+                 });
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(ExitCode(r), 128 + SIGINT) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("stopping the workers"));
+  EXPECT_FALSE(Alive(ReadPid(dir, 0)));
+  EXPECT_FALSE(Alive(ReadPid(dir, 1)));
+}
+
+TEST(LauncherTest, ExperimentDefaultForNprocPerNode) {
+  Result r = RunLauncher({"--default_nproc=2", "--mode=ok"});
+  EXPECT_EQ(ExitCode(r), 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[rank 1] hello from rank 1 of 2"));
+  EXPECT_THAT(r.out, Not(HasSubstr("[rank 2]")));
+}
+
+TEST(LauncherTest, TwoNodesMeetThroughMasterPort) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  const std::string port_flag = absl::StrCat("--master_port=", *port);
+  Result node1;
+  std::thread second([&] {
+    node1 = RunLauncher({"--nnodes=2", "--node_rank=1", "--nproc_per_node=1", port_flag, "--mode=ok"});
+  });
+  Result node0 = RunLauncher({"--nnodes=2", "--node_rank=0", "--nproc_per_node=1", port_flag, "--mode=ok"});
+  second.join();
+  EXPECT_EQ(ExitCode(node0), 0) << node0.err;
+  EXPECT_EQ(ExitCode(node1), 0) << node1.err;
+  EXPECT_THAT(node0.out, HasSubstr("[rank 0] hello from rank 0 of 2 local 0/1"));
+  EXPECT_THAT(node1.out, HasSubstr("[rank 1] hello from rank 1 of 2 local 0/1"));
+  EXPECT_THAT(node1.out, HasSubstr("[rank 1] sum=1"));
+}
+
+TEST(LauncherTest, BadFlagsAreNamed) {
+  Result r = RunLauncher({"--nproc_per_node=-2"});
+  EXPECT_EQ(ExitCode(r), 2);
+  EXPECT_THAT(r.err, HasSubstr("--nproc_per_node=-2 must be >= 1"));
+  r = RunLauncher({"--nnodes=2", "--node_rank=0"});
+  EXPECT_EQ(ExitCode(r), 2);
+  EXPECT_THAT(r.err, HasSubstr("explicit --master_port"));
+  r = RunLauncher({"--nnodes=2", "--node_rank=2", "--master_port=1234"});
+  EXPECT_THAT(r.err, HasSubstr("--node_rank=2 must be in [0, --nnodes=2)"));
+}
+
+TEST(LauncherTest, ThreadCountSplitsCores) {
+  EXPECT_GE(WorkerThreadCount(1), 1);
+  EXPECT_EQ(WorkerThreadCount(1 << 20), 1);
+  EXPECT_GE(WorkerThreadCount(1), WorkerThreadCount(2));
+}
+
+}  // namespace
+}  // namespace pp
