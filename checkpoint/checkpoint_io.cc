@@ -10,13 +10,19 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <set>
 #include <system_error>
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/ScalarType.h>
-#include <torch/csrc/jit/serialization/pickle.h>
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
+#include <sys/mman.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/import_read.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -277,7 +283,6 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
   FileInfo info;
   info.set_path(rel_path);
   info.set_layer(-1);
-  std::vector<char> bytes;
   std::set<std::string> seen;
   for (const auto& [name, tensor] : tensors) {
     if (!seen.insert(name).second) {
@@ -289,7 +294,16 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
           absl::StrCat("tensor '", name, "' for checkpoint file ", rel_path, " is undefined"));
     }
   }
-  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("pickling ", rel_path), [&] {
+  const std::string path = (fs::path(dir) / rel_path).string();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot create checkpoint file ", path));
+  // What torch::pickle_save writes (a zip archive holding data.pkl and one
+  // record per storage, which torch.load reads), streamed to the file instead
+  // of assembled in a growing buffer, with the CRC32C computed on the way.
+  uint32_t crc = 0;
+  int64_t size = 0;
+  int write_errno = 0;
+  absl::Status pickled = TorchCall(absl::StrCat("writing checkpoint file ", path), [&] {
     c10::Dict<std::string, at::Tensor> dict;
     for (const auto& [name, tensor] : tensors) {
       at::Tensor t = tensor.detach().cpu().contiguous();
@@ -305,22 +319,116 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
       ti->set_dtype(c10::toString(t.scalar_type()));
       for (int64_t d : t.sizes()) ti->add_shape(d);
     }
-    bytes = torch::jit::pickle_save(c10::IValue(dict));
-  }));
-  std::string path = (fs::path(dir) / rel_path).string();
-  PP_RETURN_IF_ERROR(WriteAll(path, bytes.data(), bytes.size()));
-  info.set_size_bytes(static_cast<int64_t>(bytes.size()));
-  info.set_crc32c(Crc32c(bytes.data(), bytes.size()));
+    std::vector<char> pickle_bytes;
+    torch::jit::Pickler pickler(
+        [&](const char* buf, size_t n) { pickle_bytes.insert(pickle_bytes.end(), buf, buf + n); });
+    pickler.protocol();
+    pickler.pushIValue(c10::IValue(dict));
+    pickler.stop();
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
+      const char* p = static_cast<const char*>(data);
+      size_t done = 0;
+      while (done < n) {
+        ssize_t w = ::write(fd, p + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+          write_errno = w < 0 ? errno : EIO;
+          return done;
+        }
+        done += static_cast<size_t>(w);
+      }
+      crc = Crc32c(data, n, crc);
+      size += static_cast<int64_t>(n);
+      return n;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickle_bytes.data(), pickle_bytes.size(), pickler.tensorData(),
+                                       writer);
+    writer.writeEndOfFile();
+  });
+  if (!pickled.ok()) {
+    ::close(fd);
+    if (write_errno != 0) return ErrnoStatus(write_errno, absl::StrCat("cannot write checkpoint file ", path));
+    return pickled;
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, absl::StrCat("cannot fsync checkpoint file ", path));
+  }
+  if (::close(fd) != 0) return ErrnoStatus(errno, absl::StrCat("cannot close ", path));
+  info.set_size_bytes(size);
+  info.set_crc32c(crc);
   return info;
 }
 
 namespace {
 
-absl::StatusOr<TensorDict> Unpickle(const std::string& path, const std::vector<char>& bytes) {
+// A read-only mapping of a whole file: the CRC and the unpickler read the
+// page cache directly, with no copy into a buffer first.
+class MappedFile {
+ public:
+  static absl::StatusOr<std::shared_ptr<const MappedFile>> Open(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open checkpoint file ", path));
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      int err = errno;
+      ::close(fd);
+      return ErrnoStatus(err, absl::StrCat("cannot stat ", path));
+    }
+    auto file = std::shared_ptr<MappedFile>(new MappedFile());
+    file->size_ = static_cast<size_t>(st.st_size);
+    if (file->size_ > 0) {
+      void* p = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        int err = errno;
+        ::close(fd);
+        return ErrnoStatus(err, absl::StrCat("cannot map ", path));
+      }
+      ::madvise(p, file->size_, MADV_SEQUENTIAL);
+      file->data_ = static_cast<const char*>(p);
+    }
+    ::close(fd);
+    return std::shared_ptr<const MappedFile>(std::move(file));
+  }
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  MappedFile() = default;
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+class MappedReadAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit MappedReadAdapter(std::shared_ptr<const MappedFile> file) : file_(std::move(file)) {}
+  size_t size() const override { return file_->size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* what) const override {
+    if (pos >= file_->size()) return 0;
+    n = std::min<size_t>(n, file_->size() - pos);
+    std::memcpy(buf, file_->data() + pos, n);
+    return n;
+  }
+
+ private:
+  std::shared_ptr<const MappedFile> file_;
+};
+
+// What torch::pickle_load does, reading from the mapping.
+absl::StatusOr<TensorDict> Unpickle(const std::string& path, std::shared_ptr<const MappedFile> file) {
   TensorDict out;
   std::string problem;
   PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("unpickling checkpoint file ", path), [&] {
-    c10::IValue value = torch::jit::pickle_load(bytes);
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MappedReadAdapter>(file));
+    c10::IValue value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                                          c10::nullopt, c10::nullopt, c10::nullopt, reader);
     if (!value.isGenericDict()) {
       problem = absl::StrCat("holds a ", value.tagKind(), ", expected a dict of name -> tensor");
       return;
@@ -342,26 +450,27 @@ absl::StatusOr<TensorDict> Unpickle(const std::string& path, const std::vector<c
 
 absl::StatusOr<TensorDict> ReadTensorFile(const std::string& dir, const FileInfo& expected) {
   std::string path = (fs::path(dir) / expected.path()).string();
-  absl::StatusOr<std::vector<char>> bytes = ReadAll(path);
-  if (!bytes.ok()) {
-    if (absl::IsNotFound(bytes.status())) {
+  absl::StatusOr<std::shared_ptr<const MappedFile>> file = MappedFile::Open(path);
+  if (!file.ok()) {
+    if (absl::IsNotFound(file.status())) {
       return absl::NotFoundError(absl::StrCat("checkpoint file ", path,
                                               " listed in the manifest is missing"));
     }
-    return bytes.status();
+    return file.status();
   }
-  if (static_cast<int64_t>(bytes->size()) != expected.size_bytes()) {
+  const size_t size = (*file)->size();
+  if (static_cast<int64_t>(size) != expected.size_bytes()) {
     return absl::DataLossError(absl::StrFormat(
         "checkpoint file %s is %d bytes, the manifest says %d (truncated or overwritten)", path,
-        bytes->size(), expected.size_bytes()));
+        size, expected.size_bytes()));
   }
-  uint32_t crc = Crc32c(bytes->data(), bytes->size());
+  uint32_t crc = Crc32c((*file)->data(), size);
   if (crc != expected.crc32c()) {
     return absl::DataLossError(absl::StrFormat(
         "checkpoint file %s fails its checksum: CRC32C %08x, the manifest says %08x (corrupted)",
         path, crc, expected.crc32c()));
   }
-  PP_ASSIGN_OR_RETURN(TensorDict tensors, Unpickle(path, *bytes));
+  PP_ASSIGN_OR_RETURN(TensorDict tensors, Unpickle(path, *file));
   if (tensors.size() != static_cast<size_t>(expected.tensors_size())) {
     return absl::DataLossError(absl::StrFormat("checkpoint file %s holds %d tensors, the manifest lists %d",
                                                path, tensors.size(), expected.tensors_size()));
@@ -381,8 +490,8 @@ absl::StatusOr<TensorDict> ReadTensorFile(const std::string& dir, const FileInfo
 }
 
 absl::StatusOr<TensorDict> ReadTensorFileUnchecked(const std::string& path) {
-  PP_ASSIGN_OR_RETURN(std::vector<char> bytes, ReadAll(path));
-  return Unpickle(path, bytes);
+  PP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(path));
+  return Unpickle(path, file);
 }
 
 absl::Status WriteFileDurably(const std::string& path, const std::string& contents) {

@@ -74,7 +74,8 @@ absl::Status SetOptimizerState(torch::optim::Optimizer& optimizer, const at::Ten
   auto get = [&](const std::string& suffix) -> at::Tensor {
     auto it = entries.find(suffix);
     if (it == entries.end()) return at::Tensor();
-    return it->second.to(param.device()).clone();
+    // Freshly unpickled: owned by nobody else, no clone needed.
+    return it->second.to(param.device());
   };
   auto need = [&](const std::string& suffix) -> absl::StatusOr<at::Tensor> {
     at::Tensor t = get(suffix);
