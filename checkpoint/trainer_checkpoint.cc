@@ -102,4 +102,48 @@ absl::StatusOr<LoadReport> LoadTrainingCheckpoint(const std::string& path, const
   return report;
 }
 
+absl::StatusOr<TrainingCheckpointer> TrainingCheckpointer::Create(CheckpointPolicy policy) {
+  if (policy.save_interval < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("save_interval (", policy.save_interval, ") must be >= 0 (0: no periodic saves)"));
+  }
+  if (policy.dir.empty() && (policy.save_interval > 0 || policy.save_final || policy.resume == "auto")) {
+    return absl::InvalidArgumentError(
+        "saving checkpoints (save_interval > 0 or save_final) or resume=auto needs a checkpoint dir");
+  }
+  return TrainingCheckpointer(std::move(policy));
+}
+
+absl::StatusOr<bool> TrainingCheckpointer::MaybeResume(const ParallelGrid& grid, PipelineModel& model,
+                                                       Trainer& trainer) {
+  if (policy_.resume.empty()) return false;
+  std::string path = policy_.resume;
+  if (path == "auto") {
+    absl::StatusOr<std::string> dir = ResolveCheckpointDir(policy_.dir);
+    if (!dir.ok()) {
+      LOG(INFO) << "resume=auto: no checkpoint in " << policy_.dir << " (" << dir.status().message()
+                << "); starting fresh";
+      return false;
+    }
+    path = *dir;
+  }
+  PP_ASSIGN_OR_RETURN(LoadReport report, LoadTrainingCheckpoint(path, grid, model, trainer));
+  LOG(INFO) << report.Summary() << "; continuing at step " << trainer.step();
+  return true;
+}
+
+absl::StatusOr<std::string> TrainingCheckpointer::AfterStep(const ParallelGrid& grid, const PipelineModel& model,
+                                                            Trainer& trainer, int64_t last_step) {
+  const int64_t step = trainer.step();
+  bool due = policy_.save_interval > 0 && step % policy_.save_interval == 0;
+  due = due || (policy_.save_final && step == last_step);
+  if (!due) return std::string();
+  TrainingCheckpointOptions options;
+  options.root = policy_.dir;
+  options.keep_last = policy_.keep_last;
+  options.config = policy_.config;
+  options.seed = policy_.seed;
+  return SaveTrainingCheckpoint(options, grid, model, trainer);
+}
+
 }  // namespace pp

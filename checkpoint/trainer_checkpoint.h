@@ -57,6 +57,54 @@ absl::StatusOr<LoadReport> LoadTrainingCheckpoint(const std::string& path, const
                                                   PipelineModel& model, Trainer& trainer,
                                                   const LoadOptions& options = {});
 
+// What a training binary's --checkpoint_dir / --save_interval / --keep_last /
+// --resume flags (or an ExperimentConfig's checkpoint message) ask for.
+struct CheckpointPolicy {
+  // Root holding step_N/ and `latest`.
+  std::string dir;
+  // Save after every `save_interval` steps (0: never, except save_final).
+  int64_t save_interval = 0;
+  int keep_last = 0;
+  // "": start fresh. "auto": continue from `dir`'s latest checkpoint when
+  // there is one, else start fresh. Anything else: a checkpoint directory or
+  // a root with `latest` that must load.
+  std::string resume;
+  // Save after the last step as well.
+  bool save_final = false;
+  std::string config;
+  int64_t seed = 0;
+};
+
+// Drives checkpoints from a training loop. Every rank of the grid calls the
+// same methods at the same steps. Copyable; holds no references.
+//
+//   PP_ASSIGN_OR_RETURN(auto ckpt, pp::TrainingCheckpointer::Create(policy));
+//   PP_RETURN_IF_ERROR(ckpt.MaybeResume(grid, *model, *trainer).status());
+//   while (trainer->step() < steps) {
+//     PP_RETURN_IF_ERROR(trainer->Step().status());
+//     PP_RETURN_IF_ERROR(ckpt.AfterStep(grid, *model, *trainer, steps).status());
+//   }
+class TrainingCheckpointer {
+ public:
+  // InvalidArgument for a negative interval, or saving/resuming "auto" without a dir.
+  static absl::StatusOr<TrainingCheckpointer> Create(CheckpointPolicy policy);
+
+  // Loads per the policy. Returns whether a checkpoint was loaded; the
+  // trainer's step tells where training continues.
+  absl::StatusOr<bool> MaybeResume(const ParallelGrid& grid, PipelineModel& model, Trainer& trainer);
+
+  // Saves when trainer.step() is a multiple of save_interval, or equals
+  // `last_step` with save_final. Returns the directory written, or "".
+  absl::StatusOr<std::string> AfterStep(const ParallelGrid& grid, const PipelineModel& model, Trainer& trainer,
+                                        int64_t last_step);
+
+  const CheckpointPolicy& policy() const { return policy_; }
+
+ private:
+  explicit TrainingCheckpointer(CheckpointPolicy policy) : policy_(std::move(policy)) {}
+  CheckpointPolicy policy_;
+};
+
 }  // namespace pp
 
 #endif  // CHECKPOINT_TRAINER_CHECKPOINT_H_

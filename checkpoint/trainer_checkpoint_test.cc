@@ -63,41 +63,30 @@ GptConfig TinyGpt(double dropout) {
   return c;
 }
 
-// Micro-batch `index` of the global batch of `step`, the same for any pp x dp.
-class GlobalLmSource : public MicroBatchSource {
- public:
-  static absl::StatusOr<std::unique_ptr<GlobalLmSource>> Create(int global_microbatches) {
-    std::vector<int64_t> tokens(4096);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 31 + (i / 7) * 3) % 64);
-    LmDataOptions o;
-    o.seq_len = 16;
-    o.micro_batch_size = 2;
-    o.num_microbatches = global_microbatches;
-    o.seed = 7;
-    PP_ASSIGN_OR_RETURN(LmBatchSource source, LmBatchSource::Create(std::move(tokens), o));
-    return std::unique_ptr<GlobalLmSource>(new GlobalLmSource(std::move(source)));
-  }
-  absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override {
-    MicroBatchData data;
-    data.batch = source_.Get(step, index);
-    return data;
-  }
-
- private:
-  explicit GlobalLmSource(LmBatchSource source) : source_(std::move(source)) {}
-  LmBatchSource source_;
-};
+// The global batch of a step as `global_microbatches` micro-batches: the same
+// for any pp x dp (the runtime asks for global micro-batch indices).
+absl::StatusOr<std::unique_ptr<LmBatchSource>> MakeSource(int global_microbatches) {
+  std::vector<int64_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 31 + (i / 7) * 3) % 64);
+  LmDataOptions o;
+  o.seq_len = 16;
+  o.micro_batch_size = 2;
+  o.num_microbatches = global_microbatches;
+  o.seed = 7;
+  PP_ASSIGN_OR_RETURN(LmBatchSource source, LmBatchSource::Create(std::move(tokens), o));
+  return std::make_unique<LmBatchSource>(std::move(source));
+}
 
 // One rank's training objects.
-struct Run {
+struct RankRun {
   std::unique_ptr<ParallelGrid> grid;
   std::unique_ptr<PipelineModel> model;
-  std::unique_ptr<GlobalLmSource> source;
+  std::unique_ptr<LmBatchSource> source;
   std::unique_ptr<Trainer> trainer;
 };
 
-absl::StatusOr<Run> MakeRun(const World& world, const RunSpec& spec) {
-  Run run;
+absl::StatusOr<RankRun> MakeRun(const World& world, const RunSpec& spec) {
+  RankRun run;
   PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(spec.pp, spec.dp));
   PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topo));
   run.grid = std::make_unique<ParallelGrid>(std::move(grid));
@@ -108,7 +97,7 @@ absl::StatusOr<Run> MakeRun(const World& world, const RunSpec& spec) {
   mo.partition_method = "uniform";
   mo.base_seed = 99;
   PP_ASSIGN_OR_RETURN(run.model, PipelineModel::Create(specs, mo, run.grid->stage_id()));
-  PP_ASSIGN_OR_RETURN(run.source, GlobalLmSource::Create(spec.global_microbatches));
+  PP_ASSIGN_OR_RETURN(run.source, MakeSource(spec.global_microbatches));
   TrainerOptions to;
   to.schedule = spec.schedule;
   to.num_microbatches = spec.global_microbatches / spec.dp;
@@ -145,7 +134,7 @@ absl::Status WorkerMain() {
   RunSpec spec;
   spec.pp = 2;
   spec.dropout = 0.1;
-  PP_ASSIGN_OR_RETURN(Run run, MakeRun(world, spec));
+  PP_ASSIGN_OR_RETURN(RankRun run, MakeRun(world, spec));
   at::manual_seed(1000 + world.rank);  // this rank's dropout stream
   const std::string root = out + "/ckpt";
   int steps = mode == "straight" ? 2 * n : n;
@@ -276,7 +265,7 @@ double TrainSaveStep(const RunSpec& spec, int steps, const std::string& load_fro
   std::vector<double> next_loss(world, -1);
   std::vector<absl::Status> status = RunThreadRanks(world, *port, ro, [&](World& w) -> absl::Status {
     at::set_num_threads(1);
-    PP_ASSIGN_OR_RETURN(Run run, MakeRun(w, spec));
+    PP_ASSIGN_OR_RETURN(RankRun run, MakeRun(w, spec));
     if (!load_from.empty()) {
       PP_ASSIGN_OR_RETURN(LoadReport report, LoadTrainingCheckpoint(load_from, *run.grid, *run.model, *run.trainer));
       if (!report.clean()) return absl::InternalError(report.Summary());
@@ -306,7 +295,7 @@ double SequentialLoss(const std::string& path, int64_t step, int global_microbat
   auto report = LoadCheckpoint(path, state, nullptr, CheckpointRank());
   EXPECT_TRUE(report.ok()) << report.status();
   EXPECT_TRUE(report->clean()) << report->Summary();
-  auto source = GlobalLmSource::Create(global_microbatches);
+  auto source = MakeSource(global_microbatches);
   torch::NoGradGuard no_grad;
   (*seq)->eval();
   double sum = 0;
@@ -349,6 +338,47 @@ TEST(ReshardTrainingTest, SavedAtPipe2Data2LoadsAtPipe4Data1) {
   to.pp = 4;
   to.global_microbatches = 4;
   EXPECT_NEAR(TrainSaveStep(to, 0, root, ""), reference, 1e-6 * std::abs(reference));
+}
+
+TEST(TrainingCheckpointerTest, PeriodicSavesPruningAndAutoResume) {
+  EXPECT_EQ(TrainingCheckpointer::Create({.save_interval = 2}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TrainingCheckpointer::Create({.dir = "/x", .save_interval = -1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string root = TestDir("checkpointer");
+  fs::remove_all(root);
+  auto run_loop = [&](const CheckpointPolicy& policy, int64_t last_step, int64_t* resumed_at) {
+    auto port = PickFreePort();
+    ASSERT_TRUE(port.ok());
+    RendezvousOptions ro;
+    ro.timeout = std::chrono::seconds(60);
+    auto status = RunThreadRanks(2, *port, ro, [&](World& w) -> absl::Status {
+      RunSpec spec;
+      spec.pp = 2;
+      PP_ASSIGN_OR_RETURN(RankRun run, MakeRun(w, spec));
+      PP_ASSIGN_OR_RETURN(TrainingCheckpointer ckpt, TrainingCheckpointer::Create(policy));
+      PP_RETURN_IF_ERROR(ckpt.MaybeResume(*run.grid, *run.model, *run.trainer).status());
+      if (w.rank == 0) *resumed_at = run.trainer->step();
+      while (run.trainer->step() < last_step) {
+        PP_RETURN_IF_ERROR(run.trainer->Step().status());
+        PP_RETURN_IF_ERROR(ckpt.AfterStep(*run.grid, *run.model, *run.trainer, last_step).status());
+      }
+      return absl::OkStatus();
+    });
+    for (const auto& s : status) EXPECT_TRUE(s.ok()) << s;
+  };
+  int64_t resumed_at = -1;
+  CheckpointPolicy policy{.dir = root, .save_interval = 2, .keep_last = 2, .resume = "auto"};
+  run_loop(policy, 5, &resumed_at);  // fresh start (nothing to resume); saves at 2 and 4
+  EXPECT_EQ(resumed_at, 0);
+  policy.save_final = true;
+  run_loop(policy, 7, &resumed_at);  // resumes at 4, saves at 6 and 7, keeps 2
+  EXPECT_EQ(resumed_at, 4);
+  auto names = ListCheckpoints(root);
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(*names, (std::vector<std::string>{CheckpointName(6), CheckpointName(7)}));
+  policy.resume = root + "/" + CheckpointName(6);
+  run_loop(policy, 6, &resumed_at);
+  EXPECT_EQ(resumed_at, 6);
 }
 
 }  // namespace
