@@ -9,7 +9,12 @@ SelfAttentionImpl::SelfAttentionImpl(int64_t width, int64_t num_heads, double dr
     : width_(width), num_heads_(num_heads) {
   TORCH_CHECK(num_heads > 0 && width % num_heads == 0, "width (", width, ") must be a multiple of num_heads (",
               num_heads, ")");
-  qkv_ = register_module("qkv", torch::nn::Linear(width, 3 * width));
+  // No key bias: softmax is invariant to it, so its gradient is zero in
+  // theory and rounding noise in practice, which Adam would blow up into
+  // updates that differ between a pipeline and the sequential model.
+  qkv_ = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(width, 3 * width).bias(false)));
+  q_bias_ = register_parameter("q_bias", torch::zeros({width}));
+  v_bias_ = register_parameter("v_bias", torch::zeros({width}));
   proj_ = register_module("proj", torch::nn::Linear(width, width));
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(dropout));
   out_dropout_ = register_module("out_dropout", torch::nn::Dropout(dropout));
@@ -23,9 +28,9 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal, co
   const int64_t head_width = width_ / num_heads_;
   // [batch, time, 3, heads, head_width] -> 3 x [batch, heads, time, head_width]
   torch::Tensor qkv = qkv_(x).view({batch, time, 3, num_heads_, head_width}).permute({2, 0, 3, 1, 4});
-  torch::Tensor q = qkv[0];
+  torch::Tensor q = qkv[0] + q_bias_.view({num_heads_, 1, head_width});
   torch::Tensor k = qkv[1];
-  torch::Tensor v = qkv[2];
+  torch::Tensor v = qkv[2] + v_bias_.view({num_heads_, 1, head_width});
   torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_width));
   // The lowest finite value rather than -inf: a row whose keys are all masked
   // then gets uniform weights instead of NaN.
@@ -54,7 +59,7 @@ MlpImpl::MlpImpl(int64_t width, int64_t hidden, double dropout) {
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) { return dropout_(fc_out_(torch::gelu(fc_in_(x)))); }
 
 int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden) {
-  const int64_t attention = width * 3 * width + 3 * width + width * width + width;
+  const int64_t attention = width * 3 * width + 2 * width + width * width + width;
   const int64_t mlp = width * hidden + hidden + hidden * width + width;
   const int64_t norms = 2 * 2 * width;
   return attention + mlp + norms;

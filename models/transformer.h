@@ -15,7 +15,8 @@
 namespace pp {
 
 // Self-attention over x [batch, time, width] with `num_heads` heads of
-// width / num_heads each; a fused q/k/v projection and an output projection.
+// width / num_heads each; a fused q/k/v projection (biases on q and v only)
+// and an output projection.
 // Not thread-safe (like any torch::nn::Module).
 class SelfAttentionImpl : public torch::nn::Module {
  public:
@@ -31,6 +32,8 @@ class SelfAttentionImpl : public torch::nn::Module {
   int64_t width_;
   int64_t num_heads_;
   torch::nn::Linear qkv_{nullptr};
+  torch::Tensor q_bias_;
+  torch::Tensor v_bias_;
   torch::nn::Linear proj_{nullptr};
   torch::nn::Dropout attn_dropout_{nullptr};
   torch::nn::Dropout out_dropout_{nullptr};

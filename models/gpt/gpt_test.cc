@@ -74,8 +74,8 @@ TEST(GptTest, HeadUsesTheTokenEmbeddingTable) {
   Activations logits = model.layers.back()->Forward({x}, MicroBatch{});
   EXPECT_TRUE(torch::allclose(logits[0], torch::matmul(x, embedding.tok_embed->weight.t())));
   // One table: the head adds no tensor of its own (2 embedding tables,
-  // 12 tensors per block, 2 in the final LayerNorm).
-  EXPECT_EQ(model.Parameters().size(), 2u + 2u * 12u + 2u);
+  // 13 tensors per block, 2 in the final LayerNorm).
+  EXPECT_EQ(model.Parameters().size(), 2u + 2u * 13u + 2u);
 }
 
 TEST(GptTest, LearnsAGeneratedCorpus) {

@@ -7,6 +7,8 @@
 #define PIPELINE_RUNTIME_EQUIVALENCE_TESTING_H_
 
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <map>
 #include <string>
 #include <vector>
@@ -52,6 +54,12 @@ struct RunConfig {
   double max_grad_norm = 0.0;
   bool reduce_tied_grads = true;
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  // The model under test (models/ adds GPT and BERT); each unset part falls
+  // back to the toy model: ToySpecs(blocks), ToyLoss, ToySource.
+  std::function<std::vector<LayerSpec>()> specs;
+  LossFn loss;
+  std::function<std::unique_ptr<MicroBatchSource>()> source;  // one per rank
+  std::string partition_method = "uniform";
 };
 
 struct RunResult {
