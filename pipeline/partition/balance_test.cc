@@ -1,0 +1,135 @@
+#include "pipeline/partition/balance.h"
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace pp {
+namespace {
+
+Bounds Balanced(const std::vector<double>& costs, int64_t parts) {
+  absl::StatusOr<Bounds> bounds = BalancedBounds(costs, parts);
+  EXPECT_TRUE(bounds.ok()) << bounds.status();
+  return bounds.ok() ? *bounds : Bounds{};
+}
+
+double MaxPart(const std::vector<double>& costs, const Bounds& bounds) {
+  std::vector<double> sums = PartCosts(costs, bounds);
+  return *std::max_element(sums.begin(), sums.end());
+}
+
+// DeepSpeed's published test_partition cases, where its answer is also min-max optimal.
+TEST(BalancedBoundsTest, DeepSpeedCases) {
+  EXPECT_EQ(Balanced({0, 1, 2, 3, 3, 3}, 4), (Bounds{0, 3, 4, 5, 6}));
+  EXPECT_EQ(Balanced({0, 1.1, 1.9, 3, 3, 3}, 4), (Bounds{0, 3, 4, 5, 6}));
+  EXPECT_EQ(Balanced({0, 1.1, 30, 3}, 3), (Bounds{0, 2, 3, 4}));
+  EXPECT_EQ(Balanced({0, 1.1, 1.9, 3, 30}, 2), (Bounds{0, 4, 5}));
+  EXPECT_EQ(Balanced(std::vector<double>(8, 1.0), 4), (Bounds{0, 2, 4, 6, 8}));
+}
+
+// DeepSpeed's max-min balancer gives sums [14,5,8] here; the optimum max is 13.
+TEST(BalancedBoundsTest, MinMaxWhereDeepSpeedIsNot) {
+  Bounds bounds = Balanced({1, 13, 5, 8}, 3);
+  EXPECT_EQ(bounds, (Bounds{0, 1, 2, 4}));
+  EXPECT_EQ(MaxPart({1, 13, 5, 8}, bounds), 13);
+}
+
+TEST(BalancedBoundsTest, EqualCostsMatchUniform) {
+  for (int64_t n = 1; n <= 12; ++n) {
+    for (int64_t p = 1; p <= n; ++p) {
+      EXPECT_EQ(Balanced(std::vector<double>(n, 2.0), p), *UniformBounds(n, p)) << n << " into " << p;
+    }
+  }
+}
+
+TEST(BalancedBoundsTest, ZeroCostLayersGoToTheEarlierPart) {
+  EXPECT_EQ(Balanced({1, 0, 0, 1}, 2), (Bounds{0, 3, 4}));
+  EXPECT_EQ(Balanced({0, 0, 0, 0}, 2), (Bounds{0, 3, 4}));
+}
+
+TEST(BalancedBoundsTest, RejectsBadInput) {
+  absl::StatusOr<Bounds> few = BalancedBounds({1, 2}, 3);
+  ASSERT_EQ(few.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(few.status().message().find("2 layers into 3 parts"), std::string::npos) << few.status();
+  EXPECT_EQ(BalancedBounds({1, -1}, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BalancedBounds({1, std::numeric_limits<double>::quiet_NaN()}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BalancedBounds({1}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(UniformBoundsTest, FirstPartsGetTheRemainder) {
+  EXPECT_EQ(*UniformBounds(10, 4), (Bounds{0, 3, 6, 8, 10}));
+  EXPECT_EQ(*UniformBounds(8, 4), (Bounds{0, 2, 4, 6, 8}));
+  EXPECT_EQ(*UniformBounds(5, 5), (Bounds{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(UniformBounds(3, 4).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateBoundsTest, NamesTheProblem) {
+  EXPECT_TRUE(ValidateBounds({0, 2, 5}, 5, 2).ok());
+  EXPECT_NE(ValidateBounds({0, 2, 5}, 5, 3).message().find("3 parts need 4"), std::string::npos);
+  EXPECT_NE(ValidateBounds({1, 2, 5}, 5, 2).message().find("start at 0"), std::string::npos);
+  EXPECT_NE(ValidateBounds({0, 2, 4}, 5, 2).message().find("(5)"), std::string::npos);
+  EXPECT_NE(ValidateBounds({0, 2, 2, 5}, 5, 3).message().find("part 1"), std::string::npos);
+}
+
+// Every split of n layers into p non-empty parts, by enumeration.
+void EnumerateSplits(int64_t n, int64_t p, const std::function<void(const Bounds&)>& visit) {
+  Bounds bounds = {0};
+  std::function<void(int64_t, int64_t)> rec = [&](int64_t start, int64_t parts_left) {
+    if (parts_left == 1) {
+      bounds.push_back(n);
+      visit(bounds);
+      bounds.pop_back();
+      return;
+    }
+    for (int64_t cut = start + 1; cut + parts_left - 1 <= n; ++cut) {
+      bounds.push_back(cut);
+      rec(cut, parts_left - 1);
+      bounds.pop_back();
+    }
+  };
+  rec(0, p);
+}
+
+double SumSquares(const std::vector<double>& costs, const Bounds& bounds) {
+  double total = 0;
+  for (double s : PartCosts(costs, bounds)) total += s * s;
+  return total;
+}
+
+// Integer costs keep every sum exact, so the brute force and the DP agree
+// without tolerance: the optimum max, then the optimum evenness, then the
+// latest cuts (lexicographically largest bounds).
+TEST(BalancedBoundsTest, MatchesBruteForceOnRandomInputs) {
+  std::mt19937 rng(20240601);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t n = std::uniform_int_distribution<int64_t>(1, 9)(rng);
+    const int64_t p = std::uniform_int_distribution<int64_t>(1, n)(rng);
+    const int max_cost = trial % 3 == 0 ? 2 : 20;  // Small ranges force many ties.
+    std::vector<double> costs(n);
+    for (double& c : costs) c = std::uniform_int_distribution<int>(0, max_cost)(rng);
+
+    double best_max = std::numeric_limits<double>::infinity();
+    EnumerateSplits(n, p, [&](const Bounds& b) { best_max = std::min(best_max, MaxPart(costs, b)); });
+    double best_sq = std::numeric_limits<double>::infinity();
+    Bounds expected;
+    EnumerateSplits(n, p, [&](const Bounds& b) {
+      if (MaxPart(costs, b) != best_max) return;
+      const double sq = SumSquares(costs, b);
+      if (sq < best_sq || (sq == best_sq && b > expected)) {
+        best_sq = sq;
+        expected = b;
+      }
+    });
+    const Bounds got = Balanced(costs, p);
+    ASSERT_TRUE(ValidateBounds(got, n, p).ok());
+    EXPECT_EQ(MaxPart(costs, got), best_max) << "trial " << trial;
+    EXPECT_EQ(got, expected) << "trial " << trial;
+  }
+}
+
+}  // namespace
+}  // namespace pp
