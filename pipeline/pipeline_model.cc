@@ -76,9 +76,9 @@ absl::StatusOr<StageModule> BuildRange(const std::vector<LayerSpec>& specs, int6
       } else {
         layers.push_back(BuildSeeded(base_seed + i, spec.factory()));
       }
-    } catch (const c10::Error& e) {
+    } catch (const std::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat("building layer ", i, " ('", spec.name(),
-                                                     "') failed: ", e.what_without_backtrace()));
+                                                     "') failed: ", ExceptionMessage(e)));
     }
   }
   return StageModule(virtual_stage, begin, std::move(layers), std::move(chunk_tied));
@@ -178,39 +178,40 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(std::vector
     group.key = key;
     group.layer_indices = positions;
     for (int64_t i : positions) group.stages.push_back(model->StageOfLayer(i));
-    group.stages.erase(std::unique(group.stages.begin(), group.stages.end()), group.stages.end());
     std::sort(group.stages.begin(), group.stages.end());
     group.stages.erase(std::unique(group.stages.begin(), group.stages.end()), group.stages.end());
-    // The parameter names need the module; a stage that does not hold the key
-    // builds it briefly (seeded, then freed) so every stage reports the same group.
+    // Names declared by the spec need no module here (the stages holding the
+    // key check them against theirs). Otherwise a stage that does not hold the
+    // key builds the module briefly (seeded, then freed) to learn its names, so
+    // every stage reports the same group.
+    const std::vector<std::string>& declared = model->specs_[positions.front()].tied_param_names();
+    std::vector<std::string> names = declared;
     Layer module = model->TiedModule(key);
-    try {
-      if (module == nullptr) {
-        module = BuildSeeded(options.base_seed + positions.front(), model->specs_[positions.front()].factory());
+    if (module != nullptr || declared.empty()) {
+      try {
+        if (module == nullptr) {
+          module = BuildSeeded(options.base_seed + positions.front(), model->specs_[positions.front()].factory());
+        }
+      } catch (const std::exception& e) {
+        return absl::InvalidArgumentError(absl::StrCat("building the shared module of tie key '", key,
+                                                       "' failed: ", ExceptionMessage(e)));
       }
-    } catch (const c10::Error& e) {
-      return absl::InvalidArgumentError(absl::StrCat("building the shared module of tie key '", key,
-                                                     "' failed: ", e.what_without_backtrace()));
+      PP_ASSIGN_OR_RETURN(names, TiedParamNames(key, declared, *module));
     }
-    PP_ASSIGN_OR_RETURN(std::vector<std::string> names,
-                        TiedParamNames(key, model->specs_[positions.front()].tied_param_names(), *module));
     for (const std::string& name : names) group.param_names.push_back(absl::StrCat("tied.", key, ".", name));
     model->tie_groups_.push_back(std::move(group));
   }
   return model;
 }
 
-int64_t PipelineModel::StageOfLayer(int64_t layer) const {
+int64_t PipelineModel::PartOfLayer(int64_t layer) const {
   TORCH_CHECK(layer >= 0 && layer < num_layers(), "layer ", layer, " outside [0, ", num_layers(), ")");
-  const int64_t part = std::upper_bound(bounds_.begin(), bounds_.end(), layer) - bounds_.begin() - 1;
-  return part % options_.num_stages;
+  return std::upper_bound(bounds_.begin(), bounds_.end(), layer) - bounds_.begin() - 1;
 }
 
-int64_t PipelineModel::ChunkOfLayer(int64_t layer) const {
-  TORCH_CHECK(layer >= 0 && layer < num_layers(), "layer ", layer, " outside [0, ", num_layers(), ")");
-  const int64_t part = std::upper_bound(bounds_.begin(), bounds_.end(), layer) - bounds_.begin() - 1;
-  return part / options_.num_stages;
-}
+int64_t PipelineModel::StageOfLayer(int64_t layer) const { return PartOfLayer(layer) % options_.num_stages; }
+
+int64_t PipelineModel::ChunkOfLayer(int64_t layer) const { return PartOfLayer(layer) / options_.num_stages; }
 
 torch::OrderedDict<std::string, torch::Tensor> PipelineModel::named_parameters() const {
   std::vector<torch::OrderedDict<std::string, torch::Tensor>> lists;

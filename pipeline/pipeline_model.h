@@ -166,6 +166,8 @@ class PipelineModel {
 
  private:
   PipelineModel() = default;
+  // The part (virtual stage) that owns global layer `layer`.
+  int64_t PartOfLayer(int64_t layer) const;
 
   std::vector<LayerSpec> specs_;
   PipelineModelOptions options_;

@@ -128,13 +128,13 @@ TEST(ExplicitPartitionerTest, AcceptsValidBoundsAndNamesBadOnes) {
 }
 
 TEST(ParametersPartitionerTest, BalancesCountsBuildingOneLayerAtATime) {
-  // Widths give parameter counts 4*4+4=20, 8*4+4... built, not declared.
+  // Linear(4, out) has 5 * out parameters: [20,20,60,20,20,20,20,20], built, not declared.
   std::vector<LayerSpec> specs;
-  for (int64_t out : {4, 4, 4, 4, 4, 4, 4, 4}) {
+  for (int64_t out : {4, 4, 12, 4, 4, 4, 4, 4}) {
     specs.push_back(LayerSpec("Linear", [out] { return std::make_shared<CountedLinear>(4, out); }));
   }
   CountedLinear::alive = CountedLinear::max_alive = 0;
-  EXPECT_EQ(*PartitionBy("parameters", specs, 4), (Bounds{0, 2, 4, 6, 8}));
+  EXPECT_EQ(*PartitionBy("parameters", specs, 4), (Bounds{0, 2, 3, 6, 8}));
   EXPECT_EQ(CountedLinear::max_alive, 1);
   EXPECT_EQ(CountedLinear::alive, 0);
 
@@ -176,7 +176,7 @@ TEST(ProfilePartitionerTest, GivesTheSlowLayerItsOwnPart) {
   request.specs = &specs;
   request.num_parts = 2;
   request.sample_inputs = {torch::randn({64, 64})};
-  request.profile_repeats = 3;
+  request.profile_repeats = 5;
   EXPECT_EQ(*Partition("profile", request), (Bounds{0, 1, 4}));
 
   request.sample_inputs.clear();
