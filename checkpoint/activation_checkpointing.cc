@@ -82,7 +82,7 @@ std::string TypeNamesRegex(const std::vector<std::string>& type_names) {
 }
 
 LayerTraits TraitsOf(const LayerImpl& layer) {
-  return LayerTraits{layer.TypeName(), !layer.parameters(/*recurse=*/true).empty()};
+  return LayerTraits{layer.TypeName(), !LayerParameters(layer).empty()};
 }
 
 absl::StatusOr<std::vector<LayerRun>> PlanLayerRuns(const ActivationCheckpointPolicy& policy,

@@ -45,7 +45,7 @@ std::string TypeNamesRegex(const std::vector<std::string>& type_names);
 // What the policy needs to know about one layer.
 struct LayerTraits {
   std::string type_name;
-  bool has_parameters = false;
+  bool has_parameters = false;  // Any tensor from LayerParameters (recompute.h).
 };
 LayerTraits TraitsOf(const LayerImpl& layer);
 

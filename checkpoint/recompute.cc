@@ -9,6 +9,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+
+#include "pipeline/layer_spec.h"
 
 namespace pp {
 
@@ -40,6 +43,18 @@ void RngSnapshot::Restore() const {
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(entry.state);
   }
+}
+
+std::vector<torch::Tensor> LayerParameters(const LayerImpl& layer) {
+  std::vector<torch::Tensor> params = layer.parameters();
+  if (const auto* tied = dynamic_cast<const TiedLayer*>(&layer)) {
+    for (const torch::Tensor& p : tied->shared()->parameters()) {
+      const bool known = std::any_of(params.begin(), params.end(),
+                                     [&](const torch::Tensor& q) { return q.is_same(p); });
+      if (!known) params.push_back(p);
+    }
+  }
+  return params;
 }
 
 namespace internal_checkpoint {
@@ -79,6 +94,45 @@ class RestoreOnExit {
  private:
   RngSnapshot snapshot_;
 };
+
+std::string TypeNames(const std::vector<Layer>& layers) {
+  std::string names;
+  for (const Layer& layer : layers) names += (names.empty() ? "" : ", ") + layer->TypeName();
+  return names;
+}
+
+// A leaf of the recomputed graph that is not an input of the node would get no
+// gradient (the engine only hands the node's inputs on). Walks the recomputed
+// graph and fails naming the range rather than silently dropping it.
+void CheckEveryLeafIsAnInput(const variable_list& roots, const RecomputeRange& range,
+                             const Activations& inputs, const MicroBatch& batch) {
+  std::unordered_set<const c10::TensorImpl*> known;
+  for (const torch::Tensor& t : inputs) known.insert(t.unsafeGetTensorImpl());
+  for (const torch::Tensor& t : range.parameters) known.insert(t.unsafeGetTensorImpl());
+  for (const auto& [name, t] : batch.tensors) known.insert(t.unsafeGetTensorImpl());
+  std::unordered_set<const torch::autograd::Node*> visited;
+  std::vector<torch::autograd::Node*> stack;
+  for (const torch::Tensor& root : roots) {
+    if (root.grad_fn() != nullptr) stack.push_back(root.grad_fn().get());
+  }
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!visited.insert(node).second) continue;
+    if (auto* leaf = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      TORCH_CHECK(known.count(leaf->variable.unsafeGetTensorImpl()) > 0,
+                  "a checkpointed range of layers [", TypeNames(range.layers),
+                  "] uses a tensor of shape ", leaf->variable.sizes(),
+                  " that requires grad but is neither a parameter of its layers (see "
+                  "LayerParameters), an input, nor a side input; its gradient would be lost. "
+                  "Register it as a parameter, or do not checkpoint this range.");
+      continue;
+    }
+    for (const torch::autograd::Edge& edge : node->next_edges()) {
+      if (edge.function != nullptr) stack.push_back(edge.function.get());
+    }
+  }
+}
 
 struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   // `tensors` = activations, parameters, grad-requiring side inputs (see
@@ -157,6 +211,7 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
       }
     }
     if (roots.empty()) return result;
+    CheckEveryLeafIsAnInput(roots, *range, inputs, batch);
     variable_list targets;
     targets.reserve(wanted.size());
     for (const auto& [tensor, slot] : wanted) targets.push_back(tensor);
@@ -189,7 +244,7 @@ Activations RunLayersWithRecompute(const std::vector<Layer>& layers, Activations
   // Tied layers inside one range share parameters: list each tensor once.
   std::unordered_set<const c10::TensorImpl*> seen;
   for (const Layer& layer : layers) {
-    for (const torch::Tensor& p : layer->parameters()) {
+    for (const torch::Tensor& p : LayerParameters(*layer)) {
       if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
       range->parameters.push_back(p);
       tensors.push_back(p);

@@ -29,6 +29,11 @@
 
 namespace pp {
 
+// The parameters `layer`'s forward uses: its registered ones, plus, for a
+// TiedLayer (pipeline/layer_spec.h), those of the shared module it holds
+// without registering. Each tensor once.
+std::vector<torch::Tensor> LayerParameters(const LayerImpl& layer);
+
 // Runs `layers` on `inputs` like RunLayers, as one checkpointed range.
 //
 // Inputs may mix floating tensors (with or without requires_grad) and integer
@@ -41,7 +46,10 @@ namespace pp {
 // not update state in forward that the recompute would update twice (a
 // BatchNorm's running statistics would be updated twice in training mode, as
 // with torch.utils.checkpoint). Layers must not be modified in place between
-// forward and backward (parameters are read again at recompute time).
+// forward and backward (parameters are read again at recompute time). Every
+// tensor that requires grad and that the layers use must be found by
+// LayerParameters or be an input or side input: backward fails loudly (rather
+// than dropping its gradient) when the recompute reaches any other leaf.
 // Thread-safety: like running the layers; the default generators are process
 // globals, so two threads drawing random numbers concurrently are
 // nondeterministic with or without checkpointing.

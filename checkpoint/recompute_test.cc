@@ -222,6 +222,49 @@ TEST(RecomputeTest, InputGradientsOnlyLeaveParameterGradientsAlone) {
   for (const torch::Tensor& p : ParametersOf(layers)) EXPECT_FALSE(p.grad().defined());
 }
 
+TEST(RecomputeTest, RangeThatReturnsItsInputUnchanged) {
+  std::vector<Layer> layers = {MakeFunctionLayer("Identity", [](const torch::Tensor& t) { return t; })};
+  torch::Tensor x = torch::randn({3}).requires_grad_(true);
+  Activations out = RunLayersWithRecompute(layers, {x}, {});
+  (out[0] * torch::tensor({1.0f, 2.0f, 3.0f})).sum().backward();
+  EXPECT_TRUE(torch::equal(x.grad(), torch::tensor({1.0f, 2.0f, 3.0f})));
+}
+
+TEST(RecomputeTest, UnregisteredTensorThatRequiresGradFailsLoudly) {
+  torch::Tensor hidden_weight = torch::ones({4}).requires_grad_(true);
+  std::vector<Layer> layers = {
+      MakeModuleLayer(torch::nn::Linear(4, 4)),
+      MakeFunctionLayer("ScaleByCapturedWeight",
+                        [hidden_weight](const torch::Tensor& t) { return t * hidden_weight; })};
+  Activations out = RunLayersWithRecompute(layers, {torch::randn({2, 4})}, {});
+  try {
+    out[0].sum().backward();
+    FAIL() << "expected the lost gradient to be reported";
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("ScaleByCapturedWeight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("would be lost"), std::string::npos) << msg;
+  }
+}
+
+TEST(RecomputeTest, DoubleBackwardThroughARange) {
+  torch::manual_seed(12);
+  std::vector<Layer> layers = {MakeModuleLayer(torch::nn::Linear(4, 4)),
+                               MakeFunctionLayer("Tanh", torch::tanh)};
+  torch::Tensor x = torch::randn({3, 4}).requires_grad_(true);
+  std::vector<torch::Tensor> second;
+  for (bool checkpoint : {false, true}) {
+    for (torch::Tensor& p : ParametersOf(layers)) p.mutable_grad() = torch::Tensor();
+    Activations out = checkpoint ? RunLayersWithRecompute(layers, {x}, {}) : RunLayers(layers, {x}, {});
+    torch::Tensor gx = torch::autograd::grad({out[0].pow(2).sum()}, {x}, {}, /*retain_graph=*/true,
+                                             /*create_graph=*/true)[0];
+    torch::Tensor weight_grad_of_penalty =
+        torch::autograd::grad({gx.pow(2).sum()}, {ParametersOf(layers)[0]})[0];
+    second.push_back(weight_grad_of_penalty);
+  }
+  EXPECT_TRUE(torch::allclose(second[0], second[1], 1e-6, 1e-6));
+}
+
 TEST(RecomputeTest, WithoutGradModeItIsPlainRunLayers) {
   torch::manual_seed(9);
   std::vector<Layer> layers = MakeMlpStack(2, 8, 16, 0.0);
