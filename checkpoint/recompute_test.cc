@@ -247,6 +247,24 @@ TEST(RecomputeTest, UnregisteredTensorThatRequiresGradFailsLoudly) {
   }
 }
 
+TEST(RecomputeTest, DoubleBackwardThroughARange) {
+  torch::manual_seed(12);
+  std::vector<Layer> layers = {MakeModuleLayer(torch::nn::Linear(4, 4)),
+                               MakeFunctionLayer("Tanh", torch::tanh)};
+  torch::Tensor x = torch::randn({3, 4}).requires_grad_(true);
+  std::vector<torch::Tensor> second;
+  for (bool checkpoint : {false, true}) {
+    for (torch::Tensor& p : ParametersOf(layers)) p.mutable_grad() = torch::Tensor();
+    Activations out = checkpoint ? RunLayersWithRecompute(layers, {x}, {}) : RunLayers(layers, {x}, {});
+    torch::Tensor gx = torch::autograd::grad({out[0].pow(2).sum()}, {x}, {}, /*retain_graph=*/true,
+                                             /*create_graph=*/true)[0];
+    torch::Tensor weight_grad_of_penalty =
+        torch::autograd::grad({gx.pow(2).sum()}, {ParametersOf(layers)[0]})[0];
+    second.push_back(weight_grad_of_penalty);
+  }
+  EXPECT_TRUE(torch::allclose(second[0], second[1], 1e-6, 1e-6));
+}
+
 TEST(RecomputeTest, WithoutGradModeItIsPlainRunLayers) {
   torch::manual_seed(9);
   std::vector<Layer> layers = MakeMlpStack(2, 8, 16, 0.0);

@@ -277,7 +277,11 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
   lr.warmup_steps = config.lr_schedule().warmup_steps();
   lr.total_steps = config.steps();
   lr.min_lr = config.lr_schedule().min_lr();
-  PP_RETURN_IF_ERROR(ValidateLrSchedule(lr));
+  if (absl::Status s = ValidateLrSchedule(lr); !s.ok()) {
+    return Invalid(absl::StrCat("lr_schedule: ", s.message(),
+                                " (lr_schedule.warmup_steps must be below steps; lower it with "
+                                "--set=lr_schedule.warmup_steps=N or run more --steps)"));
+  }
   if (config.optimizer().max_grad_norm() < 0) {
     return Invalid(absl::StrCat("optimizer.max_grad_norm (", config.optimizer().max_grad_norm(),
                                 ") must be >= 0 (0 = no clipping)"));

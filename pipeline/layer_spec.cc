@@ -127,4 +127,9 @@ int64_t SpecParameterCount(const LayerSpec& spec, int64_t index, uint64_t base_s
   return CountTrainableParameters(*layer);
 }
 
+std::string ExceptionMessage(const std::exception& e) {
+  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&e)) return torch_error->what_without_backtrace();
+  return e.what();
+}
+
 }  // namespace pp

@@ -20,6 +20,7 @@
 #define PIPELINE_LAYER_SPEC_H_
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <optional>
@@ -130,6 +131,10 @@ int64_t CountTrainableParameters(const torch::nn::Module& module);
 // else the layer (for a tied spec: the shared module) is built, counted and
 // freed at once, so counting a whole list keeps at most one layer alive.
 int64_t SpecParameterCount(const LayerSpec& spec, int64_t index, uint64_t base_seed);
+
+// The message of an exception a factory or a layer threw: c10::Error's
+// without its C++ backtrace, else what().
+std::string ExceptionMessage(const std::exception& e);
 
 }  // namespace pp
 

@@ -76,9 +76,9 @@ absl::StatusOr<StageModule> BuildRange(const std::vector<LayerSpec>& specs, int6
       } else {
         layers.push_back(BuildSeeded(base_seed + i, spec.factory()));
       }
-    } catch (const c10::Error& e) {
+    } catch (const std::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat("building layer ", i, " ('", spec.name(),
-                                                     "') failed: ", e.what_without_backtrace()));
+                                                     "') failed: ", ExceptionMessage(e)));
     }
   }
   return StageModule(virtual_stage, begin, std::move(layers), std::move(chunk_tied));
@@ -192,9 +192,9 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(std::vector
         if (module == nullptr) {
           module = BuildSeeded(options.base_seed + positions.front(), model->specs_[positions.front()].factory());
         }
-      } catch (const c10::Error& e) {
+      } catch (const std::exception& e) {
         return absl::InvalidArgumentError(absl::StrCat("building the shared module of tie key '", key,
-                                                       "' failed: ", e.what_without_backtrace()));
+                                                       "' failed: ", ExceptionMessage(e)));
       }
       PP_ASSIGN_OR_RETURN(names, TiedParamNames(key, declared, *module));
     }

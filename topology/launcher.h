@@ -8,7 +8,8 @@
 // grace period, and the launcher exits non-zero naming the rank and how it
 // ended. Ctrl-C (SIGINT/SIGTERM to the launcher) stops every worker. In a worker
 // (RANK set) MaybeLaunch splits the machine's cores among the local ranks and
-// returns.
+// returns. Workers get OMP_NUM_THREADS / OPENBLAS_NUM_THREADS =
+// max(1, cores / local ranks) unless the launcher's environment sets them.
 //
 //   int main(int argc, char** argv) {
 //     std::vector<char*> args = pp::MaybeLaunch(argc, argv);  // parent exits here

@@ -65,6 +65,8 @@ class ParallelGrid {
   // around (the previous stage of stage 0 is the last stage: interleaved
   // schedules send from the last stage to the first). Check IsFirstStage()/
   // IsLastStage() for a non-circular pipeline. With one stage: this rank.
+  // These are global (world) ranks; p2p on pipe_group() addresses peers by
+  // group rank, which is the stage id.
   int PrevStageRank() const { return prev_stage_rank_; }
   int NextStageRank() const { return next_stage_rank_; }
 

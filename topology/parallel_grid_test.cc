@@ -221,6 +221,30 @@ TEST_F(ParallelGridTest, MemberThatNeverJoinsTimesOut) {
   EXPECT_TRUE(status[1].ok()) << status[1];
 }
 
+TEST_F(ParallelGridTest, RecvWithoutSenderTimesOut) {
+  auto topology = PipeDataParallelTopology(2, 1);
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RendezvousOptions options;
+  options.timeout = std::chrono::seconds(2);
+  auto status = RunThreadRanks(2, *port, options, [&](World& world) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, *topology));
+    if (grid.IsFirstStage()) return absl::OkStatus();  // never sends
+    std::vector<at::Tensor> in = {at::zeros({4})};
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status s = TorchCall("recv from the previous stage", [&] {
+      // pipe_group() ranks are stage ids.
+      grid.pipe_group()->recv(in, grid.stage_id() - 1, /*tag=*/0)->wait();
+    });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    PP_RETURN_IF_ERROR(Expect(!s.ok(), "recv without a sender completed"));
+    return Expect(seconds < 10, absl::StrCat("recv gave up after ", seconds, " s: ", s.message()));
+  });
+  EXPECT_TRUE(status[0].ok()) << status[0];
+  EXPECT_TRUE(status[1].ok()) << status[1];
+}
+
 TEST_F(ParallelGridTest, WorldSizeMustMatchTopology) {
   auto topology = PipeDataParallelTopology(2, 2);
   auto port = PickFreePort();

@@ -61,8 +61,10 @@ struct World {
 };
 
 // Store + world group for `env`. Blocks until every rank has arrived, at most
-// options.timeout; then DeadlineExceeded (a rank that never came), or
-// Unavailable when the store could not be reached / hosted.
+// options.timeout; then DeadlineExceeded (a rank that never came, or no store
+// to connect to). Unavailable when rank 0 cannot host the store (port in use).
+// Keep the World alive until every rank is done with the store (rank 0 hosts
+// it): end with a barrier on world.group.
 absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& options);
 
 // Rendezvous(DistEnvFromEnvironment(), options).

@@ -11,7 +11,10 @@
 #include <ATen/Parallel.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/torch_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "topology/thread_ranks.h"
@@ -101,7 +104,7 @@ TEST_F(DistEnvTest, RendezvousFromEnvSingleRank) {
 
 absl::Status AllReduceRanks(World& world) {
   std::vector<at::Tensor> t = {at::full({1}, world.rank + 1, at::kLong)};
-  world.group->allreduce(t)->wait();
+  PP_RETURN_IF_ERROR(TorchCall("all-reduce", [&] { world.group->allreduce(t)->wait(); }));
   const int64_t expected = world.size * (world.size + 1) / 2;
   if (t[0].item<int64_t>() != expected) {
     return absl::InternalError(absl::StrCat("sum ", t[0].item<int64_t>(), " want ", expected));
@@ -117,6 +120,12 @@ TEST(RendezvousTest, ThreeRanksOverTcpStore) {
   options.timeout = std::chrono::seconds(20);
   auto status = RunThreadRanks(3, *port, options, AllReduceRanks);
   for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
+}
+
+RendezvousOptions ShortTimeout() {
+  RendezvousOptions options;
+  options.timeout = std::chrono::seconds(2);
+  return options;
 }
 
 // The ranks that came must give up with a timeout error, not hang.
@@ -135,25 +144,39 @@ void ExpectAbsentRankTimesOut(const RendezvousOptions& options, int port) {
 TEST(RendezvousTest, AbsentRankTimesOutOverTcpStore) {
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok());
-  RendezvousOptions options;
-  options.timeout = std::chrono::seconds(2);
-  ExpectAbsentRankTimesOut(options, *port);
+  ExpectAbsentRankTimesOut(ShortTimeout(), *port);
 }
 
 TEST(RendezvousTest, AbsentRankTimesOutOverFileStore) {
-  RendezvousOptions options;
-  options.timeout = std::chrono::seconds(2);
+  RendezvousOptions options = ShortTimeout();
   options.file_store_path = absl::StrCat(::testing::TempDir(), "/absent_", getpid());
   ExpectAbsentRankTimesOut(options, 0);
+}
+
+TEST(RendezvousTest, CollectiveWithMissingPeerTimesOut) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  auto status = RunThreadRanks(2, *port, ShortTimeout(), [](World& world) -> absl::Status {
+    if (world.rank == 1) return absl::OkStatus();  // skips the all-reduce
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status s = AllReduceRanks(world);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s.ok()) return absl::InternalError("all-reduce without its peer completed");
+    if (!absl::StrContains(s.message(), "imed out") && !absl::StrContains(s.message(), "imeout")) {
+      return absl::InternalError(absl::StrCat("not a timeout: ", s.message()));
+    }
+    if (seconds > 10) return absl::InternalError(absl::StrCat("took ", seconds, " s"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(status[0].ok()) << status[0];
 }
 
 TEST(RendezvousTest, StoreThatNeverComesUpTimesOut) {
   // Rank 1 alone: nobody hosts the store on this port.
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok());
-  RendezvousOptions options;
-  options.timeout = std::chrono::seconds(2);
-  auto world = Rendezvous(ThreadRankEnv(1, 2, *port), options);
+  auto world = Rendezvous(ThreadRankEnv(1, 2, *port), ShortTimeout());
   EXPECT_EQ(world.status().code(), absl::StatusCode::kDeadlineExceeded) << world.status();
   EXPECT_THAT(world.status().message(), HasSubstr(absl::StrCat("127.0.0.1:", *port)));
 }

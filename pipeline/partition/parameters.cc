@@ -34,9 +34,9 @@ absl::StatusOr<Bounds> PartitionByParameters(const PartitionRequest& request) {
         costs[i] = static_cast<double>(SpecParameterCount(spec, i, request.base_seed));
       }
     }
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat("counting parameters failed: ", e.what_without_backtrace()));
+        absl::StrCat("counting parameters failed: ", ExceptionMessage(e)));
   }
   return BalancedBounds(costs, request.num_parts);
 }

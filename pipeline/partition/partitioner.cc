@@ -60,6 +60,7 @@ std::string PartitionerHelp() {
 
 absl::StatusOr<Bounds> Partition(const std::string& method, PartitionRequest request) {
   if (request.specs == nullptr) return absl::InvalidArgumentError("partition request has no spec list");
+  if (absl::Status s = ValidateSpecs(*request.specs); !s.ok()) return s;
   const int64_t num_layers = static_cast<int64_t>(request.specs->size());
   if (absl::Status s = CheckEnoughLayers(num_layers, request.num_parts); !s.ok()) return s;
   const size_t colon = method.find(':');

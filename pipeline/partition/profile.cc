@@ -82,9 +82,9 @@ absl::StatusOr<Bounds> PartitionByProfile(const PartitionRequest& request) {
       std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
       costs[i] = times[times.size() / 2];
       inputs = DetachForNextLayer(outputs);
-    } catch (const c10::Error& e) {
+    } catch (const std::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat("profiling layer ", i, " ('", spec.name(),
-                                                     "') failed: ", e.what_without_backtrace()));
+                                                     "') failed: ", ExceptionMessage(e)));
     }
   }
   return BalancedBounds(costs, request.num_parts);

@@ -175,6 +175,28 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   return result;
 }
 
+absl::Status RunOnGrid(int pp, int dp, std::chrono::milliseconds timeout,
+                       const std::function<absl::Status(ParallelGrid& grid)>& body) {
+  static std::atomic<int> counter{0};
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  RendezvousOptions ro;
+  ro.timeout = timeout;
+  ro.file_store_path = absl::StrCat(tmp ? tmp : "/tmp", "/pp_grid_", getpid(), "_", counter.fetch_add(1));
+  std::vector<absl::Status> statuses = RunThreadRanks(pp * dp, 0, ro, [&](World& w) -> absl::Status {
+    at::set_num_threads(1);
+    PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(pp, dp));
+    PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(w, topo));
+    return body(grid);
+  });
+  ::unlink(ro.file_store_path.c_str());
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    if (!statuses[r].ok()) {
+      return absl::Status(statuses[r].code(), absl::StrCat("rank ", r, ": ", statuses[r].message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string CompareResults(const RunResult& want, const RunResult& got, double rtol) {
   std::string out;
   auto close = [&](double a, double b) { return std::abs(a - b) <= rtol * std::max(std::abs(a), std::abs(b)) + 1e-7; };

@@ -19,6 +19,7 @@
 #include "pipeline/layer_spec.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/runtime/trainer.h"
+#include "topology/parallel_grid.h"
 
 namespace pp {
 namespace testing_runtime {
@@ -75,6 +76,12 @@ absl::StatusOr<RunResult> TrainSequential(const RunConfig& config);
 // The pipeline on pp * dp thread ranks; parameters gathered from all ranks of
 // data-parallel replica 0 (every replica is checked to hold equal values).
 absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config);
+
+// Runs `body` on pp * dp thread ranks, each with its ParallelGrid (real Gloo
+// groups over a FileStore) and at::set_num_threads(1); the first error by
+// rank order, prefixed with the rank.
+absl::Status RunOnGrid(int pp, int dp, std::chrono::milliseconds timeout,
+                       const std::function<absl::Status(ParallelGrid& grid)>& body);
 
 // "" when equal within rtol (plus atol 1e-6 for values near zero), else a
 // description of the first differences.

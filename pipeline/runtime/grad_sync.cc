@@ -109,7 +109,9 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_
   double local = 0.0;
   for (const torch::Tensor& p : counted_params) {
     if (!p.grad().defined()) continue;
-    local += p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
+    // Float norm per tensor (vectorised, no copy), squares summed in double.
+    const double n = p.grad().detach().norm().item<double>();
+    local += n * n;
   }
   torch::Tensor sumsq = torch::tensor({local}, torch::kDouble);
   std::vector<at::Tensor> one = {sumsq};

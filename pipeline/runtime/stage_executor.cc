@@ -315,7 +315,7 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
       const int64_t t0 = NowMicros();
       absl::Status s = Execute(a, st, tail);
       if (!s.ok()) {
-        status_holder_ = s;
+        status_holder_ = absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
         return;
       }
       const int64_t t1 = NowMicros();

@@ -8,6 +8,8 @@
 //   backward step k -> (table[k].mb, chunk v - 1 - table[k].c)
 //   steady: F(k + warmup), B(k); cooldown: the remaining B(k).
 // Megatron's group rule: p <= g <= m and (m % g == 0 or m % g >= p).
+// v = 1 is accepted and follows the same rules (warm-up 2 (p - 1 - r));
+// Megatron runs its non-interleaved schedule then, which is `1f1b` here.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace pp {
@@ -31,7 +30,11 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
                      schedule.ranks.size(), " rank lists for num_stages ", p));
   }
   // Where each (type, stage, mb) runs.
-  absl::flat_hash_map<Action, Dependency> where;
+  // Where each compute (type, stage, mb) runs; dense, ranges checked first.
+  std::vector<Dependency> where(4 * num_virtual * m, Dependency{-1, -1});
+  auto key = [&](const Action& a) {
+    return (static_cast<int>(a.type) * num_virtual + a.stage) * m + a.microbatch;
+  };
   for (int r = 0; r < p; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
       const Action& a = schedule.ranks[r][i];
@@ -55,13 +58,15 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
                          absl::StrCat("stage ", a.stage, " is placed on rank ",
                                       schedule.stage_to_rank[a.stage]));
       }
-      if (!where.emplace(a, Dependency{r, i}).second) {
-        const Dependency& first = where[a];
+      Dependency& slot = where[key(a)];
+      if (slot.rank >= 0) {
+        const Dependency& first = slot;
         return GridError(schedule, r, i,
                          absl::StrCat(ActionToString(a), " appears twice (first "
                                       "at rank ", first.rank, " step ",
                                       first.pos, ")"));
       }
+      slot = Dependency{r, i};
     }
   }
 
@@ -78,9 +83,9 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
       const Action& a = actions[i];
       auto need = [&](std::vector<Action> alternatives) -> absl::Status {
         for (const Action& alt : alternatives) {
-          auto it = where.find(alt);
-          if (it != where.end()) {
-            timing.deps[r][i].push_back(it->second);
+          const Dependency& found = where[key(alt)];
+          if (found.rank >= 0) {
+            timing.deps[r][i].push_back(found);
             return absl::OkStatus();
           }
         }

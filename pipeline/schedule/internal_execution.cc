@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace pp {
@@ -92,11 +90,23 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
     ex.start[r].assign(program.ranks[r].size(), -1);
     ex.end[r].assign(program.ranks[r].size(), -1);
   }
-  std::vector<absl::flat_hash_set<Action>> done(p);
-  absl::flat_hash_map<Action, double> sent;  // non-blocking: SEND -> arrival
+  // Dense state over (type, stage, mb) for compute and communication types
+  // (ranges were checked above; a stage runs on one rank only, so one table
+  // serves all ranks). Hash sets here made the conformance suite 3x slower.
+  constexpr int kDenseTypes = 8;  // F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B
+  auto key = [&](const Action& a) {
+    return (static_cast<int>(a.type) * num_virtual + a.stage) * m + a.microbatch;
+  };
+  std::vector<char> done_table(kDenseTypes * num_virtual * m, 0);
+  std::vector<double> sent(kDenseTypes * num_virtual * m, -1);  // arrival time
+  auto mark_done = [&](const Action& a) {
+    if (HasMicrobatch(a.type)) done_table[key(a)] = 1;
+  };
   std::vector<int> pos(p, 0);
   std::vector<double> clock(p, 0);
-  auto has = [&](int r, const Action& a) { return done[r].contains(a); };
+  auto has = [&](int /*rank*/, const Action& a) {
+    return a.stage >= 0 && a.stage < num_virtual && done_table[key(a)] != 0;
+  };
   // Whether the input an action needs is on rank r; empty string if so.
   auto missing_input = [&](int r, const Action& a) -> std::string {
     const int s = a.stage, mb = a.microbatch;
@@ -148,7 +158,7 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
           ex.start[r][i] = clock[r];
           clock[r] += IsCompute(a.type) ? costs.compute(a) : 0.0;
           ex.end[r][i] = clock[r];
-          done[r].insert(a);
+          mark_done(a);
           ++pos[r];
           progress = true;
           continue;
@@ -156,19 +166,18 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
         if (!costs.blocking_sends) {
           if (a.type == ActionType::kSendForward ||
               a.type == ActionType::kSendBackward) {
-            sent[a] = clock[r] + costs.message_latency;
+            sent[key(a)] = clock[r] + costs.message_latency;
             ex.start[r][i] = ex.end[r][i] = clock[r];
           } else {
-            auto it = sent.find(Counterpart(a));
-            if (it == sent.end()) break;  // not sent yet
+            const double arrival = sent[key(Counterpart(a))];
+            if (arrival < 0) break;  // not sent yet
             // The recorded span is the transfer seen by this rank, not the
             // wait for it (that is idle time).
-            const double arrival = it->second;
             ex.start[r][i] = std::max(clock[r], arrival - costs.message_latency);
             clock[r] = std::max(clock[r], arrival);
             ex.end[r][i] = clock[r];
           }
-          done[r].insert(a);
+          mark_done(a);
           ++pos[r];
           progress = true;
           continue;
@@ -187,8 +196,8 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
         ex.start[r][i] = ex.start[q][j] = t;  // waiting before t is idle
         clock[r] = clock[q] = t + costs.message_latency;
         ex.end[r][i] = ex.end[q][j] = clock[r];
-        done[r].insert(a);
-        done[q].insert(b);
+        mark_done(a);
+        mark_done(b);
         ++pos[r];
         ++pos[q];
         progress = true;

@@ -1,16 +1,24 @@
 #include "pipeline/schedule/lowering.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <tuple>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "pipeline/schedule/internal_dependencies.h"
 
 namespace pp {
 
 int LoweredProgram::PeerRank(const Action& action) const {
-  return stage_to_rank[PeerStage(action)];
+  const int peer = PeerStage(action);
+  if (!IsCommunication(action.type) || peer < 0 ||
+      peer >= static_cast<int>(stage_to_rank.size())) {
+    std::fprintf(stderr, "LoweredProgram::PeerRank(%s): not a message between "
+                 "existing stages\n", ActionToString(action).c_str());
+    std::abort();
+  }
+  return stage_to_rank[peer];
 }
 
 std::vector<int> LoweredProgram::LocalStages(int rank) const {

@@ -38,7 +38,8 @@
 //     the real costs match these), or at the end of the producer if there is
 //     no such instant.
 //  3. Sort all events into one global sequence by (time, messages before
-//     computes, producing stage, micro-batch); each rank's program is the
+//     computes, then producing stage, direction, micro-batch for messages and
+//     rank for computes); each rank's program is the
 //     projection of that sequence: a compute becomes itself, a message becomes
 //     SEND on the producer's rank and RECV on the consumer's.
 // Because every rank's program is the projection of one global sequence in
@@ -47,6 +48,8 @@
 // can exist. A producer (cost >= 1) precedes its message, which precedes the
 // consumer (which starts at or after t). The schedule's compute order per
 // rank is kept. The validator re-checks the result by simulation.
+// The tail's collectives come after every SEND/RECV of their rank, so a rank
+// waiting in one never holds up another rank's point-to-point traffic.
 #ifndef PIPELINE_SCHEDULE_LOWERING_H_
 #define PIPELINE_SCHEDULE_LOWERING_H_
 

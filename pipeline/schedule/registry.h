@@ -6,7 +6,7 @@
 //                        MakeEager1F1B);
 //
 // Registering a name twice aborts at start-up (static initialization) with
-// both names in the message. Options a schedule does not support (e.g.
+// the name and both descriptions in the message. Options a schedule does not support (e.g.
 // num_chunks > 1 for gpipe, or interleaving's group rule) are InvalidArgument
 // from its function, never a crash. The registry is filled during static
 // initialization and read-only afterwards, so lookups are thread-safe.

@@ -239,6 +239,30 @@ std::string DumpCsv(const RankActions& ranks) {
   return out;
 }
 
+std::string DumpTimelineCsv(const SimulationResult& sim) {
+  const int p = static_cast<int>(sim.busy.size());
+  std::vector<double> times;
+  std::vector<std::map<double, std::string>> starts(p);
+  for (const TraceEvent& e : sim.timeline) {
+    absl::StatusOr<Action> a = ParseAction(e.name);
+    if (!a.ok() || !IsCompute(a->type)) continue;
+    times.push_back(e.start);
+    starts[e.rank][e.start] = e.name;
+  }
+  std::sort(times.begin(), times.end());
+  times.erase(std::unique(times.begin(), times.end()), times.end());
+  std::string out;
+  for (int r = 0; r < p; ++r) {
+    std::vector<std::string> cells;
+    for (double t : times) {
+      auto it = starts[r].find(t);
+      cells.push_back(it == starts[r].end() ? "" : it->second);
+    }
+    out += absl::StrJoin(cells, ",") + "\n";
+  }
+  return out;
+}
+
 absl::StatusOr<RankActions> LoadCsv(absl::string_view text) {
   RankActions ranks;
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');

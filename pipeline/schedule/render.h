@@ -40,7 +40,12 @@ std::string RenderSvg(const SimulationResult& sim, const SvgOptions& options = {
 // PyTorch's CSV layout: row r lists rank r's actions, one per cell.
 std::string DumpCsv(const RankActions& ranks);
 
-// Inverse of DumpCsv; empty cells (idle steps) are skipped. InvalidArgument
+// The same layout aligned in time, as PyTorch writes it: one column per row
+// of FormatTimelineGrid (distinct compute start times of `sim`), the action
+// starting then or an empty cell (idle, or a longer action still running).
+std::string DumpTimelineCsv(const SimulationResult& sim);
+
+// Inverse of DumpCsv and DumpTimelineCsv; empty cells (idle steps) are skipped. InvalidArgument
 // names the row and column of a malformed cell.
 absl::StatusOr<RankActions> LoadCsv(absl::string_view text);
 

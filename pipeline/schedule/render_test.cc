@@ -93,6 +93,16 @@ TEST(RenderTest, CsvEmptyCellsAreIdleSteps) {
   EXPECT_TRUE(ValidateSchedule(*s).ok()) << ValidateSchedule(*s);
 }
 
+TEST(RenderTest, TimelineCsvAlignsStepsWithIdleCells) {
+  SimulationResult sim = Sim("gpipe", 2, 2);
+  const std::string csv = DumpTimelineCsv(sim);
+  // Columns: times 0, 1, 2, 3, 5, 7 (see the timeline grid test).
+  EXPECT_EQ(csv, "0F0,0F1,,,0B0,0B1\n,1F0,1F1,1B0,1B1,\n");
+  absl::StatusOr<RankActions> loaded = LoadCsv(csv);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, MakeSchedule("gpipe", {2, 2, 1, 0})->ranks);
+}
+
 TEST(RenderTest, CsvErrorsNameRowAndColumn) {
   absl::StatusOr<RankActions> loaded = LoadCsv("0F0,0B0\n1F0,1Q0\n");
   ASSERT_FALSE(loaded.ok());

@@ -1,7 +1,7 @@
 #include "pipeline/schedule/validator.h"
 
-#include <map>
-#include <tuple>
+
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -51,8 +51,12 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
           schedule.stage_to_rank[s], ", outside [0, ", p, ")"));
     }
   }
-  // (type, stage, mb) -> where it was seen and how often.
-  std::map<std::tuple<ActionType, int, int>, Seen> seen;
+  // (type, stage, mb) -> where it was seen and how often; dense over the
+  // compute types, filled only after each action's ranges are checked.
+  std::vector<Seen> seen(4 * num_virtual * m);
+  auto key = [&](ActionType type, int s, int mb) {
+    return (static_cast<int>(type) * num_virtual + s) * m + mb;
+  };
   for (int r = 0; r < p; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
       const Action& a = schedule.ranks[r][i];
@@ -80,7 +84,7 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
         return CellError(schedule, r, i,
                          "a forward-only schedule has no backward actions");
       }
-      Seen& entry = seen[{a.type, a.stage, a.microbatch}];
+      Seen& entry = seen[key(a.type, a.stage, a.microbatch)];
       if (++entry.count > 1) {
         return CellError(schedule, r, i,
                          absl::StrCat(ActionToString(a), " appears twice (first "
@@ -92,8 +96,8 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
     }
   }
   auto find = [&](ActionType type, int s, int mb) -> const Seen* {
-    auto it = seen.find({type, s, mb});
-    return it == seen.end() ? nullptr : &it->second;
+    const Seen& entry = seen[key(type, s, mb)];
+    return entry.count == 0 ? nullptr : &entry;
   };
   for (int s = 0; s < num_virtual; ++s) {
     const int r = schedule.stage_to_rank[s];
@@ -169,16 +173,23 @@ absl::Status ValidateLoweredProgram(const LoweredProgram& program) {
   // Execute checks order and deadlock; counts: each stage's compute must be
   // complete for the program to be a whole step.
   const int m = program.num_microbatches;
-  std::map<std::tuple<ActionType, int, int>, int> count;
+  // Compute counts per (type, stage, mb); Execute checked the ranges.
+  const int num_virtual = program.num_virtual_stages();
+  std::vector<int> counts(4 * num_virtual * m, 0);
+  auto count = [&](ActionType type, int s, int mb) -> int& {
+    return counts[(static_cast<int>(type) * num_virtual + s) * m + mb];
+  };
   for (const auto& actions : program.ranks) {
-    for (const Action& a : actions) ++count[{a.type, a.stage, a.microbatch}];
+    for (const Action& a : actions) {
+      if (IsCompute(a.type)) ++count(a.type, a.stage, a.microbatch);
+    }
   }
-  for (int s = 0; s < program.num_virtual_stages(); ++s) {
+  for (int s = 0; s < num_virtual; ++s) {
     for (int mb = 0; mb < m; ++mb) {
-      const int fwd = count[{ActionType::kForward, s, mb}];
-      const int full = count[{ActionType::kBackward, s, mb}];
-      const int in = count[{ActionType::kBackwardInput, s, mb}];
-      const int wt = count[{ActionType::kBackwardWeight, s, mb}];
+      const int fwd = count(ActionType::kForward, s, mb);
+      const int full = count(ActionType::kBackward, s, mb);
+      const int in = count(ActionType::kBackwardInput, s, mb);
+      const int wt = count(ActionType::kBackwardWeight, s, mb);
       const bool ok = fwd == 1 && (program.forward_only
                                        ? full + in + wt == 0
                                        : (full == 1 && in + wt == 0) ||

@@ -1,0 +1,398 @@
+// bench_pipeline: what the pipeline runtime costs and what it buys.
+//
+//   ./bazelw run //experiments:bench_pipeline            # all parts, defaults below
+//   ./bazelw run //experiments:bench_pipeline -- --steps=6 --rows=32
+//
+// Model: `--blocks` MLP blocks (Linear(hidden, hidden) + ReLU, hidden 1024),
+// MSE loss, SGD; the same deterministic batches everywhere.
+//  (a) overhead: the Trainer with pp=1 vs a hand-written LibTorch loop, both
+//      one intra-op thread, steps interleaved so that machine load hits both.
+//  (b) pp=2: two processes from the launcher (one thread each), 1F1B with
+//      m=8, vs the sequential loop with 1 and with 2 threads; and vs the
+//      simulator's bound for the forward/backward costs measured in the run.
+//  (c) the simulator's predicted step time vs the measured one.
+// Prints one table and one JSON line. Rank 0 of (b) writes the measured
+// Chrome trace to --trace_file.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "common/torch_status.h"
+#include "pipeline/layer_spec.h"
+#include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/optimizer.h"
+#include "pipeline/runtime/trainer.h"
+#include "pipeline/schedule/action.h"
+#include "pipeline/schedule/lowering.h"
+#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/simulator.h"
+#include "topology/launcher.h"
+#include "topology/parallel_grid.h"
+#include "topology/process_topology.h"
+#include "topology/rendezvous.h"
+
+ABSL_FLAG(int, hidden, 1024, "Width of the MLP blocks.");
+ABSL_FLAG(int, blocks, 8, "Number of MLP blocks (layers).");
+ABSL_FLAG(int, rows, 32, "Rows (samples) per micro-batch.");
+ABSL_FLAG(int, microbatches, 8, "Micro-batches per step.");
+ABSL_FLAG(int, steps, 5, "Timed steps per measurement (after one warm-up step).");
+ABSL_FLAG(std::string, schedule, "1f1b", "Schedule for part (b).");
+ABSL_FLAG(std::string, role, "", "Internal: 'pp2' for the workers of part (b).");
+ABSL_FLAG(std::string, result_file, "", "Internal: where rank 0 of part (b) writes its measurements.");
+ABSL_FLAG(std::string, trace_file, "/tmp/bench_pipeline_trace.json", "Chrome trace of part (b)'s last step.");
+ABSL_FLAG(bool, overhead_only, false, "Run only part (a) and print its ratio.");
+ABSL_FLAG(int, timeout_s, 300, "Timeout for every receive and collective.");
+
+namespace pp {
+namespace {
+
+constexpr uint64_t kSeed = 7;
+using Clock = std::chrono::steady_clock;
+
+class BlockImpl : public LayerImpl {
+ public:
+  explicit BlockImpl(int64_t hidden) : LayerImpl("Block") {
+    linear_ = register_module("linear", torch::nn::Linear(hidden, hidden));
+  }
+  Activations Forward(const Activations& in, const MicroBatch&) override { return {torch::relu(linear_(in[0]))}; }
+
+ private:
+  torch::nn::Linear linear_{nullptr};
+};
+
+std::vector<LayerSpec> Specs() {
+  const int64_t hidden = absl::GetFlag(FLAGS_hidden);
+  std::vector<LayerSpec> specs;
+  for (int i = 0; i < absl::GetFlag(FLAGS_blocks); ++i) {
+    specs.push_back(LayerSpec("Block", [hidden] { return std::make_shared<BlockImpl>(hidden); }));
+  }
+  return specs;
+}
+
+torch::Tensor Loss(const Activations& out, const MicroBatch& batch) {
+  return torch::mse_loss(out[0], batch.Get("target"));
+}
+
+// Deterministic batches; generated once and cached so that data generation
+// does not enter any timing.
+class Source : public MicroBatchSource {
+ public:
+  absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override {
+    const int64_t key = step * 1000 + index;
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    torch::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(key + 1));
+    const int64_t rows = absl::GetFlag(FLAGS_rows), hidden = absl::GetFlag(FLAGS_hidden);
+    MicroBatchData d;
+    d.inputs = {torch::randn({rows, hidden}, gen)};
+    d.batch.id = key;
+    d.batch.tensors["target"] = torch::randn({rows, hidden}, gen) * 0.1;
+    return cache_.emplace(key, d).first->second;
+  }
+  void Prefetch(int64_t first_step, int64_t steps) {
+    for (int64_t s = first_step; s < first_step + steps; ++s) {
+      for (int i = 0; i < absl::GetFlag(FLAGS_microbatches); ++i) (void)Get(s, i);
+    }
+  }
+
+ private:
+  std::map<int64_t, MicroBatchData> cache_;
+};
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+double Mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+}
+
+OptimizerConfig Sgd() {
+  OptimizerConfig c;
+  c.name = "sgd";
+  c.lr = 0.01;
+  return c;
+}
+
+// The hand-written loop: what a user would write without pipe.
+class HandLoop {
+ public:
+  HandLoop() {
+    model_ = *BuildSequential(Specs(), kSeed);
+    optimizer_ = MakeOptimizer(Sgd(), model_->parameters());
+  }
+  double Step(int64_t step) {
+    const auto t0 = Clock::now();
+    const int m = absl::GetFlag(FLAGS_microbatches);
+    optimizer_->zero_grad();
+    for (int i = 0; i < m; ++i) {
+      MicroBatchData d = *source_.Get(step, i);
+      torch::Tensor loss = Loss(model_->Forward(d.inputs, d.batch), d.batch);
+      (loss / static_cast<double>(m)).backward();
+    }
+    optimizer_->step();
+    return Seconds(t0, Clock::now());
+  }
+  Source& source() { return source_; }
+
+ private:
+  StageModule model_{nullptr};
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  Source source_;
+};
+
+struct Engine {
+  World world;
+  std::unique_ptr<ParallelGrid> grid;
+  std::unique_ptr<PipelineModel> model;
+  Source source;
+  std::unique_ptr<Trainer> trainer;
+};
+
+absl::Status MakeEngine(const World& world, int pp, Engine& e) {
+  e.world = world;
+  PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(pp, 1));
+  PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topo));
+  e.grid = std::make_unique<ParallelGrid>(std::move(grid));
+  PipelineModelOptions mo;
+  mo.num_stages = pp;
+  mo.partition_method = "uniform";
+  mo.base_seed = kSeed;
+  PP_ASSIGN_OR_RETURN(e.model, PipelineModel::Create(Specs(), mo, e.grid->stage_id()));
+  TrainerOptions to;
+  to.schedule = absl::GetFlag(FLAGS_schedule);
+  to.num_microbatches = absl::GetFlag(FLAGS_microbatches);
+  to.optimizer = Sgd();
+  to.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_timeout_s));
+  PP_ASSIGN_OR_RETURN(e.trainer, Trainer::Create(e.grid.get(), e.model.get(), Loss, &e.source, to));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<World> LocalWorld(int rank, int size, const std::string& store) {
+  DistEnv env;
+  env.rank = rank;
+  env.world_size = size;
+  RendezvousOptions ro;
+  ro.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_timeout_s));
+  ro.file_store_path = store;
+  return Rendezvous(env, ro);
+}
+
+// Part (b) worker: one of two launcher-started processes.
+absl::Status RunPp2Worker() {
+  PP_ASSIGN_OR_RETURN(World world, RendezvousFromEnv(RendezvousOptions{}));
+  at::set_num_threads(1);
+  Engine e;
+  PP_RETURN_IF_ERROR(MakeEngine(world, world.size, e));
+  const int steps = absl::GetFlag(FLAGS_steps);
+  e.source.Prefetch(0, steps + 1);
+  std::vector<double> times;
+  std::string trace;
+  for (int s = 0; s <= steps; ++s) {
+    const auto t0 = Clock::now();
+    PP_ASSIGN_OR_RETURN(StepResult r, e.trainer->Step());
+    const double t = Seconds(t0, Clock::now());
+    if (s > 0) times.push_back(t);
+    // Every timed step's trace: per-stage F/B costs for the simulator.
+    if (s > 0) {
+      PP_ASSIGN_OR_RETURN(std::string json, e.trainer->LastStepTrace());
+      trace = json;
+      if (world.rank == 0) {
+        nlohmann::json doc = nlohmann::json::parse(json);
+        static std::map<std::string, std::vector<double>> durations;
+        for (const auto& ev : doc["traceEvents"]) {
+          if (!ev.contains("dur") || !ev.contains("name")) continue;
+          absl::StatusOr<Action> a = ParseAction(ev["name"].get<std::string>());
+          if (!a.ok() || !IsCompute(a->type)) continue;
+          durations[absl::StrCat(a->stage, ActionTypeName(a->type))].push_back(ev["dur"].get<double>() * 1e-6);
+        }
+        if (s == steps) {
+          nlohmann::json out;
+          out["step_seconds"] = times;
+          // Means, not medians: a step's length adds up every action,
+          // slow outliers included.
+          for (auto& [k, v] : durations) out["cost"][k] = Mean(v);
+          out["busy"] = r.busy_seconds;
+          out["idle"] = r.idle_seconds;
+          std::ofstream(absl::GetFlag(FLAGS_result_file)) << out.dump();
+        }
+      }
+    }
+  }
+  if (world.rank == 0) std::ofstream(absl::GetFlag(FLAGS_trace_file)) << trace;
+  return absl::OkStatus();
+}
+
+absl::Status RunBenchmark(const char* self) {
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int m = absl::GetFlag(FLAGS_microbatches);
+  const double samples = static_cast<double>(m) * absl::GetFlag(FLAGS_rows);
+  const std::string tmp = absl::StrCat("/tmp/bench_pipeline_", getpid());
+
+  // (a) Overhead at pp = 1, one thread, interleaved steps.
+  at::set_num_threads(1);
+  HandLoop loop;
+  Engine engine;
+  PP_ASSIGN_OR_RETURN(World world1, LocalWorld(0, 1, tmp + "_store"));
+  PP_RETURN_IF_ERROR(MakeEngine(world1, 1, engine));
+  loop.source().Prefetch(0, steps + 1);
+  loop.source().Prefetch(100, steps + 1);
+  engine.source.Prefetch(0, steps + 1);
+  std::vector<double> loop_times, engine_times;
+  for (int s = 0; s <= steps; ++s) {
+    const double tl = loop.Step(s);
+    const auto t0 = Clock::now();
+    PP_ASSIGN_OR_RETURN(StepResult r, engine.trainer->Step());
+    (void)r;
+    const double te = Seconds(t0, Clock::now());
+    if (s > 0) {
+      loop_times.push_back(tl);
+      engine_times.push_back(te);
+    }
+  }
+  const double loop1 = Median(loop_times), engine1 = Median(engine_times);
+  if (absl::GetFlag(FLAGS_overhead_only)) {
+    std::printf("(a) loop %.4f s, engine pp=1 %.4f s: engine = %.3fx loop throughput\n", loop1, engine1,
+                loop1 / engine1);
+    return absl::OkStatus();
+  }
+
+  // Sequential with 2 threads.
+  at::set_num_threads(2);
+  std::vector<double> loop2_times;
+  for (int s = 0; s <= steps; ++s) {
+    const double t = loop.Step(100 + s);
+    if (s > 0) loop2_times.push_back(t);
+  }
+  const double loop2 = Median(loop2_times);
+  at::set_num_threads(1);
+
+  // (b) pp = 2 through the launcher.
+  LaunchOptions lo;
+  lo.nproc_per_node = 2;
+  const std::string result_file = tmp + "_pp2.json";
+  std::vector<std::string> argv = {self,
+                                   "--role=pp2",
+                                   absl::StrCat("--result_file=", result_file),
+                                   absl::StrCat("--trace_file=", absl::GetFlag(FLAGS_trace_file)),
+                                   absl::StrCat("--hidden=", absl::GetFlag(FLAGS_hidden)),
+                                   absl::StrCat("--blocks=", absl::GetFlag(FLAGS_blocks)),
+                                   absl::StrCat("--rows=", absl::GetFlag(FLAGS_rows)),
+                                   absl::StrCat("--microbatches=", m),
+                                   absl::StrCat("--steps=", steps),
+                                   absl::StrCat("--schedule=", absl::GetFlag(FLAGS_schedule)),
+                                   absl::StrCat("--timeout_s=", absl::GetFlag(FLAGS_timeout_s))};
+  setenv("OMP_NUM_THREADS", "1", 1);
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  PP_ASSIGN_OR_RETURN(int code, RunWorkers(lo, argv));
+  if (code != 0) return absl::InternalError(absl::StrCat("pp=2 workers exited with ", code));
+  std::ifstream in(result_file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json pp2 = nlohmann::json::parse(ss.str());
+  const double pp2_time = Median(pp2["step_seconds"].get<std::vector<double>>());
+
+  // (c) Simulator with the measured per-stage costs.
+  ScheduleOptions so;
+  so.num_stages = 2;
+  so.num_microbatches = m;
+  PP_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(absl::GetFlag(FLAGS_schedule), so));
+  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+  const double f0 = pp2["cost"]["0F"].get<double>(), f1 = pp2["cost"]["1F"].get<double>();
+  const double b0 = pp2["cost"]["0B"].get<double>(), b1 = pp2["cost"]["1B"].get<double>();
+  SimulationCosts costs;
+  costs.forward = (f0 + f1) / 2;
+  costs.backward = (b0 + b1) / 2;
+  costs.stage_multiplier = {(f0 + b0) / (costs.forward + costs.backward), (f1 + b1) / (costs.forward + costs.backward)};
+  PP_ASSIGN_OR_RETURN(SimulationResult sim, SimulateProgram(program, costs));
+  const double predicted = sim.makespan;
+
+  const double overhead_ratio = loop1 / engine1;  // engine throughput / loop throughput
+  const double speedup1 = loop1 / pp2_time, speedup2 = loop2 / pp2_time;
+  const double vs_bound = predicted / pp2_time;
+  const double prediction_error = (predicted - pp2_time) / pp2_time;
+
+  std::printf("\nbench_pipeline: %d x Linear(%d,%d)+ReLU, %d rows/micro-batch, m=%d, SGD, median of %d steps\n",
+              absl::GetFlag(FLAGS_blocks), absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_hidden),
+              absl::GetFlag(FLAGS_rows), m, steps);
+  std::printf("%-46s %10s %12s %s\n", "run", "step (s)", "samples/s", "ratio");
+  auto row = [&](const std::string& name, double t, const std::string& ratio) {
+    std::printf("%-46s %10.4f %12.1f %s\n", name.c_str(), t, samples / t, ratio.c_str());
+  };
+  row("hand-written loop, 1 thread", loop1, "");
+  row("hand-written loop, 2 threads", loop2, "");
+  row("(a) pipe engine pp=1, 1 thread", engine1, absl::StrFormat("%.3fx loop (target >= 0.98)", overhead_ratio));
+  row(absl::StrCat("(b) pipe engine pp=2 ", absl::GetFlag(FLAGS_schedule), ", 2 procs x 1 thread"), pp2_time,
+      absl::StrFormat("%.2fx loop-1t, %.2fx loop-2t (target >= 1.7)", speedup1, speedup2));
+  row("    simulator bound for measured F/B costs", predicted,
+      absl::StrFormat("measured = %.3fx bound (target >= 0.95)", vs_bound));
+  std::printf("(c) simulated step %.4f s vs measured %.4f s: %+.1f%% (target within 10%%)\n", predicted, pp2_time,
+              100 * prediction_error);
+  std::printf("    measured per-micro-batch costs: F0 %.4f F1 %.4f B0 %.4f B1 %.4f s; trace: %s\n", f0, f1, b0, b1,
+              absl::GetFlag(FLAGS_trace_file).c_str());
+  nlohmann::json j;
+  j["bench"] = "pipeline";
+  j["blocks"] = absl::GetFlag(FLAGS_blocks);
+  j["hidden"] = absl::GetFlag(FLAGS_hidden);
+  j["rows"] = absl::GetFlag(FLAGS_rows);
+  j["microbatches"] = m;
+  j["loop_1t_s"] = loop1;
+  j["loop_2t_s"] = loop2;
+  j["engine_pp1_s"] = engine1;
+  j["overhead_ratio"] = overhead_ratio;
+  j["pp2_s"] = pp2_time;
+  j["pp2_speedup_vs_loop_1t"] = speedup1;
+  j["pp2_speedup_vs_loop_2t"] = speedup2;
+  j["sim_pp2_s"] = predicted;
+  j["pp2_vs_sim_bound"] = vs_bound;
+  j["sim_error"] = prediction_error;
+  j["costs"] = pp2["cost"];
+  std::printf("%s\n", j.dump().c_str());
+  ::unlink((tmp + "_store").c_str());
+  ::unlink(result_file.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace pp
+
+int main(int argc, char** argv) {
+  if (std::getenv("RANK") != nullptr) {
+    pp::MaybeLaunch(argc, argv);
+    absl::Status s = pp::RunPp2Worker();
+    if (!s.ok()) {
+      std::fprintf(stderr, "bench_pipeline worker: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  }
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = pp::RunBenchmark("/proc/self/exe");
+  if (!s.ok()) {
+    std::fprintf(stderr, "bench_pipeline: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

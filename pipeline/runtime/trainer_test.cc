@@ -1,0 +1,203 @@
+#include "pipeline/runtime/trainer.h"
+
+#include <atomic>
+#include <chrono>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/status_macros.h"
+#include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/equivalence_testing.h"
+
+namespace pp {
+namespace testing_runtime {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+absl::Status Check(bool cond, const std::string& what) {
+  return cond ? absl::OkStatus() : absl::InternalError(what);
+}
+
+absl::StatusOr<std::unique_ptr<PipelineModel>> ToyModel(const ParallelGrid& grid, int chunks = 1) {
+  PipelineModelOptions mo;
+  mo.num_stages = grid.num_stages();
+  mo.chunks = chunks;
+  mo.partition_method = "uniform";
+  mo.base_seed = kSeed;
+  return PipelineModel::Create(ToySpecs(2), mo, grid.stage_id());
+}
+
+// DeepSpeed's smallest case through the whole stack (PipelineModel, Trainer):
+// two Linear(1,1) with weight 1 on two stages, MSE against 0 for input 1, SGD
+// lr 0.1, two micro-batches: both weights become 0.8.
+TEST(TrainerTest, DeepSpeedTwoLinearLayers) {
+  class Ones : public MicroBatchSource {
+   public:
+    absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override {
+      MicroBatchData d;
+      d.inputs = {torch::ones({1, 1})};
+      d.batch.id = index;
+      d.batch.tensors["labels"] = torch::zeros({1, 1});
+      return d;
+    }
+  };
+  auto linear = [] {
+    torch::nn::Linear l(torch::nn::LinearOptions(1, 1).bias(false));
+    torch::NoGradGuard g;
+    l->weight.fill_(1.0);
+    return MakeModuleLayer(l);
+  };
+  absl::Status s = RunOnGrid(2, 1, seconds(20), [&](ParallelGrid& grid) -> absl::Status {
+    PipelineModelOptions mo;
+    mo.num_stages = 2;
+    mo.partition_method = "uniform";
+    PP_ASSIGN_OR_RETURN(auto model,
+                        PipelineModel::Create({LayerSpec("Linear", linear), LayerSpec("Linear", linear)}, mo,
+                                              grid.stage_id()));
+    Ones source;
+    TrainerOptions o;
+    o.num_microbatches = 2;
+    o.optimizer.lr = 0.1;
+    auto mse = [](const Activations& out, const MicroBatch& b) { return torch::mse_loss(out[0], b.Get("labels")); };
+    PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), mse, &source, o));
+    PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
+    PP_RETURN_IF_ERROR(Check(std::abs(r.loss - 1.0) < 1e-6, "loss 1 reported on every rank"));
+    PP_RETURN_IF_ERROR(Check(std::abs(r.grad_norm - std::sqrt(8.0)) < 1e-5, "grad norm sqrt(2^2 + 2^2)"));
+    const float w = model->parameters()[0].item<float>();
+    return Check(std::abs(w - 0.8f) < 1e-6, "weight " + std::to_string(w));
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Evaluate runs the forward-only schedule under no-grad: the mean loss of the
+// sequential model on the same batches, and no parameter changes.
+TEST(TrainerTest, EvaluateMatchesSequentialForward) {
+  RunConfig config;
+  config.blocks = 2;
+  config.dp = 2;
+  auto seq = BuildSequential(ToySpecs(2), kSeed);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  ToySource source;
+  double want = 0;
+  {
+    torch::NoGradGuard g;
+    for (int i = 0; i < 2 * 4; ++i) {
+      MicroBatchData d = *source.Get(/*step=*/9, i);
+      want += ToyLoss((*seq)->Forward(d.inputs, d.batch), d.batch).item<double>();
+    }
+    want /= 8;
+  }
+  absl::Status s = RunOnGrid(2, 2, seconds(20), [&](ParallelGrid& grid) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(auto model, ToyModel(grid));
+    ToySource train;
+    TrainerOptions o;
+    o.num_microbatches = 4;
+    PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &train, o));
+    torch::Tensor before = model->parameters()[0].detach().clone();
+    ToySource eval;
+    PP_ASSIGN_OR_RETURN(double loss, trainer->Evaluate(&eval, 9));
+    PP_RETURN_IF_ERROR(Check(std::abs(loss - want) <= 1e-5 * std::abs(want),
+                             "eval loss " + std::to_string(loss) + " vs " + std::to_string(want)));
+    return Check(torch::equal(before, model->parameters()[0]), "evaluation changed parameters");
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// The merged trace holds every executed action of every rank; step results
+// carry the scheduled learning rate and busy/idle time per rank.
+TEST(TrainerTest, TraceAndStepResult) {
+  absl::Status s = RunOnGrid(2, 1, seconds(20), [&](ParallelGrid& grid) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(auto model, ToyModel(grid, 2));
+    ToySource source;
+    TrainerOptions o;
+    o.schedule = "interleaved_1f1b";
+    o.num_microbatches = 4;
+    o.optimizer.lr = 0.2;
+    o.lr_schedule.name = "warmup_cosine";
+    o.lr_schedule.warmup_steps = 2;
+    o.lr_schedule.total_steps = 10;
+    PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, o));
+    PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
+    PP_RETURN_IF_ERROR(Check(std::abs(r.learning_rate - 0.1) < 1e-12, "warm-up lr"));
+    PP_RETURN_IF_ERROR(Check(r.busy_seconds.size() == 2 && r.idle_seconds.size() == 2, "per-rank busy/idle"));
+    PP_RETURN_IF_ERROR(Check(r.busy_seconds[0] > 0 && r.busy_seconds[1] > 0, "busy > 0"));
+    PP_ASSIGN_OR_RETURN(std::string json, trainer->LastStepTrace());
+    nlohmann::json doc = nlohmann::json::parse(json);
+    size_t complete = 0;
+    for (const auto& e : doc["traceEvents"]) complete += e["ph"] == "X";
+    const size_t want = trainer->train_program().ranks[0].size() + trainer->train_program().ranks[1].size();
+    return Check(complete == want, "trace events " + std::to_string(complete) + " != actions " + std::to_string(want));
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Fixed-shape p2p (no headers) gives the same training as dynamic shapes.
+TEST(TrainerTest, FixedShapeModeMatchesDynamic) {
+  std::vector<std::vector<double>> losses(2);
+  for (int fixed = 0; fixed < 2; ++fixed) {
+    absl::Status s = RunOnGrid(2, 1, seconds(20), [&](ParallelGrid& grid) -> absl::Status {
+      PP_ASSIGN_OR_RETURN(auto model, ToyModel(grid));
+      ToySource source;
+      TrainerOptions o;
+      o.num_microbatches = 4;
+      if (fixed) o.fixed_layout = std::vector<TensorMeta>{{torch::kFloat, {kTokens, kHidden}, true}};
+      PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, o));
+      for (int i = 0; i < 2; ++i) {
+        PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
+        if (grid.stage_id() == 0) losses[fixed].push_back(r.loss);
+      }
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
+// The LayerRunner given in the options runs every chunk's layers.
+TEST(TrainerTest, UsesGivenLayerRunner) {
+  std::atomic<int> calls{0};
+  absl::Status s = RunOnGrid(2, 1, seconds(20), [&](ParallelGrid& grid) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(auto model, ToyModel(grid));
+    ToySource source;
+    TrainerOptions o;
+    o.num_microbatches = 3;
+    o.layer_runner = [&](const std::vector<Layer>& layers, Activations in, const MicroBatch& b) {
+      calls.fetch_add(1);
+      return RunLayers(layers, std::move(in), b);
+    };
+    PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, o));
+    PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
+    (void)r;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(calls.load(), 2 * 3);  // two stages x three micro-batches
+}
+
+TEST(TrainerTest, RejectsBadScheduleNames) {
+  absl::Status s = RunOnGrid(1, 1, seconds(20), [&](ParallelGrid& grid) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(auto model, ToyModel(grid));
+    ToySource source;
+    TrainerOptions o;
+    o.schedule = "no_such_schedule";
+    auto t = Trainer::Create(&grid, model.get(), ToyLoss, &source, o);
+    PP_RETURN_IF_ERROR(Check(t.status().code() == absl::StatusCode::kNotFound &&
+                                 std::string(t.status().message()).find("1f1b") != std::string::npos,
+                             "unknown schedule lists the registered ones: " + t.status().ToString()));
+    o.schedule = "inference";
+    t = Trainer::Create(&grid, model.get(), ToyLoss, &source, o);
+    PP_RETURN_IF_ERROR(Check(t.status().code() == absl::StatusCode::kInvalidArgument, "forward-only for training"));
+    o.schedule = "1f1b";
+    o.eval_schedule = "gpipe";
+    t = Trainer::Create(&grid, model.get(), ToyLoss, &source, o);
+    return Check(t.status().code() == absl::StatusCode::kInvalidArgument, "training schedule for evaluation");
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+}  // namespace
+}  // namespace testing_runtime
+}  // namespace pp
