@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checkpoint/activation_checkpointing.h"
+#include "checkpoint/trainer_checkpoint.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "experiments/loss_curve.h"
@@ -137,7 +138,7 @@ absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_si
   ResolveDefaults(config, kind);
   config.mutable_data()->set_path(FromWorkspace(config.data().path()));
   config.set_output_dir(FromWorkspace(config.output_dir()));
-  if (!config.checkpoint().resume().empty()) {
+  if (!config.checkpoint().resume().empty() && config.checkpoint().resume() != "auto") {
     config.mutable_checkpoint()->set_resume(FromWorkspace(config.checkpoint().resume()));
   }
   PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size));
@@ -337,6 +338,25 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
 
+  // Each rank's dropout stream starts from the config's seed, so a run is
+  // repeatable and a resumed one (which restores the saved RNG state) exact.
+  torch::manual_seed(config.seed() * 1000003ULL + static_cast<uint64_t>(grid.global_rank()));
+
+  // Model checkpoints (checkpoint/trainer_checkpoint.h): resume, then save
+  // every save_interval steps.
+  CheckpointPolicy ckpt_policy;
+  ckpt_policy.dir = config.checkpoint().dir().empty()
+                        ? (fs::path(config.output_dir()) / "checkpoints" / config.name()).string()
+                        : FromWorkspace(config.checkpoint().dir());
+  ckpt_policy.save_interval = config.checkpoint().save_interval();
+  ckpt_policy.keep_last = config.checkpoint().keep_last();
+  ckpt_policy.resume = config.checkpoint().resume();
+  ckpt_policy.config = ConfigToText(config);
+  ckpt_policy.seed = static_cast<int64_t>(config.seed());
+  PP_ASSIGN_OR_RETURN(TrainingCheckpointer checkpointer, TrainingCheckpointer::Create(ckpt_policy));
+  PP_ASSIGN_OR_RETURN(bool resumed, checkpointer.MaybeResume(grid, *model, *trainer));
+  if (resumed && rank0) std::cout << "resumed at step " << trainer->step() << " from " << ckpt_policy.resume << std::endl;
+
   fs::path run_dir;
   std::ofstream metrics;
   if (rank0) {
@@ -368,9 +388,11 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   LossPoints train_curve, eval_curve;
   Progress progress(config.steps(), config.log_interval());
   const int64_t trace_step = std::min(config.trace_step(), config.steps() - 1);
-  for (int64_t step = 0; step < config.steps(); ++step) {
+  for (int64_t step = trainer->step(); step < config.steps(); ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
+    PP_ASSIGN_OR_RETURN(std::string saved, checkpointer.AfterStep(grid, *model, *trainer, config.steps()));
+    if (!saved.empty() && rank0) LOG(INFO) << "checkpoint " << saved;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<double> eval_loss;
     const bool last = step + 1 == config.steps();
