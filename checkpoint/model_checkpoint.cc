@@ -267,6 +267,10 @@ absl::StatusOr<std::string> SaveCheckpoint(const SaveRequest& request, const Che
     return absl::InvalidArgumentError(absl::StrCat("data_rank ", rank.data_rank, " must be in [0, ",
                                                    rank.data_size, ")"));
   }
+  if (rank.world_size > 1 && rank.world == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("CheckpointRank.world is null with world_size ", rank.world_size,
+                                                   ": a multi-rank save needs the world group"));
+  }
   const std::string name = CheckpointName(request.step);
   const std::string tmp = TempCheckpointDir(request.root, name);
 
