@@ -205,7 +205,9 @@ TEST_F(ReshardTest, SavedAtPipe2Data2LoadsAtPipe4Pipe1AndSequential) {
   EXPECT_TRUE(paths.count("tied_emb-optim_states.pt"));
   EXPECT_EQ(writers, (std::set<int>{0, 1, 2, 3}));
   for (const auto& f : manifest->files()) {
-    if (f.tie_key() == "emb") EXPECT_LT(f.writer_rank(), 2) << "the tie is written by stage 0";
+    if (f.tie_key() == "emb") {
+      EXPECT_LT(f.writer_rank(), 2) << "the tie is written by stage 0";
+    }
   }
 
   // pipe=4: stages [0,2) [2,3) [3,5) [5,6), tie on the first and last.
@@ -250,6 +252,56 @@ TEST_F(ReshardTest, AFailingRankCommitsNothing) {
   ASSERT_TRUE(dir.ok());
   EXPECT_EQ(fs::path(*dir).filename(), CheckpointName(1));
   EXPECT_FALSE(fs::exists(fs::path(root_) / CheckpointName(2)));
+}
+
+TEST(OptimizerStateTest, SgdMomentumRoundTripsAndContinuesBitwise) {
+  const std::string root = FreshDir("sgd");
+  auto options = torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01);
+  ToyStage a(0, kLayers, true), reference(0, kLayers, true);
+  torch::optim::SGD opt_a(a.parameters(), options), opt_ref(reference.parameters(), options);
+  for (int step = 0; step < 3; ++step) {
+    if (step < 2) {
+      SetGrads(a);
+      opt_a.step();
+    }
+    SetGrads(reference);
+    opt_ref.step();
+  }
+  ModelState state = ModelStateOfModule(a, kLayers);
+  SaveRequest request;
+  request.root = root;
+  request.step = 2;
+  request.model = &state;
+  request.optimizer = &opt_a;
+  ASSERT_TRUE(SaveCheckpoint(request, CheckpointRank()).ok());
+  auto manifest = ReadManifest((fs::path(root) / CheckpointName(2)).string());
+  ASSERT_TRUE(manifest.ok());
+  bool has_momentum = false;
+  for (const auto& f : manifest->files()) {
+    for (const auto& t : f.tensors()) has_momentum = has_momentum || t.name() == "weight.momentum_buffer";
+  }
+  EXPECT_TRUE(has_momentum);
+
+  ToyStage b(0, kLayers, true, /*seed=*/5);
+  ModelState loaded = ModelStateOfModule(b, kLayers);
+  torch::optim::SGD opt_b(b.parameters(), options);
+  auto report = LoadCheckpoint(root, loaded, &opt_b, CheckpointRank());
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->clean()) << report->Summary();
+  SetGrads(b);
+  opt_b.step();
+  ExpectSameTensors(ModelStateOfModule(b, kLayers), ModelStateOfModule(reference, kLayers));
+}
+
+TEST(SaveRequestTest, MultiRankSaveWithoutWorldGroupIsRefused) {
+  ModelState state;
+  SaveRequest request;
+  request.root = FreshDir("noworld");
+  request.model = &state;
+  CheckpointRank rank;
+  rank.world_size = 2;
+  auto r = SaveCheckpoint(request, rank);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 class StrictnessTest : public ::testing::Test {
