@@ -175,7 +175,9 @@ class Progress {
       const int filled = static_cast<int>(kBar * (step + 1) / total_);
       std::fprintf(tty_, "\r[%s%s] %s   ", std::string(filled, '#').c_str(), std::string(kBar - filled, '.').c_str(),
                    stats.c_str());
-      if (eval_loss.has_value()) std::fprintf(tty_, "\n  eval loss %.4f at step %d\n", *eval_loss, step + 1);
+      if (eval_loss.has_value()) {
+        std::fprintf(tty_, "%s", absl::StrFormat("\n  eval loss %.4f at step %d\n", *eval_loss, step + 1).c_str());
+      }
       std::fflush(tty_);
       return;
     }
