@@ -278,8 +278,10 @@ uint32_t Crc32c(const void* data, size_t size, uint32_t crc) {
 
 std::string CheckpointName(int64_t step) { return absl::StrFormat("%s%08d", kStepPrefix, step); }
 
+absl::Status SyncFile(const std::string& path) { return FsyncPath(path); }
+
 absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::string& rel_path,
-                                         const TensorDict& tensors) {
+                                         const TensorDict& tensors, bool sync) {
   FileInfo info;
   info.set_path(rel_path);
   info.set_layer(-1);
@@ -350,7 +352,7 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
     if (write_errno != 0) return ErrnoStatus(write_errno, absl::StrCat("cannot write checkpoint file ", path));
     return pickled;
   }
-  if (::fsync(fd) != 0) {
+  if (sync && ::fsync(fd) != 0) {
     int err = errno;
     ::close(fd);
     return ErrnoStatus(err, absl::StrCat("cannot fsync checkpoint file ", path));

@@ -46,12 +46,17 @@ uint32_t Crc32c(const void* data, size_t size, uint32_t crc = 0);
 // "step_00000100": the directory name of the checkpoint of `step`.
 std::string CheckpointName(int64_t step);
 
-// Pickles `tensors` as a dict, writes `<dir>/<rel_path>` and fsyncs it.
-// Returns its FileInfo (path, size, CRC32C, tensors); the caller fills kind,
-// layer, tie_key and writer_rank. Tensors are saved contiguous, on CPU.
+// Pickles `tensors` as a dict, writes `<dir>/<rel_path>` and (with `sync`)
+// fsyncs it. Returns its FileInfo (path, size, CRC32C, tensors); the caller
+// fills kind, layer, tie_key and writer_rank. Tensors are saved contiguous,
+// on CPU. A writer of many files passes sync=false and calls SyncFile on each
+// at the end, so the kernel writes back one file while the next is written.
 absl::StatusOr<checkpoint::FileInfo> WriteTensorFile(const std::string& dir,
                                                      const std::string& rel_path,
-                                                     const TensorDict& tensors);
+                                                     const TensorDict& tensors, bool sync = true);
+
+// fsync(2) of a file or directory; errors name the path.
+absl::Status SyncFile(const std::string& path);
 
 // Reads `<dir>/<expected.path()>` and checks it against the manifest entry:
 // size, CRC32C, and the names, dtypes and shapes of its tensors. Every error

@@ -190,7 +190,7 @@ absl::StatusOr<std::vector<FileInfo>> WriteMyFiles(const SaveRequest& request, c
   for (const auto& [file, job] : jobs) {
     // Spread the stage's files over its data-parallel ranks.
     if (index++ % rank.data_size != rank.data_rank) continue;
-    PP_ASSIGN_OR_RETURN(FileInfo info, WriteTensorFile(tmp, file, job.tensors));
+    PP_ASSIGN_OR_RETURN(FileInfo info, WriteTensorFile(tmp, file, job.tensors, /*sync=*/false));
     info.set_kind(job.kind);
     info.set_layer(static_cast<int32_t>(job.layer));
     info.set_tie_key(job.tie_key);
@@ -206,6 +206,8 @@ absl::StatusOr<std::vector<FileInfo>> WriteMyFiles(const SaveRequest& request, c
     info.set_writer_rank(rank.rank);
     written.push_back(std::move(info));
   }
+  // Durable before this rank reports success (the commit relies on it).
+  for (const FileInfo& f : written) PP_RETURN_IF_ERROR(SyncFile((fs::path(tmp) / f.path()).string()));
   return written;
 }
 
