@@ -23,6 +23,7 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -381,7 +382,9 @@ class MappedFile {
     auto file = std::shared_ptr<MappedFile>(new MappedFile());
     file->size_ = static_cast<size_t>(st.st_size);
     if (file->size_ > 0) {
-      void* p = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      // Copy-on-write: tensors that alias the mapping (zero-copy loads) may
+      // be written by their user without touching the file.
+      void* p = ::mmap(nullptr, file->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
         int err = errno;
         ::close(fd);
@@ -423,14 +426,40 @@ class MappedReadAdapter : public caffe2::serialize::ReadAdapterInterface {
   std::shared_ptr<const MappedFile> file_;
 };
 
-// What torch::pickle_load does, reading from the mapping.
-absl::StatusOr<TensorDict> Unpickle(const std::string& path, std::shared_ptr<const MappedFile> file) {
+// What torch::pickle_load does, reading from the mapping. With `zero_copy`
+// (files this code wrote, whose checksum passed: records stored uncompressed)
+// the tensors alias the mapping instead of being copied out of it.
+absl::StatusOr<TensorDict> Unpickle(const std::string& path, std::shared_ptr<const MappedFile> file,
+                                    bool zero_copy) {
   TensorDict out;
   std::string problem;
   PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("unpickling checkpoint file ", path), [&] {
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MappedReadAdapter>(file));
-    c10::IValue value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
-                                                          c10::nullopt, c10::nullopt, c10::nullopt, reader);
+    c10::IValue value;
+    if (!zero_copy) {
+      value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"", c10::nullopt,
+                                                c10::nullopt, c10::nullopt, reader);
+    } else {
+      auto [pickle, pickle_size] = reader.getRecord("data.pkl");
+      size_t pos = 0;
+      auto read = [&, data = static_cast<const char*>(pickle.get())](char* buf, size_t n) {
+        n = std::min(n, pickle_size - pos);
+        std::memcpy(buf, data + pos, n);
+        pos += n;
+        return n;
+      };
+      auto read_record = [&](const std::string& key) -> at::DataPtr {
+        const size_t offset = reader.getRecordOffset("data/" + key);
+        TORCH_CHECK(offset < file->size(), "record data/", key, " lies outside the file");
+        auto* owner = new std::shared_ptr<const MappedFile>(file);
+        return at::DataPtr(const_cast<char*>(file->data() + offset), owner,
+                           [](void* ctx) { delete static_cast<std::shared_ptr<const MappedFile>*>(ctx); },
+                           at::Device(at::kCPU));
+      };
+      torch::jit::Unpickler unpickler(read, nullptr, nullptr, read_record, c10::nullopt);
+      unpickler.set_version(reader.version());
+      value = unpickler.parse_ivalue();
+    }
     if (!value.isGenericDict()) {
       problem = absl::StrCat("holds a ", value.tagKind(), ", expected a dict of name -> tensor");
       return;
@@ -472,7 +501,7 @@ absl::StatusOr<TensorDict> ReadTensorFile(const std::string& dir, const FileInfo
         "checkpoint file %s fails its checksum: CRC32C %08x, the manifest says %08x (corrupted)",
         path, crc, expected.crc32c()));
   }
-  PP_ASSIGN_OR_RETURN(TensorDict tensors, Unpickle(path, *file));
+  PP_ASSIGN_OR_RETURN(TensorDict tensors, Unpickle(path, *file, /*zero_copy=*/true));
   if (tensors.size() != static_cast<size_t>(expected.tensors_size())) {
     return absl::DataLossError(absl::StrFormat("checkpoint file %s holds %d tensors, the manifest lists %d",
                                                path, tensors.size(), expected.tensors_size()));
@@ -493,7 +522,7 @@ absl::StatusOr<TensorDict> ReadTensorFile(const std::string& dir, const FileInfo
 
 absl::StatusOr<TensorDict> ReadTensorFileUnchecked(const std::string& path) {
   PP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(path));
-  return Unpickle(path, file);
+  return Unpickle(path, file, /*zero_copy=*/false);
 }
 
 absl::Status WriteFileDurably(const std::string& path, const std::string& contents) {

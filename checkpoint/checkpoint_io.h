@@ -61,6 +61,8 @@ absl::Status SyncFile(const std::string& path);
 // Reads `<dir>/<expected.path()>` and checks it against the manifest entry:
 // size, CRC32C, and the names, dtypes and shapes of its tensors. Every error
 // names the file and what differs.
+// The tensors share a private copy-on-write mapping of the file (no copy;
+// writing to them is safe and does not change the file).
 absl::StatusOr<TensorDict> ReadTensorFile(const std::string& dir,
                                           const checkpoint::FileInfo& expected);
 

@@ -109,6 +109,15 @@ TEST(TensorFileTest, RoundTripKeepsOrderDtypesShapesAndValues) {
     EXPECT_EQ((*back)[i].first, dict[i].first);
     EXPECT_TRUE(at::equal((*back)[i].second, dict[i].second)) << dict[i].first;
   }
+  // Loaded tensors alias a copy-on-write mapping: writing them is safe and
+  // leaves the file as it was (it still passes its checksum).
+  (*back)[0].second.add_(1.0);
+  auto again = ReadTensorFile(dir, *info);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(at::equal((*again)[0].second, dict[0].second));
+  EXPECT_TRUE(at::equal((*back)[0].second, dict[0].second + 1.0));
+  back->clear();
+  EXPECT_TRUE(at::equal((*again)[5].second, dict[5].second));  // still mapped after the others are gone
   auto unchecked = ReadTensorFileUnchecked((fs::path(dir) / "f.pt").string());
   ASSERT_TRUE(unchecked.ok());
   EXPECT_EQ(unchecked->size(), dict.size());

@@ -74,8 +74,8 @@ absl::Status SetOptimizerState(torch::optim::Optimizer& optimizer, const at::Ten
   auto get = [&](const std::string& suffix) -> at::Tensor {
     auto it = entries.find(suffix);
     if (it == entries.end()) return at::Tensor();
-    // Freshly unpickled: owned by nobody else, no clone needed.
-    return it->second.to(param.device());
+    // The loaded tensor aliases the file's mapping: give the optimizer its own memory.
+    return it->second.to(param.device(), /*non_blocking=*/false, /*copy=*/true);
   };
   auto need = [&](const std::string& suffix) -> absl::StatusOr<at::Tensor> {
     at::Tensor t = get(suffix);
