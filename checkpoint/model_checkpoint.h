@@ -18,6 +18,10 @@
 // has exactly one writer. Saving is collective over the world group (when
 // there is one); loading is local: each rank reads the files of its layers.
 //
+// Thread-compatible free functions. One save at a time per root (two jobs
+// must not share a root). Only the CPU RNG is captured by callers here
+// (trainer_checkpoint.h); CUDA generator states are not.
+//
 // Next: checkpoint/checkpoint_io.h (file format, atomic commit).
 #ifndef CHECKPOINT_MODEL_CHECKPOINT_H_
 #define CHECKPOINT_MODEL_CHECKPOINT_H_
