@@ -443,10 +443,22 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
                                             absl::StrJoin(report.optimizer_missing, ", ")));
   }
 
-  // Layers the checkpoint has beyond the model (reported once, by rank 0).
-  if (rank.rank == 0 && model.num_layers >= 0) {
+  // Layers beyond the model and tie keys it does not have (reported once, by
+  // rank 0). Tie keys are known model-wide from tie_writer_stage, or when
+  // this rank holds the whole model.
+  if (rank.rank == 0) {
+    std::set<std::string> known_ties;
+    for (const auto& [key, stage] : model.tie_writer_stage) known_ties.insert(key);
+    for (const auto& [name, t] : model.tensors) {
+      absl::StatusOr<TensorLocation> loc = LocateTensor(name);
+      if (loc.ok() && !loc->tie_key.empty()) known_ties.insert(loc->tie_key);
+    }
+    const bool ties_known = !model.tie_writer_stage.empty() || rank.num_stages == 1;
     for (const FileInfo& f : manifest.files()) {
-      if (f.layer() >= model.num_layers) report.unexpected.push_back(f.path());
+      if ((model.num_layers >= 0 && f.layer() >= model.num_layers) ||
+          (ties_known && !f.tie_key().empty() && known_ties.count(f.tie_key()) == 0)) {
+        report.unexpected.push_back(f.path());
+      }
     }
   }
   if (options.strict && !report.unexpected.empty()) {

@@ -65,8 +65,10 @@ struct CheckpointRank {
 // matched to them by identity).
 struct ModelState {
   TensorDict tensors;
-  // Tie key -> the stage that writes it (the lowest stage holding it). A key
-  // this rank holds but that is not listed is written by this rank's stage.
+  // Tie key -> the stage that writes it (the lowest stage holding it), for
+  // every key of the model. A key this rank holds but that is not listed is
+  // written by this rank's stage. When set (or on a one-stage model), loading
+  // reports tie files of other keys as unexpected.
   std::map<std::string, int> tie_writer_stage;
   // Layers of the whole model, -1 when unknown. With it, loading reports
   // checkpoint layers beyond the model as unexpected.
