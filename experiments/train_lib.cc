@@ -110,10 +110,15 @@ std::string DefaultConfigPath(ModelKind kind) {
                                                        : "experiments/configs/bert_small_pp2.textproto";
   const std::string from_workspace = FromWorkspace(relative);
   if (fs::exists(from_workspace)) return from_workspace;
-  // Run outside `bazel run`: the config ships as a data dependency.
-  const char* runfiles = std::getenv("RUNFILES_DIR");
-  if (runfiles != nullptr && fs::exists(fs::path(runfiles) / "pipe" / relative)) {
-    return (fs::path(runfiles) / "pipe" / relative).string();
+  // Run outside `bazel run` (bazel-bin/experiments/train_gpt from anywhere):
+  // the config ships as a data dependency in the binary's runfiles.
+  std::vector<fs::path> runfiles_dirs;
+  if (const char* dir = std::getenv("RUNFILES_DIR")) runfiles_dirs.emplace_back(dir);
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) runfiles_dirs.push_back(exe.string() + ".runfiles");
+  for (const fs::path& dir : runfiles_dirs) {
+    if (fs::exists(dir / "pipe" / relative)) return (dir / "pipe" / relative).string();
   }
   return relative;
 }
