@@ -20,6 +20,10 @@ done
 [[ $(wc -l < "$RUN/metrics.jsonl") -eq 6 ]] || { echo "FAIL: expected 6 metrics lines"; exit 1; }
 grep -q '"eval_loss"' "$RUN/metrics.jsonl" || { echo "FAIL: no eval loss in metrics"; exit 1; }
 grep -q '"bubble":\[' "$RUN/metrics.jsonl" || { echo "FAIL: no per-rank bubble"; exit 1; }
+# The loss falls by a clear margin within the 6 steps.
+first=$(head -n1 "$RUN/metrics.jsonl" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+last=$(tail -n1 "$RUN/metrics.jsonl" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.3) }' || { echo "FAIL: loss $first -> $last"; exit 1; }
 grep -q 'width: 32' "$RUN/config.textproto" || { echo "FAIL: override not in resolved config"; exit 1; }
 grep -q '\[rank 1\]' "$TMP/out.log" || true  # rank 1 is quiet by design
 grep -q 'done: 6 steps' "$TMP/out.log" || { echo "FAIL: no summary line"; exit 1; }

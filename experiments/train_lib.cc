@@ -24,12 +24,12 @@
 #include "checkpoint/activation_checkpointing.h"
 #include "checkpoint/trainer_checkpoint.h"
 #include "common/status_macros.h"
-#include "common/torch_status.h"
 #include "experiments/loss_curve.h"
 #include "models/data/corpus.h"
 #include "models/data/lm_data.h"
 #include "models/data/mlm_data.h"
 #include "models/data/tokenizer.h"
+#include "models/gpt/pipeline_sampler.h"
 #include "models/gpt/sample.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/pipeline_model.h"
@@ -111,10 +111,15 @@ std::string DefaultConfigPath(ModelKind kind) {
                                                        : "experiments/configs/bert_small_pp2.textproto";
   const std::string from_workspace = FromWorkspace(relative);
   if (fs::exists(from_workspace)) return from_workspace;
-  // Run outside `bazel run`: the config ships as a data dependency.
-  const char* runfiles = std::getenv("RUNFILES_DIR");
-  if (runfiles != nullptr && fs::exists(fs::path(runfiles) / "pipe" / relative)) {
-    return (fs::path(runfiles) / "pipe" / relative).string();
+  // Run outside `bazel run` (bazel-bin/experiments/train_gpt from anywhere):
+  // the config ships as a data dependency in the binary's runfiles.
+  std::vector<fs::path> runfiles_dirs;
+  if (const char* dir = std::getenv("RUNFILES_DIR")) runfiles_dirs.emplace_back(dir);
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) runfiles_dirs.push_back(exe.string() + ".runfiles");
+  for (const fs::path& dir : runfiles_dirs) {
+    if (fs::exists(dir / "pipe" / relative)) return (dir / "pipe" / relative).string();
   }
   return relative;
 }
@@ -215,24 +220,6 @@ absl::Status WriteFile(const fs::path& path, const std::string& contents) {
   return absl::OkStatus();
 }
 
-// A source that repeats one window (the sampler's current text) for every
-// micro-batch index, with dummy labels: the pipeline runs forward only.
-class WindowSource : public MicroBatchSource {
- public:
-  void Set(torch::Tensor window) { window_ = std::move(window); }
-  absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override {
-    MicroBatchData data;
-    data.batch.id = step * 1000003 + index;
-    data.batch.tensors["input_ids"] = window_;
-    data.batch.tensors["labels"] = torch::zeros_like(window_);
-    data.inputs = {window_};
-    return data;
-  }
-
- private:
-  torch::Tensor window_;
-};
-
 struct Data {
   std::unique_ptr<MicroBatchSource> train;
   std::unique_ptr<MicroBatchSource> eval;  // null when the held-out part is too small
@@ -303,17 +290,9 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model, PipelineModel::Create(specs, mo, grid.stage_id()));
   PP_ASSIGN_OR_RETURN(Data data, MakeData(config, kind));
 
-  // The last stage's logits of the latest micro-batch, for sampling.
-  torch::Tensor captured_logits;
-  LossFn loss_fn;
-  if (kind == ModelKind::kGpt) {
-    loss_fn = [&captured_logits](const Activations& outputs, const MicroBatch& batch) {
-      if (!torch::GradMode::is_enabled()) captured_logits = outputs.at(0).detach();
-      return GptLoss(outputs, batch);
-    };
-  } else {
-    loss_fn = BertMlmLoss;
-  }
+  // GPT: the loss also keeps the last stage's logits for sampling.
+  PipelineSampler sampler;
+  const LossFn loss_fn = kind == ModelKind::kGpt ? sampler.WrapLoss(GptLoss) : LossFn(BertMlmLoss);
 
   TrainerOptions to;
   to.schedule = par.schedule();
@@ -426,31 +405,15 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   const double train_seconds = progress.Elapsed();
 
   if (kind == ModelKind::kGpt && config.sample_tokens() > 0) {
-    WindowSource window_source;
-    int64_t call = 0;
-    const int last_stage = grid.num_stages() - 1;
-    NextTokenLogitsFn next = [&](const torch::Tensor& window, int64_t position) -> absl::StatusOr<torch::Tensor> {
-      window_source.Set(window);
-      PP_RETURN_IF_ERROR(trainer->Evaluate(&window_source, call++).status());
-      torch::Tensor logits = torch::zeros({ByteTokenizer::kVocabSize});
-      if (grid.IsLastStage()) logits = captured_logits[0][position].to(torch::kFloat).contiguous();
-      if (grid.num_stages() > 1) {
-        std::vector<at::Tensor> tensors = {logits};
-        c10d::BroadcastOptions bo;
-        bo.rootRank = last_stage;
-        PP_RETURN_IF_ERROR(TorchCall("broadcast of sampling logits over the pipe group", [&] {
-          grid.pipe_group()->broadcast(tensors, bo)->wait(timeout);
-        }));
-      }
-      return logits;
-    };
     SampleOptions so{.num_tokens = config.sample_tokens(),
                      .top_k = config.sample_top_k(),
                      .temperature = config.sample_temperature(),
                      .seed = config.seed(),
                      .max_token_id = ByteTokenizer::kNumBytes};
     PP_ASSIGN_OR_RETURN(std::vector<int64_t> tokens, Generate(ByteTokenizer::Encode(config.sample_prompt()),
-                                                              config.gpt().context_length(), so, next));
+                                                              config.gpt().context_length(), so,
+                                                              sampler.LogitsFn(trainer.get(), &grid,
+                                                                               ByteTokenizer::kVocabSize, timeout)));
     if (rank0) {
       const std::string text = ByteTokenizer::Decode(tokens);
       PP_RETURN_IF_ERROR(WriteFile(run_dir / "sample.txt", text + "\n"));

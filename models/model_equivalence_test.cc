@@ -7,12 +7,14 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "models/bert/bert.h"
 #include "models/data/lm_data.h"
 #include "models/data/mlm_data.h"
 #include "models/gpt/gpt.h"
+#include "pipeline/partition/partitioner.h"
 #include "pipeline/runtime/equivalence_testing.h"
 #include "pipeline/schedule/registry.h"
 
@@ -142,6 +144,47 @@ TEST_P(ModelEquivalenceTest, PipelineEqualsSequential) {
 
 INSTANTIATE_TEST_SUITE_P(Registry, ModelEquivalenceTest, ::testing::ValuesIn(AllCases()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+TEST(TiedEmbeddingTest, IdenticalOnFirstAndLastStageAfterSeveralSteps) {
+  RunConfig c;
+  c.schedule = "1f1b";
+  c.pp = 2;
+  c.steps = 5;
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 0.01;
+  UseGpt(c);
+  // The harness gathers every stage's parameters by global name and fails if
+  // the embedding (stage 0) and the LM head's copy (stage 1) differ bitwise.
+  absl::StatusOr<RunResult> trained = TrainPipeline(c);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  // Without the tied-gradient all-reduce the copies drift apart at once.
+  c.reduce_tied_grads = false;
+  absl::StatusOr<RunResult> broken = TrainPipeline(c);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_NE(broken.status().message().find("tied copies of tied.embed."), std::string::npos) << broken.status();
+}
+
+TEST(PartitionTest, TypeRegexCutsOnBlockBoundaries) {
+  const std::vector<LayerSpec> gpt = *MakeGptSpecs(TinyGpt());
+  const std::vector<LayerSpec> bert = *MakeBertSpecs(TinyBert());
+  for (const auto& [specs, method, block] :
+       {std::tuple{&gpt, "type:TransformerBlock", "TransformerBlock"},
+        std::tuple{&bert, "type:EncoderBlock", "EncoderBlock"}}) {
+    for (int64_t parts : {2, 4}) {
+      PartitionRequest request;
+      request.specs = specs;
+      request.num_parts = parts;
+      absl::StatusOr<Bounds> bounds = Partition(method, request);
+      ASSERT_TRUE(bounds.ok()) << bounds.status();
+      // 4 blocks: every part holds the same number of them.
+      for (int64_t p = 0; p < parts; ++p) {
+        int64_t blocks = 0;
+        for (int64_t i = (*bounds)[p]; i < (*bounds)[p + 1]; ++i) blocks += (*specs)[i].name() == block;
+        EXPECT_EQ(blocks, 4 / parts) << method << " part " << p << " of " << parts;
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace pp

@@ -7,10 +7,13 @@
 
 #include "models/data/mlm_data.h"
 #include "models/data/tokenizer.h"
-#include "models/test_util.h"
+#include "pipeline/pipeline_model.h"
 
 namespace pp {
 namespace {
+
+// The whole model in one process (ToSequential's builder), from the first layer.
+Activations RunModel(StageModule& model, const MicroBatch& batch) { return model->Forward({}, batch); }
 
 BertConfig Tiny() {
   return BertConfig{.vocab_size = 260, .context_length = 32, .width = 32, .num_heads = 4, .num_layers = 2};
@@ -42,9 +45,9 @@ TEST(BertTest, ShapesAndLossOverMaskedPositionsOnly) {
   absl::StatusOr<MlmBatchSource> data =
       MlmBatchSource::Create(Text(), {.seq_len = 32, .micro_batch_size = 4, .num_microbatches = 1});
   ASSERT_TRUE(data.ok()) << data.status();
-  LocalModel model = BuildLocalModel(*MakeBertSpecs(Tiny()), 1234);
+  StageModule model = *BuildSequential(*MakeBertSpecs(Tiny()), 1234);
   MicroBatch batch = data->Batch(0, 0);
-  Activations out = model.Forward(batch);
+  Activations out = RunModel(model, batch);
   ASSERT_EQ(out[0].sizes(), (std::vector<int64_t>{4, 32, 260}));
   const torch::Tensor loss = BertMlmLoss(out, batch);
   EXPECT_NEAR(loss.item<double>(), std::log(260.0), 0.5);
@@ -57,7 +60,7 @@ TEST(BertTest, ShapesAndLossOverMaskedPositionsOnly) {
 }
 
 TEST(BertTest, PaddingIsInvisibleToRealTokens) {
-  LocalModel model = BuildLocalModel(*MakeBertSpecs(Tiny()), 1234);
+  StageModule model = *BuildSequential(*MakeBertSpecs(Tiny()), 1234);
   MicroBatch batch;
   torch::Tensor ids = torch::randint(0, 256, {2, 32}, torch::kLong);
   torch::Tensor mask = torch::ones({2, 32}, torch::kBool);
@@ -65,44 +68,44 @@ TEST(BertTest, PaddingIsInvisibleToRealTokens) {
   mask.index_put_({1, torch::indexing::Slice(7)}, false);
   batch.tensors["input_ids"] = ids;
   batch.tensors["attention_mask"] = mask;
-  torch::Tensor a = model.Forward(batch)[0];
+  torch::Tensor a = RunModel(model, batch)[0];
   // Different tokens behind the padding mask: real positions see no change.
   batch.tensors["input_ids"] = torch::where(mask, ids, torch::full_like(ids, ByteTokenizer::kPad));
-  torch::Tensor b = model.Forward(batch)[0];
+  torch::Tensor b = RunModel(model, batch)[0];
   EXPECT_TRUE(torch::allclose(a[0].slice(0, 0, 20), b[0].slice(0, 0, 20), 1e-5, 1e-5));
   EXPECT_TRUE(torch::allclose(a[1].slice(0, 0, 7), b[1].slice(0, 0, 7), 1e-5, 1e-5));
   // Without the mask the change leaks into the real positions.
   batch.tensors.erase("attention_mask");
-  torch::Tensor c = model.Forward(batch)[0];
+  torch::Tensor c = RunModel(model, batch)[0];
   EXPECT_FALSE(torch::allclose(a[0].slice(0, 0, 20), c[0].slice(0, 0, 20), 1e-5, 1e-5));
 }
 
 TEST(BertTest, AttentionIsBidirectionalAndTokenTypesMatter) {
-  LocalModel model = BuildLocalModel(*MakeBertSpecs(Tiny()), 1234);
+  StageModule model = *BuildSequential(*MakeBertSpecs(Tiny()), 1234);
   MicroBatch batch;
   torch::Tensor ids = torch::randint(0, 256, {1, 16}, torch::kLong);
   batch.tensors["input_ids"] = ids;
-  torch::Tensor a = model.Forward(batch)[0];
+  torch::Tensor a = RunModel(model, batch)[0];
   torch::Tensor changed = ids.clone();
   changed.index_put_({0, 15}, (ids[0][15] + 1) % 256);
   batch.tensors["input_ids"] = changed;
-  EXPECT_FALSE(torch::allclose(a[0][0], model.Forward(batch)[0][0][0]));  // position 0 sees position 15
+  EXPECT_FALSE(torch::allclose(a[0][0], RunModel(model, batch)[0][0][0]));  // position 0 sees position 15
   batch.tensors["input_ids"] = ids;
   batch.tensors["token_type_ids"] = torch::ones({1, 16}, torch::kLong);
-  EXPECT_FALSE(torch::allclose(a, model.Forward(batch)[0]));
+  EXPECT_FALSE(torch::allclose(a, RunModel(model, batch)[0]));
 }
 
 TEST(BertTest, LearnsMaskedTokens) {
   absl::StatusOr<MlmBatchSource> data =
       MlmBatchSource::Create(Text(), {.seq_len = 32, .micro_batch_size = 8, .num_microbatches = 1, .seed = 5});
   ASSERT_TRUE(data.ok()) << data.status();
-  LocalModel model = BuildLocalModel(*MakeBertSpecs(Tiny()), 1234);
-  torch::optim::AdamW optimizer(model.Parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.0));
+  StageModule model = *BuildSequential(*MakeBertSpecs(Tiny()), 1234);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.0));
   double first = 0, recent = 0;
   for (int step = 0; step < 80; ++step) {
     MicroBatch batch = data->Batch(step, 0);
     optimizer.zero_grad();
-    torch::Tensor loss = BertMlmLoss(model.Forward(batch), batch);
+    torch::Tensor loss = BertMlmLoss(RunModel(model, batch), batch);
     loss.backward();
     optimizer.step();
     if (step == 0) first = loss.item<double>();

@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include "models/data/lm_data.h"
-#include "models/test_util.h"
+#include "pipeline/pipeline_model.h"
 
 namespace pp {
 namespace {
+
+// The whole model in one process (ToSequential's builder), from the first layer.
+Activations RunModel(StageModule& model, const MicroBatch& batch) { return model->Forward({}, batch); }
 
 GptConfig Tiny() {
   return GptConfig{.vocab_size = 260, .context_length = 16, .width = 32, .num_heads = 4, .num_layers = 2};
@@ -45,9 +48,9 @@ TEST(GptSpecsTest, LayoutTiesAndDeclaredCounts) {
 
 TEST(GptTest, LogitsShapeAndInitialLossNearUniform) {
   torch::manual_seed(0);
-  LocalModel model = BuildLocalModel(*MakeGptSpecs(Tiny()), 1234);
+  StageModule model = *BuildSequential(*MakeGptSpecs(Tiny()), 1234);
   MicroBatch batch = Batch(torch::randint(0, 256, {3, 16}, torch::kLong));
-  Activations out = model.Forward(batch);
+  Activations out = RunModel(model, batch);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].sizes(), (std::vector<int64_t>{3, 16, 260}));
   const double loss = GptLoss(out, batch).item<double>();
@@ -56,26 +59,26 @@ TEST(GptTest, LogitsShapeAndInitialLossNearUniform) {
 
 TEST(GptTest, AttentionIsCausal) {
   torch::manual_seed(0);
-  LocalModel model = BuildLocalModel(*MakeGptSpecs(Tiny()), 1234);
+  StageModule model = *BuildSequential(*MakeGptSpecs(Tiny()), 1234);
   torch::Tensor ids = torch::randint(0, 256, {2, 16}, torch::kLong);
   torch::Tensor changed = ids.clone();
   changed.index_put_({torch::indexing::Slice(), 9}, (ids.select(1, 9) + 1) % 256);
-  torch::Tensor a = model.Forward(Batch(ids))[0];
-  torch::Tensor b = model.Forward(Batch(changed))[0];
+  torch::Tensor a = RunModel(model, Batch(ids))[0];
+  torch::Tensor b = RunModel(model, Batch(changed))[0];
   EXPECT_TRUE(torch::allclose(a.slice(1, 0, 9), b.slice(1, 0, 9)));
   EXPECT_FALSE(torch::allclose(a.slice(1, 9), b.slice(1, 9)));
 }
 
 TEST(GptTest, HeadUsesTheTokenEmbeddingTable) {
-  LocalModel model = BuildLocalModel(*MakeGptSpecs(Tiny()), 1234);
-  ASSERT_EQ(model.shared.size(), 1u);
-  auto& embedding = dynamic_cast<GptEmbeddingImpl&>(*model.shared[0]);
+  StageModule model = *BuildSequential(*MakeGptSpecs(Tiny()), 1234);
+  ASSERT_EQ(model->tied_modules().size(), 1u);
+  auto& embedding = dynamic_cast<GptEmbeddingImpl&>(*model->tied_modules().at("embed"));
   torch::Tensor x = torch::randn({2, 5, 32});
-  Activations logits = model.layers.back()->Forward({x}, MicroBatch{});
+  Activations logits = model->layers().back()->Forward({x}, MicroBatch{});
   EXPECT_TRUE(torch::allclose(logits[0], torch::matmul(x, embedding.tok_embed->weight.t())));
   // One table: the head adds no tensor of its own (2 embedding tables,
   // 13 tensors per block, 2 in the final LayerNorm).
-  EXPECT_EQ(model.Parameters().size(), 2u + 2u * 13u + 2u);
+  EXPECT_EQ(model->parameters().size(), 2u + 2u * 13u + 2u);
 }
 
 TEST(GptTest, LearnsAGeneratedCorpus) {
@@ -87,13 +90,13 @@ TEST(GptTest, LearnsAGeneratedCorpus) {
   absl::StatusOr<LmBatchSource> data =
       LmBatchSource::Create(ids, {.seq_len = 16, .micro_batch_size = 8, .num_microbatches = 1, .seed = 3});
   ASSERT_TRUE(data.ok()) << data.status();
-  LocalModel model = BuildLocalModel(*MakeGptSpecs(Tiny()), 1234);
-  torch::optim::AdamW optimizer(model.Parameters(), torch::optim::AdamWOptions(5e-3).weight_decay(0.0));
+  StageModule model = *BuildSequential(*MakeGptSpecs(Tiny()), 1234);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(5e-3).weight_decay(0.0));
   double first = 0, last = 0;
   for (int step = 0; step < 100; ++step) {
     MicroBatch batch = data->Batch(step, 0);
     optimizer.zero_grad();
-    torch::Tensor loss = GptLoss(model.Forward(batch), batch);
+    torch::Tensor loss = GptLoss(RunModel(model, batch), batch);
     loss.backward();
     optimizer.step();
     if (step == 0) first = loss.item<double>();
@@ -118,8 +121,8 @@ TEST(GptConfigTest, BadConfigsNameTheField) {
 }
 
 TEST(GptTest, LongerThanContextFails) {
-  LocalModel model = BuildLocalModel(*MakeGptSpecs(Tiny()), 1234);
-  EXPECT_THROW(model.Forward(Batch(torch::zeros({1, 17}, torch::kLong))), c10::Error);
+  StageModule model = *BuildSequential(*MakeGptSpecs(Tiny()), 1234);
+  EXPECT_THROW(RunModel(model, Batch(torch::zeros({1, 17}, torch::kLong))), c10::Error);
 }
 
 }  // namespace
