@@ -2,9 +2,9 @@
 // schedule, or compare several side by side. Thin main: all logic lives in
 // //pipeline/schedule.
 //
-//   bazel run //experiments:schedule_explorer -- --schedule=1f1b --stages=4 \
-//       --microbatches=8 [--chunks=2] [--group=4] [--costs=F:1,B:2,W:0,comm:0] \
-//       [--format=text|json|svg|chrome|csv] [--out=FILE] \
+//   bazel run //experiments:schedule_explorer -- --schedule=1f1b --stages=4
+//       --microbatches=8 [--chunks=2] [--group=4] [--costs=F:1,B:2,W:0,comm:0]
+//       [--format=text|json|svg|chrome|csv] [--out=FILE]
 //       [--compare=gpipe,1f1b,interleaved_1f1b] [--list]
 #include <cstdio>
 #include <fstream>

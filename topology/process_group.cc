@@ -17,7 +17,7 @@ bool LooksLikeTimeout(const std::string& message) {
   return absl::StrContains(lower, "timeout") || absl::StrContains(lower, "timed out");
 }
 
-std::string ExceptionMessage(const std::exception& e) {
+std::string GlooExceptionMessage(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
     return c10_error->what_without_backtrace();
   }
@@ -36,7 +36,7 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
         "cannot create a Gloo device for host '", hostname.empty() ? "(this host)" : hostname,
-        "': ", ExceptionMessage(e)));
+        "': ", GlooExceptionMessage(e)));
   }
 }
 
@@ -67,7 +67,7 @@ absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::s
   } catch (const std::exception& e) {
     const std::string what =
         absl::StrCat("group '", prefix, "' (rank ", rank, " of ", size, ")");
-    const std::string message = ExceptionMessage(e);
+    const std::string message = GlooExceptionMessage(e);
     if (LooksLikeTimeout(message)) {
       return absl::DeadlineExceededError(absl::StrCat(
           what, ": not every member arrived within ",

@@ -49,8 +49,10 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
 absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::string& prefix,
                                              int rank, int size, const GroupOptions& options);
 
-// e.what(), without the C++ backtrace c10::Error carries.
-std::string ExceptionMessage(const std::exception& e);
+// e.what(), without the C++ backtrace c10::Error carries. (Not named
+// ExceptionMessage: pipeline/layer_spec.h has a pp::ExceptionMessage too, and
+// two definitions of one name break static links of binaries using both.)
+std::string GlooExceptionMessage(const std::exception& e);
 
 // True when a c10d error message reports an expired wait (c10d throws plain
 // c10::Error for timeouts: "Socket Timeout", "Timeout waiting for key", ...).

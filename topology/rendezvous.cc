@@ -124,7 +124,7 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
             ? absl::StrCat("TCP store at ", env.master_addr, ":", env.master_port,
                            env.rank == 0 ? " (hosted by this rank 0)" : "")
             : absl::StrCat("file store ", options.file_store_path);
-    const std::string message = ExceptionMessage(e);
+    const std::string message = GlooExceptionMessage(e);
     if (LooksLikeTimeout(message)) {
       return absl::DeadlineExceededError(absl::StrCat("rank ", env.rank, " could not reach the ",
                                                       where, " within the timeout: ", message));

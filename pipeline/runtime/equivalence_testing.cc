@@ -55,23 +55,36 @@ absl::StatusOr<MicroBatchData> ToySource::Get(int64_t step, int64_t index) {
   return d;
 }
 
+namespace {
+
+std::vector<LayerSpec> SpecsOf(const RunConfig& config) {
+  return config.specs ? config.specs() : ToySpecs(config.blocks);
+}
+LossFn LossOf(const RunConfig& config) { return config.loss ? config.loss : LossFn(ToyLoss); }
+std::unique_ptr<MicroBatchSource> SourceOf(const RunConfig& config) {
+  return config.source ? config.source() : std::make_unique<ToySource>();
+}
+
+}  // namespace
+
 absl::StatusOr<RunResult> TrainSequential(const RunConfig& config) {
   RunResult result;
   absl::Status s = TorchCall("sequential reference", [&] {
-    absl::StatusOr<StageModule> built = BuildSequential(ToySpecs(config.blocks), kSeed);
+    absl::StatusOr<StageModule> built = BuildSequential(SpecsOf(config), kSeed);
     if (!built.ok()) throw std::runtime_error(built.status().ToString());
     StageModule model = *built;
     std::vector<torch::Tensor> params = model->parameters();
     auto optimizer = MakeOptimizer(config.optimizer, params);
-    ToySource source;
+    std::unique_ptr<MicroBatchSource> source = SourceOf(config);
+    const LossFn loss_fn = LossOf(config);
     const int total = config.dp * config.microbatches;
     for (int step = 0; step < config.steps; ++step) {
       SetLearningRate(*optimizer, LearningRateAt(config.lr_schedule, config.optimizer.lr, step));
       optimizer->zero_grad();
       double loss_sum = 0;
       for (int i = 0; i < total; ++i) {
-        MicroBatchData d = *source.Get(step, i);
-        torch::Tensor loss = ToyLoss(model->Forward(d.inputs, d.batch), d.batch);
+        MicroBatchData d = *source->Get(step, i);
+        torch::Tensor loss = loss_fn(model->Forward(d.inputs, d.batch), d.batch);
         loss_sum += loss.item<double>();
         (loss / static_cast<double>(total)).backward();
       }
@@ -110,12 +123,12 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
     PipelineModelOptions mo;
     mo.num_stages = config.pp;
     mo.chunks = config.chunks;
-    mo.partition_method = "uniform";
+    mo.partition_method = config.partition_method;
     mo.base_seed = kSeed;
     std::unique_lock<std::mutex> build_lock(ModelBuildMutex());
-    PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(ToySpecs(config.blocks), mo, grid.stage_id()));
+    PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(SpecsOf(config), mo, grid.stage_id()));
     build_lock.unlock();
-    ToySource source;
+    std::unique_ptr<MicroBatchSource> source = SourceOf(config);
     TrainerOptions to;
     to.schedule = config.schedule;
     to.num_microbatches = config.microbatches;
@@ -131,7 +144,7 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
       policy.checkpointable_types = "Block";
       PP_ASSIGN_OR_RETURN(to.layer_runner, MakeCheckpointingRunner(policy));
     }
-    PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, to));
+    PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), LossOf(config), source.get(), to));
     for (int step = 0; step < config.steps; ++step) {
       PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
       rank_losses[w.rank].push_back(r.loss);

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <string>
@@ -59,6 +60,12 @@ struct RunConfig {
   // local Block layers, set on the stage modules through the Trainer.
   int checkpoint_interval = 0;
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  // The model under test (models/ adds GPT and BERT); each unset part falls
+  // back to the toy model: ToySpecs(blocks), ToyLoss, ToySource.
+  std::function<std::vector<LayerSpec>()> specs;
+  LossFn loss;
+  std::function<std::unique_ptr<MicroBatchSource>()> source;  // one per rank
+  std::string partition_method = "uniform";
 };
 
 struct RunResult {

@@ -106,6 +106,9 @@ class Trainer {
   absl::StatusOr<std::string> LastStepTrace();
 
   int64_t step() const { return step_; }
+  // Continues from `step` after a checkpoint load: the next Step() reads the
+  // source's batch `step` with the scheduled rate of `step`.
+  void set_step(int64_t step) { step_ = step; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const LoweredProgram& train_program() const { return train_program_; }
   const LoweredProgram& eval_program() const { return eval_program_; }

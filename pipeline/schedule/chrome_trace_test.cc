@@ -30,8 +30,12 @@ TEST(ChromeTraceTest, OneCompleteEventPerActionWithRankThreads) {
         EXPECT_EQ(e["args"]["microbatch"], 0);
         EXPECT_EQ(e["args"]["stage"], 1);
       }
-      if (e["name"] == "1RECV_F0") EXPECT_EQ(e["cat"], "RECV_F");
-      if (e["name"] == "loss") EXPECT_EQ(e["cat"], "other");
+      if (e["name"] == "1RECV_F0") {
+        EXPECT_EQ(e["cat"], "RECV_F");
+      }
+      if (e["name"] == "loss") {
+        EXPECT_EQ(e["cat"], "other");
+      }
     } else if (e["name"] == "thread_name") {
       ++thread_names;
     }

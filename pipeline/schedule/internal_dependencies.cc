@@ -3,22 +3,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace pp {
 namespace internal_schedule {
-namespace {
-
-absl::Status GridError(const Schedule& schedule, int rank, int pos,
-                       absl::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "schedule \"", schedule.name, "\" (p=", schedule.num_stages,
-      ", m=", schedule.num_microbatches, ", v=", schedule.num_chunks,
-      "): rank ", rank, " step ", pos, ": ", message, "\n",
-      FormatGrid(schedule.ranks, GridMark{rank, pos})));
-}
-
-}  // namespace
-
 absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
                                                const DependencyCosts& costs) {
   const int p = schedule.num_stages;
@@ -29,7 +17,6 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
         absl::StrCat("schedule \"", schedule.name, "\" has ",
                      schedule.ranks.size(), " rank lists for num_stages ", p));
   }
-  // Where each (type, stage, mb) runs.
   // Where each compute (type, stage, mb) runs; dense, ranges checked first.
   std::vector<Dependency> where(4 * num_virtual * m, Dependency{-1, -1});
   auto key = [&](const Action& a) {
@@ -37,31 +24,12 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
   };
   for (int r = 0; r < p; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
+      PP_RETURN_IF_ERROR(CheckComputeCell(schedule, r, i));
       const Action& a = schedule.ranks[r][i];
-      if (!IsCompute(a.type)) {
-        return GridError(schedule, r, i,
-                         "only compute actions (F, B, I, W) belong in a "
-                         "schedule; Lower() adds communication and the tail");
-      }
-      if (a.stage < 0 || a.stage >= num_virtual) {
-        return GridError(schedule, r, i,
-                         absl::StrCat("stage ", a.stage, " is outside [0, ",
-                                      num_virtual, ")"));
-      }
-      if (a.microbatch < 0 || a.microbatch >= m) {
-        return GridError(schedule, r, i,
-                         absl::StrCat("micro-batch ", a.microbatch,
-                                      " is outside [0, ", m, ")"));
-      }
-      if (schedule.stage_to_rank[a.stage] != r) {
-        return GridError(schedule, r, i,
-                         absl::StrCat("stage ", a.stage, " is placed on rank ",
-                                      schedule.stage_to_rank[a.stage]));
-      }
       Dependency& slot = where[key(a)];
       if (slot.rank >= 0) {
         const Dependency& first = slot;
-        return GridError(schedule, r, i,
+        return ScheduleCellError(schedule, r, i,
                          absl::StrCat(ActionToString(a), " appears twice (first "
                                       "at rank ", first.rank, " step ",
                                       first.pos, ")"));
@@ -94,7 +62,7 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
           absl::StrAppend(&names, names.empty() ? "" : " or ",
                           ActionToString(alt));
         }
-        return GridError(schedule, r, i,
+        return ScheduleCellError(schedule, r, i,
                          absl::StrCat(ActionToString(a), " needs ", names,
                                       ", which no rank runs"));
       };
@@ -170,7 +138,7 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
     }
   }
   if (first_rank >= 0) {
-    return GridError(
+    return ScheduleCellError(
         schedule, first_rank, pos[first_rank],
         absl::StrCat("the per-rank orders cannot all make progress (an input "
                      "is needed before it can be produced):",

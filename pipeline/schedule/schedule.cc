@@ -89,4 +89,40 @@ std::string FormatGrid(const RankActions& ranks, std::optional<GridMark> mark) {
   return out;
 }
 
+absl::Status ScheduleCellError(const Schedule& schedule, int rank, int step,
+                               absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "schedule \"", schedule.name, "\" (p=", schedule.num_stages,
+      ", m=", schedule.num_microbatches, ", v=", schedule.num_chunks,
+      "): rank ", rank, " step ", step, ": ", message, "\n",
+      FormatGrid(schedule.ranks, GridMark{rank, step})));
+}
+
+absl::Status CheckComputeCell(const Schedule& schedule, int rank, int step) {
+  const Action& a = schedule.ranks[rank][step];
+  const int num_virtual = schedule.num_virtual_stages();
+  const int m = schedule.num_microbatches;
+  if (!IsCompute(a.type)) {
+    return ScheduleCellError(schedule, rank, step,
+                             "only compute actions (F, B, I, W) belong in a "
+                             "schedule; Lower() adds communication and the tail");
+  }
+  if (a.stage < 0 || a.stage >= num_virtual) {
+    return ScheduleCellError(
+        schedule, rank, step,
+        absl::StrCat("stage ", a.stage, " is outside [0, ", num_virtual, ")"));
+  }
+  if (schedule.stage_to_rank[a.stage] != rank) {
+    return ScheduleCellError(schedule, rank, step,
+                             absl::StrCat("stage ", a.stage, " is placed on rank ",
+                                          schedule.stage_to_rank[a.stage]));
+  }
+  if (a.microbatch < 0 || a.microbatch >= m) {
+    return ScheduleCellError(
+        schedule, rank, step,
+        absl::StrCat("micro-batch ", a.microbatch, " is outside [0, ", m, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace pp

@@ -75,6 +75,15 @@ struct GridMark {
 std::string FormatGrid(const RankActions& ranks,
                        std::optional<GridMark> mark = std::nullopt);
 
+// InvalidArgument naming the schedule, the cell and `message`, followed by the
+// schedule's grid with that cell marked.
+absl::Status ScheduleCellError(const Schedule& schedule, int rank, int step,
+                               absl::string_view message);
+
+// Checks the cell ranks[rank][step] on its own: a compute action whose stage
+// and micro-batch are in range and whose stage is placed on `rank`.
+absl::Status CheckComputeCell(const Schedule& schedule, int rank, int step);
+
 }  // namespace pp
 
 #endif  // PIPELINE_SCHEDULE_SCHEDULE_H_

@@ -10,15 +10,6 @@
 namespace pp {
 namespace {
 
-absl::Status CellError(const Schedule& schedule, int rank, int pos,
-                       absl::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "schedule \"", schedule.name, "\" (p=", schedule.num_stages,
-      ", m=", schedule.num_microbatches, ", v=", schedule.num_chunks,
-      "): rank ", rank, " step ", pos, ": ", message, "\n",
-      FormatGrid(schedule.ranks, GridMark{rank, pos})));
-}
-
 struct Seen {
   int rank = -1;
   int pos = -1;
@@ -59,34 +50,15 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
   };
   for (int r = 0; r < p; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
+      PP_RETURN_IF_ERROR(CheckComputeCell(schedule, r, i));
       const Action& a = schedule.ranks[r][i];
-      if (!IsCompute(a.type)) {
-        return CellError(schedule, r, i,
-                         "only compute actions (F, B, I, W) belong in a "
-                         "schedule; Lower() adds communication and the tail");
-      }
-      if (a.stage < 0 || a.stage >= num_virtual) {
-        return CellError(schedule, r, i,
-                         absl::StrCat("stage ", a.stage, " is outside [0, ",
-                                      num_virtual, ")"));
-      }
-      if (schedule.stage_to_rank[a.stage] != r) {
-        return CellError(schedule, r, i,
-                         absl::StrCat("stage ", a.stage, " is placed on rank ",
-                                      schedule.stage_to_rank[a.stage]));
-      }
-      if (a.microbatch < 0 || a.microbatch >= m) {
-        return CellError(schedule, r, i,
-                         absl::StrCat("micro-batch ", a.microbatch,
-                                      " is outside [0, ", m, ")"));
-      }
       if (schedule.forward_only && a.type != ActionType::kForward) {
-        return CellError(schedule, r, i,
+        return ScheduleCellError(schedule, r, i,
                          "a forward-only schedule has no backward actions");
       }
       Seen& entry = seen[key(a.type, a.stage, a.microbatch)];
       if (++entry.count > 1) {
-        return CellError(schedule, r, i,
+        return ScheduleCellError(schedule, r, i,
                          absl::StrCat(ActionToString(a), " appears twice (first "
                                       "at rank ", entry.rank, " step ",
                                       entry.pos, ")"));
@@ -108,18 +80,18 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
       const Seen* in = find(ActionType::kBackwardInput, s, mb);
       const Seen* w = find(ActionType::kBackwardWeight, s, mb);
       if (f == nullptr) {
-        return CellError(schedule, r, end,
+        return ScheduleCellError(schedule, r, end,
                          absl::StrCat("missing ", ActionToString(F(s, mb))));
       }
       if (schedule.forward_only) continue;
       if (b != nullptr && (in != nullptr || w != nullptr)) {
         const Seen* split = in != nullptr ? in : w;
-        return CellError(schedule, r, split->pos,
+        return ScheduleCellError(schedule, r, split->pos,
                          absl::StrCat("(stage ", s, ", mb ", mb, ") has both a "
                                       "full backward B and a split I/W"));
       }
       if (b == nullptr && (in == nullptr || w == nullptr)) {
-        return CellError(
+        return ScheduleCellError(
             schedule, r, end,
             absl::StrCat("missing backward of (stage ", s, ", mb ", mb,
                          "): need ", ActionToString(B(s, mb)), " or both ",
@@ -128,13 +100,13 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
       }
       const Seen* backward = b != nullptr ? b : in;
       if (backward->pos < f->pos) {
-        return CellError(schedule, r, backward->pos,
+        return ScheduleCellError(schedule, r, backward->pos,
                          absl::StrCat("backward of (stage ", s, ", mb ", mb,
                                       ") runs before its forward (step ",
                                       f->pos, ")"));
       }
       if (w != nullptr && w->pos < in->pos) {
-        return CellError(schedule, r, w->pos,
+        return ScheduleCellError(schedule, r, w->pos,
                          absl::StrCat(ActionToString(W(s, mb)), " runs before ",
                                       ActionToString(I(s, mb)), " (step ",
                                       in->pos, ")"));
@@ -143,7 +115,7 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
       if (s + 1 < num_virtual && schedule.stage_to_rank[s + 1] == r) {
         const Seen* next_f = find(ActionType::kForward, s + 1, mb);
         if (next_f != nullptr && next_f->pos < f->pos) {
-          return CellError(schedule, r, next_f->pos,
+          return ScheduleCellError(schedule, r, next_f->pos,
                            absl::StrCat("F on stage ", s + 1, " runs before F "
                                         "on stage ", s, " (step ", f->pos,
                                         ") for mb ", mb));
@@ -151,7 +123,7 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
         const Seen* next_b = find(ActionType::kBackward, s + 1, mb);
         if (next_b == nullptr) next_b = find(ActionType::kBackwardInput, s + 1, mb);
         if (next_b != nullptr && backward->pos < next_b->pos) {
-          return CellError(schedule, r, backward->pos,
+          return ScheduleCellError(schedule, r, backward->pos,
                            absl::StrCat("backward on stage ", s, " runs before "
                                         "the backward on stage ", s + 1,
                                         " (step ", next_b->pos, ") for mb ", mb));

@@ -1,0 +1,482 @@
+#include "checkpoint/model_checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <c10/util/string_utils.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "common/torch_status.h"
+
+namespace pp {
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint::FileInfo;
+using checkpoint::Manifest;
+
+constexpr char kModelKind[] = "model";
+constexpr char kOptimKind[] = "optim";
+constexpr char kRankStateKind[] = "rank_state";
+
+std::string ParamKey(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+
+std::string ModelSuffix(int model_rank, int model_size) {
+  return model_size > 1 ? absl::StrFormat("-model_%02d", model_rank) : "";
+}
+
+// The optimizer's state of one parameter as suffix -> tensor.
+absl::StatusOr<TensorDict> OptimizerStateOf(const torch::optim::Optimizer& optimizer,
+                                            const at::Tensor& param, const std::string& name) {
+  TensorDict out;
+  auto it = optimizer.state().find(ParamKey(param));
+  if (it == optimizer.state().end()) return out;  // No step taken yet.
+  const torch::optim::OptimizerParamState* state = it->second.get();
+  auto adam_like = [&](int64_t step, const at::Tensor& m, const at::Tensor& v, const at::Tensor& vmax) {
+    out.emplace_back("step", at::scalar_tensor(step, at::kLong));
+    out.emplace_back("exp_avg", m);
+    out.emplace_back("exp_avg_sq", v);
+    if (vmax.defined()) out.emplace_back("max_exp_avg_sq", vmax);
+  };
+  if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+    adam_like(s->step(), s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq());
+  } else if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+    adam_like(s->step(), s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq());
+  } else if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+    if (s->momentum_buffer().defined()) out.emplace_back("momentum_buffer", s->momentum_buffer());
+  } else {
+    return absl::UnimplementedError(absl::StrCat(
+        "cannot checkpoint the optimizer state of ", name,
+        ": only Adam, AdamW and SGD states are supported"));
+  }
+  return out;
+}
+
+// Installs the state `entries` (suffix -> tensor) for `param`.
+absl::Status SetOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                               const std::string& name, const std::map<std::string, at::Tensor>& entries,
+                               const std::string& file) {
+  auto get = [&](const std::string& suffix) -> at::Tensor {
+    auto it = entries.find(suffix);
+    if (it == entries.end()) return at::Tensor();
+    // The loaded tensor aliases the file's mapping: give the optimizer its own memory.
+    return it->second.to(param.device(), /*non_blocking=*/false, /*copy=*/true);
+  };
+  auto need = [&](const std::string& suffix) -> absl::StatusOr<at::Tensor> {
+    at::Tensor t = get(suffix);
+    if (!t.defined()) {
+      return absl::DataLossError(absl::StrCat("optimizer state of ", name, " in ", file, " lacks '",
+                                              suffix, "'"));
+    }
+    if (suffix != "step" && !t.sizes().equals(param.sizes())) {
+      return absl::DataLossError(absl::StrCat("optimizer state ", name, ".", suffix, " in ", file,
+                                              " has shape ", c10::str(t.sizes()), ", the parameter ",
+                                              c10::str(param.sizes())));
+    }
+    return t;
+  };
+  std::unique_ptr<torch::optim::OptimizerParamState> state;
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr ||
+      dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr) {
+    PP_ASSIGN_OR_RETURN(at::Tensor step, need("step"));
+    PP_ASSIGN_OR_RETURN(at::Tensor m, need("exp_avg"));
+    PP_ASSIGN_OR_RETURN(at::Tensor v, need("exp_avg_sq"));
+    at::Tensor vmax = get("max_exp_avg_sq");
+    if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) {
+      auto s = std::make_unique<torch::optim::AdamWParamState>();
+      s->step(step.item<int64_t>()).exp_avg(m).exp_avg_sq(v).max_exp_avg_sq(vmax);
+      state = std::move(s);
+    } else {
+      auto s = std::make_unique<torch::optim::AdamParamState>();
+      s->step(step.item<int64_t>()).exp_avg(m).exp_avg_sq(v).max_exp_avg_sq(vmax);
+      state = std::move(s);
+    }
+  } else if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr) {
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(get("momentum_buffer"));
+    state = std::move(s);
+  } else {
+    return absl::UnimplementedError(absl::StrCat("cannot load optimizer state of ", name,
+                                                 ": only Adam, AdamW and SGD are supported"));
+  }
+  optimizer.state()[ParamKey(param)] = std::move(state);
+  return absl::OkStatus();
+}
+
+// All ranks agree whether a phase succeeded. Returns `local` when it failed
+// here, an error naming the lowest failing rank when another rank failed.
+absl::Status AgreeOk(const CheckpointRank& rank, const absl::Status& local, const std::string& phase) {
+  if (rank.world == nullptr || rank.world_size <= 1) return local;
+  at::Tensor flag = at::full({1}, local.ok() ? rank.world_size : rank.rank, at::kInt);
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::MIN;
+  opts.timeout = rank.timeout;
+  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("checkpoint ", phase, ": agreeing on success"), [&] {
+    std::vector<at::Tensor> tensors = {flag};
+    rank.world->allreduce(tensors, opts)->wait(rank.timeout);
+  }));
+  if (!local.ok()) return local;
+  int failed = flag.item<int>();
+  if (failed < rank.world_size) {
+    return absl::AbortedError(absl::StrCat("checkpoint ", phase, " failed on rank ", failed,
+                                           " (see its log); nothing was committed"));
+  }
+  return absl::OkStatus();
+}
+
+struct FileJob {
+  std::string kind;
+  int64_t layer = -1;
+  std::string tie_key;
+  TensorDict tensors;
+};
+
+// The model and optimizer files of this rank's stage (all data-parallel ranks
+// of a stage compute the same plan), by file name.
+absl::StatusOr<std::map<std::string, FileJob>> PlanStageFiles(const SaveRequest& request,
+                                                              const CheckpointRank& rank) {
+  std::map<std::string, FileJob> jobs;
+  for (const auto& [name, tensor] : request.model->tensors) {
+    PP_ASSIGN_OR_RETURN(TensorLocation loc, LocateTensor(name));
+    std::string model_file, optim_file;
+    if (!loc.tie_key.empty()) {
+      auto it = request.model->tie_writer_stage.find(loc.tie_key);
+      int writer_stage = it == request.model->tie_writer_stage.end() ? rank.stage : it->second;
+      if (writer_stage != rank.stage) continue;
+      model_file = TiedFileName(loc.tie_key, rank.model_rank, rank.model_size, kModelKind);
+      optim_file = TiedFileName(loc.tie_key, rank.model_rank, rank.model_size, kOptimKind);
+    } else {
+      model_file = LayerFileName(loc.layer, rank.model_rank, rank.model_size, kModelKind);
+      optim_file = LayerFileName(loc.layer, rank.model_rank, rank.model_size, kOptimKind);
+    }
+    FileJob& job = jobs[model_file];
+    job.kind = kModelKind;
+    job.layer = loc.layer;
+    job.tie_key = loc.tie_key;
+    job.tensors.emplace_back(loc.local, tensor);
+    if (request.optimizer != nullptr) {
+      PP_ASSIGN_OR_RETURN(TensorDict state, OptimizerStateOf(*request.optimizer, tensor, name));
+      if (state.empty()) continue;
+      FileJob& ojob = jobs[optim_file];
+      ojob.kind = kOptimKind;
+      ojob.layer = loc.layer;
+      ojob.tie_key = loc.tie_key;
+      for (auto& [suffix, t] : state) ojob.tensors.emplace_back(absl::StrCat(loc.local, ".", suffix), t);
+    }
+  }
+  return jobs;
+}
+
+absl::StatusOr<std::vector<FileInfo>> WriteMyFiles(const SaveRequest& request, const CheckpointRank& rank,
+                                                   const std::string& tmp) {
+  PP_ASSIGN_OR_RETURN(auto jobs, PlanStageFiles(request, rank));
+  std::vector<FileInfo> written;
+  int index = 0;
+  for (const auto& [file, job] : jobs) {
+    // Spread the stage's files over its data-parallel ranks.
+    if (index++ % rank.data_size != rank.data_rank) continue;
+    PP_ASSIGN_OR_RETURN(FileInfo info, WriteTensorFile(tmp, file, job.tensors, /*sync=*/false));
+    info.set_kind(job.kind);
+    info.set_layer(static_cast<int32_t>(job.layer));
+    info.set_tie_key(job.tie_key);
+    info.set_writer_rank(rank.rank);
+    written.push_back(std::move(info));
+  }
+  if (!request.rank_state.empty()) {
+    PP_ASSIGN_OR_RETURN(FileInfo info,
+                        WriteTensorFile(tmp, RankStateFileName(rank.stage, rank.data_rank, rank.model_rank),
+                                        request.rank_state));
+    info.set_kind(kRankStateKind);
+    info.set_layer(-1);
+    info.set_writer_rank(rank.rank);
+    written.push_back(std::move(info));
+  }
+  // Durable before this rank reports success (the commit relies on it).
+  for (const FileInfo& f : written) PP_RETURN_IF_ERROR(SyncFile((fs::path(tmp) / f.path()).string()));
+  return written;
+}
+
+}  // namespace
+
+ModelState ModelStateOfModule(const torch::nn::Module& module, int64_t num_layers) {
+  ModelState state;
+  state.num_layers = num_layers;
+  std::set<const void*> seen;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) state.tensors.emplace_back(item.key(), item.value());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) state.tensors.emplace_back(item.key(), item.value());
+  }
+  return state;
+}
+
+absl::StatusOr<TensorLocation> LocateTensor(const std::string& name) {
+  TensorLocation loc;
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor name '", name, "' is not a global name: expected layers.<index>.<name> or tied.<key>.<name>"));
+  };
+  absl::string_view rest(name);
+  if (absl::ConsumePrefix(&rest, "layers.")) {
+    size_t dot = rest.find('.');
+    if (dot == absl::string_view::npos || dot + 1 == rest.size()) return bad();
+    if (!absl::SimpleAtoi(rest.substr(0, dot), &loc.layer) || loc.layer < 0) return bad();
+    loc.local = std::string(rest.substr(dot + 1));
+    return loc;
+  }
+  if (absl::ConsumePrefix(&rest, "tied.")) {
+    size_t dot = rest.find('.');
+    if (dot == 0 || dot == absl::string_view::npos || dot + 1 == rest.size()) return bad();
+    loc.tie_key = std::string(rest.substr(0, dot));
+    loc.local = std::string(rest.substr(dot + 1));
+    return loc;
+  }
+  return bad();
+}
+
+std::string LayerFileName(int64_t layer, int model_rank, int model_size, const std::string& kind) {
+  return absl::StrFormat("layer_%02d%s-%s_states.pt", layer, ModelSuffix(model_rank, model_size), kind);
+}
+
+std::string TiedFileName(const std::string& key, int model_rank, int model_size, const std::string& kind) {
+  return absl::StrFormat("tied_%s%s-%s_states.pt", key, ModelSuffix(model_rank, model_size), kind);
+}
+
+std::string RankStateFileName(int stage, int data_rank, int model_rank) {
+  return absl::StrFormat("rank_state-pipe_%02d-data_%02d-model_%02d.pt", stage, data_rank, model_rank);
+}
+
+absl::StatusOr<std::string> SaveCheckpoint(const SaveRequest& request, const CheckpointRank& rank) {
+  if (request.model == nullptr) return absl::InvalidArgumentError("SaveRequest.model is null");
+  if (request.root.empty()) return absl::InvalidArgumentError("SaveRequest.root is empty");
+  if (rank.data_size < 1 || rank.data_rank < 0 || rank.data_rank >= rank.data_size) {
+    return absl::InvalidArgumentError(absl::StrCat("data_rank ", rank.data_rank, " must be in [0, ",
+                                                   rank.data_size, ")"));
+  }
+  if (rank.world_size > 1 && rank.world == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("CheckpointRank.world is null with world_size ", rank.world_size,
+                                                   ": a multi-rank save needs the world group"));
+  }
+  const std::string name = CheckpointName(request.step);
+  const std::string tmp = TempCheckpointDir(request.root, name);
+
+  absl::Status prepared = absl::OkStatus();
+  if (rank.rank == 0) prepared = PrepareTempCheckpointDir(request.root, name).status();
+  PP_RETURN_IF_ERROR(AgreeOk(rank, prepared, "preparing " + tmp));
+
+  absl::Status wrote = [&]() -> absl::Status {
+    PP_ASSIGN_OR_RETURN(std::vector<FileInfo> files, WriteMyFiles(request, rank, tmp));
+    return WritePartialManifest(tmp, rank.rank, files);
+  }();
+  PP_RETURN_IF_ERROR(AgreeOk(rank, wrote, "writing files into " + tmp));
+
+  absl::Status committed = absl::OkStatus();
+  if (rank.rank == 0) {
+    Manifest header;
+    header.mutable_topology()->CopyFrom(request.topology);
+    if (header.topology().pipe() == 0) header.mutable_topology()->set_pipe(rank.num_stages);
+    if (header.topology().data() == 0) header.mutable_topology()->set_data(rank.data_size);
+    if (header.topology().model() == 0) header.mutable_topology()->set_model(rank.model_size);
+    header.set_config(request.config);
+    *header.mutable_trainer() = request.trainer;
+    header.mutable_trainer()->set_step(request.step);
+    header.set_num_layers(static_cast<int32_t>(request.model->num_layers));
+    for (const auto& [k, v] : request.metadata) (*header.mutable_metadata())[k] = v;
+    committed = CommitCheckpoint(request.root, name, header, request.keep_last).status();
+  }
+  PP_RETURN_IF_ERROR(AgreeOk(rank, committed, "committing " + name));
+  return (fs::path(request.root) / name).string();
+}
+
+std::string LoadReport::Summary() const {
+  std::vector<std::string> lines;
+  lines.push_back(absl::StrFormat("loaded %d tensors and %d optimizer states (%d bytes) from %s", tensors_loaded,
+                                  optimizer_states_loaded, bytes_read, dir));
+  if (!missing.empty()) lines.push_back("missing: " + absl::StrJoin(missing, ", "));
+  if (!unexpected.empty()) lines.push_back("unexpected: " + absl::StrJoin(unexpected, ", "));
+  if (!shape_mismatches.empty()) lines.push_back("shape mismatches: " + absl::StrJoin(shape_mismatches, "; "));
+  if (!optimizer_missing.empty()) {
+    lines.push_back("no optimizer state for: " + absl::StrJoin(optimizer_missing, ", "));
+  }
+  return absl::StrJoin(lines, "\n");
+}
+
+absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& model,
+                                          torch::optim::Optimizer* optimizer, const CheckpointRank& rank,
+                                          const LoadOptions& options) {
+  LoadReport report;
+  PP_ASSIGN_OR_RETURN(report.dir, ResolveCheckpointDir(path));
+  PP_ASSIGN_OR_RETURN(report.manifest, ReadManifest(report.dir));
+  const Manifest& manifest = report.manifest;
+  std::map<std::string, const FileInfo*> by_path;
+  bool has_optim_files = false;
+  for (const FileInfo& f : manifest.files()) {
+    by_path[f.path()] = &f;
+    has_optim_files = has_optim_files || f.kind() == kOptimKind;
+  }
+
+  // Which file each of our tensors lives in.
+  struct Wanted {
+    std::string global;
+    std::string local;
+    at::Tensor tensor;
+  };
+  std::map<std::string, std::vector<Wanted>> model_files, optim_files;
+  std::map<std::string, std::string> prefix_of_file;  // file -> "layers.7." / "tied.wte."
+  std::set<std::string> optimizer_params;
+  if (optimizer != nullptr && options.load_optimizer) {
+    for (const auto& group : optimizer->param_groups()) {
+      for (const at::Tensor& p : group.params()) optimizer_params.insert(ParamKey(p));
+    }
+  }
+  for (const auto& [name, tensor] : model.tensors) {
+    PP_ASSIGN_OR_RETURN(TensorLocation loc, LocateTensor(name));
+    std::string mfile, ofile, prefix;
+    if (loc.tie_key.empty()) {
+      mfile = LayerFileName(loc.layer, rank.model_rank, rank.model_size, kModelKind);
+      ofile = LayerFileName(loc.layer, rank.model_rank, rank.model_size, kOptimKind);
+      prefix = absl::StrCat("layers.", loc.layer, ".");
+    } else {
+      mfile = TiedFileName(loc.tie_key, rank.model_rank, rank.model_size, kModelKind);
+      ofile = TiedFileName(loc.tie_key, rank.model_rank, rank.model_size, kOptimKind);
+      prefix = absl::StrCat("tied.", loc.tie_key, ".");
+    }
+    prefix_of_file[mfile] = prefix;
+    prefix_of_file[ofile] = prefix;
+    model_files[mfile].push_back({name, loc.local, tensor});
+    if (optimizer_params.count(ParamKey(tensor)) > 0) optim_files[ofile].push_back({name, loc.local, tensor});
+  }
+
+  torch::NoGradGuard no_grad;
+  for (const auto& [file, wanted] : model_files) {
+    auto it = by_path.find(file);
+    if (it == by_path.end()) {
+      std::vector<std::string> names;
+      for (const Wanted& w : wanted) names.push_back(w.global);
+      if (options.strict) {
+        return absl::NotFoundError(absl::StrCat("checkpoint ", report.dir, " has no file ", file, " (for ",
+                                                absl::StrJoin(names, ", "), ")"));
+      }
+      report.missing.insert(report.missing.end(), names.begin(), names.end());
+      continue;
+    }
+    PP_ASSIGN_OR_RETURN(TensorDict loaded, ReadTensorFile(report.dir, *it->second));
+    report.bytes_read += it->second->size_bytes();
+    std::map<std::string, at::Tensor> in_file(loaded.begin(), loaded.end());
+    const std::string file_path = (fs::path(report.dir) / file).string();
+    for (const Wanted& w : wanted) {
+      auto found = in_file.find(w.local);
+      if (found == in_file.end()) {
+        if (options.strict) {
+          return absl::NotFoundError(absl::StrCat("checkpoint file ", file_path, " has no tensor '", w.local,
+                                                  "' (for ", w.global, ")"));
+        }
+        report.missing.push_back(w.global);
+        continue;
+      }
+      const at::Tensor& src = found->second;
+      if (!src.sizes().equals(w.tensor.sizes()) || src.scalar_type() != w.tensor.scalar_type()) {
+        std::string what = absl::StrCat(w.global, ": checkpoint ", c10::toString(src.scalar_type()),
+                                         c10::str(src.sizes()), " vs model ", c10::toString(w.tensor.scalar_type()),
+                                         c10::str(w.tensor.sizes()), " (", file_path, ")");
+        if (options.strict) return absl::FailedPreconditionError(absl::StrCat("shape mismatch for ", what));
+        report.shape_mismatches.push_back(what);
+        in_file.erase(found);
+        continue;
+      }
+      PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("copying ", w.global), [&] { w.tensor.copy_(src); }));
+      ++report.tensors_loaded;
+      in_file.erase(found);
+    }
+    for (const auto& [local, t] : in_file) report.unexpected.push_back(prefix_of_file[file] + local);
+  }
+
+  for (const auto& [file, wanted] : optim_files) {
+    auto it = by_path.find(file);
+    std::map<std::string, at::Tensor> in_file;
+    if (it != by_path.end()) {
+      PP_ASSIGN_OR_RETURN(TensorDict loaded, ReadTensorFile(report.dir, *it->second));
+      report.bytes_read += it->second->size_bytes();
+      in_file.insert(loaded.begin(), loaded.end());
+    }
+    const std::string file_path = (fs::path(report.dir) / file).string();
+    for (const Wanted& w : wanted) {
+      std::map<std::string, at::Tensor> entries;
+      const std::string prefix = w.local + ".";
+      for (auto e = in_file.lower_bound(prefix); e != in_file.end() && absl::StartsWith(e->first, prefix);) {
+        std::string suffix = e->first.substr(prefix.size());
+        // "fc.weight.exp_avg" must not claim "fc.weight.extra.exp_avg" (another parameter's).
+        if (suffix.find('.') != std::string::npos) {
+          ++e;
+          continue;
+        }
+        entries[suffix] = e->second;
+        e = in_file.erase(e);
+      }
+      if (entries.empty()) {
+        report.optimizer_missing.push_back(w.global);
+        continue;
+      }
+      PP_RETURN_IF_ERROR(SetOptimizerState(*optimizer, w.tensor, w.global, entries, file_path));
+      ++report.optimizer_states_loaded;
+    }
+    for (const auto& [key, t] : in_file) report.unexpected.push_back(prefix_of_file[file] + key + " (optimizer)");
+  }
+  if (options.strict && has_optim_files && !report.optimizer_missing.empty()) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", report.dir, " has no optimizer state for ",
+                                            absl::StrJoin(report.optimizer_missing, ", ")));
+  }
+
+  // Layers beyond the model and tie keys it does not have (reported once, by
+  // rank 0). Tie keys are known model-wide from tie_writer_stage, or when
+  // this rank holds the whole model.
+  if (rank.rank == 0) {
+    std::set<std::string> known_ties;
+    for (const auto& [key, stage] : model.tie_writer_stage) known_ties.insert(key);
+    for (const auto& [name, t] : model.tensors) {
+      absl::StatusOr<TensorLocation> loc = LocateTensor(name);
+      if (loc.ok() && !loc->tie_key.empty()) known_ties.insert(loc->tie_key);
+    }
+    const bool ties_known = !model.tie_writer_stage.empty() || rank.num_stages == 1;
+    for (const FileInfo& f : manifest.files()) {
+      if ((model.num_layers >= 0 && f.layer() >= model.num_layers) ||
+          (ties_known && !f.tie_key().empty() && known_ties.count(f.tie_key()) == 0)) {
+        report.unexpected.push_back(f.path());
+      }
+    }
+  }
+  if (options.strict && !report.unexpected.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", report.dir,
+                                                      " holds tensors the model does not have: ",
+                                                      absl::StrJoin(report.unexpected, ", ")));
+  }
+
+  const checkpoint::TopologyInfo& topo = manifest.topology();
+  if (topo.pipe() == rank.num_stages && topo.data() == rank.data_size && topo.model() == rank.model_size) {
+    auto it = by_path.find(RankStateFileName(rank.stage, rank.data_rank, rank.model_rank));
+    if (it != by_path.end()) {
+      PP_ASSIGN_OR_RETURN(report.rank_state, ReadTensorFile(report.dir, *it->second));
+      report.bytes_read += it->second->size_bytes();
+      report.rank_state_found = true;
+    }
+  }
+  return report;
+}
+
+}  // namespace pp

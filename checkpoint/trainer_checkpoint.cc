@@ -1,0 +1,149 @@
+#include "checkpoint/trainer_checkpoint.h"
+
+#include <set>
+#include <string>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/torch_status.h"
+#include "pipeline/runtime/optimizer.h"
+
+namespace pp {
+namespace {
+
+constexpr char kCpuRngKey[] = "cpu_rng_state";
+
+}  // namespace
+
+CheckpointRank CheckpointRankOf(const ParallelGrid& grid, std::chrono::milliseconds timeout) {
+  CheckpointRank rank;
+  rank.rank = grid.global_rank();
+  rank.world_size = grid.world_size();
+  rank.stage = grid.stage_id();
+  rank.num_stages = grid.num_stages();
+  rank.data_rank = grid.data_parallel_id();
+  rank.data_size = grid.data_parallel_size();
+  rank.model_rank = grid.model_parallel_id();
+  rank.model_size = grid.model_parallel_size();
+  rank.world = grid.world_group();
+  rank.timeout = timeout;
+  return rank;
+}
+
+ModelState ModelStateOf(const PipelineModel& model) {
+  ModelState state;
+  state.num_layers = model.num_layers();
+  std::set<const void*> seen;
+  for (const StageModule& chunk : model.chunks()) {
+    ModelState part = ModelStateOfModule(*chunk, model.num_layers());
+    for (auto& [name, t] : part.tensors) {
+      if (seen.insert(t.unsafeGetTensorImpl()).second) state.tensors.emplace_back(name, t);
+    }
+  }
+  for (const TieGroup& group : model.tie_groups()) {
+    if (!group.stages.empty()) state.tie_writer_stage[group.key] = static_cast<int>(group.stages.front());
+  }
+  return state;
+}
+
+absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptions& options, const ParallelGrid& grid,
+                                                   const PipelineModel& model, Trainer& trainer) {
+  ModelState state = ModelStateOf(model);
+  SaveRequest request;
+  request.root = options.root;
+  request.step = trainer.step();
+  request.keep_last = options.keep_last;
+  request.model = &state;
+  request.optimizer = &trainer.optimizer();
+  const TrainerOptions& to = trainer.options();
+  request.trainer.set_step(trainer.step());
+  request.trainer.set_lr_step(trainer.step());
+  // The data sources are indexed by step: the position is the step itself.
+  request.trainer.set_data_position(trainer.step());
+  request.trainer.set_seed(options.seed);
+  request.trainer.set_lr(LearningRateAt(to.lr_schedule, to.optimizer.lr, trainer.step()));
+  request.topology.set_pipe(grid.num_stages());
+  request.topology.set_data(grid.data_parallel_size());
+  request.topology.set_model(grid.model_parallel_size());
+  request.topology.set_num_chunks(static_cast<int32_t>(model.num_chunks()));
+  request.topology.set_schedule(to.schedule);
+  request.config = options.config;
+  request.metadata["writer"] = "pipe SaveTrainingCheckpoint";
+  request.metadata["optimizer"] = to.optimizer.name;
+  request.rank_state.emplace_back(kCpuRngKey, at::detail::getDefaultCPUGenerator().get_state());
+  return SaveCheckpoint(request, CheckpointRankOf(grid));
+}
+
+absl::StatusOr<LoadReport> LoadTrainingCheckpoint(const std::string& path, const ParallelGrid& grid,
+                                                  PipelineModel& model, Trainer& trainer, const LoadOptions& options) {
+  ModelState state = ModelStateOf(model);
+  PP_ASSIGN_OR_RETURN(LoadReport report,
+                      LoadCheckpoint(path, state, &trainer.optimizer(), CheckpointRankOf(grid), options));
+  trainer.set_step(report.manifest.trainer().step());
+  bool rng_restored = false;
+  for (const auto& [key, t] : report.rank_state) {
+    if (key != kCpuRngKey) continue;
+    PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("restoring the CPU RNG state from ", report.dir), [&] {
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(t);
+    }));
+    rng_restored = true;
+  }
+  if (!rng_restored) {
+    LOG(INFO) << "checkpoint " << report.dir << " was written under another layout (pipe "
+              << report.manifest.topology().pipe() << " x data " << report.manifest.topology().data()
+              << "): weights, optimizer state and step restored, RNG states not (dropout masks differ)";
+  }
+  return report;
+}
+
+absl::StatusOr<TrainingCheckpointer> TrainingCheckpointer::Create(CheckpointPolicy policy) {
+  if (policy.save_interval < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("save_interval (", policy.save_interval, ") must be >= 0 (0: no periodic saves)"));
+  }
+  if (policy.dir.empty() && (policy.save_interval > 0 || policy.save_final || policy.resume == "auto")) {
+    return absl::InvalidArgumentError(
+        "saving checkpoints (save_interval > 0 or save_final) or resume=auto needs a checkpoint dir");
+  }
+  return TrainingCheckpointer(std::move(policy));
+}
+
+absl::StatusOr<bool> TrainingCheckpointer::MaybeResume(const ParallelGrid& grid, PipelineModel& model,
+                                                       Trainer& trainer) {
+  if (policy_.resume.empty()) return false;
+  std::string path = policy_.resume;
+  if (path == "auto") {
+    absl::StatusOr<std::string> dir = ResolveCheckpointDir(policy_.dir);
+    if (!dir.ok()) {
+      LOG(INFO) << "resume=auto: no checkpoint in " << policy_.dir << " (" << dir.status().message()
+                << "); starting fresh";
+      return false;
+    }
+    path = *dir;
+  }
+  PP_ASSIGN_OR_RETURN(LoadReport report, LoadTrainingCheckpoint(path, grid, model, trainer));
+  LOG(INFO) << report.Summary() << "; continuing at step " << trainer.step();
+  return true;
+}
+
+absl::StatusOr<std::string> TrainingCheckpointer::AfterStep(const ParallelGrid& grid, const PipelineModel& model,
+                                                            Trainer& trainer, int64_t last_step) {
+  const int64_t step = trainer.step();
+  bool due = policy_.save_interval > 0 && step % policy_.save_interval == 0;
+  due = due || (policy_.save_final && step == last_step);
+  if (!due) return std::string();
+  TrainingCheckpointOptions options;
+  options.root = policy_.dir;
+  options.keep_last = policy_.keep_last;
+  options.config = policy_.config;
+  options.seed = policy_.seed;
+  return SaveTrainingCheckpoint(options, grid, model, trainer);
+}
+
+}  // namespace pp

@@ -1,0 +1,316 @@
+#include "experiments/experiment_config.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "models/data/tokenizer.h"
+#include "pipeline/partition/partitioner.h"
+#include "pipeline/runtime/optimizer.h"
+#include "pipeline/schedule/registry.h"
+
+namespace pp {
+namespace {
+
+namespace gpb = google::protobuf;
+
+// Collects parser errors as "line L:C: message".
+class ErrorCollector : public gpb::io::ErrorCollector {
+ public:
+  void AddError(int line, gpb::io::ColumnNumber column, const std::string& message) override {
+    absl::StrAppend(&errors_, errors_.empty() ? "" : "; ", "line ", line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& errors() const { return errors_; }
+
+ private:
+  std::string errors_;
+};
+
+std::vector<std::string> FieldNames(const gpb::Descriptor* d) {
+  std::vector<std::string> names;
+  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+  return names;
+}
+
+void FillDefaults(gpb::Message& message) {
+  const gpb::Reflection* r = message.GetReflection();
+  const gpb::Descriptor* d = message.GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const gpb::FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) continue;
+    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      // A oneof member stays as chosen (ResolveDefaults picks the model).
+      if (f->containing_oneof() != nullptr && !r->HasField(message, f)) continue;
+      FillDefaults(*r->MutableMessage(&message, f));
+      continue;
+    }
+    if (r->HasField(message, f)) continue;
+    switch (f->cpp_type()) {
+      case gpb::FieldDescriptor::CPPTYPE_INT32: r->SetInt32(&message, f, f->default_value_int32()); break;
+      case gpb::FieldDescriptor::CPPTYPE_INT64: r->SetInt64(&message, f, f->default_value_int64()); break;
+      case gpb::FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(&message, f, f->default_value_uint32()); break;
+      case gpb::FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(&message, f, f->default_value_uint64()); break;
+      case gpb::FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(&message, f, f->default_value_double()); break;
+      case gpb::FieldDescriptor::CPPTYPE_FLOAT: r->SetFloat(&message, f, f->default_value_float()); break;
+      case gpb::FieldDescriptor::CPPTYPE_BOOL: r->SetBool(&message, f, f->default_value_bool()); break;
+      case gpb::FieldDescriptor::CPPTYPE_STRING: r->SetString(&message, f, f->default_value_string()); break;
+      case gpb::FieldDescriptor::CPPTYPE_ENUM: r->SetEnum(&message, f, f->default_value_enum()); break;
+      default: break;
+    }
+  }
+}
+
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+}  // namespace
+
+const char* ModelKindName(ModelKind kind) { return kind == ModelKind::kGpt ? "gpt" : "bert"; }
+
+absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text) {
+  ExperimentConfig config;
+  gpb::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &config)) {
+    return Invalid(absl::StrCat("config does not parse as ExperimentConfig (experiments/config.proto): ",
+                                errors.errors()));
+  }
+  return config;
+}
+
+absl::StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read config '", path,
+                                            "'; pass --config=experiments/configs/<name>.textproto"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  absl::StatusOr<ExperimentConfig> config = ParseExperimentConfig(buffer.str());
+  if (!config.ok()) return Invalid(absl::StrCat(path, ": ", config.status().message()));
+  return config;
+}
+
+absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == absl::string_view::npos || eq == 0) {
+    return Invalid(absl::StrCat("override '", assignment, "' must look like field.path=value, e.g. optimizer.lr=1e-3"));
+  }
+  const std::string path(assignment.substr(0, eq));
+  const std::string value(assignment.substr(eq + 1));
+  const std::vector<std::string> parts = absl::StrSplit(path, '.');
+  const gpb::Descriptor* d = ExperimentConfig::descriptor();
+  std::string text_open, text_close;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const gpb::FieldDescriptor* f = d->FindFieldByName(parts[i]);
+    if (f == nullptr) {
+      return Invalid(absl::StrCat("unknown config field '", path, "': ", d->full_name(), " has no field '", parts[i],
+                                  "' (valid: ", absl::StrJoin(FieldNames(d), ", "), ")"));
+    }
+    const bool last = i + 1 == parts.size();
+    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (last) {
+        return Invalid(absl::StrCat("config field '", path, "' is a message; set one of its fields (",
+                                    absl::StrJoin(FieldNames(f->message_type()), ", "), ")"));
+      }
+      absl::StrAppend(&text_open, parts[i], " { ");
+      text_close += " }";
+      d = f->message_type();
+      continue;
+    }
+    if (!last) return Invalid(absl::StrCat("config field '", parts[i], "' in '", path, "' is not a message"));
+    std::string literal = value;
+    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_STRING) literal = absl::StrCat("\"", absl::CEscape(value), "\"");
+    absl::StrAppend(&text_open, parts[i], ": ", literal);
+  }
+  gpb::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  // Merging keeps the other fields; a oneof member replaces its siblings.
+  if (!parser.MergeFromString(text_open + text_close, &config)) {
+    return Invalid(absl::StrCat("cannot set ", path, " to '", value, "': ", errors.errors()));
+  }
+  return absl::OkStatus();
+}
+
+void ResolveDefaults(ExperimentConfig& config, ModelKind kind) {
+  if (config.model_case() == ExperimentConfig::MODEL_NOT_SET) {
+    kind == ModelKind::kGpt ? (void)config.mutable_gpt() : (void)config.mutable_bert();
+  }
+  FillDefaults(config);
+}
+
+GptConfig ToGptConfig(const ExperimentConfig& config) {
+  const auto& g = config.gpt();
+  return GptConfig{.vocab_size = ByteTokenizer::kVocabSize,
+                   .context_length = g.context_length(),
+                   .width = g.width(),
+                   .num_heads = g.num_heads(),
+                   .num_layers = g.num_layers(),
+                   .mlp_ratio = g.mlp_ratio(),
+                   .dropout = g.dropout()};
+}
+
+BertConfig ToBertConfig(const ExperimentConfig& config) {
+  const auto& b = config.bert();
+  return BertConfig{.vocab_size = ByteTokenizer::kVocabSize,
+                    .context_length = b.context_length(),
+                    .width = b.width(),
+                    .num_heads = b.num_heads(),
+                    .num_layers = b.num_layers(),
+                    .mlp_ratio = b.mlp_ratio(),
+                    .dropout = b.dropout()};
+}
+
+absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config, ModelKind kind) {
+  return kind == ModelKind::kGpt ? MakeGptSpecs(ToGptConfig(config)) : MakeBertSpecs(ToBertConfig(config));
+}
+
+absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind, int world_size) {
+  const bool gpt = kind == ModelKind::kGpt;
+  if (gpt && config.has_bert()) {
+    return Invalid("this config describes a BERT model (bert { ... }); run it with //experiments:train_bert");
+  }
+  if (!gpt && config.has_gpt()) {
+    return Invalid("this config describes a GPT model (gpt { ... }); run it with //experiments:train_gpt");
+  }
+  const auto& par = config.parallelism();
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"parallelism.pp", par.pp()},
+                                    {"parallelism.dp", par.dp()},
+                                    {"parallelism.chunks", par.chunks()},
+                                    {"parallelism.num_microbatches", par.num_microbatches()},
+                                    {"parallelism.micro_batch_size", par.micro_batch_size()},
+                                    {"parallelism.timeout_seconds", par.timeout_seconds()},
+                                    {"steps", config.steps()},
+                                    {"eval_batches", config.eval_batches()}}) {
+    if (value < 1) return Invalid(absl::StrCat(name, " (", value, ") must be at least 1"));
+  }
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"eval_interval", config.eval_interval()},
+                                    {"log_interval", config.log_interval()},
+                                    {"sample_tokens", config.sample_tokens()},
+                                    {"checkpoint.save_interval", config.checkpoint().save_interval()},
+                                    {"checkpoint.keep_last", config.checkpoint().keep_last()},
+                                    {"parallelism.activation_checkpointing.interval",
+                                     par.activation_checkpointing().interval()}}) {
+    if (value < 0) return Invalid(absl::StrCat(name, " (", value, ") must not be negative"));
+  }
+  if (world_size > 0 && par.pp() * par.dp() != world_size) {
+    return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ",
+                                par.pp() * par.dp(), " ranks, but ", world_size,
+                                " were started; leave --nproc_per_node unset (it defaults to pp x dp) or set it to ",
+                                par.pp() * par.dp()));
+  }
+  PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config)) : ValidateBertConfig(ToBertConfig(config)));
+  const int64_t num_layers = gpt ? config.gpt().num_layers() : config.bert().num_layers();
+  const int64_t parts = static_cast<int64_t>(par.pp()) * par.chunks();
+  if (parts > num_layers) {
+    return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.chunks (", par.chunks(), ") = ", parts,
+                                " model parts, but the model has only ", num_layers, " blocks (", ModelKindName(kind),
+                                ".num_layers); use at most ", num_layers, " parts or more layers"));
+  }
+
+  // The schedule: registered, trains, and accepts this shape.
+  const std::vector<std::string> names = RegisteredScheduleNames();
+  if (std::find(names.begin(), names.end(), par.schedule()) == names.end()) {
+    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(), "' is not a registered schedule; valid: ",
+                                absl::StrJoin(names, ", ")));
+  }
+  ScheduleOptions so;
+  so.num_stages = par.pp();
+  so.num_microbatches = par.num_microbatches();
+  so.num_chunks = par.chunks();
+  absl::StatusOr<Schedule> schedule = MakeSchedule(par.schedule(), so);
+  if (!schedule.ok()) {
+    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(), "' rejects pp=", par.pp(),
+                                ", num_microbatches=", par.num_microbatches(), ", chunks=", par.chunks(), ": ",
+                                schedule.status().message()));
+  }
+  if (schedule->forward_only) {
+    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
+                                "' is forward-only (evaluation); choose a training schedule: ",
+                                absl::StrJoin(names, ", ")));
+  }
+
+  // The partition method: registered, and it can cut this model.
+  const std::string& method = par.partition_method();
+  const std::string method_name = method.substr(0, method.find(':'));
+  const std::vector<std::string> partitioners = RegisteredPartitioners();
+  if (std::find(partitioners.begin(), partitioners.end(), method_name) == partitioners.end()) {
+    return Invalid(absl::StrCat("parallelism.partition_method '", method, "' is unknown; valid: ",
+                                absl::StrJoin(partitioners, ", "),
+                                " (type:<regex> over layer types, explicit:<b0,b1,...>)"));
+  }
+  if (method_name != "profile") {
+    PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeExperimentSpecs(config, kind));
+    PartitionRequest request;
+    request.specs = &specs;
+    request.num_parts = parts;
+    request.base_seed = config.seed();
+    absl::StatusOr<Bounds> bounds = Partition(method, request);
+    if (!bounds.ok()) {
+      return Invalid(absl::StrCat("parallelism.partition_method '", method, "' cannot cut the ", ModelKindName(kind),
+                                  " into ", parts, " parts: ", bounds.status().message()));
+    }
+  }
+
+  OptimizerConfig opt;
+  opt.name = config.optimizer().name();
+  opt.lr = config.optimizer().lr();
+  opt.weight_decay = config.optimizer().weight_decay();
+  opt.momentum = config.optimizer().momentum();
+  opt.beta1 = config.optimizer().beta1();
+  opt.beta2 = config.optimizer().beta2();
+  opt.eps = config.optimizer().eps();
+  PP_RETURN_IF_ERROR(ValidateOptimizerConfig(opt));
+  LrScheduleConfig lr;
+  lr.name = config.lr_schedule().name();
+  lr.warmup_steps = config.lr_schedule().warmup_steps();
+  lr.total_steps = config.steps();
+  lr.min_lr = config.lr_schedule().min_lr();
+  if (absl::Status s = ValidateLrSchedule(lr); !s.ok()) {
+    return Invalid(absl::StrCat("lr_schedule: ", s.message(),
+                                " (lr_schedule.warmup_steps must be below steps; lower it with "
+                                "--set=lr_schedule.warmup_steps=N or run more --steps)"));
+  }
+  if (config.optimizer().max_grad_norm() < 0) {
+    return Invalid(absl::StrCat("optimizer.max_grad_norm (", config.optimizer().max_grad_norm(),
+                                ") must be >= 0 (0 = no clipping)"));
+  }
+
+  std::error_code ec;
+  if (!std::filesystem::exists(config.data().path(), ec)) {
+    return Invalid(absl::StrCat("data.path '", config.data().path(),
+                                "' does not exist; pass --data=<a text file or folder>"));
+  }
+  if (!(config.data().eval_fraction() >= 0 && config.data().eval_fraction() < 0.5)) {
+    return Invalid(absl::StrCat("data.eval_fraction (", config.data().eval_fraction(), ") must be in [0, 0.5)"));
+  }
+  if (gpt && config.sample_top_k() < 1) {
+    return Invalid(absl::StrCat("sample_top_k (", config.sample_top_k(), ") must be at least 1 (1 = greedy)"));
+  }
+  if (gpt && !(config.sample_temperature() > 0)) {
+    return Invalid(absl::StrCat("sample_temperature (", config.sample_temperature(), ") must be positive"));
+  }
+  if (!gpt && !(config.bert().mask_prob() > 0 && config.bert().mask_prob() <= 1)) {
+    return Invalid(absl::StrCat("bert.mask_prob (", config.bert().mask_prob(), ") must be in (0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
+std::string ConfigToText(const ExperimentConfig& config) {
+  std::string text;
+  gpb::TextFormat::PrintToString(config, &text);
+  return text;
+}
+
+}  // namespace pp

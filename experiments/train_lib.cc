@@ -1,0 +1,472 @@
+#include "experiments/train_lib.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <glog/logging.h>
+#include <torch/torch.h>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "checkpoint/activation_checkpointing.h"
+#include "checkpoint/trainer_checkpoint.h"
+#include "common/status_macros.h"
+#include "experiments/loss_curve.h"
+#include "models/data/corpus.h"
+#include "models/data/lm_data.h"
+#include "models/data/mlm_data.h"
+#include "models/data/tokenizer.h"
+#include "models/gpt/pipeline_sampler.h"
+#include "models/gpt/sample.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/trainer.h"
+#include "topology/launcher.h"
+#include "topology/parallel_grid.h"
+#include "topology/process_topology.h"
+#include "topology/rendezvous.h"
+
+ABSL_FLAG(std::string, config, "",
+          "ExperimentConfig text proto; default experiments/configs/gpt_small_pp2.textproto (train_gpt) or "
+          "bert_small_pp2.textproto (train_bert), relative to the workspace");
+ABSL_FLAG(std::vector<std::string>, set, {}, "field overrides, comma-separated: --set=optimizer.lr=1e-3,steps=50");
+ABSL_FLAG(std::string, pp, "", "override parallelism.pp (pipeline stages)");
+ABSL_FLAG(std::string, dp, "", "override parallelism.dp (data-parallel replicas)");
+ABSL_FLAG(std::string, schedule, "", "override parallelism.schedule");
+ABSL_FLAG(std::string, chunks, "", "override parallelism.chunks");
+ABSL_FLAG(std::string, microbatches, "", "override parallelism.num_microbatches");
+ABSL_FLAG(std::string, micro_batch_size, "", "override parallelism.micro_batch_size");
+ABSL_FLAG(std::string, partition, "", "override parallelism.partition_method");
+ABSL_FLAG(std::string, ckpt_interval, "", "override parallelism.activation_checkpointing.interval");
+ABSL_FLAG(std::string, lr, "", "override optimizer.lr");
+ABSL_FLAG(std::string, steps, "", "override steps");
+ABSL_FLAG(std::string, eval_interval, "", "override eval_interval");
+ABSL_FLAG(std::string, seed, "", "override seed");
+ABSL_FLAG(std::string, data, "", "override data.path (a text file or folder)");
+ABSL_FLAG(std::string, output_dir, "", "override output_dir");
+ABSL_FLAG(std::string, name, "", "override name");
+ABSL_FLAG(std::string, sample_tokens, "", "override sample_tokens");
+ABSL_FLAG(std::string, save_interval, "", "override checkpoint.save_interval");
+ABSL_FLAG(std::string, resume, "", "override checkpoint.resume");
+ABSL_FLAG(std::string, keep_last, "", "override checkpoint.keep_last");
+
+namespace pp {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct OverrideFlag {
+  absl::Flag<std::string>* flag;
+  const char* path;
+};
+
+const std::vector<OverrideFlag>& OverrideFlagTable() {
+  static const auto* table = new std::vector<OverrideFlag>{
+      {&FLAGS_pp, "parallelism.pp"},
+      {&FLAGS_dp, "parallelism.dp"},
+      {&FLAGS_schedule, "parallelism.schedule"},
+      {&FLAGS_chunks, "parallelism.chunks"},
+      {&FLAGS_microbatches, "parallelism.num_microbatches"},
+      {&FLAGS_micro_batch_size, "parallelism.micro_batch_size"},
+      {&FLAGS_partition, "parallelism.partition_method"},
+      {&FLAGS_ckpt_interval, "parallelism.activation_checkpointing.interval"},
+      {&FLAGS_lr, "optimizer.lr"},
+      {&FLAGS_steps, "steps"},
+      {&FLAGS_eval_interval, "eval_interval"},
+      {&FLAGS_seed, "seed"},
+      {&FLAGS_data, "data.path"},
+      {&FLAGS_output_dir, "output_dir"},
+      {&FLAGS_name, "name"},
+      {&FLAGS_sample_tokens, "sample_tokens"},
+      {&FLAGS_save_interval, "checkpoint.save_interval"},
+      {&FLAGS_resume, "checkpoint.resume"},
+      {&FLAGS_keep_last, "checkpoint.keep_last"},
+  };
+  return *table;
+}
+
+// `bazel run` starts the binary in its runfiles tree; paths a person typed are
+// relative to the workspace.
+std::string FromWorkspace(const std::string& path) {
+  if (path.empty() || fs::path(path).is_absolute()) return path;
+  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  return workspace != nullptr ? (fs::path(workspace) / path).string() : path;
+}
+
+std::string DefaultConfigPath(ModelKind kind) {
+  const std::string relative = kind == ModelKind::kGpt ? "experiments/configs/gpt_small_pp2.textproto"
+                                                       : "experiments/configs/bert_small_pp2.textproto";
+  const std::string from_workspace = FromWorkspace(relative);
+  if (fs::exists(from_workspace)) return from_workspace;
+  // Run outside `bazel run` (bazel-bin/experiments/train_gpt from anywhere):
+  // the config ships as a data dependency in the binary's runfiles.
+  std::vector<fs::path> runfiles_dirs;
+  if (const char* dir = std::getenv("RUNFILES_DIR")) runfiles_dirs.emplace_back(dir);
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) runfiles_dirs.push_back(exe.string() + ".runfiles");
+  for (const fs::path& dir : runfiles_dirs) {
+    if (fs::exists(dir / "pipe" / relative)) return (dir / "pipe" / relative).string();
+  }
+  return relative;
+}
+
+int WorldSizeFromEnv() {
+  const char* world = std::getenv("WORLD_SIZE");
+  return world != nullptr ? std::atoi(world) : 0;
+}
+
+absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_size) {
+  const std::string flag_path = absl::GetFlag(FLAGS_config);
+  const std::string path = flag_path.empty() ? DefaultConfigPath(kind) : FromWorkspace(flag_path);
+  PP_ASSIGN_OR_RETURN(ExperimentConfig config, LoadExperimentConfig(path));
+  for (const std::string& assignment : absl::GetFlag(FLAGS_set)) {
+    PP_RETURN_IF_ERROR(ApplyOverride(config, assignment));
+  }
+  for (const OverrideFlag& o : OverrideFlagTable()) {
+    const std::string value = absl::GetFlag(*o.flag);
+    if (!value.empty()) PP_RETURN_IF_ERROR(ApplyOverride(config, absl::StrCat(o.path, "=", value)));
+  }
+  ResolveDefaults(config, kind);
+  config.mutable_data()->set_path(FromWorkspace(config.data().path()));
+  config.set_output_dir(FromWorkspace(config.output_dir()));
+  if (!config.checkpoint().resume().empty() && config.checkpoint().resume() != "auto") {
+    config.mutable_checkpoint()->set_resume(FromWorkspace(config.checkpoint().resume()));
+  }
+  PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size));
+  return config;
+}
+
+std::string FormatDuration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%ds", s);
+}
+
+// Rank 0's view of progress: a bar redrawn in place on the terminal, or a
+// plain line every `log_interval` steps. The launcher forwards workers'
+// output line by line, so the bar goes straight to the controlling terminal.
+class Progress {
+ public:
+  Progress(int64_t total, int64_t log_interval) : total_(total), log_interval_(log_interval) {
+    if (std::getenv("PP_PROGRESS_TTY") != nullptr) tty_ = std::fopen("/dev/tty", "w");
+    start_ = std::chrono::steady_clock::now();
+  }
+  ~Progress() {
+    if (tty_ != nullptr) std::fclose(tty_);
+  }
+
+  void Update(int64_t step, double loss, double tokens_per_s, std::optional<double> eval_loss) {
+    const double elapsed = Elapsed();
+    const double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(total_ - step - 1);
+    const std::string stats = absl::StrFormat("step %d/%d  loss %.4f  %s tok/s  ETA %s", step + 1, total_, loss,
+                                              HumanCount(tokens_per_s), FormatDuration(eta));
+    if (tty_ != nullptr) {
+      constexpr int kBar = 28;
+      const int filled = static_cast<int>(kBar * (step + 1) / total_);
+      std::fprintf(tty_, "\r[%s%s] %s   ", std::string(filled, '#').c_str(), std::string(kBar - filled, '.').c_str(),
+                   stats.c_str());
+      if (eval_loss.has_value()) {
+        std::fprintf(tty_, "%s", absl::StrFormat("\n  eval loss %.4f at step %d\n", *eval_loss, step + 1).c_str());
+      }
+      std::fflush(tty_);
+      return;
+    }
+    if ((step + 1) % log_interval_ == 0 || step == 0 || step + 1 == total_ || eval_loss.has_value()) {
+      std::cout << stats << (eval_loss.has_value() ? absl::StrFormat("  eval loss %.4f", *eval_loss) : "")
+                << std::endl;
+    }
+  }
+  void Finish() {
+    if (tty_ != nullptr) {
+      std::fprintf(tty_, "\n");
+      std::fflush(tty_);
+    }
+  }
+  double Elapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  static std::string HumanCount(double x) {
+    return x >= 1e6 ? absl::StrFormat("%.2fM", x / 1e6) : x >= 1e3 ? absl::StrFormat("%.1fk", x / 1e3)
+                                                                   : absl::StrFormat("%.0f", x);
+  }
+  int64_t total_;
+  int64_t log_interval_;
+  std::FILE* tty_ = nullptr;
+  std::chrono::steady_clock::time_point start_;
+};
+
+absl::Status WriteFile(const fs::path& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary);
+  out << contents;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path.string()));
+  return absl::OkStatus();
+}
+
+struct Data {
+  std::unique_ptr<MicroBatchSource> train;
+  std::unique_ptr<MicroBatchSource> eval;  // null when the held-out part is too small
+  int64_t tokens_per_step = 0;             // global
+  int64_t corpus_bytes = 0;
+  size_t corpus_files = 0;
+};
+
+absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
+  PP_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(config.data().path()));
+  const auto& par = config.parallelism();
+  Data data;
+  data.corpus_bytes = static_cast<int64_t>(corpus.text.size());
+  data.corpus_files = corpus.files.size();
+  const size_t eval_bytes = static_cast<size_t>(corpus.text.size() * config.data().eval_fraction());
+  const std::string train_text = corpus.text.substr(0, corpus.text.size() - eval_bytes);
+  const std::string eval_text = corpus.text.substr(corpus.text.size() - eval_bytes);
+  if (kind == ModelKind::kGpt) {
+    LmDataOptions o{.seq_len = config.gpt().context_length(),
+                    .micro_batch_size = par.micro_batch_size(),
+                    .num_microbatches = par.num_microbatches(),
+                    .dp_rank = 0,
+                    .dp_size = par.dp(),
+                    .seed = config.seed()};
+    PP_ASSIGN_OR_RETURN(LmBatchSource train, LmBatchSource::Create(ByteTokenizer::Encode(train_text), o));
+    data.tokens_per_step = train.global_tokens_per_step();
+    data.train = std::make_unique<LmBatchSource>(std::move(train));
+    o.seed = config.seed() + 1;
+    absl::StatusOr<LmBatchSource> eval = LmBatchSource::Create(ByteTokenizer::Encode(eval_text), o);
+    if (eval.ok()) data.eval = std::make_unique<LmBatchSource>(*std::move(eval));
+  } else {
+    MlmDataOptions o{.seq_len = config.bert().context_length(),
+                     .micro_batch_size = par.micro_batch_size(),
+                     .num_microbatches = par.num_microbatches(),
+                     .dp_rank = 0,
+                     .dp_size = par.dp(),
+                     .seed = config.seed(),
+                     .mask_prob = config.bert().mask_prob()};
+    PP_ASSIGN_OR_RETURN(MlmBatchSource train, MlmBatchSource::Create(train_text, o));
+    data.train = std::make_unique<MlmBatchSource>(std::move(train));
+    o.seed = config.seed() + 1;
+    absl::StatusOr<MlmBatchSource> eval = MlmBatchSource::Create(eval_text, o);
+    if (eval.ok()) data.eval = std::make_unique<MlmBatchSource>(*std::move(eval));
+    data.tokens_per_step = static_cast<int64_t>(par.dp()) * par.num_microbatches() * par.micro_batch_size() *
+                           config.bert().context_length();
+  }
+  return data;
+}
+
+}  // namespace
+
+absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
+  const auto& par = config.parallelism();
+  const std::chrono::milliseconds timeout(int64_t{1000} * par.timeout_seconds());
+  RendezvousOptions ro;
+  ro.timeout = timeout;
+  PP_ASSIGN_OR_RETURN(World world, RendezvousFromEnv(ro));
+  PP_ASSIGN_OR_RETURN(ProcessTopology topology, PipeDataParallelTopology(par.pp(), par.dp()));
+  PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topology));
+  const bool rank0 = grid.global_rank() == 0;
+
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeExperimentSpecs(config, kind));
+  PipelineModelOptions mo;
+  mo.num_stages = par.pp();
+  mo.chunks = par.chunks();
+  mo.partition_method = par.partition_method();
+  mo.base_seed = config.seed();
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model, PipelineModel::Create(specs, mo, grid.stage_id()));
+  PP_ASSIGN_OR_RETURN(Data data, MakeData(config, kind));
+
+  // GPT: the loss also keeps the last stage's logits for sampling.
+  PipelineSampler sampler;
+  const LossFn loss_fn = kind == ModelKind::kGpt ? sampler.WrapLoss(GptLoss) : LossFn(BertMlmLoss);
+
+  TrainerOptions to;
+  to.schedule = par.schedule();
+  to.num_microbatches = par.num_microbatches();
+  to.optimizer.name = config.optimizer().name();
+  to.optimizer.lr = config.optimizer().lr();
+  to.optimizer.weight_decay = config.optimizer().weight_decay();
+  to.optimizer.momentum = config.optimizer().momentum();
+  to.optimizer.beta1 = config.optimizer().beta1();
+  to.optimizer.beta2 = config.optimizer().beta2();
+  to.optimizer.eps = config.optimizer().eps();
+  to.lr_schedule.name = config.lr_schedule().name();
+  to.lr_schedule.warmup_steps = config.lr_schedule().warmup_steps();
+  to.lr_schedule.total_steps = config.steps();
+  to.lr_schedule.min_lr = config.lr_schedule().min_lr();
+  to.max_grad_norm = config.optimizer().max_grad_norm();
+  to.timeout = timeout;
+  if (par.activation_checkpointing().interval() > 0) {
+    ActivationCheckpointPolicy policy;
+    policy.interval = par.activation_checkpointing().interval();
+    policy.checkpointable_types = par.activation_checkpointing().checkpointable_types();
+    PP_ASSIGN_OR_RETURN(to.layer_runner, MakeCheckpointingRunner(policy));
+  }
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
+
+  // Each rank's dropout stream starts from the config's seed, so a run is
+  // repeatable and a resumed one (which restores the saved RNG state) exact.
+  torch::manual_seed(config.seed() * 1000003ULL + static_cast<uint64_t>(grid.global_rank()));
+
+  // Model checkpoints (checkpoint/trainer_checkpoint.h): resume, then save
+  // every save_interval steps.
+  CheckpointPolicy ckpt_policy;
+  ckpt_policy.dir = config.checkpoint().dir().empty()
+                        ? (fs::path(config.output_dir()) / "checkpoints" / config.name()).string()
+                        : FromWorkspace(config.checkpoint().dir());
+  ckpt_policy.save_interval = config.checkpoint().save_interval();
+  ckpt_policy.keep_last = config.checkpoint().keep_last();
+  ckpt_policy.resume = config.checkpoint().resume();
+  ckpt_policy.config = ConfigToText(config);
+  ckpt_policy.seed = static_cast<int64_t>(config.seed());
+  PP_ASSIGN_OR_RETURN(TrainingCheckpointer checkpointer, TrainingCheckpointer::Create(ckpt_policy));
+  PP_ASSIGN_OR_RETURN(bool resumed, checkpointer.MaybeResume(grid, *model, *trainer));
+  if (resumed && rank0) std::cout << "resumed at step " << trainer->step() << " from " << ckpt_policy.resume << std::endl;
+
+  fs::path run_dir;
+  std::ofstream metrics;
+  if (rank0) {
+    run_dir = fs::path(config.output_dir()) /
+              absl::StrCat(config.name(), "-", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::UTCTimeZone()));
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create run directory ", run_dir.string(), ": ", ec.message()));
+    PP_RETURN_IF_ERROR(WriteFile(run_dir / "config.textproto", ConfigToText(config)));
+    metrics.open(run_dir / "metrics.jsonl");
+    std::cout << absl::StrFormat(
+                     "%s: %s, pp=%d x dp=%d, schedule %s, chunks %d, %d micro-batches of %d; corpus %s (%d files, "
+                     "%d bytes); %d tokens/step\n",
+                     config.name(), ModelKindName(kind), par.pp(), par.dp(), par.schedule(), par.chunks(),
+                     par.num_microbatches(), par.micro_batch_size(), config.data().path(), data.corpus_files,
+                     data.corpus_bytes, data.tokens_per_step)
+              << model->PartitionReport() << "run directory: " << run_dir.string() << std::endl;
+  }
+
+  auto evaluate = [&]() -> absl::StatusOr<double> {
+    double sum = 0;
+    for (int64_t i = 0; i < config.eval_batches(); ++i) {
+      PP_ASSIGN_OR_RETURN(double loss, trainer->Evaluate(data.eval.get(), i));
+      sum += loss;
+    }
+    return sum / static_cast<double>(config.eval_batches());
+  };
+
+  LossPoints train_curve, eval_curve;
+  Progress progress(config.steps(), config.log_interval());
+  const int64_t trace_step = std::min(config.trace_step(), config.steps() - 1);
+  for (int64_t step = trainer->step(); step < config.steps(); ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
+    PP_ASSIGN_OR_RETURN(std::string saved, checkpointer.AfterStep(grid, *model, *trainer, config.steps()));
+    if (!saved.empty() && rank0) LOG(INFO) << "checkpoint " << saved;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::optional<double> eval_loss;
+    const bool last = step + 1 == config.steps();
+    if (data.eval != nullptr &&
+        (last || (config.eval_interval() > 0 && (step + 1) % config.eval_interval() == 0))) {
+      PP_ASSIGN_OR_RETURN(eval_loss, evaluate());
+    }
+    if (step == trace_step) {
+      PP_ASSIGN_OR_RETURN(std::string trace, trainer->LastStepTrace());
+      if (rank0) PP_RETURN_IF_ERROR(WriteFile(run_dir / "trace.json", trace));
+    }
+    if (!rank0) continue;
+    const double tokens_per_s = static_cast<double>(data.tokens_per_step) / seconds;
+    nlohmann::json line = {{"step", step + 1},         {"loss", r.loss},          {"lr", r.learning_rate},
+                           {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s}, {"step_s", seconds}};
+    if (eval_loss.has_value()) line["eval_loss"] = *eval_loss;
+    std::vector<double> bubble;
+    for (size_t i = 0; i < r.busy_seconds.size(); ++i) {
+      const double wall = r.busy_seconds[i] + r.idle_seconds[i];
+      bubble.push_back(wall > 0 ? r.idle_seconds[i] / wall : 0.0);
+    }
+    line["bubble"] = bubble;
+    metrics << line.dump() << "\n" << std::flush;
+    train_curve.emplace_back(step + 1, r.loss);
+    if (eval_loss.has_value()) eval_curve.emplace_back(step + 1, *eval_loss);
+    progress.Update(step, r.loss, tokens_per_s, eval_loss);
+  }
+  progress.Finish();
+  const double train_seconds = progress.Elapsed();
+
+  if (kind == ModelKind::kGpt && config.sample_tokens() > 0) {
+    SampleOptions so{.num_tokens = config.sample_tokens(),
+                     .top_k = config.sample_top_k(),
+                     .temperature = config.sample_temperature(),
+                     .seed = config.seed(),
+                     .max_token_id = ByteTokenizer::kNumBytes};
+    PP_ASSIGN_OR_RETURN(std::vector<int64_t> tokens, Generate(ByteTokenizer::Encode(config.sample_prompt()),
+                                                              config.gpt().context_length(), so,
+                                                              sampler.LogitsFn(trainer.get(), &grid,
+                                                                               ByteTokenizer::kVocabSize, timeout)));
+    if (rank0) {
+      const std::string text = ByteTokenizer::Decode(tokens);
+      PP_RETURN_IF_ERROR(WriteFile(run_dir / "sample.txt", text + "\n"));
+      std::cout << "sample (top-" << config.sample_top_k() << ", " << config.sample_tokens() << " bytes):\n"
+                << text << "\n"
+                << std::endl;
+    }
+  }
+
+  if (rank0) {
+    PP_RETURN_IF_ERROR(WriteFile(
+        run_dir / "loss.svg",
+        LossCurveSvg(absl::StrCat(config.name(), ": ", ModelKindName(kind), " pp=", par.pp(), " dp=", par.dp(), " ",
+                                  par.schedule()),
+                     train_curve, eval_curve)));
+    if (!train_curve.empty()) {
+      std::cout << absl::StrFormat("done: %d steps in %s, loss %.4f -> %.4f%s\nrun directory: %s\n", config.steps(),
+                                   FormatDuration(train_seconds), train_curve.front().second,
+                                   train_curve.back().second,
+                                   eval_curve.empty() ? "" : absl::StrFormat(", eval loss %.4f", eval_curve.back().second),
+                                   run_dir.string())
+                << std::flush;
+    }
+  }
+  return absl::OkStatus();
+}
+
+int ExperimentMain(int argc, char** argv, ModelKind kind) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  // The launcher forwards worker output line by line; tell rank 0 whether a
+  // person is watching, so it can draw its progress bar on the terminal.
+  if (std::getenv("RANK") == nullptr && isatty(STDOUT_FILENO)) setenv("PP_PROGRESS_TTY", "1", 1);
+  MaybeLaunch(argc, argv, [kind] {
+    // Launcher side: a bad config fails here, before any worker starts.
+    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, 0);
+    if (!config.ok()) {
+      std::cerr << "error: " << config.status().message() << std::endl;
+      std::exit(2);
+    }
+    return config->parallelism().pp() * config->parallelism().dp();
+  });
+  absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, WorldSizeFromEnv());
+  if (!config.ok()) {
+    std::cerr << "error: " << config.status().message() << std::endl;
+    return 2;
+  }
+  absl::Status status = RunExperiment(*config, kind);
+  if (!status.ok()) {
+    std::cerr << "error: " << status << std::endl;
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace pp

@@ -1,0 +1,103 @@
+// The reference BERT (masked language model) as a pipeline spec list
+// (models/README.md).
+//
+//   TiedLayerSpec("embed")  word + position + token-type embeddings, LayerNorm
+//   N x EncoderBlock        post-LayerNorm, bidirectional attention that reads
+//                           the micro-batch's "attention_mask" (padding)
+//   MlmTransform            dense + GELU + LayerNorm
+//   TiedLayerSpec("embed")  "MlmDecoder": x @ word_embedding^T
+//   MlmBias                 the decoder's own output bias
+//
+// Inputs come from models/data/mlm_data.h; BertMlmLoss is cross-entropy over
+// the masked positions only. `type:EncoderBlock` partitions on block boundaries.
+#ifndef MODELS_BERT_BERT_H_
+#define MODELS_BERT_BERT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/transformer.h"
+#include "pipeline/layer.h"
+#include "pipeline/layer_spec.h"
+
+namespace pp {
+
+struct BertConfig {
+  int64_t vocab_size = 260;  // ByteTokenizer::kVocabSize
+  int64_t context_length = 128;
+  int64_t width = 128;
+  int64_t num_heads = 4;
+  int64_t num_layers = 4;
+  int64_t mlp_ratio = 4;
+  int64_t type_vocab_size = 2;
+  double dropout = 0.0;
+};
+
+// InvalidArgument naming the bad field.
+absl::Status ValidateBertConfig(const BertConfig& config);
+
+// Parameters "word_embed.weight", "pos_embed.weight", "type_embed.weight",
+// "norm.{weight,bias}". Token types default to 0 when the micro-batch has no
+// "token_type_ids". Not thread-safe.
+class BertEmbeddingImpl : public LayerImpl {
+ public:
+  explicit BertEmbeddingImpl(const BertConfig& config);
+  Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
+
+  torch::nn::Embedding word_embed{nullptr};
+  torch::nn::Embedding pos_embed{nullptr};
+  torch::nn::Embedding type_embed{nullptr};
+
+ private:
+  torch::nn::LayerNorm norm_{nullptr};
+  torch::nn::Dropout dropout_{nullptr};
+};
+
+// x = ln1(x + attn(x, key_mask)); x = ln2(x + mlp(x)). The key mask is the
+// micro-batch's "attention_mask" [b, T] (true = real token), when present.
+class EncoderBlockImpl : public LayerImpl {
+ public:
+  explicit EncoderBlockImpl(const BertConfig& config);
+  Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
+
+ private:
+  SelfAttention attn_{nullptr};
+  torch::nn::LayerNorm ln1_{nullptr};
+  Mlp mlp_{nullptr};
+  torch::nn::LayerNorm ln2_{nullptr};
+};
+
+// The MLM head's transform: LayerNorm(GELU(dense(x))).
+class MlmTransformImpl : public LayerImpl {
+ public:
+  explicit MlmTransformImpl(const BertConfig& config);
+  Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
+
+ private:
+  torch::nn::Linear dense_{nullptr};
+  torch::nn::LayerNorm norm_{nullptr};
+};
+
+// logits + bias, bias [vocab] initialised to zero.
+class MlmBiasImpl : public LayerImpl {
+ public:
+  explicit MlmBiasImpl(int64_t vocab_size);
+  Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
+
+  torch::Tensor bias;
+};
+
+// num_layers + 4 specs with declared parameter counts.
+absl::StatusOr<std::vector<LayerSpec>> MakeBertSpecs(const BertConfig& config);
+
+// Mean cross-entropy of logits `outputs[0]` [b, T, V] over the positions whose
+// "labels" are not kIgnoreLabel (-100).
+torch::Tensor BertMlmLoss(const Activations& outputs, const MicroBatch& batch);
+
+}  // namespace pp
+
+#endif  // MODELS_BERT_BERT_H_

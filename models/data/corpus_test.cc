@@ -1,0 +1,75 @@
+#include "models/data/corpus.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+namespace pp {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CorpusTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "sub");
+  }
+  void Write(const fs::path& relative, const std::string& contents) {
+    std::ofstream(dir_ / relative, std::ios::binary) << contents;
+  }
+  fs::path dir_;
+};
+
+TEST_F(CorpusTest, ReadsAFile) {
+  Write("a.txt", "hello world");
+  absl::StatusOr<Corpus> corpus = LoadCorpus((dir_ / "a.txt").string());
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  EXPECT_EQ(corpus->text, "hello world\n\n");
+  EXPECT_EQ(corpus->files.size(), 1u);
+}
+
+TEST_F(CorpusTest, ReadsADirectoryInSortedOrderOnceSkippingBinaryAndEmpty) {
+  Write("b.txt", "second");
+  Write("a.txt", "first");
+  Write("sub/c.txt", "third");
+  Write("empty.txt", "");
+  Write("blob.bin", std::string("x\0y", 3));
+  fs::create_symlink(dir_ / "a.txt", dir_ / "z_link_to_a");
+  absl::StatusOr<Corpus> corpus = LoadCorpus(dir_.string());
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  EXPECT_EQ(corpus->text, "first\n\nsecond\n\nthird\n\n");
+  EXPECT_EQ(corpus->files.size(), 3u);
+}
+
+TEST_F(CorpusTest, MissingPathIsNotFoundAndNamesIt) {
+  absl::StatusOr<Corpus> corpus = LoadCorpus((dir_ / "nope").string());
+  EXPECT_EQ(corpus.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(corpus.status().message().find("nope"), std::string::npos);
+  EXPECT_NE(corpus.status().message().find("--data"), std::string::npos);
+}
+
+TEST_F(CorpusTest, FolderWithoutTextIsInvalid) {
+  Write("empty.txt", "");
+  EXPECT_EQ(LoadCorpus(dir_.string()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SplitTrainEvalTest, TakesTheTail) {
+  auto [train, eval] = SplitTrainEval({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, 0.2);
+  EXPECT_EQ(train, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(eval, (std::vector<int64_t>{8, 9}));
+  EXPECT_TRUE(SplitTrainEval({1, 2}, 0.0).second.empty());
+}
+
+TEST(DefaultCorpusTest, DebianCommonLicensesArePresent) {
+  // base-files is Essential on Debian: the default corpus must always load.
+  absl::StatusOr<Corpus> corpus = LoadCorpus(kDefaultCorpusPath);
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  EXPECT_GT(corpus->text.size(), 100000u);
+  EXPECT_NE(corpus->text.find("GNU GENERAL PUBLIC LICENSE"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pp

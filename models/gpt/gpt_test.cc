@@ -1,0 +1,129 @@
+#include "models/gpt/gpt.h"
+
+#include <cmath>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "models/data/lm_data.h"
+#include "pipeline/pipeline_model.h"
+
+namespace pp {
+namespace {
+
+// The whole model in one process (ToSequential's builder), from the first layer.
+Activations RunModel(StageModule& model, const MicroBatch& batch) { return model->Forward({}, batch); }
+
+GptConfig Tiny() {
+  return GptConfig{.vocab_size = 260, .context_length = 16, .width = 32, .num_heads = 4, .num_layers = 2};
+}
+
+MicroBatch Batch(torch::Tensor ids) {
+  MicroBatch batch;
+  batch.id = 0;
+  batch.tensors["input_ids"] = ids;
+  batch.tensors["labels"] = ids.roll(-1, 1);
+  return batch;
+}
+
+TEST(GptSpecsTest, LayoutTiesAndDeclaredCounts) {
+  absl::StatusOr<std::vector<LayerSpec>> specs = MakeGptSpecs(Tiny());
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  ASSERT_EQ(specs->size(), 2u + 3u);
+  EXPECT_EQ((*specs)[0].name(), "GptEmbedding");
+  EXPECT_EQ((*specs)[1].name(), "TransformerBlock");
+  EXPECT_EQ((*specs)[3].name(), "FinalLayerNorm");
+  EXPECT_EQ((*specs)[4].name(), "LmHead");
+  EXPECT_EQ((*specs)[0].tie_key(), "embed");
+  EXPECT_EQ((*specs)[4].tie_key(), "embed");
+  EXPECT_TRUE((*specs)[4].tied_forward_fn() != nullptr);
+  // Declared counts match the built layers (the head counts the token table).
+  for (size_t i = 0; i + 1 < specs->size(); ++i) {
+    Layer layer = (*specs)[i].factory()();
+    EXPECT_EQ(*(*specs)[i].declared_parameter_count(), CountTrainableParameters(*layer)) << (*specs)[i].name();
+    EXPECT_EQ(layer->TypeName(), (*specs)[i].name());
+  }
+  EXPECT_EQ(*(*specs)[4].declared_parameter_count(), 260 * 32);
+}
+
+TEST(GptTest, LogitsShapeAndInitialLossNearUniform) {
+  torch::manual_seed(0);
+  StageModule model = *BuildSequential(*MakeGptSpecs(Tiny()), 1234);
+  MicroBatch batch = Batch(torch::randint(0, 256, {3, 16}, torch::kLong));
+  Activations out = RunModel(model, batch);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].sizes(), (std::vector<int64_t>{3, 16, 260}));
+  const double loss = GptLoss(out, batch).item<double>();
+  EXPECT_NEAR(loss, std::log(260.0), 0.3);
+}
+
+TEST(GptTest, AttentionIsCausal) {
+  torch::manual_seed(0);
+  StageModule model = *BuildSequential(*MakeGptSpecs(Tiny()), 1234);
+  torch::Tensor ids = torch::randint(0, 256, {2, 16}, torch::kLong);
+  torch::Tensor changed = ids.clone();
+  changed.index_put_({torch::indexing::Slice(), 9}, (ids.select(1, 9) + 1) % 256);
+  torch::Tensor a = RunModel(model, Batch(ids))[0];
+  torch::Tensor b = RunModel(model, Batch(changed))[0];
+  EXPECT_TRUE(torch::allclose(a.slice(1, 0, 9), b.slice(1, 0, 9)));
+  EXPECT_FALSE(torch::allclose(a.slice(1, 9), b.slice(1, 9)));
+}
+
+TEST(GptTest, HeadUsesTheTokenEmbeddingTable) {
+  StageModule model = *BuildSequential(*MakeGptSpecs(Tiny()), 1234);
+  ASSERT_EQ(model->tied_modules().size(), 1u);
+  auto& embedding = dynamic_cast<GptEmbeddingImpl&>(*model->tied_modules().at("embed"));
+  torch::Tensor x = torch::randn({2, 5, 32});
+  Activations logits = model->layers().back()->Forward({x}, MicroBatch{});
+  EXPECT_TRUE(torch::allclose(logits[0], torch::matmul(x, embedding.tok_embed->weight.t())));
+  // One table: the head adds no tensor of its own (2 embedding tables,
+  // 13 tensors per block, 2 in the final LayerNorm).
+  EXPECT_EQ(model->parameters().size(), 2u + 2u * 13u + 2u);
+}
+
+TEST(GptTest, LearnsAGeneratedCorpus) {
+  // A repetitive text a small model can learn quickly: the loss must fall by a
+  // clear margin in a short run.
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  std::vector<int64_t> ids(text.begin(), text.end());
+  absl::StatusOr<LmBatchSource> data =
+      LmBatchSource::Create(ids, {.seq_len = 16, .micro_batch_size = 8, .num_microbatches = 1, .seed = 3});
+  ASSERT_TRUE(data.ok()) << data.status();
+  StageModule model = *BuildSequential(*MakeGptSpecs(Tiny()), 1234);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(5e-3).weight_decay(0.0));
+  double first = 0, last = 0;
+  for (int step = 0; step < 100; ++step) {
+    MicroBatch batch = data->Batch(step, 0);
+    optimizer.zero_grad();
+    torch::Tensor loss = GptLoss(RunModel(model, batch), batch);
+    loss.backward();
+    optimizer.step();
+    if (step == 0) first = loss.item<double>();
+    last = loss.item<double>();
+  }
+  EXPECT_GT(first, 5.0);
+  EXPECT_LT(last, 2.0) << "loss went from " << first << " to " << last;
+}
+
+TEST(GptConfigTest, BadConfigsNameTheField) {
+  GptConfig c = Tiny();
+  c.num_heads = 5;
+  absl::Status s = MakeGptSpecs(c).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("gpt.width (32) must be a multiple of gpt.num_heads (5)"), std::string::npos) << s;
+  c = Tiny();
+  c.num_layers = 0;
+  EXPECT_NE(ValidateGptConfig(c).message().find("gpt.num_layers (0)"), std::string::npos);
+  c = Tiny();
+  c.dropout = 1.0;
+  EXPECT_NE(ValidateGptConfig(c).message().find("gpt.dropout (1)"), std::string::npos);
+}
+
+TEST(GptTest, LongerThanContextFails) {
+  StageModule model = *BuildSequential(*MakeGptSpecs(Tiny()), 1234);
+  EXPECT_THROW(RunModel(model, Batch(torch::zeros({1, 17}, torch::kLong))), c10::Error);
+}
+
+}  // namespace
+}  // namespace pp

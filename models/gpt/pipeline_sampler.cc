@@ -1,0 +1,51 @@
+#include "models/gpt/pipeline_sampler.h"
+
+#include <utility>
+#include <vector>
+
+#include "common/status_macros.h"
+#include "common/torch_status.h"
+
+namespace pp {
+
+LossFn PipelineSampler::WrapLoss(LossFn loss) {
+  return [this, loss = std::move(loss)](const Activations& outputs, const MicroBatch& batch) {
+    if (!torch::GradMode::is_enabled()) captured_ = outputs.at(0).detach();
+    return loss(outputs, batch);
+  };
+}
+
+absl::StatusOr<MicroBatchData> PipelineSampler::WindowSource::Get(int64_t step, int64_t index) {
+  MicroBatchData data;
+  // Unique per (call, index) and far above training ids.
+  data.batch.id = (int64_t{1} << 40) + step * 4096 + index;
+  data.batch.tensors["input_ids"] = window;
+  data.batch.tensors["labels"] = torch::zeros_like(window);
+  data.inputs = {window};
+  return data;
+}
+
+NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid, int64_t vocab_size,
+                                            std::chrono::milliseconds timeout) {
+  return [=](const torch::Tensor& window, int64_t position) -> absl::StatusOr<torch::Tensor> {
+    source_.window = window;
+    PP_RETURN_IF_ERROR(trainer->Evaluate(&source_, calls_++).status());
+    torch::Tensor logits = torch::zeros({vocab_size});
+    if (grid->IsLastStage()) {
+      if (!captured_.defined() || captured_.dim() != 3 || position >= captured_.size(1)) {
+        return absl::InternalError("the last stage captured no logits for sampling (was the loss wrapped?)");
+      }
+      logits = captured_[0][position].to(torch::kFloat).contiguous();
+    }
+    if (grid->num_stages() > 1) {
+      std::vector<at::Tensor> tensors = {logits};
+      c10d::BroadcastOptions options;
+      options.rootRank = grid->num_stages() - 1;  // pipe group rank == stage
+      PP_RETURN_IF_ERROR(TorchCall("broadcast of sampling logits over the pipe group",
+                                   [&] { grid->pipe_group()->broadcast(tensors, options)->wait(timeout); }));
+    }
+    return logits;
+  };
+}
+
+}  // namespace pp

@@ -1,0 +1,75 @@
+#include "models/transformer.h"
+
+#include <cmath>
+#include <limits>
+
+namespace pp {
+
+SelfAttentionImpl::SelfAttentionImpl(int64_t width, int64_t num_heads, double dropout)
+    : width_(width), num_heads_(num_heads) {
+  TORCH_CHECK(num_heads > 0 && width % num_heads == 0, "width (", width, ") must be a multiple of num_heads (",
+              num_heads, ")");
+  // No key bias: softmax is invariant to it, so its gradient is zero in
+  // theory and rounding noise in practice, which Adam would blow up into
+  // updates that differ between a pipeline and the sequential model.
+  qkv_ = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(width, 3 * width).bias(false)));
+  q_bias_ = register_parameter("q_bias", torch::zeros({width}));
+  v_bias_ = register_parameter("v_bias", torch::zeros({width}));
+  proj_ = register_module("proj", torch::nn::Linear(width, width));
+  attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(dropout));
+  out_dropout_ = register_module("out_dropout", torch::nn::Dropout(dropout));
+}
+
+torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal, const torch::Tensor& key_mask) {
+  TORCH_CHECK(x.dim() == 3 && x.size(2) == width_, "attention expects [batch, time, ", width_, "], got ",
+              x.sizes());
+  const int64_t batch = x.size(0);
+  const int64_t time = x.size(1);
+  const int64_t head_width = width_ / num_heads_;
+  // [batch, time, 3, heads, head_width] -> 3 x [batch, heads, time, head_width]
+  torch::Tensor qkv = qkv_(x).view({batch, time, 3, num_heads_, head_width}).permute({2, 0, 3, 1, 4});
+  torch::Tensor q = qkv[0] + q_bias_.view({num_heads_, 1, head_width});
+  torch::Tensor k = qkv[1];
+  torch::Tensor v = qkv[2] + v_bias_.view({num_heads_, 1, head_width});
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_width));
+  // The lowest finite value rather than -inf: a row whose keys are all masked
+  // then gets uniform weights instead of NaN.
+  const double kMasked = std::numeric_limits<float>::lowest();
+  if (causal) {
+    torch::Tensor future = torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
+                               .triu(/*diagonal=*/1);
+    scores = scores.masked_fill(future, kMasked);
+  }
+  if (key_mask.defined()) {
+    TORCH_CHECK(key_mask.dim() == 2 && key_mask.size(0) == batch && key_mask.size(1) == time,
+                "attention mask must be [", batch, ", ", time, "], got ", key_mask.sizes());
+    scores = scores.masked_fill(key_mask.to(torch::kBool).logical_not().view({batch, 1, 1, time}), kMasked);
+  }
+  torch::Tensor weights = attn_dropout_(torch::softmax(scores, /*dim=*/-1));
+  torch::Tensor out = torch::matmul(weights, v).transpose(1, 2).reshape({batch, time, width_});
+  return out_dropout_(proj_(out));
+}
+
+MlpImpl::MlpImpl(int64_t width, int64_t hidden, double dropout) {
+  fc_in_ = register_module("fc_in", torch::nn::Linear(width, hidden));
+  fc_out_ = register_module("fc_out", torch::nn::Linear(hidden, width));
+  dropout_ = register_module("dropout", torch::nn::Dropout(dropout));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) { return dropout_(fc_out_(torch::gelu(fc_in_(x)))); }
+
+int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden) {
+  const int64_t attention = width * 3 * width + 2 * width + width * width + width;
+  const int64_t mlp = width * hidden + hidden + hidden * width + width;
+  const int64_t norms = 2 * 2 * width;
+  return attention + mlp + norms;
+}
+
+torch::Tensor InputIds(const Activations& inputs, const MicroBatch& batch) {
+  torch::Tensor ids = inputs.empty() ? batch.Get("input_ids") : inputs[0];
+  TORCH_CHECK(!at::isFloatingType(ids.scalar_type()), "embedding expects integer token ids, got ",
+              ids.scalar_type());
+  return ids;
+}
+
+}  // namespace pp

@@ -1,0 +1,68 @@
+// Building blocks shared by GPT and BERT: multi-head self-attention written
+// from Linear layers and tensor ops, and the GELU MLP.
+//
+// These are plain torch::nn modules (not layers): models/gpt and models/bert
+// put them inside their pp::LayerImpl blocks.
+#ifndef MODELS_TRANSFORMER_H_
+#define MODELS_TRANSFORMER_H_
+
+#include <cstdint>
+
+#include <torch/torch.h>
+
+#include "pipeline/layer.h"
+
+namespace pp {
+
+// Self-attention over x [batch, time, width] with `num_heads` heads of
+// width / num_heads each; a fused q/k/v projection (biases on q and v only)
+// and an output projection.
+// Not thread-safe (like any torch::nn::Module).
+class SelfAttentionImpl : public torch::nn::Module {
+ public:
+  // REQUIRES: width % num_heads == 0.
+  SelfAttentionImpl(int64_t width, int64_t num_heads, double dropout);
+
+  // `causal`: position t attends to positions <= t only. `key_mask`: optional
+  // bool [batch, time], true where a key is a real token (padding is false);
+  // queries never attend to masked keys.
+  torch::Tensor forward(const torch::Tensor& x, bool causal, const torch::Tensor& key_mask = {});
+
+ private:
+  int64_t width_;
+  int64_t num_heads_;
+  torch::nn::Linear qkv_{nullptr};
+  torch::Tensor q_bias_;
+  torch::Tensor v_bias_;
+  torch::nn::Linear proj_{nullptr};
+  torch::nn::Dropout attn_dropout_{nullptr};
+  torch::nn::Dropout out_dropout_{nullptr};
+};
+TORCH_MODULE(SelfAttention);
+
+// Linear(width -> hidden) -> GELU -> Linear(hidden -> width) -> dropout.
+class MlpImpl : public torch::nn::Module {
+ public:
+  MlpImpl(int64_t width, int64_t hidden, double dropout);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::Linear fc_in_{nullptr};
+  torch::nn::Linear fc_out_{nullptr};
+  torch::nn::Dropout dropout_{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+// Trainable parameters of one attention + MLP + two LayerNorms, for the
+// partitioners' declared counts.
+int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden);
+
+// Token ids for an embedding layer: the first activation when the stage was
+// given one, else the micro-batch's "input_ids" (the first stage reads its
+// input from the data).
+// Throws c10::Error when neither is there or the ids are not integers.
+torch::Tensor InputIds(const Activations& inputs, const MicroBatch& batch);
+
+}  // namespace pp
+
+#endif  // MODELS_TRANSFORMER_H_
