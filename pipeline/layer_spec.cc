@@ -86,6 +86,12 @@ std::map<std::string, std::vector<int64_t>> TiePositions(const std::vector<Layer
 }
 
 Layer BuildSeeded(uint64_t seed, const LayerFactory& build) {
+  // The default generator is process-wide: ranks run as threads of one process
+  // (tests) must not interleave their seed -> build -> restore sequences, or a
+  // layer is built from another layer's seed. Recursive: a factory may itself
+  // build seeded sub-layers.
+  static std::recursive_mutex* build_mutex = new std::recursive_mutex();
+  std::lock_guard<std::recursive_mutex> build_lock(*build_mutex);
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   torch::Tensor saved;
   {

@@ -120,7 +120,8 @@ std::map<std::string, std::vector<int64_t>> TiePositions(const std::vector<Layer
 
 // Runs `build` with the default CPU generator seeded with `seed` (torch::manual_seed)
 // and restores the generator's previous state afterwards, so building a model
-// leaves the caller's RNG stream as it was whatever the partition.
+// leaves the caller's RNG stream as it was whatever the partition. Thread-safe:
+// concurrent calls (ranks as threads) are serialized, each seeing its own seed.
 Layer BuildSeeded(uint64_t seed, const LayerFactory& build);
 
 // Number of elements of the trainable (requires_grad) parameters of `layer`,
