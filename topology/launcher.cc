@@ -1,5 +1,6 @@
 #include "topology/launcher.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -217,7 +218,16 @@ int ConfigureWorkerThreads() {
     threads = WorkerThreadCount(local_world_size);
   }
   at::set_num_threads(threads);
+  SetBlasThreads(threads);
   return threads;
+}
+
+bool SetBlasThreads(int threads) {
+  using SetThreadsFn = void (*)(int);
+  auto set_threads = reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set_threads == nullptr) return false;
+  set_threads(threads);
+  return true;
 }
 
 absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<std::string>& argv) {

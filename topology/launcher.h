@@ -72,8 +72,14 @@ std::vector<char*> MaybeLaunch(int argc, char** argv,
 int WorkerThreadCount(int local_world_size);
 
 // at::set_num_threads(WorkerThreadCount(LOCAL_WORLD_SIZE from the environment,
-// 1 if unset)); returns the count set.
+// 1 if unset)) and the same count for the BLAS library; returns the count set.
 int ConfigureWorkerThreads();
+
+// Sets OpenBLAS's own thread count now. OpenBLAS reads OPENBLAS_NUM_THREADS
+// only when it is loaded, so a process that changes its mind later (a
+// benchmark comparing thread counts) must call this. Returns false when the
+// process's BLAS is not OpenBLAS.
+bool SetBlasThreads(int threads);
 
 }  // namespace pp
 
