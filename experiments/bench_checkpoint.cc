@@ -147,8 +147,9 @@ int Main() {
   const double mb = static_cast<double>(bytes) / 1e6;
   const double save = mb / Median(save_s), load = mb / Median(load_s);
   const double raw_w = mb / Median(raw_write_s), raw_r = mb / Median(raw_read_s);
-  std::printf("bench_checkpoint: GPT %d layers, width %d, vocab %d, context %d: %.1fM parameters%s\n",
-              config.num_layers, config.width, config.vocab_size, config.context_length, params / 1e6,
+  std::printf("bench_checkpoint: GPT %lld layers, width %lld, vocab %lld, context %lld: %.1fM parameters%s\n",
+              static_cast<long long>(config.num_layers), static_cast<long long>(config.width),
+              static_cast<long long>(config.vocab_size), static_cast<long long>(config.context_length), params / 1e6,
               absl::GetFlag(FLAGS_optimizer) ? " + AdamW state" : "");
   std::printf("checkpoint: %d files, %.1f MB, median of %d runs, dir %s\n", files, mb, repeats, dir.c_str());
   std::printf("%-28s %10s %10s %10s\n", "operation", "seconds", "MB/s", "vs raw");
