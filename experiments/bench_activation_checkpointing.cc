@@ -43,16 +43,25 @@
 #include "absl/strings/str_split.h"
 #include "checkpoint/activation_checkpointing.h"
 #include "checkpoint/mlp_block.h"
+#include "common/status_macros.h"
+#include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/layer.h"
+#include "pipeline/layer_spec.h"
+#include "pipeline/pipeline_model.h"
 
 ABSL_FLAG(std::string, model, "mlp",
-          "mlp (a deep stack of residual MLP blocks) or gpt (see HOOK(models) below)");
+          "mlp (a deep stack of residual MLP blocks) or gpt (models/gpt, sequential, --gpt_* flags)");
 ABSL_FLAG(int64_t, layers, 16, "number of MLP blocks");
 ABSL_FLAG(int64_t, width, 512, "MLP block width");
 ABSL_FLAG(int64_t, hidden, 2048, "MLP block hidden width");
 ABSL_FLAG(int64_t, batch, 128, "rows per step");
 ABSL_FLAG(double, dropout, 0.0, "dropout inside each MLP block (training mode)");
+ABSL_FLAG(int64_t, gpt_layers, 8, "--model=gpt: transformer blocks");
+ABSL_FLAG(int64_t, gpt_width, 256, "--model=gpt: width");
+ABSL_FLAG(int64_t, gpt_heads, 4, "--model=gpt: attention heads");
+ABSL_FLAG(int64_t, gpt_context, 128, "--model=gpt: sequence length");
+ABSL_FLAG(int64_t, gpt_batch, 16, "--model=gpt: sequences per step");
 ABSL_FLAG(std::string, intervals, "0,1,2", "checkpoint intervals to compare; 0 = off");
 ABSL_FLAG(int64_t, steps, 15, "measured steps per configuration");
 ABSL_FLAG(int64_t, warmup, 2, "unmeasured steps per configuration");
@@ -101,6 +110,7 @@ TrackingCpuAllocator g_tracking_allocator;
 // One model to benchmark: layers, an input and a scalar loss of the output.
 struct BenchModel {
   std::string description;
+  std::shared_ptr<torch::nn::Module> owner;  // Owns shared (tied) modules, if any.
   std::vector<Layer> layers;
   Activations inputs;
   MicroBatch batch;
@@ -121,14 +131,33 @@ BenchModel MakeMlpModel() {
   return model;
 }
 
-// HOOK(models): the GPT configuration. Once models/ provides GPT as LayerSpecs,
-// build its layers (ToSequential() of a 1-stage PipelineModel, or the specs'
-// factories in order), a token-id batch as `inputs`, the attention mask and
-// labels as `batch`, and the LM loss as `loss` here; run with --model=gpt.
+// GPT (models/gpt) built sequentially: its layers in order (tied embedding at
+// both ends), random token ids as input, next-token labels, the LM loss. The
+// StageModule is kept alive with the layers, since a tied layer only refers to
+// the shared embedding that the StageModule owns.
 absl::StatusOr<BenchModel> MakeGptModel() {
-  return absl::UnimplementedError(
-      "--model=gpt is not wired yet: models/ has to provide the GPT layers; see HOOK(models) "
-      "in experiments/bench_activation_checkpointing.cc. Valid now: --model=mlp");
+  GptConfig config;
+  config.num_layers = absl::GetFlag(FLAGS_gpt_layers);
+  config.width = absl::GetFlag(FLAGS_gpt_width);
+  config.num_heads = absl::GetFlag(FLAGS_gpt_heads);
+  config.context_length = absl::GetFlag(FLAGS_gpt_context);
+  config.dropout = absl::GetFlag(FLAGS_dropout);
+  const int64_t batch = absl::GetFlag(FLAGS_gpt_batch);
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(config));
+  PP_ASSIGN_OR_RETURN(StageModule sequential, BuildSequential(specs, /*base_seed=*/0));
+  BenchModel model;
+  model.description = absl::StrCat("gpt layers=", config.num_layers, " width=", config.width,
+                                   " heads=", config.num_heads, " context=", config.context_length,
+                                   " batch=", batch, " dropout=", config.dropout);
+  model.owner = sequential.ptr();
+  model.layers = sequential->layers();
+  torch::manual_seed(0);
+  torch::Tensor tokens = torch::randint(config.vocab_size, {batch, config.context_length + 1}, torch::kLong);
+  model.inputs = {tokens.slice(1, 0, config.context_length).contiguous()};
+  model.batch.id = 0;
+  model.batch.tensors["labels"] = tokens.slice(1, 1).contiguous();
+  model.loss = GptLoss;
+  return model;
 }
 
 absl::StatusOr<BenchModel> MakeModel(const std::string& name) {
@@ -157,6 +186,7 @@ double ProcessCpuMs() {
 
 void RunStep(const BenchModel& model, Config& config, bool measure) {
   for (const Layer& layer : model.layers) layer->zero_grad(/*set_to_none=*/false);
+  if (model.owner) model.owner->zero_grad(/*set_to_none=*/false);
   const int64_t before = TrackingCpuAllocator::live();
   TrackingCpuAllocator::ResetPeak();
   const auto start = std::chrono::steady_clock::now();
