@@ -57,22 +57,4 @@ MicroBatch LmBatchSource::AtGlobalIndex(int64_t step, int64_t index) const {
   return batch;
 }
 
-std::vector<MicroBatch> LmBatchSource::Step(int64_t step) const {
-  std::vector<MicroBatch> batches;
-  for (int64_t m = 0; m < options_.num_microbatches; ++m) batches.push_back(Batch(step, m));
-  return batches;
-}
-
-absl::StatusOr<MicroBatchData> LmBatchSource::Get(int64_t step, int64_t index) {
-  const int64_t global_size = options_.dp_size * options_.num_microbatches;
-  if (index < 0 || index >= global_size || step < 0) {
-    return absl::OutOfRangeError(absl::StrCat("micro-batch ", index, " of step ", step, " requested; a step has ",
-                                              global_size, " (dp_size x num_microbatches)"));
-  }
-  MicroBatchData data;
-  data.batch = AtGlobalIndex(step, index);
-  data.inputs = {data.batch.Get("input_ids")};
-  return data;
-}
-
 }  // namespace pp

@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/layer.h"
-#include "pipeline/runtime/stage_executor.h"
+#include "models/data/sharded_batch_source.h"
 
 namespace pp {
 
@@ -31,27 +31,14 @@ struct LmDataOptions {
 };
 
 // Immutable after construction; thread-safe.
-class LmBatchSource : public MicroBatchSource {
+class LmBatchSource : public ShardedBatchSource {
  public:
   // InvalidArgument when a size is not positive, dp_rank is outside
   // [0, dp_size), or `tokens` is shorter than seq_len + 1.
   static absl::StatusOr<LmBatchSource> Create(std::vector<int64_t> tokens, LmDataOptions options);
 
-  // This rank's micro-batch `microbatch` (in [0, num_microbatches)) of `step`:
-  // global index dp_rank * num_microbatches + microbatch.
-  MicroBatch Batch(int64_t step, int64_t microbatch) const {
-    return AtGlobalIndex(step, options_.dp_rank * options_.num_microbatches + microbatch);
-  }
-  // All of this rank's micro-batches of `step`, in order.
-  std::vector<MicroBatch> Step(int64_t step) const;
-  // Micro-batch `index` in [0, dp_size * num_microbatches) of the step's
-  // global batch; id = step * dp_size * num_microbatches + index, unique per
-  // (step, index).
-  MicroBatch AtGlobalIndex(int64_t step, int64_t index) const;
-
-  // MicroBatchSource (the runtime's view; `index` is global as above, so
-  // dp_rank is not used): inputs = {input_ids}; OutOfRange for a bad index.
-  absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override;
+  // Micro-batch `index` of the step's global batch (see ShardedBatchSource).
+  MicroBatch AtGlobalIndex(int64_t step, int64_t index) const override;
 
   const LmDataOptions& options() const { return options_; }
   int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
@@ -64,7 +51,8 @@ class LmBatchSource : public MicroBatchSource {
 
  private:
   LmBatchSource(std::vector<int64_t> tokens, LmDataOptions options)
-      : tokens_(std::move(tokens)), options_(options) {}
+      : ShardedBatchSource(options.dp_rank, options.dp_size, options.num_microbatches),
+        tokens_(std::move(tokens)), options_(options) {}
 
   std::vector<int64_t> tokens_;
   LmDataOptions options_;

@@ -26,7 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/layer.h"
-#include "pipeline/runtime/stage_executor.h"
+#include "models/data/sharded_batch_source.h"
 
 namespace pp {
 
@@ -47,34 +47,22 @@ struct MlmDataOptions {
 std::vector<std::string> SplitSentences(std::string_view text);
 
 // Immutable after construction; thread-safe.
-class MlmBatchSource : public MicroBatchSource {
+class MlmBatchSource : public ShardedBatchSource {
  public:
   // InvalidArgument for non-positive sizes, dp_rank outside [0, dp_size),
   // seq_len < 8, mask_prob outside (0, 1], or a text without sentences.
   static absl::StatusOr<MlmBatchSource> Create(std::string_view text, MlmDataOptions options);
 
-  // This rank's micro-batch `microbatch` (in [0, num_microbatches)) of `step`:
-  // global index dp_rank * num_microbatches + microbatch.
-  MicroBatch Batch(int64_t step, int64_t microbatch) const {
-    return AtGlobalIndex(step, options_.dp_rank * options_.num_microbatches + microbatch);
-  }
-  // All of this rank's micro-batches of `step`, in order.
-  std::vector<MicroBatch> Step(int64_t step) const;
-  // Micro-batch `index` in [0, dp_size * num_microbatches) of the step's
-  // global batch; id = step * dp_size * num_microbatches + index, unique per
-  // (step, index).
-  MicroBatch AtGlobalIndex(int64_t step, int64_t index) const;
-
-  // MicroBatchSource (the runtime's view; `index` is global as above, so
-  // dp_rank is not used): inputs = {input_ids}; OutOfRange for a bad index.
-  absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override;
+  // Micro-batch `index` of the step's global batch (see ShardedBatchSource).
+  MicroBatch AtGlobalIndex(int64_t step, int64_t index) const override;
 
   const MlmDataOptions& options() const { return options_; }
   int64_t num_sentences() const { return static_cast<int64_t>(sentences_.size()); }
 
  private:
   MlmBatchSource(std::vector<std::string> sentences, MlmDataOptions options)
-      : sentences_(std::move(sentences)), options_(options) {}
+      : ShardedBatchSource(options.dp_rank, options.dp_size, options.num_microbatches),
+        sentences_(std::move(sentences)), options_(options) {}
   // Writes one sample (global row `row` of `step`) into row `i` of the tensors.
   void FillRow(int64_t step, int64_t row, int64_t i, MicroBatch& batch) const;
 
