@@ -60,6 +60,9 @@ ABSL_FLAG(std::string, result_file, "", "Internal: where rank 0 of part (b) writ
 ABSL_FLAG(std::string, trace_file, "/tmp/bench_pipeline_trace.json", "Chrome trace of part (b)'s last step.");
 ABSL_FLAG(bool, overhead_only, false, "Run only part (a) and print its ratio.");
 ABSL_FLAG(int, timeout_s, 300, "Timeout for every receive and collective.");
+ABSL_FLAG(bool, fixed_layout, false,
+          "Part (b): declare the activation shape up front (P2POptions::fixed_layout), so "
+          "messages carry no control word or header.");
 
 namespace pp {
 namespace {
@@ -190,6 +193,12 @@ absl::Status MakeEngine(const World& world, int pp, Engine& e) {
   // The hand-written loop computes no gradient norm; neither does the engine
   // here, so (a) measures the engine itself.
   to.report_grad_norm = false;
+  if (absl::GetFlag(FLAGS_fixed_layout)) {
+    TensorMeta activation;
+    activation.shape = {absl::GetFlag(FLAGS_rows), absl::GetFlag(FLAGS_hidden)};
+    activation.requires_grad = true;
+    to.fixed_layout = std::vector<TensorMeta>{activation};
+  }
   PP_ASSIGN_OR_RETURN(e.trainer, Trainer::Create(e.grid.get(), e.model.get(), Loss, &e.source, to));
   return absl::OkStatus();
 }
@@ -315,7 +324,8 @@ absl::Status RunBenchmark(const char* self) {
                                    absl::StrCat("--microbatches=", m),
                                    absl::StrCat("--steps=", steps),
                                    absl::StrCat("--schedule=", absl::GetFlag(FLAGS_schedule)),
-                                   absl::StrCat("--timeout_s=", absl::GetFlag(FLAGS_timeout_s))};
+                                   absl::StrCat("--timeout_s=", absl::GetFlag(FLAGS_timeout_s)),
+                                   absl::StrCat("--fixed_layout=", absl::GetFlag(FLAGS_fixed_layout))};
   setenv("OMP_NUM_THREADS", "1", 1);
   setenv("OPENBLAS_NUM_THREADS", "1", 1);
   PP_ASSIGN_OR_RETURN(int code, RunWorkers(lo, argv));
