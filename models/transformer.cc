@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+
 namespace pp {
 
 SelfAttentionImpl::SelfAttentionImpl(int64_t width, int64_t num_heads, double dropout)
@@ -70,6 +72,22 @@ torch::Tensor InputIds(const Activations& inputs, const MicroBatch& batch) {
   TORCH_CHECK(!at::isFloatingType(ids.scalar_type()), "embedding expects integer token ids, got ",
               ids.scalar_type());
   return ids;
+}
+
+absl::Status ValidateTransformerConfig(absl::string_view model,
+                                       std::initializer_list<std::pair<const char*, int64_t>> sizes,
+                                       int64_t width, int64_t num_heads, double dropout) {
+  for (const auto& [name, value] : sizes) {
+    if (value <= 0) return absl::InvalidArgumentError(absl::StrCat(model, ".", name, " (", value, ") must be positive"));
+  }
+  if (width % num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(model, ".width (", width, ") must be a multiple of ", model,
+                                                   ".num_heads (", num_heads, ")"));
+  }
+  if (!(dropout >= 0.0 && dropout < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(model, ".dropout (", dropout, ") must be in [0, 1)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pp

@@ -7,9 +7,13 @@
 #define MODELS_TRANSFORMER_H_
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include <torch/torch.h>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "pipeline/layer.h"
 
 namespace pp {
@@ -62,6 +66,12 @@ int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden);
 // input from the data).
 // Throws c10::Error when neither is there or the ids are not integers.
 torch::Tensor InputIds(const Activations& inputs, const MicroBatch& batch);
+
+// The checks GPT and BERT configs share, with errors naming `<model>.<field>`:
+// every size in `sizes` positive, width a multiple of num_heads, dropout in [0, 1).
+absl::Status ValidateTransformerConfig(absl::string_view model,
+                                       std::initializer_list<std::pair<const char*, int64_t>> sizes,
+                                       int64_t width, int64_t num_heads, double dropout);
 
 }  // namespace pp
 

@@ -13,20 +13,11 @@ torch::nn::LayerNorm Norm(int64_t width) { return torch::nn::LayerNorm(torch::nn
 }  // namespace
 
 absl::Status ValidateBertConfig(const BertConfig& c) {
-  for (const auto& [name, value] :
-       {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size}, {"context_length", c.context_length},
-        {"width", c.width}, {"num_heads", c.num_heads}, {"num_layers", c.num_layers}, {"mlp_ratio", c.mlp_ratio},
-        {"type_vocab_size", c.type_vocab_size}}) {
-    if (value <= 0) return absl::InvalidArgumentError(absl::StrCat("bert.", name, " (", value, ") must be positive"));
-  }
-  if (c.width % c.num_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bert.width (", c.width, ") must be a multiple of bert.num_heads (", c.num_heads, ")"));
-  }
-  if (!(c.dropout >= 0.0 && c.dropout < 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("bert.dropout (", c.dropout, ") must be in [0, 1)"));
-  }
-  return absl::OkStatus();
+  return ValidateTransformerConfig(
+      "bert",
+      {{"vocab_size", c.vocab_size}, {"context_length", c.context_length}, {"width", c.width},
+       {"num_heads", c.num_heads}, {"num_layers", c.num_layers}, {"mlp_ratio", c.mlp_ratio}, {"type_vocab_size", c.type_vocab_size}},
+      c.width, c.num_heads, c.dropout);
 }
 
 BertEmbeddingImpl::BertEmbeddingImpl(const BertConfig& config) : LayerImpl("BertEmbedding") {

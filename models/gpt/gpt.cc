@@ -7,19 +7,11 @@
 namespace pp {
 
 absl::Status ValidateGptConfig(const GptConfig& c) {
-  for (const auto& [name, value] :
-       {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size}, {"context_length", c.context_length},
-        {"width", c.width}, {"num_heads", c.num_heads}, {"num_layers", c.num_layers}, {"mlp_ratio", c.mlp_ratio}}) {
-    if (value <= 0) return absl::InvalidArgumentError(absl::StrCat("gpt.", name, " (", value, ") must be positive"));
-  }
-  if (c.width % c.num_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gpt.width (", c.width, ") must be a multiple of gpt.num_heads (", c.num_heads, ")"));
-  }
-  if (!(c.dropout >= 0.0 && c.dropout < 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("gpt.dropout (", c.dropout, ") must be in [0, 1)"));
-  }
-  return absl::OkStatus();
+  return ValidateTransformerConfig(
+      "gpt",
+      {{"vocab_size", c.vocab_size}, {"context_length", c.context_length}, {"width", c.width},
+       {"num_heads", c.num_heads}, {"num_layers", c.num_layers}, {"mlp_ratio", c.mlp_ratio}},
+      c.width, c.num_heads, c.dropout);
 }
 
 GptEmbeddingImpl::GptEmbeddingImpl(const GptConfig& config) : LayerImpl("GptEmbedding") {
