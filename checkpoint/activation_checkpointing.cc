@@ -21,16 +21,16 @@ struct CompiledPolicy {
 
 absl::StatusOr<CompiledPolicy> Compile(const ActivationCheckpointPolicy& policy) {
   if (policy.interval < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("activation checkpoint interval (", policy.interval,
-                     ") must be >= 0 (0 turns checkpointing off)"));
+    return absl::InvalidArgumentError(absl::StrCat("activation checkpoint interval (",
+                                                   policy.interval,
+                                                   ") must be >= 0 (0 turns checkpointing off)"));
   }
   CompiledPolicy compiled;
   compiled.interval = policy.interval;
   if (!policy.checkpointable_types.empty()) {
     try {
-      compiled.checkpointable = std::make_shared<const std::regex>(
-          policy.checkpointable_types, std::regex::ECMAScript);
+      compiled.checkpointable =
+          std::make_shared<const std::regex>(policy.checkpointable_types, std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("checkpointable layer type regex '", policy.checkpointable_types,
@@ -97,8 +97,7 @@ absl::StatusOr<LayerRunner> MakeCheckpointingRunner(const ActivationCheckpointPo
   if (!compiled.ok()) return compiled.status();
   if (compiled->interval == 0) return LayerRunner(RunLayers);
   return LayerRunner([policy = *std::move(compiled)](const std::vector<Layer>& layers,
-                                                     Activations inputs,
-                                                     const MicroBatch& batch) {
+                                                     Activations inputs, const MicroBatch& batch) {
     std::vector<LayerTraits> traits;
     traits.reserve(layers.size());
     for (const Layer& layer : layers) traits.push_back(TraitsOf(*layer));

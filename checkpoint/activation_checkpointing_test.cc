@@ -44,8 +44,7 @@ TEST(PlanLayerRunsTest, DeepSpeedCaseChecksOnlyTheRunWithParameters) {
   EXPECT_EQ(traits[0].type_name, "ReLU");
   EXPECT_FALSE(traits[0].has_parameters);
   EXPECT_TRUE(traits[4].has_parameters);
-  EXPECT_EQ(PlanOrDie(Policy(4), traits),
-            (std::vector<LayerRun>{{0, 4, false}, {4, 8, true}}));
+  EXPECT_EQ(PlanOrDie(Policy(4), traits), (std::vector<LayerRun>{{0, 4, false}, {4, 8, true}}));
 }
 
 TEST(PlanLayerRunsTest, IntervalsThatDoNotDivideTheLayerCount) {
@@ -92,8 +91,7 @@ TEST(PlanLayerRunsTest, RejectsBadPolicies) {
   EXPECT_NE(negative.status().message().find("(-2)"), std::string::npos) << negative.status();
   absl::StatusOr<LayerRunner> bad_regex = MakeCheckpointingRunner(Policy(1, "Block("));
   EXPECT_EQ(bad_regex.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad_regex.status().message().find("'Block('"), std::string::npos)
-      << bad_regex.status();
+  EXPECT_NE(bad_regex.status().message().find("'Block('"), std::string::npos) << bad_regex.status();
 }
 
 // Counts its forward calls: a checkpointed layer runs twice per step (forward

@@ -86,7 +86,7 @@ __attribute__((target("sse4.2"))) std::array<uint32_t, 32>* ZerosShiftMatrix(siz
 }
 
 __attribute__((target("sse4.2"))) uint32_t Crc32cSse42(const void* data, size_t size,
-                                                        uint32_t crc) {
+                                                       uint32_t crc) {
   const auto* p = static_cast<const unsigned char*>(data);
   uint64_t c = ~crc;
   while (size > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
@@ -211,7 +211,8 @@ absl::Status FsyncPath(const std::string& path) {
 absl::Status RemoveTree(const fs::path& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot remove ", path.string(), ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot remove ", path.string(), ": ", ec.message()));
   return absl::OkStatus();
 }
 
@@ -238,9 +239,8 @@ absl::StatusOr<std::string> ReadLatest(const std::string& root) {
   std::string name(data.begin(), data.end());
   name = std::string(absl::StripAsciiWhitespace(name));
   if (name.empty() || name.find('/') != std::string::npos) {
-    return absl::DataLossError(
-        absl::StrCat(path, " should hold a checkpoint directory name like step_00000100, found '",
-                     name, "'"));
+    return absl::DataLossError(absl::StrCat(
+        path, " should hold a checkpoint directory name like step_00000100, found '", name, "'"));
   }
   return name;
 }
@@ -344,13 +344,14 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
       size += static_cast<int64_t>(n);
       return n;
     });
-    torch::jit::writeArchiveAndTensors("data", pickle_bytes.data(), pickle_bytes.size(), pickler.tensorData(),
-                                       writer);
+    torch::jit::writeArchiveAndTensors("data", pickle_bytes.data(), pickle_bytes.size(),
+                                       pickler.tensorData(), writer);
     writer.writeEndOfFile();
   });
   if (!pickled.ok()) {
     ::close(fd);
-    if (write_errno != 0) return ErrnoStatus(write_errno, absl::StrCat("cannot write checkpoint file ", path));
+    if (write_errno != 0)
+      return ErrnoStatus(write_errno, absl::StrCat("cannot write checkpoint file ", path));
     return pickled;
   }
   if (sync && ::fsync(fd) != 0) {
@@ -437,8 +438,8 @@ absl::StatusOr<TensorDict> Unpickle(const std::string& path, std::shared_ptr<con
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MappedReadAdapter>(file));
     c10::IValue value;
     if (!zero_copy) {
-      value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"", c10::nullopt,
-                                                c10::nullopt, c10::nullopt, reader);
+      value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                                c10::nullopt, c10::nullopt, c10::nullopt, reader);
     } else {
       auto [pickle, pickle_size] = reader.getRecord("data.pkl");
       size_t pos = 0;
@@ -452,9 +453,10 @@ absl::StatusOr<TensorDict> Unpickle(const std::string& path, std::shared_ptr<con
         const size_t offset = reader.getRecordOffset("data/" + key);
         TORCH_CHECK(offset < file->size(), "record data/", key, " lies outside the file");
         auto* owner = new std::shared_ptr<const MappedFile>(file);
-        return at::DataPtr(const_cast<char*>(file->data() + offset), owner,
-                           [](void* ctx) { delete static_cast<std::shared_ptr<const MappedFile>*>(ctx); },
-                           at::Device(at::kCPU));
+        return at::DataPtr(
+            const_cast<char*>(file->data() + offset), owner,
+            [](void* ctx) { delete static_cast<std::shared_ptr<const MappedFile>*>(ctx); },
+            at::Device(at::kCPU));
       };
       torch::jit::Unpickler unpickler(read, nullptr, nullptr, read_record, c10::nullopt);
       unpickler.set_version(reader.version());
@@ -473,7 +475,8 @@ absl::StatusOr<TensorDict> Unpickle(const std::string& path, std::shared_ptr<con
       out.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
     }
   }));
-  if (!problem.empty()) return absl::DataLossError(absl::StrCat("checkpoint file ", path, " ", problem));
+  if (!problem.empty())
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " ", problem));
   return out;
 }
 
@@ -484,8 +487,8 @@ absl::StatusOr<TensorDict> ReadTensorFile(const std::string& dir, const FileInfo
   absl::StatusOr<std::shared_ptr<const MappedFile>> file = MappedFile::Open(path);
   if (!file.ok()) {
     if (absl::IsNotFound(file.status())) {
-      return absl::NotFoundError(absl::StrCat("checkpoint file ", path,
-                                              " listed in the manifest is missing"));
+      return absl::NotFoundError(
+          absl::StrCat("checkpoint file ", path, " listed in the manifest is missing"));
     }
     return file.status();
   }
@@ -503,8 +506,9 @@ absl::StatusOr<TensorDict> ReadTensorFile(const std::string& dir, const FileInfo
   }
   PP_ASSIGN_OR_RETURN(TensorDict tensors, Unpickle(path, *file, /*zero_copy=*/true));
   if (tensors.size() != static_cast<size_t>(expected.tensors_size())) {
-    return absl::DataLossError(absl::StrFormat("checkpoint file %s holds %d tensors, the manifest lists %d",
-                                               path, tensors.size(), expected.tensors_size()));
+    return absl::DataLossError(
+        absl::StrFormat("checkpoint file %s holds %d tensors, the manifest lists %d", path,
+                        tensors.size(), expected.tensors_size()));
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const checkpoint::TensorInfo& want = expected.tensors(static_cast<int>(i));
@@ -512,9 +516,10 @@ absl::StatusOr<TensorDict> ReadTensorFile(const std::string& dir, const FileInfo
     std::string dtype = c10::toString(t.scalar_type());
     if (name != want.name() || dtype != want.dtype() ||
         !std::equal(t.sizes().begin(), t.sizes().end(), want.shape().begin(), want.shape().end())) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint file ", path, " tensor #", i, " is '", name, "' ", dtype, ShapeString(t.sizes()),
-          ", the manifest says '", want.name(), "' ", want.dtype(), ShapeString(want.shape())));
+      return absl::DataLossError(absl::StrCat("checkpoint file ", path, " tensor #", i, " is '",
+                                              name, "' ", dtype, ShapeString(t.sizes()),
+                                              ", the manifest says '", want.name(), "' ",
+                                              want.dtype(), ShapeString(want.shape())));
     }
   }
   return tensors;
@@ -544,21 +549,22 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& dir) {
   absl::StatusOr<std::vector<char>> bytes = ReadAll(path);
   if (!bytes.ok()) {
     if (absl::IsNotFound(bytes.status())) {
-      return absl::NotFoundError(absl::StrCat(dir, " is not a checkpoint: it has no ", kManifestFileName,
-                                              " (and no '", kLatestFileName, "' file naming one)"));
+      return absl::NotFoundError(absl::StrCat(dir, " is not a checkpoint: it has no ",
+                                              kManifestFileName, " (and no '", kLatestFileName,
+                                              "' file naming one)"));
     }
     return bytes.status();
   }
   Manifest manifest;
   std::string text(bytes->begin(), bytes->end());
   if (!google::protobuf::TextFormat::ParseFromString(text, &manifest)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint manifest ", path, " is not a valid text-format pp.checkpoint.Manifest"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint manifest ", path, " is not a valid text-format pp.checkpoint.Manifest"));
   }
   if (manifest.magic() != kCheckpointMagic) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint manifest ", path, " has magic '",
-                                                   manifest.magic(), "', expected '", kCheckpointMagic,
-                                                   "': not a pipe checkpoint"));
+                                                   manifest.magic(), "', expected '",
+                                                   kCheckpointMagic, "': not a pipe checkpoint"));
   }
   if (manifest.format_version() > kCheckpointFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -566,7 +572,8 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& dir) {
         ", newer than this build reads (", kCheckpointFormatVersion, "); use a newer pipe"));
   }
   if (manifest.format_version() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint manifest ", path, " has format_version ",
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint manifest ", path,
+                                                   " has format_version ",
                                                    manifest.format_version(), ", expected 1.."));
   }
   return manifest;
@@ -582,20 +589,24 @@ absl::StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
     PP_ASSIGN_OR_RETURN(std::string name, ReadLatest(path));
     std::string dir = (fs::path(path) / name).string();
     if (!fs::exists(fs::path(dir) / kManifestFileName, ec)) {
-      return absl::NotFoundError(absl::StrCat((fs::path(path) / kLatestFileName).string(), " names ", name,
-                                              " but ", dir, " is not a complete checkpoint"));
+      return absl::NotFoundError(absl::StrCat((fs::path(path) / kLatestFileName).string(),
+                                              " names ", name, " but ", dir,
+                                              " is not a complete checkpoint"));
     }
     return dir;
   }
   return absl::NotFoundError(absl::StrCat(path, " is not a checkpoint: it has neither ",
-                                          kManifestFileName, " nor a '", kLatestFileName, "' file"));
+                                          kManifestFileName, " nor a '", kLatestFileName,
+                                          "' file"));
 }
 
 absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   fs::directory_iterator it(root, ec);
-  if (ec) return absl::NotFoundError(absl::StrCat("cannot list checkpoint root ", root, ": ", ec.message()));
+  if (ec)
+    return absl::NotFoundError(
+        absl::StrCat("cannot list checkpoint root ", root, ": ", ec.message()));
   for (const fs::directory_entry& entry : it) {
     std::string name = entry.path().filename().string();
     int64_t step = StepOfName(name);
@@ -634,10 +645,13 @@ std::string TempCheckpointDir(const std::string& root, const std::string& name) 
   return (fs::path(root) / absl::StrCat(kTempPrefix, name)).string();
 }
 
-absl::StatusOr<std::string> PrepareTempCheckpointDir(const std::string& root, const std::string& name) {
+absl::StatusOr<std::string> PrepareTempCheckpointDir(const std::string& root,
+                                                     const std::string& name) {
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create checkpoint root ", root, ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create checkpoint root ", root, ": ", ec.message()));
   std::string tmp = TempCheckpointDir(root, name);
   PP_RETURN_IF_ERROR(RemoveTree(tmp));
   fs::create_directory(tmp, ec);
@@ -651,7 +665,8 @@ absl::Status WritePartialManifest(const std::string& tmp_dir, int rank,
   for (const FileInfo& f : files) *part.add_files() = f;
   std::string text;
   google::protobuf::TextFormat::PrintToString(part, &text);
-  std::string path = (fs::path(tmp_dir) / absl::StrFormat("%s%05d.textproto", kPartPrefix, rank)).string();
+  std::string path =
+      (fs::path(tmp_dir) / absl::StrFormat("%s%05d.textproto", kPartPrefix, rank)).string();
   return WriteAll(path, text.data(), text.size());
 }
 
@@ -665,7 +680,8 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& root, const std:
   std::vector<fs::path> parts;
   std::error_code ec;
   for (const fs::directory_entry& entry : fs::directory_iterator(tmp, ec)) {
-    if (absl::StartsWith(entry.path().filename().string(), kPartPrefix)) parts.push_back(entry.path());
+    if (absl::StartsWith(entry.path().filename().string(), kPartPrefix))
+      parts.push_back(entry.path());
   }
   if (ec) return absl::InternalError(absl::StrCat("cannot list ", tmp, ": ", ec.message()));
   std::sort(parts.begin(), parts.end());
@@ -674,14 +690,17 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& root, const std:
   for (const fs::path& part_path : parts) {
     PP_ASSIGN_OR_RETURN(std::vector<char> bytes, ReadAll(part_path.string()));
     Manifest part;
-    if (!google::protobuf::TextFormat::ParseFromString(std::string(bytes.begin(), bytes.end()), &part)) {
-      return absl::DataLossError(absl::StrCat("partial manifest ", part_path.string(), " does not parse"));
+    if (!google::protobuf::TextFormat::ParseFromString(std::string(bytes.begin(), bytes.end()),
+                                                       &part)) {
+      return absl::DataLossError(
+          absl::StrCat("partial manifest ", part_path.string(), " does not parse"));
     }
     for (const FileInfo& f : part.files()) {
       auto [it, inserted] = writer_of.emplace(f.path(), f.writer_rank());
       if (!inserted) {
-        return absl::InternalError(absl::StrCat("checkpoint file ", f.path(), " was written by both rank ",
-                                                it->second, " and rank ", f.writer_rank()));
+        return absl::InternalError(absl::StrCat("checkpoint file ", f.path(),
+                                                " was written by both rank ", it->second,
+                                                " and rank ", f.writer_rank()));
       }
       files.push_back(f);
     }

@@ -117,7 +117,8 @@ TEST(TensorFileTest, RoundTripKeepsOrderDtypesShapesAndValues) {
   EXPECT_TRUE(at::equal((*again)[0].second, dict[0].second));
   EXPECT_TRUE(at::equal((*back)[0].second, dict[0].second + 1.0));
   back->clear();
-  EXPECT_TRUE(at::equal((*again)[5].second, dict[5].second));  // still mapped after the others are gone
+  EXPECT_TRUE(
+      at::equal((*again)[5].second, dict[5].second));  // still mapped after the others are gone
   auto unchecked = ReadTensorFileUnchecked((fs::path(dir) / "f.pt").string());
   ASSERT_TRUE(unchecked.ok());
   EXPECT_EQ(unchecked->size(), dict.size());
@@ -298,14 +299,16 @@ TEST(CheckpointDirTest, KilledWriterLeavesPreviousCheckpointLatest) {
   while (std::chrono::steady_clock::now() < deadline) {
     seen = 0;
     std::error_code ec;
-    for (auto it = fs::directory_iterator(tmp, ec); !ec && it != fs::directory_iterator(); ++it) ++seen;
+    for (auto it = fs::directory_iterator(tmp, ec); !ec && it != fs::directory_iterator(); ++it)
+      ++seen;
     if (seen >= 3) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_EQ(kill(pid, SIGKILL), 0);
   int wstatus = 0;
   ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
-  ASSERT_TRUE(WIFSIGNALED(wstatus)) << "the writer finished before it was killed (saw " << seen << " files)";
+  ASSERT_TRUE(WIFSIGNALED(wstatus))
+      << "the writer finished before it was killed (saw " << seen << " files)";
   ASSERT_GE(seen, 3);
 
   auto resolved = ResolveCheckpointDir(root);

@@ -16,8 +16,7 @@ Activations MlpBlock::Forward(const Activations& inputs, const MicroBatch& batch
   return {x + fc2_(dropout_(torch::gelu(fc1_(x))))};
 }
 
-std::vector<Layer> MakeMlpStack(int64_t num_blocks, int64_t width, int64_t hidden,
-                                double dropout) {
+std::vector<Layer> MakeMlpStack(int64_t num_blocks, int64_t width, int64_t hidden, double dropout) {
   std::vector<Layer> layers;
   layers.reserve(num_blocks);
   for (int64_t i = 0; i < num_blocks; ++i) {

@@ -28,8 +28,7 @@ class MlpBlock : public LayerImpl {
 };
 
 // `num_blocks` blocks, each initialised from the current default generator.
-std::vector<Layer> MakeMlpStack(int64_t num_blocks, int64_t width, int64_t hidden,
-                                double dropout);
+std::vector<Layer> MakeMlpStack(int64_t num_blocks, int64_t width, int64_t hidden, double dropout);
 
 }  // namespace pp
 

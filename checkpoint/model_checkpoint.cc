@@ -9,10 +9,10 @@
 #include <ATen/ATen.h>
 #include <c10/util/string_utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -47,7 +47,8 @@ absl::StatusOr<TensorDict> OptimizerStateOf(const torch::optim::Optimizer& optim
   auto it = optimizer.state().find(ParamKey(param));
   if (it == optimizer.state().end()) return out;  // No step taken yet.
   const torch::optim::OptimizerParamState* state = it->second.get();
-  auto adam_like = [&](int64_t step, const at::Tensor& m, const at::Tensor& v, const at::Tensor& vmax) {
+  auto adam_like = [&](int64_t step, const at::Tensor& m, const at::Tensor& v,
+                       const at::Tensor& vmax) {
     out.emplace_back("step", at::scalar_tensor(step, at::kLong));
     out.emplace_back("exp_avg", m);
     out.emplace_back("exp_avg_sq", v);
@@ -60,16 +61,17 @@ absl::StatusOr<TensorDict> OptimizerStateOf(const torch::optim::Optimizer& optim
   } else if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
     if (s->momentum_buffer().defined()) out.emplace_back("momentum_buffer", s->momentum_buffer());
   } else {
-    return absl::UnimplementedError(absl::StrCat(
-        "cannot checkpoint the optimizer state of ", name,
-        ": only Adam, AdamW and SGD states are supported"));
+    return absl::UnimplementedError(
+        absl::StrCat("cannot checkpoint the optimizer state of ", name,
+                     ": only Adam, AdamW and SGD states are supported"));
   }
   return out;
 }
 
 // Installs the state `entries` (suffix -> tensor) for `param`.
 absl::Status SetOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
-                               const std::string& name, const std::map<std::string, at::Tensor>& entries,
+                               const std::string& name,
+                               const std::map<std::string, at::Tensor>& entries,
                                const std::string& file) {
   auto get = [&](const std::string& suffix) -> at::Tensor {
     auto it = entries.find(suffix);
@@ -80,13 +82,13 @@ absl::Status SetOptimizerState(torch::optim::Optimizer& optimizer, const at::Ten
   auto need = [&](const std::string& suffix) -> absl::StatusOr<at::Tensor> {
     at::Tensor t = get(suffix);
     if (!t.defined()) {
-      return absl::DataLossError(absl::StrCat("optimizer state of ", name, " in ", file, " lacks '",
-                                              suffix, "'"));
+      return absl::DataLossError(
+          absl::StrCat("optimizer state of ", name, " in ", file, " lacks '", suffix, "'"));
     }
     if (suffix != "step" && !t.sizes().equals(param.sizes())) {
       return absl::DataLossError(absl::StrCat("optimizer state ", name, ".", suffix, " in ", file,
-                                              " has shape ", c10::str(t.sizes()), ", the parameter ",
-                                              c10::str(param.sizes())));
+                                              " has shape ", c10::str(t.sizes()),
+                                              ", the parameter ", c10::str(param.sizes())));
     }
     return t;
   };
@@ -120,7 +122,8 @@ absl::Status SetOptimizerState(torch::optim::Optimizer& optimizer, const at::Ten
 
 // All ranks agree whether a phase succeeded. Returns `local` when it failed
 // here, an error naming the lowest failing rank when another rank failed.
-absl::Status AgreeOk(const CheckpointRank& rank, const absl::Status& local, const std::string& phase) {
+absl::Status AgreeOk(const CheckpointRank& rank, const absl::Status& local,
+                     const std::string& phase) {
   if (rank.world == nullptr || rank.world_size <= 1) return local;
   at::Tensor flag = at::full({1}, local.ok() ? rank.world_size : rank.rank, at::kInt);
   c10d::AllreduceOptions opts;
@@ -176,13 +179,15 @@ absl::StatusOr<std::map<std::string, FileJob>> PlanStageFiles(const SaveRequest&
       ojob.kind = kOptimKind;
       ojob.layer = loc.layer;
       ojob.tie_key = loc.tie_key;
-      for (auto& [suffix, t] : state) ojob.tensors.emplace_back(absl::StrCat(loc.local, ".", suffix), t);
+      for (auto& [suffix, t] : state)
+        ojob.tensors.emplace_back(absl::StrCat(loc.local, ".", suffix), t);
     }
   }
   return jobs;
 }
 
-absl::StatusOr<std::vector<FileInfo>> WriteMyFiles(const SaveRequest& request, const CheckpointRank& rank,
+absl::StatusOr<std::vector<FileInfo>> WriteMyFiles(const SaveRequest& request,
+                                                   const CheckpointRank& rank,
                                                    const std::string& tmp) {
   PP_ASSIGN_OR_RETURN(auto jobs, PlanStageFiles(request, rank));
   std::vector<FileInfo> written;
@@ -198,16 +203,18 @@ absl::StatusOr<std::vector<FileInfo>> WriteMyFiles(const SaveRequest& request, c
     written.push_back(std::move(info));
   }
   if (!request.rank_state.empty()) {
-    PP_ASSIGN_OR_RETURN(FileInfo info,
-                        WriteTensorFile(tmp, RankStateFileName(rank.stage, rank.data_rank, rank.model_rank),
-                                        request.rank_state));
+    PP_ASSIGN_OR_RETURN(
+        FileInfo info,
+        WriteTensorFile(tmp, RankStateFileName(rank.stage, rank.data_rank, rank.model_rank),
+                        request.rank_state));
     info.set_kind(kRankStateKind);
     info.set_layer(-1);
     info.set_writer_rank(rank.rank);
     written.push_back(std::move(info));
   }
   // Durable before this rank reports success (the commit relies on it).
-  for (const FileInfo& f : written) PP_RETURN_IF_ERROR(SyncFile((fs::path(tmp) / f.path()).string()));
+  for (const FileInfo& f : written)
+    PP_RETURN_IF_ERROR(SyncFile((fs::path(tmp) / f.path()).string()));
   return written;
 }
 
@@ -218,10 +225,12 @@ ModelState ModelStateOfModule(const torch::nn::Module& module, int64_t num_layer
   state.num_layers = num_layers;
   std::set<const void*> seen;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (seen.insert(item.value().unsafeGetTensorImpl()).second) state.tensors.emplace_back(item.key(), item.value());
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second)
+      state.tensors.emplace_back(item.key(), item.value());
   }
   for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    if (seen.insert(item.value().unsafeGetTensorImpl()).second) state.tensors.emplace_back(item.key(), item.value());
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second)
+      state.tensors.emplace_back(item.key(), item.value());
   }
   return state;
 }
@@ -230,7 +239,8 @@ absl::StatusOr<TensorLocation> LocateTensor(const std::string& name) {
   TensorLocation loc;
   auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tensor name '", name, "' is not a global name: expected layers.<index>.<name> or tied.<key>.<name>"));
+        "tensor name '", name,
+        "' is not a global name: expected layers.<index>.<name> or tied.<key>.<name>"));
   };
   absl::string_view rest(name);
   if (absl::ConsumePrefix(&rest, "layers.")) {
@@ -251,26 +261,30 @@ absl::StatusOr<TensorLocation> LocateTensor(const std::string& name) {
 }
 
 std::string LayerFileName(int64_t layer, int model_rank, int model_size, const std::string& kind) {
-  return absl::StrFormat("layer_%02d%s-%s_states.pt", layer, ModelSuffix(model_rank, model_size), kind);
+  return absl::StrFormat("layer_%02d%s-%s_states.pt", layer, ModelSuffix(model_rank, model_size),
+                         kind);
 }
 
-std::string TiedFileName(const std::string& key, int model_rank, int model_size, const std::string& kind) {
+std::string TiedFileName(const std::string& key, int model_rank, int model_size,
+                         const std::string& kind) {
   return absl::StrFormat("tied_%s%s-%s_states.pt", key, ModelSuffix(model_rank, model_size), kind);
 }
 
 std::string RankStateFileName(int stage, int data_rank, int model_rank) {
-  return absl::StrFormat("rank_state-pipe_%02d-data_%02d-model_%02d.pt", stage, data_rank, model_rank);
+  return absl::StrFormat("rank_state-pipe_%02d-data_%02d-model_%02d.pt", stage, data_rank,
+                         model_rank);
 }
 
 absl::StatusOr<std::string> SaveCheckpoint(const SaveRequest& request, const CheckpointRank& rank) {
   if (request.model == nullptr) return absl::InvalidArgumentError("SaveRequest.model is null");
   if (request.root.empty()) return absl::InvalidArgumentError("SaveRequest.root is empty");
   if (rank.data_size < 1 || rank.data_rank < 0 || rank.data_rank >= rank.data_size) {
-    return absl::InvalidArgumentError(absl::StrCat("data_rank ", rank.data_rank, " must be in [0, ",
-                                                   rank.data_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data_rank ", rank.data_rank, " must be in [0, ", rank.data_size, ")"));
   }
   if (rank.world_size > 1 && rank.world == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("CheckpointRank.world is null with world_size ", rank.world_size,
+    return absl::InvalidArgumentError(absl::StrCat("CheckpointRank.world is null with world_size ",
+                                                   rank.world_size,
                                                    ": a multi-rank save needs the world group"));
   }
   const std::string name = CheckpointName(request.step);
@@ -306,11 +320,12 @@ absl::StatusOr<std::string> SaveCheckpoint(const SaveRequest& request, const Che
 
 std::string LoadReport::Summary() const {
   std::vector<std::string> lines;
-  lines.push_back(absl::StrFormat("loaded %d tensors and %d optimizer states (%d bytes) from %s", tensors_loaded,
-                                  optimizer_states_loaded, bytes_read, dir));
+  lines.push_back(absl::StrFormat("loaded %d tensors and %d optimizer states (%d bytes) from %s",
+                                  tensors_loaded, optimizer_states_loaded, bytes_read, dir));
   if (!missing.empty()) lines.push_back("missing: " + absl::StrJoin(missing, ", "));
   if (!unexpected.empty()) lines.push_back("unexpected: " + absl::StrJoin(unexpected, ", "));
-  if (!shape_mismatches.empty()) lines.push_back("shape mismatches: " + absl::StrJoin(shape_mismatches, "; "));
+  if (!shape_mismatches.empty())
+    lines.push_back("shape mismatches: " + absl::StrJoin(shape_mismatches, "; "));
   if (!optimizer_missing.empty()) {
     lines.push_back("no optimizer state for: " + absl::StrJoin(optimizer_missing, ", "));
   }
@@ -318,8 +333,8 @@ std::string LoadReport::Summary() const {
 }
 
 absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& model,
-                                          torch::optim::Optimizer* optimizer, const CheckpointRank& rank,
-                                          const LoadOptions& options) {
+                                          torch::optim::Optimizer* optimizer,
+                                          const CheckpointRank& rank, const LoadOptions& options) {
   LoadReport report;
   PP_ASSIGN_OR_RETURN(report.dir, ResolveCheckpointDir(path));
   PP_ASSIGN_OR_RETURN(report.manifest, ReadManifest(report.dir));
@@ -360,7 +375,8 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
     prefix_of_file[mfile] = prefix;
     prefix_of_file[ofile] = prefix;
     model_files[mfile].push_back({name, loc.local, tensor});
-    if (optimizer_params.count(ParamKey(tensor)) > 0) optim_files[ofile].push_back({name, loc.local, tensor});
+    if (optimizer_params.count(ParamKey(tensor)) > 0)
+      optim_files[ofile].push_back({name, loc.local, tensor});
   }
 
   torch::NoGradGuard no_grad;
@@ -370,8 +386,8 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
       std::vector<std::string> names;
       for (const Wanted& w : wanted) names.push_back(w.global);
       if (options.strict) {
-        return absl::NotFoundError(absl::StrCat("checkpoint ", report.dir, " has no file ", file, " (for ",
-                                                absl::StrJoin(names, ", "), ")"));
+        return absl::NotFoundError(absl::StrCat("checkpoint ", report.dir, " has no file ", file,
+                                                " (for ", absl::StrJoin(names, ", "), ")"));
       }
       report.missing.insert(report.missing.end(), names.begin(), names.end());
       continue;
@@ -384,27 +400,31 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
       auto found = in_file.find(w.local);
       if (found == in_file.end()) {
         if (options.strict) {
-          return absl::NotFoundError(absl::StrCat("checkpoint file ", file_path, " has no tensor '", w.local,
-                                                  "' (for ", w.global, ")"));
+          return absl::NotFoundError(absl::StrCat("checkpoint file ", file_path, " has no tensor '",
+                                                  w.local, "' (for ", w.global, ")"));
         }
         report.missing.push_back(w.global);
         continue;
       }
       const at::Tensor& src = found->second;
       if (!src.sizes().equals(w.tensor.sizes()) || src.scalar_type() != w.tensor.scalar_type()) {
-        std::string what = absl::StrCat(w.global, ": checkpoint ", c10::toString(src.scalar_type()),
-                                         c10::str(src.sizes()), " vs model ", c10::toString(w.tensor.scalar_type()),
-                                         c10::str(w.tensor.sizes()), " (", file_path, ")");
-        if (options.strict) return absl::FailedPreconditionError(absl::StrCat("shape mismatch for ", what));
+        std::string what =
+            absl::StrCat(w.global, ": checkpoint ", c10::toString(src.scalar_type()),
+                         c10::str(src.sizes()), " vs model ", c10::toString(w.tensor.scalar_type()),
+                         c10::str(w.tensor.sizes()), " (", file_path, ")");
+        if (options.strict)
+          return absl::FailedPreconditionError(absl::StrCat("shape mismatch for ", what));
         report.shape_mismatches.push_back(what);
         in_file.erase(found);
         continue;
       }
-      PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("copying ", w.global), [&] { w.tensor.copy_(src); }));
+      PP_RETURN_IF_ERROR(
+          TorchCall(absl::StrCat("copying ", w.global), [&] { w.tensor.copy_(src); }));
       ++report.tensors_loaded;
       in_file.erase(found);
     }
-    for (const auto& [local, t] : in_file) report.unexpected.push_back(prefix_of_file[file] + local);
+    for (const auto& [local, t] : in_file)
+      report.unexpected.push_back(prefix_of_file[file] + local);
   }
 
   for (const auto& [file, wanted] : optim_files) {
@@ -419,7 +439,8 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
     for (const Wanted& w : wanted) {
       std::map<std::string, at::Tensor> entries;
       const std::string prefix = w.local + ".";
-      for (auto e = in_file.lower_bound(prefix); e != in_file.end() && absl::StartsWith(e->first, prefix);) {
+      for (auto e = in_file.lower_bound(prefix);
+           e != in_file.end() && absl::StartsWith(e->first, prefix);) {
         std::string suffix = e->first.substr(prefix.size());
         // "fc.weight.exp_avg" must not claim "fc.weight.extra.exp_avg" (another parameter's).
         if (suffix.find('.') != std::string::npos) {
@@ -436,10 +457,12 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
       PP_RETURN_IF_ERROR(SetOptimizerState(*optimizer, w.tensor, w.global, entries, file_path));
       ++report.optimizer_states_loaded;
     }
-    for (const auto& [key, t] : in_file) report.unexpected.push_back(prefix_of_file[file] + key + " (optimizer)");
+    for (const auto& [key, t] : in_file)
+      report.unexpected.push_back(prefix_of_file[file] + key + " (optimizer)");
   }
   if (options.strict && has_optim_files && !report.optimizer_missing.empty()) {
-    return absl::NotFoundError(absl::StrCat("checkpoint ", report.dir, " has no optimizer state for ",
+    return absl::NotFoundError(absl::StrCat("checkpoint ", report.dir,
+                                            " has no optimizer state for ",
                                             absl::StrJoin(report.optimizer_missing, ", ")));
   }
 
@@ -462,13 +485,14 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
     }
   }
   if (options.strict && !report.unexpected.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", report.dir,
-                                                      " holds tensors the model does not have: ",
-                                                      absl::StrJoin(report.unexpected, ", ")));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", report.dir,
+        " holds tensors the model does not have: ", absl::StrJoin(report.unexpected, ", ")));
   }
 
   const checkpoint::TopologyInfo& topo = manifest.topology();
-  if (topo.pipe() == rank.num_stages && topo.data() == rank.data_size && topo.model() == rank.model_size) {
+  if (topo.pipe() == rank.num_stages && topo.data() == rank.data_size &&
+      topo.model() == rank.model_size) {
     auto it = by_path.find(RankStateFileName(rank.stage, rank.data_rank, rank.model_rank));
     if (it != by_path.end()) {
       PP_ASSIGN_OR_RETURN(report.rank_state, ReadTensorFile(report.dir, *it->second));

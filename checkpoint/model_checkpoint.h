@@ -81,16 +81,17 @@ ModelState ModelStateOfModule(const torch::nn::Module& module, int64_t num_layer
 
 // Where a global name lives in a checkpoint.
 struct TensorLocation {
-  int64_t layer = -1;    // for "layers.<i>.*"
-  std::string tie_key;   // for "tied.<key>.*"
-  std::string local;     // the rest: the key inside the file
+  int64_t layer = -1;   // for "layers.<i>.*"
+  std::string tie_key;  // for "tied.<key>.*"
+  std::string local;    // the rest: the key inside the file
 };
 // InvalidArgument naming `name` unless it is "layers.<i>.<local>" or "tied.<key>.<local>".
 absl::StatusOr<TensorLocation> LocateTensor(const std::string& name);
 
 // File name of a layer's or tie key's model ("model") or optimizer ("optim") states.
 std::string LayerFileName(int64_t layer, int model_rank, int model_size, const std::string& kind);
-std::string TiedFileName(const std::string& key, int model_rank, int model_size, const std::string& kind);
+std::string TiedFileName(const std::string& key, int model_rank, int model_size,
+                         const std::string& kind);
 std::string RankStateFileName(int stage, int data_rank, int model_rank);
 
 struct SaveRequest {
@@ -148,7 +149,8 @@ struct LoadReport {
   bool rank_state_found = false;
 
   bool clean() const {
-    return missing.empty() && unexpected.empty() && shape_mismatches.empty() && optimizer_missing.empty();
+    return missing.empty() && unexpected.empty() && shape_mismatches.empty() &&
+           optimizer_missing.empty();
   }
   // One line per problem, for logs.
   std::string Summary() const;
@@ -160,7 +162,8 @@ struct LoadReport {
 // file and the problem (missing, checksum, shape, newer format, not a
 // checkpoint). `rank` picks the model-parallel files and the rank_state.
 absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& model,
-                                          torch::optim::Optimizer* optimizer, const CheckpointRank& rank,
+                                          torch::optim::Optimizer* optimizer,
+                                          const CheckpointRank& rank,
                                           const LoadOptions& options = {});
 
 }  // namespace pp

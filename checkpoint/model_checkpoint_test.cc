@@ -48,7 +48,8 @@ class ToyStage : public torch::nn::Module {
     if (with_tie) {
       auto tied = register_module("tied", std::make_shared<torch::nn::Module>());
       torch::manual_seed(7 + seed);
-      tied->register_module("emb", torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(false)));
+      tied->register_module("emb",
+                            torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(false)));
     }
   }
 };
@@ -75,7 +76,8 @@ ModelState Slice(const ModelState& full, int first, int end, bool with_tie) {
   for (const auto& [name, t] : full.tensors) {
     auto loc = LocateTensor(name);
     EXPECT_TRUE(loc.ok());
-    if (loc->tie_key.empty() ? (loc->layer >= first && loc->layer < end) : with_tie) out.tensors.emplace_back(name, t);
+    if (loc->tie_key.empty() ? (loc->layer >= first && loc->layer < end) : with_tie)
+      out.tensors.emplace_back(name, t);
   }
   return out;
 }
@@ -89,7 +91,8 @@ TEST(ModelCheckpointNamesTest, LocatesGlobalNamesAndNamesFiles) {
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->tie_key, "wte");
   EXPECT_EQ(b->local, "weight");
-  for (const char* bad : {"fc.weight", "layers.x.weight", "layers.3", "tied.wte", "layers.-1.w", "tied..w"}) {
+  for (const char* bad :
+       {"fc.weight", "layers.x.weight", "layers.3", "tied.wte", "layers.-1.w", "tied..w"}) {
     auto r = LocateTensor(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(r.status().message().find(bad), std::string::npos);
@@ -115,7 +118,8 @@ class ReshardTest : public ::testing::Test {
     // The reference for the step after loading: an identical model trained
     // three steps without any checkpoint.
     ref_after_ = std::make_shared<ToyStage>(0, kLayers, true);
-    torch::optim::AdamW ref_opt(ref_after_->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    torch::optim::AdamW ref_opt(ref_after_->parameters(),
+                                torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
     for (int step = 0; step < 3; ++step) {
       if (step < 2) {
         SetGrads(*full_);
@@ -164,7 +168,8 @@ class ReshardTest : public ::testing::Test {
     SCOPED_TRACE(testing::Message() << "layers [" << first << ", " << end << ")");
     ToyStage piece(first, end, with_tie, /*seed=*/1000);
     ModelState state = ModelStateOfModule(piece, kLayers);
-    torch::optim::AdamW optimizer(piece.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    torch::optim::AdamW optimizer(piece.parameters(),
+                                  torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
     auto report = LoadCheckpoint(root_, state, &optimizer, rank);
     ASSERT_TRUE(report.ok()) << report.status();
     EXPECT_TRUE(report->clean()) << report->Summary();
@@ -278,7 +283,8 @@ TEST(OptimizerStateTest, SgdMomentumRoundTripsAndContinuesBitwise) {
   ASSERT_TRUE(manifest.ok());
   bool has_momentum = false;
   for (const auto& f : manifest->files()) {
-    for (const auto& t : f.tensors()) has_momentum = has_momentum || t.name() == "weight.momentum_buffer";
+    for (const auto& t : f.tensors())
+      has_momentum = has_momentum || t.name() == "weight.momentum_buffer";
   }
   EXPECT_TRUE(has_momentum);
 
@@ -326,7 +332,8 @@ TEST_F(StrictnessTest, MissingLayerFile) {
   ModelState state = ModelStateOfModule(bigger, kLayers + 1);
   auto strict = LoadCheckpoint(root_, state, nullptr, CheckpointRank());
   EXPECT_EQ(strict.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_NE(strict.status().message().find("layer_06-model_states.pt"), std::string::npos) << strict.status();
+  EXPECT_NE(strict.status().message().find("layer_06-model_states.pt"), std::string::npos)
+      << strict.status();
   auto loose = LoadCheckpoint(root_, state, nullptr, CheckpointRank(), {.strict = false});
   ASSERT_TRUE(loose.ok()) << loose.status();
   EXPECT_EQ(loose->missing, (std::vector<std::string>{"layers.6.weight", "layers.6.bias"}));
@@ -338,7 +345,8 @@ TEST_F(StrictnessTest, UnexpectedLayersAndTie) {
   ModelState state = ModelStateOfModule(smaller, kLayers - 1);
   auto strict = LoadCheckpoint(root_, state, nullptr, CheckpointRank());
   EXPECT_EQ(strict.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(strict.status().message().find("layer_05-model_states.pt"), std::string::npos) << strict.status();
+  EXPECT_NE(strict.status().message().find("layer_05-model_states.pt"), std::string::npos)
+      << strict.status();
   auto loose = LoadCheckpoint(root_, state, nullptr, CheckpointRank(), {.strict = false});
   ASSERT_TRUE(loose.ok()) << loose.status();
   EXPECT_EQ(loose->unexpected,

@@ -22,9 +22,8 @@ std::vector<LayerSpec> TinyLm(double dropout) {
   auto embedding = [] { return MakeModuleLayer(torch::nn::Embedding(kVocab, kWidth)); };
   std::vector<LayerSpec> specs = {TiedLayerSpec("embed", embedding)};
   for (int i = 0; i < 4; ++i) {
-    specs.push_back(LayerSpec("MlpBlock", [dropout] {
-      return std::make_shared<MlpBlock>(kWidth, 2 * kWidth, dropout);
-    }));
+    specs.push_back(LayerSpec(
+        "MlpBlock", [dropout] { return std::make_shared<MlpBlock>(kWidth, 2 * kWidth, dropout); }));
   }
   specs.push_back(TiedLayerSpec("embed", embedding, TiedProjection("weight")).WithName("LmHead"));
   return specs;
@@ -102,7 +101,8 @@ TEST(PipelineCheckpointingTest, CheckpointedStagesMatchTheSequentialModelBitwise
       // A tied key's copies each hold part of the gradient; the tie group's
       // all-reduce sums them.
       auto it = staged.find(item.key());
-      staged[item.key()] = it == staged.end() ? item.value().grad() : it->second + item.value().grad();
+      staged[item.key()] =
+          it == staged.end() ? item.value().grad() : it->second + item.value().grad();
     }
   }
   ASSERT_EQ(staged.size(), reference.size());

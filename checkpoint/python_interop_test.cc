@@ -39,14 +39,16 @@ nlohmann::ordered_json Dump(const TensorDict& dict) {
         values.push_back(flat[i].item<int64_t>());
       }
     }
-    out[name] = {{"dtype", c10::toString(t.scalar_type())}, {"shape", t.sizes().vec()}, {"values", values}};
+    out[name] = {
+        {"dtype", c10::toString(t.scalar_type())}, {"shape", t.sizes().vec()}, {"values", values}};
   }
   return out;
 }
 
 TEST(PythonInteropTest, TorchLoadReadsEveryFile) {
   std::string python = Python();
-  if (python.empty()) GTEST_SKIP() << "python3 with torch (Debian's python3-torch) is not installed; skipping";
+  if (python.empty())
+    GTEST_SKIP() << "python3 with torch (Debian's python3-torch) is not installed; skipping";
   const char* tmp = std::getenv("TEST_TMPDIR");
   std::string root = (fs::path(tmp ? tmp : "/tmp") / "interop").string();
   fs::remove_all(root);
@@ -59,7 +61,8 @@ TEST(PythonInteropTest, TorchLoadReadsEveryFile) {
   layers->register_module("1", torch::nn::BatchNorm1d(3));
   auto tied = model->register_module("tied", std::make_shared<torch::nn::Module>());
   tied->register_module("wte", torch::nn::Embedding(7, 3));
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2).amsgrad(true));
+  torch::optim::AdamW optimizer(model->parameters(),
+                                torch::optim::AdamWOptions(1e-2).amsgrad(true));
   for (auto& p : model->parameters()) p.mutable_grad() = torch::randn_like(p);
   optimizer.step();
 
@@ -91,7 +94,9 @@ TEST(PythonInteropTest, TorchLoadReadsEveryFile) {
 
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
-  std::string script = srcdir ? (fs::path(srcdir) / (workspace ? workspace : "pipe") / "checkpoint/python_interop_check.py").string()
+  std::string script = srcdir ? (fs::path(srcdir) / (workspace ? workspace : "pipe") /
+                                 "checkpoint/python_interop_check.py")
+                                    .string()
                               : "checkpoint/python_interop_check.py";
   std::string cmd = python + " " + script + " " + *dir + " " + ref_path + " 2>&1";
   int rc = std::system(cmd.c_str());

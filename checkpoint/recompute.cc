@@ -150,8 +150,8 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    auto range = c10::static_intrusive_pointer_cast<RecomputeRange>(
-        ctx->saved_data["range"].toCapsule());
+    auto range =
+        c10::static_intrusive_pointer_cast<RecomputeRange>(ctx->saved_data["range"].toCapsule());
     const variable_list saved = ctx->get_saved_variables();
     const size_t num_activations = range->num_activations;
     const size_t num_params = range->parameters.size();
@@ -261,9 +261,8 @@ Activations RunLayersWithRecompute(const std::vector<Layer>& layers, Activations
   // Nothing to differentiate: recomputing would only cost time.
   if (!any_requires_grad) return RunLayers(layers, std::move(inputs), batch);
   for (const torch::Tensor& t : tensors) {
-    if (t.device().is_cuda() &&
-        std::find(range->devices.begin(), range->devices.end(), t.device()) ==
-            range->devices.end()) {
+    if (t.device().is_cuda() && std::find(range->devices.begin(), range->devices.end(),
+                                          t.device()) == range->devices.end()) {
       range->devices.push_back(t.device());
     }
   }

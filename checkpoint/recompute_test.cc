@@ -23,9 +23,9 @@ std::vector<torch::Tensor> ParametersOf(const std::vector<Layer>& layers) {
 
 struct StepResult {
   Activations outputs;
-  torch::Tensor input_grad;               // Undefined when the input needs none.
+  torch::Tensor input_grad;                // Undefined when the input needs none.
   std::vector<torch::Tensor> param_grads;  // Undefined entries: no gradient.
-  torch::Tensor rng_after;                // Numbers drawn after the step.
+  torch::Tensor rng_after;                 // Numbers drawn after the step.
 };
 
 // One forward + backward of `layers` from a freshly seeded generator, with the
@@ -39,8 +39,8 @@ StepResult Step(const std::vector<Layer>& layers, Activations inputs, const Micr
   }
   torch::manual_seed(kSeed);
   StepResult result;
-  result.outputs = checkpoint ? RunLayersWithRecompute(layers, inputs, batch)
-                              : RunLayers(layers, inputs, batch);
+  result.outputs =
+      checkpoint ? RunLayersWithRecompute(layers, inputs, batch) : RunLayers(layers, inputs, batch);
   const torch::Tensor& out = result.outputs[0];
   torch::Tensor weights = torch::linspace(-1.0, 2.0, out.numel()).reshape(out.sizes());
   (out * weights).sum().backward();
@@ -114,7 +114,8 @@ TEST(RecomputeTest, NumbersDrawnBetweenForwardAndBackwardAreNotReplayed) {
   std::vector<torch::Tensor> between, after;
   for (bool checkpoint : {false, true}) {
     torch::manual_seed(kSeed);
-    Activations out = checkpoint ? RunLayersWithRecompute(layers, {x}, {}) : RunLayers(layers, {x}, {});
+    Activations out =
+        checkpoint ? RunLayersWithRecompute(layers, {x}, {}) : RunLayers(layers, {x}, {});
     between.push_back(torch::rand({16}));
     out[0].sum().backward();
     after.push_back(torch::rand({16}));
@@ -215,7 +216,8 @@ TEST(RecomputeTest, InputGradientsOnlyLeaveParameterGradientsAlone) {
   torch::Tensor x = torch::randn({4, 8}).requires_grad_(true);
   std::vector<torch::Tensor> input_grads;
   for (bool checkpoint : {false, true}) {
-    Activations out = checkpoint ? RunLayersWithRecompute(layers, {x}, {}) : RunLayers(layers, {x}, {});
+    Activations out =
+        checkpoint ? RunLayersWithRecompute(layers, {x}, {}) : RunLayers(layers, {x}, {});
     input_grads.push_back(torch::autograd::grad({out[0].sum()}, {x})[0]);
   }
   EXPECT_TRUE(torch::equal(input_grads[0], input_grads[1]));
@@ -223,7 +225,8 @@ TEST(RecomputeTest, InputGradientsOnlyLeaveParameterGradientsAlone) {
 }
 
 TEST(RecomputeTest, RangeThatReturnsItsInputUnchanged) {
-  std::vector<Layer> layers = {MakeFunctionLayer("Identity", [](const torch::Tensor& t) { return t; })};
+  std::vector<Layer> layers = {
+      MakeFunctionLayer("Identity", [](const torch::Tensor& t) { return t; })};
   torch::Tensor x = torch::randn({3}).requires_grad_(true);
   Activations out = RunLayersWithRecompute(layers, {x}, {});
   (out[0] * torch::tensor({1.0f, 2.0f, 3.0f})).sum().backward();
@@ -255,7 +258,8 @@ TEST(RecomputeTest, DoubleBackwardThroughARange) {
   std::vector<torch::Tensor> second;
   for (bool checkpoint : {false, true}) {
     for (torch::Tensor& p : ParametersOf(layers)) p.mutable_grad() = torch::Tensor();
-    Activations out = checkpoint ? RunLayersWithRecompute(layers, {x}, {}) : RunLayers(layers, {x}, {});
+    Activations out =
+        checkpoint ? RunLayersWithRecompute(layers, {x}, {}) : RunLayers(layers, {x}, {});
     torch::Tensor gx = torch::autograd::grad({out[0].pow(2).sum()}, {x}, {}, /*retain_graph=*/true,
                                              /*create_graph=*/true)[0];
     torch::Tensor weight_grad_of_penalty =

@@ -45,12 +45,14 @@ ModelState ModelStateOf(const PipelineModel& model) {
     }
   }
   for (const TieGroup& group : model.tie_groups()) {
-    if (!group.stages.empty()) state.tie_writer_stage[group.key] = static_cast<int>(group.stages.front());
+    if (!group.stages.empty())
+      state.tie_writer_stage[group.key] = static_cast<int>(group.stages.front());
   }
   return state;
 }
 
-absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptions& options, const ParallelGrid& grid,
+absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptions& options,
+                                                   const ParallelGrid& grid,
                                                    const PipelineModel& model, Trainer& trainer) {
   ModelState state = ModelStateOf(model);
   SaveRequest request;
@@ -79,43 +81,48 @@ absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptio
 }
 
 absl::StatusOr<LoadReport> LoadTrainingCheckpoint(const std::string& path, const ParallelGrid& grid,
-                                                  PipelineModel& model, Trainer& trainer, const LoadOptions& options) {
+                                                  PipelineModel& model, Trainer& trainer,
+                                                  const LoadOptions& options) {
   ModelState state = ModelStateOf(model);
-  PP_ASSIGN_OR_RETURN(LoadReport report,
-                      LoadCheckpoint(path, state, &trainer.optimizer(), CheckpointRankOf(grid), options));
+  PP_ASSIGN_OR_RETURN(LoadReport report, LoadCheckpoint(path, state, &trainer.optimizer(),
+                                                        CheckpointRankOf(grid), options));
   trainer.set_step(report.manifest.trainer().step());
   bool rng_restored = false;
   for (const auto& [key, t] : report.rank_state) {
     if (key != kCpuRngKey) continue;
-    PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("restoring the CPU RNG state from ", report.dir), [&] {
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(t);
-    }));
+    PP_RETURN_IF_ERROR(
+        TorchCall(absl::StrCat("restoring the CPU RNG state from ", report.dir), [&] {
+          at::Generator gen = at::detail::getDefaultCPUGenerator();
+          std::lock_guard<std::mutex> lock(gen.mutex());
+          gen.set_state(t);
+        }));
     rng_restored = true;
   }
   if (!rng_restored) {
-    LOG(INFO) << "checkpoint " << report.dir << " was written under another layout (pipe "
-              << report.manifest.topology().pipe() << " x data " << report.manifest.topology().data()
-              << "): weights, optimizer state and step restored, RNG states not (dropout masks differ)";
+    LOG(INFO)
+        << "checkpoint " << report.dir << " was written under another layout (pipe "
+        << report.manifest.topology().pipe() << " x data " << report.manifest.topology().data()
+        << "): weights, optimizer state and step restored, RNG states not (dropout masks differ)";
   }
   return report;
 }
 
 absl::StatusOr<TrainingCheckpointer> TrainingCheckpointer::Create(CheckpointPolicy policy) {
   if (policy.save_interval < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("save_interval (", policy.save_interval, ") must be >= 0 (0: no periodic saves)"));
+    return absl::InvalidArgumentError(absl::StrCat("save_interval (", policy.save_interval,
+                                                   ") must be >= 0 (0: no periodic saves)"));
   }
-  if (policy.dir.empty() && (policy.save_interval > 0 || policy.save_final || policy.resume == "auto")) {
+  if (policy.dir.empty() &&
+      (policy.save_interval > 0 || policy.save_final || policy.resume == "auto")) {
     return absl::InvalidArgumentError(
-        "saving checkpoints (save_interval > 0 or save_final) or resume=auto needs a checkpoint dir");
+        "saving checkpoints (save_interval > 0 or save_final) or resume=auto needs a checkpoint "
+        "dir");
   }
   return TrainingCheckpointer(std::move(policy));
 }
 
-absl::StatusOr<bool> TrainingCheckpointer::MaybeResume(const ParallelGrid& grid, PipelineModel& model,
-                                                       Trainer& trainer) {
+absl::StatusOr<bool> TrainingCheckpointer::MaybeResume(const ParallelGrid& grid,
+                                                       PipelineModel& model, Trainer& trainer) {
   if (policy_.resume.empty()) return false;
   std::string path = policy_.resume;
   if (path == "auto") {
@@ -132,7 +139,8 @@ absl::StatusOr<bool> TrainingCheckpointer::MaybeResume(const ParallelGrid& grid,
   return true;
 }
 
-absl::StatusOr<std::string> TrainingCheckpointer::AfterStep(const ParallelGrid& grid, const PipelineModel& model,
+absl::StatusOr<std::string> TrainingCheckpointer::AfterStep(const ParallelGrid& grid,
+                                                            const PipelineModel& model,
                                                             Trainer& trainer, int64_t last_step) {
   const int64_t step = trainer.step();
   bool due = policy_.save_interval > 0 && step % policy_.save_interval == 0;

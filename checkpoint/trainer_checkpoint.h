@@ -4,9 +4,11 @@
 // learning rate, both functions of the step), and the CPU RNG state (dropout).
 //
 //   pp::TrainingCheckpointOptions ckpt{.root = "/ckpt", .keep_last = 3};
-//   if (step % 100 == 0) PP_RETURN_IF_ERROR(pp::SaveTrainingCheckpoint(ckpt, grid, *model, *trainer).status());
+//   if (step % 100 == 0) PP_RETURN_IF_ERROR(pp::SaveTrainingCheckpoint(ckpt, grid, *model,
+//   *trainer).status());
 //   ...
-//   PP_ASSIGN_OR_RETURN(pp::LoadReport r, pp::LoadTrainingCheckpoint("/ckpt", grid, *model, *trainer));
+//   PP_ASSIGN_OR_RETURN(pp::LoadReport r, pp::LoadTrainingCheckpoint("/ckpt", grid, *model,
+//   *trainer));
 //
 // Saving is collective over grid.world_group(); loading is local. Loading
 // under another layout (pipe/data degree, schedule, chunks) restores weights,
@@ -48,7 +50,8 @@ struct TrainingCheckpointOptions {
 
 // Saves the state after trainer.step() steps as <root>/step_<N>. Every rank
 // of the grid calls it (after the same Step()).
-absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptions& options, const ParallelGrid& grid,
+absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptions& options,
+                                                   const ParallelGrid& grid,
                                                    const PipelineModel& model, Trainer& trainer);
 
 // Loads `path` (a checkpoint or a root with `latest`) into the model, the
@@ -91,12 +94,13 @@ class TrainingCheckpointer {
 
   // Loads per the policy. Returns whether a checkpoint was loaded; the
   // trainer's step tells where training continues.
-  absl::StatusOr<bool> MaybeResume(const ParallelGrid& grid, PipelineModel& model, Trainer& trainer);
+  absl::StatusOr<bool> MaybeResume(const ParallelGrid& grid, PipelineModel& model,
+                                   Trainer& trainer);
 
   // Saves when trainer.step() is a multiple of save_interval, or equals
   // `last_step` with save_final. Returns the directory written, or "".
-  absl::StatusOr<std::string> AfterStep(const ParallelGrid& grid, const PipelineModel& model, Trainer& trainer,
-                                        int64_t last_step);
+  absl::StatusOr<std::string> AfterStep(const ParallelGrid& grid, const PipelineModel& model,
+                                        Trainer& trainer, int64_t last_step);
 
   const CheckpointPolicy& policy() const { return policy_; }
 

@@ -67,7 +67,8 @@ GptConfig TinyGpt(double dropout) {
 // for any pp x dp (the runtime asks for global micro-batch indices).
 absl::StatusOr<std::unique_ptr<LmBatchSource>> MakeSource(int global_microbatches) {
   std::vector<int64_t> tokens(4096);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 31 + (i / 7) * 3) % 64);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<int64_t>((i * 31 + (i / 7) * 3) % 64);
   LmDataOptions o;
   o.seq_len = 16;
   o.micro_batch_size = 2;
@@ -110,7 +111,8 @@ absl::StatusOr<RankRun> MakeRun(const World& world, const RunSpec& spec) {
   to.max_grad_norm = 1.0;
   to.timeout = std::chrono::seconds(60);
   to.trace = false;
-  PP_ASSIGN_OR_RETURN(run.trainer, Trainer::Create(run.grid.get(), run.model.get(), GptLoss, run.source.get(), to));
+  PP_ASSIGN_OR_RETURN(
+      run.trainer, Trainer::Create(run.grid.get(), run.model.get(), GptLoss, run.source.get(), to));
   return run;
 }
 
@@ -139,9 +141,11 @@ absl::Status WorkerMain() {
   const std::string root = out + "/ckpt";
   int steps = mode == "straight" ? 2 * n : n;
   if (mode == "second" || mode == "second_norng") {
-    PP_ASSIGN_OR_RETURN(LoadReport report, LoadTrainingCheckpoint(root, *run.grid, *run.model, *run.trainer));
+    PP_ASSIGN_OR_RETURN(LoadReport report,
+                        LoadTrainingCheckpoint(root, *run.grid, *run.model, *run.trainer));
     if (!report.rank_state_found) return absl::InternalError("rank state (RNG) not restored");
-    if (run.trainer->step() != n) return absl::InternalError(absl::StrCat("step after load ", run.trainer->step()));
+    if (run.trainer->step() != n)
+      return absl::InternalError(absl::StrCat("step after load ", run.trainer->step()));
     // Negative control: forget the restored RNG state.
     if (mode == "second_norng") at::manual_seed(1000 + world.rank);
   }
@@ -158,7 +162,9 @@ absl::Status WorkerMain() {
     PP_RETURN_IF_ERROR(SaveTrainingCheckpoint(co, *run.grid, *run.model, *run.trainer).status());
   } else {
     ModelState state = ModelStateOf(*run.model);
-    PP_RETURN_IF_ERROR(WriteTensorFile(out, absl::StrCat(mode, "_final_rank", world.rank, ".pt"), state.tensors).status());
+    PP_RETURN_IF_ERROR(
+        WriteTensorFile(out, absl::StrCat(mode, "_final_rank", world.rank, ".pt"), state.tensors)
+            .status());
   }
   return absl::OkStatus();
 }
@@ -201,7 +207,8 @@ void RunWorkers(const std::string& mode, const std::string& out, int n, int worl
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << mode << " worker " << i << " failed";
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << mode << " worker " << i << " failed";
   }
 }
 
@@ -221,9 +228,11 @@ TEST(ExactResumeTest, SaveLoadInFreshProcessesMatchesStraightRunBitwise) {
   RunWorkers("first", out, n, 2);
   RunWorkers("second", out, n, 2);
   for (int rank = 0; rank < 2; ++rank) {
-    std::vector<std::string> straight = Lines(absl::StrCat(out, "/straight_losses_rank", rank, ".txt"));
+    std::vector<std::string> straight =
+        Lines(absl::StrCat(out, "/straight_losses_rank", rank, ".txt"));
     std::vector<std::string> resumed = Lines(absl::StrCat(out, "/first_losses_rank", rank, ".txt"));
-    for (const std::string& l : Lines(absl::StrCat(out, "/second_losses_rank", rank, ".txt"))) resumed.push_back(l);
+    for (const std::string& l : Lines(absl::StrCat(out, "/second_losses_rank", rank, ".txt")))
+      resumed.push_back(l);
     ASSERT_EQ(straight.size(), static_cast<size_t>(2 * n));
     EXPECT_EQ(resumed, straight) << "rank " << rank << ": per-step losses (step, hex float) differ";
     auto a = ReadTensorFileUnchecked(absl::StrCat(out, "/straight_final_rank", rank, ".pt"));
@@ -232,7 +241,8 @@ TEST(ExactResumeTest, SaveLoadInFreshProcessesMatchesStraightRunBitwise) {
     ASSERT_EQ(a->size(), b->size());
     for (size_t i = 0; i < a->size(); ++i) {
       EXPECT_EQ((*a)[i].first, (*b)[i].first);
-      EXPECT_TRUE(at::equal((*a)[i].second, (*b)[i].second)) << "rank " << rank << " " << (*a)[i].first;
+      EXPECT_TRUE(at::equal((*a)[i].second, (*b)[i].second))
+          << "rank " << rank << " " << (*a)[i].first;
     }
   }
   // Negative control: the same resume without the saved RNG state differs,
@@ -256,31 +266,36 @@ TEST(ExactResumeTest, SaveLoadInFreshProcessesMatchesStraightRunBitwise) {
 
 // Trains `steps` steps at `spec` (or loads `load_from` first), optionally
 // saves to `save_root`, then takes one more step; returns its loss.
-double TrainSaveStep(const RunSpec& spec, int steps, const std::string& load_from, const std::string& save_root) {
+double TrainSaveStep(const RunSpec& spec, int steps, const std::string& load_from,
+                     const std::string& save_root) {
   const int world = spec.pp * spec.dp;
   auto port = PickFreePort();
   EXPECT_TRUE(port.ok());
   RendezvousOptions ro;
   ro.timeout = std::chrono::seconds(60);
   std::vector<double> next_loss(world, -1);
-  std::vector<absl::Status> status = RunThreadRanks(world, *port, ro, [&](World& w) -> absl::Status {
-    at::set_num_threads(1);
-    PP_ASSIGN_OR_RETURN(RankRun run, MakeRun(w, spec));
-    if (!load_from.empty()) {
-      PP_ASSIGN_OR_RETURN(LoadReport report, LoadTrainingCheckpoint(load_from, *run.grid, *run.model, *run.trainer));
-      if (!report.clean()) return absl::InternalError(report.Summary());
-      if (report.optimizer_states_loaded == 0) return absl::InternalError("no optimizer state loaded");
-    }
-    for (int i = 0; i < steps; ++i) PP_RETURN_IF_ERROR(run.trainer->Step().status());
-    if (!save_root.empty()) {
-      TrainingCheckpointOptions co;
-      co.root = save_root;
-      PP_RETURN_IF_ERROR(SaveTrainingCheckpoint(co, *run.grid, *run.model, *run.trainer).status());
-    }
-    PP_ASSIGN_OR_RETURN(StepResult r, run.trainer->Step());
-    next_loss[w.rank] = r.loss;
-    return absl::OkStatus();
-  });
+  std::vector<absl::Status> status =
+      RunThreadRanks(world, *port, ro, [&](World& w) -> absl::Status {
+        at::set_num_threads(1);
+        PP_ASSIGN_OR_RETURN(RankRun run, MakeRun(w, spec));
+        if (!load_from.empty()) {
+          PP_ASSIGN_OR_RETURN(LoadReport report, LoadTrainingCheckpoint(load_from, *run.grid,
+                                                                        *run.model, *run.trainer));
+          if (!report.clean()) return absl::InternalError(report.Summary());
+          if (report.optimizer_states_loaded == 0)
+            return absl::InternalError("no optimizer state loaded");
+        }
+        for (int i = 0; i < steps; ++i) PP_RETURN_IF_ERROR(run.trainer->Step().status());
+        if (!save_root.empty()) {
+          TrainingCheckpointOptions co;
+          co.root = save_root;
+          PP_RETURN_IF_ERROR(
+              SaveTrainingCheckpoint(co, *run.grid, *run.model, *run.trainer).status());
+        }
+        PP_ASSIGN_OR_RETURN(StepResult r, run.trainer->Step());
+        next_loss[w.rank] = r.loss;
+        return absl::OkStatus();
+      });
   for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
   return next_loss[0];
 }
@@ -289,7 +304,8 @@ double TrainSaveStep(const RunSpec& spec, int steps, const std::string& load_fro
 double SequentialLoss(const std::string& path, int64_t step, int global_microbatches) {
   auto specs = MakeGptSpecs(TinyGpt(0.0));
   EXPECT_TRUE(specs.ok());
-  auto seq = BuildSequential(*specs, /*base_seed=*/12345);  // other seed: weights must come from the file
+  auto seq =
+      BuildSequential(*specs, /*base_seed=*/12345);  // other seed: weights must come from the file
   EXPECT_TRUE(seq.ok());
   ModelState state = ModelStateOfModule(**seq, static_cast<int64_t>(specs->size()));
   auto report = LoadCheckpoint(path, state, nullptr, CheckpointRank());
@@ -341,7 +357,8 @@ TEST(ReshardTrainingTest, SavedAtPipe2Data2LoadsAtPipe4Data1) {
 }
 
 TEST(TrainingCheckpointerTest, PeriodicSavesPruningAndAutoResume) {
-  EXPECT_EQ(TrainingCheckpointer::Create({.save_interval = 2}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TrainingCheckpointer::Create({.save_interval = 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(TrainingCheckpointer::Create({.dir = "/x", .save_interval = -1}).status().code(),
             absl::StatusCode::kInvalidArgument);
   const std::string root = TestDir("checkpointer");

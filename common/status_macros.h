@@ -13,17 +13,17 @@
 #define PP_STATUS_CONCAT_INNER_(a, b) a##b
 #define PP_STATUS_CONCAT_(a, b) PP_STATUS_CONCAT_INNER_(a, b)
 
-#define PP_RETURN_IF_ERROR(expr)                                       \
-  do {                                                                 \
-    ::absl::Status pp_status_ = (expr);                                \
-    if (!pp_status_.ok()) return pp_status_;                           \
+#define PP_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status pp_status_ = (expr);      \
+    if (!pp_status_.ok()) return pp_status_; \
   } while (false)
 
 #define PP_ASSIGN_OR_RETURN(lhs, expr) \
   PP_ASSIGN_OR_RETURN_IMPL_(PP_STATUS_CONCAT_(pp_statusor_, __LINE__), lhs, expr)
 
-#define PP_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
-  auto statusor = (expr);                              \
+#define PP_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)     \
+  auto statusor = (expr);                                  \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

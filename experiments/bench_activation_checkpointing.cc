@@ -50,8 +50,9 @@
 #include "pipeline/layer_spec.h"
 #include "pipeline/pipeline_model.h"
 
-ABSL_FLAG(std::string, model, "mlp",
-          "mlp (a deep stack of residual MLP blocks) or gpt (models/gpt, sequential, --gpt_* flags)");
+ABSL_FLAG(
+    std::string, model, "mlp",
+    "mlp (a deep stack of residual MLP blocks) or gpt (models/gpt, sequential, --gpt_* flags)");
 ABSL_FLAG(int64_t, layers, 16, "number of MLP blocks");
 ABSL_FLAG(int64_t, width, 512, "MLP block width");
 ABSL_FLAG(int64_t, hidden, 2048, "MLP block hidden width");
@@ -152,7 +153,8 @@ absl::StatusOr<BenchModel> MakeGptModel() {
   model.owner = sequential.ptr();
   model.layers = sequential->layers();
   torch::manual_seed(0);
-  torch::Tensor tokens = torch::randint(config.vocab_size, {batch, config.context_length + 1}, torch::kLong);
+  torch::Tensor tokens =
+      torch::randint(config.vocab_size, {batch, config.context_length + 1}, torch::kLong);
   model.inputs = {tokens.slice(1, 0, config.context_length).contiguous()};
   model.batch.id = 0;
   model.batch.tensors["labels"] = tokens.slice(1, 1).contiguous();
@@ -163,8 +165,7 @@ absl::StatusOr<BenchModel> MakeGptModel() {
 absl::StatusOr<BenchModel> MakeModel(const std::string& name) {
   if (name == "mlp") return MakeMlpModel();
   if (name == "gpt") return MakeGptModel();
-  return absl::InvalidArgumentError(
-      absl::StrCat("--model=", name, " is unknown; valid: mlp, gpt"));
+  return absl::InvalidArgumentError(absl::StrCat("--model=", name, " is unknown; valid: mlp, gpt"));
 }
 
 struct Config {
@@ -289,8 +290,8 @@ int Main() {
     std::printf("%-9lld %-8s %-11.1f %-7.2f %-14.1f %-7.2f %-8.1f %-7.2f %-8.1f %-7.2f %-8.1f\n",
                 static_cast<long long>(config.interval),
                 absl::StrCat(config.checkpointed_runs, " runs").c_str(), config.held_bytes / kMiB,
-                held_ratio, config.peak_bytes / kMiB, peak_ratio, ms, time_ratio, cpu_ms,
-                cpu_ratio, forward_ms);
+                held_ratio, config.peak_bytes / kMiB, peak_ratio, ms, time_ratio, cpu_ms, cpu_ratio,
+                forward_ms);
     json["configs"].push_back({{"interval", config.interval},
                                {"checkpointed_runs", config.checkpointed_runs},
                                {"activation_bytes", config.held_bytes},
@@ -306,8 +307,9 @@ int Main() {
   }
   if (off != nullptr) {
     const double bound = 1.0 + Min(off->forward_cpu_ms) / Min(off->step_cpu_ms);
-    std::printf("recomputing every layer once costs at least %.2fx (1 + forward/step at interval 0)\n",
-                bound);
+    std::printf(
+        "recomputing every layer once costs at least %.2fx (1 + forward/step at interval 0)\n",
+        bound);
     json["recompute_bound_ratio"] = bound;
   }
   std::printf("%s\n", json.dump().c_str());

@@ -27,7 +27,8 @@
 #include "nlohmann/json.hpp"
 #include "pipeline/pipeline_model.h"
 
-ABSL_FLAG(std::string, dir, "/tmp/pipe_bench_checkpoint", "where checkpoints and the raw file are written (removed after)");
+ABSL_FLAG(std::string, dir, "/tmp/pipe_bench_checkpoint",
+          "where checkpoints and the raw file are written (removed after)");
 ABSL_FLAG(int, layers, 12, "GPT transformer blocks");
 ABSL_FLAG(int, width, 768, "GPT width");
 ABSL_FLAG(int, heads, 12, "GPT attention heads");
@@ -42,7 +43,9 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -57,7 +60,8 @@ double RawWrite(const std::string& path, int64_t bytes) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return -1;
   for (int64_t done = 0; done < bytes;) {
-    ssize_t n = ::write(fd, chunk.data(), static_cast<size_t>(std::min<int64_t>(chunk.size(), bytes - done)));
+    ssize_t n = ::write(fd, chunk.data(),
+                        static_cast<size_t>(std::min<int64_t>(chunk.size(), bytes - done)));
     if (n <= 0) break;
     done += n;
   }
@@ -147,20 +151,34 @@ int Main() {
   const double mb = static_cast<double>(bytes) / 1e6;
   const double save = mb / Median(save_s), load = mb / Median(load_s);
   const double raw_w = mb / Median(raw_write_s), raw_r = mb / Median(raw_read_s);
-  std::printf("bench_checkpoint: GPT %lld layers, width %lld, vocab %lld, context %lld: %.1fM parameters%s\n",
-              static_cast<long long>(config.num_layers), static_cast<long long>(config.width),
-              static_cast<long long>(config.vocab_size), static_cast<long long>(config.context_length), params / 1e6,
-              absl::GetFlag(FLAGS_optimizer) ? " + AdamW state" : "");
-  std::printf("checkpoint: %d files, %.1f MB, median of %d runs, dir %s\n", files, mb, repeats, dir.c_str());
+  std::printf(
+      "bench_checkpoint: GPT %lld layers, width %lld, vocab %lld, context %lld: %.1fM "
+      "parameters%s\n",
+      static_cast<long long>(config.num_layers), static_cast<long long>(config.width),
+      static_cast<long long>(config.vocab_size), static_cast<long long>(config.context_length),
+      params / 1e6, absl::GetFlag(FLAGS_optimizer) ? " + AdamW state" : "");
+  std::printf("checkpoint: %d files, %.1f MB, median of %d runs, dir %s\n", files, mb, repeats,
+              dir.c_str());
   std::printf("%-28s %10s %10s %10s\n", "operation", "seconds", "MB/s", "vs raw");
-  std::printf("%-28s %10.3f %10.0f %10s\n", "raw write + fsync (1 file)", Median(raw_write_s), raw_w, "1.00");
-  std::printf("%-28s %10.3f %10.0f %10.2f\n", "checkpoint save", Median(save_s), save, save / raw_w);
-  std::printf("%-28s %10.3f %10.0f %10s\n", "raw read (page cache)", Median(raw_read_s), raw_r, "1.00");
-  std::printf("%-28s %10.3f %10.0f %10.2f\n", "checkpoint load", Median(load_s), load, load / raw_r);
-  nlohmann::json j = {{"bench", "checkpoint"},      {"params", params},          {"files", files},
-                      {"bytes", bytes},             {"save_mb_s", save},         {"load_mb_s", load},
-                      {"raw_write_mb_s", raw_w},    {"raw_read_mb_s", raw_r},    {"save_vs_raw", save / raw_w},
-                      {"load_vs_raw", load / raw_r}, {"repeats", repeats}};
+  std::printf("%-28s %10.3f %10.0f %10s\n", "raw write + fsync (1 file)", Median(raw_write_s),
+              raw_w, "1.00");
+  std::printf("%-28s %10.3f %10.0f %10.2f\n", "checkpoint save", Median(save_s), save,
+              save / raw_w);
+  std::printf("%-28s %10.3f %10.0f %10s\n", "raw read (page cache)", Median(raw_read_s), raw_r,
+              "1.00");
+  std::printf("%-28s %10.3f %10.0f %10.2f\n", "checkpoint load", Median(load_s), load,
+              load / raw_r);
+  nlohmann::json j = {{"bench", "checkpoint"},
+                      {"params", params},
+                      {"files", files},
+                      {"bytes", bytes},
+                      {"save_mb_s", save},
+                      {"load_mb_s", load},
+                      {"raw_write_mb_s", raw_w},
+                      {"raw_read_mb_s", raw_r},
+                      {"save_vs_raw", save / raw_w},
+                      {"load_vs_raw", load / raw_r},
+                      {"repeats", repeats}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

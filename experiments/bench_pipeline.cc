@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -56,8 +56,10 @@ ABSL_FLAG(int, microbatches, 8, "Micro-batches per step.");
 ABSL_FLAG(int, steps, 5, "Timed steps per measurement (after one warm-up step).");
 ABSL_FLAG(std::string, schedule, "1f1b", "Schedule for part (b).");
 ABSL_FLAG(std::string, role, "", "Internal: 'pp2' for the workers of part (b).");
-ABSL_FLAG(std::string, result_file, "", "Internal: where rank 0 of part (b) writes its measurements.");
-ABSL_FLAG(std::string, trace_file, "/tmp/bench_pipeline_trace.json", "Chrome trace of part (b)'s last step.");
+ABSL_FLAG(std::string, result_file, "",
+          "Internal: where rank 0 of part (b) writes its measurements.");
+ABSL_FLAG(std::string, trace_file, "/tmp/bench_pipeline_trace.json",
+          "Chrome trace of part (b)'s last step.");
 ABSL_FLAG(bool, overhead_only, false, "Run only part (a) and print its ratio.");
 ABSL_FLAG(int, timeout_s, 300, "Timeout for every receive and collective.");
 ABSL_FLAG(bool, fixed_layout, false,
@@ -75,7 +77,9 @@ class BlockImpl : public LayerImpl {
   explicit BlockImpl(int64_t hidden) : LayerImpl("Block") {
     linear_ = register_module("linear", torch::nn::Linear(hidden, hidden));
   }
-  Activations Forward(const Activations& in, const MicroBatch&) override { return {torch::relu(linear_(in[0]))}; }
+  Activations Forward(const Activations& in, const MicroBatch&) override {
+    return {torch::relu(linear_(in[0]))};
+  }
 
  private:
   torch::nn::Linear linear_{nullptr};
@@ -120,7 +124,9 @@ class Source : public MicroBatchSource {
   std::map<int64_t, MicroBatchData> cache_;
 };
 
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -240,7 +246,8 @@ absl::Status RunPp2Worker() {
           if (!ev.contains("dur") || !ev.contains("name")) continue;
           absl::StatusOr<Action> a = ParseAction(ev["name"].get<std::string>());
           if (!a.ok() || !IsCompute(a->type)) continue;
-          durations[absl::StrCat(a->stage, ActionTypeName(a->type))].push_back(ev["dur"].get<double>() * 1e-6);
+          durations[absl::StrCat(a->stage, ActionTypeName(a->type))].push_back(
+              ev["dur"].get<double>() * 1e-6);
         }
         if (s == steps) {
           nlohmann::json out;
@@ -294,8 +301,10 @@ absl::Status RunBenchmark(const char* self) {
   const double loop1_min = *std::min_element(loop_times.begin(), loop_times.end());
   const double engine1_min = *std::min_element(engine_times.begin(), engine_times.end());
   if (absl::GetFlag(FLAGS_overhead_only)) {
-    std::printf("(a) loop %.4f s, engine pp=1 %.4f s: engine = %.3fx loop throughput (fastest steps: %.3fx)\n",
-                loop1, engine1, loop1 / engine1, loop1_min / engine1_min);
+    std::printf(
+        "(a) loop %.4f s, engine pp=1 %.4f s: engine = %.3fx loop throughput (fastest steps: "
+        "%.3fx)\n",
+        loop1, engine1, loop1 / engine1, loop1_min / engine1_min);
     return absl::OkStatus();
   }
 
@@ -314,18 +323,19 @@ absl::Status RunBenchmark(const char* self) {
   LaunchOptions lo;
   lo.nproc_per_node = 2;
   const std::string result_file = tmp + "_pp2.json";
-  std::vector<std::string> argv = {self,
-                                   "--role=pp2",
-                                   absl::StrCat("--result_file=", result_file),
-                                   absl::StrCat("--trace_file=", absl::GetFlag(FLAGS_trace_file)),
-                                   absl::StrCat("--hidden=", absl::GetFlag(FLAGS_hidden)),
-                                   absl::StrCat("--blocks=", absl::GetFlag(FLAGS_blocks)),
-                                   absl::StrCat("--rows=", absl::GetFlag(FLAGS_rows)),
-                                   absl::StrCat("--microbatches=", m),
-                                   absl::StrCat("--steps=", steps),
-                                   absl::StrCat("--schedule=", absl::GetFlag(FLAGS_schedule)),
-                                   absl::StrCat("--timeout_s=", absl::GetFlag(FLAGS_timeout_s)),
-                                   absl::StrCat("--fixed_layout=", absl::GetFlag(FLAGS_fixed_layout))};
+  std::vector<std::string> argv = {
+      self,
+      "--role=pp2",
+      absl::StrCat("--result_file=", result_file),
+      absl::StrCat("--trace_file=", absl::GetFlag(FLAGS_trace_file)),
+      absl::StrCat("--hidden=", absl::GetFlag(FLAGS_hidden)),
+      absl::StrCat("--blocks=", absl::GetFlag(FLAGS_blocks)),
+      absl::StrCat("--rows=", absl::GetFlag(FLAGS_rows)),
+      absl::StrCat("--microbatches=", m),
+      absl::StrCat("--steps=", steps),
+      absl::StrCat("--schedule=", absl::GetFlag(FLAGS_schedule)),
+      absl::StrCat("--timeout_s=", absl::GetFlag(FLAGS_timeout_s)),
+      absl::StrCat("--fixed_layout=", absl::GetFlag(FLAGS_fixed_layout))};
   setenv("OMP_NUM_THREADS", "1", 1);
   setenv("OPENBLAS_NUM_THREADS", "1", 1);
   PP_ASSIGN_OR_RETURN(int code, RunWorkers(lo, argv));
@@ -349,7 +359,8 @@ absl::Status RunBenchmark(const char* self) {
   SimulationCosts costs;
   costs.forward = (f0 + f1) / 2;
   costs.backward = (b0 + b1) / 2;
-  costs.stage_multiplier = {(f0 + b0) / (costs.forward + costs.backward), (f1 + b1) / (costs.forward + costs.backward)};
+  costs.stage_multiplier = {(f0 + b0) / (costs.forward + costs.backward),
+                            (f1 + b1) / (costs.forward + costs.backward)};
   PP_ASSIGN_OR_RETURN(SimulationResult sim, SimulateProgram(program, costs));
   const double predicted = sim.makespan;
 
@@ -358,9 +369,11 @@ absl::Status RunBenchmark(const char* self) {
   const double vs_bound = predicted / pp2_time;
   const double prediction_error = (predicted - pp2_time) / pp2_time;
 
-  std::printf("\nbench_pipeline: %d x Linear(%d,%d)+ReLU, %d rows/micro-batch, m=%d, SGD, median of %d steps\n",
-              absl::GetFlag(FLAGS_blocks), absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_hidden),
-              absl::GetFlag(FLAGS_rows), m, steps);
+  std::printf(
+      "\nbench_pipeline: %d x Linear(%d,%d)+ReLU, %d rows/micro-batch, m=%d, SGD, median of %d "
+      "steps\n",
+      absl::GetFlag(FLAGS_blocks), absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_hidden),
+      absl::GetFlag(FLAGS_rows), m, steps);
   std::printf("%-46s %10s %12s %s\n", "run", "step (s)", "samples/s", "ratio");
   auto row = [&](const std::string& name, double t, const std::string& ratio) {
     std::printf("%-46s %10.4f %12.1f %s\n", name.c_str(), t, samples / t, ratio.c_str());
@@ -368,15 +381,17 @@ absl::Status RunBenchmark(const char* self) {
   row("hand-written loop, 1 thread", loop1, "");
   row("hand-written loop, 2 BLAS threads", loop2, "");
   row("(a) pipe engine pp=1, 1 thread", engine1,
-      absl::StrFormat("%.3fx loop; fastest steps %.3fx (target >= 0.98)", overhead_ratio, loop1_min / engine1_min));
-  row(absl::StrCat("(b) pipe engine pp=2 ", absl::GetFlag(FLAGS_schedule), ", 2 procs x 1 thread"), pp2_time,
+      absl::StrFormat("%.3fx loop; fastest steps %.3fx (target >= 0.98)", overhead_ratio,
+                      loop1_min / engine1_min));
+  row(absl::StrCat("(b) pipe engine pp=2 ", absl::GetFlag(FLAGS_schedule), ", 2 procs x 1 thread"),
+      pp2_time,
       absl::StrFormat("%.2fx loop-1t, %.2fx loop-2t (target >= 1.7)", speedup1, speedup2));
   row("    simulator bound for measured F/B costs", predicted,
       absl::StrFormat("measured = %.3fx bound (target >= 0.95)", vs_bound));
-  std::printf("(c) simulated step %.4f s vs measured %.4f s: %+.1f%% (target within 10%%)\n", predicted, pp2_time,
-              100 * prediction_error);
-  std::printf("    measured per-micro-batch costs: F0 %.4f F1 %.4f B0 %.4f B1 %.4f s; trace: %s\n", f0, f1, b0, b1,
-              absl::GetFlag(FLAGS_trace_file).c_str());
+  std::printf("(c) simulated step %.4f s vs measured %.4f s: %+.1f%% (target within 10%%)\n",
+              predicted, pp2_time, 100 * prediction_error);
+  std::printf("    measured per-micro-batch costs: F0 %.4f F1 %.4f B0 %.4f B1 %.4f s; trace: %s\n",
+              f0, f1, b0, b1, absl::GetFlag(FLAGS_trace_file).c_str());
   nlohmann::json j;
   j["bench"] = "pipeline";
   j["blocks"] = absl::GetFlag(FLAGS_blocks);

@@ -28,7 +28,8 @@ namespace gpb = google::protobuf;
 class ErrorCollector : public gpb::io::ErrorCollector {
  public:
   void AddError(int line, gpb::io::ColumnNumber column, const std::string& message) override {
-    absl::StrAppend(&errors_, errors_.empty() ? "" : "; ", "line ", line + 1, ":", column + 1, ": ", message);
+    absl::StrAppend(&errors_, errors_.empty() ? "" : "; ", "line ", line + 1, ":", column + 1, ": ",
+                    message);
   }
   const std::string& errors() const { return errors_; }
 
@@ -56,16 +57,35 @@ void FillDefaults(gpb::Message& message) {
     }
     if (r->HasField(message, f)) continue;
     switch (f->cpp_type()) {
-      case gpb::FieldDescriptor::CPPTYPE_INT32: r->SetInt32(&message, f, f->default_value_int32()); break;
-      case gpb::FieldDescriptor::CPPTYPE_INT64: r->SetInt64(&message, f, f->default_value_int64()); break;
-      case gpb::FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(&message, f, f->default_value_uint32()); break;
-      case gpb::FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(&message, f, f->default_value_uint64()); break;
-      case gpb::FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(&message, f, f->default_value_double()); break;
-      case gpb::FieldDescriptor::CPPTYPE_FLOAT: r->SetFloat(&message, f, f->default_value_float()); break;
-      case gpb::FieldDescriptor::CPPTYPE_BOOL: r->SetBool(&message, f, f->default_value_bool()); break;
-      case gpb::FieldDescriptor::CPPTYPE_STRING: r->SetString(&message, f, f->default_value_string()); break;
-      case gpb::FieldDescriptor::CPPTYPE_ENUM: r->SetEnum(&message, f, f->default_value_enum()); break;
-      default: break;
+      case gpb::FieldDescriptor::CPPTYPE_INT32:
+        r->SetInt32(&message, f, f->default_value_int32());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_INT64:
+        r->SetInt64(&message, f, f->default_value_int64());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_UINT32:
+        r->SetUInt32(&message, f, f->default_value_uint32());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(&message, f, f->default_value_uint64());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(&message, f, f->default_value_double());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_FLOAT:
+        r->SetFloat(&message, f, f->default_value_float());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_BOOL:
+        r->SetBool(&message, f, f->default_value_bool());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_STRING:
+        r->SetString(&message, f, f->default_value_string());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_ENUM:
+        r->SetEnum(&message, f, f->default_value_enum());
+        break;
+      default:
+        break;
     }
   }
 }
@@ -82,8 +102,8 @@ absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text) 
   ErrorCollector errors;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, &config)) {
-    return Invalid(absl::StrCat("config does not parse as ExperimentConfig (experiments/config.proto): ",
-                                errors.errors()));
+    return Invalid(absl::StrCat(
+        "config does not parse as ExperimentConfig (experiments/config.proto): ", errors.errors()));
   }
   return config;
 }
@@ -91,8 +111,8 @@ absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text) 
 absl::StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot read config '", path,
-                                            "'; pass --config=experiments/configs/<name>.textproto"));
+    return absl::NotFoundError(absl::StrCat(
+        "cannot read config '", path, "'; pass --config=experiments/configs/<name>.textproto"));
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
@@ -104,7 +124,8 @@ absl::StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {
 absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignment) {
   const size_t eq = assignment.find('=');
   if (eq == absl::string_view::npos || eq == 0) {
-    return Invalid(absl::StrCat("override '", assignment, "' must look like field.path=value, e.g. optimizer.lr=1e-3"));
+    return Invalid(absl::StrCat("override '", assignment,
+                                "' must look like field.path=value, e.g. optimizer.lr=1e-3"));
   }
   const std::string path(assignment.substr(0, eq));
   const std::string value(assignment.substr(eq + 1));
@@ -114,13 +135,15 @@ absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignmen
   for (size_t i = 0; i < parts.size(); ++i) {
     const gpb::FieldDescriptor* f = d->FindFieldByName(parts[i]);
     if (f == nullptr) {
-      return Invalid(absl::StrCat("unknown config field '", path, "': ", d->full_name(), " has no field '", parts[i],
+      return Invalid(absl::StrCat("unknown config field '", path, "': ", d->full_name(),
+                                  " has no field '", parts[i],
                                   "' (valid: ", absl::StrJoin(FieldNames(d), ", "), ")"));
     }
     const bool last = i + 1 == parts.size();
     if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
       if (last) {
-        return Invalid(absl::StrCat("config field '", path, "' is a message; set one of its fields (",
+        return Invalid(absl::StrCat("config field '", path,
+                                    "' is a message; set one of its fields (",
                                     absl::StrJoin(FieldNames(f->message_type()), ", "), ")"));
       }
       absl::StrAppend(&text_open, parts[i], " { ");
@@ -128,9 +151,12 @@ absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignmen
       d = f->message_type();
       continue;
     }
-    if (!last) return Invalid(absl::StrCat("config field '", parts[i], "' in '", path, "' is not a message"));
+    if (!last)
+      return Invalid(
+          absl::StrCat("config field '", parts[i], "' in '", path, "' is not a message"));
     std::string literal = value;
-    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_STRING) literal = absl::StrCat("\"", absl::CEscape(value), "\"");
+    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_STRING)
+      literal = absl::StrCat("\"", absl::CEscape(value), "\"");
     absl::StrAppend(&text_open, parts[i], ": ", literal);
   }
   gpb::TextFormat::Parser parser;
@@ -172,17 +198,22 @@ BertConfig ToBertConfig(const ExperimentConfig& config) {
                     .dropout = b.dropout()};
 }
 
-absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config, ModelKind kind) {
-  return kind == ModelKind::kGpt ? MakeGptSpecs(ToGptConfig(config)) : MakeBertSpecs(ToBertConfig(config));
+absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config,
+                                                           ModelKind kind) {
+  return kind == ModelKind::kGpt ? MakeGptSpecs(ToGptConfig(config))
+                                 : MakeBertSpecs(ToBertConfig(config));
 }
 
-absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind, int world_size) {
+absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind,
+                                      int world_size) {
   const bool gpt = kind == ModelKind::kGpt;
   if (gpt && config.has_bert()) {
-    return Invalid("this config describes a BERT model (bert { ... }); run it with //experiments:train_bert");
+    return Invalid(
+        "this config describes a BERT model (bert { ... }); run it with //experiments:train_bert");
   }
   if (!gpt && config.has_gpt()) {
-    return Invalid("this config describes a GPT model (gpt { ... }); run it with //experiments:train_gpt");
+    return Invalid(
+        "this config describes a GPT model (gpt { ... }); run it with //experiments:train_gpt");
   }
   const auto& par = config.parallelism();
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"parallelism.pp", par.pp()},
@@ -195,35 +226,40 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
                                     {"eval_batches", config.eval_batches()}}) {
     if (value < 1) return Invalid(absl::StrCat(name, " (", value, ") must be at least 1"));
   }
-  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"eval_interval", config.eval_interval()},
-                                    {"log_interval", config.log_interval()},
-                                    {"sample_tokens", config.sample_tokens()},
-                                    {"checkpoint.save_interval", config.checkpoint().save_interval()},
-                                    {"checkpoint.keep_last", config.checkpoint().keep_last()},
-                                    {"parallelism.activation_checkpointing.interval",
-                                     par.activation_checkpointing().interval()}}) {
+  for (const auto& [name, value] :
+       {std::pair<const char*, int64_t>{"eval_interval", config.eval_interval()},
+        {"log_interval", config.log_interval()},
+        {"sample_tokens", config.sample_tokens()},
+        {"checkpoint.save_interval", config.checkpoint().save_interval()},
+        {"checkpoint.keep_last", config.checkpoint().keep_last()},
+        {"parallelism.activation_checkpointing.interval",
+         par.activation_checkpointing().interval()}}) {
     if (value < 0) return Invalid(absl::StrCat(name, " (", value, ") must not be negative"));
   }
   if (world_size > 0 && par.pp() * par.dp() != world_size) {
-    return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ",
-                                par.pp() * par.dp(), " ranks, but ", world_size,
-                                " were started; leave --nproc_per_node unset (it defaults to pp x dp) or set it to ",
-                                par.pp() * par.dp()));
+    return Invalid(absl::StrCat(
+        "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ", par.pp() * par.dp(),
+        " ranks, but ", world_size,
+        " were started; leave --nproc_per_node unset (it defaults to pp x dp) or set it to ",
+        par.pp() * par.dp()));
   }
-  PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config)) : ValidateBertConfig(ToBertConfig(config)));
+  PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config))
+                         : ValidateBertConfig(ToBertConfig(config)));
   const int64_t num_layers = gpt ? config.gpt().num_layers() : config.bert().num_layers();
   const int64_t parts = static_cast<int64_t>(par.pp()) * par.chunks();
   if (parts > num_layers) {
-    return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.chunks (", par.chunks(), ") = ", parts,
-                                " model parts, but the model has only ", num_layers, " blocks (", ModelKindName(kind),
-                                ".num_layers); use at most ", num_layers, " parts or more layers"));
+    return Invalid(absl::StrCat(
+        "parallelism.pp (", par.pp(), ") x parallelism.chunks (", par.chunks(), ") = ", parts,
+        " model parts, but the model has only ", num_layers, " blocks (", ModelKindName(kind),
+        ".num_layers); use at most ", num_layers, " parts or more layers"));
   }
 
   // The schedule: registered, trains, and accepts this shape.
   const std::vector<std::string> names = RegisteredScheduleNames();
   if (std::find(names.begin(), names.end(), par.schedule()) == names.end()) {
-    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(), "' is not a registered schedule; valid: ",
-                                absl::StrJoin(names, ", ")));
+    return Invalid(
+        absl::StrCat("parallelism.schedule '", par.schedule(),
+                     "' is not a registered schedule; valid: ", absl::StrJoin(names, ", ")));
   }
   ScheduleOptions so;
   so.num_stages = par.pp();
@@ -232,8 +268,8 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
   absl::StatusOr<Schedule> schedule = MakeSchedule(par.schedule(), so);
   if (!schedule.ok()) {
     return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(), "' rejects pp=", par.pp(),
-                                ", num_microbatches=", par.num_microbatches(), ", chunks=", par.chunks(), ": ",
-                                schedule.status().message()));
+                                ", num_microbatches=", par.num_microbatches(),
+                                ", chunks=", par.chunks(), ": ", schedule.status().message()));
   }
   if (schedule->forward_only) {
     return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
@@ -246,8 +282,8 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
   const std::string method_name = method.substr(0, method.find(':'));
   const std::vector<std::string> partitioners = RegisteredPartitioners();
   if (std::find(partitioners.begin(), partitioners.end(), method_name) == partitioners.end()) {
-    return Invalid(absl::StrCat("parallelism.partition_method '", method, "' is unknown; valid: ",
-                                absl::StrJoin(partitioners, ", "),
+    return Invalid(absl::StrCat("parallelism.partition_method '", method,
+                                "' is unknown; valid: ", absl::StrJoin(partitioners, ", "),
                                 " (type:<regex> over layer types, explicit:<b0,b1,...>)"));
   }
   if (method_name != "profile") {
@@ -258,8 +294,9 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     request.base_seed = config.seed();
     absl::StatusOr<Bounds> bounds = Partition(method, request);
     if (!bounds.ok()) {
-      return Invalid(absl::StrCat("parallelism.partition_method '", method, "' cannot cut the ", ModelKindName(kind),
-                                  " into ", parts, " parts: ", bounds.status().message()));
+      return Invalid(absl::StrCat("parallelism.partition_method '", method, "' cannot cut the ",
+                                  ModelKindName(kind), " into ", parts,
+                                  " parts: ", bounds.status().message()));
     }
   }
 
@@ -293,16 +330,20 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
                                 "' does not exist; pass --data=<a text file or folder>"));
   }
   if (!(config.data().eval_fraction() >= 0 && config.data().eval_fraction() < 0.5)) {
-    return Invalid(absl::StrCat("data.eval_fraction (", config.data().eval_fraction(), ") must be in [0, 0.5)"));
+    return Invalid(absl::StrCat("data.eval_fraction (", config.data().eval_fraction(),
+                                ") must be in [0, 0.5)"));
   }
   if (gpt && config.sample_top_k() < 1) {
-    return Invalid(absl::StrCat("sample_top_k (", config.sample_top_k(), ") must be at least 1 (1 = greedy)"));
+    return Invalid(
+        absl::StrCat("sample_top_k (", config.sample_top_k(), ") must be at least 1 (1 = greedy)"));
   }
   if (gpt && !(config.sample_temperature() > 0)) {
-    return Invalid(absl::StrCat("sample_temperature (", config.sample_temperature(), ") must be positive"));
+    return Invalid(
+        absl::StrCat("sample_temperature (", config.sample_temperature(), ") must be positive"));
   }
   if (!gpt && !(config.bert().mask_prob() > 0 && config.bert().mask_prob() <= 1)) {
-    return Invalid(absl::StrCat("bert.mask_prob (", config.bert().mask_prob(), ") must be in (0, 1]"));
+    return Invalid(
+        absl::StrCat("bert.mask_prob (", config.bert().mask_prob(), ") must be in (0, 1]"));
   }
   return absl::OkStatus();
 }

@@ -50,11 +50,13 @@ void ResolveDefaults(ExperimentConfig& config, ModelKind kind);
 // `world_size` (0: not known yet), the schedule (registered, accepts this
 // micro-batch count and chunking, trains), stages vs blocks, the partition
 // method, optimizer, learning-rate schedule, data path, sampling.
-absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind, int world_size);
+absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind,
+                                      int world_size);
 
 GptConfig ToGptConfig(const ExperimentConfig& config);
 BertConfig ToBertConfig(const ExperimentConfig& config);
-absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config, ModelKind kind);
+absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config,
+                                                           ModelKind kind);
 
 // Protobuf text of the whole config.
 std::string ConfigToText(const ExperimentConfig& config);

@@ -28,7 +28,8 @@ std::string Error(const ExperimentConfig& config, int world = 2, ModelKind kind 
   return std::string(s.message());
 }
 
-#define EXPECT_HAS(haystack, needle) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
 
 TEST(ExperimentConfigTest, EveryShippedConfigIsValid) {
   for (const auto& entry : std::filesystem::directory_iterator("experiments/configs")) {
@@ -97,12 +98,15 @@ TEST(ExperimentConfigTest, ParseErrorsNameTheLine) {
   std::string m(ParseExperimentConfig("steps: 3\nparallelism { pipes: 2 }\n").status().message());
   EXPECT_HAS(m, "line 2");
   EXPECT_HAS(m, "pipes");
-  EXPECT_EQ(LoadExperimentConfig("/nonexistent.textproto").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(LoadExperimentConfig("/nonexistent.textproto").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(ExperimentConfigTest, RanksMustEqualPpTimesDp) {
-  EXPECT_HAS(Error(Gpt(), 3), "parallelism.pp (2) x parallelism.dp (1) = 2 ranks, but 3 were started");
-  EXPECT_TRUE(ValidateExperimentConfig(Gpt(), ModelKind::kGpt, 0).ok());  // launcher side: not known yet
+  EXPECT_HAS(Error(Gpt(), 3),
+             "parallelism.pp (2) x parallelism.dp (1) = 2 ranks, but 3 were started");
+  EXPECT_TRUE(
+      ValidateExperimentConfig(Gpt(), ModelKind::kGpt, 0).ok());  // launcher side: not known yet
 }
 
 TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
@@ -111,14 +115,17 @@ TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
   c.mutable_parallelism()->set_chunks(2);
   c.mutable_parallelism()->set_num_microbatches(3);
   const std::string m = Error(c);
-  EXPECT_HAS(m, "parallelism.schedule 'interleaved_1f1b' rejects pp=2, num_microbatches=3, chunks=2");
+  EXPECT_HAS(m,
+             "parallelism.schedule 'interleaved_1f1b' rejects pp=2, num_microbatches=3, chunks=2");
 }
 
 TEST(ExperimentConfigTest, MoreStagesThanBlocks) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_pp(8);
-  EXPECT_HAS(Error(c, 8), "parallelism.pp (8) x parallelism.chunks (1) = 8 model parts, but the model has only 4 "
-                          "blocks (gpt.num_layers)");
+  EXPECT_HAS(
+      Error(c, 8),
+      "parallelism.pp (8) x parallelism.chunks (1) = 8 model parts, but the model has only 4 "
+      "blocks (gpt.num_layers)");
 }
 
 TEST(ExperimentConfigTest, UnknownScheduleListsTheValidNames) {

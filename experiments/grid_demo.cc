@@ -84,10 +84,9 @@ absl::Status Run() {
 
   const std::string row = absl::StrFormat(
       "%4d  %-9s %5d %5d  %-10s %-10s %-10s %8s %8s %8s %8s  %s", grid.global_rank(),
-      absl::StrCat("(", absl::StrJoin(coord, ","), ")"), grid.stage_id(),
-      grid.data_parallel_id(), Members(grid.pipe_group_ranks()),
-      Members(grid.data_group_ranks()), Members(grid.model_group_ranks()),
-      Checked(pipe_sum, sum(grid.pipe_group_ranks()), &ok),
+      absl::StrCat("(", absl::StrJoin(coord, ","), ")"), grid.stage_id(), grid.data_parallel_id(),
+      Members(grid.pipe_group_ranks()), Members(grid.data_group_ranks()),
+      Members(grid.model_group_ranks()), Checked(pipe_sum, sum(grid.pipe_group_ranks()), &ok),
       Checked(data_sum, sum(grid.data_group_ranks()), &ok),
       Checked(model_sum, sum(grid.model_group_ranks()), &ok),
       Checked(world_sum, int64_t{grid.world_size()} * (grid.world_size() - 1) / 2, &ok),
@@ -100,25 +99,27 @@ absl::Status Run() {
   }));
   if (grid.global_rank() == 0) {
     std::printf("topology %s, %d ranks\n", topology.ToString().c_str(), grid.world_size());
-    std::printf("(coord is pipe,data,model; each sum is the all-reduce of the members' "
-                "rank ids, 'a!=b' marks a wrong one)\n");
-    std::printf("%s\n", absl::StrFormat("%4s  %-9s %5s %5s  %-10s %-10s %-10s %8s %8s %8s %8s  %s",
-                                        "rank", "coord", "stage", "dp", "pipe grp", "data grp",
-                                        "model grp", "pipe sum", "data sum", "mdl sum",
-                                        "wrld sum", "p2p prev->me")
-                            .c_str());
+    std::printf(
+        "(coord is pipe,data,model; each sum is the all-reduce of the members' "
+        "rank ids, 'a!=b' marks a wrong one)\n");
+    std::printf("%s\n",
+                absl::StrFormat("%4s  %-9s %5s %5s  %-10s %-10s %-10s %8s %8s %8s %8s  %s", "rank",
+                                "coord", "stage", "dp", "pipe grp", "data grp", "model grp",
+                                "pipe sum", "data sum", "mdl sum", "wrld sum", "p2p prev->me")
+                    .c_str());
     for (int r = 0; r < grid.world_size(); ++r) {
       std::vector<uint8_t> bytes;
-      PP_RETURN_IF_ERROR(TorchCall("read row", [&] {
-        bytes = world.store->get(absl::StrCat("grid_demo/row/", r));
-      }));
+      PP_RETURN_IF_ERROR(TorchCall(
+          "read row", [&] { bytes = world.store->get(absl::StrCat("grid_demo/row/", r)); }));
       std::printf("%s\n", std::string(bytes.begin(), bytes.end()).c_str());
     }
     std::fflush(stdout);
   }
   // Nobody leaves (taking rank 0's store with it) before rank 0 has read.
   PP_RETURN_IF_ERROR(TorchCall("barrier", [&] { grid.world_group()->barrier()->wait(); }));
-  if (!ok) return absl::InternalError(absl::StrCat("wrong results on rank ", grid.global_rank(), ": ", row));
+  if (!ok)
+    return absl::InternalError(
+        absl::StrCat("wrong results on rank ", grid.global_rank(), ": ", row));
   return absl::OkStatus();
 }
 

@@ -65,8 +65,7 @@ absl::StatusOr<Explored> Explore(const std::string& name, int chunks) {
   PP_ASSIGN_OR_RETURN(out.schedule, MakeSchedule(name, options));
   PP_RETURN_IF_ERROR(ValidateSchedule(out.schedule));
   PP_ASSIGN_OR_RETURN(out.program, Lower(out.schedule));
-  PP_ASSIGN_OR_RETURN(SimulationCosts costs,
-                      ParseSimulationCosts(absl::GetFlag(FLAGS_costs)));
+  PP_ASSIGN_OR_RETURN(SimulationCosts costs, ParseSimulationCosts(absl::GetFlag(FLAGS_costs)));
   costs.blocking_sends = absl::GetFlag(FLAGS_blocking_sends);
   costs.stage_multiplier.assign(out.schedule.num_virtual_stages(), 1.0 / chunks);
   PP_ASSIGN_OR_RETURN(out.sim, SimulateProgram(out.program, costs));
@@ -84,26 +83,25 @@ nlohmann::json RankLists(const RankActions& ranks) {
 }
 
 std::string Title(const Schedule& s) {
-  return absl::StrFormat("%s: p=%d, m=%d, v=%d", s.name, s.num_stages,
-                         s.num_microbatches, s.num_chunks);
+  return absl::StrFormat("%s: p=%d, m=%d, v=%d", s.name, s.num_stages, s.num_microbatches,
+                         s.num_chunks);
 }
 
 std::string Render(const Explored& e, const std::string& format) {
   const Schedule& s = e.schedule;
   if (format == "json") {
-    nlohmann::json j = {
-        {"schedule", s.name},
-        {"stages", s.num_stages},
-        {"microbatches", s.num_microbatches},
-        {"chunks", s.num_chunks},
-        {"ranks", RankLists(s.ranks)},
-        {"lowered", RankLists(e.program.ranks)},
-        {"simulation",
-         {{"makespan", e.sim.makespan},
-          {"bubble_fraction", e.sim.bubble_fraction},
-          {"busy", e.sim.busy},
-          {"idle", e.sim.idle},
-          {"peak_inflight", e.sim.peak_inflight}}}};
+    nlohmann::json j = {{"schedule", s.name},
+                        {"stages", s.num_stages},
+                        {"microbatches", s.num_microbatches},
+                        {"chunks", s.num_chunks},
+                        {"ranks", RankLists(s.ranks)},
+                        {"lowered", RankLists(e.program.ranks)},
+                        {"simulation",
+                         {{"makespan", e.sim.makespan},
+                          {"bubble_fraction", e.sim.bubble_fraction},
+                          {"busy", e.sim.busy},
+                          {"idle", e.sim.idle},
+                          {"peak_inflight", e.sim.peak_inflight}}}};
     return j.dump() + "\n";
   }
   if (format == "svg") {
@@ -114,49 +112,44 @@ std::string Render(const Explored& e, const std::string& format) {
   }
   if (format == "chrome") return ChromeTraceJson(e.sim.timeline) + "\n";
   if (format == "csv") return DumpCsv(s.ranks);
-  std::string text = absl::StrCat(Title(s), "\n\ncompute order (step x rank):\n",
-                                  FormatGrid(s.ranks),
-                                  "\nsimulated timeline (costs ",
-                                  absl::GetFlag(FLAGS_costs), "):\n",
-                                  FormatTimelineGrid(e.sim), "\nlowered program:\n");
+  std::string text =
+      absl::StrCat(Title(s), "\n\ncompute order (step x rank):\n", FormatGrid(s.ranks),
+                   "\nsimulated timeline (costs ", absl::GetFlag(FLAGS_costs), "):\n",
+                   FormatTimelineGrid(e.sim), "\nlowered program:\n");
   for (size_t r = 0; r < e.program.ranks.size(); ++r) {
     absl::StrAppend(&text, "  rank ", r, ": ", ActionsToString(e.program.ranks[r]), "\n");
   }
-  absl::StrAppend(&text, absl::StrFormat(
-      "\nmakespan %g  bubble %.4f  busy [%s]  peak in-flight [%s]\n",
-      e.sim.makespan, e.sim.bubble_fraction, absl::StrJoin(e.sim.busy, ", "),
-      absl::StrJoin(e.sim.peak_inflight, ", ")));
+  absl::StrAppend(
+      &text, absl::StrFormat("\nmakespan %g  bubble %.4f  busy [%s]  peak in-flight [%s]\n",
+                             e.sim.makespan, e.sim.bubble_fraction, absl::StrJoin(e.sim.busy, ", "),
+                             absl::StrJoin(e.sim.peak_inflight, ", ")));
   return text;
 }
 
 std::string Compare(const std::vector<std::string>& names) {
   std::string out = absl::StrFormat(
-      "p=%d m=%d costs %s%s\n%-18s %3s %10s %8s %20s %16s\n",
-      absl::GetFlag(FLAGS_stages), absl::GetFlag(FLAGS_microbatches),
-      absl::GetFlag(FLAGS_costs),
-      absl::GetFlag(FLAGS_blocking_sends) ? " (blocking sends)" : "",
-      "schedule", "v", "makespan", "bubble", "peak act (chunks)",
-      "peak (x stage)");
+      "p=%d m=%d costs %s%s\n%-18s %3s %10s %8s %20s %16s\n", absl::GetFlag(FLAGS_stages),
+      absl::GetFlag(FLAGS_microbatches), absl::GetFlag(FLAGS_costs),
+      absl::GetFlag(FLAGS_blocking_sends) ? " (blocking sends)" : "", "schedule", "v", "makespan",
+      "bubble", "peak act (chunks)", "peak (x stage)");
   for (const std::string& name : names) {
     // Schedules with one chunk per rank are compared at v = 1.
     const int chunks = absl::GetFlag(FLAGS_chunks);
     absl::StatusOr<Explored> e = Explore(name, chunks);
-    if (!e.ok() && chunks > 1 &&
-        e.status().code() == absl::StatusCode::kInvalidArgument) {
+    if (!e.ok() && chunks > 1 && e.status().code() == absl::StatusCode::kInvalidArgument) {
       e = Explore(name, 1);
     }
     if (!e.ok()) {
-      absl::StrAppend(&out, absl::StrFormat("%-18s %s\n", name,
-                                            e.status().message()));
+      absl::StrAppend(&out, absl::StrFormat("%-18s %s\n", name, e.status().message()));
       continue;
     }
     int peak = 0;
     for (int v : e->sim.peak_inflight) peak = std::max(peak, v);
-    absl::StrAppend(&out, absl::StrFormat(
-        "%-18s %3d %10g %7.1f%% %20s %16g\n", name, e->schedule.num_chunks,
-        e->sim.makespan, 100 * e->sim.bubble_fraction,
-        absl::StrCat("[", absl::StrJoin(e->sim.peak_inflight, ","), "]"),
-        static_cast<double>(peak) / e->schedule.num_chunks));
+    absl::StrAppend(
+        &out, absl::StrFormat("%-18s %3d %10g %7.1f%% %20s %16g\n", name, e->schedule.num_chunks,
+                              e->sim.makespan, 100 * e->sim.bubble_fraction,
+                              absl::StrCat("[", absl::StrJoin(e->sim.peak_inflight, ","), "]"),
+                              static_cast<double>(peak) / e->schedule.num_chunks));
   }
   return out;
 }
@@ -168,12 +161,11 @@ int Main() {
       output += absl::StrFormat("%-18s %s\n", info.name, info.description);
     }
   } else if (!absl::GetFlag(FLAGS_compare).empty()) {
-    output = Compare(absl::StrSplit(absl::GetFlag(FLAGS_compare), ',',
-                                    absl::SkipEmpty()));
+    output = Compare(absl::StrSplit(absl::GetFlag(FLAGS_compare), ',', absl::SkipEmpty()));
   } else {
     const std::string format = absl::GetFlag(FLAGS_format);
-    if (format != "text" && format != "json" && format != "svg" &&
-        format != "chrome" && format != "csv") {
+    if (format != "text" && format != "json" && format != "svg" && format != "chrome" &&
+        format != "csv") {
       std::fprintf(stderr, "--format=%s: expected text, json, svg, chrome or csv\n",
                    format.c_str());
       return 2;

@@ -40,9 +40,11 @@
 #include "topology/rendezvous.h"
 
 ABSL_FLAG(std::string, config, "",
-          "ExperimentConfig text proto; default experiments/configs/gpt_small_pp2.textproto (train_gpt) or "
+          "ExperimentConfig text proto; default experiments/configs/gpt_small_pp2.textproto "
+          "(train_gpt) or "
           "bert_small_pp2.textproto (train_bert), relative to the workspace");
-ABSL_FLAG(std::vector<std::string>, set, {}, "field overrides, comma-separated: --set=optimizer.lr=1e-3,steps=50");
+ABSL_FLAG(std::vector<std::string>, set, {},
+          "field overrides, comma-separated: --set=optimizer.lr=1e-3,steps=50");
 ABSL_FLAG(std::string, pp, "", "override parallelism.pp (pipeline stages)");
 ABSL_FLAG(std::string, dp, "", "override parallelism.dp (data-parallel replicas)");
 ABSL_FLAG(std::string, schedule, "", "override parallelism.schedule");
@@ -107,8 +109,9 @@ std::string FromWorkspace(const std::string& path) {
 }
 
 std::string DefaultConfigPath(ModelKind kind) {
-  const std::string relative = kind == ModelKind::kGpt ? "experiments/configs/gpt_small_pp2.textproto"
-                                                       : "experiments/configs/bert_small_pp2.textproto";
+  const std::string relative = kind == ModelKind::kGpt
+                                   ? "experiments/configs/gpt_small_pp2.textproto"
+                                   : "experiments/configs/bert_small_pp2.textproto";
   const std::string from_workspace = FromWorkspace(relative);
   if (fs::exists(from_workspace)) return from_workspace;
   // Run outside `bazel run` (bazel-bin/experiments/train_gpt from anywhere):
@@ -172,22 +175,28 @@ class Progress {
 
   void Update(int64_t step, double loss, double tokens_per_s, std::optional<double> eval_loss) {
     const double elapsed = Elapsed();
-    const double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(total_ - step - 1);
-    const std::string stats = absl::StrFormat("step %d/%d  loss %.4f  %s tok/s  ETA %s", step + 1, total_, loss,
-                                              HumanCount(tokens_per_s), FormatDuration(eta));
+    const double eta =
+        elapsed / static_cast<double>(step + 1) * static_cast<double>(total_ - step - 1);
+    const std::string stats =
+        absl::StrFormat("step %d/%d  loss %.4f  %s tok/s  ETA %s", step + 1, total_, loss,
+                        HumanCount(tokens_per_s), FormatDuration(eta));
     if (tty_ != nullptr) {
       constexpr int kBar = 28;
       const int filled = static_cast<int>(kBar * (step + 1) / total_);
-      std::fprintf(tty_, "\r[%s%s] %s   ", std::string(filled, '#').c_str(), std::string(kBar - filled, '.').c_str(),
-                   stats.c_str());
+      std::fprintf(tty_, "\r[%s%s] %s   ", std::string(filled, '#').c_str(),
+                   std::string(kBar - filled, '.').c_str(), stats.c_str());
       if (eval_loss.has_value()) {
-        std::fprintf(tty_, "%s", absl::StrFormat("\n  eval loss %.4f at step %d\n", *eval_loss, step + 1).c_str());
+        std::fprintf(
+            tty_, "%s",
+            absl::StrFormat("\n  eval loss %.4f at step %d\n", *eval_loss, step + 1).c_str());
       }
       std::fflush(tty_);
       return;
     }
-    if ((step + 1) % log_interval_ == 0 || step == 0 || step + 1 == total_ || eval_loss.has_value()) {
-      std::cout << stats << (eval_loss.has_value() ? absl::StrFormat("  eval loss %.4f", *eval_loss) : "")
+    if ((step + 1) % log_interval_ == 0 || step == 0 || step + 1 == total_ ||
+        eval_loss.has_value()) {
+      std::cout << stats
+                << (eval_loss.has_value() ? absl::StrFormat("  eval loss %.4f", *eval_loss) : "")
                 << std::endl;
     }
   }
@@ -203,8 +212,9 @@ class Progress {
 
  private:
   static std::string HumanCount(double x) {
-    return x >= 1e6 ? absl::StrFormat("%.2fM", x / 1e6) : x >= 1e3 ? absl::StrFormat("%.1fk", x / 1e3)
-                                                                   : absl::StrFormat("%.0f", x);
+    return x >= 1e6   ? absl::StrFormat("%.2fM", x / 1e6)
+           : x >= 1e3 ? absl::StrFormat("%.1fk", x / 1e3)
+                      : absl::StrFormat("%.0f", x);
   }
   int64_t total_;
   int64_t log_interval_;
@@ -244,7 +254,8 @@ absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
                     .dp_rank = 0,
                     .dp_size = par.dp(),
                     .seed = config.seed()};
-    PP_ASSIGN_OR_RETURN(LmBatchSource train, LmBatchSource::Create(ByteTokenizer::Encode(train_text), o));
+    PP_ASSIGN_OR_RETURN(LmBatchSource train,
+                        LmBatchSource::Create(ByteTokenizer::Encode(train_text), o));
     data.tokens_per_step = train.global_tokens_per_step();
     data.train = std::make_unique<LmBatchSource>(std::move(train));
     o.seed = config.seed() + 1;
@@ -263,8 +274,8 @@ absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
     o.seed = config.seed() + 1;
     absl::StatusOr<MlmBatchSource> eval = MlmBatchSource::Create(eval_text, o);
     if (eval.ok()) data.eval = std::make_unique<MlmBatchSource>(*std::move(eval));
-    data.tokens_per_step = static_cast<int64_t>(par.dp()) * par.num_microbatches() * par.micro_batch_size() *
-                           config.bert().context_length();
+    data.tokens_per_step = static_cast<int64_t>(par.dp()) * par.num_microbatches() *
+                           par.micro_batch_size() * config.bert().context_length();
   }
   return data;
 }
@@ -287,7 +298,8 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   mo.chunks = par.chunks();
   mo.partition_method = par.partition_method();
   mo.base_seed = config.seed();
-  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model, PipelineModel::Create(specs, mo, grid.stage_id()));
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
+                      PipelineModel::Create(specs, mo, grid.stage_id()));
   PP_ASSIGN_OR_RETURN(Data data, MakeData(config, kind));
 
   // GPT: the loss also keeps the last stage's logits for sampling.
@@ -336,24 +348,31 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   ckpt_policy.seed = static_cast<int64_t>(config.seed());
   PP_ASSIGN_OR_RETURN(TrainingCheckpointer checkpointer, TrainingCheckpointer::Create(ckpt_policy));
   PP_ASSIGN_OR_RETURN(bool resumed, checkpointer.MaybeResume(grid, *model, *trainer));
-  if (resumed && rank0) std::cout << "resumed at step " << trainer->step() << " from " << ckpt_policy.resume << std::endl;
+  if (resumed && rank0)
+    std::cout << "resumed at step " << trainer->step() << " from " << ckpt_policy.resume
+              << std::endl;
 
   fs::path run_dir;
   std::ofstream metrics;
   if (rank0) {
     run_dir = fs::path(config.output_dir()) /
-              absl::StrCat(config.name(), "-", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::UTCTimeZone()));
+              absl::StrCat(config.name(), "-",
+                           absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::UTCTimeZone()));
     std::error_code ec;
     fs::create_directories(run_dir, ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot create run directory ", run_dir.string(), ": ", ec.message()));
+    if (ec)
+      return absl::InternalError(
+          absl::StrCat("cannot create run directory ", run_dir.string(), ": ", ec.message()));
     PP_RETURN_IF_ERROR(WriteFile(run_dir / "config.textproto", ConfigToText(config)));
     metrics.open(run_dir / "metrics.jsonl");
     std::cout << absl::StrFormat(
-                     "%s: %s, pp=%d x dp=%d, schedule %s, chunks %d, %d micro-batches of %d; corpus %s (%d files, "
+                     "%s: %s, pp=%d x dp=%d, schedule %s, chunks %d, %d micro-batches of %d; "
+                     "corpus %s (%d files, "
                      "%d bytes); %d tokens/step\n",
-                     config.name(), ModelKindName(kind), par.pp(), par.dp(), par.schedule(), par.chunks(),
-                     par.num_microbatches(), par.micro_batch_size(), config.data().path(), data.corpus_files,
-                     data.corpus_bytes, data.tokens_per_step)
+                     config.name(), ModelKindName(kind), par.pp(), par.dp(), par.schedule(),
+                     par.chunks(), par.num_microbatches(), par.micro_batch_size(),
+                     config.data().path(), data.corpus_files, data.corpus_bytes,
+                     data.tokens_per_step)
               << model->PartitionReport() << "run directory: " << run_dir.string() << std::endl;
   }
 
@@ -372,9 +391,11 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   for (int64_t step = trainer->step(); step < config.steps(); ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
-    PP_ASSIGN_OR_RETURN(std::string saved, checkpointer.AfterStep(grid, *model, *trainer, config.steps()));
+    PP_ASSIGN_OR_RETURN(std::string saved,
+                        checkpointer.AfterStep(grid, *model, *trainer, config.steps()));
     if (!saved.empty() && rank0) LOG(INFO) << "checkpoint " << saved;
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<double> eval_loss;
     const bool last = step + 1 == config.steps();
     if (data.eval != nullptr &&
@@ -387,8 +408,12 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
     }
     if (!rank0) continue;
     const double tokens_per_s = static_cast<double>(data.tokens_per_step) / seconds;
-    nlohmann::json line = {{"step", step + 1},         {"loss", r.loss},          {"lr", r.learning_rate},
-                           {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s}, {"step_s", seconds}};
+    nlohmann::json line = {{"step", step + 1},
+                           {"loss", r.loss},
+                           {"lr", r.learning_rate},
+                           {"grad_norm", r.grad_norm},
+                           {"tokens_per_s", tokens_per_s},
+                           {"step_s", seconds}};
     if (eval_loss.has_value()) line["eval_loss"] = *eval_loss;
     std::vector<double> bubble;
     for (size_t i = 0; i < r.busy_seconds.size(); ++i) {
@@ -410,14 +435,15 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
                      .temperature = config.sample_temperature(),
                      .seed = config.seed(),
                      .max_token_id = ByteTokenizer::kNumBytes};
-    PP_ASSIGN_OR_RETURN(std::vector<int64_t> tokens, Generate(ByteTokenizer::Encode(config.sample_prompt()),
-                                                              config.gpt().context_length(), so,
-                                                              sampler.LogitsFn(trainer.get(), &grid,
-                                                                               ByteTokenizer::kVocabSize, timeout)));
+    PP_ASSIGN_OR_RETURN(
+        std::vector<int64_t> tokens,
+        Generate(ByteTokenizer::Encode(config.sample_prompt()), config.gpt().context_length(), so,
+                 sampler.LogitsFn(trainer.get(), &grid, ByteTokenizer::kVocabSize, timeout)));
     if (rank0) {
       const std::string text = ByteTokenizer::Decode(tokens);
       PP_RETURN_IF_ERROR(WriteFile(run_dir / "sample.txt", text + "\n"));
-      std::cout << "sample (top-" << config.sample_top_k() << ", " << config.sample_tokens() << " bytes):\n"
+      std::cout << "sample (top-" << config.sample_top_k() << ", " << config.sample_tokens()
+                << " bytes):\n"
                 << text << "\n"
                 << std::endl;
     }
@@ -426,14 +452,16 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   if (rank0) {
     PP_RETURN_IF_ERROR(WriteFile(
         run_dir / "loss.svg",
-        LossCurveSvg(absl::StrCat(config.name(), ": ", ModelKindName(kind), " pp=", par.pp(), " dp=", par.dp(), " ",
-                                  par.schedule()),
+        LossCurveSvg(absl::StrCat(config.name(), ": ", ModelKindName(kind), " pp=", par.pp(),
+                                  " dp=", par.dp(), " ", par.schedule()),
                      train_curve, eval_curve)));
     if (!train_curve.empty()) {
-      std::cout << absl::StrFormat("done: %d steps in %s, loss %.4f -> %.4f%s\nrun directory: %s\n", config.steps(),
-                                   FormatDuration(train_seconds), train_curve.front().second,
-                                   train_curve.back().second,
-                                   eval_curve.empty() ? "" : absl::StrFormat(", eval loss %.4f", eval_curve.back().second),
+      std::cout << absl::StrFormat("done: %d steps in %s, loss %.4f -> %.4f%s\nrun directory: %s\n",
+                                   config.steps(), FormatDuration(train_seconds),
+                                   train_curve.front().second, train_curve.back().second,
+                                   eval_curve.empty() ? ""
+                                                      : absl::StrFormat(", eval loss %.4f",
+                                                                        eval_curve.back().second),
                                    run_dir.string())
                 << std::flush;
     }

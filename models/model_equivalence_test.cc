@@ -32,7 +32,8 @@ constexpr double kRtol = 1e-5;
 std::string Text() {
   std::string text;
   for (int i = 0; i < 60; ++i) {
-    text += absl::StrCat("Stage ", i % 7, " sends activations to stage ", (i + 1) % 7, ". Bubbles waste time! ");
+    text += absl::StrCat("Stage ", i % 7, " sends activations to stage ", (i + 1) % 7,
+                         ". Bubbles waste time! ");
   }
   return text;
 }
@@ -63,7 +64,8 @@ void UseBert(RunConfig& c) {
   const int dp = c.dp, m = c.microbatches;
   c.source = [dp, m]() -> std::unique_ptr<MicroBatchSource> {
     return std::make_unique<MlmBatchSource>(*MlmBatchSource::Create(
-        Text(), {.seq_len = 16, .micro_batch_size = 2, .num_microbatches = m, .dp_size = dp, .seed = 12}));
+        Text(),
+        {.seq_len = 16, .micro_batch_size = 2, .num_microbatches = m, .dp_size = dp, .seed = 12}));
   };
   c.partition_method = "type:EncoderBlock";
 }
@@ -92,7 +94,8 @@ bool IsRunnableTraining(const std::string& schedule, int chunks) {
     for (const Action& a : rank) {
       // Split backward (zero-bubble) is refused by the runtime for now; the
       // runtime's own equivalence test covers that refusal.
-      if (a.type == ActionType::kBackwardInput || a.type == ActionType::kBackwardWeight) return false;
+      if (a.type == ActionType::kBackwardInput || a.type == ActionType::kBackwardWeight)
+        return false;
     }
   }
   return true;
@@ -143,7 +146,9 @@ TEST_P(ModelEquivalenceTest, PipelineEqualsSequential) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, ModelEquivalenceTest, ::testing::ValuesIn(AllCases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 TEST(TiedEmbeddingTest, IdenticalOnFirstAndLastStageAfterSeveralSteps) {
   RunConfig c;
@@ -161,7 +166,8 @@ TEST(TiedEmbeddingTest, IdenticalOnFirstAndLastStageAfterSeveralSteps) {
   c.reduce_tied_grads = false;
   absl::StatusOr<RunResult> broken = TrainPipeline(c);
   ASSERT_FALSE(broken.ok());
-  EXPECT_NE(broken.status().message().find("tied copies of tied.embed."), std::string::npos) << broken.status();
+  EXPECT_NE(broken.status().message().find("tied copies of tied.embed."), std::string::npos)
+      << broken.status();
 }
 
 TEST(PartitionTest, TypeRegexCutsOnBlockBoundaries) {
@@ -179,7 +185,8 @@ TEST(PartitionTest, TypeRegexCutsOnBlockBoundaries) {
       // 4 blocks: every part holds the same number of them.
       for (int64_t p = 0; p < parts; ++p) {
         int64_t blocks = 0;
-        for (int64_t i = (*bounds)[p]; i < (*bounds)[p + 1]; ++i) blocks += (*specs)[i].name() == block;
+        for (int64_t i = (*bounds)[p]; i < (*bounds)[p + 1]; ++i)
+          blocks += (*specs)[i].name() == block;
         EXPECT_EQ(blocks, 4 / parts) << method << " part " << p << " of " << parts;
       }
     }

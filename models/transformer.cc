@@ -9,12 +9,13 @@ namespace pp {
 
 SelfAttentionImpl::SelfAttentionImpl(int64_t width, int64_t num_heads, double dropout)
     : width_(width), num_heads_(num_heads) {
-  TORCH_CHECK(num_heads > 0 && width % num_heads == 0, "width (", width, ") must be a multiple of num_heads (",
-              num_heads, ")");
+  TORCH_CHECK(num_heads > 0 && width % num_heads == 0, "width (", width,
+              ") must be a multiple of num_heads (", num_heads, ")");
   // No key bias: softmax is invariant to it, so its gradient is zero in
   // theory and rounding noise in practice, which Adam would blow up into
   // updates that differ between a pipeline and the sequential model.
-  qkv_ = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(width, 3 * width).bias(false)));
+  qkv_ = register_module("qkv",
+                         torch::nn::Linear(torch::nn::LinearOptions(width, 3 * width).bias(false)));
   q_bias_ = register_parameter("q_bias", torch::zeros({width}));
   v_bias_ = register_parameter("v_bias", torch::zeros({width}));
   proj_ = register_module("proj", torch::nn::Linear(width, width));
@@ -22,30 +23,35 @@ SelfAttentionImpl::SelfAttentionImpl(int64_t width, int64_t num_heads, double dr
   out_dropout_ = register_module("out_dropout", torch::nn::Dropout(dropout));
 }
 
-torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal, const torch::Tensor& key_mask) {
-  TORCH_CHECK(x.dim() == 3 && x.size(2) == width_, "attention expects [batch, time, ", width_, "], got ",
-              x.sizes());
+torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
+                                         const torch::Tensor& key_mask) {
+  TORCH_CHECK(x.dim() == 3 && x.size(2) == width_, "attention expects [batch, time, ", width_,
+              "], got ", x.sizes());
   const int64_t batch = x.size(0);
   const int64_t time = x.size(1);
   const int64_t head_width = width_ / num_heads_;
   // [batch, time, 3, heads, head_width] -> 3 x [batch, heads, time, head_width]
-  torch::Tensor qkv = qkv_(x).view({batch, time, 3, num_heads_, head_width}).permute({2, 0, 3, 1, 4});
+  torch::Tensor qkv =
+      qkv_(x).view({batch, time, 3, num_heads_, head_width}).permute({2, 0, 3, 1, 4});
   torch::Tensor q = qkv[0] + q_bias_.view({num_heads_, 1, head_width});
   torch::Tensor k = qkv[1];
   torch::Tensor v = qkv[2] + v_bias_.view({num_heads_, 1, head_width});
-  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_width));
+  torch::Tensor scores =
+      torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_width));
   // The lowest finite value rather than -inf: a row whose keys are all masked
   // then gets uniform weights instead of NaN.
   const double kMasked = std::numeric_limits<float>::lowest();
   if (causal) {
-    torch::Tensor future = torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
-                               .triu(/*diagonal=*/1);
+    torch::Tensor future =
+        torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
+            .triu(/*diagonal=*/1);
     scores = scores.masked_fill(future, kMasked);
   }
   if (key_mask.defined()) {
     TORCH_CHECK(key_mask.dim() == 2 && key_mask.size(0) == batch && key_mask.size(1) == time,
                 "attention mask must be [", batch, ", ", time, "], got ", key_mask.sizes());
-    scores = scores.masked_fill(key_mask.to(torch::kBool).logical_not().view({batch, 1, 1, time}), kMasked);
+    scores = scores.masked_fill(key_mask.to(torch::kBool).logical_not().view({batch, 1, 1, time}),
+                                kMasked);
   }
   torch::Tensor weights = attn_dropout_(torch::softmax(scores, /*dim=*/-1));
   torch::Tensor out = torch::matmul(weights, v).transpose(1, 2).reshape({batch, time, width_});
@@ -58,7 +64,9 @@ MlpImpl::MlpImpl(int64_t width, int64_t hidden, double dropout) {
   dropout_ = register_module("dropout", torch::nn::Dropout(dropout));
 }
 
-torch::Tensor MlpImpl::forward(const torch::Tensor& x) { return dropout_(fc_out_(torch::gelu(fc_in_(x)))); }
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return dropout_(fc_out_(torch::gelu(fc_in_(x))));
+}
 
 int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden) {
   const int64_t attention = width * 3 * width + 2 * width + width * width + width;
@@ -78,14 +86,18 @@ absl::Status ValidateTransformerConfig(absl::string_view model,
                                        std::initializer_list<std::pair<const char*, int64_t>> sizes,
                                        int64_t width, int64_t num_heads, double dropout) {
   for (const auto& [name, value] : sizes) {
-    if (value <= 0) return absl::InvalidArgumentError(absl::StrCat(model, ".", name, " (", value, ") must be positive"));
+    if (value <= 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat(model, ".", name, " (", value, ") must be positive"));
   }
   if (width % num_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(model, ".width (", width, ") must be a multiple of ", model,
+    return absl::InvalidArgumentError(absl::StrCat(model, ".width (", width,
+                                                   ") must be a multiple of ", model,
                                                    ".num_heads (", num_heads, ")"));
   }
   if (!(dropout >= 0.0 && dropout < 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(model, ".dropout (", dropout, ") must be in [0, 1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(model, ".dropout (", dropout, ") must be in [0, 1)"));
   }
   return absl::OkStatus();
 }

@@ -21,7 +21,8 @@ std::string ShortTypeName(const std::string& qualified_name) {
   if (auto lt = name.find('<'); lt != std::string::npos) name.resize(lt);
   if (auto colon = name.rfind("::"); colon != std::string::npos) name = name.substr(colon + 2);
   const std::string kImpl = "Impl";
-  if (name.size() > kImpl.size() && name.compare(name.size() - kImpl.size(), kImpl.size(), kImpl) == 0) {
+  if (name.size() > kImpl.size() &&
+      name.compare(name.size() - kImpl.size(), kImpl.size(), kImpl) == 0) {
     name.resize(name.size() - kImpl.size());
   }
   return name;
@@ -47,8 +48,8 @@ ModuleLayer::ModuleLayer(torch::nn::AnyModule module, std::string type_name)
 }
 
 Activations ModuleLayer::Forward(const Activations& inputs, const MicroBatch& batch) {
-  TORCH_CHECK(inputs.size() == 1, "layer ", TypeName(),
-              " wraps a one-tensor module but received ", inputs.size(), " tensors");
+  TORCH_CHECK(inputs.size() == 1, "layer ", TypeName(), " wraps a one-tensor module but received ",
+              inputs.size(), " tensors");
   return {module_.forward(inputs[0])};
 }
 

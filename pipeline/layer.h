@@ -97,17 +97,19 @@ class FunctionLayer : public LayerImpl {
 };
 
 // A parameter-free function of one tensor, e.g. MakeFunctionLayer("Gelu", torch::gelu).
-Layer MakeFunctionLayer(std::string type_name, std::function<torch::Tensor(const torch::Tensor&)> fn);
+Layer MakeFunctionLayer(std::string type_name,
+                        std::function<torch::Tensor(const torch::Tensor&)> fn);
 // A parameter-free function of the whole payload and the micro-batch.
 Layer MakeFunctionLayer(std::string type_name, FunctionLayer::Fn fn);
 
 // Runs `layers` one after another.
-Activations RunLayers(const std::vector<Layer>& layers, Activations inputs, const MicroBatch& batch);
+Activations RunLayers(const std::vector<Layer>& layers, Activations inputs,
+                      const MicroBatch& batch);
 
 // How a stage runs its local layers. RunLayers is the plain one; activation
 // checkpointing (checkpoint/) supplies one that recomputes ranges in backward.
-using LayerRunner =
-    std::function<Activations(const std::vector<Layer>& layers, Activations inputs, const MicroBatch& batch)>;
+using LayerRunner = std::function<Activations(const std::vector<Layer>& layers, Activations inputs,
+                                              const MicroBatch& batch)>;
 
 }  // namespace pp
 

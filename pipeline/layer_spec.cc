@@ -19,7 +19,8 @@ LayerSpec& LayerSpec::WithName(std::string name) {
 }
 
 LayerSpec& LayerSpec::WithParameterCount(int64_t count) {
-  TORCH_CHECK(count >= 0, "declared parameter count of layer '", name_, "' must be >= 0, got ", count);
+  TORCH_CHECK(count >= 0, "declared parameter count of layer '", name_, "' must be >= 0, got ",
+              count);
   parameter_count_ = count;
   return *this;
 }
@@ -47,7 +48,7 @@ Activations TiedLayer::Forward(const Activations& inputs, const MicroBatch& batc
 
 TiedForwardFn TiedProjection(std::string param_name) {
   return [param_name = std::move(param_name)](LayerImpl& shared, const Activations& inputs,
-                                               const MicroBatch&) {
+                                              const MicroBatch&) {
     auto params = shared.named_parameters();
     const torch::Tensor* weight = params.find(param_name);
     TORCH_CHECK(weight != nullptr, "tied projection: shared module ", shared.TypeName(),
@@ -61,7 +62,8 @@ TiedForwardFn TiedProjection(std::string param_name) {
 
 absl::Status ValidateSpecs(const std::vector<LayerSpec>& specs) {
   if (specs.empty()) {
-    return absl::InvalidArgumentError("the layer spec list is empty; a model needs at least one layer");
+    return absl::InvalidArgumentError(
+        "the layer spec list is empty; a model needs at least one layer");
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     const LayerSpec& spec = specs[i];
@@ -69,8 +71,10 @@ absl::Status ValidateSpecs(const std::vector<LayerSpec>& specs) {
       return absl::InvalidArgumentError(
           absl::StrCat("layer spec ", i, " ('", spec.name(), "') has no factory"));
     }
-    if (spec.is_tied() && (spec.tie_key().empty() || spec.tie_key().find('.') != std::string::npos)) {
-      return absl::InvalidArgumentError(absl::StrCat("layer spec ", i, ": tie key '", spec.tie_key(),
+    if (spec.is_tied() &&
+        (spec.tie_key().empty() || spec.tie_key().find('.') != std::string::npos)) {
+      return absl::InvalidArgumentError(absl::StrCat("layer spec ", i, ": tie key '",
+                                                     spec.tie_key(),
                                                      "' is not a module name (non-empty, no '.')"));
     }
   }
@@ -134,7 +138,8 @@ int64_t SpecParameterCount(const LayerSpec& spec, int64_t index, uint64_t base_s
 }
 
 std::string ExceptionMessage(const std::exception& e) {
-  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&e)) return torch_error->what_without_backtrace();
+  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&e))
+    return torch_error->what_without_backtrace();
   return e.what();
 }
 

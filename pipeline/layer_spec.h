@@ -9,9 +9,9 @@
 // keys) without building any layer.
 //
 //   std::vector<pp::LayerSpec> specs = {
-//       pp::TiedLayerSpec("embed", [] { return pp::MakeModuleLayer(torch::nn::Embedding(100, 16)); }),
-//       pp::LayerSpec("Block", [] { return MakeBlock(16); }),
-//       pp::TiedLayerSpec("embed", [] { return pp::MakeModuleLayer(torch::nn::Embedding(100, 16)); },
+//       pp::TiedLayerSpec("embed", [] { return pp::MakeModuleLayer(torch::nn::Embedding(100, 16));
+//       }), pp::LayerSpec("Block", [] { return MakeBlock(16); }), pp::TiedLayerSpec("embed", [] {
+//       return pp::MakeModuleLayer(torch::nn::Embedding(100, 16)); },
 //                         pp::TiedProjection("weight")).WithName("LmHead"),
 //   };
 //
@@ -40,8 +40,8 @@ using LayerFactory = std::function<Layer()>;
 // How a tied position runs the key's shared module. Empty = call the module's
 // own Forward (the embedding position); set for positions that use the module's
 // parameters differently (the LM head: logits = x @ embedding.weight^T).
-using TiedForwardFn =
-    std::function<Activations(LayerImpl& shared, const Activations& inputs, const MicroBatch& batch)>;
+using TiedForwardFn = std::function<Activations(LayerImpl& shared, const Activations& inputs,
+                                                const MicroBatch& batch)>;
 
 // A value type, cheap to copy (the factory is shared). TiedLayerSpec derives
 // from it without adding members, so a std::vector<LayerSpec> holds both.

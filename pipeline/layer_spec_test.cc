@@ -26,9 +26,12 @@ TEST(LayerSpecTest, TiedSpecKeepsItsTieInfoInAPlainSpecList) {
 
 TEST(LayerSpecTest, ValidateSpecsNamesTheBadEntry) {
   EXPECT_NE(ValidateSpecs({}).message().find("empty"), std::string::npos);
-  EXPECT_NE(ValidateSpecs({LayerSpec("A", SmallLinear), LayerSpec("B", nullptr)}).message().find("layer spec 1 ('B')"),
+  EXPECT_NE(ValidateSpecs({LayerSpec("A", SmallLinear), LayerSpec("B", nullptr)})
+                .message()
+                .find("layer spec 1 ('B')"),
             std::string::npos);
-  EXPECT_NE(ValidateSpecs({TiedLayerSpec("a.b", SmallLinear)}).message().find("'a.b'"), std::string::npos);
+  EXPECT_NE(ValidateSpecs({TiedLayerSpec("a.b", SmallLinear)}).message().find("'a.b'"),
+            std::string::npos);
   EXPECT_FALSE(ValidateSpecs({TiedLayerSpec("", SmallLinear)}).ok());
 }
 

@@ -47,8 +47,9 @@ TEST(LayerTest, ShortTypeNameStripsNamespacesAndImpl) {
 }
 
 TEST(LayerTest, RunLayersChains) {
-  std::vector<Layer> layers = {MakeFunctionLayer("Double", [](const torch::Tensor& x) { return x * 2; }),
-                               MakeFunctionLayer("AddOne", [](const torch::Tensor& x) { return x + 1; })};
+  std::vector<Layer> layers = {
+      MakeFunctionLayer("Double", [](const torch::Tensor& x) { return x * 2; }),
+      MakeFunctionLayer("AddOne", [](const torch::Tensor& x) { return x + 1; })};
   EXPECT_EQ(RunLayers(layers, {torch::tensor(3.0f)}, MicroBatch{})[0].item<float>(), 7.0f);
 }
 

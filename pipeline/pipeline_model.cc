@@ -38,9 +38,9 @@ absl::StatusOr<std::vector<std::string>> TiedParamNames(const std::string& key,
   if (declared.empty()) return params.keys();
   for (const std::string& name : declared) {
     if (!params.contains(name)) {
-      return absl::InvalidArgumentError(absl::StrCat("tie key '", key, "': tied parameter '", name,
-                                                     "' does not exist; the shared module has: ",
-                                                     absl::StrJoin(params.keys(), ", ")));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tie key '", key, "': tied parameter '", name,
+          "' does not exist; the shared module has: ", absl::StrJoin(params.keys(), ", ")));
     }
   }
   return declared;
@@ -58,10 +58,10 @@ Layer SharedModule(const std::vector<LayerSpec>& specs, const std::string& key, 
 
 // Builds layers [begin, end) as one StageModule; shared modules come from (and
 // go into) `tied`, which spans the stage.
-absl::StatusOr<StageModule> BuildRange(const std::vector<LayerSpec>& specs, int64_t virtual_stage,
-                                       int64_t begin, int64_t end, uint64_t base_seed,
-                                       const std::map<std::string, std::vector<int64_t>>& tie_positions,
-                                       std::map<std::string, Layer>* tied) {
+absl::StatusOr<StageModule> BuildRange(
+    const std::vector<LayerSpec>& specs, int64_t virtual_stage, int64_t begin, int64_t end,
+    uint64_t base_seed, const std::map<std::string, std::vector<int64_t>>& tie_positions,
+    std::map<std::string, Layer>* tied) {
   std::vector<Layer> layers;
   std::map<std::string, Layer> chunk_tied;
   for (int64_t i = begin; i < end; ++i) {
@@ -90,10 +90,11 @@ absl::Status CheckTieConsistency(const std::vector<LayerSpec>& specs,
     const auto& names = specs[positions.front()].tied_param_names();
     for (int64_t i : positions) {
       if (specs[i].tied_param_names() != names) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tie key '", key, "': layer ", i, " ties parameters [",
-            absl::StrJoin(specs[i].tied_param_names(), ","), "] but layer ", positions.front(), " ties [",
-            absl::StrJoin(names, ","), "]; all positions of a key must tie the same parameters"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tie key '", key, "': layer ", i, " ties parameters [",
+                         absl::StrJoin(specs[i].tied_param_names(), ","), "] but layer ",
+                         positions.front(), " ties [", absl::StrJoin(names, ","),
+                         "]; all positions of a key must tie the same parameters"));
       }
     }
   }
@@ -102,7 +103,8 @@ absl::Status CheckTieConsistency(const std::vector<LayerSpec>& specs,
 
 }  // namespace
 
-StageModuleImpl::StageModuleImpl(int64_t virtual_stage, int64_t first_layer, std::vector<Layer> layers,
+StageModuleImpl::StageModuleImpl(int64_t virtual_stage, int64_t first_layer,
+                                 std::vector<Layer> layers,
                                  std::map<std::string, Layer> tied_modules)
     : virtual_stage_(virtual_stage),
       first_layer_(first_layer),
@@ -111,7 +113,8 @@ StageModuleImpl::StageModuleImpl(int64_t virtual_stage, int64_t first_layer, std
       runner_(&RunLayers) {
   auto layer_holder = register_module("layers", std::make_shared<torch::nn::Module>("Layers"));
   for (size_t i = 0; i < layers_.size(); ++i) {
-    layer_holder->register_module(std::to_string(first_layer_ + static_cast<int64_t>(i)), layers_[i]);
+    layer_holder->register_module(std::to_string(first_layer_ + static_cast<int64_t>(i)),
+                                  layers_[i]);
   }
   if (!tied_.empty()) {
     auto tied_holder = register_module("tied", std::make_shared<torch::nn::Module>("Tied"));
@@ -127,12 +130,12 @@ void StageModuleImpl::set_layer_runner(LayerRunner runner) {
   runner_ = runner ? std::move(runner) : LayerRunner(&RunLayers);
 }
 
-absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(std::vector<LayerSpec> specs,
-                                                                      const PipelineModelOptions& options,
-                                                                      int64_t stage) {
+absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
+    std::vector<LayerSpec> specs, const PipelineModelOptions& options, int64_t stage) {
   PP_RETURN_IF_ERROR(ValidateSpecs(specs));
   if (options.num_stages < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("num_stages must be >= 1, got ", options.num_stages));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_stages must be >= 1, got ", options.num_stages));
   }
   if (options.chunks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("chunks must be >= 1, got ", options.chunks));
@@ -167,9 +170,9 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(std::vector
 
   for (int64_t c = 0; c < options.chunks; ++c) {
     const int64_t part = VirtualStage(stage, c, options.num_stages);
-    PP_ASSIGN_OR_RETURN(StageModule chunk,
-                        BuildRange(model->specs_, part, model->bounds_[part], model->bounds_[part + 1],
-                                   options.base_seed, tie_positions, &model->tied_));
+    PP_ASSIGN_OR_RETURN(StageModule chunk, BuildRange(model->specs_, part, model->bounds_[part],
+                                                      model->bounds_[part + 1], options.base_seed,
+                                                      tie_positions, &model->tied_));
     model->chunks_.push_back(std::move(chunk));
   }
 
@@ -190,28 +193,35 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(std::vector
     if (module != nullptr || declared.empty()) {
       try {
         if (module == nullptr) {
-          module = BuildSeeded(options.base_seed + positions.front(), model->specs_[positions.front()].factory());
+          module = BuildSeeded(options.base_seed + positions.front(),
+                               model->specs_[positions.front()].factory());
         }
       } catch (const std::exception& e) {
-        return absl::InvalidArgumentError(absl::StrCat("building the shared module of tie key '", key,
-                                                       "' failed: ", ExceptionMessage(e)));
+        return absl::InvalidArgumentError(absl::StrCat("building the shared module of tie key '",
+                                                       key, "' failed: ", ExceptionMessage(e)));
       }
       PP_ASSIGN_OR_RETURN(names, TiedParamNames(key, declared, *module));
     }
-    for (const std::string& name : names) group.param_names.push_back(absl::StrCat("tied.", key, ".", name));
+    for (const std::string& name : names)
+      group.param_names.push_back(absl::StrCat("tied.", key, ".", name));
     model->tie_groups_.push_back(std::move(group));
   }
   return model;
 }
 
 int64_t PipelineModel::PartOfLayer(int64_t layer) const {
-  TORCH_CHECK(layer >= 0 && layer < num_layers(), "layer ", layer, " outside [0, ", num_layers(), ")");
+  TORCH_CHECK(layer >= 0 && layer < num_layers(), "layer ", layer, " outside [0, ", num_layers(),
+              ")");
   return std::upper_bound(bounds_.begin(), bounds_.end(), layer) - bounds_.begin() - 1;
 }
 
-int64_t PipelineModel::StageOfLayer(int64_t layer) const { return PartOfLayer(layer) % options_.num_stages; }
+int64_t PipelineModel::StageOfLayer(int64_t layer) const {
+  return PartOfLayer(layer) % options_.num_stages;
+}
 
-int64_t PipelineModel::ChunkOfLayer(int64_t layer) const { return PartOfLayer(layer) / options_.num_stages; }
+int64_t PipelineModel::ChunkOfLayer(int64_t layer) const {
+  return PartOfLayer(layer) / options_.num_stages;
+}
 
 torch::OrderedDict<std::string, torch::Tensor> PipelineModel::named_parameters() const {
   std::vector<torch::OrderedDict<std::string, torch::Tensor>> lists;
@@ -221,7 +231,8 @@ torch::OrderedDict<std::string, torch::Tensor> PipelineModel::named_parameters()
 
 std::vector<torch::Tensor> PipelineModel::parameters() const { return named_parameters().values(); }
 
-torch::OrderedDict<std::string, torch::Tensor> PipelineModel::chunk_named_parameters(int64_t c) const {
+torch::OrderedDict<std::string, torch::Tensor> PipelineModel::chunk_named_parameters(
+    int64_t c) const {
   return UniqueByTensor({chunks_.at(c)->named_parameters()});
 }
 
@@ -234,7 +245,8 @@ torch::OrderedDict<std::string, torch::Tensor> PipelineModel::named_buffers() co
 std::vector<TieGroup> PipelineModel::LocalTieGroups() const {
   std::vector<TieGroup> local;
   for (const TieGroup& group : tie_groups_) {
-    if (std::binary_search(group.stages.begin(), group.stages.end(), stage_)) local.push_back(group);
+    if (std::binary_search(group.stages.begin(), group.stages.end(), stage_))
+      local.push_back(group);
   }
   return local;
 }
@@ -298,9 +310,9 @@ absl::StatusOr<StageModule> BuildSequential(const std::vector<LayerSpec>& specs,
   const auto tie_positions = TiePositions(specs);
   PP_RETURN_IF_ERROR(CheckTieConsistency(specs, tie_positions));
   std::map<std::string, Layer> tied;
-  PP_ASSIGN_OR_RETURN(StageModule module, BuildRange(specs, /*virtual_stage=*/-1, 0,
-                                                     static_cast<int64_t>(specs.size()), base_seed,
-                                                     tie_positions, &tied));
+  PP_ASSIGN_OR_RETURN(StageModule module,
+                      BuildRange(specs, /*virtual_stage=*/-1, 0, static_cast<int64_t>(specs.size()),
+                                 base_seed, tie_positions, &tied));
   module->set_layer_runner(runner);
   return module;
 }

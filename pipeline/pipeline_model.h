@@ -145,7 +145,8 @@ class PipelineModel {
   std::vector<TieGroup> LocalTieGroups() const;
   // This stage's copy of the tied parameters of `key` (global name -> tensor).
   // NotFound when this stage does not hold the key.
-  absl::StatusOr<torch::OrderedDict<std::string, torch::Tensor>> TiedParameters(const std::string& key) const;
+  absl::StatusOr<torch::OrderedDict<std::string, torch::Tensor>> TiedParameters(
+      const std::string& key) const;
   // This stage's shared module for `key`, or nullptr.
   Layer TiedModule(const std::string& key) const;
 

@@ -33,12 +33,16 @@ Layer MakeEmbedding() { return MakeModuleLayer(torch::nn::Embedding(kVocab, kDim
 // norm, and the LM head through the embedding table.
 std::vector<LayerSpec> TinyGpt(int num_blocks) {
   std::vector<LayerSpec> specs = {TiedLayerSpec("embed", MakeEmbedding)};
-  for (int i = 0; i < num_blocks; ++i) specs.push_back(LayerSpec("Block", [] { return std::make_shared<Block>(); }));
-  specs.push_back(LayerSpec("Gelu", [] { return MakeFunctionLayer("Gelu", [](const torch::Tensor& x) { return torch::gelu(x); }); }));
+  for (int i = 0; i < num_blocks; ++i)
+    specs.push_back(LayerSpec("Block", [] { return std::make_shared<Block>(); }));
+  specs.push_back(LayerSpec("Gelu", [] {
+    return MakeFunctionLayer("Gelu", [](const torch::Tensor& x) { return torch::gelu(x); });
+  }));
   specs.push_back(LayerSpec("LayerNorm", [] {
     return MakeModuleLayer(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
   }));
-  specs.push_back(TiedLayerSpec("embed", MakeEmbedding, TiedProjection("weight")).WithName("LmHead"));
+  specs.push_back(
+      TiedLayerSpec("embed", MakeEmbedding, TiedProjection("weight")).WithName("LmHead"));
   return specs;
 }
 
@@ -63,8 +67,8 @@ torch::Tensor LossWeights() {
 // Runs the virtual stages one after another the way the runtime does: each
 // stage's input is the previous output, detached, as a fresh leaf; backward
 // runs stage by stage with the received gradient.
-torch::Tensor ComposeStages(const std::vector<std::unique_ptr<PipelineModel>>& stages, const torch::Tensor& tokens,
-                            const torch::Tensor& loss_weights) {
+torch::Tensor ComposeStages(const std::vector<std::unique_ptr<PipelineModel>>& stages,
+                            const torch::Tensor& tokens, const torch::Tensor& loss_weights) {
   const int64_t p = stages.size();
   const int64_t v = stages[0]->num_chunks();
   MicroBatch batch;
@@ -86,7 +90,8 @@ torch::Tensor ComposeStages(const std::vector<std::unique_ptr<PipelineModel>>& s
 
 // Global name -> gradient, tied gradients summed over the stages that hold a
 // copy (what the runtime's tied all-reduce produces).
-std::map<std::string, torch::Tensor> StageGradients(const std::vector<std::unique_ptr<PipelineModel>>& stages) {
+std::map<std::string, torch::Tensor> StageGradients(
+    const std::vector<std::unique_ptr<PipelineModel>>& stages) {
   std::map<std::string, torch::Tensor> grads;
   for (const auto& stage : stages) {
     for (const auto& item : stage->named_parameters()) {
@@ -186,7 +191,8 @@ TEST(PipelineModelTest, ToSequentialMatchesStageCompositionBitwise) {
 
 TEST(PipelineModelTest, LayerRunnerHookIsUsedByStagesAndSequential) {
   int calls = 0;
-  LayerRunner counting = [&calls](const std::vector<Layer>& layers, Activations in, const MicroBatch& mb) {
+  LayerRunner counting = [&calls](const std::vector<Layer>& layers, Activations in,
+                                  const MicroBatch& mb) {
     ++calls;
     return RunLayers(layers, std::move(in), mb);
   };
@@ -224,7 +230,8 @@ TEST(PipelineModelTest, InterleavedChunksOwnEveryPthPart) {
   EXPECT_EQ(stages[1]->ChunkOfLayer(6), 1);
   // Each chunk only names its own layers.
   for (const auto& item : stages[0]->chunk_named_parameters(1)) {
-    EXPECT_EQ(item.key().rfind("layers.5.", 0) == 0 || item.key().rfind("layers.6.", 0) == 0, true) << item.key();
+    EXPECT_EQ(item.key().rfind("layers.5.", 0) == 0 || item.key().rfind("layers.6.", 0) == 0, true)
+        << item.key();
   }
 }
 
@@ -251,7 +258,8 @@ TEST(PipelineModelTest, TieGroupsAreTheSameOnTheStagesThatHoldThem) {
   EXPECT_TRUE(torch::equal(first["tied.embed.weight"], last["tied.embed.weight"]));
   // Distinct copies: the runtime broadcasts and all-reduces between them.
   EXPECT_FALSE(first["tied.embed.weight"].is_same(last["tied.embed.weight"]));
-  EXPECT_TRUE(first["tied.embed.weight"].is_same(stages[0]->named_parameters()["tied.embed.weight"]));
+  EXPECT_TRUE(
+      first["tied.embed.weight"].is_same(stages[0]->named_parameters()["tied.embed.weight"]));
 }
 
 TEST(PipelineModelTest, TiedModuleUsedByTwoChunksOfOneStageIsOneParameter) {
@@ -268,8 +276,9 @@ TEST(PipelineModelTest, TiedModuleUsedByTwoChunksOfOneStageIsOneParameter) {
 }
 
 TEST(PipelineModelTest, DeclaredTiedParameterNamesAreChecked) {
-  std::vector<LayerSpec> specs = {TiedLayerSpec("embed", MakeEmbedding, nullptr, {"bias"}),
-                                  TiedLayerSpec("embed", MakeEmbedding, TiedProjection(), {"bias"})};
+  std::vector<LayerSpec> specs = {
+      TiedLayerSpec("embed", MakeEmbedding, nullptr, {"bias"}),
+      TiedLayerSpec("embed", MakeEmbedding, TiedProjection(), {"bias"})};
   absl::StatusOr<std::unique_ptr<PipelineModel>> model = PipelineModel::Create(specs, {}, 0);
   ASSERT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(model.status().message().find("'bias'"), std::string::npos) << model.status();
@@ -290,10 +299,12 @@ TEST(PipelineModelTest, RejectsBadInput) {
 
   options.partition_method = "uniform";
   options.chunks = 0;
-  EXPECT_NE(status_of(TinyGpt(1), options, 0).message().find("chunks must be >= 1, got 0"), std::string::npos);
+  EXPECT_NE(status_of(TinyGpt(1), options, 0).message().find("chunks must be >= 1, got 0"),
+            std::string::npos);
   options.chunks = 1;
   options.num_stages = 2;
-  EXPECT_NE(status_of(TinyGpt(1), options, 2).message().find("stage 2 is outside [0, 2)"), std::string::npos);
+  EXPECT_NE(status_of(TinyGpt(1), options, 2).message().find("stage 2 is outside [0, 2)"),
+            std::string::npos);
   options.num_stages = 3;
   options.chunks = 2;
   absl::Status few = status_of(TinyGpt(1), options, 0);  // 5 layers into 6 parts.
@@ -313,7 +324,8 @@ TEST(PipelineModelTest, PartitionReportNamesStagesLayersAndCounts) {
   auto model = *PipelineModel::Create(TinyGpt(2), options, 0);
   const std::string report = model->PartitionReport();
   // Embedding 11*8 = 88; Block 8*16+16 + 16*8+8 = 280.
-  EXPECT_NE(report.find("stage=0 chunk=0 (part 0) layers=[0, 3) params=648\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("stage=0 chunk=0 (part 0) layers=[0, 3) params=648\n"), std::string::npos)
+      << report;
   EXPECT_NE(report.find("     5: LmHead [tied embed]"), std::string::npos) << report;
 }
 

@@ -1,8 +1,8 @@
 #include "pipeline/tie_analysis.h"
 
 #include <map>
-#include <set>
 #include <numeric>
+#include <set>
 #include <tuple>
 #include <unordered_set>
 #include <utility>
@@ -17,13 +17,15 @@ namespace {
 using ParamKey = std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>>;
 
 ParamKey KeyOf(const torch::Tensor& t) {
-  return {t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(), t.strides().vec()};
+  return {t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
+          t.strides().vec()};
 }
 
 // A module with the same parameter/buffer tree as `source`, minus the tensors
 // already in `seen`, holding the very same tensors (no copy). It gives the
 // shared module global names without registering a tensor twice.
-std::shared_ptr<torch::nn::Module> Mirror(const torch::nn::Module& source, std::set<ParamKey>* seen) {
+std::shared_ptr<torch::nn::Module> Mirror(const torch::nn::Module& source,
+                                          std::set<ParamKey>* seen) {
   auto mirror = std::make_shared<torch::nn::Module>(ShortTypeName(source.name()));
   for (const auto& item : source.named_parameters(/*recurse=*/false)) {
     if (seen->insert(KeyOf(item.value())).second) {
@@ -100,7 +102,8 @@ std::vector<std::vector<std::string>> FindTiedParameters(const torch::nn::Module
 absl::StatusOr<std::vector<LayerSpec>> SpecsFromSequential(torch::nn::Sequential seq) {
   std::vector<torch::nn::AnyModule> children(seq->begin(), seq->end());
   const int64_t n = static_cast<int64_t>(children.size());
-  if (n == 0) return absl::InvalidArgumentError("SpecsFromSequential: the Sequential has no children");
+  if (n == 0)
+    return absl::InvalidArgumentError("SpecsFromSequential: the Sequential has no children");
 
   // Union children that hold a common tensor, by storage identity, before
   // anything is copied.
@@ -124,8 +127,9 @@ absl::StatusOr<std::vector<LayerSpec>> SpecsFromSequential(torch::nn::Sequential
     const std::string type = ShortTypeName(children[i].ptr()->name());
     if (members.size() == 1) {
       torch::nn::AnyModule child = children[i];
-      specs.push_back(LayerSpec(type, [child] { return std::make_shared<ModuleLayer>(child); })
-                          .WithParameterCount(CountTrainableParameters(*child.ptr())));
+      specs.push_back(LayerSpec(type, [child] {
+                        return std::make_shared<ModuleLayer>(child);
+                      }).WithParameterCount(CountTrainableParameters(*child.ptr())));
       continue;
     }
     Layer& shared = shared_of_root[root];

@@ -10,7 +10,9 @@ namespace {
 // table): the ordinary LibTorch way of tying, one tensor registered twice.
 class TiedHeadImpl : public torch::nn::Module {
  public:
-  explicit TiedHeadImpl(torch::Tensor weight) { weight_ = register_parameter("weight", std::move(weight)); }
+  explicit TiedHeadImpl(torch::Tensor weight) {
+    weight_ = register_parameter("weight", std::move(weight));
+  }
   torch::Tensor forward(torch::Tensor x) { return torch::matmul(x, weight_.t()); }
 
  private:
@@ -56,7 +58,8 @@ torch::nn::Sequential TinySequential() {
 
 TEST(SpecsFromSequentialTest, SharedParametersBecomeOneTieGroup) {
   torch::nn::Sequential seq = TinySequential();
-  ASSERT_EQ(FindTiedParameters(*seq), (std::vector<std::vector<std::string>>{{"0.weight", "3.weight"}}));
+  ASSERT_EQ(FindTiedParameters(*seq),
+            (std::vector<std::vector<std::string>>{{"0.weight", "3.weight"}}));
   const torch::Tensor tokens = torch::tensor({{1, 2, 3}, {4, 5, 9}});
   const torch::Tensor expected = seq->forward(tokens);
 
@@ -99,7 +102,8 @@ TEST(SpecsFromSequentialTest, SequentialBuildHasOneSharedParameterAndMatchesTheO
   auto specs = *SpecsFromSequential(seq);
   StageModule built = *BuildSequential(specs, /*base_seed=*/0);
   const auto params = built->named_parameters();
-  EXPECT_EQ(params.keys(), (std::vector<std::string>{"layers.1.weight", "layers.1.bias", "tied.shared_0.0.weight"}));
+  EXPECT_EQ(params.keys(), (std::vector<std::string>{"layers.1.weight", "layers.1.bias",
+                                                     "tied.shared_0.0.weight"}));
   torch::Tensor out = built->Forward({tokens}, MicroBatch{})[0];
   EXPECT_TRUE(torch::equal(out, expected));
   // The one tensor gets both uses' gradients.
@@ -109,7 +113,8 @@ TEST(SpecsFromSequentialTest, SequentialBuildHasOneSharedParameterAndMatchesTheO
 }
 
 TEST(SpecsFromSequentialTest, EmptySequentialIsAnError) {
-  EXPECT_EQ(SpecsFromSequential(torch::nn::Sequential()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SpecsFromSequential(torch::nn::Sequential()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -37,7 +37,8 @@ extern char** environ;
 ABSL_FLAG(int, nproc_per_node, 0,
           "Launcher: worker processes to start on this node (0: the experiment's default, "
           "e.g. pp*dp*mp, else 1). Ignored in a worker (RANK set).");
-ABSL_FLAG(int, nnodes, 1, "Launcher: number of nodes (each runs this binary with its --node_rank).");
+ABSL_FLAG(int, nnodes, 1,
+          "Launcher: number of nodes (each runs this binary with its --node_rank).");
 ABSL_FLAG(int, node_rank, 0, "Launcher: this node's index in [0, --nnodes).");
 ABSL_FLAG(std::string, master_addr, "127.0.0.1",
           "Launcher: address of node 0, where rank 0 hosts the TCP store.");
@@ -61,8 +62,8 @@ void OnSignal(int signo) {
 
 // One output stream of one worker: lines get the rank prefix.
 struct Stream {
-  int fd = -1;      // read end; -1 once closed
-  int out_fd = 1;   // where prefixed lines go (1 or 2)
+  int fd = -1;          // read end; -1 once closed
+  int out_fd = 1;       // where prefixed lines go (1 or 2)
   std::string pending;  // bytes after the last newline
 };
 
@@ -126,9 +127,7 @@ std::string HowItEnded(int wait_status) {
   return absl::StrCat("ended with wait status ", wait_status);
 }
 
-bool Failed(int wait_status) {
-  return !WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0;
-}
+bool Failed(int wait_status) { return !WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0; }
 
 // The exit status a shell would report for a worker that ended this way.
 int ShellStatus(int wait_status) {
@@ -183,8 +182,8 @@ absl::Status Validate(const LaunchOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--nnodes=", o.nnodes, " must be >= 1"));
   }
   if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
-    return absl::InvalidArgumentError(absl::StrCat("--node_rank=", o.node_rank,
-                                                   " must be in [0, --nnodes=", o.nnodes, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--node_rank=", o.node_rank, " must be in [0, --nnodes=", o.nnodes, ")"));
   }
   if (o.master_port < 0 || o.master_port > 65535) {
     return absl::InvalidArgumentError(
@@ -224,7 +223,8 @@ int ConfigureWorkerThreads() {
 
 bool SetBlasThreads(int threads) {
   using SetThreadsFn = void (*)(int);
-  auto set_threads = reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  auto set_threads =
+      reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   if (set_threads == nullptr) return false;
   set_threads(threads);
   return true;
@@ -236,8 +236,8 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
   if (argv.empty()) return absl::InvalidArgumentError("RunWorkers needs argv[0]");
   int port = options.master_port;
   if (port == 0) {
-    absl::StatusOr<int> free_port = PickFreePort(
-        IsLoopbackAddress(options.master_addr) ? "127.0.0.1" : "0.0.0.0");
+    absl::StatusOr<int> free_port =
+        PickFreePort(IsLoopbackAddress(options.master_addr) ? "127.0.0.1" : "0.0.0.0");
     if (!free_port.ok()) return free_port.status();
     port = *free_port;
   }
@@ -259,7 +259,8 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
   struct sigaction action {};
   action.sa_handler = OnSignal;
   sigemptyset(&action.sa_mask);
-  struct sigaction old_int {}, old_term {}, old_hup {}, old_pipe {};
+  struct sigaction old_int {
+  }, old_term{}, old_hup{}, old_pipe{};
   ::sigaction(SIGINT, &action, &old_int);
   ::sigaction(SIGTERM, &action, &old_term);
   ::sigaction(SIGHUP, &action, &old_hup);
@@ -267,7 +268,8 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
   ignore.sa_handler = SIG_IGN;
   ::sigaction(SIGPIPE, &ignore, &old_pipe);
 
-  Say(absl::StrFormat("starting %d worker(s): ranks %d-%d of %d on node %d/%d, store %s:%d, "
+  Say(
+      absl::StrFormat("starting %d worker(s): ranks %d-%d of %d on node %d/%d, store %s:%d, "
                       "%d thread(s) each",
                       options.nproc_per_node, options.node_rank * options.nproc_per_node,
                       (options.node_rank + 1) * options.nproc_per_node - 1, world_size,
@@ -343,8 +345,8 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
   bool stopping = false;
   bool killed = false;
   Clock::time_point kill_at;
-  int result = 0;        // exit status of the launcher
-  std::string verdict;   // why it is non-zero
+  int result = 0;       // exit status of the launcher
+  std::string verdict;  // why it is non-zero
   auto begin_stop = [&](const std::string& why, int status) {
     if (stopping) return;
     stopping = true;
@@ -385,7 +387,8 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
       }
     }
     for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) Drain(owners[i].first->rank, *owners[i].second);
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR))
+        Drain(owners[i].first->rank, *owners[i].second);
     }
     for (Worker& w : workers) {
       if (!w.running) continue;
@@ -395,7 +398,8 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
       w.running = false;
       w.wait_status = status;
       if (Failed(status) && !stopping) {
-        const std::string how = absl::StrCat("rank ", w.rank, " (pid ", w.pid, ") ", HowItEnded(status));
+        const std::string how =
+            absl::StrCat("rank ", w.rank, " (pid ", w.pid, ") ", HowItEnded(status));
         const int others = static_cast<int>(std::count_if(
             workers.begin(), workers.end(), [](const Worker& x) { return x.running; }));
         Say(absl::StrCat(how, "; stopping the other ", others, " worker(s)"));

@@ -51,7 +51,7 @@ struct Result {
 // settings), collects stdout/stderr, and kills it after `timeout`. `on_start`
 // runs once with the launcher's pid (e.g. to send it SIGINT).
 Result RunLauncher(const std::vector<std::string>& args, double timeout_s = 60,
-           const std::function<void(pid_t)>& on_start = nullptr) {
+                   const std::function<void(pid_t)>& on_start = nullptr) {
   std::vector<std::string> argv = {WorkerBinary()};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> c_argv;
@@ -65,9 +65,8 @@ Result RunLauncher(const std::vector<std::string>& args, double timeout_s = 60,
   if (pid == 0) {
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);
-    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                             "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
-                             "OPENBLAS_NUM_THREADS"}) {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                             "MASTER_PORT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
       unsetenv(name);
     }
     execv(c_argv[0], c_argv.data());
@@ -147,9 +146,9 @@ TEST(LauncherTest, NormalExitReturnsZeroAndPrefixesLines) {
   EXPECT_EQ(ExitCode(r), 0) << r.out << r.err;
   const int threads = WorkerThreadCount(3);
   for (int rank = 0; rank < 3; ++rank) {
-    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[rank ", rank, "] hello from rank ", rank,
-                                              " of 3 local ", rank, "/3 omp=", threads,
-                                              " threads=", threads, "\n")));
+    EXPECT_THAT(r.out,
+                HasSubstr(absl::StrCat("[rank ", rank, "] hello from rank ", rank, " of 3 local ",
+                                       rank, "/3 omp=", threads, " threads=", threads, "\n")));
     // Every rank saw the same all-reduce: 0 + 1 + 2.
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[rank ", rank, "] sum=3\n")));
     // stderr is forwarded to stderr, and a last line without '\n' is kept.
@@ -165,7 +164,7 @@ TEST(LauncherTest, NormalExitReturnsZeroAndPrefixesLines) {
 TEST(LauncherTest, FailingWorkerStopsItsSiblings) {
   const std::string dir = NewDir("fail");
   Result r = RunLauncher({"--nproc_per_node=3", "--mode=fail", "--fail_rank=1", "--exit_code=3",
-                  absl::StrCat("--pid_dir=", dir)});
+                          absl::StrCat("--pid_dir=", dir)});
   ASSERT_FALSE(r.timed_out) << r.err;
   EXPECT_NE(ExitCode(r), 0);
   EXPECT_EQ(ExitCode(r), 3);
@@ -181,8 +180,8 @@ TEST(LauncherTest, FailingWorkerStopsItsSiblings) {
 
 TEST(LauncherTest, WorkerKilledBySignalIsNamed) {
   const std::string dir = NewDir("signal");
-  Result r = RunLauncher({"--nproc_per_node=2", "--mode=signal", "--fail_rank=0",
-                  absl::StrCat("--pid_dir=", dir)});
+  Result r = RunLauncher(
+      {"--nproc_per_node=2", "--mode=signal", "--fail_rank=0", absl::StrCat("--pid_dir=", dir)});
   ASSERT_FALSE(r.timed_out) << r.err;
   EXPECT_NE(ExitCode(r), 0);
   EXPECT_THAT(r.err, HasSubstr("rank 0 (pid"));
@@ -193,7 +192,7 @@ TEST(LauncherTest, WorkerKilledBySignalIsNamed) {
 TEST(LauncherTest, WorkerIgnoringSigtermGetsSigkill) {
   const std::string dir = NewDir("stubborn");
   Result r = RunLauncher({"--nproc_per_node=2", "--mode=fail", "--fail_rank=0", "--ignore_sigterm",
-                  "--launcher_grace_period=1s", absl::StrCat("--pid_dir=", dir)});
+                          "--launcher_grace_period=1s", absl::StrCat("--pid_dir=", dir)});
   ASSERT_FALSE(r.timed_out) << r.err;
   EXPECT_EQ(ExitCode(r), 3);
   // Grace period 1 s, then SIGKILL.
@@ -204,14 +203,15 @@ TEST(LauncherTest, WorkerIgnoringSigtermGetsSigkill) {
 
 TEST(LauncherTest, InterruptStopsEveryone) {
   const std::string dir = NewDir("interrupt");
-  Result r = RunLauncher({"--nproc_per_node=2", "--mode=hang", absl::StrCat("--pid_dir=", dir)}, 60,
-                 [&](pid_t launcher) {
-                   // Ctrl-C once both workers run.
-                   for (int i = 0; i < 400 && (ReadPid(dir, 0) < 0 || ReadPid(dir, 1) < 0); ++i) {
-                     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-                   }
-                   kill(launcher, SIGINT);
-                 });
+  Result r =
+      RunLauncher({"--nproc_per_node=2", "--mode=hang", absl::StrCat("--pid_dir=", dir)}, 60,
+                  [&](pid_t launcher) {
+                    // Ctrl-C once both workers run.
+                    for (int i = 0; i < 400 && (ReadPid(dir, 0) < 0 || ReadPid(dir, 1) < 0); ++i) {
+                      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                    }
+                    kill(launcher, SIGINT);
+                  });
   ASSERT_FALSE(r.timed_out) << r.err;
   EXPECT_EQ(ExitCode(r), 128 + SIGINT) << r.err;
   EXPECT_THAT(r.err, HasSubstr("stopping the workers"));
@@ -232,9 +232,11 @@ TEST(LauncherTest, TwoNodesMeetThroughMasterPort) {
   const std::string port_flag = absl::StrCat("--master_port=", *port);
   Result node1;
   std::thread second([&] {
-    node1 = RunLauncher({"--nnodes=2", "--node_rank=1", "--nproc_per_node=1", port_flag, "--mode=ok"});
+    node1 =
+        RunLauncher({"--nnodes=2", "--node_rank=1", "--nproc_per_node=1", port_flag, "--mode=ok"});
   });
-  Result node0 = RunLauncher({"--nnodes=2", "--node_rank=0", "--nproc_per_node=1", port_flag, "--mode=ok"});
+  Result node0 =
+      RunLauncher({"--nnodes=2", "--node_rank=0", "--nproc_per_node=1", port_flag, "--mode=ok"});
   second.join();
   EXPECT_EQ(ExitCode(node0), 0) << node0.err;
   EXPECT_EQ(ExitCode(node1), 0) << node1.err;

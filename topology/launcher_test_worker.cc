@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
     world->group->barrier()->wait();
     return 0;
   }
-  const bool failing = (mode == "fail" || mode == "signal") && env->rank == absl::GetFlag(FLAGS_fail_rank);
+  const bool failing =
+      (mode == "fail" || mode == "signal") && env->rank == absl::GetFlag(FLAGS_fail_rank);
   if (failing) {
     if (!pid_dir.empty()) {
       WaitForPidFiles(pid_dir, env->world_size);

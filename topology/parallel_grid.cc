@@ -28,16 +28,17 @@ std::string RankList(const std::vector<int>& ranks) {
 
 absl::StatusOr<ParallelGrid> ParallelGrid::Create(const World& world, ProcessTopology topology) {
   if (world.group == nullptr || world.store == nullptr) {
-    return absl::InvalidArgumentError("ParallelGrid needs a world from Rendezvous (no group/store)");
+    return absl::InvalidArgumentError(
+        "ParallelGrid needs a world from Rendezvous (no group/store)");
   }
   if (world.size != topology.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world size ", world.size, " does not match the topology ", topology.ToString(),
-        ", which needs ", topology.world_size(), " ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world size ", world.size, " does not match the topology ",
+                     topology.ToString(), ", which needs ", topology.world_size(), " ranks"));
   }
   if (topology.GetDim(kPipeAxis) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("topology ", topology.ToString(),
-                                                   " has no '", kPipeAxis, "' axis"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("topology ", topology.ToString(), " has no '", kPipeAxis, "' axis"));
   }
   ParallelGrid grid;
   grid.rank_ = world.rank;
@@ -69,13 +70,14 @@ absl::StatusOr<ParallelGrid> ParallelGrid::Create(const World& world, ProcessTop
   // parallel), and groups of one kind are disjoint, so no rank can wait on a
   // peer that is waiting on another group. A group spanning the whole world
   // is the world group itself.
-  auto make = [&](const char* kind, const std::vector<int>& ranks) -> absl::StatusOr<ProcessGroupPtr> {
+  auto make = [&](const char* kind,
+                  const std::vector<int>& ranks) -> absl::StatusOr<ProcessGroupPtr> {
     if (static_cast<int>(ranks.size()) == grid.world_size()) return grid.world_group_;
     const int group_rank =
         static_cast<int>(std::find(ranks.begin(), ranks.end(), grid.rank_) - ranks.begin());
     // The smallest member names a group uniquely among groups of its kind.
-    return NewGlooGroup(grid.store_, absl::StrCat("pp/grid/", kind, "/", ranks.front()),
-                        group_rank, static_cast<int>(ranks.size()), grid.group_options_);
+    return NewGlooGroup(grid.store_, absl::StrCat("pp/grid/", kind, "/", ranks.front()), group_rank,
+                        static_cast<int>(ranks.size()), grid.group_options_);
   };
   PP_ASSIGN_OR_RETURN(grid.pipe_group_, make("pipe", grid.pipe_ranks_));
   PP_ASSIGN_OR_RETURN(grid.data_group_, make("data", grid.data_ranks_));
@@ -83,13 +85,12 @@ absl::StatusOr<ParallelGrid> ParallelGrid::Create(const World& world, ProcessTop
   PP_ASSIGN_OR_RETURN(grid.model_parallel_group_,
                       make("model_parallel", grid.model_parallel_ranks_));
 
-  PP_ASSIGN_OR_RETURN(
-      grid.prev_stage_rank_,
-      grid.StageToGlobal((grid.stage_id_ + grid.num_stages_ - 1) % grid.num_stages_,
-                         grid.data_parallel_id_));
-  PP_ASSIGN_OR_RETURN(grid.next_stage_rank_,
-                      grid.StageToGlobal((grid.stage_id_ + 1) % grid.num_stages_,
+  PP_ASSIGN_OR_RETURN(grid.prev_stage_rank_,
+                      grid.StageToGlobal((grid.stage_id_ + grid.num_stages_ - 1) % grid.num_stages_,
                                          grid.data_parallel_id_));
+  PP_ASSIGN_OR_RETURN(
+      grid.next_stage_rank_,
+      grid.StageToGlobal((grid.stage_id_ + 1) % grid.num_stages_, grid.data_parallel_id_));
   return grid;
 }
 
@@ -99,9 +100,8 @@ absl::StatusOr<int> ParallelGrid::StageToGlobal(int stage, int data) const {
         absl::StrCat("stage ", stage, " is out of range [0, ", num_stages_, ")"));
   }
   if (data < 0 || data >= data_parallel_size_) {
-    return absl::InvalidArgumentError(absl::StrCat("data-parallel id ", data,
-                                                   " is out of range [0, ",
-                                                   data_parallel_size_, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data-parallel id ", data, " is out of range [0, ", data_parallel_size_, ")"));
   }
   // This rank's coordinate with the pipe and data values replaced.
   PP_ASSIGN_OR_RETURN(std::vector<int> coord, topology_.GetCoord(rank_));
@@ -132,8 +132,7 @@ absl::StatusOr<ProcessGroupPtr> ParallelGrid::NewGroup(const std::vector<int>& r
   auto me = std::find(ranks.begin(), ranks.end(), rank_);
   if (me == ranks.end()) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " called NewGroup('", name,
-                                                   "') but is not a member of ",
-                                                   RankList(ranks)));
+                                                   "') but is not a member of ", RankList(ranks)));
   }
   group_names_.insert(name);
   return NewGlooGroup(store_, absl::StrCat("pp/group/", name), static_cast<int>(me - ranks.begin()),

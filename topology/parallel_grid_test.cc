@@ -10,8 +10,8 @@
 #include <ATen/Parallel.h>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "gmock/gmock.h"
@@ -69,16 +69,17 @@ absl::Status CheckGrid(const World& world, const ProcessTopology& topology) {
       coord[kDataAxis] = d;
       PP_ASSIGN_OR_RETURN(int expected, topology.GetRank(coord));
       PP_ASSIGN_OR_RETURN(int got, grid.StageToGlobal(s, d));
-      PP_RETURN_IF_ERROR(Expect(got == expected, absl::StrCat("StageToGlobal(", s, ",", d, ")=",
-                                                              got, " want ", expected)));
+      PP_RETURN_IF_ERROR(Expect(got == expected, absl::StrCat("StageToGlobal(", s, ",", d,
+                                                              ")=", got, " want ", expected)));
     }
   }
   const int p = grid.num_stages();
-  PP_RETURN_IF_ERROR(Expect(grid.NextStageRank() == grid.StageToGlobal((stage + 1) % p, data).value(),
-                            "next stage rank"));
-  PP_RETURN_IF_ERROR(Expect(
-      grid.PrevStageRank() == grid.StageToGlobal((stage + p - 1) % p, data).value(),
-      "prev stage rank"));
+  PP_RETURN_IF_ERROR(
+      Expect(grid.NextStageRank() == grid.StageToGlobal((stage + 1) % p, data).value(),
+             "next stage rank"));
+  PP_RETURN_IF_ERROR(
+      Expect(grid.PrevStageRank() == grid.StageToGlobal((stage + p - 1) % p, data).value(),
+             "prev stage rank"));
 
   // Every group's all-reduce of rank ids is the sum of its members, which are
   // the topology's lists for this rank.
@@ -130,7 +131,8 @@ TEST_F(ParallelGridTest, PipeTwoDataTwoOverTcpStore) {
   ASSERT_TRUE(port.ok()) << port.status();
   auto status = RunThreadRanks(4, *port, FastOptions(),
                                [&](World& world) { return CheckGrid(world, *topology); });
-  for (int rank = 0; rank < 4; ++rank) EXPECT_TRUE(status[rank].ok()) << rank << ": " << status[rank];
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_TRUE(status[rank].ok()) << rank << ": " << status[rank];
 }
 
 TEST_F(ParallelGridTest, TwoByTwoByTwoOverFileStore) {
@@ -138,9 +140,10 @@ TEST_F(ParallelGridTest, TwoByTwoByTwoOverFileStore) {
   ASSERT_TRUE(topology.ok());
   RendezvousOptions options = FastOptions();
   options.file_store_path = absl::StrCat(::testing::TempDir(), "/grid_2x2x2_", getpid());
-  auto status = RunThreadRanks(8, 0, options,
-                               [&](World& world) { return CheckGrid(world, *topology); });
-  for (int rank = 0; rank < 8; ++rank) EXPECT_TRUE(status[rank].ok()) << rank << ": " << status[rank];
+  auto status =
+      RunThreadRanks(8, 0, options, [&](World& world) { return CheckGrid(world, *topology); });
+  for (int rank = 0; rank < 8; ++rank)
+    EXPECT_TRUE(status[rank].ok()) << rank << ": " << status[rank];
 }
 
 TEST_F(ParallelGridTest, FourStagePipelineWraps) {
@@ -154,7 +157,8 @@ TEST_F(ParallelGridTest, FourStagePipelineWraps) {
     PP_RETURN_IF_ERROR(Expect(grid.NextStageRank() == (world.rank + 1) % 4, "next"));
     return Expect(grid.PrevStageRank() == (world.rank + 3) % 4, "prev");
   });
-  for (int rank = 0; rank < 4; ++rank) EXPECT_TRUE(status[rank].ok()) << rank << ": " << status[rank];
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_TRUE(status[rank].ok()) << rank << ": " << status[rank];
 }
 
 TEST_F(ParallelGridTest, NewGroupForTiedStages) {
@@ -180,7 +184,8 @@ TEST_F(ParallelGridTest, NewGroupForTiedStages) {
     return Expect(absl::StrContains(again.status().message(), "already made"),
                   again.status().ToString());
   });
-  for (int rank = 0; rank < 4; ++rank) EXPECT_TRUE(status[rank].ok()) << rank << ": " << status[rank];
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_TRUE(status[rank].ok()) << rank << ": " << status[rank];
 }
 
 TEST_F(ParallelGridTest, NewGroupRejectsBadRanks) {
@@ -190,11 +195,11 @@ TEST_F(ParallelGridTest, NewGroupRejectsBadRanks) {
   auto status = RunThreadRanks(1, *port, FastOptions(), [&](World& world) -> absl::Status {
     PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, *topology));
     auto dup = grid.NewGroup({0, 0}, "dup");
-    PP_RETURN_IF_ERROR(Expect(absl::StrContains(dup.status().message(), "twice: [0,0]"),
-                              dup.status().ToString()));
+    PP_RETURN_IF_ERROR(
+        Expect(absl::StrContains(dup.status().message(), "twice: [0,0]"), dup.status().ToString()));
     auto range = grid.NewGroup({0, 5}, "range");
-    PP_RETURN_IF_ERROR(Expect(absl::StrContains(range.status().message(), "[0,5]"),
-                              range.status().ToString()));
+    PP_RETURN_IF_ERROR(
+        Expect(absl::StrContains(range.status().message(), "[0,5]"), range.status().ToString()));
     auto unnamed = grid.NewGroup({0}, "");
     return Expect(absl::IsInvalidArgument(unnamed.status()), unnamed.status().ToString());
   });

@@ -34,17 +34,17 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
     }
     return c10d::ProcessGroupGloo::createDefaultDevice();
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot create a Gloo device for host '", hostname.empty() ? "(this host)" : hostname,
-        "': ", GlooExceptionMessage(e)));
+    return absl::UnavailableError(absl::StrCat("cannot create a Gloo device for host '",
+                                               hostname.empty() ? "(this host)" : hostname,
+                                               "': ", GlooExceptionMessage(e)));
   }
 }
 
 absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::string& prefix,
                                              int rank, int size, const GroupOptions& options) {
   if (size < 1 || rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(absl::StrCat("group '", prefix, "': rank ", rank,
-                                                   " is out of range [0, ", size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group '", prefix, "': rank ", rank, " is out of range [0, ", size, ")"));
   }
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   if (options.device != nullptr) {
@@ -65,14 +65,13 @@ absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::s
         c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, gloo_options);
     return group;
   } catch (const std::exception& e) {
-    const std::string what =
-        absl::StrCat("group '", prefix, "' (rank ", rank, " of ", size, ")");
+    const std::string what = absl::StrCat("group '", prefix, "' (rank ", rank, " of ", size, ")");
     const std::string message = GlooExceptionMessage(e);
     if (LooksLikeTimeout(message)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          what, ": not every member arrived within ",
-          std::chrono::duration<double>(options.timeout).count(), " s: ",
-          message.substr(0, message.find('\n'))));
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": not every member arrived within ",
+                       std::chrono::duration<double>(options.timeout).count(),
+                       " s: ", message.substr(0, message.find('\n'))));
     }
     return absl::UnavailableError(absl::StrCat(what, ": cannot connect: ", message));
   }

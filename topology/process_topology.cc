@@ -15,24 +15,23 @@ absl::StatusOr<ProcessTopology> ProcessTopology::Create(std::vector<std::string>
                                                         std::vector<int> dims) {
   if (axes.size() != dims.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "topology needs one dim per axis; got ", axes.size(), " axes [",
-        absl::StrJoin(axes, ","), "] and ", dims.size(), " dims [", absl::StrJoin(dims, ","), "]"));
+        "topology needs one dim per axis; got ", axes.size(), " axes [", absl::StrJoin(axes, ","),
+        "] and ", dims.size(), " dims [", absl::StrJoin(dims, ","), "]"));
   }
   int64_t product = 1;
   for (size_t i = 0; i < axes.size(); ++i) {
     if (axes[i].empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("topology axis ", i, " has an empty name; axes are [",
-                       absl::StrJoin(axes, ","), "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "topology axis ", i, " has an empty name; axes are [", absl::StrJoin(axes, ","), "]"));
     }
     if (std::find(axes.begin(), axes.begin() + i, axes[i]) != axes.begin() + i) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "duplicate topology axis '", axes[i], "' in [", absl::StrJoin(axes, ","),
-          "]; each axis may appear once"));
+      return absl::InvalidArgumentError(absl::StrCat("duplicate topology axis '", axes[i], "' in [",
+                                                     absl::StrJoin(axes, ","),
+                                                     "]; each axis may appear once"));
     }
     if (dims[i] < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "topology dim of axis '", axes[i], "' is ", dims[i], "; dims must be >= 1"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("topology dim of axis '", axes[i], "' is ", dims[i], "; dims must be >= 1"));
     }
     product *= dims[i];
     if (product > (int64_t{1} << 30)) {
@@ -67,14 +66,14 @@ int ProcessTopology::GetDim(const std::string& axis) const {
 namespace {
 
 absl::Status UnknownAxis(const std::string& axis, const std::vector<std::string>& axes) {
-  return absl::InvalidArgumentError(absl::StrCat("unknown topology axis '", axis,
-                                                 "'; axes are [", absl::StrJoin(axes, ","), "]"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown topology axis '", axis, "'; axes are [",
+                                                 absl::StrJoin(axes, ","), "]"));
 }
 
 absl::Status CheckValue(const std::string& axis, int value, int dim) {
   if (value < 0 || value >= dim) {
-    return absl::InvalidArgumentError(absl::StrCat("coordinate ", axis, "=", value,
-                                                   " is out of range [0, ", dim, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("coordinate ", axis, "=", value, " is out of range [0, ", dim, ")"));
   }
   return absl::OkStatus();
 }
@@ -83,10 +82,9 @@ absl::Status CheckValue(const std::string& axis, int value, int dim) {
 
 absl::StatusOr<int> ProcessTopology::GetRankOfCoord(const std::vector<int>& coord) const {
   if (coord.size() != axes_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("coordinate [", absl::StrJoin(coord, ","), "] has ", coord.size(),
-                     " values; the topology has ", axes_.size(), " axes [",
-                     absl::StrJoin(axes_, ","), "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "coordinate [", absl::StrJoin(coord, ","), "] has ", coord.size(),
+        " values; the topology has ", axes_.size(), " axes [", absl::StrJoin(axes_, ","), "]"));
   }
   int rank = 0;
   for (size_t i = 0; i < coord.size(); ++i) {
@@ -116,9 +114,8 @@ absl::StatusOr<int> ProcessTopology::GetRank(const AxisValues& coord) const {
 
 absl::StatusOr<std::vector<int>> ProcessTopology::GetCoord(int rank) const {
   if (rank < 0 || rank >= world_size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " is out of range [0, ", world_size_, ") of topology ",
-                     ToString()));
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is out of range [0, ",
+                                                   world_size_, ") of topology ", ToString()));
   }
   std::vector<int> coord(axes_.size());
   for (size_t i = 0; i < axes_.size(); ++i) coord[i] = (rank / strides_[i]) % dims_[i];
@@ -180,8 +177,8 @@ std::string ProcessTopology::RankRepr(int rank, const std::vector<std::string>& 
   std::vector<std::string> parts;
   for (size_t i = 0; i < axes_.size(); ++i) {
     if (std::find(omit_axes.begin(), omit_axes.end(), axes_[i]) != omit_axes.end()) continue;
-    parts.push_back(absl::StrFormat("%s%s%02d", axes_[i], inner_sep,
-                                    (rank / strides_[i]) % dims_[i]));
+    parts.push_back(
+        absl::StrFormat("%s%s%02d", axes_[i], inner_sep, (rank / strides_[i]) % dims_[i]));
   }
   return absl::StrJoin(parts, outer_sep);
 }

@@ -77,8 +77,7 @@ class ProcessTopology {
   // (DeepSpeed's get_rank_repr): "model_00" in a pipe/data/model topology, ""
   // in a pipe/data one. Used to name per-rank files (checkpoints). Requires a
   // valid rank (CHECK-fails otherwise: callers pass their own rank).
-  std::string RankRepr(int rank,
-                       const std::vector<std::string>& omit_axes = {kDataAxis, kPipeAxis},
+  std::string RankRepr(int rank, const std::vector<std::string>& omit_axes = {kDataAxis, kPipeAxis},
                        const std::string& inner_sep = "_",
                        const std::string& outer_sep = "-") const;
 

@@ -84,8 +84,8 @@ absl::StatusOr<DistEnv> DistEnvFromEnvironment() {
 
 absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& options) {
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", env.rank, " is out of range [0, ",
-                                                   env.world_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", env.rank, " is out of range [0, ", env.world_size, ")"));
   }
   if (options.timeout <= std::chrono::milliseconds(0)) {
     return absl::InvalidArgumentError(
@@ -98,7 +98,7 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
   world.local_world_size = env.local_world_size;
   world.group_options.timeout = options.timeout;
 
-  const std::string bind = !options.bind_address.empty() ? options.bind_address
+  const std::string bind = !options.bind_address.empty()        ? options.bind_address
                            : IsLoopbackAddress(env.master_addr) ? "127.0.0.1"
                                                                 : "";
   PP_ASSIGN_OR_RETURN(world.group_options.device, MakeGlooDevice(bind));
@@ -132,8 +132,8 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
     return absl::UnavailableError(
         absl::StrCat("rank ", env.rank, " cannot open the ", where, ": ", message));
   }
-  PP_ASSIGN_OR_RETURN(world.group, NewGlooGroup(world.store, "pp/world", env.rank,
-                                                env.world_size, world.group_options));
+  PP_ASSIGN_OR_RETURN(world.group, NewGlooGroup(world.store, "pp/world", env.rank, env.world_size,
+                                                world.group_options));
   return world;
 }
 

@@ -56,7 +56,7 @@ struct World {
   int local_rank = 0;
   int local_world_size = 1;
   StorePtr store;
-  ProcessGroupPtr group;  // all ranks, group rank == rank
+  ProcessGroupPtr group;       // all ranks, group rank == rank
   GroupOptions group_options;  // to build more groups (ParallelGrid does)
 };
 

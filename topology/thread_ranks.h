@@ -32,9 +32,10 @@ inline DistEnv ThreadRankEnv(int rank, int world_size, int port) {
 // Rendezvous and then `body` (if the rendezvous worked); returns each rank's
 // status (OK for absent ranks). The world of every rank stays alive until all
 // bodies have returned, so no rank's store or group vanishes under another.
-inline std::vector<absl::Status> RunThreadRanks(
-    int world_size, int port, const RendezvousOptions& options,
-    const std::function<absl::Status(World&)>& body, const std::vector<int>& absent = {}) {
+inline std::vector<absl::Status> RunThreadRanks(int world_size, int port,
+                                                const RendezvousOptions& options,
+                                                const std::function<absl::Status(World&)>& body,
+                                                const std::vector<int>& absent = {}) {
   std::vector<absl::Status> status(world_size);
   std::vector<World> worlds(world_size);
   std::vector<std::thread> threads;

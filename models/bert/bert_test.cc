@@ -13,15 +13,19 @@ namespace pp {
 namespace {
 
 // The whole model in one process (ToSequential's builder), from the first layer.
-Activations RunModel(StageModule& model, const MicroBatch& batch) { return model->Forward({}, batch); }
+Activations RunModel(StageModule& model, const MicroBatch& batch) {
+  return model->Forward({}, batch);
+}
 
 BertConfig Tiny() {
-  return BertConfig{.vocab_size = 260, .context_length = 32, .width = 32, .num_heads = 4, .num_layers = 2};
+  return BertConfig{
+      .vocab_size = 260, .context_length = 32, .width = 32, .num_heads = 4, .num_layers = 2};
 }
 
 std::string Text() {
   std::string text;
-  for (int i = 0; i < 100; ++i) text += "Pipelines split models. Stages pass activations. Bubbles cost time. ";
+  for (int i = 0; i < 100; ++i)
+    text += "Pipelines split models. Stages pass activations. Bubbles cost time. ";
   return text;
 }
 
@@ -36,7 +40,8 @@ TEST(BertSpecsTest, LayoutTiesAndDeclaredCounts) {
   EXPECT_EQ((*specs)[4].tie_key(), "embed");
   for (size_t i : {0, 1, 3, 5}) {
     Layer layer = (*specs)[i].factory()();
-    EXPECT_EQ(*(*specs)[i].declared_parameter_count(), CountTrainableParameters(*layer)) << names[i];
+    EXPECT_EQ(*(*specs)[i].declared_parameter_count(), CountTrainableParameters(*layer))
+        << names[i];
     EXPECT_EQ(layer->TypeName(), names[i]);
   }
 }
@@ -89,18 +94,20 @@ TEST(BertTest, AttentionIsBidirectionalAndTokenTypesMatter) {
   torch::Tensor changed = ids.clone();
   changed.index_put_({0, 15}, (ids[0][15] + 1) % 256);
   batch.tensors["input_ids"] = changed;
-  EXPECT_FALSE(torch::allclose(a[0][0], RunModel(model, batch)[0][0][0]));  // position 0 sees position 15
+  EXPECT_FALSE(
+      torch::allclose(a[0][0], RunModel(model, batch)[0][0][0]));  // position 0 sees position 15
   batch.tensors["input_ids"] = ids;
   batch.tensors["token_type_ids"] = torch::ones({1, 16}, torch::kLong);
   EXPECT_FALSE(torch::allclose(a, RunModel(model, batch)[0]));
 }
 
 TEST(BertTest, LearnsMaskedTokens) {
-  absl::StatusOr<MlmBatchSource> data =
-      MlmBatchSource::Create(Text(), {.seq_len = 32, .micro_batch_size = 8, .num_microbatches = 1, .seed = 5});
+  absl::StatusOr<MlmBatchSource> data = MlmBatchSource::Create(
+      Text(), {.seq_len = 32, .micro_batch_size = 8, .num_microbatches = 1, .seed = 5});
   ASSERT_TRUE(data.ok()) << data.status();
   StageModule model = *BuildSequential(*MakeBertSpecs(Tiny()), 1234);
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.0));
+  torch::optim::AdamW optimizer(model->parameters(),
+                                torch::optim::AdamWOptions(3e-3).weight_decay(0.0));
   double first = 0, recent = 0;
   for (int step = 0; step < 80; ++step) {
     MicroBatch batch = data->Batch(step, 0);
@@ -118,7 +125,8 @@ TEST(BertTest, LearnsMaskedTokens) {
 TEST(BertConfigTest, BadConfigsNameTheField) {
   BertConfig c = Tiny();
   c.width = 30;
-  EXPECT_NE(MakeBertSpecs(c).status().message().find("bert.width (30) must be a multiple of bert.num_heads (4)"),
+  EXPECT_NE(MakeBertSpecs(c).status().message().find(
+                "bert.width (30) must be a multiple of bert.num_heads (4)"),
             std::string::npos);
   c = Tiny();
   c.type_vocab_size = 0;

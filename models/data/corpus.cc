@@ -33,14 +33,15 @@ absl::StatusOr<std::string> ReadFile(const fs::path& path) {
 absl::StatusOr<Corpus> LoadCorpus(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("corpus path '", path,
-                                            "' does not exist; pass --data=<text file or folder>"));
+    return absl::NotFoundError(
+        absl::StrCat("corpus path '", path, "' does not exist; pass --data=<text file or folder>"));
   }
   std::vector<fs::path> candidates;
   if (fs::is_directory(path, ec)) {
-    auto it = fs::recursive_directory_iterator(
-        path, fs::directory_options::follow_directory_symlink | fs::directory_options::skip_permission_denied,
-        ec);
+    auto it = fs::recursive_directory_iterator(path,
+                                               fs::directory_options::follow_directory_symlink |
+                                                   fs::directory_options::skip_permission_denied,
+                                               ec);
     for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
       if (fs::is_regular_file(it->path(), ec)) candidates.push_back(it->path());
     }
@@ -70,7 +71,7 @@ absl::StatusOr<Corpus> LoadCorpus(const std::string& path) {
 }
 
 std::pair<std::vector<int64_t>, std::vector<int64_t>> SplitTrainEval(std::vector<int64_t> ids,
-                                                                      double eval_fraction) {
+                                                                     double eval_fraction) {
   const auto eval_size = static_cast<size_t>(static_cast<double>(ids.size()) * eval_fraction);
   std::vector<int64_t> eval(ids.end() - eval_size, ids.end());
   ids.resize(ids.size() - eval_size);

@@ -38,7 +38,7 @@ absl::StatusOr<Corpus> LoadCorpus(const std::string& path);
 // `eval_fraction` (in [0, 1)) of the ids; the tail is empty when
 // eval_fraction is 0.
 std::pair<std::vector<int64_t>, std::vector<int64_t>> SplitTrainEval(std::vector<int64_t> ids,
-                                                                      double eval_fraction);
+                                                                     double eval_fraction);
 
 }  // namespace pp
 

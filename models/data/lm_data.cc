@@ -8,29 +8,30 @@
 
 namespace pp {
 
-absl::StatusOr<LmBatchSource> LmBatchSource::Create(std::vector<int64_t> tokens, LmDataOptions options) {
+absl::StatusOr<LmBatchSource> LmBatchSource::Create(std::vector<int64_t> tokens,
+                                                    LmDataOptions options) {
   if (options.seq_len <= 0 || options.micro_batch_size <= 0 || options.num_microbatches <= 0 ||
       options.dp_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "seq_len (", options.seq_len, "), micro_batch_size (", options.micro_batch_size,
-        "), num_microbatches (", options.num_microbatches, ") and dp_size (", options.dp_size,
-        ") must all be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("seq_len (", options.seq_len, "), micro_batch_size (",
+                     options.micro_batch_size, "), num_microbatches (", options.num_microbatches,
+                     ") and dp_size (", options.dp_size, ") must all be positive"));
   }
   if (options.dp_rank < 0 || options.dp_rank >= options.dp_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("dp_rank (", options.dp_rank, ") must be in [0, ", options.dp_size, ")"));
   }
   if (static_cast<int64_t>(tokens.size()) < options.seq_len + 1) {
-    return absl::InvalidArgumentError(absl::StrCat("the corpus has ", tokens.size(),
-                                                   " tokens; windows of seq_len ", options.seq_len,
-                                                   " need at least ", options.seq_len + 1,
-                                                   " (use more text or a shorter context)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the corpus has ", tokens.size(), " tokens; windows of seq_len ", options.seq_len,
+        " need at least ", options.seq_len + 1, " (use more text or a shorter context)"));
   }
   return LmBatchSource(std::move(tokens), options);
 }
 
 int64_t LmBatchSource::WindowStart(int64_t step, int64_t row) const {
-  internal_data::CounterRng rng(options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(row));
+  internal_data::CounterRng rng(options_.seed, static_cast<uint64_t>(step),
+                                static_cast<uint64_t>(row));
   const auto num_starts = static_cast<uint64_t>(tokens_.size() - options_.seq_len);
   return static_cast<int64_t>(rng.Below(num_starts));
 }

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "pipeline/layer.h"
 #include "models/data/sharded_batch_source.h"
+#include "pipeline/layer.h"
 
 namespace pp {
 
@@ -44,7 +44,8 @@ class LmBatchSource : public ShardedBatchSource {
   int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
   // Tokens predicted per step over all data-parallel ranks.
   int64_t global_tokens_per_step() const {
-    return options_.dp_size * options_.num_microbatches * options_.micro_batch_size * options_.seq_len;
+    return options_.dp_size * options_.num_microbatches * options_.micro_batch_size *
+           options_.seq_len;
   }
   // The start position of global row `row` of `step` (exposed for tests).
   int64_t WindowStart(int64_t step, int64_t row) const;
@@ -52,7 +53,8 @@ class LmBatchSource : public ShardedBatchSource {
  private:
   LmBatchSource(std::vector<int64_t> tokens, LmDataOptions options)
       : ShardedBatchSource(options.dp_rank, options.dp_size, options.num_microbatches),
-        tokens_(std::move(tokens)), options_(options) {}
+        tokens_(std::move(tokens)),
+        options_(options) {}
 
   std::vector<int64_t> tokens_;
   LmDataOptions options_;

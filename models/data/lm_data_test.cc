@@ -29,7 +29,8 @@ TEST(LmBatchSourceTest, LabelsAreTheNextTokens) {
   EXPECT_EQ(ids.dtype(), torch::kLong);
   // The corpus is 0, 1, 2, ...: windows are runs and labels are shifted by one.
   EXPECT_TRUE(torch::equal(batch.Get("labels"), ids + 1));
-  EXPECT_TRUE(torch::equal(ids.select(1, 15) - ids.select(1, 0), torch::full({3}, 15, torch::kLong)));
+  EXPECT_TRUE(
+      torch::equal(ids.select(1, 15) - ids.select(1, 0), torch::full({3}, 15, torch::kLong)));
 }
 
 TEST(LmBatchSourceTest, DeterministicAndStepsDiffer) {
@@ -39,7 +40,8 @@ TEST(LmBatchSourceTest, DeterministicAndStepsDiffer) {
   EXPECT_TRUE(torch::equal(a.Batch(3, 1).Get("input_ids"), b.Batch(3, 1).Get("input_ids")));
   EXPECT_FALSE(torch::equal(a.Batch(3, 1).Get("input_ids"), a.Batch(4, 1).Get("input_ids")));
   options.seed = 8;
-  EXPECT_FALSE(torch::equal(a.Batch(3, 1).Get("input_ids"), MakeSource(options).Batch(3, 1).Get("input_ids")));
+  EXPECT_FALSE(torch::equal(a.Batch(3, 1).Get("input_ids"),
+                            MakeSource(options).Batch(3, 1).Get("input_ids")));
 }
 
 TEST(LmBatchSourceTest, DataParallelShardsTileTheGlobalBatch) {
@@ -48,8 +50,11 @@ TEST(LmBatchSourceTest, DataParallelShardsTileTheGlobalBatch) {
   std::vector<torch::Tensor> expected, actual;
   for (int64_t m = 0; m < 4; ++m) expected.push_back(whole.Batch(9, m).Get("input_ids"));
   for (int64_t rank = 0; rank < 2; ++rank) {
-    LmBatchSource shard = MakeSource(
-        {.seq_len = 8, .micro_batch_size = 2, .num_microbatches = 2, .dp_rank = rank, .dp_size = 2});
+    LmBatchSource shard = MakeSource({.seq_len = 8,
+                                      .micro_batch_size = 2,
+                                      .num_microbatches = 2,
+                                      .dp_rank = rank,
+                                      .dp_size = 2});
     for (const MicroBatch& mb : shard.Step(9)) actual.push_back(mb.Get("input_ids"));
   }
   EXPECT_TRUE(torch::equal(torch::cat(expected), torch::cat(actual)));
@@ -75,7 +80,8 @@ TEST(LmBatchSourceTest, RuntimeSourceUsesGlobalIndicesWithUniqueIds) {
 }
 
 TEST(LmBatchSourceTest, WindowsCoverTheCorpusUniformly) {
-  LmBatchSource source = MakeSource({.seq_len = 10, .micro_batch_size = 1, .num_microbatches = 1}, 111);
+  LmBatchSource source =
+      MakeSource({.seq_len = 10, .micro_batch_size = 1, .num_microbatches = 1}, 111);
   std::vector<int> hits(101, 0);
   for (int64_t step = 0; step < 20000; ++step) {
     const int64_t start = source.WindowStart(step, 0);

@@ -40,36 +40,41 @@ std::vector<std::string> SplitSentences(std::string_view text) {
       continue;
     }
     current.push_back(c);
-    if ((c == '.' || c == '!' || c == '?') && (i + 1 == text.size() || IsSpace(text[i + 1]))) flush();
+    if ((c == '.' || c == '!' || c == '?') && (i + 1 == text.size() || IsSpace(text[i + 1])))
+      flush();
   }
   flush();
   return sentences;
 }
 
-absl::StatusOr<MlmBatchSource> MlmBatchSource::Create(std::string_view text, MlmDataOptions options) {
+absl::StatusOr<MlmBatchSource> MlmBatchSource::Create(std::string_view text,
+                                                      MlmDataOptions options) {
   if (options.micro_batch_size <= 0 || options.num_microbatches <= 0 || options.dp_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "micro_batch_size (", options.micro_batch_size, "), num_microbatches (", options.num_microbatches,
-        ") and dp_size (", options.dp_size, ") must all be positive"));
+        "micro_batch_size (", options.micro_batch_size, "), num_microbatches (",
+        options.num_microbatches, ") and dp_size (", options.dp_size, ") must all be positive"));
   }
   if (options.seq_len < 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("seq_len (", options.seq_len, ") must be at least 8 for [CLS] A [SEP] B [SEP] samples"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "seq_len (", options.seq_len, ") must be at least 8 for [CLS] A [SEP] B [SEP] samples"));
   }
   if (options.dp_rank < 0 || options.dp_rank >= options.dp_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("dp_rank (", options.dp_rank, ") must be in [0, ", options.dp_size, ")"));
   }
   if (!(options.mask_prob > 0.0 && options.mask_prob <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("mask_prob (", options.mask_prob, ") must be in (0, 1]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mask_prob (", options.mask_prob, ") must be in (0, 1]"));
   }
   std::vector<std::string> sentences = SplitSentences(text);
-  if (sentences.empty()) return absl::InvalidArgumentError("the corpus holds no sentence for BERT samples");
+  if (sentences.empty())
+    return absl::InvalidArgumentError("the corpus holds no sentence for BERT samples");
   return MlmBatchSource(std::move(sentences), options);
 }
 
 void MlmBatchSource::FillRow(int64_t step, int64_t row, int64_t i, MicroBatch& batch) const {
-  internal_data::CounterRng rng(options_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(row));
+  internal_data::CounterRng rng(options_.seed, static_cast<uint64_t>(step),
+                                static_cast<uint64_t>(row));
   const int64_t t = options_.seq_len;
   const int64_t budget = t - 3;  // [CLS], two [SEP]
   const int64_t min_target = std::min<int64_t>(8, budget);
@@ -120,7 +125,8 @@ void MlmBatchSource::FillRow(int64_t step, int64_t row, int64_t i, MicroBatch& b
   for (int64_t j : maskable) {
     if (rng.Uniform() < options_.mask_prob) selected.push_back(j);
   }
-  if (selected.empty() && !maskable.empty()) selected.push_back(maskable[rng.Below(maskable.size())]);
+  if (selected.empty() && !maskable.empty())
+    selected.push_back(maskable[rng.Below(maskable.size())]);
   for (int64_t j : selected) {
     labels[j] = ids[j];
     const double u = rng.Uniform();

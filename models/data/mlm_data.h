@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "pipeline/layer.h"
 #include "models/data/sharded_batch_source.h"
+#include "pipeline/layer.h"
 
 namespace pp {
 
@@ -62,7 +62,8 @@ class MlmBatchSource : public ShardedBatchSource {
  private:
   MlmBatchSource(std::vector<std::string> sentences, MlmDataOptions options)
       : ShardedBatchSource(options.dp_rank, options.dp_size, options.num_microbatches),
-        sentences_(std::move(sentences)), options_(options) {}
+        sentences_(std::move(sentences)),
+        options_(options) {}
   // Writes one sample (global row `row` of `step`) into row `i` of the tensors.
   void FillRow(int64_t step, int64_t row, int64_t i, MicroBatch& batch) const;
 

@@ -23,8 +23,8 @@ TEST(SplitSentencesTest, SplitsOnPunctuationAndBlankLines) {
 }
 
 TEST(MlmBatchSourceTest, LayoutPaddingAndMasks) {
-  absl::StatusOr<MlmBatchSource> source =
-      MlmBatchSource::Create(MakeText(), {.seq_len = 64, .micro_batch_size = 8, .num_microbatches = 2});
+  absl::StatusOr<MlmBatchSource> source = MlmBatchSource::Create(
+      MakeText(), {.seq_len = 64, .micro_batch_size = 8, .num_microbatches = 2});
   ASSERT_TRUE(source.ok()) << source.status();
   bool saw_padding = false, saw_pair = false;
   for (int64_t step = 0; step < 10; ++step) {
@@ -48,7 +48,8 @@ TEST(MlmBatchSourceTest, LayoutPaddingAndMasks) {
       // At least one position predicted, never a special one.
       const torch::Tensor selected = labels[i] != kIgnoreLabel;
       EXPECT_GE(selected.sum().item<int64_t>(), 1);
-      EXPECT_TRUE((labels[i].masked_select(selected) < ByteTokenizer::kNumBytes).all().item<bool>());
+      EXPECT_TRUE(
+          (labels[i].masked_select(selected) < ByteTokenizer::kNumBytes).all().item<bool>());
     }
   }
   EXPECT_TRUE(saw_padding);
@@ -56,8 +57,8 @@ TEST(MlmBatchSourceTest, LayoutPaddingAndMasks) {
 }
 
 TEST(MlmBatchSourceTest, MaskingRatesFollowBert) {
-  absl::StatusOr<MlmBatchSource> source =
-      MlmBatchSource::Create(MakeText(), {.seq_len = 128, .micro_batch_size = 16, .num_microbatches = 1});
+  absl::StatusOr<MlmBatchSource> source = MlmBatchSource::Create(
+      MakeText(), {.seq_len = 128, .micro_batch_size = 16, .num_microbatches = 1});
   ASSERT_TRUE(source.ok()) << source.status();
   int64_t maskable = 0, selected = 0, masked = 0, unchanged = 0, random = 0;
   for (int64_t step = 0; step < 60; ++step) {
@@ -67,11 +68,13 @@ TEST(MlmBatchSourceTest, MaskingRatesFollowBert) {
     const torch::Tensor is_selected = labels != kIgnoreLabel;
     // Unselected real tokens are bytes; selected ones were bytes before masking.
     const torch::Tensor real_bytes = (ids < ByteTokenizer::kNumBytes) & batch.Get("attention_mask");
-    maskable += (real_bytes & ~is_selected).sum().item<int64_t>() + is_selected.sum().item<int64_t>();
+    maskable +=
+        (real_bytes & ~is_selected).sum().item<int64_t>() + is_selected.sum().item<int64_t>();
     selected += is_selected.sum().item<int64_t>();
     masked += (is_selected & (ids == ByteTokenizer::kMask)).sum().item<int64_t>();
     unchanged += (is_selected & (ids == labels)).sum().item<int64_t>();
-    random += (is_selected & (ids != labels) & (ids < ByteTokenizer::kNumBytes)).sum().item<int64_t>();
+    random +=
+        (is_selected & (ids != labels) & (ids < ByteTokenizer::kNumBytes)).sum().item<int64_t>();
   }
   const double rate = static_cast<double>(selected) / maskable;
   EXPECT_NEAR(rate, 0.15, 0.015);
@@ -83,21 +86,28 @@ TEST(MlmBatchSourceTest, MaskingRatesFollowBert) {
 
 TEST(MlmBatchSourceTest, ShardsTileTheGlobalBatchAndAreDeterministic) {
   const std::string text = MakeText();
-  auto whole = MlmBatchSource::Create(text, {.seq_len = 32, .micro_batch_size = 2, .num_microbatches = 2});
+  auto whole =
+      MlmBatchSource::Create(text, {.seq_len = 32, .micro_batch_size = 2, .num_microbatches = 2});
   auto r1 = MlmBatchSource::Create(
-      text, {.seq_len = 32, .micro_batch_size = 2, .num_microbatches = 1, .dp_rank = 1, .dp_size = 2});
+      text,
+      {.seq_len = 32, .micro_batch_size = 2, .num_microbatches = 1, .dp_rank = 1, .dp_size = 2});
   ASSERT_TRUE(whole.ok() && r1.ok());
   EXPECT_TRUE(torch::equal(whole->Batch(3, 1).Get("input_ids"), r1->Batch(3, 0).Get("input_ids")));
   EXPECT_TRUE(torch::equal(whole->Batch(3, 1).Get("labels"), r1->Batch(3, 0).Get("labels")));
-  EXPECT_FALSE(torch::equal(whole->Batch(3, 0).Get("input_ids"), whole->Batch(4, 0).Get("input_ids")));
+  EXPECT_FALSE(
+      torch::equal(whole->Batch(3, 0).Get("input_ids"), whole->Batch(4, 0).Get("input_ids")));
 }
 
 TEST(MlmBatchSourceTest, RejectsBadOptions) {
   EXPECT_EQ(MlmBatchSource::Create("Some text.", {.seq_len = 4}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(MlmBatchSource::Create("Some text.", {.mask_prob = 0}).status().message().find("mask_prob (0)"),
+  EXPECT_NE(MlmBatchSource::Create("Some text.", {.mask_prob = 0})
+                .status()
+                .message()
+                .find("mask_prob (0)"),
             std::string::npos);
-  EXPECT_EQ(MlmBatchSource::Create("   \n\n  ", {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MlmBatchSource::Create("   \n\n  ", {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -13,8 +13,9 @@ std::vector<MicroBatch> ShardedBatchSource::Step(int64_t step) const {
 absl::StatusOr<MicroBatchData> ShardedBatchSource::Get(int64_t step, int64_t index) {
   const int64_t global_size = dp_size_ * num_microbatches_;
   if (index < 0 || index >= global_size || step < 0) {
-    return absl::OutOfRangeError(absl::StrCat("micro-batch ", index, " of step ", step, " requested; a step has ",
-                                              global_size, " (dp_size x num_microbatches)"));
+    return absl::OutOfRangeError(absl::StrCat("micro-batch ", index, " of step ", step,
+                                              " requested; a step has ", global_size,
+                                              " (dp_size x num_microbatches)"));
   }
   MicroBatchData data;
   data.batch = AtGlobalIndex(step, index);

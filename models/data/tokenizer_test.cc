@@ -17,12 +17,13 @@ TEST(ByteTokenizerTest, RoundTripsEveryByte) {
 TEST(ByteTokenizerTest, SpecialTokensFollowTheBytes) {
   EXPECT_EQ(ByteTokenizer::kVocabSize, 260);
   EXPECT_FALSE(ByteTokenizer::IsSpecial(255));
-  for (int64_t id : {ByteTokenizer::kPad, ByteTokenizer::kMask, ByteTokenizer::kCls, ByteTokenizer::kSep}) {
+  for (int64_t id :
+       {ByteTokenizer::kPad, ByteTokenizer::kMask, ByteTokenizer::kCls, ByteTokenizer::kSep}) {
     EXPECT_TRUE(ByteTokenizer::IsSpecial(id));
     EXPECT_LT(id, ByteTokenizer::kVocabSize);
   }
-  EXPECT_EQ(ByteTokenizer::Decode({ByteTokenizer::kCls, 'h', 'i', ByteTokenizer::kMask, ByteTokenizer::kSep,
-                                   ByteTokenizer::kPad, 999}),
+  EXPECT_EQ(ByteTokenizer::Decode({ByteTokenizer::kCls, 'h', 'i', ByteTokenizer::kMask,
+                                   ByteTokenizer::kSep, ByteTokenizer::kPad, 999}),
             "[CLS]hi[MASK][SEP][PAD][UNK:999]");
 }
 

@@ -12,10 +12,13 @@ namespace pp {
 namespace {
 
 // The whole model in one process (ToSequential's builder), from the first layer.
-Activations RunModel(StageModule& model, const MicroBatch& batch) { return model->Forward({}, batch); }
+Activations RunModel(StageModule& model, const MicroBatch& batch) {
+  return model->Forward({}, batch);
+}
 
 GptConfig Tiny() {
-  return GptConfig{.vocab_size = 260, .context_length = 16, .width = 32, .num_heads = 4, .num_layers = 2};
+  return GptConfig{
+      .vocab_size = 260, .context_length = 16, .width = 32, .num_heads = 4, .num_layers = 2};
 }
 
 MicroBatch Batch(torch::Tensor ids) {
@@ -40,7 +43,8 @@ TEST(GptSpecsTest, LayoutTiesAndDeclaredCounts) {
   // Declared counts match the built layers (the head counts the token table).
   for (size_t i = 0; i + 1 < specs->size(); ++i) {
     Layer layer = (*specs)[i].factory()();
-    EXPECT_EQ(*(*specs)[i].declared_parameter_count(), CountTrainableParameters(*layer)) << (*specs)[i].name();
+    EXPECT_EQ(*(*specs)[i].declared_parameter_count(), CountTrainableParameters(*layer))
+        << (*specs)[i].name();
     EXPECT_EQ(layer->TypeName(), (*specs)[i].name());
   }
   EXPECT_EQ(*(*specs)[4].declared_parameter_count(), 260 * 32);
@@ -87,11 +91,12 @@ TEST(GptTest, LearnsAGeneratedCorpus) {
   std::string text;
   for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog. ";
   std::vector<int64_t> ids(text.begin(), text.end());
-  absl::StatusOr<LmBatchSource> data =
-      LmBatchSource::Create(ids, {.seq_len = 16, .micro_batch_size = 8, .num_microbatches = 1, .seed = 3});
+  absl::StatusOr<LmBatchSource> data = LmBatchSource::Create(
+      ids, {.seq_len = 16, .micro_batch_size = 8, .num_microbatches = 1, .seed = 3});
   ASSERT_TRUE(data.ok()) << data.status();
   StageModule model = *BuildSequential(*MakeGptSpecs(Tiny()), 1234);
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(5e-3).weight_decay(0.0));
+  torch::optim::AdamW optimizer(model->parameters(),
+                                torch::optim::AdamWOptions(5e-3).weight_decay(0.0));
   double first = 0, last = 0;
   for (int step = 0; step < 100; ++step) {
     MicroBatch batch = data->Batch(step, 0);
@@ -111,7 +116,9 @@ TEST(GptConfigTest, BadConfigsNameTheField) {
   c.num_heads = 5;
   absl::Status s = MakeGptSpecs(c).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("gpt.width (32) must be a multiple of gpt.num_heads (5)"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("gpt.width (32) must be a multiple of gpt.num_heads (5)"),
+            std::string::npos)
+      << s;
   c = Tiny();
   c.num_layers = 0;
   EXPECT_NE(ValidateGptConfig(c).message().find("gpt.num_layers (0)"), std::string::npos);

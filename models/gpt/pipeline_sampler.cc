@@ -25,15 +25,16 @@ absl::StatusOr<MicroBatchData> PipelineSampler::WindowSource::Get(int64_t step, 
   return data;
 }
 
-NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid, int64_t vocab_size,
-                                            std::chrono::milliseconds timeout) {
+NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid,
+                                            int64_t vocab_size, std::chrono::milliseconds timeout) {
   return [=](const torch::Tensor& window, int64_t position) -> absl::StatusOr<torch::Tensor> {
     source_.window = window;
     PP_RETURN_IF_ERROR(trainer->Evaluate(&source_, calls_++).status());
     torch::Tensor logits = torch::zeros({vocab_size});
     if (grid->IsLastStage()) {
       if (!captured_.defined() || captured_.dim() != 3 || position >= captured_.size(1)) {
-        return absl::InternalError("the last stage captured no logits for sampling (was the loss wrapped?)");
+        return absl::InternalError(
+            "the last stage captured no logits for sampling (was the loss wrapped?)");
       }
       logits = captured_[0][position].to(torch::kFloat).contiguous();
     }
@@ -41,8 +42,9 @@ NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid
       std::vector<at::Tensor> tensors = {logits};
       c10d::BroadcastOptions options;
       options.rootRank = grid->num_stages() - 1;  // pipe group rank == stage
-      PP_RETURN_IF_ERROR(TorchCall("broadcast of sampling logits over the pipe group",
-                                   [&] { grid->pipe_group()->broadcast(tensors, options)->wait(timeout); }));
+      PP_RETURN_IF_ERROR(TorchCall("broadcast of sampling logits over the pipe group", [&] {
+        grid->pipe_group()->broadcast(tensors, options)->wait(timeout);
+      }));
     }
     return logits;
   };

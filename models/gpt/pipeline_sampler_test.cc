@@ -18,7 +18,9 @@ namespace {
 
 constexpr uint64_t kSeed = 77;
 
-GptConfig Tiny() { return {.vocab_size = 260, .context_length = 8, .width = 16, .num_heads = 2, .num_layers = 4}; }
+GptConfig Tiny() {
+  return {.vocab_size = 260, .context_length = 8, .width = 16, .num_heads = 2, .num_layers = 4};
+}
 
 std::vector<int64_t> Prompt() { return {'T', 'h', 'e'}; }
 
@@ -38,35 +40,41 @@ std::vector<std::vector<int64_t>> PipelineSample(int pp, const SampleOptions& op
   std::mutex mu;
   std::vector<std::vector<int64_t>> per_rank(pp);
   const std::chrono::milliseconds timeout(std::chrono::seconds(30));
-  absl::Status status = testing_runtime::RunOnGrid(pp, 1, timeout, [&](ParallelGrid& grid) -> absl::Status {
-    PipelineModelOptions mo;
-    mo.num_stages = pp;
-    mo.partition_method = "type:TransformerBlock";
-    mo.base_seed = kSeed;
-    PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(*MakeGptSpecs(Tiny()), mo, grid.stage_id()));
-    std::string text(200, 'a');
-    PP_ASSIGN_OR_RETURN(LmBatchSource source,
-                        LmBatchSource::Create(std::vector<int64_t>(text.begin(), text.end()),
-                                              {.seq_len = 8, .micro_batch_size = 2, .num_microbatches = 2}));
-    PipelineSampler sampler;
-    TrainerOptions to;
-    to.schedule = "1f1b";
-    to.num_microbatches = 2;
-    to.timeout = timeout;
-    PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), sampler.WrapLoss(GptLoss), &source, to));
-    PP_ASSIGN_OR_RETURN(std::vector<int64_t> tokens,
-                        Generate(Prompt(), 8, options, sampler.LogitsFn(trainer.get(), &grid, 260, timeout)));
-    std::lock_guard<std::mutex> lock(mu);
-    per_rank[grid.global_rank()] = tokens;
-    return absl::OkStatus();
-  });
+  absl::Status status =
+      testing_runtime::RunOnGrid(pp, 1, timeout, [&](ParallelGrid& grid) -> absl::Status {
+        PipelineModelOptions mo;
+        mo.num_stages = pp;
+        mo.partition_method = "type:TransformerBlock";
+        mo.base_seed = kSeed;
+        PP_ASSIGN_OR_RETURN(auto model,
+                            PipelineModel::Create(*MakeGptSpecs(Tiny()), mo, grid.stage_id()));
+        std::string text(200, 'a');
+        PP_ASSIGN_OR_RETURN(
+            LmBatchSource source,
+            LmBatchSource::Create(std::vector<int64_t>(text.begin(), text.end()),
+                                  {.seq_len = 8, .micro_batch_size = 2, .num_microbatches = 2}));
+        PipelineSampler sampler;
+        TrainerOptions to;
+        to.schedule = "1f1b";
+        to.num_microbatches = 2;
+        to.timeout = timeout;
+        PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(),
+                                                          sampler.WrapLoss(GptLoss), &source, to));
+        PP_ASSIGN_OR_RETURN(
+            std::vector<int64_t> tokens,
+            Generate(Prompt(), 8, options, sampler.LogitsFn(trainer.get(), &grid, 260, timeout)));
+        std::lock_guard<std::mutex> lock(mu);
+        per_rank[grid.global_rank()] = tokens;
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(status.ok()) << status;
   return per_rank;
 }
 
 TEST(PipelineSamplerTest, GreedyAndTopKThroughTwoStagesEqualTheSequentialModel) {
-  for (const SampleOptions& options : {SampleOptions{.num_tokens = 12, .top_k = 1},
-                                       SampleOptions{.num_tokens = 12, .top_k = 5, .temperature = 2.0, .seed = 3}}) {
+  for (const SampleOptions& options :
+       {SampleOptions{.num_tokens = 12, .top_k = 1},
+        SampleOptions{.num_tokens = 12, .top_k = 5, .temperature = 2.0, .seed = 3}}) {
     const std::vector<int64_t> want = SequentialSample(options);
     ASSERT_EQ(want.size(), 15u);
     for (int64_t token : want) EXPECT_LT(token, 256);

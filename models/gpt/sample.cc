@@ -7,23 +7,29 @@
 
 namespace pp {
 
-int64_t PickToken(const torch::Tensor& logits, const SampleOptions& options, torch::Generator& generator) {
-  torch::Tensor scores = logits.detach().to(torch::kFloat).reshape({-1}).slice(0, 0, options.max_token_id);
+int64_t PickToken(const torch::Tensor& logits, const SampleOptions& options,
+                  torch::Generator& generator) {
+  torch::Tensor scores =
+      logits.detach().to(torch::kFloat).reshape({-1}).slice(0, 0, options.max_token_id);
   if (options.top_k <= 1) return scores.argmax().item<int64_t>();
   const int64_t k = std::min<int64_t>(options.top_k, scores.size(0));
   auto [top_values, top_indices] = scores.topk(k);
   torch::Tensor probs = torch::softmax(top_values / options.temperature, /*dim=*/0);
-  const int64_t choice = torch::multinomial(probs, 1, /*replacement=*/false, generator).item<int64_t>();
+  const int64_t choice =
+      torch::multinomial(probs, 1, /*replacement=*/false, generator).item<int64_t>();
   return top_indices[choice].item<int64_t>();
 }
 
-absl::StatusOr<std::vector<int64_t>> Generate(const std::vector<int64_t>& prompt, int64_t context_length,
-                                              const SampleOptions& options, const NextTokenLogitsFn& logits_fn) {
+absl::StatusOr<std::vector<int64_t>> Generate(const std::vector<int64_t>& prompt,
+                                              int64_t context_length, const SampleOptions& options,
+                                              const NextTokenLogitsFn& logits_fn) {
   if (prompt.empty()) return absl::InvalidArgumentError("sampling needs a non-empty prompt");
-  if (options.num_tokens < 0 || options.top_k < 1 || !(options.temperature > 0) || context_length < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("bad sampling options: num_tokens ", options.num_tokens,
-                                                   " (>= 0), top_k ", options.top_k, " (>= 1), temperature ",
-                                                   options.temperature, " (> 0), context ", context_length, " (>= 1)"));
+  if (options.num_tokens < 0 || options.top_k < 1 || !(options.temperature > 0) ||
+      context_length < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad sampling options: num_tokens ", options.num_tokens, " (>= 0), top_k ",
+                     options.top_k, " (>= 1), temperature ", options.temperature,
+                     " (> 0), context ", context_length, " (>= 1)"));
   }
   torch::Generator generator = torch::make_generator<at::CPUGeneratorImpl>(options.seed);
   std::vector<int64_t> tokens = prompt;

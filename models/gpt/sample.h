@@ -33,16 +33,19 @@ struct SampleOptions {
 // Given the window [1, context_length] and the position whose next token is
 // wanted, returns that position's logits [vocab]. Must return the same logits
 // on every rank that calls Generate (pipeline: broadcast from the last stage).
-using NextTokenLogitsFn = std::function<absl::StatusOr<torch::Tensor>(const torch::Tensor& window, int64_t position)>;
+using NextTokenLogitsFn =
+    std::function<absl::StatusOr<torch::Tensor>(const torch::Tensor& window, int64_t position)>;
 
 // Appends options.num_tokens tokens to `prompt` (non-empty). Deterministic in
 // the logits and options.seed. InvalidArgument for an empty prompt or bad
 // options.
-absl::StatusOr<std::vector<int64_t>> Generate(const std::vector<int64_t>& prompt, int64_t context_length,
-                                              const SampleOptions& options, const NextTokenLogitsFn& logits_fn);
+absl::StatusOr<std::vector<int64_t>> Generate(const std::vector<int64_t>& prompt,
+                                              int64_t context_length, const SampleOptions& options,
+                                              const NextTokenLogitsFn& logits_fn);
 
 // One token from `logits` [vocab] by the options' rule.
-int64_t PickToken(const torch::Tensor& logits, const SampleOptions& options, torch::Generator& generator);
+int64_t PickToken(const torch::Tensor& logits, const SampleOptions& options,
+                  torch::Generator& generator);
 
 }  // namespace pp
 

@@ -45,7 +45,8 @@ TEST(GenerateTest, TopKSamplesOnlyAmongTheBestAndIsSeeded) {
 
 TEST(GenerateTest, RejectsBadInput) {
   EXPECT_EQ(Generate({}, 8, {}, Counting()).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Generate({1}, 8, {.top_k = 0}, Counting()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Generate({1}, 8, {.top_k = 0}, Counting()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

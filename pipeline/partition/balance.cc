@@ -10,27 +10,28 @@ namespace pp {
 
 absl::Status CheckEnoughLayers(int64_t num_layers, int64_t num_parts) {
   if (num_parts < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("number of parts must be >= 1, got ", num_parts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("number of parts must be >= 1, got ", num_parts));
   }
   if (num_layers < num_parts) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot split ", num_layers, " layers into ", num_parts,
-        " parts: every part needs at least one layer (use at most ", num_layers,
-        " parts, e.g. fewer stages or chunks)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot split ", num_layers, " layers into ", num_parts,
+                     " parts: every part needs at least one layer (use at most ", num_layers,
+                     " parts, e.g. fewer stages or chunks)"));
   }
   return absl::OkStatus();
 }
 
 absl::Status ValidateBounds(const Bounds& bounds, int64_t num_layers, int64_t num_parts) {
   if (static_cast<int64_t>(bounds.size()) != num_parts + 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bounds [", absl::StrJoin(bounds, ","), "] have ", bounds.size(), " entries; ", num_parts,
-        " parts need ", num_parts + 1));
+    return absl::InvalidArgumentError(absl::StrCat("bounds [", absl::StrJoin(bounds, ","),
+                                                   "] have ", bounds.size(), " entries; ",
+                                                   num_parts, " parts need ", num_parts + 1));
   }
   if (bounds.front() != 0 || bounds.back() != num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("bounds [", absl::StrJoin(bounds, ","),
-                                                   "] must start at 0 and end at the number of layers (",
-                                                   num_layers, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bounds [", absl::StrJoin(bounds, ","),
+                     "] must start at 0 and end at the number of layers (", num_layers, ")"));
   }
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
     if (bounds[s + 1] <= bounds[s]) {

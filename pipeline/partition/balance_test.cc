@@ -40,7 +40,8 @@ TEST(BalancedBoundsTest, MinMaxWhereDeepSpeedIsNot) {
 TEST(BalancedBoundsTest, EqualCostsMatchUniform) {
   for (int64_t n = 1; n <= 12; ++n) {
     for (int64_t p = 1; p <= n; ++p) {
-      EXPECT_EQ(Balanced(std::vector<double>(n, 2.0), p), *UniformBounds(n, p)) << n << " into " << p;
+      EXPECT_EQ(Balanced(std::vector<double>(n, 2.0), p), *UniformBounds(n, p))
+          << n << " into " << p;
     }
   }
 }
@@ -53,7 +54,8 @@ TEST(BalancedBoundsTest, ZeroCostLayersGoToTheEarlierPart) {
 TEST(BalancedBoundsTest, RejectsBadInput) {
   absl::StatusOr<Bounds> few = BalancedBounds({1, 2}, 3);
   ASSERT_EQ(few.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(few.status().message().find("2 layers into 3 parts"), std::string::npos) << few.status();
+  EXPECT_NE(few.status().message().find("2 layers into 3 parts"), std::string::npos)
+      << few.status();
   EXPECT_EQ(BalancedBounds({1, -1}, 1).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(BalancedBounds({1, std::numeric_limits<double>::quiet_NaN()}, 1).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -113,7 +115,8 @@ TEST(BalancedBoundsTest, MatchesBruteForceOnRandomInputs) {
     for (double& c : costs) c = std::uniform_int_distribution<int>(0, max_cost)(rng);
 
     double best_max = std::numeric_limits<double>::infinity();
-    EnumerateSplits(n, p, [&](const Bounds& b) { best_max = std::min(best_max, MaxPart(costs, b)); });
+    EnumerateSplits(n, p,
+                    [&](const Bounds& b) { best_max = std::min(best_max, MaxPart(costs, b)); });
     double best_sq = std::numeric_limits<double>::infinity();
     Bounds expected;
     EnumerateSplits(n, p, [&](const Bounds& b) {

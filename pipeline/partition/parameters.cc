@@ -27,7 +27,8 @@ absl::StatusOr<Bounds> PartitionByParameters(const PartitionRequest& request) {
       if (spec.is_tied()) {
         auto it = tied_counts.find(spec.tie_key());
         if (it == tied_counts.end()) {
-          it = tied_counts.emplace(spec.tie_key(), SpecParameterCount(spec, i, request.base_seed)).first;
+          it = tied_counts.emplace(spec.tie_key(), SpecParameterCount(spec, i, request.base_seed))
+                   .first;
         }
         costs[i] = static_cast<double>(it->second);
       } else {

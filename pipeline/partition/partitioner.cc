@@ -36,7 +36,8 @@ absl::Status RegisterPartitioner(const std::string& name, const std::string& hel
     return absl::InvalidArgumentError(
         absl::StrCat("partitioner name '", name, "' must be non-empty and contain no ':'"));
   }
-  if (!fn) return absl::InvalidArgumentError(absl::StrCat("partitioner '", name, "' has no function"));
+  if (!fn)
+    return absl::InvalidArgumentError(absl::StrCat("partitioner '", name, "' has no function"));
   std::lock_guard<std::mutex> lock(RegistryMutex());
   if (!Registry().emplace(name, Entry{help, std::move(fn)}).second) {
     return absl::AlreadyExistsError(absl::StrCat("partitioner '", name, "' is registered twice"));
@@ -59,7 +60,8 @@ std::string PartitionerHelp() {
 }
 
 absl::StatusOr<Bounds> Partition(const std::string& method, PartitionRequest request) {
-  if (request.specs == nullptr) return absl::InvalidArgumentError("partition request has no spec list");
+  if (request.specs == nullptr)
+    return absl::InvalidArgumentError("partition request has no spec list");
   if (absl::Status s = ValidateSpecs(*request.specs); !s.ok()) return s;
   const int64_t num_layers = static_cast<int64_t>(request.specs->size());
   if (absl::Status s = CheckEnoughLayers(num_layers, request.num_parts); !s.ok()) return s;
@@ -73,14 +75,15 @@ absl::StatusOr<Bounds> Partition(const std::string& method, PartitionRequest req
     if (it != Registry().end()) fn = it->second.fn;
   }
   if (!fn) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown partition method '", method,
-                                                   "'; registered: ",
-                                                   absl::StrJoin(RegisteredPartitioners(), ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown partition method '", method,
+                     "'; registered: ", absl::StrJoin(RegisteredPartitioners(), ", ")));
   }
   absl::StatusOr<Bounds> bounds = fn(request);
   if (!bounds.ok()) return bounds;
   if (absl::Status s = ValidateBounds(*bounds, num_layers, request.num_parts); !s.ok()) {
-    return absl::InternalError(absl::StrCat("partitioner '", name, "' returned invalid bounds: ", s.message()));
+    return absl::InternalError(
+        absl::StrCat("partitioner '", name, "' returned invalid bounds: ", s.message()));
   }
   return bounds;
 }

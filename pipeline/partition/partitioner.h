@@ -78,7 +78,7 @@ bool RegisterOrDie(const char* name, const char* help, PartitionFn fn);
 #define PP_PARTITIONER_CONCAT_(a, b) PP_PARTITIONER_CONCAT_INNER_(a, b)
 
 // PP_REGISTER_PARTITIONER("uniform", "equal layer counts", &PartitionUniform);
-#define PP_REGISTER_PARTITIONER(name, help, fn)                                 \
+#define PP_REGISTER_PARTITIONER(name, help, fn)                                  \
   static const bool PP_PARTITIONER_CONCAT_(pp_partitioner_registered_, __LINE__) \
       [[maybe_unused]] = ::pp::internal_partition::RegisterOrDie(name, help, fn)
 

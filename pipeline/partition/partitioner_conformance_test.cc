@@ -24,7 +24,9 @@ std::vector<LayerSpec> MixedSpecs(int64_t n) {
   std::vector<LayerSpec> specs;
   for (int64_t i = 0; i < n; ++i) {
     if (i % 3 == 2) {
-      specs.push_back(LayerSpec("Gelu", [] { return MakeFunctionLayer("Gelu", [](const torch::Tensor& x) { return torch::gelu(x); }); }));
+      specs.push_back(LayerSpec("Gelu", [] {
+        return MakeFunctionLayer("Gelu", [](const torch::Tensor& x) { return torch::gelu(x); });
+      }));
     } else {
       specs.push_back(LayerSpec("Block", [] { return MakeModuleLayer(torch::nn::Linear(4, 4)); }));
     }
@@ -74,7 +76,8 @@ TEST(PartitionerConformanceTest, EveryPartitionerRejectsMorePartsThanLayers) {
   for (const std::string& name : RegisteredPartitioners()) {
     absl::StatusOr<Bounds> bounds = Partition(MethodFor(name, 4, 4), RequestFor(specs, 4));
     ASSERT_EQ(bounds.status().code(), absl::StatusCode::kInvalidArgument) << name;
-    EXPECT_NE(bounds.status().message().find("3 layers into 4 parts"), std::string::npos) << bounds.status();
+    EXPECT_NE(bounds.status().message().find("3 layers into 4 parts"), std::string::npos)
+        << bounds.status();
   }
 }
 

@@ -16,7 +16,9 @@ class CountedLinear : public LayerImpl {
     max_alive = std::max(max_alive, ++alive);
   }
   ~CountedLinear() override { --alive; }
-  Activations Forward(const Activations& inputs, const MicroBatch&) override { return {fc_(inputs[0])}; }
+  Activations Forward(const Activations& inputs, const MicroBatch&) override {
+    return {fc_(inputs[0])};
+  }
 
   static int alive;
   static int max_alive;
@@ -28,14 +30,16 @@ int CountedLinear::alive = 0;
 int CountedLinear::max_alive = 0;
 
 LayerSpec Fn(const std::string& name) {
-  return LayerSpec(name, [name] { return MakeFunctionLayer(name, [](const torch::Tensor& x) { return x; }); });
+  return LayerSpec(
+      name, [name] { return MakeFunctionLayer(name, [](const torch::Tensor& x) { return x; }); });
 }
 
 std::vector<LayerSpec> Functions(int n, const std::string& name = "Identity") {
   return std::vector<LayerSpec>(n, Fn(name));
 }
 
-absl::StatusOr<Bounds> PartitionBy(const std::string& method, const std::vector<LayerSpec>& specs, int64_t parts) {
+absl::StatusOr<Bounds> PartitionBy(const std::string& method, const std::vector<LayerSpec>& specs,
+                                   int64_t parts) {
   PartitionRequest request;
   request.specs = &specs;
   request.num_parts = parts;
@@ -55,7 +59,8 @@ TEST(PartitionerRegistryTest, UnknownMethodListsRegisteredOnes) {
   ASSERT_EQ(bounds.status().code(), absl::StatusCode::kInvalidArgument);
   const std::string message(bounds.status().message());
   EXPECT_NE(message.find("'greedy'"), std::string::npos) << message;
-  EXPECT_NE(message.find("explicit, parameters, profile, type, uniform"), std::string::npos) << message;
+  EXPECT_NE(message.find("explicit, parameters, profile, type, uniform"), std::string::npos)
+      << message;
 }
 
 TEST(PartitionerRegistryTest, DuplicateNameIsRejected) {
@@ -71,20 +76,23 @@ TEST(PartitionerRegistryTest, ResultsAreValidatedAgain) {
                                     return Bounds{0, 0, 3};
                                   })
                   .ok());
-  EXPECT_EQ(PartitionBy("broken_for_test", Functions(3), 2).status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(PartitionBy("broken_for_test", Functions(3), 2).status().code(),
+            absl::StatusCode::kInternal);
 }
 
 TEST(PartitionerRegistryTest, FewerLayersThanPartsNamesBothNumbers) {
   for (const char* method : {"uniform", "parameters", "type:Identity", "explicit:0,1,2,3"}) {
     absl::StatusOr<Bounds> bounds = PartitionBy(method, Functions(3), 4);
     ASSERT_EQ(bounds.status().code(), absl::StatusCode::kInvalidArgument) << method;
-    EXPECT_NE(bounds.status().message().find("3 layers into 4 parts"), std::string::npos) << bounds.status();
+    EXPECT_NE(bounds.status().message().find("3 layers into 4 parts"), std::string::npos)
+        << bounds.status();
   }
 }
 
 TEST(UniformPartitionerTest, FirstPartsGetOneMore) {
   EXPECT_EQ(*PartitionBy("uniform", Functions(10), 4), (Bounds{0, 3, 6, 8, 10}));
-  EXPECT_EQ(PartitionBy("uniform:3", Functions(10), 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PartitionBy("uniform:3", Functions(10), 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TypePartitionerTest, BalancesMatchingLayersCaseInsensitively) {
@@ -105,8 +113,10 @@ TEST(TypePartitionerTest, Errors) {
   ASSERT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(none.status().message().find("matches no layer"), std::string::npos) << none.status();
   EXPECT_NE(none.status().message().find("Linear"), std::string::npos) << none.status();
-  EXPECT_EQ(PartitionBy("type:(", Functions(4), 2).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PartitionBy("type", Functions(4), 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PartitionBy("type:(", Functions(4), 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PartitionBy("type", Functions(4), 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ExplicitPartitionerTest, AcceptsValidBoundsAndNamesBadOnes) {
@@ -141,8 +151,9 @@ TEST(ParametersPartitionerTest, BalancesCountsBuildingOneLayerAtATime) {
   // Declared counts are used without building: [0,1,2,3,3,3] into 4.
   std::vector<LayerSpec> declared;
   for (int64_t count : {0, 1, 2, 3, 3, 3}) {
-    declared.push_back(LayerSpec("Never", []() -> Layer { throw std::runtime_error("built"); })
-                           .WithParameterCount(count));
+    declared.push_back(LayerSpec("Never", []() -> Layer {
+                         throw std::runtime_error("built");
+                       }).WithParameterCount(count));
   }
   EXPECT_EQ(*PartitionBy("parameters", declared, 4), (Bounds{0, 3, 4, 5, 6}));
 }
@@ -192,7 +203,8 @@ TEST(PartitionReportTest, ListsStagesChunksAndLayers) {
   EXPECT_NE(report.find("stage=0 chunk=0 (part 0) layers=[0, 1) params=10\n     0: Embedding\n"),
             std::string::npos)
       << report;
-  EXPECT_NE(report.find("stage=1 chunk=1 (part 3) layers=[3, 4) params=5\n     3: Block\n"), std::string::npos)
+  EXPECT_NE(report.find("stage=1 chunk=1 (part 3) layers=[3, 4) params=5\n     3: Block\n"),
+            std::string::npos)
       << report;
 }
 

@@ -62,7 +62,8 @@ absl::StatusOr<Bounds> PartitionByProfile(const PartitionRequest& request) {
           const int64_t first = tie_positions.at(spec.tie_key()).front();
           module = BuildSeeded(request.base_seed + first, specs[first].factory());
         }
-        layer = std::make_shared<TiedLayer>(spec.name(), spec.tie_key(), module, spec.tied_forward_fn());
+        layer = std::make_shared<TiedLayer>(spec.name(), spec.tie_key(), module,
+                                            spec.tied_forward_fn());
       } else {
         layer = BuildSeeded(request.base_seed + i, spec.factory());
       }
@@ -77,7 +78,9 @@ absl::StatusOr<Bounds> PartitionByProfile(const PartitionRequest& request) {
       for (int r = 0; r < request.profile_repeats; ++r) {
         const auto start = std::chrono::steady_clock::now();
         run_once();
-        times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+        times.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count());
       }
       std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
       costs[i] = times[times.size() / 2];

@@ -34,17 +34,17 @@ absl::StatusOr<Bounds> PartitionByType(const PartitionRequest& request) {
   if (!any) {
     std::vector<std::string> names;
     for (const LayerSpec& spec : specs) names.push_back(spec.name());
-    return absl::InvalidArgumentError(absl::StrCat("'type:", request.argument,
-                                                   "' matches no layer; layer names: ",
-                                                   absl::StrJoin(names, ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'type:", request.argument,
+                     "' matches no layer; layer names: ", absl::StrJoin(names, ", ")));
   }
   return BalancedBounds(costs, request.num_parts);
 }
 
 }  // namespace
 
-PP_REGISTER_PARTITIONER("type",
-                        "type:<regex> balances the count of layers whose name matches (case-insensitive)",
-                        &PartitionByType);
+PP_REGISTER_PARTITIONER(
+    "type", "type:<regex> balances the count of layers whose name matches (case-insensitive)",
+    &PartitionByType);
 
 }  // namespace pp

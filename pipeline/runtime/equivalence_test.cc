@@ -55,7 +55,8 @@ std::vector<Case> AllCases() {
           bool split = false;
           for (const auto& rank : schedule->ranks) {
             for (const Action& a : rank) {
-              split = split || a.type == ActionType::kBackwardInput || a.type == ActionType::kBackwardWeight;
+              split = split || a.type == ActionType::kBackwardInput ||
+                      a.type == ActionType::kBackwardWeight;
             }
           }
           c.optimizer.name = opt;
@@ -66,7 +67,8 @@ std::vector<Case> AllCases() {
             c.optimizer.lr = 0.01;
             c.optimizer.weight_decay = 0.01;
           }
-          std::string name = absl::StrCat(info.name, "_pp", pp, "_dp", dp, "_v", c.chunks, "_", opt);
+          std::string name =
+              absl::StrCat(info.name, "_pp", pp, "_dp", dp, "_v", c.chunks, "_", opt);
           for (char& ch : name) {
             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
           }
@@ -97,7 +99,9 @@ TEST_P(EquivalenceTest, PipelineEqualsSequential) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, EquivalenceTest, ::testing::ValuesIn(AllCases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 RunConfig ClippedConfig() {
   RunConfig c;
@@ -180,7 +184,8 @@ TEST(EquivalenceExtraTest, DetectsMissingTiedGradientReduction) {
   if (pipeline.ok()) {
     EXPECT_NE(CompareResults(*sequential, *pipeline, kRtol), "");
   } else {
-    EXPECT_NE(std::string(pipeline.status().message()).find("tied copies"), std::string::npos) << pipeline.status();
+    EXPECT_NE(std::string(pipeline.status().message()).find("tied copies"), std::string::npos)
+        << pipeline.status();
   }
 }
 

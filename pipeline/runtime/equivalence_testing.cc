@@ -21,7 +21,9 @@ namespace {
 
 class BlockImpl : public LayerImpl {
  public:
-  BlockImpl() : LayerImpl("Block") { linear_ = register_module("linear", torch::nn::Linear(kHidden, kHidden)); }
+  BlockImpl() : LayerImpl("Block") {
+    linear_ = register_module("linear", torch::nn::Linear(kHidden, kHidden));
+  }
   Activations Forward(const Activations& in, const MicroBatch&) override {
     return {torch::tanh(linear_(in[0])) + in[0]};
   }
@@ -37,8 +39,10 @@ Layer MakeEmbedding() { return MakeModuleLayer(torch::nn::Embedding(kVocab, kHid
 std::vector<LayerSpec> ToySpecs(int blocks) {
   std::vector<LayerSpec> specs;
   specs.push_back(TiedLayerSpec("embed", MakeEmbedding));
-  for (int i = 0; i < blocks; ++i) specs.push_back(LayerSpec("Block", [] { return std::make_shared<BlockImpl>(); }));
-  specs.push_back(TiedLayerSpec("embed", MakeEmbedding, TiedProjection("weight")).WithName("LmHead"));
+  for (int i = 0; i < blocks; ++i)
+    specs.push_back(LayerSpec("Block", [] { return std::make_shared<BlockImpl>(); }));
+  specs.push_back(
+      TiedLayerSpec("embed", MakeEmbedding, TiedProjection("weight")).WithName("LmHead"));
   return specs;
 }
 
@@ -47,7 +51,8 @@ torch::Tensor ToyLoss(const Activations& outputs, const MicroBatch& batch) {
 }
 
 absl::StatusOr<MicroBatchData> ToySource::Get(int64_t step, int64_t index) {
-  torch::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000003 * step + 7919 * index + 17));
+  torch::Generator gen =
+      at::detail::createCPUGenerator(static_cast<uint64_t>(1000003 * step + 7919 * index + 17));
   MicroBatchData d;
   d.inputs = {torch::randint(kVocab, {kTokens}, gen, torch::kLong)};
   d.batch.id = step * 1000 + index;
@@ -98,7 +103,8 @@ absl::StatusOr<RunResult> TrainSequential(const RunConfig& config) {
       result.losses.push_back(loss_sum / total);
       result.grad_norms.push_back(norm);
     }
-    for (const auto& item : model->named_parameters()) result.params[item.key()] = item.value().detach().clone();
+    for (const auto& item : model->named_parameters())
+      result.params[item.key()] = item.value().detach().clone();
   });
   PP_RETURN_IF_ERROR(s);
   return result;
@@ -109,7 +115,8 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   RendezvousOptions ro;
   ro.timeout = config.timeout;
-  ro.file_store_path = absl::StrCat(tmp ? tmp : "/tmp", "/pp_equiv_", getpid(), "_", counter.fetch_add(1));
+  ro.file_store_path =
+      absl::StrCat(tmp ? tmp : "/tmp", "/pp_equiv_", getpid(), "_", counter.fetch_add(1));
   const int world = config.pp * config.dp;
   std::mutex mu;
   RunResult result;
@@ -144,7 +151,8 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
       policy.checkpointable_types = "Block";
       PP_ASSIGN_OR_RETURN(to.layer_runner, MakeCheckpointingRunner(policy));
     }
-    PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), LossOf(config), source.get(), to));
+    PP_ASSIGN_OR_RETURN(auto trainer,
+                        Trainer::Create(&grid, model.get(), LossOf(config), source.get(), to));
     for (int step = 0; step < config.steps; ++step) {
       PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
       rank_losses[w.rank].push_back(r.loss);
@@ -155,7 +163,8 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
       auto& slot = replica_params[grid.data_parallel_id()][item.key()];
       torch::Tensor value = item.value().detach().clone();
       if (slot.defined() && !torch::equal(slot, value)) {
-        return absl::InternalError(absl::StrCat("tied copies of ", item.key(), " differ between stages"));
+        return absl::InternalError(
+            absl::StrCat("tied copies of ", item.key(), " differ between stages"));
       }
       slot = value;
     }
@@ -164,12 +173,14 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   ::unlink(ro.file_store_path.c_str());
   for (int r = 0; r < world; ++r) {
     if (!statuses[r].ok()) {
-      return absl::Status(statuses[r].code(), absl::StrCat("rank ", r, ": ", statuses[r].message()));
+      return absl::Status(statuses[r].code(),
+                          absl::StrCat("rank ", r, ": ", statuses[r].message()));
     }
   }
   for (int r = 1; r < world; ++r) {
     if (rank_losses[r] != rank_losses[0] || rank_norms[r] != rank_norms[0]) {
-      return absl::InternalError(absl::StrCat("rank ", r, " reports a different loss or grad norm than rank 0"));
+      return absl::InternalError(
+          absl::StrCat("rank ", r, " reports a different loss or grad norm than rank 0"));
     }
   }
   for (int d = 1; d < config.dp; ++d) {
@@ -196,17 +207,20 @@ absl::Status RunOnGrid(int pp, int dp, std::chrono::milliseconds timeout,
   const char* tmp = std::getenv("TEST_TMPDIR");
   RendezvousOptions ro;
   ro.timeout = timeout;
-  ro.file_store_path = absl::StrCat(tmp ? tmp : "/tmp", "/pp_grid_", getpid(), "_", counter.fetch_add(1));
-  std::vector<absl::Status> statuses = RunThreadRanks(pp * dp, 0, ro, [&](World& w) -> absl::Status {
-    at::set_num_threads(1);
-    PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(pp, dp));
-    PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(w, topo));
-    return body(grid);
-  });
+  ro.file_store_path =
+      absl::StrCat(tmp ? tmp : "/tmp", "/pp_grid_", getpid(), "_", counter.fetch_add(1));
+  std::vector<absl::Status> statuses =
+      RunThreadRanks(pp * dp, 0, ro, [&](World& w) -> absl::Status {
+        at::set_num_threads(1);
+        PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(pp, dp));
+        PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(w, topo));
+        return body(grid);
+      });
   ::unlink(ro.file_store_path.c_str());
   for (size_t r = 0; r < statuses.size(); ++r) {
     if (!statuses[r].ok()) {
-      return absl::Status(statuses[r].code(), absl::StrCat("rank ", r, ": ", statuses[r].message()));
+      return absl::Status(statuses[r].code(),
+                          absl::StrCat("rank ", r, ": ", statuses[r].message()));
     }
   }
   return absl::OkStatus();
@@ -214,18 +228,23 @@ absl::Status RunOnGrid(int pp, int dp, std::chrono::milliseconds timeout,
 
 std::string CompareResults(const RunResult& want, const RunResult& got, double rtol) {
   std::string out;
-  auto close = [&](double a, double b) { return std::abs(a - b) <= rtol * std::max(std::abs(a), std::abs(b)) + 1e-7; };
+  auto close = [&](double a, double b) {
+    return std::abs(a - b) <= rtol * std::max(std::abs(a), std::abs(b)) + 1e-7;
+  };
   if (want.losses.size() != got.losses.size()) return "different number of steps";
   for (size_t i = 0; i < want.losses.size(); ++i) {
     if (!close(want.losses[i], got.losses[i])) {
-      absl::StrAppend(&out, "step ", i, " loss ", got.losses[i], " != sequential ", want.losses[i], "; ");
+      absl::StrAppend(&out, "step ", i, " loss ", got.losses[i], " != sequential ", want.losses[i],
+                      "; ");
     }
     if (!close(want.grad_norms[i], got.grad_norms[i])) {
-      absl::StrAppend(&out, "step ", i, " grad norm ", got.grad_norms[i], " != sequential ", want.grad_norms[i], "; ");
+      absl::StrAppend(&out, "step ", i, " grad norm ", got.grad_norms[i], " != sequential ",
+                      want.grad_norms[i], "; ");
     }
   }
   if (want.params.size() != got.params.size()) {
-    absl::StrAppend(&out, got.params.size(), " parameters, sequential has ", want.params.size(), "; ");
+    absl::StrAppend(&out, got.params.size(), " parameters, sequential has ", want.params.size(),
+                    "; ");
   }
   for (const auto& [name, value] : want.params) {
     auto it = got.params.find(name);

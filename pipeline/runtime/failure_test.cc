@@ -78,7 +78,8 @@ absl::Status RunRank(int rank, const std::string& store_path, Fault fault) {
 // Forks one process per rank; returns rank 0's exit code and error text.
 void RunScenario(Fault fault, int* rank0_exit, std::string* rank0_error, double* seconds) {
   const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
-  const std::string store = absl::StrCat(dir, "/failure_store_", getpid(), "_", static_cast<int>(fault));
+  const std::string store =
+      absl::StrCat(dir, "/failure_store_", getpid(), "_", static_cast<int>(fault));
   const std::string err_file = absl::StrCat(dir, "/rank0_error_", static_cast<int>(fault));
   ::unlink(store.c_str());
   pid_t pids[2];
@@ -122,7 +123,8 @@ TEST(FailureTest, PeerExitMidStepFailsOtherRankNamingPeerAndAction) {
   std::cerr << "rank 0 (" << seconds << " s): " << error << "\n";
   EXPECT_EQ(code, 1) << error;
   EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
-  EXPECT_TRUE(error.find("RECV_B") != std::string::npos || error.find("SEND_F") != std::string::npos ||
+  EXPECT_TRUE(error.find("RECV_B") != std::string::npos ||
+              error.find("SEND_F") != std::string::npos ||
               error.find("RECV_F") != std::string::npos)
       << error;
   EXPECT_LT(seconds, 20.0);

@@ -9,8 +9,8 @@
 namespace pp {
 namespace {
 
-absl::Status WaitOrError(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::milliseconds timeout,
-                         const std::string& what) {
+absl::Status WaitOrError(const c10::intrusive_ptr<c10d::Work>& work,
+                         std::chrono::milliseconds timeout, const std::string& what) {
   bool ok = work->wait(timeout);
   if (!ok) throw std::runtime_error(absl::StrCat(what, " was aborted"));
   return absl::OkStatus();
@@ -20,8 +20,9 @@ absl::Status Collective(const std::string& what, std::chrono::milliseconds timeo
                         const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
   absl::Status s = TorchCall(what, [&] { (void)WaitOrError(start(), timeout, what); });
   if (!s.ok()) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        s.message(), " (a member rank died, hung or is out of step; timeout ", timeout.count(), " ms)"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(s.message(), " (a member rank died, hung or is out of step; timeout ",
+                     timeout.count(), " ms)"));
   }
   return s;
 }
@@ -56,30 +57,32 @@ void UnflattenGrads(const std::vector<torch::Tensor>& params, const torch::Tenso
 
 }  // namespace
 
-absl::Status BroadcastTiedParams(const std::vector<TiedParams>& ties, std::chrono::milliseconds timeout) {
+absl::Status BroadcastTiedParams(const std::vector<TiedParams>& ties,
+                                 std::chrono::milliseconds timeout) {
   torch::NoGradGuard no_grad;
   for (const TiedParams& tie : ties) {
     if (!tie.group || tie.group->getSize() == 1) continue;
     for (size_t i = 0; i < tie.params.size(); ++i) {
       std::vector<at::Tensor> one = {tie.params[i].detach()};
-      PP_RETURN_IF_ERROR(Collective(
-          absl::StrCat("broadcast of tied weight '", tie.key, "' param ", i, " over ranks ", tie.members),
-          timeout, [&] { return tie.group->broadcast(one); }));
+      PP_RETURN_IF_ERROR(Collective(absl::StrCat("broadcast of tied weight '", tie.key, "' param ",
+                                                 i, " over ranks ", tie.members),
+                                    timeout, [&] { return tie.group->broadcast(one); }));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status AllReduceTiedGrads(const std::vector<TiedParams>& ties, std::chrono::milliseconds timeout) {
+absl::Status AllReduceTiedGrads(const std::vector<TiedParams>& ties,
+                                std::chrono::milliseconds timeout) {
   torch::NoGradGuard no_grad;
   for (const TiedParams& tie : ties) {
     if (!tie.group || tie.group->getSize() == 1 || tie.params.empty()) continue;
     torch::Tensor flat;
     PP_RETURN_IF_ERROR(TorchCall("flatten tied grads", [&] { flat = FlattenGrads(tie.params); }));
     std::vector<at::Tensor> one = {flat};
-    PP_RETURN_IF_ERROR(Collective(
-        absl::StrCat("tied-grad all-reduce of '", tie.key, "' over ranks ", tie.members), timeout,
-        [&] { return tie.group->allreduce(one); }));
+    PP_RETURN_IF_ERROR(
+        Collective(absl::StrCat("tied-grad all-reduce of '", tie.key, "' over ranks ", tie.members),
+                   timeout, [&] { return tie.group->allreduce(one); }));
     UnflattenGrads(tie.params, flat);
   }
   return absl::OkStatus();
@@ -94,8 +97,8 @@ absl::Status AverageGrads(const std::vector<torch::Tensor>& params,
   PP_RETURN_IF_ERROR(TorchCall("flatten grads", [&] { flat = FlattenGrads(params); }));
   std::vector<at::Tensor> one = {flat};
   PP_RETURN_IF_ERROR(Collective(
-      absl::StrCat("data-parallel gradient all-reduce over ", data_group->getSize(), " ranks"), timeout,
-      [&] { return data_group->allreduce(one); }));
+      absl::StrCat("data-parallel gradient all-reduce over ", data_group->getSize(), " ranks"),
+      timeout, [&] { return data_group->allreduce(one); }));
   flat.div_(static_cast<double>(data_group->getSize()));
   UnflattenGrads(params, flat);
   return absl::OkStatus();

@@ -37,10 +37,12 @@ struct TiedParams {
 
 // Broadcasts every tied parameter from group rank 0, so all copies start
 // identical (they then stay identical: equal grads, equal optimizer steps).
-absl::Status BroadcastTiedParams(const std::vector<TiedParams>& ties, std::chrono::milliseconds timeout);
+absl::Status BroadcastTiedParams(const std::vector<TiedParams>& ties,
+                                 std::chrono::milliseconds timeout);
 
 // SUM all-reduce of the tied parameters' gradients within each tie group.
-absl::Status AllReduceTiedGrads(const std::vector<TiedParams>& ties, std::chrono::milliseconds timeout);
+absl::Status AllReduceTiedGrads(const std::vector<TiedParams>& ties,
+                                std::chrono::milliseconds timeout);
 
 // Averages `params`' gradients over `data_group` (one flat buffer, one
 // all-reduce). Undefined gradients count as zero and become defined.
@@ -57,7 +59,8 @@ absl::Status AverageGrads(const std::vector<torch::Tensor>& params,
 absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_params,
                                       const c10::intrusive_ptr<c10d::ProcessGroup>& pipe_group,
                                       const c10::intrusive_ptr<c10d::ProcessGroup>& data_group,
-                                      std::chrono::milliseconds timeout, torch::Device device = torch::kCPU);
+                                      std::chrono::milliseconds timeout,
+                                      torch::Device device = torch::kCPU);
 
 // Scales all `params`' gradients by max_norm / (norm + 1e-6) when norm >
 // max_norm, like torch::nn::utils::clip_grad_norm_.

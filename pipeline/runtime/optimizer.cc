@@ -8,14 +8,17 @@ namespace pp {
 
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   if (c.name != "sgd" && c.name != "adamw") {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer '", c.name, "' is unknown; valid: sgd, adamw"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer '", c.name, "' is unknown; valid: sgd, adamw"));
   }
-  if (!(c.lr >= 0.0)) return absl::InvalidArgumentError(absl::StrCat("lr (", c.lr, ") must be >= 0"));
+  if (!(c.lr >= 0.0))
+    return absl::InvalidArgumentError(absl::StrCat("lr (", c.lr, ") must be >= 0"));
   if (c.momentum < 0.0) {
     return absl::InvalidArgumentError(absl::StrCat("momentum (", c.momentum, ") must be >= 0"));
   }
   if (c.weight_decay < 0.0) {
-    return absl::InvalidArgumentError(absl::StrCat("weight_decay (", c.weight_decay, ") must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_decay (", c.weight_decay, ") must be >= 0"));
   }
   return absl::OkStatus();
 }
@@ -27,8 +30,9 @@ absl::Status ValidateLrSchedule(const LrScheduleConfig& c) {
         absl::StrCat("lr schedule '", c.name, "' is unknown; valid: constant, warmup_cosine"));
   }
   if (c.warmup_steps < 0 || c.total_steps <= c.warmup_steps) {
-    return absl::InvalidArgumentError(absl::StrCat("warmup_cosine needs 0 <= warmup_steps (", c.warmup_steps,
-                                                   ") < total_steps (", c.total_steps, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("warmup_cosine needs 0 <= warmup_steps (",
+                                                   c.warmup_steps, ") < total_steps (",
+                                                   c.total_steps, ")"));
   }
   return absl::OkStatus();
 }
@@ -36,14 +40,15 @@ absl::Status ValidateLrSchedule(const LrScheduleConfig& c) {
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerConfig& c,
                                                        std::vector<torch::Tensor> params) {
   if (c.name == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        std::move(params), torch::optim::AdamWOptions(c.lr)
-                               .betas(std::make_tuple(c.beta1, c.beta2))
-                               .eps(c.eps)
-                               .weight_decay(c.weight_decay));
+    return std::make_unique<torch::optim::AdamW>(std::move(params),
+                                                 torch::optim::AdamWOptions(c.lr)
+                                                     .betas(std::make_tuple(c.beta1, c.beta2))
+                                                     .eps(c.eps)
+                                                     .weight_decay(c.weight_decay));
   }
   return std::make_unique<torch::optim::SGD>(
-      std::move(params), torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+      std::move(params),
+      torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
 }
 
 double LearningRateAt(const LrScheduleConfig& s, double base_lr, int64_t step) {
@@ -51,8 +56,8 @@ double LearningRateAt(const LrScheduleConfig& s, double base_lr, int64_t step) {
   if (step < s.warmup_steps) {
     return base_lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
   }
-  const double progress = std::min(
-      1.0, static_cast<double>(step - s.warmup_steps) / static_cast<double>(s.total_steps - s.warmup_steps));
+  const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) /
+                                            static_cast<double>(s.total_steps - s.warmup_steps));
   return s.min_lr + 0.5 * (base_lr - s.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 

@@ -58,12 +58,14 @@ absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>&
   size_t pos = 1;
   for (int64_t i = 0; i < words[0]; ++i) {
     if (pos + 3 > words.size()) {
-      return absl::DataLossError(absl::StrCat("p2p header truncated at tensor ", i, " of ", words[0]));
+      return absl::DataLossError(
+          absl::StrCat("p2p header truncated at tensor ", i, " of ", words[0]));
     }
     TensorMeta meta;
     const int64_t dtype = words[pos];
     if (dtype < 0 || dtype >= static_cast<int64_t>(c10::ScalarType::NumOptions)) {
-      return absl::DataLossError(absl::StrCat("p2p header: tensor ", i, " has unknown dtype code ", dtype));
+      return absl::DataLossError(
+          absl::StrCat("p2p header: tensor ", i, " has unknown dtype code ", dtype));
     }
     meta.dtype = static_cast<c10::ScalarType>(dtype);
     meta.requires_grad = words[pos + 1] != 0;
@@ -102,7 +104,9 @@ void P2P::SenderLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](P2P* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->stop_ || !self->queue_.empty(); },
+          +[](P2P* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+            return self->stop_ || !self->queue_.empty();
+          },
           this));
       if (queue_.empty()) return;  // stop_
       request = std::move(queue_.front());
@@ -155,9 +159,9 @@ absl::Status P2P::RecvInto(torch::Tensor& tensor, int peer, int tag, const std::
     completed = work->wait(options_.timeout);
   });
   if (!s.ok()) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        s.message(), " (peer rank ", peer, " died, hung or is out of step; timeout ",
-        options_.timeout.count(), " ms)"));
+    return absl::DeadlineExceededError(absl::StrCat(s.message(), " (peer rank ", peer,
+                                                    " died, hung or is out of step; timeout ",
+                                                    options_.timeout.count(), " ms)"));
   }
   if (!completed) {
     return absl::AbortedError(absl::StrCat(what, ": receive from rank ", peer, " was aborted"));
@@ -181,14 +185,17 @@ absl::Status P2P::WaitSends() {
   absl::Status first_error;
   {
     absl::MutexLock lock(&mu_);
-    const bool posted = mu_.AwaitWithTimeout(
-        absl::Condition(
-            +[](P2P* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->queue_.empty() && !self->posting_; },
-            this),
-        absl::FromChrono(options_.timeout));
+    const bool posted =
+        mu_.AwaitWithTimeout(absl::Condition(
+                                 +[](P2P* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+                                   return self->queue_.empty() && !self->posting_;
+                                 },
+                                 this),
+                             absl::FromChrono(options_.timeout));
     if (!posted) {
-      first_error = absl::DeadlineExceededError(absl::StrCat(
-          "sends still queued after ", options_.timeout.count(), " ms (a peer died, hung or is out of step)"));
+      first_error = absl::DeadlineExceededError(
+          absl::StrCat("sends still queued after ", options_.timeout.count(),
+                       " ms (a peer died, hung or is out of step)"));
     }
     pending.swap(in_flight_);
     if (!send_error_.ok()) first_error = send_error_;
@@ -234,7 +241,8 @@ void P2P::Recycle(Activations tensors) {
     torch::Tensor buffer = t.detach();
     t.reset();
     if (buffer.storage().use_count() != 1) continue;
-    pool_[{static_cast<int>(buffer.scalar_type()), buffer.sizes().vec()}].push_back(std::move(buffer));
+    pool_[{static_cast<int>(buffer.scalar_type()), buffer.sizes().vec()}].push_back(
+        std::move(buffer));
   }
 }
 
@@ -244,8 +252,9 @@ void P2P::ResetShapes() {
   pool_.clear();
 }
 
-absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage, const Activations& tensors,
-                                  const std::string& what, int64_t message_id) {
+absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
+                                  const Activations& tensors, const std::string& what,
+                                  int64_t message_id) {
   PP_RETURN_IF_ERROR(ReapCompletedSends());
   PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kActivation, src_stage, dst_stage));
   std::vector<TensorMeta> layout = LayoutOf(tensors);
@@ -303,7 +312,8 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
   if (options_.fixed_layout.has_value()) {
     layout = *options_.fixed_layout;
   } else {
-    torch::Tensor control = torch::empty({kControlWords}, torch::dtype(torch::kInt64).device(options_.device));
+    torch::Tensor control =
+        torch::empty({kControlWords}, torch::dtype(torch::kInt64).device(options_.device));
     PP_RETURN_IF_ERROR(RecvInto(control, peer, tag, what));
     control = control.cpu();
     const int64_t* c = control.data_ptr<int64_t>();
@@ -312,8 +322,8 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
     if (c[0] == kSameHeader) {
       auto it = received_headers_.find(key);
       if (it == received_headers_.end()) {
-        return absl::DataLossError(absl::StrCat(what, ": rank ", peer,
-                                                " said 'same header' on a channel with no header yet"));
+        return absl::DataLossError(absl::StrCat(
+            what, ": rank ", peer, " said 'same header' on a channel with no header yet"));
       }
       layout = it->second;
     } else {
@@ -325,13 +335,15 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
         if (length <= 0 || length > (1 << 20)) {
           return absl::DataLossError(absl::StrCat(what, ": bad p2p header length ", length));
         }
-        torch::Tensor header = torch::empty({length}, torch::dtype(torch::kInt64).device(options_.device));
+        torch::Tensor header =
+            torch::empty({length}, torch::dtype(torch::kInt64).device(options_.device));
         PP_RETURN_IF_ERROR(RecvInto(header, peer, tag, what));
         header = header.cpu();
         const int64_t* h = header.data_ptr<int64_t>();
         words.assign(h, h + length);
       } else {
-        return absl::DataLossError(absl::StrCat(what, ": bad p2p control word ", c[0], " from rank ", peer));
+        return absl::DataLossError(
+            absl::StrCat(what, ": bad p2p control word ", c[0], " from rank ", peer));
       }
       PP_ASSIGN_OR_RETURN(layout, DecodeHeader(words));
       received_headers_[key] = layout;

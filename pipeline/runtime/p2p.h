@@ -36,8 +36,8 @@
 // thread on the connection's lock while the peer's transport thread is busy;
 // the compute thread should not). The tensor is kept alive until completion,
 // two ranks that both send before they receive cannot deadlock, and
-// WaitSends() joins everything with the timeout. Every wait has a timeout and its error names the peer
-// rank and the action being executed.
+// WaitSends() joins everything with the timeout. Every wait has a timeout and its error names the
+// peer rank and the action being executed.
 //
 // Receive buffers come from a pool keyed by dtype and shape. A received tensor
 // belongs to the caller until it is handed back with Recycle(); a buffer whose
@@ -49,12 +49,12 @@
 #define PIPELINE_RUNTIME_P2P_H_
 
 #include <chrono>
-#include <deque>
-#include <thread>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -136,7 +136,8 @@ class P2P {
   // that require grad. `*message_id` (if given) gets the sender's id, or -1
   // in fixed-shape mode.
   absl::StatusOr<Activations> RecvActivations(int peer, int src_stage, int dst_stage,
-                                              const std::string& what, int64_t* message_id = nullptr);
+                                              const std::string& what,
+                                              int64_t* message_id = nullptr);
 
   // Sends the gradients of the activations `dst_stage` received from
   // `src_stage` back to `peer` (the rank of src_stage). `grads` holds one

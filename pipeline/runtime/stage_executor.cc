@@ -34,10 +34,11 @@ std::string Name(const Action& a) { return ActionToString(a); }
 
 }  // namespace
 
-StageExecutor::StageExecutor(int rank,
-                             std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages,
-                             LossFn loss_fn, MicroBatchSource* source,
-                             c10::intrusive_ptr<c10d::ProcessGroup> pipe_group, StageExecutorOptions options)
+StageExecutor::StageExecutor(
+    int rank,
+    std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages,
+    LossFn loss_fn, MicroBatchSource* source, c10::intrusive_ptr<c10d::ProcessGroup> pipe_group,
+    StageExecutorOptions options)
     : rank_(rank),
       stages_(std::move(stages)),
       loss_fn_(std::move(loss_fn)),
@@ -53,22 +54,24 @@ bool StageExecutor::IsLocal(const StepState& st, int stage) const {
 
 absl::Status StageExecutor::Validate(const LoweredProgram& program) const {
   if (rank_ < 0 || rank_ >= static_cast<int>(program.ranks.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " has no program: the schedule has ",
-                                                   program.ranks.size(), " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank_, " has no program: the schedule has ", program.ranks.size(), " ranks"));
   }
   if (pipe_group_ && pipe_group_->getSize() != program.num_stages) {
-    return absl::InvalidArgumentError(absl::StrCat("schedule '", program.schedule_name, "' is for ",
-                                                   program.num_stages, " pipeline ranks but the pipe group has ",
-                                                   pipe_group_->getSize()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule '", program.schedule_name, "' is for ", program.num_stages,
+                     " pipeline ranks but the pipe group has ", pipe_group_->getSize()));
   }
   const int num_virtual = program.num_virtual_stages();
   for (int s = 0; s < num_virtual; ++s) {
     const bool local = program.stage_to_rank[s] == rank_;
     if (local != (stages_.count(s) > 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "schedule '", program.schedule_name, "' places virtual stage ", s, " on rank ", program.stage_to_rank[s],
-          " but rank ", rank_, (local ? " has no module for it" : " holds its module"),
-          "; the model must be partitioned into num_stages * num_chunks = ", num_virtual, " parts"));
+          "schedule '", program.schedule_name, "' places virtual stage ", s, " on rank ",
+          program.stage_to_rank[s], " but rank ", rank_,
+          (local ? " has no module for it" : " holds its module"),
+          "; the model must be partitioned into num_stages * num_chunks = ", num_virtual,
+          " parts"));
     }
   }
   for (const Action& a : program.ranks[rank_]) {
@@ -80,11 +83,13 @@ absl::Status StageExecutor::Validate(const LoweredProgram& program) const {
     }
     if (HasStage(a.type) && !IsTail(a.type) && stages_.count(a.stage) == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("action ", Name(a), " of rank ", rank_, " is for a virtual stage this rank does not hold"));
+          absl::StrCat("action ", Name(a), " of rank ", rank_,
+                       " is for a virtual stage this rank does not hold"));
     }
     if (a.type == ActionType::kReduceGrads && stages_.count(a.stage) == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("action ", Name(a), " of rank ", rank_, " is for a virtual stage this rank does not hold"));
+          absl::StrCat("action ", Name(a), " of rank ", rank_,
+                       " is for a virtual stage this rank does not hold"));
     }
   }
   return absl::OkStatus();
@@ -93,7 +98,8 @@ absl::Status StageExecutor::Validate(const LoweredProgram& program) const {
 absl::StatusOr<const MicroBatchData*> StageExecutor::Data(StepState& st, int mb) {
   auto it = st.data.find(mb);
   if (it != st.data.end()) return &it->second;
-  const int64_t index = static_cast<int64_t>(options_.data_parallel_id) * st.program->num_microbatches + mb;
+  const int64_t index =
+      static_cast<int64_t>(options_.data_parallel_id) * st.program->num_microbatches + mb;
   PP_ASSIGN_OR_RETURN(MicroBatchData data, st.source->Get(st.step, index));
   return &st.data.emplace(mb, std::move(data)).first->second;
 }
@@ -112,8 +118,9 @@ absl::Status StageExecutor::Forward(const Action& a, StepState& st) {
   } else {
     auto it = st.inbox.find(key);
     if (it == st.inbox.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Name(a), " on rank ", rank_, ": no input received for this micro-batch (the program runs F before its RECV_F)"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          Name(a), " on rank ", rank_,
+          ": no input received for this micro-batch (the program runs F before its RECV_F)"));
     }
     inputs = std::move(it->second.first);
     received = it->second.second;
@@ -127,14 +134,15 @@ absl::Status StageExecutor::Forward(const Action& a, StepState& st) {
   Activations outputs = stages_.at(s)(inputs, data->batch);
   if (s == last) {
     if (id != data->batch.id) {
-      return absl::InternalError(absl::StrCat(Name(a), " on rank ", rank_, ": activations belong to micro-batch id ", id,
-                                              " but the labels to id ", data->batch.id,
-                                              "; refusing to compute a loss from mismatched batches"));
+      return absl::InternalError(
+          absl::StrCat(Name(a), " on rank ", rank_, ": activations belong to micro-batch id ", id,
+                       " but the labels to id ", data->batch.id,
+                       "; refusing to compute a loss from mismatched batches"));
     }
     torch::Tensor loss = loss_fn_(outputs, data->batch);
     if (loss.numel() != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the loss function returned ", loss.numel(), " elements; it must return a scalar"));
+      return absl::InvalidArgumentError(absl::StrCat("the loss function returned ", loss.numel(),
+                                                     " elements; it must return a scalar"));
     }
     st.stats.loss_sum += loss.detach().item<double>();
     st.stats.losses_computed += 1;
@@ -242,12 +250,14 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
     case ActionType::kForward:
       return Forward(a, st);
     case ActionType::kBackward:
-      if (st.forward_only) return absl::InvalidArgumentError(absl::StrCat(Name(a), " in a forward-only program"));
+      if (st.forward_only)
+        return absl::InvalidArgumentError(absl::StrCat(Name(a), " in a forward-only program"));
       return Backward(a, st);
     case ActionType::kRecvForward: {
       int64_t id = -1;
-      PP_ASSIGN_OR_RETURN(Activations acts, p2p_.RecvActivations(program.PeerRank(a), a.stage - 1, a.stage,
-                                                                 absl::StrCat(Name(a), " on rank ", rank_), &id));
+      PP_ASSIGN_OR_RETURN(Activations acts,
+                          p2p_.RecvActivations(program.PeerRank(a), a.stage - 1, a.stage,
+                                               absl::StrCat(Name(a), " on rank ", rank_), &id));
       if (st.forward_only) {
         for (torch::Tensor& t : acts) t.requires_grad_(false);
       }
@@ -258,7 +268,8 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
     case ActionType::kSendForward: {
       auto it = st.outbox.find(key);
       if (it == st.outbox.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(Name(a), " on rank ", rank_, ": no output to send (SEND_F before F)"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(Name(a), " on rank ", rank_, ": no output to send (SEND_F before F)"));
       }
       const int64_t id = st.outbox_ids[key];
       absl::Status s = p2p_.SendActivations(program.PeerRank(a), a.stage, a.stage + 1, it->second,
@@ -270,17 +281,20 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
     case ActionType::kRecvBackward: {
       auto layout = st.out_layouts.find(key);
       if (layout == st.out_layouts.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(Name(a), " on rank ", rank_, ": RECV_B before F"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(Name(a), " on rank ", rank_, ": RECV_B before F"));
       }
-      PP_ASSIGN_OR_RETURN(Activations grads, p2p_.RecvGrads(program.PeerRank(a), a.stage, a.stage + 1, layout->second,
-                                                            absl::StrCat(Name(a), " on rank ", rank_)));
+      PP_ASSIGN_OR_RETURN(Activations grads,
+                          p2p_.RecvGrads(program.PeerRank(a), a.stage, a.stage + 1, layout->second,
+                                         absl::StrCat(Name(a), " on rank ", rank_)));
       st.grad_inbox[key] = {std::move(grads), true};
       return absl::OkStatus();
     }
     case ActionType::kSendBackward: {
       auto it = st.grad_outbox.find(key);
       if (it == st.grad_outbox.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(Name(a), " on rank ", rank_, ": SEND_B before B"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(Name(a), " on rank ", rank_, ": SEND_B before B"));
       }
       absl::Status s = p2p_.SendGrads(program.PeerRank(a), a.stage - 1, a.stage, it->second,
                                       absl::StrCat(Name(a), " on rank ", rank_));
@@ -296,7 +310,8 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
       return tail ? tail(a) : absl::OkStatus();
     case ActionType::kBackwardInput:
     case ActionType::kBackwardWeight:
-      return absl::UnimplementedError(absl::StrCat(Name(a), ": split backward (I/W) is not implemented yet"));
+      return absl::UnimplementedError(
+          absl::StrCat(Name(a), ": split backward (I/W) is not implemented yet"));
   }
   return absl::InternalError(absl::StrCat("unknown action type in ", Name(a)));
 }
@@ -308,7 +323,9 @@ LoweredProgram DeferReceives(const LoweredProgram& program) {
     std::vector<Action> reordered;
     std::deque<Action> deferred;
     auto flush_until = [&](const Action* needed) {
-      if (needed != nullptr && std::find(deferred.begin(), deferred.end(), *needed) == deferred.end()) return;
+      if (needed != nullptr &&
+          std::find(deferred.begin(), deferred.end(), *needed) == deferred.end())
+        return;
       while (!deferred.empty()) {
         const Action r = deferred.front();
         deferred.pop_front();
@@ -338,13 +355,14 @@ LoweredProgram DeferReceives(const LoweredProgram& program) {
   return out;
 }
 
-absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int64_t step, const TailFn& tail,
-                                              MicroBatchSource* source) {
+absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int64_t step,
+                                             const TailFn& tail, MicroBatchSource* source) {
   PP_RETURN_IF_ERROR(Validate(program));
   const LoweredProgram exec_program = options_.defer_receives ? DeferReceives(program) : program;
   StepState st;
   st.source = source != nullptr ? source : source_;
-  if (st.source == nullptr) return absl::InvalidArgumentError("StageExecutor::Run needs a MicroBatchSource");
+  if (st.source == nullptr)
+    return absl::InvalidArgumentError("StageExecutor::Run needs a MicroBatchSource");
   st.program = &program;
   st.step = step;
   st.forward_only = program.forward_only;

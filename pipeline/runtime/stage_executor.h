@@ -109,9 +109,11 @@ class StageExecutor {
  public:
   // `chunks[c]` is virtual stage chunks_stage[c]; `pipe_group` ranks are the
   // pipeline ranks of LoweredProgram::stage_to_rank.
-  StageExecutor(int rank, std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages,
-                LossFn loss_fn, MicroBatchSource* source,
-                c10::intrusive_ptr<c10d::ProcessGroup> pipe_group, StageExecutorOptions options);
+  StageExecutor(
+      int rank,
+      std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages,
+      LossFn loss_fn, MicroBatchSource* source, c10::intrusive_ptr<c10d::ProcessGroup> pipe_group,
+      StageExecutorOptions options);
 
   // Checks that `program` can run on this rank: every action's stage is local
   // and known, I/W are rejected (not implemented yet), the program's stage
@@ -132,9 +134,9 @@ class StageExecutor {
  private:
   using Key = std::pair<int, int>;  // (virtual stage, micro-batch)
   struct StashEntry {
-    Activations inputs;   // what Forward received (leaves for grads)
-    Activations outputs;  // what Forward returned (graph roots), or
-    torch::Tensor loss;   // the scaled loss on the last stage
+    Activations inputs;     // what Forward received (leaves for grads)
+    Activations outputs;    // what Forward returned (graph roots), or
+    torch::Tensor loss;     // the scaled loss on the last stage
     bool received = false;  // inputs came from p2p (their buffers can be recycled)
   };
   struct StepState {
@@ -142,14 +144,14 @@ class StageExecutor {
     int64_t step = 0;
     bool forward_only = false;
     MicroBatchSource* source = nullptr;
-    std::map<int, MicroBatchData> data;                  // by micro-batch
-    std::map<Key, std::pair<Activations, bool>> inbox;   // inputs for F: (tensors, received)
-    std::map<Key, int64_t> inbox_ids;                    // micro-batch id that came with them
-    std::map<Key, Activations> outbox;                   // F outputs waiting for SEND_F
+    std::map<int, MicroBatchData> data;                 // by micro-batch
+    std::map<Key, std::pair<Activations, bool>> inbox;  // inputs for F: (tensors, received)
+    std::map<Key, int64_t> inbox_ids;                   // micro-batch id that came with them
+    std::map<Key, Activations> outbox;                  // F outputs waiting for SEND_F
     std::map<Key, int64_t> outbox_ids;
-    std::map<Key, std::vector<TensorMeta>> out_layouts;  // layout of F outputs (for RECV_B)
+    std::map<Key, std::vector<TensorMeta>> out_layouts;      // layout of F outputs (for RECV_B)
     std::map<Key, std::pair<Activations, bool>> grad_inbox;  // output grads for B
-    std::map<Key, Activations> grad_outbox;              // input grads waiting for SEND_B
+    std::map<Key, Activations> grad_outbox;                  // input grads waiting for SEND_B
     std::map<Key, StashEntry> stash;
     StepStats stats;
   };

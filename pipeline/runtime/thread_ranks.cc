@@ -30,8 +30,8 @@ absl::Status RunOnThreadRanks(int world_size, std::chrono::milliseconds timeout,
                               const std::function<absl::Status(const ThreadRank&)>& fn) {
   static std::atomic<int> run_counter{0};
   const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/pp_thread_ranks_", getpid(), "_",
-                                        run_counter.fetch_add(1));
+  const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/pp_thread_ranks_",
+                                        getpid(), "_", run_counter.fetch_add(1));
   ::unlink(path.c_str());
   std::vector<absl::Status> results(world_size);
   std::vector<std::thread> threads;

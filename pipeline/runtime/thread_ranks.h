@@ -18,8 +18,8 @@ namespace pp {
 struct ThreadRank {
   int rank = 0;
   int world_size = 1;
-  c10::intrusive_ptr<c10d::Store> store;           // shared by all ranks (prefixed per run)
-  c10::intrusive_ptr<c10d::ProcessGroup> world;    // this rank's Gloo world group
+  c10::intrusive_ptr<c10d::Store> store;         // shared by all ranks (prefixed per run)
+  c10::intrusive_ptr<c10d::ProcessGroup> world;  // this rank's Gloo world group
 };
 
 // Creates a Gloo group over `store` for `ranks` (global ranks; `my_rank` must

@@ -12,7 +12,8 @@
 namespace pp {
 namespace {
 
-absl::Status WaitCollective(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::milliseconds timeout) {
+absl::Status WaitCollective(const c10::intrusive_ptr<c10d::Work>& work,
+                            std::chrono::milliseconds timeout) {
   if (!work->wait(timeout)) return absl::AbortedError("collective aborted");
   return absl::OkStatus();
 }
@@ -23,24 +24,27 @@ absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const Schedu
   if (schedule.forward_only != want_forward_only) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule '", name, "' is ", schedule.forward_only ? "forward-only" : "a training schedule",
-        "; expected ", want_forward_only ? "a forward-only (evaluation) schedule" : "a training schedule"));
+        "; expected ",
+        want_forward_only ? "a forward-only (evaluation) schedule" : "a training schedule"));
   }
   return Lower(schedule);
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, PipelineModel* model, LossFn loss_fn,
-                                                         MicroBatchSource* source, TrainerOptions options) {
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, PipelineModel* model,
+                                                         LossFn loss_fn, MicroBatchSource* source,
+                                                         TrainerOptions options) {
   if (grid == nullptr || model == nullptr || source == nullptr || !loss_fn) {
-    return absl::InvalidArgumentError("Trainer::Create needs a grid, a model, a loss function and a source");
+    return absl::InvalidArgumentError(
+        "Trainer::Create needs a grid, a model, a loss function and a source");
   }
   PP_RETURN_IF_ERROR(ValidateOptimizerConfig(options.optimizer));
   PP_RETURN_IF_ERROR(ValidateLrSchedule(options.lr_schedule));
   if (model->num_stages() != grid->num_stages() || model->stage() != grid->stage_id()) {
-    return absl::InvalidArgumentError(absl::StrCat("the model is stage ", model->stage(), " of ", model->num_stages(),
-                                                   " but the grid puts this rank at stage ", grid->stage_id(), " of ",
-                                                   grid->num_stages()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model is stage ", model->stage(), " of ", model->num_stages(),
+        " but the grid puts this rank at stage ", grid->stage_id(), " of ", grid->num_stages()));
   }
   if (options.num_microbatches < 1) {
     return absl::InvalidArgumentError(
@@ -68,13 +72,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
     tie.key = group.key;
     std::vector<int> ranks;
     for (int64_t stage : group.stages) {
-      PP_ASSIGN_OR_RETURN(int r, grid->StageToGlobal(static_cast<int>(stage), grid->data_parallel_id()));
+      PP_ASSIGN_OR_RETURN(int r,
+                          grid->StageToGlobal(static_cast<int>(stage), grid->data_parallel_id()));
       ranks.push_back(r);
     }
     tie.members = absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
     if (ranks.size() > 1) {
-      PP_ASSIGN_OR_RETURN(tie.group,
-                          grid->NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp", grid->data_parallel_id())));
+      PP_ASSIGN_OR_RETURN(tie.group, grid->NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp",
+                                                                        grid->data_parallel_id())));
     }
     PP_ASSIGN_OR_RETURN(auto named, model->TiedParameters(group.key));
     for (const auto& item : named) tie.params.push_back(item.value());
@@ -104,8 +109,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   eo.data_parallel_id = grid->data_parallel_id();
   eo.trace = options.trace;
   eo.defer_receives = options.defer_receives;
-  t->executor_ = std::make_unique<StageExecutor>(grid->stage_id(), std::move(stages), std::move(loss_fn), source,
-                                                 grid->pipe_group(), eo);
+  t->executor_ = std::make_unique<StageExecutor>(
+      grid->stage_id(), std::move(stages), std::move(loss_fn), source, grid->pipe_group(), eo);
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->train_program_));
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->eval_program_));
   t->optimizer_ = MakeOptimizer(options.optimizer, t->params_);
@@ -123,7 +128,8 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
       const int64_t chunk = action.stage / model_->num_stages();
       std::vector<torch::Tensor> params;
       for (const auto& item : model_->chunk_named_parameters(chunk)) {
-        if (reduced_this_step_.insert(item.value().unsafeGetTensorImpl()).second) params.push_back(item.value());
+        if (reduced_this_step_.insert(item.value().unsafeGetTensorImpl()).second)
+          params.push_back(item.value());
       }
       return AverageGrads(params, grid_->data_group(), options_.timeout);
     }
@@ -132,9 +138,10 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
         return TorchCall("optimizer step", [&] { optimizer_->step(); });
       }
       PP_ASSIGN_OR_RETURN(result.grad_norm,
-                          GlobalGradNorm(counted_params_, grid_->pipe_group(), grid_->data_group(), options_.timeout,
-                                         options_.device));
-      if (options_.max_grad_norm > 0) ClipGradsToNorm(params_, result.grad_norm, options_.max_grad_norm);
+                          GlobalGradNorm(counted_params_, grid_->pipe_group(), grid_->data_group(),
+                                         options_.timeout, options_.device));
+      if (options_.max_grad_norm > 0)
+        ClipGradsToNorm(params_, result.grad_norm, options_.max_grad_norm);
       return TorchCall("optimizer step", [&] { optimizer_->step(); });
     }
     default:
@@ -168,16 +175,17 @@ absl::StatusOr<StepResult> Trainer::Step() {
     optimizer_->zero_grad();
   }));
   model_->train();
-  PP_ASSIGN_OR_RETURN(StepStats stats,
-                      executor_->Run(train_program_, step_,
-                                     [&](const Action& a) { return Tail(a, result); }));
+  PP_ASSIGN_OR_RETURN(StepStats stats, executor_->Run(train_program_, step_, [&](const Action& a) {
+    return Tail(a, result);
+  }));
   PP_ASSIGN_OR_RETURN(result.loss, ReduceLoss(stats));
   result.step_seconds = static_cast<double>(stats.wall_us) * 1e-6;
   // Busy/idle of every rank (one small all-gather).
   const int world = grid_->world_size();
-  torch::Tensor mine = torch::tensor({static_cast<double>(stats.busy_us), static_cast<double>(stats.wall_us)},
-                                     torch::kDouble)
-                           .to(options_.device);
+  torch::Tensor mine =
+      torch::tensor({static_cast<double>(stats.busy_us), static_cast<double>(stats.wall_us)},
+                    torch::kDouble)
+          .to(options_.device);
   std::vector<std::vector<at::Tensor>> gathered(1);
   for (int r = 0; r < world; ++r) {
     gathered[0].push_back(torch::empty({2}, torch::dtype(torch::kDouble).device(options_.device)));
@@ -247,7 +255,8 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
     const int64_t cnt = counts[0][r].item<int64_t>();
     auto acc = tables[0][r].accessor<int64_t, 2>();
     for (int64_t i = 0; i < cnt; ++i) {
-      Action a{static_cast<int>(acc[i][0]), static_cast<ActionType>(acc[i][1]), static_cast<int>(acc[i][2])};
+      Action a{static_cast<int>(acc[i][0]), static_cast<ActionType>(acc[i][1]),
+               static_cast<int>(acc[i][2])};
       events.push_back(TraceEvent{r, ActionToString(a), static_cast<double>(acc[i][3] - t0),
                                   static_cast<double>(acc[i][4] - t0)});
     }

@@ -2,8 +2,8 @@
 //
 //   pp::TrainerOptions o; o.schedule = "1f1b"; o.num_microbatches = 8;
 //   o.optimizer = {.name = "adamw", .lr = 1e-3};
-//   PP_ASSIGN_OR_RETURN(auto trainer, pp::Trainer::Create(&grid, model.get(), loss_fn, &source, o));
-//   for (...) { PP_ASSIGN_OR_RETURN(pp::StepResult r, trainer->Step()); }
+//   PP_ASSIGN_OR_RETURN(auto trainer, pp::Trainer::Create(&grid, model.get(), loss_fn, &source,
+//   o)); for (...) { PP_ASSIGN_OR_RETURN(pp::StepResult r, trainer->Step()); }
 //
 // A step: the schedule's lowered program runs on the StageExecutor; its tail
 // all-reduces tied gradients within each tie group (SUM; the copies were
@@ -89,8 +89,9 @@ class Trainer {
   // members: every rank must call Create), broadcasts tied weights from the
   // lowest stage and makes the optimizer. InvalidArgument for options that do
   // not fit the grid or the model (named).
-  static absl::StatusOr<std::unique_ptr<Trainer>> Create(ParallelGrid* grid, PipelineModel* model, LossFn loss_fn,
-                                                         MicroBatchSource* source, TrainerOptions options);
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(ParallelGrid* grid, PipelineModel* model,
+                                                         LossFn loss_fn, MicroBatchSource* source,
+                                                         TrainerOptions options);
 
   // One training step on the source's next global batch.
   absl::StatusOr<StepResult> Step();

@@ -56,19 +56,22 @@ TEST(TrainerTest, DeepSpeedTwoLinearLayers) {
     mo.num_stages = 2;
     mo.partition_method = "uniform";
     std::unique_lock<std::mutex> build_lock(ModelBuildMutex());
-    PP_ASSIGN_OR_RETURN(auto model,
-                        PipelineModel::Create({LayerSpec("Linear", linear), LayerSpec("Linear", linear)}, mo,
-                                              grid.stage_id()));
+    PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(
+                                        {LayerSpec("Linear", linear), LayerSpec("Linear", linear)},
+                                        mo, grid.stage_id()));
     build_lock.unlock();
     Ones source;
     TrainerOptions o;
     o.num_microbatches = 2;
     o.optimizer.lr = 0.1;
-    auto mse = [](const Activations& out, const MicroBatch& b) { return torch::mse_loss(out[0], b.Get("labels")); };
+    auto mse = [](const Activations& out, const MicroBatch& b) {
+      return torch::mse_loss(out[0], b.Get("labels"));
+    };
     PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), mse, &source, o));
     PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
     PP_RETURN_IF_ERROR(Check(std::abs(r.loss - 1.0) < 1e-6, "loss 1 reported on every rank"));
-    PP_RETURN_IF_ERROR(Check(std::abs(r.grad_norm - std::sqrt(8.0)) < 1e-5, "grad norm sqrt(2^2 + 2^2)"));
+    PP_RETURN_IF_ERROR(
+        Check(std::abs(r.grad_norm - std::sqrt(8.0)) < 1e-5, "grad norm sqrt(2^2 + 2^2)"));
     const float w = model->parameters()[0].item<float>();
     return Check(std::abs(w - 0.8f) < 1e-6, "weight " + std::to_string(w));
   });
@@ -125,14 +128,17 @@ TEST(TrainerTest, TraceAndStepResult) {
     PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, o));
     PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
     PP_RETURN_IF_ERROR(Check(std::abs(r.learning_rate - 0.1) < 1e-12, "warm-up lr"));
-    PP_RETURN_IF_ERROR(Check(r.busy_seconds.size() == 2 && r.idle_seconds.size() == 2, "per-rank busy/idle"));
+    PP_RETURN_IF_ERROR(
+        Check(r.busy_seconds.size() == 2 && r.idle_seconds.size() == 2, "per-rank busy/idle"));
     PP_RETURN_IF_ERROR(Check(r.busy_seconds[0] > 0 && r.busy_seconds[1] > 0, "busy > 0"));
     PP_ASSIGN_OR_RETURN(std::string json, trainer->LastStepTrace());
     nlohmann::json doc = nlohmann::json::parse(json);
     size_t complete = 0;
     for (const auto& e : doc["traceEvents"]) complete += e["ph"] == "X";
-    const size_t want = trainer->train_program().ranks[0].size() + trainer->train_program().ranks[1].size();
-    return Check(complete == want, "trace events " + std::to_string(complete) + " != actions " + std::to_string(want));
+    const size_t want =
+        trainer->train_program().ranks[0].size() + trainer->train_program().ranks[1].size();
+    return Check(complete == want, "trace events " + std::to_string(complete) + " != actions " +
+                                       std::to_string(want));
   });
   EXPECT_TRUE(s.ok()) << s;
 }
@@ -146,7 +152,8 @@ TEST(TrainerTest, FixedShapeModeMatchesDynamic) {
       ToySource source;
       TrainerOptions o;
       o.num_microbatches = 4;
-      if (fixed) o.fixed_layout = std::vector<TensorMeta>{{torch::kFloat, {kTokens, kHidden}, true}};
+      if (fixed)
+        o.fixed_layout = std::vector<TensorMeta>{{torch::kFloat, {kTokens, kHidden}, true}};
       PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, o));
       for (int i = 0; i < 2; ++i) {
         PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
@@ -187,16 +194,19 @@ TEST(TrainerTest, RejectsBadScheduleNames) {
     TrainerOptions o;
     o.schedule = "no_such_schedule";
     auto t = Trainer::Create(&grid, model.get(), ToyLoss, &source, o);
-    PP_RETURN_IF_ERROR(Check(t.status().code() == absl::StatusCode::kNotFound &&
-                                 std::string(t.status().message()).find("1f1b") != std::string::npos,
-                             "unknown schedule lists the registered ones: " + t.status().ToString()));
+    PP_RETURN_IF_ERROR(
+        Check(t.status().code() == absl::StatusCode::kNotFound &&
+                  std::string(t.status().message()).find("1f1b") != std::string::npos,
+              "unknown schedule lists the registered ones: " + t.status().ToString()));
     o.schedule = "inference";
     t = Trainer::Create(&grid, model.get(), ToyLoss, &source, o);
-    PP_RETURN_IF_ERROR(Check(t.status().code() == absl::StatusCode::kInvalidArgument, "forward-only for training"));
+    PP_RETURN_IF_ERROR(Check(t.status().code() == absl::StatusCode::kInvalidArgument,
+                             "forward-only for training"));
     o.schedule = "1f1b";
     o.eval_schedule = "gpipe";
     t = Trainer::Create(&grid, model.get(), ToyLoss, &source, o);
-    return Check(t.status().code() == absl::StatusCode::kInvalidArgument, "training schedule for evaluation");
+    return Check(t.status().code() == absl::StatusCode::kInvalidArgument,
+                 "training schedule for evaluation");
   });
   EXPECT_TRUE(s.ok()) << s;
 }

@@ -51,8 +51,7 @@ absl::string_view ActionTypeName(ActionType type) {
 
 bool IsCompute(ActionType type) {
   return type == ActionType::kForward || type == ActionType::kBackward ||
-         type == ActionType::kBackwardInput ||
-         type == ActionType::kBackwardWeight;
+         type == ActionType::kBackwardInput || type == ActionType::kBackwardWeight;
 }
 
 bool IsCommunication(ActionType type) {
@@ -61,18 +60,15 @@ bool IsCommunication(ActionType type) {
 }
 
 bool IsTail(ActionType type) {
-  return type == ActionType::kReduceTiedGrads ||
-         type == ActionType::kReduceGrads || type == ActionType::kOptimizerStep;
+  return type == ActionType::kReduceTiedGrads || type == ActionType::kReduceGrads ||
+         type == ActionType::kOptimizerStep;
 }
 
 bool HasStage(ActionType type) {
-  return type != ActionType::kReduceTiedGrads &&
-         type != ActionType::kOptimizerStep;
+  return type != ActionType::kReduceTiedGrads && type != ActionType::kOptimizerStep;
 }
 
-bool HasMicrobatch(ActionType type) {
-  return IsCompute(type) || IsCommunication(type);
-}
+bool HasMicrobatch(ActionType type) { return IsCompute(type) || IsCommunication(type); }
 
 bool operator<(const Action& a, const Action& b) {
   return std::make_tuple(a.stage, static_cast<int>(a.type), a.microbatch) <

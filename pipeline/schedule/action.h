@@ -29,10 +29,10 @@ enum class ActionType {
   kBackwardWeight,  // "W": backward for weight gradients only (after I).
   // Communication. Inserted by Lower(); peers are always neighbouring virtual
   // stages (see PeerStage).
-  kSendForward,     // "SEND_F": stage s sends its F output of mb to s + 1.
-  kRecvForward,     // "RECV_F": stage s receives the F input of mb from s - 1.
-  kSendBackward,    // "SEND_B": stage s sends its input gradient of mb to s - 1.
-  kRecvBackward,    // "RECV_B": stage s receives the output gradient of mb from s + 1.
+  kSendForward,   // "SEND_F": stage s sends its F output of mb to s + 1.
+  kRecvForward,   // "RECV_F": stage s receives the F input of mb from s - 1.
+  kSendBackward,  // "SEND_B": stage s sends its input gradient of mb to s - 1.
+  kRecvBackward,  // "RECV_B": stage s receives the output gradient of mb from s + 1.
   // The step's tail. Inserted by Lower() after every compute/communication
   // action of a rank, in this order, only for training schedules.
   kReduceTiedGrads,  // "REDUCE_TIED": all-reduce the gradients of every tie

@@ -14,16 +14,14 @@ TEST(ActionTest, PrintsPyTorchNotation) {
   EXPECT_EQ(ActionToString({1, ActionType::kRecvForward, 3}), "1RECV_F3");
   EXPECT_EQ(ActionToString({2, ActionType::kSendBackward, 10}), "2SEND_B10");
   EXPECT_EQ(ActionToString({3, ActionType::kReduceGrads, -1}), "3REDUCE_GRAD");
-  EXPECT_EQ(ActionToString({-1, ActionType::kReduceTiedGrads, -1}),
-            "REDUCE_TIED");
+  EXPECT_EQ(ActionToString({-1, ActionType::kReduceTiedGrads, -1}), "REDUCE_TIED");
   EXPECT_EQ(ActionToString({-1, ActionType::kOptimizerStep, -1}), "STEP");
 }
 
 TEST(ActionTest, ParseAndPrintRoundTripEveryType) {
-  const std::vector<std::string> texts = {
-      "0F3",     "1B0",       "2I1",       "2W1",          "1SEND_F3",
-      "2RECV_F3", "3SEND_B11", "0RECV_B7", "5REDUCE_GRAD", "REDUCE_TIED",
-      "STEP"};
+  const std::vector<std::string> texts = {"0F3",          "1B0",         "2I1",       "2W1",
+                                          "1SEND_F3",     "2RECV_F3",    "3SEND_B11", "0RECV_B7",
+                                          "5REDUCE_GRAD", "REDUCE_TIED", "STEP"};
   for (const std::string& text : texts) {
     absl::StatusOr<Action> action = ParseAction(text);
     ASSERT_TRUE(action.ok()) << text << ": " << action.status();
@@ -41,14 +39,12 @@ TEST(ActionTest, ParsesFields) {
 }
 
 TEST(ActionTest, MalformedTextIsInvalidArgumentShowingIt) {
-  for (const char* text :
-       {"", "F3", "0F", "0X3", "0F3x", "-1F3", "0F-3", "0SEND3", "1STEP",
-        "STEP2", "REDUCE_GRAD", "0REDUCE_GRAD1", "0f3", "0F3F"}) {
+  for (const char* text : {"", "F3", "0F", "0X3", "0F3x", "-1F3", "0F-3", "0SEND3", "1STEP",
+                           "STEP2", "REDUCE_GRAD", "0REDUCE_GRAD1", "0f3", "0F3F"}) {
     absl::StatusOr<Action> a = ParseAction(text);
     ASSERT_FALSE(a.ok()) << "accepted \"" << text << "\"";
     EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(a.status().message()),
-                HasSubstr(std::string("\"") + text + "\""));
+    EXPECT_THAT(std::string(a.status().message()), HasSubstr(std::string("\"") + text + "\""));
   }
 }
 

@@ -33,8 +33,7 @@ std::string ChromeTraceJson(const std::vector<TraceEvent>& events,
   }
   for (const TraceEvent& e : events) {
     absl::StatusOr<Action> action = ParseAction(e.name);
-    std::string category =
-        action.ok() ? std::string(ActionTypeName(action->type)) : "other";
+    std::string category = action.ok() ? std::string(ActionTypeName(action->type)) : "other";
     nlohmann::json event = {
         {"name", e.name},
         {"cat", category},
@@ -45,18 +44,15 @@ std::string ChromeTraceJson(const std::vector<TraceEvent>& events,
         {"dur", (e.end - e.start) * options.microseconds_per_unit},
     };
     if (action.ok() && HasMicrobatch(action->type)) {
-      event["args"] = {{"stage", action->stage},
-                       {"microbatch", action->microbatch}};
+      event["args"] = {{"stage", action->stage}, {"microbatch", action->microbatch}};
     }
     trace_events.push_back(std::move(event));
   }
-  nlohmann::json root = {{"traceEvents", trace_events},
-                         {"displayTimeUnit", "ms"}};
+  nlohmann::json root = {{"traceEvents", trace_events}, {"displayTimeUnit", "ms"}};
   return root.dump(1);
 }
 
-absl::Status WriteChromeTrace(absl::string_view path,
-                              const std::vector<TraceEvent>& events,
+absl::Status WriteChromeTrace(absl::string_view path, const std::vector<TraceEvent>& events,
                               const ChromeTraceOptions& options) {
   std::ofstream out{std::string(path)};
   out << ChromeTraceJson(events, options);

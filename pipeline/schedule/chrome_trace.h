@@ -36,8 +36,7 @@ std::string ChromeTraceJson(const std::vector<TraceEvent>& events,
                             const ChromeTraceOptions& options = {});
 
 // Writes ChromeTraceJson to `path`; InvalidArgument if it cannot be written.
-absl::Status WriteChromeTrace(absl::string_view path,
-                              const std::vector<TraceEvent>& events,
+absl::Status WriteChromeTrace(absl::string_view path, const std::vector<TraceEvent>& events,
                               const ChromeTraceOptions& options = {});
 
 }  // namespace pp

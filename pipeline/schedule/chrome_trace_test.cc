@@ -4,17 +4,15 @@
 #include <fstream>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace pp {
 namespace {
 
 TEST(ChromeTraceTest, OneCompleteEventPerActionWithRankThreads) {
-  std::vector<TraceEvent> events = {{0, "0F0", 0, 1},
-                                    {1, "1F0", 1, 2},
-                                    {1, "1RECV_F0", 1, 1},
-                                    {0, "loss", 2, 2.5}};
+  std::vector<TraceEvent> events = {
+      {0, "0F0", 0, 1}, {1, "1F0", 1, 2}, {1, "1RECV_F0", 1, 1}, {0, "loss", 2, 2.5}};
   ChromeTraceOptions options;
   options.microseconds_per_unit = 1000;
   nlohmann::json trace = nlohmann::json::parse(ChromeTraceJson(events, options));

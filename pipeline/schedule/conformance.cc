@@ -15,15 +15,13 @@ namespace pp {
 namespace {
 
 absl::Status Fail(const ScheduleOptions& o, const std::string& what) {
-  return absl::InternalError(absl::StrCat("p=", o.num_stages, " m=",
-                                          o.num_microbatches, " v=",
-                                          o.num_chunks, ": ", what));
+  return absl::InternalError(
+      absl::StrCat("p=", o.num_stages, " m=", o.num_microbatches, " v=", o.num_chunks, ": ", what));
 }
 
 }  // namespace
 
-absl::Status CheckScheduleConformance(const std::string& name,
-                                      const ScheduleOptions& o) {
+absl::Status CheckScheduleConformance(const std::string& name, const ScheduleOptions& o) {
   absl::StatusOr<Schedule> made = MakeSchedule(name, o);
   if (!made.ok()) {
     if (made.status().code() != absl::StatusCode::kInvalidArgument ||
@@ -36,8 +34,7 @@ absl::Status CheckScheduleConformance(const std::string& name,
   }
   const Schedule& schedule = *made;
   if (schedule.num_chunks != o.num_chunks) {
-    return Fail(o, absl::StrCat("asked for ", o.num_chunks, " chunks, got ",
-                                schedule.num_chunks));
+    return Fail(o, absl::StrCat("asked for ", o.num_chunks, " chunks, got ", schedule.num_chunks));
   }
   absl::Status valid = ValidateSchedule(schedule);
   if (!valid.ok()) return Fail(o, valid.ToString());
@@ -54,13 +51,11 @@ absl::Status CheckScheduleConformance(const std::string& name,
     const int b = count[ActionType::kBackward];
     const int i = count[ActionType::kBackwardInput];
     const int w = count[ActionType::kBackwardWeight];
-    const bool ok = f == local * m &&
-                    (schedule.forward_only ? b + i + w == 0
-                                           : b + i == local * m && i == w);
+    const bool ok =
+        f == local * m && (schedule.forward_only ? b + i + w == 0 : b + i == local * m && i == w);
     if (!ok) {
-      return Fail(o, absl::StrCat("rank ", r, " has ", f, " F, ", b, " B, ", i,
-                                  " I, ", w, " W for ", local,
-                                  " local stages"));
+      return Fail(o, absl::StrCat("rank ", r, " has ", f, " F, ", b, " B, ", i, " I, ", w,
+                                  " W for ", local, " local stages"));
     }
   }
 
@@ -74,11 +69,10 @@ absl::Status CheckScheduleConformance(const std::string& name,
   for (int r = 0; r < p; ++r) {
     const std::vector<Action>& actions = program.ranks[r];
     for (const Action& a : actions) ++comm[a.type];
-    const bool has_tail =
-        !actions.empty() && actions.back().type == ActionType::kOptimizerStep;
+    const bool has_tail = !actions.empty() && actions.back().type == ActionType::kOptimizerStep;
     if (has_tail == schedule.forward_only) {
-      return Fail(o, absl::StrCat("rank ", r, "'s lowered program ",
-                                  has_tail ? "has" : "lacks", " the tail"));
+      return Fail(o, absl::StrCat("rank ", r, "'s lowered program ", has_tail ? "has" : "lacks",
+                                  " the tail"));
     }
   }
   const int backward_messages = schedule.forward_only ? 0 : boundaries * m;
@@ -86,13 +80,11 @@ absl::Status CheckScheduleConformance(const std::string& name,
       comm[ActionType::kRecvForward] != boundaries * m ||
       comm[ActionType::kSendBackward] != backward_messages ||
       comm[ActionType::kRecvBackward] != backward_messages) {
-    return Fail(o, absl::StrCat("wrong message counts: ",
-                                comm[ActionType::kSendForward], " SEND_F, ",
-                                comm[ActionType::kRecvForward], " RECV_F, ",
+    return Fail(o, absl::StrCat("wrong message counts: ", comm[ActionType::kSendForward],
+                                " SEND_F, ", comm[ActionType::kRecvForward], " RECV_F, ",
                                 comm[ActionType::kSendBackward], " SEND_B, ",
-                                comm[ActionType::kRecvBackward],
-                                " RECV_B; expected ", boundaries * m, " and ",
-                                backward_messages));
+                                comm[ActionType::kRecvBackward], " RECV_B; expected ",
+                                boundaries * m, " and ", backward_messages));
   }
   for (bool blocking : {false, true}) {
     SimulationCosts costs;
@@ -102,8 +94,8 @@ absl::Status CheckScheduleConformance(const std::string& name,
     if (!sim.ok()) return Fail(o, sim.status().ToString());
     for (int r = 0; r < p; ++r) {
       if (sim->busy[r] > sim->makespan + 1e-9 || sim->idle[r] < -1e-9) {
-        return Fail(o, absl::StrCat("rank ", r, " busy ", sim->busy[r],
-                                    " exceeds the makespan ", sim->makespan));
+        return Fail(o, absl::StrCat("rank ", r, " busy ", sim->busy[r], " exceeds the makespan ",
+                                    sim->makespan));
       }
     }
     if (sim->bubble_fraction < 0 || sim->bubble_fraction >= 1) {
@@ -138,9 +130,8 @@ TEST_P(ScheduleConformanceTest, EveryAcceptedShapeValidatesLowersSimulates) {
 
 TEST_P(ScheduleConformanceTest, NonsenseOptionsAreInvalidArgument) {
   for (ScheduleOptions options :
-       {ScheduleOptions{0, 4, 1, 0}, ScheduleOptions{4, 0, 1, 0},
-        ScheduleOptions{4, 4, 0, 0}, ScheduleOptions{4, 4, 1, -1},
-        ScheduleOptions{-3, -3, -3, -3}}) {
+       {ScheduleOptions{0, 4, 1, 0}, ScheduleOptions{4, 0, 1, 0}, ScheduleOptions{4, 4, 0, 0},
+        ScheduleOptions{4, 4, 1, -1}, ScheduleOptions{-3, -3, -3, -3}}) {
     absl::StatusOr<Schedule> schedule = MakeSchedule(GetParam(), options);
     ASSERT_FALSE(schedule.ok());
     EXPECT_EQ(schedule.status().code(), absl::StatusCode::kInvalidArgument);
@@ -156,8 +147,7 @@ std::string ParamName(const ::testing::TestParamInfo<std::string>& info) {
 // Evaluated when gtest registers its tests, after static initialization has
 // filled the registry.
 INSTANTIATE_TEST_SUITE_P(Registered, ScheduleConformanceTest,
-                         ::testing::ValuesIn(RegisteredScheduleNames()),
-                         ParamName);
+                         ::testing::ValuesIn(RegisteredScheduleNames()), ParamName);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(ScheduleConformanceTest);
 
 }  // namespace

@@ -23,8 +23,7 @@ namespace pp {
 
 // Runs every conformance check on one (schedule, options) pair; OK, or the
 // first failure. Exposed so that tests can point it at a single combination.
-absl::Status CheckScheduleConformance(const std::string& name,
-                                      const ScheduleOptions& options);
+absl::Status CheckScheduleConformance(const std::string& name, const ScheduleOptions& options);
 
 }  // namespace pp
 

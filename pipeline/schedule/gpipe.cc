@@ -9,9 +9,9 @@ namespace {
 
 absl::StatusOr<Schedule> MakeGPipe(const ScheduleOptions& options) {
   if (options.num_chunks != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gpipe places one chunk per rank: num_chunks (", options.num_chunks,
-        ") must be 1; use looped_bfs for several chunks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpipe places one chunk per rank: num_chunks (", options.num_chunks,
+                     ") must be 1; use looped_bfs for several chunks"));
   }
   Schedule schedule = EmptyLoopedSchedule("gpipe", options);
   for (int r = 0; r < options.num_stages; ++r) {

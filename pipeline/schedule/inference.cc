@@ -7,8 +7,7 @@ namespace pp {
 namespace {
 
 absl::StatusOr<Schedule> MakeInference(const ScheduleOptions& options) {
-  const int p = options.num_stages, m = options.num_microbatches,
-            v = options.num_chunks;
+  const int p = options.num_stages, m = options.num_microbatches, v = options.num_chunks;
   Schedule schedule = EmptyLoopedSchedule("inference", options);
   schedule.forward_only = true;
   for (int r = 0; r < p; ++r) {

@@ -19,15 +19,14 @@ namespace pp {
 namespace {
 
 absl::StatusOr<Schedule> MakeInterleaved1F1B(const ScheduleOptions& options) {
-  const int p = options.num_stages, m = options.num_microbatches,
-            v = options.num_chunks;
+  const int p = options.num_stages, m = options.num_microbatches, v = options.num_chunks;
   const int g = options.group_size == 0 ? p : options.group_size;
   if (g < p || g > m || (m % g != 0 && m % g < p)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "interleaved_1f1b needs p <= g <= m and (m % g == 0 or m % g >= p) "
-        "(Megatron's group rule), got p=", p, ", m=", m, ", g=", g,
-        options.group_size == 0 ? " (default g = p)" : "",
-        ", m % g = ", g > 0 ? m % g : 0));
+    return absl::InvalidArgumentError(
+        absl::StrCat("interleaved_1f1b needs p <= g <= m and (m % g == 0 or m % g >= p) "
+                     "(Megatron's group rule), got p=",
+                     p, ", m=", m, ", g=", g, options.group_size == 0 ? " (default g = p)" : "",
+                     ", m % g = ", g > 0 ? m % g : 0));
   }
   // (mb, chunk) in Megatron's table order.
   std::vector<std::pair<int, int>> table;
@@ -43,9 +42,7 @@ absl::StatusOr<Schedule> MakeInterleaved1F1B(const ScheduleOptions& options) {
   Schedule schedule = EmptyLoopedSchedule("interleaved_1f1b", options);
   for (int r = 0; r < p; ++r) {
     std::vector<Action>& actions = schedule.ranks[r];
-    auto forward = [&](int k) {
-      actions.push_back(F(table[k].second * p + r, table[k].first));
-    };
+    auto forward = [&](int k) { actions.push_back(F(table[k].second * p + r, table[k].first)); };
     auto backward = [&](int k) {
       actions.push_back(B((v - 1 - table[k].second) * p + r, table[k].first));
     };
@@ -62,7 +59,8 @@ absl::StatusOr<Schedule> MakeInterleaved1F1B(const ScheduleOptions& options) {
 
 }  // namespace
 
-PP_REGISTER_SCHEDULE("interleaved_1f1b", "Megatron's interleaved 1F1B: v chunks per rank, groups of g micro-batches",
+PP_REGISTER_SCHEDULE("interleaved_1f1b",
+                     "Megatron's interleaved 1F1B: v chunks per rank, groups of g micro-batches",
                      MakeInterleaved1F1B);
 
 }  // namespace pp

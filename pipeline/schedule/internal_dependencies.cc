@@ -13,9 +13,9 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
   const int num_virtual = static_cast<int>(schedule.stage_to_rank.size());
   const int m = schedule.num_microbatches;
   if (static_cast<int>(schedule.ranks.size()) != p) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("schedule \"", schedule.name, "\" has ",
-                     schedule.ranks.size(), " rank lists for num_stages ", p));
+    return absl::InvalidArgumentError(absl::StrCat("schedule \"", schedule.name, "\" has ",
+                                                   schedule.ranks.size(),
+                                                   " rank lists for num_stages ", p));
   }
   // Where each compute (type, stage, mb) runs; dense, ranges checked first.
   std::vector<Dependency> where(4 * num_virtual * m, Dependency{-1, -1});
@@ -30,9 +30,10 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
       if (slot.rank >= 0) {
         const Dependency& first = slot;
         return ScheduleCellError(schedule, r, i,
-                         absl::StrCat(ActionToString(a), " appears twice (first "
-                                      "at rank ", first.rank, " step ",
-                                      first.pos, ")"));
+                                 absl::StrCat(ActionToString(a),
+                                              " appears twice (first "
+                                              "at rank ",
+                                              first.rank, " step ", first.pos, ")"));
       }
       slot = Dependency{r, i};
     }
@@ -59,12 +60,11 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
         }
         std::string names;
         for (const Action& alt : alternatives) {
-          absl::StrAppend(&names, names.empty() ? "" : " or ",
-                          ActionToString(alt));
+          absl::StrAppend(&names, names.empty() ? "" : " or ", ActionToString(alt));
         }
-        return ScheduleCellError(schedule, r, i,
-                         absl::StrCat(ActionToString(a), " needs ", names,
-                                      ", which no rank runs"));
+        return ScheduleCellError(
+            schedule, r, i,
+            absl::StrCat(ActionToString(a), " needs ", names, ", which no rank runs"));
       };
       absl::Status status;
       switch (a.type) {
@@ -75,8 +75,7 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
         case ActionType::kBackwardInput:
           status = need({F(a.stage, a.microbatch)});
           if (status.ok() && a.stage + 1 < num_virtual) {
-            status = need({B(a.stage + 1, a.microbatch),
-                           I(a.stage + 1, a.microbatch)});
+            status = need({B(a.stage + 1, a.microbatch), I(a.stage + 1, a.microbatch)});
           }
           break;
         case ActionType::kBackwardWeight:
@@ -91,10 +90,14 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
 
   auto cost = [&](ActionType type) {
     switch (type) {
-      case ActionType::kForward: return costs.forward;
-      case ActionType::kBackward: return costs.backward;
-      case ActionType::kBackwardInput: return costs.backward_input;
-      default: return costs.backward_weight;
+      case ActionType::kForward:
+        return costs.forward;
+      case ActionType::kBackward:
+        return costs.backward;
+      case ActionType::kBackwardInput:
+        return costs.backward_input;
+      default:
+        return costs.backward_weight;
     }
   };
   std::vector<int> pos(p, 0), free_at(p, 0);
@@ -133,16 +136,15 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
       if (timing.end[d.rank][d.pos] >= 0) continue;
       absl::StrAppend(&waits, "\n  rank ", r, " step ", i, ": ",
                       ActionToString(schedule.ranks[r][i]), " waits for ",
-                      ActionToString(schedule.ranks[d.rank][d.pos]),
-                      " (rank ", d.rank, " step ", d.pos, ")");
+                      ActionToString(schedule.ranks[d.rank][d.pos]), " (rank ", d.rank, " step ",
+                      d.pos, ")");
     }
   }
   if (first_rank >= 0) {
-    return ScheduleCellError(
-        schedule, first_rank, pos[first_rank],
-        absl::StrCat("the per-rank orders cannot all make progress (an input "
-                     "is needed before it can be produced):",
-                     waits));
+    return ScheduleCellError(schedule, first_rank, pos[first_rank],
+                             absl::StrCat("the per-rank orders cannot all make progress (an input "
+                                          "is needed before it can be produced):",
+                                          waits));
   }
   return timing;
 }

@@ -11,39 +11,40 @@ namespace {
 absl::Status ProgramError(const LoweredProgram& program, int rank, int pos,
                           absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(
-      "lowered program of \"", program.schedule_name, "\" (p=",
-      program.num_stages, ", m=", program.num_microbatches, ", v=",
-      program.num_chunks, "): rank ", rank, " step ", pos, ": ", message, "\n",
-      FormatGrid(program.ranks, GridMark{rank, pos})));
+      "lowered program of \"", program.schedule_name, "\" (p=", program.num_stages,
+      ", m=", program.num_microbatches, ", v=", program.num_chunks, "): rank ", rank, " step ", pos,
+      ": ", message, "\n", FormatGrid(program.ranks, GridMark{rank, pos})));
 }
 
 // The RECV that matches a SEND (and vice versa), seen from the peer.
 Action Counterpart(const Action& a) {
   const int peer = PeerStage(a);
   switch (a.type) {
-    case ActionType::kSendForward: return {peer, ActionType::kRecvForward, a.microbatch};
-    case ActionType::kRecvForward: return {peer, ActionType::kSendForward, a.microbatch};
-    case ActionType::kSendBackward: return {peer, ActionType::kRecvBackward, a.microbatch};
-    default: return {peer, ActionType::kSendBackward, a.microbatch};
+    case ActionType::kSendForward:
+      return {peer, ActionType::kRecvForward, a.microbatch};
+    case ActionType::kRecvForward:
+      return {peer, ActionType::kSendForward, a.microbatch};
+    case ActionType::kSendBackward:
+      return {peer, ActionType::kRecvBackward, a.microbatch};
+    default:
+      return {peer, ActionType::kSendBackward, a.microbatch};
   }
 }
 
 }  // namespace
 
-absl::StatusOr<Execution> Execute(const LoweredProgram& program,
-                                  const ExecutionCosts& costs) {
+absl::StatusOr<Execution> Execute(const LoweredProgram& program, const ExecutionCosts& costs) {
   const int p = program.num_stages;
   const int num_virtual = static_cast<int>(program.stage_to_rank.size());
   const int m = program.num_microbatches;
   if (static_cast<int>(program.ranks.size()) != p) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lowered program has ", program.ranks.size(), " ranks for num_stages ", p));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lowered program has ", program.ranks.size(), " ranks for num_stages ", p));
   }
   for (int s = 0; s < num_virtual; ++s) {
     if (program.stage_to_rank[s] < 0 || program.stage_to_rank[s] >= p) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stage ", s, " is placed on rank ",
-                       program.stage_to_rank[s], ", outside [0, ", p, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stage ", s, " is placed on rank ", program.stage_to_rank[s], ", outside [0, ", p, ")"));
     }
   }
   // Static checks of every action.
@@ -52,9 +53,8 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
       const Action& a = program.ranks[r][i];
       if (HasStage(a.type)) {
         if (a.stage < 0 || a.stage >= num_virtual) {
-          return ProgramError(program, r, i,
-                              absl::StrCat("stage ", a.stage, " is outside [0, ",
-                                           num_virtual, ")"));
+          return ProgramError(
+              program, r, i, absl::StrCat("stage ", a.stage, " is outside [0, ", num_virtual, ")"));
         }
         if (program.stage_to_rank[a.stage] != r) {
           return ProgramError(program, r, i,
@@ -64,14 +64,12 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
       }
       if (HasMicrobatch(a.type) && (a.microbatch < 0 || a.microbatch >= m)) {
         return ProgramError(program, r, i,
-                            absl::StrCat("micro-batch ", a.microbatch,
-                                         " is outside [0, ", m, ")"));
+                            absl::StrCat("micro-batch ", a.microbatch, " is outside [0, ", m, ")"));
       }
       if (IsCommunication(a.type)) {
         const int peer = PeerStage(a);
         if (peer < 0 || peer >= num_virtual) {
-          return ProgramError(program, r, i,
-                              absl::StrCat("peer stage ", peer, " does not exist"));
+          return ProgramError(program, r, i, absl::StrCat("peer stage ", peer, " does not exist"));
         }
         if (program.stage_to_rank[peer] == r) {
           return ProgramError(program, r, i,
@@ -116,14 +114,13 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
             (program.stage_to_rank[s - 1] == r && has(r, F(s - 1, mb)))) {
           return "";
         }
-        return absl::StrCat("its input (", s - 1, "F", mb, " or ", s,
-                            "RECV_F", mb, ") is not there");
+        return absl::StrCat("its input (", s - 1, "F", mb, " or ", s, "RECV_F", mb,
+                            ") is not there");
       case ActionType::kBackward:
       case ActionType::kBackwardInput:
         if (!has(r, F(s, mb))) return absl::StrCat("its forward ", s, "F", mb, " has not run");
         if (s == num_virtual - 1 || has(r, {s, ActionType::kRecvBackward, mb}) ||
-            (program.stage_to_rank[s + 1] == r &&
-             (has(r, B(s + 1, mb)) || has(r, I(s + 1, mb))))) {
+            (program.stage_to_rank[s + 1] == r && (has(r, B(s + 1, mb)) || has(r, I(s + 1, mb))))) {
           return "";
         }
         return absl::StrCat("its output gradient (", s, "RECV_B", mb,
@@ -135,8 +132,8 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
       case ActionType::kSendBackward:
         return has(r, B(s, mb)) || has(r, I(s, mb))
                    ? ""
-                   : absl::StrCat("it sends the input gradient of ", s, "B", mb,
-                                  " (or ", s, "I", mb, "), which has not run");
+                   : absl::StrCat("it sends the input gradient of ", s, "B", mb, " (or ", s, "I",
+                                  mb, "), which has not run");
       default:
         return "";
     }
@@ -164,8 +161,7 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
           continue;
         }
         if (!costs.blocking_sends) {
-          if (a.type == ActionType::kSendForward ||
-              a.type == ActionType::kSendBackward) {
+          if (a.type == ActionType::kSendForward || a.type == ActionType::kSendBackward) {
             sent[key(a)] = clock[r] + costs.message_latency;
             ex.start[r][i] = ex.end[r][i] = clock[r];
           } else {
@@ -211,9 +207,8 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program,
     if (first < 0) first = r;
     const Action& a = program.ranks[r][pos[r]];
     const int q = program.stage_to_rank[PeerStage(a)];
-    absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ",
-                    ActionToString(a), " waits for rank ", q, " (",
-                    ActionToString(Counterpart(a)), "), which ");
+    absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ", ActionToString(a),
+                    " waits for rank ", q, " (", ActionToString(Counterpart(a)), "), which ");
     if (pos[q] == static_cast<int>(program.ranks[q].size())) {
       absl::StrAppend(&waits, "has finished its program");
     } else {

@@ -36,8 +36,7 @@ struct Execution {
 // the own rank, a compute whose input has not arrived, a send of something
 // not yet computed, or a deadlock (every unfinished rank waits on a peer that
 // waits elsewhere).
-absl::StatusOr<Execution> Execute(const LoweredProgram& program,
-                                  const ExecutionCosts& costs);
+absl::StatusOr<Execution> Execute(const LoweredProgram& program, const ExecutionCosts& costs);
 
 }  // namespace internal_schedule
 }  // namespace pp

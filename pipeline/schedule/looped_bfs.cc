@@ -9,8 +9,7 @@ namespace pp {
 namespace {
 
 absl::StatusOr<Schedule> MakeLoopedBFS(const ScheduleOptions& options) {
-  const int p = options.num_stages, m = options.num_microbatches,
-            v = options.num_chunks;
+  const int p = options.num_stages, m = options.num_microbatches, v = options.num_chunks;
   Schedule schedule = EmptyLoopedSchedule("looped_bfs", options);
   for (int r = 0; r < p; ++r) {
     std::vector<Action>& actions = schedule.ranks[r];
@@ -26,7 +25,8 @@ absl::StatusOr<Schedule> MakeLoopedBFS(const ScheduleOptions& options) {
 
 }  // namespace
 
-PP_REGISTER_SCHEDULE("looped_bfs", "breadth-first over local chunks: all forwards of chunk 0, then chunk 1, ...",
+PP_REGISTER_SCHEDULE("looped_bfs",
+                     "breadth-first over local chunks: all forwards of chunk 0, then chunk 1, ...",
                      MakeLoopedBFS);
 
 }  // namespace pp

@@ -12,10 +12,11 @@ namespace pp {
 
 int LoweredProgram::PeerRank(const Action& action) const {
   const int peer = PeerStage(action);
-  if (!IsCommunication(action.type) || peer < 0 ||
-      peer >= static_cast<int>(stage_to_rank.size())) {
-    std::fprintf(stderr, "LoweredProgram::PeerRank(%s): not a message between "
-                 "existing stages\n", ActionToString(action).c_str());
+  if (!IsCommunication(action.type) || peer < 0 || peer >= static_cast<int>(stage_to_rank.size())) {
+    std::fprintf(stderr,
+                 "LoweredProgram::PeerRank(%s): not a message between "
+                 "existing stages\n",
+                 ActionToString(action).c_str());
     std::abort();
   }
   return stage_to_rank[peer];
@@ -34,7 +35,7 @@ namespace {
 // One entry of the global event sequence (rule step 3).
 struct Event {
   int time;
-  int kind;   // 0 = message, 1 = compute: messages first at equal times
+  int kind;     // 0 = message, 1 = compute: messages first at equal times
   int a, b, c;  // message: producer stage, direction, mb; compute: rank, pos
   bool operator<(const Event& o) const {
     return std::tie(time, kind, a, b, c) < std::tie(o.time, o.kind, o.a, o.b, o.c);
@@ -43,15 +44,14 @@ struct Event {
 
 }  // namespace
 
-absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule,
-                                     const LoweringOptions& options) {
-  if (options.forward_cost < 1 || options.backward_cost < 1 ||
-      options.backward_input_cost < 1 || options.backward_weight_cost < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lowering costs must be positive integers (the order of a message and "
-        "its producer relies on it); got F=", options.forward_cost,
-        " B=", options.backward_cost, " I=", options.backward_input_cost,
-        " W=", options.backward_weight_cost));
+absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOptions& options) {
+  if (options.forward_cost < 1 || options.backward_cost < 1 || options.backward_input_cost < 1 ||
+      options.backward_weight_cost < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lowering costs must be positive integers (the order of a message and "
+                     "its producer relies on it); got F=",
+                     options.forward_cost, " B=", options.backward_cost,
+                     " I=", options.backward_input_cost, " W=", options.backward_weight_cost));
   }
   internal_schedule::DependencyCosts costs;
   costs.forward = options.forward_cost;
@@ -83,9 +83,7 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule,
     auto first_reaching = [lo](const std::vector<std::pair<int, int>>& v) {
       return static_cast<size_t>(
           std::partition_point(v.begin(), v.end(),
-                               [lo](const std::pair<int, int>& iv) {
-                                 return iv.second < lo;
-                               }) -
+                               [lo](const std::pair<int, int>& iv) { return iv.second < lo; }) -
           v.begin());
     };
     size_t i = first_reaching(x), j = first_reaching(y);
@@ -112,8 +110,8 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule,
         if (dep.rank == r) continue;  // local hand-off
         const Action& producer = schedule.ranks[dep.rank][dep.pos];
         const int direction = producer.type == ActionType::kForward ? 0 : 1;
-        const int t = meeting_time(dep.rank, r, timing->end[dep.rank][dep.pos],
-                                   timing->start[r][i]);
+        const int t =
+            meeting_time(dep.rank, r, timing->end[dep.rank][dep.pos], timing->start[r][i]);
         events.push_back({t, 0, producer.stage, direction, a.microbatch});
       }
     }
@@ -135,8 +133,7 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule,
     }
     const int stage = e.a, mb = e.c;
     if (e.b == 0) {  // activation: stage -> stage + 1
-      program.ranks[schedule.stage_to_rank[stage]].push_back(
-          {stage, ActionType::kSendForward, mb});
+      program.ranks[schedule.stage_to_rank[stage]].push_back({stage, ActionType::kSendForward, mb});
       program.ranks[schedule.stage_to_rank[stage + 1]].push_back(
           {stage + 1, ActionType::kRecvForward, mb});
     } else {  // gradient: stage -> stage - 1
@@ -156,8 +153,8 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule,
         int last = -1;
         for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
           const Action& a = actions[i];
-          if (a.stage == stage && (a.type == ActionType::kBackward ||
-                                   a.type == ActionType::kBackwardWeight)) {
+          if (a.stage == stage &&
+              (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight)) {
             last = i;
           }
         }

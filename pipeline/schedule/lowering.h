@@ -95,8 +95,7 @@ struct LoweredProgram {
 // offending cell marked) if an action is out of range or on the wrong rank,
 // or if the per-rank orders cannot all make progress (a compute waits for an
 // input that is never produced, e.g. B before its F, or a cycle across ranks).
-absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule,
-                                     const LoweringOptions& options = {});
+absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOptions& options = {});
 
 }  // namespace pp
 

@@ -102,12 +102,10 @@ TEST(LoweringTest, CrossRankCycleIsRejected) {
 TEST(LoweringTest, MisplacedOrCommunicationActionsAreRejected) {
   Schedule s = *MakeSchedule("gpipe", {2, 1, 1, 0});
   s.ranks[0][0] = F(1, 0);
-  EXPECT_THAT(std::string(Lower(s).status().message()),
-              HasSubstr("placed on rank 1"));
+  EXPECT_THAT(std::string(Lower(s).status().message()), HasSubstr("placed on rank 1"));
   s = *MakeSchedule("gpipe", {2, 1, 1, 0});
   s.ranks[0].push_back({0, ActionType::kSendForward, 0});
-  EXPECT_THAT(std::string(Lower(s).status().message()),
-              HasSubstr("only compute actions"));
+  EXPECT_THAT(std::string(Lower(s).status().message()), HasSubstr("only compute actions"));
   LoweringOptions zero;
   zero.backward_weight_cost = 0;
   EXPECT_EQ(Lower(*MakeSchedule("gpipe", {2, 1, 1, 0}), zero).status().code(),

@@ -12,9 +12,9 @@ namespace {
 
 absl::StatusOr<Schedule> Make1F1B(const ScheduleOptions& options) {
   if (options.num_chunks != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "1f1b places one chunk per rank: num_chunks (", options.num_chunks,
-        ") must be 1; use interleaved_1f1b for several chunks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("1f1b places one chunk per rank: num_chunks (", options.num_chunks,
+                     ") must be 1; use interleaved_1f1b for several chunks"));
   }
   const int p = options.num_stages, m = options.num_microbatches;
   Schedule schedule = EmptyLoopedSchedule("1f1b", options);
@@ -33,7 +33,8 @@ absl::StatusOr<Schedule> Make1F1B(const ScheduleOptions& options) {
 
 }  // namespace
 
-PP_REGISTER_SCHEDULE("1f1b", "one forward one backward (PipeDream-Flush), p - r activations in flight",
+PP_REGISTER_SCHEDULE("1f1b",
+                     "one forward one backward (PipeDream-Flush), p - r activations in flight",
                      Make1F1B);
 
 }  // namespace pp

@@ -30,19 +30,16 @@ void RegisterSchedule(ScheduleInfo info) {
     std::fprintf(stderr,
                  "PP_REGISTER_SCHEDULE: schedule \"%s\" registered twice "
                  "(\"%s\" and \"%s\"); schedule names must be unique\n",
-                 info.name.c_str(), it->second.description.c_str(),
-                 info.description.c_str());
+                 info.name.c_str(), it->second.description.c_str(), info.description.c_str());
     std::abort();
   }
 }
 
-absl::StatusOr<Schedule> MakeSchedule(absl::string_view name,
-                                      const ScheduleOptions& options) {
+absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, const ScheduleOptions& options) {
   auto it = Registry().find(std::string(name));
   if (it == Registry().end()) {
-    return absl::NotFoundError(
-        absl::StrCat("unknown schedule \"", name, "\"; registered: ",
-                     absl::StrJoin(RegisteredScheduleNames(), ", ")));
+    return absl::NotFoundError(absl::StrCat("unknown schedule \"", name, "\"; registered: ",
+                                            absl::StrJoin(RegisteredScheduleNames(), ", ")));
   }
   absl::Status common = CheckCommonOptions(options);
   if (!common.ok()) return common;
@@ -50,17 +47,14 @@ absl::StatusOr<Schedule> MakeSchedule(absl::string_view name,
   if (!schedule.ok()) return schedule;
   schedule->name = it->second.name;
   const int p = schedule->num_stages;
-  if (p != options.num_stages ||
-      schedule->num_microbatches != options.num_microbatches ||
+  if (p != options.num_stages || schedule->num_microbatches != options.num_microbatches ||
       static_cast<int>(schedule->ranks.size()) != p ||
-      static_cast<int>(schedule->stage_to_rank.size()) !=
-          p * schedule->num_chunks) {
+      static_cast<int>(schedule->stage_to_rank.size()) != p * schedule->num_chunks) {
     return absl::InternalError(absl::StrCat(
-        "schedule \"", name, "\" returned a malformed Schedule: num_stages ",
-        schedule->num_stages, ", num_microbatches ", schedule->num_microbatches,
-        ", ", schedule->ranks.size(), " rank lists, placement of size ",
-        schedule->stage_to_rank.size(), " (asked for p=", options.num_stages,
-        ", m=", options.num_microbatches, ")"));
+        "schedule \"", name, "\" returned a malformed Schedule: num_stages ", schedule->num_stages,
+        ", num_microbatches ", schedule->num_microbatches, ", ", schedule->ranks.size(),
+        " rank lists, placement of size ", schedule->stage_to_rank.size(),
+        " (asked for p=", options.num_stages, ", m=", options.num_microbatches, ")"));
   }
   return schedule;
 }

@@ -23,8 +23,7 @@
 
 namespace pp {
 
-using ScheduleFunction =
-    std::function<absl::StatusOr<Schedule>(const ScheduleOptions&)>;
+using ScheduleFunction = std::function<absl::StatusOr<Schedule>(const ScheduleOptions&)>;
 
 struct ScheduleInfo {
   std::string name;
@@ -38,8 +37,7 @@ void RegisterSchedule(ScheduleInfo info);
 // Makes the named schedule. NotFound lists the registered names. The result
 // has `name` set to the registered name and has passed a shape check (one list
 // per rank, placement of size p * v); semantic checks live in the validator.
-absl::StatusOr<Schedule> MakeSchedule(absl::string_view name,
-                                      const ScheduleOptions& options);
+absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, const ScheduleOptions& options);
 
 // Registered schedules, sorted by name.
 std::vector<ScheduleInfo> RegisteredSchedules();
@@ -47,18 +45,16 @@ std::vector<std::string> RegisteredScheduleNames();
 
 namespace internal_schedule {
 struct ScheduleRegistrar {
-  ScheduleRegistrar(const char* name, const char* description,
-                    ScheduleFunction function);
+  ScheduleRegistrar(const char* name, const char* description, ScheduleFunction function);
 };
 }  // namespace internal_schedule
 
 #define PP_SCHEDULE_CONCAT_INNER_(a, b) a##b
 #define PP_SCHEDULE_CONCAT_(a, b) PP_SCHEDULE_CONCAT_INNER_(a, b)
 // PP_REGISTER_SCHEDULE("name", "one-line description", function);
-#define PP_REGISTER_SCHEDULE(name, description, function)           \
-  static ::pp::internal_schedule::ScheduleRegistrar                  \
-      PP_SCHEDULE_CONCAT_(pp_schedule_registrar_, __COUNTER__)(      \
-          name, description, function)
+#define PP_REGISTER_SCHEDULE(name, description, function)                \
+  static ::pp::internal_schedule::ScheduleRegistrar PP_SCHEDULE_CONCAT_( \
+      pp_schedule_registrar_, __COUNTER__)(name, description, function)
 
 }  // namespace pp
 

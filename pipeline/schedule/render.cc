@@ -38,10 +38,17 @@ std::string Escape(absl::string_view text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -125,42 +132,45 @@ std::string RenderSvg(const SimulationResult& sim, const SvgOptions& options) {
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
       "viewBox=\"0 0 %d %d\" font-family=\"Helvetica, Arial, sans-serif\">\n"
       "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-      static_cast<int>(width), static_cast<int>(height),
-      static_cast<int>(width), static_cast<int>(height));
+      static_cast<int>(width), static_cast<int>(height), static_cast<int>(width),
+      static_cast<int>(height));
   std::string title = options.title;
-  absl::StrAppend(&svg, absl::StrFormat(
-      "<text x=\"%g\" y=\"22\" font-size=\"15\" font-weight=\"bold\">%s</text>\n",
-      left, Escape(title)));
-  absl::StrAppend(&svg, absl::StrFormat(
-      "<text x=\"%g\" y=\"40\" font-size=\"12\" fill=\"#444\">makespan %g, "
-      "bubble %.1f%%, peak in-flight activations [%s]</text>\n",
-      left, sim.makespan, 100 * sim.bubble_fraction,
-      absl::StrJoin(sim.peak_inflight, ", ")));
+  absl::StrAppend(
+      &svg,
+      absl::StrFormat("<text x=\"%g\" y=\"22\" font-size=\"15\" font-weight=\"bold\">%s</text>\n",
+                      left, Escape(title)));
+  absl::StrAppend(
+      &svg, absl::StrFormat("<text x=\"%g\" y=\"40\" font-size=\"12\" fill=\"#444\">makespan %g, "
+                            "bubble %.1f%%, peak in-flight activations [%s]</text>\n",
+                            left, sim.makespan, 100 * sim.bubble_fraction,
+                            absl::StrJoin(sim.peak_inflight, ", ")));
 
   // Rows: a light background (idle shows through) and the rank label.
   for (int r = 0; r < p; ++r) {
     const double y = top + r * (row_height + row_gap);
-    absl::StrAppend(&svg, absl::StrFormat(
-        "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"#ececec\"/>\n"
-        "<text x=\"%g\" y=\"%g\" font-size=\"13\" text-anchor=\"end\">rank %d</text>\n",
-        left, y, makespan * scale, row_height, left - 8, y + row_height / 2 + 4, r));
+    absl::StrAppend(
+        &svg, absl::StrFormat(
+                  "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"#ececec\"/>\n"
+                  "<text x=\"%g\" y=\"%g\" font-size=\"13\" text-anchor=\"end\">rank %d</text>\n",
+                  left, y, makespan * scale, row_height, left - 8, y + row_height / 2 + 4, r));
   }
   // Time axis.
   const double axis_y = top + plot_height + 4;
   const double step = TickStep(makespan);
-  absl::StrAppend(&svg, absl::StrFormat(
-      "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>\n", left,
-      axis_y, left + makespan * scale, axis_y));
+  absl::StrAppend(
+      &svg, absl::StrFormat("<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>\n",
+                            left, axis_y, left + makespan * scale, axis_y));
   for (double t = 0; t <= makespan + 1e-9; t += step) {
     const double x = left + t * scale;
-    absl::StrAppend(&svg, absl::StrFormat(
-        "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>"
-        "<text x=\"%g\" y=\"%g\" font-size=\"11\" text-anchor=\"middle\">%g</text>\n",
-        x, axis_y, x, axis_y + 5, x, axis_y + 17, t));
+    absl::StrAppend(
+        &svg, absl::StrFormat(
+                  "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>"
+                  "<text x=\"%g\" y=\"%g\" font-size=\"11\" text-anchor=\"middle\">%g</text>\n",
+                  x, axis_y, x, axis_y + 5, x, axis_y + 17, t));
   }
-  absl::StrAppend(&svg, absl::StrFormat(
-      "<text x=\"%g\" y=\"%g\" font-size=\"11\" fill=\"#444\">time</text>\n",
-      left + makespan * scale + 6, axis_y + 4));
+  absl::StrAppend(
+      &svg, absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"11\" fill=\"#444\">time</text>\n",
+                            left + makespan * scale + 6, axis_y + 4));
 
   // Boxes.
   for (const TraceEvent& e : sim.timeline) {
@@ -171,10 +181,11 @@ std::string RenderSvg(const SimulationResult& sim, const SvgOptions& options) {
     const double w = (e.end - e.start) * scale;
     if (!IsCompute(a->type)) {
       if (w > 0) {
-        absl::StrAppend(&svg, absl::StrFormat(
-            "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"4\" fill=\"#9d9d9d\">"
-            "<title>%s</title></rect>\n",
-            x, y + row_height - 4, w, Escape(e.name)));
+        absl::StrAppend(
+            &svg,
+            absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"4\" fill=\"#9d9d9d\">"
+                            "<title>%s</title></rect>\n",
+                            x, y + row_height - 4, w, Escape(e.name)));
       }
       continue;
     }
@@ -182,19 +193,19 @@ std::string RenderSvg(const SimulationResult& sim, const SvgOptions& options) {
     const int chunk = a->stage / num_stages;
     // Later chunks are drawn lighter so that interleaving is visible.
     const double opacity = chunks ? std::max(0.45, 1.0 - 0.3 * chunk) : 1.0;
-    absl::StrAppend(&svg, absl::StrFormat(
-        "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"%s\" "
-        "fill-opacity=\"%g\" stroke=\"white\" stroke-width=\"1\">"
-        "<title>%s [%g, %g)</title></rect>\n",
-        x, y, w, row_height, Fill(a->type), opacity, Escape(e.name), e.start,
-        e.end));
-    std::string label = chunks ? absl::StrCat(a->microbatch, ".", chunk)
-                               : absl::StrCat(a->microbatch);
+    absl::StrAppend(
+        &svg, absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"%s\" "
+                              "fill-opacity=\"%g\" stroke=\"white\" stroke-width=\"1\">"
+                              "<title>%s [%g, %g)</title></rect>\n",
+                              x, y, w, row_height, Fill(a->type), opacity, Escape(e.name), e.start,
+                              e.end));
+    std::string label =
+        chunks ? absl::StrCat(a->microbatch, ".", chunk) : absl::StrCat(a->microbatch);
     if (w >= 7.0 * label.size()) {
-      absl::StrAppend(&svg, absl::StrFormat(
-          "<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"white\" "
-          "text-anchor=\"middle\">%s</text>\n",
-          x + w / 2, y + row_height / 2 + 4, label));
+      absl::StrAppend(&svg,
+                      absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"white\" "
+                                      "text-anchor=\"middle\">%s</text>\n",
+                                      x + w / 2, y + row_height / 2 + 4, label));
     }
   }
 
@@ -202,10 +213,11 @@ std::string RenderSvg(const SimulationResult& sim, const SvgOptions& options) {
   double lx = left;
   const double ly = axis_y + 34;
   auto legend = [&](const char* fill, absl::string_view label, double opacity) {
-    absl::StrAppend(&svg, absl::StrFormat(
-        "<rect x=\"%g\" y=\"%g\" width=\"14\" height=\"14\" fill=\"%s\" "
-        "fill-opacity=\"%g\"/><text x=\"%g\" y=\"%g\" font-size=\"12\">%s</text>\n",
-        lx, ly, fill, opacity, lx + 19, ly + 12, label));
+    absl::StrAppend(
+        &svg,
+        absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"14\" height=\"14\" fill=\"%s\" "
+                        "fill-opacity=\"%g\"/><text x=\"%g\" y=\"%g\" font-size=\"12\">%s</text>\n",
+                        lx, ly, fill, opacity, lx + 19, ly + 12, label));
     lx += 40 + 7 * label.size();
   };
   for (const TypeStyle& s : kStyles) {
@@ -214,15 +226,15 @@ std::string RenderSvg(const SimulationResult& sim, const SvgOptions& options) {
   if (messages_take_time) legend("#9d9d9d", "message", 1.0);
   legend("#ececec", "idle", 1.0);
   if (chunks) {
-    absl::StrAppend(&svg, absl::StrFormat(
-        "<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"#444\">labels: "
-        "micro-batch.chunk (lighter = later chunk)</text>\n",
-        lx, ly + 12));
+    absl::StrAppend(
+        &svg, absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"#444\">labels: "
+                              "micro-batch.chunk (lighter = later chunk)</text>\n",
+                              lx, ly + 12));
   } else {
-    absl::StrAppend(&svg, absl::StrFormat(
-        "<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"#444\">labels: "
-        "micro-batch</text>\n",
-        lx, ly + 12));
+    absl::StrAppend(
+        &svg, absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"#444\">labels: "
+                              "micro-batch</text>\n",
+                              lx, ly + 12));
   }
   svg += "</svg>\n";
   return svg;
@@ -279,9 +291,8 @@ absl::StatusOr<RankActions> LoadCsv(absl::string_view text) {
       if (cell.empty()) continue;  // idle step
       absl::StatusOr<Action> action = ParseAction(cell);
       if (!action.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("CSV row ", row, " (rank ", row, ") column ", col, ": ",
-                         action.status().message()));
+        return absl::InvalidArgumentError(absl::StrCat("CSV row ", row, " (rank ", row, ") column ",
+                                                       col, ": ", action.status().message()));
       }
       actions.push_back(*action);
     }
@@ -290,8 +301,7 @@ absl::StatusOr<RankActions> LoadCsv(absl::string_view text) {
   return ranks;
 }
 
-absl::StatusOr<Schedule> ScheduleFromRankActions(absl::string_view name,
-                                                 const RankActions& ranks) {
+absl::StatusOr<Schedule> ScheduleFromRankActions(absl::string_view name, const RankActions& ranks) {
   const int p = static_cast<int>(ranks.size());
   if (p == 0) return absl::InvalidArgumentError("no ranks (empty schedule)");
   int max_stage = -1, max_mb = -1;
@@ -307,12 +317,12 @@ absl::StatusOr<Schedule> ScheduleFromRankActions(absl::string_view name,
     return absl::InvalidArgumentError("the schedule has no compute action");
   }
   if ((max_stage + 1) % p != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "stages 0..", max_stage, " do not fill whole chunks of ", p,
-        " ranks (the looped placement needs a multiple of ", p, " stages)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages 0..", max_stage, " do not fill whole chunks of ", p,
+                     " ranks (the looped placement needs a multiple of ", p, " stages)"));
   }
-  Schedule schedule = EmptyLoopedSchedule(
-      name, ScheduleOptions{p, max_mb + 1, (max_stage + 1) / p, 0});
+  Schedule schedule =
+      EmptyLoopedSchedule(name, ScheduleOptions{p, max_mb + 1, (max_stage + 1) / p, 0});
   schedule.forward_only = !backward;
   schedule.ranks = ranks;
   return schedule;

@@ -26,8 +26,8 @@ namespace pp {
 std::string FormatTimelineGrid(const SimulationResult& sim);
 
 struct SvgOptions {
-  std::string title;        // first line above the timeline
-  int num_stages = 0;       // p, to label chunks (stage / p); 0 = from sim
+  std::string title;           // first line above the timeline
+  int num_stages = 0;          // p, to label chunks (stage / p); 0 = from sim
   double width_pixels = 1100;  // drawing width of the time axis
 };
 
@@ -53,8 +53,7 @@ absl::StatusOr<RankActions> LoadCsv(absl::string_view text);
 // rows, v = (largest stage + 1) / p under the looped placement, m = largest
 // micro-batch + 1, forward_only when there is no backward. InvalidArgument if
 // the stages do not fill whole chunks. Validate the result before use.
-absl::StatusOr<Schedule> ScheduleFromRankActions(absl::string_view name,
-                                                 const RankActions& ranks);
+absl::StatusOr<Schedule> ScheduleFromRankActions(absl::string_view name, const RankActions& ranks);
 
 }  // namespace pp
 

@@ -11,10 +11,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-SimulationResult Sim(const std::string& name, int p, int m, int v = 1,
-                     SimulationCosts costs = {}) {
-  absl::StatusOr<SimulationResult> r =
-      Simulate(*MakeSchedule(name, {p, m, v, 0}), costs);
+SimulationResult Sim(const std::string& name, int p, int m, int v = 1, SimulationCosts costs = {}) {
+  absl::StatusOr<SimulationResult> r = Simulate(*MakeSchedule(name, {p, m, v, 0}), costs);
   EXPECT_TRUE(r.ok()) << r.status();
   return *r;
 }
@@ -30,8 +28,7 @@ TEST(RenderTest, TimelineGridShowsIdleAndLongActions) {
             "      5  0B0     1B1\n"
             "      7  0B1\n");
   // 1F1B: rank 0's 0B0 (cost 2, from 4) still runs when rank 1 starts 1B1.
-  EXPECT_THAT(FormatTimelineGrid(Sim("1f1b", 2, 2)),
-              HasSubstr("      5  |       1B1\n"));
+  EXPECT_THAT(FormatTimelineGrid(Sim("1f1b", 2, 2)), HasSubstr("      5  |       1B1\n"));
 }
 
 TEST(RenderTest, SvgHasRowsBoxesLabelsAndLegend) {

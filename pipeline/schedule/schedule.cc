@@ -17,27 +17,25 @@ std::vector<int> LoopedPlacement(int num_stages, int num_chunks) {
 
 absl::Status CheckCommonOptions(const ScheduleOptions& options) {
   if (options.num_stages < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_stages (", options.num_stages, ") must be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_stages (", options.num_stages, ") must be at least 1"));
   }
   if (options.num_microbatches < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_microbatches (", options.num_microbatches, ") must be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_microbatches (", options.num_microbatches, ") must be at least 1"));
   }
   if (options.num_chunks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_chunks (", options.num_chunks, ") must be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_chunks (", options.num_chunks, ") must be at least 1"));
   }
   if (options.group_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "group_size (", options.group_size,
-        ") must be 0 (the schedule's default) or positive"));
+        "group_size (", options.group_size, ") must be 0 (the schedule's default) or positive"));
   }
   return absl::OkStatus();
 }
 
-Schedule EmptyLoopedSchedule(absl::string_view name,
-                             const ScheduleOptions& options) {
+Schedule EmptyLoopedSchedule(absl::string_view name, const ScheduleOptions& options) {
   Schedule schedule;
   schedule.name = std::string(name);
   schedule.num_stages = options.num_stages;
@@ -93,9 +91,8 @@ absl::Status ScheduleCellError(const Schedule& schedule, int rank, int step,
                                absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(
       "schedule \"", schedule.name, "\" (p=", schedule.num_stages,
-      ", m=", schedule.num_microbatches, ", v=", schedule.num_chunks,
-      "): rank ", rank, " step ", step, ": ", message, "\n",
-      FormatGrid(schedule.ranks, GridMark{rank, step})));
+      ", m=", schedule.num_microbatches, ", v=", schedule.num_chunks, "): rank ", rank, " step ",
+      step, ": ", message, "\n", FormatGrid(schedule.ranks, GridMark{rank, step})));
 }
 
 absl::Status CheckComputeCell(const Schedule& schedule, int rank, int step) {
@@ -108,14 +105,13 @@ absl::Status CheckComputeCell(const Schedule& schedule, int rank, int step) {
                              "schedule; Lower() adds communication and the tail");
   }
   if (a.stage < 0 || a.stage >= num_virtual) {
-    return ScheduleCellError(
-        schedule, rank, step,
-        absl::StrCat("stage ", a.stage, " is outside [0, ", num_virtual, ")"));
+    return ScheduleCellError(schedule, rank, step,
+                             absl::StrCat("stage ", a.stage, " is outside [0, ", num_virtual, ")"));
   }
   if (schedule.stage_to_rank[a.stage] != rank) {
-    return ScheduleCellError(schedule, rank, step,
-                             absl::StrCat("stage ", a.stage, " is placed on rank ",
-                                          schedule.stage_to_rank[a.stage]));
+    return ScheduleCellError(
+        schedule, rank, step,
+        absl::StrCat("stage ", a.stage, " is placed on rank ", schedule.stage_to_rank[a.stage]));
   }
   if (a.microbatch < 0 || a.microbatch >= m) {
     return ScheduleCellError(

@@ -72,8 +72,7 @@ struct GridMark {
 //      1  0F1     [1B0]   <- marked cell
 //
 // Short lists leave blank cells.
-std::string FormatGrid(const RankActions& ranks,
-                       std::optional<GridMark> mark = std::nullopt);
+std::string FormatGrid(const RankActions& ranks, std::optional<GridMark> mark = std::nullopt);
 
 // InvalidArgument naming the schedule, the cell and `message`, followed by the
 // schedule's grid with that cell marked.

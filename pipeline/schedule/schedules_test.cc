@@ -21,8 +21,7 @@ std::string Rank(const Schedule& s, int r) { return ActionsToString(s.ranks[r]);
 
 TEST(RegistryTest, ListsBuiltInsAndRejectsUnknownNames) {
   std::vector<std::string> names = RegisteredScheduleNames();
-  for (const char* name :
-       {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference"}) {
+  for (const char* name : {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
   }
   absl::StatusOr<Schedule> s = MakeSchedule("2f2b", {});
@@ -34,9 +33,9 @@ TEST(RegistryTest, ListsBuiltInsAndRejectsUnknownNames) {
 }
 
 TEST(RegistryDeathTest, DuplicateNameAbortsWithTheName) {
-  EXPECT_DEATH(RegisterSchedule({"gpipe", "again", [](const ScheduleOptions&) {
-                                   return absl::StatusOr<Schedule>(Schedule{});
-                                 }}),
+  EXPECT_DEATH(RegisterSchedule(
+                   {"gpipe", "again",
+                    [](const ScheduleOptions&) { return absl::StatusOr<Schedule>(Schedule{}); }}),
                "\"gpipe\" registered twice");
 }
 
@@ -50,12 +49,9 @@ TEST(GPipeTest, AllForwardsThenAllBackwards) {
 
 TEST(OneFOneBTest, WarmupSteadyCooldown) {
   Schedule s = MustMake("1f1b", 4, 8);
-  EXPECT_EQ(Rank(s, 0),
-            "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 0B5 0B6 0B7");
-  EXPECT_EQ(Rank(s, 2),
-            "2F0 2F1 2B0 2F2 2B1 2F3 2B2 2F4 2B3 2F5 2B4 2F6 2B5 2F7 2B6 2B7");
-  EXPECT_EQ(Rank(s, 3),
-            "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5 3F6 3B6 3F7 3B7");
+  EXPECT_EQ(Rank(s, 0), "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 0B5 0B6 0B7");
+  EXPECT_EQ(Rank(s, 2), "2F0 2F1 2B0 2F2 2B1 2F3 2B2 2F4 2B3 2F5 2B4 2F6 2B5 2F7 2B6 2B7");
+  EXPECT_EQ(Rank(s, 3), "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5 3F6 3B6 3F7 3B7");
 }
 
 TEST(OneFOneBTest, FewerMicrobatchesThanStages) {
@@ -69,11 +65,9 @@ TEST(Interleaved1F1BTest, TwoStagesFourMicrobatchesTwoChunks) {
   // g = p = 2; table (mb, chunk): (0,0)(1,0)(0,1)(1,1)(2,0)(3,0)(2,1)(3,1).
   Schedule s = MustMake("interleaved_1f1b", 2, 4, 2);
   // Rank 0: warm-up 2*1 + 1*2 = 4.
-  EXPECT_EQ(Rank(s, 0),
-            "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3");
+  EXPECT_EQ(Rank(s, 0), "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3");
   // Rank 1: warm-up 0 + 2 = 2.
-  EXPECT_EQ(Rank(s, 1),
-            "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3");
+  EXPECT_EQ(Rank(s, 1), "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3");
 }
 
 TEST(Interleaved1F1BTest, MegatronFigureFourStagesEightMicrobatches) {
@@ -114,9 +108,9 @@ TEST(Interleaved1F1BTest, GroupEqualToMicrobatchesIsBreadthFirstForwards) {
 }
 
 TEST(Interleaved1F1BTest, GroupRuleViolationsNameTheRuleAndValues) {
-  for (ScheduleOptions o : {ScheduleOptions{4, 2, 2, 0},   // m < p
-                            ScheduleOptions{4, 6, 2, 0},   // 6 % 4 = 2 < 4
-                            ScheduleOptions{4, 8, 2, 3},   // g < p
+  for (ScheduleOptions o : {ScheduleOptions{4, 2, 2, 0},     // m < p
+                            ScheduleOptions{4, 6, 2, 0},     // 6 % 4 = 2 < 4
+                            ScheduleOptions{4, 8, 2, 3},     // g < p
                             ScheduleOptions{4, 8, 2, 9}}) {  // g > m
     absl::StatusOr<Schedule> s = MakeSchedule("interleaved_1f1b", o);
     ASSERT_FALSE(s.ok());

@@ -16,9 +16,9 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
     std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
     double value = 0;
     if (kv.size() != 2 || !absl::SimpleAtod(kv[1], &value) || value < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bad cost \"", item, "\" in \"", text,
-          "\": expected KEY:VALUE with KEY in F, B, I, W, comm and VALUE >= 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad cost \"", item, "\" in \"", text,
+                       "\": expected KEY:VALUE with KEY in F, B, I, W, comm and VALUE >= 0"));
     }
     if (kv[0] == "F") {
       costs.forward = value;
@@ -31,9 +31,8 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
     } else if (kv[0] == "comm") {
       costs.comm = value;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown cost key \"", kv[0], "\" in \"", text,
-          "\": valid keys are F, B, I, W, comm"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown cost key \"", kv[0], "\" in \"", text,
+                                                     "\": valid keys are F, B, I, W, comm"));
     }
   }
   return costs;
@@ -48,9 +47,9 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
   }
   if (!costs.stage_multiplier.empty() &&
       static_cast<int>(costs.stage_multiplier.size()) != num_virtual) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "stage_multiplier has ", costs.stage_multiplier.size(),
-        " entries; expected one per virtual stage (", num_virtual, ") or none"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage_multiplier has ", costs.stage_multiplier.size(),
+                     " entries; expected one per virtual stage (", num_virtual, ") or none"));
   }
   internal_schedule::ExecutionCosts exec_costs;
   exec_costs.message_latency = costs.comm;
@@ -58,10 +57,18 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
   exec_costs.compute = [&costs](const Action& a) {
     double base = 0;
     switch (a.type) {
-      case ActionType::kForward: base = costs.forward; break;
-      case ActionType::kBackward: base = costs.backward; break;
-      case ActionType::kBackwardInput: base = costs.backward_input; break;
-      default: base = costs.backward_weight; break;
+      case ActionType::kForward:
+        base = costs.forward;
+        break;
+      case ActionType::kBackward:
+        base = costs.backward;
+        break;
+      case ActionType::kBackwardInput:
+        base = costs.backward_input;
+        break;
+      default:
+        base = costs.backward_weight;
+        break;
     }
     if (!costs.stage_multiplier.empty()) base *= costs.stage_multiplier[a.stage];
     return base;
@@ -79,14 +86,12 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
       const Action& a = program.ranks[r][i];
       result.makespan = std::max(result.makespan, ex.end[r][i]);
       if (IsTail(a.type)) continue;
-      result.timeline.push_back(
-          {r, ActionToString(a), ex.start[r][i], ex.end[r][i]});
+      result.timeline.push_back({r, ActionToString(a), ex.start[r][i], ex.end[r][i]});
       if (!IsCompute(a.type)) continue;
       result.busy[r] += ex.end[r][i] - ex.start[r][i];
       if (a.type == ActionType::kForward) {
         result.peak_inflight[r] = std::max(result.peak_inflight[r], ++inflight);
-      } else if (a.type == ActionType::kBackward ||
-                 a.type == ActionType::kBackwardWeight) {
+      } else if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight) {
         --inflight;
       }
     }
@@ -102,13 +107,11 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
     result.idle[r] = result.makespan - result.busy[r];
     total_idle += result.idle[r];
   }
-  result.bubble_fraction =
-      result.makespan > 0 ? total_idle / (p * result.makespan) : 0;
+  result.bubble_fraction = result.makespan > 0 ? total_idle / (p * result.makespan) : 0;
   return result;
 }
 
-absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule,
-                                          const SimulationCosts& costs) {
+absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const SimulationCosts& costs) {
   PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
   return SimulateProgram(program, costs);
 }

@@ -45,9 +45,9 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text);
 
 struct SimulationResult {
   double makespan = 0;
-  std::vector<double> busy;  // per rank: sum of compute durations
-  std::vector<double> idle;  // per rank: makespan - busy
-  double bubble_fraction = 0;  // sum(idle) / (ranks * makespan)
+  std::vector<double> busy;        // per rank: sum of compute durations
+  std::vector<double> idle;        // per rank: makespan - busy
+  double bubble_fraction = 0;      // sum(idle) / (ranks * makespan)
   std::vector<int> peak_inflight;  // per rank, in micro-batch x chunk units
   // Every executed action (tail excluded), in program order per rank.
   std::vector<TraceEvent> timeline;
@@ -60,8 +60,7 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
                                                  const SimulationCosts& costs);
 
 // Lower(schedule) with default options, then SimulateProgram.
-absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule,
-                                          const SimulationCosts& costs);
+absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const SimulationCosts& costs);
 
 }  // namespace pp
 

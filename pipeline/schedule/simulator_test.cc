@@ -12,7 +12,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 SimulationResult SimulateNamed(const std::string& name, int p, int m, int v = 1,
-                     SimulationCosts costs = {}) {
+                               SimulationCosts costs = {}) {
   ScheduleOptions options;
   options.num_stages = p;
   options.num_microbatches = m;
@@ -25,16 +25,16 @@ SimulationResult SimulateNamed(const std::string& name, int p, int m, int v = 1,
 }
 
 TEST(SimulatorTest, OneFOneBFourStagesEightMicrobatches) {
- for (bool blocking : {false, true}) {
-  SimulationCosts costs;
-  costs.blocking_sends = blocking;
-  SimulationResult r = SimulateNamed("1f1b", 4, 8, 1, costs);
-  EXPECT_DOUBLE_EQ(r.makespan, 33);
-  EXPECT_DOUBLE_EQ(r.bubble_fraction, 3.0 / 11.0);
-  EXPECT_THAT(r.peak_inflight, ElementsAre(4, 3, 2, 1));
-  EXPECT_THAT(r.busy, ElementsAre(24, 24, 24, 24));
-  EXPECT_THAT(r.idle, ElementsAre(9, 9, 9, 9));
- }
+  for (bool blocking : {false, true}) {
+    SimulationCosts costs;
+    costs.blocking_sends = blocking;
+    SimulationResult r = SimulateNamed("1f1b", 4, 8, 1, costs);
+    EXPECT_DOUBLE_EQ(r.makespan, 33);
+    EXPECT_DOUBLE_EQ(r.bubble_fraction, 3.0 / 11.0);
+    EXPECT_THAT(r.peak_inflight, ElementsAre(4, 3, 2, 1));
+    EXPECT_THAT(r.busy, ElementsAre(24, 24, 24, 24));
+    EXPECT_THAT(r.idle, ElementsAre(9, 9, 9, 9));
+  }
 }
 
 TEST(SimulatorTest, GPipeTwoStagesFourMicrobatches) {
@@ -57,10 +57,8 @@ TEST(SimulatorTest, AnalyticBubbleForGPipeAnd1F1B) {
         costs.blocking_sends = (p + m) % 2 == 0;  // both send models
         SimulationResult r = SimulateNamed(name, p, m, 1, costs);
         const double expected = (p - 1.0) / (m + p - 1.0);
-        EXPECT_NEAR(r.bubble_fraction, expected, 1e-12)
-            << name << " p=" << p << " m=" << m;
-        EXPECT_DOUBLE_EQ(r.makespan, 3.0 * (m + p - 1))
-            << name << " p=" << p << " m=" << m;
+        EXPECT_NEAR(r.bubble_fraction, expected, 1e-12) << name << " p=" << p << " m=" << m;
+        EXPECT_DOUBLE_EQ(r.makespan, 3.0 * (m + p - 1)) << name << " p=" << p << " m=" << m;
       }
     }
   }
@@ -83,14 +81,12 @@ TEST(SimulatorTest, InterleavingReducesTheBubble) {
         const double bubble_time = 3.0 * (p - 1) / v;
         EXPECT_NEAR(r.makespan, 3.0 * m + bubble_time, 1e-9)
             << "p=" << p << " m=" << m << " v=" << v << " blocking=" << blocking;
-        EXPECT_NEAR(r.bubble_fraction, bubble_time / (3.0 * m + bubble_time),
-                    1e-9);
+        EXPECT_NEAR(r.bubble_fraction, bubble_time / (3.0 * m + bubble_time), 1e-9);
         EXPECT_LT(r.bubble_fraction, previous);
         previous = r.bubble_fraction;
         // Rendezvous sends can only be slower.
         costs.blocking_sends = true;
-        EXPECT_GE(SimulateNamed("interleaved_1f1b", p, m, v, costs).makespan,
-                  r.makespan - 1e-9);
+        EXPECT_GE(SimulateNamed("interleaved_1f1b", p, m, v, costs).makespan, r.makespan - 1e-9);
       }
     }
   }
@@ -143,8 +139,7 @@ TEST(SimulationCostsTest, ParsesAndRejects) {
   EXPECT_DOUBLE_EQ(c->backward, 2.5);
   EXPECT_DOUBLE_EQ(c->backward_weight, 0);
   EXPECT_DOUBLE_EQ(c->comm, 0.1);
-  EXPECT_THAT(std::string(ParseSimulationCosts("X:1").status().message()),
-              HasSubstr("\"X\""));
+  EXPECT_THAT(std::string(ParseSimulationCosts("X:1").status().message()), HasSubstr("\"X\""));
   EXPECT_FALSE(ParseSimulationCosts("F:-1").ok());
   EXPECT_FALSE(ParseSimulationCosts("F=1").ok());
 }

@@ -1,6 +1,5 @@
 #include "pipeline/schedule/validator.h"
 
-
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -22,24 +21,23 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
   const int p = schedule.num_stages;
   const int m = schedule.num_microbatches;
   if (p < 1 || m < 1 || schedule.num_chunks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "schedule \"", schedule.name, "\": num_stages (", p,
-        "), num_microbatches (", m, ") and num_chunks (", schedule.num_chunks,
-        ") must all be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule \"", schedule.name, "\": num_stages (", p, "), num_microbatches (",
+                     m, ") and num_chunks (", schedule.num_chunks, ") must all be at least 1"));
   }
   const int num_virtual = schedule.num_virtual_stages();
   if (static_cast<int>(schedule.ranks.size()) != p ||
       static_cast<int>(schedule.stage_to_rank.size()) != num_virtual) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "schedule \"", schedule.name, "\" has ", schedule.ranks.size(),
-        " rank lists and a placement of ", schedule.stage_to_rank.size(),
-        " stages; expected ", p, " and ", num_virtual));
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule \"", schedule.name, "\" has ", schedule.ranks.size(),
+                     " rank lists and a placement of ", schedule.stage_to_rank.size(),
+                     " stages; expected ", p, " and ", num_virtual));
   }
   for (int s = 0; s < num_virtual; ++s) {
     if (schedule.stage_to_rank[s] < 0 || schedule.stage_to_rank[s] >= p) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "schedule \"", schedule.name, "\" places stage ", s, " on rank ",
-          schedule.stage_to_rank[s], ", outside [0, ", p, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule \"", schedule.name, "\" places stage ", s, " on rank ",
+                       schedule.stage_to_rank[s], ", outside [0, ", p, ")"));
     }
   }
   // (type, stage, mb) -> where it was seen and how often; dense over the
@@ -53,15 +51,15 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
       PP_RETURN_IF_ERROR(CheckComputeCell(schedule, r, i));
       const Action& a = schedule.ranks[r][i];
       if (schedule.forward_only && a.type != ActionType::kForward) {
-        return ScheduleCellError(schedule, r, i,
-                         "a forward-only schedule has no backward actions");
+        return ScheduleCellError(schedule, r, i, "a forward-only schedule has no backward actions");
       }
       Seen& entry = seen[key(a.type, a.stage, a.microbatch)];
       if (++entry.count > 1) {
         return ScheduleCellError(schedule, r, i,
-                         absl::StrCat(ActionToString(a), " appears twice (first "
-                                      "at rank ", entry.rank, " step ",
-                                      entry.pos, ")"));
+                                 absl::StrCat(ActionToString(a),
+                                              " appears twice (first "
+                                              "at rank ",
+                                              entry.rank, " step ", entry.pos, ")"));
       }
       entry.rank = r;
       entry.pos = i;
@@ -81,52 +79,52 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
       const Seen* w = find(ActionType::kBackwardWeight, s, mb);
       if (f == nullptr) {
         return ScheduleCellError(schedule, r, end,
-                         absl::StrCat("missing ", ActionToString(F(s, mb))));
+                                 absl::StrCat("missing ", ActionToString(F(s, mb))));
       }
       if (schedule.forward_only) continue;
       if (b != nullptr && (in != nullptr || w != nullptr)) {
         const Seen* split = in != nullptr ? in : w;
         return ScheduleCellError(schedule, r, split->pos,
-                         absl::StrCat("(stage ", s, ", mb ", mb, ") has both a "
-                                      "full backward B and a split I/W"));
+                                 absl::StrCat("(stage ", s, ", mb ", mb,
+                                              ") has both a "
+                                              "full backward B and a split I/W"));
       }
       if (b == nullptr && (in == nullptr || w == nullptr)) {
         return ScheduleCellError(
             schedule, r, end,
-            absl::StrCat("missing backward of (stage ", s, ", mb ", mb,
-                         "): need ", ActionToString(B(s, mb)), " or both ",
-                         ActionToString(I(s, mb)), " and ",
+            absl::StrCat("missing backward of (stage ", s, ", mb ", mb, "): need ",
+                         ActionToString(B(s, mb)), " or both ", ActionToString(I(s, mb)), " and ",
                          ActionToString(W(s, mb))));
       }
       const Seen* backward = b != nullptr ? b : in;
       if (backward->pos < f->pos) {
         return ScheduleCellError(schedule, r, backward->pos,
-                         absl::StrCat("backward of (stage ", s, ", mb ", mb,
-                                      ") runs before its forward (step ",
-                                      f->pos, ")"));
+                                 absl::StrCat("backward of (stage ", s, ", mb ", mb,
+                                              ") runs before its forward (step ", f->pos, ")"));
       }
       if (w != nullptr && w->pos < in->pos) {
         return ScheduleCellError(schedule, r, w->pos,
-                         absl::StrCat(ActionToString(W(s, mb)), " runs before ",
-                                      ActionToString(I(s, mb)), " (step ",
-                                      in->pos, ")"));
+                                 absl::StrCat(ActionToString(W(s, mb)), " runs before ",
+                                              ActionToString(I(s, mb)), " (step ", in->pos, ")"));
       }
       // Neighbouring stages on the same rank: order within the rank.
       if (s + 1 < num_virtual && schedule.stage_to_rank[s + 1] == r) {
         const Seen* next_f = find(ActionType::kForward, s + 1, mb);
         if (next_f != nullptr && next_f->pos < f->pos) {
           return ScheduleCellError(schedule, r, next_f->pos,
-                           absl::StrCat("F on stage ", s + 1, " runs before F "
-                                        "on stage ", s, " (step ", f->pos,
-                                        ") for mb ", mb));
+                                   absl::StrCat("F on stage ", s + 1,
+                                                " runs before F "
+                                                "on stage ",
+                                                s, " (step ", f->pos, ") for mb ", mb));
         }
         const Seen* next_b = find(ActionType::kBackward, s + 1, mb);
         if (next_b == nullptr) next_b = find(ActionType::kBackwardInput, s + 1, mb);
         if (next_b != nullptr && backward->pos < next_b->pos) {
           return ScheduleCellError(schedule, r, backward->pos,
-                           absl::StrCat("backward on stage ", s, " runs before "
-                                        "the backward on stage ", s + 1,
-                                        " (step ", next_b->pos, ") for mb ", mb));
+                                   absl::StrCat("backward on stage ", s,
+                                                " runs before "
+                                                "the backward on stage ",
+                                                s + 1, " (step ", next_b->pos, ") for mb ", mb));
         }
       }
     }
@@ -139,8 +137,7 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
 absl::Status ValidateLoweredProgram(const LoweredProgram& program) {
   internal_schedule::ExecutionCosts costs;
   costs.compute = [](const Action&) { return 1.0; };
-  absl::StatusOr<internal_schedule::Execution> ex =
-      internal_schedule::Execute(program, costs);
+  absl::StatusOr<internal_schedule::Execution> ex = internal_schedule::Execute(program, costs);
   if (!ex.ok()) return ex.status();
   // Execute checks order and deadlock; counts: each stage's compute must be
   // complete for the program to be a whole step.
@@ -162,17 +159,15 @@ absl::Status ValidateLoweredProgram(const LoweredProgram& program) {
       const int full = count(ActionType::kBackward, s, mb);
       const int in = count(ActionType::kBackwardInput, s, mb);
       const int wt = count(ActionType::kBackwardWeight, s, mb);
-      const bool ok = fwd == 1 && (program.forward_only
-                                       ? full + in + wt == 0
-                                       : (full == 1 && in + wt == 0) ||
-                                             (full == 0 && in == 1 && wt == 1));
+      const bool ok = fwd == 1 && (program.forward_only ? full + in + wt == 0
+                                                        : (full == 1 && in + wt == 0) ||
+                                                              (full == 0 && in == 1 && wt == 1));
       if (!ok) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "lowered program of \"", program.schedule_name, "\": (stage ", s,
-            ", mb ", mb, ") has ", fwd, " F, ", full, " B, ", in, " I, ", wt,
-            " W; expected one F and ",
-            program.forward_only ? "no backward" : "one B or one I and one W",
-            "\n", FormatGrid(program.ranks)));
+            "lowered program of \"", program.schedule_name, "\": (stage ", s, ", mb ", mb, ") has ",
+            fwd, " F, ", full, " B, ", in, " I, ", wt, " W; expected one F and ",
+            program.forward_only ? "no backward" : "one B or one I and one W", "\n",
+            FormatGrid(program.ranks)));
       }
     }
   }

@@ -11,8 +11,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-Schedule Manual(int p, int m, std::vector<std::string> ranks,
-                bool forward_only = false) {
+Schedule Manual(int p, int m, std::vector<std::string> ranks, bool forward_only = false) {
   Schedule s = EmptyLoopedSchedule("manual", {p, m, 1, 0});
   s.forward_only = forward_only;
   for (int r = 0; r < p; ++r) s.ranks[r] = *ParseActions(ranks[r]);
@@ -33,8 +32,7 @@ TEST(ValidatorTest, BuiltInSchedulesPass) {
 
 TEST(ValidatorTest, SplitBackwardValidatesAndSimulates) {
   // A zero-bubble-like order: I early, W deferred.
-  Schedule s = Manual(2, 2, {"0F0 0F1 0I0 0W0 0I1 0W1",
-                             "1F0 1I0 1F1 1I1 1W0 1W1"});
+  Schedule s = Manual(2, 2, {"0F0 0F1 0I0 0W0 0I1 0W1", "1F0 1I0 1F1 1I1 1W0 1W1"});
   ASSERT_TRUE(ValidateSchedule(s).ok()) << ValidateSchedule(s);
   SimulationCosts costs;  // F=1, I=1, W=1
   absl::StatusOr<SimulationResult> r = Simulate(s, costs);
@@ -53,8 +51,7 @@ TEST(ValidatorTest, MissingBackwardMarksTheRanksEnd) {
 }
 
 TEST(ValidatorTest, DuplicateForwardIsMarked) {
-  const std::string message =
-      Message(ValidateSchedule(Manual(1, 1, {"0F0 0F0 0B0"})));
+  const std::string message = Message(ValidateSchedule(Manual(1, 1, {"0F0 0F0 0B0"})));
   EXPECT_THAT(message, HasSubstr("0F0 appears twice"));
   EXPECT_THAT(message, HasSubstr("[0F0]   <-- here"));
 }
@@ -77,8 +74,7 @@ TEST(ValidatorTest, BackwardBeforeForwardIsRejected) {
 TEST(ValidatorTest, LocalStageOrderIsChecked) {
   Schedule s = EmptyLoopedSchedule("manual", {1, 1, 2, 0});
   s.ranks[0] = *ParseActions("1F0 0F0 1B0 0B0");
-  EXPECT_THAT(Message(ValidateSchedule(s)),
-              HasSubstr("F on stage 1 runs before F on stage 0"));
+  EXPECT_THAT(Message(ValidateSchedule(s)), HasSubstr("F on stage 1 runs before F on stage 0"));
   s.ranks[0] = *ParseActions("0F0 1F0 0B0 1B0");
   EXPECT_THAT(Message(ValidateSchedule(s)),
               HasSubstr("backward on stage 0 runs before the backward on stage 1"));
@@ -94,8 +90,7 @@ TEST(ValidatorTest, CrossRankOrderThatCannotProgressIsRejected) {
   EXPECT_THAT(Message(ValidateSchedule(s)), HasSubstr("cannot all make progress"));
 }
 
-LoweredProgram Program(int p, int m, std::vector<std::string> ranks,
-                       bool forward_only = true) {
+LoweredProgram Program(int p, int m, std::vector<std::string> ranks, bool forward_only = true) {
   LoweredProgram program;
   program.schedule_name = "manual";
   program.num_stages = p;
@@ -109,8 +104,8 @@ LoweredProgram Program(int p, int m, std::vector<std::string> ranks,
 TEST(ValidatorTest, BlockingSendsInCrossedOrderDeadlock) {
   // Rank 0 sends mb 1 first, rank 1 waits for mb 0 first: with blocking
   // sends neither can move.
-  LoweredProgram program = Program(
-      2, 2, {"0F0 0F1 0SEND_F1 0SEND_F0", "1RECV_F0 1F0 1RECV_F1 1F1"});
+  LoweredProgram program =
+      Program(2, 2, {"0F0 0F1 0SEND_F1 0SEND_F0", "1RECV_F0 1F0 1RECV_F1 1F1"});
   const std::string message = Message(ValidateLoweredProgram(program));
   EXPECT_THAT(message, HasSubstr("deadlock"));
   EXPECT_THAT(message, HasSubstr("[0SEND_F1]"));
@@ -119,21 +114,18 @@ TEST(ValidatorTest, BlockingSendsInCrossedOrderDeadlock) {
 
 TEST(ValidatorTest, TwoRanksBothSendingFirstDeadlock) {
   // The classic 1F1B hazard: each rank sends before it receives.
-  LoweredProgram program =
-      Program(2, 2,
-              {"0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1",
-               "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1"},
-              false);
+  LoweredProgram program = Program(2, 2,
+                                   {"0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1",
+                                    "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1"},
+                                   false);
   EXPECT_THAT(Message(ValidateLoweredProgram(program)), HasSubstr("deadlock"));
 }
 
 TEST(ValidatorTest, ComputeWithoutItsInputIsRejected) {
   LoweredProgram program = Program(2, 1, {"0F0 0SEND_F0", "1F0 1RECV_F0"});
-  EXPECT_THAT(Message(ValidateLoweredProgram(program)),
-              HasSubstr("1F0 cannot run: its input"));
+  EXPECT_THAT(Message(ValidateLoweredProgram(program)), HasSubstr("1F0 cannot run: its input"));
   program = Program(2, 1, {"0SEND_F0 0F0", "1RECV_F0 1F0"});
-  EXPECT_THAT(Message(ValidateLoweredProgram(program)),
-              HasSubstr("0SEND_F0 cannot run"));
+  EXPECT_THAT(Message(ValidateLoweredProgram(program)), HasSubstr("0SEND_F0 cannot run"));
 }
 
 TEST(ValidatorTest, MessageToOwnRankIsRejected) {
@@ -145,14 +137,12 @@ TEST(ValidatorTest, MessageToOwnRankIsRejected) {
   program.forward_only = true;
   program.stage_to_rank = LoopedPlacement(1, 2);
   program.ranks = {*ParseActions("0F0 0SEND_F0 1RECV_F0 1F0")};
-  EXPECT_THAT(Message(ValidateLoweredProgram(program)),
-              HasSubstr("hand over locally"));
+  EXPECT_THAT(Message(ValidateLoweredProgram(program)), HasSubstr("hand over locally"));
 }
 
 TEST(ValidatorTest, LoweredCountsAreChecked) {
   LoweredProgram program = Program(1, 2, {"0F0"});
-  EXPECT_THAT(Message(ValidateLoweredProgram(program)),
-              HasSubstr("(stage 0, mb 1) has 0 F"));
+  EXPECT_THAT(Message(ValidateLoweredProgram(program)), HasSubstr("(stage 0, mb 1) has 0 F"));
 }
 
 }  // namespace

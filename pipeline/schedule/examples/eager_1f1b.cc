@@ -13,8 +13,7 @@ namespace {
 absl::StatusOr<Schedule> MakeEager1F1B(const ScheduleOptions& options) {
   if (options.num_chunks != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "eager_1f1b places one chunk per rank: num_chunks (",
-        options.num_chunks, ") must be 1"));
+        "eager_1f1b places one chunk per rank: num_chunks (", options.num_chunks, ") must be 1"));
   }
   const int p = options.num_stages, m = options.num_microbatches;
   Schedule schedule = EmptyLoopedSchedule("eager_1f1b", options);
@@ -33,7 +32,6 @@ absl::StatusOr<Schedule> MakeEager1F1B(const ScheduleOptions& options) {
 
 }  // namespace
 
-PP_REGISTER_SCHEDULE("eager_1f1b", "1F1B with one extra warm-up forward per rank",
-                     MakeEager1F1B);
+PP_REGISTER_SCHEDULE("eager_1f1b", "1F1B with one extra warm-up forward per rank", MakeEager1F1B);
 
 }  // namespace pp

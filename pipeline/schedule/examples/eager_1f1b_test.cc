@@ -15,8 +15,7 @@ using ::testing::ElementsAre;
 SimulationResult Sim(const std::string& name, double comm) {
   SimulationCosts costs;
   costs.comm = comm;
-  absl::StatusOr<SimulationResult> r =
-      Simulate(*MakeSchedule(name, {4, 8, 1, 0}), costs);
+  absl::StatusOr<SimulationResult> r = Simulate(*MakeSchedule(name, {4, 8, 1, 0}), costs);
   EXPECT_TRUE(r.ok()) << r.status();
   return *r;
 }
@@ -28,8 +27,7 @@ TEST(Eager1F1BTest, OneMoreWarmupForwardThan1F1B) {
   EXPECT_EQ(ActionsToString(s.ranks[0]),
             "0F0 0F1 0F2 0F3 0F4 0B0 0F5 0B1 0F6 0B2 0F7 0B3 0B4 0B5 0B6 0B7");
   // Warm-up p - r = 2 > m = 1 is capped at m.
-  EXPECT_EQ(ActionsToString(MakeSchedule("eager_1f1b", {2, 1, 1, 0})->ranks[0]),
-            "0F0 0B0");
+  EXPECT_EQ(ActionsToString(MakeSchedule("eager_1f1b", {2, 1, 1, 0})->ranks[0]), "0F0 0B0");
 }
 
 TEST(Eager1F1BTest, OneMoreActivationSameIdealMakespan) {
