@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/manifest.pb.h"
+#include "common/crc32c.h"
 
 namespace pp {
 
@@ -38,10 +39,6 @@ inline constexpr char kLatestFileName[] = "latest";
 
 // What one tensor file holds, in file order. Loaded into Python as a dict.
 using TensorDict = std::vector<std::pair<std::string, at::Tensor>>;
-
-// CRC32C (Castagnoli), continuing from `crc` (0 to start). Uses SSE4.2 when
-// the CPU has it.
-uint32_t Crc32c(const void* data, size_t size, uint32_t crc = 0);
 
 // "step_00000100": the directory name of the checkpoint of `step`.
 std::string CheckpointName(int64_t step);
@@ -113,11 +110,6 @@ absl::Status WritePartialManifest(const std::string& tmp_dir, int rank,
 // the root, updates `latest` and prunes to `keep_last`. Returns the final path.
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& root, const std::string& name,
                                              checkpoint::Manifest header, int keep_last);
-
-namespace internal_checkpoint {
-// Exposed for tests: the portable table-driven CRC32C.
-uint32_t Crc32cPortable(const void* data, size_t size, uint32_t crc);
-}  // namespace internal_checkpoint
 
 }  // namespace pp
 
