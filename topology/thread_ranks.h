@@ -1,61 +1,68 @@
-// Test helper: runs N ranks as threads of the test process, each with a real
-// rendezvous (TCPStore or FileStore) and real Gloo groups.
+// Test harness: runs N ranks as threads of the test process, each with a real
+// rendezvous (TCPStore or FileStore) and real Gloo groups, so multi-rank tests
+// exercise the distributed engine without spawning processes. Every
+// multi-rank test in pipe uses this one target.
 //
-//   std::vector<absl::Status> s = RunThreadRanks(4, options, [&](World& world) { ... });
+//   // Per-rank statuses, TCP store on `port` (or options.file_store_path):
+//   std::vector<absl::Status> s = RunThreadRanks(4, port, options, [&](World& w) { ... });
+//   // A fresh FileStore, the first error (prefixed "rank r: ") or OK:
+//   absl::Status s = RunOnThreadRanks(2, timeout, [&](World& w) { ... });
+//   // A pp x dp ParallelGrid on every rank:
+//   absl::Status s = RunOnGrid(2, 2, timeout, [&](ParallelGrid& grid) { ... });
+//
+// Every rank thread runs with at::set_num_threads(1) (the ranks share the
+// cores), and an exception escaping `body` becomes that rank's kInternal
+// status instead of terminating the test.
 #ifndef TOPOLOGY_THREAD_RANKS_H_
 #define TOPOLOGY_THREAD_RANKS_H_
 
+#include <chrono>
 #include <functional>
+#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
+#include "topology/parallel_grid.h"
 #include "topology/rendezvous.h"
 
 namespace pp {
 
 // Environment of `rank` among `world_size` threads on loopback.
-inline DistEnv ThreadRankEnv(int rank, int world_size, int port) {
-  DistEnv env;
-  env.rank = rank;
-  env.world_size = world_size;
-  env.local_rank = rank;
-  env.local_world_size = world_size;
-  env.master_addr = "127.0.0.1";
-  env.master_port = port;
-  return env;
-}
+DistEnv ThreadRankEnv(int rank, int world_size, int port);
 
 // Starts ranks [0, world_size) except those in `absent`, each running
-// Rendezvous and then `body` (if the rendezvous worked); returns each rank's
+// Rendezvous (TCPStore on `port`, or the FileStore options.file_store_path
+// when set) and then `body` (if the rendezvous worked); returns each rank's
 // status (OK for absent ranks). The world of every rank stays alive until all
 // bodies have returned, so no rank's store or group vanishes under another.
-inline std::vector<absl::Status> RunThreadRanks(int world_size, int port,
-                                                const RendezvousOptions& options,
-                                                const std::function<absl::Status(World&)>& body,
-                                                const std::vector<int>& absent = {}) {
-  std::vector<absl::Status> status(world_size);
-  std::vector<World> worlds(world_size);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world_size; ++rank) {
-    bool skip = false;
-    for (int a : absent) skip = skip || a == rank;
-    if (skip) continue;
-    threads.emplace_back([&, rank] {
-      absl::StatusOr<World> world = Rendezvous(ThreadRankEnv(rank, world_size, port), options);
-      if (!world.ok()) {
-        status[rank] = world.status();
-        return;
-      }
-      worlds[rank] = *world;
-      status[rank] = body(worlds[rank]);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return status;
-}
+std::vector<absl::Status> RunThreadRanks(int world_size, int port, const RendezvousOptions& options,
+                                         const std::function<absl::Status(World&)>& body,
+                                         const std::vector<int>& absent = {});
+
+// A path under $TEST_TMPDIR (else /tmp) that no other call in this process
+// returns and that does not exist: for a FileStore shared by one run's ranks.
+std::string FreshTempPath(const std::string& tag);
+
+// The first non-OK status by rank order, its message prefixed "rank r: ";
+// OK when all are OK.
+absl::Status FirstRankError(const std::vector<absl::Status>& statuses);
+
+// `world_size` ranks over a fresh FileStore, every wait bounded by `timeout`;
+// FirstRankError of their statuses.
+absl::Status RunOnThreadRanks(int world_size, std::chrono::milliseconds timeout,
+                              const std::function<absl::Status(World&)>& body);
+
+// pp * dp ranks, each with the ParallelGrid of PipeDataParallelTopology(pp, dp);
+// FirstRankError of their statuses.
+absl::Status RunOnGrid(int pp, int dp, std::chrono::milliseconds timeout,
+                       const std::function<absl::Status(ParallelGrid& grid)>& body);
+
+// LibTorch's default CPU generator is process-wide, and building a model
+// seeds it (PipelineModel::Create seeds and restores it per layer): ranks
+// running as threads of one process hold this lock while they do that, or
+// their layers' weights would depend on the interleaving.
+std::mutex& SharedGeneratorMutex();
 
 }  // namespace pp
 

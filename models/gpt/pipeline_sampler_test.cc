@@ -11,7 +11,7 @@
 #include "models/gpt/gpt.h"
 #include "models/gpt/sample.h"
 #include "pipeline/pipeline_model.h"
-#include "pipeline/runtime/equivalence_testing.h"
+#include "topology/thread_ranks.h"
 
 namespace pp {
 namespace {
@@ -40,33 +40,34 @@ std::vector<std::vector<int64_t>> PipelineSample(int pp, const SampleOptions& op
   std::mutex mu;
   std::vector<std::vector<int64_t>> per_rank(pp);
   const std::chrono::milliseconds timeout(std::chrono::seconds(30));
-  absl::Status status =
-      testing_runtime::RunOnGrid(pp, 1, timeout, [&](ParallelGrid& grid) -> absl::Status {
-        PipelineModelOptions mo;
-        mo.num_stages = pp;
-        mo.partition_method = "type:TransformerBlock";
-        mo.base_seed = kSeed;
-        PP_ASSIGN_OR_RETURN(auto model,
-                            PipelineModel::Create(*MakeGptSpecs(Tiny()), mo, grid.stage_id()));
-        std::string text(200, 'a');
-        PP_ASSIGN_OR_RETURN(
-            LmBatchSource source,
-            LmBatchSource::Create(std::vector<int64_t>(text.begin(), text.end()),
-                                  {.seq_len = 8, .micro_batch_size = 2, .num_microbatches = 2}));
-        PipelineSampler sampler;
-        TrainerOptions to;
-        to.schedule = "1f1b";
-        to.num_microbatches = 2;
-        to.timeout = timeout;
-        PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(),
-                                                          sampler.WrapLoss(GptLoss), &source, to));
-        PP_ASSIGN_OR_RETURN(
-            std::vector<int64_t> tokens,
-            Generate(Prompt(), 8, options, sampler.LogitsFn(trainer.get(), &grid, 260, timeout)));
-        std::lock_guard<std::mutex> lock(mu);
-        per_rank[grid.global_rank()] = tokens;
-        return absl::OkStatus();
-      });
+  absl::Status status = RunOnGrid(pp, 1, timeout, [&](ParallelGrid& grid) -> absl::Status {
+    PipelineModelOptions mo;
+    mo.num_stages = pp;
+    mo.partition_method = "type:TransformerBlock";
+    mo.base_seed = kSeed;
+    std::unique_lock<std::mutex> build_lock(SharedGeneratorMutex());
+    PP_ASSIGN_OR_RETURN(auto model,
+                        PipelineModel::Create(*MakeGptSpecs(Tiny()), mo, grid.stage_id()));
+    build_lock.unlock();
+    std::string text(200, 'a');
+    PP_ASSIGN_OR_RETURN(
+        LmBatchSource source,
+        LmBatchSource::Create(std::vector<int64_t>(text.begin(), text.end()),
+                              {.seq_len = 8, .micro_batch_size = 2, .num_microbatches = 2}));
+    PipelineSampler sampler;
+    TrainerOptions to;
+    to.schedule = "1f1b";
+    to.num_microbatches = 2;
+    to.timeout = timeout;
+    PP_ASSIGN_OR_RETURN(
+        auto trainer, Trainer::Create(&grid, model.get(), sampler.WrapLoss(GptLoss), &source, to));
+    PP_ASSIGN_OR_RETURN(
+        std::vector<int64_t> tokens,
+        Generate(Prompt(), 8, options, sampler.LogitsFn(trainer.get(), &grid, 260, timeout)));
+    std::lock_guard<std::mutex> lock(mu);
+    per_rank[grid.global_rank()] = tokens;
+    return absl::OkStatus();
+  });
   EXPECT_TRUE(status.ok()) << status;
   return per_rank;
 }

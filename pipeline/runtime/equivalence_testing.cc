@@ -1,8 +1,5 @@
 #include "pipeline/runtime/equivalence_testing.h"
 
-#include <unistd.h>
-
-#include <atomic>
 #include <cmath>
 #include <mutex>
 
@@ -111,72 +108,59 @@ absl::StatusOr<RunResult> TrainSequential(const RunConfig& config) {
 }
 
 absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
-  static std::atomic<int> counter{0};
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  RendezvousOptions ro;
-  ro.timeout = config.timeout;
-  ro.file_store_path =
-      absl::StrCat(tmp ? tmp : "/tmp", "/pp_equiv_", getpid(), "_", counter.fetch_add(1));
   const int world = config.pp * config.dp;
   std::mutex mu;
   RunResult result;
   std::vector<std::map<std::string, torch::Tensor>> replica_params(config.dp);
   std::vector<std::vector<double>> rank_losses(world);
   std::vector<std::vector<double>> rank_norms(world);
-  std::vector<absl::Status> statuses = RunThreadRanks(world, 0, ro, [&](World& w) -> absl::Status {
-    at::set_num_threads(1);
-    PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(config.pp, config.dp));
-    PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(w, topo));
-    PipelineModelOptions mo;
-    mo.num_stages = config.pp;
-    mo.chunks = config.chunks;
-    mo.partition_method = config.partition_method;
-    mo.base_seed = kSeed;
-    std::unique_lock<std::mutex> build_lock(ModelBuildMutex());
-    PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(SpecsOf(config), mo, grid.stage_id()));
-    build_lock.unlock();
-    std::unique_ptr<MicroBatchSource> source = SourceOf(config);
-    TrainerOptions to;
-    to.schedule = config.schedule;
-    to.num_microbatches = config.microbatches;
-    to.optimizer = config.optimizer;
-    to.lr_schedule = config.lr_schedule;
-    to.max_grad_norm = config.max_grad_norm;
-    to.timeout = config.timeout;
-    to.reduce_tied_grads = config.reduce_tied_grads;
-    to.defer_receives = config.defer_receives;
-    if (config.checkpoint_interval > 0) {
-      ActivationCheckpointPolicy policy;
-      policy.interval = config.checkpoint_interval;
-      policy.checkpointable_types = "Block";
-      PP_ASSIGN_OR_RETURN(to.layer_runner, MakeCheckpointingRunner(policy));
-    }
-    PP_ASSIGN_OR_RETURN(auto trainer,
-                        Trainer::Create(&grid, model.get(), LossOf(config), source.get(), to));
-    for (int step = 0; step < config.steps; ++step) {
-      PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
-      rank_losses[w.rank].push_back(r.loss);
-      rank_norms[w.rank].push_back(r.grad_norm);
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    for (const auto& item : model->named_parameters()) {
-      auto& slot = replica_params[grid.data_parallel_id()][item.key()];
-      torch::Tensor value = item.value().detach().clone();
-      if (slot.defined() && !torch::equal(slot, value)) {
-        return absl::InternalError(
-            absl::StrCat("tied copies of ", item.key(), " differ between stages"));
-      }
-      slot = value;
-    }
-    return absl::OkStatus();
-  });
-  ::unlink(ro.file_store_path.c_str());
-  for (int r = 0; r < world; ++r) {
-    if (!statuses[r].ok()) {
-      return absl::Status(statuses[r].code(),
-                          absl::StrCat("rank ", r, ": ", statuses[r].message()));
-    }
-  }
+  absl::Status status =
+      RunOnGrid(config.pp, config.dp, config.timeout, [&](ParallelGrid& grid) -> absl::Status {
+        PipelineModelOptions mo;
+        mo.num_stages = config.pp;
+        mo.chunks = config.chunks;
+        mo.partition_method = config.partition_method;
+        mo.base_seed = kSeed;
+        std::unique_lock<std::mutex> build_lock(SharedGeneratorMutex());
+        PP_ASSIGN_OR_RETURN(auto model,
+                            PipelineModel::Create(SpecsOf(config), mo, grid.stage_id()));
+        build_lock.unlock();
+        std::unique_ptr<MicroBatchSource> source = SourceOf(config);
+        TrainerOptions to;
+        to.schedule = config.schedule;
+        to.num_microbatches = config.microbatches;
+        to.optimizer = config.optimizer;
+        to.lr_schedule = config.lr_schedule;
+        to.max_grad_norm = config.max_grad_norm;
+        to.timeout = config.timeout;
+        to.reduce_tied_grads = config.reduce_tied_grads;
+        to.defer_receives = config.defer_receives;
+        if (config.checkpoint_interval > 0) {
+          ActivationCheckpointPolicy policy;
+          policy.interval = config.checkpoint_interval;
+          policy.checkpointable_types = "Block";
+          PP_ASSIGN_OR_RETURN(to.layer_runner, MakeCheckpointingRunner(policy));
+        }
+        PP_ASSIGN_OR_RETURN(auto trainer,
+                            Trainer::Create(&grid, model.get(), LossOf(config), source.get(), to));
+        for (int step = 0; step < config.steps; ++step) {
+          PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
+          rank_losses[grid.global_rank()].push_back(r.loss);
+          rank_norms[grid.global_rank()].push_back(r.grad_norm);
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        for (const auto& item : model->named_parameters()) {
+          auto& slot = replica_params[grid.data_parallel_id()][item.key()];
+          torch::Tensor value = item.value().detach().clone();
+          if (slot.defined() && !torch::equal(slot, value)) {
+            return absl::InternalError(
+                absl::StrCat("tied copies of ", item.key(), " differ between stages"));
+          }
+          slot = value;
+        }
+        return absl::OkStatus();
+      });
+  PP_RETURN_IF_ERROR(status);
   for (int r = 1; r < world; ++r) {
     if (rank_losses[r] != rank_losses[0] || rank_norms[r] != rank_norms[0]) {
       return absl::InternalError(
@@ -194,36 +178,6 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   result.grad_norms = rank_norms[0];
   result.params = replica_params[0];
   return result;
-}
-
-std::mutex& ModelBuildMutex() {
-  static std::mutex* mu = new std::mutex();
-  return *mu;
-}
-
-absl::Status RunOnGrid(int pp, int dp, std::chrono::milliseconds timeout,
-                       const std::function<absl::Status(ParallelGrid& grid)>& body) {
-  static std::atomic<int> counter{0};
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  RendezvousOptions ro;
-  ro.timeout = timeout;
-  ro.file_store_path =
-      absl::StrCat(tmp ? tmp : "/tmp", "/pp_grid_", getpid(), "_", counter.fetch_add(1));
-  std::vector<absl::Status> statuses =
-      RunThreadRanks(pp * dp, 0, ro, [&](World& w) -> absl::Status {
-        at::set_num_threads(1);
-        PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(pp, dp));
-        PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(w, topo));
-        return body(grid);
-      });
-  ::unlink(ro.file_store_path.c_str());
-  for (size_t r = 0; r < statuses.size(); ++r) {
-    if (!statuses[r].ok()) {
-      return absl::Status(statuses[r].code(),
-                          absl::StrCat("rank ", r, ": ", statuses[r].message()));
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::string CompareResults(const RunResult& want, const RunResult& got, double rtol) {

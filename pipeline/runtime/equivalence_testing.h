@@ -10,7 +10,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -81,17 +80,6 @@ absl::StatusOr<RunResult> TrainSequential(const RunConfig& config);
 // The pipeline on pp * dp thread ranks; parameters gathered from all ranks of
 // data-parallel replica 0 (every replica is checked to hold equal values).
 absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config);
-
-// Runs `body` on pp * dp thread ranks, each with its ParallelGrid (real Gloo
-// groups over a FileStore) and at::set_num_threads(1); the first error by
-// rank order, prefixed with the rank.
-absl::Status RunOnGrid(int pp, int dp, std::chrono::milliseconds timeout,
-                       const std::function<absl::Status(ParallelGrid& grid)>& body);
-
-// PipelineModel::Create seeds and restores LibTorch's process-wide default
-// generator (BuildSeeded), so ranks running as threads of one process must not
-// build their models at the same time: hold this lock while building.
-std::mutex& ModelBuildMutex();
 
 // "" when equal within rtol (plus atol 1e-6 for values near zero), else a
 // description of the first differences.

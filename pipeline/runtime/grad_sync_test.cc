@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "common/status_macros.h"
-#include "pipeline/runtime/thread_ranks.h"
+#include "topology/thread_ranks.h"
 
 namespace pp {
 namespace {
@@ -27,55 +27,53 @@ torch::Tensor Param(std::vector<float> values, std::vector<float> grad) {
 // Two ranks hold copies of one tied weight: broadcast makes them equal, the
 // tied all-reduce sums their gradients, and the norm counts the weight once.
 TEST(GradSyncTest, TiedBroadcastSumAndNormCountOnce) {
-  absl::Status s =
-      RunOnThreadRanks(2, milliseconds(20000), [](const ThreadRank& tr) -> absl::Status {
-        torch::Tensor tied =
-            Param(tr.rank == 0 ? std::vector<float>{1, 2} : std::vector<float>{9, 9},
-                  tr.rank == 0 ? std::vector<float>{1, 0} : std::vector<float>{2, 2});
-        torch::Tensor own = Param({0}, {tr.rank == 0 ? 3.0f : 4.0f});
-        TiedParams tie;
-        tie.key = "embed";
-        tie.group = tr.world;
-        tie.members = "[0,1]";
-        tie.params = {tied};
-        tie.counts_in_norm = tr.rank == 0;
-        PP_RETURN_IF_ERROR(BroadcastTiedParams({tie}, milliseconds(5000)));
-        PP_RETURN_IF_ERROR(Check(torch::equal(tied.detach(), torch::tensor({1.0f, 2.0f})),
-                                 "broadcast from rank 0"));
-        PP_RETURN_IF_ERROR(AllReduceTiedGrads({tie}, milliseconds(5000)));
-        PP_RETURN_IF_ERROR(
-            Check(torch::equal(tied.grad(), torch::tensor({3.0f, 2.0f})), "tied grads summed"));
-        std::vector<torch::Tensor> counted = {own};
-        if (tie.counts_in_norm) counted.push_back(tied);
-        PP_ASSIGN_OR_RETURN(
-            double norm, GlobalGradNorm(counted, tr.world, c10::intrusive_ptr<c10d::ProcessGroup>(),
-                                        milliseconds(5000)));
-        // 3^2 + 4^2 + (3^2 + 2^2) once = 38.
-        PP_RETURN_IF_ERROR(
-            Check(std::abs(norm - std::sqrt(38.0)) < 1e-5, "norm " + std::to_string(norm)));
-        return absl::OkStatus();
-      });
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    torch::Tensor tied =
+        Param(world.rank == 0 ? std::vector<float>{1, 2} : std::vector<float>{9, 9},
+              world.rank == 0 ? std::vector<float>{1, 0} : std::vector<float>{2, 2});
+    torch::Tensor own = Param({0}, {world.rank == 0 ? 3.0f : 4.0f});
+    TiedParams tie;
+    tie.key = "embed";
+    tie.group = world.group;
+    tie.members = "[0,1]";
+    tie.params = {tied};
+    tie.counts_in_norm = world.rank == 0;
+    PP_RETURN_IF_ERROR(BroadcastTiedParams({tie}, milliseconds(5000)));
+    PP_RETURN_IF_ERROR(
+        Check(torch::equal(tied.detach(), torch::tensor({1.0f, 2.0f})), "broadcast from rank 0"));
+    PP_RETURN_IF_ERROR(AllReduceTiedGrads({tie}, milliseconds(5000)));
+    PP_RETURN_IF_ERROR(
+        Check(torch::equal(tied.grad(), torch::tensor({3.0f, 2.0f})), "tied grads summed"));
+    std::vector<torch::Tensor> counted = {own};
+    if (tie.counts_in_norm) counted.push_back(tied);
+    PP_ASSIGN_OR_RETURN(
+        double norm, GlobalGradNorm(counted, world.group, c10::intrusive_ptr<c10d::ProcessGroup>(),
+                                    milliseconds(5000)));
+    // 3^2 + 4^2 + (3^2 + 2^2) once = 38.
+    PP_RETURN_IF_ERROR(
+        Check(std::abs(norm - std::sqrt(38.0)) < 1e-5, "norm " + std::to_string(norm)));
+    return absl::OkStatus();
+  });
   EXPECT_TRUE(s.ok()) << s;
 }
 
 // Data-parallel average, with a parameter that has no gradient on one rank.
 TEST(GradSyncTest, AverageGradsTreatsMissingGradAsZero) {
-  absl::Status s =
-      RunOnThreadRanks(2, milliseconds(20000), [](const ThreadRank& tr) -> absl::Status {
-        torch::Tensor a =
-            Param({0, 0}, tr.rank == 0 ? std::vector<float>{2, 4} : std::vector<float>{4, 8});
-        torch::Tensor b = Param({0}, tr.rank == 0 ? std::vector<float>{6} : std::vector<float>{});
-        PP_RETURN_IF_ERROR(AverageGrads({a, b}, tr.world, milliseconds(5000)));
-        PP_RETURN_IF_ERROR(Check(torch::equal(a.grad(), torch::tensor({3.0f, 6.0f})), "average"));
-        PP_RETURN_IF_ERROR(
-            Check(b.grad().defined() && b.grad().item<float>() == 3.0f, "missing grad as zero"));
-        // Averaged over the data group, the norm is the replicas' common norm.
-        PP_ASSIGN_OR_RETURN(
-            double norm, GlobalGradNorm({a, b}, c10::intrusive_ptr<c10d::ProcessGroup>(), tr.world,
-                                        milliseconds(5000)));
-        PP_RETURN_IF_ERROR(Check(std::abs(norm - std::sqrt(9.0 + 36.0 + 9.0)) < 1e-5, "norm"));
-        return absl::OkStatus();
-      });
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    torch::Tensor a =
+        Param({0, 0}, world.rank == 0 ? std::vector<float>{2, 4} : std::vector<float>{4, 8});
+    torch::Tensor b = Param({0}, world.rank == 0 ? std::vector<float>{6} : std::vector<float>{});
+    PP_RETURN_IF_ERROR(AverageGrads({a, b}, world.group, milliseconds(5000)));
+    PP_RETURN_IF_ERROR(Check(torch::equal(a.grad(), torch::tensor({3.0f, 6.0f})), "average"));
+    PP_RETURN_IF_ERROR(
+        Check(b.grad().defined() && b.grad().item<float>() == 3.0f, "missing grad as zero"));
+    // Averaged over the data group, the norm is the replicas' common norm.
+    PP_ASSIGN_OR_RETURN(
+        double norm, GlobalGradNorm({a, b}, c10::intrusive_ptr<c10d::ProcessGroup>(), world.group,
+                                    milliseconds(5000)));
+    PP_RETURN_IF_ERROR(Check(std::abs(norm - std::sqrt(9.0 + 36.0 + 9.0)) < 1e-5, "norm"));
+    return absl::OkStatus();
+  });
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -90,20 +88,18 @@ TEST(GradSyncTest, ClipScalesOnlyAboveMaxNorm) {
 // A member that never joins the collective: the error names the collective
 // and the group instead of hanging.
 TEST(GradSyncTest, MissingMemberTimesOut) {
-  absl::Status s =
-      RunOnThreadRanks(2, milliseconds(20000), [](const ThreadRank& tr) -> absl::Status {
-        if (tr.rank == 1) {
-          std::this_thread::sleep_for(milliseconds(1500));
-          return absl::OkStatus();
-        }
-        TiedParams tie{"embed", tr.world, "[0,1]", {Param({1}, {1})}, true};
-        absl::Status r = AllReduceTiedGrads({tie}, milliseconds(500));
-        PP_RETURN_IF_ERROR(Check(
-            !r.ok() &&
-                std::string(r.message()).find("'embed' over ranks [0,1]") != std::string::npos,
-            "expected a timeout naming the tie group: " + r.ToString()));
-        return absl::OkStatus();
-      });
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    if (world.rank == 1) {
+      std::this_thread::sleep_for(milliseconds(1500));
+      return absl::OkStatus();
+    }
+    TiedParams tie{"embed", world.group, "[0,1]", {Param({1}, {1})}, true};
+    absl::Status r = AllReduceTiedGrads({tie}, milliseconds(500));
+    PP_RETURN_IF_ERROR(Check(
+        !r.ok() && std::string(r.message()).find("'embed' over ranks [0,1]") != std::string::npos,
+        "expected a timeout naming the tie group: " + r.ToString()));
+    return absl::OkStatus();
+  });
   EXPECT_TRUE(s.ok()) << s;
 }
 

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "common/status_macros.h"
-#include "pipeline/runtime/thread_ranks.h"
+#include "topology/thread_ranks.h"
 
 namespace pp {
 namespace {
@@ -50,39 +50,37 @@ TEST(P2PTest, LayoutMarksOnlyFloatsThatRequireGrad) {
 // A float activation that requires grad, an integer mask and a float without
 // grad travel together; only the first gets a gradient back, and nobody hangs.
 TEST(P2PTest, MultiTensorPayloadWithMaskAndNoGradFloat) {
-  absl::Status s =
-      RunOnThreadRanks(2, milliseconds(20000), [](const ThreadRank& tr) -> absl::Status {
-        P2P p2p(tr.world, P2POptions{milliseconds(20000), std::nullopt});
-        if (tr.rank == 0) {
-          torch::Tensor w = torch::full({3}, 2.0, torch::requires_grad());
-          torch::Tensor x = torch::arange(6, torch::kFloat).reshape({2, 3}) * w;
-          torch::Tensor mask = torch::tensor({1, 0}, torch::kLong);
-          torch::Tensor nograd = torch::full({4}, 7.0);
-          Activations sent = {x, mask, nograd};
-          PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, sent, "0SEND_F0"));
-          PP_ASSIGN_OR_RETURN(Activations grads,
-                              p2p.RecvGrads(1, 0, 1, LayoutOf(sent), "0RECV_B0"));
-          PP_RETURN_IF_ERROR(Check(grads.size() == 1, "one grad expected"));
-          PP_RETURN_IF_ERROR(Check(torch::equal(grads[0], torch::full({2, 3}, 3.0)), "grad value"));
-          torch::autograd::backward({x}, {grads[0]});
-          PP_RETURN_IF_ERROR(Check(torch::allclose(w.grad(), torch::tensor({9.0f, 15.0f, 21.0f})),
-                                   "weight grad after backward"));
-        } else {
-          PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "1RECV_F0"));
-          PP_RETURN_IF_ERROR(Check(got.size() == 3, "three tensors"));
-          PP_RETURN_IF_ERROR(
-              Check(got[0].requires_grad() && !got[1].requires_grad() && !got[2].requires_grad(),
-                    "requires_grad flags"));
-          PP_RETURN_IF_ERROR(Check(got[1].scalar_type() == torch::kLong &&
-                                       torch::equal(got[1], torch::tensor({1, 0}, torch::kLong)),
-                                   "mask"));
-          PP_RETURN_IF_ERROR(Check(torch::equal(got[2], torch::full({4}, 7.0)), "no-grad float"));
-          torch::Tensor y = (got[0] * 3.0).sum() + got[2].sum();
-          y.backward();
-          PP_RETURN_IF_ERROR(p2p.SendGrads(0, 0, 1, {got[0].grad()}, "1SEND_B0"));
-        }
-        return p2p.WaitSends();
-      });
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    P2P p2p(world.group, P2POptions{milliseconds(20000), std::nullopt});
+    if (world.rank == 0) {
+      torch::Tensor w = torch::full({3}, 2.0, torch::requires_grad());
+      torch::Tensor x = torch::arange(6, torch::kFloat).reshape({2, 3}) * w;
+      torch::Tensor mask = torch::tensor({1, 0}, torch::kLong);
+      torch::Tensor nograd = torch::full({4}, 7.0);
+      Activations sent = {x, mask, nograd};
+      PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, sent, "0SEND_F0"));
+      PP_ASSIGN_OR_RETURN(Activations grads, p2p.RecvGrads(1, 0, 1, LayoutOf(sent), "0RECV_B0"));
+      PP_RETURN_IF_ERROR(Check(grads.size() == 1, "one grad expected"));
+      PP_RETURN_IF_ERROR(Check(torch::equal(grads[0], torch::full({2, 3}, 3.0)), "grad value"));
+      torch::autograd::backward({x}, {grads[0]});
+      PP_RETURN_IF_ERROR(Check(torch::allclose(w.grad(), torch::tensor({9.0f, 15.0f, 21.0f})),
+                               "weight grad after backward"));
+    } else {
+      PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "1RECV_F0"));
+      PP_RETURN_IF_ERROR(Check(got.size() == 3, "three tensors"));
+      PP_RETURN_IF_ERROR(
+          Check(got[0].requires_grad() && !got[1].requires_grad() && !got[2].requires_grad(),
+                "requires_grad flags"));
+      PP_RETURN_IF_ERROR(Check(got[1].scalar_type() == torch::kLong &&
+                                   torch::equal(got[1], torch::tensor({1, 0}, torch::kLong)),
+                               "mask"));
+      PP_RETURN_IF_ERROR(Check(torch::equal(got[2], torch::full({4}, 7.0)), "no-grad float"));
+      torch::Tensor y = (got[0] * 3.0).sum() + got[2].sum();
+      y.backward();
+      PP_RETURN_IF_ERROR(p2p.SendGrads(0, 0, 1, {got[0].grad()}, "1SEND_B0"));
+    }
+    return p2p.WaitSends();
+  });
   EXPECT_STATUS_OK(s);
 }
 
@@ -90,107 +88,100 @@ TEST(P2PTest, MultiTensorPayloadWithMaskAndNoGradFloat) {
 // layout sends only the control word; a new shape sends a new header; receive
 // buffers of a recycled dtype+shape are reused.
 TEST(P2PTest, HeaderOnlyOnLayoutChangeAndBuffersReused) {
-  absl::Status s =
-      RunOnThreadRanks(2, milliseconds(20000), [](const ThreadRank& tr) -> absl::Status {
-        P2P p2p(tr.world, P2POptions{milliseconds(20000), std::nullopt});
-        std::vector<std::vector<int64_t>> shapes = {{2, 3}, {2, 3}, {4, 3}, {2, 3}, {4, 3}};
-        for (size_t i = 0; i < shapes.size(); ++i) {
-          if (tr.rank == 0) {
-            PP_RETURN_IF_ERROR(
-                p2p.SendActivations(1, 0, 1, {torch::full(shapes[i], float(i))}, "send", 100 + i));
-          } else {
-            int64_t id = -2;
-            PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "recv", &id));
-            PP_RETURN_IF_ERROR(Check(id == static_cast<int64_t>(100 + i), "message id carried"));
-            PP_RETURN_IF_ERROR(Check(got[0].sizes().vec() == shapes[i], "shape"));
-            PP_RETURN_IF_ERROR(
-                Check(torch::equal(got[0], torch::full(shapes[i], float(i))), "value"));
-            p2p.Recycle(std::move(got));
-          }
-        }
-        PP_RETURN_IF_ERROR(p2p.WaitSends());
-        if (tr.rank == 0) {
-          PP_RETURN_IF_ERROR(Check(p2p.stats().control_messages == 5, "5 control messages"));
-          PP_RETURN_IF_ERROR(Check(p2p.stats().header_messages == 4,
-                                   "headers for layouts 0, 2, 3, 4 (changes), not 1: got " +
-                                       std::to_string(p2p.stats().header_messages)));
-        } else {
-          PP_RETURN_IF_ERROR(Check(
-              p2p.stats().buffers_allocated == 2,
-              "two buffer shapes allocated: got " + std::to_string(p2p.stats().buffers_allocated)));
-          PP_RETURN_IF_ERROR(Check(p2p.stats().buffers_reused == 3, "three reuses"));
-        }
-        return absl::OkStatus();
-      });
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    P2P p2p(world.group, P2POptions{milliseconds(20000), std::nullopt});
+    std::vector<std::vector<int64_t>> shapes = {{2, 3}, {2, 3}, {4, 3}, {2, 3}, {4, 3}};
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (world.rank == 0) {
+        PP_RETURN_IF_ERROR(
+            p2p.SendActivations(1, 0, 1, {torch::full(shapes[i], float(i))}, "send", 100 + i));
+      } else {
+        int64_t id = -2;
+        PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "recv", &id));
+        PP_RETURN_IF_ERROR(Check(id == static_cast<int64_t>(100 + i), "message id carried"));
+        PP_RETURN_IF_ERROR(Check(got[0].sizes().vec() == shapes[i], "shape"));
+        PP_RETURN_IF_ERROR(Check(torch::equal(got[0], torch::full(shapes[i], float(i))), "value"));
+        p2p.Recycle(std::move(got));
+      }
+    }
+    PP_RETURN_IF_ERROR(p2p.WaitSends());
+    if (world.rank == 0) {
+      PP_RETURN_IF_ERROR(Check(p2p.stats().control_messages == 5, "5 control messages"));
+      PP_RETURN_IF_ERROR(Check(p2p.stats().header_messages == 4,
+                               "headers for layouts 0, 2, 3, 4 (changes), not 1: got " +
+                                   std::to_string(p2p.stats().header_messages)));
+    } else {
+      PP_RETURN_IF_ERROR(Check(
+          p2p.stats().buffers_allocated == 2,
+          "two buffer shapes allocated: got " + std::to_string(p2p.stats().buffers_allocated)));
+      PP_RETURN_IF_ERROR(Check(p2p.stats().buffers_reused == 3, "three reuses"));
+    }
+    return absl::OkStatus();
+  });
   EXPECT_STATUS_OK(s);
 }
 
 TEST(P2PTest, FixedShapeModeSendsNoHeaders) {
-  absl::Status s =
-      RunOnThreadRanks(2, milliseconds(20000), [](const ThreadRank& tr) -> absl::Status {
-        P2POptions options{milliseconds(20000),
-                           std::vector<TensorMeta>{{torch::kFloat, {2, 2}, false}}};
-        P2P p2p(tr.world, options);
-        for (int i = 0; i < 3; ++i) {
-          if (tr.rank == 0) {
-            PP_RETURN_IF_ERROR(
-                p2p.SendActivations(1, 0, 1, {torch::full({2, 2}, float(i))}, "send"));
-          } else {
-            PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "recv"));
-            PP_RETURN_IF_ERROR(Check(torch::equal(got[0], torch::full({2, 2}, float(i))), "value"));
-          }
-        }
-        if (tr.rank == 0) {
-          PP_RETURN_IF_ERROR(
-              Check(p2p.stats().control_messages == 0 && p2p.stats().header_messages == 0,
-                    "no control or header messages"));
-          absl::Status bad = p2p.SendActivations(1, 0, 1, {torch::zeros({3})}, "0SEND_F9");
-          PP_RETURN_IF_ERROR(
-              Check(bad.code() == absl::StatusCode::kInvalidArgument &&
-                        std::string(bad.message()).find("fixed p2p layout") != std::string::npos,
-                    "mismatch rejected"));
-        }
-        return p2p.WaitSends();
-      });
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    P2POptions options{milliseconds(20000),
+                       std::vector<TensorMeta>{{torch::kFloat, {2, 2}, false}}};
+    P2P p2p(world.group, options);
+    for (int i = 0; i < 3; ++i) {
+      if (world.rank == 0) {
+        PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {torch::full({2, 2}, float(i))}, "send"));
+      } else {
+        PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "recv"));
+        PP_RETURN_IF_ERROR(Check(torch::equal(got[0], torch::full({2, 2}, float(i))), "value"));
+      }
+    }
+    if (world.rank == 0) {
+      PP_RETURN_IF_ERROR(
+          Check(p2p.stats().control_messages == 0 && p2p.stats().header_messages == 0,
+                "no control or header messages"));
+      absl::Status bad = p2p.SendActivations(1, 0, 1, {torch::zeros({3})}, "0SEND_F9");
+      PP_RETURN_IF_ERROR(
+          Check(bad.code() == absl::StatusCode::kInvalidArgument &&
+                    std::string(bad.message()).find("fixed p2p layout") != std::string::npos,
+                "mismatch rejected"));
+    }
+    return p2p.WaitSends();
+  });
   EXPECT_STATUS_OK(s);
 }
 
 // Both ranks send before they receive: asynchronous sends keep this from
 // deadlocking.
 TEST(P2PTest, SimultaneousSendsDoNotDeadlock) {
-  absl::Status s =
-      RunOnThreadRanks(2, milliseconds(20000), [](const ThreadRank& tr) -> absl::Status {
-        P2P p2p(tr.world, P2POptions{milliseconds(20000), std::nullopt});
-        const int peer = 1 - tr.rank;
-        PP_RETURN_IF_ERROR(p2p.SendActivations(peer, tr.rank, peer,
-                                               {torch::full({1000}, float(tr.rank))}, "send"));
-        PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(peer, peer, tr.rank, "recv"));
-        PP_RETURN_IF_ERROR(Check(torch::equal(got[0], torch::full({1000}, float(peer))), "value"));
-        return p2p.WaitSends();
-      });
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    P2P p2p(world.group, P2POptions{milliseconds(20000), std::nullopt});
+    const int peer = 1 - world.rank;
+    PP_RETURN_IF_ERROR(p2p.SendActivations(peer, world.rank, peer,
+                                           {torch::full({1000}, float(world.rank))}, "send"));
+    PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(peer, peer, world.rank, "recv"));
+    PP_RETURN_IF_ERROR(Check(torch::equal(got[0], torch::full({1000}, float(peer))), "value"));
+    return p2p.WaitSends();
+  });
   EXPECT_STATUS_OK(s);
 }
 
 // A silent peer: the receive times out with an error naming the peer rank and
 // the action.
 TEST(P2PTest, SilentPeerTimesOutNamingPeerAndAction) {
-  absl::Status s =
-      RunOnThreadRanks(2, milliseconds(20000), [](const ThreadRank& tr) -> absl::Status {
-        P2P p2p(tr.world, P2POptions{milliseconds(500), std::nullopt});
-        if (tr.rank == 1) {
-          auto got = p2p.RecvActivations(0, 0, 1, "1RECV_F4");
-          PP_RETURN_IF_ERROR(Check(!got.ok(), "must fail"));
-          const std::string msg(got.status().message());
-          PP_RETURN_IF_ERROR(
-              Check(msg.find("1RECV_F4") != std::string::npos, "names action: " + msg));
-          PP_RETURN_IF_ERROR(Check(msg.find("rank 0") != std::string::npos, "names peer: " + msg));
-        } else {
-          // Stay alive and silent past the peer's timeout (a timed-out Gloo pair
-          // is closed, so no collective can follow).
-          std::this_thread::sleep_for(milliseconds(1500));
-        }
-        return absl::OkStatus();
-      });
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    P2P p2p(world.group, P2POptions{milliseconds(500), std::nullopt});
+    if (world.rank == 1) {
+      auto got = p2p.RecvActivations(0, 0, 1, "1RECV_F4");
+      PP_RETURN_IF_ERROR(Check(!got.ok(), "must fail"));
+      const std::string msg(got.status().message());
+      PP_RETURN_IF_ERROR(Check(msg.find("1RECV_F4") != std::string::npos, "names action: " + msg));
+      PP_RETURN_IF_ERROR(Check(msg.find("rank 0") != std::string::npos, "names peer: " + msg));
+    } else {
+      // Stay alive and silent past the peer's timeout (a timed-out Gloo pair
+      // is closed, so no collective can follow).
+      std::this_thread::sleep_for(milliseconds(1500));
+    }
+    return absl::OkStatus();
+  });
   EXPECT_STATUS_OK(s);
 }
 

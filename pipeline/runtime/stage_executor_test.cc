@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "common/status_macros.h"
-#include "pipeline/runtime/thread_ranks.h"
 #include "pipeline/schedule/registry.h"
+#include "topology/thread_ranks.h"
 
 namespace pp {
 namespace {
@@ -52,38 +52,37 @@ torch::Tensor Mse(const Activations& out, const MicroBatch& batch) {
 // weight becomes 0.8 after one step (d mean-loss / d w1 = 2 w1 w2^2 = 2).
 TEST(StageExecutorTest, DeepSpeedTwoLinearStages) {
   for (const std::string schedule : {"gpipe", "1f1b"}) {
-    absl::Status s =
-        RunOnThreadRanks(2, milliseconds(20000), [&](const ThreadRank& tr) -> absl::Status {
-          PP_ASSIGN_OR_RETURN(LoweredProgram program, Program(schedule, 2, 2));
-          torch::nn::Linear linear(torch::nn::LinearOptions(1, 1).bias(false));
-          {
-            torch::NoGradGuard g;
-            linear->weight.fill_(1.0);
-          }
-          ConstantSource source;
-          std::map<int, StageFn> stages = {{tr.rank, [&](const Activations& in, const MicroBatch&) {
-                                              return Activations{linear(in[0])};
-                                            }}};
-          StageExecutor exec(tr.rank, stages, Mse, &source, tr.world, StageExecutorOptions{});
-          torch::optim::SGD sgd(linear->parameters(), torch::optim::SGDOptions(0.1));
-          int steps_seen = 0;
-          PP_ASSIGN_OR_RETURN(StepStats stats, exec.Run(program, 0, [&](const Action& a) {
-            if (a.type == ActionType::kOptimizerStep) {
-              ++steps_seen;
-              sgd.step();
-            }
-            return absl::OkStatus();
-          }));
-          PP_RETURN_IF_ERROR(Check(steps_seen == 1, "one STEP"));
-          const float w = linear->weight.item<float>();
-          PP_RETURN_IF_ERROR(Check(std::abs(w - 0.8f) < 1e-6,
-                                   schedule + ": weight " + std::to_string(w) + " != 0.8"));
-          if (tr.rank == 1) {
-            PP_RETURN_IF_ERROR(Check(
-                stats.losses_computed == 2 && std::abs(stats.loss_sum - 2.0) < 1e-6, "losses"));
-          }
-          return absl::OkStatus();
-        });
+    absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&](World& world) -> absl::Status {
+      PP_ASSIGN_OR_RETURN(LoweredProgram program, Program(schedule, 2, 2));
+      torch::nn::Linear linear(torch::nn::LinearOptions(1, 1).bias(false));
+      {
+        torch::NoGradGuard g;
+        linear->weight.fill_(1.0);
+      }
+      ConstantSource source;
+      std::map<int, StageFn> stages = {{world.rank, [&](const Activations& in, const MicroBatch&) {
+                                          return Activations{linear(in[0])};
+                                        }}};
+      StageExecutor exec(world.rank, stages, Mse, &source, world.group, StageExecutorOptions{});
+      torch::optim::SGD sgd(linear->parameters(), torch::optim::SGDOptions(0.1));
+      int steps_seen = 0;
+      PP_ASSIGN_OR_RETURN(StepStats stats, exec.Run(program, 0, [&](const Action& a) {
+        if (a.type == ActionType::kOptimizerStep) {
+          ++steps_seen;
+          sgd.step();
+        }
+        return absl::OkStatus();
+      }));
+      PP_RETURN_IF_ERROR(Check(steps_seen == 1, "one STEP"));
+      const float w = linear->weight.item<float>();
+      PP_RETURN_IF_ERROR(
+          Check(std::abs(w - 0.8f) < 1e-6, schedule + ": weight " + std::to_string(w) + " != 0.8"));
+      if (world.rank == 1) {
+        PP_RETURN_IF_ERROR(
+            Check(stats.losses_computed == 2 && std::abs(stats.loss_sum - 2.0) < 1e-6, "losses"));
+      }
+      return absl::OkStatus();
+    });
     EXPECT_TRUE(s.ok()) << schedule << ": " << s;
   }
 }
@@ -116,81 +115,76 @@ TEST(StageExecutorTest, MultiTensorPayloadMatchesSingleProcess) {
     }
     torch::Tensor x_;
   };
-  absl::Status s =
-      RunOnThreadRanks(2, milliseconds(20000), [&](const ThreadRank& tr) -> absl::Status {
-        PP_ASSIGN_OR_RETURN(LoweredProgram program, Program("1f1b", 2, 3));
-        torch::Tensor w = (tr.rank == 0 ? w0_init : w1_init).clone().requires_grad_(true);
-        Source source(x);
-        std::map<int, StageFn> stages;
-        if (tr.rank == 0) {
-          stages[0] = [&](const Activations& in, const MicroBatch&) {
-            return Activations{torch::tanh(torch::matmul(in[0], w)),
-                               torch::tensor({1, 0, 1}, torch::kLong), in[0].sum().reshape({1})};
-          };
-        } else {
-          stages[1] = [&](const Activations& in, const MicroBatch&) {
-            return Activations{torch::matmul(in[0], w) * in[1].unsqueeze(1).to(torch::kFloat) +
-                               in[2]};
-          };
-        }
-        auto loss = [](const Activations& out, const MicroBatch&) { return out[0].pow(2).mean(); };
-        StageExecutor exec(tr.rank, stages, loss, &source, tr.world, StageExecutorOptions{});
-        PP_ASSIGN_OR_RETURN(StepStats stats, exec.Run(program, 0, nullptr));
-        torch::Tensor want = tr.rank == 0 ? w0.grad() : w1.grad();
-        PP_RETURN_IF_ERROR(Check(torch::allclose(w.grad(), want, 1e-5, 1e-6),
-                                 "grad mismatch on rank " + std::to_string(tr.rank)));
-        return absl::OkStatus();
-      });
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&](World& world) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(LoweredProgram program, Program("1f1b", 2, 3));
+    torch::Tensor w = (world.rank == 0 ? w0_init : w1_init).clone().requires_grad_(true);
+    Source source(x);
+    std::map<int, StageFn> stages;
+    if (world.rank == 0) {
+      stages[0] = [&](const Activations& in, const MicroBatch&) {
+        return Activations{torch::tanh(torch::matmul(in[0], w)),
+                           torch::tensor({1, 0, 1}, torch::kLong), in[0].sum().reshape({1})};
+      };
+    } else {
+      stages[1] = [&](const Activations& in, const MicroBatch&) {
+        return Activations{torch::matmul(in[0], w) * in[1].unsqueeze(1).to(torch::kFloat) + in[2]};
+      };
+    }
+    auto loss = [](const Activations& out, const MicroBatch&) { return out[0].pow(2).mean(); };
+    StageExecutor exec(world.rank, stages, loss, &source, world.group, StageExecutorOptions{});
+    PP_ASSIGN_OR_RETURN(StepStats stats, exec.Run(program, 0, nullptr));
+    torch::Tensor want = world.rank == 0 ? w0.grad() : w1.grad();
+    PP_RETURN_IF_ERROR(Check(torch::allclose(w.grad(), want, 1e-5, 1e-6),
+                             "grad mismatch on rank " + std::to_string(world.rank)));
+    return absl::OkStatus();
+  });
   EXPECT_TRUE(s.ok()) << s;
 }
 
 // Two virtual stages on one rank hand over locally (no process group
 // traffic) and still give the single-module gradients.
 TEST(StageExecutorTest, LocalHandOverBetweenChunksOfOneRank) {
-  absl::Status s =
-      RunOnThreadRanks(1, milliseconds(20000), [&](const ThreadRank& tr) -> absl::Status {
-        PP_ASSIGN_OR_RETURN(LoweredProgram program, Program("interleaved_1f1b", 1, 2, 2));
-        torch::Tensor a = torch::full({1}, 2.0, torch::requires_grad());
-        torch::Tensor b = torch::full({1}, 3.0, torch::requires_grad());
-        std::map<int, StageFn> stages = {
-            {0, [&](const Activations& in,
-                    const MicroBatch&) { return Activations{in[0].reshape({1}) * a}; }},
-            {1, [&](const Activations& in, const MicroBatch&) { return Activations{in[0] * b}; }}};
-        ConstantSource source;
-        auto loss = [](const Activations& out, const MicroBatch&) { return out[0].sum(); };
-        StageExecutor exec(0, stages, loss, &source, tr.world, StageExecutorOptions{});
-        PP_ASSIGN_OR_RETURN(StepStats stats, exec.Run(program, 0, nullptr));
-        // loss per mb = a*b*1, mean over 2 -> d/da = b = 3, d/db = a = 2.
-        PP_RETURN_IF_ERROR(
-            Check(a.grad().item<float>() == 3.0f && b.grad().item<float>() == 2.0f, "grads"));
-        PP_RETURN_IF_ERROR(Check(exec.p2p().stats().tensor_messages == 0, "no messages"));
-        return absl::OkStatus();
-      });
+  absl::Status s = RunOnThreadRanks(1, milliseconds(20000), [&](World& world) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(LoweredProgram program, Program("interleaved_1f1b", 1, 2, 2));
+    torch::Tensor a = torch::full({1}, 2.0, torch::requires_grad());
+    torch::Tensor b = torch::full({1}, 3.0, torch::requires_grad());
+    std::map<int, StageFn> stages = {
+        {0, [&](const Activations& in,
+                const MicroBatch&) { return Activations{in[0].reshape({1}) * a}; }},
+        {1, [&](const Activations& in, const MicroBatch&) { return Activations{in[0] * b}; }}};
+    ConstantSource source;
+    auto loss = [](const Activations& out, const MicroBatch&) { return out[0].sum(); };
+    StageExecutor exec(0, stages, loss, &source, world.group, StageExecutorOptions{});
+    PP_ASSIGN_OR_RETURN(StepStats stats, exec.Run(program, 0, nullptr));
+    // loss per mb = a*b*1, mean over 2 -> d/da = b = 3, d/db = a = 2.
+    PP_RETURN_IF_ERROR(
+        Check(a.grad().item<float>() == 3.0f && b.grad().item<float>() == 2.0f, "grads"));
+    PP_RETURN_IF_ERROR(Check(exec.p2p().stats().tensor_messages == 0, "no messages"));
+    return absl::OkStatus();
+  });
   EXPECT_TRUE(s.ok()) << s;
 }
 
 // The last stage refuses to compute a loss when the activations' micro-batch
 // id differs from its labels' id (DeepSpeed #5729).
 TEST(StageExecutorTest, MismatchedMicroBatchIdIsAnError) {
-  absl::Status s =
-      RunOnThreadRanks(2, milliseconds(20000), [&](const ThreadRank& tr) -> absl::Status {
-        PP_ASSIGN_OR_RETURN(LoweredProgram program, Program("gpipe", 2, 1));
-        torch::nn::Linear linear(1, 1);
-        ConstantSource source(/*id_offset=*/tr.rank == 0 ? 0 : 7);  // ranks disagree
-        std::map<int, StageFn> stages = {{tr.rank, [&](const Activations& in, const MicroBatch&) {
-                                            return Activations{linear(in[0])};
-                                          }}};
-        StageExecutor exec(
-            tr.rank, stages, Mse, &source, tr.world,
-            StageExecutorOptions{P2POptions{milliseconds(2000), std::nullopt}, 0, true});
-        absl::StatusOr<StepStats> r = exec.Run(program, 0, nullptr);
-        if (tr.rank == 1) {
-          PP_RETURN_IF_ERROR(Check(
-              !r.ok() && std::string(r.status().message()).find("mismatched") != std::string::npos,
-              "expected the mismatch error, got " + r.status().ToString()));
-        }
-        return absl::OkStatus();
-      });
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&](World& world) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(LoweredProgram program, Program("gpipe", 2, 1));
+    torch::nn::Linear linear(1, 1);
+    ConstantSource source(/*id_offset=*/world.rank == 0 ? 0 : 7);  // ranks disagree
+    std::map<int, StageFn> stages = {{world.rank, [&](const Activations& in, const MicroBatch&) {
+                                        return Activations{linear(in[0])};
+                                      }}};
+    StageExecutor exec(world.rank, stages, Mse, &source, world.group,
+                       StageExecutorOptions{P2POptions{milliseconds(2000), std::nullopt}, 0, true});
+    absl::StatusOr<StepStats> r = exec.Run(program, 0, nullptr);
+    if (world.rank == 1) {
+      PP_RETURN_IF_ERROR(Check(
+          !r.ok() && std::string(r.status().message()).find("mismatched") != std::string::npos,
+          "expected the mismatch error, got " + r.status().ToString()));
+    }
+    return absl::OkStatus();
+  });
   EXPECT_TRUE(s.ok()) << s;
 }
 

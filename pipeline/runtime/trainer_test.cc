@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/equivalence_testing.h"
+#include "topology/thread_ranks.h"
 
 namespace pp {
 namespace testing_runtime {
@@ -27,7 +28,7 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> ToyModel(const ParallelGrid& grid
   mo.chunks = chunks;
   mo.partition_method = "uniform";
   mo.base_seed = kSeed;
-  std::lock_guard<std::mutex> lock(ModelBuildMutex());
+  std::lock_guard<std::mutex> lock(SharedGeneratorMutex());
   return PipelineModel::Create(ToySpecs(2), mo, grid.stage_id());
 }
 
@@ -55,7 +56,7 @@ TEST(TrainerTest, DeepSpeedTwoLinearLayers) {
     PipelineModelOptions mo;
     mo.num_stages = 2;
     mo.partition_method = "uniform";
-    std::unique_lock<std::mutex> build_lock(ModelBuildMutex());
+    std::unique_lock<std::mutex> build_lock(SharedGeneratorMutex());
     PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(
                                         {LayerSpec("Linear", linear), LayerSpec("Linear", linear)},
                                         mo, grid.stage_id()));
