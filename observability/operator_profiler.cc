@@ -103,6 +103,9 @@ absl::Status OperatorProfiler::BeginStep(int64_t step) {
   }
   in_step_ = true;
   current_step_ = step;
+  // The loop jumped past the range's end (e.g. resumed from a checkpoint):
+  // keep what was recorded, none of this step.
+  if (recording_ && step > options_.steps.last) return Collect();
   if (!options_.steps.Contains(step)) return absl::OkStatus();
   if (finished_) {
     return absl::FailedPreconditionError(
@@ -121,9 +124,9 @@ absl::Status OperatorProfiler::EndStep(int64_t step) {
         absl::StrCat("OperatorProfiler::EndStep(", step, ") without BeginStep(", step, ")"));
   }
   in_step_ = false;
-  if (!recording_) return absl::OkStatus();
+  if (!recording_ || !options_.steps.Contains(step)) return absl::OkStatus();
   steps_.back().end_us = SteadyMicros();
-  if (step >= options_.steps.last) return Collect();
+  if (step == options_.steps.last) return Collect();
   return absl::OkStatus();
 }
 

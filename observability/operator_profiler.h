@@ -87,9 +87,10 @@ class OperatorProfiler {
   ~OperatorProfiler();
 
   // Call right before step `step`; starts the profiler at the range's first
-  // step. FailedPrecondition if the previous step was not ended, if called on
-  // another thread than the first call, or after the profile finished for a
-  // step in the range; Internal if LibTorch refuses (e.g. a profiler is
+  // step (or the first step inside the range the loop reaches), and stops it,
+  // keeping the profile, if the loop jumped past the range's end. FailedPrecondition if the
+  // previous step was not ended, if called on another thread than the first call, or after the
+  // profile finished for a step in the range; Internal if LibTorch refuses (e.g. a profiler is
   // already running on this thread).
   absl::Status BeginStep(int64_t step);
   // Call right after step `step`; after the range's last step, stops the

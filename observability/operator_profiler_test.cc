@@ -91,6 +91,25 @@ TEST(OperatorProfilerTest, RecordsOnlyTheRequestedSteps) {
   EXPECT_LE((*profiler)->steps()[0].end_us, (*profiler)->steps()[1].start_us);
 }
 
+// A loop that jumps past the range's end (e.g. resumed) still stops the
+// profile, before the step outside the range runs.
+TEST(OperatorProfilerTest, StopsWhenTheLoopSkipsPastTheRange) {
+  auto profiler = OperatorProfiler::Create({{1, 3}, 0});
+  ASSERT_TRUE(profiler.ok()) << profiler.status();
+  torch::nn::Linear layer(16, 4);
+  for (int64_t step : {1, 5}) {
+    ASSERT_TRUE((*profiler)->BeginStep(step).ok());
+    EXPECT_EQ((*profiler)->finished(), step == 5);
+    RunStep(step, layer);
+    ASSERT_TRUE((*profiler)->EndStep(step).ok());
+  }
+  EXPECT_TRUE((*profiler)->finished());
+  ASSERT_EQ((*profiler)->steps().size(), 1u);
+  EXPECT_EQ((*profiler)->steps()[0].step, 1);
+  EXPECT_TRUE(Names(**profiler).count("step_body_1"));
+  EXPECT_FALSE(Names(**profiler).count("step_body_5"));
+}
+
 // Operator timestamps land on steady_clock: a scope recorded between two
 // steady_clock reads is stamped between them.
 TEST(OperatorProfilerTest, EventsAreOnTheSteadyClock) {

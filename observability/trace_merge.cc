@@ -91,9 +91,13 @@ absl::StatusOr<std::string> ReadFile(absl::string_view path) {
 
 }  // namespace
 
-absl::StatusOr<std::string> MergeTraces(const std::vector<std::string>& operator_traces,
-                                        absl::string_view action_trace,
-                                        const TraceMergeOptions& options) {
+namespace {
+
+// MergeTraces, less the conversion of nlohmann's type errors (a field of the
+// wrong type somewhere in an input) into a Status.
+absl::StatusOr<std::string> MergeOrThrow(const std::vector<std::string>& operator_traces,
+                                         absl::string_view action_trace,
+                                         const TraceMergeOptions& options) {
   std::map<int, Lane> lanes;
   std::set<int> ranks_with_operators;
   for (size_t i = 0; i < operator_traces.size(); ++i) {
@@ -194,6 +198,19 @@ absl::StatusOr<std::string> MergeTraces(const std::vector<std::string>& operator
                {"displayTimeUnit", "ms"},
                {"otherData", {{"clock", "steady_clock_us"}, {"merged_by", "pipe trace_merge"}}}};
   return root.dump();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> MergeTraces(const std::vector<std::string>& operator_traces,
+                                        absl::string_view action_trace,
+                                        const TraceMergeOptions& options) {
+  try {
+    return MergeOrThrow(operator_traces, action_trace, options);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a trace to merge has a field of the wrong type: ", e.what()));
+  }
 }
 
 absl::Status MergeTraceFiles(const std::vector<std::string>& operator_trace_paths,

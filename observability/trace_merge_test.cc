@@ -193,6 +193,13 @@ TEST(TraceMergeTest, RejectsBadInputsNamingThem) {
   auto twice = MergeTraces({ok_rank0, ok_rank0}, "");
   EXPECT_NE(twice.status().message().find("second operator trace of rank 0"), std::string::npos);
 
+  auto string_tid = MergeTraces({R"({"traceEvents": [{"ph": "X", "ts": 1, "tid": "main"}],
+           "otherData": {"rank": 0, "clock": "steady_clock_us"}})"},
+                                "");
+  EXPECT_EQ(string_tid.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(string_tid.status().message().find("wrong type"), std::string::npos)
+      << string_tid.status();
+
   auto bad_actions = MergeTraces({ok_rank0}, "[1, 2");
   EXPECT_NE(bad_actions.status().message().find("action trace"), std::string::npos);
 
