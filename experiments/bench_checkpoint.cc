@@ -22,7 +22,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/model_checkpoint.h"
+#include "checkpoint/model/model_checkpoint.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/pipeline_model.h"

@@ -149,25 +149,6 @@ TEST(EquivalenceExtraTest, ReceivesInProgramOrderMatchSequential) {
   }
 }
 
-// Activation checkpointing (recompute in backward) set through the Trainer's
-// LayerRunner keeps the equivalence.
-TEST(EquivalenceExtraTest, ActivationCheckpointingMatchesSequential) {
-  for (const std::string schedule : {"1f1b", "interleaved_1f1b"}) {
-    RunConfig c;
-    c.schedule = schedule;
-    c.pp = 2;
-    c.chunks = schedule == "1f1b" ? 1 : 2;
-    c.optimizer.lr = 0.1;
-    c.optimizer.momentum = 0.9;
-    c.checkpoint_interval = 1;
-    absl::StatusOr<RunResult> pipeline = TrainPipeline(c);
-    ASSERT_TRUE(pipeline.ok()) << pipeline.status();
-    absl::StatusOr<RunResult> sequential = TrainSequential(c);
-    ASSERT_TRUE(sequential.ok()) << sequential.status();
-    EXPECT_EQ(CompareResults(*sequential, *pipeline, kRtol), "") << schedule;
-  }
-}
-
 // Teeth: with the tied-gradient all-reduce disabled, the embedding and the
 // head (on different stages) diverge from the sequential model, and the test
 // above would fail.

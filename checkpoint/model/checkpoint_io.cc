@@ -1,4 +1,4 @@
-#include "checkpoint/checkpoint_io.h"
+#include "checkpoint/model/checkpoint_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/activation_checkpointing.h"
-#include "checkpoint/mlp_block.h"
+#include "checkpoint/activation/activation_checkpointing.h"
+#include "pipeline/testing/mlp_block.h"
 #include "gtest/gtest.h"
 #include "pipeline/layer_spec.h"
 #include "pipeline/pipeline_model.h"

@@ -23,8 +23,8 @@
 // (trainer_checkpoint.h); CUDA generator states are not.
 //
 // Next: checkpoint/checkpoint_io.h (file format, atomic commit).
-#ifndef CHECKPOINT_MODEL_CHECKPOINT_H_
-#define CHECKPOINT_MODEL_CHECKPOINT_H_
+#ifndef CHECKPOINT_MODEL_MODEL_CHECKPOINT_H_
+#define CHECKPOINT_MODEL_MODEL_CHECKPOINT_H_
 
 #include <chrono>
 #include <cstdint>
@@ -38,8 +38,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "checkpoint/checkpoint_io.h"
-#include "checkpoint/manifest.pb.h"
+#include "checkpoint/model/checkpoint_io.h"
+#include "checkpoint/model/manifest.pb.h"
 #include "topology/process_group.h"
 
 namespace pp {
@@ -168,4 +168,4 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
 
 }  // namespace pp
 
-#endif  // CHECKPOINT_MODEL_CHECKPOINT_H_
+#endif  // CHECKPOINT_MODEL_MODEL_CHECKPOINT_H_

@@ -1,11 +1,11 @@
-#include "checkpoint/recompute.h"
+#include "checkpoint/activation/recompute.h"
 
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "checkpoint/mlp_block.h"
+#include "pipeline/testing/mlp_block.h"
 #include "gtest/gtest.h"
 
 namespace pp {

@@ -1,4 +1,4 @@
-#include "checkpoint/checkpoint_io.h"
+#include "checkpoint/model/checkpoint_io.h"
 
 #include <signal.h>
 #include <sys/wait.h>

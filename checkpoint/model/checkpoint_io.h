@@ -13,8 +13,8 @@
 //
 // This file knows nothing about models, ranks or optimizers; see
 // checkpoint/model_checkpoint.h for the mapping of a pipeline model onto files.
-#ifndef CHECKPOINT_CHECKPOINT_IO_H_
-#define CHECKPOINT_CHECKPOINT_IO_H_
+#ifndef CHECKPOINT_MODEL_CHECKPOINT_IO_H_
+#define CHECKPOINT_MODEL_CHECKPOINT_IO_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -26,7 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "checkpoint/manifest.pb.h"
+#include "checkpoint/model/manifest.pb.h"
 #include "common/crc32c.h"
 
 namespace pp {
@@ -113,4 +113,4 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& root, const std:
 
 }  // namespace pp
 
-#endif  // CHECKPOINT_CHECKPOINT_IO_H_
+#endif  // CHECKPOINT_MODEL_CHECKPOINT_IO_H_
