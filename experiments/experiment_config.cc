@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <google/protobuf/descriptor.h>
@@ -236,12 +237,18 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
          par.activation_checkpointing().interval()}}) {
     if (value < 0) return Invalid(absl::StrCat(name, " (", value, ") must not be negative"));
   }
-  if (world_size > 0 && par.pp() * par.dp() != world_size) {
+  const int64_t ranks = static_cast<int64_t>(par.pp()) * par.dp();
+  if (ranks > std::numeric_limits<int32_t>::max()) {
+    return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(),
+                                ") = ", ranks, " ranks does not fit in int32 (at most ",
+                                std::numeric_limits<int32_t>::max(), ")"));
+  }
+  if (world_size > 0 && ranks != world_size) {
     return Invalid(absl::StrCat(
-        "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ", par.pp() * par.dp(),
+        "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ", ranks,
         " ranks, but ", world_size,
         " were started; leave --nproc_per_node unset (it defaults to pp x dp) or set it to ",
-        par.pp() * par.dp()));
+        ranks));
   }
   PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config))
                          : ValidateBertConfig(ToBertConfig(config)));

@@ -109,6 +109,15 @@ TEST(ExperimentConfigTest, RanksMustEqualPpTimesDp) {
       ValidateExperimentConfig(Gpt(), ModelKind::kGpt, 0).ok());  // launcher side: not known yet
 }
 
+TEST(ExperimentConfigTest, PpTimesDpBeyondInt32IsRefused) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_pp(65536);
+  c.mutable_parallelism()->set_dp(65536);
+  EXPECT_HAS(Error(c, 0),
+             "parallelism.pp (65536) x parallelism.dp (65536) = 4294967296 ranks does not fit in "
+             "int32");
+}
+
 TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_schedule("interleaved_1f1b");
