@@ -17,6 +17,9 @@
 #include "models/data/tokenizer.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/runtime/optimizer.h"
+#include "pipeline/runtime/stage_executor.h"
+#include "pipeline/schedule/capabilities.h"
+#include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 
 namespace pp {
@@ -275,6 +278,17 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
                                 "' is forward-only (evaluation); choose a training schedule: ",
                                 absl::StrJoin(names, ", ")));
+  }
+  // The runtime can execute it (no split backward yet): refused here, before
+  // any worker starts, rather than in every rank.
+  absl::StatusOr<LoweredProgram> program = Lower(*schedule);
+  if (!program.ok()) {
+    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
+                                "' does not lower: ", program.status().message()));
+  }
+  absl::Status supported = CheckRuntimeSupports(*program, StageExecutorCapabilities());
+  if (!supported.ok()) {
+    return Invalid(absl::StrCat("parallelism.schedule: ", supported.message()));
   }
 
   // The partition method: registered, and it can cut this model.

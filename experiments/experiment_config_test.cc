@@ -6,8 +6,26 @@
 
 #include <gtest/gtest.h>
 
+#include "pipeline/schedule/registry.h"
+
 namespace pp {
 namespace {
+
+// GPipe with the backward split into I then W: valid and lowerable, but the
+// runtime cannot execute I/W yet.
+absl::StatusOr<Schedule> MakeSplitGPipe(const ScheduleOptions& options) {
+  Schedule schedule = EmptyLoopedSchedule("split_gpipe_for_test", options);
+  for (int r = 0; r < options.num_stages; ++r) {
+    for (int mb = 0; mb < options.num_microbatches; ++mb) schedule.ranks[r].push_back(F(r, mb));
+    for (int mb = 0; mb < options.num_microbatches; ++mb) {
+      schedule.ranks[r].push_back(I(r, mb));
+      schedule.ranks[r].push_back(W(r, mb));
+    }
+  }
+  return schedule;
+}
+PP_REGISTER_SCHEDULE("split_gpipe_for_test", "GPipe with I/W, for the capability check",
+                     MakeSplitGPipe);
 
 ExperimentConfig Shipped(const std::string& name) {
   absl::StatusOr<ExperimentConfig> config = LoadExperimentConfig("experiments/configs/" + name);
@@ -117,6 +135,16 @@ TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
   const std::string m = Error(c);
   EXPECT_HAS(m,
              "parallelism.schedule 'interleaved_1f1b' rejects pp=2, num_microbatches=3, chunks=2");
+}
+
+// A schedule the runtime cannot execute is refused at validation (exit 2,
+// before any worker starts), naming the schedule and the action.
+TEST(ExperimentConfigTest, ScheduleTheRuntimeCannotExecute) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_schedule("split_gpipe_for_test");
+  const std::string m = Error(c);
+  EXPECT_HAS(m, "parallelism.schedule: schedule 'split_gpipe_for_test' uses 0I0 on rank 0");
+  EXPECT_HAS(m, "split backward");
 }
 
 TEST(ExperimentConfigTest, MoreStagesThanBlocks) {
