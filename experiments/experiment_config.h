@@ -27,8 +27,10 @@ namespace pp {
 
 using experiments::ExperimentConfig;
 
-enum class ModelKind { kGpt, kBert };
-const char* ModelKindName(ModelKind kind);  // "gpt", "bert"
+// kCustom: a user's model (experiments/train_lib.h, ExperimentModel); the
+// config then has no gpt/bert section and validation checks its specs.
+enum class ModelKind { kGpt, kBert, kCustom };
+const char* ModelKindName(ModelKind kind);  // "gpt", "bert", "custom"
 
 // Parses protobuf text; InvalidArgument with the parser's line:column message.
 absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text);
@@ -50,8 +52,10 @@ void ResolveDefaults(ExperimentConfig& config, ModelKind kind);
 // `world_size` (0: not known yet), the schedule (registered, accepts this
 // micro-batch count and chunking, trains), stages vs blocks, the partition
 // method, optimizer, learning-rate schedule, data path, sampling.
+// REQUIRES: `custom_specs` (the model's layers) set for ModelKind::kCustom.
 absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind,
-                                      int world_size);
+                                      int world_size,
+                                      const std::vector<LayerSpec>* custom_specs = nullptr);
 
 GptConfig ToGptConfig(const ExperimentConfig& config);
 BertConfig ToBertConfig(const ExperimentConfig& config);

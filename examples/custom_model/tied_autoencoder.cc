@@ -49,7 +49,8 @@ torch::Tensor ReconstructionLoss(const pp::Activations& outputs, const pp::Micro
   return torch::mse_loss(outputs[0], batch.Get("target"));
 }
 
-LowRankSource::LowRankSource(int64_t rows, uint64_t seed) : rows_(rows), seed_(seed) {
+LowRankSource::LowRankSource(int64_t rows, uint64_t seed, uint64_t stream)
+    : rows_(rows), seed_(seed), stream_(stream) {
   torch::Generator gen = at::detail::createCPUGenerator(seed);
   basis_ = torch::randn({kCode, kFeatures}, gen);
 }
@@ -59,7 +60,7 @@ absl::StatusOr<pp::MicroBatchData> LowRankSource::Get(int64_t step, int64_t inde
     return absl::InvalidArgumentError("LowRankSource: step and index must be >= 0");
   }
   torch::Generator gen = at::detail::createCPUGenerator(
-      seed_ + static_cast<uint64_t>(1000003 * step + 7919 * index + 1));
+      seed_ + 104729 * (stream_ + 1) + static_cast<uint64_t>(1000003 * step + 7919 * index));
   const torch::Tensor z = torch::randn({rows_, kCode}, gen);
   const torch::Tensor x = torch::matmul(z, basis_) + 0.01 * torch::randn({rows_, kFeatures}, gen);
   pp::MicroBatchData d;

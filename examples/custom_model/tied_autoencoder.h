@@ -35,16 +35,18 @@ std::vector<pp::LayerSpec> TiedAutoencoderSpecs(int blocks);
 // Mean squared error of the decoder's output against batch "target".
 torch::Tensor ReconstructionLoss(const pp::Activations& outputs, const pp::MicroBatch& batch);
 
-// `rows` samples per micro-batch; deterministic in (seed, step, index), as
-// every rank reads the micro-batches it needs itself.
+// `rows` samples per micro-batch; deterministic in (seed, stream, step,
+// index), as every rank reads the micro-batches it needs itself. `seed` picks
+// the subspace, `stream` the samples (e.g. 0 training, 1 evaluation).
 class LowRankSource : public pp::MicroBatchSource {
  public:
-  LowRankSource(int64_t rows, uint64_t seed);
+  LowRankSource(int64_t rows, uint64_t seed, uint64_t stream = 0);
   absl::StatusOr<pp::MicroBatchData> Get(int64_t step, int64_t index) override;
 
  private:
   int64_t rows_;
   uint64_t seed_;
+  uint64_t stream_;
   torch::Tensor basis_;  // [kCode, kFeatures]
 };
 
