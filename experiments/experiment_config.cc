@@ -186,6 +186,11 @@ void ResolveDefaults(ExperimentConfig& config, ModelKind kind) {
   if (config.model_case() == ExperimentConfig::MODEL_NOT_SET && kind != ModelKind::kCustom) {
     kind == ModelKind::kGpt ? (void)config.mutable_gpt() : (void)config.mutable_bert();
   }
+  // The default partition method names GPT/BERT's block type; a user's model
+  // is cut into equal layer counts unless its config says otherwise.
+  if (kind == ModelKind::kCustom && !config.parallelism().has_partition_method()) {
+    config.mutable_parallelism()->set_partition_method("uniform");
+  }
   FillDefaults(config);
 }
 

@@ -45,7 +45,8 @@ absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignmen
 
 // Makes the model sub-message for `kind` present (others are an error at
 // validation) and sets every unset field to its default, so the printed
-// config is the complete, resolved one.
+// config is the complete, resolved one. kCustom: no model sub-message, and
+// parallelism.partition_method defaults to "uniform".
 void ResolveDefaults(ExperimentConfig& config, ModelKind kind);
 
 // Everything checkable without processes: sizes, model shape, pp x dp against

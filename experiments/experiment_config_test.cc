@@ -209,5 +209,30 @@ TEST(ExperimentConfigTest, ModelKindMustMatchTheBinary) {
   EXPECT_HAS(Error(bert, 2, ModelKind::kGpt), "run it with //experiments:train_bert");
 }
 
+// A user's model (ModelKind::kCustom): no gpt/bert section, and the stage
+// count is checked against its own layers.
+TEST(ExperimentConfigTest, CustomModelIsValidatedAgainstItsSpecs) {
+  const std::vector<LayerSpec> specs(
+      3, LayerSpec("Identity", [] { return MakeModuleLayer(torch::nn::Identity()); }));
+  ExperimentConfig c;
+  c.mutable_parallelism()->set_pp(2);
+  ResolveDefaults(c, ModelKind::kCustom);
+  EXPECT_FALSE(c.has_gpt() || c.has_bert());
+  EXPECT_EQ(c.parallelism().partition_method(), "uniform");
+  absl::Status ok = ValidateExperimentConfig(c, ModelKind::kCustom, 2, &specs);
+  EXPECT_TRUE(ok.ok()) << ok;
+  c.mutable_parallelism()->set_pp(4);
+  absl::Status s = ValidateExperimentConfig(c, ModelKind::kCustom, 4, &specs);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(std::string(s.message()),
+             "parallelism.pp (4) x parallelism.chunks (1) = 4 model parts, but the model has only "
+             "3 layers");
+  absl::Status gpt = ValidateExperimentConfig(Gpt(), ModelKind::kCustom, 2, &specs);
+  EXPECT_EQ(gpt.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(std::string(gpt.message()), "run it with //experiments:train_gpt");
+  EXPECT_EQ(ValidateExperimentConfig(c, ModelKind::kCustom, 4).code(),
+            absl::StatusCode::kInternal);  // specs are required
+}
+
 }  // namespace
 }  // namespace pp
