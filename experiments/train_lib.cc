@@ -108,10 +108,7 @@ std::string FromWorkspace(const std::string& path) {
   return workspace != nullptr ? (fs::path(workspace) / path).string() : path;
 }
 
-std::string DefaultConfigPath(ModelKind kind) {
-  const std::string relative = kind == ModelKind::kGpt
-                                   ? "experiments/configs/gpt_small_pp2.textproto"
-                                   : "experiments/configs/bert_small_pp2.textproto";
+std::string DefaultConfigPath(const std::string& relative) {
   const std::string from_workspace = FromWorkspace(relative);
   if (fs::exists(from_workspace)) return from_workspace;
   // Run outside `bazel run` (bazel-bin/experiments/train_gpt from anywhere):
@@ -127,14 +124,23 @@ std::string DefaultConfigPath(ModelKind kind) {
   return relative;
 }
 
+std::string DefaultConfigPath(ModelKind kind) {
+  return DefaultConfigPath(kind == ModelKind::kGpt
+                               ? "experiments/configs/gpt_small_pp2.textproto"
+                               : "experiments/configs/bert_small_pp2.textproto");
+}
+
 int WorldSizeFromEnv() {
   const char* world = std::getenv("WORLD_SIZE");
   return world != nullptr ? std::atoi(world) : 0;
 }
 
-absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_size) {
+absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_size,
+                                                    const ExperimentModel* custom) {
   const std::string flag_path = absl::GetFlag(FLAGS_config);
-  const std::string path = flag_path.empty() ? DefaultConfigPath(kind) : FromWorkspace(flag_path);
+  const std::string path = !flag_path.empty()  ? FromWorkspace(flag_path)
+                           : custom != nullptr ? DefaultConfigPath(custom->default_config)
+                                               : DefaultConfigPath(kind);
   PP_ASSIGN_OR_RETURN(ExperimentConfig config, LoadExperimentConfig(path));
   for (const std::string& assignment : absl::GetFlag(FLAGS_set)) {
     PP_RETURN_IF_ERROR(ApplyOverride(config, assignment));
@@ -149,7 +155,12 @@ absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_si
   if (!config.checkpoint().resume().empty() && config.checkpoint().resume() != "auto") {
     config.mutable_checkpoint()->set_resume(FromWorkspace(config.checkpoint().resume()));
   }
-  PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size));
+  if (custom != nullptr) {
+    PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, custom->specs(config));
+    PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size, &specs));
+  } else {
+    PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size));
+  }
   return config;
 }
 
@@ -236,7 +247,22 @@ struct Data {
   int64_t tokens_per_step = 0;             // global
   int64_t corpus_bytes = 0;
   size_t corpus_files = 0;
+  std::string description;  // a custom model's, instead of the corpus line
 };
+
+absl::StatusOr<Data> MakeCustomData(const ExperimentConfig& config, const ExperimentModel& model) {
+  PP_ASSIGN_OR_RETURN(ExperimentData d, model.data(config));
+  if (d.train == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", model.name, "' made no training MicroBatchSource"));
+  }
+  Data data;
+  data.train = std::move(d.train);
+  data.eval = std::move(d.eval);
+  data.tokens_per_step = d.tokens_per_step;
+  data.description = std::move(d.description);
+  return data;
+}
 
 absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
   PP_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(config.data().path()));
@@ -302,9 +328,13 @@ absl::StatusOr<Cluster> JoinCluster(const experiments::ParallelismConfig& par,
 
 // This rank's stage of the model the config names.
 absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(const ExperimentConfig& config,
-                                                          ModelKind kind, int stage) {
+                                                          ModelKind kind,
+                                                          const ExperimentModel* custom,
+                                                          int stage) {
   const auto& par = config.parallelism();
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeExperimentSpecs(config, kind));
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, custom != nullptr
+                                                        ? custom->specs(config)
+                                                        : MakeExperimentSpecs(config, kind));
   PipelineModelOptions mo;
   mo.num_stages = par.pp();
   mo.chunks = par.chunks();
@@ -362,9 +392,9 @@ CheckpointPolicy MakeCheckpointPolicy(const ExperimentConfig& config) {
 // loss curve) and the console report. Other ranks hold an inactive one.
 class RunReport {
  public:
-  static absl::StatusOr<RunReport> Open(const ExperimentConfig& config, ModelKind kind,
-                                        bool rank0) {
-    RunReport report(config, kind);
+  static absl::StatusOr<RunReport> Open(const ExperimentConfig& config,
+                                        const std::string& model_name, bool rank0) {
+    RunReport report(config, model_name);
     if (!rank0) return report;
     report.dir_ = fs::path(config.output_dir()) /
                   absl::StrCat(config.name(), "-",
@@ -382,15 +412,19 @@ class RunReport {
 
   bool active() const { return metrics_ != nullptr; }
 
-  void Header(const Data& data, const PipelineModel& model) const {
+  // `custom`: the data describes itself (a user's model), else the corpus.
+  void Header(const Data& data, const PipelineModel& model, bool custom) const {
     if (!active()) return;
     const auto& par = config_->parallelism();
     std::cout << absl::StrFormat(
                      "%s: %s, pp=%d x dp=%d, schedule %s, chunks %d, %d micro-batches of %d; "
-                     "corpus %s (%d files, %d bytes); %d tokens/step\n",
-                     config_->name(), ModelKindName(kind_), par.pp(), par.dp(), par.schedule(),
-                     par.chunks(), par.num_microbatches(), par.micro_batch_size(),
-                     config_->data().path(), data.corpus_files, data.corpus_bytes,
+                     "%s; %d tokens/step\n",
+                     config_->name(), model_name_, par.pp(), par.dp(), par.schedule(), par.chunks(),
+                     par.num_microbatches(), par.micro_batch_size(),
+                     custom
+                         ? data.description
+                         : absl::StrFormat("corpus %s (%d files, %d bytes)", config_->data().path(),
+                                           data.corpus_files, data.corpus_bytes),
                      data.tokens_per_step)
               << model.PartitionReport() << "run directory: " << dir_.string() << std::endl;
   }
@@ -437,11 +471,11 @@ class RunReport {
   absl::Status Finish(double train_seconds) const {
     if (!active()) return absl::OkStatus();
     const auto& par = config_->parallelism();
-    PP_RETURN_IF_ERROR(WriteFile(
-        dir_ / "loss.svg",
-        LossCurveSvg(absl::StrCat(config_->name(), ": ", ModelKindName(kind_), " pp=", par.pp(),
-                                  " dp=", par.dp(), " ", par.schedule()),
-                     train_curve_, eval_curve_)));
+    PP_RETURN_IF_ERROR(
+        WriteFile(dir_ / "loss.svg",
+                  LossCurveSvg(absl::StrCat(config_->name(), ": ", model_name_, " pp=", par.pp(),
+                                            " dp=", par.dp(), " ", par.schedule()),
+                               train_curve_, eval_curve_)));
     if (train_curve_.empty()) return absl::OkStatus();
     std::cout << absl::StrFormat("done: %d steps in %s, loss %.4f -> %.4f%s\nrun directory: %s\n",
                                  config_->steps(), FormatDuration(train_seconds),
@@ -455,10 +489,11 @@ class RunReport {
   }
 
  private:
-  RunReport(const ExperimentConfig& config, ModelKind kind) : config_(&config), kind_(kind) {}
+  RunReport(const ExperimentConfig& config, const std::string& model_name)
+      : config_(&config), model_name_(model_name) {}
 
   const ExperimentConfig* config_;
-  ModelKind kind_;
+  std::string model_name_;
   fs::path dir_;
   std::unique_ptr<std::ofstream> metrics_;  // null on ranks other than 0
   LossPoints train_curve_, eval_curve_;
@@ -526,16 +561,24 @@ absl::Status SampleText(const ExperimentConfig& config, ParallelGrid& grid,
 
 }  // namespace
 
-absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
+absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
+                           const ExperimentModel* custom) {
+  if ((kind == ModelKind::kCustom) != (custom != nullptr)) {
+    return absl::InternalError("RunExperiment: a custom model (only) needs its ExperimentModel");
+  }
+  const std::string model_name = custom != nullptr ? custom->name : ModelKindName(kind);
   const std::chrono::milliseconds timeout(int64_t{1000} * config.parallelism().timeout_seconds());
   PP_ASSIGN_OR_RETURN(Cluster cluster, JoinCluster(config.parallelism(), timeout));
   ParallelGrid& grid = *cluster.grid;
   PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
-                      BuildStage(config, kind, grid.stage_id()));
-  PP_ASSIGN_OR_RETURN(Data data, MakeData(config, kind));
+                      BuildStage(config, kind, custom, grid.stage_id()));
+  PP_ASSIGN_OR_RETURN(Data data,
+                      custom != nullptr ? MakeCustomData(config, *custom) : MakeData(config, kind));
   // GPT: the loss also keeps the last stage's logits for sampling.
   PipelineSampler sampler;
-  const LossFn loss_fn = kind == ModelKind::kGpt ? sampler.WrapLoss(GptLoss) : LossFn(BertMlmLoss);
+  const LossFn loss_fn = custom != nullptr         ? custom->loss
+                         : kind == ModelKind::kGpt ? sampler.WrapLoss(GptLoss)
+                                                   : LossFn(BertMlmLoss);
   PP_ASSIGN_OR_RETURN(TrainerOptions to, MakeTrainerOptions(config, timeout));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
@@ -551,8 +594,8 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
     std::cout << "resumed at step " << trainer->step() << " from " << ckpt_policy.resume
               << std::endl;
   }
-  PP_ASSIGN_OR_RETURN(RunReport report, RunReport::Open(config, kind, rank0));
-  report.Header(data, *model);
+  PP_ASSIGN_OR_RETURN(RunReport report, RunReport::Open(config, model_name, rank0));
+  report.Header(data, *model, custom != nullptr);
   PP_ASSIGN_OR_RETURN(double train_seconds,
                       TrainLoop(config, grid, *model, *trainer, checkpointer, data, report));
   if (kind == ModelKind::kGpt && config.sample_tokens() > 0) {
@@ -561,32 +604,44 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   return report.Finish(train_seconds);
 }
 
-int ExperimentMain(int argc, char** argv, ModelKind kind) {
+namespace {
+
+int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel* custom) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   // The launcher forwards worker output line by line; tell rank 0 whether a
   // person is watching, so it can draw its progress bar on the terminal.
   if (std::getenv("RANK") == nullptr && isatty(STDOUT_FILENO)) setenv("PP_PROGRESS_TTY", "1", 1);
-  MaybeLaunch(argc, argv, [kind] {
+  MaybeLaunch(argc, argv, [kind, custom] {
     // Launcher side: a bad config fails here, before any worker starts.
-    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, 0);
+    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, 0, custom);
     if (!config.ok()) {
       std::cerr << "error: " << config.status().message() << std::endl;
       std::exit(2);
     }
     return config->parallelism().pp() * config->parallelism().dp();
   });
-  absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, WorldSizeFromEnv());
+  absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, WorldSizeFromEnv(), custom);
   if (!config.ok()) {
     std::cerr << "error: " << config.status().message() << std::endl;
     return 2;
   }
-  absl::Status status = RunExperiment(*config, kind);
+  absl::Status status = RunExperiment(*config, kind, custom);
   if (!status.ok()) {
     std::cerr << "error: " << status << std::endl;
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int ExperimentMain(int argc, char** argv, ModelKind kind) {
+  return ExperimentMain(argc, argv, kind, nullptr);
+}
+
+int ExperimentMain(int argc, char** argv, const ExperimentModel& model) {
+  return ExperimentMain(argc, argv, ModelKind::kCustom, &model);
 }
 
 }  // namespace pp
