@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/testing/mlp_block.h"
 #include "gtest/gtest.h"
+#include "pipeline/testing/mlp_block.h"
 
 namespace pp {
 namespace {

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "checkpoint/activation/activation_checkpointing.h"
-#include "pipeline/testing/mlp_block.h"
 #include "gtest/gtest.h"
 #include "pipeline/layer_spec.h"
 #include "pipeline/pipeline_model.h"
+#include "pipeline/testing/mlp_block.h"
 
 namespace pp {
 namespace {
