@@ -41,6 +41,7 @@
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/schedule/action.h"
+#include "pipeline/schedule/defer_receives.h"
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 #include "pipeline/schedule/simulator.h"

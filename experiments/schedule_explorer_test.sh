@@ -36,7 +36,6 @@ python3 -c "import json,sys; t=json.load(open(sys.argv[1])); assert sum(e['ph']=
    $'0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1' ]] || fail "csv"
 
 "$explorer" --list | grep -q '^interleaved_1f1b' || fail "--list"
-"$explorer" --list | grep -q '^eager_1f1b' || fail "--list lacks the example"
 "$explorer" --compare=gpipe,1f1b,interleaved_1f1b --chunks=2 > "$tmp/cmp.txt"
 grep -qE '^1f1b +1 +33 ' "$tmp/cmp.txt" || fail "compare: $(cat "$tmp/cmp.txt")"
 grep -qE '^interleaved_1f1b +2 ' "$tmp/cmp.txt" || fail "compare lacks interleaved"

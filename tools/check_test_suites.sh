@@ -12,7 +12,8 @@ trap 'rm -f "$log"' EXIT
 query() {
   "$bazel" query --noshow_progress "$1" 2>"$log" || {
     cat "$log" >&2
-    echo "check_test_suites: bazel query '$1' failed" >&2
+    echo "check_test_suites: bazel query '$1' failed (a test listed in BUILD.bazel" \
+      "may have moved or been deleted)" >&2
     exit 2
   }
 }

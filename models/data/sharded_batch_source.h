@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/layers/layer.h"
-#include "pipeline/runtime/stage_executor.h"
+#include "pipeline/runtime/micro_batch_source.h"
 
 namespace pp {
 
