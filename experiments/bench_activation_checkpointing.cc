@@ -46,8 +46,8 @@
 #include "experiments/bench_common.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
-#include "pipeline/layer.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer.h"
+#include "pipeline/layers/layer_spec.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/testing/mlp_block.h"
 

@@ -36,7 +36,7 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "experiments/bench_common.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer_spec.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/stage_executor.h"

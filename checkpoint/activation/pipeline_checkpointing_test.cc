@@ -8,7 +8,7 @@
 
 #include "checkpoint/activation/activation_checkpointing.h"
 #include "gtest/gtest.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer_spec.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/testing/mlp_block.h"
 
