@@ -120,9 +120,11 @@ absl::Status CheckReal(absl::string_view name, double value, char open, double l
   const bool above_lo = open == '(' ? value > lo : value >= lo;
   const bool below_hi = close == ')' ? value < hi : value <= hi;
   if (std::isfinite(value) && above_lo && below_hi) return absl::OkStatus();
-  return Invalid(absl::StrCat(name, " (", value, ") must be finite and in ", std::string(1, open),
-                              lo, ", ", hi, std::string(1, close), why.empty() ? "" : " (", why,
-                              why.empty() ? "" : ")"));
+  const std::string range = std::isinf(hi) ? absl::StrCat(open == '(' ? "> " : ">= ", lo)
+                                           : absl::StrCat("in ", std::string(1, open), lo, ", ", hi,
+                                                          std::string(1, close));
+  return Invalid(absl::StrCat(name, " (", value, ") must be finite and ", range,
+                              why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
 }
 
 constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
@@ -181,7 +183,7 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
   PP_RETURN_IF_ERROR(CheckReal("optimizer.eps", opt.eps(), '(', 0, 1, ')'));
   PP_RETURN_IF_ERROR(CheckReal("optimizer.momentum", opt.momentum(), '[', 0, 1, ')'));
   PP_RETURN_IF_ERROR(CheckReal("optimizer.max_grad_norm", opt.max_grad_norm(), '[', 0,
-                               std::numeric_limits<double>::max(), ']', "0 = no clipping"));
+                               std::numeric_limits<double>::infinity(), ']', "0 = no clipping"));
   const auto& lr = config.lr_schedule();
   PP_RETURN_IF_ERROR(CheckInt("lr_schedule.warmup_steps", lr.warmup_steps(), 0, kUnbounded));
   if (lr.name() == "warmup_cosine") {
@@ -189,7 +191,7 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
                                  "at most optimizer.lr, the cosine's start"));
   } else {
     PP_RETURN_IF_ERROR(CheckReal("lr_schedule.min_lr", lr.min_lr(), '[', 0,
-                                 std::numeric_limits<double>::max(), ']'));
+                                 std::numeric_limits<double>::infinity(), ']'));
   }
   PP_RETURN_IF_ERROR(
       CheckReal("data.eval_fraction", config.data().eval_fraction(), '[', 0, 0.5, ')'));
@@ -474,10 +476,6 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     return Invalid(absl::StrCat("lr_schedule: ", s.message(),
                                 " (lr_schedule.warmup_steps must be below steps; lower it with "
                                 "--set=lr_schedule.warmup_steps=N or run more --steps)"));
-  }
-  if (config.optimizer().max_grad_norm() < 0) {
-    return Invalid(absl::StrCat("optimizer.max_grad_norm (", config.optimizer().max_grad_norm(),
-                                ") must be >= 0 (0 = no clipping)"));
   }
 
   std::error_code ec;
