@@ -366,7 +366,7 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
   }
   PP_RETURN_IF_ERROR(CheckRanges(config));
   // Before the schedule's action lists and the layer specs are built.
-  PP_RETURN_IF_ERROR(CheckMemory(config));
+  PP_RETURN_IF_ERROR(CheckMemory(config, world_size > 0 ? TotalMemoryBytes() : -1));
   const auto& par = config.parallelism();
   if (world_size > 0 && par.pp() * par.dp() != world_size) {
     return Invalid(absl::StrCat(

@@ -124,12 +124,13 @@ MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   return e;
 }
 
-int64_t AvailableMemoryBytes() {
+// A "Key:   123 kB" line of /proc/meminfo in bytes.
+int64_t MemInfoBytes(absl::string_view key) {
   std::ifstream in("/proc/meminfo");
   std::string line;
   while (std::getline(in, line)) {
     absl::string_view rest = line;
-    if (!absl::ConsumePrefix(&rest, "MemAvailable:")) continue;
+    if (!absl::ConsumePrefix(&rest, key) || !absl::ConsumePrefix(&rest, ":")) continue;
     rest = absl::StripAsciiWhitespace(rest);
     absl::ConsumeSuffix(&rest, "kB");
     int64_t kib = 0;
@@ -138,19 +139,23 @@ int64_t AvailableMemoryBytes() {
   return -1;
 }
 
+int64_t AvailableMemoryBytes() { return MemInfoBytes("MemAvailable"); }
+int64_t TotalMemoryBytes() { return MemInfoBytes("MemTotal"); }
+
 absl::Status CheckMemory(const ExperimentConfig& config, int64_t available_bytes) {
   if (available_bytes < 0) available_bytes = AvailableMemoryBytes();
   if (available_bytes < 0) return absl::OkStatus();
   const MemoryEstimate e = EstimateMemory(config);
   if (e.total_bytes() <= static_cast<double>(available_bytes)) return absl::OkStatus();
   const auto& par = config.parallelism();
-  return Invalid(absl::StrCat(
-      "the run needs an estimated ", e.ToString(), " for pp=", par.pp(), " x dp=", par.dp(),
-      " ranks, num_microbatches=", par.num_microbatches(), ", micro_batch_size=",
-      par.micro_batch_size(), ", but this machine has ", GiB(static_cast<double>(available_bytes)),
-      " available (MemAvailable in /proc/meminfo); use a smaller model (num_layers, width, "
-      "context_length), fewer or smaller micro-batches, or "
-      "parallelism.activation_checkpointing.interval"));
+  return Invalid(absl::StrCat("the run needs an estimated ", e.ToString(), " for pp=", par.pp(),
+                              " x dp=", par.dp(), " ranks, num_microbatches=",
+                              par.num_microbatches(), ", micro_batch_size=", par.micro_batch_size(),
+                              ", but this machine has ", GiB(static_cast<double>(available_bytes)),
+                              available_bytes == TotalMemoryBytes() ? " in total" : " available",
+                              " of memory (/proc/meminfo); use a smaller model (num_layers, width, "
+                              "context_length), fewer or smaller micro-batches, or "
+                              "parallelism.activation_checkpointing.interval"));
 }
 
 absl::Status CheckDataPath(const std::string& path, int64_t context_length, double eval_fraction) {

@@ -50,11 +50,14 @@ struct MemoryEstimate {
 // section (a custom model) counts only the schedule.
 MemoryEstimate EstimateMemory(const experiments::ExperimentConfig& config);
 
-// MemAvailable from /proc/meminfo in bytes; -1 when it cannot be read.
+// MemAvailable / MemTotal from /proc/meminfo in bytes; -1 when unreadable.
 int64_t AvailableMemoryBytes();
+int64_t TotalMemoryBytes();
 
 // InvalidArgument naming the estimate when it exceeds `available_bytes`
-// (-1: read /proc/meminfo; unknown memory passes).
+// (-1: MemAvailable; unknown memory passes). Workers, which start together
+// and allocate at once, pass TotalMemoryBytes(): MemAvailable would count
+// their siblings' models against them.
 absl::Status CheckMemory(const experiments::ExperimentConfig& config, int64_t available_bytes = -1);
 
 // data.path as train_gpt / train_bert read it (models/data/corpus.h).
