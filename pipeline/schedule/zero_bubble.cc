@@ -36,8 +36,8 @@ absl::StatusOr<Schedule> MakeZeroBubble(const std::string& name, const ScheduleO
                                         const std::function<int(int p, int r)>& warmup_of,
                                         const std::function<int(int p, int r)>& delay_of) {
   if (options.num_chunks != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " places one chunk per rank: num_chunks (", options.num_chunks, ") must be 1"));
+    return absl::InvalidArgumentError(absl::StrCat(name, " places one chunk per rank: num_chunks (",
+                                                   options.num_chunks, ") must be 1"));
   }
   const int p = options.num_stages, m = options.num_microbatches;
   Schedule schedule = EmptyLoopedSchedule(name, options);
