@@ -118,9 +118,11 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
   result.idle.assign(p, 0);
   result.peak_inflight.assign(p, 0);
   result.peak_memory.assign(p, 0);
+  result.inner_idle.assign(p, 0);
   for (int r = 0; r < p; ++r) {
     int inflight = 0;
     double memory = 0;
+    double first_start = -1, last_end = 0;
     for (int i = 0; i < static_cast<int>(program.ranks[r].size()); ++i) {
       const Action& a = program.ranks[r][i];
       result.makespan = std::max(result.makespan, ex.end[r][i]);
@@ -128,6 +130,8 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
       result.timeline.push_back({r, ActionToString(a), ex.start[r][i], ex.end[r][i]});
       if (!IsCompute(a.type)) continue;
       result.busy[r] += ex.end[r][i] - ex.start[r][i];
+      if (first_start < 0) first_start = ex.start[r][i];
+      last_end = std::max(last_end, ex.end[r][i]);
       switch (a.type) {
         case ActionType::kForward:
           result.peak_inflight[r] = std::max(result.peak_inflight[r], ++inflight);
@@ -149,6 +153,7 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
           break;
       }
     }
+    if (first_start >= 0) result.inner_idle[r] = last_end - first_start - result.busy[r];
   }
   // Forward-only programs free activations as they go: one at a time.
   if (program.forward_only) {

@@ -67,9 +67,14 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text);
 
 struct SimulationResult {
   double makespan = 0;
-  std::vector<double> busy;        // per rank: sum of compute durations
-  std::vector<double> idle;        // per rank: makespan - busy
-  double bubble_fraction = 0;      // sum(idle) / (ranks * makespan)
+  std::vector<double> busy;    // per rank: sum of compute durations
+  std::vector<double> idle;    // per rank: makespan - busy
+  double bubble_fraction = 0;  // sum(idle) / (ranks * makespan)
+  // Per rank: idle time between the start of its first compute and the end of
+  // its last, i.e. idle minus the head and tail of the step. Steps that
+  // overlap (the zero-bubble paper's ZB-H2 without the optimizer barrier)
+  // lose only this idle time.
+  std::vector<double> inner_idle;
   std::vector<int> peak_inflight;  // per rank, in micro-batch x chunk units
   // Per rank: peak of the memory model above (F adds 1, B frees 1, I and W
   // free their parts of it), in the same units as peak_inflight.

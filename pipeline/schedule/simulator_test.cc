@@ -194,6 +194,7 @@ TEST(ZeroBubbleSimulationTest, H2HasNoIdleInsideARank) {
       SimulationResult zb = SimulateNamed("zb_h2", p, m, 1, EqualFIW());
       std::vector<double> spans = ComputeSpans(zb, p);
       for (int r = 0; r < p; ++r) {
+        EXPECT_NEAR(zb.inner_idle[r], 0, 1e-9) << "p=" << p << " m=" << m << " r=" << r;
         EXPECT_EQ(zb.peak_inflight[r], 2 * p - 1) << "p=" << p << " m=" << m << " r=" << r;
         EXPECT_DOUBLE_EQ(spans[r], 3.0 * m) << "p=" << p << " m=" << m << " r=" << r;
       }
@@ -201,7 +202,10 @@ TEST(ZeroBubbleSimulationTest, H2HasNoIdleInsideARank) {
     }
   }
   // zb_h1 does idle inside rank 0's span: (p - 1)(F + I - W) = 3 for p = 4.
-  EXPECT_DOUBLE_EQ(ComputeSpans(SimulateNamed("zb_h1", 4, 8, 1, EqualFIW()), 4)[0], 27);
+  SimulationResult h1 = SimulateNamed("zb_h1", 4, 8, 1, EqualFIW());
+  EXPECT_DOUBLE_EQ(ComputeSpans(h1, 4)[0], 27);
+  // Rank r starts at r and ends at 27: idle inside 3 - r.
+  EXPECT_THAT(h1.inner_idle, ElementsAre(3, 2, 1, 0));
 }
 
 // F adds 1, B frees 1, I frees 42/74 and W 32/74 by default.
