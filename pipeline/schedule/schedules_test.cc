@@ -21,7 +21,8 @@ std::string Rank(const Schedule& s, int r) { return ActionsToString(s.ranks[r]);
 
 TEST(RegistryTest, ListsBuiltInsAndRejectsUnknownNames) {
   std::vector<std::string> names = RegisteredScheduleNames();
-  for (const char* name : {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference"}) {
+  for (const char* name :
+       {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference", "zb_h1", "zb_h2"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
   }
   absl::StatusOr<Schedule> s = MakeSchedule("2f2b", {});
