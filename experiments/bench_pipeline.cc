@@ -35,7 +35,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer_spec.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/stage_executor.h"

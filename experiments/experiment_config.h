@@ -21,7 +21,7 @@
 #include "experiments/config.pb.h"
 #include "models/bert/bert.h"
 #include "models/gpt/gpt.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer_spec.h"
 
 namespace pp {
 

@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "experiments/experiment_config.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer_spec.h"
 #include "pipeline/runtime/micro_batch_source.h"
 
 namespace pp {

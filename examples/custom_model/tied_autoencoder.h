@@ -20,8 +20,8 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
-#include "pipeline/layer.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer.h"
+#include "pipeline/layers/layer_spec.h"
 #include "pipeline/runtime/micro_batch_source.h"
 
 namespace custom_model {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 #include "pipeline/runtime/micro_batch_source.h"
 
 namespace pp {

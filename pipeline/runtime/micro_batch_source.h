@@ -11,7 +11,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 
 namespace pp {
 

@@ -37,7 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 #include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/runtime/p2p.h"
 #include "pipeline/schedule/action.h"
