@@ -24,6 +24,20 @@ assert sim["peak_inflight"] == [4, 3, 2, 1], sim
 assert sim["busy"] == [24, 24, 24, 24], sim
 PY
 
+# --defer_receives: the program the runtime executes (DeferReceives), each
+# receive moved to just before its consumer; same actions, same makespan here.
+"$explorer" --schedule=1f1b --stages=4 --microbatches=8 --format=json --defer_receives \
+  > "$tmp/deferred.json"
+python3 - "$tmp/out.json" "$tmp/deferred.json" <<'PY'
+import json, sys
+lowered, deferred = (json.load(open(f)) for f in sys.argv[1:3])
+a, b = lowered["lowered"][1]["actions"], deferred["lowered"][1]["actions"]
+assert a[:4] == ["1RECV_F0", "1F0", "1RECV_F1", "1SEND_F0"], a[:4]
+assert b[:5] == ["1RECV_F0", "1F0", "1SEND_F0", "1RECV_F1", "1F1"], b[:5]
+assert sorted(a) == sorted(b)
+assert deferred["simulation"]["makespan"] == lowered["simulation"]["makespan"] == 33
+PY
+
 "$explorer" --schedule=interleaved_1f1b --stages=4 --microbatches=8 --chunks=2 \
   --format=svg --out="$tmp/t.svg" 2>/dev/null
 grep -q '</svg>' "$tmp/t.svg" || fail "svg not written"
@@ -39,6 +53,32 @@ python3 -c "import json,sys; t=json.load(open(sys.argv[1])); assert sum(e['ph']=
 "$explorer" --compare=gpipe,1f1b,interleaved_1f1b --chunks=2 > "$tmp/cmp.txt"
 grep -qE '^1f1b +1 +33 ' "$tmp/cmp.txt" || fail "compare: $(cat "$tmp/cmp.txt")"
 grep -qE '^interleaved_1f1b +2 ' "$tmp/cmp.txt" || fail "compare lacks interleaved"
+
+# Zero-bubble schedules: I/W costs (B defaults to I + W), the memory model per
+# rank in the JSON, the settable split, and the compare table.
+"$explorer" --schedule=zb_h1 --stages=4 --microbatches=8 --costs=F:1,I:1,W:1 --format=json \
+  > "$tmp/zb.json"
+"$explorer" --schedule=zb_h1 --stages=4 --microbatches=8 --costs=F:1,I:1,W:1 --format=json \
+  --memory_split=I:0,W:1 > "$tmp/zb_nofree.json"
+python3 - "$tmp/zb.json" "$tmp/zb_nofree.json" <<'PY'
+import json, sys
+zb, nofree = (json.load(open(f))["simulation"] for f in sys.argv[1:3])
+assert zb["makespan"] == 27 and zb["peak_inflight"] == [4, 4, 4, 4], zb
+assert abs(zb["peak_memory"][3] - (1 + 3 * 32 / 74)) < 1e-9, zb["peak_memory"]
+assert zb["memory_split"] == {"I": 42, "W": 32}, zb
+assert zb["inner_idle"] == [3, 2, 1, 0], zb
+assert nofree["peak_memory"] == [4, 4, 4, 4], nofree
+PY
+"$explorer" --compare=1f1b,zb_h1,zb_h2 --costs=F:1,I:1,W:1 > "$tmp/zbcmp.txt"
+grep -qE '^1f1b +1 +33 +27.3% +13.6% ' "$tmp/zbcmp.txt" || fail "zb compare: $(cat "$tmp/zbcmp.txt")"
+grep -qE '^zb_h1 +1 +27 +11.1% +5.6% +\[4,4,4,4\] +4 +\[4,3.43,2.86,2.3\]$' "$tmp/zbcmp.txt" \
+  || fail "zb_h1 row: $(cat "$tmp/zbcmp.txt")"
+grep -qE '^zb_h2 +1 +27 +11.1% +0.0% +\[7,7,7,7\] ' "$tmp/zbcmp.txt" \
+  || fail "zb_h2 row: $(cat "$tmp/zbcmp.txt")"
+if "$explorer" --schedule=zb_h1 --memory_split=I:0,W:0 2> "$tmp/err.txt"; then
+  fail "accepted a zero memory split"
+fi
+grep -q 'I + W must be > 0' "$tmp/err.txt" || fail "memory split error: $(cat "$tmp/err.txt")"
 
 # Rejected options: a message naming the rule, non-zero exit.
 if "$explorer" --schedule=interleaved_1f1b --stages=4 --microbatches=6 --chunks=2 \
