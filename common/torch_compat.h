@@ -10,6 +10,8 @@
 //     c10d::Backend that a ProcessGroup dispatches to per device type.
 //   - the profiler's KinetoEvent reports microseconds in 1.13 and
 //     nanoseconds in 2.x (startUs/durationUs are gone).
+//   - c10::Allocator::allocate is const up to 2.2 and non-const from 2.3, which
+//     also adds the pure virtual copy_data.
 //   - torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl
 //     address printed as a string in 1.13, by the address itself in 2.x.
 #ifndef COMMON_TORCH_COMPAT_H_
@@ -20,8 +22,10 @@
 #include <type_traits>
 #include <utility>
 
+#include <c10/core/Allocator.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/optim/optimizer.h>
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -49,6 +53,22 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGlooProcessGroup(
 // A profiler event's start and duration in microseconds on the profiler's clock.
 int64_t EventStartUs(const torch::autograd::profiler::KinetoEvent& event);
 int64_t EventDurationUs(const torch::autograd::profiler::KinetoEvent& event);
+
+// A c10::Allocator written once for every LibTorch version: subclasses define
+// Allocate (the contract of c10::Allocator::allocate) and raw_deleter.
+class AllocatorBase : public c10::Allocator {
+ public:
+  virtual c10::DataPtr Allocate(size_t n) const = 0;
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t n) override { return Allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return Allocate(n); }
+#endif
+};
 
 // The key of `param`'s entry in torch::optim::Optimizer::state().
 using OptimizerStateKey =
