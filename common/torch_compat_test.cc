@@ -60,6 +60,7 @@ TEST(TorchCompatTest, EventTimesAreMicroseconds) {
   namespace profiler = torch::autograd::profiler;
   namespace impl = torch::profiler::impl;
   const impl::ProfilerConfig config(impl::ProfilerState::KINETO, /*report_input_shapes=*/false);
+  profiler::prepareProfiler(config, {impl::ActivityType::CPU});
   profiler::enableProfiler(config, {impl::ActivityType::CPU});
   const auto before = std::chrono::steady_clock::now();
   at::Tensor a = at::ones({256, 256});

@@ -144,6 +144,9 @@ absl::Status OperatorProfiler::Start() {
   const profiler_impl::ProfilerConfig config(profiler_impl::ProfilerState::KINETO,
                                              /*report_input_shapes=*/options_.record_shapes);
   PP_RETURN_IF_ERROR(TorchCall("starting LibTorch's profiler", [&] {
+    // prepareProfiler first: LibTorch 2.x's Kineto crashes in startTrace
+    // without it (1.13 without Kineto accepts both).
+    profiler::prepareProfiler(config, {profiler_impl::ActivityType::CPU});
     profiler::enableProfiler(config, {profiler_impl::ActivityType::CPU});
   }));
   recording_ = true;
