@@ -3,7 +3,7 @@
 // (activation_checkpoint_interval + checkpointable layers) for pipe.
 //
 // A StageModule and PipelineModel::ToSequential() run their local layers
-// through a settable LayerRunner (pipeline/layer.h), so the same policy applies
+// through a settable LayerRunner (pipeline/layers/layer.h), so the same policy applies
 // to a pipeline stage and to the sequential reference without pipeline/
 // depending on checkpoint/:
 //
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 
 namespace pp {
 

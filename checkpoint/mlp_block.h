@@ -9,7 +9,7 @@
 
 #include <torch/torch.h>
 
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 
 namespace pp {
 

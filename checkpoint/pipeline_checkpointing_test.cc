@@ -9,7 +9,7 @@
 #include "checkpoint/activation_checkpointing.h"
 #include "checkpoint/mlp_block.h"
 #include "gtest/gtest.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer_spec.h"
 #include "pipeline/pipeline_model.h"
 
 namespace pp {

@@ -11,7 +11,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer_spec.h"
 
 namespace pp {
 

@@ -25,12 +25,12 @@
 
 #include <torch/torch.h>
 
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 
 namespace pp {
 
 // The parameters `layer`'s forward uses: its registered ones, plus, for a
-// TiedLayer (pipeline/layer_spec.h), those of the shared module it holds
+// TiedLayer (pipeline/layers/layer_spec.h), those of the shared module it holds
 // without registering. Each tensor once.
 std::vector<torch::Tensor> LayerParameters(const LayerImpl& layer);
 

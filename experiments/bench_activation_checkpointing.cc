@@ -47,8 +47,8 @@
 #include "common/torch_compat.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
-#include "pipeline/layer.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer.h"
+#include "pipeline/layers/layer_spec.h"
 #include "pipeline/pipeline_model.h"
 
 ABSL_FLAG(

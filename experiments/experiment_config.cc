@@ -17,6 +17,9 @@
 #include "models/data/tokenizer.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/runtime/optimizer.h"
+#include "pipeline/runtime/stage_executor.h"
+#include "pipeline/schedule/capabilities.h"
+#include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 
 namespace pp {
@@ -94,7 +97,17 @@ absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentE
 
 }  // namespace
 
-const char* ModelKindName(ModelKind kind) { return kind == ModelKind::kGpt ? "gpt" : "bert"; }
+const char* ModelKindName(ModelKind kind) {
+  switch (kind) {
+    case ModelKind::kGpt:
+      return "gpt";
+    case ModelKind::kBert:
+      return "bert";
+    case ModelKind::kCustom:
+      return "custom";
+  }
+  return "unknown";
+}
 
 absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text) {
   ExperimentConfig config;
@@ -170,8 +183,13 @@ absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignmen
 }
 
 void ResolveDefaults(ExperimentConfig& config, ModelKind kind) {
-  if (config.model_case() == ExperimentConfig::MODEL_NOT_SET) {
+  if (config.model_case() == ExperimentConfig::MODEL_NOT_SET && kind != ModelKind::kCustom) {
     kind == ModelKind::kGpt ? (void)config.mutable_gpt() : (void)config.mutable_bert();
+  }
+  // The default partition method names GPT/BERT's block type; a user's model
+  // is cut into equal layer counts unless its config says otherwise.
+  if (kind == ModelKind::kCustom && !config.parallelism().has_partition_method()) {
+    config.mutable_parallelism()->set_partition_method("uniform");
   }
   FillDefaults(config);
 }
@@ -200,14 +218,29 @@ BertConfig ToBertConfig(const ExperimentConfig& config) {
 
 absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config,
                                                            ModelKind kind) {
+  if (kind == ModelKind::kCustom) {
+    return absl::InvalidArgumentError("a custom model's specs come from its ExperimentModel");
+  }
   return kind == ModelKind::kGpt ? MakeGptSpecs(ToGptConfig(config))
                                  : MakeBertSpecs(ToBertConfig(config));
 }
 
 absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind,
-                                      int world_size) {
+                                      int world_size, const std::vector<LayerSpec>* custom_specs) {
   const bool gpt = kind == ModelKind::kGpt;
-  if (gpt && config.has_bert()) {
+  const bool custom = kind == ModelKind::kCustom;
+  if (custom && custom_specs == nullptr) {
+    return absl::InternalError("ValidateExperimentConfig: a custom model needs its layer specs");
+  }
+  if (custom && config.model_case() != ExperimentConfig::MODEL_NOT_SET) {
+    return Invalid(absl::StrCat("this config describes a ", config.has_gpt() ? "GPT" : "BERT",
+                                " model; run it with //experiments:train_",
+                                config.has_gpt() ? "gpt" : "bert",
+                                " (a custom model's config has no gpt/bert section)"));
+  }
+  if (custom) {
+    // The model's own sizes are its business; the parts must fit its layers.
+  } else if (gpt && config.has_bert()) {
     return Invalid(
         "this config describes a BERT model (bert { ... }); run it with //experiments:train_bert");
   }
@@ -243,11 +276,21 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
         " were started; leave --nproc_per_node unset (it defaults to pp x dp) or set it to ",
         par.pp() * par.dp()));
   }
-  PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config))
-                         : ValidateBertConfig(ToBertConfig(config)));
-  const int64_t num_layers = gpt ? config.gpt().num_layers() : config.bert().num_layers();
+  if (!custom) {
+    PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config))
+                           : ValidateBertConfig(ToBertConfig(config)));
+  }
   const int64_t parts = static_cast<int64_t>(par.pp()) * par.chunks();
-  if (parts > num_layers) {
+  if (custom && parts > static_cast<int64_t>(custom_specs->size())) {
+    return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.chunks (",
+                                par.chunks(), ") = ", parts,
+                                " model parts, but the model has only ", custom_specs->size(),
+                                " layers; use at most ", custom_specs->size(), " parts"));
+  }
+  const int64_t num_layers = custom ? static_cast<int64_t>(custom_specs->size())
+                             : gpt  ? config.gpt().num_layers()
+                                    : config.bert().num_layers();
+  if (!custom && parts > num_layers) {
     return Invalid(absl::StrCat(
         "parallelism.pp (", par.pp(), ") x parallelism.chunks (", par.chunks(), ") = ", parts,
         " model parts, but the model has only ", num_layers, " blocks (", ModelKindName(kind),
@@ -276,6 +319,17 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
                                 "' is forward-only (evaluation); choose a training schedule: ",
                                 absl::StrJoin(names, ", ")));
   }
+  // The runtime can execute it (no split backward yet): refused here, before
+  // any worker starts, rather than in every rank.
+  absl::StatusOr<LoweredProgram> program = Lower(*schedule);
+  if (!program.ok()) {
+    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
+                                "' does not lower: ", program.status().message()));
+  }
+  absl::Status supported = CheckRuntimeSupports(*program, StageExecutorCapabilities());
+  if (!supported.ok()) {
+    return Invalid(absl::StrCat("parallelism.schedule: ", supported.message()));
+  }
 
   // The partition method: registered, and it can cut this model.
   const std::string& method = par.partition_method();
@@ -287,7 +341,12 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
                                 " (type:<regex> over layer types, explicit:<b0,b1,...>)"));
   }
   if (method_name != "profile") {
-    PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeExperimentSpecs(config, kind));
+    std::vector<LayerSpec> specs;
+    if (custom) {
+      specs = *custom_specs;
+    } else {
+      PP_ASSIGN_OR_RETURN(specs, MakeExperimentSpecs(config, kind));
+    }
     PartitionRequest request;
     request.specs = &specs;
     request.num_parts = parts;
@@ -341,7 +400,8 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     return Invalid(
         absl::StrCat("sample_temperature (", config.sample_temperature(), ") must be positive"));
   }
-  if (!gpt && !(config.bert().mask_prob() > 0 && config.bert().mask_prob() <= 1)) {
+  if (kind == ModelKind::kBert &&
+      !(config.bert().mask_prob() > 0 && config.bert().mask_prob() <= 1)) {
     return Invalid(
         absl::StrCat("bert.mask_prob (", config.bert().mask_prob(), ") must be in (0, 1]"));
   }

@@ -21,14 +21,16 @@
 #include "experiments/config.pb.h"
 #include "models/bert/bert.h"
 #include "models/gpt/gpt.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer_spec.h"
 
 namespace pp {
 
 using experiments::ExperimentConfig;
 
-enum class ModelKind { kGpt, kBert };
-const char* ModelKindName(ModelKind kind);  // "gpt", "bert"
+// kCustom: a user's model (experiments/train_lib.h, ExperimentModel); the
+// config then has no gpt/bert section and validation checks its specs.
+enum class ModelKind { kGpt, kBert, kCustom };
+const char* ModelKindName(ModelKind kind);  // "gpt", "bert", "custom"
 
 // Parses protobuf text; InvalidArgument with the parser's line:column message.
 absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text);
@@ -43,15 +45,18 @@ absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignmen
 
 // Makes the model sub-message for `kind` present (others are an error at
 // validation) and sets every unset field to its default, so the printed
-// config is the complete, resolved one.
+// config is the complete, resolved one. kCustom: no model sub-message, and
+// parallelism.partition_method defaults to "uniform".
 void ResolveDefaults(ExperimentConfig& config, ModelKind kind);
 
 // Everything checkable without processes: sizes, model shape, pp x dp against
 // `world_size` (0: not known yet), the schedule (registered, accepts this
 // micro-batch count and chunking, trains), stages vs blocks, the partition
 // method, optimizer, learning-rate schedule, data path, sampling.
+// REQUIRES: `custom_specs` (the model's layers) set for ModelKind::kCustom.
 absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind,
-                                      int world_size);
+                                      int world_size,
+                                      const std::vector<LayerSpec>* custom_specs = nullptr);
 
 GptConfig ToGptConfig(const ExperimentConfig& config);
 BertConfig ToBertConfig(const ExperimentConfig& config);

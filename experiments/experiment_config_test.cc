@@ -6,8 +6,26 @@
 
 #include <gtest/gtest.h>
 
+#include "pipeline/schedule/registry.h"
+
 namespace pp {
 namespace {
+
+// GPipe with the backward split into I then W: valid and lowerable, but the
+// runtime cannot execute I/W yet.
+absl::StatusOr<Schedule> MakeSplitGPipe(const ScheduleOptions& options) {
+  Schedule schedule = EmptyLoopedSchedule("split_gpipe_for_test", options);
+  for (int r = 0; r < options.num_stages; ++r) {
+    for (int mb = 0; mb < options.num_microbatches; ++mb) schedule.ranks[r].push_back(F(r, mb));
+    for (int mb = 0; mb < options.num_microbatches; ++mb) {
+      schedule.ranks[r].push_back(I(r, mb));
+      schedule.ranks[r].push_back(W(r, mb));
+    }
+  }
+  return schedule;
+}
+PP_REGISTER_SCHEDULE("split_gpipe_for_test", "GPipe with I/W, for the capability check",
+                     MakeSplitGPipe);
 
 ExperimentConfig Shipped(const std::string& name) {
   absl::StatusOr<ExperimentConfig> config = LoadExperimentConfig("experiments/configs/" + name);
@@ -119,6 +137,16 @@ TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
              "parallelism.schedule 'interleaved_1f1b' rejects pp=2, num_microbatches=3, chunks=2");
 }
 
+// A schedule the runtime cannot execute is refused at validation (exit 2,
+// before any worker starts), naming the schedule and the action.
+TEST(ExperimentConfigTest, ScheduleTheRuntimeCannotExecute) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_schedule("split_gpipe_for_test");
+  const std::string m = Error(c);
+  EXPECT_HAS(m, "parallelism.schedule: schedule 'split_gpipe_for_test' uses 0I0 on rank 0");
+  EXPECT_HAS(m, "split backward");
+}
+
 TEST(ExperimentConfigTest, MoreStagesThanBlocks) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_pp(8);
@@ -179,6 +207,31 @@ TEST(ExperimentConfigTest, ModelKindMustMatchTheBinary) {
   ExperimentConfig bert = Shipped("bert_small_pp2.textproto");
   ResolveDefaults(bert, ModelKind::kBert);
   EXPECT_HAS(Error(bert, 2, ModelKind::kGpt), "run it with //experiments:train_bert");
+}
+
+// A user's model (ModelKind::kCustom): no gpt/bert section, and the stage
+// count is checked against its own layers.
+TEST(ExperimentConfigTest, CustomModelIsValidatedAgainstItsSpecs) {
+  const std::vector<LayerSpec> specs(
+      3, LayerSpec("Identity", [] { return MakeModuleLayer(torch::nn::Identity()); }));
+  ExperimentConfig c;
+  c.mutable_parallelism()->set_pp(2);
+  ResolveDefaults(c, ModelKind::kCustom);
+  EXPECT_FALSE(c.has_gpt() || c.has_bert());
+  EXPECT_EQ(c.parallelism().partition_method(), "uniform");
+  absl::Status ok = ValidateExperimentConfig(c, ModelKind::kCustom, 2, &specs);
+  EXPECT_TRUE(ok.ok()) << ok;
+  c.mutable_parallelism()->set_pp(4);
+  absl::Status s = ValidateExperimentConfig(c, ModelKind::kCustom, 4, &specs);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(std::string(s.message()),
+             "parallelism.pp (4) x parallelism.chunks (1) = 4 model parts, but the model has only "
+             "3 layers");
+  absl::Status gpt = ValidateExperimentConfig(Gpt(), ModelKind::kCustom, 2, &specs);
+  EXPECT_EQ(gpt.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(std::string(gpt.message()), "run it with //experiments:train_gpt");
+  EXPECT_EQ(ValidateExperimentConfig(c, ModelKind::kCustom, 4).code(),
+            absl::StatusCode::kInternal);  // specs are required
 }
 
 }  // namespace

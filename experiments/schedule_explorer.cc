@@ -5,7 +5,7 @@
 //   bazel run //experiments:schedule_explorer -- --schedule=1f1b --stages=4
 //       --microbatches=8 [--chunks=2] [--group=4] [--costs=F:1,B:2,W:0,comm:0]
 //       [--format=text|json|svg|chrome|csv] [--out=FILE]
-//       [--compare=gpipe,1f1b,interleaved_1f1b] [--list]
+//       [--compare=gpipe,1f1b,interleaved_1f1b] [--defer_receives] [--list]
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "pipeline/schedule/chrome_trace.h"
+#include "pipeline/schedule/defer_receives.h"
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 #include "pipeline/schedule/render.h"
@@ -44,6 +45,9 @@ ABSL_FLAG(std::string, format, "text", "text, json, svg, chrome or csv");
 ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout");
 ABSL_FLAG(std::string, compare, "",
           "comma-separated schedules to compare (makespan, bubble, memory)");
+ABSL_FLAG(bool, defer_receives, false,
+          "lower, then move each receive to just before its consumer (DeferReceives), "
+          "as the runtime executes it by default");
 ABSL_FLAG(bool, list, false, "list the registered schedules and exit");
 
 namespace pp {
@@ -65,6 +69,7 @@ absl::StatusOr<Explored> Explore(const std::string& name, int chunks) {
   PP_ASSIGN_OR_RETURN(out.schedule, MakeSchedule(name, options));
   PP_RETURN_IF_ERROR(ValidateSchedule(out.schedule));
   PP_ASSIGN_OR_RETURN(out.program, Lower(out.schedule));
+  if (absl::GetFlag(FLAGS_defer_receives)) out.program = DeferReceives(out.program);
   PP_ASSIGN_OR_RETURN(SimulationCosts costs, ParseSimulationCosts(absl::GetFlag(FLAGS_costs)));
   costs.blocking_sends = absl::GetFlag(FLAGS_blocking_sends);
   costs.stage_multiplier.assign(out.schedule.num_virtual_stages(), 1.0 / chunks);

@@ -108,10 +108,7 @@ std::string FromWorkspace(const std::string& path) {
   return workspace != nullptr ? (fs::path(workspace) / path).string() : path;
 }
 
-std::string DefaultConfigPath(ModelKind kind) {
-  const std::string relative = kind == ModelKind::kGpt
-                                   ? "experiments/configs/gpt_small_pp2.textproto"
-                                   : "experiments/configs/bert_small_pp2.textproto";
+std::string DefaultConfigPath(const std::string& relative) {
   const std::string from_workspace = FromWorkspace(relative);
   if (fs::exists(from_workspace)) return from_workspace;
   // Run outside `bazel run` (bazel-bin/experiments/train_gpt from anywhere):
@@ -127,14 +124,23 @@ std::string DefaultConfigPath(ModelKind kind) {
   return relative;
 }
 
+std::string DefaultConfigPath(ModelKind kind) {
+  return DefaultConfigPath(kind == ModelKind::kGpt
+                               ? "experiments/configs/gpt_small_pp2.textproto"
+                               : "experiments/configs/bert_small_pp2.textproto");
+}
+
 int WorldSizeFromEnv() {
   const char* world = std::getenv("WORLD_SIZE");
   return world != nullptr ? std::atoi(world) : 0;
 }
 
-absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_size) {
+absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_size,
+                                                    const ExperimentModel* custom) {
   const std::string flag_path = absl::GetFlag(FLAGS_config);
-  const std::string path = flag_path.empty() ? DefaultConfigPath(kind) : FromWorkspace(flag_path);
+  const std::string path = !flag_path.empty()  ? FromWorkspace(flag_path)
+                           : custom != nullptr ? DefaultConfigPath(custom->default_config)
+                                               : DefaultConfigPath(kind);
   PP_ASSIGN_OR_RETURN(ExperimentConfig config, LoadExperimentConfig(path));
   for (const std::string& assignment : absl::GetFlag(FLAGS_set)) {
     PP_RETURN_IF_ERROR(ApplyOverride(config, assignment));
@@ -149,7 +155,12 @@ absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_si
   if (!config.checkpoint().resume().empty() && config.checkpoint().resume() != "auto") {
     config.mutable_checkpoint()->set_resume(FromWorkspace(config.checkpoint().resume()));
   }
-  PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size));
+  if (custom != nullptr) {
+    PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, custom->specs(config));
+    PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size, &specs));
+  } else {
+    PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size));
+  }
   return config;
 }
 
@@ -236,7 +247,22 @@ struct Data {
   int64_t tokens_per_step = 0;             // global
   int64_t corpus_bytes = 0;
   size_t corpus_files = 0;
+  std::string description;  // a custom model's, instead of the corpus line
 };
+
+absl::StatusOr<Data> MakeCustomData(const ExperimentConfig& config, const ExperimentModel& model) {
+  PP_ASSIGN_OR_RETURN(ExperimentData d, model.data(config));
+  if (d.train == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", model.name, "' made no training MicroBatchSource"));
+  }
+  Data data;
+  data.train = std::move(d.train);
+  data.eval = std::move(d.eval);
+  data.tokens_per_step = d.tokens_per_step;
+  data.description = std::move(d.description);
+  return data;
+}
 
 absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
   PP_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(config.data().path()));
@@ -282,7 +308,12 @@ absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
 
 }  // namespace
 
-absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
+absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
+                           const ExperimentModel* custom) {
+  if ((kind == ModelKind::kCustom) != (custom != nullptr)) {
+    return absl::InternalError("RunExperiment: a custom model (only) needs its ExperimentModel");
+  }
+  const std::string model_name = custom != nullptr ? custom->name : ModelKindName(kind);
   const auto& par = config.parallelism();
   const std::chrono::milliseconds timeout(int64_t{1000} * par.timeout_seconds());
   RendezvousOptions ro;
@@ -292,7 +323,9 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topology));
   const bool rank0 = grid.global_rank() == 0;
 
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeExperimentSpecs(config, kind));
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, custom != nullptr
+                                                        ? custom->specs(config)
+                                                        : MakeExperimentSpecs(config, kind));
   PipelineModelOptions mo;
   mo.num_stages = par.pp();
   mo.chunks = par.chunks();
@@ -300,11 +333,14 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   mo.base_seed = config.seed();
   PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
                       PipelineModel::Create(specs, mo, grid.stage_id()));
-  PP_ASSIGN_OR_RETURN(Data data, MakeData(config, kind));
+  PP_ASSIGN_OR_RETURN(Data data,
+                      custom != nullptr ? MakeCustomData(config, *custom) : MakeData(config, kind));
 
   // GPT: the loss also keeps the last stage's logits for sampling.
   PipelineSampler sampler;
-  const LossFn loss_fn = kind == ModelKind::kGpt ? sampler.WrapLoss(GptLoss) : LossFn(BertMlmLoss);
+  const LossFn loss_fn = custom != nullptr         ? custom->loss
+                         : kind == ModelKind::kGpt ? sampler.WrapLoss(GptLoss)
+                                                   : LossFn(BertMlmLoss);
 
   TrainerOptions to;
   to.schedule = par.schedule();
@@ -367,11 +403,13 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
     metrics.open(run_dir / "metrics.jsonl");
     std::cout << absl::StrFormat(
                      "%s: %s, pp=%d x dp=%d, schedule %s, chunks %d, %d micro-batches of %d; "
-                     "corpus %s (%d files, "
-                     "%d bytes); %d tokens/step\n",
-                     config.name(), ModelKindName(kind), par.pp(), par.dp(), par.schedule(),
-                     par.chunks(), par.num_microbatches(), par.micro_batch_size(),
-                     config.data().path(), data.corpus_files, data.corpus_bytes,
+                     "%s; %d tokens/step\n",
+                     config.name(), model_name, par.pp(), par.dp(), par.schedule(), par.chunks(),
+                     par.num_microbatches(), par.micro_batch_size(),
+                     custom != nullptr
+                         ? data.description
+                         : absl::StrFormat("corpus %s (%d files, %d bytes)", config.data().path(),
+                                           data.corpus_files, data.corpus_bytes),
                      data.tokens_per_step)
               << model->PartitionReport() << "run directory: " << run_dir.string() << std::endl;
   }
@@ -450,11 +488,11 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   }
 
   if (rank0) {
-    PP_RETURN_IF_ERROR(WriteFile(
-        run_dir / "loss.svg",
-        LossCurveSvg(absl::StrCat(config.name(), ": ", ModelKindName(kind), " pp=", par.pp(),
-                                  " dp=", par.dp(), " ", par.schedule()),
-                     train_curve, eval_curve)));
+    PP_RETURN_IF_ERROR(
+        WriteFile(run_dir / "loss.svg",
+                  LossCurveSvg(absl::StrCat(config.name(), ": ", model_name, " pp=", par.pp(),
+                                            " dp=", par.dp(), " ", par.schedule()),
+                               train_curve, eval_curve)));
     if (!train_curve.empty()) {
       std::cout << absl::StrFormat("done: %d steps in %s, loss %.4f -> %.4f%s\nrun directory: %s\n",
                                    config.steps(), FormatDuration(train_seconds),
@@ -469,32 +507,44 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind) {
   return absl::OkStatus();
 }
 
-int ExperimentMain(int argc, char** argv, ModelKind kind) {
+namespace {
+
+int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel* custom) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   // The launcher forwards worker output line by line; tell rank 0 whether a
   // person is watching, so it can draw its progress bar on the terminal.
   if (std::getenv("RANK") == nullptr && isatty(STDOUT_FILENO)) setenv("PP_PROGRESS_TTY", "1", 1);
-  MaybeLaunch(argc, argv, [kind] {
+  MaybeLaunch(argc, argv, [kind, custom] {
     // Launcher side: a bad config fails here, before any worker starts.
-    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, 0);
+    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, 0, custom);
     if (!config.ok()) {
       std::cerr << "error: " << config.status().message() << std::endl;
       std::exit(2);
     }
     return config->parallelism().pp() * config->parallelism().dp();
   });
-  absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, WorldSizeFromEnv());
+  absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, WorldSizeFromEnv(), custom);
   if (!config.ok()) {
     std::cerr << "error: " << config.status().message() << std::endl;
     return 2;
   }
-  absl::Status status = RunExperiment(*config, kind);
+  absl::Status status = RunExperiment(*config, kind, custom);
   if (!status.ok()) {
     std::cerr << "error: " << status << std::endl;
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int ExperimentMain(int argc, char** argv, ModelKind kind) {
+  return ExperimentMain(argc, argv, kind, nullptr);
+}
+
+int ExperimentMain(int argc, char** argv, const ExperimentModel& model) {
+  return ExperimentMain(argc, argv, ModelKind::kCustom, &model);
 }
 
 }  // namespace pp

@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 
 namespace pp {
 

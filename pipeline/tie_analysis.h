@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer_spec.h"
 
 namespace pp {
 

@@ -50,7 +50,7 @@ absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::s
                                              int rank, int size, const GroupOptions& options);
 
 // e.what(), without the C++ backtrace c10::Error carries. (Not named
-// ExceptionMessage: pipeline/layer_spec.h has a pp::ExceptionMessage too, and
+// ExceptionMessage: pipeline/layers/layer_spec.h has a pp::ExceptionMessage too, and
 // two definitions of one name break static links of binaries using both.)
 std::string GlooExceptionMessage(const std::exception& e);
 

@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "models/data/sharded_batch_source.h"
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 
 namespace pp {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "pipeline/layer.h"
-#include "pipeline/runtime/stage_executor.h"
+#include "pipeline/layers/layer.h"
+#include "pipeline/runtime/micro_batch_source.h"
 
 namespace pp {
 

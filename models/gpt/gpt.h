@@ -21,8 +21,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "models/transformer.h"
-#include "pipeline/layer.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer.h"
+#include "pipeline/layers/layer_spec.h"
 
 namespace pp {
 

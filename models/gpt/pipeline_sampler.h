@@ -17,7 +17,7 @@
 #include <torch/torch.h>
 
 #include "models/gpt/sample.h"
-#include "pipeline/runtime/stage_executor.h"
+#include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/runtime/trainer.h"
 #include "topology/parallel_grid.h"
 

@@ -16,7 +16,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer_spec.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/runtime/trainer.h"
 #include "topology/parallel_grid.h"

@@ -64,7 +64,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 
 namespace pp {
 

@@ -52,6 +52,8 @@ bool StageExecutor::IsLocal(const StepState& st, int stage) const {
          st.program->stage_to_rank[stage] == rank_;
 }
 
+RuntimeCapabilities StageExecutorCapabilities() { return RuntimeCapabilities{}; }
+
 absl::Status StageExecutor::Validate(const LoweredProgram& program) const {
   if (rank_ < 0 || rank_ >= static_cast<int>(program.ranks.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -74,13 +76,8 @@ absl::Status StageExecutor::Validate(const LoweredProgram& program) const {
           " parts"));
     }
   }
+  PP_RETURN_IF_ERROR(CheckRuntimeSupports(program, StageExecutorCapabilities()));
   for (const Action& a : program.ranks[rank_]) {
-    if (a.type == ActionType::kBackwardInput || a.type == ActionType::kBackwardWeight) {
-      return absl::UnimplementedError(absl::StrCat(
-          "schedule '", program.schedule_name, "' uses ", Name(a),
-          ": split backward (I/W, zero-bubble schedules) is not implemented by the runtime yet; "
-          "use a schedule with full B actions"));
-    }
     if (HasStage(a.type) && !IsTail(a.type) && stages_.count(a.stage) == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("action ", Name(a), " of rank ", rank_,
@@ -314,45 +311,6 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
           absl::StrCat(Name(a), ": split backward (I/W) is not implemented yet"));
   }
   return absl::InternalError(absl::StrCat("unknown action type in ", Name(a)));
-}
-
-LoweredProgram DeferReceives(const LoweredProgram& program) {
-  LoweredProgram out = program;
-  const int last = program.num_virtual_stages() - 1;
-  for (std::vector<Action>& actions : out.ranks) {
-    std::vector<Action> reordered;
-    std::deque<Action> deferred;
-    auto flush_until = [&](const Action* needed) {
-      if (needed != nullptr &&
-          std::find(deferred.begin(), deferred.end(), *needed) == deferred.end())
-        return;
-      while (!deferred.empty()) {
-        const Action r = deferred.front();
-        deferred.pop_front();
-        reordered.push_back(r);
-        if (needed != nullptr && r == *needed) return;
-      }
-    };
-    for (const Action& a : actions) {
-      if (a.type == ActionType::kRecvForward || a.type == ActionType::kRecvBackward) {
-        deferred.push_back(a);
-        continue;
-      }
-      if (a.type == ActionType::kForward && a.stage > 0) {
-        const Action needed{a.stage, ActionType::kRecvForward, a.microbatch};
-        flush_until(&needed);
-      } else if (a.type == ActionType::kBackward && a.stage < last) {
-        const Action needed{a.stage, ActionType::kRecvBackward, a.microbatch};
-        flush_until(&needed);
-      } else if (IsTail(a.type)) {
-        flush_until(nullptr);
-      }
-      reordered.push_back(a);
-    }
-    flush_until(nullptr);
-    actions = std::move(reordered);
-  }
-  return out;
 }
 
 absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int64_t step,

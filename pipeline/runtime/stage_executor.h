@@ -37,33 +37,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
+#include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/runtime/p2p.h"
 #include "pipeline/schedule/action.h"
+#include "pipeline/schedule/capabilities.h"
+#include "pipeline/schedule/defer_receives.h"
 #include "pipeline/schedule/lowering.h"
 
 namespace pp {
-
-// One micro-batch: the first stage's inputs plus the side inputs (labels,
-// masks) with an id. Every rank reading (step, index) must get equal data.
-struct MicroBatchData {
-  Activations inputs;
-  MicroBatch batch;
-};
-
-// A deterministic data source that every rank calls itself. `index` is the
-// micro-batch's index within the global batch of the step (data-parallel
-// replica d reads indices [d * m, (d + 1) * m)). Implementations must be
-// deterministic in (step, index) and set batch.id uniquely per (step, index).
-class MicroBatchSource {
- public:
-  virtual ~MicroBatchSource() = default;
-  virtual absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) = 0;
-};
-
-// The model's loss on the last stage: a scalar from the last stage's outputs
-// and the micro-batch's side inputs (e.g. labels).
-using LossFn = std::function<torch::Tensor(const Activations& outputs, const MicroBatch& batch)>;
 
 // Wall-clock interval of one executed action, for traces and busy/idle time.
 struct ActionTiming {
@@ -94,14 +76,9 @@ struct StageExecutorOptions {
   bool defer_receives = true;
 };
 
-// The program with every RECV moved to just before the first action that
-// needs its data (the F or B of the same stage and micro-batch; all pending
-// ones before the tail), keeping the receives' relative order. A rank then
-// computes what it can before it blocks. Receives stay in program order, so
-// each channel's messages still match in the order they were sent, and since
-// sends are asynchronous a later receive cannot close a cycle of waits. Pure;
-// the simulator can time the same program the runtime executes.
-LoweredProgram DeferReceives(const LoweredProgram& program);
+// What StageExecutor can execute (checked by Validate, and by experiments
+// before they launch workers): no split backward (I/W) yet.
+RuntimeCapabilities StageExecutorCapabilities();
 
 // Executes lowered programs for the virtual stages of one rank. Borrows the
 // modules, the source and the process group; they must outlive it.

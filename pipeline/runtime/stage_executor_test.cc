@@ -188,23 +188,6 @@ TEST(StageExecutorTest, MismatchedMicroBatchIdIsAnError) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-// DeferReceives moves each RECV to just before the compute that needs it,
-// keeping the receives' order and flushing the rest before the tail.
-TEST(StageExecutorTest, DeferReceivesMovesReceivesToTheirConsumers) {
-  LoweredProgram program;
-  program.num_stages = 2;
-  program.num_microbatches = 2;
-  program.stage_to_rank = {0, 1};
-  auto parse = [](const std::string& text) { return *ParseActions(text); };
-  program.ranks = {parse("0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0RECV_B1 0B0 0B1 REDUCE_TIED STEP"),
-                   parse("1RECV_F0 1F0 1RECV_F1 1B0 1SEND_B0 1F1 1B1 1SEND_B1 REDUCE_TIED STEP")};
-  LoweredProgram d = DeferReceives(program);
-  EXPECT_EQ(ActionsToString(d.ranks[0]),
-            "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1 REDUCE_TIED STEP");
-  EXPECT_EQ(ActionsToString(d.ranks[1]),
-            "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1 REDUCE_TIED STEP");
-}
-
 TEST(StageExecutorTest, RejectsSplitBackward) {
   LoweredProgram program;
   program.schedule_name = "zb";

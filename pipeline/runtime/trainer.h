@@ -32,7 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/grad_sync.h"
 #include "pipeline/runtime/optimizer.h"

@@ -8,16 +8,17 @@
 // end). The spec list can be inspected (names, declared parameter counts, tie
 // keys) without building any layer.
 //
+//   auto embedding = [] { return pp::MakeModuleLayer(torch::nn::Embedding(100, 16)); };
 //   std::vector<pp::LayerSpec> specs = {
-//       pp::TiedLayerSpec("embed", [] { return pp::MakeModuleLayer(torch::nn::Embedding(100, 16));
-//       }), pp::LayerSpec("Block", [] { return MakeBlock(16); }), pp::TiedLayerSpec("embed", [] {
-//       return pp::MakeModuleLayer(torch::nn::Embedding(100, 16)); },
-//                         pp::TiedProjection("weight")).WithName("LmHead"),
+//       pp::TiedLayerSpec("embed", embedding),
+//       pp::LayerSpec("Block", [] { return MakeBlock(16); }),
+//       pp::TiedLayerSpec("embed", embedding, pp::TiedProjection("weight")).WithName("LmHead"),
 //   };
 //
-// Next: pipeline/pipeline_model.h (builds one stage's modules from the list).
-#ifndef PIPELINE_LAYER_SPEC_H_
-#define PIPELINE_LAYER_SPEC_H_
+// Next: pipeline/partition/partitioner.h (cuts the list into parts), then
+// pipeline/pipeline_model.h (builds one stage's modules from it).
+#ifndef PIPELINE_LAYERS_LAYER_SPEC_H_
+#define PIPELINE_LAYERS_LAYER_SPEC_H_
 
 #include <cstdint>
 #include <exception>
@@ -29,7 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 
 namespace pp {
 
@@ -139,4 +140,4 @@ std::string ExceptionMessage(const std::exception& e);
 
 }  // namespace pp
 
-#endif  // PIPELINE_LAYER_SPEC_H_
+#endif  // PIPELINE_LAYERS_LAYER_SPEC_H_

@@ -1,4 +1,4 @@
-#include "pipeline/layer.h"
+#include "pipeline/layers/layer.h"
 
 #include <sstream>
 

@@ -1,4 +1,4 @@
-#include "pipeline/layer_spec.h"
+#include "pipeline/layers/layer_spec.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 

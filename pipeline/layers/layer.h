@@ -7,9 +7,9 @@
 // module of one tensor (torch::nn::Linear) or a parameter-free function (GELU,
 // a reshape) into a layer.
 //
-// Next: pipeline/layer_spec.h (how layers are described and built per stage).
-#ifndef PIPELINE_LAYER_H_
-#define PIPELINE_LAYER_H_
+// Next: pipeline/layers/layer_spec.h (how layers are described and built per stage).
+#ifndef PIPELINE_LAYERS_LAYER_H_
+#define PIPELINE_LAYERS_LAYER_H_
 
 #include <cstdint>
 #include <functional>
@@ -113,4 +113,4 @@ using LayerRunner = std::function<Activations(const std::vector<Layer>& layers, 
 
 }  // namespace pp
 
-#endif  // PIPELINE_LAYER_H_
+#endif  // PIPELINE_LAYERS_LAYER_H_

@@ -1,0 +1,24 @@
+#include "pipeline/schedule/capabilities.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pp {
+
+absl::Status CheckRuntimeSupports(const LoweredProgram& program,
+                                  const RuntimeCapabilities& capabilities) {
+  for (size_t rank = 0; rank < program.ranks.size(); ++rank) {
+    for (const Action& a : program.ranks[rank]) {
+      const bool split =
+          a.type == ActionType::kBackwardInput || a.type == ActionType::kBackwardWeight;
+      if (split && !capabilities.split_backward) {
+        return absl::UnimplementedError(absl::StrCat(
+            "schedule '", program.schedule_name, "' uses ", ActionToString(a), " on rank ", rank,
+            ": split backward (I/W, zero-bubble schedules) is not implemented by the runtime "
+            "yet; use a schedule with full B actions"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pp
