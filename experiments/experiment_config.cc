@@ -1,8 +1,10 @@
 #include "experiments/experiment_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <google/protobuf/descriptor.h>
@@ -14,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "experiments/preflight.h"
 #include "models/data/tokenizer.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/runtime/optimizer.h"
@@ -95,6 +98,112 @@ void FillDefaults(gpb::Message& message) {
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
+// An integer field within [lo, hi]; `why` says where a bound comes from.
+absl::Status CheckInt(absl::string_view name, int64_t value, int64_t lo, int64_t hi,
+                      absl::string_view why = "") {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  const bool unbounded = hi == std::numeric_limits<int64_t>::max();
+  std::string rule;
+  if (value < lo) {
+    rule = lo == 0 ? "must not be negative" : absl::StrCat("must be at least ", lo);
+    if (!unbounded) absl::StrAppend(&rule, " and at most ", hi);
+  } else {
+    rule = absl::StrCat("must be at most ", hi);
+  }
+  return Invalid(absl::StrCat(name, " (", value, ") ", rule, why.empty() ? "" : " (", why,
+                              why.empty() ? "" : ")"));
+}
+
+// A real field, finite and within its interval ('(' / '[' open or closed).
+absl::Status CheckReal(absl::string_view name, double value, char open, double lo, double hi,
+                       char close, absl::string_view why = "") {
+  const bool above_lo = open == '(' ? value > lo : value >= lo;
+  const bool below_hi = close == ')' ? value < hi : value <= hi;
+  if (std::isfinite(value) && above_lo && below_hi) return absl::OkStatus();
+  const std::string range = std::isinf(hi) ? absl::StrCat(open == '(' ? "> " : ">= ", lo)
+                                           : absl::StrCat("in ", std::string(1, open), lo, ", ", hi,
+                                                          std::string(1, close));
+  return Invalid(absl::StrCat(name, " (", value, ") must be finite and ", range,
+                              why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
+}
+
+constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
+
+// Every numeric field's range, before anything is built from them (a schedule
+// of 1e9 micro-batches or 1e8 layer specs would exhaust memory first).
+absl::Status CheckRanges(const ExperimentConfig& config) {
+  const auto& par = config.parallelism();
+  struct IntRange {
+    const char* name;
+    int64_t value, lo, hi;
+    const char* why;
+  };
+  const IntRange ints[] = {
+      {"parallelism.pp", par.pp(), 1, 1024, ""},
+      {"parallelism.dp", par.dp(), 1, 1024, ""},
+      {"parallelism.chunks", par.chunks(), 1, 64, ""},
+      {"parallelism.num_microbatches", par.num_microbatches(), 1, 65536,
+       "every rank lists each micro-batch's actions"},
+      {"parallelism.micro_batch_size", par.micro_batch_size(), 1, 1 << 20, ""},
+      {"parallelism.timeout_seconds", par.timeout_seconds(), 1, 86400, "one day"},
+      {"parallelism.activation_checkpointing.interval", par.activation_checkpointing().interval(),
+       0, kUnbounded, ""},
+      {"steps", config.steps(), 1, 1000000000000, ""},
+      {"eval_batches", config.eval_batches(), 1, 1000000, ""},
+      {"eval_interval", config.eval_interval(), 0, kUnbounded, ""},
+      {"log_interval", config.log_interval(), 1, kUnbounded, ""},
+      {"sample_tokens", config.sample_tokens(), 0, 1000000, ""},
+      {"trace_step", config.trace_step(), 0, kUnbounded, ""},
+      {"checkpoint.save_interval", config.checkpoint().save_interval(), 0, kUnbounded, ""},
+      {"checkpoint.keep_last", config.checkpoint().keep_last(), 0, kUnbounded, ""},
+  };
+  for (const IntRange& r : ints) PP_RETURN_IF_ERROR(CheckInt(r.name, r.value, r.lo, r.hi, r.why));
+  if (config.has_gpt() || config.has_bert()) {
+    const std::string m = config.has_gpt() ? "gpt" : "bert";
+    const auto sizes = [&](const auto& g) {
+      return std::vector<IntRange>{
+          {"context_length", g.context_length(), 1, 65536, ""},
+          {"width", g.width(), 1, 65536, ""},
+          {"num_heads", g.num_heads(), 1, std::max<int64_t>(1, g.width()), "at most width"},
+          {"num_layers", g.num_layers(), 1, 100000, ""},
+          {"mlp_ratio", g.mlp_ratio(), 1, 64, ""},
+      };
+    };
+    for (const IntRange& r : config.has_gpt() ? sizes(config.gpt()) : sizes(config.bert())) {
+      PP_RETURN_IF_ERROR(CheckInt(absl::StrCat(m, ".", r.name), r.value, r.lo, r.hi, r.why));
+    }
+    const double dropout = config.has_gpt() ? config.gpt().dropout() : config.bert().dropout();
+    PP_RETURN_IF_ERROR(CheckReal(m + ".dropout", dropout, '[', 0, 1, ')'));
+  }
+  const auto& opt = config.optimizer();
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.lr", opt.lr(), '(', 0, 10, ']'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.weight_decay", opt.weight_decay(), '[', 0, 10, ']'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.beta1", opt.beta1(), '[', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.beta2", opt.beta2(), '[', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.eps", opt.eps(), '(', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.momentum", opt.momentum(), '[', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.max_grad_norm", opt.max_grad_norm(), '[', 0,
+                               std::numeric_limits<double>::infinity(), ']', "0 = no clipping"));
+  const auto& lr = config.lr_schedule();
+  PP_RETURN_IF_ERROR(CheckInt("lr_schedule.warmup_steps", lr.warmup_steps(), 0, kUnbounded));
+  if (lr.name() == "warmup_cosine") {
+    PP_RETURN_IF_ERROR(CheckReal("lr_schedule.min_lr", lr.min_lr(), '[', 0, opt.lr(), ']',
+                                 "at most optimizer.lr, the cosine's start"));
+  } else {
+    PP_RETURN_IF_ERROR(CheckReal("lr_schedule.min_lr", lr.min_lr(), '[', 0,
+                                 std::numeric_limits<double>::infinity(), ']'));
+  }
+  PP_RETURN_IF_ERROR(
+      CheckReal("data.eval_fraction", config.data().eval_fraction(), '[', 0, 0.5, ')'));
+  PP_RETURN_IF_ERROR(CheckInt("sample_top_k", config.sample_top_k(), 1, kUnbounded, "1 = greedy"));
+  PP_RETURN_IF_ERROR(
+      CheckReal("sample_temperature", config.sample_temperature(), '(', 0, 100, ']'));
+  if (config.has_bert()) {
+    PP_RETURN_IF_ERROR(CheckReal("bert.mask_prob", config.bert().mask_prob(), '(', 0, 1, ']'));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* ModelKindName(ModelKind kind) {
@@ -122,6 +231,13 @@ absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text) 
 }
 
 absl::StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config '", path, "' is not a regular file (",
+        std::filesystem::is_directory(path, ec) ? "a directory" : "a FIFO, device or socket",
+        "); pass --config=experiments/configs/<name>.textproto"));
+  }
   std::ifstream in(path);
   if (!in) {
     return absl::NotFoundError(absl::StrCat(
@@ -248,27 +364,10 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     return Invalid(
         "this config describes a GPT model (gpt { ... }); run it with //experiments:train_gpt");
   }
+  PP_RETURN_IF_ERROR(CheckRanges(config));
+  // Before the schedule's action lists and the layer specs are built.
+  PP_RETURN_IF_ERROR(CheckMemory(config, world_size > 0 ? TotalMemoryBytes() : -1));
   const auto& par = config.parallelism();
-  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"parallelism.pp", par.pp()},
-                                    {"parallelism.dp", par.dp()},
-                                    {"parallelism.chunks", par.chunks()},
-                                    {"parallelism.num_microbatches", par.num_microbatches()},
-                                    {"parallelism.micro_batch_size", par.micro_batch_size()},
-                                    {"parallelism.timeout_seconds", par.timeout_seconds()},
-                                    {"steps", config.steps()},
-                                    {"eval_batches", config.eval_batches()}}) {
-    if (value < 1) return Invalid(absl::StrCat(name, " (", value, ") must be at least 1"));
-  }
-  for (const auto& [name, value] :
-       {std::pair<const char*, int64_t>{"eval_interval", config.eval_interval()},
-        {"log_interval", config.log_interval()},
-        {"sample_tokens", config.sample_tokens()},
-        {"checkpoint.save_interval", config.checkpoint().save_interval()},
-        {"checkpoint.keep_last", config.checkpoint().keep_last()},
-        {"parallelism.activation_checkpointing.interval",
-         par.activation_checkpointing().interval()}}) {
-    if (value < 0) return Invalid(absl::StrCat(name, " (", value, ") must not be negative"));
-  }
   if (world_size > 0 && par.pp() * par.dp() != world_size) {
     return Invalid(absl::StrCat(
         "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ", par.pp() * par.dp(),
@@ -377,10 +476,6 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     return Invalid(absl::StrCat("lr_schedule: ", s.message(),
                                 " (lr_schedule.warmup_steps must be below steps; lower it with "
                                 "--set=lr_schedule.warmup_steps=N or run more --steps)"));
-  }
-  if (config.optimizer().max_grad_norm() < 0) {
-    return Invalid(absl::StrCat("optimizer.max_grad_norm (", config.optimizer().max_grad_norm(),
-                                ") must be >= 0 (0 = no clipping)"));
   }
 
   std::error_code ec;

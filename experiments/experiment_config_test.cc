@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -200,6 +201,98 @@ TEST(ExperimentConfigTest, OtherBadFieldsAreNamed) {
   c = Gpt();
   c.mutable_checkpoint()->set_keep_last(-1);
   EXPECT_HAS(Error(c), "checkpoint.keep_last (-1) must not be negative");
+}
+
+// Every numeric field has a checked range, named in the error: values that
+// used to train garbage with exit 0 or crash a worker (issue #14).
+TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
+  struct Case {
+    std::string assignment;  // applied to the shipped gpt_small_pp2
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"optimizer.lr=inf", "optimizer.lr (inf) must be finite and in (0, 10]"},
+      {"optimizer.lr=1e30", "optimizer.lr (1e+30) must be finite and in (0, 10]"},
+      {"optimizer.lr=0", "optimizer.lr (0) must be finite and in (0, 10]"},
+      {"optimizer.lr=-1", "optimizer.lr (-1)"},
+      {"lr_schedule.min_lr=-0.1", "lr_schedule.min_lr (-0.1) must be finite and in [0, 0.003]"},
+      {"lr_schedule.min_lr=0.01", "lr_schedule.min_lr (0.01) must be finite and in [0, 0.003]"},
+      {"optimizer.max_grad_norm=nan",
+       "optimizer.max_grad_norm (nan) must be finite and >= 0 (0 = no clipping)"},
+      {"optimizer.max_grad_norm=-1", "optimizer.max_grad_norm (-1)"},
+      {"optimizer.eps=1e400", "optimizer.eps (inf) must be finite and in (0, 1)"},
+      {"optimizer.eps=-1e-8", "optimizer.eps (-1e-08)"},
+      {"optimizer.eps=nan", "optimizer.eps (nan)"},
+      {"optimizer.beta1=1", "optimizer.beta1 (1) must be finite and in [0, 1)"},
+      {"optimizer.beta2=1.57", "optimizer.beta2 (1.57) must be finite and in [0, 1)"},
+      {"optimizer.momentum=-0.5", "optimizer.momentum (-0.5)"},
+      {"optimizer.weight_decay=inf", "optimizer.weight_decay (inf)"},
+      {"log_interval=0", "log_interval (0) must be at least 1"},
+      {"steps=0", "steps (0) must be at least 1"},
+      {"eval_batches=0", "eval_batches (0) must be at least 1"},
+      {"eval_interval=-1", "eval_interval (-1) must not be negative"},
+      {"trace_step=-1", "trace_step (-1) must not be negative"},
+      {"sample_tokens=-5", "sample_tokens (-5) must not be negative and at most 1000000"},
+      {"sample_temperature=nan", "sample_temperature (nan)"},
+      {"parallelism.num_microbatches=1000000000",
+       "parallelism.num_microbatches (1000000000) must be at most 65536"},
+      {"parallelism.micro_batch_size=-2", "parallelism.micro_batch_size (-2) must be at least 1"},
+      {"parallelism.dp=0", "parallelism.dp (0) must be at least 1 and at most 1024"},
+      {"parallelism.chunks=1000", "parallelism.chunks (1000) must be at most 64"},
+      {"parallelism.timeout_seconds=0", "parallelism.timeout_seconds (0) must be at least 1"},
+      {"gpt.num_layers=100000000", "gpt.num_layers (100000000) must be at most 100000"},
+      {"gpt.num_layers=0", "gpt.num_layers (0) must be at least 1"},
+      {"gpt.width=-128", "gpt.width (-128) must be at least 1"},
+      {"gpt.num_heads=0", "gpt.num_heads (0) must be at least 1"},
+      {"gpt.num_heads=256", "gpt.num_heads (256) must be at most 128 (at most width)"},
+      {"gpt.context_length=10000000", "gpt.context_length (10000000) must be at most 65536"},
+      {"gpt.mlp_ratio=0", "gpt.mlp_ratio (0)"},
+      {"gpt.dropout=nan", "gpt.dropout (nan) must be finite and in [0, 1)"},
+      {"gpt.dropout=1", "gpt.dropout (1)"},
+      {"data.eval_fraction=0.5", "data.eval_fraction (0.5) must be finite and in [0, 0.5)"},
+      {"lr_schedule.warmup_steps=-1", "lr_schedule.warmup_steps (-1) must not be negative"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.assignment);
+    ExperimentConfig config = Gpt();
+    ASSERT_TRUE(ApplyOverride(config, c.assignment).ok());
+    EXPECT_HAS(Error(config), c.message);
+  }
+  // A constant schedule never reaches min_lr: only its sign is checked.
+  ExperimentConfig constant = Gpt();
+  ASSERT_TRUE(ApplyOverride(constant, "lr_schedule.name=constant").ok());
+  ASSERT_TRUE(ApplyOverride(constant, "lr_schedule.min_lr=0.01").ok());
+  EXPECT_TRUE(ValidateExperimentConfig(constant, ModelKind::kGpt, 2).ok());
+  // The edges that are valid.
+  ExperimentConfig edges = Gpt();
+  for (const char* a : {"optimizer.lr=10", "lr_schedule.min_lr=0", "optimizer.max_grad_norm=0",
+                        "optimizer.beta1=0", "log_interval=1", "optimizer.eps=0.5"}) {
+    ASSERT_TRUE(ApplyOverride(edges, a).ok());
+  }
+  EXPECT_TRUE(ValidateExperimentConfig(edges, ModelKind::kGpt, 2).ok())
+      << ValidateExperimentConfig(edges, ModelKind::kGpt, 2);
+}
+
+// A model too big for the machine is refused with the estimate, before the
+// specs or the schedule are built.
+TEST(ExperimentConfigTest, ModelBeyondMemoryIsRefusedNamingTheEstimate) {
+  ExperimentConfig c = Gpt();
+  c.mutable_gpt()->set_num_layers(50000);
+  c.mutable_gpt()->set_width(8192);
+  c.mutable_gpt()->set_num_heads(64);
+  c.mutable_parallelism()->set_partition_method("uniform");
+  EXPECT_HAS(Error(c), "the run needs an estimated ");
+}
+
+TEST(ExperimentConfigTest, ConfigThatIsADirectoryIsRefused) {
+  absl::StatusOr<ExperimentConfig> c = LoadExperimentConfig("experiments/configs");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(std::string(c.status().message()),
+             "config 'experiments/configs' is not a regular file (a directory)");
+  c = LoadExperimentConfig("/dev/null");
+  EXPECT_HAS(std::string(c.status().message()), "config '/dev/null' is not a regular file");
+  EXPECT_EQ(LoadExperimentConfig("/no/such.textproto").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(ExperimentConfigTest, ModelKindMustMatchTheBinary) {

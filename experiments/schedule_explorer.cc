@@ -4,6 +4,7 @@
 //
 //   bazel run //experiments:schedule_explorer -- --schedule=1f1b --stages=4
 //       --microbatches=8 [--chunks=2] [--group=4] [--costs=F:1,B:2,W:0,comm:0]
+//       [--memory_split=I:42,W:32]
 //       [--format=text|json|svg|chrome|csv] [--out=FILE]
 //       [--compare=gpipe,1f1b,interleaved_1f1b] [--defer_receives] [--list]
 #include <cstdio>
@@ -37,14 +38,20 @@ ABSL_FLAG(int, chunks, 1, "model chunks (virtual stages) per rank, v");
 ABSL_FLAG(int, group, 0, "micro-batch group size for interleaved schedules (0 = p)");
 ABSL_FLAG(std::string, costs, "F:1,B:2,I:1,W:1,comm:0",
           "costs of one micro-batch through one rank's share of the model "
-          "(with v chunks each chunk's action costs 1/v of it), and per message");
+          "(with v chunks each chunk's action costs 1/v of it), and per message; "
+          "a missing B is I + W");
+ABSL_FLAG(std::string, memory_split, "I:42,W:32",
+          "parts of one forward's activations freed by I and by W (the zero-bubble "
+          "paper's 74 = 42 + 32); a full B frees all of it");
 ABSL_FLAG(bool, blocking_sends, false,
           "simulate rendezvous sends (a SEND waits for its RECV) instead of "
           "buffered ones");
 ABSL_FLAG(std::string, format, "text", "text, json, svg, chrome or csv");
 ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout");
 ABSL_FLAG(std::string, compare, "",
-          "comma-separated schedules to compare (makespan, bubble, memory)");
+          "comma-separated schedules to compare: makespan, bubble, inner (the idle "
+          "share left when steps overlap: idle between each rank's first and last "
+          "compute), peak in-flight activations and peak memory per rank");
 ABSL_FLAG(bool, defer_receives, false,
           "lower, then move each receive to just before its consumer (DeferReceives), "
           "as the runtime executes it by default");
@@ -56,6 +63,7 @@ namespace {
 struct Explored {
   Schedule schedule;
   LoweredProgram program;
+  SimulationCosts costs;
   SimulationResult sim;
 };
 
@@ -70,8 +78,10 @@ absl::StatusOr<Explored> Explore(const std::string& name, int chunks) {
   PP_RETURN_IF_ERROR(ValidateSchedule(out.schedule));
   PP_ASSIGN_OR_RETURN(out.program, Lower(out.schedule));
   if (absl::GetFlag(FLAGS_defer_receives)) out.program = DeferReceives(out.program);
-  PP_ASSIGN_OR_RETURN(SimulationCosts costs, ParseSimulationCosts(absl::GetFlag(FLAGS_costs)));
+  PP_ASSIGN_OR_RETURN(out.costs, ParseSimulationCosts(absl::GetFlag(FLAGS_costs)));
+  SimulationCosts& costs = out.costs;
   costs.blocking_sends = absl::GetFlag(FLAGS_blocking_sends);
+  PP_ASSIGN_OR_RETURN(costs.memory, ParseMemorySplit(absl::GetFlag(FLAGS_memory_split)));
   costs.stage_multiplier.assign(out.schedule.num_virtual_stages(), 1.0 / chunks);
   PP_ASSIGN_OR_RETURN(out.sim, SimulateProgram(out.program, costs));
   return out;
@@ -87,6 +97,14 @@ nlohmann::json RankLists(const RankActions& ranks) {
   return out;
 }
 
+// Peak memory per rank divided by `chunks` (so in units of one rank's share of
+// the model's activations for one micro-batch), 2 decimals at most.
+std::string MemoryList(const std::vector<double>& memory, int chunks, const char* separator) {
+  return absl::StrJoin(memory, separator, [chunks](std::string* out, double m) {
+    absl::StrAppend(out, absl::StrFormat("%.3g", m / chunks));
+  });
+}
+
 std::string Title(const Schedule& s) {
   return absl::StrFormat("%s: p=%d, m=%d, v=%d", s.name, s.num_stages, s.num_microbatches,
                          s.num_chunks);
@@ -95,18 +113,23 @@ std::string Title(const Schedule& s) {
 std::string Render(const Explored& e, const std::string& format) {
   const Schedule& s = e.schedule;
   if (format == "json") {
-    nlohmann::json j = {{"schedule", s.name},
-                        {"stages", s.num_stages},
-                        {"microbatches", s.num_microbatches},
-                        {"chunks", s.num_chunks},
-                        {"ranks", RankLists(s.ranks)},
-                        {"lowered", RankLists(e.program.ranks)},
-                        {"simulation",
-                         {{"makespan", e.sim.makespan},
-                          {"bubble_fraction", e.sim.bubble_fraction},
-                          {"busy", e.sim.busy},
-                          {"idle", e.sim.idle},
-                          {"peak_inflight", e.sim.peak_inflight}}}};
+    nlohmann::json j = {
+        {"schedule", s.name},
+        {"stages", s.num_stages},
+        {"microbatches", s.num_microbatches},
+        {"chunks", s.num_chunks},
+        {"ranks", RankLists(s.ranks)},
+        {"lowered", RankLists(e.program.ranks)},
+        {"simulation",
+         {{"makespan", e.sim.makespan},
+          {"bubble_fraction", e.sim.bubble_fraction},
+          {"busy", e.sim.busy},
+          {"idle", e.sim.idle},
+          {"peak_inflight", e.sim.peak_inflight},
+          {"inner_idle", e.sim.inner_idle},
+          {"peak_memory", e.sim.peak_memory},
+          {"peak_memory_units", "one virtual stage's activations for one micro-batch"},
+          {"memory_split", {{"I", e.costs.memory.input}, {"W", e.costs.memory.weight}}}}}};
     return j.dump() + "\n";
   }
   if (format == "svg") {
@@ -125,18 +148,20 @@ std::string Render(const Explored& e, const std::string& format) {
     absl::StrAppend(&text, "  rank ", r, ": ", ActionsToString(e.program.ranks[r]), "\n");
   }
   absl::StrAppend(
-      &text, absl::StrFormat("\nmakespan %g  bubble %.4f  busy [%s]  peak in-flight [%s]\n",
-                             e.sim.makespan, e.sim.bubble_fraction, absl::StrJoin(e.sim.busy, ", "),
-                             absl::StrJoin(e.sim.peak_inflight, ", ")));
+      &text, absl::StrFormat(
+                 "\nmakespan %g  bubble %.4f  busy [%s]  peak in-flight [%s]  peak memory [%s]\n",
+                 e.sim.makespan, e.sim.bubble_fraction, absl::StrJoin(e.sim.busy, ", "),
+                 absl::StrJoin(e.sim.peak_inflight, ", "), MemoryList(e.sim.peak_memory, 1, ", ")));
   return text;
 }
 
 std::string Compare(const std::vector<std::string>& names) {
   std::string out = absl::StrFormat(
-      "p=%d m=%d costs %s%s\n%-18s %3s %10s %8s %20s %16s\n", absl::GetFlag(FLAGS_stages),
-      absl::GetFlag(FLAGS_microbatches), absl::GetFlag(FLAGS_costs),
-      absl::GetFlag(FLAGS_blocking_sends) ? " (blocking sends)" : "", "schedule", "v", "makespan",
-      "bubble", "peak act (chunks)", "peak (x stage)");
+      "p=%d m=%d costs %s%s memory split %s\n%-18s %3s %10s %8s %8s %20s %16s %26s\n",
+      absl::GetFlag(FLAGS_stages), absl::GetFlag(FLAGS_microbatches), absl::GetFlag(FLAGS_costs),
+      absl::GetFlag(FLAGS_blocking_sends) ? " (blocking sends)" : "",
+      absl::GetFlag(FLAGS_memory_split), "schedule", "v", "makespan", "bubble", "inner",
+      "peak act (chunks)", "peak (x stage)", "peak memory (x stage)");
   for (const std::string& name : names) {
     // Schedules with one chunk per rank are compared at v = 1.
     const int chunks = absl::GetFlag(FLAGS_chunks);
@@ -150,11 +175,18 @@ std::string Compare(const std::vector<std::string>& names) {
     }
     int peak = 0;
     for (int v : e->sim.peak_inflight) peak = std::max(peak, v);
+    double inner_idle = 0;
+    for (double idle : e->sim.inner_idle) inner_idle += idle;
+    const double inner =
+        e->sim.makespan > 0 ? inner_idle / (e->schedule.num_stages * e->sim.makespan) : 0;
     absl::StrAppend(
-        &out, absl::StrFormat("%-18s %3d %10g %7.1f%% %20s %16g\n", name, e->schedule.num_chunks,
-                              e->sim.makespan, 100 * e->sim.bubble_fraction,
-                              absl::StrCat("[", absl::StrJoin(e->sim.peak_inflight, ","), "]"),
-                              static_cast<double>(peak) / e->schedule.num_chunks));
+        &out,
+        absl::StrFormat(
+            "%-18s %3d %10g %7.1f%% %7.1f%% %20s %16g %26s\n", name, e->schedule.num_chunks,
+            e->sim.makespan, 100 * e->sim.bubble_fraction, 100 * inner,
+            absl::StrCat("[", absl::StrJoin(e->sim.peak_inflight, ","), "]"),
+            static_cast<double>(peak) / e->schedule.num_chunks,
+            absl::StrCat("[", MemoryList(e->sim.peak_memory, e->schedule.num_chunks, ","), "]")));
   }
   return out;
 }

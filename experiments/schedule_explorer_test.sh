@@ -54,6 +54,32 @@ python3 -c "import json,sys; t=json.load(open(sys.argv[1])); assert sum(e['ph']=
 grep -qE '^1f1b +1 +33 ' "$tmp/cmp.txt" || fail "compare: $(cat "$tmp/cmp.txt")"
 grep -qE '^interleaved_1f1b +2 ' "$tmp/cmp.txt" || fail "compare lacks interleaved"
 
+# Zero-bubble schedules: I/W costs (B defaults to I + W), the memory model per
+# rank in the JSON, the settable split, and the compare table.
+"$explorer" --schedule=zb_h1 --stages=4 --microbatches=8 --costs=F:1,I:1,W:1 --format=json \
+  > "$tmp/zb.json"
+"$explorer" --schedule=zb_h1 --stages=4 --microbatches=8 --costs=F:1,I:1,W:1 --format=json \
+  --memory_split=I:0,W:1 > "$tmp/zb_nofree.json"
+python3 - "$tmp/zb.json" "$tmp/zb_nofree.json" <<'PY'
+import json, sys
+zb, nofree = (json.load(open(f))["simulation"] for f in sys.argv[1:3])
+assert zb["makespan"] == 27 and zb["peak_inflight"] == [4, 4, 4, 4], zb
+assert abs(zb["peak_memory"][3] - (1 + 3 * 32 / 74)) < 1e-9, zb["peak_memory"]
+assert zb["memory_split"] == {"I": 42, "W": 32}, zb
+assert zb["inner_idle"] == [3, 2, 1, 0], zb
+assert nofree["peak_memory"] == [4, 4, 4, 4], nofree
+PY
+"$explorer" --compare=1f1b,zb_h1,zb_h2 --costs=F:1,I:1,W:1 > "$tmp/zbcmp.txt"
+grep -qE '^1f1b +1 +33 +27.3% +13.6% ' "$tmp/zbcmp.txt" || fail "zb compare: $(cat "$tmp/zbcmp.txt")"
+grep -qE '^zb_h1 +1 +27 +11.1% +5.6% +\[4,4,4,4\] +4 +\[4,3.43,2.86,2.3\]$' "$tmp/zbcmp.txt" \
+  || fail "zb_h1 row: $(cat "$tmp/zbcmp.txt")"
+grep -qE '^zb_h2 +1 +27 +11.1% +0.0% +\[7,7,7,7\] ' "$tmp/zbcmp.txt" \
+  || fail "zb_h2 row: $(cat "$tmp/zbcmp.txt")"
+if "$explorer" --schedule=zb_h1 --memory_split=I:0,W:0 2> "$tmp/err.txt"; then
+  fail "accepted a zero memory split"
+fi
+grep -q 'I + W must be > 0' "$tmp/err.txt" || fail "memory split error: $(cat "$tmp/err.txt")"
+
 # Rejected options: a message naming the rule, non-zero exit.
 if "$explorer" --schedule=interleaved_1f1b --stages=4 --microbatches=6 --chunks=2 \
      2> "$tmp/err.txt"; then

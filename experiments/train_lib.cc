@@ -25,6 +25,7 @@
 #include "checkpoint/trainer_checkpoint.h"
 #include "common/status_macros.h"
 #include "experiments/loss_curve.h"
+#include "experiments/preflight.h"
 #include "models/data/corpus.h"
 #include "models/data/lm_data.h"
 #include "models/data/mlm_data.h"
@@ -515,9 +516,14 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
   // The launcher forwards worker output line by line; tell rank 0 whether a
   // person is watching, so it can draw its progress bar on the terminal.
   if (std::getenv("RANK") == nullptr && isatty(STDOUT_FILENO)) setenv("PP_PROGRESS_TTY", "1", 1);
-  MaybeLaunch(argc, argv, [kind, custom] {
-    // Launcher side: a bad config fails here, before any worker starts.
+  MaybeLaunch(argc, argv, [kind, custom, argc, argv] {
+    // Launcher side: a bad config, data path, output_dir or command line fails
+    // here, before any worker starts (experiments/preflight.h).
     absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, 0, custom);
+    if (absl::Status s = config.ok() ? Preflight(*config, {argv, argv + argc}) : absl::OkStatus();
+        !s.ok()) {
+      config = absl::StatusOr<ExperimentConfig>(s);
+    }
     if (!config.ok()) {
       std::cerr << "error: " << config.status().message() << std::endl;
       std::exit(2);

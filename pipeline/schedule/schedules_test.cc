@@ -21,7 +21,8 @@ std::string Rank(const Schedule& s, int r) { return ActionsToString(s.ranks[r]);
 
 TEST(RegistryTest, ListsBuiltInsAndRejectsUnknownNames) {
   std::vector<std::string> names = RegisteredScheduleNames();
-  for (const char* name : {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference"}) {
+  for (const char* name :
+       {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference", "zb_h1", "zb_h2"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
   }
   absl::StatusOr<Schedule> s = MakeSchedule("2f2b", {});
@@ -137,6 +138,50 @@ TEST(InferenceTest, ForwardOnlyInOrder) {
   EXPECT_TRUE(s.forward_only);
   EXPECT_EQ(Rank(s, 0), "0F0 0F1 0F2");
   EXPECT_EQ(Rank(s, 1), "1F0 1F1 1F2");
+}
+
+// zb_h1, p = 4, m = 8, by hand from the rule in zero_bubble.cc: rank r warms
+// up with p - 1 - r forwards (1F1B's), then F, I pairs; a W follows an I once
+// more than r I's wait for their W; the remaining W's close the rank.
+TEST(ZeroBubbleTest, H1OrderFourStagesEightMicrobatches) {
+  Schedule s = MustMake("zb_h1", 4, 8);
+  // r = 0: delay 0, every I is followed by its W.
+  EXPECT_EQ(Rank(s, 0),
+            "0F0 0F1 0F2 0F3 0I0 0W0 0F4 0I1 0W1 0F5 0I2 0W2 0F6 0I3 0W3 0F7 0I4 0W4 "
+            "0I5 0W5 0I6 0W6 0I7 0W7");
+  // r = 1: warm-up 2, the first W after the second I.
+  EXPECT_EQ(Rank(s, 1),
+            "1F0 1F1 1F2 1I0 1F3 1I1 1W0 1F4 1I2 1W1 1F5 1I3 1W2 1F6 1I4 1W3 1F7 1I5 1W4 "
+            "1I6 1W5 1I7 1W6 1W7");
+  // r = 3: no warm-up; W0 waits for four I's; three W's at the end.
+  EXPECT_EQ(Rank(s, 3),
+            "3F0 3I0 3F1 3I1 3F2 3I2 3F3 3I3 3W0 3F4 3I4 3W1 3F5 3I5 3W2 3F6 3I6 3W3 3F7 3I7 "
+            "3W4 3W5 3W6 3W7");
+}
+
+// zb_h2, p = 4, m = 8: warm-up 2(p - 1 - r), W delay 2r.
+TEST(ZeroBubbleTest, H2OrderFourStagesEightMicrobatches) {
+  Schedule s = MustMake("zb_h2", 4, 8);
+  EXPECT_EQ(Rank(s, 0),
+            "0F0 0F1 0F2 0F3 0F4 0F5 0F6 0I0 0W0 0F7 0I1 0W1 0I2 0W2 0I3 0W3 0I4 0W4 "
+            "0I5 0W5 0I6 0W6 0I7 0W7");
+  EXPECT_EQ(Rank(s, 2),
+            "2F0 2F1 2F2 2I0 2F3 2I1 2F4 2I2 2F5 2I3 2F6 2I4 2W0 2F7 2I5 2W1 2I6 2W2 2I7 2W3 "
+            "2W4 2W5 2W6 2W7");
+  EXPECT_EQ(Rank(s, 3),
+            "3F0 3I0 3F1 3I1 3F2 3I2 3F3 3I3 3F4 3I4 3F5 3I5 3F6 3I6 3W0 3F7 3I7 3W1 "
+            "3W2 3W3 3W4 3W5 3W6 3W7");
+}
+
+TEST(ZeroBubbleTest, FewMicrobatchesAndChunksRejected) {
+  Schedule s = MustMake("zb_h2", 4, 2);
+  EXPECT_EQ(Rank(s, 0), "0F0 0F1 0I0 0W0 0I1 0W1");  // warm-up min(6, 2)
+  EXPECT_EQ(Rank(s, 3), "3F0 3I0 3F1 3I1 3W0 3W1");  // delay 6 > m
+  for (const char* name : {"zb_h1", "zb_h2"}) {
+    absl::StatusOr<Schedule> bad = MakeSchedule(name, {4, 8, 2, 0});
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("num_chunks (2)"));
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ namespace pp {
 
 absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
   SimulationCosts costs;
+  bool backward_given = false;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
     double value = 0;
@@ -24,6 +25,7 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
       costs.forward = value;
     } else if (kv[0] == "B") {
       costs.backward = value;
+      backward_given = true;
     } else if (kv[0] == "I") {
       costs.backward_input = value;
     } else if (kv[0] == "W") {
@@ -35,7 +37,35 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
                                                      "\": valid keys are F, B, I, W, comm"));
     }
   }
+  if (!backward_given) costs.backward = costs.backward_input + costs.backward_weight;
   return costs;
+}
+
+absl::StatusOr<MemorySplit> ParseMemorySplit(absl::string_view text) {
+  MemorySplit split;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
+    double value = 0;
+    if (kv.size() != 2 || !absl::SimpleAtod(kv[1], &value) || value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad memory split part \"", item, "\" in \"", text,
+                       "\": expected KEY:VALUE with KEY in I, W and VALUE >= 0"));
+    }
+    if (kv[0] == "I") {
+      split.input = value;
+    } else if (kv[0] == "W") {
+      split.weight = value;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown memory split key \"", kv[0],
+                                                     "\" in \"", text, "\": valid keys are I, W"));
+    }
+  }
+  if (split.input + split.weight <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("memory split \"", text,
+                                                   "\": I + W must be > 0 (the parts of one F's "
+                                                   "activations freed by I and by W)"));
+  }
+  return split;
 }
 
 absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
@@ -45,6 +75,13 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
       costs.backward_weight < 0 || costs.comm < 0) {
     return absl::InvalidArgumentError("simulation costs must be >= 0");
   }
+  if (costs.memory.input < 0 || costs.memory.weight < 0 ||
+      costs.memory.input + costs.memory.weight <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("memory split I:", costs.memory.input,
+                                                   ",W:", costs.memory.weight,
+                                                   ": both parts must be >= 0 and their sum > 0"));
+  }
+  const double input_frees = costs.memory.InputFraction();
   if (!costs.stage_multiplier.empty() &&
       static_cast<int>(costs.stage_multiplier.size()) != num_virtual) {
     return absl::InvalidArgumentError(
@@ -80,8 +117,12 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
   result.busy.assign(p, 0);
   result.idle.assign(p, 0);
   result.peak_inflight.assign(p, 0);
+  result.peak_memory.assign(p, 0);
+  result.inner_idle.assign(p, 0);
   for (int r = 0; r < p; ++r) {
     int inflight = 0;
+    double memory = 0;
+    double first_start = -1, last_end = 0;
     for (int i = 0; i < static_cast<int>(program.ranks[r].size()); ++i) {
       const Action& a = program.ranks[r][i];
       result.makespan = std::max(result.makespan, ex.end[r][i]);
@@ -89,17 +130,36 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
       result.timeline.push_back({r, ActionToString(a), ex.start[r][i], ex.end[r][i]});
       if (!IsCompute(a.type)) continue;
       result.busy[r] += ex.end[r][i] - ex.start[r][i];
-      if (a.type == ActionType::kForward) {
-        result.peak_inflight[r] = std::max(result.peak_inflight[r], ++inflight);
-      } else if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight) {
-        --inflight;
+      if (first_start < 0) first_start = ex.start[r][i];
+      last_end = std::max(last_end, ex.end[r][i]);
+      switch (a.type) {
+        case ActionType::kForward:
+          result.peak_inflight[r] = std::max(result.peak_inflight[r], ++inflight);
+          memory += 1;
+          result.peak_memory[r] = std::max(result.peak_memory[r], memory);
+          break;
+        case ActionType::kBackward:
+          --inflight;
+          memory -= 1;
+          break;
+        case ActionType::kBackwardInput:
+          memory -= input_frees;
+          break;
+        case ActionType::kBackwardWeight:
+          --inflight;
+          memory -= 1 - input_frees;
+          break;
+        default:
+          break;
       }
     }
+    if (first_start >= 0) result.inner_idle[r] = last_end - first_start - result.busy[r];
   }
   // Forward-only programs free activations as they go: one at a time.
   if (program.forward_only) {
     for (int r = 0; r < p; ++r) {
       result.peak_inflight[r] = std::min(result.peak_inflight[r], 1);
+      result.peak_memory[r] = std::min(result.peak_memory[r], 1.0);
     }
   }
   double total_idle = 0;

@@ -8,6 +8,14 @@
 // send models); tail actions take no time. Busy time counts compute
 // only. A forward's activations are in flight from its F until its B (or W
 // when the backward is split).
+//
+// Memory model (per rank, in units of one virtual stage's activations for one
+// micro-batch): F adds 1; a full B frees 1; a split backward frees
+// `MemorySplit::InputFraction()` at its I and the rest at its W (what I keeps
+// for W: the inputs of the weight gradients). The zero-bubble paper's
+// per-layer figures (arXiv 2401.10241, section 2: activations 74 units of
+// which the weight gradients need 32) give the default: I frees 42/74, W
+// 32/74. Peak memory is the maximum, after each F, of the running sum.
 #ifndef PIPELINE_SCHEDULE_SIMULATOR_H_
 #define PIPELINE_SCHEDULE_SIMULATOR_H_
 
@@ -20,6 +28,18 @@
 #include "pipeline/schedule/schedule.h"
 
 namespace pp {
+
+// How a split backward frees a forward's activations: I frees
+// input / (input + weight) of them, W the rest. Parts, not fractions.
+struct MemorySplit {
+  double input = 42;   // freed by I
+  double weight = 32;  // freed by W (held from I to W)
+  double InputFraction() const { return input / (input + weight); }
+};
+
+// "I:42,W:32" (keys I and W, values >= 0, not both 0; missing keys keep their
+// defaults). InvalidArgument names a bad key or value.
+absl::StatusOr<MemorySplit> ParseMemorySplit(absl::string_view text);
 
 struct SimulationCosts {
   double forward = 1;          // F
@@ -37,18 +57,28 @@ struct SimulationCosts {
   // messages where both ranks are between computes when it can, which keeps
   // GPipe and 1F1B ideal but costs interleaved schedules part of their gain.
   bool blocking_sends = false;
+  MemorySplit memory;
 };
 
 // "F:1,B:2,W:0,comm:0" (keys F, B, I, W, comm, in any order; missing keys
-// keep their defaults). InvalidArgument names a bad key or value.
+// keep their defaults, except that a missing B is I + W, so "F:1,I:1,W:2"
+// means B = 3). InvalidArgument names a bad key or value.
 absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text);
 
 struct SimulationResult {
   double makespan = 0;
-  std::vector<double> busy;        // per rank: sum of compute durations
-  std::vector<double> idle;        // per rank: makespan - busy
-  double bubble_fraction = 0;      // sum(idle) / (ranks * makespan)
+  std::vector<double> busy;    // per rank: sum of compute durations
+  std::vector<double> idle;    // per rank: makespan - busy
+  double bubble_fraction = 0;  // sum(idle) / (ranks * makespan)
+  // Per rank: idle time between the start of its first compute and the end of
+  // its last, i.e. idle minus the head and tail of the step. Steps that
+  // overlap (the zero-bubble paper's ZB-H2 without the optimizer barrier)
+  // lose only this idle time.
+  std::vector<double> inner_idle;
   std::vector<int> peak_inflight;  // per rank, in micro-batch x chunk units
+  // Per rank: peak of the memory model above (F adds 1, B frees 1, I and W
+  // free their parts of it), in the same units as peak_inflight.
+  std::vector<double> peak_memory;
   // Every executed action (tail excluded), in program order per rank.
   std::vector<TraceEvent> timeline;
 };

@@ -1,5 +1,7 @@
 #include "pipeline/schedule/simulator.h"
 
+#include <algorithm>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -142,6 +144,110 @@ TEST(SimulationCostsTest, ParsesAndRejects) {
   EXPECT_THAT(std::string(ParseSimulationCosts("X:1").status().message()), HasSubstr("\"X\""));
   EXPECT_FALSE(ParseSimulationCosts("F:-1").ok());
   EXPECT_FALSE(ParseSimulationCosts("F=1").ok());
+}
+
+SimulationCosts EqualFIW() {
+  absl::StatusOr<SimulationCosts> costs = ParseSimulationCosts("F:1,I:1,W:1");
+  EXPECT_TRUE(costs.ok()) << costs.status();
+  return *costs;
+}
+
+// Per rank: time from its first compute's start to its last compute's end.
+std::vector<double> ComputeSpans(const SimulationResult& r, int p) {
+  std::vector<double> first(p, 1e300), last(p, 0);
+  for (const TraceEvent& e : r.timeline) {
+    if (!IsCompute(ParseAction(e.name)->type)) continue;
+    first[e.rank] = std::min(first[e.rank], e.start);
+    last[e.rank] = std::max(last[e.rank], e.end);
+  }
+  std::vector<double> spans(p);
+  for (int i = 0; i < p; ++i) spans[i] = last[i] - first[i];
+  return spans;
+}
+
+// zb_h1 with F = I = W: 1F1B's peak in-flight count (p, on rank 0) and a
+// third of its bubble: idle (p - 1)(F + I - W) per rank against
+// (p - 1)(F + I + W) (the paper's Table 2).
+TEST(ZeroBubbleSimulationTest, H1KeepsMemoryAndCutsTheBubbleToAThird) {
+  for (int p : {2, 3, 4, 6, 8}) {
+    for (int m : {p, 2 * p, 3 * p + 1}) {
+      SimulationResult zb = SimulateNamed("zb_h1", p, m, 1, EqualFIW());
+      SimulationResult base = SimulateNamed("1f1b", p, m, 1, EqualFIW());
+      EXPECT_EQ(*std::max_element(zb.peak_inflight.begin(), zb.peak_inflight.end()),
+                *std::max_element(base.peak_inflight.begin(), base.peak_inflight.end()))
+          << "p=" << p << " m=" << m;
+      EXPECT_LE(*std::max_element(zb.peak_memory.begin(), zb.peak_memory.end()),
+                *std::max_element(base.peak_memory.begin(), base.peak_memory.end()) + 1e-12);
+      EXPECT_DOUBLE_EQ(base.makespan, 3.0 * m + 3.0 * (p - 1)) << "p=" << p << " m=" << m;
+      EXPECT_DOUBLE_EQ(zb.makespan, 3.0 * m + 1.0 * (p - 1)) << "p=" << p << " m=" << m;
+      for (int r = 0; r < p; ++r) EXPECT_DOUBLE_EQ(zb.idle[r] * 3, base.idle[r]);
+    }
+  }
+}
+
+// zb_h2 with F = I = W and m >= 2p - 1: 2p - 1 activations in flight on every
+// rank and no idle time between a rank's first and last compute (the
+// parallelogram), so the only bubble is the start offset of r forwards.
+TEST(ZeroBubbleSimulationTest, H2HasNoIdleInsideARank) {
+  for (int p : {2, 3, 4, 6, 8}) {
+    for (int m : {2 * p - 1, 2 * p, 3 * p + 1}) {
+      SimulationResult zb = SimulateNamed("zb_h2", p, m, 1, EqualFIW());
+      std::vector<double> spans = ComputeSpans(zb, p);
+      for (int r = 0; r < p; ++r) {
+        EXPECT_NEAR(zb.inner_idle[r], 0, 1e-9) << "p=" << p << " m=" << m << " r=" << r;
+        EXPECT_EQ(zb.peak_inflight[r], 2 * p - 1) << "p=" << p << " m=" << m << " r=" << r;
+        EXPECT_DOUBLE_EQ(spans[r], 3.0 * m) << "p=" << p << " m=" << m << " r=" << r;
+      }
+      EXPECT_DOUBLE_EQ(zb.makespan, 3.0 * m + (p - 1));
+    }
+  }
+  // zb_h1 does idle inside rank 0's span: (p - 1)(F + I - W) = 3 for p = 4.
+  SimulationResult h1 = SimulateNamed("zb_h1", 4, 8, 1, EqualFIW());
+  EXPECT_DOUBLE_EQ(ComputeSpans(h1, 4)[0], 27);
+  // Rank r starts at r and ends at 27: idle inside 3 - r.
+  EXPECT_THAT(h1.inner_idle, ElementsAre(3, 2, 1, 0));
+}
+
+// F adds 1, B frees 1, I frees 42/74 and W 32/74 by default.
+TEST(SimulatorMemoryTest, PeakMemoryFollowsTheSplit) {
+  SimulationResult base = SimulateNamed("1f1b", 4, 8);
+  EXPECT_THAT(base.peak_memory, ElementsAre(4, 3, 2, 1));
+  // zb_h1, rank 3: F I pairs hold 32/74 each until W; the fourth F on top of
+  // three I-only micro-batches is the peak.
+  SimulationResult zb = SimulateNamed("zb_h1", 4, 8, 1, EqualFIW());
+  EXPECT_DOUBLE_EQ(zb.peak_memory[0], 4);
+  EXPECT_NEAR(zb.peak_memory[3], 1 + 3 * 32.0 / 74, 1e-12);
+  EXPECT_NEAR(zb.peak_memory[1], 3 + 1 * 32.0 / 74, 1e-12);
+  // I frees nothing: every F not yet W'd counts in full.
+  SimulationCosts costs = EqualFIW();
+  costs.memory = {0, 1};
+  zb = SimulateNamed("zb_h1", 4, 8, 1, costs);
+  EXPECT_THAT(zb.peak_memory, ElementsAre(4, 4, 4, 4));
+  costs.memory = {0, 0};
+  ScheduleOptions options;
+  options.num_stages = 2;
+  absl::StatusOr<SimulationResult> bad = Simulate(*MakeSchedule("zb_h1", options), costs);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("memory split"));
+}
+
+TEST(SimulationCostsTest, BackwardDefaultsToInputPlusWeight) {
+  absl::StatusOr<SimulationCosts> c = ParseSimulationCosts("F:1,I:1.5,W:0.5");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->backward, 2);
+  c = ParseSimulationCosts("F:1,B:5,I:1,W:1");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->backward, 5);
+}
+
+TEST(MemorySplitTest, ParsesAndRejects) {
+  absl::StatusOr<MemorySplit> m = ParseMemorySplit("I:1,W:3");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_DOUBLE_EQ(m->InputFraction(), 0.25);
+  EXPECT_NEAR(ParseMemorySplit("")->InputFraction(), 42.0 / 74, 1e-12);
+  EXPECT_THAT(std::string(ParseMemorySplit("B:1").status().message()), HasSubstr("\"B\""));
+  EXPECT_FALSE(ParseMemorySplit("I:-1").ok());
+  EXPECT_THAT(std::string(ParseMemorySplit("I:0,W:0").status().message()), HasSubstr("> 0"));
 }
 
 }  // namespace

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The bad-input catalogue (issue #14): each case is a train_gpt command line
+# that used to train garbage with exit 0, crash a worker or hang. Each must
+# exit 2 from the launcher, before any worker starts, with a message naming
+# the field or path at fault.
+set -uo pipefail
+BIN=$1
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+TMP=${TEST_TMPDIR:-$(mktemp -d)}
+CONFIG=--config=experiments/configs/gpt_small_pp2.textproto
+
+# Data and output paths that are wrong in each way.
+mkdir -p "$TMP/empty" "$TMP/binary"
+mkfifo "$TMP/fifo"
+printf 'ab\0cd%.0s' $(seq 1 100) > "$TMP/binary/a.bin"
+echo "too short for a context of 128 bytes" > "$TMP/short.txt"
+echo "a file" > "$TMP/file"
+
+# expected text in stderr | arguments after --config (no spaces inside one)
+CASES=$(cat <<CASES_END
+optimizer.lr (inf) must be finite and in (0, 10]|--lr=inf
+optimizer.lr (1e+30) must be finite and in (0, 10]|--lr=1e30
+lr_schedule.min_lr (-0.1) must be finite|--set=lr_schedule.min_lr=-0.1
+lr_schedule.min_lr (0.5) must be finite and in [0, 0.003]|--set=lr_schedule.min_lr=0.5
+optimizer.max_grad_norm (nan) must be finite and >= 0 (0 = no clipping)|--set=optimizer.max_grad_norm=nan
+optimizer.eps (inf) must be finite and in (0, 1)|--set=optimizer.eps=1e400
+optimizer.eps (-1e-08)|--set=optimizer.eps=-1e-8
+optimizer.eps (nan)|--set=optimizer.eps=nan
+optimizer.beta1 (1) must be finite and in [0, 1)|--set=optimizer.beta1=1
+optimizer.beta2 (1.57) must be finite and in [0, 1)|--set=optimizer.beta2=1.57
+log_interval (0) must be at least 1|--set=log_interval=0
+gpt.num_layers (100000000) must be at most 100000|--set=gpt.num_layers=100000000
+parallelism.num_microbatches (1000000000) must be at most 65536|--microbatches=1000000000
+the run needs an estimated|--set=gpt.num_layers=50000,gpt.width=8192,gpt.num_heads=64 --partition=uniform
+config 'experiments/configs' is not a regular file (a directory)|--config=experiments/configs
+flag --set is given 2 times|--set=steps=3 --set=lr_schedule.warmup_steps=1
+data.path '$TMP/fifo' is a FIFO|--data=$TMP/fifo
+data.path '$TMP/empty' is an empty folder|--data=$TMP/empty
+data.path '$TMP/binary': none of its 1 file(s) is non-empty text|--data=$TMP/binary
+data.path '$TMP/short.txt' holds 38 bytes of training text (after data.eval_fraction 0.05), shorter than context_length (64) + 1|--data=$TMP/short.txt
+data.path '$TMP/nothing' does not exist|--data=$TMP/nothing
+output_dir '$TMP/file/runs' cannot be created|--output_dir=$TMP/file/runs
+parallelism.schedule 'zigzag' is not a registered schedule|--schedule=zigzag
+CASES_END
+)
+
+failures=0
+count=0
+while IFS='|' read -r want args; do
+  count=$((count + 1))
+  # shellcheck disable=SC2086  # the arguments are split on purpose
+  out=(--output_dir="$TMP/runs")
+  [[ $args == *--output_dir=* ]] && out=()
+  timeout 120 "$BIN" "$CONFIG" "${out[@]}" $args > "$TMP/out.log" 2>&1
+  code=$?
+  if [[ $code -ne 2 ]]; then
+    echo "FAIL: [$args] exited $code, want 2"; cat "$TMP/out.log"; failures=$((failures + 1)); continue
+  fi
+  if ! grep -qF -- "$want" "$TMP/out.log"; then
+    echo "FAIL: [$args] message lacks '$want':"; cat "$TMP/out.log"; failures=$((failures + 1)); continue
+  fi
+  if grep -q '\[launcher\] starting\|\[rank ' "$TMP/out.log"; then
+    echo "FAIL: [$args] workers were started"; cat "$TMP/out.log"; failures=$((failures + 1)); continue
+  fi
+  echo "ok: [$args] -> $(grep -m1 '^error' "$TMP/out.log")"
+done <<< "$CASES"
+[[ $count -ge 20 ]] || { echo "FAIL: only $count cases ran"; exit 1; }
+[[ $failures -eq 0 ]] || { echo "FAIL: $failures of $count cases"; exit 1; }
+echo "PASS: $count cases"
