@@ -43,6 +43,7 @@
 #include "absl/strings/str_split.h"
 #include "checkpoint/activation/activation_checkpointing.h"
 #include "common/status_macros.h"
+#include "common/torch_compat.h"
 #include "experiments/bench_common.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
@@ -77,9 +78,9 @@ namespace {
 // Counts live and peak bytes of every CPU tensor allocation. Sizes come from
 // malloc_usable_size at allocation and free alike, so the bookkeeping is exact
 // (it includes the allocator's small rounding slack).
-class TrackingCpuAllocator final : public c10::Allocator {
+class TrackingCpuAllocator final : public torch_compat::AllocatorBase {
  public:
-  c10::DataPtr allocate(size_t nbytes) const override {
+  c10::DataPtr Allocate(size_t nbytes) const override {
     void* data = c10::alloc_cpu(nbytes);
     if (data != nullptr) Add(static_cast<int64_t>(malloc_usable_size(data)));
     return {data, data, &Free, c10::Device(c10::DeviceType::CPU)};

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "common/torch_compat.h"
 #include "common/torch_status.h"
 
 namespace pp {
@@ -143,6 +144,9 @@ absl::Status OperatorProfiler::Start() {
   const profiler_impl::ProfilerConfig config(profiler_impl::ProfilerState::KINETO,
                                              /*report_input_shapes=*/options_.record_shapes);
   PP_RETURN_IF_ERROR(TorchCall("starting LibTorch's profiler", [&] {
+    // prepareProfiler first: LibTorch 2.x's Kineto crashes in startTrace
+    // without it (1.13 without Kineto accepts both).
+    profiler::prepareProfiler(config, {profiler_impl::ActivityType::CPU});
     profiler::enableProfiler(config, {profiler_impl::ActivityType::CPU});
   }));
   recording_ = true;
@@ -170,7 +174,7 @@ absl::Status OperatorProfiler::Collect() {
   // profiler clock + offset = steady clock; error at most half the anchor's
   // window (a few microseconds).
   const int64_t offset =
-      (anchor_before_us_ + anchor_after_us_) / 2 - static_cast<int64_t>(anchor->startUs());
+      (anchor_before_us_ + anchor_after_us_) / 2 - torch_compat::EventStartUs(*anchor);
   events_.clear();
   events_.reserve(raw.size());
   for (const profiler::KinetoEvent& e : raw) {
@@ -178,8 +182,8 @@ absl::Status OperatorProfiler::Collect() {
     OperatorEvent out;
     out.name = e.name();
     out.category = Category(e);
-    out.start_us = static_cast<int64_t>(e.startUs()) + offset;
-    out.duration_us = static_cast<int64_t>(e.durationUs());
+    out.start_us = torch_compat::EventStartUs(e) + offset;
+    out.duration_us = torch_compat::EventDurationUs(e);
     out.thread = e.startThreadId();
     if (e.hasShapes()) {
       for (const std::vector<int64_t>& shape : e.shapes()) out.input_shapes.push_back(shape);
@@ -233,14 +237,14 @@ absl::StatusOr<std::string> OperatorProfiler::ChromeTraceJson() const {
     if (!e.input_shapes.empty()) event["args"] = {{"Input Dims", e.input_shapes}};
     trace.push_back(std::move(event));
   }
-  nlohmann::json root = {
-      {"traceEvents", std::move(trace)},
-      {"displayTimeUnit", "ms"},
-      {"otherData",
-       {{"rank", pid},
-        {"clock", "steady_clock_us"},
-        {"steps", {options_.steps.first, options_.steps.last}},
-        {"profiler", absl::StrCat("LibTorch ", TORCH_VERSION, " RecordFunction (CPU)")}}}};
+  nlohmann::json root = {{"traceEvents", std::move(trace)},
+                         {"displayTimeUnit", "ms"},
+                         {"otherData",
+                          {{"rank", pid},
+                           {"clock", "steady_clock_us"},
+                           {"steps", {options_.steps.first, options_.steps.last}},
+                           {"profiler", absl::StrCat("LibTorch ", torch_compat::LibTorchVersion(),
+                                                     " RecordFunction (CPU)")}}}};
   return root.dump();
 }
 

@@ -6,14 +6,14 @@ from .proto files with the system protoc (Bazel's native proto rules would need
 a protobuf source checkout, which an offline machine does not have).
 """
 
-load("@libtorch_cuda//:defs.bzl", "CUDA_TORCH_INCLUDES")
-
 # LibTorch's C++ API headers sit below a non-standard directory. -isystem keeps
 # its own warnings out of our builds.
 _SYSTEM_TORCH_INCLUDES = ["/usr/include/torch/csrc/api/include"]
 
 TORCH_COPTS = select({
-    "//third_party/torch:cuda": ["-isystem" + d for d in CUDA_TORCH_INCLUDES],
+    # LibTorch 2.x: its cc_library's `includes` (third_party/torch/repo.bzl).
+    "//third_party/torch:torch2": [],
+    "//third_party/torch:cuda": [],
     "//conditions:default": ["-isystem" + d for d in _SYSTEM_TORCH_INCLUDES],
 })
 

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/torch_compat.h"
 
 namespace pp {
 bool LooksLikeTimeout(const std::string& message) {
@@ -61,9 +62,7 @@ absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::s
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
     // The constructor meets the other members through the store and throws
     // when they do not all arrive within the timeout.
-    ProcessGroupPtr group =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, gloo_options);
-    return group;
+    return torch_compat::NewGlooProcessGroup(prefixed, rank, size, gloo_options);
   } catch (const std::exception& e) {
     const std::string what = absl::StrCat("group '", prefix, "' (rank ", rank, " of ", size, ")");
     const std::string message = GlooExceptionMessage(e);

@@ -7,7 +7,6 @@
 #include <set>
 
 #include <ATen/ATen.h>
-#include <c10/util/string_utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -22,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "checkpoint/model/file_io.h"
 #include "common/status_macros.h"
+#include "common/torch_compat.h"
 #include "common/torch_status.h"
 #include "topology/wait_work.h"
 
@@ -36,7 +36,9 @@ constexpr char kModelKind[] = "model";
 constexpr char kOptimKind[] = "optim";
 constexpr char kRankStateKind[] = "rank_state";
 
-std::string ParamKey(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+torch_compat::OptimizerStateKey ParamKey(const at::Tensor& t) {
+  return torch_compat::OptimizerStateKeyOf(t);
+}
 
 std::string ModelSuffix(int model_rank, int model_size) {
   return model_size > 1 ? absl::StrFormat("-model_%02d", model_rank) : "";
@@ -356,7 +358,7 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
   };
   std::map<std::string, std::vector<Wanted>> model_files, optim_files;
   std::map<std::string, std::string> prefix_of_file;  // file -> "layers.7." / "tied.wte."
-  std::set<std::string> optimizer_params;
+  std::set<torch_compat::OptimizerStateKey> optimizer_params;
   if (optimizer != nullptr && options.load_optimizer) {
     for (const auto& group : optimizer->param_groups()) {
       for (const at::Tensor& p : group.params()) optimizer_params.insert(ParamKey(p));

@@ -1,0 +1,80 @@
+// The one place in pipe that knows which LibTorch it is built against.
+//
+// pipe builds against Debian's LibTorch 1.13 (default) and the pinned
+// LibTorch 2.x (--config=torch2, --config=cuda; third_party/torch/repo.bzl).
+// Where their C++ APIs differ, callers go through the functions here instead
+// of testing versions themselves: no other file compares TORCH_VERSION_*.
+//
+// Differences handled here:
+//   - c10d: in 1.13 ProcessGroupGloo *is* a c10d::ProcessGroup; in 2.x it is a
+//     c10d::Backend that a ProcessGroup dispatches to per device type.
+//   - the profiler's KinetoEvent reports microseconds in 1.13 and
+//     nanoseconds in 2.x (startUs/durationUs are gone).
+//   - c10::Allocator::allocate is const up to 2.2 and non-const from 2.3, which
+//     also adds the pure virtual copy_data.
+//   - torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl
+//     address printed as a string in 1.13, by the address itself in 2.x.
+#ifndef COMMON_TORCH_COMPAT_H_
+#define COMMON_TORCH_COMPAT_H_
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <c10/core/Allocator.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/optim/optimizer.h>
+#include <torch/version.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace pp::torch_compat {
+
+// "1.13.0", "2.11.0": the LibTorch headers this binary was compiled with.
+std::string LibTorchVersion();
+
+// The major version (1 or 2), for messages and metadata only.
+int LibTorchMajorVersion();
+
+// True in a build linked with LibTorch's CUDA libraries (--config=cuda): c10d's
+// NCCL backend is compiled in. Says nothing about whether a GPU is present.
+bool BuiltWithCuda();
+
+// A process group whose CPU collectives and p2p run on a new Gloo backend.
+// The constructor meets the other members through `store` and throws
+// (c10::Error / std::exception) when they do not arrive within the options'
+// timeout, as ProcessGroupGloo's does.
+c10::intrusive_ptr<c10d::ProcessGroup> NewGlooProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    const c10::intrusive_ptr<c10d::ProcessGroupGloo::Options>& options);
+
+// A profiler event's start and duration in microseconds on the profiler's clock.
+int64_t EventStartUs(const torch::autograd::profiler::KinetoEvent& event);
+int64_t EventDurationUs(const torch::autograd::profiler::KinetoEvent& event);
+
+// A c10::Allocator written once for every LibTorch version: subclasses define
+// Allocate (the contract of c10::Allocator::allocate) and raw_deleter.
+class AllocatorBase : public c10::Allocator {
+ public:
+  virtual c10::DataPtr Allocate(size_t n) const = 0;
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t n) override { return Allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return Allocate(n); }
+#endif
+};
+
+// The key of `param`'s entry in torch::optim::Optimizer::state().
+using OptimizerStateKey =
+    typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+OptimizerStateKey OptimizerStateKeyOf(const at::Tensor& param);
+
+}  // namespace pp::torch_compat
+
+#endif  // COMMON_TORCH_COMPAT_H_
