@@ -1,4 +1,5 @@
 #include "checkpoint/model/checkpoint_dir.h"
+#include "checkpoint/model/test_files.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -23,24 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 using checkpoint::FileInfo;
 using checkpoint::Manifest;
-
-std::string FreshDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(tmp ? tmp : "/tmp") / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void Spit(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
-}
+using checkpoint::test_files::FreshDir;
+using checkpoint::test_files::Slurp;
+using checkpoint::test_files::Spit;
 
 // Writes a one-writer checkpoint of `step` with `num_files` layer files.
 std::string SaveSimple(const std::string& root, int64_t step, int num_files, int keep_last = 0,

@@ -1,4 +1,5 @@
 #include "checkpoint/model/file_io.h"
+#include "checkpoint/model/test_files.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -12,14 +13,7 @@ namespace pp {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string FreshDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(tmp ? tmp : "/tmp") / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
+using checkpoint::test_files::FreshDir;
 
 TEST(FileIoTest, WriteSyncedThenReadWholeFileRoundTrips) {
   std::string path = FreshDir("roundtrip") + "/f.bin";

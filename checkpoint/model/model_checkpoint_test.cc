@@ -1,4 +1,5 @@
 #include "checkpoint/model/model_checkpoint.h"
+#include "checkpoint/model/test_files.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -16,16 +17,9 @@ namespace pp {
 namespace {
 
 namespace fs = std::filesystem;
+using checkpoint::test_files::FreshDir;
 
 constexpr int kLayers = 6;
-
-std::string FreshDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(tmp ? tmp : "/tmp") / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
 
 // Global layers [first, end) of a 6-layer toy model, named like StageModule
 // ("layers.<i>.*", "tied.emb.*"); layer 3 is a BatchNorm (buffers, a Long

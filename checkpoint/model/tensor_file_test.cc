@@ -1,4 +1,5 @@
 #include "checkpoint/model/tensor_file.h"
+#include "checkpoint/model/test_files.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -14,24 +15,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using checkpoint::FileInfo;
-
-std::string FreshDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(tmp ? tmp : "/tmp") / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void Spit(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
-}
+using checkpoint::test_files::FreshDir;
+using checkpoint::test_files::Slurp;
+using checkpoint::test_files::Spit;
 
 TEST(TensorFileTest, RoundTripKeepsOrderDtypesShapesAndValues) {
   std::string dir = FreshDir("roundtrip");
