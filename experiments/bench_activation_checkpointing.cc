@@ -41,15 +41,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "checkpoint/activation_checkpointing.h"
-#include "checkpoint/mlp_block.h"
+#include "checkpoint/activation/activation_checkpointing.h"
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
+#include "experiments/bench_common.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/layers/layer.h"
 #include "pipeline/layers/layer_spec.h"
 #include "pipeline/pipeline_model.h"
+#include "pipeline/testing/mlp_block.h"
 
 ABSL_FLAG(
     std::string, model, "mlp",
@@ -67,7 +68,6 @@ ABSL_FLAG(int64_t, gpt_batch, 16, "--model=gpt: sequences per step");
 ABSL_FLAG(std::string, intervals, "0,1,2", "checkpoint intervals to compare; 0 = off");
 ABSL_FLAG(int64_t, steps, 15, "measured steps per configuration");
 ABSL_FLAG(int64_t, warmup, 2, "unmeasured steps per configuration");
-ABSL_FLAG(int64_t, threads, 0, "intra-op threads (0: LibTorch's default)");
 ABSL_FLAG(bool, keep_freed_memory, true,
           "tell glibc malloc to keep freed memory instead of unmapping it, like a caching "
           "allocator: step times then measure compute, not page faults of re-mapped buffers");
@@ -213,17 +213,8 @@ void RunStep(const BenchModel& model, Config& config, bool measure) {
   config.peak_bytes = std::max(config.peak_bytes, TrackingCpuAllocator::peak() - before);
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-double Min(const std::vector<double>& v) {
-  return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
-}
-
 int Main() {
-  if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  SetBenchThreads(0);
   if (absl::GetFlag(FLAGS_keep_freed_memory)) {
     mallopt(M_MMAP_THRESHOLD, 1 << 30);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);

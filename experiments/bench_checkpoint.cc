@@ -22,7 +22,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/model_checkpoint.h"
+#include "checkpoint/model/model_checkpoint.h"
+#include "experiments/bench_common.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/pipeline_model.h"
@@ -41,17 +42,7 @@ namespace pp {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
+using Clock = BenchClock;
 // Writes `bytes` with write() in 64 MiB chunks, then fsync: the disk's raw
 // sequential write bandwidth as a checkpoint sees it.
 double RawWrite(const std::string& path, int64_t bytes) {
@@ -82,7 +73,7 @@ double RawRead(const std::string& path) {
 }
 
 int Main() {
-  at::set_num_threads(1);
+  SetBenchThreads(1);
   GptConfig config;
   config.num_layers = absl::GetFlag(FLAGS_layers);
   config.width = absl::GetFlag(FLAGS_width);

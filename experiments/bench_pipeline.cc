@@ -35,6 +35,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "experiments/bench_common.h"
 #include "pipeline/layers/layer_spec.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/optimizer.h"
@@ -125,21 +126,6 @@ class Source : public MicroBatchSource {
   std::map<int64_t, MicroBatchData> cache_;
 };
 
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-double Mean(const std::vector<double>& v) {
-  double sum = 0;
-  for (double x : v) sum += x;
-  return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
-}
-
 OptimizerConfig Sgd() {
   OptimizerConfig c;
   c.name = "sgd";
@@ -223,7 +209,7 @@ absl::StatusOr<World> LocalWorld(int rank, int size, const std::string& store) {
 // Part (b) worker: one of two launcher-started processes.
 absl::Status RunPp2Worker() {
   PP_ASSIGN_OR_RETURN(World world, RendezvousFromEnv(RendezvousOptions{}));
-  at::set_num_threads(1);
+  SetBenchThreads(1);
   SetBlasThreads(1);
   Engine e;
   PP_RETURN_IF_ERROR(MakeEngine(world, world.size, e));
@@ -275,7 +261,7 @@ absl::Status RunBenchmark(const char* self) {
 
   // (a) Overhead at pp = 1, one thread, interleaved steps. OpenBLAS must be
   // told too: it sized its pool from the core count when it was loaded.
-  at::set_num_threads(1);
+  SetBenchThreads(1);
   SetBlasThreads(1);
   HandLoop loop;
   Engine engine;
@@ -423,18 +409,8 @@ absl::Status RunBenchmark(const char* self) {
 int main(int argc, char** argv) {
   if (std::getenv("RANK") != nullptr) {
     pp::MaybeLaunch(argc, argv);
-    absl::Status s = pp::RunPp2Worker();
-    if (!s.ok()) {
-      std::fprintf(stderr, "bench_pipeline worker: %s\n", s.ToString().c_str());
-      return 1;
-    }
-    return 0;
+    return pp::ExitCode("bench_pipeline worker", pp::RunPp2Worker());
   }
   absl::ParseCommandLine(argc, argv);
-  absl::Status s = pp::RunBenchmark("/proc/self/exe");
-  if (!s.ok()) {
-    std::fprintf(stderr, "bench_pipeline: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return pp::ExitCode("bench_pipeline", pp::RunBenchmark("/proc/self/exe"));
 }

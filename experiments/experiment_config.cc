@@ -368,12 +368,15 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
   // Before the schedule's action lists and the layer specs are built.
   PP_RETURN_IF_ERROR(CheckMemory(config, world_size > 0 ? TotalMemoryBytes() : -1));
   const auto& par = config.parallelism();
-  if (world_size > 0 && par.pp() * par.dp() != world_size) {
+  // pp and dp are at most 1024 each (CheckRanges), so their product fits in
+  // int32; it is computed in int64 all the same.
+  const int64_t ranks = static_cast<int64_t>(par.pp()) * par.dp();
+  if (world_size > 0 && ranks != world_size) {
     return Invalid(absl::StrCat(
-        "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ", par.pp() * par.dp(),
+        "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ", ranks,
         " ranks, but ", world_size,
         " were started; leave --nproc_per_node unset (it defaults to pp x dp) or set it to ",
-        par.pp() * par.dp()));
+        ranks));
   }
   if (!custom) {
     PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config))

@@ -128,6 +128,16 @@ TEST(ExperimentConfigTest, RanksMustEqualPpTimesDp) {
       ValidateExperimentConfig(Gpt(), ModelKind::kGpt, 0).ok());  // launcher side: not known yet
 }
 
+TEST(ExperimentConfigTest, PpTimesDpBeyondInt32IsRefused) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_pp(65536);
+  c.mutable_parallelism()->set_dp(65536);
+  // Refused by its range before any product is formed.
+  EXPECT_HAS(Error(c, 0), "parallelism.pp (65536) must be at most 1024");
+  c.mutable_parallelism()->set_pp(2);
+  EXPECT_HAS(Error(c, 0), "parallelism.dp (65536) must be at most 1024");
+}
+
 TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_schedule("interleaved_1f1b");

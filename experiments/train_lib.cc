@@ -21,8 +21,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "checkpoint/activation_checkpointing.h"
-#include "checkpoint/trainer_checkpoint.h"
+#include "checkpoint/activation/activation_checkpointing.h"
+#include "checkpoint/model/trainer_checkpoint.h"
 #include "common/status_macros.h"
 #include "experiments/loss_curve.h"
 #include "experiments/preflight.h"
@@ -307,23 +307,32 @@ absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
   return data;
 }
 
-}  // namespace
+// The named steps of RunExperiment, each on the state the earlier ones built.
 
-absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
-                           const ExperimentModel* custom) {
-  if ((kind == ModelKind::kCustom) != (custom != nullptr)) {
-    return absl::InternalError("RunExperiment: a custom model (only) needs its ExperimentModel");
-  }
-  const std::string model_name = custom != nullptr ? custom->name : ModelKindName(kind);
-  const auto& par = config.parallelism();
-  const std::chrono::milliseconds timeout(int64_t{1000} * par.timeout_seconds());
+// Rendezvous and the pipe x data grid. The World outlives the grid's groups.
+struct Cluster {
+  World world;
+  std::unique_ptr<ParallelGrid> grid;
+};
+
+absl::StatusOr<Cluster> JoinCluster(const experiments::ParallelismConfig& par,
+                                    std::chrono::milliseconds timeout) {
   RendezvousOptions ro;
   ro.timeout = timeout;
-  PP_ASSIGN_OR_RETURN(World world, RendezvousFromEnv(ro));
+  Cluster cluster;
+  PP_ASSIGN_OR_RETURN(cluster.world, RendezvousFromEnv(ro));
   PP_ASSIGN_OR_RETURN(ProcessTopology topology, PipeDataParallelTopology(par.pp(), par.dp()));
-  PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topology));
-  const bool rank0 = grid.global_rank() == 0;
+  PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(cluster.world, topology));
+  cluster.grid = std::make_unique<ParallelGrid>(std::move(grid));
+  return cluster;
+}
 
+// This rank's stage of the model the config names.
+absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(const ExperimentConfig& config,
+                                                          ModelKind kind,
+                                                          const ExperimentModel* custom,
+                                                          int stage) {
+  const auto& par = config.parallelism();
   PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, custom != nullptr
                                                         ? custom->specs(config)
                                                         : MakeExperimentSpecs(config, kind));
@@ -332,17 +341,14 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
   mo.chunks = par.chunks();
   mo.partition_method = par.partition_method();
   mo.base_seed = config.seed();
-  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
-                      PipelineModel::Create(specs, mo, grid.stage_id()));
-  PP_ASSIGN_OR_RETURN(Data data,
-                      custom != nullptr ? MakeCustomData(config, *custom) : MakeData(config, kind));
+  return PipelineModel::Create(specs, mo, stage);
+}
 
-  // GPT: the loss also keeps the last stage's logits for sampling.
-  PipelineSampler sampler;
-  const LossFn loss_fn = custom != nullptr         ? custom->loss
-                         : kind == ModelKind::kGpt ? sampler.WrapLoss(GptLoss)
-                                                   : LossFn(BertMlmLoss);
-
+// The Trainer's options from the config's parallelism, optimizer, LR schedule
+// and activation checkpointing.
+absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config,
+                                                  std::chrono::milliseconds timeout) {
+  const auto& par = config.parallelism();
   TrainerOptions to;
   to.schedule = par.schedule();
   to.num_microbatches = par.num_microbatches();
@@ -365,88 +371,69 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
     policy.checkpointable_types = par.activation_checkpointing().checkpointable_types();
     PP_ASSIGN_OR_RETURN(to.layer_runner, MakeCheckpointingRunner(policy));
   }
-  PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                      Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
+  return to;
+}
 
-  // Each rank's dropout stream starts from the config's seed, so a run is
-  // repeatable and a resumed one (which restores the saved RNG state) exact.
-  torch::manual_seed(config.seed() * 1000003ULL + static_cast<uint64_t>(grid.global_rank()));
+// Model checkpoints (checkpoint/model/trainer_checkpoint.h): where they go,
+// how often, how many are kept, what to resume from.
+CheckpointPolicy MakeCheckpointPolicy(const ExperimentConfig& config) {
+  CheckpointPolicy policy;
+  policy.dir = config.checkpoint().dir().empty()
+                   ? (fs::path(config.output_dir()) / "checkpoints" / config.name()).string()
+                   : FromWorkspace(config.checkpoint().dir());
+  policy.save_interval = config.checkpoint().save_interval();
+  policy.keep_last = config.checkpoint().keep_last();
+  policy.resume = config.checkpoint().resume();
+  policy.config = ConfigToText(config);
+  policy.seed = static_cast<int64_t>(config.seed());
+  return policy;
+}
 
-  // Model checkpoints (checkpoint/trainer_checkpoint.h): resume, then save
-  // every save_interval steps.
-  CheckpointPolicy ckpt_policy;
-  ckpt_policy.dir = config.checkpoint().dir().empty()
-                        ? (fs::path(config.output_dir()) / "checkpoints" / config.name()).string()
-                        : FromWorkspace(config.checkpoint().dir());
-  ckpt_policy.save_interval = config.checkpoint().save_interval();
-  ckpt_policy.keep_last = config.checkpoint().keep_last();
-  ckpt_policy.resume = config.checkpoint().resume();
-  ckpt_policy.config = ConfigToText(config);
-  ckpt_policy.seed = static_cast<int64_t>(config.seed());
-  PP_ASSIGN_OR_RETURN(TrainingCheckpointer checkpointer, TrainingCheckpointer::Create(ckpt_policy));
-  PP_ASSIGN_OR_RETURN(bool resumed, checkpointer.MaybeResume(grid, *model, *trainer));
-  if (resumed && rank0)
-    std::cout << "resumed at step " << trainer->step() << " from " << ckpt_policy.resume
-              << std::endl;
-
-  fs::path run_dir;
-  std::ofstream metrics;
-  if (rank0) {
-    run_dir = fs::path(config.output_dir()) /
-              absl::StrCat(config.name(), "-",
-                           absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::UTCTimeZone()));
+// Rank 0's outputs: the run directory (config, metrics.jsonl, trace, sample,
+// loss curve) and the console report. Other ranks hold an inactive one.
+class RunReport {
+ public:
+  static absl::StatusOr<RunReport> Open(const ExperimentConfig& config,
+                                        const std::string& model_name, bool rank0) {
+    RunReport report(config, model_name);
+    if (!rank0) return report;
+    report.dir_ = fs::path(config.output_dir()) /
+                  absl::StrCat(config.name(), "-",
+                               absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::UTCTimeZone()));
     std::error_code ec;
-    fs::create_directories(run_dir, ec);
-    if (ec)
+    fs::create_directories(report.dir_, ec);
+    if (ec) {
       return absl::InternalError(
-          absl::StrCat("cannot create run directory ", run_dir.string(), ": ", ec.message()));
-    PP_RETURN_IF_ERROR(WriteFile(run_dir / "config.textproto", ConfigToText(config)));
-    metrics.open(run_dir / "metrics.jsonl");
+          absl::StrCat("cannot create run directory ", report.dir_.string(), ": ", ec.message()));
+    }
+    PP_RETURN_IF_ERROR(WriteFile(report.dir_ / "config.textproto", ConfigToText(config)));
+    report.metrics_ = std::make_unique<std::ofstream>(report.dir_ / "metrics.jsonl");
+    return report;
+  }
+
+  bool active() const { return metrics_ != nullptr; }
+
+  // `custom`: the data describes itself (a user's model), else the corpus.
+  void Header(const Data& data, const PipelineModel& model, bool custom) const {
+    if (!active()) return;
+    const auto& par = config_->parallelism();
     std::cout << absl::StrFormat(
                      "%s: %s, pp=%d x dp=%d, schedule %s, chunks %d, %d micro-batches of %d; "
                      "%s; %d tokens/step\n",
-                     config.name(), model_name, par.pp(), par.dp(), par.schedule(), par.chunks(),
+                     config_->name(), model_name_, par.pp(), par.dp(), par.schedule(), par.chunks(),
                      par.num_microbatches(), par.micro_batch_size(),
-                     custom != nullptr
+                     custom
                          ? data.description
-                         : absl::StrFormat("corpus %s (%d files, %d bytes)", config.data().path(),
+                         : absl::StrFormat("corpus %s (%d files, %d bytes)", config_->data().path(),
                                            data.corpus_files, data.corpus_bytes),
                      data.tokens_per_step)
-              << model->PartitionReport() << "run directory: " << run_dir.string() << std::endl;
+              << model.PartitionReport() << "run directory: " << dir_.string() << std::endl;
   }
 
-  auto evaluate = [&]() -> absl::StatusOr<double> {
-    double sum = 0;
-    for (int64_t i = 0; i < config.eval_batches(); ++i) {
-      PP_ASSIGN_OR_RETURN(double loss, trainer->Evaluate(data.eval.get(), i));
-      sum += loss;
-    }
-    return sum / static_cast<double>(config.eval_batches());
-  };
-
-  LossPoints train_curve, eval_curve;
-  Progress progress(config.steps(), config.log_interval());
-  const int64_t trace_step = std::min(config.trace_step(), config.steps() - 1);
-  for (int64_t step = trainer->step(); step < config.steps(); ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
-    PP_ASSIGN_OR_RETURN(std::string saved,
-                        checkpointer.AfterStep(grid, *model, *trainer, config.steps()));
-    if (!saved.empty() && rank0) LOG(INFO) << "checkpoint " << saved;
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::optional<double> eval_loss;
-    const bool last = step + 1 == config.steps();
-    if (data.eval != nullptr &&
-        (last || (config.eval_interval() > 0 && (step + 1) % config.eval_interval() == 0))) {
-      PP_ASSIGN_OR_RETURN(eval_loss, evaluate());
-    }
-    if (step == trace_step) {
-      PP_ASSIGN_OR_RETURN(std::string trace, trainer->LastStepTrace());
-      if (rank0) PP_RETURN_IF_ERROR(WriteFile(run_dir / "trace.json", trace));
-    }
-    if (!rank0) continue;
-    const double tokens_per_s = static_cast<double>(data.tokens_per_step) / seconds;
+  // One metrics line, the loss curves and the progress display.
+  void Step(int64_t step, const StepResult& r, double tokens_per_s, double seconds,
+            std::optional<double> eval_loss, Progress& progress) {
+    if (!active()) return;
     nlohmann::json line = {{"step", step + 1},
                            {"loss", r.loss},
                            {"lr", r.learning_rate},
@@ -460,52 +447,162 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
       bubble.push_back(wall > 0 ? r.idle_seconds[i] / wall : 0.0);
     }
     line["bubble"] = bubble;
-    metrics << line.dump() << "\n" << std::flush;
-    train_curve.emplace_back(step + 1, r.loss);
-    if (eval_loss.has_value()) eval_curve.emplace_back(step + 1, *eval_loss);
+    *metrics_ << line.dump() << "\n" << std::flush;
+    train_curve_.emplace_back(step + 1, r.loss);
+    if (eval_loss.has_value()) eval_curve_.emplace_back(step + 1, *eval_loss);
     progress.Update(step, r.loss, tokens_per_s, eval_loss);
   }
-  progress.Finish();
-  const double train_seconds = progress.Elapsed();
 
-  if (kind == ModelKind::kGpt && config.sample_tokens() > 0) {
-    SampleOptions so{.num_tokens = config.sample_tokens(),
-                     .top_k = config.sample_top_k(),
-                     .temperature = config.sample_temperature(),
-                     .seed = config.seed(),
-                     .max_token_id = ByteTokenizer::kNumBytes};
-    PP_ASSIGN_OR_RETURN(
-        std::vector<int64_t> tokens,
-        Generate(ByteTokenizer::Encode(config.sample_prompt()), config.gpt().context_length(), so,
-                 sampler.LogitsFn(trainer.get(), &grid, ByteTokenizer::kVocabSize, timeout)));
-    if (rank0) {
-      const std::string text = ByteTokenizer::Decode(tokens);
-      PP_RETURN_IF_ERROR(WriteFile(run_dir / "sample.txt", text + "\n"));
-      std::cout << "sample (top-" << config.sample_top_k() << ", " << config.sample_tokens()
-                << " bytes):\n"
-                << text << "\n"
-                << std::endl;
-    }
+  absl::Status Trace(const std::string& trace) const {
+    if (!active()) return absl::OkStatus();
+    return WriteFile(dir_ / "trace.json", trace);
   }
 
-  if (rank0) {
+  absl::Status Sample(const std::string& text) const {
+    if (!active()) return absl::OkStatus();
+    PP_RETURN_IF_ERROR(WriteFile(dir_ / "sample.txt", text + "\n"));
+    std::cout << "sample (top-" << config_->sample_top_k() << ", " << config_->sample_tokens()
+              << " bytes):\n"
+              << text << "\n"
+              << std::endl;
+    return absl::OkStatus();
+  }
+
+  // loss.svg and the closing line.
+  absl::Status Finish(double train_seconds) const {
+    if (!active()) return absl::OkStatus();
+    const auto& par = config_->parallelism();
     PP_RETURN_IF_ERROR(
-        WriteFile(run_dir / "loss.svg",
-                  LossCurveSvg(absl::StrCat(config.name(), ": ", model_name, " pp=", par.pp(),
+        WriteFile(dir_ / "loss.svg",
+                  LossCurveSvg(absl::StrCat(config_->name(), ": ", model_name_, " pp=", par.pp(),
                                             " dp=", par.dp(), " ", par.schedule()),
-                               train_curve, eval_curve)));
-    if (!train_curve.empty()) {
-      std::cout << absl::StrFormat("done: %d steps in %s, loss %.4f -> %.4f%s\nrun directory: %s\n",
-                                   config.steps(), FormatDuration(train_seconds),
-                                   train_curve.front().second, train_curve.back().second,
-                                   eval_curve.empty() ? ""
-                                                      : absl::StrFormat(", eval loss %.4f",
-                                                                        eval_curve.back().second),
-                                   run_dir.string())
-                << std::flush;
-    }
+                               train_curve_, eval_curve_)));
+    if (train_curve_.empty()) return absl::OkStatus();
+    std::cout << absl::StrFormat("done: %d steps in %s, loss %.4f -> %.4f%s\nrun directory: %s\n",
+                                 config_->steps(), FormatDuration(train_seconds),
+                                 train_curve_.front().second, train_curve_.back().second,
+                                 eval_curve_.empty() ? ""
+                                                     : absl::StrFormat(", eval loss %.4f",
+                                                                       eval_curve_.back().second),
+                                 dir_.string())
+              << std::flush;
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+
+ private:
+  RunReport(const ExperimentConfig& config, const std::string& model_name)
+      : config_(&config), model_name_(model_name) {}
+
+  const ExperimentConfig* config_;
+  std::string model_name_;
+  fs::path dir_;
+  std::unique_ptr<std::ofstream> metrics_;  // null on ranks other than 0
+  LossPoints train_curve_, eval_curve_;
+};
+
+// Mean loss over the config's eval batches (a forward-only schedule).
+absl::StatusOr<double> Evaluate(const ExperimentConfig& config, Trainer& trainer,
+                                MicroBatchSource* eval) {
+  double sum = 0;
+  for (int64_t i = 0; i < config.eval_batches(); ++i) {
+    PP_ASSIGN_OR_RETURN(double loss, trainer.Evaluate(eval, i));
+    sum += loss;
+  }
+  return sum / static_cast<double>(config.eval_batches());
+}
+
+// Steps from the trainer's current step to config.steps(): save checkpoints,
+// evaluate, trace one step, report. Returns the training wall time.
+absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelGrid& grid,
+                                 PipelineModel& model, Trainer& trainer,
+                                 TrainingCheckpointer& checkpointer, const Data& data,
+                                 RunReport& report) {
+  Progress progress(config.steps(), config.log_interval());
+  const int64_t trace_step = std::min(config.trace_step(), config.steps() - 1);
+  for (int64_t step = trainer.step(); step < config.steps(); ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    PP_ASSIGN_OR_RETURN(StepResult r, trainer.Step());
+    PP_ASSIGN_OR_RETURN(std::string saved,
+                        checkpointer.AfterStep(grid, model, trainer, config.steps()));
+    if (!saved.empty() && report.active()) LOG(INFO) << "checkpoint " << saved;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::optional<double> eval_loss;
+    const bool last = step + 1 == config.steps();
+    if (data.eval != nullptr &&
+        (last || (config.eval_interval() > 0 && (step + 1) % config.eval_interval() == 0))) {
+      PP_ASSIGN_OR_RETURN(eval_loss, Evaluate(config, trainer, data.eval.get()));
+    }
+    if (step == trace_step) {
+      PP_ASSIGN_OR_RETURN(std::string trace, trainer.LastStepTrace());
+      PP_RETURN_IF_ERROR(report.Trace(trace));
+    }
+    const double tokens_per_s = static_cast<double>(data.tokens_per_step) / seconds;
+    report.Step(step, r, tokens_per_s, seconds, eval_loss, progress);
+  }
+  progress.Finish();
+  return progress.Elapsed();
+}
+
+// GPT only: sample_tokens bytes from the prompt through the pipeline.
+absl::Status SampleText(const ExperimentConfig& config, ParallelGrid& grid,
+                        PipelineSampler& sampler, Trainer& trainer,
+                        std::chrono::milliseconds timeout, const RunReport& report) {
+  SampleOptions so{.num_tokens = config.sample_tokens(),
+                   .top_k = config.sample_top_k(),
+                   .temperature = config.sample_temperature(),
+                   .seed = config.seed(),
+                   .max_token_id = ByteTokenizer::kNumBytes};
+  PP_ASSIGN_OR_RETURN(
+      std::vector<int64_t> tokens,
+      Generate(ByteTokenizer::Encode(config.sample_prompt()), config.gpt().context_length(), so,
+               sampler.LogitsFn(&trainer, &grid, ByteTokenizer::kVocabSize, timeout)));
+  return report.Sample(ByteTokenizer::Decode(tokens));
+}
+
+}  // namespace
+
+absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
+                           const ExperimentModel* custom) {
+  if ((kind == ModelKind::kCustom) != (custom != nullptr)) {
+    return absl::InternalError("RunExperiment: a custom model (only) needs its ExperimentModel");
+  }
+  const std::string model_name = custom != nullptr ? custom->name : ModelKindName(kind);
+  const std::chrono::milliseconds timeout(int64_t{1000} * config.parallelism().timeout_seconds());
+  PP_ASSIGN_OR_RETURN(Cluster cluster, JoinCluster(config.parallelism(), timeout));
+  ParallelGrid& grid = *cluster.grid;
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
+                      BuildStage(config, kind, custom, grid.stage_id()));
+  PP_ASSIGN_OR_RETURN(Data data,
+                      custom != nullptr ? MakeCustomData(config, *custom) : MakeData(config, kind));
+  // GPT: the loss also keeps the last stage's logits for sampling.
+  PipelineSampler sampler;
+  const LossFn loss_fn = custom != nullptr         ? custom->loss
+                         : kind == ModelKind::kGpt ? sampler.WrapLoss(GptLoss)
+                                                   : LossFn(BertMlmLoss);
+  PP_ASSIGN_OR_RETURN(TrainerOptions to, MakeTrainerOptions(config, timeout));
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
+  // Each rank's dropout stream starts from the config's seed, so a run is
+  // repeatable and a resumed one (which restores the saved RNG state) exact.
+  torch::manual_seed(config.seed() * 1000003ULL + static_cast<uint64_t>(grid.global_rank()));
+
+  const bool rank0 = grid.global_rank() == 0;
+  const CheckpointPolicy ckpt_policy = MakeCheckpointPolicy(config);
+  PP_ASSIGN_OR_RETURN(TrainingCheckpointer checkpointer, TrainingCheckpointer::Create(ckpt_policy));
+  PP_ASSIGN_OR_RETURN(bool resumed, checkpointer.MaybeResume(grid, *model, *trainer));
+  if (resumed && rank0) {
+    std::cout << "resumed at step " << trainer->step() << " from " << ckpt_policy.resume
+              << std::endl;
+  }
+  PP_ASSIGN_OR_RETURN(RunReport report, RunReport::Open(config, model_name, rank0));
+  report.Header(data, *model, custom != nullptr);
+  PP_ASSIGN_OR_RETURN(double train_seconds,
+                      TrainLoop(config, grid, *model, *trainer, checkpointer, data, report));
+  if (kind == ModelKind::kGpt && config.sample_tokens() > 0) {
+    PP_RETURN_IF_ERROR(SampleText(config, grid, sampler, *trainer, timeout, report));
+  }
+  return report.Finish(train_seconds);
 }
 
 namespace {

@@ -152,7 +152,12 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
   model->options_ = options;
   model->stage_ = stage;
   const int64_t num_layers = model->num_layers();
-  const int64_t num_parts = options.num_stages * options.chunks;
+  int64_t num_parts = 0;
+  if (__builtin_mul_overflow(options.num_stages, options.chunks, &num_parts)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_stages (", options.num_stages, ") x chunks (", options.chunks,
+                     ") overflows int64; use fewer stages or chunks"));
+  }
   PP_RETURN_IF_ERROR(CheckEnoughLayers(num_layers, num_parts));
   if (!options.bounds.empty()) {
     PP_RETURN_IF_ERROR(ValidateBounds(options.bounds, num_layers, num_parts));

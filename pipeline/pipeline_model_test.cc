@@ -309,6 +309,11 @@ TEST(PipelineModelTest, RejectsBadInput) {
   options.chunks = 2;
   absl::Status few = status_of(TinyGpt(1), options, 0);  // 5 layers into 6 parts.
   EXPECT_NE(few.message().find("5 layers into 6 parts"), std::string::npos) << few;
+  options.num_stages = int64_t{1} << 62;
+  options.chunks = 4;
+  absl::Status overflow = status_of(TinyGpt(1), options, 0);
+  EXPECT_EQ(overflow.code(), absl::StatusCode::kInvalidArgument) << overflow;
+  EXPECT_NE(overflow.message().find("chunks (4) overflows int64"), std::string::npos) << overflow;
   options.num_stages = 2;
   options.chunks = 1;
   options.bounds = {0, 5, 4};

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -30,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "topology/rendezvous.h"
 
 extern char** environ;
@@ -201,6 +203,269 @@ absl::Status Validate(const LaunchOptions& o) {
   return absl::OkStatus();
 }
 
+// Path of this binary, which the workers re-execute.
+std::string SelfExecutable() {
+  char exe[4096];
+  const ssize_t exe_len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  return exe_len > 0 ? std::string(exe, exe_len) : "/proc/self/exe";
+}
+
+// While alive: Ctrl-C / SIGTERM / SIGHUP reach the event loop through
+// g_signal_pipe, and a worker's closed pipe does not kill the launcher.
+// Restores the previous dispositions when destroyed.
+class SignalForwarding {
+ public:
+  static absl::StatusOr<std::unique_ptr<SignalForwarding>> Install() {
+    if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+      return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+    }
+    auto forwarding = std::unique_ptr<SignalForwarding>(new SignalForwarding());
+    struct sigaction action {};
+    action.sa_handler = OnSignal;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGINT, &action, &forwarding->old_int_);
+    ::sigaction(SIGTERM, &action, &forwarding->old_term_);
+    ::sigaction(SIGHUP, &action, &forwarding->old_hup_);
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigaction(SIGPIPE, &ignore, &forwarding->old_pipe_);
+    return forwarding;
+  }
+  ~SignalForwarding() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGHUP, &old_hup_, nullptr);
+    ::sigaction(SIGPIPE, &old_pipe_, nullptr);
+    ::close(g_signal_pipe[0]);
+    ::close(g_signal_pipe[1]);
+    g_signal_pipe[0] = g_signal_pipe[1] = -1;
+  }
+  SignalForwarding(const SignalForwarding&) = delete;
+  SignalForwarding& operator=(const SignalForwarding&) = delete;
+
+ private:
+  SignalForwarding() = default;
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+  struct sigaction old_hup_ {};
+  struct sigaction old_pipe_ {};
+};
+
+// torchrun's variables for the worker of local index `local`; a user's
+// explicit thread setting wins over the even split.
+std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOptions& options,
+                                                                 int port, int local, int threads) {
+  const int world_size = options.nproc_per_node * options.nnodes;
+  std::vector<std::pair<std::string, std::string>> vars = {
+      {"MASTER_ADDR", options.master_addr},
+      {"MASTER_PORT", std::to_string(port)},
+      {"RANK", std::to_string(options.node_rank * options.nproc_per_node + local)},
+      {"WORLD_SIZE", std::to_string(world_size)},
+      {"LOCAL_RANK", std::to_string(local)},
+      {"LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(options.node_rank)},
+  };
+  for (const char* key : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    if (std::getenv(key) == nullptr) vars.emplace_back(key, std::to_string(threads));
+  }
+  return vars;
+}
+
+// Forks and execs one worker with `env`, its stdout/stderr on pipes the
+// launcher reads. On failure `w` is left not running.
+absl::Status SpawnWorker(const std::string& exe_path, std::vector<char*>& c_args,
+                         std::vector<std::string> env, pid_t launcher_pid, Worker& w) {
+  std::vector<char*> c_env = CStrings(env);
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    w.running = false;
+    return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until exec.
+    ::dup2(out_pipe[1], 1);
+    ::dup2(err_pipe[1], 2);
+    // Die with the launcher even when it is SIGKILLed.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher_pid) ::_exit(1);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(SIGPIPE, &dfl, nullptr);  // ignored dispositions survive exec
+    ::execve(exe_path.c_str(), c_args.data(), c_env.data());
+    const char msg[] = "launcher: execve of the worker failed\n";
+    (void)!::write(2, msg, sizeof(msg) - 1);
+    ::_exit(127);
+  }
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  if (pid < 0) {
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    w.running = false;
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  w.pid = pid;
+  w.out = Stream{out_pipe[0], 1, ""};
+  w.err = Stream{err_pipe[0], 2, ""};
+  return absl::OkStatus();
+}
+
+// Starts this node's workers; stops at the first that cannot be spawned (it
+// and the later ones are marked not running) and returns that error.
+absl::Status SpawnWorkers(const LaunchOptions& options, int port, int threads,
+                          const std::vector<std::string>& argv, std::vector<Worker>& workers) {
+  const std::string exe_path = SelfExecutable();
+  std::vector<std::string> args = argv;
+  args[0] = exe_path;
+  std::vector<char*> c_args = CStrings(args);
+  const pid_t launcher_pid = ::getpid();
+  absl::Status spawn_error;
+  for (int local = 0; local < options.nproc_per_node; ++local) {
+    Worker& w = workers[local];
+    w.rank = options.node_rank * options.nproc_per_node + local;
+    spawn_error = SpawnWorker(exe_path, c_args,
+                              WorkerEnvironment(WorkerVariables(options, port, local, threads)),
+                              launcher_pid, w);
+    if (!spawn_error.ok()) break;
+  }
+  for (Worker& w : workers) {
+    if (w.pid < 0) w.running = false;
+  }
+  return spawn_error;
+}
+
+// The event loop over running workers: forwards their output with rank
+// prefixes, stops all when one fails or a signal arrives (SIGTERM, then
+// SIGKILL after the grace period), and ends when every worker has exited.
+class Supervisor {
+ public:
+  Supervisor(const LaunchOptions& options, std::vector<Worker>& workers)
+      : options_(options), workers_(workers) {}
+
+  // The launcher's exit status: 0, or the first failure's (with Say()).
+  int Run(const absl::Status& spawn_error) {
+    if (!spawn_error.ok()) BeginStop(spawn_error.ToString(), 1);
+    Clock::time_point all_exited_at{};
+    while (true) {
+      PollOnce();
+      ReapExited();
+      const bool any_running = AnyRunning();
+      if (stopping_ && !killed_ && any_running && Clock::now() >= kill_at_) {
+        Say(absl::StrCat("workers still running ", absl::FormatDuration(options_.grace_period),
+                         " after SIGTERM; sending SIGKILL"));
+        SignalRunning(workers_, SIGKILL);
+        killed_ = true;
+      }
+      if (!any_running) {
+        if (all_exited_at == Clock::time_point{}) all_exited_at = Clock::now();
+        // A grandchild may hold a pipe open; do not wait for it for long.
+        if (!AnyStreamOpen() || Clock::now() - all_exited_at > std::chrono::seconds(1)) break;
+      }
+    }
+    CloseStreams();
+    if (result_ != 0) Say(absl::StrCat("FAILED: ", verdict_));
+    return result_;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  void BeginStop(const std::string& why, int status) {
+    if (stopping_) return;
+    stopping_ = true;
+    result_ = status;
+    verdict_ = why;
+    kill_at_ = Clock::now() + absl::ToChronoNanoseconds(options_.grace_period);
+    SignalRunning(workers_, SIGTERM);
+  }
+
+  // Waits up to 50 ms for signals or worker output and handles what came.
+  void PollOnce() {
+    std::vector<pollfd> fds = {{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<Worker*, Stream*>> owners = {{nullptr, nullptr}};
+    for (Worker& w : workers_) {
+      for (Stream* s : {&w.out, &w.err}) {
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          owners.emplace_back(&w, s);
+        }
+      }
+    }
+    ::poll(fds.data(), fds.size(), /*timeout_ms=*/50);
+    if (fds[0].revents & POLLIN) HandleSignals();
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR))
+        Drain(owners[i].first->rank, *owners[i].second);
+    }
+  }
+
+  void HandleSignals() {
+    char signals[16];
+    const ssize_t n = ::read(g_signal_pipe[0], signals, sizeof(signals));
+    for (ssize_t i = 0; i < n; ++i) {
+      const int signo = signals[i];
+      if (stopping_) {
+        // A second Ctrl-C: no more patience.
+        Say(absl::StrCat("received ", strsignal(signo), " again; killing the workers"));
+        SignalRunning(workers_, SIGKILL);
+        killed_ = true;
+      } else {
+        Say(absl::StrCat("received ", strsignal(signo), "; stopping the workers"));
+        BeginStop(absl::StrCat("stopped by ", strsignal(signo)), 128 + signo);
+      }
+    }
+  }
+
+  void ReapExited() {
+    for (Worker& w : workers_) {
+      if (!w.running) continue;
+      int status = 0;
+      if (::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+      w.running = false;
+      w.wait_status = status;
+      if (Failed(status) && !stopping_) {
+        const std::string how =
+            absl::StrCat("rank ", w.rank, " (pid ", w.pid, ") ", HowItEnded(status));
+        const int others = static_cast<int>(std::count_if(
+            workers_.begin(), workers_.end(), [](const Worker& x) { return x.running; }));
+        Say(absl::StrCat(how, "; stopping the other ", others, " worker(s)"));
+        BeginStop(how, ShellStatus(status));
+      }
+    }
+  }
+
+  bool AnyRunning() const {
+    return std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+  }
+
+  bool AnyStreamOpen() const {
+    return std::any_of(workers_.begin(), workers_.end(),
+                       [](const Worker& w) { return w.out.fd >= 0 || w.err.fd >= 0; });
+  }
+
+  // Closes what is still open and flushes partial last lines.
+  void CloseStreams() {
+    for (Worker& w : workers_) {
+      for (Stream* s : {&w.out, &w.err}) {
+        if (s->fd >= 0) {
+          ::close(s->fd);
+          s->fd = -1;
+        }
+        FlushLines(w.rank, *s, /*eof=*/true);
+      }
+    }
+  }
+
+  const LaunchOptions& options_;
+  std::vector<Worker>& workers_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  Clock::time_point kill_at_;
+  int result_ = 0;       // exit status of the launcher
+  std::string verdict_;  // why it is non-zero
+};
+
 }  // namespace
 
 int WorkerThreadCount(int local_world_size) {
@@ -231,219 +496,24 @@ bool SetBlasThreads(int threads) {
 }
 
 absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<std::string>& argv) {
-  absl::Status valid = Validate(options);
-  if (!valid.ok()) return valid;
+  PP_RETURN_IF_ERROR(Validate(options));
   if (argv.empty()) return absl::InvalidArgumentError("RunWorkers needs argv[0]");
   int port = options.master_port;
   if (port == 0) {
-    absl::StatusOr<int> free_port =
-        PickFreePort(IsLoopbackAddress(options.master_addr) ? "127.0.0.1" : "0.0.0.0");
-    if (!free_port.ok()) return free_port.status();
-    port = *free_port;
+    PP_ASSIGN_OR_RETURN(
+        port, PickFreePort(IsLoopbackAddress(options.master_addr) ? "127.0.0.1" : "0.0.0.0"));
   }
   const int world_size = options.nproc_per_node * options.nnodes;
   const int threads = WorkerThreadCount(options.nproc_per_node);
-
-  char exe[4096];
-  const ssize_t exe_len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  const std::string exe_path = exe_len > 0 ? std::string(exe, exe_len) : "/proc/self/exe";
-  std::vector<std::string> args = argv;
-  args[0] = exe_path;
-  std::vector<char*> c_args = CStrings(args);
-
-  // Signals: Ctrl-C / SIGTERM stop the workers; a worker's closed pipe must
-  // not kill the launcher.
-  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
-  }
-  struct sigaction action {};
-  action.sa_handler = OnSignal;
-  sigemptyset(&action.sa_mask);
-  struct sigaction old_int {
-  }, old_term{}, old_hup{}, old_pipe{};
-  ::sigaction(SIGINT, &action, &old_int);
-  ::sigaction(SIGTERM, &action, &old_term);
-  ::sigaction(SIGHUP, &action, &old_hup);
-  struct sigaction ignore {};
-  ignore.sa_handler = SIG_IGN;
-  ::sigaction(SIGPIPE, &ignore, &old_pipe);
-
-  Say(
-      absl::StrFormat("starting %d worker(s): ranks %d-%d of %d on node %d/%d, store %s:%d, "
-                      "%d thread(s) each",
-                      options.nproc_per_node, options.node_rank * options.nproc_per_node,
-                      (options.node_rank + 1) * options.nproc_per_node - 1, world_size,
-                      options.node_rank, options.nnodes, options.master_addr, port, threads));
-
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<SignalForwarding> signals, SignalForwarding::Install());
+  Say(absl::StrFormat(
+      "starting %d worker(s): ranks %d-%d of %d on node %d/%d, store %s:%d, %d thread(s) each",
+      options.nproc_per_node, options.node_rank * options.nproc_per_node,
+      (options.node_rank + 1) * options.nproc_per_node - 1, world_size, options.node_rank,
+      options.nnodes, options.master_addr, port, threads));
   std::vector<Worker> workers(options.nproc_per_node);
-  const pid_t launcher_pid = ::getpid();
-  absl::Status spawn_error;
-  for (int local = 0; local < options.nproc_per_node; ++local) {
-    Worker& w = workers[local];
-    w.rank = options.node_rank * options.nproc_per_node + local;
-    std::vector<std::pair<std::string, std::string>> overrides = {
-        {"MASTER_ADDR", options.master_addr},
-        {"MASTER_PORT", std::to_string(port)},
-        {"RANK", std::to_string(w.rank)},
-        {"WORLD_SIZE", std::to_string(world_size)},
-        {"LOCAL_RANK", std::to_string(local)},
-        {"LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node)},
-        {"GROUP_RANK", std::to_string(options.node_rank)},
-    };
-    // A user's explicit thread setting wins over the even split.
-    for (const char* key : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
-      if (std::getenv(key) == nullptr) overrides.emplace_back(key, std::to_string(threads));
-    }
-    std::vector<std::string> env = WorkerEnvironment(overrides);
-    std::vector<char*> c_env = CStrings(env);
-
-    int out_pipe[2], err_pipe[2];
-    if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
-      spawn_error = absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
-      w.running = false;
-      break;
-    }
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      // Child: only async-signal-safe calls until exec.
-      ::dup2(out_pipe[1], 1);
-      ::dup2(err_pipe[1], 2);
-      // Die with the launcher even when it is SIGKILLed.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != launcher_pid) ::_exit(1);
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      ::sigaction(SIGPIPE, &dfl, nullptr);  // ignored dispositions survive exec
-      ::execve(exe_path.c_str(), c_args.data(), c_env.data());
-      const char msg[] = "launcher: execve of the worker failed\n";
-      (void)!::write(2, msg, sizeof(msg) - 1);
-      ::_exit(127);
-    }
-    ::close(out_pipe[1]);
-    ::close(err_pipe[1]);
-    if (pid < 0) {
-      spawn_error = absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-      ::close(out_pipe[0]);
-      ::close(err_pipe[0]);
-      w.running = false;
-      break;
-    }
-    w.pid = pid;
-    w.out = Stream{out_pipe[0], 1, ""};
-    w.err = Stream{err_pipe[0], 2, ""};
-  }
-  // Workers after a spawn failure never started.
-  bool seen_unstarted = false;
-  for (Worker& w : workers) {
-    if (w.pid < 0) {
-      w.running = false;
-      seen_unstarted = true;
-    }
-  }
-
-  using Clock = std::chrono::steady_clock;
-  bool stopping = false;
-  bool killed = false;
-  Clock::time_point kill_at;
-  int result = 0;       // exit status of the launcher
-  std::string verdict;  // why it is non-zero
-  auto begin_stop = [&](const std::string& why, int status) {
-    if (stopping) return;
-    stopping = true;
-    result = status;
-    verdict = why;
-    kill_at = Clock::now() + absl::ToChronoNanoseconds(options.grace_period);
-    SignalRunning(workers, SIGTERM);
-  };
-  if (seen_unstarted) begin_stop(spawn_error.ToString(), 1);
-
-  Clock::time_point all_exited_at{};
-  while (true) {
-    std::vector<pollfd> fds = {{g_signal_pipe[0], POLLIN, 0}};
-    std::vector<std::pair<Worker*, Stream*>> owners = {{nullptr, nullptr}};
-    for (Worker& w : workers) {
-      for (Stream* s : {&w.out, &w.err}) {
-        if (s->fd >= 0) {
-          fds.push_back({s->fd, POLLIN, 0});
-          owners.emplace_back(&w, s);
-        }
-      }
-    }
-    ::poll(fds.data(), fds.size(), /*timeout_ms=*/50);
-    if (fds[0].revents & POLLIN) {
-      char signals[16];
-      const ssize_t n = ::read(g_signal_pipe[0], signals, sizeof(signals));
-      for (ssize_t i = 0; i < n; ++i) {
-        const int signo = signals[i];
-        if (stopping) {
-          // A second Ctrl-C: no more patience.
-          Say(absl::StrCat("received ", strsignal(signo), " again; killing the workers"));
-          SignalRunning(workers, SIGKILL);
-          killed = true;
-        } else {
-          Say(absl::StrCat("received ", strsignal(signo), "; stopping the workers"));
-          begin_stop(absl::StrCat("stopped by ", strsignal(signo)), 128 + signo);
-        }
-      }
-    }
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR))
-        Drain(owners[i].first->rank, *owners[i].second);
-    }
-    for (Worker& w : workers) {
-      if (!w.running) continue;
-      int status = 0;
-      const pid_t r = ::waitpid(w.pid, &status, WNOHANG);
-      if (r != w.pid) continue;
-      w.running = false;
-      w.wait_status = status;
-      if (Failed(status) && !stopping) {
-        const std::string how =
-            absl::StrCat("rank ", w.rank, " (pid ", w.pid, ") ", HowItEnded(status));
-        const int others = static_cast<int>(std::count_if(
-            workers.begin(), workers.end(), [](const Worker& x) { return x.running; }));
-        Say(absl::StrCat(how, "; stopping the other ", others, " worker(s)"));
-        begin_stop(how, ShellStatus(status));
-      }
-    }
-    const bool any_running =
-        std::any_of(workers.begin(), workers.end(), [](const Worker& w) { return w.running; });
-    if (stopping && !killed && any_running && Clock::now() >= kill_at) {
-      Say(absl::StrCat("workers still running ", absl::FormatDuration(options.grace_period),
-                       " after SIGTERM; sending SIGKILL"));
-      SignalRunning(workers, SIGKILL);
-      killed = true;
-    }
-    if (!any_running) {
-      const bool any_open = std::any_of(workers.begin(), workers.end(), [](const Worker& w) {
-        return w.out.fd >= 0 || w.err.fd >= 0;
-      });
-      if (all_exited_at == Clock::time_point{}) all_exited_at = Clock::now();
-      // A grandchild may hold a pipe open; do not wait for it for long.
-      if (!any_open || Clock::now() - all_exited_at > std::chrono::seconds(1)) break;
-    }
-  }
-  for (Worker& w : workers) {
-    for (Stream* s : {&w.out, &w.err}) {
-      if (s->fd >= 0) {
-        ::close(s->fd);
-        s->fd = -1;
-      }
-      FlushLines(w.rank, *s, /*eof=*/true);
-    }
-  }
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
-  ::sigaction(SIGHUP, &old_hup, nullptr);
-  ::sigaction(SIGPIPE, &old_pipe, nullptr);
-  ::close(g_signal_pipe[0]);
-  ::close(g_signal_pipe[1]);
-  g_signal_pipe[0] = g_signal_pipe[1] = -1;
-
-  if (result != 0) {
-    Say(absl::StrCat("FAILED: ", verdict));
-  }
-  return result;
+  const absl::Status spawned = SpawnWorkers(options, port, threads, argv, workers);
+  return Supervisor(options, workers).Run(spawned);
 }
 
 std::vector<char*> MaybeLaunch(int argc, char** argv, const std::function<int()>& default_nproc) {

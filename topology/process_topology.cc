@@ -169,11 +169,14 @@ absl::StatusOr<std::vector<int>> ProcessTopology::FilterMatch(const AxisValues& 
   return ranks;
 }
 
-std::string ProcessTopology::RankRepr(int rank, const std::vector<std::string>& omit_axes,
-                                      const std::string& inner_sep,
-                                      const std::string& outer_sep) const {
-  CHECK(rank >= 0 && rank < world_size_)
-      << "rank " << rank << " out of range [0, " << world_size_ << ")";
+absl::StatusOr<std::string> ProcessTopology::RankRepr(int rank,
+                                                      const std::vector<std::string>& omit_axes,
+                                                      const std::string& inner_sep,
+                                                      const std::string& outer_sep) const {
+  if (rank < 0 || rank >= world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is out of range [0, ",
+                                                   world_size_, ") of topology ", ToString()));
+  }
   std::vector<std::string> parts;
   for (size_t i = 0; i < axes_.size(); ++i) {
     if (std::find(omit_axes.begin(), omit_axes.end(), axes_[i]) != omit_axes.end()) continue;

@@ -75,11 +75,11 @@ class ProcessTopology {
 
   // "axis_%02d" for every axis not in `omit_axes`, joined by `outer_sep`
   // (DeepSpeed's get_rank_repr): "model_00" in a pipe/data/model topology, ""
-  // in a pipe/data one. Used to name per-rank files (checkpoints). Requires a
-  // valid rank (CHECK-fails otherwise: callers pass their own rank).
-  std::string RankRepr(int rank, const std::vector<std::string>& omit_axes = {kDataAxis, kPipeAxis},
-                       const std::string& inner_sep = "_",
-                       const std::string& outer_sep = "-") const;
+  // in a pipe/data one. Used to name per-rank files (checkpoints).
+  // InvalidArgument unless 0 <= rank < world_size().
+  absl::StatusOr<std::string> RankRepr(
+      int rank, const std::vector<std::string>& omit_axes = {kDataAxis, kPipeAxis},
+      const std::string& inner_sep = "_", const std::string& outer_sep = "-") const;
 
   // "pipe=2 x data=2 x model=1".
   std::string ToString() const;

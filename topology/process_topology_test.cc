@@ -94,13 +94,23 @@ TEST(ProcessTopologyTest, GetDim) {
 
 TEST(ProcessTopologyTest, RankRepr) {
   ProcessTopology topo = Make({"a", "b"}, {2, 2});
-  EXPECT_EQ(topo.RankRepr(1), "a_00-b_01");
-  EXPECT_EQ(topo.RankRepr(2, {}, "=", "/"), "a=01/b=00");
-  EXPECT_EQ(PipeDataParallelTopology(2, 2)->RankRepr(3), "");
+  EXPECT_EQ(*topo.RankRepr(1), "a_00-b_01");
+  EXPECT_EQ(*topo.RankRepr(2, {}, "=", "/"), "a=01/b=00");
+  EXPECT_EQ(*PipeDataParallelTopology(2, 2)->RankRepr(3), "");
   auto pmd = PipeModelDataParallelTopology(2, 2, 2);
-  EXPECT_EQ(pmd->RankRepr(0), "model_00");
-  EXPECT_EQ(pmd->RankRepr(5), "model_01");
-  EXPECT_EQ(pmd->RankRepr(5, {"pipe"}), "data_00-model_01");
+  EXPECT_EQ(*pmd->RankRepr(0), "model_00");
+  EXPECT_EQ(*pmd->RankRepr(5), "model_01");
+  EXPECT_EQ(*pmd->RankRepr(5, {"pipe"}), "data_00-model_01");
+}
+
+TEST(ProcessTopologyTest, RankReprRejectsRanksOutsideTheWorld) {
+  ProcessTopology topo = Make({"a", "b"}, {2, 2});
+  for (int rank : {-1, 4}) {
+    absl::StatusOr<std::string> repr = topo.RankRepr(rank);
+    EXPECT_EQ(repr.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(repr.status().message(), HasSubstr(absl::StrCat("rank ", rank)));
+    EXPECT_THAT(repr.status().message(), HasSubstr("[0, 4)"));
+  }
 }
 
 TEST(ProcessTopologyTest, RejectsBadInput) {

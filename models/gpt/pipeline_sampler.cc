@@ -5,6 +5,7 @@
 
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "topology/wait_work.h"
 
 namespace pp {
 
@@ -42,8 +43,8 @@ NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid
       std::vector<at::Tensor> tensors = {logits};
       c10d::BroadcastOptions options;
       options.rootRank = grid->num_stages() - 1;  // pipe group rank == stage
-      PP_RETURN_IF_ERROR(TorchCall("broadcast of sampling logits over the pipe group", [&] {
-        grid->pipe_group()->broadcast(tensors, options)->wait(timeout);
+      PP_RETURN_IF_ERROR(RunCollective("broadcast of sampling logits", "pipe group", timeout, [&] {
+        return grid->pipe_group()->broadcast(tensors, options);
       }));
     }
     return logits;

@@ -62,6 +62,9 @@ std::vector<double> PartCosts(const std::vector<double>& costs, const Bounds& bo
   return sums;
 }
 
+// sqrt(DBL_MAX) is 1.34e154; a round bound below it.
+constexpr double kMaxTotalCost = 1e154;
+
 absl::StatusOr<Bounds> BalancedBounds(const std::vector<double>& costs, int64_t num_parts) {
   const int64_t n = static_cast<int64_t>(costs.size());
   if (absl::Status s = CheckEnoughLayers(n, num_parts); !s.ok()) return s;
@@ -70,6 +73,15 @@ absl::StatusOr<Bounds> BalancedBounds(const std::vector<double>& costs, int64_t 
       return absl::InvalidArgumentError(
           absl::StrCat("cost of layer ", i, " is ", costs[i], "; costs must be finite and >= 0"));
     }
+  }
+  // Pass 2 sums squared part costs: the total's square must stay finite
+  // (costs near 1e154 would overflow to inf and lose the optimum).
+  double total = 0;
+  for (double c : costs) total += c;
+  if (!(total < kMaxTotalCost)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "costs sum to ", total, "; the balancer squares part costs, so the sum must be below ",
+        kMaxTotalCost, " (scale the costs down)"));
   }
   const int64_t p = num_parts;
   // prefix[i] = cost of layers [0, i). Every segment cost is computed as one

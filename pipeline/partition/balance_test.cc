@@ -62,6 +62,21 @@ TEST(BalancedBoundsTest, RejectsBadInput) {
   EXPECT_EQ(BalancedBounds({1}, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Squares of part costs near 1e154 overflow a double: refused by name, not
+// an internal "reconstruction found no cut".
+TEST(BalancedBoundsTest, RejectsCostsWhoseSquaresOverflow) {
+  for (const std::vector<double>& costs :
+       {std::vector<double>{1e154, 1e154, 1.0}, std::vector<double>{8e153, 8e153},
+        std::vector<double>{1e308, 1e308}}) {
+    absl::StatusOr<Bounds> b = BalancedBounds(costs, 2);
+    ASSERT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
+    EXPECT_NE(b.status().message().find("costs sum to"), std::string::npos) << b.status();
+    EXPECT_NE(b.status().message().find("1e+154"), std::string::npos) << b.status();
+  }
+  // Large but representable totals still balance.
+  EXPECT_EQ(Balanced({1e150, 1e150, 2e150}, 2), (Bounds{0, 2, 3}));
+}
+
 TEST(UniformBoundsTest, FirstPartsGetTheRemainder) {
   EXPECT_EQ(*UniformBounds(10, 4), (Bounds{0, 3, 6, 8, 10}));
   EXPECT_EQ(*UniformBounds(8, 4), (Bounds{0, 2, 4, 6, 8}));

@@ -1,8 +1,6 @@
-// The built-in schedules through the equivalence suite (equivalence_suite.h:
-// every registered training schedule x pp x dp x optimizer x micro-batch
-// count x activation checkpointing equals ToSequential()), plus what the
-// matrix does not vary: clipping with an LR schedule, receives in program
-// order, and a teeth test.
+// What the equivalence suite (//testing:equivalence_suite, which runs the
+// built-in schedules in //testing:equivalence_test) does not vary: clipping
+// with an LR schedule, receives in program order, and a teeth test.
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"

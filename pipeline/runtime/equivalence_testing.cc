@@ -4,7 +4,6 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "checkpoint/activation_checkpointing.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/pipeline_model.h"
@@ -135,12 +134,7 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         to.timeout = config.timeout;
         to.reduce_tied_grads = config.reduce_tied_grads;
         to.defer_receives = config.defer_receives;
-        if (config.checkpoint_interval > 0) {
-          ActivationCheckpointPolicy policy;
-          policy.interval = config.checkpoint_interval;
-          policy.checkpointable_types = "Block";
-          PP_ASSIGN_OR_RETURN(to.layer_runner, MakeCheckpointingRunner(policy));
-        }
+        to.layer_runner = config.layer_runner;
         PP_ASSIGN_OR_RETURN(auto trainer,
                             Trainer::Create(&grid, model.get(), LossOf(config), source.get(), to));
         for (int step = 0; step < config.steps; ++step) {

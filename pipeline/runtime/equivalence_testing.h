@@ -55,9 +55,10 @@ struct RunConfig {
   double max_grad_norm = 0.0;
   bool reduce_tied_grads = true;
   bool defer_receives = true;
-  // > 0: activation checkpointing (checkpoint/) of every run of this many
-  // local Block layers, set on the stage modules through the Trainer.
-  int checkpoint_interval = 0;
+  // Runs each stage's layers (TrainerOptions::layer_runner); unset = plain
+  // forward. Activation checkpointing's tests (checkpoint/activation/, a
+  // higher package) pass MakeCheckpointingRunner's here.
+  LayerRunner layer_runner;
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
   // The model under test (models/ adds GPT and BERT); each unset part falls
   // back to the toy model: ToySpecs(blocks), ToyLoss, ToySource.

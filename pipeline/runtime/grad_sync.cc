@@ -5,27 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "topology/wait_work.h"
 
 namespace pp {
 namespace {
-
-absl::Status WaitOrError(const c10::intrusive_ptr<c10d::Work>& work,
-                         std::chrono::milliseconds timeout, const std::string& what) {
-  bool ok = work->wait(timeout);
-  if (!ok) throw std::runtime_error(absl::StrCat(what, " was aborted"));
-  return absl::OkStatus();
-}
-
-absl::Status Collective(const std::string& what, std::chrono::milliseconds timeout,
-                        const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
-  absl::Status s = TorchCall(what, [&] { (void)WaitOrError(start(), timeout, what); });
-  if (!s.ok()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(s.message(), " (a member rank died, hung or is out of step; timeout ",
-                     timeout.count(), " ms)"));
-  }
-  return s;
-}
 
 // One flat buffer of all gradients (undefined ones as zeros).
 torch::Tensor FlattenGrads(const std::vector<torch::Tensor>& params) {
@@ -64,9 +47,10 @@ absl::Status BroadcastTiedParams(const std::vector<TiedParams>& ties,
     if (!tie.group || tie.group->getSize() == 1) continue;
     for (size_t i = 0; i < tie.params.size(); ++i) {
       std::vector<at::Tensor> one = {tie.params[i].detach()};
-      PP_RETURN_IF_ERROR(Collective(absl::StrCat("broadcast of tied weight '", tie.key, "' param ",
-                                                 i, " over ranks ", tie.members),
-                                    timeout, [&] { return tie.group->broadcast(one); }));
+      PP_RETURN_IF_ERROR(
+          RunCollective(absl::StrCat("broadcast of tied weight '", tie.key, "' param ", i),
+                        absl::StrCat("tie group ", tie.members), timeout,
+                        [&] { return tie.group->broadcast(one); }));
     }
   }
   return absl::OkStatus();
@@ -80,9 +64,9 @@ absl::Status AllReduceTiedGrads(const std::vector<TiedParams>& ties,
     torch::Tensor flat;
     PP_RETURN_IF_ERROR(TorchCall("flatten tied grads", [&] { flat = FlattenGrads(tie.params); }));
     std::vector<at::Tensor> one = {flat};
-    PP_RETURN_IF_ERROR(
-        Collective(absl::StrCat("tied-grad all-reduce of '", tie.key, "' over ranks ", tie.members),
-                   timeout, [&] { return tie.group->allreduce(one); }));
+    PP_RETURN_IF_ERROR(RunCollective(absl::StrCat("tied-grad all-reduce of '", tie.key, "'"),
+                                     absl::StrCat("tie group ", tie.members), timeout,
+                                     [&] { return tie.group->allreduce(one); }));
     UnflattenGrads(tie.params, flat);
   }
   return absl::OkStatus();
@@ -96,9 +80,9 @@ absl::Status AverageGrads(const std::vector<torch::Tensor>& params,
   torch::Tensor flat;
   PP_RETURN_IF_ERROR(TorchCall("flatten grads", [&] { flat = FlattenGrads(params); }));
   std::vector<at::Tensor> one = {flat};
-  PP_RETURN_IF_ERROR(Collective(
-      absl::StrCat("data-parallel gradient all-reduce over ", data_group->getSize(), " ranks"),
-      timeout, [&] { return data_group->allreduce(one); }));
+  PP_RETURN_IF_ERROR(RunCollective("data-parallel gradient all-reduce",
+                                   absl::StrCat("data group of ", data_group->getSize(), " ranks"),
+                                   timeout, [&] { return data_group->allreduce(one); }));
   flat.div_(static_cast<double>(data_group->getSize()));
   UnflattenGrads(params, flat);
   return absl::OkStatus();
@@ -119,12 +103,12 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_
   torch::Tensor sumsq = torch::tensor({local}, torch::kDouble).to(device);
   std::vector<at::Tensor> one = {sumsq};
   if (pipe_group && pipe_group->getSize() > 1) {
-    PP_RETURN_IF_ERROR(Collective("grad-norm all-reduce over the pipe group", timeout,
-                                  [&] { return pipe_group->allreduce(one); }));
+    PP_RETURN_IF_ERROR(RunCollective("grad-norm all-reduce", "pipe group", timeout,
+                                     [&] { return pipe_group->allreduce(one); }));
   }
   if (data_group && data_group->getSize() > 1) {
-    PP_RETURN_IF_ERROR(Collective("grad-norm all-reduce over the data group", timeout,
-                                  [&] { return data_group->allreduce(one); }));
+    PP_RETURN_IF_ERROR(RunCollective("grad-norm all-reduce", "data group", timeout,
+                                     [&] { return data_group->allreduce(one); }));
     sumsq.div_(static_cast<double>(data_group->getSize()));
   }
   return std::sqrt(sumsq.cpu().item<double>());

@@ -4,6 +4,8 @@
 #include <exception>
 #include <utility>
 
+#include <glog/logging.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
@@ -90,7 +92,7 @@ P2P::~P2P() {
   // Outstanding sends keep their tensors alive themselves; waiting here (with
   // the timeout) keeps a destroyed executor from racing its own transfers.
   absl::Status s = WaitSends();
-  (void)s;
+  LOG_IF(WARNING, !s.ok()) << "p2p shut down with sends unfinished: " << s;
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;

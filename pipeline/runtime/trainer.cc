@@ -8,15 +8,10 @@
 #include "common/torch_status.h"
 #include "pipeline/schedule/chrome_trace.h"
 #include "pipeline/schedule/registry.h"
+#include "topology/wait_work.h"
 
 namespace pp {
 namespace {
-
-absl::Status WaitCollective(const c10::intrusive_ptr<c10d::Work>& work,
-                            std::chrono::milliseconds timeout) {
-  if (!work->wait(timeout)) return absl::AbortedError("collective aborted");
-  return absl::OkStatus();
-}
 
 absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const ScheduleOptions& options,
                                            bool want_forward_only) {
@@ -152,15 +147,14 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
 absl::StatusOr<double> Trainer::ReduceLoss(const StepStats& stats) {
   torch::Tensor loss = torch::tensor({stats.loss_sum}, torch::kDouble).to(options_.device);
   std::vector<at::Tensor> one = {loss};
-  absl::Status s = TorchCall("loss all-reduce", [&] {
-    if (grid_->num_stages() > 1) {
-      (void)WaitCollective(grid_->pipe_group()->allreduce(one), options_.timeout);
-    }
-    if (grid_->data_parallel_size() > 1) {
-      (void)WaitCollective(grid_->data_group()->allreduce(one), options_.timeout);
-    }
-  });
-  PP_RETURN_IF_ERROR(s);
+  if (grid_->num_stages() > 1) {
+    PP_RETURN_IF_ERROR(RunCollective("loss all-reduce", "pipe group", options_.timeout,
+                                     [&] { return grid_->pipe_group()->allreduce(one); }));
+  }
+  if (grid_->data_parallel_size() > 1) {
+    PP_RETURN_IF_ERROR(RunCollective("loss all-reduce", "data group", options_.timeout,
+                                     [&] { return grid_->data_group()->allreduce(one); }));
+  }
   return loss.cpu().item<double>() /
          static_cast<double>(options_.num_microbatches * grid_->data_parallel_size());
 }
@@ -191,8 +185,8 @@ absl::StatusOr<StepResult> Trainer::Step() {
     gathered[0].push_back(torch::empty({2}, torch::dtype(torch::kDouble).device(options_.device)));
   }
   std::vector<at::Tensor> input = {mine};
-  PP_RETURN_IF_ERROR(TorchCall("busy-time all-gather", [&] {
-    (void)WaitCollective(grid_->world_group()->allgather(gathered, input), options_.timeout);
+  PP_RETURN_IF_ERROR(RunCollective("busy-time all-gather", "world group", options_.timeout, [&] {
+    return grid_->world_group()->allgather(gathered, input);
   }));
   for (int r = 0; r < world; ++r) {
     torch::Tensor got = gathered[0][r].cpu();
@@ -223,8 +217,8 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
   const auto on_device = torch::dtype(torch::kLong).device(options_.device);
   for (int r = 0; r < world; ++r) counts[0].push_back(torch::empty({1}, on_device));
   std::vector<at::Tensor> my_count = {torch::tensor({n}, torch::kLong).to(options_.device)};
-  PP_RETURN_IF_ERROR(TorchCall("trace count all-gather", [&] {
-    (void)WaitCollective(grid_->world_group()->allgather(counts, my_count), options_.timeout);
+  PP_RETURN_IF_ERROR(RunCollective("trace count all-gather", "world group", options_.timeout, [&] {
+    return grid_->world_group()->allgather(counts, my_count);
   }));
   for (int r = 0; r < world; ++r) counts[0][r] = counts[0][r].cpu();
   int64_t max_n = 1;
@@ -241,9 +235,8 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
   std::vector<std::vector<at::Tensor>> tables(1);
   for (int r = 0; r < world; ++r) tables[0].push_back(torch::empty({max_n, 5}, on_device));
   std::vector<at::Tensor> mine = {table.to(options_.device)};
-  PP_RETURN_IF_ERROR(TorchCall("trace all-gather", [&] {
-    (void)WaitCollective(grid_->world_group()->allgather(tables, mine), options_.timeout);
-  }));
+  PP_RETURN_IF_ERROR(RunCollective("trace all-gather", "world group", options_.timeout,
+                                   [&] { return grid_->world_group()->allgather(tables, mine); }));
   for (int r = 0; r < world; ++r) tables[0][r] = tables[0][r].cpu();
   int64_t t0 = INT64_MAX;
   for (int r = 0; r < world; ++r) {

@@ -1,8 +1,8 @@
 // A residual MLP block as a pipe layer, for activation checkpointing's tests
 // and benchmark (a deep MLP stack is the simplest model whose activation memory
 // dominates its parameter memory). Models proper live in models/.
-#ifndef CHECKPOINT_MLP_BLOCK_H_
-#define CHECKPOINT_MLP_BLOCK_H_
+#ifndef PIPELINE_TESTING_MLP_BLOCK_H_
+#define PIPELINE_TESTING_MLP_BLOCK_H_
 
 #include <cstdint>
 #include <vector>
@@ -32,4 +32,4 @@ std::vector<Layer> MakeMlpStack(int64_t num_blocks, int64_t width, int64_t hidde
 
 }  // namespace pp
 
-#endif  // CHECKPOINT_MLP_BLOCK_H_
+#endif  // PIPELINE_TESTING_MLP_BLOCK_H_

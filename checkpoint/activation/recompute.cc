@@ -1,4 +1,4 @@
-#include "checkpoint/recompute.h"
+#include "checkpoint/activation/recompute.h"
 
 #include <algorithm>
 #include <mutex>

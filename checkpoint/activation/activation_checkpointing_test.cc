@@ -1,12 +1,12 @@
-#include "checkpoint/activation_checkpointing.h"
+#include "checkpoint/activation/activation_checkpointing.h"
 
 #include <memory>
 #include <regex>
 #include <string>
 #include <vector>
 
-#include "checkpoint/mlp_block.h"
 #include "gtest/gtest.h"
+#include "pipeline/testing/mlp_block.h"
 
 namespace pp {
 namespace {

@@ -1,4 +1,4 @@
-#include "checkpoint/mlp_block.h"
+#include "pipeline/testing/mlp_block.h"
 
 #include <memory>
 

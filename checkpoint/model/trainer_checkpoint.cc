@@ -1,4 +1,4 @@
-#include "checkpoint/trainer_checkpoint.h"
+#include "checkpoint/model/trainer_checkpoint.h"
 
 #include <set>
 #include <string>

@@ -16,14 +16,14 @@
 // (the report says whether they did).
 //
 // Next: checkpoint/model_checkpoint.h (the files), checkpoint/README.md.
-#ifndef CHECKPOINT_TRAINER_CHECKPOINT_H_
-#define CHECKPOINT_TRAINER_CHECKPOINT_H_
+#ifndef CHECKPOINT_MODEL_TRAINER_CHECKPOINT_H_
+#define CHECKPOINT_MODEL_TRAINER_CHECKPOINT_H_
 
 #include <chrono>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "checkpoint/model_checkpoint.h"
+#include "checkpoint/model/model_checkpoint.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/trainer.h"
 #include "topology/parallel_grid.h"
@@ -111,4 +111,4 @@ class TrainingCheckpointer {
 
 }  // namespace pp
 
-#endif  // CHECKPOINT_TRAINER_CHECKPOINT_H_
+#endif  // CHECKPOINT_MODEL_TRAINER_CHECKPOINT_H_

@@ -9,7 +9,7 @@
 
 #include <torch/torch.h>
 
-#include "checkpoint/model_checkpoint.h"
+#include "checkpoint/model/model_checkpoint.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -95,9 +95,9 @@ TEST(PythonInteropTest, TorchLoadReadsEveryFile) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
   std::string script = srcdir ? (fs::path(srcdir) / (workspace ? workspace : "pipe") /
-                                 "checkpoint/python_interop_check.py")
+                                 "checkpoint/model/python_interop_check.py")
                                     .string()
-                              : "checkpoint/python_interop_check.py";
+                              : "checkpoint/model/python_interop_check.py";
   std::string cmd = python + " " + script + " " + *dir + " " + ref_path + " 2>&1";
   int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc));

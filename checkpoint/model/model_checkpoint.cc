@@ -1,4 +1,4 @@
-#include "checkpoint/model_checkpoint.h"
+#include "checkpoint/model/model_checkpoint.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -19,9 +19,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "checkpoint/model/file_io.h"
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
 #include "common/torch_status.h"
+#include "topology/wait_work.h"
 
 namespace pp {
 namespace {
@@ -131,10 +133,10 @@ absl::Status AgreeOk(const CheckpointRank& rank, const absl::Status& local,
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::MIN;
   opts.timeout = rank.timeout;
-  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("checkpoint ", phase, ": agreeing on success"), [&] {
-    std::vector<at::Tensor> tensors = {flag};
-    rank.world->allreduce(tensors, opts)->wait(rank.timeout);
-  }));
+  std::vector<at::Tensor> tensors = {flag};
+  PP_RETURN_IF_ERROR(RunCollective(absl::StrCat("checkpoint ", phase, ": agreeing on success"),
+                                   "world group", rank.timeout,
+                                   [&] { return rank.world->allreduce(tensors, opts); }));
   if (!local.ok()) return local;
   int failed = flag.item<int>();
   if (failed < rank.world_size) {

@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/activation_checkpointing.h"
-#include "checkpoint/mlp_block.h"
+#include "checkpoint/activation/activation_checkpointing.h"
 #include "gtest/gtest.h"
 #include "pipeline/layers/layer_spec.h"
 #include "pipeline/pipeline_model.h"
+#include "pipeline/testing/mlp_block.h"
 
 namespace pp {
 namespace {

@@ -1,12 +1,12 @@
-#include "checkpoint/recompute.h"
+#include "checkpoint/activation/recompute.h"
 
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "checkpoint/mlp_block.h"
 #include "gtest/gtest.h"
+#include "pipeline/testing/mlp_block.h"
 
 namespace pp {
 namespace {

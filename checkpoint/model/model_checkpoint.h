@@ -22,9 +22,9 @@
 // must not share a root). Only the CPU RNG is captured by callers here
 // (trainer_checkpoint.h); CUDA generator states are not.
 //
-// Next: checkpoint/checkpoint_io.h (file format, atomic commit).
-#ifndef CHECKPOINT_MODEL_CHECKPOINT_H_
-#define CHECKPOINT_MODEL_CHECKPOINT_H_
+// Next: checkpoint/model/tensor_file.h (file format), checkpoint_dir.h (atomic commit).
+#ifndef CHECKPOINT_MODEL_MODEL_CHECKPOINT_H_
+#define CHECKPOINT_MODEL_MODEL_CHECKPOINT_H_
 
 #include <chrono>
 #include <cstdint>
@@ -38,8 +38,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "checkpoint/checkpoint_io.h"
-#include "checkpoint/manifest.pb.h"
+#include "checkpoint/model/checkpoint_dir.h"
+#include "checkpoint/model/manifest.pb.h"
+#include "checkpoint/model/tensor_file.h"
 #include "topology/process_group.h"
 
 namespace pp {
@@ -168,4 +169,4 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
 
 }  // namespace pp
 
-#endif  // CHECKPOINT_MODEL_CHECKPOINT_H_
+#endif  // CHECKPOINT_MODEL_MODEL_CHECKPOINT_H_

@@ -1,4 +1,4 @@
-#include "checkpoint/model_checkpoint.h"
+#include "checkpoint/model/model_checkpoint.h"
 
 #include <cstdlib>
 #include <filesystem>

@@ -7,7 +7,7 @@
 //
 // The resume test runs real worker processes (this binary re-executed with
 // PP_CKPT_WORKER set), since dropout draws from the process-wide generator.
-#include "checkpoint/trainer_checkpoint.h"
+#include "checkpoint/model/trainer_checkpoint.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -18,8 +18,8 @@
 // gradients only (zero-bubble's I/W split) skip the weight gradients.
 //
 // Policies (which ranges to checkpoint) are in activation_checkpointing.h.
-#ifndef CHECKPOINT_RECOMPUTE_H_
-#define CHECKPOINT_RECOMPUTE_H_
+#ifndef CHECKPOINT_ACTIVATION_RECOMPUTE_H_
+#define CHECKPOINT_ACTIVATION_RECOMPUTE_H_
 
 #include <vector>
 
@@ -77,4 +77,4 @@ class RngSnapshot {
 
 }  // namespace pp
 
-#endif  // CHECKPOINT_RECOMPUTE_H_
+#endif  // CHECKPOINT_ACTIVATION_RECOMPUTE_H_

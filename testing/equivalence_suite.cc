@@ -1,4 +1,4 @@
-#include "pipeline/runtime/equivalence_suite.h"
+#include "testing/equivalence_suite.h"
 
 #include <cctype>
 #include <set>
@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/activation/activation_checkpointing.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/schedule/capabilities.h"
 #include "pipeline/schedule/lowering.h"
@@ -34,6 +35,19 @@ void SetOptimizer(const std::string& opt, RunConfig& c) {
     c.optimizer.lr = 0.01;
     c.optimizer.weight_decay = 0.01;
   }
+}
+
+// Activation checkpointing of every toy Block (checkpoint/activation).
+LayerRunner CheckpointEveryBlock() {
+  ActivationCheckpointPolicy policy;
+  policy.interval = 1;
+  policy.checkpointable_types = "Block";
+  absl::StatusOr<LayerRunner> runner = MakeCheckpointingRunner(policy);
+  if (!runner.ok()) {
+    ADD_FAILURE() << runner.status();
+    return LayerRunner();
+  }
+  return *runner;
 }
 
 }  // namespace
@@ -67,7 +81,7 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
               c.dp = dp;
               c.microbatches = m;
               c.chunks = chunks;
-              c.checkpoint_interval = ckpt;
+              c.layer_runner = ckpt > 0 ? CheckpointEveryBlock() : LayerRunner();
               SetOptimizer(opt, c);
               std::string name = absl::StrCat(info.name, "_pp", pp, "_dp", dp, "_v", chunks, "_m",
                                               m, "_", opt, ckpt > 0 ? "_ckpt" : "");

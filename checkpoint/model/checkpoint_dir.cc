@@ -1,0 +1,251 @@
+#include "checkpoint/model/checkpoint_dir.h"
+
+#include <stdio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <map>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "checkpoint/model/file_io.h"
+#include "common/status_macros.h"
+#include "google/protobuf/text_format.h"
+
+namespace pp {
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint::FileInfo;
+using checkpoint::Manifest;
+
+constexpr char kTempPrefix[] = ".tmp-";
+constexpr char kOldPrefix[] = ".old-";
+constexpr char kPartPrefix[] = "part-rank_";
+constexpr char kStepPrefix[] = "step_";
+
+// Step of a directory name "step_N", or -1.
+int64_t StepOfName(const std::string& name) {
+  absl::string_view rest(name);
+  if (!absl::ConsumePrefix(&rest, kStepPrefix)) return -1;
+  int64_t step = -1;
+  if (!absl::SimpleAtoi(rest, &step) || step < 0) return -1;
+  return step;
+}
+
+absl::StatusOr<std::string> ReadLatest(const std::string& root) {
+  std::string path = (fs::path(root) / kLatestFileName).string();
+  PP_ASSIGN_OR_RETURN(std::string name, ReadWholeFile(path));
+  name = std::string(absl::StripAsciiWhitespace(name));
+  if (name.empty() || name.find('/') != std::string::npos) {
+    return absl::DataLossError(absl::StrCat(
+        path, " should hold a checkpoint directory name like step_00000100, found '", name, "'"));
+  }
+  return name;
+}
+
+}  // namespace
+
+std::string CheckpointName(int64_t step) { return absl::StrFormat("%s%08d", kStepPrefix, step); }
+
+absl::StatusOr<Manifest> ReadManifest(const std::string& dir) {
+  std::string path = (fs::path(dir) / kManifestFileName).string();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint directory ", dir, " does not exist"));
+  }
+  absl::StatusOr<std::string> bytes = ReadWholeFile(path);
+  if (!bytes.ok()) {
+    if (absl::IsNotFound(bytes.status())) {
+      return absl::NotFoundError(absl::StrCat(dir, " is not a checkpoint: it has no ",
+                                              kManifestFileName, " (and no '", kLatestFileName,
+                                              "' file naming one)"));
+    }
+    return bytes.status();
+  }
+  Manifest manifest;
+  if (!google::protobuf::TextFormat::ParseFromString(*bytes, &manifest)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint manifest ", path, " is not a valid text-format pp.checkpoint.Manifest"));
+  }
+  if (manifest.magic() != kCheckpointMagic) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint manifest ", path, " has magic '",
+                                                   manifest.magic(), "', expected '",
+                                                   kCheckpointMagic, "': not a pipe checkpoint"));
+  }
+  if (manifest.format_version() > kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint manifest ", path, " has format_version ", manifest.format_version(),
+        ", newer than this build reads (", kCheckpointFormatVersion, "); use a newer pipe"));
+  }
+  if (manifest.format_version() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint manifest ", path,
+                                                   " has format_version ",
+                                                   manifest.format_version(), ", expected 1.."));
+  }
+  return manifest;
+}
+
+absl::StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint path ", path, " is not a directory"));
+  }
+  if (fs::exists(fs::path(path) / kManifestFileName, ec)) return path;
+  if (fs::exists(fs::path(path) / kLatestFileName, ec)) {
+    PP_ASSIGN_OR_RETURN(std::string name, ReadLatest(path));
+    std::string dir = (fs::path(path) / name).string();
+    if (!fs::exists(fs::path(dir) / kManifestFileName, ec)) {
+      return absl::NotFoundError(absl::StrCat((fs::path(path) / kLatestFileName).string(),
+                                              " names ", name, " but ", dir,
+                                              " is not a complete checkpoint"));
+    }
+    return dir;
+  }
+  return absl::NotFoundError(absl::StrCat(path, " is not a checkpoint: it has neither ",
+                                          kManifestFileName, " nor a '", kLatestFileName,
+                                          "' file"));
+}
+
+absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  fs::directory_iterator it(root, ec);
+  if (ec)
+    return absl::NotFoundError(
+        absl::StrCat("cannot list checkpoint root ", root, ": ", ec.message()));
+  for (const fs::directory_entry& entry : it) {
+    std::string name = entry.path().filename().string();
+    int64_t step = StepOfName(name);
+    if (step < 0 || !entry.is_directory()) continue;
+    if (!fs::exists(entry.path() / kManifestFileName, ec)) continue;
+    found.emplace_back(step, name);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> names;
+  for (auto& f : found) names.push_back(std::move(f.second));
+  return names;
+}
+
+absl::Status PruneCheckpoints(const std::string& root, int keep_last) {
+  std::error_code ec;
+  // Leftovers of interrupted saves. Only called by the committing process,
+  // after its own save finished, so no temp dir here is in use.
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+    std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, kTempPrefix) || absl::StartsWith(name, kOldPrefix)) {
+      PP_RETURN_IF_ERROR(RemoveTree(entry.path().string()));
+    }
+  }
+  if (keep_last <= 0) return absl::OkStatus();
+  PP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListCheckpoints(root));
+  absl::StatusOr<std::string> latest = ReadLatest(root);
+  int excess = static_cast<int>(names.size()) - keep_last;
+  for (int i = 0; i < excess; ++i) {
+    if (latest.ok() && names[i] == *latest) continue;
+    PP_RETURN_IF_ERROR(RemoveTree((fs::path(root) / names[i]).string()));
+  }
+  return SyncFile(root);
+}
+
+std::string TempCheckpointDir(const std::string& root, const std::string& name) {
+  return (fs::path(root) / absl::StrCat(kTempPrefix, name)).string();
+}
+
+absl::StatusOr<std::string> PrepareTempCheckpointDir(const std::string& root,
+                                                     const std::string& name) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create checkpoint root ", root, ": ", ec.message()));
+  std::string tmp = TempCheckpointDir(root, name);
+  PP_RETURN_IF_ERROR(RemoveTree(tmp));
+  fs::create_directory(tmp, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", ec.message()));
+  return tmp;
+}
+
+absl::Status WritePartialManifest(const std::string& tmp_dir, int rank,
+                                  const std::vector<FileInfo>& files) {
+  Manifest part;
+  for (const FileInfo& f : files) *part.add_files() = f;
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(part, &text);
+  std::string path =
+      (fs::path(tmp_dir) / absl::StrFormat("%s%05d.textproto", kPartPrefix, rank)).string();
+  return WriteFileSynced(path, text);
+}
+
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& root, const std::string& name,
+                                             Manifest header, int keep_last) {
+  std::string tmp = TempCheckpointDir(root, name);
+  header.clear_files();
+  header.set_magic(kCheckpointMagic);
+  header.set_format_version(kCheckpointFormatVersion);
+  // Merge the parts in rank order so the manifest is deterministic.
+  std::vector<fs::path> parts;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(tmp, ec)) {
+    if (absl::StartsWith(entry.path().filename().string(), kPartPrefix))
+      parts.push_back(entry.path());
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", tmp, ": ", ec.message()));
+  std::sort(parts.begin(), parts.end());
+  std::map<std::string, int> writer_of;
+  std::vector<FileInfo> files;
+  for (const fs::path& part_path : parts) {
+    PP_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(part_path.string()));
+    Manifest part;
+    if (!google::protobuf::TextFormat::ParseFromString(bytes, &part)) {
+      return absl::DataLossError(
+          absl::StrCat("partial manifest ", part_path.string(), " does not parse"));
+    }
+    for (const FileInfo& f : part.files()) {
+      auto [it, inserted] = writer_of.emplace(f.path(), f.writer_rank());
+      if (!inserted) {
+        return absl::InternalError(absl::StrCat("checkpoint file ", f.path(),
+                                                " was written by both rank ", it->second,
+                                                " and rank ", f.writer_rank()));
+      }
+      files.push_back(f);
+    }
+  }
+  std::sort(files.begin(), files.end(), [](const FileInfo& a, const FileInfo& b) {
+    if (a.kind() != b.kind()) return a.kind() < b.kind();
+    if (a.layer() != b.layer()) return a.layer() < b.layer();
+    return a.path() < b.path();
+  });
+  for (FileInfo& f : files) *header.add_files() = std::move(f);
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(header, &text);
+  std::string manifest_path = (fs::path(tmp) / kManifestFileName).string();
+  PP_RETURN_IF_ERROR(WriteFileSynced(manifest_path, text));
+  for (const fs::path& part_path : parts) fs::remove(part_path, ec);
+  PP_RETURN_IF_ERROR(SyncFile(tmp));
+
+  std::string final_dir = (fs::path(root) / name).string();
+  std::string old_dir = (fs::path(root) / absl::StrCat(kOldPrefix, name)).string();
+  if (fs::exists(final_dir, ec)) {
+    // Saving a step that already has a checkpoint (e.g. right after resuming):
+    // move the old one aside first, since rename() cannot replace a directory.
+    PP_RETURN_IF_ERROR(RemoveTree(old_dir));
+    if (::rename(final_dir.c_str(), old_dir.c_str()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("cannot move ", final_dir, " aside"));
+    }
+  }
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("cannot rename ", tmp, " to ", final_dir));
+  }
+  PP_RETURN_IF_ERROR(SyncFile(root));
+  PP_RETURN_IF_ERROR(WriteFileDurably((fs::path(root) / kLatestFileName).string(), name + "\n"));
+  PP_RETURN_IF_ERROR(PruneCheckpoints(root, keep_last));
+  return final_dir;
+}
+
+}  // namespace pp

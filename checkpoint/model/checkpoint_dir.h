@@ -1,0 +1,81 @@
+// The directory protocol of model checkpoints.
+//
+// A checkpoint is a directory `<root>/step_00000100/` holding tensor files
+// (tensor_file.h) and `manifest.textproto` (checkpoint.Manifest: format
+// version, topology, config, every file's size and CRC32C, every tensor's
+// name/dtype/shape). `<root>/latest` names the newest complete one.
+//
+// Writing is atomic: files go to `<root>/.tmp-step_00000100/`, each fsynced;
+// CommitCheckpoint merges the writers' partial manifests, fsyncs, renames the
+// directory into place, fsyncs the root, and only then replaces `latest`.
+// A crash at any point leaves the previous checkpoint and `latest` intact.
+//
+// This file knows nothing about models, ranks or optimizers; see
+// checkpoint/model/model_checkpoint.h for the mapping of a pipeline model onto files.
+#ifndef CHECKPOINT_MODEL_CHECKPOINT_DIR_H_
+#define CHECKPOINT_MODEL_CHECKPOINT_DIR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/model/manifest.pb.h"
+
+namespace pp {
+
+// Version written by this code; loaders refuse manifests with a larger one.
+inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr char kCheckpointMagic[] = "pipe-checkpoint";
+inline constexpr char kManifestFileName[] = "manifest.textproto";
+inline constexpr char kLatestFileName[] = "latest";
+
+// "step_00000100": the directory name of the checkpoint of `step`.
+std::string CheckpointName(int64_t step);
+
+// Reads and validates `<dir>/manifest.textproto`: NotFound naming the
+// directory when it is not a checkpoint, FailedPrecondition for a manifest
+// from a newer format, InvalidArgument for an unparsable one.
+[[nodiscard]] absl::StatusOr<checkpoint::Manifest> ReadManifest(const std::string& dir);
+
+// Resolves what a user passes to --resume: a checkpoint directory itself, or
+// a root holding `latest`. Returns the checkpoint directory.
+[[nodiscard]] absl::StatusOr<std::string> ResolveCheckpointDir(const std::string& path);
+
+// Complete checkpoints under `root` (directories named step_N with a
+// manifest), oldest first. Temporary and foreign directories are ignored.
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root);
+
+// Deletes all but the newest `keep_last` complete checkpoints (never the one
+// `latest` names), and stale temporary directories. keep_last <= 0 keeps all.
+[[nodiscard]] absl::Status PruneCheckpoints(const std::string& root, int keep_last);
+
+// --- The commit protocol, used by model_checkpoint with one or many writers ---
+
+// `<root>/.tmp-<name>`.
+std::string TempCheckpointDir(const std::string& root, const std::string& name);
+
+// Creates an empty `<root>/.tmp-<name>` (removing a leftover one) and returns
+// its path. Called by exactly one process before any writer starts.
+[[nodiscard]] absl::StatusOr<std::string> PrepareTempCheckpointDir(const std::string& root,
+                                                                   const std::string& name);
+
+// A writer's list of the files it wrote, as `<tmp>/part-rank_NNNNN.textproto`
+// (fsynced). Every writer calls it after its tensor files are durable.
+[[nodiscard]] absl::Status WritePartialManifest(const std::string& tmp_dir, int rank,
+                                                const std::vector<checkpoint::FileInfo>& files);
+
+// Called by exactly one process after every writer's WritePartialManifest
+// returned: merges the parts into `header` (whose files must be empty), checks
+// no file has two writers, writes the manifest, fsyncs, renames the temporary
+// directory to `<root>/<name>` (replacing an older one of that name), fsyncs
+// the root, updates `latest` and prunes to `keep_last`. Returns the final path.
+[[nodiscard]] absl::StatusOr<std::string> CommitCheckpoint(const std::string& root,
+                                                           const std::string& name,
+                                                           checkpoint::Manifest header,
+                                                           int keep_last);
+
+}  // namespace pp
+
+#endif  // CHECKPOINT_MODEL_CHECKPOINT_DIR_H_

@@ -1,0 +1,66 @@
+#include "topology/wait_work.h"
+
+#include <exception>
+#include <string>
+
+#include <c10/util/Exception.h>
+
+#include "absl/strings/str_cat.h"
+#include "topology/process_group.h"
+
+namespace pp {
+namespace {
+
+std::string What(absl::string_view collective, absl::string_view group,
+                 std::chrono::milliseconds timeout) {
+  return absl::StrCat(collective, " on ", group, " (timeout ", timeout.count(), " ms)");
+}
+
+// The Status for an exception thrown while starting or waiting.
+absl::Status FromException(const std::exception& e, absl::string_view collective,
+                           absl::string_view group, std::chrono::milliseconds timeout) {
+  std::string message = GlooExceptionMessage(e);
+  message = message.substr(0, message.find('\n'));
+  if (LooksLikeTimeout(message)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(What(collective, group, timeout),
+                     " did not complete: a member rank died, hung or is out of step: ", message));
+  }
+  return absl::InternalError(absl::StrCat(What(collective, group, timeout), " failed: ", message));
+}
+
+}  // namespace
+
+absl::Status WaitWork(const WorkPtr& work, absl::string_view collective, absl::string_view group,
+                      std::chrono::milliseconds timeout) {
+  if (!work) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(What(collective, group, timeout), ": no work to wait on (null)"));
+  }
+  if (timeout.count() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(What(collective, group, timeout), ": the timeout must be > 0 ms"));
+  }
+  try {
+    if (!work->wait(timeout)) {
+      return absl::AbortedError(absl::StrCat(What(collective, group, timeout), " was aborted"));
+    }
+  } catch (const std::exception& e) {
+    return FromException(e, collective, group, timeout);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunCollective(absl::string_view collective, absl::string_view group,
+                           std::chrono::milliseconds timeout,
+                           const std::function<WorkPtr()>& start) {
+  WorkPtr work;
+  try {
+    work = start();
+  } catch (const std::exception& e) {
+    return FromException(e, collective, group, timeout);
+  }
+  return WaitWork(work, collective, group, timeout);
+}
+
+}  // namespace pp

@@ -1,0 +1,45 @@
+// The one way pipe waits on a c10d collective or p2p operation: bounded by a
+// timeout, every failure an absl::Status naming the operation, the group and
+// the timeout.
+//
+//   PP_RETURN_IF_ERROR(RunCollective("all-reduce of the loss", "pipe group",
+//                                    timeout, [&] { return pipe->allreduce(t); }));
+//
+// LibTorch 1.13's Work::wait(timeout) throws c10::Error when the timeout
+// expires ("Operation timed out!") and rethrows the backend's error (Gloo's own
+// timeout, a closed connection) when the operation failed; a `false` return
+// means the work was aborted. A rank that died, hung or is out of step (calls
+// a different collective) shows up as DeadlineExceeded on its peers.
+#ifndef TOPOLOGY_WAIT_WORK_H_
+#define TOPOLOGY_WAIT_WORK_H_
+
+#include <chrono>
+#include <functional>
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace pp {
+
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+// Waits for `work` at most `timeout` (> 0). OK when it completed. Otherwise,
+// with "<collective> on <group>" and the timeout in the message:
+// DeadlineExceeded when the wait or the backend timed out, Aborted when the
+// work was aborted, Internal for any other backend error (its message kept).
+// A null `work` is InvalidArgument.
+[[nodiscard]] absl::Status WaitWork(const WorkPtr& work, absl::string_view collective,
+                                    absl::string_view group, std::chrono::milliseconds timeout);
+
+// Starts the operation with `start` and waits for it as WaitWork does; an
+// exception thrown by `start` (bad tensors, a broken group) becomes the same
+// kind of Status instead of escaping.
+[[nodiscard]] absl::Status RunCollective(absl::string_view collective, absl::string_view group,
+                                         std::chrono::milliseconds timeout,
+                                         const std::function<WorkPtr()>& start);
+
+}  // namespace pp
+
+#endif  // TOPOLOGY_WAIT_WORK_H_
