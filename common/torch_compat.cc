@@ -1,5 +1,8 @@
 #include "common/torch_compat.h"
 
+#include <cstdlib>
+#include <mutex>
+
 #include <c10/util/string_utils.h>
 #include <torch/version.h>
 
@@ -21,6 +24,13 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     const c10::intrusive_ptr<c10d::ProcessGroupGloo::Options>& options) {
 #if TORCH_VERSION_MAJOR >= 2
+  // c10d's flight recorder (2.x) is one process-wide buffer that Gloo groups
+  // write to without a lock that covers several groups used from several
+  // threads: equivalence_test (ranks as threads) segfaulted in
+  // FlightRecorder::recordWithResetEnabled. It is read once, at first use, from
+  // TORCH_FR_BUFFER_SIZE; off unless the user set it.
+  static std::once_flag flight_recorder_off;
+  std::call_once(flight_recorder_off, [] { setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0); });
   auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
   group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
