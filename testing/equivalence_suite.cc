@@ -104,14 +104,6 @@ class EquivalenceSuite : public ::testing::TestWithParam<EquivalenceCase> {};
 
 TEST_P(EquivalenceSuite, PipelineEqualsSequential) {
   const EquivalenceCase& c = GetParam();
-  if (c.runtime_supports && c.config.dp > 1 && c.config.layer_runner) {
-    // Known defect, open: with thread ranks, dp > 1 and activation checkpointing
-    // the data-parallel replicas intermittently end a step with different
-    // weights (seen in interleaved_1f1b pp1 dp2 v2 cases, ~1 run in 2). Skipped
-    // loudly until the race is found, not passed; see the issue 11 note.
-    GTEST_SKIP() << "dp > 1 with activation checkpointing: replicas diverge intermittently "
-                    "under thread ranks (known race, under investigation)";
-  }
   absl::StatusOr<RunResult> pipeline = TrainPipeline(c.config);
   if (!c.runtime_supports) {
     // Refused clearly rather than run wrongly.

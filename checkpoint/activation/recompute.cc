@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
+#include "common/default_generator.h"
 #include "pipeline/layers/layer_spec.h"
 
 namespace pp {
@@ -30,6 +31,8 @@ RngSnapshot RngSnapshot::Capture(const std::vector<c10::Device>& devices) {
     seen.push_back(resolved);
     generators.push_back(at::globalContext().defaultGenerator(resolved));
   }
+  // Not in the middle of another thread's seeded build (default_generator.h).
+  std::lock_guard<std::recursive_mutex> process_lock(DefaultGeneratorMutex());
   for (at::Generator& gen : generators) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     snapshot.entries_.push_back({gen, gen.get_state()});
@@ -38,6 +41,7 @@ RngSnapshot RngSnapshot::Capture(const std::vector<c10::Device>& devices) {
 }
 
 void RngSnapshot::Restore() const {
+  std::lock_guard<std::recursive_mutex> process_lock(DefaultGeneratorMutex());
   for (const Entry& entry : entries_) {
     at::Generator gen = entry.generator;
     std::lock_guard<std::mutex> lock(gen.mutex());

@@ -50,9 +50,11 @@ std::vector<torch::Tensor> LayerParameters(const LayerImpl& layer);
 // tensor that requires grad and that the layers use must be found by
 // LayerParameters or be an input or side input: backward fails loudly (rather
 // than dropping its gradient) when the recompute reaches any other leaf.
-// Thread-safety: like running the layers; the default generators are process
-// globals, so two threads drawing random numbers concurrently are
-// nondeterministic with or without checkpointing.
+// Thread-safety: like running the layers. Saving and restoring the generator
+// state holds DefaultGeneratorMutex (common/default_generator.h), so it never
+// lands inside another thread's seeded layer build; but the default generators
+// are process globals, so two threads drawing random numbers (dropout)
+// concurrently are nondeterministic with or without checkpointing.
 Activations RunLayersWithRecompute(const std::vector<Layer>& layers, Activations inputs,
                                    const MicroBatch& batch);
 

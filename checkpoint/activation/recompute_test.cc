@@ -1,11 +1,14 @@
 #include "checkpoint/activation/recompute.h"
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "pipeline/layers/layer_spec.h"
 #include "pipeline/testing/mlp_block.h"
 
 namespace pp {
@@ -285,6 +288,33 @@ TEST(RecomputeTest, SnapshotRestoresTheCpuStream) {
   torch::Tensor first = torch::rand({5});
   snapshot.Restore();
   EXPECT_TRUE(torch::equal(first, torch::rand({5})));
+}
+
+// Ranks run as threads share the default generator: a recompute's generator
+// restore in one thread must never land inside another thread's seeded layer
+// build (it once did, and data-parallel replicas started from different
+// weights). One thread builds seeded layers while another keeps capturing and
+// restoring; every build must equal the reference.
+TEST(RecomputeTest, GeneratorRestoreNeverLandsInsideASeededBuild) {
+  const LayerFactory factory = [] { return std::make_shared<MlpBlock>(32, 64, 0.0); };
+  const torch::Tensor reference = BuildSeeded(77, factory)->parameters()[0].clone();
+  torch::manual_seed(5);
+  const RngSnapshot elsewhere = RngSnapshot::Capture();
+  std::atomic<bool> done{false};
+  std::thread restorer([&] {
+    while (!done.load()) {
+      RngSnapshot outer = RngSnapshot::Capture();
+      elsewhere.Restore();
+      outer.Restore();
+    }
+  });
+  int mismatches = 0;
+  for (int i = 0; i < 300; ++i) {
+    if (!torch::equal(BuildSeeded(77, factory)->parameters()[0], reference)) ++mismatches;
+  }
+  done.store(true);
+  restorer.join();
+  EXPECT_EQ(mismatches, 0) << "of 300 seeded builds";
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/default_generator.h"
 
 namespace pp {
 
@@ -91,11 +92,9 @@ std::map<std::string, std::vector<int64_t>> TiePositions(const std::vector<Layer
 
 Layer BuildSeeded(uint64_t seed, const LayerFactory& build) {
   // The default generator is process-wide: ranks run as threads of one process
-  // (tests) must not interleave their seed -> build -> restore sequences, or a
-  // layer is built from another layer's seed. Recursive: a factory may itself
-  // build seeded sub-layers.
-  static std::recursive_mutex* build_mutex = new std::recursive_mutex();
-  std::lock_guard<std::recursive_mutex> build_lock(*build_mutex);
+  // (tests) must not interleave their seed -> build -> restore sequences with
+  // each other or with a recompute's RNG restore (common/default_generator.h).
+  std::lock_guard<std::recursive_mutex> build_lock(DefaultGeneratorMutex());
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   torch::Tensor saved;
   {

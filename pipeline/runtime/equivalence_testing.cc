@@ -164,7 +164,10 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   for (int d = 1; d < config.dp; ++d) {
     for (const auto& [name, value] : replica_params[0]) {
       if (!torch::equal(value, replica_params[d][name])) {
-        return absl::InternalError(absl::StrCat("data-parallel replica ", d, " differs in ", name));
+        const torch::Tensor& other = replica_params[d][name];
+        return absl::InternalError(
+            absl::StrCat("data-parallel replica ", d, " differs in ", name, " (max abs diff ",
+                         other.defined() ? (other - value).abs().max().item<double>() : -1.0, ")"));
       }
     }
   }
