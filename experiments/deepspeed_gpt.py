@@ -122,21 +122,26 @@ def main():
             yield progression_batch(generator, args.micro_batch_size, args.context)
 
     data = batches()
-    seconds, losses = [], []
+    seconds, cpu_seconds, losses = [], [], []
     for step in range(args.warmup + args.steps):
         torch.distributed.barrier()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         loss = engine.train_batch(data_iter=data)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - start_cpu
         losses.append(float(loss))
         if step >= args.warmup:
             seconds.append(elapsed)
+            cpu_seconds.append(cpu)
+    # CPU time of every rank's process (all its threads), summed over ranks:
+    # comparable on a loaded machine, where wall time is not.
+    cpu_sum = torch.tensor([statistics.median(cpu_seconds)], dtype=torch.float64)
+    torch.distributed.all_reduce(cpu_sum)
     tokens = args.micro_batch_size * args.microbatches * args.context
     if rank == 0:
         median = statistics.median(seconds)
         print("RESULT " + json.dumps({
             "system": "deepspeed", "stages": args.stages, "tokens_per_step": tokens,
-            "step_s": seconds, "median_step_s": median, "tokens_per_s": tokens / median,
+            "step_s": seconds, "median_step_s": median, "cpu_s_per_step": float(cpu_sum[0]), "tokens_per_s": tokens / median,
             "loss_first": losses[0], "loss_last": losses[-1],
             "threads": [torch.get_num_threads()]}), flush=True)
 
