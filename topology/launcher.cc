@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -262,6 +263,11 @@ class SignalForwarding {
   struct sigaction old_pipe_ {};
 };
 
+// glibc's largest mmap threshold on 64-bit (32 MiB), and a trim threshold
+// (1 GiB) that keeps a step's freed memory for the next one.
+constexpr int64_t kWorkerMmapThreshold = int64_t{32} << 20;
+constexpr int64_t kWorkerTrimThreshold = int64_t{1} << 30;
+
 // torchrun's variables for the worker of local index `local`, and its
 // resolved thread counts (OMP_NUM_THREADS / OPENBLAS_NUM_THREADS too, so the
 // libraries size their pools right when they load).
@@ -285,6 +291,19 @@ std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOpt
     vars.emplace_back(key, std::to_string(threads.blas));
   }
   vars.emplace_back("PP_REPORT_THREADS", "1");
+  // glibc's malloc gives each freed block above its dynamic mmap threshold
+  // (128 KiB at first) back to the kernel and trims the heap top above 2x of
+  // it, so a training step's activation-sized tensors are page-faulted in
+  // afresh every step (~35k faults, ~2-3% of a step's CPU time on the peer GPT,
+  // issue #16). Both are set or neither: setting only the trim threshold turns
+  // the dynamic mmap threshold off and every large block is mmapped (60x more
+  // faults). A person's own settings (either variable, or GLIBC_TUNABLES) win.
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr &&
+      std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr &&
+      std::getenv("GLIBC_TUNABLES") == nullptr) {
+    vars.emplace_back("MALLOC_MMAP_THRESHOLD_", std::to_string(kWorkerMmapThreshold));
+    vars.emplace_back("MALLOC_TRIM_THRESHOLD_", std::to_string(kWorkerTrimThreshold));
+  }
   return vars;
 }
 

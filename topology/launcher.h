@@ -19,6 +19,10 @@
 // DefaultWorkerThreads(). A launched worker prints what it really uses, read
 // back from at::get_num_threads() and openblas_get_num_threads().
 //
+// Memory: workers get MALLOC_MMAP_THRESHOLD_=32 MiB and MALLOC_TRIM_THRESHOLD_=
+// 1 GiB (unless either, or GLIBC_TUNABLES, is set), so glibc keeps a step's
+// freed tensors for the next step instead of page-faulting them in again.
+//
 //   int main(int argc, char** argv) {
 //     std::vector<char*> args = pp::MaybeLaunch(argc, argv);  // parent exits here
 //     PP_ASSIGN_OR_RETURN... pp::RendezvousFromEnv(...)

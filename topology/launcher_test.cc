@@ -66,9 +66,11 @@ Result RunLauncher(const std::vector<std::string>& args, double timeout_s = 60,
   if (pid == 0) {
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);
-    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                             "MASTER_PORT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                             "PP_INTRA_OP_THREADS", "PP_BLAS_THREADS", "PP_REPORT_THREADS"}) {
+    for (const char* name :
+         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+          "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PP_INTRA_OP_THREADS", "PP_BLAS_THREADS",
+          "PP_REPORT_THREADS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+          "GLIBC_TUNABLES"}) {
       unsetenv(name);
     }
     execv(c_argv[0], c_argv.data());
@@ -357,6 +359,10 @@ TEST(LauncherTest, WorkersUseAndReportTheThreadFlags) {
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[rank ", rank, "] hello from rank ", rank,
                                               " of 2 local ", rank, "/2 omp=2 threads=2\n")));
     EXPECT_THAT(r.err, HasSubstr(absl::StrCat("[rank ", rank, "] threads: 2 intra-op + 2 BLAS")));
+    // Both malloc thresholds, never one alone (see WorkerVariables).
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat(
+                           "[rank ", rank,
+                           "] malloc mmap_threshold=33554432 trim_threshold=1073741824\n")));
   }
   r = RunLauncher({"--nproc_per_node=1", "--mode=ok", "--blas_threads=-1"});
   EXPECT_EQ(ExitCode(r), 2);

@@ -68,6 +68,10 @@ int main(int argc, char** argv) {
               env->world_size, env->local_rank, env->local_world_size,
               std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset",
               at::get_num_threads());
+  const char* mmap_threshold = std::getenv("MALLOC_MMAP_THRESHOLD_");
+  const char* trim_threshold = std::getenv("MALLOC_TRIM_THRESHOLD_");
+  std::printf("malloc mmap_threshold=%s trim_threshold=%s\n",
+              mmap_threshold ? mmap_threshold : "unset", trim_threshold ? trim_threshold : "unset");
   std::fflush(stdout);
   if (mode == "ok") {
     pp::RendezvousOptions options;
