@@ -152,6 +152,15 @@ void StopRankLogging() {
   FLAGS_logtostderr = true;
 }
 
+void LogErrorToRankLogOnly(const std::string& message) {
+  absl::MutexLock lock(&registry_mu);
+  if (sink == nullptr) return;
+  const int threshold = FLAGS_stderrthreshold;
+  FLAGS_stderrthreshold = google::NUM_SEVERITIES;
+  LOG(ERROR) << message;
+  FLAGS_stderrthreshold = threshold;
+}
+
 std::string RankLogPath() {
   absl::MutexLock lock(&registry_mu);
   return sink == nullptr ? "" : sink->path();

@@ -47,6 +47,10 @@ absl::Status OpenRankLog(const std::string& path, const std::string& label);
 // (logtostderr). Idempotent.
 void StopRankLogging();
 
+// An ERROR line in the rank's file (or held for it) but not on the console:
+// for an error the caller prints itself.
+void LogErrorToRankLogOnly(const std::string& message);
+
 // The open log's path ("" when none).
 std::string RankLogPath();
 

@@ -84,6 +84,23 @@ TEST_F(RankLogTest, HeldMessagesBeyondTheLimitAreCountedNotKept) {
   EXPECT_NE(text.find("] held 4\n"), std::string::npos) << text;
 }
 
+TEST_F(RankLogTest, AnErrorForTheFileOnly) {
+  StartRankLogging();
+  const std::string path = TempPath("rank_error.log");
+  ASSERT_TRUE(OpenRankLog(path, "rank=2").ok());
+  testing::internal::CaptureStderr();
+  LogErrorToRankLogOnly("step 3: receive timed out");
+  LOG(ERROR) << "a normal error";
+  const std::string console = testing::internal::GetCapturedStderr();
+  StopRankLogging();
+  EXPECT_EQ(console.find("receive timed out"), std::string::npos) << console;
+  EXPECT_NE(console.find("a normal error"), std::string::npos) << console;
+  const std::string text = Slurp(path);
+  EXPECT_EQ(text[0], 'E') << text;
+  EXPECT_NE(text.find(" rank=2 rank_log.cc:"), std::string::npos) << text;
+  EXPECT_NE(text.find("] step 3: receive timed out\n"), std::string::npos) << text;
+}
+
 TEST_F(RankLogTest, Misuse) {
   const absl::Status before = OpenRankLog(TempPath("x.log"), "rank=0");
   EXPECT_EQ(before.code(), absl::StatusCode::kFailedPrecondition) << before;
