@@ -66,6 +66,22 @@ std::string Mib(int64_t bytes) {
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
 }
 
+// The trainer's device's figures; where memory_tracker cannot read that
+// device yet (CUDA until the GPU path lands) the CPU tracker's, said once.
+absl::StatusOr<MemoryStats> StepMemoryStats(const c10::Device& device, bool reset) {
+  c10::Device use = device;
+  if (!device.is_cpu()) {
+    absl::StatusOr<MemoryStats> probe = MemoryStatsFor(device);
+    if (absl::IsUnimplemented(probe.status())) {
+      LOG_FIRST_N(WARNING, 1) << "memory figures are the CPU tracker's: "
+                              << probe.status().message();
+      use = c10::Device(c10::kCPU);
+    }
+  }
+  if (reset) PP_RETURN_IF_ERROR(ResetPeakMemoryFor(use));
+  return MemoryStatsFor(use);
+}
+
 }  // namespace
 
 absl::Status StartWorkerObservability() {
@@ -122,9 +138,9 @@ absl::StatusOr<std::unique_ptr<RunObservability>> RunObservability::Create(
 }
 
 absl::Status RunObservability::BeforeStep(int64_t step, const Trainer& trainer) {
-  PP_RETURN_IF_ERROR(ResetPeakMemoryFor(trainer.options().device));
-  PP_ASSIGN_OR_RETURN(MemoryStats m, MemoryStatsFor(trainer.options().device));
+  PP_ASSIGN_OR_RETURN(MemoryStats m, StepMemoryStats(trainer.options().device, /*reset=*/true));
   step_start_bytes_ = m.current_bytes;
+  step_start_ = std::chrono::steady_clock::now();
   if (profiler_ != nullptr) PP_RETURN_IF_ERROR(profiler_->BeginStep(step));
   VLOG(1) << "step " << step << " (train step " << step - 1 << ") begins; " << m.current_bytes
           << " bytes live";
@@ -133,7 +149,7 @@ absl::Status RunObservability::BeforeStep(int64_t step, const Trainer& trainer) 
 
 absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Trainer& trainer) {
   // Memory first: the gather below allocates.
-  PP_ASSIGN_OR_RETURN(MemoryStats m, MemoryStatsFor(trainer.options().device));
+  PP_ASSIGN_OR_RETURN(MemoryStats m, StepMemoryStats(trainer.options().device, /*reset=*/false));
   if (profiler_ != nullptr) {
     const bool recorded = profiler_->recording();
     PP_RETURN_IF_ERROR(profiler_->EndStep(step));
@@ -145,8 +161,12 @@ absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Train
       }
     }
   }
-  VLOG(1) << "step " << step << " (train step " << step - 1 << ") ends; " << m.current_bytes
-          << " bytes live, peak " << m.peak_bytes;
+  // One line per step in every rank's log: where each rank was, when.
+  LOG(INFO) << "step " << step << " done in "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - step_start_)
+                   .count()
+            << " ms; memory peak " << m.peak_bytes << " B, live " << m.current_bytes << " B";
   const int world = grid_->world_size();
   std::vector<at::Tensor> mine = {torch::tensor(
       {static_cast<int64_t>(grid_->stage_id()), step_start_bytes_, m.current_bytes, m.peak_bytes},

@@ -105,6 +105,7 @@ class RunObservability {
   std::unique_ptr<OperatorProfiler> profiler_;
   std::vector<TraceEvent> profiled_actions_;  // this rank's, absolute steady_clock us
   int64_t step_start_bytes_ = 0;
+  std::chrono::steady_clock::time_point step_start_;
   // Rank 0: per global rank, the largest step peak seen and the last memory.
   std::vector<int64_t> max_peak_;
   std::optional<StepMemory> last_memory_;
