@@ -375,8 +375,9 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     return Invalid(absl::StrCat(
         "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ", ranks,
         " ranks, but ", world_size,
-        " were started; leave --nproc_per_node unset (it defaults to pp x dp) or set it to ",
-        ranks));
+        " were started; leave --nproc_per_node unset (the launcher then starts pp x dp ranks, "
+        "split evenly over --nnodes) or set it to ",
+        ranks, " / --nnodes"));
   }
   if (!custom) {
     PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config))
