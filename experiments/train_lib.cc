@@ -386,6 +386,13 @@ CheckpointPolicy MakeCheckpointPolicy(const ExperimentConfig& config) {
   policy.resume = config.checkpoint().resume();
   policy.config = ConfigToText(config);
   policy.seed = static_cast<int64_t>(config.seed());
+  // Resuming under another model, seed or optimizer is refused, field by field.
+  policy.check_manifest = [config](const checkpoint::Manifest& manifest) {
+    std::vector<std::string> warnings;
+    absl::Status status = CheckResumeConfig(manifest.config(), config, &warnings);
+    for (const std::string& w : warnings) LOG(WARNING) << w;
+    return status;
+  };
   return policy;
 }
 
