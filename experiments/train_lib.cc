@@ -388,6 +388,13 @@ CheckpointPolicy MakeCheckpointPolicy(const ExperimentConfig& config) {
   policy.resume = config.checkpoint().resume();
   policy.config = ConfigToText(config);
   policy.seed = static_cast<int64_t>(config.seed());
+  // Resuming under another model, seed or optimizer is refused, field by field.
+  policy.check_manifest = [config](const checkpoint::Manifest& manifest) {
+    std::vector<std::string> warnings;
+    absl::Status status = CheckResumeConfig(manifest.config(), config, &warnings);
+    for (const std::string& w : warnings) LOG(WARNING) << w;
+    return status;
+  };
   return policy;
 }
 
@@ -630,9 +637,12 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
   // person is watching, so it can draw its progress bar on the terminal.
   if (std::getenv("RANK") == nullptr && isatty(STDOUT_FILENO)) setenv("PP_PROGRESS_TTY", "1", 1);
   MaybeLaunch(argc, argv, [kind, custom, argc, argv] {
-    // Launcher side: a bad config, data path, output_dir or command line fails
-    // here, before any worker starts (experiments/preflight.h).
-    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, 0, custom);
+    // Launcher side (also with --nproc_per_node given): a bad config, data
+    // path, output_dir or command line fails here, before any worker starts
+    // (experiments/preflight.h).
+    const int nproc = absl::GetFlag(FLAGS_nproc_per_node);
+    const int world_size = nproc > 0 ? nproc * absl::GetFlag(FLAGS_nnodes) : 0;
+    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, world_size, custom);
     if (absl::Status s = config.ok() ? Preflight(*config, {argv, argv + argc}) : absl::OkStatus();
         s.ok() && config.ok()) {
       s = ProfileStepsFor(*config).status();
