@@ -157,6 +157,8 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
       {"trace_step", config.trace_step(), 0, kUnbounded, ""},
       {"checkpoint.save_interval", config.checkpoint().save_interval(), 0, kUnbounded, ""},
       {"checkpoint.keep_last", config.checkpoint().keep_last(), 0, kUnbounded, ""},
+      {"threads.intra_op", config.threads().intra_op(), 0, 4096, "0 = the launcher's choice"},
+      {"threads.blas", config.threads().blas(), 0, 4096, "0 = the launcher's choice"},
   };
   for (const IntRange& r : ints) PP_RETURN_IF_ERROR(CheckInt(r.name, r.value, r.lo, r.hi, r.why));
   if (config.has_gpt() || config.has_bert()) {
@@ -483,8 +485,16 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
                                 "--set=lr_schedule.warmup_steps=N or run more --steps)"));
   }
 
+  const std::string& source = config.data().source();
+  if (source != "corpus" && source != "synthetic") {
+    return Invalid(absl::StrCat("data.source '", source, "' is unknown; valid: corpus, synthetic"));
+  }
+  if (source == "synthetic" && kind != ModelKind::kGpt) {
+    return Invalid(absl::StrCat("data.source 'synthetic' is for gpt only (this is ",
+                                ModelKindName(kind), "); valid here: corpus"));
+  }
   std::error_code ec;
-  if (!std::filesystem::exists(config.data().path(), ec)) {
+  if (source == "corpus" && !std::filesystem::exists(config.data().path(), ec)) {
     return Invalid(absl::StrCat("data.path '", config.data().path(),
                                 "' does not exist; pass --data=<a text file or folder>"));
   }

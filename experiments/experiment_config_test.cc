@@ -264,6 +264,8 @@ TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
       {"gpt.dropout=1", "gpt.dropout (1)"},
       {"data.eval_fraction=0.5", "data.eval_fraction (0.5) must be finite and in [0, 0.5)"},
       {"lr_schedule.warmup_steps=-1", "lr_schedule.warmup_steps (-1) must not be negative"},
+      {"threads.intra_op=-1", "threads.intra_op (-1) must not be negative and at most 4096"},
+      {"threads.blas=100000", "threads.blas (100000) must be at most 4096"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.assignment);
@@ -284,6 +286,22 @@ TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
   }
   EXPECT_TRUE(ValidateExperimentConfig(edges, ModelKind::kGpt, 2).ok())
       << ValidateExperimentConfig(edges, ModelKind::kGpt, 2);
+}
+
+// data.source picks the corpus or the peer benchmark's synthetic rows; the
+// synthetic source needs no corpus, is GPT's only, and a typo lists both.
+TEST(ExperimentConfigTest, DataSourceIsCorpusOrSynthetic) {
+  ExperimentConfig c = Gpt();
+  ASSERT_TRUE(ApplyOverride(c, "data.source=synthetic").ok());
+  c.mutable_data()->set_path("/no/such/corpus");
+  EXPECT_TRUE(ValidateExperimentConfig(c, ModelKind::kGpt, 2).ok())
+      << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+  c.mutable_data()->set_source("random");
+  EXPECT_HAS(Error(c), "data.source 'random' is unknown; valid: corpus, synthetic");
+  ExperimentConfig bert = Shipped("bert_small_pp2.textproto");
+  ResolveDefaults(bert, ModelKind::kBert);
+  bert.mutable_data()->set_source("synthetic");
+  EXPECT_HAS(Error(bert, 2, ModelKind::kBert), "data.source 'synthetic' is for gpt only");
 }
 
 // A model too big for the machine is refused with the estimate, before the

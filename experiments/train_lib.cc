@@ -30,6 +30,7 @@
 #include "models/data/corpus.h"
 #include "models/data/lm_data.h"
 #include "models/data/mlm_data.h"
+#include "models/data/synthetic_lm_data.h"
 #include "models/data/tokenizer.h"
 #include "models/gpt/pipeline_sampler.h"
 #include "models/gpt/sample.h"
@@ -267,7 +268,29 @@ absl::StatusOr<Data> MakeCustomData(const ExperimentConfig& config, const Experi
   return data;
 }
 
+// data.source synthetic: the peer benchmark's arithmetic progressions.
+absl::StatusOr<Data> MakeSyntheticData(const ExperimentConfig& config) {
+  const auto& par = config.parallelism();
+  SyntheticLmOptions o;
+  o.lm = {.seq_len = config.gpt().context_length(),
+          .micro_batch_size = par.micro_batch_size(),
+          .num_microbatches = par.num_microbatches(),
+          .dp_rank = 0,
+          .dp_size = par.dp(),
+          .seed = config.seed()};
+  Data data;
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource train, SyntheticLmBatchSource::Create(o));
+  data.tokens_per_step = train.global_tokens_per_step();
+  data.train = std::make_unique<SyntheticLmBatchSource>(std::move(train));
+  o.lm.seed = config.seed() + 1;
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource eval, SyntheticLmBatchSource::Create(o));
+  data.eval = std::make_unique<SyntheticLmBatchSource>(std::move(eval));
+  data.description = "synthetic data (arithmetic progressions of byte tokens)";
+  return data;
+}
+
 absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
+  if (config.data().source() == "synthetic") return MakeSyntheticData(config);
   PP_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(config.data().path()));
   const auto& par = config.parallelism();
   Data data;
@@ -434,7 +457,7 @@ class RunReport {
                      "%s; %d tokens/step\n",
                      config_->name(), model_name_, par.pp(), par.dp(), par.schedule(), par.chunks(),
                      par.num_microbatches(), par.micro_batch_size(),
-                     custom
+                     custom || !data.description.empty()
                          ? data.description
                          : absl::StrFormat("corpus %s (%d files, %d bytes)", config_->data().path(),
                                            data.corpus_files, data.corpus_bytes),
@@ -630,6 +653,18 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
 
 namespace {
 
+// Launcher side: the config's threads reach the workers as the launcher's
+// PP_INTRA_OP_THREADS / PP_BLAS_THREADS (its flags still win), unless the
+// person running it set those variables themselves.
+void ExportThreadConfig(const experiments::ThreadsConfig& threads) {
+  if (threads.intra_op() > 0) {
+    setenv("PP_INTRA_OP_THREADS", std::to_string(threads.intra_op()).c_str(), /*overwrite=*/0);
+  }
+  if (threads.blas() > 0) {
+    setenv("PP_BLAS_THREADS", std::to_string(threads.blas()).c_str(), /*overwrite=*/0);
+  }
+}
+
 int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel* custom) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
@@ -654,6 +689,7 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
       std::cerr << "error: " << config.status().message() << std::endl;
       std::exit(2);
     }
+    ExportThreadConfig(config->threads());
     return config->parallelism().pp() * config->parallelism().dp();
   });
   // Worker: memory tracking before anything is allocated; glog to the rank's
