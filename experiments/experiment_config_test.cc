@@ -170,7 +170,9 @@ TEST(ExperimentConfigTest, DeviceIsKnownPresentAndExecuted) {
   c.mutable_parallelism()->set_device("cuda");
   const std::string m = Error(c);
   const int gpus = VisibleCudaDevices();
-  if (gpus < 2) EXPECT_HAS(m, "parallelism.device 'cuda' (pp x dp = 2 ranks on this node): ");
+  if (gpus < 2) {
+    EXPECT_HAS(m, "parallelism.device 'cuda' (pp x dp = 2 ranks on this node): ");
+  }
   if (!torch_compat::BuiltWithCuda()) {
     EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
     EXPECT_HAS(m, "built without CUDA; build with --config=cuda");
