@@ -25,6 +25,7 @@
 #include "pipeline/schedule/capabilities.h"
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
+#include "topology/device.h"
 
 namespace pp {
 namespace {
@@ -435,6 +436,26 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
   absl::Status supported = CheckRuntimeSupports(*program, StageExecutorCapabilities());
   if (!supported.ok()) {
     return Invalid(absl::StrCat("parallelism.schedule: ", supported.message()));
+  }
+
+  // The device: known, present for every rank of this node, and executed.
+  absl::StatusOr<DeviceKind> device = ParseDeviceKind(par.device());
+  if (!device.ok()) return Invalid(absl::StrCat("parallelism.device: ", device.status().message()));
+  if (*device == DeviceKind::kCuda) {
+    const int local_ranks = par.pp() * par.dp();
+    for (int local_rank : {0, local_ranks - 1}) {
+      absl::StatusOr<c10::Device> cuda = DeviceForLocalRank(*device, local_rank);
+      if (!cuda.ok()) {
+        return Invalid(absl::StrCat("parallelism.device 'cuda' (pp x dp = ", local_ranks,
+                                    " ranks on this node): ", cuda.status().message()));
+      }
+    }
+    // Process groups get NCCL (topology/), but the stage executor still keeps
+    // weights, activations and p2p buffers on the CPU: refused rather than
+    // training on the CPU while claiming the GPU.
+    return Invalid(
+        "parallelism.device 'cuda' is not executed yet: the runtime (pipeline/runtime) keeps "
+        "tensors on the CPU (issue 12); valid today: cpu");
   }
 
   // The partition method: registered, and it can cut this model.

@@ -9,8 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-
+#include "common/torch_compat.h"
 #include "pipeline/schedule/registry.h"
+#include "topology/device.h"
 
 namespace pp {
 namespace {
@@ -159,6 +160,32 @@ TEST(ExperimentConfigTest, ScheduleTheRuntimeCannotExecute) {
   const std::string m = Error(c);
   EXPECT_HAS(m, "parallelism.schedule: schedule 'split_gpipe_for_test' uses 0I0 on rank 0");
   EXPECT_HAS(m, "split backward");
+}
+
+// parallelism.device: an unknown name lists the valid ones; cuda names the
+// missing device (no CUDA in the build, no GPU, too few GPUs), and where the
+// GPUs are there it is refused as not executed yet, never trained on the CPU.
+TEST(ExperimentConfigTest, DeviceIsKnownPresentAndExecuted) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_device("gpu");
+  EXPECT_HAS(Error(c), "parallelism.device: device 'gpu' is not a known device; valid: cpu, cuda");
+  c.mutable_parallelism()->set_device("cuda");
+  const std::string m = Error(c);
+  const int gpus = VisibleCudaDevices();
+  if (gpus < 2) {
+    EXPECT_HAS(m, "parallelism.device 'cuda' (pp x dp = 2 ranks on this node): ");
+  }
+  if (!torch_compat::BuiltWithCuda()) {
+    EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
+    EXPECT_HAS(m, "built without CUDA; build with --config=cuda");
+  } else if (gpus == 0) {
+    EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
+    EXPECT_HAS(m, "no CUDA GPU is visible");
+  } else if (gpus == 1) {
+    EXPECT_HAS(m, "device cuda:1 (--device=cuda, local rank 1) is not available");
+  } else {
+    EXPECT_HAS(m, "parallelism.device 'cuda' is not executed yet");
+  }
 }
 
 TEST(ExperimentConfigTest, MoreStagesThanBlocks) {

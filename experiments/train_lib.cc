@@ -57,6 +57,7 @@ ABSL_FLAG(std::string, microbatches, "", "override parallelism.num_microbatches"
 ABSL_FLAG(std::string, micro_batch_size, "", "override parallelism.micro_batch_size");
 ABSL_FLAG(std::string, partition, "", "override parallelism.partition_method");
 ABSL_FLAG(std::string, ckpt_interval, "", "override parallelism.activation_checkpointing.interval");
+ABSL_FLAG(std::string, device, "", "override parallelism.device (cpu or cuda)");
 ABSL_FLAG(std::string, lr, "", "override optimizer.lr");
 ABSL_FLAG(std::string, steps, "", "override steps");
 ABSL_FLAG(std::string, eval_interval, "", "override eval_interval");
@@ -89,6 +90,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_micro_batch_size, "parallelism.micro_batch_size"},
       {&FLAGS_partition, "parallelism.partition_method"},
       {&FLAGS_ckpt_interval, "parallelism.activation_checkpointing.interval"},
+      {&FLAGS_device, "parallelism.device"},
       {&FLAGS_lr, "optimizer.lr"},
       {&FLAGS_steps, "steps"},
       {&FLAGS_eval_interval, "eval_interval"},
@@ -344,6 +346,7 @@ absl::StatusOr<Cluster> JoinCluster(const experiments::ParallelismConfig& par,
                                     std::chrono::milliseconds timeout) {
   RendezvousOptions ro;
   ro.timeout = timeout;
+  PP_ASSIGN_OR_RETURN(ro.device, ParseDeviceKind(par.device()));
   Cluster cluster;
   PP_ASSIGN_OR_RETURN(cluster.world, RendezvousFromEnv(ro));
   PP_ASSIGN_OR_RETURN(ProcessTopology topology, PipeDataParallelTopology(par.pp(), par.dp()));
