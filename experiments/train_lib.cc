@@ -26,6 +26,7 @@
 #include "common/status_macros.h"
 #include "experiments/loss_curve.h"
 #include "experiments/preflight.h"
+#include "experiments/run_observability.h"
 #include "models/data/corpus.h"
 #include "models/data/lm_data.h"
 #include "models/data/mlm_data.h"
@@ -34,6 +35,7 @@
 #include "models/gpt/pipeline_sampler.h"
 #include "models/gpt/sample.h"
 #include "nlohmann/json.hpp"
+#include "observability/rank_log.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/trainer.h"
 #include "topology/launcher.h"
@@ -55,6 +57,7 @@ ABSL_FLAG(std::string, microbatches, "", "override parallelism.num_microbatches"
 ABSL_FLAG(std::string, micro_batch_size, "", "override parallelism.micro_batch_size");
 ABSL_FLAG(std::string, partition, "", "override parallelism.partition_method");
 ABSL_FLAG(std::string, ckpt_interval, "", "override parallelism.activation_checkpointing.interval");
+ABSL_FLAG(std::string, device, "", "override parallelism.device (cpu or cuda)");
 ABSL_FLAG(std::string, lr, "", "override optimizer.lr");
 ABSL_FLAG(std::string, steps, "", "override steps");
 ABSL_FLAG(std::string, eval_interval, "", "override eval_interval");
@@ -87,6 +90,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_micro_batch_size, "parallelism.micro_batch_size"},
       {&FLAGS_partition, "parallelism.partition_method"},
       {&FLAGS_ckpt_interval, "parallelism.activation_checkpointing.interval"},
+      {&FLAGS_device, "parallelism.device"},
       {&FLAGS_lr, "optimizer.lr"},
       {&FLAGS_steps, "steps"},
       {&FLAGS_eval_interval, "eval_interval"},
@@ -342,6 +346,7 @@ absl::StatusOr<Cluster> JoinCluster(const experiments::ParallelismConfig& par,
                                     std::chrono::milliseconds timeout) {
   RendezvousOptions ro;
   ro.timeout = timeout;
+  PP_ASSIGN_OR_RETURN(ro.device, ParseDeviceKind(par.device()));
   Cluster cluster;
   PP_ASSIGN_OR_RETURN(cluster.world, RendezvousFromEnv(ro));
   PP_ASSIGN_OR_RETURN(ProcessTopology topology, PipeDataParallelTopology(par.pp(), par.dp()));
@@ -409,6 +414,13 @@ CheckpointPolicy MakeCheckpointPolicy(const ExperimentConfig& config) {
   policy.resume = config.checkpoint().resume();
   policy.config = ConfigToText(config);
   policy.seed = static_cast<int64_t>(config.seed());
+  // Resuming under another model, seed or optimizer is refused, field by field.
+  policy.check_manifest = [config](const checkpoint::Manifest& manifest) {
+    std::vector<std::string> warnings;
+    absl::Status status = CheckResumeConfig(manifest.config(), config, &warnings);
+    for (const std::string& w : warnings) LOG(WARNING) << w;
+    return status;
+  };
   return policy;
 }
 
@@ -435,6 +447,9 @@ class RunReport {
   }
 
   bool active() const { return metrics_ != nullptr; }
+  const fs::path& dir() const { return dir_; }
+  // TensorBoard, memory and the rest of run_observability.h (every rank).
+  void set_observability(RunObservability* obs) { obs_ = obs; }
 
   // `custom`: the data describes itself (a user's model), else the corpus.
   void Header(const Data& data, const PipelineModel& model, bool custom) const {
@@ -454,9 +469,9 @@ class RunReport {
   }
 
   // One metrics line, the loss curves and the progress display.
-  void Step(int64_t step, const StepResult& r, double tokens_per_s, double seconds,
-            std::optional<double> eval_loss, Progress& progress) {
-    if (!active()) return;
+  absl::Status Step(int64_t step, const StepResult& r, double tokens_per_s, double seconds,
+                    std::optional<double> eval_loss, const StepMemory& memory, Progress& progress) {
+    if (!active()) return absl::OkStatus();
     nlohmann::json line = {{"step", step + 1},
                            {"loss", r.loss},
                            {"lr", r.learning_rate},
@@ -470,10 +485,12 @@ class RunReport {
       bubble.push_back(wall > 0 ? r.idle_seconds[i] / wall : 0.0);
     }
     line["bubble"] = bubble;
+    PP_RETURN_IF_ERROR(obs_->Metrics(line, memory));  // memory, time; TensorBoard
     *metrics_ << line.dump() << "\n" << std::flush;
     train_curve_.emplace_back(step + 1, r.loss);
     if (eval_loss.has_value()) eval_curve_.emplace_back(step + 1, *eval_loss);
     progress.Update(step, r.loss, tokens_per_s, eval_loss);
+    return absl::OkStatus();
   }
 
   absl::Status Trace(const std::string& trace) const {
@@ -484,6 +501,7 @@ class RunReport {
   absl::Status Sample(const std::string& text) const {
     if (!active()) return absl::OkStatus();
     PP_RETURN_IF_ERROR(WriteFile(dir_ / "sample.txt", text + "\n"));
+    PP_RETURN_IF_ERROR(obs_->Text("sample", config_->steps(), text));
     std::cout << "sample (top-" << config_->sample_top_k() << ", " << config_->sample_tokens()
               << " bytes):\n"
               << text << "\n"
@@ -492,8 +510,9 @@ class RunReport {
   }
 
   // loss.svg and the closing line.
-  absl::Status Finish(double train_seconds) const {
+  absl::Status Finish(double train_seconds, const std::string& memory_summary) const {
     if (!active()) return absl::OkStatus();
+    std::cout << memory_summary;
     const auto& par = config_->parallelism();
     PP_RETURN_IF_ERROR(
         WriteFile(dir_ / "loss.svg",
@@ -520,6 +539,7 @@ class RunReport {
   std::string model_name_;
   fs::path dir_;
   std::unique_ptr<std::ofstream> metrics_;  // null on ranks other than 0
+  RunObservability* obs_ = nullptr;
   LossPoints train_curve_, eval_curve_;
 };
 
@@ -539,12 +559,14 @@ absl::StatusOr<double> Evaluate(const ExperimentConfig& config, Trainer& trainer
 absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelGrid& grid,
                                  PipelineModel& model, Trainer& trainer,
                                  TrainingCheckpointer& checkpointer, const Data& data,
-                                 RunReport& report) {
+                                 RunReport& report, RunObservability& obs) {
   Progress progress(config.steps(), config.log_interval());
   const int64_t trace_step = std::min(config.trace_step(), config.steps() - 1);
   for (int64_t step = trainer.step(); step < config.steps(); ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    PP_RETURN_IF_ERROR(obs.BeforeStep(step + 1, trainer));
     PP_ASSIGN_OR_RETURN(StepResult r, trainer.Step());
+    PP_ASSIGN_OR_RETURN(StepMemory memory, obs.AfterStep(step + 1, trainer));
     PP_ASSIGN_OR_RETURN(std::string saved,
                         checkpointer.AfterStep(grid, model, trainer, config.steps()));
     if (!saved.empty() && report.active()) LOG(INFO) << "checkpoint " << saved;
@@ -561,7 +583,7 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
       PP_RETURN_IF_ERROR(report.Trace(trace));
     }
     const double tokens_per_s = static_cast<double>(data.tokens_per_step) / seconds;
-    report.Step(step, r, tokens_per_s, seconds, eval_loss, progress);
+    PP_RETURN_IF_ERROR(report.Step(step, r, tokens_per_s, seconds, eval_loss, memory, progress));
   }
   progress.Finish();
   return progress.Elapsed();
@@ -619,13 +641,17 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
               << std::endl;
   }
   PP_ASSIGN_OR_RETURN(RunReport report, RunReport::Open(config, model_name, rank0));
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<RunObservability> obs,
+                      RunObservability::Create(config, grid, report.dir().string(), timeout));
+  report.set_observability(obs.get());
   report.Header(data, *model, custom != nullptr);
   PP_ASSIGN_OR_RETURN(double train_seconds,
-                      TrainLoop(config, grid, *model, *trainer, checkpointer, data, report));
+                      TrainLoop(config, grid, *model, *trainer, checkpointer, data, report, *obs));
   if (kind == ModelKind::kGpt && config.sample_tokens() > 0) {
     PP_RETURN_IF_ERROR(SampleText(config, grid, sampler, *trainer, timeout, report));
   }
-  return report.Finish(train_seconds);
+  PP_ASSIGN_OR_RETURN(std::string memory_summary, obs->Finish(*trainer));
+  return report.Finish(train_seconds, memory_summary);
 }
 
 namespace {
@@ -649,11 +675,17 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
   // person is watching, so it can draw its progress bar on the terminal.
   if (std::getenv("RANK") == nullptr && isatty(STDOUT_FILENO)) setenv("PP_PROGRESS_TTY", "1", 1);
   MaybeLaunch(argc, argv, [kind, custom, argc, argv] {
-    // Launcher side: a bad config, data path, output_dir or command line fails
-    // here, before any worker starts (experiments/preflight.h).
-    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, 0, custom);
+    // Launcher side (also with --nproc_per_node given): a bad config, data
+    // path, output_dir or command line fails here, before any worker starts
+    // (experiments/preflight.h).
+    const int nproc = absl::GetFlag(FLAGS_nproc_per_node);
+    const int world_size = nproc > 0 ? nproc * absl::GetFlag(FLAGS_nnodes) : 0;
+    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, world_size, custom);
     if (absl::Status s = config.ok() ? Preflight(*config, {argv, argv + argc}) : absl::OkStatus();
-        !s.ok()) {
+        s.ok() && config.ok()) {
+      s = ProfileStepsFor(*config).status();
+      if (!s.ok()) config = absl::StatusOr<ExperimentConfig>(s);
+    } else if (!s.ok()) {
       config = absl::StatusOr<ExperimentConfig>(s);
     }
     if (!config.ok()) {
@@ -663,6 +695,12 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
     ExportThreadConfig(config->threads());
     return config->parallelism().pp() * config->parallelism().dp();
   });
+  // Worker: memory tracking before anything is allocated; glog to the rank's
+  // log file (opened once the run directory is known), warnings+ on stderr.
+  if (absl::Status s = StartWorkerObservability(); !s.ok()) {
+    std::cerr << "error: " << s << std::endl;
+    return 1;
+  }
   absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, WorldSizeFromEnv(), custom);
   if (!config.ok()) {
     std::cerr << "error: " << config.status().message() << std::endl;
@@ -670,6 +708,8 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
   }
   absl::Status status = RunExperiment(*config, kind, custom);
   if (!status.ok()) {
+    LogErrorToRankLogOnly(status.ToString());  // printed below
+    StopRankLogging();
     std::cerr << "error: " << status << std::endl;
     return 1;
   }

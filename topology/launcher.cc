@@ -38,15 +38,17 @@
 extern char** environ;
 
 ABSL_FLAG(int, nproc_per_node, 0,
-          "Launcher: worker processes to start on this node (0: the experiment's default, "
-          "e.g. pp*dp*mp, else 1). Ignored in a worker (RANK set).");
+          "Launcher: worker processes to start on this node (0: the experiment's world size, "
+          "e.g. pp*dp*mp, divided by --nnodes; else 1). Ignored in a worker (RANK set).");
 ABSL_FLAG(int, nnodes, 1,
           "Launcher: number of nodes (each runs this binary with its --node_rank).");
 ABSL_FLAG(int, node_rank, 0, "Launcher: this node's index in [0, --nnodes).");
 ABSL_FLAG(std::string, master_addr, "127.0.0.1",
-          "Launcher: address of node 0, where rank 0 hosts the TCP store.");
+          "Launcher: address of node 0, where rank 0 hosts the TCP store (MASTER_ADDR from the "
+          "environment when left at 127.0.0.1).");
 ABSL_FLAG(int, master_port, 0,
-          "Launcher: TCP store port on --master_addr; 0 picks a free port (single node only).");
+          "Launcher: TCP store port on --master_addr; 0: MASTER_PORT from the environment if set, "
+          "else a free port (single node only).");
 ABSL_FLAG(absl::Duration, launcher_grace_period, absl::Seconds(5),
           "Launcher: how long workers get between SIGTERM and SIGKILL when stopped.");
 ABSL_FLAG(int, intra_op_threads, 0,
@@ -616,6 +618,46 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
   return Supervisor(options, workers).Run(spawned);
 }
 
+absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size) {
+  LaunchOptions options;
+  options.nnodes = absl::GetFlag(FLAGS_nnodes);
+  options.node_rank = absl::GetFlag(FLAGS_node_rank);
+  options.grace_period = absl::GetFlag(FLAGS_launcher_grace_period);
+  options.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  if (options.nproc_per_node == 0) {
+    options.nproc_per_node = 1;
+    if (experiment_world_size > 0 && options.nnodes >= 1) {
+      if (experiment_world_size % options.nnodes != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the experiment needs ", experiment_world_size, " ranks, which --nnodes=",
+            options.nnodes, " does not divide; run a world size that is a multiple of the node ",
+            "count, or set --nproc_per_node on each node"));
+      }
+      options.nproc_per_node = experiment_world_size / options.nnodes;
+    }
+  }
+  // torchrun's MASTER_ADDR / MASTER_PORT from the environment, unless the
+  // flags say otherwise (a flag given explicitly wins).
+  options.master_addr = absl::GetFlag(FLAGS_master_addr);
+  const char* env_addr = std::getenv("MASTER_ADDR");
+  if (options.master_addr == "127.0.0.1" && env_addr != nullptr && *env_addr != '\0') {
+    options.master_addr = env_addr;
+  }
+  options.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
+  options.blas_threads = absl::GetFlag(FLAGS_blas_threads);
+  options.master_port = absl::GetFlag(FLAGS_master_port);
+  const char* env_port = std::getenv("MASTER_PORT");
+  if (options.master_port == 0 && env_port != nullptr && *env_port != '\0') {
+    int port = 0;
+    if (!absl::SimpleAtoi(env_port, &port) || port < 1 || port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MASTER_PORT='", env_port, "' in the environment must be in [1, 65535]"));
+    }
+    options.master_port = port;
+  }
+  return options;
+}
+
 std::vector<char*> MaybeLaunch(int argc, char** argv, const std::function<int()>& default_nproc) {
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   const char* rank = std::getenv("RANK");
@@ -628,17 +670,13 @@ std::vector<char*> MaybeLaunch(int argc, char** argv, const std::function<int()>
     }
     return positional;
   }
-  LaunchOptions options;
-  options.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
-  if (options.nproc_per_node == 0) options.nproc_per_node = default_nproc ? default_nproc() : 1;
-  options.nnodes = absl::GetFlag(FLAGS_nnodes);
-  options.node_rank = absl::GetFlag(FLAGS_node_rank);
-  options.master_addr = absl::GetFlag(FLAGS_master_addr);
-  options.master_port = absl::GetFlag(FLAGS_master_port);
-  options.grace_period = absl::GetFlag(FLAGS_launcher_grace_period);
-  options.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
-  options.blas_threads = absl::GetFlag(FLAGS_blas_threads);
-  absl::StatusOr<int> status = RunWorkers(options, std::vector<std::string>(argv, argv + argc));
+  // The experiment's own checks run even when --nproc_per_node is given, so a
+  // bad config is refused here rather than once per worker.
+  const int experiment_world_size = default_nproc ? default_nproc() : 0;
+  absl::StatusOr<LaunchOptions> options = LaunchOptionsFromFlags(experiment_world_size);
+  absl::StatusOr<int> status =
+      options.ok() ? RunWorkers(*options, std::vector<std::string>(argv, argv + argc))
+                   : absl::StatusOr<int>(options.status());
   if (!status.ok()) {
     Say(absl::StrCat("cannot launch: ", status.status().message()));
     std::exit(2);

@@ -83,12 +83,25 @@ struct WorkerThreads {
 // after logging which rank failed first and how (exit code or signal).
 absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<std::string>& argv);
 
+// The launcher's options from its flags. `experiment_world_size` (<= 0: none)
+// is the experiment's total rank count: --nproc_per_node left at 0 becomes
+// experiment_world_size / --nnodes (an error naming both when it does not
+// divide), or 1 without one. MASTER_ADDR / MASTER_PORT in the environment
+// (torchrun's variables) are used when --master_addr / --master_port are left
+// at their defaults; a MASTER_PORT that is not a port is an error naming it.
+absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size);
+
 // Parses absl flags (absl::ParseCommandLine) and returns the positional
 // arguments. When RANK is unset: runs the workers with options from the flags
-// and exits the process with their status (never returns). `default_nproc`, if
-// given, supplies --nproc_per_node when the flag is left at 0 (after flags
-// are parsed, so it may read the experiment's own flags); otherwise 1.
-// When RANK is set (a worker): calls ConfigureWorkerThreads() and returns.
+// and exits the process with their status (never returns; exit 2 when the
+// options are invalid). `default_nproc`, if given, is called in the launcher
+// before any worker starts, whatever --nproc_per_node says (after flags are
+// parsed, so it may read the experiment's own flags): it is where an
+// experiment checks its config and may exit (status 2) before anything is
+// spawned. It returns the experiment's world size (e.g. pp x dp), which sets
+// --nproc_per_node when the flag is left at 0 (see LaunchOptionsFromFlags)
+// and is ignored when the flag is given. When RANK is set (a worker): calls
+// ConfigureWorkerThreads() and returns; `default_nproc` is not called.
 std::vector<char*> MaybeLaunch(int argc, char** argv,
                                const std::function<int()>& default_nproc = nullptr);
 

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -52,7 +53,8 @@ struct Result {
 // settings), collects stdout/stderr, and kills it after `timeout`. `on_start`
 // runs once with the launcher's pid (e.g. to send it SIGINT).
 Result RunLauncher(const std::vector<std::string>& args, double timeout_s = 60,
-                   const std::function<void(pid_t)>& on_start = nullptr) {
+                   const std::function<void(pid_t)>& on_start = nullptr,
+                   const std::vector<std::pair<std::string, std::string>>& env = {}) {
   std::vector<std::string> argv = {WorkerBinary()};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> c_argv;
@@ -73,6 +75,7 @@ Result RunLauncher(const std::vector<std::string>& args, double timeout_s = 60,
           "GLIBC_TUNABLES"}) {
       unsetenv(name);
     }
+    for (const auto& [key, value] : env) setenv(key.c_str(), value.c_str(), 1);
     execv(c_argv[0], c_argv.data());
     _exit(127);
   }
@@ -230,6 +233,29 @@ TEST(LauncherTest, ExperimentDefaultForNprocPerNode) {
   EXPECT_THAT(r.out, Not(HasSubstr("[rank 2]")));
 }
 
+// The experiment's check runs in the launcher before any worker starts, also
+// when --nproc_per_node is given (it used to be skipped then, and every worker
+// refused the config on its own).
+TEST(LauncherTest, ExperimentCheckRunsBeforeWorkersEvenWithNprocPerNode) {
+  for (const std::string nproc : {"", "--nproc_per_node=2"}) {
+    const std::string dir = NewDir(absl::StrCat("refuse", nproc.size()));
+    std::vector<std::string> args = {"--refuse_config", "--mode=ok",
+                                     absl::StrCat("--pid_dir=", dir)};
+    if (!nproc.empty()) args.push_back(nproc);
+    Result r = RunLauncher(args);
+    ASSERT_FALSE(r.timed_out) << r.err;
+    EXPECT_EQ(ExitCode(r), 2) << nproc << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("error: the experiment refused its config")) << nproc;
+    EXPECT_THAT(r.err, Not(HasSubstr("[launcher] starting"))) << nproc;
+    EXPECT_THAT(r.err, Not(HasSubstr("[rank "))) << nproc;
+    EXPECT_LT(ReadPid(dir, 0), 0) << nproc << ": a worker started";
+  }
+  // The experiment's default does not override an explicit --nproc_per_node.
+  Result r = RunLauncher({"--default_nproc=3", "--nproc_per_node=1", "--mode=ok"});
+  EXPECT_EQ(ExitCode(r), 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[rank 0] hello from rank 0 of 1"));
+}
+
 TEST(LauncherTest, TwoNodesMeetThroughMasterPort) {
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok());
@@ -247,6 +273,55 @@ TEST(LauncherTest, TwoNodesMeetThroughMasterPort) {
   EXPECT_THAT(node0.out, HasSubstr("[rank 0] hello from rank 0 of 2 local 0/1"));
   EXPECT_THAT(node1.out, HasSubstr("[rank 1] hello from rank 1 of 2 local 0/1"));
   EXPECT_THAT(node1.out, HasSubstr("[rank 1] sum=1"));
+}
+
+// --nnodes without --nproc_per_node: the experiment's world size is split over
+// the nodes (it used to start the whole world on every node, and the workers
+// then refused the doubled world size with a hint to leave the flag unset).
+TEST(LauncherTest, NodesSplitTheExperimentWorldSize) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  const std::string port_flag = absl::StrCat("--master_port=", *port);
+  Result node1;
+  std::thread second([&] {
+    node1 = RunLauncher({"--nnodes=2", "--node_rank=1", "--default_nproc=2", port_flag});
+  });
+  Result node0 = RunLauncher({"--nnodes=2", "--node_rank=0", "--default_nproc=2", port_flag});
+  second.join();
+  EXPECT_EQ(ExitCode(node0), 0) << node0.err;
+  EXPECT_EQ(ExitCode(node1), 0) << node1.err;
+  EXPECT_THAT(node0.out, HasSubstr("[rank 0] hello from rank 0 of 2 local 0/1"));
+  EXPECT_THAT(node1.out, HasSubstr("[rank 1] hello from rank 1 of 2 local 0/1"));
+  EXPECT_THAT(node0.out, Not(HasSubstr("[rank 1]")));
+
+  Result odd = RunLauncher({"--nnodes=2", "--node_rank=0", "--default_nproc=3", port_flag});
+  EXPECT_EQ(ExitCode(odd), 2) << odd.err;
+  EXPECT_THAT(odd.err, HasSubstr("the experiment needs 3 ranks, which --nnodes=2 does not divide"));
+  EXPECT_THAT(odd.err, Not(HasSubstr("starting")));
+}
+
+// torchrun's MASTER_PORT / MASTER_ADDR in the environment are honoured when the
+// flags are left at their defaults; an explicit flag wins; garbage is named.
+TEST(LauncherTest, MasterPortFromTheEnvironment) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  const std::string env_port = std::to_string(*port);
+  Result r = RunLauncher({"--nproc_per_node=2", "--mode=ok"}, 60, nullptr,
+                         {{"MASTER_PORT", env_port}, {"MASTER_ADDR", "127.0.0.1"}});
+  EXPECT_EQ(ExitCode(r), 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("store 127.0.0.1:", env_port, ",")));
+  EXPECT_THAT(r.out, HasSubstr("[rank 1] sum=1"));
+
+  auto other = PickFreePort();
+  ASSERT_TRUE(other.ok());
+  r = RunLauncher({"--nproc_per_node=1", "--mode=ok", absl::StrCat("--master_port=", *other)}, 60,
+                  nullptr, {{"MASTER_PORT", env_port}});
+  EXPECT_EQ(ExitCode(r), 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("store 127.0.0.1:", *other, ",")));
+
+  r = RunLauncher({"--nproc_per_node=1", "--mode=ok"}, 60, nullptr, {{"MASTER_PORT", "http"}});
+  EXPECT_EQ(ExitCode(r), 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("MASTER_PORT='http' in the environment must be in [1, 65535]"));
 }
 
 TEST(LauncherTest, BadFlagsAreNamed) {
