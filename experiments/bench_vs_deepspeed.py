@@ -60,7 +60,8 @@ def run_pipe(args, flags, workdir):
         "metrics.jsonl").read_text().splitlines()]
     timed = [m for m in metrics if m["step"] > args.warmup]
     threads = sorted({line.split("threads: ", 1)[1].split(" (")[0]
-                      for line in proc.stderr.splitlines() if "] threads: " in line})
+                      for line in proc.stderr.splitlines()
+                      if line.startswith("[launcher] rank ") and " threads: " in line})
     return {"tokens_per_s": statistics.median(m["tokens_per_s"] for m in timed),
             "step_s": [m["step_s"] for m in timed], "loss_first": metrics[0]["loss"],
             "loss_last": metrics[-1]["loss"], "threads": threads,

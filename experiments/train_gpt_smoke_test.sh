@@ -40,7 +40,7 @@ grep -q '<svg' "$RUN/loss.svg" || { echo "FAIL: loss.svg is not SVG"; exit 1; }
 cat "$TMP/synthetic.log"
 grep -q 'synthetic data (arithmetic progressions' "$TMP/synthetic.log" || { echo "FAIL: no synthetic data line"; exit 1; }
 for rank in 0 1; do
-  grep -q "\[rank $rank\] threads: 1 intra-op + 2 BLAS thread(s)" "$TMP/synthetic.log" || { echo "FAIL: rank $rank threads"; exit 1; }
+  grep -q "\[launcher\] rank $rank threads: 1 intra-op + 2 BLAS thread(s)" "$TMP/synthetic.log" || { echo "FAIL: rank $rank threads"; exit 1; }
 done
 SRUN=$(ls -d "$TMP"/synthetic/gpt_small_pp2-*)
 first=$(head -n1 "$SRUN/metrics.jsonl" | sed 's/.*"loss":\([0-9.]*\).*/\1/')

@@ -32,6 +32,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "topology/rendezvous.h"
 
@@ -98,13 +99,23 @@ void WriteAll(int fd, const std::string& data) {
 
 void Say(const std::string& message) { WriteAll(2, absl::StrCat("[launcher] ", message, "\n")); }
 
+// A worker's line that starts with this is the launcher's to say (the
+// worker's thread report), not the worker's: "[launcher] rank N ..." instead of
+// "[rank N] ...", so ranks other than 0 still print nothing of their own.
+constexpr absl::string_view kLauncherLineTag = "@pp-launcher@ ";
+
 // Prefixes every complete line in `stream.pending` (all of it at EOF).
 void FlushLines(int rank, Stream& stream, bool eof) {
   const std::string prefix = absl::StrCat("[rank ", rank, "] ");
   std::string out;
   size_t start = 0;
   for (size_t nl; (nl = stream.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
-    absl::StrAppend(&out, prefix, absl::string_view(stream.pending).substr(start, nl + 1 - start));
+    absl::string_view line = absl::string_view(stream.pending).substr(start, nl + 1 - start);
+    if (absl::ConsumePrefix(&line, kLauncherLineTag)) {
+      absl::StrAppend(&out, "[launcher] rank ", rank, " ", line);
+      continue;
+    }
+    absl::StrAppend(&out, prefix, line);
   }
   stream.pending.erase(0, start);
   if (eof && !stream.pending.empty()) {
@@ -665,8 +676,8 @@ std::vector<char*> MaybeLaunch(int argc, char** argv, const std::function<int()>
     const WorkerThreads threads = ConfigureWorkerThreads();
     // Read back from the libraries, so a setting they ignored shows.
     if (std::getenv("PP_REPORT_THREADS") != nullptr) {
-      std::fprintf(stderr, "threads: %s (at::get_num_threads, openblas_get_num_threads)\n",
-                   DescribeThreads(threads).c_str());
+      std::fprintf(stderr, "%sthreads: %s (at::get_num_threads, openblas_get_num_threads)\n",
+                   std::string(kLauncherLineTag).c_str(), DescribeThreads(threads).c_str());
     }
     return positional;
   }

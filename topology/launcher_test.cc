@@ -433,7 +433,8 @@ TEST(LauncherTest, WorkersUseAndReportTheThreadFlags) {
     // What the worker itself saw, and what the launcher had it report.
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[rank ", rank, "] hello from rank ", rank,
                                               " of 2 local ", rank, "/2 omp=2 threads=2\n")));
-    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("[rank ", rank, "] threads: 2 intra-op + 2 BLAS")));
+    EXPECT_THAT(r.err,
+                HasSubstr(absl::StrCat("[launcher] rank ", rank, " threads: 2 intra-op + 2 BLAS")));
     // Both malloc thresholds, never one alone (see WorkerVariables).
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat(
                            "[rank ", rank,
