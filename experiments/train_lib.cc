@@ -30,6 +30,7 @@
 #include "models/data/corpus.h"
 #include "models/data/lm_data.h"
 #include "models/data/mlm_data.h"
+#include "models/data/synthetic_lm_data.h"
 #include "models/data/tokenizer.h"
 #include "models/gpt/pipeline_sampler.h"
 #include "models/gpt/sample.h"
@@ -56,6 +57,7 @@ ABSL_FLAG(std::string, microbatches, "", "override parallelism.num_microbatches"
 ABSL_FLAG(std::string, micro_batch_size, "", "override parallelism.micro_batch_size");
 ABSL_FLAG(std::string, partition, "", "override parallelism.partition_method");
 ABSL_FLAG(std::string, ckpt_interval, "", "override parallelism.activation_checkpointing.interval");
+ABSL_FLAG(std::string, device, "", "override parallelism.device (cpu or cuda)");
 ABSL_FLAG(std::string, lr, "", "override optimizer.lr");
 ABSL_FLAG(std::string, steps, "", "override steps");
 ABSL_FLAG(std::string, eval_interval, "", "override eval_interval");
@@ -88,6 +90,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_micro_batch_size, "parallelism.micro_batch_size"},
       {&FLAGS_partition, "parallelism.partition_method"},
       {&FLAGS_ckpt_interval, "parallelism.activation_checkpointing.interval"},
+      {&FLAGS_device, "parallelism.device"},
       {&FLAGS_lr, "optimizer.lr"},
       {&FLAGS_steps, "steps"},
       {&FLAGS_eval_interval, "eval_interval"},
@@ -267,7 +270,29 @@ absl::StatusOr<Data> MakeCustomData(const ExperimentConfig& config, const Experi
   return data;
 }
 
+// data.source synthetic: the peer benchmark's arithmetic progressions.
+absl::StatusOr<Data> MakeSyntheticData(const ExperimentConfig& config) {
+  const auto& par = config.parallelism();
+  SyntheticLmOptions o;
+  o.lm = {.seq_len = config.gpt().context_length(),
+          .micro_batch_size = par.micro_batch_size(),
+          .num_microbatches = par.num_microbatches(),
+          .dp_rank = 0,
+          .dp_size = par.dp(),
+          .seed = config.seed()};
+  Data data;
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource train, SyntheticLmBatchSource::Create(o));
+  data.tokens_per_step = train.global_tokens_per_step();
+  data.train = std::make_unique<SyntheticLmBatchSource>(std::move(train));
+  o.lm.seed = config.seed() + 1;
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource eval, SyntheticLmBatchSource::Create(o));
+  data.eval = std::make_unique<SyntheticLmBatchSource>(std::move(eval));
+  data.description = "synthetic data (arithmetic progressions of byte tokens)";
+  return data;
+}
+
 absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
+  if (config.data().source() == "synthetic") return MakeSyntheticData(config);
   PP_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(config.data().path()));
   const auto& par = config.parallelism();
   Data data;
@@ -321,6 +346,7 @@ absl::StatusOr<Cluster> JoinCluster(const experiments::ParallelismConfig& par,
                                     std::chrono::milliseconds timeout) {
   RendezvousOptions ro;
   ro.timeout = timeout;
+  PP_ASSIGN_OR_RETURN(ro.device, ParseDeviceKind(par.device()));
   Cluster cluster;
   PP_ASSIGN_OR_RETURN(cluster.world, RendezvousFromEnv(ro));
   PP_ASSIGN_OR_RETURN(ProcessTopology topology, PipeDataParallelTopology(par.pp(), par.dp()));
@@ -388,6 +414,13 @@ CheckpointPolicy MakeCheckpointPolicy(const ExperimentConfig& config) {
   policy.resume = config.checkpoint().resume();
   policy.config = ConfigToText(config);
   policy.seed = static_cast<int64_t>(config.seed());
+  // Resuming under another model, seed or optimizer is refused, field by field.
+  policy.check_manifest = [config](const checkpoint::Manifest& manifest) {
+    std::vector<std::string> warnings;
+    absl::Status status = CheckResumeConfig(manifest.config(), config, &warnings);
+    for (const std::string& w : warnings) LOG(WARNING) << w;
+    return status;
+  };
   return policy;
 }
 
@@ -427,7 +460,7 @@ class RunReport {
                      "%s; %d tokens/step\n",
                      config_->name(), model_name_, par.pp(), par.dp(), par.schedule(), par.chunks(),
                      par.num_microbatches(), par.micro_batch_size(),
-                     custom
+                     custom || !data.description.empty()
                          ? data.description
                          : absl::StrFormat("corpus %s (%d files, %d bytes)", config_->data().path(),
                                            data.corpus_files, data.corpus_bytes),
@@ -623,6 +656,18 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
 
 namespace {
 
+// Launcher side: the config's threads reach the workers as the launcher's
+// PP_INTRA_OP_THREADS / PP_BLAS_THREADS (its flags still win), unless the
+// person running it set those variables themselves.
+void ExportThreadConfig(const experiments::ThreadsConfig& threads) {
+  if (threads.intra_op() > 0) {
+    setenv("PP_INTRA_OP_THREADS", std::to_string(threads.intra_op()).c_str(), /*overwrite=*/0);
+  }
+  if (threads.blas() > 0) {
+    setenv("PP_BLAS_THREADS", std::to_string(threads.blas()).c_str(), /*overwrite=*/0);
+  }
+}
+
 int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel* custom) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
@@ -630,9 +675,12 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
   // person is watching, so it can draw its progress bar on the terminal.
   if (std::getenv("RANK") == nullptr && isatty(STDOUT_FILENO)) setenv("PP_PROGRESS_TTY", "1", 1);
   MaybeLaunch(argc, argv, [kind, custom, argc, argv] {
-    // Launcher side: a bad config, data path, output_dir or command line fails
-    // here, before any worker starts (experiments/preflight.h).
-    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, 0, custom);
+    // Launcher side (also with --nproc_per_node given): a bad config, data
+    // path, output_dir or command line fails here, before any worker starts
+    // (experiments/preflight.h).
+    const int nproc = absl::GetFlag(FLAGS_nproc_per_node);
+    const int world_size = nproc > 0 ? nproc * absl::GetFlag(FLAGS_nnodes) : 0;
+    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, world_size, custom);
     if (absl::Status s = config.ok() ? Preflight(*config, {argv, argv + argc}) : absl::OkStatus();
         s.ok() && config.ok()) {
       s = ProfileStepsFor(*config).status();
@@ -644,6 +692,7 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
       std::cerr << "error: " << config.status().message() << std::endl;
       std::exit(2);
     }
+    ExportThreadConfig(config->threads());
     return config->parallelism().pp() * config->parallelism().dp();
   });
   // Worker: memory tracking before anything is allocated; glog to the rank's
