@@ -41,6 +41,9 @@ data.path '$TMP/short.txt' holds 38 bytes of training text (after data.eval_frac
 data.path '$TMP/nothing' does not exist|--data=$TMP/nothing
 output_dir '$TMP/file/runs' cannot be created|--output_dir=$TMP/file/runs
 parallelism.schedule 'zigzag' is not a registered schedule|--schedule=zigzag
+optimizer.lr (inf) must be finite and in (0, 10]|--nproc_per_node=2 --lr=inf
+parallelism.pp (2) x parallelism.dp (1) = 2 ranks, but 3 were started|--nproc_per_node=3
+the experiment needs 2 ranks, which --nnodes=4 does not divide|--nnodes=4 --master_port=1
 CASES_END
 )
 

@@ -12,6 +12,7 @@
 #include <google/protobuf/text_format.h>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -24,6 +25,7 @@
 #include "pipeline/schedule/capabilities.h"
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
+#include "topology/device.h"
 
 namespace pp {
 namespace {
@@ -156,6 +158,8 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
       {"trace_step", config.trace_step(), 0, kUnbounded, ""},
       {"checkpoint.save_interval", config.checkpoint().save_interval(), 0, kUnbounded, ""},
       {"checkpoint.keep_last", config.checkpoint().keep_last(), 0, kUnbounded, ""},
+      {"threads.intra_op", config.threads().intra_op(), 0, 4096, "0 = the launcher's choice"},
+      {"threads.blas", config.threads().blas(), 0, 4096, "0 = the launcher's choice"},
   };
   for (const IntRange& r : ints) PP_RETURN_IF_ERROR(CheckInt(r.name, r.value, r.lo, r.hi, r.why));
   if (config.has_gpt() || config.has_bert()) {
@@ -375,8 +379,9 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     return Invalid(absl::StrCat(
         "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ", ranks,
         " ranks, but ", world_size,
-        " were started; leave --nproc_per_node unset (it defaults to pp x dp) or set it to ",
-        ranks));
+        " were started; leave --nproc_per_node unset (the launcher then starts pp x dp ranks, "
+        "split evenly over --nnodes) or set it to ",
+        ranks, " / --nnodes"));
   }
   if (!custom) {
     PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config))
@@ -433,6 +438,26 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     return Invalid(absl::StrCat("parallelism.schedule: ", supported.message()));
   }
 
+  // The device: known, present for every rank of this node, and executed.
+  absl::StatusOr<DeviceKind> device = ParseDeviceKind(par.device());
+  if (!device.ok()) return Invalid(absl::StrCat("parallelism.device: ", device.status().message()));
+  if (*device == DeviceKind::kCuda) {
+    const int local_ranks = par.pp() * par.dp();
+    for (int local_rank : {0, local_ranks - 1}) {
+      absl::StatusOr<c10::Device> cuda = DeviceForLocalRank(*device, local_rank);
+      if (!cuda.ok()) {
+        return Invalid(absl::StrCat("parallelism.device 'cuda' (pp x dp = ", local_ranks,
+                                    " ranks on this node): ", cuda.status().message()));
+      }
+    }
+    // Process groups get NCCL (topology/), but the stage executor still keeps
+    // weights, activations and p2p buffers on the CPU: refused rather than
+    // training on the CPU while claiming the GPU.
+    return Invalid(
+        "parallelism.device 'cuda' is not executed yet: the runtime (pipeline/runtime) keeps "
+        "tensors on the CPU (issue 12); valid today: cpu");
+  }
+
   // The partition method: registered, and it can cut this model.
   const std::string& method = par.partition_method();
   const std::string method_name = method.substr(0, method.find(':'));
@@ -481,8 +506,16 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
                                 "--set=lr_schedule.warmup_steps=N or run more --steps)"));
   }
 
+  const std::string& source = config.data().source();
+  if (source != "corpus" && source != "synthetic") {
+    return Invalid(absl::StrCat("data.source '", source, "' is unknown; valid: corpus, synthetic"));
+  }
+  if (source == "synthetic" && kind != ModelKind::kGpt) {
+    return Invalid(absl::StrCat("data.source 'synthetic' is for gpt only (this is ",
+                                ModelKindName(kind), "); valid here: corpus"));
+  }
   std::error_code ec;
-  if (!std::filesystem::exists(config.data().path(), ec)) {
+  if (source == "corpus" && !std::filesystem::exists(config.data().path(), ec)) {
     return Invalid(absl::StrCat("data.path '", config.data().path(),
                                 "' does not exist; pass --data=<a text file or folder>"));
   }
@@ -510,6 +543,117 @@ std::string ConfigToText(const ExperimentConfig& config) {
   std::string text;
   gpb::TextFormat::PrintToString(config, &text);
   return text;
+}
+
+namespace {
+
+// Field paths whose difference does not change the training.
+bool IgnoredOnResume(const std::string& path) {
+  for (const char* prefix :
+       {"name", "output_dir", "log_interval", "eval_interval", "eval_batches", "sample_",
+        "trace_step", "checkpoint.", "parallelism.timeout_seconds"}) {
+    if (absl::StartsWith(path, prefix)) return true;
+  }
+  return false;
+}
+
+// Differences that make the continuation another training run.
+bool BreaksResume(const std::string& path) {
+  return absl::StartsWith(path, "gpt") || absl::StartsWith(path, "bert") || path == "model" ||
+         path == "seed" || path == "optimizer.name";
+}
+
+// "path: A in the checkpoint, B now" for every leaf field that differs.
+void DiffConfigs(const gpb::Message& saved, const gpb::Message& now, const std::string& prefix,
+                 std::vector<std::pair<std::string, std::string>>& out) {
+  const gpb::Descriptor* d = now.GetDescriptor();
+  const gpb::Reflection* rs = saved.GetReflection();
+  const gpb::Reflection* rn = now.GetReflection();
+  for (int i = 0; i < d->oneof_decl_count(); ++i) {
+    const gpb::OneofDescriptor* oneof = d->oneof_decl(i);
+    const gpb::FieldDescriptor* a = rs->GetOneofFieldDescriptor(saved, oneof);
+    const gpb::FieldDescriptor* b = rn->GetOneofFieldDescriptor(now, oneof);
+    if (a != b) {
+      out.emplace_back(prefix + oneof->name(),
+                       absl::StrCat(a != nullptr ? a->name() : "(none)", " in the checkpoint, ",
+                                    b != nullptr ? b->name() : "(none)", " now"));
+    }
+  }
+  for (int i = 0; i < d->field_count(); ++i) {
+    const gpb::FieldDescriptor* f = d->field(i);
+    const std::string path = prefix + f->name();
+    if (f->is_repeated()) {
+      std::string a, b;
+      for (int k = 0; k < rs->FieldSize(saved, f); ++k) {
+        std::string v;
+        gpb::TextFormat::PrintFieldValueToString(saved, f, k, &v);
+        absl::StrAppend(&a, k ? ", " : "", v);
+      }
+      for (int k = 0; k < rn->FieldSize(now, f); ++k) {
+        std::string v;
+        gpb::TextFormat::PrintFieldValueToString(now, f, k, &v);
+        absl::StrAppend(&b, k ? ", " : "", v);
+      }
+      if (a != b)
+        out.emplace_back(path, absl::StrCat("[", a, "] in the checkpoint, [", b, "] now"));
+      continue;
+    }
+    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (f->containing_oneof() != nullptr && (!rs->HasField(saved, f) || !rn->HasField(now, f))) {
+        continue;  // a different oneof choice is reported above
+      }
+      DiffConfigs(rs->GetMessage(saved, f), rn->GetMessage(now, f), path + ".", out);
+      continue;
+    }
+    std::string a, b;
+    gpb::TextFormat::PrintFieldValueToString(saved, f, -1, &a);
+    gpb::TextFormat::PrintFieldValueToString(now, f, -1, &b);
+    if (a != b) out.emplace_back(path, absl::StrCat(a, " in the checkpoint, ", b, " now"));
+  }
+}
+
+}  // namespace
+
+absl::Status CheckResumeConfig(const std::string& saved_text, const ExperimentConfig& now,
+                               std::vector<std::string>* warnings) {
+  if (saved_text.empty()) {
+    warnings->push_back(
+        "the checkpoint records no experiment config; its settings cannot be compared");
+    return absl::OkStatus();
+  }
+  absl::StatusOr<ExperimentConfig> saved = ParseExperimentConfig(saved_text);
+  if (!saved.ok()) {
+    warnings->push_back(absl::StrCat("the checkpoint's experiment config does not parse here (",
+                                     saved.status().message(), "); it cannot be compared"));
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<std::string, std::string>> diffs;
+  DiffConfigs(*saved, now, "", diffs);
+  std::vector<std::string> breaking;
+  for (const auto& [path, what] : diffs) {
+    if (IgnoredOnResume(path)) continue;
+    const std::string line = absl::StrCat(path, ": ", what);
+    if (BreaksResume(path)) {
+      breaking.push_back(line);
+    } else {
+      warnings->push_back(
+          absl::StrCat("resuming with a changed setting (the run will not equal "
+                       "an uninterrupted one): ",
+                       line));
+    }
+  }
+  if (breaking.empty()) return absl::OkStatus();
+  if (now.checkpoint().allow_config_change()) {
+    for (const std::string& line : breaking) {
+      warnings->push_back(absl::StrCat(
+          "resuming with a changed model/seed/optimizer (checkpoint.allow_config_change): ", line));
+    }
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the checkpoint was written by a different run: ", absl::StrJoin(breaking, "; "),
+      ". Resume with the checkpoint's settings, or set checkpoint.allow_config_change=true "
+      "(--set=checkpoint.allow_config_change=true) to continue anyway"));
 }
 
 }  // namespace pp

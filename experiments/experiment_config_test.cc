@@ -7,7 +7,11 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/torch_compat.h"
 #include "pipeline/schedule/registry.h"
+#include "topology/device.h"
 
 namespace pp {
 namespace {
@@ -158,6 +162,32 @@ TEST(ExperimentConfigTest, ScheduleTheRuntimeCannotExecute) {
   EXPECT_HAS(m, "split backward");
 }
 
+// parallelism.device: an unknown name lists the valid ones; cuda names the
+// missing device (no CUDA in the build, no GPU, too few GPUs), and where the
+// GPUs are there it is refused as not executed yet, never trained on the CPU.
+TEST(ExperimentConfigTest, DeviceIsKnownPresentAndExecuted) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_device("gpu");
+  EXPECT_HAS(Error(c), "parallelism.device: device 'gpu' is not a known device; valid: cpu, cuda");
+  c.mutable_parallelism()->set_device("cuda");
+  const std::string m = Error(c);
+  const int gpus = VisibleCudaDevices();
+  if (gpus < 2) {
+    EXPECT_HAS(m, "parallelism.device 'cuda' (pp x dp = 2 ranks on this node): ");
+  }
+  if (!torch_compat::BuiltWithCuda()) {
+    EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
+    EXPECT_HAS(m, "built without CUDA; build with --config=cuda");
+  } else if (gpus == 0) {
+    EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
+    EXPECT_HAS(m, "no CUDA GPU is visible");
+  } else if (gpus == 1) {
+    EXPECT_HAS(m, "device cuda:1 (--device=cuda, local rank 1) is not available");
+  } else {
+    EXPECT_HAS(m, "parallelism.device 'cuda' is not executed yet");
+  }
+}
+
 TEST(ExperimentConfigTest, MoreStagesThanBlocks) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_pp(8);
@@ -261,6 +291,8 @@ TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
       {"gpt.dropout=1", "gpt.dropout (1)"},
       {"data.eval_fraction=0.5", "data.eval_fraction (0.5) must be finite and in [0, 0.5)"},
       {"lr_schedule.warmup_steps=-1", "lr_schedule.warmup_steps (-1) must not be negative"},
+      {"threads.intra_op=-1", "threads.intra_op (-1) must not be negative and at most 4096"},
+      {"threads.blas=100000", "threads.blas (100000) must be at most 4096"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.assignment);
@@ -281,6 +313,22 @@ TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
   }
   EXPECT_TRUE(ValidateExperimentConfig(edges, ModelKind::kGpt, 2).ok())
       << ValidateExperimentConfig(edges, ModelKind::kGpt, 2);
+}
+
+// data.source picks the corpus or the peer benchmark's synthetic rows; the
+// synthetic source needs no corpus, is GPT's only, and a typo lists both.
+TEST(ExperimentConfigTest, DataSourceIsCorpusOrSynthetic) {
+  ExperimentConfig c = Gpt();
+  ASSERT_TRUE(ApplyOverride(c, "data.source=synthetic").ok());
+  c.mutable_data()->set_path("/no/such/corpus");
+  EXPECT_TRUE(ValidateExperimentConfig(c, ModelKind::kGpt, 2).ok())
+      << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+  c.mutable_data()->set_source("random");
+  EXPECT_HAS(Error(c), "data.source 'random' is unknown; valid: corpus, synthetic");
+  ExperimentConfig bert = Shipped("bert_small_pp2.textproto");
+  ResolveDefaults(bert, ModelKind::kBert);
+  bert.mutable_data()->set_source("synthetic");
+  EXPECT_HAS(Error(bert, 2, ModelKind::kBert), "data.source 'synthetic' is for gpt only");
 }
 
 // A model too big for the machine is refused with the estimate, before the
@@ -335,6 +383,69 @@ TEST(ExperimentConfigTest, CustomModelIsValidatedAgainstItsSpecs) {
   EXPECT_HAS(std::string(gpt.message()), "run it with //experiments:train_gpt");
   EXPECT_EQ(ValidateExperimentConfig(c, ModelKind::kCustom, 4).code(),
             absl::StatusCode::kInternal);  // specs are required
+}
+
+// Issue #14: resuming with another num_heads, seed or optimizer was accepted
+// silently. Every difference is named, field by field.
+TEST(ResumeConfigTest, DifferencesAreNamedFieldByField) {
+  const ExperimentConfig saved = Gpt();
+  const std::string saved_text = ConfigToText(saved);
+  std::vector<std::string> warnings;
+  // The same config (and one differing only in what does not change the
+  // training) resumes silently.
+  ExperimentConfig same = saved;
+  same.set_name("other");
+  same.set_log_interval(3);
+  same.mutable_checkpoint()->set_resume("auto");
+  same.set_output_dir("/elsewhere");
+  EXPECT_TRUE(CheckResumeConfig(saved_text, same, &warnings).ok());
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
+
+  ExperimentConfig changed = saved;
+  changed.mutable_gpt()->set_num_heads(saved.gpt().num_heads() * 2);
+  changed.set_seed(saved.seed() + 1);
+  changed.mutable_optimizer()->set_name("sgd");
+  changed.mutable_optimizer()->set_lr(saved.optimizer().lr() / 2);
+  changed.mutable_parallelism()->set_pp(4);
+  changed.set_steps(saved.steps() + 10);
+  absl::Status s = CheckResumeConfig(saved_text, changed, &warnings);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  for (const std::string& want :
+       {absl::StrCat("gpt.num_heads: ", saved.gpt().num_heads(), " in the checkpoint, ",
+                     saved.gpt().num_heads() * 2, " now"),
+        absl::StrCat("seed: ", saved.seed(), " in the checkpoint, ", saved.seed() + 1, " now"),
+        std::string("optimizer.name: \"adamw\" in the checkpoint, \"sgd\" now"),
+        std::string("checkpoint.allow_config_change=true")}) {
+    EXPECT_NE(s.message().find(want), std::string::npos) << want << " not in: " << s;
+  }
+  // Allowed differences are warnings, one per field.
+  std::string all = absl::StrJoin(warnings, "\n");
+  EXPECT_EQ(warnings.size(), 3u) << all;
+  EXPECT_NE(all.find("optimizer.lr: "), std::string::npos) << all;
+  EXPECT_NE(all.find("parallelism.pp: 2 in the checkpoint, 4 now"), std::string::npos) << all;
+  EXPECT_NE(all.find("steps: "), std::string::npos) << all;
+
+  // checkpoint.allow_config_change turns the errors into warnings.
+  warnings.clear();
+  changed.mutable_checkpoint()->set_allow_config_change(true);
+  EXPECT_TRUE(CheckResumeConfig(saved_text, changed, &warnings).ok());
+  EXPECT_EQ(warnings.size(), 6u) << absl::StrJoin(warnings, "\n");
+
+  // A BERT checkpoint resumed as GPT: the model kind is named.
+  ExperimentConfig bert = saved;
+  bert.clear_gpt();
+  ResolveDefaults(bert, ModelKind::kBert);
+  warnings.clear();
+  s = CheckResumeConfig(ConfigToText(bert), saved, &warnings);
+  EXPECT_NE(s.message().find("model: bert in the checkpoint, gpt now"), std::string::npos) << s;
+
+  // No config, or one that does not parse: a warning, not a silent pass.
+  warnings.clear();
+  EXPECT_TRUE(CheckResumeConfig("", saved, &warnings).ok());
+  EXPECT_TRUE(CheckResumeConfig("no_such_field: 1", saved, &warnings).ok());
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("records no experiment config"), std::string::npos);
+  EXPECT_NE(warnings[1].find("does not parse"), std::string::npos);
 }
 
 }  // namespace

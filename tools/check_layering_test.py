@@ -67,9 +67,11 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(check_layering.layer_of("pipeline/layers"), layers.index("pipeline/layers"))
         self.assertEqual(check_layering.layer_of("third_party/torch"), layers.index("third_party"))
         self.assertEqual(check_layering.layer_of(""), layers.index(""))
-        # The root is no package's ancestor: an unlisted top-level package is unplaced.
-        self.assertIsNone(check_layering.layer_of("newpkg"))
-        self.assertIsNone(check_layering.layer_of("newpkg/sub"))
+        # The root is no package's ancestor: an unlisted top-level package is a
+        # researcher's own, at the examples level.
+        self.assertEqual(check_layering.layer_of("newpkg"), layers.index("examples"))
+        self.assertEqual(check_layering.layer_of("newpkg/sub"), layers.index("examples"))
+        self.assertIsNone(check_layering.layer_of("newpkg", ["common", "models"]))
 
 
 class CheckTest(unittest.TestCase):
@@ -130,8 +132,18 @@ class CheckTest(unittest.TestCase):
         self.assertIn("up-edge: //pipeline/schedule/examples -> //checkpoint/model", problems[0])
         self.assertIn("layer //pipeline/schedule", problems[0])
 
-    def test_unlisted_package_fails(self):
-        problems = self.problems(graph(nodes=["//scratch:thing"]))
+    def test_researcher_package_may_use_pipe(self):
+        self.assertEqual(self.problems(graph(("//mylab/sched:s", "//pipeline/schedule:registry"),
+                                             ("//mylab/sched:s", "//experiments:train_lib"))), [])
+
+    def test_pipe_may_not_depend_on_a_researcher_package(self):
+        problems = self.problems(graph(("//models:m", "//mylab:thing")))
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("up-edge: //models -> //mylab", problems[0])
+
+    def test_unplaced_package_fails_without_a_user_level(self):
+        packages, edges = check_layering.parse_graph(graph(nodes=["//scratch:thing"]))
+        problems = check_layering.check(packages, edges, layers=["common", "models"])
         self.assertEqual(len(problems), 1, problems)
         self.assertIn("package //scratch is not in the layer order", problems[0])
 

@@ -8,8 +8,16 @@
 // grace period, and the launcher exits non-zero naming the rank and how it
 // ended. Ctrl-C (SIGINT/SIGTERM to the launcher) stops every worker. In a worker
 // (RANK set) MaybeLaunch splits the machine's cores among the local ranks and
-// returns. Workers get OMP_NUM_THREADS / OPENBLAS_NUM_THREADS =
-// max(1, cores / local ranks) unless the launcher's environment sets them.
+// returns.
+//
+// Threads: each worker gets an intra-op thread count (at::set_num_threads) and
+// a BLAS thread count (OpenBLAS's own pool) set separately. Resolution, first
+// that is set wins: --intra_op_threads / --blas_threads; PP_INTRA_OP_THREADS /
+// PP_BLAS_THREADS in the launcher's environment (what an experiment config's
+// `threads` section exports); OMP_NUM_THREADS (intra-op) and
+// OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS (BLAS, as OpenBLAS reads them);
+// DefaultWorkerThreads(). A launched worker prints what it really uses, read
+// back from at::get_num_threads() and openblas_get_num_threads().
 //
 //   int main(int argc, char** argv) {
 //     std::vector<char*> args = pp::MaybeLaunch(argc, argv);  // parent exits here
@@ -17,7 +25,8 @@
 //   }
 //
 // Flags (absl, defined here so every experiment has them): --nproc_per_node,
-// --nnodes, --node_rank, --master_addr, --master_port, --launcher_grace_period.
+// --nnodes, --node_rank, --master_addr, --master_port, --launcher_grace_period,
+// --intra_op_threads, --blas_threads.
 //
 // Next: topology/rendezvous.h (what a worker does with the environment).
 #ifndef TOPOLOGY_LAUNCHER_H_
@@ -37,6 +46,8 @@ ABSL_DECLARE_FLAG(int, node_rank);
 ABSL_DECLARE_FLAG(std::string, master_addr);
 ABSL_DECLARE_FLAG(int, master_port);
 ABSL_DECLARE_FLAG(absl::Duration, launcher_grace_period);
+ABSL_DECLARE_FLAG(int, intra_op_threads);
+ABSL_DECLARE_FLAG(int, blas_threads);
 
 namespace pp {
 
@@ -49,6 +60,16 @@ struct LaunchOptions {
   int master_port = 0;
   // Between SIGTERM and SIGKILL when stopping workers.
   absl::Duration grace_period = absl::Seconds(5);
+  // Per worker; 0: from the environment, else DefaultWorkerThreads().
+  int intra_op_threads = 0;
+  int blas_threads = 0;
+};
+
+// A worker's thread counts. `blas` is -1 when the process's BLAS is not
+// OpenBLAS (nothing to set or read back).
+struct WorkerThreads {
+  int intra_op = 1;
+  int blas = 1;
 };
 
 // Validates `options` (InvalidArgument naming the bad value), starts the
@@ -58,22 +79,59 @@ struct LaunchOptions {
 // after logging which rank failed first and how (exit code or signal).
 absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<std::string>& argv);
 
+// The launcher's options from its flags. `experiment_world_size` (<= 0: none)
+// is the experiment's total rank count: --nproc_per_node left at 0 becomes
+// experiment_world_size / --nnodes (an error naming both when it does not
+// divide), or 1 without one. MASTER_ADDR / MASTER_PORT in the environment
+// (torchrun's variables) are used when --master_addr / --master_port are left
+// at their defaults; a MASTER_PORT that is not a port is an error naming it.
+absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size);
+
 // Parses absl flags (absl::ParseCommandLine) and returns the positional
 // arguments. When RANK is unset: runs the workers with options from the flags
-// and exits the process with their status (never returns). `default_nproc`, if
-// given, supplies --nproc_per_node when the flag is left at 0 (after flags
-// are parsed, so it may read the experiment's own flags); otherwise 1.
-// When RANK is set (a worker): calls ConfigureWorkerThreads() and returns.
+// and exits the process with their status (never returns; exit 2 when the
+// options are invalid). `default_nproc`, if given, is called in the launcher
+// before any worker starts, whatever --nproc_per_node says (after flags are
+// parsed, so it may read the experiment's own flags): it is where an
+// experiment checks its config and may exit (status 2) before anything is
+// spawned. It returns the experiment's world size (e.g. pp x dp), which sets
+// --nproc_per_node when the flag is left at 0 (see LaunchOptionsFromFlags)
+// and is ignored when the flag is given. When RANK is set (a worker): calls
+// ConfigureWorkerThreads() and returns; `default_nproc` is not called.
 std::vector<char*> MaybeLaunch(int argc, char** argv,
                                const std::function<int()>& default_nproc = nullptr);
 
 // The per-process thread count when `local_world_size` ranks share this
-// machine: max(1, hardware cores / local_world_size).
+// machine: max(1, cores this process may run on / local_world_size).
 int WorkerThreadCount(int local_world_size);
 
-// at::set_num_threads(WorkerThreadCount(LOCAL_WORLD_SIZE from the environment,
-// 1 if unset)) and the same count for the BLAS library; returns the count set.
-int ConfigureWorkerThreads();
+// The default split for `local_world_size` ranks on this machine: one
+// intra-op thread, WorkerThreadCount() BLAS threads. Measured on the 2-core
+// machine with the peer GPT (README, Performance): pp = 1 with 1 + 2 is the
+// fastest split (2 + 2, the old default, oversubscribes the cores: each
+// intra-op thread calls a GEMM that starts 2 BLAS threads); pp = 2 takes 1 + 1.
+WorkerThreads DefaultWorkerThreads(int local_world_size);
+
+// What a worker with `local_world_size` local ranks will use, from `flags`
+// (0 = unset) and the environment (see the file comment). InvalidArgument
+// naming the variable when one is set but is not a positive integer.
+absl::StatusOr<WorkerThreads> ResolveWorkerThreads(int local_world_size, WorkerThreads flags);
+
+// Sets both counts now (at::set_num_threads, openblas_set_num_threads) and
+// returns what the libraries report back.
+WorkerThreads SetWorkerThreads(WorkerThreads threads);
+
+// What this process uses now: at::get_num_threads() and
+// openblas_get_num_threads() (-1 when BLAS is not OpenBLAS).
+WorkerThreads CurrentWorkerThreads();
+
+// "1 intra-op + 2 BLAS thread(s)" (or "..., BLAS not OpenBLAS").
+std::string DescribeThreads(WorkerThreads threads);
+
+// Resolves (ResolveWorkerThreads with LOCAL_WORLD_SIZE from the environment, 1
+// if unset; an invalid setting falls back to the default with a warning on
+// stderr) and sets the counts; returns what the libraries report back.
+WorkerThreads ConfigureWorkerThreads();
 
 // Sets OpenBLAS's own thread count now. OpenBLAS reads OPENBLAS_NUM_THREADS
 // only when it is loaded, so a process that changes its mind later (a

@@ -24,7 +24,10 @@ ABSL_FLAG(int, fail_rank, 0, "The rank that fails in modes fail/signal.");
 ABSL_FLAG(int, exit_code, 3, "Exit status of the failing rank in mode fail.");
 ABSL_FLAG(std::string, pid_dir, "", "Each worker writes its pid to <dir>/<rank>.pid.");
 ABSL_FLAG(bool, ignore_sigterm, false, "Workers that do not fail ignore SIGTERM.");
-ABSL_FLAG(int, default_nproc, 0, "If > 0: the experiment's default for --nproc_per_node.");
+ABSL_FLAG(int, default_nproc, 0,
+          "If > 0: the experiment's world size (--nproc_per_node's default).");
+ABSL_FLAG(bool, refuse_config, false,
+          "The experiment's launcher-side check refuses the run (exit 2, before any worker).");
 
 namespace {
 
@@ -49,8 +52,11 @@ void WaitForPidFiles(const std::string& dir, int world_size) {
 
 int main(int argc, char** argv) {
   pp::MaybeLaunch(argc, argv, [] {
-    const int n = absl::GetFlag(FLAGS_default_nproc);
-    return n > 0 ? n : 1;
+    if (absl::GetFlag(FLAGS_refuse_config)) {
+      std::fprintf(stderr, "error: the experiment refused its config\n");
+      std::exit(2);
+    }
+    return absl::GetFlag(FLAGS_default_nproc);  // 0: no experiment default
   });
   auto env = pp::DistEnvFromEnvironment();
   if (!env.ok()) {

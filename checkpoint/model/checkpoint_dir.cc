@@ -1,6 +1,8 @@
 #include "checkpoint/model/checkpoint_dir.h"
 
+#include <fcntl.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -9,11 +11,15 @@
 #include <system_error>
 #include <utility>
 
+#include <glog/logging.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "checkpoint/model/file_io.h"
+#include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "google/protobuf/text_format.h"
 
@@ -42,11 +48,58 @@ absl::StatusOr<std::string> ReadLatest(const std::string& root) {
   std::string path = (fs::path(root) / kLatestFileName).string();
   PP_ASSIGN_OR_RETURN(std::string name, ReadWholeFile(path));
   name = std::string(absl::StripAsciiWhitespace(name));
-  if (name.empty() || name.find('/') != std::string::npos) {
+  if (StepOfName(name) < 0) {
     return absl::DataLossError(absl::StrCat(
         path, " should hold a checkpoint directory name like step_00000100, found '", name, "'"));
   }
   return name;
+}
+
+// Size and CRC32C of the file at `path`, read in 1 MiB pieces.
+absl::Status CheckFileDigest(const std::string& path, const FileInfo& expected) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("checkpoint file ", path));
+  std::vector<char> buffer(1 << 20);
+  uint32_t crc = 0;
+  int64_t size = 0;
+  while (true) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus(err, absl::StrCat("reading checkpoint file ", path));
+    }
+    if (n == 0) break;
+    crc = Crc32c(buffer.data(), static_cast<size_t>(n), crc);
+    size += n;
+  }
+  ::close(fd);
+  if (size != expected.size_bytes()) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " has ", size,
+                                            " bytes, the manifest says ", expected.size_bytes(),
+                                            " (truncated or replaced)"));
+  }
+  if (crc != expected.crc32c()) {
+    return absl::DataLossError(
+        absl::StrFormat("checkpoint file %s has CRC32C %08x, the manifest says %08x (corrupted)",
+                        path, crc, expected.crc32c()));
+  }
+  return absl::OkStatus();
+}
+
+// Every step_N entry of `root` (complete or not), newest first.
+std::vector<std::pair<int64_t, std::string>> StepEntries(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(root, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const int64_t step = StepOfName(name);
+    if (step >= 0) found.emplace_back(step, name);
+  }
+  std::sort(found.rbegin(), found.rend());
+  return found;
 }
 
 }  // namespace
@@ -130,6 +183,75 @@ absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root
   std::vector<std::string> names;
   for (auto& f : found) names.push_back(std::move(f.second));
   return names;
+}
+
+absl::Status VerifyCheckpointFiles(const std::string& dir) {
+  PP_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(dir));
+  for (const FileInfo& f : manifest.files()) {
+    if (f.path().empty() || f.path().find('/') != std::string::npos || f.path() == "..") {
+      return absl::DataLossError(absl::StrCat("checkpoint manifest in ", dir,
+                                              " lists a file named '", f.path(),
+                                              "'; file names are plain names inside it"));
+    }
+    PP_RETURN_IF_ERROR(CheckFileDigest((fs::path(dir) / f.path()).string(), f));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ResumeChoice> ChooseResumeCheckpoint(const std::string& root) {
+  std::error_code ec;
+  const fs::path latest_path = fs::path(root) / kLatestFileName;
+  const bool has_latest = fs::exists(latest_path, ec) || fs::is_symlink(latest_path, ec);
+  const std::vector<std::pair<int64_t, std::string>> entries = StepEntries(root);
+  if (!has_latest && entries.empty()) return ResumeChoice{};
+  // Why `latest` cannot be used.
+  std::string latest_problem;
+  if (!has_latest) {
+    latest_problem = absl::StrCat(latest_path.string(), " is missing");
+  } else {
+    absl::StatusOr<std::string> name = ReadLatest(root);
+    if (!name.ok()) {
+      latest_problem = std::string(name.status().message());
+    } else {
+      const std::string dir = (fs::path(root) / *name).string();
+      absl::StatusOr<Manifest> manifest = ReadManifest(dir);
+      if (manifest.ok()) return ResumeChoice{dir, ""};
+      latest_problem = absl::StrCat(latest_path.string(), " names ", *name,
+                                    ", which is unusable: ", manifest.status().message());
+    }
+  }
+  std::vector<std::string> skipped;
+  for (const auto& [step, name] : entries) {
+    const std::string dir = (fs::path(root) / name).string();
+    absl::Status verified = VerifyCheckpointFiles(dir);
+    if (verified.ok()) {
+      std::string warning = absl::StrCat(latest_problem, "; resuming from ", dir,
+                                         ", the newest checkpoint whose files all verify");
+      if (!skipped.empty())
+        absl::StrAppend(&warning, " (skipped: ", absl::StrJoin(skipped, "; "), ")");
+      return ResumeChoice{dir, warning};
+    }
+    skipped.push_back(absl::StrCat(name, ": ", verified.message()));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint dir ", root, " holds no usable checkpoint to resume from: ", latest_problem,
+      skipped.empty() ? "" : absl::StrCat("; ", absl::StrJoin(skipped, "; ")),
+      ". Refusing to start over there (its saves would replace and prune what is there): "
+      "repair or move the directory, or choose another checkpoint dir"));
+}
+
+absl::Status CheckRootHoldsNoCheckpoints(const std::string& root) {
+  std::error_code ec;
+  const bool has_latest = fs::exists(fs::path(root) / kLatestFileName, ec);
+  const std::vector<std::pair<int64_t, std::string>> entries = StepEntries(root);
+  if (!has_latest && entries.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint dir ", root, " already holds ",
+      entries.empty()
+          ? std::string("a 'latest' file")
+          : absl::StrCat(entries.size(), " checkpoint(s), the newest ", entries.front().second),
+      " from another run; a fresh run saving there would replace and prune them. Continue it "
+      "with resume=auto (--resume=auto), or save elsewhere (checkpoint.dir, output_dir or name)"));
 }
 
 absl::Status PruneCheckpoints(const std::string& root, int keep_last) {
@@ -230,14 +352,20 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& root, const std:
   PP_RETURN_IF_ERROR(SyncFile(tmp));
 
   std::string final_dir = (fs::path(root) / name).string();
-  std::string old_dir = (fs::path(root) / absl::StrCat(kOldPrefix, name)).string();
-  if (fs::exists(final_dir, ec)) {
-    // Saving a step that already has a checkpoint (e.g. right after resuming):
-    // move the old one aside first, since rename() cannot replace a directory.
-    PP_RETURN_IF_ERROR(RemoveTree(old_dir));
-    if (::rename(final_dir.c_str(), old_dir.c_str()) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("cannot move ", final_dir, " aside"));
+  if (fs::exists(final_dir, ec) || fs::is_symlink(final_dir, ec)) {
+    // A checkpoint of this step already exists (a resumed run reaching a step
+    // an earlier attempt saved after the one it resumed from): keep it under
+    // another name rather than delete what this process did not write.
+    std::string kept;
+    for (int k = 1;; ++k) {
+      kept = absl::StrCat(final_dir, ".replaced-", k);
+      if (!fs::exists(kept, ec) && !fs::is_symlink(kept, ec)) break;
     }
+    if (::rename(final_dir.c_str(), kept.c_str()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("cannot move ", final_dir, " aside to ", kept));
+    }
+    LOG(WARNING) << "checkpoint " << final_dir << " already existed; kept it as " << kept
+                 << " (never deleted) and saved the new one in its place";
   }
   if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
     return ErrnoStatus(errno, absl::StrCat("cannot rename ", tmp, " to ", final_dir));

@@ -47,6 +47,37 @@ std::string CheckpointName(int64_t step);
 // manifest), oldest first. Temporary and foreign directories are ignored.
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root);
 
+// Reads every file the manifest of `dir` lists and checks its size and
+// CRC32C (streaming, without unpickling). DataLoss naming the first file that
+// is missing, truncated or corrupted; the manifest's own errors as
+// ReadManifest.
+[[nodiscard]] absl::Status VerifyCheckpointFiles(const std::string& dir);
+
+// What resume=auto continues from under `root`.
+struct ResumeChoice {
+  // The checkpoint directory; empty when the root holds nothing a run wrote
+  // (no `latest`, no step_N directory): start fresh.
+  std::string dir;
+  // Non-empty when `latest` was unusable and another checkpoint was chosen:
+  // why, and what was skipped. The caller logs it loudly.
+  std::string warning;
+};
+
+// The checkpoint `latest` names when it is a complete one (its manifest
+// reads; its files are verified later by the load). Otherwise (`latest`
+// missing, empty, garbage, naming a missing, foreign or incomplete directory)
+// the newest step_N whose manifest reads and whose files all verify
+// (VerifyCheckpointFiles), with a warning. FailedPrecondition naming what
+// was found when the root holds checkpoints or `latest` but none is usable:
+// starting over there would overwrite and prune them.
+[[nodiscard]] absl::StatusOr<ResumeChoice> ChooseResumeCheckpoint(const std::string& root);
+
+// OK when `root` does not exist or holds no checkpoint (no `latest`, no
+// step_N directory, complete or not). Otherwise FailedPrecondition naming the
+// root and its newest checkpoint: a fresh run that saves there would replace
+// and prune checkpoints it did not write.
+[[nodiscard]] absl::Status CheckRootHoldsNoCheckpoints(const std::string& root);
+
 // Deletes all but the newest `keep_last` complete checkpoints (never the one
 // `latest` names), and stale temporary directories. keep_last <= 0 keeps all.
 [[nodiscard]] absl::Status PruneCheckpoints(const std::string& root, int keep_last);
@@ -69,8 +100,10 @@ std::string TempCheckpointDir(const std::string& root, const std::string& name);
 // Called by exactly one process after every writer's WritePartialManifest
 // returned: merges the parts into `header` (whose files must be empty), checks
 // no file has two writers, writes the manifest, fsyncs, renames the temporary
-// directory to `<root>/<name>` (replacing an older one of that name), fsyncs
-// the root, updates `latest` and prunes to `keep_last`. Returns the final path.
+// directory to `<root>/<name>`, fsyncs the root, updates `latest` and prunes
+// to `keep_last`. Returns the final path. An existing `<root>/<name>` is never
+// deleted: it is renamed to `<name>.replaced-<k>` (the smallest free k >= 1),
+// which pruning leaves alone, and a warning is logged.
 [[nodiscard]] absl::StatusOr<std::string> CommitCheckpoint(const std::string& root,
                                                            const std::string& name,
                                                            checkpoint::Manifest header,

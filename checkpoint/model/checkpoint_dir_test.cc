@@ -9,8 +9,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -104,11 +106,142 @@ TEST(CheckpointDirTest, CommitWritesManifestLatestAndPrunes) {
   for (const auto& e : fs::directory_iterator(root)) {
     EXPECT_NE(e.path().filename().string()[0], '.') << e.path();
   }
-  // Re-saving an existing step replaces it.
+  // Re-saving an existing step puts the new one in place and keeps the old
+  // one under another name: nothing a run did not write is deleted.
   SaveSimple(root, 40, 1, 2, 5.0f);
   auto again = ReadManifest((fs::path(root) / CheckpointName(40)).string());
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->files_size(), 1);
+  const std::string kept = (fs::path(root) / (CheckpointName(40) + ".replaced-1")).string();
+  auto old = ReadManifest(kept);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->files_size(), 2);
+  EXPECT_TRUE(VerifyCheckpointFiles(kept).ok());
+  SaveSimple(root, 40, 3, 2);
+  EXPECT_TRUE(fs::exists(kept));
+  EXPECT_TRUE(fs::exists(fs::path(root) / (CheckpointName(40) + ".replaced-2")));
+  // Pruning leaves the kept ones alone.
+  SaveSimple(root, 50, 1, 1);
+  EXPECT_TRUE(fs::exists(kept));
+}
+
+TEST(CheckpointDirTest, VerifyNamesTruncatedAndCorruptedFiles) {
+  std::string root = FreshDir("verify");
+  std::string dir = SaveSimple(root, 7, 2);
+  EXPECT_TRUE(VerifyCheckpointFiles(dir).ok());
+  const std::string file = (fs::path(dir) / "layer_1-model_states.pt").string();
+  const std::string bytes = Slurp(file);
+  std::string flipped = bytes;
+  flipped[flipped.size() / 2] ^= 0x40;
+  Spit(file, flipped);
+  absl::Status s = VerifyCheckpointFiles(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("layer_1-model_states.pt has CRC32C"), std::string::npos) << s;
+  Spit(file, bytes.substr(0, 10));
+  s = VerifyCheckpointFiles(dir);
+  EXPECT_NE(s.message().find("has 10 bytes, the manifest says"), std::string::npos) << s;
+  fs::remove(file);
+  s = VerifyCheckpointFiles(dir);
+  EXPECT_NE(s.message().find("layer_1-model_states.pt"), std::string::npos) << s;
+}
+
+// Issue #14: a `latest` that is missing, empty, garbage, names a missing or
+// `..` directory, or names a checkpoint whose manifest is gone used to make
+// resume=auto start over (and then overwrite the valid checkpoints). Now the
+// newest checkpoint whose files verify is chosen, with a warning saying why.
+TEST(ResumeChoiceTest, UnusableLatestFallsBackToTheNewestVerifiedCheckpoint) {
+  struct Case {
+    std::string name;
+    std::function<void(const std::string& root)> damage;
+    std::string why;  // in the warning
+  };
+  const std::vector<Case> cases = {
+      {"missing", [](const std::string& r) { fs::remove(fs::path(r) / kLatestFileName); },
+       "is missing"},
+      {"empty", [](const std::string& r) { Spit((fs::path(r) / kLatestFileName).string(), ""); },
+       "found ''"},
+      {"garbage",
+       [](const std::string& r) { Spit((fs::path(r) / kLatestFileName).string(), "\x01zz"); },
+       "should hold a checkpoint directory name"},
+      {"dotdot", [](const std::string& r) { Spit((fs::path(r) / kLatestFileName).string(), ".."); },
+       "found '..'"},
+      {"absent",
+       [](const std::string& r) {
+         Spit((fs::path(r) / kLatestFileName).string(), CheckpointName(99));
+       },
+       "names step_00000099, which is unusable"},
+      {"no_manifest",
+       [](const std::string& r) {
+         fs::remove(fs::path(r) / CheckpointName(30) / kManifestFileName);
+       },
+       "names step_00000030, which is unusable"},
+  };
+  for (const Case& c : cases) {
+    const std::string root = FreshDir("resume_" + c.name);
+    SaveSimple(root, 10, 1);
+    const std::string second = SaveSimple(root, 20, 2);
+    SaveSimple(root, 30, 1);
+    // The newest complete checkpoint is corrupted, so it must be skipped;
+    // with its manifest gone it is not complete at all.
+    const std::string corrupt = (fs::path(root) / CheckpointName(30) / "layer_0-model_states.pt");
+    Spit(corrupt, Slurp(corrupt).substr(0, 20));
+    c.damage(root);
+    auto choice = ChooseResumeCheckpoint(root);
+    ASSERT_TRUE(choice.ok()) << c.name << ": " << choice.status();
+    EXPECT_EQ(choice->dir, second) << c.name;
+    EXPECT_NE(choice->warning.find(c.why), std::string::npos) << c.name << ": " << choice->warning;
+    EXPECT_NE(choice->warning.find("resuming from " + second), std::string::npos)
+        << choice->warning;
+  }
+}
+
+TEST(ResumeChoiceTest, UsableLatestEmptyRootAndNothingUsable) {
+  // A good `latest` is taken as it is, without a warning.
+  const std::string root = FreshDir("resume_good");
+  SaveSimple(root, 10, 1);
+  const std::string newest = SaveSimple(root, 20, 1);
+  auto choice = ChooseResumeCheckpoint(root);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->dir, newest);
+  EXPECT_EQ(choice->warning, "");
+  // Nothing there (or no root at all): start fresh.
+  for (const std::string& empty : {FreshDir("resume_empty"), FreshDir("resume_none") + "/no"}) {
+    choice = ChooseResumeCheckpoint(empty);
+    ASSERT_TRUE(choice.ok()) << choice.status();
+    EXPECT_EQ(choice->dir, "");
+    EXPECT_TRUE(CheckRootHoldsNoCheckpoints(empty).ok());
+  }
+  // Checkpoints that are all unusable: an error naming each, never a fresh start.
+  const std::string bad = FreshDir("resume_bad");
+  const std::string only = SaveSimple(bad, 10, 1);
+  Spit((fs::path(only) / "layer_0-model_states.pt").string(), "x");
+  Spit((fs::path(bad) / kLatestFileName).string(), "garbage");
+  choice = ChooseResumeCheckpoint(bad);
+  EXPECT_EQ(choice.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(choice.status().message().find("holds no usable checkpoint"), std::string::npos)
+      << choice.status();
+  EXPECT_NE(choice.status().message().find("step_00000010: checkpoint file"), std::string::npos)
+      << choice.status();
+  // A `latest` alone (its checkpoint gone) is no fresh start either.
+  const std::string orphan = FreshDir("resume_orphan");
+  Spit((fs::path(orphan) / kLatestFileName).string(), CheckpointName(5));
+  EXPECT_EQ(ChooseResumeCheckpoint(orphan).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ResumeChoiceTest, FreshRunRefusesARootHoldingCheckpoints) {
+  const std::string root = FreshDir("fresh_refused");
+  SaveSimple(root, 10, 1);
+  SaveSimple(root, 20, 1);
+  absl::Status s = CheckRootHoldsNoCheckpoints(root);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("already holds 2 checkpoint(s), the newest step_00000020"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("resume=auto"), std::string::npos) << s;
+  // An incomplete step directory counts too (it is someone's).
+  const std::string partial = FreshDir("fresh_partial");
+  fs::create_directories(fs::path(partial) / CheckpointName(3));
+  EXPECT_FALSE(CheckRootHoldsNoCheckpoints(partial).ok());
 }
 
 TEST(CheckpointDirTest, TwoWritersOfOneFileAreRefused) {

@@ -8,6 +8,7 @@
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/model/checkpoint_dir.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/runtime/optimizer.h"
@@ -123,16 +124,26 @@ absl::StatusOr<TrainingCheckpointer> TrainingCheckpointer::Create(CheckpointPoli
 
 absl::StatusOr<bool> TrainingCheckpointer::MaybeResume(const ParallelGrid& grid,
                                                        PipelineModel& model, Trainer& trainer) {
-  if (policy_.resume.empty()) return false;
+  const bool saves = policy_.save_interval > 0 || policy_.save_final;
+  if (policy_.resume.empty()) {
+    if (saves) PP_RETURN_IF_ERROR(CheckRootHoldsNoCheckpoints(policy_.dir));
+    return false;
+  }
   std::string path = policy_.resume;
   if (path == "auto") {
-    absl::StatusOr<std::string> dir = ResolveCheckpointDir(policy_.dir);
-    if (!dir.ok()) {
-      LOG(INFO) << "resume=auto: no checkpoint in " << policy_.dir << " (" << dir.status().message()
-                << "); starting fresh";
+    PP_ASSIGN_OR_RETURN(ResumeChoice choice, ChooseResumeCheckpoint(policy_.dir));
+    if (choice.dir.empty()) {
+      LOG(INFO) << "resume=auto: no checkpoint in " << policy_.dir << "; starting fresh";
       return false;
     }
-    path = *dir;
+    if (!choice.warning.empty()) LOG(WARNING) << "resume=auto: " << choice.warning;
+    path = choice.dir;
+  } else {
+    PP_ASSIGN_OR_RETURN(path, ResolveCheckpointDir(path));
+  }
+  if (policy_.check_manifest) {
+    PP_ASSIGN_OR_RETURN(checkpoint::Manifest manifest, ReadManifest(path));
+    PP_RETURN_IF_ERROR(policy_.check_manifest(manifest));
   }
   PP_ASSIGN_OR_RETURN(LoadReport report, LoadTrainingCheckpoint(path, grid, model, trainer));
   LOG(INFO) << report.Summary() << "; continuing at step " << trainer.step();

@@ -20,6 +20,7 @@
 #define CHECKPOINT_MODEL_TRAINER_CHECKPOINT_H_
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -76,6 +77,10 @@ struct CheckpointPolicy {
   bool save_final = false;
   std::string config;
   int64_t seed = 0;
+  // Optional: called with the manifest of the checkpoint about to be resumed
+  // from, before anything is loaded; an error stops the resume (e.g. the
+  // experiment's config differs in a way that breaks an exact continuation).
+  std::function<absl::Status(const checkpoint::Manifest&)> check_manifest;
 };
 
 // Drives checkpoints from a training loop. Every rank of the grid calls the
@@ -93,7 +98,12 @@ class TrainingCheckpointer {
   static absl::StatusOr<TrainingCheckpointer> Create(CheckpointPolicy policy);
 
   // Loads per the policy. Returns whether a checkpoint was loaded; the
-  // trainer's step tells where training continues.
+  // trainer's step tells where training continues. resume=auto takes what
+  // ChooseResumeCheckpoint picks (logging a warning when `latest` was
+  // unusable) and refuses a root whose checkpoints are all unusable; a fresh
+  // run that saves refuses a dir that already holds checkpoints
+  // (CheckRootHoldsNoCheckpoints), so no run replaces or prunes checkpoints of
+  // another.
   absl::StatusOr<bool> MaybeResume(const ParallelGrid& grid, PipelineModel& model,
                                    Trainer& trainer);
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <deque>
+#include <string>
+
+#include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -425,6 +428,14 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
     if (st.forward_only) no_grad.emplace();
     // Runs one action, timed. False (with status_holder_ set) on error.
     auto run = [&](const Action& a) {
+      // --v=1: every action as it starts and ends, so a hang shows in the log
+      // as a start without its end (peer = the other end's pipe rank; `step`
+      // is the Trainer's, 0-based, or the eval batch's).
+      const std::string peer = VLOG_IS_ON(1) && IsCommunication(a.type)
+                                   ? absl::StrCat(" peer ", exec_program.PeerRank(a))
+                                   : "";
+      const char* kind = st.forward_only ? "eval step " : "train step ";
+      VLOG(1) << kind << step << " start " << Name(a) << " mb " << a.microbatch << peer;
       const int64_t t0 = NowMicros();
       absl::Status s = Execute(a, st, tail);
       if (!s.ok()) {
@@ -432,6 +443,8 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
         return false;
       }
       const int64_t t1 = NowMicros();
+      VLOG(1) << kind << step << " end " << Name(a) << " mb " << a.microbatch << peer << " "
+              << (t1 - t0) << " us";
       if (IsCompute(a.type)) st.stats.busy_us += t1 - t0;
       if (options_.trace) st.stats.timings.push_back(ActionTiming{a, t0, t1});
       return true;

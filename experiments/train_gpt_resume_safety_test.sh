@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Resume safety (issue #14) with the real train_gpt: a broken `latest` or a
+# corrupted newest checkpoint never makes --resume=auto start over (it takes
+# the newest checkpoint whose files verify and says so), a fresh run never
+# saves into a directory holding another run's checkpoints, a re-saved step
+# keeps the old directory, and a checkpoint of another model or seed is
+# refused naming the fields.
+set -uo pipefail
+BIN=$1
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+TMP=${TEST_TMPDIR:-$(mktemp -d)}
+CORPUS=$TMP/corpus.txt
+for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage."; done > "$CORPUS"
+COMMON=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs"
+  --sample_tokens=0 --name=r --save_interval=2)
+SET=eval_interval=0,lr_schedule.name=constant,lr_schedule.warmup_steps=0,gpt.width=32,gpt.num_heads=4,gpt.context_length=32,parallelism.micro_batch_size=2
+EXTRA=""  # more --set fields for the next run (the flag may be given once)
+CKPT=$TMP/runs/checkpoints/r
+fail() { echo "FAIL: $*"; cat "$TMP/log"; exit 1; }
+# run WANT_EXIT args...: train_gpt's exit status must be WANT_EXIT (0 or non-zero).
+run() {
+  local want=$1; shift
+  timeout 300 "$BIN" "${COMMON[@]}" --set="$SET$EXTRA" "$@" > "$TMP/log" 2>&1
+  local code=$?
+  if [[ $want == 0 && $code -ne 0 ]]; then fail "train_gpt $* exited $code, want 0"; fi
+  if [[ $want != 0 && $code -eq 0 ]]; then fail "train_gpt $* exited 0, want an error"; fi
+  echo "ok: [$*] exit $code"
+}
+expect_log() { grep -qF -- "$1" "$TMP/log" || fail "log lacks '$1'"; }
+
+run 0 --steps=4
+[[ -d $CKPT/step_00000002 && -d $CKPT/step_00000004 ]] || fail "steps 2 and 4 not saved"
+
+# 1. `latest` garbage: resume from the newest verified one (step 4), loudly.
+echo "garbage" > "$CKPT/latest"
+run 0 --steps=6 --resume=auto
+expect_log "resumed at step 4"
+expect_log "should hold a checkpoint directory name"
+expect_log "resuming from $CKPT/step_00000004, the newest checkpoint whose files all verify"
+[[ $(cat "$CKPT/latest") == step_00000006 ]] || fail "latest is $(cat "$CKPT/latest")"
+
+# 2. `latest` gone and the newest checkpoint truncated: step 6 is skipped,
+# step 4 resumed, and the new step 6 does not delete the damaged one.
+rm "$CKPT/latest"
+f=$(ls "$CKPT"/step_00000006/layer_*-model_states.pt | head -1)
+head -c 100 "$f" > "$f.cut" && mv "$f.cut" "$f"
+run 0 --steps=6 --resume=auto
+expect_log "resumed at step 4"
+expect_log "is missing"
+expect_log "skipped: step_00000006: checkpoint file"
+[[ -d $CKPT/step_00000006.replaced-1 ]] || fail "the damaged step 6 was deleted, not kept"
+
+# 3. `latest` naming `..`, the newest manifest deleted: still step 4.
+echo ".." > "$CKPT/latest"
+rm "$CKPT/step_00000006/manifest.textproto"
+run 0 --steps=5 --resume=auto
+expect_log "resumed at step 4"
+
+# 4. A fresh run that saves is refused in a directory holding checkpoints.
+run 1 --steps=2
+expect_log "already holds"
+expect_log "resume=auto"
+[[ -d $CKPT/step_00000002 && -d $CKPT/step_00000004 ]] || fail "checkpoints were touched"
+
+# 5. Another model shape or seed: refused, each field named; allowed with
+# checkpoint.allow_config_change.
+EXTRA=,gpt.num_heads=2
+run 1 --steps=8 --resume=auto --seed=7
+expect_log "gpt.num_heads: 4 in the checkpoint, 2 now"
+expect_log "seed: 1234 in the checkpoint, 7 now"
+run 1 --steps=8 --resume=auto --lr=1e-3
+expect_log "optimizer.lr: "
+EXTRA=,gpt.num_heads=2,checkpoint.allow_config_change=true
+run 0 --steps=6 --resume=auto
+expect_log "resumed at step 4"
+expect_log "gpt.num_heads: 4 in the checkpoint, 2 now"
+EXTRA=""
+
+# 6. Every checkpoint unusable: an error, never a fresh start.
+for d in "$CKPT"/step_*; do rm -f "$d/manifest.textproto"; done
+echo "step_00000004" > "$CKPT/latest"
+run 1 --steps=6 --resume=auto
+expect_log "holds no usable checkpoint"
+echo PASS
