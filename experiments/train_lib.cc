@@ -38,6 +38,7 @@
 #include "observability/rank_log.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/trainer.h"
+#include "pipeline/schedule/registry.h"
 #include "topology/launcher.h"
 #include "topology/parallel_grid.h"
 #include "topology/process_topology.h"
@@ -369,6 +370,14 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(const ExperimentConfig
   mo.chunks = par.chunks();
   mo.partition_method = par.partition_method();
   mo.base_seed = config.seed();
+  // The schedule's placement (V for zbv); its errors are the Trainer's to report.
+  if (absl::StatusOr<Schedule> schedule =
+          MakeSchedule(par.schedule(), {static_cast<int>(par.pp()),
+                                        static_cast<int>(par.num_microbatches()),
+                                        static_cast<int>(par.chunks()), 0});
+      schedule.ok()) {
+    mo.stage_to_rank = schedule->stage_to_rank;
+  }
   return PipelineModel::Create(specs, mo, stage);
 }
 
