@@ -157,7 +157,13 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
       {"trace_step", config.trace_step(), 0, kUnbounded, ""},
       {"checkpoint.save_interval", config.checkpoint().save_interval(), 0, kUnbounded, ""},
       {"checkpoint.keep_last", config.checkpoint().keep_last(), 0, kUnbounded, ""},
+      {"nonfinite.max_skipped_steps", config.nonfinite().max_skipped_steps(), 1, kUnbounded,
+       "consecutive skipped steps before the run fails"},
   };
+  if (config.nonfinite().policy() != "fail" && config.nonfinite().policy() != "skip") {
+    return Invalid(absl::StrCat("nonfinite.policy '", config.nonfinite().policy(),
+                                "' must be 'fail' or 'skip'"));
+  }
   for (const IntRange& r : ints) PP_RETURN_IF_ERROR(CheckInt(r.name, r.value, r.lo, r.hi, r.why));
   if (config.has_gpt() || config.has_bert()) {
     const std::string m = config.has_gpt() ? "gpt" : "bert";
