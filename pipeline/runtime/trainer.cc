@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   eo.p2p.timeout = options.timeout;
   eo.p2p.fixed_layout = options.fixed_layout;
   eo.p2p.device = options.device;
+  eo.p2p.global_ranks = grid->pipe_group_ranks();
   eo.data_parallel_id = grid->data_parallel_id();
   eo.trace = options.trace;
   eo.defer_receives = options.defer_receives;
