@@ -3,8 +3,12 @@
 #include <cstdlib>
 #include <mutex>
 
+#include <c10/util/Exception.h>
 #include <c10/util/string_utils.h>
 #include <torch/version.h>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 namespace pp::torch_compat {
 
@@ -41,19 +45,23 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGlooProcessGroup(
 #endif
 }
 
-int64_t EventStartUs(const torch::autograd::profiler::KinetoEvent& event) {
-#if TORCH_VERSION_MAJOR >= 2
-  return static_cast<int64_t>(event.startNs() / 1000);
+void AddNcclBackend(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    std::chrono::milliseconds timeout) {
+#if TORCH_VERSION_MAJOR >= 2 && defined(USE_C10D_NCCL)
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, backend);
 #else
-  return static_cast<int64_t>(event.startUs());
-#endif
-}
-
-int64_t EventDurationUs(const torch::autograd::profiler::KinetoEvent& event) {
-#if TORCH_VERSION_MAJOR >= 2
-  return static_cast<int64_t>(event.durationNs() / 1000);
-#else
-  return static_cast<int64_t>(event.durationUs());
+  (void)group;
+  (void)store;
+  (void)rank;
+  (void)size;
+  (void)timeout;
+  TORCH_CHECK(false, "c10d's NCCL backend is not in this build (LibTorch ", TORCH_VERSION,
+              BuiltWithCuda() ? "" : ", CPU only",
+              "); build with --config=cuda (LibTorch 2.x with CUDA and NCCL)");
 #endif
 }
 

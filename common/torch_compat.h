@@ -8,8 +8,8 @@
 // Differences handled here:
 //   - c10d: in 1.13 ProcessGroupGloo *is* a c10d::ProcessGroup; in 2.x it is a
 //     c10d::Backend that a ProcessGroup dispatches to per device type.
-//   - the profiler's KinetoEvent reports microseconds in 1.13 and
-//     nanoseconds in 2.x (startUs/durationUs are gone).
+//   - c10d's NCCL backend exists only in a CUDA build of 2.x (--config=cuda);
+//     a 2.x ProcessGroup can hold it beside Gloo, one backend per device type.
 //   - c10::Allocator::allocate is const up to 2.2 and non-const from 2.3, which
 //     also adds the pure virtual copy_data.
 //   - torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl
@@ -17,13 +17,13 @@
 #ifndef COMMON_TORCH_COMPAT_H_
 #define COMMON_TORCH_COMPAT_H_
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include <c10/core/Allocator.h>
-#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -50,9 +50,16 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     const c10::intrusive_ptr<c10d::ProcessGroupGloo::Options>& options);
 
-// A profiler event's start and duration in microseconds on the profiler's clock.
-int64_t EventStartUs(const torch::autograd::profiler::KinetoEvent& event);
-int64_t EventDurationUs(const torch::autograd::profiler::KinetoEvent& event);
+// Adds c10d's NCCL backend for CUDA tensors to `group` (made by
+// NewGlooProcessGroup, which keeps Gloo for CPU tensors): collectives and p2p on
+// the group then run on NCCL or Gloo by their tensors' device. NCCL meets the
+// other members through `store` (give it a prefix of its own) when it first
+// communicates; `timeout` bounds its operations. Throws c10::Error when this
+// LibTorch has no NCCL (1.13; 2.x built for CPU: --config=torch2), naming the
+// build that has it, and when ProcessGroupNCCL refuses (no GPU visible).
+void AddNcclBackend(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    std::chrono::milliseconds timeout);
 
 // A c10::Allocator written once for every LibTorch version: subclasses define
 // Allocate (the contract of c10::Allocator::allocate) and raw_deleter.

@@ -6,8 +6,10 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/profiler_kineto.h>
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "gtest/gtest.h"
 
@@ -56,32 +58,41 @@ TEST(TorchCompatTest, GlooProcessGroupRunsCollectivesAndP2P) {
   EXPECT_EQ(received[1], 14.0);
 }
 
-TEST(TorchCompatTest, EventTimesAreMicroseconds) {
-  namespace profiler = torch::autograd::profiler;
-  namespace impl = torch::profiler::impl;
-  const impl::ProfilerConfig config(impl::ProfilerState::KINETO, /*report_input_shapes=*/false);
-  profiler::prepareProfiler(config, {impl::ActivityType::CPU});
-  profiler::enableProfiler(config, {impl::ActivityType::CPU});
-  const auto before = std::chrono::steady_clock::now();
-  at::Tensor a = at::ones({256, 256});
-  for (int i = 0; i < 20; ++i) a = at::mm(a, a) / 256;
-  const auto elapsed_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                              std::chrono::steady_clock::now() - before)
-                              .count();
-  auto result = profiler::disableProfiler();
-  int64_t mm_total_us = 0;
-  int mm_count = 0;
-  for (const auto& e : result->events()) {
-    if (e.name() != "aten::mm") continue;
-    ++mm_count;
-    EXPECT_GE(EventDurationUs(e), 0);
-    EXPECT_GT(EventStartUs(e), 0);
-    mm_total_us += EventDurationUs(e);
+// Without NCCL in the build the refusal names the build that has it; with it
+// (--config=cuda) on a machine without a GPU, ProcessGroupNCCL's own refusal
+// comes through. On a GPU machine a one-member NCCL group all-reduces a CUDA
+// tensor next to Gloo's CPU all-reduce on the same group.
+TEST(TorchCompatTest, NcclBackendOrANamedRefusal) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create();
+  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  auto group = NewGlooProcessGroup(store, 0, 1, gloo_options);
+  const bool has_gpu = at::hasCUDA();
+  if (!BuiltWithCuda() || !has_gpu) {
+    try {
+      AddNcclBackend(group, c10::make_intrusive<c10d::PrefixStore>("nccl", store), 0, 1,
+                     std::chrono::seconds(10));
+      ADD_FAILURE() << "AddNcclBackend accepted a build or machine without NCCL or a GPU";
+    } catch (const c10::Error& e) {
+      const std::string message = e.what_without_backtrace();
+      if (!BuiltWithCuda()) {
+        EXPECT_NE(message.find("build with --config=cuda"), std::string::npos) << message;
+        EXPECT_NE(message.find(LibTorchVersion()), std::string::npos) << message;
+      } else {
+        EXPECT_NE(message.find("GPU"), std::string::npos) << message;
+      }
+    }
+    if (BuiltWithCuda()) GTEST_SKIP() << "no CUDA GPU visible: the NCCL all-reduce needs one";
+    return;
   }
-  EXPECT_EQ(mm_count, 20);
-  // In microseconds the mm's add up to at most the wall time around them
-  // (nanoseconds would overshoot by 1000x).
-  EXPECT_LE(mm_total_us, elapsed_us + 1000);
+  AddNcclBackend(group, c10::make_intrusive<c10d::PrefixStore>("nccl", store), 0, 1,
+                 std::chrono::seconds(60));
+  std::vector<at::Tensor> on_gpu = {at::full({4}, 3.0, at::device(at::kCUDA))};
+  ASSERT_TRUE(group->allreduce(on_gpu)->wait(std::chrono::seconds(60)));
+  std::vector<at::Tensor> on_cpu = {at::full({4}, 2.0)};
+  ASSERT_TRUE(group->allreduce(on_cpu)->wait(std::chrono::seconds(60)));
+  EXPECT_EQ(on_gpu[0].sum().item<double>(), 12.0);
+  EXPECT_EQ(on_cpu[0].sum().item<double>(), 8.0);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "pipeline/schedule/capabilities.h"
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
+#include "topology/device.h"
 
 namespace pp {
 namespace {
@@ -157,6 +158,8 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
       {"trace_step", config.trace_step(), 0, kUnbounded, ""},
       {"checkpoint.save_interval", config.checkpoint().save_interval(), 0, kUnbounded, ""},
       {"checkpoint.keep_last", config.checkpoint().keep_last(), 0, kUnbounded, ""},
+      {"threads.intra_op", config.threads().intra_op(), 0, 4096, "0 = the launcher's choice"},
+      {"threads.blas", config.threads().blas(), 0, 4096, "0 = the launcher's choice"},
       {"nonfinite.max_skipped_steps", config.nonfinite().max_skipped_steps(), 1, kUnbounded,
        "consecutive skipped steps before the run fails"},
   };
@@ -441,6 +444,26 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     return Invalid(absl::StrCat("parallelism.schedule: ", supported.message()));
   }
 
+  // The device: known, present for every rank of this node, and executed.
+  absl::StatusOr<DeviceKind> device = ParseDeviceKind(par.device());
+  if (!device.ok()) return Invalid(absl::StrCat("parallelism.device: ", device.status().message()));
+  if (*device == DeviceKind::kCuda) {
+    const int local_ranks = par.pp() * par.dp();
+    for (int local_rank : {0, local_ranks - 1}) {
+      absl::StatusOr<c10::Device> cuda = DeviceForLocalRank(*device, local_rank);
+      if (!cuda.ok()) {
+        return Invalid(absl::StrCat("parallelism.device 'cuda' (pp x dp = ", local_ranks,
+                                    " ranks on this node): ", cuda.status().message()));
+      }
+    }
+    // Process groups get NCCL (topology/), but the stage executor still keeps
+    // weights, activations and p2p buffers on the CPU: refused rather than
+    // training on the CPU while claiming the GPU.
+    return Invalid(
+        "parallelism.device 'cuda' is not executed yet: the runtime (pipeline/runtime) keeps "
+        "tensors on the CPU (issue 12); valid today: cpu");
+  }
+
   // The partition method: registered, and it can cut this model.
   const std::string& method = par.partition_method();
   const std::string method_name = method.substr(0, method.find(':'));
@@ -489,8 +512,16 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
                                 "--set=lr_schedule.warmup_steps=N or run more --steps)"));
   }
 
+  const std::string& source = config.data().source();
+  if (source != "corpus" && source != "synthetic") {
+    return Invalid(absl::StrCat("data.source '", source, "' is unknown; valid: corpus, synthetic"));
+  }
+  if (source == "synthetic" && kind != ModelKind::kGpt) {
+    return Invalid(absl::StrCat("data.source 'synthetic' is for gpt only (this is ",
+                                ModelKindName(kind), "); valid here: corpus"));
+  }
   std::error_code ec;
-  if (!std::filesystem::exists(config.data().path(), ec)) {
+  if (source == "corpus" && !std::filesystem::exists(config.data().path(), ec)) {
     return Invalid(absl::StrCat("data.path '", config.data().path(),
                                 "' does not exist; pass --data=<a text file or folder>"));
   }

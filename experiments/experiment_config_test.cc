@@ -9,8 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-
+#include "common/torch_compat.h"
 #include "pipeline/schedule/registry.h"
+#include "topology/device.h"
 
 namespace pp {
 namespace {
@@ -161,6 +162,32 @@ TEST(ExperimentConfigTest, ScheduleTheRuntimeCannotExecute) {
   EXPECT_HAS(m, "split backward");
 }
 
+// parallelism.device: an unknown name lists the valid ones; cuda names the
+// missing device (no CUDA in the build, no GPU, too few GPUs), and where the
+// GPUs are there it is refused as not executed yet, never trained on the CPU.
+TEST(ExperimentConfigTest, DeviceIsKnownPresentAndExecuted) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_device("gpu");
+  EXPECT_HAS(Error(c), "parallelism.device: device 'gpu' is not a known device; valid: cpu, cuda");
+  c.mutable_parallelism()->set_device("cuda");
+  const std::string m = Error(c);
+  const int gpus = VisibleCudaDevices();
+  if (gpus < 2) {
+    EXPECT_HAS(m, "parallelism.device 'cuda' (pp x dp = 2 ranks on this node): ");
+  }
+  if (!torch_compat::BuiltWithCuda()) {
+    EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
+    EXPECT_HAS(m, "built without CUDA; build with --config=cuda");
+  } else if (gpus == 0) {
+    EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
+    EXPECT_HAS(m, "no CUDA GPU is visible");
+  } else if (gpus == 1) {
+    EXPECT_HAS(m, "device cuda:1 (--device=cuda, local rank 1) is not available");
+  } else {
+    EXPECT_HAS(m, "parallelism.device 'cuda' is not executed yet");
+  }
+}
+
 TEST(ExperimentConfigTest, MoreStagesThanBlocks) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_pp(8);
@@ -264,6 +291,8 @@ TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
       {"gpt.dropout=1", "gpt.dropout (1)"},
       {"data.eval_fraction=0.5", "data.eval_fraction (0.5) must be finite and in [0, 0.5)"},
       {"lr_schedule.warmup_steps=-1", "lr_schedule.warmup_steps (-1) must not be negative"},
+      {"threads.intra_op=-1", "threads.intra_op (-1) must not be negative and at most 4096"},
+      {"threads.blas=100000", "threads.blas (100000) must be at most 4096"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.assignment);
@@ -284,6 +313,22 @@ TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
   }
   EXPECT_TRUE(ValidateExperimentConfig(edges, ModelKind::kGpt, 2).ok())
       << ValidateExperimentConfig(edges, ModelKind::kGpt, 2);
+}
+
+// data.source picks the corpus or the peer benchmark's synthetic rows; the
+// synthetic source needs no corpus, is GPT's only, and a typo lists both.
+TEST(ExperimentConfigTest, DataSourceIsCorpusOrSynthetic) {
+  ExperimentConfig c = Gpt();
+  ASSERT_TRUE(ApplyOverride(c, "data.source=synthetic").ok());
+  c.mutable_data()->set_path("/no/such/corpus");
+  EXPECT_TRUE(ValidateExperimentConfig(c, ModelKind::kGpt, 2).ok())
+      << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+  c.mutable_data()->set_source("random");
+  EXPECT_HAS(Error(c), "data.source 'random' is unknown; valid: corpus, synthetic");
+  ExperimentConfig bert = Shipped("bert_small_pp2.textproto");
+  ResolveDefaults(bert, ModelKind::kBert);
+  bert.mutable_data()->set_source("synthetic");
+  EXPECT_HAS(Error(bert, 2, ModelKind::kBert), "data.source 'synthetic' is for gpt only");
 }
 
 // A model too big for the machine is refused with the estimate, before the

@@ -286,7 +286,7 @@ absl::Status CheckNoRepeatedFlags(const std::vector<std::string>& args) {
 absl::Status Preflight(const ExperimentConfig& config, const std::vector<std::string>& args) {
   if (absl::Status s = CheckNoRepeatedFlags(args); !s.ok()) return s;
   if (absl::Status s = CheckMemory(config); !s.ok()) return s;
-  if (config.has_gpt() || config.has_bert()) {
+  if ((config.has_gpt() || config.has_bert()) && config.data().source() == "corpus") {
     const int64_t context =
         config.has_gpt() ? config.gpt().context_length() : config.bert().context_length();
     if (absl::Status s =

@@ -31,6 +31,22 @@ grep -qE '"bubble":\[[^],]+,[^],]+\]' "$RUN/metrics.jsonl" || { echo "FAIL: no b
 grep -q 'done: 6 steps' "$TMP/out.log" || { echo "FAIL: no summary line"; exit 1; }
 grep -q '<svg' "$RUN/loss.svg" || { echo "FAIL: loss.svg is not SVG"; exit 1; }
 
+# The peer benchmark's synthetic data needs no corpus and is learnable; the
+# config's threads reach the workers (over OPENBLAS_NUM_THREADS=1 above) and
+# each worker reports what the libraries read back.
+"$BIN" --config=experiments/configs/gpt_small_pp2.textproto --data=/no/such/corpus --output_dir="$TMP/synthetic" \
+  --steps=30 --lr=0.01 --sample_tokens=0 --eval_interval=0 --set=data.source=synthetic,threads.intra_op=1,threads.blas=2,lr_schedule.warmup_steps=1,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2 \
+  > "$TMP/synthetic.log" 2>&1 || { cat "$TMP/synthetic.log"; echo "FAIL: synthetic train_gpt exited non-zero"; exit 1; }
+cat "$TMP/synthetic.log"
+grep -q 'synthetic data (arithmetic progressions' "$TMP/synthetic.log" || { echo "FAIL: no synthetic data line"; exit 1; }
+for rank in 0 1; do
+  grep -q "\[rank $rank\] threads: 1 intra-op + 2 BLAS thread(s)" "$TMP/synthetic.log" || { echo "FAIL: rank $rank threads"; exit 1; }
+done
+SRUN=$(ls -d "$TMP"/synthetic/gpt_small_pp2-*)
+first=$(head -n1 "$SRUN/metrics.jsonl" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+last=$(tail -n1 "$SRUN/metrics.jsonl" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.3) }' || { echo "FAIL: synthetic loss $first -> $last"; exit 1; }
+
 # Bad configs: exit code 2 from the launcher, before any worker.
 set +e
 "$BIN" --config=experiments/configs/gpt_small_pp2.textproto --schedule=zigzag > "$TMP/bad.log" 2>&1

@@ -27,13 +27,16 @@
 #include "experiments/loss_curve.h"
 #include "experiments/nonfinite_guard.h"
 #include "experiments/preflight.h"
+#include "experiments/run_observability.h"
 #include "models/data/corpus.h"
 #include "models/data/lm_data.h"
 #include "models/data/mlm_data.h"
+#include "models/data/synthetic_lm_data.h"
 #include "models/data/tokenizer.h"
 #include "models/gpt/pipeline_sampler.h"
 #include "models/gpt/sample.h"
 #include "nlohmann/json.hpp"
+#include "observability/rank_log.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/trainer.h"
 #include "topology/launcher.h"
@@ -55,6 +58,7 @@ ABSL_FLAG(std::string, microbatches, "", "override parallelism.num_microbatches"
 ABSL_FLAG(std::string, micro_batch_size, "", "override parallelism.micro_batch_size");
 ABSL_FLAG(std::string, partition, "", "override parallelism.partition_method");
 ABSL_FLAG(std::string, ckpt_interval, "", "override parallelism.activation_checkpointing.interval");
+ABSL_FLAG(std::string, device, "", "override parallelism.device (cpu or cuda)");
 ABSL_FLAG(std::string, lr, "", "override optimizer.lr");
 ABSL_FLAG(std::string, steps, "", "override steps");
 ABSL_FLAG(std::string, eval_interval, "", "override eval_interval");
@@ -87,6 +91,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_micro_batch_size, "parallelism.micro_batch_size"},
       {&FLAGS_partition, "parallelism.partition_method"},
       {&FLAGS_ckpt_interval, "parallelism.activation_checkpointing.interval"},
+      {&FLAGS_device, "parallelism.device"},
       {&FLAGS_lr, "optimizer.lr"},
       {&FLAGS_steps, "steps"},
       {&FLAGS_eval_interval, "eval_interval"},
@@ -266,7 +271,29 @@ absl::StatusOr<Data> MakeCustomData(const ExperimentConfig& config, const Experi
   return data;
 }
 
+// data.source synthetic: the peer benchmark's arithmetic progressions.
+absl::StatusOr<Data> MakeSyntheticData(const ExperimentConfig& config) {
+  const auto& par = config.parallelism();
+  SyntheticLmOptions o;
+  o.lm = {.seq_len = config.gpt().context_length(),
+          .micro_batch_size = par.micro_batch_size(),
+          .num_microbatches = par.num_microbatches(),
+          .dp_rank = 0,
+          .dp_size = par.dp(),
+          .seed = config.seed()};
+  Data data;
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource train, SyntheticLmBatchSource::Create(o));
+  data.tokens_per_step = train.global_tokens_per_step();
+  data.train = std::make_unique<SyntheticLmBatchSource>(std::move(train));
+  o.lm.seed = config.seed() + 1;
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource eval, SyntheticLmBatchSource::Create(o));
+  data.eval = std::make_unique<SyntheticLmBatchSource>(std::move(eval));
+  data.description = "synthetic data (arithmetic progressions of byte tokens)";
+  return data;
+}
+
 absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
+  if (config.data().source() == "synthetic") return MakeSyntheticData(config);
   PP_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(config.data().path()));
   const auto& par = config.parallelism();
   Data data;
@@ -320,6 +347,7 @@ absl::StatusOr<Cluster> JoinCluster(const experiments::ParallelismConfig& par,
                                     std::chrono::milliseconds timeout) {
   RendezvousOptions ro;
   ro.timeout = timeout;
+  PP_ASSIGN_OR_RETURN(ro.device, ParseDeviceKind(par.device()));
   Cluster cluster;
   PP_ASSIGN_OR_RETURN(cluster.world, RendezvousFromEnv(ro));
   PP_ASSIGN_OR_RETURN(ProcessTopology topology, PipeDataParallelTopology(par.pp(), par.dp()));
@@ -421,6 +449,9 @@ class RunReport {
   }
 
   bool active() const { return metrics_ != nullptr; }
+  const fs::path& dir() const { return dir_; }
+  // TensorBoard, memory and the rest of run_observability.h (every rank).
+  void set_observability(RunObservability* obs) { obs_ = obs; }
 
   // `custom`: the data describes itself (a user's model), else the corpus.
   void Header(const Data& data, const PipelineModel& model, bool custom) const {
@@ -431,7 +462,7 @@ class RunReport {
                      "%s; %d tokens/step\n",
                      config_->name(), model_name_, par.pp(), par.dp(), par.schedule(), par.chunks(),
                      par.num_microbatches(), par.micro_batch_size(),
-                     custom
+                     custom || !data.description.empty()
                          ? data.description
                          : absl::StrFormat("corpus %s (%d files, %d bytes)", config_->data().path(),
                                            data.corpus_files, data.corpus_bytes),
@@ -440,9 +471,9 @@ class RunReport {
   }
 
   // One metrics line, the loss curves and the progress display.
-  void Step(int64_t step, const StepResult& r, double tokens_per_s, double seconds,
-            std::optional<double> eval_loss, Progress& progress) {
-    if (!active()) return;
+  absl::Status Step(int64_t step, const StepResult& r, double tokens_per_s, double seconds,
+                    std::optional<double> eval_loss, const StepMemory& memory, Progress& progress) {
+    if (!active()) return absl::OkStatus();
     nlohmann::json line = {{"step", step + 1},
                            {"loss", r.loss},
                            {"lr", r.learning_rate},
@@ -456,10 +487,12 @@ class RunReport {
       bubble.push_back(wall > 0 ? r.idle_seconds[i] / wall : 0.0);
     }
     line["bubble"] = bubble;
+    PP_RETURN_IF_ERROR(obs_->Metrics(line, memory));  // memory, time; TensorBoard
     *metrics_ << line.dump() << "\n" << std::flush;
     train_curve_.emplace_back(step + 1, r.loss);
     if (eval_loss.has_value()) eval_curve_.emplace_back(step + 1, *eval_loss);
     progress.Update(step, r.loss, tokens_per_s, eval_loss);
+    return absl::OkStatus();
   }
 
   absl::Status Trace(const std::string& trace) const {
@@ -470,6 +503,7 @@ class RunReport {
   absl::Status Sample(const std::string& text) const {
     if (!active()) return absl::OkStatus();
     PP_RETURN_IF_ERROR(WriteFile(dir_ / "sample.txt", text + "\n"));
+    PP_RETURN_IF_ERROR(obs_->Text("sample", config_->steps(), text));
     std::cout << "sample (top-" << config_->sample_top_k() << ", " << config_->sample_tokens()
               << " bytes):\n"
               << text << "\n"
@@ -478,8 +512,9 @@ class RunReport {
   }
 
   // loss.svg and the closing line.
-  absl::Status Finish(double train_seconds) const {
+  absl::Status Finish(double train_seconds, const std::string& memory_summary) const {
     if (!active()) return absl::OkStatus();
+    std::cout << memory_summary;
     const auto& par = config_->parallelism();
     PP_RETURN_IF_ERROR(
         WriteFile(dir_ / "loss.svg",
@@ -506,6 +541,7 @@ class RunReport {
   std::string model_name_;
   fs::path dir_;
   std::unique_ptr<std::ofstream> metrics_;  // null on ranks other than 0
+  RunObservability* obs_ = nullptr;
   LossPoints train_curve_, eval_curve_;
 };
 
@@ -525,13 +561,15 @@ absl::StatusOr<double> Evaluate(const ExperimentConfig& config, Trainer& trainer
 absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelGrid& grid,
                                  PipelineModel& model, Trainer& trainer,
                                  TrainingCheckpointer& checkpointer, const Data& data,
-                                 RunReport& report) {
+                                 RunReport& report, RunObservability& obs) {
   Progress progress(config.steps(), config.log_interval());
   const int64_t trace_step = std::min(config.trace_step(), config.steps() - 1);
   NonFiniteGuard nonfinite(config.nonfinite());
   for (int64_t step = trainer.step(); step < config.steps(); ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    PP_RETURN_IF_ERROR(obs.BeforeStep(step + 1, trainer));
     PP_ASSIGN_OR_RETURN(StepResult r, trainer.Step());
+    PP_ASSIGN_OR_RETURN(StepMemory memory, obs.AfterStep(step + 1, trainer));
     // Before the save: a non-finite state is never checkpointed.
     PP_RETURN_IF_ERROR(nonfinite.AfterStep(r, grid, model, trainer.options().timeout));
     PP_ASSIGN_OR_RETURN(std::string saved,
@@ -550,7 +588,7 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
       PP_RETURN_IF_ERROR(report.Trace(trace));
     }
     const double tokens_per_s = static_cast<double>(data.tokens_per_step) / seconds;
-    report.Step(step, r, tokens_per_s, seconds, eval_loss, progress);
+    PP_RETURN_IF_ERROR(report.Step(step, r, tokens_per_s, seconds, eval_loss, memory, progress));
   }
   progress.Finish();
   return progress.Elapsed();
@@ -611,16 +649,32 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
               << std::endl;
   }
   PP_ASSIGN_OR_RETURN(RunReport report, RunReport::Open(config, model_name, rank0));
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<RunObservability> obs,
+                      RunObservability::Create(config, grid, report.dir().string(), timeout));
+  report.set_observability(obs.get());
   report.Header(data, *model, custom != nullptr);
   PP_ASSIGN_OR_RETURN(double train_seconds,
-                      TrainLoop(config, grid, *model, *trainer, checkpointer, data, report));
+                      TrainLoop(config, grid, *model, *trainer, checkpointer, data, report, *obs));
   if (kind == ModelKind::kGpt && config.sample_tokens() > 0) {
     PP_RETURN_IF_ERROR(SampleText(config, grid, sampler, *trainer, timeout, report));
   }
-  return report.Finish(train_seconds);
+  PP_ASSIGN_OR_RETURN(std::string memory_summary, obs->Finish(*trainer));
+  return report.Finish(train_seconds, memory_summary);
 }
 
 namespace {
+
+// Launcher side: the config's threads reach the workers as the launcher's
+// PP_INTRA_OP_THREADS / PP_BLAS_THREADS (its flags still win), unless the
+// person running it set those variables themselves.
+void ExportThreadConfig(const experiments::ThreadsConfig& threads) {
+  if (threads.intra_op() > 0) {
+    setenv("PP_INTRA_OP_THREADS", std::to_string(threads.intra_op()).c_str(), /*overwrite=*/0);
+  }
+  if (threads.blas() > 0) {
+    setenv("PP_BLAS_THREADS", std::to_string(threads.blas()).c_str(), /*overwrite=*/0);
+  }
+}
 
 int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel* custom) {
   google::InitGoogleLogging(argv[0]);
@@ -636,15 +690,25 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
     const int world_size = nproc > 0 ? nproc * absl::GetFlag(FLAGS_nnodes) : 0;
     absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, world_size, custom);
     if (absl::Status s = config.ok() ? Preflight(*config, {argv, argv + argc}) : absl::OkStatus();
-        !s.ok()) {
+        s.ok() && config.ok()) {
+      s = ProfileStepsFor(*config).status();
+      if (!s.ok()) config = absl::StatusOr<ExperimentConfig>(s);
+    } else if (!s.ok()) {
       config = absl::StatusOr<ExperimentConfig>(s);
     }
     if (!config.ok()) {
       std::cerr << "error: " << config.status().message() << std::endl;
       std::exit(2);
     }
+    ExportThreadConfig(config->threads());
     return config->parallelism().pp() * config->parallelism().dp();
   });
+  // Worker: memory tracking before anything is allocated; glog to the rank's
+  // log file (opened once the run directory is known), warnings+ on stderr.
+  if (absl::Status s = StartWorkerObservability(); !s.ok()) {
+    std::cerr << "error: " << s << std::endl;
+    return 1;
+  }
   absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, WorldSizeFromEnv(), custom);
   if (!config.ok()) {
     std::cerr << "error: " << config.status().message() << std::endl;
@@ -652,6 +716,8 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
   }
   absl::Status status = RunExperiment(*config, kind, custom);
   if (!status.ok()) {
+    LogErrorToRankLogOnly(status.ToString());  // printed below
+    StopRankLogging();
     std::cerr << "error: " << status << std::endl;
     return 1;
   }

@@ -5,10 +5,13 @@
 //   <output_dir>/<name>-<UTC time>/
 //     config.textproto   the resolved config (every field, defaults included)
 //     metrics.jsonl      one line per step: step, loss, eval_loss, lr,
-//                        grad_norm, tokens_per_s, step_s, bubble (per rank)
+//                        grad_norm, tokens_per_s, step_s, bubble, mem_peak_bytes,
+//                        mem_current_bytes (per rank), time
 //     loss.svg           loss curve, written at the end
 //     trace.json         Chrome trace of one step (chrome://tracing, Perfetto)
 //     sample.txt         GPT: text generated through the pipeline at the end
+//     tb/, logs/, profile/  TensorBoard events, per-rank glog files, operator
+//                        profiles (--profile_steps); see run_observability.h
 //
 // On a terminal rank 0 draws a progress bar (step/total, loss, tokens/s, ETA);
 // otherwise it prints a plain log line every log_interval steps.

@@ -1,28 +1,57 @@
 #include "observability/operator_profiler.h"
 
+// LibTorch's libraries are built with NDEBUG, and at::RecordFunction has a
+// member (inputs_valid_) only without it; inputs() reads that member in a
+// debug-only assert. Compiled without NDEBUG (Bazel's fastbuild) the inline
+// inputs() would read a byte LibTorch never writes and assert at random. So
+// this file sees the header, and everything it pulls in, as LibTorch does.
+// It must come before any other LibTorch header.
+#ifndef NDEBUG
+#define NDEBUG
+#define PP_OPERATOR_PROFILER_DEFINED_NDEBUG
+#endif
+#include <ATen/record_function.h>
+#ifdef PP_OPERATOR_PROFILER_DEFINED_NDEBUG
+#undef NDEBUG
+#undef PP_OPERATOR_PROFILER_DEFINED_NDEBUG
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <set>
+#include <unordered_map>
+#include <utility>
 
-#include <ATen/record_function.h>
 #include <glog/logging.h>
-#include <torch/csrc/autograd/profiler_kineto.h>
-#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
-#include "common/torch_status.h"
 
 namespace pp {
+namespace operator_profiler_internal {
+
+// Where the global callback puts the events of one recording profiler.
+struct Sink {
+  uint64_t thread = 0;  // at::RecordFunction::currentThreadId() of the owner
+  int rank = 0;
+  bool record_shapes = false;
+  absl::Mutex mu;
+  bool open ABSL_GUARDED_BY(mu) = true;
+  std::vector<OperatorEvent> events ABSL_GUARDED_BY(mu);
+};
+
+}  // namespace operator_profiler_internal
+
 namespace {
 
-namespace profiler = torch::autograd::profiler;
-namespace profiler_impl = torch::profiler::impl;
+using operator_profiler_internal::Sink;
 
 int64_t SteadyMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -30,9 +59,8 @@ int64_t SteadyMicros() {
       .count();
 }
 
-std::string Category(const profiler::KinetoEvent& e) {
-  if (e.deviceType() != c10::DeviceType::CPU) return "device";
-  switch (static_cast<at::RecordScope>(e.scope())) {
+std::string Category(at::RecordScope scope) {
+  switch (scope) {
     case at::RecordScope::FUNCTION:
       return "cpu_op";
     case at::RecordScope::BACKWARD_FUNCTION:
@@ -47,9 +75,109 @@ std::string Category(const profiler::KinetoEvent& e) {
 absl::Status NotOwner(absl::string_view call) {
   return absl::FailedPreconditionError(
       absl::StrCat("OperatorProfiler::", call,
-                   " called from another thread than its first call: LibTorch's profiler "
-                   "records the thread that runs the steps"));
+                   " called from another thread than its first call: the profiler records the "
+                   "thread that runs the steps"));
 }
+
+// The process-wide side: recording profilers by owner thread, and the global
+// RecordFunction callbacks (one that copies inputs for profilers recording
+// shapes, one that does not), each registered while a profiler needs it.
+class Recorder {
+ public:
+  static Recorder& Get() {
+    static Recorder* recorder = new Recorder;  // never destroyed: callbacks may run at exit
+    return *recorder;
+  }
+
+  absl::Status Add(const std::shared_ptr<Sink>& sink) {
+    absl::MutexLock lock(&mu_);
+    auto [it, added] = sinks_.emplace(sink->thread, sink);
+    if (!added) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "thread ", sink->thread, " is already profiled (by the operator profiler of rank ",
+          it->second->rank, "); one profiler per thread at a time"));
+    }
+    Callback& callback = sink->record_shapes ? with_shapes_ : plain_;
+    if (callback.users++ == 0) {
+      callback.handle = at::addGlobalCallback(
+          at::RecordFunctionCallback(sink->record_shapes ? &OnStart<true> : &OnStart<false>, &OnEnd)
+              .needsInputs(sink->record_shapes));
+    }
+    return absl::OkStatus();
+  }
+
+  // After Remove no new event reaches `sink`.
+  void Remove(const std::shared_ptr<Sink>& sink) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = sinks_.find(sink->thread);
+      if (it == sinks_.end() || it->second != sink) return;
+      sinks_.erase(it);
+      Callback& callback = sink->record_shapes ? with_shapes_ : plain_;
+      if (--callback.users == 0) at::removeCallback(callback.handle);
+    }
+    absl::MutexLock lock(&sink->mu);
+    sink->open = false;
+  }
+
+ private:
+  struct Callback {
+    int users = 0;
+    at::CallbackHandle handle = 0;
+  };
+  // What OnStart hands to OnEnd.
+  struct Context : at::ObserverContext {
+    std::shared_ptr<Sink> sink;
+    OperatorEvent event;
+  };
+
+  std::shared_ptr<Sink> Find(const at::RecordFunction& fn) {
+    absl::ReaderMutexLock lock(&mu_);
+    if (sinks_.empty()) return nullptr;
+    auto it = sinks_.find(at::RecordFunction::currentThreadId());
+    if (it == sinks_.end() && fn.scope() == at::RecordScope::BACKWARD_FUNCTION &&
+        fn.forwardThreadId() != 0) {
+      it = sinks_.find(fn.forwardThreadId());
+    }
+    return it == sinks_.end() ? nullptr : it->second;
+  }
+
+  template <bool kShapes>
+  static std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
+    std::shared_ptr<Sink> sink = Get().Find(fn);
+    // The other callback serves this profiler.
+    if (sink == nullptr || sink->record_shapes != kShapes) return nullptr;
+    auto context = std::make_unique<Context>();
+    context->sink = std::move(sink);
+    OperatorEvent& event = context->event;
+    event.name = fn.name();
+    event.category = Category(fn.scope());
+    event.thread = at::RecordFunction::currentThreadId();
+    if (kShapes) {
+      for (const c10::IValue& input : fn.inputs()) {
+        event.input_shapes.push_back(input.isTensor() ? input.toTensor().sizes().vec()
+                                                      : std::vector<int64_t>{});
+      }
+    }
+    event.start_us = SteadyMicros();
+    return context;
+  }
+
+  static void OnEnd(const at::RecordFunction& /*fn*/, at::ObserverContext* base) {
+    if (base == nullptr) return;
+    const int64_t end_us = SteadyMicros();
+    auto* context = static_cast<Context*>(base);
+    context->event.duration_us = end_us - context->event.start_us;
+    Sink& sink = *context->sink;
+    absl::MutexLock lock(&sink.mu);
+    if (sink.open) sink.events.push_back(std::move(context->event));
+  }
+
+  absl::Mutex mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Sink>> sinks_ ABSL_GUARDED_BY(mu_);
+  Callback with_shapes_ ABSL_GUARDED_BY(mu_);
+  Callback plain_ ABSL_GUARDED_BY(mu_);
+};
 
 }  // namespace
 
@@ -86,9 +214,8 @@ absl::StatusOr<std::unique_ptr<OperatorProfiler>> OperatorProfiler::Create(
 
 OperatorProfiler::~OperatorProfiler() {
   if (!recording_) return;
-  absl::Status status =
-      TorchCall("stopping LibTorch's profiler", [] { (void)profiler::disableProfiler(); });
-  LOG_IF(WARNING, !status.ok()) << "dropping an unfinished operator profile: " << status;
+  Recorder::Get().Remove(sink_);
+  LOG(WARNING) << "dropping the unfinished operator profile of rank " << options_.rank;
 }
 
 absl::Status OperatorProfiler::BeginStep(int64_t step) {
@@ -141,55 +268,25 @@ absl::Status OperatorProfiler::Stop() {
 }
 
 absl::Status OperatorProfiler::Start() {
-  const profiler_impl::ProfilerConfig config(profiler_impl::ProfilerState::KINETO,
-                                             /*report_input_shapes=*/options_.record_shapes);
-  PP_RETURN_IF_ERROR(TorchCall("starting LibTorch's profiler", [&] {
-    // prepareProfiler first: LibTorch 2.x's Kineto crashes in startTrace
-    // without it (1.13 without Kineto accepts both).
-    profiler::prepareProfiler(config, {profiler_impl::ActivityType::CPU});
-    profiler::enableProfiler(config, {profiler_impl::ActivityType::CPU});
-  }));
+  auto sink = std::make_shared<Sink>();
+  sink->thread = at::RecordFunction::currentThreadId();
+  sink->rank = options_.rank;
+  sink->record_shapes = options_.record_shapes;
+  PP_RETURN_IF_ERROR(Recorder::Get().Add(sink));
+  sink_ = std::move(sink);
   recording_ = true;
-  anchor_before_us_ = SteadyMicros();
-  { RECORD_USER_SCOPE(kProfilerAnchorName); }
-  anchor_after_us_ = SteadyMicros();
   return absl::OkStatus();
 }
 
 absl::Status OperatorProfiler::Collect() {
-  std::unique_ptr<profiler::ProfilerResult> result;
   recording_ = false;
   finished_ = true;
-  PP_RETURN_IF_ERROR(
-      TorchCall("stopping LibTorch's profiler", [&] { result = profiler::disableProfiler(); }));
-  const std::vector<profiler::KinetoEvent>& raw = result->events();
-  auto anchor = std::find_if(raw.begin(), raw.end(), [](const profiler::KinetoEvent& e) {
-    return e.name() == kProfilerAnchorName;
-  });
-  if (anchor == raw.end()) {
-    return absl::InternalError(
-        "LibTorch's profiler did not record pipe's clock anchor; cannot place its events on "
-        "the steady clock");
+  Recorder::Get().Remove(sink_);
+  {
+    absl::MutexLock lock(&sink_->mu);
+    events_ = std::move(sink_->events);
   }
-  // profiler clock + offset = steady clock; error at most half the anchor's
-  // window (a few microseconds).
-  const int64_t offset =
-      (anchor_before_us_ + anchor_after_us_) / 2 - torch_compat::EventStartUs(*anchor);
-  events_.clear();
-  events_.reserve(raw.size());
-  for (const profiler::KinetoEvent& e : raw) {
-    if (&e == &*anchor) continue;
-    OperatorEvent out;
-    out.name = e.name();
-    out.category = Category(e);
-    out.start_us = torch_compat::EventStartUs(e) + offset;
-    out.duration_us = torch_compat::EventDurationUs(e);
-    out.thread = e.startThreadId();
-    if (e.hasShapes()) {
-      for (const std::vector<int64_t>& shape : e.shapes()) out.input_shapes.push_back(shape);
-    }
-    events_.push_back(std::move(out));
-  }
+  sink_.reset();
   // Parents before children: earlier start first, longer first on ties.
   std::stable_sort(events_.begin(), events_.end(),
                    [](const OperatorEvent& a, const OperatorEvent& b) {
@@ -244,7 +341,7 @@ absl::StatusOr<std::string> OperatorProfiler::ChromeTraceJson() const {
                            {"clock", "steady_clock_us"},
                            {"steps", {options_.steps.first, options_.steps.last}},
                            {"profiler", absl::StrCat("LibTorch ", torch_compat::LibTorchVersion(),
-                                                     " RecordFunction (CPU)")}}}};
+                                                     " RecordFunction (CPU, process-wide)")}}}};
   return root.dump();
 }
 

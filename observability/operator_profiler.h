@@ -7,21 +7,23 @@
 //   for each step:  profiler->BeginStep(step); ...step...; profiler->EndStep(step);
 //   if (profiler->finished()) profiler->WriteChromeTrace(dir + "/profile_rank_0.json");
 //
-// Which profiler: Debian's LibTorch 1.13 is built without Kineto (no
-// libkineto; Python's torch.autograd.kineto_available() is False). Its
-// Kineto-style API (torch::autograd::profiler::enableProfiler with
-// ProfilerState::KINETO and ActivityType::CPU, then disableProfiler) still
-// records every operator through RecordFunction and returns them as
-// KinetoEvents; only ProfilerResult::save, Kineto's trace writer, needs
-// Kineto (Debian's Python build does not even expose it). The legacy profiler
-// (enableProfilerLegacy, RecordProfile) works too but is the deprecated path and stamps times
-// relative to its own start. So this uses the Kineto-style API, which LibTorch 2.x keeps with the
-// same calls, and writes the Chrome trace itself.
+// How: a process-wide recorder on ATen's RecordFunction (at::addGlobalCallback),
+// the hook LibTorch's own profiler is built on, with the same API in 1.13 and
+// 2.x. LibTorch's profiler itself cannot serve ranks run as threads: Debian's
+// 1.13 has no Kineto (its Kineto-style API records only the enabling thread),
+// and 2.x's Kineto is one session per *process* (a second thread's
+// enable/disable fails: "Can't disable Kineto profiler when it's not running",
+// or crashes in Kineto's init). Here every profiler that is recording
+// registers the thread that runs its steps; one global callback (registered
+// while any profiler records) stamps each operator with steady_clock and hands
+// it to the profiler of the thread that ran it, or, for an autograd node run on
+// another thread (a device's backward thread), of the thread that ran its
+// forward. So profilers of different threads (ranks) overlap freely and each
+// sees only its own operators, on both LibTorch versions.
 //
-// Clock: LibTorch stamps events with its own clock (1.13: CLOCK_REALTIME; 2.x:
-// a TSC converted to Unix time). Events are moved onto steady_clock
-// microseconds, the clock of pipe's action timings, by an anchor: a user-scope
-// event recorded at start between two steady_clock reads.
+// Clock: events are stamped with steady_clock microseconds when the operator
+// starts and ends (the clock of pipe's action timings), no conversion needed.
+// Device kernels (CUDA) are not recorded: this is the CPU operator timeline.
 #ifndef OBSERVABILITY_OPERATOR_PROFILER_H_
 #define OBSERVABILITY_OPERATOR_PROFILER_H_
 
@@ -58,6 +60,10 @@ struct OperatorEvent {
   std::vector<std::vector<int64_t>> input_shapes;  // with record_shapes only
 };
 
+namespace operator_profiler_internal {
+struct Sink;  // operator_profiler.cc
+}  // namespace operator_profiler_internal
+
 // Steady-clock interval of one profiled step on the thread that ran it.
 struct StepSpan {
   int64_t step = 0;
@@ -73,10 +79,11 @@ struct OperatorProfilerOptions {
   bool record_shapes = false;
 };
 
-// Profiles one rank's steps. LibTorch's profiler is per thread: BeginStep and
-// EndStep must come from the thread that runs the steps (operators on threads
-// it starts through at::launch are included). Not thread-safe otherwise. One
-// profiler per thread at a time (ranks run as threads each get their own).
+// Profiles one rank's steps: the operators run by the thread that calls
+// BeginStep/EndStep (and autograd nodes whose forward ran there). BeginStep and
+// EndStep must come from that thread; not thread-safe otherwise. Any number of
+// profilers may record at once on different threads (ranks run as threads
+// each get their own); one per thread at a time.
 class OperatorProfiler {
  public:
   static absl::StatusOr<std::unique_ptr<OperatorProfiler>> Create(
@@ -89,9 +96,8 @@ class OperatorProfiler {
   // Call right before step `step`; starts the profiler at the range's first
   // step (or the first step inside the range the loop reaches), and stops it,
   // keeping the profile, if the loop jumped past the range's end. FailedPrecondition if the
-  // previous step was not ended, if called on another thread than the first call, or after the
-  // profile finished for a step in the range; Internal if LibTorch refuses (e.g. a profiler is
-  // already running on this thread).
+  // previous step was not ended, if called on another thread than the first call, after the
+  // profile finished for a step in the range, or if another profiler is recording this thread.
   absl::Status BeginStep(int64_t step);
   // Call right after step `step`; after the range's last step, stops the
   // profiler and collects the events. FailedPrecondition if `step` was not begun.
@@ -104,8 +110,8 @@ class OperatorProfiler {
   bool finished() const { return finished_; }
   const OperatorProfilerOptions& options() const { return options_; }
 
-  // After the profile finished: the events in start order, the anchor removed,
-  // and each profiled step's span.
+  // After the profile finished: the events in start order (parents before
+  // children), and each profiled step's span.
   const std::vector<OperatorEvent>& events() const { return events_; }
   const std::vector<StepSpan>& steps() const { return steps_; }
 
@@ -130,14 +136,11 @@ class OperatorProfiler {
   bool finished_ = false;
   bool in_step_ = false;
   int64_t current_step_ = -1;
-  int64_t anchor_before_us_ = 0;
-  int64_t anchor_after_us_ = 0;
+  std::shared_ptr<operator_profiler_internal::Sink>
+      sink_;  // while recording: where the global callback puts events
   std::vector<OperatorEvent> events_;
   std::vector<StepSpan> steps_;
 };
-
-// The name of the anchor event (never in events()).
-inline constexpr char kProfilerAnchorName[] = "pp::profiler_clock_anchor";
 
 }  // namespace pp
 

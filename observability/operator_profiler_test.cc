@@ -1,11 +1,13 @@
 #include "observability/operator_profiler.h"
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <ATen/record_function.h>
 #include <torch/torch.h>
@@ -75,7 +77,6 @@ TEST(OperatorProfilerTest, RecordsOnlyTheRequestedSteps) {
   EXPECT_TRUE(names.count("step_body_2"));
   EXPECT_FALSE(names.count("step_body_0"));
   EXPECT_FALSE(names.count("step_body_3"));
-  EXPECT_FALSE(names.count(kProfilerAnchorName));
   // Forward operators and autograd's backward nodes.
   EXPECT_TRUE(names.count("aten::addmm")) << ::testing::PrintToString(names);
   EXPECT_TRUE(names.count("aten::relu"));
@@ -197,12 +198,15 @@ TEST(OperatorProfilerTest, RejectsMisuse) {
   EXPECT_EQ(other_thread.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(other_thread.message().find("thread"), std::string::npos) << other_thread;
 
-  // A second profiler on a thread that is already profiled: LibTorch refuses,
-  // and the refusal is a Status.
-  auto second = OperatorProfiler::Create({{0, 0}, 0});
+  // A second profiler on a thread that is already profiled is refused with a
+  // Status naming the profiler that holds the thread.
+  auto second = OperatorProfiler::Create({{0, 0}, 5});
   ASSERT_TRUE(second.ok());
   absl::Status refused = (*second)->BeginStep(0);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kInternal) << refused;
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("already profiled (by the operator profiler of rank 0)"),
+            std::string::npos)
+      << refused;
 
   ASSERT_TRUE((*profiler)->EndStep(0).ok());
   // The run ends before the range's last step: keep what was recorded.
@@ -244,6 +248,97 @@ TEST(OperatorProfilerTest, ThreadsProfileTheirOwnOperators) {
     EXPECT_FALSE(names[rank].count("work_of_rank_" + std::to_string(1 - rank))) << rank;
     EXPECT_TRUE(names[rank].count("aten::matmul")) << rank;
   }
+}
+
+// One process-wide recorder serves overlapping profilers: one recording
+// shapes, one not, and a thread nobody profiles, all running operators at the
+// same time. Each profile holds exactly its own thread's operators, the
+// shapes only where asked, and a profiler dropped mid-step leaves the others
+// recording.
+TEST(OperatorProfilerTest, OverlappingProfilersShareTheProcessWideRecorder) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> stop{false};
+  auto wait_all = [&] {
+    ready.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (ready.load() < 4 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+  };
+  std::thread unprofiled([&] {
+    wait_all();
+    while (!stop.load()) {
+      RECORD_USER_SCOPE("unprofiled_work");
+      torch::Tensor x = torch::randn({8, 8});
+      (void)x.mm(x).sum().item<float>();
+    }
+  });
+  std::thread dropped([&] {
+    auto profiler = OperatorProfiler::Create({{0, 5}, 9});
+    ASSERT_TRUE(profiler.ok());
+    ASSERT_TRUE((*profiler)->BeginStep(0).ok());
+    wait_all();
+    { RECORD_USER_SCOPE("dropped_work"); }
+    // Destroyed while recording.
+  });
+  std::vector<std::vector<OperatorEvent>> events(2);
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      OperatorProfilerOptions options;
+      options.steps = {0, 3};
+      options.rank = rank;
+      options.record_shapes = rank == 0;
+      auto profiler = OperatorProfiler::Create(options);
+      ASSERT_TRUE(profiler.ok());
+      wait_all();
+      torch::nn::Linear layer(16, 4);
+      for (int64_t step = 0; step <= 3 && status[rank].ok(); ++step) {
+        status[rank] = (*profiler)->BeginStep(step);
+        {
+          RECORD_USER_SCOPE("rank_" + std::to_string(rank));
+          layer(torch::randn({8, 16})).sum().backward();
+        }
+        if (status[rank].ok()) status[rank] = (*profiler)->EndStep(step);
+      }
+      events[rank] = (*profiler)->events();
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  dropped.join();
+  stop = true;
+  unprofiled.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(status[rank].ok()) << rank << ": " << status[rank];
+    std::set<std::string> names;
+    std::set<uint64_t> threads;
+    int scopes = 0, addmm_with_shapes = 0, addmm = 0;
+    for (const OperatorEvent& e : events[rank]) {
+      names.insert(e.name);
+      threads.insert(e.thread);
+      scopes += e.name == "rank_" + std::to_string(rank);
+      if (e.name == "aten::addmm") {
+        ++addmm;
+        addmm_with_shapes += !e.input_shapes.empty();
+      }
+    }
+    EXPECT_EQ(scopes, 4) << rank;
+    EXPECT_EQ(addmm, 4) << rank;
+    EXPECT_EQ(addmm_with_shapes, rank == 0 ? 4 : 0) << rank;
+    EXPECT_TRUE(names.count("AddmmBackward0")) << ::testing::PrintToString(names);
+    EXPECT_FALSE(names.count("rank_" + std::to_string(1 - rank))) << rank;
+    EXPECT_FALSE(names.count("unprofiled_work")) << rank;
+    EXPECT_FALSE(names.count("dropped_work")) << rank;
+    EXPECT_EQ(threads.size(), 1u) << rank;
+  }
+  // The recorder is free again: this thread can be profiled.
+  auto after = OperatorProfiler::Create({{0, 0}, 0});
+  ASSERT_TRUE(after.ok());
+  ASSERT_TRUE((*after)->BeginStep(0).ok());
+  { RECORD_USER_SCOPE("after"); }
+  ASSERT_TRUE((*after)->EndStep(0).ok());
+  EXPECT_TRUE(Names(**after).count("after"));
 }
 
 }  // namespace

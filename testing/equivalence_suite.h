@@ -17,7 +17,8 @@
 // equivalence_testing.h (tied embedding and output projection, so the tied
 // gradient all-reduce is exercised whenever pp > 1). Three steps; per-step
 // losses, grad norms and final parameters must match within 1e-5 relative.
-// A schedule the runtime cannot execute (CheckRuntimeSupports, e.g. I/W) must
+// A schedule the runtime cannot execute (CheckRuntimeSupports; the executor
+// supports every action type today, I/W included) must
 // be refused with Unimplemented instead.
 #ifndef TESTING_EQUIVALENCE_SUITE_H_
 #define TESTING_EQUIVALENCE_SUITE_H_

@@ -55,6 +55,12 @@ ABSL_FLAG(std::string, run_id, "",
           "PP_RUN_ID.");
 ABSL_FLAG(absl::Duration, launcher_grace_period, absl::Seconds(5),
           "Launcher: how long workers get between SIGTERM and SIGKILL when stopped.");
+ABSL_FLAG(int, intra_op_threads, 0,
+          "Launcher: intra-op (at::set_num_threads) threads per worker; 0: PP_INTRA_OP_THREADS, "
+          "else OMP_NUM_THREADS, else 1.");
+ABSL_FLAG(int, blas_threads, 0,
+          "Launcher: OpenBLAS threads per worker; 0: PP_BLAS_THREADS, else OPENBLAS_NUM_THREADS, "
+          "else OMP_NUM_THREADS, else cores / local workers.");
 
 namespace pp {
 namespace {
@@ -207,6 +213,11 @@ absl::Status Validate(const LaunchOptions& o) {
         "--nnodes=", o.nnodes, " needs an explicit --master_port that every node uses"));
   }
   if (o.master_addr.empty()) return absl::InvalidArgumentError("--master_addr is empty");
+  if (o.intra_op_threads < 0 || o.blas_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--intra_op_threads=", o.intra_op_threads,
+                                                   " and --blas_threads=", o.blas_threads,
+                                                   " must be >= 0 (0: automatic)"));
+  }
   if (o.grace_period < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--launcher_grace_period=", absl::FormatDuration(o.grace_period), " is negative"));
@@ -274,10 +285,12 @@ class SignalForwarding {
   struct sigaction old_pipe_ {};
 };
 
-// torchrun's variables for the worker of local index `local`; a user's
-// explicit thread setting wins over the even split.
+// torchrun's variables for the worker of local index `local`, and its
+// resolved thread counts (OMP_NUM_THREADS / OPENBLAS_NUM_THREADS too, so the
+// libraries size their pools right when they load).
 std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOptions& options,
-                                                                 int port, int local, int threads) {
+                                                                 int port, int local,
+                                                                 WorkerThreads threads) {
   const int world_size = options.nproc_per_node * options.nnodes;
   std::vector<std::pair<std::string, std::string>> vars = {
       {"MASTER_ADDR", options.master_addr},
@@ -289,9 +302,13 @@ std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOpt
       {"GROUP_RANK", std::to_string(options.node_rank)},
   };
   if (!options.run_id.empty()) vars.emplace_back(kRunIdVariable, options.run_id);
-  for (const char* key : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
-    if (std::getenv(key) == nullptr) vars.emplace_back(key, std::to_string(threads));
+  for (const char* key : {"OMP_NUM_THREADS", "PP_INTRA_OP_THREADS"}) {
+    vars.emplace_back(key, std::to_string(threads.intra_op));
   }
+  for (const char* key : {"OPENBLAS_NUM_THREADS", "PP_BLAS_THREADS"}) {
+    vars.emplace_back(key, std::to_string(threads.blas));
+  }
+  vars.emplace_back("PP_REPORT_THREADS", "1");
   return vars;
 }
 
@@ -337,7 +354,7 @@ absl::Status SpawnWorker(const std::string& exe_path, std::vector<char*>& c_args
 
 // Starts this node's workers; stops at the first that cannot be spawned (it
 // and the later ones are marked not running) and returns that error.
-absl::Status SpawnWorkers(const LaunchOptions& options, int port, int threads,
+absl::Status SpawnWorkers(const LaunchOptions& options, int port, WorkerThreads threads,
                           const std::vector<std::string>& argv, std::vector<Worker>& workers) {
   const std::string exe_path = SelfExecutable();
   std::vector<std::string> args = argv;
@@ -523,18 +540,79 @@ int WorkerThreadCount(int local_world_size) {
   return std::max(1, CpuCount() / std::max(1, local_world_size));
 }
 
-int ConfigureWorkerThreads() {
-  int threads = 0;
-  const char* omp = std::getenv("OMP_NUM_THREADS");
-  if (omp == nullptr || !absl::SimpleAtoi(omp, &threads) || threads < 1) {
-    int local_world_size = 1;
-    const char* lws = std::getenv("LOCAL_WORLD_SIZE");
-    if (lws == nullptr || !absl::SimpleAtoi(lws, &local_world_size)) local_world_size = 1;
-    threads = WorkerThreadCount(local_world_size);
+WorkerThreads DefaultWorkerThreads(int local_world_size) {
+  return WorkerThreads{.intra_op = 1, .blas = WorkerThreadCount(local_world_size)};
+}
+
+namespace {
+
+// The first of `names` set in the environment, parsed; 0 when none is set.
+absl::StatusOr<int> ThreadsFromEnv(std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    int threads = 0;
+    if (!absl::SimpleAtoi(value, &threads) || threads < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(name, "='", value,
+                                                     "' is not a thread count; valid: an "
+                                                     "integer >= 1, or unset for the default"));
+    }
+    return threads;
   }
-  at::set_num_threads(threads);
-  SetBlasThreads(threads);
+  return 0;
+}
+
+int BlasThreadsNow() {
+  using GetThreadsFn = int (*)();
+  auto get_threads =
+      reinterpret_cast<GetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return get_threads == nullptr ? -1 : get_threads();
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerThreads> ResolveWorkerThreads(int local_world_size, WorkerThreads flags) {
+  WorkerThreads threads = DefaultWorkerThreads(local_world_size);
+  PP_ASSIGN_OR_RETURN(const int intra_env,
+                      ThreadsFromEnv({"PP_INTRA_OP_THREADS", "OMP_NUM_THREADS"}));
+  PP_ASSIGN_OR_RETURN(const int blas_env, ThreadsFromEnv({"PP_BLAS_THREADS", "OPENBLAS_NUM_THREADS",
+                                                          "OMP_NUM_THREADS"}));
+  if (intra_env > 0) threads.intra_op = intra_env;
+  if (blas_env > 0) threads.blas = blas_env;
+  if (flags.intra_op > 0) threads.intra_op = flags.intra_op;
+  if (flags.blas > 0) threads.blas = flags.blas;
   return threads;
+}
+
+WorkerThreads SetWorkerThreads(WorkerThreads threads) {
+  at::set_num_threads(threads.intra_op);
+  SetBlasThreads(threads.blas);
+  return CurrentWorkerThreads();
+}
+
+WorkerThreads CurrentWorkerThreads() {
+  return WorkerThreads{.intra_op = at::get_num_threads(), .blas = BlasThreadsNow()};
+}
+
+std::string DescribeThreads(WorkerThreads threads) {
+  return threads.blas < 0
+             ? absl::StrCat(threads.intra_op, " intra-op thread(s), BLAS not OpenBLAS")
+             : absl::StrCat(threads.intra_op, " intra-op + ", threads.blas, " BLAS thread(s)");
+}
+
+WorkerThreads ConfigureWorkerThreads() {
+  int local_world_size = 1;
+  const char* lws = std::getenv("LOCAL_WORLD_SIZE");
+  if (lws == nullptr || !absl::SimpleAtoi(lws, &local_world_size) || local_world_size < 1) {
+    local_world_size = 1;
+  }
+  absl::StatusOr<WorkerThreads> threads = ResolveWorkerThreads(local_world_size, {0, 0});
+  if (!threads.ok()) {
+    std::fprintf(stderr, "warning: %s; using the default threads\n",
+                 std::string(threads.status().message()).c_str());
+    threads = DefaultWorkerThreads(local_world_size);
+  }
+  return SetWorkerThreads(*threads);
 }
 
 bool SetBlasThreads(int threads) {
@@ -555,13 +633,16 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
         port, PickFreePort(IsLoopbackAddress(options.master_addr) ? "127.0.0.1" : "0.0.0.0"));
   }
   const int world_size = options.nproc_per_node * options.nnodes;
-  const int threads = WorkerThreadCount(options.nproc_per_node);
+  PP_ASSIGN_OR_RETURN(
+      const WorkerThreads threads,
+      ResolveWorkerThreads(options.nproc_per_node,
+                           {.intra_op = options.intra_op_threads, .blas = options.blas_threads}));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<SignalForwarding> signals, SignalForwarding::Install());
   Say(absl::StrFormat(
-      "starting %d worker(s): ranks %d-%d of %d on node %d/%d, store %s:%d, %d thread(s) each%s",
+      "starting %d worker(s): ranks %d-%d of %d on node %d/%d, store %s:%d, asking each for %s%s",
       options.nproc_per_node, options.node_rank * options.nproc_per_node,
       (options.node_rank + 1) * options.nproc_per_node - 1, world_size, options.node_rank,
-      options.nnodes, options.master_addr, port, threads,
+      options.nnodes, options.master_addr, port, DescribeThreads(threads),
       options.run_id.empty() ? "" : absl::StrCat(", run id ", options.run_id)));
   std::vector<Worker> workers(options.nproc_per_node);
   const absl::Status spawned = SpawnWorkers(options, port, threads, argv, workers);
@@ -597,6 +678,8 @@ absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size) 
   const char* env_run_id = std::getenv(kRunIdVariable);
   if (options.run_id.empty() && env_run_id != nullptr) options.run_id = env_run_id;
   if (options.run_id.empty() && options.nnodes == 1) options.run_id = RandomRunId();
+  options.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
+  options.blas_threads = absl::GetFlag(FLAGS_blas_threads);
   options.master_port = absl::GetFlag(FLAGS_master_port);
   const char* env_port = std::getenv("MASTER_PORT");
   if (options.master_port == 0 && env_port != nullptr && *env_port != '\0') {
@@ -614,7 +697,12 @@ std::vector<char*> MaybeLaunch(int argc, char** argv, const std::function<int()>
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   const char* rank = std::getenv("RANK");
   if (rank != nullptr && *rank != '\0') {
-    ConfigureWorkerThreads();
+    const WorkerThreads threads = ConfigureWorkerThreads();
+    // Read back from the libraries, so a setting they ignored shows.
+    if (std::getenv("PP_REPORT_THREADS") != nullptr) {
+      std::fprintf(stderr, "threads: %s (at::get_num_threads, openblas_get_num_threads)\n",
+                   DescribeThreads(threads).c_str());
+    }
     return positional;
   }
   // The experiment's own checks run even when --nproc_per_node is given, so a

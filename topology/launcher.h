@@ -8,8 +8,16 @@
 // grace period, and the launcher exits non-zero naming the rank and how it
 // ended. Ctrl-C (SIGINT/SIGTERM to the launcher) stops every worker. In a worker
 // (RANK set) MaybeLaunch splits the machine's cores among the local ranks and
-// returns. Workers get OMP_NUM_THREADS / OPENBLAS_NUM_THREADS =
-// max(1, cores / local ranks) unless the launcher's environment sets them.
+// returns.
+//
+// Threads: each worker gets an intra-op thread count (at::set_num_threads) and
+// a BLAS thread count (OpenBLAS's own pool) set separately. Resolution, first
+// that is set wins: --intra_op_threads / --blas_threads; PP_INTRA_OP_THREADS /
+// PP_BLAS_THREADS in the launcher's environment (what an experiment config's
+// `threads` section exports); OMP_NUM_THREADS (intra-op) and
+// OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS (BLAS, as OpenBLAS reads them);
+// DefaultWorkerThreads(). A launched worker prints what it really uses, read
+// back from at::get_num_threads() and openblas_get_num_threads().
 //
 //   int main(int argc, char** argv) {
 //     std::vector<char*> args = pp::MaybeLaunch(argc, argv);  // parent exits here
@@ -17,7 +25,8 @@
 //   }
 //
 // Flags (absl, defined here so every experiment has them): --nproc_per_node,
-// --nnodes, --node_rank, --master_addr, --master_port, --launcher_grace_period.
+// --nnodes, --node_rank, --master_addr, --master_port, --launcher_grace_period,
+// --intra_op_threads, --blas_threads.
 //
 // Next: topology/rendezvous.h (what a worker does with the environment).
 #ifndef TOPOLOGY_LAUNCHER_H_
@@ -38,6 +47,8 @@ ABSL_DECLARE_FLAG(std::string, master_addr);
 ABSL_DECLARE_FLAG(int, master_port);
 ABSL_DECLARE_FLAG(std::string, run_id);
 ABSL_DECLARE_FLAG(absl::Duration, launcher_grace_period);
+ABSL_DECLARE_FLAG(int, intra_op_threads);
+ABSL_DECLARE_FLAG(int, blas_threads);
 
 namespace pp {
 
@@ -52,6 +63,16 @@ struct LaunchOptions {
   std::string run_id;
   // Between SIGTERM and SIGKILL when stopping workers.
   absl::Duration grace_period = absl::Seconds(5);
+  // Per worker; 0: from the environment, else DefaultWorkerThreads().
+  int intra_op_threads = 0;
+  int blas_threads = 0;
+};
+
+// A worker's thread counts. `blas` is -1 when the process's BLAS is not
+// OpenBLAS (nothing to set or read back).
+struct WorkerThreads {
+  int intra_op = 1;
+  int blas = 1;
 };
 
 // Validates `options` (InvalidArgument naming the bad value), starts the
@@ -84,12 +105,36 @@ std::vector<char*> MaybeLaunch(int argc, char** argv,
                                const std::function<int()>& default_nproc = nullptr);
 
 // The per-process thread count when `local_world_size` ranks share this
-// machine: max(1, hardware cores / local_world_size).
+// machine: max(1, cores this process may run on / local_world_size).
 int WorkerThreadCount(int local_world_size);
 
-// at::set_num_threads(WorkerThreadCount(LOCAL_WORLD_SIZE from the environment,
-// 1 if unset)) and the same count for the BLAS library; returns the count set.
-int ConfigureWorkerThreads();
+// The default split for `local_world_size` ranks on this machine: one
+// intra-op thread, WorkerThreadCount() BLAS threads. Measured on the 2-core
+// machine with the peer GPT (README, Performance): pp = 1 with 1 + 2 is the
+// fastest split (2 + 2, the old default, oversubscribes the cores: each
+// intra-op thread calls a GEMM that starts 2 BLAS threads); pp = 2 takes 1 + 1.
+WorkerThreads DefaultWorkerThreads(int local_world_size);
+
+// What a worker with `local_world_size` local ranks will use, from `flags`
+// (0 = unset) and the environment (see the file comment). InvalidArgument
+// naming the variable when one is set but is not a positive integer.
+absl::StatusOr<WorkerThreads> ResolveWorkerThreads(int local_world_size, WorkerThreads flags);
+
+// Sets both counts now (at::set_num_threads, openblas_set_num_threads) and
+// returns what the libraries report back.
+WorkerThreads SetWorkerThreads(WorkerThreads threads);
+
+// What this process uses now: at::get_num_threads() and
+// openblas_get_num_threads() (-1 when BLAS is not OpenBLAS).
+WorkerThreads CurrentWorkerThreads();
+
+// "1 intra-op + 2 BLAS thread(s)" (or "..., BLAS not OpenBLAS").
+std::string DescribeThreads(WorkerThreads threads);
+
+// Resolves (ResolveWorkerThreads with LOCAL_WORLD_SIZE from the environment, 1
+// if unset; an invalid setting falls back to the default with a warning on
+// stderr) and sets the counts; returns what the libraries report back.
+WorkerThreads ConfigureWorkerThreads();
 
 // Sets OpenBLAS's own thread count now. OpenBLAS reads OPENBLAS_NUM_THREADS
 // only when it is loaded, so a process that changes its mind later (a

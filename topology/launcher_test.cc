@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -68,7 +69,8 @@ Result RunLauncher(const std::vector<std::string>& args, double timeout_s = 60,
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                             "MASTER_PORT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+                             "MASTER_PORT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                             "PP_INTRA_OP_THREADS", "PP_BLAS_THREADS", "PP_REPORT_THREADS"}) {
       unsetenv(name);
     }
     for (const auto& [key, value] : env) setenv(key.c_str(), value.c_str(), 1);
@@ -147,7 +149,7 @@ TEST(LauncherTest, NormalExitReturnsZeroAndPrefixesLines) {
   Result r = RunLauncher({"--nproc_per_node=3", "--mode=ok"});
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   EXPECT_EQ(ExitCode(r), 0) << r.out << r.err;
-  const int threads = WorkerThreadCount(3);
+  const int threads = DefaultWorkerThreads(3).intra_op;
   for (int rank = 0; rank < 3; ++rank) {
     EXPECT_THAT(r.out,
                 HasSubstr(absl::StrCat("[rank ", rank, "] hello from rank ", rank, " of 3 local ",
@@ -361,6 +363,105 @@ TEST(LauncherTest, ThreadCountSplitsCores) {
   EXPECT_GE(WorkerThreadCount(1), 1);
   EXPECT_EQ(WorkerThreadCount(1 << 20), 1);
   EXPECT_GE(WorkerThreadCount(1), WorkerThreadCount(2));
+}
+
+TEST(LauncherTest, DefaultSplitIsOneIntraOpThreadAndTheCoresShareForBlas) {
+  EXPECT_EQ(DefaultWorkerThreads(1).intra_op, 1);
+  EXPECT_EQ(DefaultWorkerThreads(1).blas, WorkerThreadCount(1));
+  EXPECT_EQ(DefaultWorkerThreads(2).blas, WorkerThreadCount(2));
+}
+
+// Sets or unsets the thread variables for one test and restores them after.
+class ThreadEnv {
+ public:
+  ThreadEnv() {
+    for (const char* name : kNames) {
+      const char* v = std::getenv(name);
+      saved_.emplace_back(v == nullptr ? std::nullopt : std::optional<std::string>(v));
+      unsetenv(name);
+    }
+  }
+  ~ThreadEnv() {
+    for (size_t i = 0; i < saved_.size(); ++i) {
+      if (saved_[i].has_value()) {
+        setenv(kNames[i], saved_[i]->c_str(), 1);
+      } else {
+        unsetenv(kNames[i]);
+      }
+    }
+  }
+  static constexpr const char* kNames[] = {"PP_INTRA_OP_THREADS", "PP_BLAS_THREADS",
+                                           "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+
+ private:
+  std::vector<std::optional<std::string>> saved_;
+};
+
+TEST(LauncherTest, ThreadResolutionOrder) {
+  ThreadEnv env;
+  auto t = ResolveWorkerThreads(2, {0, 0});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->intra_op, DefaultWorkerThreads(2).intra_op);
+  EXPECT_EQ(t->blas, DefaultWorkerThreads(2).blas);
+  // OMP_NUM_THREADS sets both (OpenBLAS falls back to it too).
+  setenv("OMP_NUM_THREADS", "3", 1);
+  t = ResolveWorkerThreads(2, {0, 0});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->intra_op, 3);
+  EXPECT_EQ(t->blas, 3);
+  setenv("OPENBLAS_NUM_THREADS", "5", 1);
+  t = ResolveWorkerThreads(2, {0, 0});
+  EXPECT_EQ(t->intra_op, 3);
+  EXPECT_EQ(t->blas, 5);
+  setenv("PP_INTRA_OP_THREADS", "6", 1);
+  setenv("PP_BLAS_THREADS", "7", 1);
+  t = ResolveWorkerThreads(2, {0, 0});
+  EXPECT_EQ(t->intra_op, 6);
+  EXPECT_EQ(t->blas, 7);
+  // Flags win over everything, each on its own.
+  t = ResolveWorkerThreads(2, {.intra_op = 2, .blas = 0});
+  EXPECT_EQ(t->intra_op, 2);
+  EXPECT_EQ(t->blas, 7);
+  t = ResolveWorkerThreads(2, {.intra_op = 0, .blas = 4});
+  EXPECT_EQ(t->intra_op, 6);
+  EXPECT_EQ(t->blas, 4);
+}
+
+TEST(LauncherTest, BadThreadVariableIsNamed) {
+  ThreadEnv env;
+  setenv("PP_BLAS_THREADS", "two", 1);
+  auto t = ResolveWorkerThreads(1, {0, 0});
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("PP_BLAS_THREADS='two'"));
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("integer >= 1"));
+}
+
+TEST(LauncherTest, SetWorkerThreadsReadsBackWhatTheLibrariesUse) {
+  const WorkerThreads before = CurrentWorkerThreads();
+  const WorkerThreads now = SetWorkerThreads({.intra_op = 1, .blas = 2});
+  EXPECT_EQ(now.intra_op, 1);
+  if (now.blas >= 0) {  // -1: BLAS is not OpenBLAS
+    EXPECT_EQ(now.blas, 2);
+  }
+  EXPECT_EQ(CurrentWorkerThreads().intra_op, 1);
+  SetWorkerThreads(before.blas < 0 ? WorkerThreads{before.intra_op, 1} : before);
+}
+
+TEST(LauncherTest, WorkersUseAndReportTheThreadFlags) {
+  Result r =
+      RunLauncher({"--nproc_per_node=2", "--mode=ok", "--intra_op_threads=2", "--blas_threads=2"});
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(ExitCode(r), 0) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("asking each for 2 intra-op + 2 BLAS thread(s)"));
+  for (int rank = 0; rank < 2; ++rank) {
+    // What the worker itself saw, and what the launcher had it report.
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[rank ", rank, "] hello from rank ", rank,
+                                              " of 2 local ", rank, "/2 omp=2 threads=2\n")));
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("[rank ", rank, "] threads: 2 intra-op + 2 BLAS")));
+  }
+  r = RunLauncher({"--nproc_per_node=1", "--mode=ok", "--blas_threads=-1"});
+  EXPECT_EQ(ExitCode(r), 2);
+  EXPECT_THAT(r.err, HasSubstr("--blas_threads=-1"));
 }
 
 }  // namespace

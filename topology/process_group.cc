@@ -62,7 +62,19 @@ absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::s
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
     // The constructor meets the other members through the store and throws
     // when they do not all arrive within the timeout.
-    return torch_compat::NewGlooProcessGroup(prefixed, rank, size, gloo_options);
+    ProcessGroupPtr group = torch_compat::NewGlooProcessGroup(prefixed, rank, size, gloo_options);
+    if (options.nccl) {
+      try {
+        torch_compat::AddNcclBackend(
+            group, c10::make_intrusive<c10d::PrefixStore>(prefix + "/nccl", store), rank, size,
+            options.timeout);
+      } catch (const std::exception& e) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("group '", prefix, "' (rank ", rank, " of ", size,
+                         "): cannot add NCCL: ", GlooExceptionMessage(e)));
+      }
+    }
+    return group;
   } catch (const std::exception& e) {
     const std::string what = absl::StrCat("group '", prefix, "' (rank ", rank, " of ", size, ")");
     const std::string message = GlooExceptionMessage(e);

@@ -33,6 +33,11 @@ struct GroupOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Gloo transport device. Null: MakeGlooDevice("127.0.0.1").
   std::shared_ptr<::gloo::transport::Device> device;
+  // Ranks on GPUs (--device=cuda): each group also gets c10d's NCCL backend,
+  // which carries the group's CUDA tensors (CPU tensors stay on Gloo). Needs a
+  // --config=cuda build and a GPU per rank; NCCL meets the members at its first
+  // collective, not at creation.
+  bool nccl = false;
 };
 
 // A Gloo TCP device bound to `hostname` (an address or a name of this host).
@@ -45,7 +50,9 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
 // A ProcessGroupGloo of `size` members, this one being `rank`, whose keys live
 // under `prefix` in `store` (each group needs its own prefix). Blocks until
 // all members have called it, at most options.timeout; then DeadlineExceeded
-// naming the prefix. REQUIRES: 0 <= rank < size.
+// naming the prefix. With options.nccl, also the NCCL backend (keys under
+// "<prefix>/nccl"); FailedPrecondition naming the group when NCCL cannot be
+// added (a build without it, no GPU). REQUIRES: 0 <= rank < size.
 absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::string& prefix,
                                              int rank, int size, const GroupOptions& options);
 

@@ -130,6 +130,8 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
   world.local_rank = env.local_rank;
   world.local_world_size = env.local_world_size;
   world.group_options.timeout = options.timeout;
+  PP_ASSIGN_OR_RETURN(world.device, DeviceForLocalRank(options.device, env.local_rank));
+  world.group_options.nccl = options.device == DeviceKind::kCuda;
 
   const std::string bind = !options.bind_address.empty()        ? options.bind_address
                            : IsLoopbackAddress(env.master_addr) ? "127.0.0.1"

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "topology/device.h"
 #include "topology/process_group.h"
 
 namespace pp {
@@ -55,6 +56,10 @@ struct RendezvousOptions {
   // Address the Gloo device binds. Empty: 127.0.0.1 when MASTER_ADDR is a
   // loopback address, otherwise this host's address (see MakeGlooDevice).
   std::string bind_address;
+  // kCuda: this rank computes on cuda:<LOCAL_RANK> (checked before the store is
+  // opened: FailedPrecondition naming the device when it is not there), and
+  // every group gets NCCL for CUDA tensors (GroupOptions::nccl).
+  DeviceKind device = DeviceKind::kCpu;
 };
 
 // What a rank knows after rendezvous. Copyable (handles are shared).
@@ -64,8 +69,9 @@ struct World {
   int local_rank = 0;
   int local_world_size = 1;
   StorePtr store;
-  ProcessGroupPtr group;       // all ranks, group rank == rank
-  GroupOptions group_options;  // to build more groups (ParallelGrid does)
+  ProcessGroupPtr group;                     // all ranks, group rank == rank
+  GroupOptions group_options;                // to build more groups (ParallelGrid does)
+  c10::Device device{c10::DeviceType::CPU};  // where this rank computes (RendezvousOptions)
 };
 
 // Store + world group for `env`. Blocks until every rank has arrived, at most

@@ -225,6 +225,48 @@ TEST(RendezvousTest, RejectsBadArguments) {
               HasSubstr("timeout must be positive"));
 }
 
+// --device=cuda: rank r computes on cuda:r and its groups carry CUDA tensors
+// over NCCL. Where the build or the machine lacks the GPUs, Rendezvous refuses
+// before opening the store (no waiting for peers), naming the device.
+TEST(RendezvousTest, CudaRanksAllReduceOnTheirGpusOrTheDeviceIsNamed) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RendezvousOptions options;
+  options.timeout = std::chrono::seconds(30);
+  options.device = DeviceKind::kCuda;
+  const int gpus = VisibleCudaDevices();
+  if (gpus < 2) {
+    const auto start = std::chrono::steady_clock::now();
+    auto world = Rendezvous(ThreadRankEnv(1, 2, *port), options);
+    EXPECT_EQ(world.status().code(), absl::StatusCode::kFailedPrecondition) << world.status();
+    EXPECT_THAT(world.status().message(), HasSubstr("device cuda:1 (--device=cuda, local rank 1)"));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    GTEST_SKIP() << "needs 2 visible CUDA GPUs (this machine: " << gpus
+                 << "); only the refusal was checked";
+  }
+  auto status = RunThreadRanks(2, *port, options, [](World& world) -> absl::Status {
+    if (!world.device.is_cuda() || world.device.index() != world.local_rank) {
+      return absl::InternalError(absl::StrCat("rank ", world.rank, " on ", world.device.str()));
+    }
+    std::vector<at::Tensor> t = {at::full({4}, world.rank + 1.0, at::device(world.device))};
+    bool done = false;
+    PP_RETURN_IF_ERROR(TorchCall("NCCL all-reduce", [&] {
+      done = world.group->allreduce(t)->wait(std::chrono::seconds(30));
+    }));
+    if (!done || t[0].sum().item<double>() != 12.0) {
+      return absl::InternalError(absl::StrCat("NCCL all-reduce gave ", t[0].sum().item<double>()));
+    }
+    // CPU tensors of the same group still go through Gloo.
+    std::vector<at::Tensor> c = {at::full({1}, 1.0)};
+    PP_RETURN_IF_ERROR(TorchCall("Gloo all-reduce", [&] {
+      done = world.group->allreduce(c)->wait(std::chrono::seconds(30));
+    }));
+    if (!done || c[0].item<double>() != 2.0) return absl::InternalError("Gloo all-reduce");
+    return absl::OkStatus();
+  });
+  for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(RendezvousTest, LoopbackAddresses) {
   EXPECT_TRUE(IsLoopbackAddress("127.0.0.1"));
   EXPECT_TRUE(IsLoopbackAddress("localhost"));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -13,6 +14,7 @@
 
 #include "common/default_generator.h"
 #include "pipeline/layers/layer_spec.h"
+#include "pipeline/runtime/split_backward.h"
 
 namespace pp {
 
@@ -85,6 +87,10 @@ struct RecomputeRange : torch::CustomClassHolder {
   std::vector<std::string> grad_side_inputs;
   std::vector<c10::Device> devices;
   RngSnapshot forward_rng;
+  // Split backward (pipeline/runtime/split_backward.h): the input pass
+  // recomputes the range once and keeps the weight half of its backward here;
+  // the weight pass runs it instead of recomputing again.
+  std::optional<WeightGradTask> pending_weight;
 };
 
 // Puts the outer code's generator state back even if the recompute throws.
@@ -176,11 +182,40 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
       }
       inputs.push_back(std::move(input));
     }
+    // Parameters that require grad but are not asked for now: the input half
+    // of a split backward (I). Asked for with no activation: its weight half (W).
+    bool params_deferred = false;
+    std::vector<std::pair<torch::Tensor, size_t>> wanted_params;
     for (size_t k = 0; k < num_params; ++k) {
       if (ctx->needs_input_grad(num_activations + k)) {
-        wanted.emplace_back(range->parameters[k], 1 + num_activations + k);
+        wanted_params.emplace_back(range->parameters[k], 1 + num_activations + k);
+      } else if (range->parameters[k].requires_grad()) {
+        params_deferred = true;
       }
     }
+    if (range->pending_weight.has_value()) {
+      // The weight pass of a split backward: the graph recomputed by the input
+      // pass is still there; only its weight half runs.
+      WeightGradTask task = std::move(*range->pending_weight);
+      range->pending_weight.reset();
+      TORCH_CHECK(wanted.empty(),
+                  "a checkpointed range's split backward was asked for input "
+                  "gradients again after its input pass");
+      for (size_t s = 0; s < range->grad_side_inputs.size(); ++s) {
+        TORCH_CHECK(!ctx->needs_input_grad(num_activations + num_params + s),
+                    "a checkpointed range's split backward was asked for the gradient of side "
+                    "input '",
+                    range->grad_side_inputs[s], "' in its weight pass");
+      }
+      std::vector<torch::Tensor> targets;
+      for (const auto& [tensor, slot] : wanted_params) targets.push_back(tensor);
+      std::vector<torch::Tensor> grads = task.Run(targets);
+      for (size_t w = 0; w < wanted_params.size(); ++w) {
+        result[wanted_params[w].second] = std::move(grads[w]);
+      }
+      return result;
+    }
+    wanted.insert(wanted.end(), wanted_params.begin(), wanted_params.end());
     MicroBatch batch = range->batch;
     for (size_t s = 0; s < range->grad_side_inputs.size(); ++s) {
       torch::Tensor& side = batch.tensors[range->grad_side_inputs[s]];
@@ -216,6 +251,21 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     }
     if (roots.empty()) return result;
     CheckEveryLeafIsAnInput(roots, *range, inputs, batch);
+    // Ranges with side inputs that require grad take the general path below
+    // (correct, but the weight pass recomputes again).
+    if (params_deferred && wanted_params.empty() && !create_graph &&
+        range->grad_side_inputs.empty()) {
+      // The input pass of a split backward: input gradients now, the weight
+      // half kept for the weight pass (recompute once, not twice).
+      variable_list targets;
+      for (const auto& [tensor, slot] : wanted) targets.push_back(tensor);
+      BackwardInputResult split = BackwardInput(roots, root_grads, targets);
+      for (size_t w = 0; w < wanted.size(); ++w) {
+        result[wanted[w].second] = std::move(split.input_grads[w]);
+      }
+      if (!split.weight.empty()) range->pending_weight = std::move(split.weight);
+      return result;
+    }
     variable_list targets;
     targets.reserve(wanted.size());
     for (const auto& [tensor, slot] : wanted) targets.push_back(tensor);

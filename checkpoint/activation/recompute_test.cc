@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "pipeline/layers/layer_spec.h"
+#include "pipeline/runtime/split_backward.h"
 #include "pipeline/testing/mlp_block.h"
 
 namespace pp {
@@ -225,6 +226,51 @@ TEST(RecomputeTest, InputGradientsOnlyLeaveParameterGradientsAlone) {
   }
   EXPECT_TRUE(torch::equal(input_grads[0], input_grads[1]));
   for (const torch::Tensor& p : ParametersOf(layers)) EXPECT_FALSE(p.grad().defined());
+}
+
+// Zero-bubble's split backward (pipeline/runtime/split_backward.h) through a
+// checkpointed range: the input pass recomputes the range, the weight pass
+// reuses that recompute; the gradients are those of one full backward.
+TEST(RecomputeTest, SplitBackwardRecomputesOnce) {
+  for (bool input_needs_grad : {true, false}) {
+    torch::manual_seed(9);
+    auto forwards = std::make_shared<int>(0);
+    std::vector<Layer> layers = MakeMlpStack(2, 8, 16, 0.0);
+    layers.insert(layers.begin() + 1,
+                  MakeFunctionLayer("Count", [forwards](const torch::Tensor& t) {
+                    ++*forwards;
+                    return t;
+                  }));
+    torch::Tensor x0 = torch::randn({4, 8});
+    torch::Tensor g = torch::randn({4, 8});
+    torch::Tensor x = x0.clone().requires_grad_(input_needs_grad);
+    torch::autograd::backward(RunLayers(layers, {x}, {}), {g});
+    std::vector<torch::Tensor> want;
+    for (torch::Tensor& p : ParametersOf(layers)) {
+      want.push_back(p.grad().clone());
+      p.mutable_grad().reset();
+    }
+    torch::Tensor want_x = input_needs_grad ? x.grad().clone() : torch::Tensor();
+
+    *forwards = 0;
+    torch::Tensor x2 = x0.clone().requires_grad_(input_needs_grad);
+    Activations out = RunLayersWithRecompute(layers, {x2}, {});
+    std::vector<torch::Tensor> inputs;
+    if (input_needs_grad) inputs.push_back(x2);
+    BackwardInputResult split = BackwardInput(out, {g}, inputs);
+    out.clear();
+    for (const torch::Tensor& p : ParametersOf(layers)) EXPECT_FALSE(p.grad().defined());
+    if (input_needs_grad) {
+      EXPECT_TRUE(torch::allclose(split.input_grads[0], want_x, 1e-6, 1e-7));
+    }
+    split.weight.Run();
+    EXPECT_EQ(*forwards, 2) << "forward + one recompute (input grad: " << input_needs_grad << ")";
+    std::vector<torch::Tensor> params = ParametersOf(layers);
+    for (size_t i = 0; i < params.size(); ++i) {
+      ASSERT_TRUE(params[i].grad().defined()) << i;
+      EXPECT_TRUE(torch::allclose(params[i].grad(), want[i], 1e-6, 1e-7)) << "parameter " << i;
+    }
+  }
 }
 
 TEST(RecomputeTest, RangeThatReturnsItsInputUnchanged) {

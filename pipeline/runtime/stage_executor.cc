@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <deque>
+#include <string>
+
+#include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -52,7 +55,11 @@ bool StageExecutor::IsLocal(const StepState& st, int stage) const {
          st.program->stage_to_rank[stage] == rank_;
 }
 
-RuntimeCapabilities StageExecutorCapabilities() { return RuntimeCapabilities{}; }
+RuntimeCapabilities StageExecutorCapabilities() {
+  RuntimeCapabilities capabilities;
+  capabilities.split_backward = true;
+  return capabilities;
+}
 
 absl::Status StageExecutor::Validate(const LoweredProgram& program) const {
   if (rank_ < 0 || rank_ >= static_cast<int>(program.ranks.size())) {
@@ -177,45 +184,71 @@ absl::Status StageExecutor::Forward(const Action& a, StepState& st) {
   return absl::OkStatus();
 }
 
+absl::Status StageExecutor::Roots(const Action& a, StepState& st, StashEntry& entry,
+                                  std::vector<torch::Tensor>& roots,
+                                  std::vector<torch::Tensor>& root_grads, Activations& grads,
+                                  bool& grads_received) {
+  const Key key{a.stage, a.microbatch};
+  grads_received = false;
+  if (a.stage == st.program->num_virtual_stages() - 1) {
+    roots.push_back(entry.loss);
+    root_grads.push_back(torch::ones_like(entry.loss));
+    return absl::OkStatus();
+  }
+  auto g = st.grad_inbox.find(key);
+  if (g == st.grad_inbox.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Name(a), " on rank ", rank_, ": no output gradient (", Name(a), " before its RECV_B)"));
+  }
+  grads = std::move(g->second.first);
+  grads_received = g->second.second;
+  st.grad_inbox.erase(g);
+  size_t next = 0;
+  for (const torch::Tensor& out : entry.outputs) {
+    if (!(out.is_floating_point() && out.requires_grad())) continue;
+    if (next >= grads.size()) {
+      return absl::InternalError(absl::StrCat(Name(a), ": fewer output gradients (", grads.size(),
+                                              ") than outputs that require grad"));
+    }
+    roots.push_back(out);
+    root_grads.push_back(grads[next++]);
+  }
+  return absl::OkStatus();
+}
+
+void StageExecutor::HandInputGrads(StepState& st, int stage, int mb, Activations input_grads) {
+  if (IsLocal(st, stage - 1)) {
+    st.grad_inbox[{stage - 1, mb}] = {std::move(input_grads), false};
+  } else {
+    st.grad_outbox[{stage, mb}] = std::move(input_grads);
+  }
+}
+
 absl::Status StageExecutor::Backward(const Action& a, StepState& st) {
   const int s = a.stage;
   const int mb = a.microbatch;
   const Key key{s, mb};
-  const int last = st.program->num_virtual_stages() - 1;
   auto it = st.stash.find(key);
   if (it == st.stash.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat(Name(a), " on rank ", rank_, ": nothing stashed (B before its F)"));
   }
+  if (it->second.input_grads_done) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Name(a), " on rank ", rank_, ": full B after this micro-batch's I"));
+  }
   StashEntry entry = std::move(it->second);
   st.stash.erase(it);
-  if (s == last) {
-    entry.loss.backward();
-  } else {
-    auto g = st.grad_inbox.find(key);
-    if (g == st.grad_inbox.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Name(a), " on rank ", rank_, ": no output gradient (B before its RECV_B)"));
-    }
-    Activations grads = std::move(g->second.first);
-    const bool grads_received = g->second.second;
-    st.grad_inbox.erase(g);
-    std::vector<torch::Tensor> roots;
-    std::vector<torch::Tensor> root_grads;
-    size_t next = 0;
-    for (const torch::Tensor& out : entry.outputs) {
-      if (!(out.is_floating_point() && out.requires_grad())) continue;
-      if (next >= grads.size()) {
-        return absl::InternalError(absl::StrCat(Name(a), ": fewer output gradients (", grads.size(),
-                                                ") than outputs that require grad"));
-      }
-      roots.push_back(out);
-      root_grads.push_back(grads[next++]);
-    }
-    if (!roots.empty()) torch::autograd::backward(roots, root_grads);
-    entry.outputs.clear();
-    if (grads_received) p2p_.Recycle(std::move(grads));
-  }
+  std::vector<torch::Tensor> roots, root_grads;
+  Activations grads;
+  bool grads_received = false;
+  PP_RETURN_IF_ERROR(Roots(a, st, entry, roots, root_grads, grads, grads_received));
+  if (!roots.empty()) torch::autograd::backward(roots, root_grads);
+  roots.clear();
+  root_grads.clear();
+  entry.outputs.clear();
+  entry.loss = torch::Tensor();
+  if (grads_received) p2p_.Recycle(std::move(grads));
   st.out_layouts.erase(key);
   if (s > 0) {
     Activations input_grads;
@@ -224,17 +257,78 @@ absl::Status StageExecutor::Backward(const Action& a, StepState& st) {
       torch::Tensor g = in.grad();
       input_grads.push_back(g.defined() ? g : torch::zeros_like(in));
     }
-    if (IsLocal(st, s - 1)) {
-      st.grad_inbox[{s - 1, mb}] = {std::move(input_grads), false};
-    } else {
-      st.grad_outbox[key] = std::move(input_grads);
-    }
+    HandInputGrads(st, s, mb, std::move(input_grads));
   }
   if (entry.received) {
     for (torch::Tensor& in : entry.inputs) {
       if (in.requires_grad()) in.mutable_grad().reset();
       in.requires_grad_(false);
     }
+    p2p_.Recycle(std::move(entry.inputs));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::BackwardInput(const Action& a, StepState& st) {
+  const int s = a.stage;
+  const int mb = a.microbatch;
+  const Key key{s, mb};
+  auto it = st.stash.find(key);
+  if (it == st.stash.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Name(a), " on rank ", rank_, ": nothing stashed (I before its F)"));
+  }
+  StashEntry& entry = it->second;
+  if (entry.input_grads_done) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Name(a), " on rank ", rank_, ": a second I for this micro-batch"));
+  }
+  std::vector<torch::Tensor> roots, root_grads;
+  bool grads_received = false;
+  Activations grads;
+  PP_RETURN_IF_ERROR(Roots(a, st, entry, roots, root_grads, grads, grads_received));
+  std::vector<torch::Tensor> wanted;
+  for (const torch::Tensor& in : entry.inputs) {
+    if (in.is_floating_point() && in.requires_grad()) wanted.push_back(in);
+  }
+  Activations input_grads;
+  if (!roots.empty()) {
+    BackwardInputResult result = pp::BackwardInput(roots, root_grads, wanted);
+    input_grads = std::move(result.input_grads);
+    entry.weight = std::move(result.weight);
+  } else {
+    input_grads.resize(wanted.size());
+  }
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    if (!input_grads[i].defined()) input_grads[i] = torch::zeros_like(wanted[i]);
+  }
+  // The outputs' graph is no longer needed except where W's join nodes hold it.
+  roots.clear();
+  root_grads.clear();
+  entry.outputs.clear();
+  entry.loss = torch::Tensor();
+  entry.input_grads_done = true;
+  // A root that reaches no input keeps its gradient in the weight task: the
+  // received buffers are recycled only after W.
+  if (grads_received) entry.output_grads = std::move(grads);
+  st.out_layouts.erase(key);
+  if (s > 0) HandInputGrads(st, s, mb, std::move(input_grads));
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::BackwardWeight(const Action& a, StepState& st) {
+  const Key key{a.stage, a.microbatch};
+  auto it = st.stash.find(key);
+  if (it == st.stash.end() || !it->second.input_grads_done) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Name(a), " on rank ", rank_, ": W before this micro-batch's I"));
+  }
+  StashEntry entry = std::move(it->second);
+  st.stash.erase(it);
+  entry.weight.Run();
+  if (!entry.output_grads.empty()) p2p_.Recycle(std::move(entry.output_grads));
+  if (entry.received) {
+    for (torch::Tensor& in : entry.inputs) in.requires_grad_(false);
     p2p_.Recycle(std::move(entry.inputs));
   }
   return absl::OkStatus();
@@ -306,9 +400,13 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
       PP_RETURN_IF_ERROR(p2p_.WaitSends());
       return tail ? tail(a) : absl::OkStatus();
     case ActionType::kBackwardInput:
+      if (st.forward_only)
+        return absl::InvalidArgumentError(absl::StrCat(Name(a), " in a forward-only program"));
+      return BackwardInput(a, st);
     case ActionType::kBackwardWeight:
-      return absl::UnimplementedError(
-          absl::StrCat(Name(a), ": split backward (I/W) is not implemented yet"));
+      if (st.forward_only)
+        return absl::InvalidArgumentError(absl::StrCat(Name(a), " in a forward-only program"));
+      return BackwardWeight(a, st);
   }
   return absl::InternalError(absl::StrCat("unknown action type in ", Name(a)));
 }
@@ -330,6 +428,14 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
     if (st.forward_only) no_grad.emplace();
     // Runs one action, timed. False (with status_holder_ set) on error.
     auto run = [&](const Action& a) {
+      // --v=1: every action as it starts and ends, so a hang shows in the log
+      // as a start without its end (peer = the other end's pipe rank; `step`
+      // is the Trainer's, 0-based, or the eval batch's).
+      const std::string peer = VLOG_IS_ON(1) && IsCommunication(a.type)
+                                   ? absl::StrCat(" peer ", exec_program.PeerRank(a))
+                                   : "";
+      const char* kind = st.forward_only ? "eval step " : "train step ";
+      VLOG(1) << kind << step << " start " << Name(a) << " mb " << a.microbatch << peer;
       const int64_t t0 = NowMicros();
       absl::Status s = Execute(a, st, tail);
       if (!s.ok()) {
@@ -337,6 +443,8 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
         return false;
       }
       const int64_t t1 = NowMicros();
+      VLOG(1) << kind << step << " end " << Name(a) << " mb " << a.microbatch << peer << " "
+              << (t1 - t0) << " us";
       if (IsCompute(a.type)) st.stats.busy_us += t1 - t0;
       if (options_.trace) st.stats.timings.push_back(ActionTiming{a, t0, t1});
       return true;

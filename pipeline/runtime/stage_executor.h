@@ -40,6 +40,7 @@
 #include "pipeline/layers/layer.h"
 #include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/runtime/p2p.h"
+#include "pipeline/runtime/split_backward.h"
 #include "pipeline/schedule/action.h"
 #include "pipeline/schedule/capabilities.h"
 #include "pipeline/schedule/defer_receives.h"
@@ -77,9 +78,13 @@ struct StageExecutorOptions {
 };
 
 // What StageExecutor can execute (checked by Validate, and by experiments
-// before they launch workers): no split backward (I/W) yet.
+// before they launch workers): split backward (I/W) included.
 RuntimeCapabilities StageExecutorCapabilities();
 
+// Split backward: I runs BackwardInput (pipeline/runtime/split_backward.h) and
+// sends the input gradients at once; W runs the kept WeightGradTask. Between
+// them the stash entry keeps the stage inputs and the join nodes of the graph.
+//
 // Executes lowered programs for the virtual stages of one rank. Borrows the
 // modules, the source and the process group; they must outlive it.
 class StageExecutor {
@@ -93,8 +98,8 @@ class StageExecutor {
       StageExecutorOptions options);
 
   // Checks that `program` can run on this rank: every action's stage is local
-  // and known, I/W are rejected (not implemented yet), the program's stage
-  // count matches. InvalidArgument names the offending action.
+  // and known, the program's stage count matches, and the runtime supports
+  // every action (StageExecutorCapabilities). InvalidArgument names the offending action.
   absl::Status Validate(const LoweredProgram& program) const;
 
   // Runs rank `rank`'s program of `program` for `step`. Tail actions are
@@ -115,6 +120,11 @@ class StageExecutor {
     Activations outputs;    // what Forward returned (graph roots), or
     torch::Tensor loss;     // the scaled loss on the last stage
     bool received = false;  // inputs came from p2p (their buffers can be recycled)
+    // After I: what W computes the parameter gradients from. The inputs stay
+    // (a join node may have saved them) until W.
+    bool input_grads_done = false;
+    WeightGradTask weight;
+    Activations output_grads;  // received output gradients, recycled after W
   };
   struct StepState {
     const LoweredProgram* program = nullptr;
@@ -137,6 +147,18 @@ class StageExecutor {
   absl::StatusOr<const MicroBatchData*> Data(StepState& st, int mb);
   absl::Status Forward(const Action& a, StepState& st);
   absl::Status Backward(const Action& a, StepState& st);
+  // I: input gradients only, handed on at once; keeps the weight half.
+  absl::Status BackwardInput(const Action& a, StepState& st);
+  // W: the weight half kept by I.
+  absl::Status BackwardWeight(const Action& a, StepState& st);
+  // The graph roots and their gradients for a backward of `entry` (B or I):
+  // the scaled loss on the last stage, else the outputs that require grad
+  // with the output gradients (taken out of the grad inbox).
+  absl::Status Roots(const Action& a, StepState& st, StashEntry& entry,
+                     std::vector<torch::Tensor>& roots, std::vector<torch::Tensor>& root_grads,
+                     Activations& grads, bool& grads_received);
+  // Hands input gradients to stage s - 1 (locally or via SEND_B).
+  void HandInputGrads(StepState& st, int stage, int mb, Activations input_grads);
   bool IsLocal(const StepState& st, int stage) const;
 
   int rank_;

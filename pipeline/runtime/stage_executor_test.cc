@@ -51,7 +51,7 @@ torch::Tensor Mse(const Activations& out, const MicroBatch& batch) {
 // stages, MSE against 0 for input 1, SGD lr 0.1, two micro-batches: the first
 // weight becomes 0.8 after one step (d mean-loss / d w1 = 2 w1 w2^2 = 2).
 TEST(StageExecutorTest, DeepSpeedTwoLinearStages) {
-  for (const std::string schedule : {"gpipe", "1f1b"}) {
+  for (const std::string schedule : {"gpipe", "1f1b", "zb_h1", "zb_h2"}) {
     absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&](World& world) -> absl::Status {
       PP_ASSIGN_OR_RETURN(LoweredProgram program, Program(schedule, 2, 2));
       torch::nn::Linear linear(torch::nn::LinearOptions(1, 1).bias(false));
@@ -115,30 +115,33 @@ TEST(StageExecutorTest, MultiTensorPayloadMatchesSingleProcess) {
     }
     torch::Tensor x_;
   };
-  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&](World& world) -> absl::Status {
-    PP_ASSIGN_OR_RETURN(LoweredProgram program, Program("1f1b", 2, 3));
-    torch::Tensor w = (world.rank == 0 ? w0_init : w1_init).clone().requires_grad_(true);
-    Source source(x);
-    std::map<int, StageFn> stages;
-    if (world.rank == 0) {
-      stages[0] = [&](const Activations& in, const MicroBatch&) {
-        return Activations{torch::tanh(torch::matmul(in[0], w)),
-                           torch::tensor({1, 0, 1}, torch::kLong), in[0].sum().reshape({1})};
-      };
-    } else {
-      stages[1] = [&](const Activations& in, const MicroBatch&) {
-        return Activations{torch::matmul(in[0], w) * in[1].unsqueeze(1).to(torch::kFloat) + in[2]};
-      };
-    }
-    auto loss = [](const Activations& out, const MicroBatch&) { return out[0].pow(2).mean(); };
-    StageExecutor exec(world.rank, stages, loss, &source, world.group, StageExecutorOptions{});
-    PP_ASSIGN_OR_RETURN(StepStats stats, exec.Run(program, 0, nullptr));
-    torch::Tensor want = world.rank == 0 ? w0.grad() : w1.grad();
-    PP_RETURN_IF_ERROR(Check(torch::allclose(w.grad(), want, 1e-5, 1e-6),
-                             "grad mismatch on rank " + std::to_string(world.rank)));
-    return absl::OkStatus();
-  });
-  EXPECT_TRUE(s.ok()) << s;
+  for (const std::string schedule : {"1f1b", "zb_h1"}) {
+    absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&](World& world) -> absl::Status {
+      PP_ASSIGN_OR_RETURN(LoweredProgram program, Program(schedule, 2, 3));
+      torch::Tensor w = (world.rank == 0 ? w0_init : w1_init).clone().requires_grad_(true);
+      Source source(x);
+      std::map<int, StageFn> stages;
+      if (world.rank == 0) {
+        stages[0] = [&](const Activations& in, const MicroBatch&) {
+          return Activations{torch::tanh(torch::matmul(in[0], w)),
+                             torch::tensor({1, 0, 1}, torch::kLong), in[0].sum().reshape({1})};
+        };
+      } else {
+        stages[1] = [&](const Activations& in, const MicroBatch&) {
+          return Activations{torch::matmul(in[0], w) * in[1].unsqueeze(1).to(torch::kFloat) +
+                             in[2]};
+        };
+      }
+      auto loss = [](const Activations& out, const MicroBatch&) { return out[0].pow(2).mean(); };
+      StageExecutor exec(world.rank, stages, loss, &source, world.group, StageExecutorOptions{});
+      PP_ASSIGN_OR_RETURN(StepStats stats, exec.Run(program, 0, nullptr));
+      torch::Tensor want = world.rank == 0 ? w0.grad() : w1.grad();
+      PP_RETURN_IF_ERROR(Check(torch::allclose(w.grad(), want, 1e-5, 1e-6),
+                               "grad mismatch on rank " + std::to_string(world.rank)));
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << schedule << ": " << s;
+  }
 }
 
 // Two virtual stages on one rank hand over locally (no process group
@@ -188,21 +191,67 @@ TEST(StageExecutorTest, MismatchedMicroBatchIdIsAnError) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-TEST(StageExecutorTest, RejectsSplitBackward) {
+LoweredProgram OneRankProgram(std::vector<Action> actions, int m) {
   LoweredProgram program;
-  program.schedule_name = "zb";
+  program.schedule_name = "hand";
   program.num_stages = 1;
-  program.num_microbatches = 1;
+  program.num_microbatches = m;
   program.stage_to_rank = {0};
-  program.ranks = {{F(0, 0), I(0, 0), W(0, 0)}};
+  program.ranks = {std::move(actions)};
+  return program;
+}
+
+// I then W on one stage, in a zero-bubble order (I0 I1 W1 W0), gives the
+// gradients of full B; the capabilities accept I/W.
+TEST(StageExecutorTest, SplitBackwardEqualsFullBackward) {
+  EXPECT_TRUE(StageExecutorCapabilities().split_backward);
+  torch::manual_seed(3);
+  torch::nn::Linear l1(1, 4), l2(4, 1);
+  auto run = [&](std::vector<Action> actions) -> absl::StatusOr<std::vector<torch::Tensor>> {
+    for (auto& p : l1->parameters()) p.mutable_grad().reset();
+    for (auto& p : l2->parameters()) p.mutable_grad().reset();
+    ConstantSource source;
+    std::map<int, StageFn> stages = {{0, [&](const Activations& in, const MicroBatch&) {
+                                        return Activations{l2(torch::tanh(l1(in[0])))};
+                                      }}};
+    StageExecutor exec(0, stages, Mse, &source, c10::intrusive_ptr<c10d::ProcessGroup>(),
+                       StageExecutorOptions{});
+    PP_RETURN_IF_ERROR(exec.Run(OneRankProgram(std::move(actions), 2), 0, nullptr).status());
+    std::vector<torch::Tensor> grads;
+    for (auto& p : l1->parameters()) grads.push_back(p.grad().clone());
+    for (auto& p : l2->parameters()) grads.push_back(p.grad().clone());
+    return grads;
+  };
+  absl::StatusOr<std::vector<torch::Tensor>> full = run({F(0, 0), F(0, 1), B(0, 0), B(0, 1)});
+  ASSERT_TRUE(full.ok()) << full.status();
+  absl::StatusOr<std::vector<torch::Tensor>> split =
+      run({F(0, 0), F(0, 1), I(0, 0), I(0, 1), W(0, 1), W(0, 0)});
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_EQ(full->size(), split->size());
+  for (size_t i = 0; i < full->size(); ++i) {
+    EXPECT_TRUE(torch::allclose((*full)[i], (*split)[i], 1e-6, 1e-7)) << "parameter " << i;
+  }
+}
+
+TEST(StageExecutorTest, SplitBackwardOutOfOrderIsAnError) {
   ConstantSource source;
+  torch::nn::Linear linear(1, 1);
   std::map<int, StageFn> stages = {
-      {0, [](const Activations& in, const MicroBatch&) { return in; }}};
+      {0, [&](const Activations& in, const MicroBatch&) { return Activations{linear(in[0])}; }}};
   StageExecutor exec(0, stages, Mse, &source, c10::intrusive_ptr<c10d::ProcessGroup>(),
                      StageExecutorOptions{});
-  absl::Status s = exec.Validate(program);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(std::string(s.message()).find("0I0"), std::string::npos) << s;
+  struct Case {
+    std::vector<Action> actions;
+    std::string error;
+  };
+  for (const Case& c : std::vector<Case>{{{F(0, 0), W(0, 0)}, "0W0 on rank 0: W before"},
+                                         {{F(0, 0), I(0, 0), B(0, 0)}, "full B after"},
+                                         {{F(0, 0), I(0, 0), I(0, 0)}, "a second I"},
+                                         {{F(0, 0), I(0, 0)}, "without backward"}}) {
+    absl::StatusOr<StepStats> r = exec.Run(OneRankProgram(c.actions, 1), 0, nullptr);
+    ASSERT_FALSE(r.ok()) << c.error;
+    EXPECT_NE(std::string(r.status().message()).find(c.error), std::string::npos) << r.status();
+  }
 }
 
 }  // namespace

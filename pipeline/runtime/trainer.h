@@ -112,6 +112,9 @@ class Trainer {
   // Timestamps are steady_clock, aligned on one host. Collective over the
   // world group; every rank gets the document.
   absl::StatusOr<std::string> LastStepTrace();
+  // This rank's timings of the last Step (absolute steady_clock microseconds,
+  // program order; empty with options.trace off). Not collective.
+  const std::vector<ActionTiming>& last_step_timings() const { return last_timings_; }
 
   int64_t step() const { return step_; }
   // Continues from `step` after a checkpoint load: the next Step() reads the

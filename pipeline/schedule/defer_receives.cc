@@ -32,7 +32,8 @@ LoweredProgram DeferReceives(const LoweredProgram& program) {
       if (a.type == ActionType::kForward && a.stage > 0) {
         const Action needed{a.stage, ActionType::kRecvForward, a.microbatch};
         flush_until(&needed);
-      } else if (a.type == ActionType::kBackward && a.stage < last) {
+      } else if ((a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) &&
+                 a.stage < last) {
         const Action needed{a.stage, ActionType::kRecvBackward, a.microbatch};
         flush_until(&needed);
       } else if (IsTail(a.type)) {

@@ -9,7 +9,7 @@
 namespace pp {
 
 // The program with every RECV moved to just before the first action that
-// needs its data (the F or B of the same stage and micro-batch; all pending
+// needs its data (the F, or the B or I, of the same stage and micro-batch; all pending
 // ones before the tail), keeping the receives' relative order. A rank then
 // computes what it can before it blocks. Receives stay in program order, so
 // each channel's messages still match in the order they were sent, and since

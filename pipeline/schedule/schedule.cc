@@ -15,6 +15,14 @@ std::vector<int> LoopedPlacement(int num_stages, int num_chunks) {
   return placement;
 }
 
+std::vector<int> VPlacement(int num_stages) {
+  std::vector<int> placement(2 * num_stages);
+  for (int s = 0; s < 2 * num_stages; ++s) {
+    placement[s] = s < num_stages ? s : 2 * num_stages - 1 - s;
+  }
+  return placement;
+}
+
 absl::Status CheckCommonOptions(const ScheduleOptions& options) {
   if (options.num_stages < 1) {
     return absl::InvalidArgumentError(

@@ -51,6 +51,10 @@ struct Schedule {
 // Looped placement: virtual stage c * p + r lives on rank r.
 std::vector<int> LoopedPlacement(int num_stages, int num_chunks);
 
+// V placement (ZB-V, DualPipeV): 2 chunks, rank r holds virtual stages r and
+// 2p - 1 - r, so the two stages at the bottom of the V share rank p - 1.
+std::vector<int> VPlacement(int num_stages);
+
 // Checks the option ranges every schedule shares (p >= 1, m >= 1, v >= 1,
 // group_size >= 0) and returns InvalidArgument naming the bad value.
 absl::Status CheckCommonOptions(const ScheduleOptions& options);

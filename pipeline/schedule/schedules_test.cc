@@ -22,7 +22,7 @@ std::string Rank(const Schedule& s, int r) { return ActionsToString(s.ranks[r]);
 TEST(RegistryTest, ListsBuiltInsAndRejectsUnknownNames) {
   std::vector<std::string> names = RegisteredScheduleNames();
   for (const char* name :
-       {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference", "zb_h1", "zb_h2"}) {
+       {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference", "zb_h1", "zb_h2", "zbv"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
   }
   absl::StatusOr<Schedule> s = MakeSchedule("2f2b", {});
@@ -182,6 +182,43 @@ TEST(ZeroBubbleTest, FewMicrobatchesAndChunksRejected) {
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << name;
     EXPECT_THAT(std::string(bad.status().message()), HasSubstr("num_chunks (2)"));
   }
+}
+
+// zbv, p = 2, m = 4 (n = max(2p - 1, m) = 4, nothing dropped), by hand from
+// the phases in zbv.cc (PyTorch's ScheduleZBVZeroBubble). Rank 0 holds stages
+// 0 and 3, rank 1 stages 1 and 2.
+TEST(ZbvTest, OrderTwoRanksFourMicrobatches) {
+  Schedule s = MustMake("zbv", 2, 4, 2);
+  EXPECT_EQ(s.stage_to_rank, (std::vector<int>{0, 1, 1, 0}));
+  // Warm-up 1: three F of stage 0; warm-up 3: two (F, I, W) of stage 3;
+  // stable: F3, I/W 0, F/I/W of stage 3, twice (the second without F);
+  // cool-down: two (I, W) of stage 0.
+  EXPECT_EQ(Rank(s, 0),
+            "0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0F3 0I0 0W0 3F2 3I2 3W2 0I1 0W1 3F3 3I3 3W3 "
+            "0I2 0W2 0I3 0W3");
+  // Warm-up 1: one F of stage 1; warm-up 2: 2F0 1F1; warm-up 3: 2F1 2I0 2W0;
+  // stable twice; cool-down: 1I2 2I3, then 1I3 1W2, then 2W3, then 1W3.
+  EXPECT_EQ(Rank(s, 1),
+            "1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1F3 1I1 1W1 2F3 2I2 2W2 1I2 2I3 "
+            "1I3 1W2 2W3 1W3");
+}
+
+// m < 2p - 1: generated for n = 2p - 1, micro-batches >= m dropped (PyTorch
+// leaves idle cells there); two chunks are required.
+TEST(ZbvTest, FewMicrobatchesAndChunkCount) {
+  Schedule s = MustMake("zbv", 2, 1, 2);
+  EXPECT_EQ(Rank(s, 0), "0F0 3F0 3I0 3W0 0I0 0W0");
+  EXPECT_EQ(Rank(s, 1), "1F0 2F0 2I0 2W0 1I0 1W0");
+  for (int v : {1, 3}) {
+    absl::StatusOr<Schedule> bad = MakeSchedule("zbv", {2, 4, v, 0});
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << v;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("must be 2"));
+  }
+}
+
+TEST(PlacementTest, VPlacementPutsTheBottomOfTheVOnTheLastRank) {
+  EXPECT_EQ(VPlacement(1), (std::vector<int>{0, 0}));
+  EXPECT_EQ(VPlacement(4), (std::vector<int>{0, 1, 2, 3, 3, 2, 1, 0}));
 }
 
 }  // namespace

@@ -1,0 +1,100 @@
+// The peer GPT's compute in one process, without any engine: forward +
+// backward of one micro-batch through the sequential model, timed both by the
+// wall clock and by this thread's CPU time. With one intra-op and one BLAS
+// thread every kernel runs on the calling thread, so its CPU time is the
+// kernels' cost even on a loaded machine, where wall time is not: the figure
+// to compare two versions of models/ kernels by (build each, run them
+// alternately). Prints a table and one JSON line.
+//
+//   bazel-bin/experiments/bench_gpt_kernels --reps=30
+#include <time.h>
+
+#include <cstdio>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "experiments/bench_common.h"
+#include "models/data/synthetic_lm_data.h"
+#include "models/gpt/gpt.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/pipeline_model.h"
+#include "topology/launcher.h"
+
+ABSL_FLAG(int, width, 256, "GPT width.");
+ABSL_FLAG(int, layers, 8, "Transformer blocks.");
+ABSL_FLAG(int, heads, 4, "Attention heads.");
+ABSL_FLAG(int, context, 128, "Sequence length.");
+ABSL_FLAG(int, micro_batch_size, 4, "Sequences per micro-batch.");
+ABSL_FLAG(int, reps, 30, "Timed micro-batches (after 3 warm-up ones).");
+ABSL_FLAG(int, blas, 1, "OpenBLAS threads (intra-op threads: --threads, default 1).");
+
+namespace pp {
+namespace {
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+absl::Status Run() {
+  const int intra = SetBenchThreads(1);
+  SetBlasThreads(absl::GetFlag(FLAGS_blas));
+  GptConfig config;
+  config.vocab_size = 256;
+  config.width = absl::GetFlag(FLAGS_width);
+  config.num_layers = absl::GetFlag(FLAGS_layers);
+  config.num_heads = absl::GetFlag(FLAGS_heads);
+  config.context_length = absl::GetFlag(FLAGS_context);
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(config));
+  PP_ASSIGN_OR_RETURN(StageModule model, BuildSequential(specs, 1234));
+  SyntheticLmOptions data;
+  data.lm.seq_len = config.context_length;
+  data.lm.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
+  data.lm.num_microbatches = 1;
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource source, SyntheticLmBatchSource::Create(data));
+  std::vector<double> wall, cpu;
+  const int reps = absl::GetFlag(FLAGS_reps);
+  for (int i = 0; i < reps + 3; ++i) {
+    const MicroBatch batch = source.Batch(i, 0);
+    const double c0 = ThreadCpuSeconds();
+    const auto t0 = BenchClock::now();
+    Activations out = model->Forward({}, batch);
+    GptLoss(out, batch).backward();
+    const double c1 = ThreadCpuSeconds();
+    const auto t1 = BenchClock::now();
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+    if (i < 3) continue;
+    wall.push_back(Seconds(t0, t1));
+    cpu.push_back(c1 - c0);
+  }
+  const double tokens = static_cast<double>(data.lm.micro_batch_size * data.lm.seq_len);
+  std::printf("peer GPT F+B per micro-batch (%d intra-op + %d BLAS threads, %d reps)\n", intra,
+              absl::GetFlag(FLAGS_blas), reps);
+  std::printf("  wall  median %.2f ms  min %.2f ms\n", 1e3 * Median(wall), 1e3 * Min(wall));
+  std::printf("  cpu   median %.2f ms  min %.2f ms  (%.0f tokens/s of this thread)\n",
+              1e3 * Median(cpu), 1e3 * Min(cpu), tokens / Median(cpu));
+  nlohmann::json j = {{"bench", "gpt_kernels"},
+                      {"wall_ms_median", 1e3 * Median(wall)},
+                      {"wall_ms_min", 1e3 * Min(wall)},
+                      {"cpu_ms_median", 1e3 * Median(cpu)},
+                      {"cpu_ms_min", 1e3 * Min(cpu)},
+                      {"intra_op_threads", intra},
+                      {"blas_threads", absl::GetFlag(FLAGS_blas)},
+                      {"reps", reps}};
+  std::printf("%s\n", j.dump().c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace pp
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return pp::ExitCode("bench_gpt_kernels", pp::Run());
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# train_gpt's observability (issue 15) through the launcher, pp=2: TensorBoard
+# read back by the real TensorBoard against metrics.jsonl, per-rank logs with
+# every action of a step at --v=1, operator profiles and the merged trace,
+# memory per rank that grows with the micro-batch size, and bad
+# --profile_steps refused before any worker starts.
+set -euo pipefail
+BIN=$1 CHECK=$2 READBACK=$3
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+TMP=${TEST_TMPDIR:-$(mktemp -d)}
+CORPUS=$TMP/corpus.txt
+for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage. The bubble shrinks."; done > "$CORPUS"
+SMALL="--set=eval_interval=3,lr_schedule.warmup_steps=1,gpt.width=32,gpt.context_length=32"
+
+run() {  # run NAME LOG ARGS...
+  local name=$1 log=$2
+  shift 2
+  "$BIN" --config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs" \
+    --name="$name" "$SMALL" "$@" > "$log" 2>&1 || { cat "$log"; echo "FAIL: train_gpt $name exited non-zero"; exit 1; }
+}
+
+run obs "$TMP/obs.log" --steps=6 --sample_tokens=16 --micro_batch_size=2 --v=1 --profile_steps=2:3
+cat "$TMP/obs.log"
+python3 "$CHECK" "$(ls -d "$TMP"/runs/obs-*)" "$TMP/obs.log" "$READBACK" --profile
+
+run big "$TMP/big.log" --steps=2 --sample_tokens=0 --micro_batch_size=8
+python3 "$CHECK" --memory-grows "$(ls -d "$TMP"/runs/obs-*)" "$(ls -d "$TMP"/runs/big-*)"
+
+# Bad profile ranges: exit 2 from the launcher, naming the value, no worker.
+for bad in 0:2 5:7 3:2 x; do
+  set +e
+  "$BIN" --config=experiments/configs/gpt_small_pp2.textproto "$SMALL" --steps=6 --profile_steps=$bad > "$TMP/bad.log" 2>&1
+  code=$?
+  set -e
+  cat "$TMP/bad.log"
+  [[ $code -eq 2 ]] || { echo "FAIL: --profile_steps=$bad exited $code, want 2"; exit 1; }
+  grep -q "^error: .*profile.steps.*$bad" "$TMP/bad.log" || { echo "FAIL: message for $bad"; exit 1; }
+  if grep -q '\[launcher\] starting' "$TMP/bad.log"; then echo "FAIL: workers were started"; exit 1; fi
+done
+echo PASS
