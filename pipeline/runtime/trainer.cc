@@ -1,6 +1,7 @@
 #include "pipeline/runtime/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -125,6 +126,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   eo.p2p.timeout = options.timeout;
   eo.p2p.fixed_layout = options.fixed_layout;
   eo.p2p.device = options.device;
+  eo.p2p.global_ranks = grid->pipe_group_ranks();
   eo.data_parallel_id = grid->data_parallel_id();
   eo.trace = options.trace;
   eo.defer_receives = options.defer_receives;
@@ -161,12 +163,17 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
       return AverageGrads(params, grid_->data_group(), options_.timeout);
     }
     case ActionType::kOptimizerStep: {
-      if (options_.max_grad_norm <= 0 && !options_.report_grad_norm) {
+      if (options_.max_grad_norm <= 0 && !options_.report_grad_norm &&
+          !options_.skip_nonfinite_updates) {
         return TorchCall("optimizer step", [&] { optimizer_->step(); });
       }
       PP_ASSIGN_OR_RETURN(result.grad_norm,
                           GlobalGradNorm(counted_params_, grid_->pipe_group(), grid_->data_group(),
                                          options_.timeout, options_.device));
+      if (options_.skip_nonfinite_updates && !std::isfinite(result.grad_norm)) {
+        result.update_skipped = true;
+        return absl::OkStatus();
+      }
       if (options_.max_grad_norm > 0)
         ClipGradsToNorm(params_, result.grad_norm, options_.max_grad_norm);
       return TorchCall("optimizer step", [&] { optimizer_->step(); });
