@@ -42,6 +42,8 @@ data.path '$TMP/nothing' does not exist|--data=$TMP/nothing
 output_dir '$TMP/file/runs' cannot be created|--output_dir=$TMP/file/runs
 parallelism.schedule 'zigzag' is not a registered schedule|--schedule=zigzag
 optimizer.lr (inf) must be finite and in (0, 10]|--nproc_per_node=2 --lr=inf
+nonfinite.policy 'maybe' must be 'fail' or 'skip'|--set=nonfinite.policy=maybe
+nonfinite.max_skipped_steps (0) must be at least 1|--set=nonfinite.max_skipped_steps=0
 parallelism.pp (2) x parallelism.dp (1) = 2 ranks, but 3 were started|--nproc_per_node=3
 the experiment needs 2 ranks, which --nnodes=4 does not divide|--nnodes=4 --master_port=1
 CASES_END

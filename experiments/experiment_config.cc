@@ -160,7 +160,13 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
       {"checkpoint.keep_last", config.checkpoint().keep_last(), 0, kUnbounded, ""},
       {"threads.intra_op", config.threads().intra_op(), 0, 4096, "0 = the launcher's choice"},
       {"threads.blas", config.threads().blas(), 0, 4096, "0 = the launcher's choice"},
+      {"nonfinite.max_skipped_steps", config.nonfinite().max_skipped_steps(), 1, kUnbounded,
+       "consecutive skipped steps before the run fails"},
   };
+  if (config.nonfinite().policy() != "fail" && config.nonfinite().policy() != "skip") {
+    return Invalid(absl::StrCat("nonfinite.policy '", config.nonfinite().policy(),
+                                "' must be 'fail' or 'skip'"));
+  }
   for (const IntRange& r : ints) PP_RETURN_IF_ERROR(CheckInt(r.name, r.value, r.lo, r.hi, r.why));
   if (config.has_gpt() || config.has_bert()) {
     const std::string m = config.has_gpt() ? "gpt" : "bert";

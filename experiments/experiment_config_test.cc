@@ -16,8 +16,8 @@
 namespace pp {
 namespace {
 
-// GPipe with the backward split into I then W: valid and lowerable, but the
-// runtime cannot execute I/W yet.
+// GPipe with the backward split into I then W: valid and lowerable; the
+// runtime's capability check (run by config validation) accepts I/W.
 absl::StatusOr<Schedule> MakeSplitGPipe(const ScheduleOptions& options) {
   Schedule schedule = EmptyLoopedSchedule("split_gpipe_for_test", options);
   for (int r = 0; r < options.num_stages; ++r) {
@@ -152,14 +152,20 @@ TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
              "parallelism.schedule 'interleaved_1f1b' rejects pp=2, num_microbatches=3, chunks=2");
 }
 
-// A schedule the runtime cannot execute is refused at validation (exit 2,
-// before any worker starts), naming the schedule and the action.
-TEST(ExperimentConfigTest, ScheduleTheRuntimeCannotExecute) {
+// Config validation runs the runtime's capability check (a schedule it cannot
+// execute would be refused before any worker starts; the refusal itself is
+// tested in pipeline/schedule:capabilities_test). I/W schedules pass it, and a
+// schedule's own option rules (zbv: two chunks) still apply.
+TEST(ExperimentConfigTest, SplitBackwardSchedulesPassTheCapabilityCheck) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_schedule("split_gpipe_for_test");
-  const std::string m = Error(c);
-  EXPECT_HAS(m, "parallelism.schedule: schedule 'split_gpipe_for_test' uses 0I0 on rank 0");
-  EXPECT_HAS(m, "split backward");
+  EXPECT_TRUE(ValidateExperimentConfig(c, ModelKind::kGpt, 2).ok())
+      << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+  c.mutable_parallelism()->set_schedule("zbv");
+  EXPECT_HAS(Error(c), "num_chunks (1) must be 2");
+  c.mutable_parallelism()->set_chunks(2);
+  EXPECT_TRUE(ValidateExperimentConfig(c, ModelKind::kGpt, 2).ok())
+      << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
 }
 
 // parallelism.device: an unknown name lists the valid ones; cuda names the

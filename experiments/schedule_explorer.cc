@@ -113,11 +113,17 @@ std::string Title(const Schedule& s) {
 std::string Render(const Explored& e, const std::string& format) {
   const Schedule& s = e.schedule;
   if (format == "json") {
+    // Virtual stage -> rank, keyed by the stage as a string (looped or V).
+    nlohmann::json placement = nlohmann::json::object();
+    for (size_t stage = 0; stage < s.stage_to_rank.size(); ++stage) {
+      placement[std::to_string(stage)] = s.stage_to_rank[stage];
+    }
     nlohmann::json j = {
         {"schedule", s.name},
         {"stages", s.num_stages},
         {"microbatches", s.num_microbatches},
         {"chunks", s.num_chunks},
+        {"stage_to_rank", placement},
         {"ranks", RankLists(s.ranks)},
         {"lowered", RankLists(e.program.ranks)},
         {"simulation",

@@ -22,6 +22,19 @@ assert sim["makespan"] == 33, sim
 assert abs(sim["bubble_fraction"] - 3 / 11) < 1e-12, sim
 assert sim["peak_inflight"] == [4, 3, 2, 1], sim
 assert sim["busy"] == [24, 24, 24, 24], sim
+assert obj["stage_to_rank"] == {"0": 0, "1": 1, "2": 2, "3": 3}, obj["stage_to_rank"]
+PY
+
+# zbv: V placement in the JSON; the bottom of the V (stages 1 and 2 for p = 2)
+# hands over on rank 1 without a message.
+"$explorer" --schedule=zbv --stages=2 --microbatches=4 --chunks=2 --format=json > "$tmp/zbv.json"
+python3 - "$tmp/zbv.json" <<'PY'
+import json, sys
+obj = json.load(open(sys.argv[1]))
+assert obj["stage_to_rank"] == {"0": 0, "1": 1, "2": 1, "3": 0}, obj["stage_to_rank"]
+lowered = obj["lowered"][1]["actions"]
+assert not any(a.startswith("1SEND_F") or a.startswith("2RECV_F") for a in lowered), lowered
+assert any(a.startswith("2SEND_F") for a in lowered), lowered
 PY
 
 # --defer_receives: the program the runtime executes (DeferReceives), each

@@ -25,6 +25,7 @@
 #include "checkpoint/model/trainer_checkpoint.h"
 #include "common/status_macros.h"
 #include "experiments/loss_curve.h"
+#include "experiments/nonfinite_guard.h"
 #include "experiments/preflight.h"
 #include "experiments/run_observability.h"
 #include "models/data/corpus.h"
@@ -38,6 +39,7 @@
 #include "observability/rank_log.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/trainer.h"
+#include "pipeline/schedule/registry.h"
 #include "topology/launcher.h"
 #include "topology/parallel_grid.h"
 #include "topology/process_topology.h"
@@ -369,6 +371,14 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(const ExperimentConfig
   mo.chunks = par.chunks();
   mo.partition_method = par.partition_method();
   mo.base_seed = config.seed();
+  // The schedule's placement (V for zbv); its errors are the Trainer's to report.
+  if (absl::StatusOr<Schedule> schedule =
+          MakeSchedule(par.schedule(), {static_cast<int>(par.pp()),
+                                        static_cast<int>(par.num_microbatches()),
+                                        static_cast<int>(par.chunks()), 0});
+      schedule.ok()) {
+    mo.stage_to_rank = schedule->stage_to_rank;
+  }
   return PipelineModel::Create(specs, mo, stage);
 }
 
@@ -380,6 +390,7 @@ absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config
   TrainerOptions to;
   to.schedule = par.schedule();
   to.num_microbatches = par.num_microbatches();
+  to.skip_nonfinite_updates = config.nonfinite().policy() == "skip";
   to.optimizer.name = config.optimizer().name();
   to.optimizer.lr = config.optimizer().lr();
   to.optimizer.weight_decay = config.optimizer().weight_decay();
@@ -562,11 +573,14 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
                                  RunReport& report, RunObservability& obs) {
   Progress progress(config.steps(), config.log_interval());
   const int64_t trace_step = std::min(config.trace_step(), config.steps() - 1);
+  NonFiniteGuard nonfinite(config.nonfinite());
   for (int64_t step = trainer.step(); step < config.steps(); ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     PP_RETURN_IF_ERROR(obs.BeforeStep(step + 1, trainer));
     PP_ASSIGN_OR_RETURN(StepResult r, trainer.Step());
     PP_ASSIGN_OR_RETURN(StepMemory memory, obs.AfterStep(step + 1, trainer));
+    // Before the save: a non-finite state is never checkpointed.
+    PP_RETURN_IF_ERROR(nonfinite.AfterStep(r, grid, model, trainer.options().timeout));
     PP_ASSIGN_OR_RETURN(std::string saved,
                         checkpointer.AfterStep(grid, model, trainer, config.steps()));
     if (!saved.empty() && report.active()) LOG(INFO) << "checkpoint " << saved;
@@ -633,7 +647,10 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
   torch::manual_seed(config.seed() * 1000003ULL + static_cast<uint64_t>(grid.global_rank()));
 
   const bool rank0 = grid.global_rank() == 0;
-  const CheckpointPolicy ckpt_policy = MakeCheckpointPolicy(config);
+  CheckpointPolicy ckpt_policy = MakeCheckpointPolicy(config);
+  ckpt_policy.before_save = [&grid, &model, &trainer, timeout] {
+    return CheckWeightsFinite(grid, *model, trainer->step(), timeout);
+  };
   PP_ASSIGN_OR_RETURN(TrainingCheckpointer checkpointer, TrainingCheckpointer::Create(ckpt_policy));
   PP_ASSIGN_OR_RETURN(bool resumed, checkpointer.MaybeResume(grid, *model, *trainer));
   if (resumed && rank0) {

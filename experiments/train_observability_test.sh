@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # train_gpt's observability (issue 15) through the launcher, pp=2: TensorBoard
 # read back by the real TensorBoard against metrics.jsonl, per-rank logs with
-# every action of a step at --v=1, operator profiles and the merged trace,
+# every action of a step at --v=1 (rank 1 silent on the console but for the
+# launcher's thread report), operator profiles and the merged trace,
 # memory per rank that grows with the micro-batch size, and bad
 # --profile_steps refused before any worker starts.
 set -euo pipefail

@@ -152,12 +152,12 @@ void StopRankLogging() {
   FLAGS_logtostderr = true;
 }
 
-void LogErrorToRankLogOnly(const std::string& message) {
+void LogErrorToRankLogOnly(const std::string& message, const char* file, int line) {
   absl::MutexLock lock(&registry_mu);
   if (sink == nullptr) return;
   const int threshold = FLAGS_stderrthreshold;
   FLAGS_stderrthreshold = google::NUM_SEVERITIES;
-  LOG(ERROR) << message;
+  google::LogMessage(file, line, google::GLOG_ERROR).stream() << message;
   FLAGS_stderrthreshold = threshold;
 }
 

@@ -49,7 +49,9 @@ void StopRankLogging();
 
 // An ERROR line in the rank's file (or held for it) but not on the console:
 // for an error the caller prints itself.
-void LogErrorToRankLogOnly(const std::string& message);
+// The line names the caller's file and line.
+void LogErrorToRankLogOnly(const std::string& message, const char* file = __builtin_FILE(),
+                           int line = __builtin_LINE());
 
 // The open log's path ("" when none).
 std::string RankLogPath();

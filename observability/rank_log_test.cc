@@ -97,7 +97,7 @@ TEST_F(RankLogTest, AnErrorForTheFileOnly) {
   EXPECT_NE(console.find("a normal error"), std::string::npos) << console;
   const std::string text = Slurp(path);
   EXPECT_EQ(text[0], 'E') << text;
-  EXPECT_NE(text.find(" rank=2 rank_log.cc:"), std::string::npos) << text;
+  EXPECT_NE(text.find(" rank=2 rank_log_test.cc:"), std::string::npos) << text;
   EXPECT_NE(text.find("] step 3: receive timed out\n"), std::string::npos) << text;
 }
 

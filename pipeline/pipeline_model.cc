@@ -158,7 +158,37 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
         absl::StrCat("num_stages (", options.num_stages, ") x chunks (", options.chunks,
                      ") overflows int64; use fewer stages or chunks"));
   }
+
   PP_RETURN_IF_ERROR(CheckEnoughLayers(num_layers, num_parts));
+  if (options.stage_to_rank.empty()) {
+    for (int64_t part = 0; part < num_parts; ++part) {
+      model->placement_.push_back(static_cast<int>(part % options.num_stages));
+    }
+  } else {
+    if (static_cast<int64_t>(options.stage_to_rank.size()) != num_parts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage_to_rank has ", options.stage_to_rank.size(),
+                       " entries; it needs one per virtual stage: num_stages (", options.num_stages,
+                       ") x chunks (", options.chunks, ") = ", num_parts));
+    }
+    std::vector<int64_t> held(options.num_stages, 0);
+    for (size_t part = 0; part < options.stage_to_rank.size(); ++part) {
+      const int r = options.stage_to_rank[part];
+      if (r < 0 || r >= options.num_stages) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "stage_to_rank[", part, "] = ", r, " is outside [0, ", options.num_stages, ")"));
+      }
+      ++held[r];
+    }
+    for (int64_t r = 0; r < options.num_stages; ++r) {
+      if (held[r] != options.chunks) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("stage_to_rank places ", held[r], " virtual stages on stage ", r,
+                         "; every stage must hold chunks (", options.chunks, ")"));
+      }
+    }
+    model->placement_ = options.stage_to_rank;
+  }
   if (!options.bounds.empty()) {
     PP_RETURN_IF_ERROR(ValidateBounds(options.bounds, num_layers, num_parts));
     model->bounds_ = options.bounds;
@@ -173,8 +203,12 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
     PP_ASSIGN_OR_RETURN(model->bounds_, Partition(options.partition_method, std::move(request)));
   }
 
+  std::vector<int64_t> local_parts;
+  for (int64_t part = 0; part < num_parts; ++part) {
+    if (model->placement_[part] == stage) local_parts.push_back(part);
+  }
   for (int64_t c = 0; c < options.chunks; ++c) {
-    const int64_t part = VirtualStage(stage, c, options.num_stages);
+    const int64_t part = local_parts[c];
     PP_ASSIGN_OR_RETURN(StageModule chunk, BuildRange(model->specs_, part, model->bounds_[part],
                                                       model->bounds_[part + 1], options.base_seed,
                                                       tie_positions, &model->tied_));
@@ -220,12 +254,13 @@ int64_t PipelineModel::PartOfLayer(int64_t layer) const {
   return std::upper_bound(bounds_.begin(), bounds_.end(), layer) - bounds_.begin() - 1;
 }
 
-int64_t PipelineModel::StageOfLayer(int64_t layer) const {
-  return PartOfLayer(layer) % options_.num_stages;
-}
+int64_t PipelineModel::StageOfLayer(int64_t layer) const { return placement_[PartOfLayer(layer)]; }
 
 int64_t PipelineModel::ChunkOfLayer(int64_t layer) const {
-  return PartOfLayer(layer) / options_.num_stages;
+  const int64_t part = PartOfLayer(layer);
+  int64_t chunk = 0;
+  for (int64_t q = 0; q < part; ++q) chunk += placement_[q] == placement_[part];
+  return chunk;
 }
 
 torch::OrderedDict<std::string, torch::Tensor> PipelineModel::named_parameters() const {
@@ -306,7 +341,7 @@ std::string PipelineModel::PartitionReport() const {
   for (int64_t i = 0; i < num_layers(); ++i) {
     counts.push_back(SpecParameterCount(specs_[i], i, options_.base_seed));
   }
-  return pp::PartitionReport(specs_, bounds_, options_.num_stages, counts);
+  return pp::PartitionReport(specs_, bounds_, options_.num_stages, counts, placement_);
 }
 
 absl::StatusOr<StageModule> BuildSequential(const std::vector<LayerSpec>& specs, uint64_t base_seed,

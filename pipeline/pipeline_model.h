@@ -93,6 +93,12 @@ struct PipelineModelOptions {
   std::string partition_method = "parameters";
   // num_stages * chunks + 1 entries; overrides partition_method.
   Bounds bounds;
+  // Virtual stage -> stage (the schedule's Schedule::stage_to_rank). Empty:
+  // looped (virtual stage c * num_stages + s on stage s). Otherwise
+  // num_stages * chunks entries, each stage holding exactly `chunks` of them,
+  // e.g. V placement for zbv (pipeline/schedule/schedule.h VPlacement). Chunk
+  // c of a stage is the c-th of its virtual stages in ascending order.
+  std::vector<int> stage_to_rank;
   // Layer i is built right after seeding with base_seed + i.
   uint64_t base_seed = 1234;
   // For "profile": see PartitionRequest.
@@ -121,7 +127,10 @@ class PipelineModel {
 
   // All num_stages * chunks + 1 bounds, indexed by virtual stage.
   const Bounds& bounds() const { return bounds_; }
-  // Chunk c of this stage (virtual stage c * num_stages + stage). A holder
+  // Virtual stage -> stage: options().stage_to_rank, or looped when empty.
+  const std::vector<int>& placement() const { return placement_; }
+  // Chunk c of this stage (chunk(c)->virtual_stage(): c * num_stages + stage
+  // when looped). A holder
   // (shared pointer) by value, so callers can run it: model->chunk(0)->Forward(...).
   StageModule chunk(int64_t c) const { return chunks_.at(c); }
   // Iterate by value (`for (StageModule c : model->chunks())`) to call non-const methods.
@@ -173,6 +182,7 @@ class PipelineModel {
   std::vector<LayerSpec> specs_;
   PipelineModelOptions options_;
   int64_t stage_ = 0;
+  std::vector<int> placement_;
   Bounds bounds_;
   std::vector<StageModule> chunks_;
   std::map<std::string, Layer> tied_;  // This stage's shared modules.

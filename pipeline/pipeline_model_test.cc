@@ -235,6 +235,60 @@ TEST(PipelineModelTest, InterleavedChunksOwnEveryPthPart) {
   }
 }
 
+// V placement (zbv): stage r holds virtual stages r and 2p - 1 - r, so with
+// p = 2 the tied embedding (part 0) and LM head (part 3) are both on stage 0:
+// one tied module, no tie communication.
+TEST(PipelineModelTest, VPlacementChunksAndTies) {
+  const std::vector<LayerSpec> specs = TinyGpt(5);  // 9 layers.
+  PipelineModelOptions options;
+  options.num_stages = 2;
+  options.chunks = 2;
+  options.partition_method = "uniform";  // [0,3,5,7,9]
+  options.stage_to_rank = {0, 1, 1, 0};
+  auto stages = BuildAllStages(specs, options);
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_EQ(stages[0]->chunk(0)->virtual_stage(), 0);
+  EXPECT_EQ(stages[0]->chunk(1)->virtual_stage(), 3);
+  EXPECT_EQ(stages[0]->chunk(1)->first_layer(), 7);
+  EXPECT_EQ(stages[1]->chunk(0)->virtual_stage(), 1);
+  EXPECT_EQ(stages[1]->chunk(1)->virtual_stage(), 2);
+  EXPECT_EQ(stages[1]->chunk(1)->first_layer(), 5);
+  EXPECT_EQ(stages[0]->StageOfLayer(8), 0);
+  EXPECT_EQ(stages[0]->ChunkOfLayer(8), 1);
+  EXPECT_EQ(stages[0]->StageOfLayer(5), 1);
+  EXPECT_EQ(stages[0]->ChunkOfLayer(5), 1);
+  EXPECT_EQ(stages[0]->placement(), (std::vector<int>{0, 1, 1, 0}));
+  ASSERT_EQ(stages[0]->tie_groups().size(), 1u);
+  EXPECT_EQ(stages[0]->tie_groups()[0].stages, (std::vector<int64_t>{0}));
+  EXPECT_NE(stages[0]->PartitionReport().find("stage=0 chunk=1 (part 3)"), std::string::npos)
+      << stages[0]->PartitionReport();
+  // Same weights as the looped partition: they depend on the layer index only.
+  PipelineModelOptions looped = options;
+  looped.stage_to_rank.clear();
+  auto looped_stages = BuildAllStages(specs, looped);
+  auto v = stages[1]->named_parameters();
+  auto l = looped_stages[0]->named_parameters();  // looped: part 2 is on stage 0
+  ASSERT_TRUE(v.contains("layers.5.fc1.weight"));
+  EXPECT_TRUE(torch::equal(v["layers.5.fc1.weight"], l["layers.5.fc1.weight"]));
+}
+
+TEST(PipelineModelTest, RejectsBadPlacement) {
+  const std::vector<LayerSpec> specs = TinyGpt(5);
+  PipelineModelOptions options;
+  options.num_stages = 2;
+  options.chunks = 2;
+  for (const auto& [placement, message] : std::vector<std::pair<std::vector<int>, std::string>>{
+           {{0, 1, 1}, "stage_to_rank has 3 entries"},
+           {{0, 1, 2, 0}, "stage_to_rank[2] = 2 is outside [0, 2)"},
+           {{0, 0, 0, 1}, "places 3 virtual stages on stage 0"}}) {
+    options.stage_to_rank = placement;
+    auto model = PipelineModel::Create(specs, options, 0);
+    ASSERT_FALSE(model.ok()) << message;
+    EXPECT_NE(std::string(model.status().message()).find(message), std::string::npos)
+        << model.status();
+  }
+}
+
 TEST(PipelineModelTest, TieGroupsAreTheSameOnTheStagesThatHoldThem) {
   const std::vector<LayerSpec> specs = TinyGpt(4);  // 8 layers; embed at 0 and 7.
   PipelineModelOptions options;

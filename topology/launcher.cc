@@ -50,6 +50,11 @@ ABSL_FLAG(std::string, master_addr, "127.0.0.1",
 ABSL_FLAG(int, master_port, 0,
           "Launcher: TCP store port on --master_addr; 0: MASTER_PORT from the environment if set, "
           "else a free port (single node only).");
+ABSL_FLAG(std::string, run_id, "",
+          "Launcher: this run's id, checked by every rank against the store's so that a rank of "
+          "another launch on the same port is refused; empty: a random one on a single node, "
+          "none (no check) with --nnodes > 1 unless every node passes the same. Also read from "
+          "PP_RUN_ID.");
 ABSL_FLAG(absl::Duration, launcher_grace_period, absl::Seconds(5),
           "Launcher: how long workers get between SIGTERM and SIGKILL when stopped.");
 ABSL_FLAG(int, intra_op_threads, 0,
@@ -84,6 +89,10 @@ struct Worker {
   pid_t pid = -1;
   bool running = true;
   int wait_status = 0;
+  // Stopped (SIGSTOP, SIGTSTP, ...) and not continued since: its peers will
+  // time out waiting for it, so it is the root cause of what follows.
+  int stop_signal = 0;
+  std::chrono::steady_clock::time_point stopped_at;
   Stream out, err;
 };
 
@@ -228,6 +237,18 @@ absl::Status Validate(const LaunchOptions& o) {
   return absl::OkStatus();
 }
 
+// 16 hex digits from the kernel's random source (time and pid if unreadable).
+std::string RandomRunId() {
+  uint64_t value = 0;
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::read(fd, &value, sizeof(value)) != static_cast<ssize_t>(sizeof(value))) {
+    value = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+            (static_cast<uint64_t>(::getpid()) << 32);
+  }
+  if (fd >= 0) ::close(fd);
+  return absl::StrFormat("%016x", value);
+}
+
 // Path of this binary, which the workers re-execute.
 std::string SelfExecutable() {
   char exe[4096];
@@ -297,6 +318,7 @@ std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOpt
       {"LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node)},
       {"GROUP_RANK", std::to_string(options.node_rank)},
   };
+  if (!options.run_id.empty()) vars.emplace_back(kRunIdVariable, options.run_id);
   for (const char* key : {"OMP_NUM_THREADS", "PP_INTRA_OP_THREADS"}) {
     vars.emplace_back(key, std::to_string(threads.intra_op));
   }
@@ -425,8 +447,22 @@ class Supervisor {
     stopping_ = true;
     result_ = status;
     verdict_ = why;
+    // A stopped worker explains its peers' timeouts: name it first.
+    for (const Worker& w : workers_) {
+      if (!w.running || w.stop_signal == 0) continue;
+      const double seconds = std::chrono::duration<double>(Clock::now() - w.stopped_at).count();
+      verdict_ = absl::StrFormat(
+          "rank %d (pid %d) was stopped by signal %d (%s) %.1f s earlier and never continued "
+          "(the likely root cause); then %s",
+          w.rank, w.pid, w.stop_signal, strsignal(w.stop_signal), seconds, why);
+      break;
+    }
     kill_at_ = Clock::now() + absl::ToChronoNanoseconds(options_.grace_period);
     SignalRunning(workers_, SIGTERM);
+    // A stopped process acts on SIGTERM only once it runs again.
+    for (const Worker& w : workers_) {
+      if (w.running && w.stop_signal != 0) ::kill(w.pid, SIGCONT);
+    }
   }
 
   // Waits up to 50 ms for signals or worker output and handles what came.
@@ -470,7 +506,20 @@ class Supervisor {
     for (Worker& w : workers_) {
       if (!w.running) continue;
       int status = 0;
-      if (::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+      if (::waitpid(w.pid, &status, WNOHANG | WUNTRACED | WCONTINUED) != w.pid) continue;
+      if (WIFSTOPPED(status)) {
+        w.stop_signal = WSTOPSIG(status);
+        w.stopped_at = Clock::now();
+        Say(absl::StrCat("rank ", w.rank, " (pid ", w.pid, ") was stopped by signal ",
+                         w.stop_signal, " (", strsignal(w.stop_signal),
+                         "); its peers will time out unless it is continued"));
+        continue;
+      }
+      if (WIFCONTINUED(status)) {
+        if (w.stop_signal != 0) Say(absl::StrCat("rank ", w.rank, " (pid ", w.pid, ") continued"));
+        w.stop_signal = 0;
+        continue;
+      }
       w.running = false;
       w.wait_status = status;
       if (Failed(status) && !stopping_) {
@@ -620,10 +669,11 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
                            {.intra_op = options.intra_op_threads, .blas = options.blas_threads}));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<SignalForwarding> signals, SignalForwarding::Install());
   Say(absl::StrFormat(
-      "starting %d worker(s): ranks %d-%d of %d on node %d/%d, store %s:%d, asking each for %s",
+      "starting %d worker(s): ranks %d-%d of %d on node %d/%d, store %s:%d, asking each for %s%s",
       options.nproc_per_node, options.node_rank * options.nproc_per_node,
       (options.node_rank + 1) * options.nproc_per_node - 1, world_size, options.node_rank,
-      options.nnodes, options.master_addr, port, DescribeThreads(threads)));
+      options.nnodes, options.master_addr, port, DescribeThreads(threads),
+      options.run_id.empty() ? "" : absl::StrCat(", run id ", options.run_id)));
   std::vector<Worker> workers(options.nproc_per_node);
   const absl::Status spawned = SpawnWorkers(options, port, threads, argv, workers);
   return Supervisor(options, workers).Run(spawned);
@@ -654,6 +704,10 @@ absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size) 
   if (options.master_addr == "127.0.0.1" && env_addr != nullptr && *env_addr != '\0') {
     options.master_addr = env_addr;
   }
+  options.run_id = absl::GetFlag(FLAGS_run_id);
+  const char* env_run_id = std::getenv(kRunIdVariable);
+  if (options.run_id.empty() && env_run_id != nullptr) options.run_id = env_run_id;
+  if (options.run_id.empty() && options.nnodes == 1) options.run_id = RandomRunId();
   options.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   options.blas_threads = absl::GetFlag(FLAGS_blas_threads);
   options.master_port = absl::GetFlag(FLAGS_master_port);

@@ -49,6 +49,7 @@ ABSL_DECLARE_FLAG(int, nnodes);
 ABSL_DECLARE_FLAG(int, node_rank);
 ABSL_DECLARE_FLAG(std::string, master_addr);
 ABSL_DECLARE_FLAG(int, master_port);
+ABSL_DECLARE_FLAG(std::string, run_id);
 ABSL_DECLARE_FLAG(absl::Duration, launcher_grace_period);
 ABSL_DECLARE_FLAG(int, intra_op_threads);
 ABSL_DECLARE_FLAG(int, blas_threads);
@@ -62,6 +63,8 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   // 0: pick a free port (single node only; several nodes must agree on one).
   int master_port = 0;
+  // PP_RUN_ID for the workers (topology/rendezvous.h); empty: none.
+  std::string run_id;
   // Between SIGTERM and SIGKILL when stopping workers.
   absl::Duration grace_period = absl::Seconds(5);
   // Per worker; 0: from the environment, else DefaultWorkerThreads().

@@ -196,6 +196,32 @@ TEST(LauncherTest, WorkerKilledBySignalIsNamed) {
   EXPECT_FALSE(Alive(ReadPid(dir, 1)));
 }
 
+// Issue #14: after a SIGSTOP the launcher blamed the rank that timed out
+// waiting for the stopped one. The stopped rank is named first.
+TEST(LauncherTest, StoppedWorkerIsNamedAsTheRootCause) {
+  const std::string dir = NewDir("stopped");
+  Result r = RunLauncher({"--nproc_per_node=3", "--mode=fail", "--fail_rank=2",
+                          "--fail_after_ms=1500", absl::StrCat("--pid_dir=", dir)},
+                         60, [&](pid_t) {
+                           for (int i = 0; i < 400 && ReadPid(dir, 1) < 0; ++i) {
+                             std::this_thread::sleep_for(std::chrono::milliseconds(25));
+                           }
+                           kill(ReadPid(dir, 1), SIGSTOP);
+                         });
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(ExitCode(r), 3) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 1 (pid"));
+  EXPECT_THAT(r.err, HasSubstr("was stopped by signal 19"));
+  EXPECT_THAT(r.err, HasSubstr("its peers will time out"));
+  // The verdict names the stopped rank before the one that failed.
+  const size_t verdict = r.err.find("FAILED: ");
+  ASSERT_NE(verdict, std::string::npos) << r.err;
+  const std::string line = r.err.substr(verdict, r.err.find('\n', verdict) - verdict);
+  EXPECT_THAT(line, HasSubstr("FAILED: rank 1 (pid"));
+  EXPECT_THAT(line, HasSubstr("the likely root cause); then rank 2 (pid"));
+  for (int rank : {0, 1}) EXPECT_FALSE(Alive(ReadPid(dir, rank))) << rank;
+}
+
 TEST(LauncherTest, WorkerIgnoringSigtermGetsSigkill) {
   const std::string dir = NewDir("stubborn");
   Result r = RunLauncher({"--nproc_per_node=2", "--mode=fail", "--fail_rank=0", "--ignore_sigterm",

@@ -20,6 +20,9 @@
 #include "topology/rendezvous.h"
 
 ABSL_FLAG(std::string, mode, "ok", "ok | fail | signal | hang");
+ABSL_FLAG(int, fail_after_ms, 0,
+          "Mode fail: the failing rank waits this long after every rank started (a peer that "
+          "times out waiting for a stopped one).");
 ABSL_FLAG(int, fail_rank, 0, "The rank that fails in modes fail/signal.");
 ABSL_FLAG(int, exit_code, 3, "Exit status of the failing rank in mode fail.");
 ABSL_FLAG(std::string, pid_dir, "", "Each worker writes its pid to <dir>/<rank>.pid.");
@@ -104,6 +107,7 @@ int main(int argc, char** argv) {
       std::ofstream(absl::StrCat(pid_dir, "/failed_at"))
           << std::chrono::steady_clock::now().time_since_epoch().count() << "\n";
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(absl::GetFlag(FLAGS_fail_after_ms)));
     if (mode == "signal") raise(SIGKILL);
     return absl::GetFlag(FLAGS_exit_code);
   }

@@ -79,8 +79,41 @@ absl::StatusOr<DistEnv> DistEnvFromEnvironment() {
   }
   const char* addr = std::getenv("MASTER_ADDR");
   if (addr != nullptr && *addr != '\0') env.master_addr = addr;
+  const char* run_id = std::getenv(kRunIdVariable);
+  if (run_id != nullptr) env.run_id = run_id;
   return env;
 }
+
+namespace {
+
+constexpr char kRunIdKey[] = "pp/run_id";
+
+// Rank 0 records the run id; the others read it (waiting for rank 0, within
+// the store's timeout) before they write anything to the store.
+absl::Status CheckRunId(c10d::Store& store, const DistEnv& env) {
+  const std::string where = absl::StrCat("the store at ", env.master_addr, ":", env.master_port);
+  std::string theirs;
+  try {
+    if (env.rank == 0) {
+      store.set(kRunIdKey, std::vector<uint8_t>(env.run_id.begin(), env.run_id.end()));
+      return absl::OkStatus();
+    }
+    const std::vector<uint8_t> bytes = store.get(kRunIdKey);
+    theirs.assign(bytes.begin(), bytes.end());
+  } catch (const std::exception& e) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("rank ", env.rank, " found no run id in ", where,
+                     " (rank 0 never recorded one): ", GlooExceptionMessage(e)));
+  }
+  if (theirs == env.run_id) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", env.rank, " reached ", where, ", which belongs to another run (run id '", theirs,
+      "'; this launch is '", env.run_id,
+      "'): two launches use the same port. Leave --master_port at 0 (a free port) or give each "
+      "run its own"));
+}
+
+}  // namespace
 
 absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& options) {
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
@@ -134,6 +167,7 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
     return absl::UnavailableError(
         absl::StrCat("rank ", env.rank, " cannot open the ", where, ": ", message));
   }
+  if (!env.run_id.empty()) PP_RETURN_IF_ERROR(CheckRunId(*world.store, env));
   PP_ASSIGN_OR_RETURN(world.group, NewGlooGroup(world.store, "pp/world", env.rank, env.world_size,
                                                 world.group_options));
   return world;

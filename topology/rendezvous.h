@@ -30,7 +30,15 @@ struct DistEnv {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR, default loopback
   int master_port = 29500;
+  // PP_RUN_ID (the launcher sets one per launch): rank 0 records it in the
+  // store and every other rank checks it before it touches the store, so a
+  // rank of another launch on the same port is refused without disturbing
+  // this run. Empty (torchrun, a hand-made environment): no check.
+  std::string run_id;
 };
+
+// The environment variable that carries DistEnv::run_id.
+inline constexpr char kRunIdVariable[] = "PP_RUN_ID";
 
 // Reads the variables above from the environment. RANK and WORLD_SIZE are
 // required; MASTER_PORT is required when WORLD_SIZE > 1; LOCAL_RANK defaults
@@ -69,6 +77,8 @@ struct World {
 // Store + world group for `env`. Blocks until every rank has arrived, at most
 // options.timeout; then DeadlineExceeded (a rank that never came, or no store
 // to connect to). Unavailable when rank 0 cannot host the store (port in use).
+// FailedPrecondition naming both run ids when the store belongs to a run
+// with another env.run_id (two launches on one port).
 // Keep the World alive until every rank is done with the store (rank 0 hosts
 // it): end with a barrier on world.group.
 absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& options);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -179,6 +180,40 @@ TEST(RendezvousTest, StoreThatNeverComesUpTimesOut) {
   auto world = Rendezvous(ThreadRankEnv(1, 2, *port), ShortTimeout());
   EXPECT_EQ(world.status().code(), absl::StatusCode::kDeadlineExceeded) << world.status();
   EXPECT_THAT(world.status().message(), HasSubstr(absl::StrCat("127.0.0.1:", *port)));
+}
+
+// Issue #14: two launches on one port; a rank of the second reached the
+// first's store and joined its world. With run ids it is refused, naming both,
+// and the first run is not disturbed.
+TEST(RendezvousTest, ARankOfAnotherRunIsRefused) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RendezvousOptions options;
+  options.timeout = std::chrono::seconds(20);
+  DistEnv env;
+  env.world_size = 2;
+  env.local_world_size = 2;
+  env.master_port = *port;
+  env.run_id = "run-a";
+  absl::StatusOr<World> rank0;
+  std::thread host([&] { rank0 = Rendezvous(env, options); });
+  DistEnv stranger = env;
+  stranger.rank = stranger.local_rank = 1;
+  stranger.run_id = "run-b";
+  absl::StatusOr<World> refused = Rendezvous(stranger, options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("belongs to another run (run id 'run-a'"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("this launch is 'run-b'"));
+  // The rightful rank 1 still completes the first run's world.
+  DistEnv member = stranger;
+  member.run_id = "run-a";
+  absl::StatusOr<World> rank1 = Rendezvous(member, options);
+  host.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  std::thread t0([&] { EXPECT_TRUE(AllReduceRanks(*rank0).ok()); });
+  EXPECT_TRUE(AllReduceRanks(*rank1).ok());
+  t0.join();
 }
 
 TEST(RendezvousTest, RejectsBadArguments) {

@@ -157,6 +157,7 @@ absl::StatusOr<std::string> TrainingCheckpointer::AfterStep(const ParallelGrid& 
   bool due = policy_.save_interval > 0 && step % policy_.save_interval == 0;
   due = due || (policy_.save_final && step == last_step);
   if (!due) return std::string();
+  if (policy_.before_save) PP_RETURN_IF_ERROR(policy_.before_save());
   TrainingCheckpointOptions options;
   options.root = policy_.dir;
   options.keep_last = policy_.keep_last;

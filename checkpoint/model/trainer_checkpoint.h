@@ -81,6 +81,10 @@ struct CheckpointPolicy {
   // from, before anything is loaded; an error stops the resume (e.g. the
   // experiment's config differs in a way that breaks an exact continuation).
   std::function<absl::Status(const checkpoint::Manifest&)> check_manifest;
+  // Optional: called by every rank when a save is due, before it starts; an
+  // error means no save (e.g. the weights are not finite). Must give every
+  // rank the same answer (the save is collective).
+  std::function<absl::Status()> before_save;
 };
 
 // Drives checkpoints from a training loop. Every rank of the grid calls the

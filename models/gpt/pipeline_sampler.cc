@@ -32,7 +32,10 @@ NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid
     source_.window = window;
     PP_RETURN_IF_ERROR(trainer->Evaluate(&source_, calls_++).status());
     torch::Tensor logits = torch::zeros({vocab_size});
-    if (grid->IsLastStage()) {
+    // The rank holding the last virtual stage: the last rank when looped,
+    // rank 0 under V placement (zbv).
+    const int last_rank = trainer->eval_program().stage_to_rank.back();
+    if (grid->stage_id() == last_rank) {
       if (!captured_.defined() || captured_.dim() != 3 || position >= captured_.size(1)) {
         return absl::InternalError(
             "the last stage captured no logits for sampling (was the loss wrapped?)");
@@ -42,7 +45,7 @@ NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid
     if (grid->num_stages() > 1) {
       std::vector<at::Tensor> tensors = {logits};
       c10d::BroadcastOptions options;
-      options.rootRank = grid->num_stages() - 1;  // pipe group rank == stage
+      options.rootRank = last_rank;  // pipe group rank == stage
       PP_RETURN_IF_ERROR(RunCollective("broadcast of sampling logits", "pipe group", timeout, [&] {
         return grid->pipe_group()->broadcast(tensors, options);
       }));

@@ -89,11 +89,20 @@ absl::StatusOr<Bounds> Partition(const std::string& method, PartitionRequest req
 }
 
 std::string PartitionReport(const std::vector<LayerSpec>& specs, const Bounds& bounds,
-                            int64_t num_stages, const std::vector<int64_t>& param_counts) {
+                            int64_t num_stages, const std::vector<int64_t>& param_counts,
+                            const std::vector<int>& placement) {
   std::ostringstream out;
   const int64_t num_parts = static_cast<int64_t>(bounds.size()) - 1;
   for (int64_t stage = 0; stage < num_stages; ++stage) {
-    for (int64_t part = stage, chunk = 0; part < num_parts; part += num_stages, ++chunk) {
+    std::vector<int64_t> parts;
+    for (int64_t part = 0; part < num_parts; ++part) {
+      const bool here = placement.empty() ? part % num_stages == stage
+                                          : part < static_cast<int64_t>(placement.size()) &&
+                                                placement[part] == stage;
+      if (here) parts.push_back(part);
+    }
+    for (int64_t chunk = 0; chunk < static_cast<int64_t>(parts.size()); ++chunk) {
+      const int64_t part = parts[chunk];
       out << "stage=" << stage << " chunk=" << chunk << " (part " << part << ") layers=["
           << bounds[part] << ", " << bounds[part + 1] << ")";
       if (!param_counts.empty()) {

@@ -66,8 +66,11 @@ inline int64_t VirtualStage(int64_t stage, int64_t chunk, int64_t num_stages) {
 // "stage=0 chunk=0 (part 0) layers=[0, 3) params=1234" plus one line per
 // layer ("    0: Embedding"), like DeepSpeed's partition printout.
 // `param_counts` may be empty (then no counts are printed) or one per layer.
+// `placement` (part -> stage) empty: looped (part c * num_stages + s on s);
+// else chunk c of a stage is its c-th part in ascending order (V placement).
 std::string PartitionReport(const std::vector<LayerSpec>& specs, const Bounds& bounds,
-                            int64_t num_stages, const std::vector<int64_t>& param_counts = {});
+                            int64_t num_stages, const std::vector<int64_t>& param_counts = {},
+                            const std::vector<int>& placement = {});
 
 namespace internal_partition {
 // For PP_REGISTER_PARTITIONER: registers or aborts the program with the reason.

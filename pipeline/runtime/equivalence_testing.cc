@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/pipeline_model.h"
+#include "pipeline/schedule/registry.h"
 #include "topology/parallel_grid.h"
 #include "topology/process_topology.h"
 #include "topology/thread_ranks.h"
@@ -120,6 +121,12 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         mo.chunks = config.chunks;
         mo.partition_method = config.partition_method;
         mo.base_seed = kSeed;
+        // The schedule's placement (V for zbv); its errors are the Trainer's to report.
+        if (absl::StatusOr<Schedule> schedule =
+                MakeSchedule(config.schedule, {config.pp, config.microbatches, config.chunks, 0});
+            schedule.ok()) {
+          mo.stage_to_rank = schedule->stage_to_rank;
+        }
         std::unique_lock<std::mutex> build_lock(SharedGeneratorMutex());
         PP_ASSIGN_OR_RETURN(auto model,
                             PipelineModel::Create(SpecsOf(config), mo, grid.stage_id()));

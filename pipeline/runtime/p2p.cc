@@ -140,10 +140,17 @@ absl::StatusOr<int> P2P::Tag(Kind kind, int src_stage, int dst_stage) const {
   return ((src_stage * kMaxStages) + dst_stage) * 2 + static_cast<int>(kind);
 }
 
+std::string P2P::PeerName(int peer) const {
+  if (peer >= 0 && peer < static_cast<int>(options_.global_ranks.size())) {
+    return absl::StrCat("global rank ", options_.global_ranks[peer], " (stage ", peer, ")");
+  }
+  return absl::StrCat("rank ", peer);
+}
+
 absl::Status P2P::PostSend(torch::Tensor tensor, int peer, int tag, const std::string& what) {
   if (tensor.numel() == 0) return absl::OkStatus();
   torch::Tensor payload;
-  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(what, ": send to rank ", peer),
+  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(what, ": send to ", PeerName(peer)),
                                [&] { payload = tensor.detach().contiguous(); }));
   absl::MutexLock lock(&mu_);
   if (!send_error_.ok()) return send_error_;
@@ -155,18 +162,19 @@ absl::Status P2P::PostSend(torch::Tensor tensor, int peer, int tag, const std::s
 absl::Status P2P::RecvInto(torch::Tensor& tensor, int peer, int tag, const std::string& what) {
   if (tensor.numel() == 0) return absl::OkStatus();
   bool completed = false;
-  absl::Status s = TorchCall(absl::StrCat(what, ": receive from rank ", peer), [&] {
+  absl::Status s = TorchCall(absl::StrCat(what, ": receive from ", PeerName(peer)), [&] {
     std::vector<at::Tensor> one = {tensor};
     c10::intrusive_ptr<c10d::Work> work = group_->recv(one, peer, tag);
     completed = work->wait(options_.timeout);
   });
   if (!s.ok()) {
-    return absl::DeadlineExceededError(absl::StrCat(s.message(), " (peer rank ", peer,
+    return absl::DeadlineExceededError(absl::StrCat(s.message(), " (peer ", PeerName(peer),
                                                     " died, hung or is out of step; timeout ",
                                                     options_.timeout.count(), " ms)"));
   }
   if (!completed) {
-    return absl::AbortedError(absl::StrCat(what, ": receive from rank ", peer, " was aborted"));
+    return absl::AbortedError(
+        absl::StrCat(what, ": receive from ", PeerName(peer), " was aborted"));
   }
   return absl::OkStatus();
 }
@@ -204,14 +212,14 @@ absl::Status P2P::WaitSends() {
     send_error_ = absl::OkStatus();
   }
   for (PendingSend& p : pending) {
-    absl::Status s = TorchCall(absl::StrCat(p.what, ": send to rank ", p.peer), [&] {
+    absl::Status s = TorchCall(absl::StrCat(p.what, ": send to ", PeerName(p.peer)), [&] {
       if (!p.work->wait(options_.timeout)) {
         throw std::runtime_error("aborted");
       }
     });
     if (!s.ok() && first_error.ok()) {
       first_error = absl::DeadlineExceededError(absl::StrCat(
-          s.message(), " (peer rank ", p.peer, " died, hung or is out of step; timeout ",
+          s.message(), " (peer ", PeerName(p.peer), " died, hung or is out of step; timeout ",
           options_.timeout.count(), " ms)"));
     }
   }

@@ -98,6 +98,10 @@ struct P2POptions {
   // Where receive buffers, control words and headers live: kCPU for Gloo; the
   // rank's CUDA device for NCCL (which moves only device tensors).
   torch::Device device = torch::kCPU;
+  // Global rank of each group rank (the pipe group: index = stage), so that
+  // errors name the peer as the launcher and the logs do ("global rank 2
+  // (stage 1)"); empty: errors give group ranks.
+  std::vector<int> global_ranks;
 };
 
 // Counters, for tests and the benchmark.
@@ -181,6 +185,8 @@ class P2P {
   void SenderLoop();
 
   absl::StatusOr<int> Tag(Kind kind, int src_stage, int dst_stage) const;
+  // "global rank G (stage P)" with P2POptions::global_ranks, else "rank P".
+  std::string PeerName(int peer) const;
   absl::Status PostSend(torch::Tensor tensor, int peer, int tag, const std::string& what);
   absl::Status RecvInto(torch::Tensor& tensor, int peer, int tag, const std::string& what);
   torch::Tensor TakeBuffer(c10::ScalarType dtype, const std::vector<int64_t>& shape);

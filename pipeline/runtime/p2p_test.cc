@@ -185,5 +185,29 @@ TEST(P2PTest, SilentPeerTimesOutNamingPeerAndAction) {
   EXPECT_STATUS_OK(s);
 }
 
+// With dp > 1 the pipe group's rank is the stage, not the global rank the
+// launcher names: errors give both.
+TEST(P2PTest, TimeoutNamesThePeersGlobalRankAndStage) {
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    P2POptions options{milliseconds(500), std::nullopt};
+    options.global_ranks = {2, 3};  // e.g. data-parallel replica 1 of pp 2 x dp 2
+    P2P p2p(world.group, options);
+    if (world.rank == 1) {
+      auto got = p2p.RecvActivations(0, 0, 1, "1RECV_F0");
+      PP_RETURN_IF_ERROR(Check(!got.ok(), "must fail"));
+      const std::string msg(got.status().message());
+      PP_RETURN_IF_ERROR(
+          Check(msg.find("receive from global rank 2 (stage 0)") != std::string::npos,
+                "names the global rank: " + msg));
+      PP_RETURN_IF_ERROR(Check(msg.find("(peer global rank 2 (stage 0) died") != std::string::npos,
+                               "names the peer: " + msg));
+    } else {
+      std::this_thread::sleep_for(milliseconds(1500));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_STATUS_OK(s);
+}
+
 }  // namespace
 }  // namespace pp

@@ -1,6 +1,7 @@
 #include "pipeline/runtime/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,9 +14,25 @@
 namespace pp {
 namespace {
 
+// `placement`: the model's; an evaluation schedule is re-placed onto it.
 absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const ScheduleOptions& options,
-                                           bool want_forward_only) {
+                                           bool want_forward_only,
+                                           const std::vector<int>* placement = nullptr) {
   PP_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(name, options));
+  if (placement != nullptr && schedule.forward_only && schedule.stage_to_rank != *placement) {
+    // An evaluation schedule is placement-agnostic: each rank runs its
+    // virtual stages in ascending order, every micro-batch (a rank's later
+    // stages only wait on lower stages, so this cannot deadlock).
+    schedule.stage_to_rank = *placement;
+    for (int r = 0; r < schedule.num_stages; ++r) {
+      schedule.ranks[r].clear();
+      for (int s = 0; s < static_cast<int>(placement->size()); ++s) {
+        if ((*placement)[s] != r) continue;
+        for (int mb = 0; mb < schedule.num_microbatches; ++mb)
+          schedule.ranks[r].push_back(F(s, mb));
+      }
+    }
+  }
   if (schedule.forward_only != want_forward_only) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule '", name, "' is ", schedule.forward_only ? "forward-only" : "a training schedule",
@@ -54,7 +71,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   so.num_microbatches = options.num_microbatches;
   so.num_chunks = static_cast<int>(model->num_chunks());
   PP_ASSIGN_OR_RETURN(t->train_program_, MakeProgram(options.schedule, so, false));
-  PP_ASSIGN_OR_RETURN(t->eval_program_, MakeProgram(options.eval_schedule, so, true));
+  if (t->train_program_.stage_to_rank != model->placement()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule '", options.schedule, "' places virtual stages on ranks [",
+        absl::StrJoin(t->train_program_.stage_to_rank, ","),
+        "] but the model was partitioned for [", absl::StrJoin(model->placement(), ","),
+        "]; build the PipelineModel with PipelineModelOptions::stage_to_rank = the schedule's"));
+  }
+  PP_ASSIGN_OR_RETURN(t->eval_program_,
+                      MakeProgram(options.eval_schedule, so, true, &model->placement()));
 
   if (options.layer_runner) model->set_layer_runner(options.layer_runner);
   t->params_ = model->parameters();
@@ -92,7 +117,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages;
   for (int64_t c = 0; c < model->num_chunks(); ++c) {
     StageModule chunk = model->chunk(c);
-    const int vstage = static_cast<int>(c * model->num_stages() + model->stage());
+    const int vstage = static_cast<int>(chunk->virtual_stage());
     stages[vstage] = [chunk](const Activations& in, const MicroBatch& batch) mutable {
       return chunk->Forward(in, batch);
     };
@@ -101,6 +126,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   eo.p2p.timeout = options.timeout;
   eo.p2p.fixed_layout = options.fixed_layout;
   eo.p2p.device = options.device;
+  eo.p2p.global_ranks = grid->pipe_group_ranks();
   eo.data_parallel_id = grid->data_parallel_id();
   eo.trace = options.trace;
   eo.defer_receives = options.defer_receives;
@@ -120,7 +146,15 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
     case ActionType::kReduceGrads: {
       // A tied module shared by two chunks of this rank belongs to both
       // stages: average it only once.
-      const int64_t chunk = action.stage / model_->num_stages();
+      int64_t chunk = 0;
+      while (chunk < model_->num_chunks() &&
+             model_->chunk(chunk)->virtual_stage() != action.stage) {
+        ++chunk;
+      }
+      if (chunk == model_->num_chunks()) {
+        return absl::InternalError(
+            absl::StrCat(ActionToString(action), ": this rank holds no such virtual stage"));
+      }
       std::vector<torch::Tensor> params;
       for (const auto& item : model_->chunk_named_parameters(chunk)) {
         if (reduced_this_step_.insert(item.value().unsafeGetTensorImpl()).second)
@@ -129,12 +163,17 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
       return AverageGrads(params, grid_->data_group(), options_.timeout);
     }
     case ActionType::kOptimizerStep: {
-      if (options_.max_grad_norm <= 0 && !options_.report_grad_norm) {
+      if (options_.max_grad_norm <= 0 && !options_.report_grad_norm &&
+          !options_.skip_nonfinite_updates) {
         return TorchCall("optimizer step", [&] { optimizer_->step(); });
       }
       PP_ASSIGN_OR_RETURN(result.grad_norm,
                           GlobalGradNorm(counted_params_, grid_->pipe_group(), grid_->data_group(),
                                          options_.timeout, options_.device));
+      if (options_.skip_nonfinite_updates && !std::isfinite(result.grad_norm)) {
+        result.update_skipped = true;
+        return absl::OkStatus();
+      }
       if (options_.max_grad_norm > 0)
         ClipGradsToNorm(params_, result.grad_norm, options_.max_grad_norm);
       return TorchCall("optimizer step", [&] { optimizer_->step(); });

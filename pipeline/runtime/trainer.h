@@ -53,6 +53,10 @@ struct TrainerOptions {
   // Compute the global gradient norm for StepResult even without clipping
   // (one pass over all gradients plus two scalar all-reduces per step).
   bool report_grad_norm = true;
+  // A step whose global gradient norm is NaN or infinite applies no update
+  // (StepResult::update_skipped); the norm is computed even when
+  // report_grad_norm is false. Every rank sees the same norm, so all skip.
+  bool skip_nonfinite_updates = false;
   // Every receive, send completion and collective waits at most this long.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // Device of the p2p buffers and of the small tensors of the step's
@@ -76,6 +80,9 @@ struct StepResult {
   int64_t step = 0;
   double loss = 0.0;       // mean over micro-batches and data-parallel replicas
   double grad_norm = 0.0;  // global, before clipping; 0 when not computed
+  // skip_nonfinite_updates: the gradient norm was not finite, the optimizer
+  // did not step (the parameters are those before the step).
+  bool update_skipped = false;
   double learning_rate = 0.0;
   double step_seconds = 0.0;  // this rank's wall time of the program
   // Indexed by global rank: time in compute actions / the rest of the step.
