@@ -372,10 +372,9 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(const ExperimentConfig
   mo.partition_method = par.partition_method();
   mo.base_seed = config.seed();
   // The schedule's placement (V for zbv); its errors are the Trainer's to report.
-  if (absl::StatusOr<Schedule> schedule =
-          MakeSchedule(par.schedule(), {static_cast<int>(par.pp()),
-                                        static_cast<int>(par.num_microbatches()),
-                                        static_cast<int>(par.chunks()), 0});
+  if (absl::StatusOr<Schedule> schedule = MakeSchedule(
+          par.schedule(), {static_cast<int>(par.pp()), static_cast<int>(par.num_microbatches()),
+                           static_cast<int>(par.chunks()), 0});
       schedule.ok()) {
     mo.stage_to_rank = schedule->stage_to_rank;
   }
