@@ -224,19 +224,26 @@ void StageExecutor::HandInputGrads(StepState& st, int stage, int mb, Activations
   }
 }
 
+absl::StatusOr<std::map<StageExecutor::Key, StageExecutor::StashEntry>::iterator>
+StageExecutor::StashBeforeInputGrads(const Action& a, StepState& st, const char* what) {
+  auto it = st.stash.find(Key{a.stage, a.microbatch});
+  if (it == st.stash.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Name(a), " on rank ", rank_, ": nothing stashed (",
+                     a.type == ActionType::kBackward ? "B" : "I", " before its F)"));
+  }
+  if (it->second.input_grads_done) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Name(a), " on rank ", rank_, ": ", what, " after this micro-batch's I"));
+  }
+  return it;
+}
+
 absl::Status StageExecutor::Backward(const Action& a, StepState& st) {
   const int s = a.stage;
   const int mb = a.microbatch;
   const Key key{s, mb};
-  auto it = st.stash.find(key);
-  if (it == st.stash.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Name(a), " on rank ", rank_, ": nothing stashed (B before its F)"));
-  }
-  if (it->second.input_grads_done) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Name(a), " on rank ", rank_, ": full B after this micro-batch's I"));
-  }
+  PP_ASSIGN_OR_RETURN(auto it, StashBeforeInputGrads(a, st, "full B"));
   StashEntry entry = std::move(it->second);
   st.stash.erase(it);
   std::vector<torch::Tensor> roots, root_grads;
@@ -273,16 +280,8 @@ absl::Status StageExecutor::BackwardInput(const Action& a, StepState& st) {
   const int s = a.stage;
   const int mb = a.microbatch;
   const Key key{s, mb};
-  auto it = st.stash.find(key);
-  if (it == st.stash.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Name(a), " on rank ", rank_, ": nothing stashed (I before its F)"));
-  }
+  PP_ASSIGN_OR_RETURN(auto it, StashBeforeInputGrads(a, st, "a second I"));
   StashEntry& entry = it->second;
-  if (entry.input_grads_done) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Name(a), " on rank ", rank_, ": a second I for this micro-batch"));
-  }
   std::vector<torch::Tensor> roots, root_grads;
   bool grads_received = false;
   Activations grads;

@@ -146,6 +146,11 @@ class StageExecutor {
   absl::Status Execute(const Action& action, StepState& st, const TailFn& tail);
   absl::StatusOr<const MicroBatchData*> Data(StepState& st, int mb);
   absl::Status Forward(const Action& a, StepState& st);
+  // The stash entry a B or I acts on; FailedPrecondition when its F has not
+  // run, or its I already has (`what` names the offending action).
+  absl::StatusOr<std::map<Key, StashEntry>::iterator> StashBeforeInputGrads(const Action& a,
+                                                                            StepState& st,
+                                                                            const char* what);
   absl::Status Backward(const Action& a, StepState& st);
   // I: input gradients only, handed on at once; keeps the weight half.
   absl::Status BackwardInput(const Action& a, StepState& st);
