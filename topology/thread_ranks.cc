@@ -93,9 +93,4 @@ absl::Status RunOnGrid(int pp, int dp, std::chrono::milliseconds timeout,
   });
 }
 
-std::mutex& SharedGeneratorMutex() {
-  static std::mutex* mu = new std::mutex();
-  return *mu;
-}
-
 }  // namespace pp

@@ -18,7 +18,6 @@
 
 #include <chrono>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -57,12 +56,6 @@ absl::Status RunOnThreadRanks(int world_size, std::chrono::milliseconds timeout,
 // FirstRankError of their statuses.
 absl::Status RunOnGrid(int pp, int dp, std::chrono::milliseconds timeout,
                        const std::function<absl::Status(ParallelGrid& grid)>& body);
-
-// LibTorch's default CPU generator is process-wide, and building a model
-// seeds it (PipelineModel::Create seeds and restores it per layer): ranks
-// running as threads of one process hold this lock while they do that, or
-// their layers' weights would depend on the interleaving.
-std::mutex& SharedGeneratorMutex();
 
 }  // namespace pp
 

@@ -45,10 +45,8 @@ std::vector<std::vector<int64_t>> PipelineSample(int pp, const SampleOptions& op
     mo.num_stages = pp;
     mo.partition_method = "type:TransformerBlock";
     mo.base_seed = kSeed;
-    std::unique_lock<std::mutex> build_lock(SharedGeneratorMutex());
     PP_ASSIGN_OR_RETURN(auto model,
                         PipelineModel::Create(*MakeGptSpecs(Tiny()), mo, grid.stage_id()));
-    build_lock.unlock();
     std::string text(200, 'a');
     PP_ASSIGN_OR_RETURN(
         LmBatchSource source,

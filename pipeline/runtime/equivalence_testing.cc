@@ -127,10 +127,8 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
             schedule.ok()) {
           mo.stage_to_rank = schedule->stage_to_rank;
         }
-        std::unique_lock<std::mutex> build_lock(SharedGeneratorMutex());
         PP_ASSIGN_OR_RETURN(auto model,
                             PipelineModel::Create(SpecsOf(config), mo, grid.stage_id()));
-        build_lock.unlock();
         std::unique_ptr<MicroBatchSource> source = SourceOf(config);
         TrainerOptions to;
         to.schedule = config.schedule;

@@ -28,7 +28,6 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> ToyModel(const ParallelGrid& grid
   mo.chunks = chunks;
   mo.partition_method = "uniform";
   mo.base_seed = kSeed;
-  std::lock_guard<std::mutex> lock(SharedGeneratorMutex());
   return PipelineModel::Create(ToySpecs(2), mo, grid.stage_id());
 }
 
@@ -56,11 +55,9 @@ TEST(TrainerTest, DeepSpeedTwoLinearLayers) {
     PipelineModelOptions mo;
     mo.num_stages = 2;
     mo.partition_method = "uniform";
-    std::unique_lock<std::mutex> build_lock(SharedGeneratorMutex());
     PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(
                                         {LayerSpec("Linear", linear), LayerSpec("Linear", linear)},
                                         mo, grid.stage_id()));
-    build_lock.unlock();
     Ones source;
     TrainerOptions o;
     o.num_microbatches = 2;
