@@ -62,7 +62,13 @@ def run_pipe(args, flags, workdir):
     threads = sorted({line.split("threads: ", 1)[1].split(" (")[0]
                       for line in proc.stderr.splitlines()
                       if line.startswith("[launcher] rank ") and " threads: " in line})
+    # Per rank: the step's time in compute (step time minus that rank's idle
+    # share), the median over the timed steps: how even the stages are.
+    ranks = len(timed[0].get("bubble", []))
+    busy = [round(statistics.median(m["step_s"] * (1 - m["bubble"][r]) for m in timed), 4)
+            for r in range(ranks)]
     return {"tokens_per_s": statistics.median(m["tokens_per_s"] for m in timed),
+            "busy_s": busy,
             "step_s": [m["step_s"] for m in timed], "loss_first": metrics[0]["loss"],
             "loss_last": metrics[-1]["loss"], "threads": threads,
             "wall_s": time.time() - started}
@@ -83,7 +89,7 @@ def run_deepspeed(args):
     result = json.loads(lines[-1].split("RESULT ", 1)[1])
     return {"tokens_per_s": result["tokens_per_s"], "step_s": result["step_s"],
             "loss_first": result["loss_first"], "loss_last": result["loss_last"],
-            "threads": result["threads"], "wall_s": time.time() - started}
+            "threads": result["threads"], "busy_s": [], "wall_s": time.time() - started}
 
 
 def main():
@@ -122,7 +128,8 @@ def main():
                 runs[name].append(r)
                 print(f"rep {rep + 1}/{args.reps} {name:>12}: {r['tokens_per_s']:8.1f} tokens/s"
                       f"  loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}  threads "
-                      f"{r['threads']}  load {load_average()}", file=sys.stderr, flush=True)
+                      f"{r['threads']}  busy per rank {r['busy_s']}  load {load_average()}",
+                      file=sys.stderr, flush=True)
     load["end"] = load_average()
 
     result = {"bench": "pipe_vs_deepspeed", "reps": args.reps, "steps": args.steps,
@@ -132,6 +139,8 @@ def main():
         tps = [r["tokens_per_s"] for r in runs[name]]
         result[name] = {"median_tokens_per_s": round(statistics.median(tps), 1),
                         "runs_tokens_per_s": [round(x, 1) for x in tps],
+                        "busy_s_per_rank": [round(statistics.median(b), 4) for b in
+                                            zip(*(r["busy_s"] for r in runs[name]))],
                         "threads": runs[name][0]["threads"],
                         "flags": dict(systems)[name]}
     if not args.no_deepspeed:

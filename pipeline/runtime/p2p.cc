@@ -1,6 +1,7 @@
 #include "pipeline/runtime/p2p.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
 #include <utility>
 
@@ -85,7 +86,13 @@ absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>&
 
 P2P::P2P(c10::intrusive_ptr<c10d::ProcessGroup> group, P2POptions options)
     : group_(std::move(group)), options_(std::move(options)) {
-  sender_ = std::thread([this] { SenderLoop(); });
+  if (const char* m = std::getenv("PIPE_P2P_SEND_MODE_EXPERIMENT")) {  // TEMPORARY A/B
+    options_.send_mode =
+        std::string(m) == "direct" ? P2PSendMode::kDirect : P2PSendMode::kSenderThread;
+  }
+  if (options_.send_mode == P2PSendMode::kSenderThread) {
+    sender_ = std::thread([this] { SenderLoop(); });
+  }
 }
 
 P2P::~P2P() {
@@ -97,7 +104,14 @@ P2P::~P2P() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  sender_.join();
+  if (sender_.joinable()) sender_.join();
+}
+
+P2PStats P2P::stats() const {
+  P2PStats s = stats_;
+  absl::MutexLock lock(&mu_);
+  s.send_handoff_seconds = handoff_seconds_;
+  return s;
 }
 
 void P2P::SenderLoop() {
@@ -114,6 +128,8 @@ void P2P::SenderLoop() {
       request = std::move(queue_.front());
       queue_.pop_front();
       posting_ = true;
+      handoff_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - request.queued).count();
     }
     c10::intrusive_ptr<c10d::Work> work;
     absl::Status s = TorchCall(absl::StrCat(request.what, ": send to rank ", request.peer), [&] {
@@ -152,9 +168,28 @@ absl::Status P2P::PostSend(torch::Tensor tensor, int peer, int tag, const std::s
   torch::Tensor payload;
   PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(what, ": send to ", PeerName(peer)),
                                [&] { payload = tensor.detach().contiguous(); }));
-  absl::MutexLock lock(&mu_);
-  if (!send_error_.ok()) return send_error_;
-  queue_.push_back(SendRequest{std::move(payload), peer, tag, what});
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s;
+  if (options_.send_mode == P2PSendMode::kDirect) {
+    // Posted in call order from this thread: Gloo matches messages of one
+    // (peer, tag) in posting order, so channel order holds.
+    c10::intrusive_ptr<c10d::Work> work;
+    s = TorchCall(absl::StrCat(what, ": send to ", PeerName(peer)), [&] {
+      std::vector<at::Tensor> one = {payload};
+      work = group_->send(one, peer, tag);
+    });
+    if (s.ok()) {
+      absl::MutexLock lock(&mu_);
+      in_flight_.push_back(PendingSend{std::move(work), peer, what});
+    }
+  } else {
+    absl::MutexLock lock(&mu_);
+    if (!send_error_.ok()) return send_error_;
+    queue_.push_back(SendRequest{std::move(payload), peer, tag, what, start});
+  }
+  stats_.send_post_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  PP_RETURN_IF_ERROR(s);
   ++stats_.tensor_messages;
   return absl::OkStatus();
 }

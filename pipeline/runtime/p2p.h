@@ -31,20 +31,22 @@
 //   require grad gets no gradient, and both sides agree on that through the
 //   header flag, so nobody waits for a gradient that is never sent.
 //
-// Sends are asynchronous: the caller queues them and a sender thread posts
-// them to the process group in order (Gloo's send can stall the calling
-// thread on the connection's lock while the peer's transport thread is busy;
-// the compute thread should not). The tensor is kept alive until completion,
-// two ranks that both send before they receive cannot deadlock, and
-// WaitSends() joins everything with the timeout. Every wait has a timeout and its error names the
+// Sends are asynchronous (P2POptions::send_mode): kDirect posts each message
+// to the process group from the calling thread (c10d's send returns a Work at
+// once; Gloo's transport thread moves the bytes); kSenderThread queues it for
+// a sender thread that posts in order (for a backend whose send could stall
+// the compute thread). Either way messages of one channel are posted in call
+// order, the tensor is kept alive until completion, two ranks that both send
+// before they receive cannot deadlock, and WaitSends() joins everything with
+// the timeout. Every wait has a timeout and its error names the
 // peer rank and the action being executed.
 //
 // Receive buffers come from a pool keyed by dtype and shape. A received tensor
 // belongs to the caller until it is handed back with Recycle(); a buffer whose
 // storage is still referenced elsewhere is dropped instead of reused.
 //
-// Thread-compatible: one P2P object per rank, used by one thread (plus its
-// own sender thread, synchronised internally).
+// Thread-compatible: one P2P object per rank, used by one thread (plus, in
+// kSenderThread mode, its own sender thread, synchronised internally).
 #ifndef PIPELINE_RUNTIME_P2P_H_
 #define PIPELINE_RUNTIME_P2P_H_
 
@@ -89,6 +91,11 @@ std::vector<TensorMeta> LayoutOf(const Activations& tensors);
 std::vector<int64_t> EncodeHeader(const std::vector<TensorMeta>& layout);
 absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>& words);
 
+enum class P2PSendMode {
+  kDirect,        // post from the calling thread, wait on the Work later
+  kSenderThread,  // hand to a sender thread that posts
+};
+
 struct P2POptions {
   // Every receive and send completion waits at most this long.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
@@ -102,6 +109,9 @@ struct P2POptions {
   // errors name the peer as the launcher and the logs do ("global rank 2
   // (stage 1)"); empty: errors give group ranks.
   std::vector<int> global_ranks;
+  // Who posts sends (see the file comment). kDirect measured faster
+  // (README "Performance": the sender thread's hand-off).
+  P2PSendMode send_mode = P2PSendMode::kSenderThread;
 };
 
 // Counters, for tests and the benchmark.
@@ -111,6 +121,12 @@ struct P2PStats {
   int64_t tensor_messages = 0;
   int64_t buffers_allocated = 0;
   int64_t buffers_reused = 0;
+  // Seconds the caller spent posting sends (kDirect: inside the process
+  // group's send(); kSenderThread: queueing), and, for kSenderThread, the
+  // sum over messages of queueing -> posted by the sender thread (the
+  // hand-off: what a message waits before the transport sees it).
+  double send_post_seconds = 0;
+  double send_handoff_seconds = 0;
 };
 
 // See the file comment. Owns nothing but a reference to the process group.
@@ -164,7 +180,7 @@ class P2P {
   // Both sides must call it at the same point (e.g. between phases).
   void ResetShapes();
 
-  const P2PStats& stats() const { return stats_; }
+  P2PStats stats() const;
   const P2POptions& options() const { return options_; }
   int rank() const;
 
@@ -181,6 +197,7 @@ class P2P {
     int peer = 0;
     int tag = 0;
     std::string what;
+    std::chrono::steady_clock::time_point queued;
   };
   void SenderLoop();
 
@@ -199,13 +216,14 @@ class P2P {
   std::map<std::pair<int, std::vector<int64_t>>, std::vector<torch::Tensor>> pool_;
   P2PStats stats_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<SendRequest> queue_ ABSL_GUARDED_BY(mu_);
   bool posting_ ABSL_GUARDED_BY(mu_) = false;  // the sender thread is inside send()
   std::vector<PendingSend> in_flight_ ABSL_GUARDED_BY(mu_);
   absl::Status send_error_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread sender_;
+  double handoff_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread sender_;  // kSenderThread only
 };
 
 }  // namespace pp

@@ -164,6 +164,52 @@ TEST(P2PTest, SimultaneousSendsDoNotDeadlock) {
   EXPECT_STATUS_OK(s);
 }
 
+// Both send modes: many messages on two channels in both directions, every
+// send posted before the peer receives; each channel delivers in order, and
+// only the sender-thread mode books hand-off time.
+TEST(P2PTest, BothSendModesKeepChannelOrderWithoutDeadlock) {
+  for (P2PSendMode mode : {P2PSendMode::kDirect, P2PSendMode::kSenderThread}) {
+    SCOPED_TRACE(mode == P2PSendMode::kDirect ? "direct" : "sender thread");
+    absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [mode](World& world) -> absl::Status {
+      P2POptions options{milliseconds(20000), std::nullopt};
+      options.send_mode = mode;
+      P2P p2p(world.group, options);
+      const int peer = 1 - world.rank;
+      constexpr int kMessages = 12;
+      for (int i = 0; i < kMessages; ++i) {
+        // Activations on (rank -> peer) and gradients back on the peer's
+        // activation channel, sizes from 1 float to 64 KiB.
+        const int64_t n = int64_t{1} << (i % 15);
+        PP_RETURN_IF_ERROR(p2p.SendActivations(
+            peer, world.rank, peer, {torch::full({n}, float(100 * world.rank + i))}, "send"));
+        PP_RETURN_IF_ERROR(
+            p2p.SendGrads(peer, peer, world.rank, {torch::full({n}, float(-i))}, "grads"));
+      }
+      for (int i = 0; i < kMessages; ++i) {
+        const int64_t n = int64_t{1} << (i % 15);
+        PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(peer, peer, world.rank, "recv"));
+        PP_RETURN_IF_ERROR(Check(torch::equal(got[0], torch::full({n}, float(100 * peer + i))),
+                                 "activation " + std::to_string(i) + " in order"));
+        TensorMeta meta{torch::kFloat, {n}, true};
+        PP_ASSIGN_OR_RETURN(Activations g, p2p.RecvGrads(peer, world.rank, peer, {meta}, "recv_g"));
+        PP_RETURN_IF_ERROR(Check(torch::equal(g[0], torch::full({n}, float(-i))),
+                                 "gradient " + std::to_string(i) + " in order"));
+      }
+      PP_RETURN_IF_ERROR(p2p.WaitSends());
+      const P2PStats stats = p2p.stats();
+      PP_RETURN_IF_ERROR(Check(stats.tensor_messages == 3 * kMessages,
+                               "control + activation + gradient per round: got " +
+                                   std::to_string(stats.tensor_messages)));
+      PP_RETURN_IF_ERROR(Check(stats.send_post_seconds > 0, "posting is timed"));
+      PP_RETURN_IF_ERROR(
+          Check((stats.send_handoff_seconds > 0) == (mode == P2PSendMode::kSenderThread),
+                "hand-off only through the sender thread"));
+      return absl::OkStatus();
+    });
+    EXPECT_STATUS_OK(s);
+  }
+}
+
 // A silent peer: the receive times out with an error naming the peer rank and
 // the action.
 TEST(P2PTest, SilentPeerTimesOutNamingPeerAndAction) {

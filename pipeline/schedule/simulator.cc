@@ -1,6 +1,7 @@
 #include "pipeline/schedule/simulator.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,46 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
   }
   if (!backward_given) costs.backward = costs.backward_input + costs.backward_weight;
   return costs;
+}
+
+absl::StatusOr<MessageCost> FitMessageCost(const std::vector<MessageSample>& samples) {
+  std::vector<double> sizes;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const MessageSample& m = samples[i];
+    if (!std::isfinite(m.bytes) || !std::isfinite(m.seconds) || m.bytes < 0 || m.seconds <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("message sample ", i, " (bytes ", m.bytes, ", seconds ", m.seconds,
+                       "): bytes must be finite and >= 0, seconds finite and > 0"));
+    }
+    if (std::find(sizes.begin(), sizes.end(), m.bytes) == sizes.end()) sizes.push_back(m.bytes);
+  }
+  if (sizes.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fitting latency + bytes / bandwidth needs samples of at least 2 distinct sizes; got ",
+        sizes.size(), " (", samples.size(), " samples)"));
+  }
+  // Weighted normal equations for y = a + b x, weight 1 / y^2.
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const MessageSample& m : samples) {
+    const double w = 1 / (m.seconds * m.seconds);
+    sw += w;
+    sx += w * m.bytes;
+    sy += w * m.seconds;
+    sxx += w * m.bytes * m.bytes;
+    sxy += w * m.bytes * m.seconds;
+  }
+  MessageCost cost;
+  const double det = sw * sxx - sx * sx;
+  cost.latency = (sxx * sy - sx * sxy) / det;
+  cost.per_byte = (sw * sxy - sx * sy) / det;
+  if (cost.latency < 0) {  // through the origin
+    cost.latency = 0;
+    cost.per_byte = sxy / sxx;
+  } else if (cost.per_byte < 0) {  // size does not matter
+    cost.per_byte = 0;
+    cost.latency = sy / sw;
+  }
+  return cost;
 }
 
 absl::StatusOr<MemorySplit> ParseMemorySplit(absl::string_view text) {
@@ -88,8 +129,21 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
         absl::StrCat("stage_multiplier has ", costs.stage_multiplier.size(),
                      " entries; expected one per virtual stage (", num_virtual, ") or none"));
   }
+  if (costs.message.latency < 0 || costs.message.per_byte < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("message cost latency ", costs.message.latency,
+                                                   ", per byte ", costs.message.per_byte,
+                                                   ": both must be >= 0"));
+  }
+  double message_time = costs.comm;
+  for (double bytes : costs.message_bytes) {
+    if (bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("message_bytes has a negative size ", bytes, "; sizes must be >= 0"));
+    }
+    message_time += costs.message.Of(bytes);
+  }
   internal_schedule::ExecutionCosts exec_costs;
-  exec_costs.message_latency = costs.comm;
+  exec_costs.message_latency = message_time;
   exec_costs.blocking_sends = costs.blocking_sends;
   exec_costs.compute = [&costs](const Action& a) {
     double base = 0;

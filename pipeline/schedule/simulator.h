@@ -41,12 +41,42 @@ struct MemorySplit {
 // defaults). InvalidArgument names a bad key or value.
 absl::StatusOr<MemorySplit> ParseMemorySplit(absl::string_view text);
 
+// Time of one transport message as a function of its size: latency +
+// bytes * per_byte (per_byte = 1 / bandwidth), in the costs' time unit.
+struct MessageCost {
+  double latency = 0;
+  double per_byte = 0;
+  double Of(double bytes) const { return latency + per_byte * bytes; }
+};
+
+// One measured message: its size and its one-way time (e.g. half the round
+// trip of a ping-pong).
+struct MessageSample {
+  double bytes = 0;
+  double seconds = 0;
+};
+
+// Least-squares fit of MessageCost to `samples`, weighted by 1 / seconds^2
+// (relative residuals: sizes span orders of magnitude, and an unweighted fit
+// would let the largest message decide the latency). Both parameters are
+// kept >= 0: where the unconstrained fit makes one negative, it is 0 and the
+// other is refitted alone. InvalidArgument names the bad sample (negative or
+// non-finite bytes or seconds) or says that fewer than two distinct sizes
+// were given.
+absl::StatusOr<MessageCost> FitMessageCost(const std::vector<MessageSample>& samples);
+
 struct SimulationCosts {
   double forward = 1;          // F
   double backward = 2;         // B
   double backward_input = 1;   // I
   double backward_weight = 1;  // W
-  double comm = 0;             // per message
+  double comm = 0;             // per message (added to the message model below)
+  // Message model: one SEND/RECV pair moves the transport messages of sizes
+  // `message_bytes` (e.g. a control word and each tensor), each taking
+  // message.Of(bytes); with the default (zero model, no sizes) a message costs
+  // `comm` alone.
+  MessageCost message;
+  std::vector<double> message_bytes;
   // Per virtual stage multiplier of compute costs; empty = all 1.
   std::vector<double> stage_multiplier;
   // false (default): buffered sends: a SEND returns at once and its RECV

@@ -102,6 +102,76 @@ TEST(SimulatorTest, CommunicationLatencyLengthensThePipeline) {
   EXPECT_DOUBLE_EQ(r.makespan, 1 + 0.5 + 1 + 2 + 0.5 + 2);
 }
 
+// A SEND/RECV pair of a control word and a payload costs comm plus each
+// transport message's latency + bytes / bandwidth.
+TEST(SimulatorTest, MessageModelAddsLatencyAndBytesPerMessage) {
+  SimulationCosts costs;
+  costs.comm = 0.1;
+  costs.message.latency = 0.05;
+  costs.message.per_byte = 0.001;
+  costs.message_bytes = {100, 200};  // 0.05 + 0.1, 0.05 + 0.2
+  SimulationResult r = SimulateNamed("gpipe", 2, 1, 1, costs);
+  EXPECT_DOUBLE_EQ(r.makespan, 1 + 0.5 + 1 + 2 + 0.5 + 2);
+  costs.message_bytes = {-1};
+  ScheduleOptions options;
+  options.num_stages = 2;
+  EXPECT_THAT(std::string(Simulate(*MakeSchedule("gpipe", options), costs).status().message()),
+              HasSubstr("negative size -1"));
+  costs.message_bytes = {};
+  costs.message.per_byte = -1;
+  EXPECT_FALSE(Simulate(*MakeSchedule("gpipe", options), costs).ok());
+}
+
+TEST(FitMessageCostTest, RecoversLatencyAndBandwidth) {
+  std::vector<MessageSample> samples;
+  for (double bytes : {512.0, 4096.0, 65536.0, 1048576.0}) {
+    samples.push_back({bytes, 20e-6 + bytes / 2e9});
+  }
+  absl::StatusOr<MessageCost> fit = FitMessageCost(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->latency, 20e-6, 1e-12);
+  EXPECT_NEAR(fit->per_byte, 1 / 2e9, 1e-18);
+  EXPECT_NEAR(fit->Of(1e6), 20e-6 + 1e6 / 2e9, 1e-12);
+}
+
+TEST(FitMessageCostTest, NoisySamplesFitWithinTheNoise) {
+  // +-5% alternating noise around 10 us + 1 ns/byte, two samples per size.
+  std::vector<MessageSample> samples;
+  for (double bytes : {1e3, 1e4, 1e5, 1e6}) {
+    const double t = 10e-6 + bytes * 1e-9;
+    samples.push_back({bytes, t * 1.05});
+    samples.push_back({bytes, t * 0.95});
+  }
+  absl::StatusOr<MessageCost> fit = FitMessageCost(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->latency, 10e-6, 1e-6);
+  EXPECT_NEAR(fit->per_byte, 1e-9, 0.05e-9);
+}
+
+TEST(FitMessageCostTest, KeepsBothParametersNonNegative) {
+  // Time falls with size: no bandwidth term, latency is the weighted mean.
+  absl::StatusOr<MessageCost> flat = FitMessageCost({{100, 2e-5}, {1000, 1e-5}});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  EXPECT_EQ(flat->per_byte, 0);
+  EXPECT_GT(flat->latency, 1e-5);
+  EXPECT_LT(flat->latency, 2e-5);
+  // Time grows faster than proportionally: the line would cross zero above
+  // 0 bytes, so it goes through the origin instead.
+  absl::StatusOr<MessageCost> origin = FitMessageCost({{100, 1e-6}, {1000, 2e-5}});
+  ASSERT_TRUE(origin.ok()) << origin.status();
+  EXPECT_EQ(origin->latency, 0);
+  EXPECT_GT(origin->per_byte, 0);
+}
+
+TEST(FitMessageCostTest, RejectsTooFewSizesAndBadSamples) {
+  EXPECT_THAT(std::string(FitMessageCost({{100, 1e-5}, {100, 2e-5}}).status().message()),
+              HasSubstr("at least 2 distinct sizes; got 1"));
+  EXPECT_FALSE(FitMessageCost({}).ok());
+  EXPECT_THAT(std::string(FitMessageCost({{100, 1e-5}, {-5, 1e-5}}).status().message()),
+              HasSubstr("message sample 1 (bytes -5"));
+  EXPECT_FALSE(FitMessageCost({{100, 1e-5}, {200, 0}}).ok());
+}
+
 TEST(SimulatorTest, StageMultipliersScaleCompute) {
   SimulationCosts costs;
   costs.stage_multiplier = {1, 2};
