@@ -9,7 +9,8 @@ after warm-up; a system's figure is the median over repetitions.
 Prints a table on stderr and one JSON line on stdout:
   {"deepspeed": {...}, "pipe": {...}, "ratio": pipe / deepspeed, "pipe_faster_pairs": "k/n", ...}
 Extra pipe variants (--variant name='flags') are measured in the same
-rotation and get their own ratio.
+rotation and get their own ratio; a variant's flags may start with NAME=value
+environment settings and may name another train_gpt build with --binary=PATH.
 
 Use experiments/bench_vs_deepspeed.sh (it makes the virtual environment and
 builds train_gpt); this script needs --train_gpt and --deepspeed.
@@ -47,12 +48,23 @@ def load_average():
 
 def run_pipe(args, flags, workdir):
     out = Path(tempfile.mkdtemp(dir=workdir))
-    command = [args.train_gpt, f"--set={PEER_GPT}", f"--pp={args.stages}",
+    # A variant may start with NAME=value environment settings and name
+    # another build of train_gpt with --binary=PATH (e.g. -c opt vs fastbuild).
+    tokens = shlex.split(flags)
+    env = dict(os.environ)
+    while tokens and "=" in tokens[0] and not tokens[0].startswith("-"):
+        key, _, value = tokens.pop(0).partition("=")
+        env[key] = value
+    binary = args.train_gpt
+    for t in [t for t in tokens if t.startswith("--binary=")]:
+        binary = t.split("=", 1)[1]
+        tokens.remove(t)
+    command = [binary, f"--set={PEER_GPT}", f"--pp={args.stages}",
                "--microbatches=8", "--micro_batch_size=4",
                f"--steps={args.warmup + args.steps}", f"--output_dir={out}", "--name=bench",
-               f"--seed={args.seed}"] + shlex.split(flags)
+               f"--seed={args.seed}"] + tokens
     started = time.time()
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"pipe failed ({proc.returncode}): {' '.join(command)}\n"
                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

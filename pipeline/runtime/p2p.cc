@@ -1,7 +1,6 @@
 #include "pipeline/runtime/p2p.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <exception>
 #include <utility>
 
@@ -86,10 +85,6 @@ absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>&
 
 P2P::P2P(c10::intrusive_ptr<c10d::ProcessGroup> group, P2POptions options)
     : group_(std::move(group)), options_(std::move(options)) {
-  if (const char* m = std::getenv("PIPE_P2P_SEND_MODE_EXPERIMENT")) {  // TEMPORARY A/B
-    options_.send_mode =
-        std::string(m) == "direct" ? P2PSendMode::kDirect : P2PSendMode::kSenderThread;
-  }
   if (options_.send_mode == P2PSendMode::kSenderThread) {
     sender_ = std::thread([this] { SenderLoop(); });
   }

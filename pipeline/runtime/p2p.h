@@ -111,7 +111,7 @@ struct P2POptions {
   std::vector<int> global_ranks;
   // Who posts sends (see the file comment). kDirect measured faster
   // (README "Performance": the sender thread's hand-off).
-  P2PSendMode send_mode = P2PSendMode::kSenderThread;
+  P2PSendMode send_mode = P2PSendMode::kDirect;
 };
 
 // Counters, for tests and the benchmark.
