@@ -10,6 +10,8 @@
 #include <time.h>
 
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
@@ -32,6 +34,10 @@ ABSL_FLAG(int, context, 128, "Sequence length.");
 ABSL_FLAG(int, micro_batch_size, 4, "Sequences per micro-batch.");
 ABSL_FLAG(int, reps, 30, "Timed micro-batches (after 3 warm-up ones).");
 ABSL_FLAG(int, blas, 1, "OpenBLAS threads (intra-op threads: --threads, default 1).");
+ABSL_FLAG(int, stages, 1,
+          "> 1: cut the model into this many stages with --partition and time each stage's "
+          "forward + backward separately (thread CPU time): how even a partition is.");
+ABSL_FLAG(std::string, partition, "type:TransformerBlock", "Partition method for --stages > 1.");
 
 namespace pp {
 namespace {
@@ -40,6 +46,73 @@ double ThreadCpuSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// --stages > 1: every stage of the partition in this thread, in pipeline
+// order (forward through all, backward back), each timed on its own.
+absl::Status RunStages(const std::vector<LayerSpec>& specs, SyntheticLmBatchSource& source,
+                       int reps) {
+  const int p = absl::GetFlag(FLAGS_stages);
+  std::vector<std::unique_ptr<PipelineModel>> stages;
+  PipelineModelOptions mo;
+  mo.num_stages = p;
+  mo.partition_method = absl::GetFlag(FLAGS_partition);
+  mo.base_seed = 1234;
+  for (int s = 0; s < p; ++s) {
+    PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> m, PipelineModel::Create(specs, mo, s));
+    stages.push_back(std::move(m));
+  }
+  std::vector<std::vector<double>> cpu(p);
+  for (int i = 0; i < reps + 3; ++i) {
+    const MicroBatch batch = source.Batch(i, 0);
+    std::vector<Activations> inputs(p), outputs(p);
+    std::vector<double> spent(p, 0);
+    for (int s = 0; s < p; ++s) {
+      if (s > 0) {
+        for (const torch::Tensor& t : outputs[s - 1]) {
+          inputs[s].push_back(t.is_floating_point() ? t.detach().requires_grad_(true) : t.detach());
+        }
+      }
+      const double c0 = ThreadCpuSeconds();
+      outputs[s] = stages[s]->chunk(0)->Forward(inputs[s], batch);
+      if (s == p - 1) outputs[s] = {GptLoss(outputs[s], batch)};
+      spent[s] += ThreadCpuSeconds() - c0;
+    }
+    for (int s = p - 1; s >= 0; --s) {
+      const double c0 = ThreadCpuSeconds();
+      if (s == p - 1) {
+        outputs[s][0].backward();
+      } else {
+        std::vector<torch::Tensor> outs, grads;
+        for (size_t k = 0; k < outputs[s].size(); ++k) {
+          if (!inputs[s + 1][k].requires_grad() || !inputs[s + 1][k].grad().defined()) continue;
+          outs.push_back(outputs[s][k]);
+          grads.push_back(inputs[s + 1][k].grad());
+        }
+        torch::autograd::backward(outs, grads);
+      }
+      spent[s] += ThreadCpuSeconds() - c0;
+    }
+    for (auto& m : stages) {
+      for (auto& param : m->parameters()) param.mutable_grad() = torch::Tensor();
+    }
+    if (i < 3) continue;
+    for (int s = 0; s < p; ++s) cpu[s].push_back(spent[s]);
+  }
+  std::printf("peer GPT F+B per micro-batch per stage, --partition=%s, %d reps (thread CPU time)\n",
+              mo.partition_method.c_str(), reps);
+  nlohmann::json j = {{"bench", "gpt_kernels_stages"}, {"partition", mo.partition_method}};
+  double total = 0;
+  for (int s = 0; s < p; ++s) total += Median(cpu[s]);
+  for (int s = 0; s < p; ++s) {
+    std::printf("  stage %d: layers [%lld, %lld)  cpu median %.2f ms  (%.1f%% of the sum)\n", s,
+                static_cast<long long>(stages[s]->chunk(0)->first_layer()),
+                static_cast<long long>(stages[s]->chunk(0)->end_layer()), 1e3 * Median(cpu[s]),
+                100 * Median(cpu[s]) / total);
+    j["cpu_ms_median"].push_back(1e3 * Median(cpu[s]));
+  }
+  std::printf("%s\n", j.dump().c_str());
+  return absl::OkStatus();
 }
 
 absl::Status Run() {
@@ -58,8 +131,9 @@ absl::Status Run() {
   data.lm.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
   data.lm.num_microbatches = 1;
   PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource source, SyntheticLmBatchSource::Create(data));
-  std::vector<double> wall, cpu;
   const int reps = absl::GetFlag(FLAGS_reps);
+  if (absl::GetFlag(FLAGS_stages) > 1) return RunStages(specs, source, reps);
+  std::vector<double> wall, cpu;
   for (int i = 0; i < reps + 3; ++i) {
     const MicroBatch batch = source.Batch(i, 0);
     const double c0 = ThreadCpuSeconds();
