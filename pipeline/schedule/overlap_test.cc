@@ -9,8 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/schedule/capabilities.h"
+#include "pipeline/schedule/chrome_trace.h"
 #include "pipeline/schedule/defer_receives.h"
 #include "pipeline/schedule/lowering.h"
+#include "pipeline/schedule/render.h"
 #include "pipeline/schedule/simulator.h"
 #include "pipeline/schedule/validator.h"
 
@@ -79,6 +81,22 @@ TEST(OverlapTest, SimulatorRunsTheHalvesBackToBack) {
   EXPECT_DOUBLE_EQ(sim->peak_memory[0], 3);
   EXPECT_DOUBLE_EQ(sim->peak_memory[1], 2);
   EXPECT_EQ(sim->peak_inflight[0], 3);
+}
+
+TEST(OverlapTest, ChromeTraceAndSvgShowThePair) {
+  absl::StatusOr<SimulationResult> sim = Simulate(Paired(), SimulationCosts{});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  int halves = 0;
+  for (const TraceEvent& e : sim->timeline) {
+    if (e.overlap == "(0F2;0B0)OVERLAP_F_B") ++halves;
+  }
+  EXPECT_EQ(halves, 2);
+  EXPECT_THAT(ChromeTraceJson(sim->timeline),
+              HasSubstr("\"overlap_f_b\": \"(0F2;0B0)OVERLAP_F_B\""));
+  const std::string svg = RenderSvg(*sim);
+  // One outline per pair, spanning both halves: [5, 8) on rank 0.
+  EXPECT_THAT(svg, HasSubstr("<title>(0F2;0B0)OVERLAP_F_B</title>"));
+  EXPECT_THAT(svg, HasSubstr("OVERLAP_F_B pair"));
 }
 
 TEST(OverlapTest, PairThatWaitsOnItselfAcrossRanksIsRejected) {

@@ -139,7 +139,9 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
       for (const Action& a : Leaves(action)) {
         const double end =
             action.type == ActionType::kOverlapFB ? t + exec_costs.compute(a) : ex.end[r][i];
-        result.timeline.push_back({r, ActionToString(a), t, end});
+        result.timeline.push_back(
+            {r, ActionToString(a), t, end,
+             action.type == ActionType::kOverlapFB ? ActionToString(action) : std::string()});
         result.busy[r] += end - t;
         t = end;
         switch (a.type) {
