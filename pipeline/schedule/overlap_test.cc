@@ -99,6 +99,19 @@ TEST(OverlapTest, ChromeTraceAndSvgShowThePair) {
   EXPECT_THAT(svg, HasSubstr("OVERLAP_F_B pair"));
 }
 
+TEST(OverlapTest, CsvRoundTripKeepsThePairs) {
+  const Schedule s = Paired();
+  const std::string csv = DumpCsv(s.ranks);
+  EXPECT_THAT(csv, HasSubstr("0F1,(0F2;0B0)OVERLAP_F_B,0B1"));
+  absl::StatusOr<RankActions> loaded = LoadCsv(csv);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, s.ranks);
+  absl::StatusOr<Schedule> rebuilt = ScheduleFromRankActions("csv", *loaded);
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  EXPECT_EQ(rebuilt->num_microbatches, 3);
+  EXPECT_TRUE(ValidateSchedule(*rebuilt).ok()) << ValidateSchedule(*rebuilt);
+}
+
 TEST(OverlapTest, PairThatWaitsOnItselfAcrossRanksIsRejected) {
   // Unpaired this order runs; paired, rank 0's pair waits for 1B0, inside
   // rank 1's pair, which waits for 0F1, inside rank 0's pair.

@@ -333,10 +333,12 @@ absl::StatusOr<Schedule> ScheduleFromRankActions(absl::string_view name, const R
   int max_stage = -1, max_mb = -1;
   bool backward = false;
   for (const auto& actions : ranks) {
-    for (const Action& a : actions) {
-      max_stage = std::max(max_stage, a.stage);
-      max_mb = std::max(max_mb, a.microbatch);
-      backward |= a.type != ActionType::kForward;
+    for (const Action& action : actions) {
+      for (const Action& a : Leaves(action)) {  // both halves of an OVERLAP_F_B
+        max_stage = std::max(max_stage, a.stage);
+        max_mb = std::max(max_mb, a.microbatch);
+        backward |= a.type != ActionType::kForward;
+      }
     }
   }
   if (max_stage < 0 || max_mb < 0) {
