@@ -7,7 +7,7 @@
 # and in the log of each rank that hit them, and bad
 # --profile_steps refused before any worker starts.
 set -euo pipefail
-BIN=$1 CHECK=$2 READBACK=$3
+BIN=$1 CHECK=$2 READBACK=$3 TRACE_SVG=$4
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 CORPUS=$TMP/corpus.txt
@@ -24,6 +24,14 @@ run() {  # run NAME LOG ARGS...
 run obs "$TMP/obs.log" --steps=6 --sample_tokens=16 --micro_batch_size=2 --v=1 --profile_steps=2:3
 cat "$TMP/obs.log"
 python3 "$CHECK" "$(ls -d "$TMP"/runs/obs-*)" "$TMP/obs.log" "$READBACK" --profile
+# The merged trace draws: both lanes, the actions' tracks, actions and the
+# operators that ran in them (tooltips name the action).
+"$TRACE_SVG" --trace="$(ls -d "$TMP"/runs/obs-*)/profile/merged.json" --out="$TMP/step2.svg" --step=2 \
+  --min_span_px=0
+for want in '>rank 0<' '>rank 1<' '>pipe actions<' '<title>0F0 ' '<title>1B3 ' \
+            '<title>aten::[a-z_]+ .* in 0F[0-9]</title>' '<title>[A-Za-z]+Backward0 .* in 1B[0-9]</title>'; do
+  grep -qE "$want" "$TMP/step2.svg" || { echo "FAIL: the merged trace's SVG lacks /$want/"; exit 1; }
+done
 
 run big "$TMP/big.log" --steps=2 --sample_tokens=0 --micro_batch_size=8
 python3 "$CHECK" --memory-grows "$(ls -d "$TMP"/runs/obs-*)" "$(ls -d "$TMP"/runs/big-*)"

@@ -25,6 +25,8 @@ ABSL_FLAG(double, start_ms, -1,
 ABSL_FLAG(double, end_ms, -1, "window end, ms after the same origin; -1: the last event's end");
 ABSL_FLAG(int, width, 1600, "picture width in px");
 ABSL_FLAG(int, max_depth, 8, "nesting levels drawn per track");
+ABSL_FLAG(double, min_span_px, 1.0,
+          "narrower spans are drawn as grey coverage (0: every span as itself)");
 ABSL_FLAG(std::string, title, "", "title above the ruler");
 
 namespace pp {
@@ -43,6 +45,7 @@ absl::Status Run() {
   TraceSvgOptions options;
   options.width_px = absl::GetFlag(FLAGS_width);
   options.max_depth = absl::GetFlag(FLAGS_max_depth);
+  options.min_span_px = absl::GetFlag(FLAGS_min_span_px);
   options.title = absl::GetFlag(FLAGS_title);
   if (absl::GetFlag(FLAGS_step) >= 0) options.step = absl::GetFlag(FLAGS_step);
   const double start_ms = absl::GetFlag(FLAGS_start_ms);
