@@ -160,7 +160,7 @@ absl::StatusOr<TraceLayout> LayoutTrace(absl::string_view trace_json,
   for (size_t i = 0; i < events.size(); ++i) {
     const json& e = events[i];
     if (!e.is_object()) continue;
-    const std::string ph = e.value("ph", "");
+    const std::string ph = e.contains("ph") && e["ph"].is_string() ? e["ph"] : "";
     if (ph != "X" && ph != "M") continue;
     const std::optional<int64_t> pid = e.contains("pid") ? AsInteger(e["pid"]) : std::nullopt;
     const std::optional<int64_t> tid =

@@ -279,6 +279,10 @@ TEST(TraceSvgTest, BadInputsAreNamed) {
               HasSubstr("pid and tid must be integers"));
   EXPECT_THAT(error(R"([{"ph": "X", "pid": 0, "tid": 1, "ts": "0", "dur": 1}])"),
               HasSubstr("numeric ts and dur"));
+  // Events of other phases, or with no phase or a phase that is no string, are skipped.
+  EXPECT_THAT(error(R"([{"ph": 1, "pid": 0, "ts": 0, "dur": 1}, {"ph": "B", "pid": 0, "ts": 0},
+                       {"pid": 0, "ts": 0, "dur": 1}])"),
+              HasSubstr("no complete"));
   TraceSvgOptions step;
   step.step = 9;
   const std::string with_steps = json{{"traceEvents",
