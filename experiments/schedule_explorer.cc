@@ -202,11 +202,16 @@ std::string Compare(const std::vector<std::string>& names) {
       absl::GetFlag(FLAGS_memory_split), "schedule", "v", "makespan", "bubble", "inner",
       "peak act (chunks)", "peak (x stage)", "peak memory (x stage)");
   for (const std::string& name : names) {
-    // Schedules with one chunk per rank are compared at v = 1.
+    // A schedule that rejects --chunks is compared at the count it takes:
+    // two (V schedules: zbv, dualpipev), else one; its first error otherwise.
     const int chunks = absl::GetFlag(FLAGS_chunks);
     absl::StatusOr<Explored> e = Explore(name, chunks);
-    if (!e.ok() && chunks > 1 && e.status().code() == absl::StatusCode::kInvalidArgument) {
-      e = Explore(name, 1);
+    for (int fallback : {2, 1}) {
+      if (e.ok() || fallback == chunks || e.status().code() != absl::StatusCode::kInvalidArgument) {
+        continue;
+      }
+      absl::StatusOr<Explored> retry = Explore(name, fallback);
+      if (retry.ok()) e = std::move(retry);
     }
     if (!e.ok()) {
       absl::StrAppend(&out, absl::StrFormat("%-18s %s\n", name, e.status().message()));

@@ -58,6 +58,7 @@ bool StageExecutor::IsLocal(const StepState& st, int stage) const {
 RuntimeCapabilities StageExecutorCapabilities() {
   RuntimeCapabilities capabilities;
   capabilities.split_backward = true;
+  capabilities.overlap_f_b = true;  // its halves run back to back (Run)
   return capabilities;
 }
 
@@ -84,12 +85,15 @@ absl::Status StageExecutor::Validate(const LoweredProgram& program) const {
     }
   }
   PP_RETURN_IF_ERROR(CheckRuntimeSupports(program, StageExecutorCapabilities()));
-  for (const Action& a : program.ranks[rank_]) {
-    if (HasStage(a.type) && !IsTail(a.type) && stages_.count(a.stage) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("action ", Name(a), " of rank ", rank_,
-                       " is for a virtual stage this rank does not hold"));
+  for (const Action& action : program.ranks[rank_]) {
+    for (const Action& leaf : Leaves(action)) {
+      if (HasStage(leaf.type) && !IsTail(leaf.type) && stages_.count(leaf.stage) == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("action ", Name(action), " of rank ", rank_,
+                         " is for a virtual stage this rank does not hold"));
+      }
     }
+    const Action& a = action;
     if (a.type == ActionType::kReduceGrads && stages_.count(a.stage) == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("action ", Name(a), " of rank ", rank_,
@@ -406,6 +410,10 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
       if (st.forward_only)
         return absl::InvalidArgumentError(absl::StrCat(Name(a), " in a forward-only program"));
       return BackwardWeight(a, st);
+    case ActionType::kOverlapFB:
+      // Run() executes the halves one by one (each timed on its own).
+      for (const Action& half : Leaves(a)) PP_RETURN_IF_ERROR(Execute(half, st, tail));
+      return absl::OkStatus();
   }
   return absl::InternalError(absl::StrCat("unknown action type in ", Name(a)));
 }
@@ -449,7 +457,11 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
       return true;
     };
     for (const Action& a : exec_program.ranks[rank_]) {
-      if (!run(a)) return;
+      // OVERLAP_F_B: the forward half, then the backward half, back to back
+      // on this thread (no overlap), each timed and traced as its own action.
+      for (const Action& half : Leaves(a)) {
+        if (!run(half)) return;
+      }
     }
   });
   if (status.ok() && !status_holder_.ok()) status = status_holder_;

@@ -78,7 +78,10 @@ struct StageExecutorOptions {
 };
 
 // What StageExecutor can execute (checked by Validate, and by experiments
-// before they launch workers): split backward (I/W) included.
+// before they launch workers): split backward (I/W) and OVERLAP_F_B included.
+// An OVERLAP_F_B runs its forward half, then its backward half, back to back
+// on the rank's one thread: correct, but nothing is overlapped (the
+// receives either half needs come before the pair, its sends after).
 RuntimeCapabilities StageExecutorCapabilities();
 
 // Split backward: I runs BackwardInput (pipeline/runtime/split_backward.h) and

@@ -233,6 +233,50 @@ TEST(StageExecutorTest, SplitBackwardEqualsFullBackward) {
   }
 }
 
+// OVERLAP_F_B runs its forward half, then its backward half (B or I), back
+// to back: the gradients equal the unpaired order's, and each half is timed
+// as its own action.
+TEST(StageExecutorTest, OverlapFBRunsItsHalvesBackToBack) {
+  EXPECT_TRUE(StageExecutorCapabilities().overlap_f_b);
+  torch::manual_seed(5);
+  torch::nn::Linear l1(1, 4), l2(4, 1);
+  auto run = [&](std::vector<Action> actions,
+                 std::vector<Action>* timed) -> absl::StatusOr<std::vector<torch::Tensor>> {
+    for (auto& p : l1->parameters()) p.mutable_grad().reset();
+    for (auto& p : l2->parameters()) p.mutable_grad().reset();
+    ConstantSource source;
+    std::map<int, StageFn> stages = {{0, [&](const Activations& in, const MicroBatch&) {
+                                        return Activations{l2(torch::tanh(l1(in[0])))};
+                                      }}};
+    StageExecutor exec(0, stages, Mse, &source, c10::intrusive_ptr<c10d::ProcessGroup>(),
+                       StageExecutorOptions{});
+    PP_ASSIGN_OR_RETURN(StepStats stats,
+                        exec.Run(OneRankProgram(std::move(actions), 3), 0, nullptr));
+    for (const ActionTiming& t : stats.timings) timed->push_back(t.action);
+    std::vector<torch::Tensor> grads;
+    for (auto& p : l1->parameters()) grads.push_back(p.grad().clone());
+    for (auto& p : l2->parameters()) grads.push_back(p.grad().clone());
+    return grads;
+  };
+  std::vector<Action> timed_plain, timed_paired, timed_split;
+  absl::StatusOr<std::vector<torch::Tensor>> plain =
+      run({F(0, 0), F(0, 1), B(0, 0), F(0, 2), B(0, 1), B(0, 2)}, &timed_plain);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<std::vector<torch::Tensor>> paired = run(
+      {F(0, 0), OverlapFB(F(0, 1), B(0, 0)), OverlapFB(F(0, 2), B(0, 1)), B(0, 2)}, &timed_paired);
+  ASSERT_TRUE(paired.ok()) << paired.status();
+  absl::StatusOr<std::vector<torch::Tensor>> split =
+      run({F(0, 0), OverlapFB(F(0, 1), I(0, 0)), W(0, 0), OverlapFB(F(0, 2), B(0, 1)), B(0, 2)},
+          &timed_split);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(ActionsToString(timed_paired), "0F0 0F1 0B0 0F2 0B1 0B2");
+  EXPECT_EQ(ActionsToString(timed_split), "0F0 0F1 0I0 0W0 0F2 0B1 0B2");
+  for (size_t i = 0; i < plain->size(); ++i) {
+    EXPECT_TRUE(torch::allclose((*plain)[i], (*paired)[i], 1e-6, 1e-7)) << "parameter " << i;
+    EXPECT_TRUE(torch::allclose((*plain)[i], (*split)[i], 1e-6, 1e-7)) << "parameter " << i;
+  }
+}
+
 TEST(StageExecutorTest, SplitBackwardOutOfOrderIsAnError) {
   ConstantSource source;
   torch::nn::Linear linear(1, 1);

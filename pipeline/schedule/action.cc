@@ -29,11 +29,13 @@ constexpr TypeToken kTypeTokens[] = {
     {ActionType::kReduceTiedGrads, "REDUCE_TIED"},
     {ActionType::kReduceGrads, "REDUCE_GRAD"},
     {ActionType::kOptimizerStep, "STEP"},
+    {ActionType::kOverlapFB, "OVERLAP_F_B"},
 };
 
 constexpr absl::string_view kGrammar =
     "expected <stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B><microbatch> (e.g. "
-    "1F3, 0RECV_B2), <stage>REDUCE_GRAD, REDUCE_TIED or STEP";
+    "1F3, 0RECV_B2), <stage>REDUCE_GRAD, REDUCE_TIED, STEP or "
+    "(<stage>F<mb>;<stage><B|I><mb>)OVERLAP_F_B (e.g. (0F3;3B1)OVERLAP_F_B)";
 
 absl::Status Malformed(absl::string_view text, absl::string_view why) {
   return absl::InvalidArgumentError(
@@ -51,7 +53,45 @@ absl::string_view ActionTypeName(ActionType type) {
 
 bool IsCompute(ActionType type) {
   return type == ActionType::kForward || type == ActionType::kBackward ||
-         type == ActionType::kBackwardInput || type == ActionType::kBackwardWeight;
+         type == ActionType::kBackwardInput || type == ActionType::kBackwardWeight ||
+         type == ActionType::kOverlapFB;
+}
+
+Action OverlapFB(const Action& forward, const Action& backward) {
+  Action pair{forward.stage, ActionType::kOverlapFB, forward.microbatch};
+  pair.backward_stage = backward.stage;
+  pair.backward_type = backward.type;
+  pair.backward_microbatch = backward.microbatch;
+  return pair;
+}
+
+absl::Status CheckOverlapPair(const Action& forward, const Action& backward) {
+  if (forward.type != ActionType::kForward) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the first half of an OVERLAP_F_B must be an F, "
+                     "got ",
+                     ActionToString(forward)));
+  }
+  if (backward.type != ActionType::kBackward && backward.type != ActionType::kBackwardInput) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the second half of an OVERLAP_F_B must be a B or an I, got ", ActionToString(backward)));
+  }
+  if (forward.microbatch == backward.microbatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the halves of an OVERLAP_F_B must be of different micro-batches, got ",
+                     ActionToString(forward), " and ", ActionToString(backward)));
+  }
+  return absl::OkStatus();
+}
+
+Leaves::Leaves(const Action& a) {
+  if (a.type == ActionType::kOverlapFB) {
+    leaves_[0] = ForwardHalf(a);
+    leaves_[1] = BackwardHalf(a);
+    size_ = 2;
+  } else {
+    leaves_[0] = a;
+  }
 }
 
 bool IsCommunication(ActionType type) {
@@ -71,12 +111,19 @@ bool HasStage(ActionType type) {
 bool HasMicrobatch(ActionType type) { return IsCompute(type) || IsCommunication(type); }
 
 bool operator<(const Action& a, const Action& b) {
-  return std::make_tuple(a.stage, static_cast<int>(a.type), a.microbatch) <
-         std::make_tuple(b.stage, static_cast<int>(b.type), b.microbatch);
+  return std::make_tuple(a.stage, static_cast<int>(a.type), a.microbatch, a.backward_stage,
+                         static_cast<int>(a.backward_type), a.backward_microbatch) <
+         std::make_tuple(b.stage, static_cast<int>(b.type), b.microbatch, b.backward_stage,
+                         static_cast<int>(b.backward_type), b.backward_microbatch);
 }
 
 std::string ActionToString(const Action& action) {
   std::string out;
+  if (action.type == ActionType::kOverlapFB) {
+    // PyTorch's _Action.__repr__ with sub_actions: "(" + ";".join(subs) + ")" + type.
+    return absl::StrCat("(", ActionToString(ForwardHalf(action)), ";",
+                        ActionToString(BackwardHalf(action)), ")OVERLAP_F_B");
+  }
   if (HasStage(action.type)) absl::StrAppend(&out, action.stage);
   absl::StrAppend(&out, ActionTypeName(action.type));
   if (HasMicrobatch(action.type)) absl::StrAppend(&out, action.microbatch);
@@ -90,6 +137,28 @@ std::ostream& operator<<(std::ostream& os, const Action& action) {
 absl::StatusOr<Action> ParseAction(absl::string_view text) {
   absl::string_view s = absl::StripAsciiWhitespace(text);
   if (s.empty()) return Malformed(text, "empty");
+  if (s.front() == '(') {
+    // PyTorch's _Action.from_str: "(" sub-actions separated by ";" ")" type.
+    const size_t close = s.find(')');
+    if (close == absl::string_view::npos) return Malformed(text, "no closing parenthesis");
+    if (s.substr(close + 1) != "OVERLAP_F_B") {
+      return Malformed(text, absl::StrCat("a parenthesised group must be followed by OVERLAP_F_B, "
+                                          "got \"",
+                                          s.substr(close + 1), "\""));
+    }
+    std::vector<absl::string_view> halves = absl::StrSplit(s.substr(1, close - 1), ';');
+    if (halves.size() != 2) {
+      return Malformed(text,
+                       absl::StrCat("OVERLAP_F_B pairs exactly two actions, got ", halves.size()));
+    }
+    absl::StatusOr<Action> forward = ParseAction(halves[0]);
+    if (!forward.ok()) return Malformed(text, forward.status().message());
+    absl::StatusOr<Action> backward = ParseAction(halves[1]);
+    if (!backward.ok()) return Malformed(text, backward.status().message());
+    absl::Status pair = CheckOverlapPair(*forward, *backward);
+    if (!pair.ok()) return Malformed(text, pair.message());
+    return OverlapFB(*forward, *backward);
+  }
   size_t i = 0;
   while (i < s.size() && absl::ascii_isdigit(s[i])) ++i;
   absl::string_view stage_text = s.substr(0, i);
@@ -107,6 +176,9 @@ absl::StatusOr<Action> ParseAction(absl::string_view text) {
   }
   if (!found) {
     return Malformed(text, absl::StrCat("unknown type \"", type_text, "\""));
+  }
+  if (action.type == ActionType::kOverlapFB) {
+    return Malformed(text, "OVERLAP_F_B is written (<forward>;<backward>)OVERLAP_F_B");
   }
   for (char c : mb_text) {
     if (!absl::ascii_isdigit(c)) {

@@ -4,6 +4,9 @@
 //   <virtual stage><type><micro-batch>     0F3, 1B0, 2I1, 2W1, 1SEND_F3, 2RECV_B0
 //   <virtual stage>REDUCE_GRAD             data-parallel gradient reduce of a stage
 //   REDUCE_TIED, STEP                      rank-wide tail actions (no stage, no mb)
+//   (0F3;3B1)OVERLAP_F_B                   a forward and a backward (B or I) of
+//                                          two different micro-batches on one
+//                                          rank, paired (DualPipeV)
 //
 // A schedule (schedule.h) lists compute actions (F, B, I, W) per rank; the
 // lowering pass (lowering.h) adds communication and the step's tail. Parsing
@@ -16,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -40,12 +44,20 @@ enum class ActionType {
   kReduceGrads,      // "<s>REDUCE_GRAD": all-reduce stage s's gradients across
                      // the data-parallel group.
   kOptimizerStep,    // "STEP": (clip and) apply the optimizer on this rank.
+  // Compute, listed by schedules: "(<F>;<B or I>)OVERLAP_F_B", PyTorch's
+  // _ComputationType.OVERLAP_F_B (torch/distributed/pipelining/schedules.py,
+  // _Action.__repr__ / _Action.from_str): the forward of one micro-batch and
+  // the backward of another, on one rank, that may run overlapped. Its halves
+  // are the leaves (Leaves()); every analysis works on them, with the pair
+  // occupying one position of the rank's list. Last, so that the dense
+  // per-type tables of the leaf types (F, B, I, W first) keep their layout.
+  kOverlapFB,
 };
 
 // The type's token: "F", "SEND_B", "REDUCE_TIED", ...
 absl::string_view ActionTypeName(ActionType type);
 
-bool IsCompute(ActionType type);        // F, B, I, W
+bool IsCompute(ActionType type);        // F, B, I, W, OVERLAP_F_B
 bool IsCommunication(ActionType type);  // SEND_*, RECV_*
 bool IsTail(ActionType type);           // REDUCE_TIED, REDUCE_GRAD, STEP
 // Whether the string form carries a stage / a micro-batch.
@@ -54,20 +66,29 @@ bool HasMicrobatch(ActionType type);  // compute and communication
 
 // One action. `stage` is a virtual stage (chunk c on rank r with p ranks is
 // c * p + r under the looped placement); -1 when the type has none, as is
-// `microbatch`. Plain value type.
+// `microbatch`. For OVERLAP_F_B, `stage` and `microbatch` are the forward
+// half's (so `stage` names the rank's stage like any compute action) and the
+// backward_* fields the backward half's; they are -1 / kBackward otherwise.
+// Plain value type.
 struct Action {
   int stage = -1;
   ActionType type = ActionType::kForward;
   int microbatch = -1;
+  int backward_stage = -1;
+  ActionType backward_type = ActionType::kBackward;
+  int backward_microbatch = -1;
 
   friend bool operator==(const Action& a, const Action& b) {
-    return a.stage == b.stage && a.type == b.type && a.microbatch == b.microbatch;
+    return a.stage == b.stage && a.type == b.type && a.microbatch == b.microbatch &&
+           a.backward_stage == b.backward_stage && a.backward_type == b.backward_type &&
+           a.backward_microbatch == b.backward_microbatch;
   }
   friend bool operator!=(const Action& a, const Action& b) { return !(a == b); }
   friend bool operator<(const Action& a, const Action& b);
   template <typename H>
   friend H AbslHashValue(H h, const Action& a) {
-    return H::combine(std::move(h), a.stage, static_cast<int>(a.type), a.microbatch);
+    return H::combine(std::move(h), a.stage, static_cast<int>(a.type), a.microbatch,
+                      a.backward_stage, static_cast<int>(a.backward_type), a.backward_microbatch);
   }
 };
 
@@ -77,13 +98,41 @@ inline Action B(int stage, int mb) { return {stage, ActionType::kBackward, mb}; 
 inline Action I(int stage, int mb) { return {stage, ActionType::kBackwardInput, mb}; }
 inline Action W(int stage, int mb) { return {stage, ActionType::kBackwardWeight, mb}; }
 
-// "1F3", "2RECV_B0", "0REDUCE_GRAD", "STEP".
+// The pair "(<forward>;<backward>)OVERLAP_F_B". REQUIRES nothing: whether the
+// halves form a valid pair (an F, then a B or I of another micro-batch) is
+// CheckOverlapPair's, which ParseAction and the validator apply.
+Action OverlapFB(const Action& forward, const Action& backward);
+// The halves of an OVERLAP_F_B.
+inline Action ForwardHalf(const Action& pair) { return F(pair.stage, pair.microbatch); }
+inline Action BackwardHalf(const Action& pair) {
+  return {pair.backward_stage, pair.backward_type, pair.backward_microbatch};
+}
+// OK if `forward` is an F and `backward` a B or I of a different micro-batch;
+// else InvalidArgument saying which rule is broken.
+absl::Status CheckOverlapPair(const Action& forward, const Action& backward);
+
+// The leaf actions an action stands for, in execution order: the two halves
+// of an OVERLAP_F_B, else the action itself. No allocation.
+class Leaves {
+ public:
+  explicit Leaves(const Action& a);
+  const Action* begin() const { return leaves_; }
+  const Action* end() const { return leaves_ + size_; }
+  int size() const { return size_; }
+
+ private:
+  Action leaves_[2];
+  int size_ = 1;
+};
+
+// "1F3", "2RECV_B0", "0REDUCE_GRAD", "STEP", "(0F3;3B1)OVERLAP_F_B".
 std::string ActionToString(const Action& action);
 std::ostream& operator<<(std::ostream& os, const Action& action);
 
 // Inverse of ActionToString. Malformed text (unknown type, missing or extra
-// stage/micro-batch, negative or non-numeric parts) is InvalidArgument naming
-// the text and the grammar.
+// stage/micro-batch, negative or non-numeric parts, an OVERLAP_F_B whose
+// halves are not an F and a B or I of another micro-batch) is
+// InvalidArgument naming the text and the grammar.
 absl::StatusOr<Action> ParseAction(absl::string_view text);
 
 // Space- or comma-separated list of actions ("0F0 0F1,0B0"); empty tokens skipped.

@@ -56,6 +56,59 @@ TEST(ActionTest, ParseActionsSplitsOnSpacesAndCommas) {
   EXPECT_FALSE(ParseActions("0F0 bogus").ok());
 }
 
+TEST(ActionTest, OverlapFBInPyTorchNotationRoundTrips) {
+  const Action pair = OverlapFB(F(0, 3), B(3, 1));
+  EXPECT_EQ(ActionToString(pair), "(0F3;3B1)OVERLAP_F_B");
+  EXPECT_EQ(pair.type, ActionType::kOverlapFB);
+  EXPECT_EQ(ForwardHalf(pair), F(0, 3));
+  EXPECT_EQ(BackwardHalf(pair), B(3, 1));
+  for (const char* text : {"(0F3;3B1)OVERLAP_F_B", "(12F0;7I10)OVERLAP_F_B"}) {
+    absl::StatusOr<Action> a = ParseAction(text);
+    ASSERT_TRUE(a.ok()) << text << ": " << a.status();
+    EXPECT_EQ(ActionToString(*a), text);
+  }
+  EXPECT_EQ(*ParseAction(" (0F3;3B1)OVERLAP_F_B "), pair);
+  // Pairs differ by their backward half too.
+  EXPECT_NE(pair, OverlapFB(F(0, 3), I(3, 1)));
+  EXPECT_NE(pair, OverlapFB(F(0, 3), B(3, 2)));
+  EXPECT_TRUE(IsCompute(ActionType::kOverlapFB));
+  absl::StatusOr<std::vector<Action>> list = ParseActions("0F0 (0F1;1B0)OVERLAP_F_B,1W0");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(*list, (std::vector<Action>{F(0, 0), OverlapFB(F(0, 1), B(1, 0)), W(1, 0)}));
+}
+
+TEST(ActionTest, LeavesAreTheHalvesInOrder) {
+  std::vector<Action> leaves;
+  for (const Action& a : Leaves(OverlapFB(F(2, 5), I(1, 0)))) leaves.push_back(a);
+  EXPECT_EQ(leaves, (std::vector<Action>{F(2, 5), I(1, 0)}));
+  leaves.clear();
+  for (const Action& a : Leaves(W(1, 0))) leaves.push_back(a);
+  EXPECT_EQ(leaves, (std::vector<Action>{W(1, 0)}));
+}
+
+TEST(ActionTest, MalformedOverlapIsInvalidArgumentNamingTheRule) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"(0F3;3B1)", "followed by OVERLAP_F_B"},
+      {"(0F3;3B1)OVERLAP", "followed by OVERLAP_F_B"},
+      {"(0F3;3B1", "no closing parenthesis"},
+      {"(0F3)OVERLAP_F_B", "exactly two actions, got 1"},
+      {"(0F3;3B1;2F0)OVERLAP_F_B", "exactly two actions, got 3"},
+      {"(3B1;0F3)OVERLAP_F_B", "first half of an OVERLAP_F_B must be an F"},
+      {"(0F3;3W1)OVERLAP_F_B", "second half of an OVERLAP_F_B must be a B or an I"},
+      {"(0F3;3F1)OVERLAP_F_B", "second half of an OVERLAP_F_B must be a B or an I"},
+      {"(0F3;3B3)OVERLAP_F_B", "different micro-batches"},
+      {"(0F3;3X1)OVERLAP_F_B", "unknown type"},
+      {"0OVERLAP_F_B3", "is written (<forward>;<backward>)OVERLAP_F_B"},
+  };
+  for (const auto& [text, why] : cases) {
+    absl::StatusOr<Action> a = ParseAction(text);
+    ASSERT_FALSE(a.ok()) << "accepted \"" << text << "\"";
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(a.status().message()), HasSubstr("\"" + text + "\"")) << text;
+    EXPECT_THAT(std::string(a.status().message()), HasSubstr(why)) << text;
+  }
+}
+
 TEST(ActionTest, PeerStages) {
   EXPECT_EQ(PeerStage({2, ActionType::kSendForward, 0}), 3);
   EXPECT_EQ(PeerStage({2, ActionType::kRecvBackward, 0}), 3);

@@ -7,14 +7,23 @@ namespace pp {
 absl::Status CheckRuntimeSupports(const LoweredProgram& program,
                                   const RuntimeCapabilities& capabilities) {
   for (size_t rank = 0; rank < program.ranks.size(); ++rank) {
-    for (const Action& a : program.ranks[rank]) {
-      const bool split =
-          a.type == ActionType::kBackwardInput || a.type == ActionType::kBackwardWeight;
-      if (split && !capabilities.split_backward) {
+    for (const Action& action : program.ranks[rank]) {
+      if (action.type == ActionType::kOverlapFB && !capabilities.overlap_f_b) {
         return absl::UnimplementedError(absl::StrCat(
-            "schedule '", program.schedule_name, "' uses ", ActionToString(a), " on rank ", rank,
-            ": split backward (I/W, zero-bubble schedules) is not implemented by the runtime "
-            "yet; use a schedule with full B actions"));
+            "schedule '", program.schedule_name, "' uses ", ActionToString(action), " on rank ",
+            rank,
+            ": OVERLAP_F_B (paired forward and backward, DualPipeV) is not implemented by "
+            "the runtime; use a schedule without it"));
+      }
+      for (const Action& a : Leaves(action)) {
+        const bool split =
+            a.type == ActionType::kBackwardInput || a.type == ActionType::kBackwardWeight;
+        if (split && !capabilities.split_backward) {
+          return absl::UnimplementedError(absl::StrCat(
+              "schedule '", program.schedule_name, "' uses ", ActionToString(a), " on rank ", rank,
+              ": split backward (I/W, zero-bubble schedules) is not implemented by the runtime "
+              "yet; use a schedule with full B actions"));
+        }
       }
     }
   }

@@ -16,6 +16,9 @@ struct RuntimeCapabilities {
   // I (input-gradient backward) and W (weight-gradient backward): the split
   // backward of zero-bubble schedules.
   bool split_backward = false;
+  // OVERLAP_F_B (a forward and a backward of two micro-batches, paired:
+  // DualPipeV), executed back to back or overlapped.
+  bool overlap_f_b = false;
 };
 
 // OK if a runtime with `capabilities` can execute every rank's program, else

@@ -46,6 +46,7 @@ std::string ChromeTraceJson(const std::vector<TraceEvent>& events,
     if (action.ok() && HasMicrobatch(action->type)) {
       event["args"] = {{"stage", action->stage}, {"microbatch", action->microbatch}};
     }
+    if (!e.overlap.empty()) event["args"]["overlap_f_b"] = e.overlap;
     trace_events.push_back(std::move(event));
   }
   nlohmann::json root = {{"traceEvents", trace_events}, {"displayTimeUnit", "ms"}};

@@ -19,6 +19,9 @@ struct TraceEvent {
   std::string name;  // an action string ("1F3", "0SEND_B2") or any label
   double start = 0;
   double end = 0;
+  // The OVERLAP_F_B ("(0F3;3B1)OVERLAP_F_B") this action is a half of, if
+  // any: Chrome traces show it in the event's args, SVGs outline the pair.
+  std::string overlap;
 };
 
 struct ChromeTraceOptions {

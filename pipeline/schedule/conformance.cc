@@ -46,7 +46,9 @@ absl::Status CheckScheduleConformance(const std::string& name, const ScheduleOpt
     int local = 0;
     for (int rank : schedule.stage_to_rank) local += rank == r;
     std::map<ActionType, int> count;
-    for (const Action& a : schedule.ranks[r]) ++count[a.type];
+    for (const Action& action : schedule.ranks[r]) {
+      for (const Action& a : Leaves(action)) ++count[a.type];
+    }
     const int f = count[ActionType::kForward];
     const int b = count[ActionType::kBackward];
     const int i = count[ActionType::kBackwardInput];

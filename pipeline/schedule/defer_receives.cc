@@ -29,15 +29,19 @@ LoweredProgram DeferReceives(const LoweredProgram& program) {
         deferred.push_back(a);
         continue;
       }
-      if (a.type == ActionType::kForward && a.stage > 0) {
-        const Action needed{a.stage, ActionType::kRecvForward, a.microbatch};
-        flush_until(&needed);
-      } else if ((a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) &&
-                 a.stage < last) {
-        const Action needed{a.stage, ActionType::kRecvBackward, a.microbatch};
-        flush_until(&needed);
-      } else if (IsTail(a.type)) {
-        flush_until(nullptr);
+      // Both halves of an OVERLAP_F_B: their receives come before the pair.
+      for (const Action& leaf : Leaves(a)) {
+        if (leaf.type == ActionType::kForward && leaf.stage > 0) {
+          const Action needed{leaf.stage, ActionType::kRecvForward, leaf.microbatch};
+          flush_until(&needed);
+        } else if ((leaf.type == ActionType::kBackward ||
+                    leaf.type == ActionType::kBackwardInput) &&
+                   leaf.stage < last) {
+          const Action needed{leaf.stage, ActionType::kRecvBackward, leaf.microbatch};
+          flush_until(&needed);
+        } else if (IsTail(leaf.type)) {
+          flush_until(nullptr);
+        }
       }
       reordered.push_back(a);
     }

@@ -25,17 +25,18 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
   for (int r = 0; r < p; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
       PP_RETURN_IF_ERROR(CheckComputeCell(schedule, r, i));
-      const Action& a = schedule.ranks[r][i];
-      Dependency& slot = where[key(a)];
-      if (slot.rank >= 0) {
-        const Dependency& first = slot;
-        return ScheduleCellError(schedule, r, i,
-                                 absl::StrCat(ActionToString(a),
-                                              " appears twice (first "
-                                              "at rank ",
-                                              first.rank, " step ", first.pos, ")"));
+      for (const Action& a : Leaves(schedule.ranks[r][i])) {
+        Dependency& slot = where[key(a)];
+        if (slot.rank >= 0) {
+          const Dependency& first = slot;
+          return ScheduleCellError(schedule, r, i,
+                                   absl::StrCat(ActionToString(a),
+                                                " appears twice (first "
+                                                "at rank ",
+                                                first.rank, " step ", first.pos, ")"));
+        }
+        slot = Dependency{r, i, a};
       }
-      slot = Dependency{r, i};
     }
   }
 
@@ -49,46 +50,47 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
     timing.end[r].assign(actions.size(), -1);
     timing.deps[r].resize(actions.size());
     for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
-      const Action& a = actions[i];
-      auto need = [&](std::vector<Action> alternatives) -> absl::Status {
-        for (const Action& alt : alternatives) {
-          const Dependency& found = where[key(alt)];
-          if (found.rank >= 0) {
-            timing.deps[r][i].push_back(found);
-            return absl::OkStatus();
+      for (const Action& a : Leaves(actions[i])) {
+        auto need = [&](std::vector<Action> alternatives) -> absl::Status {
+          for (const Action& alt : alternatives) {
+            const Dependency& found = where[key(alt)];
+            if (found.rank >= 0) {
+              timing.deps[r][i].push_back(found);
+              return absl::OkStatus();
+            }
           }
-        }
-        std::string names;
-        for (const Action& alt : alternatives) {
-          absl::StrAppend(&names, names.empty() ? "" : " or ", ActionToString(alt));
-        }
-        return ScheduleCellError(
-            schedule, r, i,
-            absl::StrCat(ActionToString(a), " needs ", names, ", which no rank runs"));
-      };
-      absl::Status status;
-      switch (a.type) {
-        case ActionType::kForward:
-          if (a.stage > 0) status = need({F(a.stage - 1, a.microbatch)});
-          break;
-        case ActionType::kBackward:
-        case ActionType::kBackwardInput:
-          status = need({F(a.stage, a.microbatch)});
-          if (status.ok() && a.stage + 1 < num_virtual) {
-            status = need({B(a.stage + 1, a.microbatch), I(a.stage + 1, a.microbatch)});
+          std::string names;
+          for (const Action& alt : alternatives) {
+            absl::StrAppend(&names, names.empty() ? "" : " or ", ActionToString(alt));
           }
-          break;
-        case ActionType::kBackwardWeight:
-          status = need({I(a.stage, a.microbatch)});
-          break;
-        default:
-          break;
+          return ScheduleCellError(
+              schedule, r, i,
+              absl::StrCat(ActionToString(a), " needs ", names, ", which no rank runs"));
+        };
+        absl::Status status;
+        switch (a.type) {
+          case ActionType::kForward:
+            if (a.stage > 0) status = need({F(a.stage - 1, a.microbatch)});
+            break;
+          case ActionType::kBackward:
+          case ActionType::kBackwardInput:
+            status = need({F(a.stage, a.microbatch)});
+            if (status.ok() && a.stage + 1 < num_virtual) {
+              status = need({B(a.stage + 1, a.microbatch), I(a.stage + 1, a.microbatch)});
+            }
+            break;
+          case ActionType::kBackwardWeight:
+            status = need({I(a.stage, a.microbatch)});
+            break;
+          default:
+            break;
+        }
+        if (!status.ok()) return status;
       }
-      if (!status.ok()) return status;
     }
   }
 
-  auto cost = [&](ActionType type) {
+  auto leaf_cost = [&](ActionType type) {
     switch (type) {
       case ActionType::kForward:
         return costs.forward;
@@ -99,6 +101,11 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
       default:
         return costs.backward_weight;
     }
+  };
+  auto cost = [&](const Action& action) {
+    int total = 0;
+    for (const Action& a : Leaves(action)) total += leaf_cost(a.type);
+    return total;
   };
   std::vector<int> pos(p, 0), free_at(p, 0);
   bool progress = true;
@@ -118,7 +125,7 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
         }
         if (blocked) break;
         timing.start[r][i] = ready;
-        timing.end[r][i] = ready + cost(schedule.ranks[r][i].type);
+        timing.end[r][i] = ready + cost(schedule.ranks[r][i]);
         free_at[r] = timing.end[r][i];
         ++pos[r];
         progress = true;

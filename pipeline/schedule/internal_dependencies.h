@@ -20,14 +20,18 @@ struct DependencyCosts {
   int backward_weight = 1;
 };
 
-// A producer of an input: the action at ranks[rank][pos].
+// A producer of an input: the action at ranks[rank][pos]; `produced` is the
+// leaf (an OVERLAP_F_B's half, or the action itself) that produces it.
 struct Dependency {
   int rank;
   int pos;
+  Action produced;
 };
 
 struct ComputeTiming {
-  // Indexed [rank][position in schedule.ranks[rank]].
+  // Indexed [rank][position in schedule.ranks[rank]]. An OVERLAP_F_B is one
+  // position: its deps are both halves' and it costs F + B (or I), run back
+  // to back.
   std::vector<std::vector<int>> start, end;
   std::vector<std::vector<std::vector<Dependency>>> deps;
 };

@@ -51,20 +51,28 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
   for (int r = 0; r < p; ++r) {
     for (int i = 0; i < static_cast<int>(program.ranks[r].size()); ++i) {
       const Action& a = program.ranks[r][i];
-      if (HasStage(a.type)) {
-        if (a.stage < 0 || a.stage >= num_virtual) {
-          return ProgramError(
-              program, r, i, absl::StrCat("stage ", a.stage, " is outside [0, ", num_virtual, ")"));
-        }
-        if (program.stage_to_rank[a.stage] != r) {
-          return ProgramError(program, r, i,
-                              absl::StrCat("stage ", a.stage, " is placed on rank ",
-                                           program.stage_to_rank[a.stage]));
-        }
+      if (a.type == ActionType::kOverlapFB) {
+        absl::Status pair = CheckOverlapPair(ForwardHalf(a), BackwardHalf(a));
+        if (!pair.ok()) return ProgramError(program, r, i, pair.message());
       }
-      if (HasMicrobatch(a.type) && (a.microbatch < 0 || a.microbatch >= m)) {
-        return ProgramError(program, r, i,
-                            absl::StrCat("micro-batch ", a.microbatch, " is outside [0, ", m, ")"));
+      for (const Action& leaf : Leaves(a)) {
+        if (HasStage(leaf.type)) {
+          if (leaf.stage < 0 || leaf.stage >= num_virtual) {
+            return ProgramError(
+                program, r, i,
+                absl::StrCat("stage ", leaf.stage, " is outside [0, ", num_virtual, ")"));
+          }
+          if (program.stage_to_rank[leaf.stage] != r) {
+            return ProgramError(program, r, i,
+                                absl::StrCat("stage ", leaf.stage, " is placed on rank ",
+                                             program.stage_to_rank[leaf.stage]));
+          }
+        }
+        if (HasMicrobatch(leaf.type) && (leaf.microbatch < 0 || leaf.microbatch >= m)) {
+          return ProgramError(
+              program, r, i,
+              absl::StrCat("micro-batch ", leaf.microbatch, " is outside [0, ", m, ")"));
+        }
       }
       if (IsCommunication(a.type)) {
         const int peer = PeerStage(a);
@@ -146,16 +154,22 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
       while (pos[r] < static_cast<int>(program.ranks[r].size())) {
         const int i = pos[r];
         const Action& a = program.ranks[r][i];
-        std::string missing = missing_input(r, a);
-        if (!missing.empty()) {
-          return ProgramError(program, r, i,
-                              absl::StrCat(ActionToString(a), " cannot run: ", missing));
+        // An OVERLAP_F_B's halves run back to back: the second's input
+        // cannot come from the first (different micro-batches).
+        for (const Action& leaf : Leaves(a)) {
+          std::string missing = missing_input(r, leaf);
+          if (!missing.empty()) {
+            return ProgramError(program, r, i,
+                                absl::StrCat(ActionToString(leaf), " cannot run: ", missing));
+          }
         }
         if (!IsCommunication(a.type)) {
           ex.start[r][i] = clock[r];
-          clock[r] += IsCompute(a.type) ? costs.compute(a) : 0.0;
+          for (const Action& leaf : Leaves(a)) {
+            clock[r] += IsCompute(leaf.type) ? costs.compute(leaf) : 0.0;
+            mark_done(leaf);
+          }
           ex.end[r][i] = clock[r];
-          mark_done(a);
           ++pos[r];
           progress = true;
           continue;

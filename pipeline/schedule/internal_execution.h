@@ -16,7 +16,8 @@ namespace pp {
 namespace internal_schedule {
 
 struct ExecutionCosts {
-  // Duration of a compute action (F, B, I, W); tail actions take no time.
+  // Duration of a leaf compute action (F, B, I, W); an OVERLAP_F_B takes the
+  // sum of its halves' (run back to back); tail actions take no time.
   std::function<double(const Action&)> compute;
   double message_latency = 0;
   // true: a SEND waits for its RECV and both complete together (rendezvous).

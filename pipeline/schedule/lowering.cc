@@ -1,9 +1,9 @@
 #include "pipeline/schedule/lowering.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <tuple>
+
+#include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/schedule/internal_dependencies.h"
@@ -13,11 +13,8 @@ namespace pp {
 int LoweredProgram::PeerRank(const Action& action) const {
   const int peer = PeerStage(action);
   if (!IsCommunication(action.type) || peer < 0 || peer >= static_cast<int>(stage_to_rank.size())) {
-    std::fprintf(stderr,
-                 "LoweredProgram::PeerRank(%s): not a message between "
-                 "existing stages\n",
-                 ActionToString(action).c_str());
-    std::abort();
+    LOG(FATAL) << "LoweredProgram::PeerRank(" << ActionToString(action)
+               << "): not a message between existing stages";
   }
   return stage_to_rank[peer];
 }
@@ -137,15 +134,16 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOpt
   std::vector<Event> events;
   for (int r = 0; r < schedule.num_stages; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
-      const Action& a = schedule.ranks[r][i];
       events.push_back({timing->start[r][i], 1, r, i, 0});
       for (const internal_schedule::Dependency& dep : timing->deps[r][i]) {
         if (dep.rank == r) continue;  // local hand-off
-        const Action& producer = schedule.ranks[dep.rank][dep.pos];
+        // The leaf that produces the input: for an OVERLAP_F_B, the half
+        // whose output is needed (its message follows the whole pair).
+        const Action& producer = dep.produced;
         const int direction = producer.type == ActionType::kForward ? 0 : 1;
         const int t =
             meeting_time(dep.rank, r, timing->end[dep.rank][dep.pos], timing->start[r][i]);
-        events.push_back({t, 0, producer.stage, direction, a.microbatch});
+        events.push_back({t, 0, producer.stage, direction, producer.microbatch});
       }
     }
   }
@@ -185,10 +183,11 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOpt
       for (int stage : program.LocalStages(r)) {
         int last = -1;
         for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
-          const Action& a = actions[i];
-          if (a.stage == stage &&
-              (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight)) {
-            last = i;
+          for (const Action& a : Leaves(actions[i])) {
+            if (a.stage == stage &&
+                (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight)) {
+              last = i;
+            }
           }
         }
         last_backward.push_back({last, stage});

@@ -5,6 +5,10 @@
 //
 // Lowered format (LoweredProgram::ranks[r], in execution order):
 //   <s>F<mb>, <s>B<mb>, <s>I<mb>, <s>W<mb>   compute on local virtual stage s.
+//   (<s>F<mb>;<t>B<mb'>)OVERLAP_F_B  both halves, kept paired (t may be I):
+//                   the RECVs either half needs come before it, the SENDs of
+//                   either half's output after it (a pair is one compute
+//                   position in the rule below, costing F + B).
 //   <s>RECV_F<mb>   receive the forward input of mb for stage s from stage s-1.
 //   <s>SEND_F<mb>   send stage s's forward output of mb to stage s+1.
 //   <s>RECV_B<mb>   receive the gradient of stage s's output of mb from s+1.

@@ -209,6 +209,25 @@ std::string RenderSvg(const SimulationResult& sim, const SvgOptions& options) {
     }
   }
 
+  // OVERLAP_F_B pairs: one outline around both halves (run back to back).
+  std::map<std::pair<int, std::string>, std::pair<double, double>> pairs;
+  for (const TraceEvent& e : sim.timeline) {
+    if (e.overlap.empty()) continue;
+    auto [it, inserted] = pairs.insert({{e.rank, e.overlap}, {e.start, e.end}});
+    if (!inserted) {
+      it->second.first = std::min(it->second.first, e.start);
+      it->second.second = std::max(it->second.second, e.end);
+    }
+  }
+  for (const auto& [key, span] : pairs) {
+    const double y = top + key.first * (row_height + row_gap);
+    absl::StrAppend(
+        &svg, absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" "
+                              "stroke=\"#222\" stroke-width=\"2\"><title>%s</title></rect>\n",
+                              left + span.first * scale, y, (span.second - span.first) * scale,
+                              row_height, Escape(key.second)));
+  }
+
   // Legend.
   double lx = left;
   const double ly = axis_y + 34;
@@ -224,6 +243,13 @@ std::string RenderSvg(const SimulationResult& sim, const SvgOptions& options) {
     if (used.count(s.type)) legend(s.fill, s.label, 1.0);
   }
   if (messages_take_time) legend("#9d9d9d", "message", 1.0);
+  if (!pairs.empty()) {
+    absl::StrAppend(&svg, absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"14\" height=\"14\" "
+                                          "fill=\"none\" stroke=\"#222\" stroke-width=\"2\"/>"
+                                          "<text x=\"%g\" y=\"%g\" font-size=\"12\">%s</text>\n",
+                                          lx, ly, lx + 19, ly + 12, "OVERLAP_F_B pair"));
+    lx += 40 + 7 * 16;
+  }
   legend("#ececec", "idle", 1.0);
   if (chunks) {
     absl::StrAppend(
@@ -307,10 +333,12 @@ absl::StatusOr<Schedule> ScheduleFromRankActions(absl::string_view name, const R
   int max_stage = -1, max_mb = -1;
   bool backward = false;
   for (const auto& actions : ranks) {
-    for (const Action& a : actions) {
-      max_stage = std::max(max_stage, a.stage);
-      max_mb = std::max(max_mb, a.microbatch);
-      backward |= a.type != ActionType::kForward;
+    for (const Action& action : actions) {
+      for (const Action& a : Leaves(action)) {  // both halves of an OVERLAP_F_B
+        max_stage = std::max(max_stage, a.stage);
+        max_mb = std::max(max_mb, a.microbatch);
+        backward |= a.type != ActionType::kForward;
+      }
     }
   }
   if (max_stage < 0 || max_mb < 0) {

@@ -104,27 +104,34 @@ absl::Status ScheduleCellError(const Schedule& schedule, int rank, int step,
 }
 
 absl::Status CheckComputeCell(const Schedule& schedule, int rank, int step) {
-  const Action& a = schedule.ranks[rank][step];
+  const Action& cell = schedule.ranks[rank][step];
   const int num_virtual = schedule.num_virtual_stages();
   const int m = schedule.num_microbatches;
-  if (!IsCompute(a.type)) {
+  if (!IsCompute(cell.type)) {
     return ScheduleCellError(schedule, rank, step,
-                             "only compute actions (F, B, I, W) belong in a "
+                             "only compute actions (F, B, I, W, OVERLAP_F_B) belong in a "
                              "schedule; Lower() adds communication and the tail");
   }
-  if (a.stage < 0 || a.stage >= num_virtual) {
-    return ScheduleCellError(schedule, rank, step,
-                             absl::StrCat("stage ", a.stage, " is outside [0, ", num_virtual, ")"));
+  if (cell.type == ActionType::kOverlapFB) {
+    absl::Status pair = CheckOverlapPair(ForwardHalf(cell), BackwardHalf(cell));
+    if (!pair.ok()) return ScheduleCellError(schedule, rank, step, pair.message());
   }
-  if (schedule.stage_to_rank[a.stage] != rank) {
-    return ScheduleCellError(
-        schedule, rank, step,
-        absl::StrCat("stage ", a.stage, " is placed on rank ", schedule.stage_to_rank[a.stage]));
-  }
-  if (a.microbatch < 0 || a.microbatch >= m) {
-    return ScheduleCellError(
-        schedule, rank, step,
-        absl::StrCat("micro-batch ", a.microbatch, " is outside [0, ", m, ")"));
+  for (const Action& a : Leaves(cell)) {
+    if (a.stage < 0 || a.stage >= num_virtual) {
+      return ScheduleCellError(
+          schedule, rank, step,
+          absl::StrCat("stage ", a.stage, " is outside [0, ", num_virtual, ")"));
+    }
+    if (schedule.stage_to_rank[a.stage] != rank) {
+      return ScheduleCellError(
+          schedule, rank, step,
+          absl::StrCat("stage ", a.stage, " is placed on rank ", schedule.stage_to_rank[a.stage]));
+    }
+    if (a.microbatch < 0 || a.microbatch >= m) {
+      return ScheduleCellError(
+          schedule, rank, step,
+          absl::StrCat("micro-batch ", a.microbatch, " is outside [0, ", m, ")"));
+    }
   }
   return absl::OkStatus();
 }

@@ -89,7 +89,8 @@ absl::Status ScheduleCellError(const Schedule& schedule, int rank, int step,
                                absl::string_view message);
 
 // Checks the cell ranks[rank][step] on its own: a compute action whose stage
-// and micro-batch are in range and whose stage is placed on `rank`.
+// and micro-batch are in range and whose stage is placed on `rank` (both
+// halves of an OVERLAP_F_B, which must be a valid pair: CheckOverlapPair).
 absl::Status CheckComputeCell(const Schedule& schedule, int rank, int step);
 
 }  // namespace pp

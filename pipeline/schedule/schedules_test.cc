@@ -21,8 +21,8 @@ std::string Rank(const Schedule& s, int r) { return ActionsToString(s.ranks[r]);
 
 TEST(RegistryTest, ListsBuiltInsAndRejectsUnknownNames) {
   std::vector<std::string> names = RegisteredScheduleNames();
-  for (const char* name :
-       {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference", "zb_h1", "zb_h2", "zbv"}) {
+  for (const char* name : {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference", "zb_h1",
+                           "zb_h2", "zbv", "dualpipev", "interleaved_zb"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
   }
   absl::StatusOr<Schedule> s = MakeSchedule("2f2b", {});
@@ -213,6 +213,123 @@ TEST(ZbvTest, FewMicrobatchesAndChunkCount) {
     absl::StatusOr<Schedule> bad = MakeSchedule("zbv", {2, 4, v, 0});
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << v;
     EXPECT_THAT(std::string(bad.status().message()), HasSubstr("must be 2"));
+  }
+}
+
+// dualpipev, derived by hand from the eight steps in dualpipev.cc (PyTorch's
+// ScheduleDualPipeV._calculate_single_rank_operations). p = 2, m = 4: rank 0
+// holds stages 0 and 3, rank 1 stages 1 and 2.
+TEST(DualPipeVTest, OrderTwoRanksFourMicrobatches) {
+  Schedule s = MustMake("dualpipev", 2, 4, 2);
+  EXPECT_EQ(s.stage_to_rank, (std::vector<int>{0, 1, 1, 0}));
+  // Rank 0: step 1 two F0's; step 2 one (F0, F1); step 3 one (I1, W, F1);
+  // step 4 m - 2p + 1 = 1 x two pairs; step 5 one (B1, pair); step 6 one
+  // (B1, then I0: even rank, switch between); step 7 one (W, I0); step 8 W.
+  EXPECT_EQ(Rank(s, 0),
+            "0F0 0F1 0F2 3F0 3I0 3W0 3F1 (0F3;3B1)OVERLAP_F_B (3F2;0B0)OVERLAP_F_B 3B2 "
+            "(3F3;0B1)OVERLAP_F_B 3B3 0I2 0W2 0I3 0W3");
+  // Rank 1 (last): step 2 two (F0, F1); step 4 two iterations, the first
+  // with F0, B1 unpaired; step 6 two (X1, X0), B then I (odd rank: switch
+  // before the second iteration's stage-1 action); step 8 two W.
+  EXPECT_EQ(Rank(s, 1),
+            "1F0 2F0 1F1 2F1 1F2 2B0 (2F2;1B0)OVERLAP_F_B (1F3;2B1)OVERLAP_F_B "
+            "(2F3;1B1)OVERLAP_F_B 2B2 1B2 2I3 1I3 2W3 1W3");
+}
+
+TEST(DualPipeVTest, OrderTwoRanksEightMicrobatches) {
+  Schedule s = MustMake("dualpipev", 2, 8, 2);
+  // Step 4 now runs m - 2p + r + 1 = 5 (rank 0) and 6 (rank 1) times.
+  EXPECT_EQ(Rank(s, 0),
+            "0F0 0F1 0F2 3F0 3I0 3W0 3F1 (0F3;3B1)OVERLAP_F_B (3F2;0B0)OVERLAP_F_B "
+            "(0F4;3B2)OVERLAP_F_B (3F3;0B1)OVERLAP_F_B (0F5;3B3)OVERLAP_F_B "
+            "(3F4;0B2)OVERLAP_F_B (0F6;3B4)OVERLAP_F_B (3F5;0B3)OVERLAP_F_B "
+            "(0F7;3B5)OVERLAP_F_B (3F6;0B4)OVERLAP_F_B 3B6 (3F7;0B5)OVERLAP_F_B 3B7 0I6 0W6 "
+            "0I7 0W7");
+  EXPECT_EQ(Rank(s, 1),
+            "1F0 2F0 1F1 2F1 1F2 2B0 (2F2;1B0)OVERLAP_F_B (1F3;2B1)OVERLAP_F_B "
+            "(2F3;1B1)OVERLAP_F_B (1F4;2B2)OVERLAP_F_B (2F4;1B2)OVERLAP_F_B "
+            "(1F5;2B3)OVERLAP_F_B (2F5;1B3)OVERLAP_F_B (1F6;2B4)OVERLAP_F_B "
+            "(2F6;1B4)OVERLAP_F_B (1F7;2B5)OVERLAP_F_B (2F7;1B5)OVERLAP_F_B 2B6 1B6 2I7 1I7 "
+            "2W7 1W7");
+}
+
+TEST(DualPipeVTest, OrderFourRanksEightMicrobatches) {
+  Schedule s = MustMake("dualpipev", 4, 8, 2);
+  EXPECT_EQ(s.stage_to_rank, (std::vector<int>{0, 1, 2, 3, 3, 2, 1, 0}));
+  // Rank 0 (stages 0, 7): 6 F0; (0F6, 7F0); 3 x (I1, W, F1); 1 x two pairs;
+  // 3 x (B1, pair); step 6 (7B7, then I0); 3 x (W, I0); one W.
+  EXPECT_EQ(Rank(s, 0),
+            "0F0 0F1 0F2 0F3 0F4 0F5 0F6 7F0 7I0 7W0 7F1 7I1 7W1 7F2 7I2 7W2 7F3 "
+            "(0F7;7B3)OVERLAP_F_B (7F4;0B0)OVERLAP_F_B 7B4 (7F5;0B1)OVERLAP_F_B 7B5 "
+            "(7F6;0B2)OVERLAP_F_B 7B6 (7F7;0B3)OVERLAP_F_B 7B7 0I4 0W4 0I5 0W5 0I6 0W6 0I7 0W7");
+  // Rank 1 (stages 1, 6): the W queue mixes stages: 6I7 1I5 then W pops 6W7.
+  EXPECT_EQ(Rank(s, 1),
+            "1F0 1F1 1F2 1F3 1F4 6F0 1F5 6F1 6I0 6W0 6F2 6I1 6W1 6F3 (1F6;6B2)OVERLAP_F_B "
+            "(6F4;1B0)OVERLAP_F_B (1F7;6B3)OVERLAP_F_B (6F5;1B1)OVERLAP_F_B 6B4 "
+            "(6F6;1B2)OVERLAP_F_B 6B5 (6F7;1B3)OVERLAP_F_B 6B6 1B4 6I7 1I5 6W7 1I6 1W5 1I7 1W6 "
+            "1W7");
+  // Rank 2 (stages 2, 5; even): step 6 switches to I between 5B6 and 2I5.
+  EXPECT_EQ(Rank(s, 2),
+            "2F0 2F1 2F2 5F0 2F3 5F1 2F4 5F2 5I0 5W0 5F3 (2F5;5B1)OVERLAP_F_B "
+            "(5F4;2B0)OVERLAP_F_B (2F6;5B2)OVERLAP_F_B (5F5;2B1)OVERLAP_F_B "
+            "(2F7;5B3)OVERLAP_F_B (5F6;2B2)OVERLAP_F_B 5B4 (5F7;2B3)OVERLAP_F_B 5B5 2B4 5B6 "
+            "2I5 5I7 2I6 2W5 2I7 5W7 2W6 2W7");
+  // Rank 3 (stages 3, 4; last): 3F4 and 4B0 unpaired in the first step 4.
+  EXPECT_EQ(Rank(s, 3),
+            "3F0 4F0 3F1 4F1 3F2 4F2 3F3 4F3 3F4 4B0 (4F4;3B0)OVERLAP_F_B "
+            "(3F5;4B1)OVERLAP_F_B (4F5;3B1)OVERLAP_F_B (3F6;4B2)OVERLAP_F_B "
+            "(4F6;3B2)OVERLAP_F_B (3F7;4B3)OVERLAP_F_B (4F7;3B3)OVERLAP_F_B 4B4 3B4 4B5 3B5 "
+            "4I6 3I6 4I7 3I7 4W6 3W6 4W7 3W7");
+}
+
+// PyTorch's errors: exactly two local stages, m >= 2p (its stage count).
+TEST(DualPipeVTest, RejectsWhatPyTorchRejects) {
+  for (int v : {1, 3}) {
+    absl::StatusOr<Schedule> bad = MakeSchedule("dualpipev", {2, 8, v, 0});
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << v;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("num_chunks (" + std::to_string(v)));
+  }
+  absl::StatusOr<Schedule> few = MakeSchedule("dualpipev", {4, 7, 2, 0});
+  EXPECT_EQ(few.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(few.status().message()),
+              HasSubstr("num_microbatches (7) must be >= 2 * num_stages = 8"));
+  EXPECT_TRUE(MakeSchedule("dualpipev", {4, 8, 2, 0}).ok());
+  EXPECT_TRUE(MakeSchedule("dualpipev", {1, 2, 2, 0}).ok());
+}
+
+// interleaved_zb, p = 2, m = 4, v = 2, by hand from the rules in
+// interleaved_zb.cc: rounds = 2, mpr = 2, warm-up 3 (rank 0) and 2 (rank 1);
+// forward chunks of ops 0..7: 0 0 1 1 0 0 1 1; W from op warm-up + r on.
+TEST(InterleavedZbTest, OrderTwoRanksFourMicrobatchesTwoChunks) {
+  Schedule s = MustMake("interleaved_zb", 2, 4, 2);
+  EXPECT_EQ(s.stage_to_rank, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(Rank(s, 0),
+            "0F0 0F1 2F0 2F1 2I0 2W0 0F2 2I1 2W1 0F3 0I0 0W0 2F2 0I1 0W1 2F3 2I2 2W2 2I3 2W3 "
+            "0I2 0W2 0I3 0W3");
+  EXPECT_EQ(Rank(s, 1),
+            "1F0 1F1 3F0 3I0 3F1 3I1 3W0 1F2 1I0 3W1 1F3 1I1 1W0 3F2 3I2 1W1 3F3 3I3 3W2 1I2 "
+            "3W3 1I3 1W2 1W3");
+}
+
+// p = 4, m = 8, v = 2, rank 3: rounds 2, mpr 4, warm-up 4; backward chunks
+// of ops 4..: 1 1 1 1 0 0 0 0 1 1 1 1 0 0 0 0; the first W at op 7.
+TEST(InterleavedZbTest, LastRankFourStagesEightMicrobatches) {
+  Schedule s = MustMake("interleaved_zb", 4, 8, 2);
+  EXPECT_EQ(Rank(s, 3),
+            "3F0 3F1 3F2 3F3 7F0 7I0 7F1 7I1 7F2 7I2 7F3 7I3 7W0 3F4 3I0 7W1 3F5 3I1 7W2 3F6 "
+            "3I2 7W3 3F7 3I3 3W0 7F4 7I4 3W1 7F5 7I5 3W2 7F6 7I6 3W3 7F7 7I7 7W4 3I4 7W5 3I5 "
+            "7W6 3I6 7W7 3I7 3W4 3W5 3W6 3W7");
+}
+
+// PyTorch's one rule: m a multiple of rounds = max(1, m / p).
+TEST(InterleavedZbTest, RoundsRule) {
+  for (auto [p, m] : std::vector<std::pair<int, int>>{{2, 5}, {3, 7}, {4, 9}}) {
+    absl::StatusOr<Schedule> bad = MakeSchedule("interleaved_zb", {p, m, 2, 0});
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << p << " " << m;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("multiple of the number of rounds"));
+  }
+  for (auto [p, m] : std::vector<std::pair<int, int>>{{4, 3}, {4, 6}, {4, 10}, {3, 9}}) {
+    EXPECT_TRUE(MakeSchedule("interleaved_zb", {p, m, 2, 0}).ok()) << p << " " << m;
   }
 }
 

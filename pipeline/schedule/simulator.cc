@@ -178,33 +178,46 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
     double memory = 0;
     double first_start = -1, last_end = 0;
     for (int i = 0; i < static_cast<int>(program.ranks[r].size()); ++i) {
-      const Action& a = program.ranks[r][i];
+      const Action& action = program.ranks[r][i];
       result.makespan = std::max(result.makespan, ex.end[r][i]);
-      if (IsTail(a.type)) continue;
-      result.timeline.push_back({r, ActionToString(a), ex.start[r][i], ex.end[r][i]});
-      if (!IsCompute(a.type)) continue;
-      result.busy[r] += ex.end[r][i] - ex.start[r][i];
+      if (IsTail(action.type)) continue;
+      if (!IsCompute(action.type)) {
+        result.timeline.push_back({r, ActionToString(action), ex.start[r][i], ex.end[r][i]});
+        continue;
+      }
       if (first_start < 0) first_start = ex.start[r][i];
       last_end = std::max(last_end, ex.end[r][i]);
-      switch (a.type) {
-        case ActionType::kForward:
-          result.peak_inflight[r] = std::max(result.peak_inflight[r], ++inflight);
-          memory += 1;
-          result.peak_memory[r] = std::max(result.peak_memory[r], memory);
-          break;
-        case ActionType::kBackward:
-          --inflight;
-          memory -= 1;
-          break;
-        case ActionType::kBackwardInput:
-          memory -= input_frees;
-          break;
-        case ActionType::kBackwardWeight:
-          --inflight;
-          memory -= 1 - input_frees;
-          break;
-        default:
-          break;
+      // An OVERLAP_F_B runs its halves back to back (no overlap is modelled):
+      // one timeline event per half, named by the half.
+      double t = ex.start[r][i];
+      for (const Action& a : Leaves(action)) {
+        const double end =
+            action.type == ActionType::kOverlapFB ? t + exec_costs.compute(a) : ex.end[r][i];
+        result.timeline.push_back(
+            {r, ActionToString(a), t, end,
+             action.type == ActionType::kOverlapFB ? ActionToString(action) : std::string()});
+        result.busy[r] += end - t;
+        t = end;
+        switch (a.type) {
+          case ActionType::kForward:
+            result.peak_inflight[r] = std::max(result.peak_inflight[r], ++inflight);
+            memory += 1;
+            result.peak_memory[r] = std::max(result.peak_memory[r], memory);
+            break;
+          case ActionType::kBackward:
+            --inflight;
+            memory -= 1;
+            break;
+          case ActionType::kBackwardInput:
+            memory -= input_frees;
+            break;
+          case ActionType::kBackwardWeight:
+            --inflight;
+            memory -= 1 - input_frees;
+            break;
+          default:
+            break;
+        }
       }
     }
     if (first_start >= 0) result.inner_idle[r] = last_end - first_start - result.busy[r];

@@ -3,7 +3,9 @@
 // (for render.h and chrome_trace.h).
 //
 // Model: each rank runs its program in order; a compute takes its type's cost
-// times the stage's multiplier; a RECV completes no earlier than
+// times the stage's multiplier (an OVERLAP_F_B the sum of its halves', run
+// back to back as the runtime does: no overlap is modelled; the timeline has
+// one event per half); a RECV completes no earlier than
 // the arrival of the message (see SimulationCosts::blocking_sends for the two
 // send models); tail actions take no time. Busy time counts compute
 // only. A forward's activations are in flight from its F until its B (or W

@@ -49,20 +49,22 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
   for (int r = 0; r < p; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
       PP_RETURN_IF_ERROR(CheckComputeCell(schedule, r, i));
-      const Action& a = schedule.ranks[r][i];
-      if (schedule.forward_only && a.type != ActionType::kForward) {
-        return ScheduleCellError(schedule, r, i, "a forward-only schedule has no backward actions");
+      for (const Action& a : Leaves(schedule.ranks[r][i])) {
+        if (schedule.forward_only && a.type != ActionType::kForward) {
+          return ScheduleCellError(schedule, r, i,
+                                   "a forward-only schedule has no backward actions");
+        }
+        Seen& entry = seen[key(a.type, a.stage, a.microbatch)];
+        if (++entry.count > 1) {
+          return ScheduleCellError(schedule, r, i,
+                                   absl::StrCat(ActionToString(a),
+                                                " appears twice (first "
+                                                "at rank ",
+                                                entry.rank, " step ", entry.pos, ")"));
+        }
+        entry.rank = r;
+        entry.pos = i;
       }
-      Seen& entry = seen[key(a.type, a.stage, a.microbatch)];
-      if (++entry.count > 1) {
-        return ScheduleCellError(schedule, r, i,
-                                 absl::StrCat(ActionToString(a),
-                                              " appears twice (first "
-                                              "at rank ",
-                                              entry.rank, " step ", entry.pos, ")"));
-      }
-      entry.rank = r;
-      entry.pos = i;
     }
   }
   auto find = [&](ActionType type, int s, int mb) -> const Seen* {
@@ -149,8 +151,9 @@ absl::Status ValidateLoweredProgram(const LoweredProgram& program) {
     return counts[(static_cast<int>(type) * num_virtual + s) * m + mb];
   };
   for (const auto& actions : program.ranks) {
-    for (const Action& a : actions) {
-      if (IsCompute(a.type)) ++count(a.type, a.stage, a.microbatch);
+    for (const Action& action : actions) {
+      if (!IsCompute(action.type)) continue;
+      for (const Action& a : Leaves(action)) ++count(a.type, a.stage, a.microbatch);
     }
   }
   for (int s = 0; s < num_virtual; ++s) {
