@@ -84,7 +84,7 @@ absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>&
 }
 
 P2P::P2P(c10::intrusive_ptr<c10d::ProcessGroup> group, P2POptions options)
-    : group_(std::move(group)), options_(std::move(options)) {
+    : group_(std::move(group)), options_(std::move(options)), streams_(options_.device) {
   sender_ = std::thread([this] { SenderLoop(); });
 }
 
@@ -154,18 +154,33 @@ absl::Status P2P::PostSend(torch::Tensor tensor, int peer, int tag, const std::s
                                [&] { payload = tensor.detach().contiguous(); }));
   absl::MutexLock lock(&mu_);
   if (!send_error_.ok()) return send_error_;
-  queue_.push_back(SendRequest{std::move(payload), peer, tag, what});
   ++stats_.tensor_messages;
+  if (streams_.active()) {
+    // On a device, post here, in call order, on the send stream: NCCL pairs
+    // sends and receives by order (device_streams.h).
+    return streams_.Send([&] {
+      c10::intrusive_ptr<c10d::Work> work;
+      PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(what, ": send to ", PeerName(peer)), [&] {
+        std::vector<at::Tensor> one = {payload};
+        work = group_->send(one, peer, tag);
+      }));
+      in_flight_.push_back(PendingSend{std::move(work), peer, what});
+      return absl::OkStatus();
+    });
+  }
+  queue_.push_back(SendRequest{std::move(payload), peer, tag, what});
   return absl::OkStatus();
 }
 
 absl::Status P2P::RecvInto(torch::Tensor& tensor, int peer, int tag, const std::string& what) {
   if (tensor.numel() == 0) return absl::OkStatus();
   bool completed = false;
-  absl::Status s = TorchCall(absl::StrCat(what, ": receive from ", PeerName(peer)), [&] {
-    std::vector<at::Tensor> one = {tensor};
-    c10::intrusive_ptr<c10d::Work> work = group_->recv(one, peer, tag);
-    completed = work->wait(options_.timeout);
+  absl::Status s = streams_.Recv([&] {
+    return TorchCall(absl::StrCat(what, ": receive from ", PeerName(peer)), [&] {
+      std::vector<at::Tensor> one = {tensor};
+      c10::intrusive_ptr<c10d::Work> work = group_->recv(one, peer, tag);
+      completed = work->wait(options_.timeout);
+    });
   });
   if (!s.ok()) {
     return absl::DeadlineExceededError(absl::StrCat(s.message(), " (peer ", PeerName(peer),
