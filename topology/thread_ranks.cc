@@ -76,8 +76,14 @@ absl::Status FirstRankError(const std::vector<absl::Status>& statuses) {
 
 absl::Status RunOnThreadRanks(int world_size, std::chrono::milliseconds timeout,
                               const std::function<absl::Status(World&)>& body) {
+  return RunOnThreadRanks(world_size, DeviceKind::kCpu, timeout, body);
+}
+
+absl::Status RunOnThreadRanks(int world_size, DeviceKind device, std::chrono::milliseconds timeout,
+                              const std::function<absl::Status(World&)>& body) {
   RendezvousOptions options;
   options.timeout = timeout;
+  options.device = device;
   options.file_store_path = FreshTempPath("thread_ranks");
   const std::vector<absl::Status> statuses = RunThreadRanks(world_size, 0, options, body);
   ::unlink(options.file_store_path.c_str());

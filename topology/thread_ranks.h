@@ -51,6 +51,10 @@ absl::Status FirstRankError(const std::vector<absl::Status>& statuses);
 // FirstRankError of their statuses.
 absl::Status RunOnThreadRanks(int world_size, std::chrono::milliseconds timeout,
                               const std::function<absl::Status(World&)>& body);
+// The same with every rank on `device`: kCuda puts rank r on cuda:r and gives
+// the groups NCCL beside Gloo (World::device; tests check TestDevice first).
+absl::Status RunOnThreadRanks(int world_size, DeviceKind device, std::chrono::milliseconds timeout,
+                              const std::function<absl::Status(World&)>& body);
 
 // pp * dp ranks, each with the ParallelGrid of PipeDataParallelTopology(pp, dp);
 // FirstRankError of their statuses.
