@@ -12,6 +12,7 @@
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/device.h"
+#include "topology/thread_ranks.h"
 
 namespace pp {
 namespace testing_runtime {

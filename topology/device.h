@@ -12,11 +12,8 @@
 #ifndef TOPOLOGY_DEVICE_H_
 #define TOPOLOGY_DEVICE_H_
 
-#include <chrono>
 #include <string>
-#include <vector>
 
-#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include "absl/status/statusor.h"
@@ -39,35 +36,6 @@ int VisibleCudaDevices();
 // there: a LibTorch without CUDA (build with --config=cuda), no visible GPU, or
 // local_rank >= the number of visible GPUs. InvalidArgument for local_rank < 0.
 absl::StatusOr<c10::Device> DeviceForLocalRank(DeviceKind kind, int local_rank);
-
-// For tests parametrised over devices: the device of rank 0 of a test with
-// `ranks` ranks (rank r uses cuda:r), or FailedPrecondition saying why it
-// cannot run here, naming the missing GPUs and this binary's LibTorch ("needs
-// 1 visible CUDA GPU, this process sees 0 (LibTorch 1.13.1, built without
-// CUDA)"). Tests GTEST_SKIP() with the message.
-absl::StatusOr<c10::Device> TestDevice(DeviceKind kind, int ranks = 1);
-
-// Device-generic helpers (c10's stream/event interface: no CUDA API here, so
-// they compile in every build and do nothing more than a check on the CPU).
-
-// Waits until the work queued so far on `device`'s current stream has run
-// (records an event and polls it), at most `timeout`: DeadlineExceeded naming
-// the device and `what` otherwise. OK at once for the CPU.
-absl::Status WaitForDevice(const c10::Device& device, std::chrono::milliseconds timeout,
-                           const std::string& what);
-
-// Host copies of `tensors` for writing them out (checkpoints): CPU tensors are
-// returned as they are; device tensors are copied into page-locked (pinned)
-// host buffers asynchronously, then one wait per device (WaitForDevice) makes
-// every copy complete. Undefined tensors stay undefined.
-absl::StatusOr<std::vector<at::Tensor>> ToHost(const std::vector<at::Tensor>& tensors,
-                                               std::chrono::milliseconds timeout);
-
-// `tensors` on `device`: a CPU tensor bound for an accelerator is pinned first
-// and copied non_blocking (ordered on the device's current stream, so later
-// work there sees the data); tensors already on `device` are returned as they
-// are. Undefined tensors stay undefined.
-std::vector<at::Tensor> ToDevice(const std::vector<at::Tensor>& tensors, const c10::Device& device);
 
 }  // namespace pp
 

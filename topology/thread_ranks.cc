@@ -10,7 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/torch_compat.h"
 #include "common/torch_status.h"
+#include "topology/device.h"
 #include "topology/process_topology.h"
 
 namespace pp {
@@ -62,6 +64,16 @@ std::string FreshTempPath(const std::string& tag) {
                                         "_", counter.fetch_add(1));
   ::unlink(path.c_str());
   return path;
+}
+
+absl::StatusOr<c10::Device> TestDevice(DeviceKind kind, int ranks) {
+  if (kind == DeviceKind::kCpu) return c10::Device(c10::DeviceType::CPU);
+  const int gpus = VisibleCudaDevices();
+  if (gpus >= ranks) return c10::Device(c10::DeviceType::CUDA, 0);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "needs ", ranks, " visible CUDA GPU", ranks == 1 ? "" : "s", ", this process sees ", gpus,
+      " (LibTorch ", torch_compat::LibTorchVersion(),
+      torch_compat::BuiltWithCuda() ? ", built with CUDA" : ", built without CUDA", ")"));
 }
 
 absl::Status FirstRankError(const std::vector<absl::Status>& statuses) {

@@ -21,7 +21,11 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "topology/device.h"
 #include "topology/parallel_grid.h"
 #include "topology/rendezvous.h"
 
@@ -46,6 +50,13 @@ std::string FreshTempPath(const std::string& tag);
 // The first non-OK status by rank order, its message prefixed "rank r: ";
 // OK when all are OK.
 absl::Status FirstRankError(const std::vector<absl::Status>& statuses);
+
+// For tests parametrised over devices: the device of rank 0 of a test with
+// `ranks` ranks (rank r uses cuda:r), or FailedPrecondition saying why it
+// cannot run here, naming the missing GPUs and this binary's LibTorch ("needs
+// 1 visible CUDA GPU, this process sees 0 (LibTorch 1.13.0, built without
+// CUDA)"). Tests GTEST_SKIP() with the message.
+absl::StatusOr<c10::Device> TestDevice(DeviceKind kind, int ranks = 1);
 
 // `world_size` ranks over a fresh FileStore, every wait bounded by `timeout`;
 // FirstRankError of their statuses.

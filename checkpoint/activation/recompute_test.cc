@@ -12,6 +12,7 @@
 #include "pipeline/runtime/split_backward.h"
 #include "pipeline/testing/mlp_block.h"
 #include "topology/device.h"
+#include "topology/thread_ranks.h"
 
 namespace pp {
 namespace {

@@ -31,7 +31,7 @@
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
-#include "topology/device.h"
+#include "topology/device_transfer.h"
 
 namespace pp {
 namespace {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "common/status_macros.h"
-#include "topology/device.h"
+#include "topology/device_transfer.h"
 
 namespace pp {
 

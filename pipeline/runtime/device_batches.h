@@ -3,7 +3,7 @@
 // masks) to a device. Data sources stay device-agnostic (they build CPU
 // tensors); the Trainer wraps its sources when its device is not the CPU.
 //
-// CPU tensors are pinned and copied non_blocking (topology/device.h ToDevice):
+// CPU tensors are pinned and copied non_blocking (topology/device_transfer.h ToDevice):
 // the copy is queued on the device's current stream, so the kernels that use
 // the batch run after it and the host does not wait.
 #ifndef PIPELINE_RUNTIME_DEVICE_BATCHES_H_

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
-#include "topology/device.h"
+#include "topology/device_transfer.h"
 
 namespace pp {
 namespace {
