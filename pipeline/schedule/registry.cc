@@ -1,12 +1,14 @@
 #include "pipeline/schedule/registry.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 
+#include <glog/logging.h>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pipeline/schedule/csv.h"
 
 namespace pp {
 namespace {
@@ -22,20 +24,32 @@ std::map<std::string, ScheduleInfo>& Registry() {
 
 void RegisterSchedule(ScheduleInfo info) {
   if (info.name.empty() || !info.function) {
-    std::fprintf(stderr, "PP_REGISTER_SCHEDULE: empty name or null function\n");
-    std::abort();
+    LOG(FATAL) << "PP_REGISTER_SCHEDULE: empty name or null function";
   }
   auto [it, inserted] = Registry().emplace(info.name, info);
   if (!inserted) {
-    std::fprintf(stderr,
-                 "PP_REGISTER_SCHEDULE: schedule \"%s\" registered twice "
-                 "(\"%s\" and \"%s\"); schedule names must be unique\n",
-                 info.name.c_str(), it->second.description.c_str(), info.description.c_str());
-    std::abort();
+    LOG(FATAL) << "PP_REGISTER_SCHEDULE: schedule \"" << info.name << "\" registered twice (\""
+               << it->second.description << "\" and \"" << info.description
+               << "\"); schedule names must be unique";
   }
 }
 
 absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, const ScheduleOptions& options) {
+  if (absl::StartsWith(name, kCsvSchedulePrefix)) {
+    const std::string path(name.substr(kCsvSchedulePrefix.size()));
+    absl::StatusOr<Schedule> schedule = LoadCsvScheduleFile(path);
+    if (!schedule.ok()) return schedule;
+    if (schedule->num_stages != options.num_stages ||
+        schedule->num_microbatches != options.num_microbatches ||
+        schedule->num_chunks != options.num_chunks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule file ", path, " has ", schedule->num_stages, " rows (ranks), micro-batches 0..",
+          schedule->num_microbatches - 1, " and ", schedule->num_chunks,
+          " chunk(s) per rank, but p=", options.num_stages, ", m=", options.num_microbatches,
+          ", v=", options.num_chunks, " were asked for; make them agree"));
+    }
+    return schedule;
+  }
   auto it = Registry().find(std::string(name));
   if (it == Registry().end()) {
     return absl::NotFoundError(absl::StrCat("unknown schedule \"", name, "\"; registered: ",
