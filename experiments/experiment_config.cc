@@ -447,7 +447,7 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     return Invalid(absl::StrCat("parallelism.schedule: ", supported.message()));
   }
 
-  // The device: known, present for every rank of this node, and executed.
+  // The device: known and present for every rank of this node.
   absl::StatusOr<DeviceKind> device = ParseDeviceKind(par.device());
   if (!device.ok()) return Invalid(absl::StrCat("parallelism.device: ", device.status().message()));
   if (*device == DeviceKind::kCuda) {
@@ -459,12 +459,6 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
                                     " ranks on this node): ", cuda.status().message()));
       }
     }
-    // Process groups get NCCL (topology/), but the stage executor still keeps
-    // weights, activations and p2p buffers on the CPU: refused rather than
-    // training on the CPU while claiming the GPU.
-    return Invalid(
-        "parallelism.device 'cuda' is not executed yet: the runtime (pipeline/runtime) keeps "
-        "tensors on the CPU (issue 12); valid today: cpu");
   }
 
   // The partition method: registered, and it can cut this model.

@@ -169,15 +169,20 @@ TEST(ExperimentConfigTest, SplitBackwardSchedulesPassTheCapabilityCheck) {
 }
 
 // parallelism.device: an unknown name lists the valid ones; cuda names the
-// missing device (no CUDA in the build, no GPU, too few GPUs), and where the
-// GPUs are there it is refused as not executed yet, never trained on the CPU.
-TEST(ExperimentConfigTest, DeviceIsKnownPresentAndExecuted) {
+// missing device (no CUDA in the build, no GPU, too few GPUs), and is valid
+// where every local rank has its GPU.
+TEST(ExperimentConfigTest, DeviceIsKnownAndPresent) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_device("gpu");
   EXPECT_HAS(Error(c), "parallelism.device: device 'gpu' is not a known device; valid: cpu, cuda");
   c.mutable_parallelism()->set_device("cuda");
-  const std::string m = Error(c);
   const int gpus = VisibleCudaDevices();
+  if (gpus >= 2) {
+    absl::Status s = ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+    EXPECT_TRUE(s.ok()) << s;
+    return;
+  }
+  const std::string m = Error(c);
   if (gpus < 2) {
     EXPECT_HAS(m, "parallelism.device 'cuda' (pp x dp = 2 ranks on this node): ");
   }
@@ -187,10 +192,8 @@ TEST(ExperimentConfigTest, DeviceIsKnownPresentAndExecuted) {
   } else if (gpus == 0) {
     EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
     EXPECT_HAS(m, "no CUDA GPU is visible");
-  } else if (gpus == 1) {
-    EXPECT_HAS(m, "device cuda:1 (--device=cuda, local rank 1) is not available");
   } else {
-    EXPECT_HAS(m, "parallelism.device 'cuda' is not executed yet");
+    EXPECT_HAS(m, "device cuda:1 (--device=cuda, local rank 1) is not available");
   }
 }
 

@@ -25,6 +25,7 @@
 #include "checkpoint/activation/activation_checkpointing.h"
 #include "checkpoint/model/trainer_checkpoint.h"
 #include "common/status_macros.h"
+#include "common/torch_status.h"
 #include "experiments/loss_curve.h"
 #include "experiments/nonfinite_guard.h"
 #include "experiments/preflight.h"
@@ -646,6 +647,10 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
                          : kind == ModelKind::kGpt ? sampler.WrapLoss(GptLoss)
                                                    : LossFn(BertMlmLoss);
   PP_ASSIGN_OR_RETURN(TrainerOptions to, MakeTrainerOptions(config, timeout));
+  // --device=cuda: weights on cuda:<LOCAL_RANK>; the Trainer moves the
+  // micro-batches and keeps p2p and its collectives there (NCCL).
+  to.device = cluster.world.device;
+  PP_RETURN_IF_ERROR(TorchCall("moving the model to its device", [&] { model->to(to.device); }));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
   // Each rank's dropout stream starts from the config's seed, so a run is

@@ -10,7 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/torch_compat.h"
 #include "common/torch_status.h"
+#include "topology/device.h"
 #include "topology/process_topology.h"
 
 namespace pp {
@@ -64,6 +66,16 @@ std::string FreshTempPath(const std::string& tag) {
   return path;
 }
 
+absl::StatusOr<c10::Device> TestDevice(DeviceKind kind, int ranks) {
+  if (kind == DeviceKind::kCpu) return c10::Device(c10::DeviceType::CPU);
+  const int gpus = VisibleCudaDevices();
+  if (gpus >= ranks) return c10::Device(c10::DeviceType::CUDA, 0);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "needs ", ranks, " visible CUDA GPU", ranks == 1 ? "" : "s", ", this process sees ", gpus,
+      " (LibTorch ", torch_compat::LibTorchVersion(),
+      torch_compat::BuiltWithCuda() ? ", built with CUDA" : ", built without CUDA", ")"));
+}
+
 absl::Status FirstRankError(const std::vector<absl::Status>& statuses) {
   for (size_t r = 0; r < statuses.size(); ++r) {
     if (!statuses[r].ok()) {
@@ -76,8 +88,14 @@ absl::Status FirstRankError(const std::vector<absl::Status>& statuses) {
 
 absl::Status RunOnThreadRanks(int world_size, std::chrono::milliseconds timeout,
                               const std::function<absl::Status(World&)>& body) {
+  return RunOnThreadRanks(world_size, DeviceKind::kCpu, timeout, body);
+}
+
+absl::Status RunOnThreadRanks(int world_size, DeviceKind device, std::chrono::milliseconds timeout,
+                              const std::function<absl::Status(World&)>& body) {
   RendezvousOptions options;
   options.timeout = timeout;
+  options.device = device;
   options.file_store_path = FreshTempPath("thread_ranks");
   const std::vector<absl::Status> statuses = RunThreadRanks(world_size, 0, options, body);
   ::unlink(options.file_store_path.c_str());

@@ -21,7 +21,11 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "topology/device.h"
 #include "topology/parallel_grid.h"
 #include "topology/rendezvous.h"
 
@@ -47,9 +51,20 @@ std::string FreshTempPath(const std::string& tag);
 // OK when all are OK.
 absl::Status FirstRankError(const std::vector<absl::Status>& statuses);
 
+// For tests parametrised over devices: the device of rank 0 of a test with
+// `ranks` ranks (rank r uses cuda:r), or FailedPrecondition saying why it
+// cannot run here, naming the missing GPUs and this binary's LibTorch ("needs
+// 1 visible CUDA GPU, this process sees 0 (LibTorch 1.13.0, built without
+// CUDA)"). Tests GTEST_SKIP() with the message.
+absl::StatusOr<c10::Device> TestDevice(DeviceKind kind, int ranks = 1);
+
 // `world_size` ranks over a fresh FileStore, every wait bounded by `timeout`;
 // FirstRankError of their statuses.
 absl::Status RunOnThreadRanks(int world_size, std::chrono::milliseconds timeout,
+                              const std::function<absl::Status(World&)>& body);
+// The same with every rank on `device`: kCuda puts rank r on cuda:r and gives
+// the groups NCCL beside Gloo (World::device; tests check TestDevice first).
+absl::Status RunOnThreadRanks(int world_size, DeviceKind device, std::chrono::milliseconds timeout,
                               const std::function<absl::Status(World&)>& body);
 
 // pp * dp ranks, each with the ParallelGrid of PipeDataParallelTopology(pp, dp);

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <stdexcept>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -9,7 +10,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/torch_compat.h"
 #include "common/torch_status.h"
+#include "topology/device.h"
 
 namespace pp {
 namespace {
@@ -68,6 +71,18 @@ TEST(ThreadRanksTest, GridHasTheRequestedShape) {
 }
 
 TEST(ThreadRanksTest, FreshTempPathsDiffer) { EXPECT_NE(FreshTempPath("x"), FreshTempPath("x")); }
+
+TEST(ThreadRanksTest, TestDeviceNamesTheMissingGpus) {
+  EXPECT_TRUE(TestDevice(DeviceKind::kCpu, 4)->is_cpu());
+  const int gpus = VisibleCudaDevices();
+  auto one = TestDevice(DeviceKind::kCuda, gpus + 1);
+  EXPECT_EQ(one.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(one.status().message(),
+            "needs " + std::to_string(gpus + 1) + " visible CUDA GPU" + (gpus == 0 ? "" : "s") +
+                ", this process sees " + std::to_string(gpus) + " (LibTorch " +
+                torch_compat::LibTorchVersion() +
+                (torch_compat::BuiltWithCuda() ? ", built with CUDA)" : ", built without CUDA)"));
+}
 
 }  // namespace
 }  // namespace pp

@@ -23,16 +23,18 @@ RngSnapshot RngSnapshot::Capture(const std::vector<c10::Device>& devices) {
   std::vector<at::Generator> generators = {at::detail::getDefaultCPUGenerator()};
   std::vector<c10::Device> seen;
   for (const c10::Device& device : devices) {
-    // Only accelerators have per-device generators; CPU is always included.
-    if (!device.is_cuda()) continue;
-    // A CPU-only LibTorch never sees a CUDA tensor, so this is the runtime
-    // check that keeps CUDA code paths out of CPU builds without an #ifdef.
-    if (!at::globalContext().hasCUDA()) continue;
+    // CPU is always included; each accelerator device has its own generator.
+    if (device.is_cpu()) continue;
+    // A LibTorch or a machine without CUDA never has a CUDA tensor, so this
+    // runtime check keeps CUDA code paths out of CPU runs without an #ifdef.
+    if (device.is_cuda() && !at::globalContext().hasCUDA()) continue;
     c10::Device resolved(device.type(), device.has_index() ? device.index() : 0);
     if (std::find(seen.begin(), seen.end(), resolved) != seen.end()) continue;
     seen.push_back(resolved);
     generators.push_back(at::globalContext().defaultGenerator(resolved));
   }
+  snapshot.devices_.push_back(c10::Device(c10::DeviceType::CPU));
+  snapshot.devices_.insert(snapshot.devices_.end(), seen.begin(), seen.end());
   // Not in the middle of another thread's seeded build (default_generator.h).
   std::lock_guard<std::recursive_mutex> process_lock(DefaultGeneratorMutex());
   for (at::Generator& gen : generators) {
@@ -49,6 +51,17 @@ void RngSnapshot::Restore() const {
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(entry.state);
   }
+}
+
+std::vector<c10::Device> AcceleratorDevicesOf(const std::vector<torch::Tensor>& tensors) {
+  std::vector<c10::Device> devices;
+  for (const torch::Tensor& t : tensors) {
+    if (!t.defined() || t.device().is_cpu()) continue;
+    if (std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+      devices.push_back(t.device());
+    }
+  }
+  return devices;
 }
 
 std::vector<torch::Tensor> LayerParameters(const LayerImpl& layer) {
@@ -314,12 +327,11 @@ Activations RunLayersWithRecompute(const std::vector<Layer>& layers, Activations
   }
   // Nothing to differentiate: recomputing would only cost time.
   if (!any_requires_grad) return RunLayers(layers, std::move(inputs), batch);
-  for (const torch::Tensor& t : tensors) {
-    if (t.device().is_cuda() && std::find(range->devices.begin(), range->devices.end(),
-                                          t.device()) == range->devices.end()) {
-      range->devices.push_back(t.device());
-    }
-  }
+  // Every device the range touches: its inputs, parameters and all side
+  // inputs (labels, masks: their device is where the layers draw numbers too).
+  std::vector<torch::Tensor> placed = tensors;
+  for (const auto& [name, side] : batch.tensors) placed.push_back(side);
+  range->devices = AcceleratorDevicesOf(placed);
   return internal_checkpoint::RecomputeFunction::apply(std::move(range), at::TensorList(tensors));
 }
 

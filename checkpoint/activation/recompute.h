@@ -68,6 +68,9 @@ class RngSnapshot {
   static RngSnapshot Capture(const std::vector<c10::Device>& devices = {});
   // Puts the captured states back into the generators.
   void Restore() const;
+  // The devices whose generators were captured: the CPU first, then each
+  // accelerator of `devices` this process has (deduplicated).
+  const std::vector<c10::Device>& devices() const { return devices_; }
 
  private:
   struct Entry {
@@ -75,7 +78,12 @@ class RngSnapshot {
     at::Tensor state;
   };
   std::vector<Entry> entries_;
+  std::vector<c10::Device> devices_;
 };
+
+// The non-CPU devices of `tensors`, in first-seen order, each once (the
+// generators a checkpointed range must save besides the CPU's).
+std::vector<c10::Device> AcceleratorDevicesOf(const std::vector<torch::Tensor>& tensors);
 
 }  // namespace pp
 

@@ -11,6 +11,8 @@
 #include "pipeline/layers/layer_spec.h"
 #include "pipeline/runtime/split_backward.h"
 #include "pipeline/testing/mlp_block.h"
+#include "topology/device.h"
+#include "topology/thread_ranks.h"
 
 namespace pp {
 namespace {
@@ -335,6 +337,71 @@ TEST(RecomputeTest, SnapshotRestoresTheCpuStream) {
   snapshot.Restore();
   EXPECT_TRUE(torch::equal(first, torch::rand({5})));
 }
+
+// The devices a snapshot covers: always the CPU; an accelerator only where
+// this process has it (a CUDA device asked for in a run without CUDA is left
+// out, not an error).
+TEST(RecomputeTest, SnapshotCoversTheCpuAndPresentAccelerators) {
+  const c10::Device cpu(c10::DeviceType::CPU);
+  const c10::Device cuda0(c10::DeviceType::CUDA, 0);
+  EXPECT_EQ(RngSnapshot::Capture().devices(), std::vector<c10::Device>({cpu}));
+  const std::vector<c10::Device> expected = VisibleCudaDevices() > 0
+                                                ? std::vector<c10::Device>{cpu, cuda0}
+                                                : std::vector<c10::Device>{cpu};
+  EXPECT_EQ(RngSnapshot::Capture({cpu, cuda0, c10::Device(c10::DeviceType::CUDA)}).devices(),
+            expected);
+}
+
+TEST(RecomputeTest, AcceleratorDevicesOfSkipsCpuAndUndefined) {
+  EXPECT_TRUE(AcceleratorDevicesOf({torch::ones({1}), torch::Tensor()}).empty());
+  const auto meta = torch::empty({2}, torch::TensorOptions().device(torch::kMeta));
+  EXPECT_EQ(AcceleratorDevicesOf({torch::ones({1}), meta, meta}),
+            std::vector<c10::Device>({c10::Device(c10::DeviceType::Meta)}));
+}
+
+// Dropout on each device: a checkpointed range reproduces the forward's masks
+// (drawn from that device's generator) bitwise, and leaves the device's random
+// stream where a plain run leaves it.
+class RecomputeDeviceTest : public ::testing::TestWithParam<DeviceKind> {};
+
+TEST_P(RecomputeDeviceTest, DropoutMasksAreReproducedOnTheDevice) {
+  absl::StatusOr<c10::Device> device = TestDevice(GetParam());
+  if (!device.ok()) GTEST_SKIP() << device.status().message();
+  torch::manual_seed(21);
+  std::vector<Layer> layers = MakeMlpStack(3, 16, 64, /*dropout=*/0.2);
+  for (const Layer& layer : layers) {
+    layer->to(*device);
+    layer->train();
+  }
+  const torch::Tensor x = torch::randn({32, 16}).to(*device).requires_grad_(true);
+  auto run = [&](bool checkpoint) {
+    for (torch::Tensor& p : ParametersOf(layers)) p.mutable_grad() = torch::Tensor();
+    x.mutable_grad() = torch::Tensor();
+    torch::manual_seed(kSeed);  // every device's default generator
+    Activations out =
+        checkpoint ? RunLayersWithRecompute(layers, {x}, {}) : RunLayers(layers, {x}, {});
+    const torch::Tensor weights =
+        torch::linspace(-1.0, 2.0, out[0].numel()).reshape(out[0].sizes()).to(*device);
+    (out[0] * weights).sum().backward();
+    std::vector<torch::Tensor> got = {out[0].cpu(), x.grad().cpu()};
+    for (const torch::Tensor& p : ParametersOf(layers)) got.push_back(p.grad().cpu());
+    got.push_back(torch::rand({8}, torch::TensorOptions().device(*device)).cpu());
+    return got;
+  };
+  const std::vector<torch::Tensor> plain = run(false);
+  const std::vector<torch::Tensor> ckpt = run(true);
+  ASSERT_EQ(plain.size(), ckpt.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(torch::equal(plain[i], ckpt[i])) << "tensor " << i << " on " << device->str();
+  }
+  // The masks matter: without dropout the gradients differ.
+  for (const Layer& layer : layers) layer->eval();
+  EXPECT_FALSE(torch::equal(plain[2], run(false)[2]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, RecomputeDeviceTest,
+                         ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda),
+                         [](const auto& info) { return DeviceKindName(info.param); });
 
 // Ranks run as threads share the default generator: a recompute's generator
 // restore in one thread must never land inside another thread's seeded layer

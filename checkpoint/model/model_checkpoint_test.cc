@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "gtest/gtest.h"
+#include "topology/device.h"
 #include "topology/rendezvous.h"
 #include "topology/thread_ranks.h"
 
@@ -292,6 +293,71 @@ TEST(OptimizerStateTest, SgdMomentumRoundTripsAndContinuesBitwise) {
   opt_b.step();
   ExpectSameTensors(ModelStateOfModule(b, kLayers), ModelStateOfModule(reference, kLayers));
 }
+
+// Saved on one device, loaded onto another: (save, load) over cpu and cuda.
+// A GPU's tensors go to disk through pinned host buffers; loading puts the
+// values (and the optimizer's state) on whatever device the loading model is
+// on, and training continues bitwise as if nothing had moved.
+class CheckpointDeviceTest : public ::testing::TestWithParam<std::pair<DeviceKind, DeviceKind>> {};
+
+TEST_P(CheckpointDeviceTest, RoundTripMapsToTheLoadingDevice) {
+  absl::StatusOr<c10::Device> save_device = TestDevice(GetParam().first);
+  if (!save_device.ok()) GTEST_SKIP() << save_device.status().message();
+  absl::StatusOr<c10::Device> load_device = TestDevice(GetParam().second);
+  if (!load_device.ok()) GTEST_SKIP() << load_device.status().message();
+  const std::string root = FreshDir("device");
+  auto options = torch::optim::SGDOptions(0.1).momentum(0.9);
+  ToyStage a(0, kLayers, true);
+  a.to(*save_device);
+  torch::optim::SGD opt_a(a.parameters(), options);
+  SetGrads(a);
+  opt_a.step();
+  ModelState state = ModelStateOfModule(a, kLayers);
+  SaveRequest request;
+  request.root = root;
+  request.step = 1;
+  request.model = &state;
+  request.optimizer = &opt_a;
+  absl::StatusOr<std::string> saved = SaveCheckpoint(request, CheckpointRank());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+
+  ToyStage b(0, kLayers, true, /*seed=*/5);
+  b.to(*load_device);
+  ModelState loaded = ModelStateOfModule(b, kLayers);
+  torch::optim::SGD opt_b(b.parameters(), options);
+  auto report = LoadCheckpoint(root, loaded, &opt_b, CheckpointRank());
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->clean()) << report->Summary();
+  const ModelState after_load = ModelStateOfModule(b, kLayers);
+  ASSERT_EQ(after_load.tensors.size(), state.tensors.size());
+  for (size_t i = 0; i < state.tensors.size(); ++i) {
+    EXPECT_EQ(after_load.tensors[i].first, state.tensors[i].first);
+    EXPECT_EQ(after_load.tensors[i].second.device(), *load_device) << state.tensors[i].first;
+    EXPECT_TRUE(torch::equal(after_load.tensors[i].second.cpu(), state.tensors[i].second.cpu()))
+        << state.tensors[i].first;
+  }
+  // One more step on each: the momentum came back too, on the loading device.
+  SetGrads(a);
+  opt_a.step();
+  SetGrads(b);
+  opt_b.step();
+  const ModelState final_a = ModelStateOfModule(a, kLayers);
+  const ModelState final_b = ModelStateOfModule(b, kLayers);
+  for (size_t i = 0; i < final_a.tensors.size(); ++i) {
+    EXPECT_TRUE(torch::equal(final_a.tensors[i].second.cpu(), final_b.tensors[i].second.cpu()))
+        << final_a.tensors[i].first;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, CheckpointDeviceTest,
+                         ::testing::Values(std::make_pair(DeviceKind::kCpu, DeviceKind::kCpu),
+                                           std::make_pair(DeviceKind::kCuda, DeviceKind::kCpu),
+                                           std::make_pair(DeviceKind::kCpu, DeviceKind::kCuda),
+                                           std::make_pair(DeviceKind::kCuda, DeviceKind::kCuda)),
+                         [](const auto& info) {
+                           return DeviceKindName(info.param.first) + "_to_" +
+                                  DeviceKindName(info.param.second);
+                         });
 
 TEST(SaveRequestTest, MultiRankSaveWithoutWorldGroupIsRefused) {
   ModelState state;

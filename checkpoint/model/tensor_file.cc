@@ -5,10 +5,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
@@ -27,6 +31,7 @@
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "topology/device_transfer.h"
 
 namespace pp {
 namespace {
@@ -37,6 +42,9 @@ using checkpoint::FileInfo;
 std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
+
+// Bounds the wait for device->host copies of one file's tensors.
+constexpr std::chrono::minutes kDeviceCopyTimeout(10);
 
 std::string ShapeString(at::IntArrayRef shape) {
   return absl::StrCat("[", absl::StrJoin(shape.begin(), shape.end(), ", "), "]");
@@ -69,10 +77,25 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
   uint32_t crc = 0;
   int64_t size = 0;
   int write_errno = 0;
+  // Device tensors (a GPU run's weights): copied into pinned host buffers
+  // asynchronously, one wait per device (topology/device.h ToHost).
+  std::vector<at::Tensor> host;
+  absl::Status copied = TorchCall(absl::StrCat("copying tensors for checkpoint file ", path), [&] {
+    std::vector<at::Tensor> all;
+    for (const auto& entry : tensors) all.push_back(entry.second.detach());
+    absl::StatusOr<std::vector<at::Tensor>> on_host = ToHost(all, kDeviceCopyTimeout);
+    if (!on_host.ok()) throw std::runtime_error(std::string(on_host.status().message()));
+    host = *std::move(on_host);
+  });
+  if (!copied.ok()) {
+    ::close(fd);
+    return copied;
+  }
   absl::Status pickled = TorchCall(absl::StrCat("writing checkpoint file ", path), [&] {
     c10::Dict<std::string, at::Tensor> dict;
-    for (const auto& [name, tensor] : tensors) {
-      at::Tensor t = tensor.detach().cpu().contiguous();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const std::string& name = tensors[i].first;
+      at::Tensor t = host[i].contiguous();
       // Pickle writes a tensor's whole storage; a view of a larger buffer
       // would drag the rest of it along.
       if (t.storage().nbytes() != static_cast<size_t>(t.numel()) * t.element_size() ||

@@ -40,7 +40,9 @@ NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid
         return absl::InternalError(
             "the last stage captured no logits for sampling (was the loss wrapped?)");
       }
-      logits = captured_[0][position].to(torch::kFloat).contiguous();
+      // On the CPU like the other ranks' zeros: one backend (Gloo) for the
+      // broadcast even when the last stage computes on a GPU.
+      logits = captured_[0][position].to(torch::kCPU, torch::kFloat).contiguous();
     }
     if (grid->num_stages() > 1) {
       std::vector<at::Tensor> tensors = {logits};

@@ -114,8 +114,11 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   std::vector<std::map<std::string, torch::Tensor>> replica_params(config.dp);
   std::vector<std::vector<double>> rank_losses(world);
   std::vector<std::vector<double>> rank_norms(world);
-  absl::Status status =
-      RunOnGrid(config.pp, config.dp, config.timeout, [&](ParallelGrid& grid) -> absl::Status {
+  absl::Status status = RunOnThreadRanks(
+      world, config.device, config.timeout, [&](World& world_of_rank) -> absl::Status {
+        PP_ASSIGN_OR_RETURN(ProcessTopology topology,
+                            PipeDataParallelTopology(config.pp, config.dp));
+        PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world_of_rank, topology));
         PipelineModelOptions mo;
         mo.num_stages = config.pp;
         mo.chunks = config.chunks;
@@ -129,8 +132,10 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         }
         PP_ASSIGN_OR_RETURN(auto model,
                             PipelineModel::Create(SpecsOf(config), mo, grid.stage_id()));
+        model->to(world_of_rank.device);
         std::unique_ptr<MicroBatchSource> source = SourceOf(config);
         TrainerOptions to;
+        to.device = world_of_rank.device;
         to.schedule = config.schedule;
         to.num_microbatches = config.microbatches;
         to.optimizer = config.optimizer;
@@ -150,7 +155,8 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         std::lock_guard<std::mutex> lock(mu);
         for (const auto& item : model->named_parameters()) {
           auto& slot = replica_params[grid.data_parallel_id()][item.key()];
-          torch::Tensor value = item.value().detach().clone();
+          torch::Tensor value = item.value().detach().to(torch::kCPU, /*non_blocking=*/false,
+                                                         /*copy=*/true);
           if (slot.defined() && !torch::equal(slot, value)) {
             return absl::InternalError(
                 absl::StrCat("tied copies of ", item.key(), " differ between stages"));

@@ -19,6 +19,7 @@
 #include "pipeline/layers/layer_spec.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/runtime/trainer.h"
+#include "topology/device.h"
 #include "topology/parallel_grid.h"
 
 namespace pp {
@@ -66,6 +67,9 @@ struct RunConfig {
   LossFn loss;
   std::function<std::unique_ptr<MicroBatchSource>()> source;  // one per rank
   std::string partition_method = "uniform";
+  // Where the pipeline's ranks compute: kCuda puts rank r on cuda:r (pp * dp
+  // GPUs, NCCL); the sequential reference always runs on the CPU.
+  DeviceKind device = DeviceKind::kCpu;
 };
 
 struct RunResult {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "common/status_macros.h"
+#include "topology/device.h"
 #include "topology/thread_ranks.h"
 
 namespace pp {
@@ -105,6 +106,56 @@ TEST(GradSyncTest, MissingMemberTimesOut) {
   });
   EXPECT_TRUE(s.ok()) << s;
 }
+
+// Tied broadcast/sum, data-parallel averaging and the global norm with the
+// parameters on each device (two GPUs: NCCL; the CPU: Gloo).
+class GradSyncDeviceTest : public ::testing::TestWithParam<DeviceKind> {};
+
+TEST_P(GradSyncDeviceTest, TiedSumAverageAndNormOnTheDevice) {
+  absl::StatusOr<c10::Device> first = TestDevice(GetParam(), 2);
+  if (!first.ok()) GTEST_SKIP() << first.status().message();
+  absl::Status s =
+      RunOnThreadRanks(2, GetParam(), milliseconds(60000), [](World& world) -> absl::Status {
+        const c10::Device device = world.device;
+        auto param = [&](std::vector<float> values, std::vector<float> grad) {
+          torch::Tensor p = torch::tensor(values).to(device).requires_grad_(true);
+          p.mutable_grad() = torch::tensor(grad).to(device);
+          return p;
+        };
+        torch::Tensor tied =
+            param(world.rank == 0 ? std::vector<float>{1, 2} : std::vector<float>{9, 9},
+                  world.rank == 0 ? std::vector<float>{1, 0} : std::vector<float>{2, 2});
+        torch::Tensor own = param({0}, {world.rank == 0 ? 3.0f : 5.0f});
+        TiedParams tie;
+        tie.key = "embed";
+        tie.group = world.group;
+        tie.members = "[0,1]";
+        tie.params = {tied};
+        PP_RETURN_IF_ERROR(BroadcastTiedParams({tie}, milliseconds(60000)));
+        PP_RETURN_IF_ERROR(
+            Check(torch::equal(tied.detach().cpu(), torch::tensor({1.0f, 2.0f})), "broadcast"));
+        PP_RETURN_IF_ERROR(AllReduceTiedGrads({tie}, milliseconds(60000)));
+        PP_RETURN_IF_ERROR(
+            Check(torch::equal(tied.grad().cpu(), torch::tensor({3.0f, 2.0f})), "tied sum"));
+        PP_RETURN_IF_ERROR(AverageGrads({own}, world.group, milliseconds(60000)));
+        PP_RETURN_IF_ERROR(
+            Check(torch::equal(own.grad().cpu(), torch::tensor({4.0f})), "data average"));
+        PP_RETURN_IF_ERROR(Check(own.grad().device() == device && tied.grad().device() == device,
+                                 "gradients stay on the device"));
+        // Norm over the pipe "group" (this world) counting the tie on rank 0
+        // only: sqrt(3^2 + 2^2 + 4^2 + 4^2).
+        std::vector<torch::Tensor> counted = {own};
+        if (world.rank == 0) counted.push_back(tied);
+        PP_ASSIGN_OR_RETURN(double norm, GlobalGradNorm(counted, world.group, ProcessGroupPtr(),
+                                                        milliseconds(60000), device));
+        return Check(std::abs(norm - std::sqrt(45.0)) < 1e-6, "global norm");
+      });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, GradSyncDeviceTest,
+                         ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda),
+                         [](const auto& info) { return DeviceKindName(info.param); });
 
 }  // namespace
 }  // namespace pp

@@ -84,7 +84,10 @@ absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>&
 }
 
 P2P::P2P(c10::intrusive_ptr<c10d::ProcessGroup> group, P2POptions options)
-    : group_(std::move(group)), options_(std::move(options)) {
+    : group_(std::move(group)), options_(std::move(options)), streams_(options_.device) {
+  // On a device every send is posted from the compute thread on the send
+  // stream (NCCL pairs transfers by posting order): the sender thread is CPU only.
+  if (streams_.active()) options_.send_mode = P2PSendMode::kDirect;
   if (options_.send_mode == P2PSendMode::kSenderThread) {
     sender_ = std::thread([this] { SenderLoop(); });
   }
@@ -165,7 +168,20 @@ absl::Status P2P::PostSend(torch::Tensor tensor, int peer, int tag, const std::s
                                [&] { payload = tensor.detach().contiguous(); }));
   const auto start = std::chrono::steady_clock::now();
   absl::Status s;
-  if (options_.send_mode == P2PSendMode::kDirect) {
+  if (streams_.active()) {
+    // On a device, post here, in call order, on the send stream: NCCL pairs
+    // sends and receives by order (device_streams.h).
+    s = streams_.Send([&] {
+      c10::intrusive_ptr<c10d::Work> work;
+      PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(what, ": send to ", PeerName(peer)), [&] {
+        std::vector<at::Tensor> one = {payload};
+        work = group_->send(one, peer, tag);
+      }));
+      absl::MutexLock lock(&mu_);
+      in_flight_.push_back(PendingSend{std::move(work), peer, what});
+      return absl::OkStatus();
+    });
+  } else if (options_.send_mode == P2PSendMode::kDirect) {
     // Posted in call order from this thread: Gloo matches messages of one
     // (peer, tag) in posting order, so channel order holds.
     c10::intrusive_ptr<c10d::Work> work;
@@ -192,10 +208,12 @@ absl::Status P2P::PostSend(torch::Tensor tensor, int peer, int tag, const std::s
 absl::Status P2P::RecvInto(torch::Tensor& tensor, int peer, int tag, const std::string& what) {
   if (tensor.numel() == 0) return absl::OkStatus();
   bool completed = false;
-  absl::Status s = TorchCall(absl::StrCat(what, ": receive from ", PeerName(peer)), [&] {
-    std::vector<at::Tensor> one = {tensor};
-    c10::intrusive_ptr<c10d::Work> work = group_->recv(one, peer, tag);
-    completed = work->wait(options_.timeout);
+  absl::Status s = streams_.Recv([&] {
+    return TorchCall(absl::StrCat(what, ": receive from ", PeerName(peer)), [&] {
+      std::vector<at::Tensor> one = {tensor};
+      c10::intrusive_ptr<c10d::Work> work = group_->recv(one, peer, tag);
+      completed = work->wait(options_.timeout);
+    });
   });
   if (!s.ok()) {
     return absl::DeadlineExceededError(absl::StrCat(s.message(), " (peer ", PeerName(peer),

@@ -67,6 +67,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "pipeline/layers/layer.h"
+#include "pipeline/runtime/device_streams.h"
 
 namespace pp {
 
@@ -182,6 +183,8 @@ class P2P {
 
   P2PStats stats() const;
   const P2POptions& options() const { return options_; }
+  // The device hooks (device_streams.h); inactive on the CPU.
+  const P2PStreams& streams() const { return streams_; }
   int rank() const;
 
  private:
@@ -211,6 +214,7 @@ class P2P {
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   P2POptions options_;
+  P2PStreams streams_;
   std::map<ChannelKey, std::vector<TensorMeta>> sent_headers_;
   std::map<ChannelKey, std::vector<TensorMeta>> received_headers_;
   std::map<std::pair<int, std::vector<int64_t>>, std::vector<torch::Tensor>> pool_;

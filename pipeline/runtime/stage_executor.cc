@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "topology/device_transfer.h"
 
 namespace pp {
 namespace {
@@ -449,6 +450,13 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
         status_holder_ = absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
         return false;
       }
+      // On a device, kernels run after the host returns: wait for them
+      // before reading the clock, or the trace times only the launches.
+      if (options_.trace) s = WaitForDevice(options_.p2p.device, options_.p2p.timeout, Name(a));
+      if (!s.ok()) {
+        status_holder_ = absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
+        return false;
+      }
       const int64_t t1 = NowMicros();
       VLOG(1) << kind << step << " end " << Name(a) << " mb " << a.microbatch << peer << " "
               << (t1 - t0) << " us";
@@ -471,6 +479,7 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
     status = absl::InternalError(absl::StrCat("program of rank ", rank_, " left ", st.stash.size(),
                                               " stashed micro-batches without backward"));
   }
+  if (status.ok()) status = WaitForDevice(options_.p2p.device, options_.p2p.timeout, "step end");
   if (!status.ok()) return status;
   st.stats.wall_us = NowMicros() - start;
   return std::move(st.stats);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "pipeline/runtime/nccl_order.h"
 #include "pipeline/schedule/chrome_trace.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/wait_work.h"
@@ -123,15 +124,34 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
     };
   }
   StageExecutorOptions eo;
+  eo.defer_receives = options.defer_receives;
+  MicroBatchSource* run_source = source;
+  if (!options.device.is_cpu()) {
+    // On a device: parameters there, micro-batches moved there, and p2p in
+    // program order (NCCL pairs by order; DeferReceives breaks it, and device
+    // receives do not block the host anyway: device_streams.h).
+    for (const auto& item : model->named_parameters()) {
+      if (item.value().device() != options.device) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TrainerOptions::device is ", options.device.str(), " but parameter ", item.key(),
+            " is on ", item.value().device().str(), "; move the model first (PipelineModel::to)"));
+      }
+    }
+    eo.defer_receives = false;
+    for (const LoweredProgram* program : {&t->train_program_, &t->eval_program_}) {
+      PP_RETURN_IF_ERROR(CheckPairwiseP2POrder(*program));
+    }
+    t->device_source_ = std::make_unique<DeviceMicroBatchSource>(source, options.device);
+    run_source = t->device_source_.get();
+  }
   eo.p2p.timeout = options.timeout;
   eo.p2p.fixed_layout = options.fixed_layout;
   eo.p2p.device = options.device;
   eo.p2p.global_ranks = grid->pipe_group_ranks();
   eo.data_parallel_id = grid->data_parallel_id();
   eo.trace = options.trace;
-  eo.defer_receives = options.defer_receives;
   t->executor_ = std::make_unique<StageExecutor>(
-      grid->stage_id(), std::move(stages), std::move(loss_fn), source, grid->pipe_group(), eo);
+      grid->stage_id(), std::move(stages), std::move(loss_fn), run_source, grid->pipe_group(), eo);
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->train_program_));
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->eval_program_));
   t->optimizer_ = MakeOptimizer(options.optimizer, t->params_);
@@ -241,6 +261,9 @@ absl::StatusOr<StepResult> Trainer::Step() {
 
 absl::StatusOr<double> Trainer::Evaluate(MicroBatchSource* source, int64_t step) {
   model_->eval();
+  std::optional<DeviceMicroBatchSource> on_device;
+  if (!options_.device.is_cpu() && source != nullptr)
+    source = &on_device.emplace(source, options_.device);
   absl::StatusOr<StepStats> stats = executor_->Run(eval_program_, step, nullptr, source);
   model_->train();
   PP_RETURN_IF_ERROR(stats.status());

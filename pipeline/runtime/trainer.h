@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "pipeline/layers/layer.h"
 #include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/device_batches.h"
 #include "pipeline/runtime/grad_sync.h"
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/p2p.h"
@@ -59,9 +60,13 @@ struct TrainerOptions {
   bool skip_nonfinite_updates = false;
   // Every receive, send completion and collective waits at most this long.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
-  // Device of the p2p buffers and of the small tensors of the step's
-  // collectives (loss, norm, timings): kCPU for Gloo, the rank's CUDA device
-  // with NCCL (the model must be on it too).
+  // Where this rank computes: kCPU (Gloo), or the rank's CUDA device (the
+  // grid's groups need NCCL: GroupOptions::nccl). On a device the model must
+  // already be there (InvalidArgument naming a parameter elsewhere); the
+  // source's micro-batches are moved there (device_batches.h), p2p buffers and
+  // the step's small collectives (loss, norm, timings) live there, receives
+  // are not deferred (defer_receives is ignored) and Create refuses a program
+  // whose transfers NCCL cannot pair (nccl_order.h).
   torch::Device device = torch::kCPU;
   // Fixed-shape p2p (no headers); see P2POptions::fixed_layout.
   std::optional<std::vector<TensorMeta>> fixed_layout;
@@ -136,8 +141,9 @@ class Trainer {
   LoweredProgram train_program_;
   LoweredProgram eval_program_;
   std::vector<TiedParams> ties_;
-  std::vector<torch::Tensor> params_;          // this rank's parameters, each once
-  std::vector<torch::Tensor> counted_params_;  // params_ minus non-owner tied copies
+  std::vector<torch::Tensor> params_;                      // this rank's parameters, each once
+  std::vector<torch::Tensor> counted_params_;              // params_ minus non-owner tied copies
+  std::unique_ptr<DeviceMicroBatchSource> device_source_;  // on a device only
   std::unique_ptr<StageExecutor> executor_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::set<const void*> reduced_this_step_;  // params averaged over data this step
