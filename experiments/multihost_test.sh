@@ -37,6 +37,7 @@ cleanup() {
   ip netns del "$NS_B" 2> /dev/null
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM # a killed test (bazel timeout) still removes its namespaces
 ip netns add "$NS_A" 2> "$TMP/netns.err" || skip "ip netns add: $(cat "$TMP/netns.err")"
 ip netns add "$NS_B" || fail "second namespace"
 ip link add "${TAG}a0" type veth peer name "${TAG}b0" || fail "veth pair"
