@@ -15,6 +15,7 @@ mkfifo "$TMP/fifo"
 printf 'ab\0cd%.0s' $(seq 1 100) > "$TMP/binary/a.bin"
 echo "too short for a context of 128 bytes" > "$TMP/short.txt"
 echo "a file" > "$TMP/file"
+printf '0F0,0B0\n1F0,1X0\n' > "$TMP/bad_schedule.csv"
 
 # expected text in stderr | arguments after --config (no spaces inside one)
 CASES=$(cat <<CASES_END
@@ -41,6 +42,7 @@ data.path '$TMP/short.txt' holds 38 bytes of training text (after data.eval_frac
 data.path '$TMP/nothing' does not exist|--data=$TMP/nothing
 output_dir '$TMP/file/runs' cannot be created|--output_dir=$TMP/file/runs
 parallelism.schedule 'zigzag' is not a registered schedule|--schedule=zigzag
+line 2, column 2 (rank 1): "1X0": malformed action|--schedule=csv:$TMP/bad_schedule.csv
 optimizer.lr (inf) must be finite and in (0, 10]|--nproc_per_node=2 --lr=inf
 nonfinite.policy 'maybe' must be 'fail' or 'skip'|--set=nonfinite.policy=maybe
 nonfinite.max_skipped_steps (0) must be at least 1|--set=nonfinite.max_skipped_steps=0

@@ -23,6 +23,7 @@
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/schedule/capabilities.h"
+#include "pipeline/schedule/csv.h"
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/device.h"
@@ -412,10 +413,12 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
 
   // The schedule: registered, trains, and accepts this shape.
   const std::vector<std::string> names = RegisteredScheduleNames();
-  if (std::find(names.begin(), names.end(), par.schedule()) == names.end()) {
-    return Invalid(
-        absl::StrCat("parallelism.schedule '", par.schedule(),
-                     "' is not a registered schedule; valid: ", absl::StrJoin(names, ", ")));
+  // "csv:FILE" is a schedule file (pipeline/schedule/csv.h); MakeSchedule reads it.
+  if (!absl::StartsWith(par.schedule(), kCsvSchedulePrefix) &&
+      std::find(names.begin(), names.end(), par.schedule()) == names.end()) {
+    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
+                                "' is not a registered schedule; valid: ",
+                                absl::StrJoin(names, ", "), ", or csv:FILE (a schedule file)"));
   }
   ScheduleOptions so;
   so.num_stages = par.pp();

@@ -5,9 +5,12 @@
 //   bazel run //experiments:schedule_explorer -- --schedule=1f1b --stages=4
 //       --microbatches=8 [--chunks=2] [--group=4] [--costs=F:1,B:2,W:0,comm:0]
 //       [--memory_split=I:42,W:32]
-//       [--format=text|json|svg|chrome|csv] [--out=FILE]
+//       [--format=text|json|svg|chrome|csv|csv_comms] [--out=FILE]
+//       [--schedule=csv:FILE [--stage_to_rank=looped|v|0,1,1,0]]
 //       [--compare=gpipe,1f1b,interleaved_1f1b] [--defer_receives] [--list]
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -18,12 +21,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "pipeline/schedule/chrome_trace.h"
+#include "pipeline/schedule/csv.h"
 #include "pipeline/schedule/defer_receives.h"
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
@@ -31,7 +36,13 @@
 #include "pipeline/schedule/simulator.h"
 #include "pipeline/schedule/validator.h"
 
-ABSL_FLAG(std::string, schedule, "1f1b", "registered schedule name (see --list)");
+ABSL_FLAG(std::string, schedule, "1f1b",
+          "registered schedule name (see --list), or csv:FILE: a schedule file in PyTorch's "
+          "CSV layout (either form; its shape comes from the file, not --stages/--microbatches/"
+          "--chunks; see pipeline/schedule/csv.h)");
+ABSL_FLAG(std::string, stage_to_rank, "",
+          "placement of a csv:FILE schedule: looped, v, or a rank per virtual stage (0,1,1,0); "
+          "empty: the file's '# stage_to_rank:' line, else looped");
 ABSL_FLAG(int, stages, 4, "pipeline stages (ranks), p");
 ABSL_FLAG(int, microbatches, 8, "micro-batches per step, m");
 ABSL_FLAG(int, chunks, 1, "model chunks (virtual stages) per rank, v");
@@ -46,7 +57,9 @@ ABSL_FLAG(std::string, memory_split, "I:42,W:32",
 ABSL_FLAG(bool, blocking_sends, false,
           "simulate rendezvous sends (a SEND waits for its RECV) instead of "
           "buffered ones");
-ABSL_FLAG(std::string, format, "text", "text, json, svg, chrome or csv");
+ABSL_FLAG(std::string, format, "text",
+          "text, json, svg, chrome, csv (PyTorch's compute-only CSV) or csv_comms (its compute + "
+          "comms CSV: the lowered program)");
 ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout");
 ABSL_FLAG(std::string, compare, "",
           "comma-separated schedules to compare: makespan, bubble, inner (the idle "
@@ -67,6 +80,16 @@ struct Explored {
   SimulationResult sim;
 };
 
+// `bazel run` starts the binary in its runfiles tree; a relative path a
+// person typed is relative to the workspace.
+std::string FromWorkspace(const std::string& path) {
+  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  if (path.empty() || std::filesystem::path(path).is_absolute() || workspace == nullptr) {
+    return path;
+  }
+  return (std::filesystem::path(workspace) / path).string();
+}
+
 absl::StatusOr<Explored> Explore(const std::string& name, int chunks) {
   ScheduleOptions options;
   options.num_stages = absl::GetFlag(FLAGS_stages);
@@ -74,7 +97,16 @@ absl::StatusOr<Explored> Explore(const std::string& name, int chunks) {
   options.num_chunks = chunks;
   options.group_size = absl::GetFlag(FLAGS_group);
   Explored out;
-  PP_ASSIGN_OR_RETURN(out.schedule, MakeSchedule(name, options));
+  if (absl::StartsWith(name, kCsvSchedulePrefix)) {
+    CsvReadOptions csv;
+    csv.stage_to_rank = absl::GetFlag(FLAGS_stage_to_rank);
+    PP_ASSIGN_OR_RETURN(
+        out.schedule,
+        LoadCsvScheduleFile(FromWorkspace(name.substr(kCsvSchedulePrefix.size())), csv));
+    chunks = out.schedule.num_chunks;
+  } else {
+    PP_ASSIGN_OR_RETURN(out.schedule, MakeSchedule(name, options));
+  }
   PP_RETURN_IF_ERROR(ValidateSchedule(out.schedule));
   PP_ASSIGN_OR_RETURN(out.program, Lower(out.schedule));
   if (absl::GetFlag(FLAGS_defer_receives)) out.program = DeferReceives(out.program);
@@ -145,7 +177,8 @@ std::string Render(const Explored& e, const std::string& format) {
     return RenderSvg(e.sim, options);
   }
   if (format == "chrome") return ChromeTraceJson(e.sim.timeline) + "\n";
-  if (format == "csv") return DumpCsv(s.ranks);
+  if (format == "csv") return ScheduleToCsv(s);
+  if (format == "csv_comms") return ProgramToCsv(e.program);
   std::string text =
       absl::StrCat(Title(s), "\n\ncompute order (step x rank):\n", FormatGrid(s.ranks),
                    "\nsimulated timeline (costs ", absl::GetFlag(FLAGS_costs), "):\n",
@@ -208,8 +241,8 @@ int Main() {
   } else {
     const std::string format = absl::GetFlag(FLAGS_format);
     if (format != "text" && format != "json" && format != "svg" && format != "chrome" &&
-        format != "csv") {
-      std::fprintf(stderr, "--format=%s: expected text, json, svg, chrome or csv\n",
+        format != "csv" && format != "csv_comms") {
+      std::fprintf(stderr, "--format=%s: expected text, json, svg, chrome, csv or csv_comms\n",
                    format.c_str());
       return 2;
     }

@@ -62,6 +62,34 @@ python3 -c "import json,sys; t=json.load(open(sys.argv[1])); assert sum(e['ph']=
 [[ "$("$explorer" --schedule=gpipe --stages=2 --microbatches=2 --format=csv)" == \
    $'0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1' ]] || fail "csv"
 
+# CSV files: both forms written, read back with --schedule=csv:FILE (shape from
+# the file), written again identically; zbv's V placement travels in the
+# '# stage_to_rank: v' line or the --stage_to_rank flag.
+"$explorer" --schedule=zbv --stages=2 --microbatches=4 --chunks=2 --format=csv > "$tmp/zbv.csv"
+"$explorer" --schedule=zbv --stages=2 --microbatches=4 --chunks=2 --format=csv_comms \
+  > "$tmp/zbv_comms.csv"
+[[ "$(head -1 "$tmp/zbv.csv")" == "# stage_to_rank: v" ]] || fail "csv placement line"
+grep -q '^0F0,1SEND_F0\|^0F0,0SEND_F0' "$tmp/zbv_comms.csv" || fail "csv_comms: $(cat "$tmp/zbv_comms.csv")"
+grep -q 'STEP' "$tmp/zbv_comms.csv" && fail "csv_comms has pipe's STEP (PyTorch cannot read it)"
+cmp <("$explorer" --schedule=csv:"$tmp/zbv.csv" --format=csv) "$tmp/zbv.csv" || fail "csv round trip"
+cmp <("$explorer" --schedule=csv:"$tmp/zbv_comms.csv" --format=csv_comms) "$tmp/zbv_comms.csv" \
+  || fail "csv_comms round trip"
+cmp <("$explorer" --schedule=csv:"$tmp/zbv_comms.csv" --format=csv) "$tmp/zbv.csv" \
+  || fail "csv_comms -> csv"
+tail -n +2 "$tmp/zbv.csv" > "$tmp/zbv_noline.csv"
+"$explorer" --schedule=csv:"$tmp/zbv_noline.csv" --stage_to_rank=v --format=json > "$tmp/zbvcsv.json"
+python3 - "$tmp/zbv.json" "$tmp/zbvcsv.json" <<'PY'
+import json, sys
+made, loaded = (json.load(open(f)) for f in sys.argv[1:3])
+assert loaded["stage_to_rank"] == made["stage_to_rank"], loaded["stage_to_rank"]
+assert loaded["lowered"] == made["lowered"]
+assert loaded["simulation"]["makespan"] == made["simulation"]["makespan"]
+PY
+printf '0F0,0B0\n1F0,1X0\n' > "$tmp/bad.csv"
+if "$explorer" --schedule=csv:"$tmp/bad.csv" 2> "$tmp/bad.err"; then fail "bad csv accepted"; fi
+grep -q 'line 2, column 2 (rank 1): "1X0"' "$tmp/bad.err" || fail "bad csv: $(cat "$tmp/bad.err")"
+grep -q '\[1X0\]   <-- here' "$tmp/bad.err" || fail "bad csv grid: $(cat "$tmp/bad.err")"
+
 "$explorer" --list | grep -q '^interleaved_1f1b' || fail "--list"
 "$explorer" --compare=gpipe,1f1b,interleaved_1f1b --chunks=2 > "$tmp/cmp.txt"
 grep -qE '^1f1b +1 +33 ' "$tmp/cmp.txt" || fail "compare: $(cat "$tmp/cmp.txt")"

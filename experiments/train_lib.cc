@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -39,6 +40,7 @@
 #include "observability/rank_log.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/trainer.h"
+#include "pipeline/schedule/csv.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/launcher.h"
 #include "topology/parallel_grid.h"
@@ -160,6 +162,11 @@ absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_si
   ResolveDefaults(config, kind);
   config.mutable_data()->set_path(FromWorkspace(config.data().path()));
   config.set_output_dir(FromWorkspace(config.output_dir()));
+  if (absl::StartsWith(config.parallelism().schedule(), kCsvSchedulePrefix)) {
+    config.mutable_parallelism()->set_schedule(absl::StrCat(
+        kCsvSchedulePrefix,
+        FromWorkspace(config.parallelism().schedule().substr(kCsvSchedulePrefix.size()))));
+  }
   if (!config.checkpoint().resume().empty() && config.checkpoint().resume() != "auto") {
     config.mutable_checkpoint()->set_resume(FromWorkspace(config.checkpoint().resume()));
   }

@@ -2,8 +2,9 @@
 //  - exact resume: 2N steps straight == N steps, save, fresh processes load,
 //    N more steps (per-step losses and final weights bitwise, AdamW, dropout on);
 //  - reshard: save at pp=4 -> load at pp=2 (also interleaved, 2 chunks), pp=1
-//    and ToSequential(); save at pp=2 x dp=2 -> load at pp=4 x dp=1; the next
-//    step's loss matches.
+//    and ToSequential(); save at pp=2 x dp=2 -> load at pp=4 x dp=1; save
+//    under zbv's V placement (pp=2, 2 chunks) -> load under interleaved_1f1b's
+//    looped placement and back; the next step's loss matches.
 //
 // The resume test runs real worker processes (this binary re-executed with
 // PP_CKPT_WORKER set), since dropout draws from the process-wide generator.
@@ -33,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "models/data/lm_data.h"
 #include "models/gpt/gpt.h"
+#include "pipeline/schedule/registry.h"
 #include "topology/process_topology.h"
 #include "topology/rendezvous.h"
 #include "topology/thread_ranks.h"
@@ -97,6 +99,11 @@ absl::StatusOr<RankRun> MakeRun(const World& world, const RunSpec& spec) {
   mo.chunks = spec.chunks;
   mo.partition_method = "uniform";
   mo.base_seed = 99;
+  // The schedule's placement of virtual stages (V for zbv).
+  PP_ASSIGN_OR_RETURN(
+      Schedule schedule,
+      MakeSchedule(spec.schedule, {spec.pp, spec.global_microbatches / spec.dp, spec.chunks, 0}));
+  mo.stage_to_rank = schedule.stage_to_rank;
   PP_ASSIGN_OR_RETURN(run.model, PipelineModel::Create(specs, mo, run.grid->stage_id()));
   PP_ASSIGN_OR_RETURN(run.source, MakeSource(spec.global_microbatches));
   TrainerOptions to;
@@ -340,6 +347,36 @@ TEST(ReshardTrainingTest, SavedAtPipe4LoadsAtPipe2InterleavedPipe1AndSequential)
   RunSpec pp1;
   EXPECT_DOUBLE_EQ(TrainSaveStep(pp1, 0, root, ""), reference);
   EXPECT_NEAR(SequentialLoss(ckpt, 2, 4), reference, 1e-6 * std::abs(reference));
+}
+
+// Layer-wise files by global layer index: a checkpoint written under V
+// placement (zbv: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2) loads
+// under the looped placement (interleaved_1f1b: rank 0 holds 0 and 2) and
+// back, and into ToSequential(); the next step's loss is the same.
+TEST(ReshardTrainingTest, VPlacementCheckpointLoadsUnderLoopedAndBack) {
+  RunSpec v;
+  v.pp = 2;
+  v.chunks = 2;
+  v.schedule = "zbv";
+  RunSpec looped = v;
+  looped.schedule = "interleaved_1f1b";
+  ASSERT_NE(MakeSchedule("zbv", {2, 4, 2, 0})->stage_to_rank,
+            MakeSchedule("interleaved_1f1b", {2, 4, 2, 0})->stage_to_rank);
+
+  const std::string v_root = TestDir("reshard_zbv");
+  fs::remove_all(v_root);
+  const double v_reference = TrainSaveStep(v, 2, "", v_root);
+  const std::string v_ckpt = v_root + "/" + CheckpointName(2);
+  EXPECT_NEAR(TrainSaveStep(looped, 0, v_ckpt, ""), v_reference, 1e-6 * std::abs(v_reference));
+  EXPECT_NEAR(SequentialLoss(v_ckpt, 2, 4), v_reference, 1e-6 * std::abs(v_reference));
+
+  const std::string looped_root = TestDir("reshard_looped");
+  fs::remove_all(looped_root);
+  const double looped_reference = TrainSaveStep(looped, 2, "", looped_root);
+  EXPECT_NEAR(TrainSaveStep(v, 0, looped_root + "/" + CheckpointName(2), ""), looped_reference,
+              1e-6 * std::abs(looped_reference));
+  // Both placements trained the same model from the same start.
+  EXPECT_NEAR(looped_reference, v_reference, 1e-5 * std::abs(v_reference));
 }
 
 TEST(ReshardTrainingTest, SavedAtPipe2Data2LoadsAtPipe4Data1) {

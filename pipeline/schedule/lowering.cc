@@ -42,6 +42,38 @@ struct Event {
   }
 };
 
+// Schedule::given_program as the lowered program (a CSV file with comms).
+absl::StatusOr<LoweredProgram> GivenProgram(const Schedule& schedule,
+                                            const LoweringOptions& options) {
+  if (schedule.given_program.size() != schedule.ranks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule \"", schedule.name, "\": given_program has ", schedule.given_program.size(),
+        " rank lists, ranks has ", schedule.ranks.size()));
+  }
+  LoweredProgram program;
+  program.schedule_name = schedule.name;
+  program.num_stages = schedule.num_stages;
+  program.num_microbatches = schedule.num_microbatches;
+  program.num_chunks = schedule.num_chunks;
+  program.forward_only = schedule.forward_only;
+  program.stage_to_rank = schedule.stage_to_rank;
+  program.ranks.resize(schedule.given_program.size());
+  for (size_t r = 0; r < schedule.given_program.size(); ++r) {
+    std::vector<Action> compute;
+    for (const Action& a : schedule.given_program[r]) {
+      if (IsCompute(a.type)) compute.push_back(a);
+      if (options.include_tail || !IsTail(a.type)) program.ranks[r].push_back(a);
+    }
+    if (compute != schedule.ranks[r]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule \"", schedule.name, "\": rank ", r, "'s given_program computes ",
+                       ActionsToString(compute), ", but its compute order is ",
+                       ActionsToString(schedule.ranks[r])));
+    }
+  }
+  return program;
+}
+
 }  // namespace
 
 absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOptions& options) {
@@ -53,6 +85,7 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOpt
                      options.forward_cost, " B=", options.backward_cost,
                      " I=", options.backward_input_cost, " W=", options.backward_weight_cost));
   }
+  if (!schedule.given_program.empty()) return GivenProgram(schedule, options);
   internal_schedule::DependencyCosts costs;
   costs.forward = options.forward_cost;
   costs.backward = options.backward_cost;

@@ -5,8 +5,10 @@
 #include <cstdlib>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pipeline/schedule/csv.h"
 
 namespace pp {
 namespace {
@@ -36,6 +38,21 @@ void RegisterSchedule(ScheduleInfo info) {
 }
 
 absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, const ScheduleOptions& options) {
+  if (absl::StartsWith(name, kCsvSchedulePrefix)) {
+    const std::string path(name.substr(kCsvSchedulePrefix.size()));
+    absl::StatusOr<Schedule> schedule = LoadCsvScheduleFile(path);
+    if (!schedule.ok()) return schedule;
+    if (schedule->num_stages != options.num_stages ||
+        schedule->num_microbatches != options.num_microbatches ||
+        schedule->num_chunks != options.num_chunks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule file ", path, " has ", schedule->num_stages, " rows (ranks), micro-batches 0..",
+          schedule->num_microbatches - 1, " and ", schedule->num_chunks,
+          " chunk(s) per rank, but p=", options.num_stages, ", m=", options.num_microbatches,
+          ", v=", options.num_chunks, " were asked for; make them agree"));
+    }
+    return schedule;
+  }
   auto it = Registry().find(std::string(name));
   if (it == Registry().end()) {
     return absl::NotFoundError(absl::StrCat("unknown schedule \"", name, "\"; registered: ",

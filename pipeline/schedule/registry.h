@@ -34,7 +34,11 @@ struct ScheduleInfo {
 // Adds a schedule; aborts if `name` is taken or empty. Use PP_REGISTER_SCHEDULE.
 void RegisterSchedule(ScheduleInfo info);
 
-// Makes the named schedule. NotFound lists the registered names. The result
+// Makes the named schedule. NotFound lists the registered names.
+// "csv:PATH" reads a schedule file instead (csv.h: either CSV form, placement
+// from its "# stage_to_rank:" line, else looped), which must have exactly
+// p rows, micro-batches 0..m-1 and v chunks per rank (InvalidArgument naming
+// both shapes otherwise). The result
 // has `name` set to the registered name and has passed a shape check (one list
 // per rank, placement of size p * v); semantic checks live in the validator.
 absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, const ScheduleOptions& options);

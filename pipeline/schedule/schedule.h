@@ -44,6 +44,11 @@ struct Schedule {
   std::vector<int> stage_to_rank;
   // ranks[r]: rank r's compute actions (F, B, I, W) in execution order.
   RankActions ranks;
+  // Optional, normally empty: the lowered program as given, with its
+  // communication and tail (a CSV file in the compute + comms form, csv.h).
+  // When set, Lower() returns it instead of deriving one from `ranks` (which
+  // must be its compute actions); the validator checks it like any program.
+  RankActions given_program;
 
   int num_virtual_stages() const { return num_stages * num_chunks; }
 };
