@@ -137,6 +137,19 @@ def check_profile(run, world):
         names = {e["name"] for e in lane}
         check(any(re.match(r"^\dF\d+$", n) for n in names), "merged: rank %d has no F" % r)
         check(any(re.match(r"^\dB\d+$", n) for n in names), "merged: rank %d has no B" % r)
+        check(any(re.match(r"^\d(SEND|RECV)_[FB]\d+$", n) for n in names),
+              "merged: rank %d has no SEND/RECV" % r)
+        # The actions' track is the lane's top one ("pipe actions", lowest sort index).
+        meta = [e for e in merged if e.get("pid") == r and e.get("ph") == "M"]
+        tracks = {e["tid"]: e["args"]["name"] for e in meta if e["name"] == "thread_name"}
+        order = sorted((e["args"]["sort_index"], e["tid"]) for e in meta
+                       if e["name"] == "thread_sort_index")
+        check(order and tracks.get(order[0][1]) == "pipe actions",
+              "merged: rank %d's top track is %s, not pipe actions" %
+              (r, tracks.get(order[0][1]) if order else None))
+        action_tids = {e["tid"] for e in lane if re.match(r"^\d(F|B|SEND_|RECV_)", e["name"])}
+        check(action_tids == {order[0][1]} if order else False,
+              "merged: rank %d's actions are on tracks %s" % (r, sorted(action_tids)))
         fwd = [e for e in lane if e["name"].startswith("aten::") and
                re.match(r"^\dF\d+$", e.get("args", {}).get("pipe_action", ""))]
         bwd = [e for e in lane if "Backward" in e["name"] and

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <glog/logging.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -661,8 +662,7 @@ WorkerThreads ConfigureWorkerThreads() {
   }
   absl::StatusOr<WorkerThreads> threads = ResolveWorkerThreads(local_world_size, {0, 0});
   if (!threads.ok()) {
-    std::fprintf(stderr, "warning: %s; using the default threads\n",
-                 std::string(threads.status().message()).c_str());
+    LOG(WARNING) << threads.status().message() << "; using the default threads";
     threads = DefaultWorkerThreads(local_world_size);
   }
   return SetWorkerThreads(*threads);

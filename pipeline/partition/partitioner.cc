@@ -1,11 +1,12 @@
 #include "pipeline/partition/partitioner.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <utility>
+
+#include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -128,8 +129,7 @@ namespace internal_partition {
 bool RegisterOrDie(const char* name, const char* help, PartitionFn fn) {
   absl::Status status = RegisterPartitioner(name, help, std::move(fn));
   if (!status.ok()) {
-    std::fprintf(stderr, "fatal: %s\n", std::string(status.message()).c_str());
-    std::abort();
+    LOG(FATAL) << status.message();
   }
   return true;
 }

@@ -1,9 +1,9 @@
 #include "pipeline/schedule/lowering.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <tuple>
+
+#include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/schedule/internal_dependencies.h"
@@ -13,11 +13,8 @@ namespace pp {
 int LoweredProgram::PeerRank(const Action& action) const {
   const int peer = PeerStage(action);
   if (!IsCommunication(action.type) || peer < 0 || peer >= static_cast<int>(stage_to_rank.size())) {
-    std::fprintf(stderr,
-                 "LoweredProgram::PeerRank(%s): not a message between "
-                 "existing stages\n",
-                 ActionToString(action).c_str());
-    std::abort();
+    LOG(FATAL) << "LoweredProgram::PeerRank(" << ActionToString(action)
+               << "): not a message between existing stages";
   }
   return stage_to_rank[peer];
 }

@@ -1,9 +1,9 @@
 #include "pipeline/schedule/registry.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
+
+#include <glog/logging.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -24,16 +24,13 @@ std::map<std::string, ScheduleInfo>& Registry() {
 
 void RegisterSchedule(ScheduleInfo info) {
   if (info.name.empty() || !info.function) {
-    std::fprintf(stderr, "PP_REGISTER_SCHEDULE: empty name or null function\n");
-    std::abort();
+    LOG(FATAL) << "PP_REGISTER_SCHEDULE: empty name or null function";
   }
   auto [it, inserted] = Registry().emplace(info.name, info);
   if (!inserted) {
-    std::fprintf(stderr,
-                 "PP_REGISTER_SCHEDULE: schedule \"%s\" registered twice "
-                 "(\"%s\" and \"%s\"); schedule names must be unique\n",
-                 info.name.c_str(), it->second.description.c_str(), info.description.c_str());
-    std::abort();
+    LOG(FATAL) << "PP_REGISTER_SCHEDULE: schedule \"" << info.name << "\" registered twice (\""
+               << it->second.description << "\" and \"" << info.description
+               << "\"); schedule names must be unique";
   }
 }
 
