@@ -35,6 +35,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "topology/launcher_status.h"
 #include "topology/rendezvous.h"
 
 extern char** environ;
@@ -95,7 +96,18 @@ struct Worker {
   int stop_signal = 0;
   std::chrono::steady_clock::time_point stopped_at;
   Stream out, err;
+  // Where the worker reports its grid place and current action; null when
+  // the page could not be made (the verdict then gives the rank only).
+  std::unique_ptr<WorkerStatusPage> status;
 };
+
+// "rank 2 (pipeline stage 0, data-parallel index 1; last action train step 5
+// 0B3)", with what the worker reported (just "rank 2" when nothing).
+std::string WorkerName(const Worker& w) {
+  const std::string known = w.status == nullptr ? "" : WorkerStatusPage::Describe(w.status->Read());
+  return known.empty() ? absl::StrCat("rank ", w.rank)
+                       : absl::StrCat("rank ", w.rank, " (", known, ")");
+}
 
 void WriteAll(int fd, const std::string& data) {
   size_t done = 0;
@@ -347,6 +359,7 @@ std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOpt
 // launcher reads. On failure `w` is left not running.
 absl::Status SpawnWorker(const std::string& exe_path, std::vector<char*>& c_args,
                          std::vector<std::string> env, pid_t launcher_pid, Worker& w) {
+  const int status_fd = w.status != nullptr ? w.status->fd() : -1;
   std::vector<char*> c_env = CStrings(env);
   int out_pipe[2], err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -358,6 +371,8 @@ absl::Status SpawnWorker(const std::string& exe_path, std::vector<char*>& c_args
     // Child: only async-signal-safe calls until exec.
     ::dup2(out_pipe[1], 1);
     ::dup2(err_pipe[1], 2);
+    // This worker's status page only (every page is close-on-exec).
+    if (status_fd >= 0) ::fcntl(status_fd, F_SETFD, 0);
     // Die with the launcher even when it is SIGKILLed.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != launcher_pid) ::_exit(1);
@@ -396,9 +411,17 @@ absl::Status SpawnWorkers(const LaunchOptions& options, int port, WorkerThreads 
   for (int local = 0; local < options.nproc_per_node; ++local) {
     Worker& w = workers[local];
     w.rank = options.node_rank * options.nproc_per_node + local;
-    spawn_error = SpawnWorker(exe_path, c_args,
-                              WorkerEnvironment(WorkerVariables(options, port, local, threads)),
-                              launcher_pid, w);
+    std::vector<std::pair<std::string, std::string>> vars =
+        WorkerVariables(options, port, local, threads);
+    absl::StatusOr<std::unique_ptr<WorkerStatusPage>> page = WorkerStatusPage::Create();
+    if (page.ok()) {
+      w.status = *std::move(page);
+      vars.emplace_back(kWorkerStatusFdVariable, std::to_string(w.status->fd()));
+    } else {
+      Say(absl::StrCat("rank ", w.rank, " gets no status page (", page.status().message(),
+                       "); a failure will name its rank only"));
+    }
+    spawn_error = SpawnWorker(exe_path, c_args, WorkerEnvironment(vars), launcher_pid, w);
     if (!spawn_error.ok()) break;
   }
   for (Worker& w : workers) {
@@ -453,9 +476,9 @@ class Supervisor {
       if (!w.running || w.stop_signal == 0) continue;
       const double seconds = std::chrono::duration<double>(Clock::now() - w.stopped_at).count();
       verdict_ = absl::StrFormat(
-          "rank %d (pid %d) was stopped by signal %d (%s) %.1f s earlier and never continued "
+          "%s (pid %d) was stopped by signal %d (%s) %.1f s earlier and never continued "
           "(the likely root cause); then %s",
-          w.rank, w.pid, w.stop_signal, strsignal(w.stop_signal), seconds, why);
+          WorkerName(w), w.pid, w.stop_signal, strsignal(w.stop_signal), seconds, why);
       break;
     }
     kill_at_ = Clock::now() + absl::ToChronoNanoseconds(options_.grace_period);
@@ -511,8 +534,8 @@ class Supervisor {
       if (WIFSTOPPED(status)) {
         w.stop_signal = WSTOPSIG(status);
         w.stopped_at = Clock::now();
-        Say(absl::StrCat("rank ", w.rank, " (pid ", w.pid, ") was stopped by signal ",
-                         w.stop_signal, " (", strsignal(w.stop_signal),
+        Say(absl::StrCat(WorkerName(w), " (pid ", w.pid, ") was stopped by signal ", w.stop_signal,
+                         " (", strsignal(w.stop_signal),
                          "); its peers will time out unless it is continued"));
         continue;
       }
@@ -525,7 +548,7 @@ class Supervisor {
       w.wait_status = status;
       if (Failed(status) && !stopping_) {
         const std::string how =
-            absl::StrCat("rank ", w.rank, " (pid ", w.pid, ") ", HowItEnded(status));
+            absl::StrCat(WorkerName(w), " (pid ", w.pid, ") ", HowItEnded(status));
         const int others = static_cast<int>(std::count_if(
             workers_.begin(), workers_.end(), [](const Worker& x) { return x.running; }));
         Say(absl::StrCat(how, "; stopping the other ", others, " worker(s)"));

@@ -222,6 +222,43 @@ TEST(LauncherTest, StoppedWorkerIsNamedAsTheRootCause) {
   for (int rank : {0, 1}) EXPECT_FALSE(Alive(ReadPid(dir, rank))) << rank;
 }
 
+// Issue #14: the root cause first, by global rank, pipeline stage,
+// data-parallel index and the last action it started (what the worker wrote
+// to its status page: ParallelGrid and StageExecutor do in an experiment).
+TEST(LauncherTest, StoppedWorkerIsNamedWithItsPlaceAndLastAction) {
+  const std::string dir = NewDir("stopped_place");
+  Result r =
+      RunLauncher({"--nproc_per_node=4", "--mode=fail", "--fail_rank=3", "--fail_after_ms=1500",
+                   "--report_status", absl::StrCat("--pid_dir=", dir)},
+                  60, [&](pid_t) {
+                    for (int i = 0; i < 400 && ReadPid(dir, 2) < 0; ++i) {
+                      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+                    }
+                    kill(ReadPid(dir, 2), SIGSTOP);
+                  });
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(ExitCode(r), 3) << r.err;
+  const size_t verdict = r.err.find("FAILED: ");
+  ASSERT_NE(verdict, std::string::npos) << r.err;
+  const std::string line = r.err.substr(verdict, r.err.find('\n', verdict) - verdict);
+  EXPECT_THAT(line, HasSubstr("FAILED: rank 2 (pipeline stage 1, data-parallel index 0; last "
+                              "action train step 7 1B3) (pid"));
+  EXPECT_THAT(line, HasSubstr("(the likely root cause); then rank 3 (pipeline stage 1, "
+                              "data-parallel index 1; last action train step 7 1B3) (pid"));
+  EXPECT_THAT(line, HasSubstr("exited with status 3"));
+  for (int rank : {0, 1, 2}) EXPECT_FALSE(Alive(ReadPid(dir, rank))) << rank;
+}
+
+TEST(LauncherTest, KilledWorkerIsNamedWithItsPlaceAndLastAction) {
+  const std::string dir = NewDir("killed_place");
+  Result r = RunLauncher({"--nproc_per_node=2", "--mode=signal", "--fail_rank=1", "--report_status",
+                          absl::StrCat("--pid_dir=", dir)});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("FAILED: rank 1 (pipeline stage 0, data-parallel index 1; last "
+                               "action train step 7 0B3) (pid"));
+  EXPECT_THAT(r.err, HasSubstr("was killed by signal 9"));
+}
+
 TEST(LauncherTest, WorkerIgnoringSigtermGetsSigkill) {
   const std::string dir = NewDir("stubborn");
   Result r = RunLauncher({"--nproc_per_node=2", "--mode=fail", "--fail_rank=0", "--ignore_sigterm",

@@ -17,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "topology/launcher.h"
+#include "topology/launcher_status.h"
 #include "topology/rendezvous.h"
 
 ABSL_FLAG(std::string, mode, "ok", "ok | fail | signal | hang");
@@ -29,6 +30,10 @@ ABSL_FLAG(std::string, pid_dir, "", "Each worker writes its pid to <dir>/<rank>.
 ABSL_FLAG(bool, ignore_sigterm, false, "Workers that do not fail ignore SIGTERM.");
 ABSL_FLAG(int, default_nproc, 0,
           "If > 0: the experiment's world size (--nproc_per_node's default).");
+ABSL_FLAG(bool, report_status, false,
+          "Workers report a grid place (2 stages: stage = rank / 2, data-parallel index = rank "
+          "% 2) and two actions to the launcher (topology/launcher_status.h), as ParallelGrid "
+          "and StageExecutor do.");
 ABSL_FLAG(bool, refuse_config, false,
           "The experiment's launcher-side check refuses the run (exit 2, before any worker).");
 
@@ -65,6 +70,12 @@ int main(int argc, char** argv) {
   if (!env.ok()) {
     std::fprintf(stderr, "bad env: %s\n", env.status().ToString().c_str());
     return 1;
+  }
+  if (absl::GetFlag(FLAGS_report_status)) {
+    const int stage = env->rank / 2;
+    pp::ReportWorkerPlace(stage, env->rank % 2);
+    pp::ReportWorkerAction(absl::StrCat("train step 7 ", stage, "F3"));
+    pp::ReportWorkerAction(absl::StrCat("train step 7 ", stage, "B3"));
   }
   const std::string pid_dir = absl::GetFlag(FLAGS_pid_dir);
   if (!pid_dir.empty()) {

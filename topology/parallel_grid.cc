@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "topology/launcher_status.h"
 
 namespace pp {
 namespace {
@@ -55,6 +56,8 @@ absl::StatusOr<ParallelGrid> ParallelGrid::Create(const World& world, ProcessTop
   if (topology.GetDim(kModelAxis) > 0) {
     PP_ASSIGN_OR_RETURN(grid.model_parallel_id_, topology.GetAxisValue(world.rank, kModelAxis));
   }
+  // For the launcher's verdict, should this worker die or stop from here on.
+  ReportWorkerPlace(grid.stage_id_, grid.data_parallel_id_);
   grid.pipe_ranks_ = OwnList(topology, kPipeAxis, world.rank);
   grid.data_ranks_ = OwnList(topology, kDataAxis, world.rank);
   grid.model_ranks_ = OwnList(topology, kModelAxis, world.rank);

@@ -1,6 +1,7 @@
 #include "topology/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -133,9 +135,16 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
   PP_ASSIGN_OR_RETURN(world.device, DeviceForLocalRank(options.device, env.local_rank));
   world.group_options.nccl = options.device == DeviceKind::kCuda;
 
-  const std::string bind = !options.bind_address.empty()        ? options.bind_address
-                           : IsLoopbackAddress(env.master_addr) ? "127.0.0.1"
-                                                                : "";
+  std::string bind = options.bind_address;
+  if (bind.empty() && IsLoopbackAddress(env.master_addr)) bind = "127.0.0.1";
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (bind.empty() && (ifname == nullptr || *ifname == '\0')) {
+    // This host's name often resolves to 127.0.1.1 or 127.0.0.1 (Debian's
+    // /etc/hosts), which Gloo would then advertise to the other hosts; the
+    // address that routes to the store's host is one they can reach.
+    absl::StatusOr<std::string> local = LocalAddressTowards(env.master_addr);
+    if (local.ok()) bind = *local;
+  }
   PP_ASSIGN_OR_RETURN(world.group_options.device, MakeGlooDevice(bind));
 
   try {
@@ -176,6 +185,41 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
 absl::StatusOr<World> RendezvousFromEnv(const RendezvousOptions& options) {
   PP_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromEnvironment());
   return Rendezvous(env, options);
+}
+
+absl::StatusOr<std::string> LocalAddressTowards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), "9", &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return absl::NotFoundError(absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owned(found, &::freeaddrinfo);
+  std::string last_error;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_DGRAM, 0);
+    if (fd < 0) continue;
+    // A UDP connect sends nothing: it only asks the kernel for a route.
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) {
+      last_error = std::strerror(errno);
+      ::close(fd);
+      continue;
+    }
+    ::close(fd);
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw =
+        local.ss_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(&local)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(&local)->sin6_addr);
+    if (::inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) return std::string(text);
+  }
+  return absl::UnavailableError(
+      absl::StrCat("no route from this host to '", host, "': ", last_error));
 }
 
 absl::StatusOr<int> PickFreePort(const std::string& address) {

@@ -53,8 +53,11 @@ struct RendezvousOptions {
   // Non-empty: a c10d::FileStore at this path instead of the TCPStore (every
   // rank must see the same file; it must not exist yet or be left over).
   std::string file_store_path;
-  // Address the Gloo device binds. Empty: 127.0.0.1 when MASTER_ADDR is a
-  // loopback address, otherwise this host's address (see MakeGlooDevice).
+  // Address the Gloo device binds (and advertises to the other ranks). Empty:
+  // 127.0.0.1 when MASTER_ADDR is a loopback address; else the interface
+  // GLOO_SOCKET_IFNAME names, if set; else this host's address on the route
+  // to MASTER_ADDR (LocalAddressTowards), not the host name's (which Debian
+  // resolves to a loopback address other hosts cannot reach).
   std::string bind_address;
   // kCuda: this rank computes on cuda:<LOCAL_RANK> (checked before the store is
   // opened: FailedPrecondition naming the device when it is not there), and
@@ -89,6 +92,11 @@ absl::StatusOr<World> RendezvousFromEnv(const RendezvousOptions& options);
 // A TCP port on `address` that was free a moment ago (bind to port 0, read the
 // port, close). Racy by nature; used to pick MASTER_PORT on a single node.
 absl::StatusOr<int> PickFreePort(const std::string& address = "127.0.0.1");
+
+// The address this host sends from when it talks to `host` (a name or an
+// address): the kernel's route choice, found without sending anything.
+// NotFound when `host` does not resolve, Unavailable when no route leads there.
+absl::StatusOr<std::string> LocalAddressTowards(const std::string& host);
 
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool IsLoopbackAddress(const std::string& address);

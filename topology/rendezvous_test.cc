@@ -1,5 +1,8 @@
 #include "topology/rendezvous.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -272,6 +275,31 @@ TEST(RendezvousTest, LoopbackAddresses) {
   EXPECT_TRUE(IsLoopbackAddress("localhost"));
   EXPECT_FALSE(IsLoopbackAddress("10.0.0.1"));
   EXPECT_FALSE(PickFreePort("not-an-address").ok());
+}
+
+// Gloo advertises the address it binds; across hosts it must be the one on the
+// route to the store's host, never the loopback address this host's name may
+// resolve to (//experiments:multihost_test runs it across network namespaces).
+TEST(RendezvousTest, LocalAddressTowardsIsTheRoutesSource) {
+  absl::StatusOr<std::string> loop = LocalAddressTowards("127.0.0.1");
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  EXPECT_EQ(*loop, "127.0.0.1");
+  ifaddrs* addrs = nullptr;
+  ASSERT_EQ(::getifaddrs(&addrs), 0);
+  int checked = 0;
+  for (const ifaddrs* a = addrs; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                sizeof(text));
+    // A packet to one of this host's own addresses is sent from that address.
+    absl::StatusOr<std::string> local = LocalAddressTowards(text);
+    ASSERT_TRUE(local.ok()) << text << ": " << local.status();
+    EXPECT_EQ(*local, text);
+    ++checked;
+  }
+  ::freeifaddrs(addrs);
+  EXPECT_GE(checked, 1);  // at least lo
 }
 
 }  // namespace

@@ -13,20 +13,6 @@
 #include "common/torch_status.h"
 
 namespace pp {
-namespace {
-
-constexpr int kMaxDims = 64;
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
-}
-
-}  // namespace
-
-std::string TensorMeta::DebugString() const {
-  return absl::StrCat(c10::toString(dtype), ShapeString(shape), requires_grad ? "(grad)" : "");
-}
-
 std::vector<TensorMeta> LayoutOf(const Activations& tensors) {
   std::vector<TensorMeta> layout;
   layout.reserve(tensors.size());
@@ -35,49 +21,6 @@ std::vector<TensorMeta> LayoutOf(const Activations& tensors) {
     meta.dtype = t.scalar_type();
     meta.shape = t.sizes().vec();
     meta.requires_grad = t.is_floating_point() && t.requires_grad();
-    layout.push_back(std::move(meta));
-  }
-  return layout;
-}
-
-std::vector<int64_t> EncodeHeader(const std::vector<TensorMeta>& layout) {
-  std::vector<int64_t> words;
-  words.push_back(static_cast<int64_t>(layout.size()));
-  for (const TensorMeta& meta : layout) {
-    words.push_back(static_cast<int64_t>(meta.dtype));
-    words.push_back(meta.requires_grad ? 1 : 0);
-    words.push_back(static_cast<int64_t>(meta.shape.size()));
-    words.insert(words.end(), meta.shape.begin(), meta.shape.end());
-  }
-  return words;
-}
-
-absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>& words) {
-  if (words.empty() || words[0] < 0) {
-    return absl::DataLossError("p2p header is empty or has a negative tensor count");
-  }
-  std::vector<TensorMeta> layout;
-  size_t pos = 1;
-  for (int64_t i = 0; i < words[0]; ++i) {
-    if (pos + 3 > words.size()) {
-      return absl::DataLossError(
-          absl::StrCat("p2p header truncated at tensor ", i, " of ", words[0]));
-    }
-    TensorMeta meta;
-    const int64_t dtype = words[pos];
-    if (dtype < 0 || dtype >= static_cast<int64_t>(c10::ScalarType::NumOptions)) {
-      return absl::DataLossError(
-          absl::StrCat("p2p header: tensor ", i, " has unknown dtype code ", dtype));
-    }
-    meta.dtype = static_cast<c10::ScalarType>(dtype);
-    meta.requires_grad = words[pos + 1] != 0;
-    const int64_t ndim = words[pos + 2];
-    pos += 3;
-    if (ndim < 0 || ndim > kMaxDims || pos + ndim > words.size()) {
-      return absl::DataLossError(absl::StrCat("p2p header: tensor ", i, " has bad rank ", ndim));
-    }
-    meta.shape.assign(words.begin() + pos, words.begin() + pos + ndim);
-    pos += ndim;
     layout.push_back(std::move(meta));
   }
   return layout;
@@ -333,25 +276,15 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
   } else {
     const ChannelKey key{src_stage, dst_stage};
     auto it = sent_headers_.find(key);
-    torch::Tensor control = torch::zeros({kControlWords}, torch::kInt64);
-    int64_t* c = control.data_ptr<int64_t>();
+    const bool same = it != sent_headers_.end() && it->second == layout;
+    const std::vector<int64_t> words = EncodeControl(same ? nullptr : &layout, message_id);
+    torch::Tensor control = torch::tensor(words, torch::kInt64);
     torch::Tensor header;
-    if (it != sent_headers_.end() && it->second == layout) {
-      c[0] = kSameHeader;
-    } else {
-      std::vector<int64_t> words = EncodeHeader(layout);
-      if (static_cast<int>(words.size()) < kIdWord) {
-        c[0] = kInlineHeader;
-        std::copy(words.begin(), words.end(), c + 1);
-      } else {
-        c[0] = kHeaderFollows;
-        c[1] = static_cast<int64_t>(words.size());
-        header = torch::tensor(words, torch::kInt64);
-      }
+    if (!same) {
+      if (words[0] == kHeaderFollows) header = torch::tensor(EncodeHeader(layout), torch::kInt64);
       sent_headers_[key] = layout;
       ++stats_.header_messages;
     }
-    c[kIdWord] = message_id;
     ++stats_.control_messages;
     PP_RETURN_IF_ERROR(PostSend(control.to(options_.device), peer, tag, what));
     if (header.defined()) PP_RETURN_IF_ERROR(PostSend(header.to(options_.device), peer, tag, what));
@@ -375,42 +308,49 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
     PP_RETURN_IF_ERROR(RecvInto(control, peer, tag, what));
     control = control.cpu();
     const int64_t* c = control.data_ptr<int64_t>();
-    if (message_id != nullptr) *message_id = c[kIdWord];
+    absl::StatusOr<ControlMessage> message =
+        DecodeControl(std::vector<int64_t>(c, c + kControlWords));
+    if (!message.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": from ", PeerName(peer), ": ", message.status().message()));
+    }
+    if (message_id != nullptr) *message_id = message->message_id;
     const ChannelKey key{src_stage, dst_stage};
-    if (c[0] == kSameHeader) {
+    if (message->kind == ControlKind::kSameHeader) {
       auto it = received_headers_.find(key);
       if (it == received_headers_.end()) {
-        return absl::DataLossError(absl::StrCat(
-            what, ": rank ", peer, " said 'same header' on a channel with no header yet"));
+        return absl::DataLossError(absl::StrCat(what, ": ", PeerName(peer),
+                                                " said 'same header' on a channel with no "
+                                                "header yet"));
       }
       layout = it->second;
     } else {
-      std::vector<int64_t> words;
-      if (c[0] == kInlineHeader) {
-        words.assign(c + 1, c + kIdWord);
-      } else if (c[0] == kHeaderFollows) {
-        const int64_t length = c[1];
-        if (length <= 0 || length > (1 << 20)) {
-          return absl::DataLossError(absl::StrCat(what, ": bad p2p header length ", length));
-        }
-        torch::Tensor header =
-            torch::empty({length}, torch::dtype(torch::kInt64).device(options_.device));
+      if (message->kind == ControlKind::kInlineHeader) {
+        layout = std::move(message->layout);
+      } else {
+        torch::Tensor header = torch::empty({message->header_length},
+                                            torch::dtype(torch::kInt64).device(options_.device));
         PP_RETURN_IF_ERROR(RecvInto(header, peer, tag, what));
         header = header.cpu();
         const int64_t* h = header.data_ptr<int64_t>();
-        words.assign(h, h + length);
-      } else {
-        return absl::DataLossError(
-            absl::StrCat(what, ": bad p2p control word ", c[0], " from rank ", peer));
+        absl::StatusOr<std::vector<TensorMeta>> decoded =
+            DecodeHeader(std::vector<int64_t>(h, h + message->header_length));
+        if (!decoded.ok()) {
+          return absl::DataLossError(
+              absl::StrCat(what, ": from ", PeerName(peer), ": ", decoded.status().message()));
+        }
+        layout = *std::move(decoded);
       }
-      PP_ASSIGN_OR_RETURN(layout, DecodeHeader(words));
       received_headers_[key] = layout;
     }
   }
   Activations out;
   out.reserve(layout.size());
   for (const TensorMeta& meta : layout) {
-    torch::Tensor t = TakeBuffer(meta.dtype, meta.shape);
+    torch::Tensor t;
+    PP_RETURN_IF_ERROR(TorchCall(
+        absl::StrCat(what, ": buffer ", meta.DebugString(), " for ", PeerName(peer), "'s payload"),
+        [&] { t = TakeBuffer(meta.dtype, meta.shape); }));
     PP_RETURN_IF_ERROR(RecvInto(t, peer, tag, what));
     if (meta.requires_grad && c10::isFloatingType(meta.dtype)) t.requires_grad_(true);
     out.push_back(std::move(t));

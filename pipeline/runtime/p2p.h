@@ -18,6 +18,7 @@
 //     2. header: int64[L]  (only for kHeaderFollows: huge tensor counts)
 //     3. the tensors, one message each, in order (empty tensors are skipped)
 //   header = [count, then per tensor: dtype, requires_grad, ndim, dims...]
+//   (encoding and decoding, which trusts nothing it receives: p2p_wire.h)
 //
 //   activation message, fixed-shape mode (P2POptions::fixed_layout set;
 //   ColossalAI's `tensor_shape`): only step 3; both sides use the layout
@@ -68,21 +69,9 @@
 #include "absl/synchronization/mutex.h"
 #include "pipeline/layers/layer.h"
 #include "pipeline/runtime/device_streams.h"
+#include "pipeline/runtime/p2p_wire.h"
 
 namespace pp {
-
-// Layout of one tensor of a payload.
-struct TensorMeta {
-  c10::ScalarType dtype = c10::ScalarType::Float;
-  std::vector<int64_t> shape;
-  bool requires_grad = false;
-
-  bool operator==(const TensorMeta& o) const {
-    return dtype == o.dtype && shape == o.shape && requires_grad == o.requires_grad;
-  }
-  bool operator!=(const TensorMeta& o) const { return !(*this == o); }
-  std::string DebugString() const;
-};
 
 // The layout a payload is sent with: requires_grad is true exactly for
 // floating-point tensors that require grad on the sender.
@@ -133,11 +122,12 @@ struct P2PStats {
 // See the file comment. Owns nothing but a reference to the process group.
 class P2P {
  public:
-  static constexpr int kControlWords = 64;  // header words inline: kControlWords - 2
-  static constexpr int64_t kSameHeader = 0;
-  static constexpr int64_t kInlineHeader = 1;
-  static constexpr int64_t kHeaderFollows = 2;
-  static constexpr int kIdWord = kControlWords - 1;
+  // The control message's format (p2p_wire.h, where it is encoded and decoded).
+  static constexpr int kControlWords = ::pp::kControlWords;
+  static constexpr int64_t kSameHeader = static_cast<int64_t>(ControlKind::kSameHeader);
+  static constexpr int64_t kInlineHeader = static_cast<int64_t>(ControlKind::kInlineHeader);
+  static constexpr int64_t kHeaderFollows = static_cast<int64_t>(ControlKind::kHeaderFollows);
+  static constexpr int kIdWord = ::pp::kIdWord;
   // Virtual stage ids must be below this (tags encode a stage pair).
   static constexpr int kMaxStages = 4096;
 

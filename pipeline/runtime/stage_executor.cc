@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "topology/device_transfer.h"
+#include "topology/launcher_status.h"
 
 namespace pp {
 namespace {
@@ -444,6 +445,9 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
                                    : "";
       const char* kind = st.forward_only ? "eval step " : "train step ";
       VLOG(1) << kind << step << " start " << Name(a) << " mb " << a.microbatch << peer;
+      // The launcher names it if this rank dies or stops now (a copy into
+      // shared memory; nothing outside a launched worker).
+      if (WorkerStatusEnabled()) ReportWorkerAction(absl::StrCat(kind, step, " ", Name(a)));
       const int64_t t0 = NowMicros();
       absl::Status s = Execute(a, st, tail);
       if (!s.ok()) {
