@@ -43,6 +43,19 @@ absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const Schedu
   return Lower(schedule);
 }
 
+// "pipe group [0,1] (this rank's peers: global rank 0)": a collective that
+// times out names the ranks that may have died or stopped.
+std::string GroupName(absl::string_view axis, const std::vector<int>& ranks, int self) {
+  std::vector<std::string> peers;
+  for (int r : ranks) {
+    if (r != self) peers.push_back(absl::StrCat("global rank ", r));
+  }
+  std::string name = absl::StrCat(axis, " [", absl::StrJoin(ranks, ","), "]");
+  if (!peers.empty())
+    absl::StrAppend(&name, " (this rank's peers: ", absl::StrJoin(peers, ", "), ")");
+  return name;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, PipelineModel* model,
@@ -97,7 +110,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
                           grid->StageToGlobal(static_cast<int>(stage), grid->data_parallel_id()));
       ranks.push_back(r);
     }
-    tie.members = absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
+    // "[0,1] (this rank's peers: global rank 0)": a timed-out all-reduce names
+    // the ranks that may have been lost.
+    tie.members = GroupName("", ranks, grid->global_rank()).substr(1);
     if (ranks.size() > 1) {
       PP_ASSIGN_OR_RETURN(tie.group, grid->NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp",
                                                                         grid->data_parallel_id())));
@@ -187,9 +202,18 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
           !options_.skip_nonfinite_updates) {
         return TorchCall("optimizer step", [&] { optimizer_->step(); });
       }
-      PP_ASSIGN_OR_RETURN(result.grad_norm,
-                          GlobalGradNorm(counted_params_, grid_->pipe_group(), grid_->data_group(),
-                                         options_.timeout, options_.device));
+      absl::StatusOr<double> norm =
+          GlobalGradNorm(counted_params_, grid_->pipe_group(), grid_->data_group(),
+                         options_.timeout, options_.device);
+      if (!norm.ok()) {
+        return absl::Status(
+            norm.status().code(),
+            absl::StrCat(norm.status().message(), "; ",
+                         GroupName("pipe group", grid_->pipe_group_ranks(), grid_->global_rank()),
+                         ", ",
+                         GroupName("data group", grid_->data_group_ranks(), grid_->global_rank())));
+      }
+      result.grad_norm = *norm;
       if (options_.skip_nonfinite_updates && !std::isfinite(result.grad_norm)) {
         result.update_skipped = true;
         return absl::OkStatus();
@@ -207,12 +231,14 @@ absl::StatusOr<double> Trainer::ReduceLoss(const StepStats& stats) {
   torch::Tensor loss = torch::tensor({stats.loss_sum}, torch::kDouble).to(options_.device);
   std::vector<at::Tensor> one = {loss};
   if (grid_->num_stages() > 1) {
-    PP_RETURN_IF_ERROR(RunCollective("loss all-reduce", "pipe group", options_.timeout,
-                                     [&] { return grid_->pipe_group()->allreduce(one); }));
+    PP_RETURN_IF_ERROR(RunCollective(
+        "loss all-reduce", GroupName("pipe group", grid_->pipe_group_ranks(), grid_->global_rank()),
+        options_.timeout, [&] { return grid_->pipe_group()->allreduce(one); }));
   }
   if (grid_->data_parallel_size() > 1) {
-    PP_RETURN_IF_ERROR(RunCollective("loss all-reduce", "data group", options_.timeout,
-                                     [&] { return grid_->data_group()->allreduce(one); }));
+    PP_RETURN_IF_ERROR(RunCollective(
+        "loss all-reduce", GroupName("data group", grid_->data_group_ranks(), grid_->global_rank()),
+        options_.timeout, [&] { return grid_->data_group()->allreduce(one); }));
   }
   return loss.cpu().item<double>() /
          static_cast<double>(options_.num_microbatches * grid_->data_parallel_size());
