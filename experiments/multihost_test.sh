@@ -111,10 +111,11 @@ elapsed=$(awk -v a="$cut_at" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a
 [[ ${codes[1]} -ne 0 ]] || fail "host B exited 0 after the link went down"
 grep -qE '\[rank 0\] .*global rank 1\b' "$TMP/cutA.log" || fail "host A's rank 0 does not name global rank 1"
 grep -qE '\[rank 1\] .*global rank 0\b' "$TMP/cutB.log" || fail "host B's rank 1 does not name global rank 0"
-# Each launcher names its rank's place in the grid and the action it was in.
-grep -qE 'FAILED: rank 0 \(pipeline stage 0, data-parallel index 0; last action train step [0-9]+ 0[A-Z_]+[0-9]*\)' \
+# Each launcher names its rank's place in the grid and the action it was in
+# (a stage's action, or the step's tail: the cut can land in either).
+grep -qE 'FAILED: rank 0 \(pipeline stage 0, data-parallel index 0; last action train step [0-9]+ (0[A-Z_]+[0-9]*|REDUCE_TIED|STEP)\)' \
   "$TMP/cutA.log" || fail "host A's launcher verdict"
-grep -qE 'FAILED: rank 1 \(pipeline stage 1, data-parallel index 0; last action train step [0-9]+ 1[A-Z_]+[0-9]*\)' \
+grep -qE 'FAILED: rank 1 \(pipeline stage 1, data-parallel index 0; last action train step [0-9]+ (1[A-Z_]+[0-9]*|REDUCE_TIED|STEP)\)' \
   "$TMP/cutB.log" || fail "host B's launcher verdict"
 echo "ok: link down after step 3; hosts exited ${codes[0]} and ${codes[1]} within ${elapsed} s (timeout ${TIMEOUT_S} s, limit ${LIMIT} s)"
 grep -hE 'error|FAILED' "$TMP/cutA.log" "$TMP/cutB.log"
