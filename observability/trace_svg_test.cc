@@ -70,7 +70,9 @@ TEST(TraceSvgTest, RanksAreLanesInSortOrderWithActionsAboveOperators) {
     EXPECT_EQ(layout->tracks[i].pid, expected[i].first) << i;
     EXPECT_EQ(layout->tracks[i].tid, expected[i].second) << i;
     EXPECT_EQ(layout->tracks[i].lane_name, "rank " + std::to_string(expected[i].first));
-    if (i > 0) EXPECT_GT(layout->tracks[i].y, layout->tracks[i - 1].y) << i;
+    if (i > 0) {
+      EXPECT_GT(layout->tracks[i].y, layout->tracks[i - 1].y) << i;
+    }
   }
   EXPECT_EQ(layout->tracks[0].track_name, "pipe actions");
   EXPECT_EQ(layout->tracks[1].track_name, "operators (LibTorch thread 1)");
@@ -268,7 +270,9 @@ TEST(TraceSvgTest, BadInputsAreNamed) {
   auto error = [](const std::string& text, const TraceSvgOptions& options = {}) {
     absl::StatusOr<TraceLayout> layout = LayoutTrace(text, options);
     EXPECT_FALSE(layout.ok()) << text;
-    if (!layout.ok()) EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
+    if (!layout.ok()) {
+      EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
+    }
     return layout.ok() ? std::string() : std::string(layout.status().message());
   };
   const std::string one = json{{"traceEvents", {Span("a", "cpu_op", 0, 1, 0, 10)}}}.dump();

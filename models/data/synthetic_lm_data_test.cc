@@ -40,7 +40,9 @@ TEST(SyntheticLmDataTest, RowsAreProgressionsAndLabelsAreTheNextToken) {
         EXPECT_GE(x, 0);
         EXPECT_LT(x, 256);
         EXPECT_EQ(labels[i][j].item<int64_t>(), (x + stride) % 256);
-        if (j + 1 < 16) EXPECT_EQ(in[i][j + 1].item<int64_t>(), labels[i][j].item<int64_t>());
+        if (j + 1 < 16) {
+          EXPECT_EQ(in[i][j + 1].item<int64_t>(), labels[i][j].item<int64_t>());
+        }
       }
     }
   }
