@@ -43,17 +43,22 @@ absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const Schedu
   return Lower(schedule);
 }
 
-// "pipe group [0,1] (this rank's peers: global rank 0)": a collective that
-// times out names the ranks that may have died or stopped.
-std::string GroupName(absl::string_view axis, const std::vector<int>& ranks, int self) {
+// "[0,1] (this rank's peers: global rank 0)": a collective that times out
+// names the ranks that may have died or stopped.
+std::string MembersAndPeers(const std::vector<int>& ranks, int self) {
   std::vector<std::string> peers;
   for (int r : ranks) {
     if (r != self) peers.push_back(absl::StrCat("global rank ", r));
   }
-  std::string name = absl::StrCat(axis, " [", absl::StrJoin(ranks, ","), "]");
-  if (!peers.empty())
-    absl::StrAppend(&name, " (this rank's peers: ", absl::StrJoin(peers, ", "), ")");
-  return name;
+  std::string members = absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
+  if (!peers.empty()) {
+    absl::StrAppend(&members, " (this rank's peers: ", absl::StrJoin(peers, ", "), ")");
+  }
+  return members;
+}
+
+std::string GroupName(absl::string_view axis, const std::vector<int>& ranks, int self) {
+  return absl::StrCat(axis, " ", MembersAndPeers(ranks, self));
 }
 
 }  // namespace
@@ -110,9 +115,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
                           grid->StageToGlobal(static_cast<int>(stage), grid->data_parallel_id()));
       ranks.push_back(r);
     }
-    // "[0,1] (this rank's peers: global rank 0)": a timed-out all-reduce names
-    // the ranks that may have been lost.
-    tie.members = GroupName("", ranks, grid->global_rank()).substr(1);
+    tie.members = MembersAndPeers(ranks, grid->global_rank());
     if (ranks.size() > 1) {
       PP_ASSIGN_OR_RETURN(tie.group, grid->NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp",
                                                                         grid->data_parallel_id())));
