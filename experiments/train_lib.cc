@@ -66,6 +66,9 @@ ABSL_FLAG(std::string, micro_batch_size, "", "override parallelism.micro_batch_s
 ABSL_FLAG(std::string, partition, "", "override parallelism.partition_method");
 ABSL_FLAG(std::string, ckpt_interval, "", "override parallelism.activation_checkpointing.interval");
 ABSL_FLAG(std::string, device, "", "override parallelism.device (cpu or cuda)");
+ABSL_FLAG(std::string, p2p_static_shapes, "",
+          "override parallelism.p2p_static_shapes (true: activation headers on each channel's "
+          "first message only)");
 ABSL_FLAG(std::string, lr, "", "override optimizer.lr");
 ABSL_FLAG(std::string, steps, "", "override steps");
 ABSL_FLAG(std::string, eval_interval, "", "override eval_interval");
@@ -99,6 +102,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_partition, "parallelism.partition_method"},
       {&FLAGS_ckpt_interval, "parallelism.activation_checkpointing.interval"},
       {&FLAGS_device, "parallelism.device"},
+      {&FLAGS_p2p_static_shapes, "parallelism.p2p_static_shapes"},
       {&FLAGS_lr, "optimizer.lr"},
       {&FLAGS_steps, "steps"},
       {&FLAGS_eval_interval, "eval_interval"},
@@ -471,6 +475,7 @@ absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config
   to.lr_schedule.min_lr = config.lr_schedule().min_lr();
   to.max_grad_norm = config.optimizer().max_grad_norm();
   to.timeout = timeout;
+  to.p2p_static_shapes = par.p2p_static_shapes();
   if (par.activation_checkpointing().interval() > 0) {
     ActivationCheckpointPolicy policy;
     policy.interval = par.activation_checkpointing().interval();

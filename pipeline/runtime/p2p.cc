@@ -250,6 +250,8 @@ void P2P::Recycle(Activations tensors) {
 void P2P::ResetShapes() {
   sent_headers_.clear();
   received_headers_.clear();
+  learned_sent_.clear();
+  learned_received_.clear();
   pool_.clear();
 }
 
@@ -273,7 +275,29 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
           what, ": payload {", absl::StrJoin(got, ", "), "} does not match the fixed p2p layout {",
           absl::StrJoin(want, ", "), "}; unset P2POptions::fixed_layout for dynamic shapes"));
     }
+  } else if (options_.static_shapes &&
+             learned_sent_.count(StaticKey{src_stage, dst_stage, forward_only_}) > 0) {
+    const std::vector<TensorMeta>& learned =
+        learned_sent_.at(StaticKey{src_stage, dst_stage, forward_only_});
+    if (learned != layout) {
+      std::vector<std::string> got, want;
+      for (const auto& m : layout) got.push_back(m.DebugString());
+      for (const auto& m : learned) want.push_back(m.DebugString());
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": static p2p shapes: activation channel stage ", src_stage, " -> stage ",
+          dst_stage, " (to ", PeerName(peer), ", ", forward_only_ ? "forward-only" : "training",
+          " pass) learned the layout {", absl::StrJoin(want, ", "),
+          "} from its first message, but this payload is {", absl::StrJoin(got, ", "),
+          "}; nothing was sent. Every message of a channel must keep its first layout in this "
+          "mode: turn static shapes off for activations whose shapes vary "
+          "(parallelism.p2p_static_shapes: false, --p2p_static_shapes=false; "
+          "P2POptions::static_shapes)"));
+    }
+    ++stats_.static_payloads;
   } else {
+    if (options_.static_shapes) {
+      learned_sent_[StaticKey{src_stage, dst_stage, forward_only_}] = layout;
+    }
     const ChannelKey key{src_stage, dst_stage};
     auto it = sent_headers_.find(key);
     const bool same = it != sent_headers_.end() && it->second == layout;
@@ -300,8 +324,13 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
   PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kActivation, src_stage, dst_stage));
   std::vector<TensorMeta> layout;
   if (message_id != nullptr) *message_id = -1;
+  const StaticKey static_key{src_stage, dst_stage, forward_only_};
+  auto learned =
+      options_.static_shapes ? learned_received_.find(static_key) : learned_received_.end();
   if (options_.fixed_layout.has_value()) {
     layout = *options_.fixed_layout;
+  } else if (learned != learned_received_.end()) {
+    layout = learned->second;
   } else {
     torch::Tensor control =
         torch::empty({kControlWords}, torch::dtype(torch::kInt64).device(options_.device));
@@ -343,6 +372,7 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
       }
       received_headers_[key] = layout;
     }
+    if (options_.static_shapes) learned_received_[static_key] = layout;
   }
   Activations out;
   out.reserve(layout.size());

@@ -25,6 +25,21 @@
 //   given in the options and no control or header is ever sent (so the
 //   message id is not transmitted either: the receiver sees -1).
 //
+//   activation message, static-shape mode (P2POptions::static_shapes;
+//   DeepSpeed's pipeline engine sends the tensor meta on the first batch only):
+//   the first message of a channel in a pass (training or forward-only, see
+//   SetForwardOnly) goes as in dynamic-shape mode (control + header), and
+//   both sides learn its layout; every later message of that channel and pass
+//   is step 3 only (one Gloo message per tensor: the message id is not
+//   transmitted, the receiver sees -1) and the receiver receives into the
+//   learned layout. The sender compares every payload with the learned layout
+//   before it posts anything: a different layout fails the send with
+//   InvalidArgument naming the channel, both layouts and the option, so a
+//   size mismatch never reaches the transport and nothing is received into a
+//   wrong layout. (The peer then waits for a payload that never comes: its
+//   receive ends with the timeout, or when the launcher stops the job.) All
+//   ranks must use the same mode (the launcher gives every worker one config).
+//
 //   gradient message: only step 3, for exactly the tensors whose header said
 //   requires_grad, in order. Its layout needs no header: the receiver is the
 //   stage that sent the activations and knows their shapes (RecvGrads takes
@@ -92,6 +107,11 @@ struct P2POptions {
   // Fixed-shape mode: when set, every activation payload on every channel has
   // exactly this layout, and no control message or header is sent.
   std::optional<std::vector<TensorMeta>> fixed_layout;
+  // Static-shape mode (see the file comment): after the first message of a
+  // channel and pass, activations go as payload only, in the learned layout.
+  // Ignored when fixed_layout is set. Off: every activation message carries a
+  // 512-byte control message first.
+  bool static_shapes = false;
   // Where receive buffers, control words and headers live: kCPU for Gloo; the
   // rank's CUDA device for NCCL (which moves only device tensors).
   torch::Device device = torch::kCPU;
@@ -108,7 +128,11 @@ struct P2POptions {
 struct P2PStats {
   int64_t control_messages = 0;
   int64_t header_messages = 0;  // headers sent (inline or separate)
+  // Every message posted: payload tensors, control words and separate
+  // headers (empty tensors are not sent).
   int64_t tensor_messages = 0;
+  // Activation messages sent as payload only under static_shapes.
+  int64_t static_payloads = 0;
   int64_t buffers_allocated = 0;
   int64_t buffers_reused = 0;
   // Seconds the caller spent posting sends (kDirect: inside the process
@@ -167,9 +191,17 @@ class P2P {
   // Hands received tensors back to the buffer pool.
   void Recycle(Activations tensors);
 
-  // Forgets every remembered header (both directions) and cached buffer.
-  // Both sides must call it at the same point (e.g. between phases).
+  // Forgets every remembered header and learned static layout (both
+  // directions) and every cached buffer. Both sides must call it at the same
+  // point (e.g. between phases).
   void ResetShapes();
+
+  // Which pass the following activation messages belong to. Static-shape
+  // mode learns one layout per channel for training passes and one for
+  // forward-only passes (whose activations do not require grad and may have
+  // other shapes). Both sides must switch at the same point of their programs
+  // (StageExecutor::Run does, from LoweredProgram::forward_only).
+  void SetForwardOnly(bool forward_only) { forward_only_ = forward_only; }
 
   P2PStats stats() const;
   const P2POptions& options() const { return options_; }
@@ -207,6 +239,11 @@ class P2P {
   P2PStreams streams_;
   std::map<ChannelKey, std::vector<TensorMeta>> sent_headers_;
   std::map<ChannelKey, std::vector<TensorMeta>> received_headers_;
+  // Static-shape mode: (src_stage, dst_stage, forward_only) -> learned layout.
+  using StaticKey = std::tuple<int, int, bool>;
+  std::map<StaticKey, std::vector<TensorMeta>> learned_sent_;
+  std::map<StaticKey, std::vector<TensorMeta>> learned_received_;
+  bool forward_only_ = false;
   std::map<std::pair<int, std::vector<int64_t>>, std::vector<torch::Tensor>> pool_;
   P2PStats stats_;
 

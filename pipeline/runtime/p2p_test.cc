@@ -150,6 +150,111 @@ TEST(P2PTest, FixedShapeModeSendsNoHeaders) {
   EXPECT_STATUS_OK(s);
 }
 
+P2POptions StaticShapes() {
+  P2POptions options{milliseconds(20000), std::nullopt};
+  options.static_shapes = true;
+  return options;
+}
+
+// Static-shape mode: the first activation of a channel carries control word
+// and header, every later one is the payload only (one message per tensor),
+// received into the learned layout, requires_grad flag included. A
+// forward-only pass learns its own layout (no grad, other shape) with one
+// more header, and switching back to training needs none.
+TEST(P2PTest, StaticShapesSendOneMessagePerActivationAfterTheFirst) {
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    P2P p2p(world.group, StaticShapes());
+    struct Message {
+      bool forward_only;
+      std::vector<int64_t> shape;
+    };
+    const std::vector<Message> messages = {{false, {2, 3}}, {false, {2, 3}}, {false, {2, 3}},
+                                           {true, {5, 3}},  {true, {5, 3}},  {false, {2, 3}},
+                                           {false, {2, 3}}};
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const Message& m = messages[i];
+      p2p.SetForwardOnly(m.forward_only);
+      const P2PStats before = p2p.stats();
+      if (world.rank == 0) {
+        torch::Tensor x = torch::full(m.shape, float(i));
+        if (!m.forward_only) x.requires_grad_(true);
+        PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {x}, "send", 100 + i));
+        const P2PStats after = p2p.stats();
+        const bool first = i == 0 || i == 3;  // of the training / forward-only pass
+        const int64_t posted = after.tensor_messages - before.tensor_messages;
+        PP_RETURN_IF_ERROR(Check(posted == (first ? 2 : 1),
+                                 "message " + std::to_string(i) + ": " + std::to_string(posted) +
+                                     " messages posted; want " + (first ? "2" : "1")));
+        PP_RETURN_IF_ERROR(
+            Check(after.control_messages - before.control_messages == (first ? 1 : 0),
+                  "control word only on a pass's first message"));
+        PP_RETURN_IF_ERROR(Check(after.static_payloads - before.static_payloads == (first ? 0 : 1),
+                                 "payload-only count"));
+      } else {
+        int64_t id = -2;
+        PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "recv", &id));
+        const bool first = i == 0 || i == 3;
+        PP_RETURN_IF_ERROR(
+            Check(id == (first ? static_cast<int64_t>(100 + i) : -1),
+                  "message id on the first message only: got " + std::to_string(id)));
+        PP_RETURN_IF_ERROR(Check(got.size() == 1 && got[0].sizes().vec() == m.shape, "shape"));
+        PP_RETURN_IF_ERROR(Check(torch::equal(got[0].detach(), torch::full(m.shape, float(i))),
+                                 "value of message " + std::to_string(i)));
+        PP_RETURN_IF_ERROR(Check(got[0].requires_grad() == !m.forward_only,
+                                 "requires_grad of message " + std::to_string(i)));
+        PP_RETURN_IF_ERROR(Check(p2p.stats().control_messages == 0, "receiver sends nothing"));
+        p2p.Recycle(std::move(got));
+      }
+    }
+    if (world.rank == 0) {
+      PP_RETURN_IF_ERROR(Check(p2p.stats().tensor_messages == 9 && p2p.stats().header_messages == 2,
+                               "7 payloads + 2 control words, 2 headers: got " +
+                                   std::to_string(p2p.stats().tensor_messages) + " messages"));
+    }
+    return p2p.WaitSends();
+  });
+  EXPECT_STATUS_OK(s);
+}
+
+// A payload whose layout differs from the channel's learned one (shape, or
+// only the requires_grad flag) fails before anything is posted, naming the
+// channel, both layouts and the option; the channel then still works (the
+// receiver gets the next good payload, not bytes of the refused one).
+TEST(P2PTest, StaticShapesLayoutChangeFailsNamingChannelLayoutsAndOption) {
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    P2P p2p(world.group, StaticShapes());
+    if (world.rank == 0) {
+      PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {torch::full({2, 3}, 1.0f)}, "0SEND_F0"));
+      const int64_t posted = p2p.stats().tensor_messages;
+      absl::Status bigger = p2p.SendActivations(1, 0, 1, {torch::zeros({4, 3})}, "0SEND_F1");
+      const std::string m(bigger.message());
+      PP_RETURN_IF_ERROR(Check(bigger.code() == absl::StatusCode::kInvalidArgument, m));
+      for (const char* part : {"0SEND_F1", "stage 0 -> stage 1", "training pass", "Float[2,3]",
+                               "Float[4,3]", "p2p_static_shapes", "nothing was sent"}) {
+        PP_RETURN_IF_ERROR(Check(m.find(part) != std::string::npos,
+                                 std::string("error lacks '") + part + "': " + m));
+      }
+      absl::Status grad =
+          p2p.SendActivations(1, 0, 1, {torch::zeros({2, 3}, torch::requires_grad())}, "0SEND_F2");
+      PP_RETURN_IF_ERROR(
+          Check(grad.code() == absl::StatusCode::kInvalidArgument &&
+                    std::string(grad.message()).find("Float[2,3](grad)") != std::string::npos,
+                "a requires_grad change is a layout change: " + grad.ToString()));
+      PP_RETURN_IF_ERROR(
+          Check(p2p.stats().tensor_messages == posted, "refused sends posted nothing"));
+      PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {torch::full({2, 3}, 3.0f)}, "0SEND_F3"));
+    } else {
+      for (float want : {1.0f, 3.0f}) {
+        PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "1RECV_F"));
+        PP_RETURN_IF_ERROR(
+            Check(torch::equal(got[0], torch::full({2, 3}, want)), "value after a refused send"));
+      }
+    }
+    return p2p.WaitSends();
+  });
+  EXPECT_STATUS_OK(s);
+}
+
 // Both ranks send before they receive: asynchronous sends keep this from
 // deadlocking.
 TEST(P2PTest, SimultaneousSendsDoNotDeadlock) {

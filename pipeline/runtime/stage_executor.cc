@@ -455,6 +455,9 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
   st.program = &program;
   st.step = step;
   st.forward_only = program.forward_only;
+  // Every rank runs the same kind of program at the same time, so both ends
+  // of each channel switch together (static p2p shapes are learned per pass).
+  p2p_.SetForwardOnly(program.forward_only);
   const int64_t start = NowMicros();
   absl::Status status = TorchCall(absl::StrCat("step ", step, " on rank ", rank_), [&] {
     std::optional<torch::NoGradGuard> no_grad;

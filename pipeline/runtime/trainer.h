@@ -70,6 +70,9 @@ struct TrainerOptions {
   torch::Device device = torch::kCPU;
   // Fixed-shape p2p (no headers); see P2POptions::fixed_layout.
   std::optional<std::vector<TensorMeta>> fixed_layout;
+  // Static-shape p2p: headers on each channel's first message only; see
+  // P2POptions::static_shapes.
+  bool p2p_static_shapes = false;
   // Set on every stage module (activation checkpointing); null keeps RunLayers.
   LayerRunner layer_runner;
   // Record per-action timings (busy/idle, Chrome trace).
