@@ -745,6 +745,13 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
   report.Header(data, *model, custom != nullptr);
   PP_ASSIGN_OR_RETURN(double train_seconds,
                       TrainLoop(config, grid, *model, *trainer, checkpointer, data, report, *obs));
+  if (rank0) {
+    const P2PStats p2p = trainer->p2p_stats();
+    std::cout << "p2p (rank 0): " << p2p.tensor_messages << " messages sent, "
+              << p2p.control_messages << " activation control words, " << p2p.static_payloads
+              << " activations as payload only (static shapes "
+              << (config.parallelism().p2p_static_shapes() ? "on" : "off") << ")" << std::endl;
+  }
   if (kind == ModelKind::kGpt && config.sample_tokens() > 0) {
     PP_RETURN_IF_ERROR(SampleText(config, grid, sampler, *trainer, timeout, report));
   }

@@ -301,7 +301,8 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
     const ChannelKey key{src_stage, dst_stage};
     auto it = sent_headers_.find(key);
     const bool same = it != sent_headers_.end() && it->second == layout;
-    const std::vector<int64_t> words = EncodeControl(same ? nullptr : &layout, message_id);
+    const std::vector<int64_t> words =
+        EncodeControl(same ? nullptr : &layout, message_id, options_.static_shapes);
     torch::Tensor control = torch::tensor(words, torch::kInt64);
     torch::Tensor header;
     if (!same) {
@@ -342,6 +343,14 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
     if (!message.ok()) {
       return absl::DataLossError(
           absl::StrCat(what, ": from ", PeerName(peer), ": ", message.status().message()));
+    }
+    if (message->static_shapes != options_.static_shapes) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": ", PeerName(peer), " sends activations with static p2p shapes ",
+                       message->static_shapes ? "on" : "off", " but this rank has them ",
+                       options_.static_shapes ? "on" : "off",
+                       "; every rank must use the same setting (parallelism.p2p_static_shapes, "
+                       "--p2p_static_shapes; P2POptions::static_shapes)"));
     }
     if (message_id != nullptr) *message_id = message->message_id;
     const ChannelKey key{src_stage, dst_stage};

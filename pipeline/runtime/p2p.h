@@ -13,6 +13,8 @@
 //                                   on this channel; nothing else follows
 //          word 0 = kInlineHeader -> words 1.. hold the new header
 //          word 0 = kHeaderFollows-> word 1 = header length L; then
+//          word kFlagsWord = 1 if the sender uses static shapes, else 0 (a
+//                                   receiver in the other mode fails at once)
 //          word kIdWord (the last) = the message id (the micro-batch id the
 //                                   payload belongs to; -1 if none)
 //     2. header: int64[L]  (only for kHeaderFollows: huge tensor counts)
@@ -38,7 +40,9 @@
 //   size mismatch never reaches the transport and nothing is received into a
 //   wrong layout. (The peer then waits for a payload that never comes: its
 //   receive ends with the timeout, or when the launcher stops the job.) All
-//   ranks must use the same mode (the launcher gives every worker one config).
+//   ranks must use the same mode: the control word's static-shapes flag lets
+//   a receiver in the other mode fail on the first message of a channel
+//   (FailedPrecondition naming both modes), before any payload is misread.
 //
 //   gradient message: only step 3, for exactly the tensors whose header said
 //   requires_grad, in order. Its layout needs no header: the receiver is the

@@ -255,6 +255,37 @@ TEST(P2PTest, StaticShapesLayoutChangeFailsNamingChannelLayoutsAndOption) {
   EXPECT_STATUS_OK(s);
 }
 
+// Ranks in different modes: the receiver fails on the channel's first
+// message, naming both settings, whichever side has the mode on.
+TEST(P2PTest, StaticShapesModeMismatchBetweenPeersFailsOnTheFirstMessage) {
+  for (int static_rank : {0, 1}) {
+    absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&](World& world) -> absl::Status {
+      P2POptions options{milliseconds(1000), std::nullopt};
+      options.static_shapes = world.rank == static_rank;
+      P2P p2p(world.group, options);
+      if (world.rank == 0) {
+        PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {torch::ones({2, 3})}, "0SEND_F0"));
+        // The receiver stopped at the control word: the payload is never
+        // taken, and the send ends with the timeout.
+        absl::Status sent = p2p.WaitSends();
+        return Check(sent.code() == absl::StatusCode::kDeadlineExceeded,
+                     "payload send: " + sent.ToString());
+      }
+      absl::StatusOr<Activations> got = p2p.RecvActivations(0, 0, 1, "1RECV_F0");
+      // Stay alive past the sender's timeout (a closed pair fails it early).
+      std::this_thread::sleep_for(milliseconds(1500));
+      const std::string want = static_rank == 0 ? "static p2p shapes on but this rank has them off"
+                                                : "static p2p shapes off but this rank has them on";
+      return Check(
+          got.status().code() == absl::StatusCode::kFailedPrecondition &&
+              std::string(got.status().message()).find(want) != std::string::npos &&
+              std::string(got.status().message()).find("p2p_static_shapes") != std::string::npos,
+          "mode mismatch: " + got.status().ToString());
+    });
+    EXPECT_STATUS_OK(s);
+  }
+}
+
 // Both ranks send before they receive: asynchronous sends keep this from
 // deadlocking.
 TEST(P2PTest, SimultaneousSendsDoNotDeadlock) {

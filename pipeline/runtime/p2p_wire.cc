@@ -107,7 +107,8 @@ absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>&
   return layout;
 }
 
-std::vector<int64_t> EncodeControl(const std::vector<TensorMeta>* layout, int64_t message_id) {
+std::vector<int64_t> EncodeControl(const std::vector<TensorMeta>* layout, int64_t message_id,
+                                   bool static_shapes) {
   std::vector<int64_t> c(kControlWords, 0);
   c[0] = static_cast<int64_t>(ControlKind::kSameHeader);
   if (layout != nullptr) {
@@ -120,6 +121,7 @@ std::vector<int64_t> EncodeControl(const std::vector<TensorMeta>* layout, int64_
       c[1] = static_cast<int64_t>(words.size());
     }
   }
+  c[kFlagsWord] = static_shapes ? kStaticShapesFlag : 0;
   c[kIdWord] = message_id;
   return c;
 }
@@ -131,13 +133,20 @@ absl::StatusOr<ControlMessage> DecodeControl(const std::vector<int64_t>& words) 
   }
   ControlMessage m;
   m.message_id = words[kIdWord];
+  if ((words[kFlagsWord] & ~kStaticShapesFlag) != 0) {
+    return absl::DataLossError(absl::StrCat("bad p2p control flags ", words[kFlagsWord],
+                                            "; valid: 0 or ", kStaticShapesFlag,
+                                            " (static shapes)"));
+  }
+  m.static_shapes = (words[kFlagsWord] & kStaticShapesFlag) != 0;
   switch (words[0]) {
     case static_cast<int64_t>(ControlKind::kSameHeader):
       m.kind = ControlKind::kSameHeader;
       return m;
     case static_cast<int64_t>(ControlKind::kInlineHeader): {
       m.kind = ControlKind::kInlineHeader;
-      auto layout = DecodeHeader(std::vector<int64_t>(words.begin() + 1, words.begin() + kIdWord));
+      auto layout =
+          DecodeHeader(std::vector<int64_t>(words.begin() + 1, words.begin() + kFlagsWord));
       if (!layout.ok()) return layout.status();
       m.layout = *std::move(layout);
       return m;

@@ -50,12 +50,16 @@ std::vector<int64_t> EncodeHeader(const std::vector<TensorMeta>& layout);
 absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>& words);
 
 // The control message: kControlWords int64 words.
-//   word 0 = kind; kInlineHeader: words 1 .. kIdWord - 1 hold the header;
+//   word 0 = kind; kInlineHeader: words 1 .. kFlagsWord - 1 hold the header;
 //   kHeaderFollows: word 1 = the length of the header message that follows;
+//   word kFlagsWord = flags: bit 0 set = the sender uses static shapes (after
+//   this message its channel sends payloads only; p2p.h); other bits 0;
 //   word kIdWord (the last) = the message id (-1: none).
 inline constexpr int kControlWords = 64;
 inline constexpr int kIdWord = kControlWords - 1;
-inline constexpr int kMaxInlineHeaderWords = kIdWord - 1;
+inline constexpr int kFlagsWord = kIdWord - 1;
+inline constexpr int kMaxInlineHeaderWords = kFlagsWord - 1;
+inline constexpr int64_t kStaticShapesFlag = 1;
 // A separate header is at most this long (2^20 words: 8 MiB).
 inline constexpr int64_t kMaxHeaderWords = int64_t{1} << 20;
 
@@ -70,15 +74,18 @@ struct ControlMessage {
   std::vector<TensorMeta> layout;  // kInlineHeader: decoded already
   int64_t header_length = 0;       // kHeaderFollows: words in the next message
   int64_t message_id = -1;
+  bool static_shapes = false;  // kStaticShapesFlag
 };
 
 // The control words for `layout` (nullptr: kSameHeader). A header of more
 // than kMaxInlineHeaderWords words goes as kHeaderFollows: send
 // EncodeHeader(*layout) next.
-std::vector<int64_t> EncodeControl(const std::vector<TensorMeta>* layout, int64_t message_id);
+std::vector<int64_t> EncodeControl(const std::vector<TensorMeta>* layout, int64_t message_id,
+                                   bool static_shapes = false);
 
 // Decodes a control message. DataLoss naming the problem for a wrong word
-// count, an unknown kind, a bad header length or a bad inline header.
+// count, an unknown kind, unknown flags, a bad header length or a bad inline
+// header.
 absl::StatusOr<ControlMessage> DecodeControl(const std::vector<int64_t>& words);
 
 }  // namespace pp

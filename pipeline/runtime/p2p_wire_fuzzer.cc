@@ -63,10 +63,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     absl::StatusOr<pp::ControlMessage> m = pp::DecodeControl(words);
     if (!m.ok()) return 0;
     if (m->message_id != words[pp::kIdWord]) std::abort();
+    if (m->static_shapes != (words[pp::kFlagsWord] == pp::kStaticShapesFlag)) std::abort();
     if (m->kind == pp::ControlKind::kInlineHeader) {
       CheckLayout(m->layout);
-      auto again = pp::DecodeControl(pp::EncodeControl(&m->layout, m->message_id));
-      if (!again.ok() || again->layout != m->layout || again->message_id != m->message_id) {
+      auto again =
+          pp::DecodeControl(pp::EncodeControl(&m->layout, m->message_id, m->static_shapes));
+      if (!again.ok() || again->layout != m->layout || again->message_id != m->message_id ||
+          again->static_shapes != m->static_shapes) {
         std::abort();
       }
     } else if (m->kind == pp::ControlKind::kHeaderFollows) {

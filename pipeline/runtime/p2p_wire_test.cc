@@ -49,6 +49,25 @@ TEST(P2PWireTest, ControlRoundTripsEveryKind) {
   EXPECT_EQ(*header, many);
 }
 
+TEST(P2PWireTest, StaticShapesFlagRoundTripsAndUnknownFlagsAreRefused) {
+  const std::vector<TensorMeta> small = {{torch::kFloat, {2, 3}, true}};
+  for (bool flag : {false, true}) {
+    auto m = DecodeControl(EncodeControl(&small, 4, flag));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->static_shapes, flag);
+    EXPECT_EQ(m->layout, small);
+    EXPECT_EQ(m->message_id, 4);
+  }
+  std::vector<int64_t> words = EncodeControl(nullptr, -1, true);
+  EXPECT_EQ(words[kFlagsWord], kStaticShapesFlag);
+  words[kFlagsWord] = 6;
+  auto bad = DecodeControl(words);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("bad p2p control flags 6"), std::string::npos)
+      << bad.status();
+}
+
 TEST(P2PWireTest, BadControlMessagesAreNamed) {
   EXPECT_EQ(DecodeControl({1, 2, 3}).status().code(), absl::StatusCode::kDataLoss);
   auto unknown = DecodeControl(Control({5}));

@@ -115,6 +115,7 @@ class StageExecutor {
                                 MicroBatchSource* source = nullptr);
 
   P2P& p2p() { return p2p_; }
+  const P2P& p2p() const { return p2p_; }
 
  private:
   using Key = std::pair<int, int>;  // (virtual stage, micro-batch)

@@ -125,6 +125,8 @@ class Trainer {
   const std::vector<ActionTiming>& last_step_timings() const { return last_timings_; }
 
   int64_t step() const { return step_; }
+  // This rank's p2p counters since Create (training and evaluation).
+  P2PStats p2p_stats() const { return executor_->p2p().stats(); }
   // Continues from `step` after a checkpoint load: the next Step() reads the
   // source's batch `step` with the scheduled rate of `step`.
   void set_step(int64_t step) { step_ = step; }
