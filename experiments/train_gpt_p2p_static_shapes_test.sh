@@ -19,7 +19,10 @@ COMMON=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --
 run() { "$BIN" "${COMMON[@]}" "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_gpt $* exited non-zero"; exit 1; }; }
 losses() { for d in $(ls -d "$TMP"/runs/"$1"-* | sort); do sed -E 's/.*"loss":([^,}]*).*/\1/' "$d"/metrics.jsonl; done; }
 eval_losses() { for d in $(ls -d "$TMP"/runs/"$1"-* | sort); do grep -o '"eval_loss":[^,}]*' "$d"/metrics.jsonl; done; }
-counters() { grep "^p2p (rank 0):" "$TMP/log" || { cat "$TMP/log"; echo "FAIL: no p2p counter line"; exit 1; }; }
+counters() {
+  grep -q "p2p (rank 0):" "$TMP/log" || { cat "$TMP/log"; echo "FAIL: no p2p counter line"; exit 1; }
+  line=$(grep "p2p (rank 0):" "$TMP/log")
+}
 same() {
   local a b
   a=$(losses "$1"); b=$(losses "$2")
@@ -34,11 +37,11 @@ same() {
 for sched in 1f1b zbv; do
   chunks=1; [[ $sched == zbv ]] && chunks=2
   run --steps=4 --schedule=$sched --chunks=$chunks --name=dyn_$sched
-  line=$(counters); echo "dynamic $sched: $line"
+  counters; echo "dynamic $sched: $line"
   [[ $line == *" 0 activations as payload only (static shapes off)"* ]] \
     || { echo "FAIL: payload-only activations without the mode: $line"; exit 1; }
   run --steps=4 --schedule=$sched --chunks=$chunks --name=static_$sched --p2p_static_shapes=true
-  line=$(counters); echo "static $sched: $line"
+  counters; echo "static $sched: $line"
   [[ $line == *" 2 activation control words, "* && $line == *"(static shapes on)"* ]] \
     || { echo "FAIL: want one control word per pass with the mode: $line"; exit 1; }
   [[ $line != *" 0 activations as payload only"* ]] || { echo "FAIL: no payload-only activation: $line"; exit 1; }
