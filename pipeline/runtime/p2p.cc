@@ -275,18 +275,16 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
           what, ": payload {", absl::StrJoin(got, ", "), "} does not match the fixed p2p layout {",
           absl::StrJoin(want, ", "), "}; unset P2POptions::fixed_layout for dynamic shapes"));
     }
-  } else if (options_.static_shapes &&
-             learned_sent_.count(StaticKey{src_stage, dst_stage, forward_only_}) > 0) {
-    const std::vector<TensorMeta>& learned =
-        learned_sent_.at(StaticKey{src_stage, dst_stage, forward_only_});
+  } else if (options_.static_shapes && !forward_only_ &&
+             learned_sent_.count(ChannelKey{src_stage, dst_stage}) > 0) {
+    const std::vector<TensorMeta>& learned = learned_sent_.at(ChannelKey{src_stage, dst_stage});
     if (learned != layout) {
       std::vector<std::string> got, want;
       for (const auto& m : layout) got.push_back(m.DebugString());
       for (const auto& m : learned) want.push_back(m.DebugString());
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": static p2p shapes: activation channel stage ", src_stage, " -> stage ",
-          dst_stage, " (to ", PeerName(peer), ", ", forward_only_ ? "forward-only" : "training",
-          " pass) learned the layout {", absl::StrJoin(want, ", "),
+          dst_stage, " (to ", PeerName(peer), ") learned the layout {", absl::StrJoin(want, ", "),
           "} from its first message, but this payload is {", absl::StrJoin(got, ", "),
           "}; nothing was sent. Every message of a channel must keep its first layout in this "
           "mode: turn static shapes off for activations whose shapes vary "
@@ -296,7 +294,7 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
     ++stats_.static_payloads;
   } else {
     if (options_.static_shapes) {
-      learned_sent_[StaticKey{src_stage, dst_stage, forward_only_}] = layout;
+      if (!forward_only_) learned_sent_[ChannelKey{src_stage, dst_stage}] = layout;
     }
     const ChannelKey key{src_stage, dst_stage};
     auto it = sent_headers_.find(key);
@@ -325,9 +323,9 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
   PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kActivation, src_stage, dst_stage));
   std::vector<TensorMeta> layout;
   if (message_id != nullptr) *message_id = -1;
-  const StaticKey static_key{src_stage, dst_stage, forward_only_};
-  auto learned =
-      options_.static_shapes ? learned_received_.find(static_key) : learned_received_.end();
+  const ChannelKey static_key{src_stage, dst_stage};
+  auto learned = options_.static_shapes && !forward_only_ ? learned_received_.find(static_key)
+                                                          : learned_received_.end();
   if (options_.fixed_layout.has_value()) {
     layout = *options_.fixed_layout;
   } else if (learned != learned_received_.end()) {
@@ -381,7 +379,7 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
       }
       received_headers_[key] = layout;
     }
-    if (options_.static_shapes) learned_received_[static_key] = layout;
+    if (options_.static_shapes && !forward_only_) learned_received_[static_key] = layout;
   }
   Activations out;
   out.reserve(layout.size());

@@ -29,20 +29,20 @@
 //
 //   activation message, static-shape mode (P2POptions::static_shapes;
 //   DeepSpeed's pipeline engine sends the tensor meta on the first batch only):
-//   the first message of a channel in a pass (training or forward-only, see
-//   SetForwardOnly) goes as in dynamic-shape mode (control + header), and
-//   both sides learn its layout; every later message of that channel and pass
-//   is step 3 only (one Gloo message per tensor: the message id is not
-//   transmitted, the receiver sees -1) and the receiver receives into the
-//   learned layout. The sender compares every payload with the learned layout
-//   before it posts anything: a different layout fails the send with
-//   InvalidArgument naming the channel, both layouts and the option, so a
-//   size mismatch never reaches the transport and nothing is received into a
-//   wrong layout. (The peer then waits for a payload that never comes: its
-//   receive ends with the timeout, or when the launcher stops the job.) All
-//   ranks must use the same mode: the control word's static-shapes flag lets
-//   a receiver in the other mode fail on the first message of a channel
+//   in training passes, the first message of a channel goes as in
+//   dynamic-shape mode (control + header), and both sides learn its layout;
+//   every later training message of that channel is step 3 only (one Gloo message per tensor: the
+//   message id is not transmitted, the receiver sees -1) and the receiver receives into the learned
+//   layout. The sender compares every payload with the learned layout before it posts anything: a
+//   different layout fails the send with InvalidArgument naming the channel, both layouts and the
+//   option, so a size mismatch never reaches the transport and nothing is received into a wrong
+//   layout. (The peer then waits for a payload that never comes: its receive ends with the timeout,
+//   or when the launcher stops the job.) All ranks must use the same mode: the control word's
+//   static-shapes flag lets a receiver in the other mode fail on the first message of a channel
 //   (FailedPrecondition naming both modes), before any payload is misread.
+//   Forward-only passes (SetForwardOnly: evaluation, sampling, whose
+//   activations need no grad and whose windows may differ in shape) always go
+//   as in dynamic-shape mode; they are rare next to training steps.
 //
 //   gradient message: only step 3, for exactly the tensors whose header said
 //   requires_grad, in order. Its layout needs no header: the receiver is the
@@ -112,7 +112,8 @@ struct P2POptions {
   // exactly this layout, and no control message or header is sent.
   std::optional<std::vector<TensorMeta>> fixed_layout;
   // Static-shape mode (see the file comment): after the first message of a
-  // channel and pass, activations go as payload only, in the learned layout.
+  // channel in training passes, activations go as payload only, in the
+  // learned layout.
   // Ignored when fixed_layout is set. Off: every activation message carries a
   // 512-byte control message first.
   bool static_shapes = false;
@@ -200,11 +201,13 @@ class P2P {
   // point (e.g. between phases).
   void ResetShapes();
 
-  // Which pass the following activation messages belong to. Static-shape
-  // mode learns one layout per channel for training passes and one for
-  // forward-only passes (whose activations do not require grad and may have
-  // other shapes). Both sides must switch at the same point of their programs
-  // (StageExecutor::Run does, from LoweredProgram::forward_only).
+  // Whether the following activation messages belong to a forward-only pass
+  // (evaluation, sampling). Static-shape mode applies to training passes
+  // only: forward-only passes go as in dynamic-shape mode (their activations
+  // do not require grad, and evaluation and sampling windows differ in
+  // shape), without touching the learned layouts. Both sides must switch at
+  // the same point of their programs (StageExecutor::Run does, from
+  // LoweredProgram::forward_only).
   void SetForwardOnly(bool forward_only) { forward_only_ = forward_only; }
 
   P2PStats stats() const;
@@ -243,10 +246,9 @@ class P2P {
   P2PStreams streams_;
   std::map<ChannelKey, std::vector<TensorMeta>> sent_headers_;
   std::map<ChannelKey, std::vector<TensorMeta>> received_headers_;
-  // Static-shape mode: (src_stage, dst_stage, forward_only) -> learned layout.
-  using StaticKey = std::tuple<int, int, bool>;
-  std::map<StaticKey, std::vector<TensorMeta>> learned_sent_;
-  std::map<StaticKey, std::vector<TensorMeta>> learned_received_;
+  // Static-shape mode: the layouts learned from training passes.
+  std::map<ChannelKey, std::vector<TensorMeta>> learned_sent_;
+  std::map<ChannelKey, std::vector<TensorMeta>> learned_received_;
   bool forward_only_ = false;
   std::map<std::pair<int, std::vector<int64_t>>, std::vector<torch::Tensor>> pool_;
   P2PStats stats_;

@@ -158,9 +158,9 @@ P2POptions StaticShapes() {
 
 // Static-shape mode: the first activation of a channel carries control word
 // and header, every later one is the payload only (one message per tensor),
-// received into the learned layout, requires_grad flag included. A
-// forward-only pass learns its own layout (no grad, other shape) with one
-// more header, and switching back to training needs none.
+// received into the learned layout, requires_grad flag included. Messages of
+// a forward-only pass (no grad, other shapes) carry control words as in
+// dynamic mode, and training resumes payload-only without a new header.
 TEST(P2PTest, StaticShapesSendOneMessagePerActivationAfterTheFirst) {
   absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
     P2P p2p(world.group, StaticShapes());
@@ -169,7 +169,7 @@ TEST(P2PTest, StaticShapesSendOneMessagePerActivationAfterTheFirst) {
       std::vector<int64_t> shape;
     };
     const std::vector<Message> messages = {{false, {2, 3}}, {false, {2, 3}}, {false, {2, 3}},
-                                           {true, {5, 3}},  {true, {5, 3}},  {false, {2, 3}},
+                                           {true, {5, 3}},  {true, {1, 3}},  {false, {2, 3}},
                                            {false, {2, 3}}};
     for (size_t i = 0; i < messages.size(); ++i) {
       const Message& m = messages[i];
@@ -180,23 +180,23 @@ TEST(P2PTest, StaticShapesSendOneMessagePerActivationAfterTheFirst) {
         if (!m.forward_only) x.requires_grad_(true);
         PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {x}, "send", 100 + i));
         const P2PStats after = p2p.stats();
-        const bool first = i == 0 || i == 3;  // of the training / forward-only pass
+        // With a control word: the first training message, forward-only ones.
+        const bool first = i == 0 || m.forward_only;
         const int64_t posted = after.tensor_messages - before.tensor_messages;
         PP_RETURN_IF_ERROR(Check(posted == (first ? 2 : 1),
                                  "message " + std::to_string(i) + ": " + std::to_string(posted) +
                                      " messages posted; want " + (first ? "2" : "1")));
         PP_RETURN_IF_ERROR(
             Check(after.control_messages - before.control_messages == (first ? 1 : 0),
-                  "control word only on a pass's first message"));
+                  "control word only on the first training message"));
         PP_RETURN_IF_ERROR(Check(after.static_payloads - before.static_payloads == (first ? 0 : 1),
                                  "payload-only count"));
       } else {
         int64_t id = -2;
         PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "recv", &id));
-        const bool first = i == 0 || i == 3;
-        PP_RETURN_IF_ERROR(
-            Check(id == (first ? static_cast<int64_t>(100 + i) : -1),
-                  "message id on the first message only: got " + std::to_string(id)));
+        const bool first = i == 0 || m.forward_only;
+        PP_RETURN_IF_ERROR(Check(id == (first ? static_cast<int64_t>(100 + i) : -1),
+                                 "message id with control words only: got " + std::to_string(id)));
         PP_RETURN_IF_ERROR(Check(got.size() == 1 && got[0].sizes().vec() == m.shape, "shape"));
         PP_RETURN_IF_ERROR(Check(torch::equal(got[0].detach(), torch::full(m.shape, float(i))),
                                  "value of message " + std::to_string(i)));
@@ -207,9 +207,10 @@ TEST(P2PTest, StaticShapesSendOneMessagePerActivationAfterTheFirst) {
       }
     }
     if (world.rank == 0) {
-      PP_RETURN_IF_ERROR(Check(p2p.stats().tensor_messages == 9 && p2p.stats().header_messages == 2,
-                               "7 payloads + 2 control words, 2 headers: got " +
-                                   std::to_string(p2p.stats().tensor_messages) + " messages"));
+      PP_RETURN_IF_ERROR(
+          Check(p2p.stats().tensor_messages == 10 && p2p.stats().header_messages == 3,
+                "7 payloads + 3 control words, 3 headers: got " +
+                    std::to_string(p2p.stats().tensor_messages) + " messages"));
     }
     return p2p.WaitSends();
   });
@@ -229,8 +230,8 @@ TEST(P2PTest, StaticShapesLayoutChangeFailsNamingChannelLayoutsAndOption) {
       absl::Status bigger = p2p.SendActivations(1, 0, 1, {torch::zeros({4, 3})}, "0SEND_F1");
       const std::string m(bigger.message());
       PP_RETURN_IF_ERROR(Check(bigger.code() == absl::StatusCode::kInvalidArgument, m));
-      for (const char* part : {"0SEND_F1", "stage 0 -> stage 1", "training pass", "Float[2,3]",
-                               "Float[4,3]", "p2p_static_shapes", "nothing was sent"}) {
+      for (const char* part : {"0SEND_F1", "stage 0 -> stage 1", "Float[2,3]", "Float[4,3]",
+                               "p2p_static_shapes", "nothing was sent"}) {
         PP_RETURN_IF_ERROR(Check(m.find(part) != std::string::npos,
                                  std::string("error lacks '") + part + "': " + m));
       }
