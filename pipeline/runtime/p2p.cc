@@ -293,8 +293,9 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
     }
     ++stats_.static_payloads;
   } else {
-    if (options_.static_shapes) {
-      if (!forward_only_) learned_sent_[ChannelKey{src_stage, dst_stage}] = layout;
+    // The first training message of a channel: both sides learn its layout.
+    if (options_.static_shapes && !forward_only_) {
+      learned_sent_[ChannelKey{src_stage, dst_stage}] = layout;
     }
     const ChannelKey key{src_stage, dst_stage};
     auto it = sent_headers_.find(key);
