@@ -51,7 +51,8 @@ ABSL_FLAG(int, group, 0, "micro-batch group size for interleaved schedules (0 = 
 ABSL_FLAG(std::string, costs, "F:1,B:2,I:1,W:1,comm:0",
           "KEY:VALUE,...: F, B, I, W: costs of one micro-batch through one rank's share of "
           "the model (with v chunks each chunk's action costs 1/v of it; a missing B is I + W); "
-          "comm: per message (its transfer); SEND: time a SEND occupies the sending rank; "
+          "comm: per message (its transfer); SEND, RECV: time a SEND occupies the sending rank, "
+          "a RECV the receiving one once its message is there; "
           "STEP, REDUCE_TIED: the tail's optimizer step and tied-gradient all-reduce per rank; "
           "REDUCE_GRAD: one rank's data-parallel gradient reduce (1/v per chunk). Collectives "
           "start on all their ranks at the latest arrival: see --tie_groups, --step_all_reduce");
@@ -62,7 +63,7 @@ ABSL_FLAG(std::string, stage_costs, "",
           "'0:F:1,B:2;1:F:1.2,B:2.1'");
 ABSL_FLAG(std::string, rank_costs, "",
           "per rank tail and send costs replacing --costs': RANK:KEY:VALUE[,KEY:VALUE...] with "
-          "';' between ranks, KEY in STEP, REDUCE_TIED, SEND, e.g. '0:STEP:5;1:STEP:8'");
+          "';' between ranks, KEY in STEP, REDUCE_TIED, SEND, RECV, e.g. '0:STEP:5;1:STEP:8'");
 ABSL_FLAG(std::string, tie_groups, "",
           "virtual stages whose tied parameters REDUCE_TIED all-reduces: groups like '0,3;1,2' "
           "(ranks linked through groups synchronise there; a rank in none skips it), 'none', or "

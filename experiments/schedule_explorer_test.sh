@@ -133,6 +133,8 @@ tail_costs=(--costs=F:1,B:2,STEP:1,REDUCE_TIED:0.25,REDUCE_GRAD:0.5 --rank_costs
   fail "step all-reduce: $(sim "${tail_costs[@]}" --tie_groups=none --step_all_reduce)"
 [[ "$(sim --stage_costs='1:F:3')" == 13 ]] || fail "stage costs: $(sim --stage_costs='1:F:3')"
 [[ "$(sim --costs=F:1,B:2,SEND:0.5)" == 11 ]] || fail "send cost: $(sim --costs=F:1,B:2,SEND:0.5)"
+[[ "$(sim --costs=F:1,B:2,RECV:0.5 --rank_costs='0:RECV:0')" == 10 ]] ||
+  fail "recv cost: $(sim --costs=F:1,B:2,RECV:0.5 --rank_costs='0:RECV:0')"
 for bad in --stage_costs='5:F:1' --stage_costs='0:STEP:1' --rank_costs='0:F:1' --tie_groups=0; do
   if "$explorer" --schedule=gpipe --stages=2 --microbatches=2 "$bad" 2> "$tmp/err.txt"; then
     fail "accepted $bad"

@@ -223,7 +223,7 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
             // The recorded span is the transfer seen by this rank, not the
             // wait for it (that is idle time).
             ex.start[r][i] = std::max(clock[r], arrival - costs.message_latency);
-            clock[r] = std::max(clock[r], arrival);
+            clock[r] = std::max(clock[r], arrival) + (costs.recv ? costs.recv(r, a) : 0.0);
             ex.end[r][i] = clock[r];
           }
           mark_done(a);
@@ -245,8 +245,9 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
         const bool r_sends =
             a.type == ActionType::kSendForward || a.type == ActionType::kSendBackward;
         const double send_time = costs.send ? (r_sends ? costs.send(r, a) : costs.send(q, b)) : 0.0;
+        const double recv_time = costs.recv ? (r_sends ? costs.recv(q, b) : costs.recv(r, a)) : 0.0;
         ex.start[r][i] = ex.start[q][j] = t;  // waiting before t is idle
-        clock[r] = clock[q] = t + send_time + costs.message_latency;
+        clock[r] = clock[q] = t + send_time + costs.message_latency + recv_time;
         ex.end[r][i] = ex.end[q][j] = clock[r];
         mark_done(a);
         mark_done(b);

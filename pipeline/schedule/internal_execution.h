@@ -31,11 +31,15 @@ struct ExecutionCosts {
   // Time a SEND occupies its rank (the sender's hand-off) before the message
   // leaves; null: none.
   std::function<double(int rank, const Action& a)> send;
+  // Time a RECV occupies its rank once the message is there (unpacking it);
+  // null: none.
+  std::function<double(int rank, const Action& a)> recv;
   double message_latency = 0;
   // true: a SEND waits for its RECV and both complete together (rendezvous),
-  // at max(ready) + send time + latency.
+  // at max(ready) + send time + latency + receive time.
   // false: a SEND returns after its send time (buffered, like an isend waited
-  // on later); its RECV completes at max(recv posted, SEND end + latency).
+  // on later); its RECV completes at max(recv posted, SEND end + latency) +
+  // receive time.
   bool blocking_sends = true;
 };
 

@@ -16,9 +16,9 @@ namespace pp {
 
 namespace {
 
-constexpr char kGlobalKeys[] = "F, B, I, W, comm, SEND, STEP, REDUCE_TIED, REDUCE_GRAD";
+constexpr char kGlobalKeys[] = "F, B, I, W, comm, SEND, RECV, STEP, REDUCE_TIED, REDUCE_GRAD";
 constexpr char kStageKeys[] = "F, B, I, W, REDUCE_GRAD";
-constexpr char kRankKeys[] = "STEP, REDUCE_TIED, SEND";
+constexpr char kRankKeys[] = "STEP, REDUCE_TIED, SEND, RECV";
 
 // Splits "KEY:VALUE" with VALUE a finite number >= 0; false if malformed.
 bool ParseKeyValue(absl::string_view item, absl::string_view* key, double* value) {
@@ -89,6 +89,8 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
       costs.comm = value;
     } else if (key == "SEND") {
       costs.send = value;
+    } else if (key == "RECV") {
+      costs.recv = value;
     } else if (key == "STEP") {
       costs.step = value;
     } else if (key == "REDUCE_TIED") {
@@ -148,6 +150,8 @@ absl::StatusOr<std::map<int, RankCosts>> ParseRankCosts(absl::string_view text) 
         c.reduce_tied = value;
       } else if (key == "SEND") {
         c.send = value;
+      } else if (key == "RECV") {
+        c.recv = value;
       } else {
         return UnknownKey(key, text, kRankKeys);
       }
@@ -263,6 +267,7 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
                                     {"W", costs.backward_weight},
                                     {"comm", costs.comm},
                                     {"SEND", costs.send},
+                                    {"RECV", costs.recv},
                                     {"STEP", costs.step},
                                     {"REDUCE_TIED", costs.reduce_tied},
                                     {"REDUCE_GRAD", costs.reduce_grad}}) {
@@ -299,6 +304,7 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
     PP_RETURN_IF_ERROR(check_own(c.step, "rank", rank, "STEP"));
     PP_RETURN_IF_ERROR(check_own(c.reduce_tied, "rank", rank, "REDUCE_TIED"));
     PP_RETURN_IF_ERROR(check_own(c.send, "rank", rank, "SEND"));
+    PP_RETURN_IF_ERROR(check_own(c.recv, "rank", rank, "RECV"));
   }
   // REDUCE_TIED's participants: ranks linked through tie groups (union-find
   // roots); -1 for a rank in no group.
@@ -436,6 +442,9 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
   };
   exec_costs.send = [&](int rank, const Action&) {
     return rank_cost(rank, &RankCosts::send, costs.send);
+  };
+  exec_costs.recv = [&](int rank, const Action&) {
+    return rank_cost(rank, &RankCosts::recv, costs.recv);
   };
   PP_ASSIGN_OR_RETURN(internal_schedule::Execution ex,
                       internal_schedule::Execute(program, exec_costs));

@@ -7,7 +7,8 @@
 // back to back as the runtime does: no overlap is modelled; the timeline has
 // one event per half); a RECV completes no earlier than
 // the arrival of the message (see SimulationCosts::blocking_sends for the two
-// send models); a SEND occupies its rank for the send cost. Compute costs are
+// send models); a SEND occupies its rank for the send cost and a RECV for the
+// receive cost once its message is there. Compute costs are
 // global per action type (times the stage's multiplier) unless a virtual
 // stage has its own (SimulationCosts::stage_costs). Tail actions (REDUCE_TIED,
 // REDUCE_GRAD, STEP) take their costs; a collective one starts on all its
@@ -86,7 +87,7 @@ struct StageCosts {
 
 // One rank's own tail and send costs (replacing the global ones).
 struct RankCosts {
-  std::optional<double> reduce_tied, step, send;
+  std::optional<double> reduce_tied, step, send, recv;
 };
 
 struct SimulationCosts {
@@ -111,8 +112,10 @@ struct SimulationCosts {
   double reduce_grad = 0;  // each <s>REDUCE_GRAD (times the stage multiplier)
   double step = 0;         // STEP
   // Time a SEND occupies the sending rank before its message leaves (the
-  // runtime's hand-off to the transport).
+  // runtime's hand-off to the transport), and a RECV the receiving rank once
+  // the message is there (unpacking it).
   double send = 0;
+  double recv = 0;
   // Per rank overrides of the three above (keys: ranks in [0, p)).
   std::map<int, RankCosts> rank_costs;
   // Tie groups, each a set of virtual stages whose tied parameters are
@@ -135,8 +138,8 @@ struct SimulationCosts {
   MemorySplit memory;
 };
 
-// "F:1,B:2,W:0,comm:0" (keys F, B, I, W, comm, SEND, STEP, REDUCE_TIED,
-// REDUCE_GRAD, in any order; missing keys keep their defaults, except that a
+// "F:1,B:2,W:0,comm:0" (keys F, B, I, W, comm, SEND, RECV, STEP,
+// REDUCE_TIED, REDUCE_GRAD, in any order; missing keys keep their defaults, except that a
 // missing B is I + W, so "F:1,I:1,W:2" means B = 3). InvalidArgument names a
 // bad key or value.
 absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text);
@@ -149,7 +152,7 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text);
 absl::StatusOr<std::map<int, StageCosts>> ParseStageCosts(absl::string_view text);
 
 // "0:STEP:0.005,SEND:0.0002;1:STEP:0.008" -> rank_costs: as ParseStageCosts,
-// keyed by rank, with keys STEP, REDUCE_TIED, SEND.
+// keyed by rank, with keys STEP, REDUCE_TIED, SEND, RECV.
 absl::StatusOr<std::map<int, RankCosts>> ParseRankCosts(absl::string_view text);
 
 // "0,3;1,2" -> tie groups of virtual stages (';' between groups, ',' between

@@ -427,6 +427,22 @@ TEST(SimulatorCostModelTest, SendCostOccupiesTheSender) {
   }
 }
 
+// RECV 0.5 on the receiving rank once the message is there: rank 1 RECV
+// [1,1.5] F [1.5,2.5] RECV (its message came at 2) [2.5,3] F [3,4], B [4,6]
+// [6,8]; rank 0 RECV [6,6.5] B [6.5,8.5] RECV [8.5,9] B [9,11]. Rendezvous:
+// each pair ends at max(ready) + 0.5, the same times here. Rank 0's own RECV
+// 0: its B [6,8] [8,10].
+TEST(SimulatorCostModelTest, RecvCostOccupiesTheReceiver) {
+  for (bool blocking : {false, true}) {
+    SimulationCosts costs;
+    costs.blocking_sends = blocking;
+    costs.recv = 0.5;
+    EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 2, 1, costs).makespan, 11) << blocking;
+    costs.rank_costs[0].recv = 0;
+    EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 2, 1, costs).makespan, 10) << blocking;
+  }
+}
+
 TEST(SimulatorCostModelTest, RejectsBadStagesRanksAndCosts) {
   ScheduleOptions options;
   options.num_stages = 2;
@@ -474,9 +490,10 @@ TEST(SimulatorCostModelTest, MismatchedCollectivesDeadlock) {
 
 TEST(SimulationCostsTest, ParsesTailSendStageAndRankCosts) {
   absl::StatusOr<SimulationCosts> c =
-      ParseSimulationCosts("F:1,B:2,SEND:0.1,STEP:3,REDUCE_TIED:0.5,REDUCE_GRAD:0.25");
+      ParseSimulationCosts("F:1,B:2,SEND:0.1,RECV:0.2,STEP:3,REDUCE_TIED:0.5,REDUCE_GRAD:0.25");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_DOUBLE_EQ(c->send, 0.1);
+  EXPECT_DOUBLE_EQ(c->recv, 0.2);
   EXPECT_DOUBLE_EQ(c->step, 3);
   EXPECT_DOUBLE_EQ(c->reduce_tied, 0.5);
   EXPECT_DOUBLE_EQ(c->reduce_grad, 0.25);
