@@ -9,11 +9,20 @@ schedule, the schedules alternating so that machine load hits all of them,
 and reports per schedule:
   - tokens/s: median over the steps after --warmup, then median over the
     repetitions; its ratio to 1f1b;
-  - the simulator's prediction: each run's measured compute costs (mean F, B,
-    I, W durations of its traced step over both ranks; a chunk action of a
-    2-chunk schedule counts as half a rank's share) given to
-    schedule_explorer --costs; predicted step = makespan, predicted tokens/s
-    = tokens per step / makespan, and the measured step time against it.
+  - the simulator's prediction from the run's traced step (train_gpt's
+    trace.json of step --trace_step, after the warm-up): per virtual stage
+    the mean F, B, I, W durations (a 2-chunk schedule has 2 stages per rank),
+    per rank the tail (STEP, REDUCE_TIED: a collective's cost on a rank is its
+    end minus the latest start among the collective's ranks; REDUCE_GRAD per
+    stage), the median SEND duration and the median RECV cost (a RECV's
+    end minus the later of its start and its message's SEND end: the waits
+    for a message are the simulator's to reproduce), given to schedule_explorer (--stage_costs, --rank_costs,
+    --tie_groups=0,<last stage> for the GPT's tied embedding and head,
+    --step_all_reduce when the run computes the gradient norm,
+    --defer_receives as the runtime executes); predicted step = makespan,
+    predicted tokens/s = tokens per step / makespan; the error against the
+    median step and against the traced step itself (the model's own error,
+    without step-to-step variation).
 Schedules not registered in this build (e.g. dualpipev before it lands) are
 listed as skipped. Prints a table on stdout and one JSON line at the end.
 """
@@ -32,10 +41,12 @@ TWO_CHUNKS = {"zbv", "dualpipev", "interleaved_1f1b", "interleaved_zb"}
 
 def run_train(args, schedule, m, out_dir, name):
     chunks = 2 if schedule in TWO_CHUNKS else 1
+    trace_step = args.trace_step if args.trace_step >= 0 else args.steps - 2
     cmd = [args.train_gpt, f"--config={args.config}", f"--schedule={schedule}", "--pp=2",
            f"--chunks={chunks}", f"--microbatches={m}", f"--steps={args.steps}",
            "--eval_interval=0", "--sample_tokens=0", f"--output_dir={out_dir}", f"--name={name}",
-           f"--set=lr_schedule.warmup_steps={min(20, args.steps - 1)}"] + args.train_flag
+           f"--set=lr_schedule.warmup_steps={min(20, args.steps - 1)},trace_step={trace_step}"
+           ] + args.train_flag
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     if proc.returncode != 0:
@@ -45,34 +56,113 @@ def run_train(args, schedule, m, out_dir, name):
     steps = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     timed = [s for s in steps if s["step"] > args.warmup] or steps
     tokens_per_step = statistics.median(s["tokens_per_s"] * s["step_s"] for s in timed)
+    traced = [s for s in steps if s["step"] == trace_step + 1]
     trace = json.load(open(os.path.join(run, "trace.json")))
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    durations = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("F", "B", "I", "W"):
-            durations.setdefault(e["cat"], []).append(e["dur"] * 1e-6 * chunks)
-    costs = {k: statistics.mean(v) for k, v in durations.items()}
     return {
         "tokens_per_s": statistics.median(s["tokens_per_s"] for s in timed),
         "step_s": statistics.median(s["step_s"] for s in timed),
+        "traced_step_s": traced[0]["step_s"] if traced else None,
         "tokens_per_step": tokens_per_step,
-        "costs": costs,
         "chunks": chunks,
+        "step_all_reduce": any("grad_norm" in s for s in steps),
+        "trace": trace_costs([e for e in events if e.get("ph") == "X"], chunks),
     }
 
 
-def predict(args, schedule, m, run):
-    c = run["costs"]
-    parts = [f"F:{c['F']:.6f}"]
-    if "I" in c:
-        parts += [f"I:{c['I']:.6f}", f"W:{c['W']:.6f}"]
-        if "B" in c:
-            parts.append(f"B:{c['B']:.6f}")
+def trace_costs(events, chunks, ranks=2):
+    """Simulator inputs from one traced step's "X" events (tid = rank, cat =
+    action type, args.stage = virtual stage), in seconds."""
+    num_stages = ranks * chunks
+    compute = {}  # (stage, type) -> durations
+    tail = {}  # (rank, type) -> (start, end); REDUCE_GRAD: per stage
+    reduce_grad = {}
+    sends, recvs = {}, {}
+    send_end = {}  # (SEND_F/SEND_B, stage, mb) -> end
+    for e in events:
+        cat, rank = e.get("cat"), e["tid"]
+        start, dur = e["ts"] * 1e-6, e["dur"] * 1e-6
+        if cat in ("F", "B", "I", "W"):
+            compute.setdefault((e["args"]["stage"], cat), []).append(dur)
+        elif cat in ("SEND_F", "SEND_B"):
+            sends.setdefault(rank, []).append(dur)
+            send_end[(cat, e["args"]["stage"], e["args"]["microbatch"])] = start + dur
+        elif cat in ("RECV_F", "RECV_B"):
+            recvs.setdefault(rank, []).append(e)
+        elif cat == "REDUCE_GRAD":
+            reduce_grad.setdefault(int(e["name"].split("REDUCE_GRAD")[0]), []).append(dur)
+        elif cat in ("STEP", "REDUCE_TIED"):
+            tail[(rank, cat)] = (start, start + dur)
+    # A RECV's own cost: the time from its start, or from its message's SEND
+    # end if that came later (the wait), to its end.
+    recv_costs = {}
+    for rank, evs in recvs.items():
+        for e in evs:
+            st, mb = e["args"]["stage"], e["args"]["microbatch"]
+            peer = ("SEND_F", st - 1, mb) if e["cat"] == "RECV_F" else ("SEND_B", st + 1, mb)
+            start, end = e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6
+            recv_costs.setdefault(rank, []).append(end - max(start, send_end.get(peer, start)))
+    stage_costs = {s: {t: statistics.mean(d) for (st, t), d in compute.items() if st == s}
+                   for s in range(num_stages)}
+    for s, d in reduce_grad.items():
+        stage_costs.setdefault(s, {})["REDUCE_GRAD"] = statistics.mean(d)
+    # The GPT ties its embedding (stage 0) and head (last stage): REDUCE_TIED
+    # is a collective of their ranks (one rank under V placement).
+    return {"stage_costs": stage_costs, "tail": tail, "sends": sends, "recvs": recv_costs,
+            "tie_groups": f"0,{num_stages - 1}", "ranks": ranks}
+
+
+def collective_costs(tail, kind, participants):
+    """Per rank: its end minus the latest start among `participants`."""
+    latest = max(tail[(r, kind)][0] for r in participants if (r, kind) in tail)
+    return {r: max(0.0, tail[(r, kind)][1] - latest) for r in participants if (r, kind) in tail}
+
+
+def explorer_args(run, stage_to_rank):
+    t = run["trace"]
+    stage_part = ";".join(
+        f"{s}:" + ",".join(f"{k}:{v:.6f}" for k, v in sorted(c.items()))
+        for s, c in sorted(t["stage_costs"].items()) if c)
+    ranks = range(t["ranks"])
+    tied_stages = [int(x) for x in t["tie_groups"].split(",")]
+    tied_ranks = sorted({stage_to_rank[str(s)] for s in tied_stages})
+    rank_costs = {r: {} for r in ranks}
+    if len(tied_ranks) > 1:
+        for r, c in collective_costs(t["tail"], "REDUCE_TIED", tied_ranks).items():
+            rank_costs[r]["REDUCE_TIED"] = c
     else:
-        parts += [f"B:{c['B']:.6f}"]
-    cmd = [args.explorer, f"--schedule={schedule}", "--stages=2", f"--microbatches={m}",
-           f"--chunks={run['chunks']}", "--costs=" + ",".join(parts), "--format=json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        for r in tied_ranks:
+            start, end = t["tail"].get((r, "REDUCE_TIED"), (0, 0))
+            rank_costs[r]["REDUCE_TIED"] = end - start
+    if run["step_all_reduce"]:
+        for r, c in collective_costs(t["tail"], "STEP", list(ranks)).items():
+            rank_costs[r]["STEP"] = c
+    else:
+        for r in ranks:
+            start, end = t["tail"].get((r, "STEP"), (0, 0))
+            rank_costs[r]["STEP"] = end - start
+    for r in ranks:
+        if t["sends"].get(r):
+            rank_costs[r]["SEND"] = statistics.median(t["sends"][r])
+        if t["recvs"].get(r):
+            rank_costs[r]["RECV"] = max(0.0, statistics.median(t["recvs"][r]))
+    rank_part = ";".join(f"{r}:" + ",".join(f"{k}:{v:.6f}" for k, v in sorted(c.items()))
+                         for r, c in sorted(rank_costs.items()) if c)
+    out = [f"--stage_costs={stage_part}", f"--rank_costs={rank_part}",
+           f"--tie_groups={t['tie_groups']}", "--defer_receives"]
+    if run["step_all_reduce"]:
+        out.append("--step_all_reduce")
+    return out, rank_costs
+
+
+def predict(args, schedule, m, run):
+    base = [args.explorer, f"--schedule={schedule}", "--stages=2", f"--microbatches={m}",
+            f"--chunks={run['chunks']}", "--format=json"]
+    placement = json.loads(subprocess.run(base, capture_output=True, text=True,
+                                          check=True).stdout)["stage_to_rank"]
+    extra, rank_costs = explorer_args(run, placement)
+    run["rank_costs"] = rank_costs
+    out = subprocess.run(base + extra, capture_output=True, text=True, check=True).stdout
     return json.loads(out)["simulation"]["makespan"]
 
 
@@ -86,6 +176,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=4, help="steps left out of the medians")
+    ap.add_argument("--trace_step", type=int, default=-1,
+                    help="train_gpt's traced step (0-based) whose costs the simulator gets; "
+                         "-1: the one before the last")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--train_flag", action="append", default=[],
                     help="extra train_gpt flag (repeatable)")
@@ -103,14 +196,22 @@ def main():
                     r = run_train(args, s, m, tmp, f"{s}_m{m}_r{rep}")
                     r["predicted_step_s"] = predict(args, s, m, r)
                     results.setdefault((s, m), []).append(r)
+                    costs = " ".join(
+                        f"{st}{k}:{v * 1e3:.1f}"
+                        for st, c in sorted(r["trace"]["stage_costs"].items())
+                        for k, v in sorted(c.items()) if k in "FBIW") + " " + " ".join(
+                        f"r{rk}{k}:{v * 1e3:.2f}" for rk, c in sorted(r["rank_costs"].items())
+                        for k, v in sorted(c.items()))
+                    traced = r["traced_step_s"]
                     print(f"m={m} rep {rep} {s:10s} {r['tokens_per_s']:8.0f} tok/s  step "
-                          f"{r['step_s']:.3f} s  simulated {r['predicted_step_s']:.3f} s  costs "
-                          + " ".join(f"{k}:{v * 1e3:.1f}ms" for k, v in sorted(r['costs'].items())),
+                          f"{r['step_s']:.3f} s (traced {traced:.3f} s)  simulated "
+                          f"{r['predicted_step_s']:.3f} s  costs (ms) {costs}",
                           file=sys.stderr, flush=True)
 
     summary = []
     print(f"{'m':>3} {'schedule':10} {'tokens/s':>9} {'vs 1f1b':>8} {'simulated tok/s':>16} "
-          f"{'sim vs 1f1b':>12} {'step s':>8} {'sim step s':>11} {'sim err':>8}  runs (tok/s)")
+          f"{'sim vs 1f1b':>12} {'step s':>8} {'sim step s':>11} {'sim err':>8} {'vs traced':>9}"
+          "  runs (tok/s)")
     for (s, m), runs in results.items():
         tps = statistics.median(r["tokens_per_s"] for r in runs)
         step = statistics.median(r["step_s"] for r in runs)
@@ -118,7 +219,10 @@ def main():
         sim_tps = statistics.median(r["tokens_per_step"] / r["predicted_step_s"] for r in runs)
         summary.append({"schedule": s, "microbatches": m, "tokens_per_s": tps, "step_s": step,
                         "simulated_step_s": sim_step, "simulated_tokens_per_s": sim_tps,
-                        "runs_tokens_per_s": [r["tokens_per_s"] for r in runs]})
+                        "runs_tokens_per_s": [r["tokens_per_s"] for r in runs],
+                        # Per run: simulated / its traced step - 1 (the model's own error).
+                        "traced_errors": [r["predicted_step_s"] / r["traced_step_s"] - 1
+                                          for r in runs if r["traced_step_s"]]})
     by_key = {(x["schedule"], x["microbatches"]): x for x in summary}
     for x in summary:
         base = by_key.get(("1f1b", x["microbatches"]))
@@ -126,11 +230,14 @@ def main():
         x["simulated_ratio_to_1f1b"] = (x["simulated_tokens_per_s"] /
                                         base["simulated_tokens_per_s"] if base else None)
         err = x["simulated_step_s"] / x["step_s"] - 1
+        x["simulated_error"] = err
+        traced_err = (f"{100 * statistics.median(x['traced_errors']):.1f}%"
+                      if x["traced_errors"] else "-")
         ratio = f"{x['ratio_to_1f1b']:.3f}x" if base else "-"
         sim_ratio = f"{x['simulated_ratio_to_1f1b']:.3f}x" if base else "-"
         print(f"{x['microbatches']:>3} {x['schedule']:10} {x['tokens_per_s']:9.0f} {ratio:>8} "
               f"{x['simulated_tokens_per_s']:16.0f} {sim_ratio:>12} {x['step_s']:8.3f} "
-              f"{x['simulated_step_s']:11.3f} {100 * err:7.1f}%  "
+              f"{x['simulated_step_s']:11.3f} {100 * err:7.1f}% {traced_err:>9}  "
               + ", ".join(f"{v:.0f}" for v in x["runs_tokens_per_s"]))
     if skipped:
         print("not registered in this build, skipped: " + ", ".join(skipped))
