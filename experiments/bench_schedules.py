@@ -14,9 +14,11 @@ and reports per schedule:
     the mean F, B, I, W durations (a 2-chunk schedule has 2 stages per rank),
     per rank the tail (STEP, REDUCE_TIED: a collective's cost on a rank is its
     end minus the latest start among the collective's ranks; REDUCE_GRAD per
-    stage), the median SEND duration and the median RECV cost (a RECV's
-    end minus the later of its start and its message's SEND end: the waits
-    for a message are the simulator's to reproduce), given to schedule_explorer (--stage_costs, --rank_costs,
+    stage), the median SEND duration, the RECV cost (per RECV its end minus
+    the later of its start and its message's SEND end; the smallest per rank)
+    and the message latency (comm: the median of the rest of those RECVs that
+    were posted before their SEND ended; the waits themselves are the
+    simulator's to reproduce), given to schedule_explorer (--stage_costs, --rank_costs,
     --tie_groups=0,<last stage> for the GPT's tied embedding and head,
     --step_all_reduce when the run computes the gradient norm,
     --defer_receives as the runtime executes); predicted step = makespan,
@@ -93,15 +95,23 @@ def trace_costs(events, chunks, ranks=2):
             reduce_grad.setdefault(int(e["name"].split("REDUCE_GRAD")[0]), []).append(dur)
         elif cat in ("STEP", "REDUCE_TIED"):
             tail[(rank, cat)] = (start, start + dur)
-    # A RECV's own cost: the time from its start, or from its message's SEND
-    # end if that came later (the wait), to its end.
-    recv_costs = {}
+    # Per RECV: the time from its start, or from its message's SEND end if
+    # that came later, to its end. Per rank the smallest is its own cost (the
+    # unpacking of a message that was there); where the RECV was posted before
+    # the SEND ended, the rest is the transfer (the message latency, "comm").
+    recv_costs, transfers = {}, []
     for rank, evs in recvs.items():
+        after_send = []
         for e in evs:
             st, mb = e["args"]["stage"], e["args"]["microbatch"]
             peer = ("SEND_F", st - 1, mb) if e["cat"] == "RECV_F" else ("SEND_B", st + 1, mb)
             start, end = e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6
-            recv_costs.setdefault(rank, []).append(end - max(start, send_end.get(peer, start)))
+            sent = send_end.get(peer, start)
+            after_send.append((end - max(start, sent), start < sent))
+        own = min(t for t, _ in after_send)
+        recv_costs[rank] = own
+        transfers += [t - own for t, waited in after_send if waited]
+    comm = statistics.median(transfers) if transfers else 0.0
     stage_costs = {s: {t: statistics.mean(d) for (st, t), d in compute.items() if st == s}
                    for s in range(num_stages)}
     for s, d in reduce_grad.items():
@@ -109,6 +119,7 @@ def trace_costs(events, chunks, ranks=2):
     # The GPT ties its embedding (stage 0) and head (last stage): REDUCE_TIED
     # is a collective of their ranks (one rank under V placement).
     return {"stage_costs": stage_costs, "tail": tail, "sends": sends, "recvs": recv_costs,
+            "comm": comm,
             "tie_groups": f"0,{num_stages - 1}", "ranks": ranks}
 
 
@@ -144,11 +155,12 @@ def explorer_args(run, stage_to_rank):
     for r in ranks:
         if t["sends"].get(r):
             rank_costs[r]["SEND"] = statistics.median(t["sends"][r])
-        if t["recvs"].get(r):
-            rank_costs[r]["RECV"] = max(0.0, statistics.median(t["recvs"][r]))
+        if r in t["recvs"]:
+            rank_costs[r]["RECV"] = max(0.0, t["recvs"][r])
     rank_part = ";".join(f"{r}:" + ",".join(f"{k}:{v:.6f}" for k, v in sorted(c.items()))
                          for r, c in sorted(rank_costs.items()) if c)
-    out = [f"--stage_costs={stage_part}", f"--rank_costs={rank_part}",
+    out = [f"--costs=comm:{t['comm']:.6f}", f"--stage_costs={stage_part}",
+           f"--rank_costs={rank_part}",
            f"--tie_groups={t['tie_groups']}", "--defer_receives"]
     if run["step_all_reduce"]:
         out.append("--step_all_reduce")
