@@ -9,22 +9,25 @@ schedule, the schedules alternating so that machine load hits all of them,
 and reports per schedule:
   - tokens/s: median over the steps after --warmup, then median over the
     repetitions; its ratio to 1f1b;
-  - the simulator's prediction from the run's traced step (train_gpt's
-    trace.json of step --trace_step, after the warm-up): per virtual stage
-    the mean F, B, I, W durations (a 2-chunk schedule has 2 stages per rank),
-    per rank the tail (STEP, REDUCE_TIED: a collective's cost on a rank is its
-    end minus the latest start among the collective's ranks; REDUCE_GRAD per
-    stage), the median SEND duration, the RECV cost (per RECV its end minus
-    the later of its start and its message's SEND end; the smallest per rank)
-    and the message latency (comm: the median of the rest of those RECVs that
-    were posted before their SEND ended; the waits themselves are the
-    simulator's to reproduce), given to schedule_explorer (--stage_costs, --rank_costs,
-    --tie_groups=0,<last stage> for the GPT's tied embedding and head,
-    --step_all_reduce when the run computes the gradient norm,
-    --defer_receives as the runtime executes); predicted step = makespan,
-    predicted tokens/s = tokens per step / makespan; the error against the
-    median step and against the traced step itself (the model's own error,
-    without step-to-step variation).
+  - the simulator's prediction: every step after the warm-up is traced
+    (train_gpt --set=trace_step=W,trace_steps=N: traces/step_<k>.json), and
+    each traced step is simulated with its own costs: per virtual stage the
+    mean F, B, I, W durations (a 2-chunk schedule has 2 stages per rank); per
+    rank the tail (STEP, REDUCE_TIED: a collective's cost on a rank is its end
+    minus the latest start among the collective's ranks; REDUCE_GRAD per
+    stage), the median SEND duration and the RECV cost (per RECV its end
+    minus the later of its start and its message's SEND end; the smallest per
+    rank); the message latency (comm: the median of the rest of those RECVs
+    that were posted before their SEND ended; the waits themselves are the
+    simulator's to reproduce). schedule_explorer gets them as --costs,
+    --stage_costs, --rank_costs, --tie_groups=0,<last stage> (the GPT ties
+    its embedding and head), --step_all_reduce when the run computes the
+    gradient norm, and --defer_receives (as the runtime executes). A run's
+    predicted step is the median of its steps' makespans (predicted tokens/s
+    = tokens per step / that); "sim err" compares it with the median measured
+    step, "vs traced" is the median over all traced steps of simulated /
+    measured - 1 for the same step (the model's own error, without
+    step-to-step variation).
 Schedules not registered in this build (e.g. dualpipev before it lands) are
 listed as skipped. Prints a table on stdout and one JSON line at the end.
 """
@@ -43,12 +46,13 @@ TWO_CHUNKS = {"zbv", "dualpipev", "interleaved_1f1b", "interleaved_zb"}
 
 def run_train(args, schedule, m, out_dir, name):
     chunks = 2 if schedule in TWO_CHUNKS else 1
-    trace_step = args.trace_step if args.trace_step >= 0 else args.steps - 2
+    # Every timed step is traced (0-based step numbers: metrics step k+1).
+    first, count = args.warmup, args.steps - args.warmup
     cmd = [args.train_gpt, f"--config={args.config}", f"--schedule={schedule}", "--pp=2",
            f"--chunks={chunks}", f"--microbatches={m}", f"--steps={args.steps}",
            "--eval_interval=0", "--sample_tokens=0", f"--output_dir={out_dir}", f"--name={name}",
-           f"--set=lr_schedule.warmup_steps={min(20, args.steps - 1)},trace_step={trace_step}"
-           ] + args.train_flag
+           f"--set=lr_schedule.warmup_steps={min(20, args.steps - 1)},trace_step={first},"
+           f"trace_steps={count}"] + args.train_flag
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     if proc.returncode != 0:
@@ -58,17 +62,21 @@ def run_train(args, schedule, m, out_dir, name):
     steps = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     timed = [s for s in steps if s["step"] > args.warmup] or steps
     tokens_per_step = statistics.median(s["tokens_per_s"] * s["step_s"] for s in timed)
-    traced = [s for s in steps if s["step"] == trace_step + 1]
-    trace = json.load(open(os.path.join(run, "trace.json")))
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    traced = []  # (measured step_s, costs) per traced step
+    for k in range(first, first + count):
+        path = (os.path.join(run, "traces", f"step_{k}.json") if count > 1
+                else os.path.join(run, "trace.json"))
+        trace = json.load(open(path))
+        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        step_s = next(s["step_s"] for s in steps if s["step"] == k + 1)
+        traced.append((step_s, trace_costs([e for e in events if e.get("ph") == "X"], chunks)))
     return {
         "tokens_per_s": statistics.median(s["tokens_per_s"] for s in timed),
         "step_s": statistics.median(s["step_s"] for s in timed),
-        "traced_step_s": traced[0]["step_s"] if traced else None,
         "tokens_per_step": tokens_per_step,
         "chunks": chunks,
         "step_all_reduce": any("grad_norm" in s for s in steps),
-        "trace": trace_costs([e for e in events if e.get("ph") == "X"], chunks),
+        "traced": traced,
     }
 
 
@@ -129,8 +137,7 @@ def collective_costs(tail, kind, participants):
     return {r: max(0.0, tail[(r, kind)][1] - latest) for r in participants if (r, kind) in tail}
 
 
-def explorer_args(run, stage_to_rank):
-    t = run["trace"]
+def explorer_args(run, t, stage_to_rank):
     stage_part = ";".join(
         f"{s}:" + ",".join(f"{k}:{v:.6f}" for k, v in sorted(c.items()))
         for s, c in sorted(t["stage_costs"].items()) if c)
@@ -168,14 +175,23 @@ def explorer_args(run, stage_to_rank):
 
 
 def predict(args, schedule, m, run):
+    """Simulates every traced step with its own costs: per step the predicted
+    step time; the run's prediction is their median, its model error the
+    median of simulated / measured - 1 over the traced steps."""
     base = [args.explorer, f"--schedule={schedule}", "--stages=2", f"--microbatches={m}",
             f"--chunks={run['chunks']}", "--format=json"]
     placement = json.loads(subprocess.run(base, capture_output=True, text=True,
                                           check=True).stdout)["stage_to_rank"]
-    extra, rank_costs = explorer_args(run, placement)
-    run["rank_costs"] = rank_costs
-    out = subprocess.run(base + extra, capture_output=True, text=True, check=True).stdout
-    return json.loads(out)["simulation"]["makespan"]
+    predicted, errors = [], []
+    for step_s, costs in run["traced"]:
+        extra, rank_costs = explorer_args(run, costs, placement)
+        out = subprocess.run(base + extra, capture_output=True, text=True, check=True).stdout
+        predicted.append(json.loads(out)["simulation"]["makespan"])
+        errors.append(predicted[-1] / step_s - 1)
+    run["rank_costs"] = rank_costs  # the last traced step's, for the log
+    run["last_costs"] = costs
+    run["traced_errors"] = errors
+    return statistics.median(predicted)
 
 
 def main():
@@ -187,10 +203,8 @@ def main():
     ap.add_argument("--microbatches", default="4,8")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--warmup", type=int, default=4, help="steps left out of the medians")
-    ap.add_argument("--trace_step", type=int, default=-1,
-                    help="train_gpt's traced step (0-based) whose costs the simulator gets; "
-                         "-1: the one before the last")
+    ap.add_argument("--warmup", type=int, default=4,
+                    help="steps left out of the medians (the later ones are traced)")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--train_flag", action="append", default=[],
                     help="extra train_gpt flag (repeatable)")
@@ -210,14 +224,14 @@ def main():
                     results.setdefault((s, m), []).append(r)
                     costs = " ".join(
                         f"{st}{k}:{v * 1e3:.1f}"
-                        for st, c in sorted(r["trace"]["stage_costs"].items())
+                        for st, c in sorted(r["last_costs"]["stage_costs"].items())
                         for k, v in sorted(c.items()) if k in "FBIW") + " " + " ".join(
                         f"r{rk}{k}:{v * 1e3:.2f}" for rk, c in sorted(r["rank_costs"].items())
                         for k, v in sorted(c.items()))
-                    traced = r["traced_step_s"]
+                    err = statistics.median(r["traced_errors"])
                     print(f"m={m} rep {rep} {s:10s} {r['tokens_per_s']:8.0f} tok/s  step "
-                          f"{r['step_s']:.3f} s (traced {traced:.3f} s)  simulated "
-                          f"{r['predicted_step_s']:.3f} s  costs (ms) {costs}",
+                          f"{r['step_s']:.3f} s  simulated {r['predicted_step_s']:.3f} s "
+                          f"(per traced step {100 * err:+.1f}%)  last step's costs (ms) {costs}",
                           file=sys.stderr, flush=True)
 
     summary = []
@@ -232,9 +246,8 @@ def main():
         summary.append({"schedule": s, "microbatches": m, "tokens_per_s": tps, "step_s": step,
                         "simulated_step_s": sim_step, "simulated_tokens_per_s": sim_tps,
                         "runs_tokens_per_s": [r["tokens_per_s"] for r in runs],
-                        # Per run: simulated / its traced step - 1 (the model's own error).
-                        "traced_errors": [r["predicted_step_s"] / r["traced_step_s"] - 1
-                                          for r in runs if r["traced_step_s"]]})
+                        # Per traced step of every run: simulated / measured - 1.
+                        "traced_errors": [e for r in runs for e in r["traced_errors"]]})
     by_key = {(x["schedule"], x["microbatches"]): x for x in summary}
     for x in summary:
         base = by_key.get(("1f1b", x["microbatches"]))
