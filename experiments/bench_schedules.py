@@ -62,14 +62,7 @@ def run_train(args, schedule, m, out_dir, name):
     steps = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     timed = [s for s in steps if s["step"] > args.warmup] or steps
     tokens_per_step = statistics.median(s["tokens_per_s"] * s["step_s"] for s in timed)
-    traced = []  # (measured step_s, costs) per traced step
-    for k in range(first, first + count):
-        path = (os.path.join(run, "traces", f"step_{k}.json") if count > 1
-                else os.path.join(run, "trace.json"))
-        trace = json.load(open(path))
-        events = trace["traceEvents"] if isinstance(trace, dict) else trace
-        step_s = next(s["step_s"] for s in steps if s["step"] == k + 1)
-        traced.append((step_s, trace_costs([e for e in events if e.get("ph") == "X"], chunks)))
+    traced = load_traced_steps(run, steps, first, count, chunks, 2)
     return {
         "tokens_per_s": statistics.median(s["tokens_per_s"] for s in timed),
         "step_s": statistics.median(s["step_s"] for s in timed),
@@ -80,7 +73,22 @@ def run_train(args, schedule, m, out_dir, name):
     }
 
 
-def trace_costs(events, chunks, ranks=2):
+def load_traced_steps(run_dir, metrics, first, count, chunks, ranks):
+    """(measured step_s, trace_costs) for the steps first .. first + count - 1
+    (0-based) that train_gpt traced with trace_step=first,trace_steps=count."""
+    traced = []
+    for k in range(first, first + count):
+        path = (os.path.join(run_dir, "traces", f"step_{k}.json") if count > 1
+                else os.path.join(run_dir, "trace.json"))
+        trace = json.load(open(path))
+        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        step_s = next(s["step_s"] for s in metrics if s["step"] == k + 1)
+        traced.append((step_s, trace_costs([e for e in events if e.get("ph") == "X"], chunks,
+                                           ranks)))
+    return traced
+
+
+def trace_costs(events, chunks, ranks):
     """Simulator inputs from one traced step's "X" events (tid = rank, cat =
     action type, args.stage = virtual stage), in seconds."""
     num_stages = ranks * chunks
@@ -137,7 +145,7 @@ def collective_costs(tail, kind, participants):
     return {r: max(0.0, tail[(r, kind)][1] - latest) for r in participants if (r, kind) in tail}
 
 
-def explorer_args(run, t, stage_to_rank):
+def explorer_args(t, stage_to_rank, step_all_reduce):
     stage_part = ";".join(
         f"{s}:" + ",".join(f"{k}:{v:.6f}" for k, v in sorted(c.items()))
         for s, c in sorted(t["stage_costs"].items()) if c)
@@ -152,7 +160,7 @@ def explorer_args(run, t, stage_to_rank):
         for r in tied_ranks:
             start, end = t["tail"].get((r, "REDUCE_TIED"), (0, 0))
             rank_costs[r]["REDUCE_TIED"] = end - start
-    if run["step_all_reduce"]:
+    if step_all_reduce:
         for r, c in collective_costs(t["tail"], "STEP", list(ranks)).items():
             rank_costs[r]["STEP"] = c
     else:
@@ -169,28 +177,32 @@ def explorer_args(run, t, stage_to_rank):
     out = [f"--costs=comm:{t['comm']:.6f}", f"--stage_costs={stage_part}",
            f"--rank_costs={rank_part}",
            f"--tie_groups={t['tie_groups']}", "--defer_receives"]
-    if run["step_all_reduce"]:
+    if step_all_reduce:
         out.append("--step_all_reduce")
     return out, rank_costs
 
 
-def predict(args, schedule, m, run):
-    """Simulates every traced step with its own costs: per step the predicted
-    step time; the run's prediction is their median, its model error the
-    median of simulated / measured - 1 over the traced steps."""
-    base = [args.explorer, f"--schedule={schedule}", "--stages=2", f"--microbatches={m}",
-            f"--chunks={run['chunks']}", "--format=json"]
+def simulate_steps(explorer, schedule, stages, m, chunks, traced, step_all_reduce):
+    """Simulates every traced step with its own costs. Returns the predicted
+    step times, the errors simulated / measured - 1 per step, and the last
+    step's costs (stage costs, rank costs) for the log."""
+    base = [explorer, f"--schedule={schedule}", f"--stages={stages}", f"--microbatches={m}",
+            f"--chunks={chunks}", "--format=json"]
     placement = json.loads(subprocess.run(base, capture_output=True, text=True,
                                           check=True).stdout)["stage_to_rank"]
     predicted, errors = [], []
-    for step_s, costs in run["traced"]:
-        extra, rank_costs = explorer_args(run, costs, placement)
+    for step_s, costs in traced:
+        extra, rank_costs = explorer_args(costs, placement, step_all_reduce)
         out = subprocess.run(base + extra, capture_output=True, text=True, check=True).stdout
         predicted.append(json.loads(out)["simulation"]["makespan"])
         errors.append(predicted[-1] / step_s - 1)
-    run["rank_costs"] = rank_costs  # the last traced step's, for the log
-    run["last_costs"] = costs
-    run["traced_errors"] = errors
+    return predicted, errors, (costs["stage_costs"], rank_costs)
+
+
+def predict(args, schedule, m, run):
+    """The run's prediction: the median of its traced steps' makespans."""
+    predicted, run["traced_errors"], (run["stage_costs"], run["rank_costs"]) = simulate_steps(
+        args.explorer, schedule, 2, m, run["chunks"], run["traced"], run["step_all_reduce"])
     return statistics.median(predicted)
 
 
@@ -224,7 +236,7 @@ def main():
                     results.setdefault((s, m), []).append(r)
                     costs = " ".join(
                         f"{st}{k}:{v * 1e3:.1f}"
-                        for st, c in sorted(r["last_costs"]["stage_costs"].items())
+                        for st, c in sorted(r["stage_costs"].items())
                         for k, v in sorted(c.items()) if k in "FBIW") + " " + " ".join(
                         f"r{rk}{k}:{v * 1e3:.2f}" for rk, c in sorted(r["rank_costs"].items())
                         for k, v in sorted(c.items()))
