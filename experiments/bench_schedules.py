@@ -27,7 +27,8 @@ and reports per schedule:
     = tokens per step / that); "sim err" compares it with the median measured
     step, "vs traced" is the median over all traced steps of simulated /
     measured - 1 for the same step (the model's own error, without
-    step-to-step variation).
+    step-to-step variation); "replay" the same for replay_step (the model
+    run with every action's own duration: the model's structural error).
 Schedules not registered in this build (e.g. dualpipev before it lands) are
 listed as skipped. Prints a table on stdout and one JSON line at the end.
 """
@@ -104,30 +105,24 @@ def trace_costs(events, chunks, ranks):
             compute.setdefault((e["args"]["stage"], cat), []).append(dur)
         elif cat in ("SEND_F", "SEND_B"):
             sends.setdefault(rank, []).append(dur)
-            send_end[(cat, e["args"]["stage"], e["args"]["microbatch"])] = start + dur
+            send_end[(cat, e["args"]["stage"], e["args"]["microbatch"])] = e["ts"] + e["dur"]
         elif cat in ("RECV_F", "RECV_B"):
             recvs.setdefault(rank, []).append(e)
         elif cat == "REDUCE_GRAD":
             reduce_grad.setdefault(int(e["name"].split("REDUCE_GRAD")[0]), []).append(dur)
         elif cat in ("STEP", "REDUCE_TIED"):
             tail[(rank, cat)] = (start, start + dur)
-    # Per RECV: the time from its start, or from its message's SEND end if
-    # that came later, to its end. Per rank the smallest is its own cost (the
-    # unpacking of a message that was there); where the RECV was posted before
-    # the SEND ended, the rest is the transfer (the message latency, "comm").
-    recv_costs, transfers = {}, []
+    # Per RECV its own cost: the time from its start, or from its message's
+    # SEND end if that came later (the wait), to its end: the transfer and
+    # the unpacking. The model's RECV cost is their mean per rank, with no
+    # separate message latency.
+    recv_costs = {}
     for rank, evs in recvs.items():
-        after_send = []
+        own = []
         for e in evs:
-            st, mb = e["args"]["stage"], e["args"]["microbatch"]
-            peer = ("SEND_F", st - 1, mb) if e["cat"] == "RECV_F" else ("SEND_B", st + 1, mb)
             start, end = e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6
-            sent = send_end.get(peer, start)
-            after_send.append((end - max(start, sent), start < sent))
-        own = min(t for t, _ in after_send)
-        recv_costs[rank] = own
-        transfers += [t - own for t, waited in after_send if waited]
-    comm = statistics.median(transfers) if transfers else 0.0
+            own.append(max(0.0, end - max(start, send_end.get(message_of(e), start) * 1e-6)))
+        recv_costs[rank] = statistics.mean(own)
     stage_costs = {s: {t: statistics.mean(d) for (st, t), d in compute.items() if st == s}
                    for s in range(num_stages)}
     for s, d in reduce_grad.items():
@@ -135,8 +130,79 @@ def trace_costs(events, chunks, ranks):
     # The GPT ties its embedding (stage 0) and head (last stage): REDUCE_TIED
     # is a collective of their ranks (one rank under V placement).
     return {"stage_costs": stage_costs, "tail": tail, "sends": sends, "recvs": recv_costs,
-            "comm": comm,
-            "tie_groups": f"0,{num_stages - 1}", "ranks": ranks}
+            "tie_groups": f"0,{num_stages - 1}", "ranks": ranks, "events": events}
+
+
+def message_of(recv):
+    """The (SEND type, stage, micro-batch) key of the SEND that a RECV event
+    receives."""
+    st, mb = recv["args"]["stage"], recv["args"]["microbatch"]
+    return ("SEND_F", st - 1, mb) if recv["cat"] == "RECV_F" else ("SEND_B", st + 1, mb)
+
+
+def replay_step(events, tied_ranks, step_all_reduce):
+    """The simulator's model run with every action's own measured duration
+    instead of per-stage means (in seconds): each rank runs its traced actions
+    in order; a compute or SEND takes its duration; a RECV completes at
+    max(its rank's clock, its SEND's replayed end) + its own cost (as in
+    trace_costs); REDUCE_TIED (over tied_ranks) and STEP (over all ranks with
+    step_all_reduce) start at the latest arrival and take each rank's end
+    minus the latest traced start. A replay that matches the measured step
+    says the model's structure is right, so that what the mean-cost
+    prediction misses is the variation of the durations."""
+    ranks = sorted({e["tid"] for e in events})
+    prog = {r: sorted((e for e in events if e["tid"] == r), key=lambda e: e["ts"]) for r in ranks}
+    send_end = {(e["cat"], e["args"]["stage"], e["args"]["microbatch"]): e["ts"] + e["dur"]
+                for e in events if e["cat"] in ("SEND_F", "SEND_B")}
+    groups = {"REDUCE_TIED": tied_ranks if len(tied_ranks) > 1 else [],
+              "STEP": ranks if step_all_reduce else []}
+    own = {}  # (rank, collective) -> cost after the gathering
+    for cat, group in groups.items():
+        starts = [e["ts"] for e in events if e["cat"] == cat and e["tid"] in group]
+        for e in events:
+            if e["cat"] == cat:
+                own[(e["tid"], cat)] = (max(0, e["ts"] + e["dur"] - max(starts))
+                                        if e["tid"] in group else e["dur"])
+    t0 = min(e["ts"] for e in events)
+    clock = {r: prog[r][0]["ts"] - t0 for r in ranks}
+    pos = {r: 0 for r in ranks}
+    sent = {}
+    progress = True
+    while progress:
+        progress = False
+        for r in ranks:
+            while pos[r] < len(prog[r]):
+                e = prog[r][pos[r]]
+                cat = e["cat"]
+                if cat in ("SEND_F", "SEND_B"):
+                    clock[r] += e["dur"]
+                    sent[(cat, e["args"]["stage"], e["args"]["microbatch"])] = clock[r]
+                elif cat in ("RECV_F", "RECV_B"):
+                    key = message_of(e)
+                    if key not in sent:
+                        break
+                    cost = e["ts"] + e["dur"] - max(e["ts"], send_end.get(key, e["ts"]))
+                    clock[r] = max(clock[r], sent[key]) + max(0, cost)
+                elif cat in groups and r in groups[cat]:
+                    group = groups[cat]
+                    if not all(pos[q] < len(prog[q]) and prog[q][pos[q]]["cat"] == cat
+                               for q in group):
+                        break
+                    t = max(clock[q] for q in group)
+                    for q in group:
+                        clock[q] = t + own[(q, cat)]
+                        pos[q] += 1
+                    progress = True
+                    continue
+                elif cat in groups:
+                    clock[r] += own[(r, cat)]
+                else:
+                    clock[r] += e["dur"]
+                pos[r] += 1
+                progress = True
+    if any(pos[r] < len(prog[r]) for r in ranks):
+        raise ValueError(f"replay stuck at {pos} (a RECV without its SEND?)")
+    return max(clock.values()) * 1e-6
 
 
 def collective_costs(tail, kind, participants):
@@ -169,13 +235,12 @@ def explorer_args(t, stage_to_rank, step_all_reduce):
             rank_costs[r]["STEP"] = end - start
     for r in ranks:
         if t["sends"].get(r):
-            rank_costs[r]["SEND"] = statistics.median(t["sends"][r])
+            rank_costs[r]["SEND"] = statistics.mean(t["sends"][r])
         if r in t["recvs"]:
-            rank_costs[r]["RECV"] = max(0.0, t["recvs"][r])
+            rank_costs[r]["RECV"] = t["recvs"][r]
     rank_part = ";".join(f"{r}:" + ",".join(f"{k}:{v:.6f}" for k, v in sorted(c.items()))
                          for r, c in sorted(rank_costs.items()) if c)
-    out = [f"--costs=comm:{t['comm']:.6f}", f"--stage_costs={stage_part}",
-           f"--rank_costs={rank_part}",
+    out = [f"--stage_costs={stage_part}", f"--rank_costs={rank_part}",
            f"--tie_groups={t['tie_groups']}", "--defer_receives"]
     if step_all_reduce:
         out.append("--step_all_reduce")
@@ -184,24 +249,28 @@ def explorer_args(t, stage_to_rank, step_all_reduce):
 
 def simulate_steps(explorer, schedule, stages, m, chunks, traced, step_all_reduce):
     """Simulates every traced step with its own costs. Returns the predicted
-    step times, the errors simulated / measured - 1 per step, and the last
-    step's costs (stage costs, rank costs) for the log."""
+    step times, the errors simulated / measured - 1 per step, the errors of
+    the replays (replay_step) per step, and the last step's costs (stage
+    costs, rank costs) for the log."""
     base = [explorer, f"--schedule={schedule}", f"--stages={stages}", f"--microbatches={m}",
             f"--chunks={chunks}", "--format=json"]
     placement = json.loads(subprocess.run(base, capture_output=True, text=True,
                                           check=True).stdout)["stage_to_rank"]
-    predicted, errors = [], []
+    predicted, errors, replay_errors = [], [], []
     for step_s, costs in traced:
         extra, rank_costs = explorer_args(costs, placement, step_all_reduce)
         out = subprocess.run(base + extra, capture_output=True, text=True, check=True).stdout
         predicted.append(json.loads(out)["simulation"]["makespan"])
         errors.append(predicted[-1] / step_s - 1)
-    return predicted, errors, (costs["stage_costs"], rank_costs)
+        tied = sorted({placement[x] for x in costs["tie_groups"].split(",")})
+        replay_errors.append(replay_step(costs["events"], tied, step_all_reduce) / step_s - 1)
+    return predicted, errors, replay_errors, (costs["stage_costs"], rank_costs)
 
 
 def predict(args, schedule, m, run):
     """The run's prediction: the median of its traced steps' makespans."""
-    predicted, run["traced_errors"], (run["stage_costs"], run["rank_costs"]) = simulate_steps(
+    (predicted, run["traced_errors"], run["replay_errors"],
+     (run["stage_costs"], run["rank_costs"])) = simulate_steps(
         args.explorer, schedule, 2, m, run["chunks"], run["traced"], run["step_all_reduce"])
     return statistics.median(predicted)
 
@@ -241,15 +310,17 @@ def main():
                         f"r{rk}{k}:{v * 1e3:.2f}" for rk, c in sorted(r["rank_costs"].items())
                         for k, v in sorted(c.items()))
                     err = statistics.median(r["traced_errors"])
+                    replay = statistics.median(r["replay_errors"])
                     print(f"m={m} rep {rep} {s:10s} {r['tokens_per_s']:8.0f} tok/s  step "
                           f"{r['step_s']:.3f} s  simulated {r['predicted_step_s']:.3f} s "
-                          f"(per traced step {100 * err:+.1f}%)  last step's costs (ms) {costs}",
+                          f"(per traced step {100 * err:+.1f}%, replay {100 * replay:+.1f}%)  "
+                          f"last step's costs (ms) {costs}",
                           file=sys.stderr, flush=True)
 
     summary = []
     print(f"{'m':>3} {'schedule':10} {'tokens/s':>9} {'vs 1f1b':>8} {'simulated tok/s':>16} "
-          f"{'sim vs 1f1b':>12} {'step s':>8} {'sim step s':>11} {'sim err':>8} {'vs traced':>9}"
-          "  runs (tok/s)")
+          f"{'sim vs 1f1b':>12} {'step s':>8} {'sim step s':>11} {'sim err':>8} {'vs traced':>9} "
+          f"{'replay':>7}  runs (tok/s)")
     for (s, m), runs in results.items():
         tps = statistics.median(r["tokens_per_s"] for r in runs)
         step = statistics.median(r["step_s"] for r in runs)
@@ -259,7 +330,8 @@ def main():
                         "simulated_step_s": sim_step, "simulated_tokens_per_s": sim_tps,
                         "runs_tokens_per_s": [r["tokens_per_s"] for r in runs],
                         # Per traced step of every run: simulated / measured - 1.
-                        "traced_errors": [e for r in runs for e in r["traced_errors"]]})
+                        "traced_errors": [e for r in runs for e in r["traced_errors"]],
+                        "replay_errors": [e for r in runs for e in r["replay_errors"]]})
     by_key = {(x["schedule"], x["microbatches"]): x for x in summary}
     for x in summary:
         base = by_key.get(("1f1b", x["microbatches"]))
@@ -274,7 +346,8 @@ def main():
         sim_ratio = f"{x['simulated_ratio_to_1f1b']:.3f}x" if base else "-"
         print(f"{x['microbatches']:>3} {x['schedule']:10} {x['tokens_per_s']:9.0f} {ratio:>8} "
               f"{x['simulated_tokens_per_s']:16.0f} {sim_ratio:>12} {x['step_s']:8.3f} "
-              f"{x['simulated_step_s']:11.3f} {100 * err:7.1f}% {traced_err:>9}  "
+              f"{x['simulated_step_s']:11.3f} {100 * err:7.1f}% {traced_err:>9} "
+              f"{100 * statistics.median(x['replay_errors']):6.1f}%  "
               + ", ".join(f"{v:.0f}" for v in x["runs_tokens_per_s"]))
     if skipped:
         print("not registered in this build, skipped: " + ", ".join(skipped))

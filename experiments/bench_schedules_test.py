@@ -4,8 +4,8 @@ step traced from the simulator itself (schedule_explorer --format=chrome, the
 same event layout as train_gpt's trace.json) with known costs must give back
 those costs and the same makespan when bench_schedules derives the explorer's
 flags from it. Would fail if an estimator (per-stage compute, collective tail
-costs, SEND/RECV costs, REDUCE_GRAD per stage) or a flag were wrong or
-ignored.
+costs, SEND/RECV costs, REDUCE_GRAD per stage), a flag or the replay
+(bench_schedules.replay_step) were wrong or ignored.
 
     python3 experiments/bench_schedules_test.py path/to/schedule_explorer
 """
@@ -39,11 +39,13 @@ def check(schedule, stages, m, chunks, stage_costs, rank_costs, step_all_reduce)
         extra.append("--step_all_reduce")
     events, makespan_ms = explore(schedule, stages, m, chunks, extra)
     costs = bench_schedules.trace_costs(events, chunks, stages)
-    predicted, errors, (stage_out, rank_out) = bench_schedules.simulate_steps(
+    predicted, errors, replay_errors, (stage_out, rank_out) = bench_schedules.simulate_steps(
         EXPLORER, schedule, stages, m, chunks, [(makespan_ms / 1000, costs)], step_all_reduce)
     name = f"{schedule} p={stages} m={m} v={chunks}"
     assert abs(predicted[0] * 1000 - makespan_ms) < 1e-6, (name, predicted, makespan_ms)
     assert abs(errors[0]) < 1e-9, (name, errors)
+    # The replay of the simulator's own step is the step.
+    assert abs(replay_errors[0]) < 1e-9, (name, replay_errors)
     # The derived costs themselves, in ms.
     for part in stage_costs.split(";"):
         stage, _, items = part.partition(":")

@@ -101,8 +101,9 @@ def simulate_pipe(args, run_dir, metrics):
     """The simulator's prediction for a pipe run (--explorer): every timed
     step was traced; each is simulated with its own measured costs as
     bench_schedules does (per-stage compute, per-rank tail, send and receive
-    costs, message latency). Returns the median predicted step and the median
-    of simulated / measured - 1 over the steps."""
+    costs). Returns the median predicted step, the median of simulated /
+    measured - 1 over the steps, and the same for bench_schedules.replay_step
+    (the model with every action's own duration)."""
     config = run_dir.joinpath("config.textproto").read_text()
 
     def field(name, default):
@@ -113,11 +114,12 @@ def simulate_pipe(args, run_dir, metrics):
     stages, m = int(field("pp", "1")), int(field("num_microbatches", "1"))
     traced = bench_schedules.load_traced_steps(str(run_dir), metrics, args.warmup, args.steps,
                                                chunks, stages)
-    predicted, errors, _ = bench_schedules.simulate_steps(
+    predicted, errors, replay_errors, _ = bench_schedules.simulate_steps(
         args.explorer, schedule, stages, m, chunks, traced,
         any("grad_norm" in m for m in metrics))
     return {"simulated_step_s": statistics.median(predicted),
-            "simulated_error": statistics.median(errors)}
+            "simulated_error": statistics.median(errors),
+            "replay_error": statistics.median(replay_errors)}
 
 
 def run_deepspeed(args):
@@ -176,7 +178,8 @@ def main():
                 r = run_deepspeed(args) if flags is None else run_pipe(args, flags, workdir)
                 runs[name].append(r)
                 sim = (f"  simulated step {r['simulated_step_s']:.3f} s (per step "
-                       f"{100 * r['simulated_error']:+.1f}%)" if "simulated_step_s" in r else "")
+                       f"{100 * r['simulated_error']:+.1f}%, replay {100 * r['replay_error']:+.1f}%)"
+                       if "simulated_step_s" in r else "")
                 print(f"rep {rep + 1}/{args.reps} {name:>12}: {r['tokens_per_s']:8.1f} tokens/s"
                       f"{sim}  loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}  threads "
                       f"{r['threads']}  busy per rank {r['busy_s']}  load {load_average()}",
@@ -203,6 +206,8 @@ def main():
                 r["simulated_step_s"] for r in runs[name]), 4)
             result[name]["simulated_error"] = round(statistics.median(
                 r["simulated_error"] for r in runs[name]), 4)
+            result[name]["replay_error"] = round(statistics.median(
+                r["replay_error"] for r in runs[name]), 4)
     if not args.no_deepspeed:
         ds = runs["deepspeed"]
         for name, _ in systems[1:]:
