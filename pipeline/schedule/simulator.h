@@ -116,7 +116,8 @@ struct SimulationCosts {
   // the message is there (unpacking it).
   double send = 0;
   double recv = 0;
-  // Per rank overrides of the three above (keys: ranks in [0, p)).
+  // Per rank overrides of reduce_tied, step, send and recv (keys: ranks in
+  // [0, p)).
   std::map<int, RankCosts> rank_costs;
   // Tie groups, each a set of virtual stages whose tied parameters are
   // all-reduced in REDUCE_TIED. Ranks linked through groups synchronise in one
