@@ -407,7 +407,7 @@ absl::StatusOr<std::string> ResolvePartitionMethod(const ExperimentConfig& confi
       for (int64_t i = 0; i <= parts; ++i) b[i + 1] = (*bounds)[i];
     }
   }
-  PP_RETURN_IF_ERROR(RunCollective("partition bounds broadcast", "world group", timeout,
+  PP_RETURN_IF_ERROR(RunCollective("partition bounds broadcast", grid.DescribeWorldGroup(), timeout,
                                    [&] { return grid.world_group()->broadcast(shared); }));
   if (!profiled.ok()) {
     return absl::Status(profiled.code(), absl::StrCat("parallelism.partition_method 'profile': ",
