@@ -14,10 +14,6 @@
 //     also adds the pure virtual copy_data.
 //   - torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl
 //     address printed as a string in 1.13, by the address itself in 2.x.
-//   - BLAS: Debian's 1.13 calls the system OpenBLAS (its own thread pool); the
-//     PyTorch wheel's libtorch_cpu has MKL linked in, whose thread count
-//     at::set_num_threads also sets (per calling thread) and which exports only
-//     part of MKL's thread API. BlasInUse() / SetBlasThreads() hide both.
 #ifndef COMMON_TORCH_COMPAT_H_
 #define COMMON_TORCH_COMPAT_H_
 
@@ -64,34 +60,6 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGlooProcessGroup(
 void AddNcclBackend(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout);
-
-// The BLAS that LibTorch's CPU matrix products run on in this process, found at
-// run time: MKL when LibTorch was built with it (at::hasMKL(): the PyTorch
-// wheel, MKL linked into libtorch_cpu), else OpenBLAS when its thread functions
-// are loaded (Debian's LibTorch with the system OpenBLAS), else unknown.
-enum class Blas { kUnknown, kOpenBlas, kMkl };
-Blas BlasInUse();
-
-// "OpenBLAS", "MKL", "unknown BLAS": for messages.
-const char* BlasName(Blas blas);
-
-// The environment variable `blas` reads its thread count from when it loads
-// (OPENBLAS_NUM_THREADS, MKL_NUM_THREADS); nullptr for kUnknown.
-const char* BlasThreadsVariable(Blas blas);
-
-// Sets the thread count of BlasInUse() now; returns false (and sets nothing)
-// when it is unknown. OpenBLAS: its one process-wide pool
-// (openblas_set_num_threads). MKL: the calling thread's count, which is what
-// at::set_num_threads set there, and MKL's process-wide default for threads
-// that have set none (MKL's thread-local and global settings). A later
-// at::set_num_threads(n) on the same thread sets MKL's count to n again, so
-// call this after it. REQUIRES: threads >= 1.
-bool SetBlasThreads(int threads);
-
-// The thread count the BLAS itself reports for a product started on the
-// calling thread (openblas_get_num_threads, mkl_get_max_threads); -1 when the
-// BLAS is unknown.
-int BlasThreads();
 
 // A c10::Allocator written once for every LibTorch version: subclasses define
 // Allocate (the contract of c10::Allocator::allocate) and raw_deleter.

@@ -34,7 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
-#include "common/torch_compat.h"
+#include "common/torch_compat_blas.h"
 #include "topology/launcher_status.h"
 #include "topology/rendezvous.h"
 

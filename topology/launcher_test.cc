@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/torch_compat.h"
+#include "common/torch_compat_blas.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "topology/rendezvous.h"
