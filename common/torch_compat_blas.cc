@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 
 namespace pp::torch_compat {
 namespace {
@@ -87,6 +88,11 @@ bool SetBlasThreads(int threads) {
       f.set_threads(threads);
       return true;
     case Blas::kMkl:
+      // LibTorch sets MKL's count on a thread to the intra-op count the first
+      // time that thread asks for or uses intra-op threads (its lazy
+      // per-thread init, run by at::get_num_threads and parallel_for): run it
+      // now, or it undoes this at the first read-back.
+      at::get_num_threads();
       if (f.set_threads != nullptr) f.set_threads(threads);
       f.set_threads_local(threads);
       return true;

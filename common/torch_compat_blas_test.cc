@@ -45,6 +45,26 @@ TEST(TorchCompatBlasTest, BlasThreadsAreSetAndReadBack) {
   SetBlasThreads(blas_before);
 }
 
+// A worker sets the counts first thing, on a thread LibTorch has not yet
+// initialised for intra-op work; that init (at the first at::get_num_threads
+// or parallel_for) must not put MKL back to the intra-op count.
+TEST(TorchCompatBlasTest, BlasThreadsSurviveLibTorchsFirstUseOfAThread) {
+  const int intra_before = at::get_num_threads();
+  at::set_num_threads(1);
+  int intra = 0, blas = 0, after_parallel = 0;
+  std::thread([&] {
+    ASSERT_TRUE(SetBlasThreads(2));
+    intra = at::get_num_threads();
+    blas = BlasThreads();
+    at::parallel_for(0, 4, 1, [](int64_t, int64_t) {});
+    after_parallel = BlasThreads();
+  }).join();
+  EXPECT_EQ(intra, 1);
+  EXPECT_EQ(blas, 2) << BlasName(BlasInUse());
+  EXPECT_EQ(after_parallel, 2) << BlasName(BlasInUse());
+  at::set_num_threads(intra_before);
+}
+
 TEST(TorchCompatBlasTest, BlasNamesAndVariables) {
   EXPECT_STREQ(BlasName(Blas::kOpenBlas), "OpenBLAS");
   EXPECT_STREQ(BlasName(Blas::kMkl), "MKL");

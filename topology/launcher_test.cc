@@ -525,6 +525,13 @@ TEST(LauncherTest, WorkersUseAndReportTheThreadFlags) {
                            "[rank ", rank,
                            "] malloc mmap_threshold=33554432 trim_threshold=1073741824\n")));
   }
+  // Counts that differ: with MKL, at::set_num_threads sets the BLAS count too,
+  // so only a BLAS count of its own shows that the worker's setting held.
+  r = RunLauncher({"--nproc_per_node=1", "--mode=ok", "--intra_op_threads=1", "--blas_threads=3"});
+  ASSERT_EQ(ExitCode(r), 0) << r.out << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr(absl::StrCat("[launcher] rank 0 threads: 1 intra-op + 3 BLAS thread(s) (",
+                                     torch_compat::BlasName(torch_compat::BlasInUse()), ")")));
   r = RunLauncher({"--nproc_per_node=1", "--mode=ok", "--blas_threads=-1"});
   EXPECT_EQ(ExitCode(r), 2);
   EXPECT_THAT(r.err, HasSubstr("--blas_threads=-1"));
