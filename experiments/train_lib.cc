@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checkpoint/activation/activation_checkpointing.h"
@@ -39,6 +40,7 @@
 #include "models/gpt/sample.h"
 #include "nlohmann/json.hpp"
 #include "observability/rank_log.h"
+#include "pipeline/partition/partitioner.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/schedule/csv.h"
@@ -47,6 +49,7 @@
 #include "topology/parallel_grid.h"
 #include "topology/process_topology.h"
 #include "topology/rendezvous.h"
+#include "topology/wait_work.h"
 
 ABSL_FLAG(std::string, config, "",
           "ExperimentConfig text proto; default experiments/configs/gpt_small_pp2.textproto "
@@ -365,19 +368,76 @@ absl::StatusOr<Cluster> JoinCluster(const experiments::ParallelismConfig& par,
   return cluster;
 }
 
-// This rank's stage of the model the config names.
+// The partition method every rank builds its stage with. `profile` times the
+// layers, so ranks would disagree on the bounds: global rank 0 profiles every
+// layer on the training data's first micro-batch and broadcasts the bounds
+// over the world group; every rank then cuts by `explicit:<bounds>`. The
+// broadcast carries rank 0's success, so a failed profile fails every rank
+// with rank 0's reason instead of leaving them to time out.
+absl::StatusOr<std::string> ResolvePartitionMethod(const ExperimentConfig& config,
+                                                   const std::vector<LayerSpec>& specs,
+                                                   MicroBatchSource& train, ParallelGrid& grid,
+                                                   std::chrono::milliseconds timeout) {
+  const auto& par = config.parallelism();
+  const std::string& method = par.partition_method();
+  if (method.substr(0, method.find(':')) != "profile") return method;
+  const int64_t parts = par.pp() * par.chunks();
+  // [ok, b_0, ..., b_parts]
+  std::vector<at::Tensor> shared = {torch::zeros({parts + 2}, torch::kLong)};
+  absl::Status profiled = absl::OkStatus();
+  if (grid.global_rank() == 0) {
+    absl::StatusOr<Bounds> bounds = [&]() -> absl::StatusOr<Bounds> {
+      PP_ASSIGN_OR_RETURN(MicroBatchData sample, train.Get(0, 0));
+      PartitionRequest request;
+      request.specs = &specs;
+      request.num_parts = parts;
+      request.base_seed = config.seed();
+      request.sample_inputs = std::move(sample.inputs);
+      request.sample_batch = std::move(sample.batch);
+      return Partition(method, request);
+    }();
+    if (bounds.ok() && static_cast<int64_t>(bounds->size()) != parts + 1) {
+      bounds = absl::InternalError(absl::StrCat("the profile partitioner returned ", bounds->size(),
+                                                " bounds for ", parts, " parts"));
+    }
+    profiled = bounds.status();
+    if (bounds.ok()) {
+      auto b = shared[0].accessor<int64_t, 1>();
+      b[0] = 1;
+      for (int64_t i = 0; i <= parts; ++i) b[i + 1] = (*bounds)[i];
+    }
+  }
+  PP_RETURN_IF_ERROR(RunCollective("partition bounds broadcast", "world group", timeout,
+                                   [&] { return grid.world_group()->broadcast(shared); }));
+  if (!profiled.ok()) {
+    return absl::Status(profiled.code(), absl::StrCat("parallelism.partition_method 'profile': ",
+                                                      profiled.message()));
+  }
+  auto b = shared[0].accessor<int64_t, 1>();
+  if (b[0] != 1) {
+    return absl::FailedPreconditionError(
+        "parallelism.partition_method 'profile': rank 0 could not profile the model (its log "
+        "names the reason)");
+  }
+  std::vector<int64_t> bounds;
+  for (int64_t i = 0; i <= parts; ++i) bounds.push_back(b[i + 1]);
+  const std::string resolved = absl::StrCat("explicit:", absl::StrJoin(bounds, ","));
+  LOG(INFO) << "partition '" << method
+            << "' measured by rank 0 on the first training micro-batch: " << resolved;
+  return resolved;
+}
+
+// This rank's stage of the model the config names, cut by `partition_method`
+// (ResolvePartitionMethod).
 absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(const ExperimentConfig& config,
-                                                          ModelKind kind,
-                                                          const ExperimentModel* custom,
+                                                          const std::vector<LayerSpec>& specs,
+                                                          const std::string& partition_method,
                                                           int stage) {
   const auto& par = config.parallelism();
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, custom != nullptr
-                                                        ? custom->specs(config)
-                                                        : MakeExperimentSpecs(config, kind));
   PipelineModelOptions mo;
   mo.num_stages = par.pp();
   mo.chunks = par.chunks();
-  mo.partition_method = par.partition_method();
+  mo.partition_method = partition_method;
   mo.base_seed = config.seed();
   // The schedule's placement (V for zbv); its errors are the Trainer's to report.
   if (absl::StatusOr<Schedule> schedule = MakeSchedule(
@@ -637,10 +697,15 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
   const std::chrono::milliseconds timeout(int64_t{1000} * config.parallelism().timeout_seconds());
   PP_ASSIGN_OR_RETURN(Cluster cluster, JoinCluster(config.parallelism(), timeout));
   ParallelGrid& grid = *cluster.grid;
-  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
-                      BuildStage(config, kind, custom, grid.stage_id()));
   PP_ASSIGN_OR_RETURN(Data data,
                       custom != nullptr ? MakeCustomData(config, *custom) : MakeData(config, kind));
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, custom != nullptr
+                                                        ? custom->specs(config)
+                                                        : MakeExperimentSpecs(config, kind));
+  PP_ASSIGN_OR_RETURN(const std::string partition_method,
+                      ResolvePartitionMethod(config, specs, *data.train, grid, timeout));
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
+                      BuildStage(config, specs, partition_method, grid.stage_id()));
   // GPT: the loss also keeps the last stage's logits for sampling.
   PipelineSampler sampler;
   const LossFn loss_fn = custom != nullptr         ? custom->loss

@@ -29,6 +29,16 @@ class CountedLinear : public LayerImpl {
 int CountedLinear::alive = 0;
 int CountedLinear::max_alive = 0;
 
+// A first layer that takes no input activations: it reads its input from the
+// micro-batch (as a GPT's embedding reads input_ids).
+class FromBatch : public LayerImpl {
+ public:
+  FromBatch() : LayerImpl("FromBatch") {}
+  Activations Forward(const Activations&, const MicroBatch& batch) override {
+    return {batch.Get("x") * 1.0};
+  }
+};
+
 LayerSpec Fn(const std::string& name) {
   return LayerSpec(
       name, [name] { return MakeFunctionLayer(name, [](const torch::Tensor& x) { return x; }); });
@@ -194,6 +204,33 @@ TEST(ProfilePartitionerTest, GivesTheSlowLayerItsOwnPart) {
   absl::StatusOr<Bounds> missing = Partition("profile", request);
   ASSERT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(missing.status().message().find("sample inputs"), std::string::npos);
+}
+
+TEST(ProfilePartitionerTest, FirstLayerMayReadOnlyTheSampleBatch) {
+  at::set_num_threads(1);
+  auto heavy = [] {
+    return MakeFunctionLayer("Heavy", [](const torch::Tensor& x) {
+      torch::Tensor y = x;
+      for (int i = 0; i < 40; ++i) y = torch::tanh(torch::matmul(y, y.t()) / 64.0);
+      return y;
+    });
+  };
+  std::vector<LayerSpec> specs = {
+      LayerSpec("FromBatch", [] { return std::make_shared<FromBatch>(); }),
+      LayerSpec("Heavy", heavy), LayerSpec("Heavy", heavy), Fn("Cheap")};
+  PartitionRequest request;
+  request.specs = &specs;
+  request.num_parts = 2;
+  request.profile_repeats = 3;
+  request.sample_batch.tensors["x"] = torch::randn({64, 64});
+  EXPECT_EQ(*Partition("profile", request), (Bounds{0, 2, 4}));
+
+  // The batch lacks what the first layer reads: the layer's error, named.
+  request.sample_batch.tensors = {{"y", torch::randn({64, 64})}};
+  absl::StatusOr<Bounds> wrong = Partition("profile", request);
+  ASSERT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("profiling layer 0 ('FromBatch')"), std::string::npos)
+      << wrong.status();
 }
 
 TEST(PartitionReportTest, ListsStagesChunksAndLayers) {

@@ -38,10 +38,13 @@ absl::StatusOr<Bounds> PartitionByProfile(const PartitionRequest& request) {
     return absl::InvalidArgumentError(
         absl::StrCat("partition method 'profile' takes no argument, got '", request.argument, "'"));
   }
-  if (request.sample_inputs.empty()) {
+  // A first layer may read everything from the micro-batch (a GPT's token ids
+  // in batch.tensors["input_ids"], no input activations): either will do.
+  if (request.sample_inputs.empty() && request.sample_batch.tensors.empty()) {
     return absl::InvalidArgumentError(
-        "partition method 'profile' needs sample inputs (PartitionRequest::sample_inputs / "
-        "PipelineModelOptions::sample_inputs) for the first layer");
+        "partition method 'profile' needs sample inputs or a sample micro-batch "
+        "(PartitionRequest::sample_inputs / sample_batch, PipelineModelOptions::sample_inputs / "
+        "sample_batch) for the first layer; both are empty");
   }
   if (request.profile_repeats < 1) {
     return absl::InvalidArgumentError(

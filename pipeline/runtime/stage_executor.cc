@@ -1,5 +1,7 @@
 #include "pipeline/runtime/stage_executor.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <deque>
 #include <string>
@@ -14,6 +16,28 @@
 
 namespace pp {
 namespace {
+
+// This thread's CPU time, minor page faults and involuntary context switches
+// (preemptions) so far: with one intra-op and
+// one BLAS thread every kernel of an action runs on the executor's thread, so
+// their differences are the action's own cost even on a loaded machine, where
+// the wall clock is not (--v=1 logs them).
+struct ThreadUsage {
+  int64_t cpu_us = 0;
+  int64_t minor_faults = 0;
+  int64_t preemptions = 0;
+};
+
+ThreadUsage ThreadUsageNow() {
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  ThreadUsage u;
+  u.cpu_us = (static_cast<int64_t>(usage.ru_utime.tv_sec) + usage.ru_stime.tv_sec) * 1000000 +
+             usage.ru_utime.tv_usec + usage.ru_stime.tv_usec;
+  u.minor_faults = usage.ru_minflt;
+  u.preemptions = usage.ru_nivcsw;
+  return u;
+}
 
 int64_t NowMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -448,6 +472,7 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
       // The launcher names it if this rank dies or stops now (a copy into
       // shared memory; nothing outside a launched worker).
       if (WorkerStatusEnabled()) ReportWorkerAction(absl::StrCat(kind, step, " ", Name(a)));
+      const ThreadUsage u0 = VLOG_IS_ON(1) ? ThreadUsageNow() : ThreadUsage();
       const int64_t t0 = NowMicros();
       absl::Status s = Execute(a, st, tail);
       if (!s.ok()) {
@@ -462,8 +487,19 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
         return false;
       }
       const int64_t t1 = NowMicros();
-      VLOG(1) << kind << step << " end " << Name(a) << " mb " << a.microbatch << peer << " "
-              << (t1 - t0) << " us";
+      if (VLOG_IS_ON(1)) {
+        // Compute actions also log what they cost this thread; communication
+        // lines end with their duration (check_observability_run.py).
+        std::string usage;
+        if (IsCompute(a.type)) {
+          const ThreadUsage u1 = ThreadUsageNow();
+          usage = absl::StrCat(" (thread cpu ", u1.cpu_us - u0.cpu_us, " us, ",
+                               u1.minor_faults - u0.minor_faults, " page faults, ",
+                               u1.preemptions - u0.preemptions, " preemptions)");
+        }
+        VLOG(1) << kind << step << " end " << Name(a) << " mb " << a.microbatch << peer << " "
+                << (t1 - t0) << " us" << usage;
+      }
       if (IsCompute(a.type)) st.stats.busy_us += t1 - t0;
       if (options_.trace) st.stats.timings.push_back(ActionTiming{a, t0, t1});
       return true;
