@@ -12,12 +12,18 @@ Extra pipe variants (--variant name='flags') are measured in the same
 rotation and get their own ratio; a variant's flags may start with NAME=value
 environment settings and may name another train_gpt build with --binary=PATH.
 
+With --explorer (the .sh passes it), every timed pipe step is traced and
+simulated with its own measured costs (bench_schedules.simulate_steps): each
+pipe run also reports the simulated step and the median per-step error.
+
 Use experiments/bench_vs_deepspeed.sh (it makes the virtual environment and
-builds train_gpt); this script needs --train_gpt and --deepspeed.
+builds train_gpt and schedule_explorer); this script needs --train_gpt and
+--deepspeed.
 """
 import argparse
 import json
 import os
+import re
 import shlex
 import socket
 import statistics
@@ -28,6 +34,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_schedules  # noqa: E402  (trace costs -> simulator, shared)
 
 # The peer GPT in pipe's config language (../shared/peers/README.md).
 PEER_GPT = ("gpt.width=256,gpt.num_layers=8,gpt.num_heads=4,gpt.context_length=128,"
@@ -59,7 +67,8 @@ def run_pipe(args, flags, workdir):
     for t in [t for t in tokens if t.startswith("--binary=")]:
         binary = t.split("=", 1)[1]
         tokens.remove(t)
-    command = [binary, f"--set={PEER_GPT}", f"--pp={args.stages}",
+    trace = (f",trace_step={args.warmup},trace_steps={args.steps}" if args.explorer else "")
+    command = [binary, f"--set={PEER_GPT}{trace}", f"--pp={args.stages}",
                "--microbatches=8", "--micro_batch_size=4",
                f"--steps={args.warmup + args.steps}", f"--output_dir={out}", "--name=bench",
                f"--seed={args.seed}"] + tokens
@@ -68,7 +77,8 @@ def run_pipe(args, flags, workdir):
     if proc.returncode != 0:
         raise RuntimeError(f"pipe failed ({proc.returncode}): {' '.join(command)}\n"
                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    metrics = [json.loads(line) for line in next(out.glob("bench-*")).joinpath(
+    run_dir = next(out.glob("bench-*"))
+    metrics = [json.loads(line) for line in run_dir.joinpath(
         "metrics.jsonl").read_text().splitlines()]
     timed = [m for m in metrics if m["step"] > args.warmup]
     threads = sorted({line.split("threads: ", 1)[1].split(" (")[0]
@@ -79,11 +89,37 @@ def run_pipe(args, flags, workdir):
     ranks = len(timed[0].get("bubble", []))
     busy = [round(statistics.median(m["step_s"] * (1 - m["bubble"][r]) for m in timed), 4)
             for r in range(ranks)]
+    simulated = simulate_pipe(args, run_dir, metrics) if args.explorer else {}
     return {"tokens_per_s": statistics.median(m["tokens_per_s"] for m in timed),
-            "busy_s": busy,
+            "busy_s": busy, **simulated,
             "step_s": [m["step_s"] for m in timed], "loss_first": metrics[0]["loss"],
             "loss_last": metrics[-1]["loss"], "threads": threads,
             "wall_s": time.time() - started}
+
+
+def simulate_pipe(args, run_dir, metrics):
+    """The simulator's prediction for a pipe run (--explorer): every timed
+    step was traced; each is simulated with its own measured costs as
+    bench_schedules does (per-stage compute, per-rank tail, send and receive
+    costs). Returns the median predicted step, the median of simulated /
+    measured - 1 over the steps, and the same for bench_schedules.replay_step
+    (the model with every action's own duration)."""
+    config = run_dir.joinpath("config.textproto").read_text()
+
+    def field(name, default):
+        found = re.search(rf"\b{name}: \"?([\w.]+)\"?", config)
+        return found.group(1) if found else default
+
+    schedule, chunks = field("schedule", "1f1b"), int(field("chunks", "1"))
+    stages, m = int(field("pp", "1")), int(field("num_microbatches", "1"))
+    traced = bench_schedules.load_traced_steps(str(run_dir), metrics, args.warmup, args.steps,
+                                               chunks, stages)
+    predicted, errors, replay_errors, _ = bench_schedules.simulate_steps(
+        args.explorer, schedule, stages, m, chunks, traced,
+        any("grad_norm" in m for m in metrics))
+    return {"simulated_step_s": statistics.median(predicted),
+            "simulated_error": statistics.median(errors),
+            "replay_error": statistics.median(replay_errors)}
 
 
 def run_deepspeed(args):
@@ -118,6 +154,9 @@ def main():
     parser.add_argument("--variant", action="append", default=[],
                         help="name='train_gpt flags': another pipe run per repetition")
     parser.add_argument("--no_deepspeed", action="store_true", help="pipe variants only")
+    parser.add_argument("--explorer", default="",
+                        help="schedule_explorer binary: trace pipe's timed steps and report "
+                             "the simulator's prediction for each pipe run")
     args = parser.parse_args()
     for value, name in ((args.reps, "--reps"), (args.steps, "--steps"), (args.stages, "--stages")):
         if value < 1:
@@ -138,8 +177,11 @@ def main():
             for name, flags in systems:
                 r = run_deepspeed(args) if flags is None else run_pipe(args, flags, workdir)
                 runs[name].append(r)
+                sim = (f"  simulated step {r['simulated_step_s']:.3f} s (per step "
+                       f"{100 * r['simulated_error']:+.1f}%, replay {100 * r['replay_error']:+.1f}%)"
+                       if "simulated_step_s" in r else "")
                 print(f"rep {rep + 1}/{args.reps} {name:>12}: {r['tokens_per_s']:8.1f} tokens/s"
-                      f"  loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}  threads "
+                      f"{sim}  loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}  threads "
                       f"{r['threads']}  busy per rank {r['busy_s']}  load {load_average()}",
                       file=sys.stderr, flush=True)
     load["end"] = load_average()
@@ -155,6 +197,17 @@ def main():
                                             zip(*(r["busy_s"] for r in runs[name]))],
                         "threads": runs[name][0]["threads"],
                         "flags": dict(systems)[name]}
+        if "simulated_step_s" in runs[name][0]:
+            # Medians over runs: measured and simulated step, and the per-step
+            # error simulated / measured - 1.
+            result[name]["median_step_s"] = round(statistics.median(
+                statistics.median(r["step_s"]) for r in runs[name]), 4)
+            result[name]["simulated_step_s"] = round(statistics.median(
+                r["simulated_step_s"] for r in runs[name]), 4)
+            result[name]["simulated_error"] = round(statistics.median(
+                r["simulated_error"] for r in runs[name]), 4)
+            result[name]["replay_error"] = round(statistics.median(
+                r["replay_error"] for r in runs[name]), 4)
     if not args.no_deepspeed:
         ds = runs["deepspeed"]
         for name, _ in systems[1:]:

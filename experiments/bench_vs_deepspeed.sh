@@ -5,9 +5,11 @@
 #
 # Makes (once) a virtual environment with DeepSpeed 0.14.1 over Debian's
 # python3-torch (1.13, the LibTorch pipe builds against) in
-# ~/.cache/pipe-python/deepspeed-0.14.1, builds //experiments:train_gpt, then
-# runs experiments/bench_vs_deepspeed.py with the arguments given. Prints one
-# JSON line (both medians and the ratio) on stdout, a table on stderr.
+# ~/.cache/pipe-python/deepspeed-0.14.1, builds //experiments:train_gpt and
+# //experiments:schedule_explorer (the simulator's prediction of each pipe
+# run), then runs experiments/bench_vs_deepspeed.py with the arguments given.
+# Prints one JSON line (both medians and the ratio) on stdout, a table on
+# stderr.
 # Why 0.14.1: older need Intel's extension on CPU, 0.14.2-0.14.5 JIT-build an op
 # that needs ninja, 0.15+ need pydantic 2 (Debian 12 has 1.10).
 set -euo pipefail
@@ -30,7 +32,8 @@ if [[ ! -x "$venv/bin/deepspeed" ]]; then
   /usr/bin/python3 -m venv --system-site-packages "$venv"
   DS_BUILD_OPS=0 "$venv/bin/pip" install -q --no-deps deepspeed==0.14.1 hjson >&2
 fi
-./bazelw build //experiments:train_gpt >&2
+./bazelw build //experiments:train_gpt //experiments:schedule_explorer >&2
+bin="$(./bazelw info bazel-bin 2>/dev/null)"
 exec "$venv/bin/python" experiments/bench_vs_deepspeed.py \
-  --train_gpt="$(./bazelw info bazel-bin 2>/dev/null)/experiments/train_gpt" \
+  --train_gpt="$bin/experiments/train_gpt" --explorer="$bin/experiments/schedule_explorer" \
   --deepspeed="$venv/bin/deepspeed" "$@"

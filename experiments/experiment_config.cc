@@ -157,6 +157,7 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
       {"log_interval", config.log_interval(), 1, kUnbounded, ""},
       {"sample_tokens", config.sample_tokens(), 0, 1000000, ""},
       {"trace_step", config.trace_step(), 0, kUnbounded, ""},
+      {"trace_steps", config.trace_steps(), 1, kUnbounded, ""},
       {"checkpoint.save_interval", config.checkpoint().save_interval(), 0, kUnbounded, ""},
       {"checkpoint.keep_last", config.checkpoint().keep_last(), 0, kUnbounded, ""},
       {"threads.intra_op", config.threads().intra_op(), 0, 4096, "0 = the launcher's choice"},

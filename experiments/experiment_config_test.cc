@@ -281,6 +281,7 @@ TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
       {"eval_batches=0", "eval_batches (0) must be at least 1"},
       {"eval_interval=-1", "eval_interval (-1) must not be negative"},
       {"trace_step=-1", "trace_step (-1) must not be negative"},
+      {"trace_steps=0", "trace_steps (0) must be at least 1"},
       {"sample_tokens=-5", "sample_tokens (-5) must not be negative and at most 1000000"},
       {"sample_temperature=nan", "sample_temperature (nan)"},
       {"parallelism.num_microbatches=1000000000",

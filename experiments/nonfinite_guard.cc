@@ -62,9 +62,9 @@ absl::StatusOr<std::string> Locate(const ParallelGrid& grid, const PipelineModel
   for (int r = 0; r < world; ++r) gathered[0].push_back(torch::empty({kRecord}, torch::kLong));
   std::vector<at::Tensor> input = {record};
   if (world > 1) {
-    PP_RETURN_IF_ERROR(RunCollective("non-finite report all-gather", "world group", timeout, [&] {
-      return grid.world_group()->allgather(gathered, input);
-    }));
+    PP_RETURN_IF_ERROR(
+        RunCollective("non-finite report all-gather", grid.DescribeWorldGroup(), timeout,
+                      [&] { return grid.world_group()->allgather(gathered, input); }));
   } else {
     gathered[0][0] = record;
   }

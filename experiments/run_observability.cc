@@ -42,13 +42,13 @@ absl::StatusOr<std::string> ShareRunDir(const ParallelGrid& grid, const std::str
   const bool rank0 = grid.global_rank() == 0;
   std::vector<at::Tensor> length = {
       torch::tensor({rank0 ? static_cast<int64_t>(run_dir.size()) : int64_t{0}}, torch::kLong)};
-  PP_RETURN_IF_ERROR(RunCollective("run directory length broadcast", "world group", timeout,
-                                   [&] { return grid.world_group()->broadcast(length); }));
+  PP_RETURN_IF_ERROR(RunCollective("run directory length broadcast", grid.DescribeWorldGroup(),
+                                   timeout, [&] { return grid.world_group()->broadcast(length); }));
   const int64_t n = length[0].item<int64_t>();
   if (n <= 0) return absl::InternalError("rank 0 shared an empty run directory");
   std::vector<at::Tensor> bytes = {torch::zeros({n}, torch::kUInt8)};
   if (rank0) std::memcpy(bytes[0].data_ptr<uint8_t>(), run_dir.data(), run_dir.size());
-  PP_RETURN_IF_ERROR(RunCollective("run directory broadcast", "world group", timeout,
+  PP_RETURN_IF_ERROR(RunCollective("run directory broadcast", grid.DescribeWorldGroup(), timeout,
                                    [&] { return grid.world_group()->broadcast(bytes); }));
   return std::string(reinterpret_cast<const char*>(bytes[0].data_ptr<uint8_t>()),
                      static_cast<size_t>(n));
@@ -165,7 +165,7 @@ absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Train
       torch::kLong)};
   std::vector<std::vector<at::Tensor>> all(1);
   for (int r = 0; r < world; ++r) all[0].push_back(torch::empty({4}, torch::kLong));
-  PP_RETURN_IF_ERROR(RunCollective("memory all-gather", "world group", timeout_,
+  PP_RETURN_IF_ERROR(RunCollective("memory all-gather", grid_->DescribeWorldGroup(), timeout_,
                                    [&] { return grid_->world_group()->allgather(all, mine); }));
   StepMemory memory;
   for (int r = 0; r < world; ++r) {
@@ -223,7 +223,7 @@ absl::Status RunObservability::Text(const std::string& tag, int64_t step, const 
 
 absl::Status RunObservability::Barrier(const char* what) {
   std::vector<at::Tensor> t = {torch::zeros({1}, torch::kLong)};
-  return RunCollective(what, "world group", timeout_,
+  return RunCollective(what, grid_->DescribeWorldGroup(), timeout_,
                        [&] { return grid_->world_group()->allreduce(t); });
 }
 

@@ -4,7 +4,8 @@
 //
 //   bazel run //experiments:schedule_explorer -- --schedule=1f1b --stages=4
 //       --microbatches=8 [--chunks=2] [--group=4] [--costs=F:1,B:2,W:0,comm:0]
-//       [--memory_split=I:42,W:32]
+//       [--stage_costs='0:F:1,B:2;1:F:1.2,B:2.1'] [--rank_costs='1:STEP:0.5']
+//       [--tie_groups=0,3|none] [--step_all_reduce] [--memory_split=I:42,W:32]
 //       [--format=text|json|svg|chrome|csv|csv_comms] [--out=FILE]
 //       [--schedule=csv:FILE [--stage_to_rank=looped|v|0,1,1,0]]
 //       [--compare=gpipe,1f1b,interleaved_1f1b] [--defer_receives] [--list]
@@ -48,9 +49,28 @@ ABSL_FLAG(int, microbatches, 8, "micro-batches per step, m");
 ABSL_FLAG(int, chunks, 1, "model chunks (virtual stages) per rank, v");
 ABSL_FLAG(int, group, 0, "micro-batch group size for interleaved schedules (0 = p)");
 ABSL_FLAG(std::string, costs, "F:1,B:2,I:1,W:1,comm:0",
-          "costs of one micro-batch through one rank's share of the model "
-          "(with v chunks each chunk's action costs 1/v of it), and per message; "
-          "a missing B is I + W");
+          "KEY:VALUE,...: F, B, I, W: costs of one micro-batch through one rank's share of "
+          "the model (with v chunks each chunk's action costs 1/v of it; a missing B is I + W); "
+          "comm: per message (its transfer); SEND, RECV: time a SEND occupies the sending rank, "
+          "a RECV the receiving one once its message is there; "
+          "STEP, REDUCE_TIED: the tail's optimizer step and tied-gradient all-reduce per rank; "
+          "REDUCE_GRAD: one rank's data-parallel gradient reduce (1/v per chunk). Collectives "
+          "start on all their ranks at the latest arrival: see --tie_groups, --step_all_reduce");
+ABSL_FLAG(std::string, stage_costs, "",
+          "per virtual stage costs replacing --costs' for that stage, as is (not divided by v): "
+          "STAGE:KEY:VALUE[,KEY:VALUE...] with ';' between stages, KEY in F, B, I, W, "
+          "REDUCE_GRAD (B = I + W when only I and W are given), e.g. "
+          "'0:F:1,B:2;1:F:1.2,B:2.1'");
+ABSL_FLAG(std::string, rank_costs, "",
+          "per rank tail and send costs replacing --costs': RANK:KEY:VALUE[,KEY:VALUE...] with "
+          "';' between ranks, KEY in STEP, REDUCE_TIED, SEND, RECV, e.g. '0:STEP:5;1:STEP:8'");
+ABSL_FLAG(std::string, tie_groups, "",
+          "virtual stages whose tied parameters REDUCE_TIED all-reduces: groups like '0,3;1,2' "
+          "(ranks linked through groups synchronise there; a rank in none skips it), 'none', or "
+          "empty: all ranks in one group (a GPT with tied embedding and head on p = 2)");
+ABSL_FLAG(bool, step_all_reduce, false,
+          "STEP all-reduces the gradient norm over all ranks (global grad-norm clipping), "
+          "so it starts on every rank at the latest arrival");
 ABSL_FLAG(std::string, memory_split, "I:42,W:32",
           "parts of one forward's activations freed by I and by W (the zero-bubble "
           "paper's 74 = 42 + 32); a full B frees all of it");
@@ -115,6 +135,10 @@ absl::StatusOr<Explored> Explore(const std::string& name, int chunks) {
   costs.blocking_sends = absl::GetFlag(FLAGS_blocking_sends);
   PP_ASSIGN_OR_RETURN(costs.memory, ParseMemorySplit(absl::GetFlag(FLAGS_memory_split)));
   costs.stage_multiplier.assign(out.schedule.num_virtual_stages(), 1.0 / chunks);
+  PP_ASSIGN_OR_RETURN(costs.stage_costs, ParseStageCosts(absl::GetFlag(FLAGS_stage_costs)));
+  PP_ASSIGN_OR_RETURN(costs.rank_costs, ParseRankCosts(absl::GetFlag(FLAGS_rank_costs)));
+  PP_ASSIGN_OR_RETURN(costs.tie_groups, ParseTieGroups(absl::GetFlag(FLAGS_tie_groups)));
+  costs.step_all_reduce = absl::GetFlag(FLAGS_step_all_reduce);
   PP_ASSIGN_OR_RETURN(out.sim, SimulateProgram(out.program, costs));
   return out;
 }

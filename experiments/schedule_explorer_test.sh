@@ -121,6 +121,27 @@ if "$explorer" --schedule=zb_h1 --memory_split=I:0,W:0 2> "$tmp/err.txt"; then
 fi
 grep -q 'I + W must be > 0' "$tmp/err.txt" || fail "memory split error: $(cat "$tmp/err.txt")"
 
+# Tail, per-stage and send costs (hand-computed in simulator_test): gpipe,
+# p = 2, m = 2 ends its computes at 9 (rank 0) and 7 (rank 1); REDUCE_TIED
+# gathers both at 9, then 0.25 + 0.5 + rank 1's STEP 5 = 14.75. Stage 1's own
+# F = 3: 13. Without tie groups and with STEP all-reducing: 14.5.
+sim() { "$explorer" --schedule=gpipe --stages=2 --microbatches=2 --format=json "$@" |
+  python3 -c 'import json, sys; print("%g" % json.load(sys.stdin)["simulation"]["makespan"])'; }
+tail_costs=(--costs=F:1,B:2,STEP:1,REDUCE_TIED:0.25,REDUCE_GRAD:0.5 --rank_costs='1:STEP:5')
+[[ "$(sim "${tail_costs[@]}")" == 14.75 ]] || fail "tail costs: $(sim "${tail_costs[@]}")"
+[[ "$(sim "${tail_costs[@]}" --tie_groups=none --step_all_reduce)" == 14.5 ]] ||
+  fail "step all-reduce: $(sim "${tail_costs[@]}" --tie_groups=none --step_all_reduce)"
+[[ "$(sim --stage_costs='1:F:3')" == 13 ]] || fail "stage costs: $(sim --stage_costs='1:F:3')"
+[[ "$(sim --costs=F:1,B:2,SEND:0.5)" == 11 ]] || fail "send cost: $(sim --costs=F:1,B:2,SEND:0.5)"
+[[ "$(sim --costs=F:1,B:2,RECV:0.5 --rank_costs='0:RECV:0')" == 10 ]] ||
+  fail "recv cost: $(sim --costs=F:1,B:2,RECV:0.5 --rank_costs='0:RECV:0')"
+for bad in --stage_costs='5:F:1' --stage_costs='0:STEP:1' --rank_costs='0:F:1' --tie_groups=0; do
+  if "$explorer" --schedule=gpipe --stages=2 --microbatches=2 "$bad" 2> "$tmp/err.txt"; then
+    fail "accepted $bad"
+  fi
+  grep -qE 'stage 5|"STEP"|"F"|fewer than 2' "$tmp/err.txt" || fail "$bad: $(cat "$tmp/err.txt")"
+done
+
 # Rejected options: a message naming the rule, non-zero exit.
 if "$explorer" --schedule=interleaved_1f1b --stages=4 --microbatches=6 --chunks=2 \
      2> "$tmp/err.txt"; then

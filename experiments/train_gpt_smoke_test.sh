@@ -10,7 +10,7 @@ CORPUS=$TMP/corpus.txt
 for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage. The bubble shrinks."; done > "$CORPUS"
 
 "$BIN" --config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs" \
-  --steps=6 --sample_tokens=16 --set=eval_interval=3,lr_schedule.warmup_steps=1,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2 \
+  --steps=6 --sample_tokens=16 --set=eval_interval=3,lr_schedule.warmup_steps=1,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2,trace_steps=3 \
   > "$TMP/out.log" 2>&1 || { cat "$TMP/out.log"; echo "FAIL: train_gpt exited non-zero"; exit 1; }
 cat "$TMP/out.log"
 RUN=$(ls -d "$TMP"/runs/gpt_small_pp2-*)
@@ -18,6 +18,11 @@ for f in config.textproto metrics.jsonl loss.svg trace.json sample.txt; do
   [[ -s $RUN/$f ]] || { echo "FAIL: $RUN/$f missing or empty"; exit 1; }
 done
 [[ $(wc -l < "$RUN/metrics.jsonl") -eq 6 ]] || { echo "FAIL: expected 6 metrics lines"; exit 1; }
+# trace_steps=3: steps 2, 3, 4 (0-based, from the default trace_step 2) in
+# traces/, the first of them also as trace.json.
+[[ $(ls "$RUN/traces") == $'step_2.json\nstep_3.json\nstep_4.json' ]] ||
+  { echo "FAIL: traces/ holds $(ls "$RUN/traces")"; exit 1; }
+cmp -s "$RUN/trace.json" "$RUN/traces/step_2.json" || { echo "FAIL: trace.json is not step 2's"; exit 1; }
 grep -q '"eval_loss"' "$RUN/metrics.jsonl" || { echo "FAIL: no eval loss in metrics"; exit 1; }
 # The loss falls by a clear margin within the 6 steps.
 first=$(head -n1 "$RUN/metrics.jsonl" | sed 's/.*"loss":\([0-9.]*\).*/\1/')

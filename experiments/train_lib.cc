@@ -407,7 +407,7 @@ absl::StatusOr<std::string> ResolvePartitionMethod(const ExperimentConfig& confi
       for (int64_t i = 0; i <= parts; ++i) b[i + 1] = (*bounds)[i];
     }
   }
-  PP_RETURN_IF_ERROR(RunCollective("partition bounds broadcast", "world group", timeout,
+  PP_RETURN_IF_ERROR(RunCollective("partition bounds broadcast", grid.DescribeWorldGroup(), timeout,
                                    [&] { return grid.world_group()->broadcast(shared); }));
   if (!profiled.ok()) {
     return absl::Status(profiled.code(), absl::StrCat("parallelism.partition_method 'profile': ",
@@ -571,8 +571,20 @@ class RunReport {
     return absl::OkStatus();
   }
 
-  absl::Status Trace(const std::string& trace) const {
+  // trace.json for the first traced step; with trace_steps > 1 also
+  // traces/step_<step>.json for every traced step (0-based, as trace_step).
+  absl::Status Trace(int64_t step, const std::string& trace) const {
     if (!active()) return absl::OkStatus();
+    if (config_->trace_steps() > 1) {
+      std::error_code ec;
+      std::filesystem::create_directories(dir_ / "traces", ec);
+      if (ec) {
+        return absl::InternalError(
+            absl::StrCat("cannot create ", (dir_ / "traces").string(), ": ", ec.message()));
+      }
+      PP_RETURN_IF_ERROR(WriteFile(dir_ / "traces" / absl::StrCat("step_", step, ".json"), trace));
+    }
+    if (step != std::min(config_->trace_step(), config_->steps() - 1)) return absl::OkStatus();
     return WriteFile(dir_ / "trace.json", trace);
   }
 
@@ -659,9 +671,9 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
         (last || (config.eval_interval() > 0 && (step + 1) % config.eval_interval() == 0))) {
       PP_ASSIGN_OR_RETURN(eval_loss, Evaluate(config, trainer, data.eval.get()));
     }
-    if (step == trace_step) {
+    if (step >= trace_step && step < trace_step + config.trace_steps()) {
       PP_ASSIGN_OR_RETURN(std::string trace, trainer.LastStepTrace());
-      PP_RETURN_IF_ERROR(report.Trace(trace));
+      PP_RETURN_IF_ERROR(report.Trace(step, trace));
     }
     const double tokens_per_s = static_cast<double>(data.tokens_per_step) / seconds;
     PP_RETURN_IF_ERROR(report.Step(step, r, tokens_per_s, seconds, eval_loss, memory, progress));

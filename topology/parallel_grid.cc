@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "topology/launcher_status.h"
+#include "topology/wait_work.h"
 
 namespace pp {
 namespace {
@@ -95,6 +96,17 @@ absl::StatusOr<ParallelGrid> ParallelGrid::Create(const World& world, ProcessTop
       grid.next_stage_rank_,
       grid.StageToGlobal((grid.stage_id_ + 1) % grid.num_stages_, grid.data_parallel_id_));
   return grid;
+}
+
+std::string ParallelGrid::DescribeGroup(const std::string& name,
+                                        const std::vector<int>& ranks) const {
+  return ::pp::DescribeGroup(name, ranks, rank_);
+}
+
+std::string ParallelGrid::DescribeWorldGroup() const {
+  std::vector<int> all(world_size());
+  for (int r = 0; r < world_size(); ++r) all[r] = r;
+  return DescribeGroup("world group", all);
 }
 
 absl::StatusOr<int> ParallelGrid::StageToGlobal(int stage, int data) const {

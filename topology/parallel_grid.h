@@ -94,6 +94,11 @@ class ParallelGrid {
   // DeadlineExceeded when a member never calls it.
   absl::StatusOr<ProcessGroupPtr> NewGroup(const std::vector<int>& ranks, const std::string& name);
 
+  // pp::DescribeGroup (wait_work.h) with this rank as `self`.
+  std::string DescribeGroup(const std::string& name, const std::vector<int>& ranks) const;
+  // DescribeGroup("world group", every global rank).
+  std::string DescribeWorldGroup() const;
+
   // One line: "rank 3 pipe=2 x data=2 | stage 1/2 dp 1/2 mp 0/1 | pipe [1,3] data [2,3] model [3]".
   std::string DebugString() const;
 

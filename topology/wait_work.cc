@@ -2,10 +2,12 @@
 
 #include <exception>
 #include <string>
+#include <vector>
 
 #include <c10/util/Exception.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "topology/process_group.h"
 
 namespace pp {
@@ -61,6 +63,27 @@ absl::Status RunCollective(absl::string_view collective, absl::string_view group
     return FromException(e, collective, group, timeout);
   }
   return WaitWork(work, collective, group, timeout);
+}
+
+std::string DescribeGroup(absl::string_view name, const std::vector<int>& ranks, int self) {
+  constexpr int kMaxNamedPeers = 16;
+  std::vector<std::string> peers;
+  int unnamed = 0;
+  for (int r : ranks) {
+    if (r == self) continue;
+    if (static_cast<int>(peers.size()) < kMaxNamedPeers) {
+      peers.push_back(absl::StrCat("global rank ", r));
+    } else {
+      ++unnamed;
+    }
+  }
+  std::string text = absl::StrCat(name, " [", absl::StrJoin(ranks, ","), "]");
+  if (!peers.empty()) {
+    absl::StrAppend(&text, " (this rank's peers: ", absl::StrJoin(peers, ", "));
+    if (unnamed > 0) absl::StrAppend(&text, " and ", unnamed, " more");
+    absl::StrAppend(&text, ")");
+  }
+  return text;
 }
 
 }  // namespace pp

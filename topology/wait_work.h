@@ -15,6 +15,8 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -39,6 +41,12 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 [[nodiscard]] absl::Status RunCollective(absl::string_view collective, absl::string_view group,
                                          std::chrono::milliseconds timeout,
                                          const std::function<WorkPtr()>& start);
+
+// "<name> [0,1,2] (this rank's peers: global rank 0, global rank 2)": how a
+// collective names its group, so that a timeout says which ranks may have
+// died or stopped (`self` is this rank's global rank, `ranks` the members'). At
+// most 16 peers are named ("... and 40 more").
+std::string DescribeGroup(absl::string_view name, const std::vector<int>& ranks, int self);
 
 }  // namespace pp
 

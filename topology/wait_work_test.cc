@@ -82,5 +82,23 @@ TEST(WaitWorkTest, NullWorkAndNonPositiveTimeoutAreInvalidArguments) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+TEST(DescribeGroupTest, NamesMembersAndThisRanksPeersByGlobalRank) {
+  EXPECT_EQ(DescribeGroup("world group", {0, 1, 2}, 1),
+            "world group [0,1,2] (this rank's peers: global rank 0, global rank 2)");
+  EXPECT_EQ(DescribeGroup("pipe group", {3, 7}, 7),
+            "pipe group [3,7] (this rank's peers: global rank 3)");
+  // A group of one has no peers to name.
+  EXPECT_EQ(DescribeGroup("data group", {4}, 4), "data group [4]");
+}
+
+TEST(DescribeGroupTest, NamesAtMostSixteenPeersAndCountsTheRest) {
+  std::vector<int> ranks(40);
+  for (int r = 0; r < 40; ++r) ranks[r] = r;
+  const std::string text = DescribeGroup("world group", ranks, 0);
+  EXPECT_TRUE(absl::StrContains(text, "global rank 16 and 23 more)")) << text;
+  EXPECT_FALSE(absl::StrContains(text, "global rank 17")) << text;
+  EXPECT_FALSE(absl::StrContains(text, "global rank 0,")) << text;
+}
+
 }  // namespace
 }  // namespace pp

@@ -134,8 +134,11 @@ absl::Status AgreeOk(const CheckpointRank& rank, const absl::Status& local,
   opts.reduceOp = c10d::ReduceOp::MIN;
   opts.timeout = rank.timeout;
   std::vector<at::Tensor> tensors = {flag};
+  std::vector<int> world_ranks(rank.world_size);
+  for (int r = 0; r < rank.world_size; ++r) world_ranks[r] = r;
   PP_RETURN_IF_ERROR(RunCollective(absl::StrCat("checkpoint ", phase, ": agreeing on success"),
-                                   "world group", rank.timeout,
+                                   DescribeGroup("world group", world_ranks, rank.rank),
+                                   rank.timeout,
                                    [&] { return rank.world->allreduce(tensors, opts); }));
   if (!local.ok()) return local;
   int failed = flag.item<int>();

@@ -48,9 +48,10 @@ NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid
       std::vector<at::Tensor> tensors = {logits};
       c10d::BroadcastOptions options;
       options.rootRank = last_rank;  // pipe group rank == stage
-      PP_RETURN_IF_ERROR(RunCollective("broadcast of sampling logits", "pipe group", timeout, [&] {
-        return grid->pipe_group()->broadcast(tensors, options);
-      }));
+      PP_RETURN_IF_ERROR(
+          RunCollective("broadcast of sampling logits",
+                        grid->DescribeGroup("pipe group", grid->pipe_group_ranks()), timeout,
+                        [&] { return grid->pipe_group()->broadcast(tensors, options); }));
     }
     return logits;
   };

@@ -49,8 +49,7 @@ absl::Status BroadcastTiedParams(const std::vector<TiedParams>& ties,
       std::vector<at::Tensor> one = {tie.params[i].detach()};
       PP_RETURN_IF_ERROR(
           RunCollective(absl::StrCat("broadcast of tied weight '", tie.key, "' param ", i),
-                        absl::StrCat("tie group ", tie.members), timeout,
-                        [&] { return tie.group->broadcast(one); }));
+                        tie.members, timeout, [&] { return tie.group->broadcast(one); }));
     }
   }
   return absl::OkStatus();
@@ -65,7 +64,7 @@ absl::Status AllReduceTiedGrads(const std::vector<TiedParams>& ties,
     PP_RETURN_IF_ERROR(TorchCall("flatten tied grads", [&] { flat = FlattenGrads(tie.params); }));
     std::vector<at::Tensor> one = {flat};
     PP_RETURN_IF_ERROR(RunCollective(absl::StrCat("tied-grad all-reduce of '", tie.key, "'"),
-                                     absl::StrCat("tie group ", tie.members), timeout,
+                                     tie.members, timeout,
                                      [&] { return tie.group->allreduce(one); }));
     UnflattenGrads(tie.params, flat);
   }

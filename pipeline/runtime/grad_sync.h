@@ -27,7 +27,8 @@ struct TiedParams {
   // The member ranks of one pipeline (one data-parallel replica); group rank
   // 0 is the lowest stage. Null when only this rank holds the key.
   c10::intrusive_ptr<c10d::ProcessGroup> group;
-  std::string members;  // for error messages, e.g. "[0,3] (this rank's peers: global rank 3)"
+  std::string
+      members;  // for error messages, e.g. "tie group [0,3] (this rank's peers: global rank 3)"
   // This rank's copies, in the same order on every member.
   std::vector<torch::Tensor> params;
   // True on the lowest member only: the grad norm counts each tied

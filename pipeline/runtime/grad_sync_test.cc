@@ -37,7 +37,7 @@ TEST(GradSyncTest, TiedBroadcastSumAndNormCountOnce) {
     TiedParams tie;
     tie.key = "embed";
     tie.group = world.group;
-    tie.members = "[0,1]";
+    tie.members = "tie group [0,1]";
     tie.params = {tied};
     tie.counts_in_norm = world.rank == 0;
     PP_RETURN_IF_ERROR(BroadcastTiedParams({tie}, milliseconds(5000)));
@@ -95,7 +95,7 @@ TEST(GradSyncTest, MissingMemberTimesOut) {
       std::this_thread::sleep_for(milliseconds(1500));
       return absl::OkStatus();
     }
-    TiedParams tie{"embed", world.group, "[0,1]", {Param({1}, {1})}, true};
+    TiedParams tie{"embed", world.group, "tie group [0,1]", {Param({1}, {1})}, true};
     absl::Status r = AllReduceTiedGrads({tie}, milliseconds(500));
     PP_RETURN_IF_ERROR(Check(absl::IsDeadlineExceeded(r) &&
                                  absl::StrContains(r.message(), "all-reduce of 'embed'") &&
@@ -129,7 +129,7 @@ TEST_P(GradSyncDeviceTest, TiedSumAverageAndNormOnTheDevice) {
         TiedParams tie;
         tie.key = "embed";
         tie.group = world.group;
-        tie.members = "[0,1]";
+        tie.members = "tie group [0,1]";
         tie.params = {tied};
         PP_RETURN_IF_ERROR(BroadcastTiedParams({tie}, milliseconds(60000)));
         PP_RETURN_IF_ERROR(

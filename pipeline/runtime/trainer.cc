@@ -43,24 +43,6 @@ absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const Schedu
   return Lower(schedule);
 }
 
-// "[0,1] (this rank's peers: global rank 0)": a collective that times out
-// names the ranks that may have died or stopped.
-std::string MembersAndPeers(const std::vector<int>& ranks, int self) {
-  std::vector<std::string> peers;
-  for (int r : ranks) {
-    if (r != self) peers.push_back(absl::StrCat("global rank ", r));
-  }
-  std::string members = absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
-  if (!peers.empty()) {
-    absl::StrAppend(&members, " (this rank's peers: ", absl::StrJoin(peers, ", "), ")");
-  }
-  return members;
-}
-
-std::string GroupName(absl::string_view axis, const std::vector<int>& ranks, int self) {
-  return absl::StrCat(axis, " ", MembersAndPeers(ranks, self));
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, PipelineModel* model,
@@ -115,7 +97,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
                           grid->StageToGlobal(static_cast<int>(stage), grid->data_parallel_id()));
       ranks.push_back(r);
     }
-    tie.members = MembersAndPeers(ranks, grid->global_rank());
+    tie.members = grid->DescribeGroup("tie group", ranks);
     if (ranks.size() > 1) {
       PP_ASSIGN_OR_RETURN(tie.group, grid->NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp",
                                                                         grid->data_parallel_id())));
@@ -212,9 +194,8 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
         return absl::Status(
             norm.status().code(),
             absl::StrCat(norm.status().message(), "; ",
-                         GroupName("pipe group", grid_->pipe_group_ranks(), grid_->global_rank()),
-                         ", ",
-                         GroupName("data group", grid_->data_group_ranks(), grid_->global_rank())));
+                         grid_->DescribeGroup("pipe group", grid_->pipe_group_ranks()), ", ",
+                         grid_->DescribeGroup("data group", grid_->data_group_ranks())));
       }
       result.grad_norm = *norm;
       if (options_.skip_nonfinite_updates && !std::isfinite(result.grad_norm)) {
@@ -235,12 +216,12 @@ absl::StatusOr<double> Trainer::ReduceLoss(const StepStats& stats) {
   std::vector<at::Tensor> one = {loss};
   if (grid_->num_stages() > 1) {
     PP_RETURN_IF_ERROR(RunCollective(
-        "loss all-reduce", GroupName("pipe group", grid_->pipe_group_ranks(), grid_->global_rank()),
+        "loss all-reduce", grid_->DescribeGroup("pipe group", grid_->pipe_group_ranks()),
         options_.timeout, [&] { return grid_->pipe_group()->allreduce(one); }));
   }
   if (grid_->data_parallel_size() > 1) {
     PP_RETURN_IF_ERROR(RunCollective(
-        "loss all-reduce", GroupName("data group", grid_->data_group_ranks(), grid_->global_rank()),
+        "loss all-reduce", grid_->DescribeGroup("data group", grid_->data_group_ranks()),
         options_.timeout, [&] { return grid_->data_group()->allreduce(one); }));
   }
   return loss.cpu().item<double>() /
@@ -273,9 +254,9 @@ absl::StatusOr<StepResult> Trainer::Step() {
     gathered[0].push_back(torch::empty({2}, torch::dtype(torch::kDouble).device(options_.device)));
   }
   std::vector<at::Tensor> input = {mine};
-  PP_RETURN_IF_ERROR(RunCollective("busy-time all-gather", "world group", options_.timeout, [&] {
-    return grid_->world_group()->allgather(gathered, input);
-  }));
+  PP_RETURN_IF_ERROR(
+      RunCollective("busy-time all-gather", grid_->DescribeWorldGroup(), options_.timeout,
+                    [&] { return grid_->world_group()->allgather(gathered, input); }));
   for (int r = 0; r < world; ++r) {
     torch::Tensor got = gathered[0][r].cpu();
     const double busy = got[0].item<double>() * 1e-6;
@@ -308,9 +289,9 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
   const auto on_device = torch::dtype(torch::kLong).device(options_.device);
   for (int r = 0; r < world; ++r) counts[0].push_back(torch::empty({1}, on_device));
   std::vector<at::Tensor> my_count = {torch::tensor({n}, torch::kLong).to(options_.device)};
-  PP_RETURN_IF_ERROR(RunCollective("trace count all-gather", "world group", options_.timeout, [&] {
-    return grid_->world_group()->allgather(counts, my_count);
-  }));
+  PP_RETURN_IF_ERROR(
+      RunCollective("trace count all-gather", grid_->DescribeWorldGroup(), options_.timeout,
+                    [&] { return grid_->world_group()->allgather(counts, my_count); }));
   for (int r = 0; r < world; ++r) counts[0][r] = counts[0][r].cpu();
   int64_t max_n = 1;
   for (int r = 0; r < world; ++r) max_n = std::max(max_n, counts[0][r].item<int64_t>());
@@ -326,7 +307,8 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
   std::vector<std::vector<at::Tensor>> tables(1);
   for (int r = 0; r < world; ++r) tables[0].push_back(torch::empty({max_n, 5}, on_device));
   std::vector<at::Tensor> mine = {table.to(options_.device)};
-  PP_RETURN_IF_ERROR(RunCollective("trace all-gather", "world group", options_.timeout,
+  PP_RETURN_IF_ERROR(RunCollective("trace all-gather", grid_->DescribeWorldGroup(),
+                                   options_.timeout,
                                    [&] { return grid_->world_group()->allgather(tables, mine); }));
   for (int r = 0; r < world; ++r) tables[0][r] = tables[0][r].cpu();
   int64_t t0 = INT64_MAX;

@@ -163,6 +163,43 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
                                 absl::StrCat(ActionToString(leaf), " cannot run: ", missing));
           }
         }
+        if (IsTail(a.type)) {
+          std::vector<int> group;
+          if (costs.participants) group = costs.participants(r, a);
+          if (group.empty()) group = {r};
+          if (std::find(group.begin(), group.end(), r) == group.end()) {
+            return ProgramError(
+                program, r, i,
+                absl::StrCat("the participants of ", ActionToString(a), " leave out its own rank"));
+          }
+          bool gathered = true;
+          for (int q : group) {
+            if (q < 0 || q >= p) {
+              return ProgramError(program, r, i,
+                                  absl::StrCat(ActionToString(a), " has participant rank ", q,
+                                               " outside [0, ", p, ")"));
+            }
+            const bool there = pos[q] < static_cast<int>(program.ranks[q].size()) &&
+                               program.ranks[q][pos[q]].type == a.type &&
+                               program.ranks[q][pos[q]].stage == a.stage;
+            if (!there) {
+              gathered = false;
+              break;
+            }
+          }
+          if (!gathered) break;  // waits in the collective
+          double t = 0;
+          for (int q : group) t = std::max(t, clock[q]);
+          for (int q : group) {
+            const int j = pos[q];
+            ex.start[q][j] = t;  // waiting before t is idle
+            clock[q] = t + (costs.tail ? costs.tail(q, program.ranks[q][j]) : 0.0);
+            ex.end[q][j] = clock[q];
+            ++pos[q];
+          }
+          progress = true;
+          continue;
+        }
         if (!IsCommunication(a.type)) {
           ex.start[r][i] = clock[r];
           for (const Action& leaf : Leaves(a)) {
@@ -176,15 +213,17 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
         }
         if (!costs.blocking_sends) {
           if (a.type == ActionType::kSendForward || a.type == ActionType::kSendBackward) {
+            ex.start[r][i] = clock[r];
+            clock[r] += costs.send ? costs.send(r, a) : 0.0;
+            ex.end[r][i] = clock[r];
             sent[key(a)] = clock[r] + costs.message_latency;
-            ex.start[r][i] = ex.end[r][i] = clock[r];
           } else {
             const double arrival = sent[key(Counterpart(a))];
             if (arrival < 0) break;  // not sent yet
             // The recorded span is the transfer seen by this rank, not the
             // wait for it (that is idle time).
             ex.start[r][i] = std::max(clock[r], arrival - costs.message_latency);
-            clock[r] = std::max(clock[r], arrival);
+            clock[r] = std::max(clock[r], arrival) + (costs.recv ? costs.recv(r, a) : 0.0);
             ex.end[r][i] = clock[r];
           }
           mark_done(a);
@@ -203,8 +242,12 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
                               absl::StrCat(ActionToString(b), " cannot run: ", peer_missing));
         }
         const double t = std::max(clock[r], clock[q]);
+        const bool r_sends =
+            a.type == ActionType::kSendForward || a.type == ActionType::kSendBackward;
+        const double send_time = costs.send ? (r_sends ? costs.send(r, a) : costs.send(q, b)) : 0.0;
+        const double recv_time = costs.recv ? (r_sends ? costs.recv(q, b) : costs.recv(r, a)) : 0.0;
         ex.start[r][i] = ex.start[q][j] = t;  // waiting before t is idle
-        clock[r] = clock[q] = t + costs.message_latency;
+        clock[r] = clock[q] = t + send_time + costs.message_latency + recv_time;
         ex.end[r][i] = ex.end[q][j] = clock[r];
         mark_done(a);
         mark_done(b);
@@ -220,6 +263,23 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
     if (pos[r] == static_cast<int>(program.ranks[r].size())) continue;
     if (first < 0) first = r;
     const Action& a = program.ranks[r][pos[r]];
+    if (IsTail(a.type)) {
+      absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ", ActionToString(a),
+                      " waits for the other participants of the collective:");
+      std::vector<int> group;
+      if (costs.participants) group = costs.participants(r, a);
+      for (int q : group) {
+        if (q == r) continue;
+        absl::StrAppend(&waits, " rank ", q, " ");
+        if (pos[q] == static_cast<int>(program.ranks[q].size())) {
+          absl::StrAppend(&waits, "has finished its program;");
+        } else {
+          absl::StrAppend(&waits, "is at step ", pos[q], ": ",
+                          ActionToString(program.ranks[q][pos[q]]), ";");
+        }
+      }
+      continue;
+    }
     const int q = program.stage_to_rank[PeerStage(a)];
     absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ", ActionToString(a),
                     " waits for rank ", q, " (", ActionToString(Counterpart(a)), "), which ");
@@ -232,7 +292,7 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
   }
   if (first >= 0) {
     return ProgramError(program, first, pos[first],
-                        absl::StrCat("deadlock with blocking send/recv:", waits));
+                        absl::StrCat("deadlock (blocking send/recv or a collective):", waits));
   }
   return ex;
 }

@@ -1,6 +1,6 @@
 // Internal to the validator and simulator targets: executes a LoweredProgram
-// with blocking (rendezvous) point-to-point semantics: a SEND and its RECV
-// complete together, only when both ranks have reached them. Checks that
+// with blocking (rendezvous) or buffered point-to-point semantics and
+// collective tail actions. Checks that
 // every compute's inputs are present when it runs and that no rank waits
 // forever; times every action with the given costs.
 #ifndef PIPELINE_SCHEDULE_INTERNAL_EXECUTION_H_
@@ -17,12 +17,29 @@ namespace internal_schedule {
 
 struct ExecutionCosts {
   // Duration of a leaf compute action (F, B, I, W); an OVERLAP_F_B takes the
-  // sum of its halves' (run back to back); tail actions take no time.
+  // sum of its halves' (run back to back).
   std::function<double(const Action&)> compute;
+  // Duration of tail action `a` on `rank` once its collective (if any) has
+  // gathered; null: tail actions take no time.
+  std::function<double(int rank, const Action& a)> tail;
+  // The ranks that take part in tail action `a` of `rank` (including `rank`):
+  // the action starts on all of them at the latest arrival (max of their
+  // clocks), then each takes its tail() time. Every participant's program
+  // must reach the same action (type and stage), and the function must give
+  // every participant the same set. Null, empty or {rank}: local.
+  std::function<std::vector<int>(int rank, const Action& a)> participants;
+  // Time a SEND occupies its rank (the sender's hand-off) before the message
+  // leaves; null: none.
+  std::function<double(int rank, const Action& a)> send;
+  // Time a RECV occupies its rank once the message is there (unpacking it);
+  // null: none.
+  std::function<double(int rank, const Action& a)> recv;
   double message_latency = 0;
-  // true: a SEND waits for its RECV and both complete together (rendezvous).
-  // false: a SEND returns at once (buffered, like an isend waited on later);
-  // its RECV completes at max(recv posted, send time + latency).
+  // true: a SEND waits for its RECV and both complete together (rendezvous),
+  // at max(ready) + send time + latency + receive time.
+  // false: a SEND returns after its send time (buffered, like an isend waited
+  // on later); its RECV completes at max(recv posted, SEND end + latency) +
+  // receive time.
   bool blocking_sends = true;
 };
 
@@ -36,7 +53,7 @@ struct Execution {
 // cell marked, on: an action out of range or on the wrong rank, a message to
 // the own rank, a compute whose input has not arrived, a send of something
 // not yet computed, or a deadlock (every unfinished rank waits on a peer that
-// waits elsewhere).
+// waits elsewhere, or in a collective that a participant never reaches).
 absl::StatusOr<Execution> Execute(const LoweredProgram& program, const ExecutionCosts& costs);
 
 }  // namespace internal_schedule

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -11,35 +14,180 @@
 
 namespace pp {
 
+namespace {
+
+constexpr char kGlobalKeys[] = "F, B, I, W, comm, SEND, RECV, STEP, REDUCE_TIED, REDUCE_GRAD";
+constexpr char kStageKeys[] = "F, B, I, W, REDUCE_GRAD";
+constexpr char kRankKeys[] = "STEP, REDUCE_TIED, SEND, RECV";
+
+// Splits "KEY:VALUE" with VALUE a finite number >= 0; false if malformed.
+bool ParseKeyValue(absl::string_view item, absl::string_view* key, double* value) {
+  std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
+  if (kv.size() != 2 || !absl::SimpleAtod(kv[1], value) || !std::isfinite(*value) || *value < 0) {
+    return false;
+  }
+  *key = kv[0];
+  return true;
+}
+
+// "STAGE:KEY:VALUE,KEY:VALUE;..." -> (index, "KEY:VALUE,...") pairs; `what`
+// is "stage" or "rank".
+absl::StatusOr<std::vector<std::pair<int, absl::string_view>>> SplitIndexed(
+    absl::string_view text, absl::string_view what, absl::string_view keys) {
+  std::vector<std::pair<int, absl::string_view>> out;
+  for (absl::string_view part : absl::StrSplit(text, ';', absl::SkipWhitespace())) {
+    const size_t colon = part.find(':');
+    int index = -1;
+    if (colon == absl::string_view::npos || !absl::SimpleAtoi(part.substr(0, colon), &index) ||
+        index < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad ", what, " costs \"", part, "\" in \"", text, "\": expected ",
+                       absl::AsciiStrToUpper(what), ":KEY:VALUE[,KEY:VALUE...] with ", what,
+                       " >= 0 and KEY in ", keys, "; ';' between ", what, "s"));
+    }
+    for (const auto& [seen, unused] : out) {
+      if (seen == index) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " ", index, " is given twice in \"", text, "\""));
+      }
+    }
+    out.push_back({index, part.substr(colon + 1)});
+  }
+  return out;
+}
+
+absl::Status BadItem(absl::string_view item, absl::string_view text, absl::string_view keys) {
+  return absl::InvalidArgumentError(absl::StrCat("bad cost \"", item, "\" in \"", text,
+                                                 "\": expected KEY:VALUE with KEY in ", keys,
+                                                 " and VALUE a number >= 0"));
+}
+
+absl::Status UnknownKey(absl::string_view key, absl::string_view text, absl::string_view keys) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown cost key \"", key, "\" in \"", text, "\": valid keys are ", keys));
+}
+
+}  // namespace
+
 absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
   SimulationCosts costs;
   bool backward_given = false;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
+    absl::string_view key;
     double value = 0;
-    if (kv.size() != 2 || !absl::SimpleAtod(kv[1], &value) || value < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad cost \"", item, "\" in \"", text,
-                       "\": expected KEY:VALUE with KEY in F, B, I, W, comm and VALUE >= 0"));
-    }
-    if (kv[0] == "F") {
+    if (!ParseKeyValue(item, &key, &value)) return BadItem(item, text, kGlobalKeys);
+    if (key == "F") {
       costs.forward = value;
-    } else if (kv[0] == "B") {
+    } else if (key == "B") {
       costs.backward = value;
       backward_given = true;
-    } else if (kv[0] == "I") {
+    } else if (key == "I") {
       costs.backward_input = value;
-    } else if (kv[0] == "W") {
+    } else if (key == "W") {
       costs.backward_weight = value;
-    } else if (kv[0] == "comm") {
+    } else if (key == "comm") {
       costs.comm = value;
+    } else if (key == "SEND") {
+      costs.send = value;
+    } else if (key == "RECV") {
+      costs.recv = value;
+    } else if (key == "STEP") {
+      costs.step = value;
+    } else if (key == "REDUCE_TIED") {
+      costs.reduce_tied = value;
+    } else if (key == "REDUCE_GRAD") {
+      costs.reduce_grad = value;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown cost key \"", kv[0], "\" in \"", text,
-                                                     "\": valid keys are F, B, I, W, comm"));
+      return UnknownKey(key, text, kGlobalKeys);
     }
   }
   if (!backward_given) costs.backward = costs.backward_input + costs.backward_weight;
   return costs;
+}
+
+absl::StatusOr<std::map<int, StageCosts>> ParseStageCosts(absl::string_view text) {
+  PP_ASSIGN_OR_RETURN(auto parts, SplitIndexed(text, "stage", kStageKeys));
+  std::map<int, StageCosts> out;
+  for (const auto& [stage, items] : parts) {
+    StageCosts& c = out[stage];
+    for (absl::string_view item : absl::StrSplit(items, ',', absl::SkipEmpty())) {
+      absl::string_view key;
+      double value = 0;
+      if (!ParseKeyValue(item, &key, &value)) return BadItem(item, text, kStageKeys);
+      if (key == "F") {
+        c.forward = value;
+      } else if (key == "B") {
+        c.backward = value;
+      } else if (key == "I") {
+        c.backward_input = value;
+      } else if (key == "W") {
+        c.backward_weight = value;
+      } else if (key == "REDUCE_GRAD") {
+        c.reduce_grad = value;
+      } else {
+        return UnknownKey(key, text, kStageKeys);
+      }
+    }
+    if (!c.backward && c.backward_input && c.backward_weight) {
+      c.backward = *c.backward_input + *c.backward_weight;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<int, RankCosts>> ParseRankCosts(absl::string_view text) {
+  PP_ASSIGN_OR_RETURN(auto parts, SplitIndexed(text, "rank", kRankKeys));
+  std::map<int, RankCosts> out;
+  for (const auto& [rank, items] : parts) {
+    RankCosts& c = out[rank];
+    for (absl::string_view item : absl::StrSplit(items, ',', absl::SkipEmpty())) {
+      absl::string_view key;
+      double value = 0;
+      if (!ParseKeyValue(item, &key, &value)) return BadItem(item, text, kRankKeys);
+      if (key == "STEP") {
+        c.step = value;
+      } else if (key == "REDUCE_TIED") {
+        c.reduce_tied = value;
+      } else if (key == "SEND") {
+        c.send = value;
+      } else if (key == "RECV") {
+        c.recv = value;
+      } else {
+        return UnknownKey(key, text, kRankKeys);
+      }
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::optional<std::vector<std::vector<int>>>> ParseTieGroups(
+    absl::string_view text) {
+  if (text.empty()) return std::nullopt;
+  std::vector<std::vector<int>> groups;
+  if (text == "none") return groups;
+  for (absl::string_view part : absl::StrSplit(text, ';', absl::SkipWhitespace())) {
+    std::vector<int> group;
+    for (absl::string_view item : absl::StrSplit(part, ',')) {
+      int stage = -1;
+      if (!absl::SimpleAtoi(item, &stage) || stage < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad stage \"", item, "\" in tie groups \"", text,
+                         "\": expected \"none\" or groups of virtual stages >= 0 like "
+                         "\"0,3;1,2\" (',' between stages, ';' between groups)"));
+      }
+      if (std::find(group.begin(), group.end(), stage) == group.end()) group.push_back(stage);
+    }
+    if (group.size() < 2) {
+      return absl::InvalidArgumentError(absl::StrCat("tie group \"", part, "\" in \"", text,
+                                                     "\" has fewer than 2 distinct stages"));
+    }
+    groups.push_back(group);
+  }
+  if (groups.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tie groups \"", text, "\" name no group; use \"none\" for no ties"));
+  }
+  return groups;
 }
 
 absl::StatusOr<MessageCost> FitMessageCost(const std::vector<MessageSample>& samples) {
@@ -112,9 +260,89 @@ absl::StatusOr<MemorySplit> ParseMemorySplit(absl::string_view text) {
 absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
                                                  const SimulationCosts& costs) {
   const int num_virtual = program.num_virtual_stages();
-  if (costs.forward < 0 || costs.backward < 0 || costs.backward_input < 0 ||
-      costs.backward_weight < 0 || costs.comm < 0) {
-    return absl::InvalidArgumentError("simulation costs must be >= 0");
+  const int p = program.num_stages;
+  for (const auto& [name, value] : {std::pair<const char*, double>{"F", costs.forward},
+                                    {"B", costs.backward},
+                                    {"I", costs.backward_input},
+                                    {"W", costs.backward_weight},
+                                    {"comm", costs.comm},
+                                    {"SEND", costs.send},
+                                    {"RECV", costs.recv},
+                                    {"STEP", costs.step},
+                                    {"REDUCE_TIED", costs.reduce_tied},
+                                    {"REDUCE_GRAD", costs.reduce_grad}}) {
+    if (!(value >= 0) || !std::isfinite(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("simulation cost ", name, " is ", value, "; costs must be finite and >= 0"));
+    }
+  }
+  auto check_own = [](const std::optional<double>& v, absl::string_view what, int index,
+                      absl::string_view key) -> absl::Status {
+    if (v && (!(*v >= 0) || !std::isfinite(*v))) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " ", index, "'s cost ", key, " is ", *v,
+                                                     "; costs must be finite and >= 0"));
+    }
+    return absl::OkStatus();
+  };
+  for (const auto& [stage, c] : costs.stage_costs) {
+    if (stage < 0 || stage >= num_virtual) {
+      return absl::InvalidArgumentError(absl::StrCat("stage costs are given for stage ", stage,
+                                                     "; the program's virtual stages are 0..",
+                                                     num_virtual - 1));
+    }
+    PP_RETURN_IF_ERROR(check_own(c.forward, "stage", stage, "F"));
+    PP_RETURN_IF_ERROR(check_own(c.backward, "stage", stage, "B"));
+    PP_RETURN_IF_ERROR(check_own(c.backward_input, "stage", stage, "I"));
+    PP_RETURN_IF_ERROR(check_own(c.backward_weight, "stage", stage, "W"));
+    PP_RETURN_IF_ERROR(check_own(c.reduce_grad, "stage", stage, "REDUCE_GRAD"));
+  }
+  for (const auto& [rank, c] : costs.rank_costs) {
+    if (rank < 0 || rank >= p) {
+      return absl::InvalidArgumentError(absl::StrCat("rank costs are given for rank ", rank,
+                                                     "; the program's ranks are 0..", p - 1));
+    }
+    PP_RETURN_IF_ERROR(check_own(c.step, "rank", rank, "STEP"));
+    PP_RETURN_IF_ERROR(check_own(c.reduce_tied, "rank", rank, "REDUCE_TIED"));
+    PP_RETURN_IF_ERROR(check_own(c.send, "rank", rank, "SEND"));
+    PP_RETURN_IF_ERROR(check_own(c.recv, "rank", rank, "RECV"));
+  }
+  // REDUCE_TIED's participants: ranks linked through tie groups (union-find
+  // roots); -1 for a rank in no group.
+  std::vector<int> tie_root(p, 0);
+  if (costs.tie_groups) {
+    std::vector<int> parent(p);
+    for (int r = 0; r < p; ++r) parent[r] = r;
+    std::function<int(int)> find = [&](int r) {
+      return parent[r] == r ? r : parent[r] = find(parent[r]);
+    };
+    std::vector<bool> tied(p, false);
+    for (const std::vector<int>& group : *costs.tie_groups) {
+      for (int stage : group) {
+        if (stage < 0 || stage >= num_virtual) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("tie group stage ", stage,
+                           " is outside the program's virtual stages 0..", num_virtual - 1));
+        }
+      }
+      for (int stage : group) {
+        const int r = program.stage_to_rank[stage];
+        tied[r] = true;
+        parent[find(r)] = find(program.stage_to_rank[group[0]]);
+      }
+    }
+    for (int r = 0; r < p; ++r) tie_root[r] = tied[r] ? find(r) : -1;
+  }
+  // A collective's participants are only the ranks whose program has it.
+  auto has_type = [&program](int r, ActionType type) {
+    for (const Action& a : program.ranks[r]) {
+      if (a.type == type) return true;
+    }
+    return false;
+  };
+  std::vector<bool> has_tied(p), has_step(p);
+  for (int r = 0; r < p; ++r) {
+    has_tied[r] = has_type(r, ActionType::kReduceTiedGrads);
+    has_step[r] = has_type(r, ActionType::kOptimizerStep);
   }
   if (costs.memory.input < 0 || costs.memory.weight < 0 ||
       costs.memory.input + costs.memory.weight <= 0) {
@@ -145,28 +373,81 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
   internal_schedule::ExecutionCosts exec_costs;
   exec_costs.message_latency = message_time;
   exec_costs.blocking_sends = costs.blocking_sends;
-  exec_costs.compute = [&costs](const Action& a) {
+  auto multiplier = [&costs](int stage) {
+    return costs.stage_multiplier.empty() ? 1.0 : costs.stage_multiplier[stage];
+  };
+  exec_costs.compute = [&costs, &multiplier](const Action& a) {
     double base = 0;
+    std::optional<double> own;
+    auto it = costs.stage_costs.find(a.stage);
+    const StageCosts* stage = it == costs.stage_costs.end() ? nullptr : &it->second;
     switch (a.type) {
       case ActionType::kForward:
         base = costs.forward;
+        if (stage != nullptr) own = stage->forward;
         break;
       case ActionType::kBackward:
         base = costs.backward;
+        if (stage != nullptr) {
+          own = stage->backward;
+          if (!own && stage->backward_input && stage->backward_weight) {
+            own = *stage->backward_input + *stage->backward_weight;
+          }
+        }
         break;
       case ActionType::kBackwardInput:
         base = costs.backward_input;
+        if (stage != nullptr) own = stage->backward_input;
         break;
       default:
         base = costs.backward_weight;
+        if (stage != nullptr) own = stage->backward_weight;
         break;
     }
-    if (!costs.stage_multiplier.empty()) base *= costs.stage_multiplier[a.stage];
-    return base;
+    return own ? *own : base * multiplier(a.stage);
+  };
+  auto rank_cost = [&costs](int rank, std::optional<double> RankCosts::*field, double global) {
+    auto it = costs.rank_costs.find(rank);
+    if (it == costs.rank_costs.end() || !(it->second.*field)) return global;
+    return *(it->second.*field);
+  };
+  exec_costs.tail = [&](int rank, const Action& a) {
+    switch (a.type) {
+      case ActionType::kReduceTiedGrads:
+        return tie_root[rank] < 0 ? 0.0
+                                  : rank_cost(rank, &RankCosts::reduce_tied, costs.reduce_tied);
+      case ActionType::kReduceGrads: {
+        auto it = costs.stage_costs.find(a.stage);
+        if (it != costs.stage_costs.end() && it->second.reduce_grad) {
+          return *it->second.reduce_grad;
+        }
+        return costs.reduce_grad * multiplier(a.stage);
+      }
+      default:
+        return rank_cost(rank, &RankCosts::step, costs.step);
+    }
+  };
+  exec_costs.participants = [&](int rank, const Action& a) {
+    std::vector<int> group;
+    for (int q = 0; q < p; ++q) {
+      bool joins = q == rank;
+      if (a.type == ActionType::kReduceTiedGrads) {
+        joins |= tie_root[rank] >= 0 && tie_root[q] == tie_root[rank] && has_tied[q];
+      } else if (a.type == ActionType::kOptimizerStep) {
+        joins |= costs.step_all_reduce && has_step[q];
+      }
+      if (joins) group.push_back(q);
+    }
+    return group;
+  };
+  exec_costs.send = [&](int rank, const Action&) {
+    return rank_cost(rank, &RankCosts::send, costs.send);
+  };
+  exec_costs.recv = [&](int rank, const Action&) {
+    return rank_cost(rank, &RankCosts::recv, costs.recv);
   };
   PP_ASSIGN_OR_RETURN(internal_schedule::Execution ex,
                       internal_schedule::Execute(program, exec_costs));
-  const int p = program.num_stages;
   SimulationResult result;
   result.busy.assign(p, 0);
   result.idle.assign(p, 0);
@@ -180,7 +461,12 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
     for (int i = 0; i < static_cast<int>(program.ranks[r].size()); ++i) {
       const Action& action = program.ranks[r][i];
       result.makespan = std::max(result.makespan, ex.end[r][i]);
-      if (IsTail(action.type)) continue;
+      if (IsTail(action.type)) {
+        if (ex.end[r][i] > ex.start[r][i]) {
+          result.timeline.push_back({r, ActionToString(action), ex.start[r][i], ex.end[r][i]});
+        }
+        continue;
+      }
       if (!IsCompute(action.type)) {
         result.timeline.push_back({r, ActionToString(action), ex.start[r][i], ex.end[r][i]});
         continue;

@@ -7,9 +7,17 @@
 // back to back as the runtime does: no overlap is modelled; the timeline has
 // one event per half); a RECV completes no earlier than
 // the arrival of the message (see SimulationCosts::blocking_sends for the two
-// send models); tail actions take no time. Busy time counts compute
-// only. A forward's activations are in flight from its F until its B (or W
-// when the backward is split).
+// send models); a SEND occupies its rank for the send cost and a RECV for the
+// receive cost once its message is there. Compute costs are
+// global per action type (times the stage's multiplier) unless a virtual
+// stage has its own (SimulationCosts::stage_costs). Tail actions (REDUCE_TIED,
+// REDUCE_GRAD, STEP) take their costs; a collective one starts on all its
+// participants at the latest arrival (end = max(arrivals) + cost): REDUCE_TIED
+// over the ranks linked by tie groups, STEP over all ranks when it all-reduces
+// the gradient norm, REDUCE_GRAD locally (its data-parallel peers are not in
+// the program). Busy time counts compute only (sends and the tail are idle
+// time of the pipeline). A forward's activations are in flight from its F
+// until its B (or W when the backward is split).
 //
 // Memory model (per rank, in units of one virtual stage's activations for one
 // micro-batch): F adds 1; a full B frees 1; a split backward frees
@@ -21,6 +29,8 @@
 #ifndef PIPELINE_SCHEDULE_SIMULATOR_H_
 #define PIPELINE_SCHEDULE_SIMULATOR_H_
 
+#include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -67,6 +77,19 @@ struct MessageSample {
 // were given.
 absl::StatusOr<MessageCost> FitMessageCost(const std::vector<MessageSample>& samples);
 
+// One virtual stage's own costs; each given one replaces the global cost of
+// its type as is (the stage multiplier does not apply to it). A stage whose
+// I and W are given but not B gets B = I + W.
+struct StageCosts {
+  std::optional<double> forward, backward, backward_input, backward_weight;
+  std::optional<double> reduce_grad;  // its <s>REDUCE_GRAD
+};
+
+// One rank's own tail and send costs (replacing the global ones).
+struct RankCosts {
+  std::optional<double> reduce_tied, step, send, recv;
+};
+
 struct SimulationCosts {
   double forward = 1;          // F
   double backward = 2;         // B
@@ -79,8 +102,32 @@ struct SimulationCosts {
   // `comm` alone.
   MessageCost message;
   std::vector<double> message_bytes;
-  // Per virtual stage multiplier of compute costs; empty = all 1.
+  // Per virtual stage multiplier of the global compute and REDUCE_GRAD
+  // costs; empty = all 1.
   std::vector<double> stage_multiplier;
+  // Per virtual stage overrides (keys: stages in [0, p * v)).
+  std::map<int, StageCosts> stage_costs;
+  // Tail costs, per action on its rank, after its collective has gathered.
+  double reduce_tied = 0;  // REDUCE_TIED (0 on a rank in no tie group)
+  double reduce_grad = 0;  // each <s>REDUCE_GRAD (times the stage multiplier)
+  double step = 0;         // STEP
+  // Time a SEND occupies the sending rank before its message leaves (the
+  // runtime's hand-off to the transport), and a RECV the receiving rank once
+  // the message is there (unpacking it).
+  double send = 0;
+  double recv = 0;
+  // Per rank overrides of reduce_tied, step, send and recv (keys: ranks in
+  // [0, p)).
+  std::map<int, RankCosts> rank_costs;
+  // Tie groups, each a set of virtual stages whose tied parameters are
+  // all-reduced in REDUCE_TIED. Ranks linked through groups synchronise in one
+  // collective (the runtime's per-group all-reduces, in key order, modelled as
+  // one); a rank in no group does nothing there. nullopt: one group of all
+  // ranks (e.g. a GPT whose embedding and head are tied, on p = 2).
+  std::optional<std::vector<std::vector<int>>> tie_groups;
+  // STEP all-reduces the gradient norm over all ranks (global grad-norm
+  // clipping) before applying the optimizer: it is a collective of all ranks.
+  bool step_all_reduce = false;
   // false (default): buffered sends: a SEND returns at once and its RECV
   // finishes at max(posted, sent + comm), as when the runtime posts sends as
   // isend and waits for them later; the schedules' published bubble formulas
@@ -92,10 +139,27 @@ struct SimulationCosts {
   MemorySplit memory;
 };
 
-// "F:1,B:2,W:0,comm:0" (keys F, B, I, W, comm, in any order; missing keys
-// keep their defaults, except that a missing B is I + W, so "F:1,I:1,W:2"
-// means B = 3). InvalidArgument names a bad key or value.
+// "F:1,B:2,W:0,comm:0" (keys F, B, I, W, comm, SEND, RECV, STEP,
+// REDUCE_TIED, REDUCE_GRAD, in any order; missing keys keep their defaults, except that a
+// missing B is I + W, so "F:1,I:1,W:2" means B = 3). InvalidArgument names a
+// bad key or value.
 absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text);
+
+// "0:F:1,B:2;1:F:1.2,I:1,W:1.1" -> stage_costs: ';'-separated
+// STAGE:KEY:VALUE[,KEY:VALUE...] with keys F, B, I, W, REDUCE_GRAD (B = I + W
+// when only I and W are given). InvalidArgument names a bad stage, key or
+// value, or a stage given twice. Whether a stage exists is SimulateProgram's
+// check.
+absl::StatusOr<std::map<int, StageCosts>> ParseStageCosts(absl::string_view text);
+
+// "0:STEP:0.005,SEND:0.0002;1:STEP:0.008" -> rank_costs: as ParseStageCosts,
+// keyed by rank, with keys STEP, REDUCE_TIED, SEND, RECV.
+absl::StatusOr<std::map<int, RankCosts>> ParseRankCosts(absl::string_view text);
+
+// "0,3;1,2" -> tie groups of virtual stages (';' between groups, ',' between
+// stages; a group needs 2 or more distinct stages); "none" -> no tie groups;
+// "" -> nullopt (all ranks, the default). InvalidArgument names the bad part.
+absl::StatusOr<std::optional<std::vector<std::vector<int>>>> ParseTieGroups(absl::string_view text);
 
 struct SimulationResult {
   double makespan = 0;
@@ -111,13 +175,14 @@ struct SimulationResult {
   // Per rank: peak of the memory model above (F adds 1, B frees 1, I and W
   // free their parts of it), in the same units as peak_inflight.
   std::vector<double> peak_memory;
-  // Every executed action (tail excluded), in program order per rank.
+  // Every executed action, in program order per rank; tail actions only
+  // when they take time.
   std::vector<TraceEvent> timeline;
 };
 
 // Simulates a lowered program; errors are the validator's (deadlock, missing
-// input) or InvalidArgument for negative costs / a multiplier list of the
-// wrong size.
+// input) or InvalidArgument for negative or non-finite costs, a multiplier list
+// of the wrong size, or a stage, rank or tie-group stage out of range.
 absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
                                                  const SimulationCosts& costs);
 

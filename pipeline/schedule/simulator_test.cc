@@ -5,11 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "pipeline/schedule/registry.h"
 
 namespace pp {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -318,6 +320,220 @@ TEST(MemorySplitTest, ParsesAndRejects) {
   EXPECT_THAT(std::string(ParseMemorySplit("B:1").status().message()), HasSubstr("\"B\""));
   EXPECT_FALSE(ParseMemorySplit("I:-1").ok());
   EXPECT_THAT(std::string(ParseMemorySplit("I:0,W:0").status().message()), HasSubstr("> 0"));
+}
+
+// Tail, per-stage and send costs. The base case: gpipe, p = 2, m = 2, F = 1,
+// B = 2: rank 0 computes F [0,1] [1,2], B [5,7] [7,9]; rank 1 F [1,2]
+// [2,3], B [3,5] [5,7]. Makespan 9.
+TEST(SimulatorCostModelTest, BaseCase) {
+  EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 2).makespan, 9);
+}
+
+// Stage 1's own F = 3: rank 1 F [1,4] [4,7], B [7,9] [9,11]; rank 0 B
+// [9,11] [11,13]. The stage's own cost ignores the multiplier: with
+// multipliers 2, stage 0 costs F 2, B 4 and stage 1 F 3 (own), B 4: rank 0
+// F [0,2] [2,4], rank 1 F [2,5] [5,8], B [8,12] [12,16], rank 0 B [12,16]
+// [16,20].
+TEST(SimulatorCostModelTest, PerStageCostsOverrideTheGlobalOnes) {
+  SimulationCosts costs;
+  costs.stage_costs[1].forward = 3;
+  SimulationResult r = SimulateNamed("gpipe", 2, 2, 1, costs);
+  EXPECT_DOUBLE_EQ(r.makespan, 13);
+  EXPECT_THAT(r.busy, ElementsAre(6, 10));
+  costs.stage_multiplier = {2, 2};
+  EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 2, 1, costs).makespan, 20);
+  // Own I and W without B: B = I + W (here 1 + 3 = 4 on stage 0: rank 0's
+  // B [5,9] [9,13]).
+  costs = {};
+  costs.stage_costs[0].backward_input = 1;
+  costs.stage_costs[0].backward_weight = 3;
+  EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 2, 1, costs).makespan, 13);
+  // A split backward takes the stage's own I and W: zb_h1, p = 2, m = 1:
+  // 1F0 [1,2] 1I0 [2,6] 1W0 [6,7], rank 0 0F0 [0,1] 0I0 [6,7] 0W0 [7,8] with stage 1's I = 4.
+  costs = EqualFIW();
+  costs.stage_costs[1].backward_input = 4;
+  EXPECT_DOUBLE_EQ(SimulateNamed("zb_h1", 2, 1, 1, costs).makespan, 8);
+}
+
+// Tail costs: REDUCE_TIED 0.25 (a collective of both ranks by default),
+// REDUCE_GRAD 0.5 (local), STEP 1 on rank 0 and 5 on rank 1 (local unless
+// step_all_reduce). Rank 0 computes until 9, rank 1 until 7.
+TEST(SimulatorCostModelTest, TailCostsAndCollectives) {
+  SimulationCosts costs;
+  costs.reduce_tied = 0.25;
+  costs.reduce_grad = 0.5;
+  costs.step = 1;
+  costs.rank_costs[1].step = 5;
+  // REDUCE_TIED gathers at 9: rank 1 9.25, 9.75, 14.75.
+  SimulationResult r = SimulateNamed("gpipe", 2, 2, 1, costs);
+  EXPECT_DOUBLE_EQ(r.makespan, 14.75);
+  EXPECT_THAT(r.busy, ElementsAre(6, 6));  // the tail is not compute
+  std::vector<std::string> tail;
+  for (const TraceEvent& e : r.timeline) {
+    if (e.rank == 1 && IsTail(ParseAction(e.name)->type)) {
+      tail.push_back(absl::StrCat(e.name, "@", e.start, "-", e.end));
+    }
+  }
+  EXPECT_THAT(tail, ElementsAre("REDUCE_TIED@9-9.25", "1REDUCE_GRAD@9.25-9.75", "STEP@9.75-14.75"));
+  // No tie groups: REDUCE_TIED is a no-op; rank 1 ends at 7 + 0.5 + 5, rank 0
+  // at 9 + 0.5 + 1.
+  costs.tie_groups.emplace();
+  EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 2, 1, costs).makespan, 12.5);
+  // STEP all-reduces the norm: it starts on both at 9.5; rank 1 ends 14.5.
+  costs.step_all_reduce = true;
+  EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 2, 1, costs).makespan, 14.5);
+}
+
+// Tie groups name virtual stages; only their ranks synchronise. gpipe, p = 4,
+// m = 1: rank r ends its B at 12 - 2r. Tying stages 0 and 3 makes ranks 0
+// and 3 meet at 12; ranks 1 and 2 are in no group (REDUCE_TIED costs 0).
+TEST(SimulatorCostModelTest, TieGroupsChooseTheParticipants) {
+  SimulationCosts costs;
+  costs.reduce_tied = 1;
+  costs.tie_groups = std::vector<std::vector<int>>{{0, 3}};
+  SimulationResult r = SimulateNamed("gpipe", 4, 1, 1, costs);
+  EXPECT_DOUBLE_EQ(r.makespan, 13);
+  std::vector<std::string> tied;
+  for (const TraceEvent& e : r.timeline) {
+    if (e.name == "REDUCE_TIED") tied.push_back(absl::StrCat(e.rank, "@", e.start, "-", e.end));
+  }
+  EXPECT_THAT(tied, ElementsAre("0@12-13", "3@12-13"));
+  // Stages 1 and 2 tied instead: ranks 1 and 2 meet at 10; rank 0 ends at 12.
+  costs.tie_groups = std::vector<std::vector<int>>{{1, 2}};
+  EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 4, 1, 1, costs).makespan, 12);
+  // Groups {0, 1} and {1, 3} link ranks 0, 1, 3 into one collective at 12.
+  costs.tie_groups = std::vector<std::vector<int>>{{0, 1}, {1, 3}};
+  r = SimulateNamed("gpipe", 4, 1, 1, costs);
+  tied.clear();
+  for (const TraceEvent& e : r.timeline) {
+    if (e.name == "REDUCE_TIED") tied.push_back(absl::StrCat(e.rank, "@", e.start, "-", e.end));
+  }
+  EXPECT_THAT(tied, ElementsAre("0@12-13", "1@12-13", "3@12-13"));
+}
+
+// SEND 0.5 on the sending rank, buffered: rank 0 F [0,1] SEND [1,1.5] F
+// [1.5,2.5] SEND [2.5,3]; rank 1 F [1.5,2.5] [3,4], B [4,6] SEND [6,6.5] B
+// [6.5,8.5] SEND [8.5,9]; rank 0 B [6.5,8.5] [9,11]. Rendezvous: each pair
+// ends at max(ready) + 0.5: the same times here. Rank 1's own SEND 0: its
+// gradients arrive at 6 and 8, rank 0 B [6,8] [8,10].
+TEST(SimulatorCostModelTest, SendCostOccupiesTheSender) {
+  for (bool blocking : {false, true}) {
+    SimulationCosts costs;
+    costs.blocking_sends = blocking;
+    costs.send = 0.5;
+    EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 2, 1, costs).makespan, 11) << blocking;
+    costs.rank_costs[1].send = 0;
+    EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 2, 1, costs).makespan, 10) << blocking;
+  }
+}
+
+// RECV 0.5 on the receiving rank once the message is there: rank 1 RECV
+// [1,1.5] F [1.5,2.5] RECV (its message came at 2) [2.5,3] F [3,4], B [4,6]
+// [6,8]; rank 0 RECV [6,6.5] B [6.5,8.5] RECV [8.5,9] B [9,11]. Rendezvous:
+// each pair ends at max(ready) + 0.5, the same times here. Rank 0's own RECV
+// 0: its B [6,8] [8,10].
+TEST(SimulatorCostModelTest, RecvCostOccupiesTheReceiver) {
+  for (bool blocking : {false, true}) {
+    SimulationCosts costs;
+    costs.blocking_sends = blocking;
+    costs.recv = 0.5;
+    EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 2, 1, costs).makespan, 11) << blocking;
+    costs.rank_costs[0].recv = 0;
+    EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 2, 1, costs).makespan, 10) << blocking;
+  }
+}
+
+TEST(SimulatorCostModelTest, RejectsBadStagesRanksAndCosts) {
+  ScheduleOptions options;
+  options.num_stages = 2;
+  options.num_microbatches = 2;
+  const Schedule schedule = *MakeSchedule("gpipe", options);
+  SimulationCosts costs;
+  costs.stage_costs[2].forward = 1;
+  EXPECT_THAT(std::string(Simulate(schedule, costs).status().message()),
+              AllOf(HasSubstr("stage 2"), HasSubstr("0..1")));
+  costs = {};
+  costs.stage_costs[0].backward = -1;
+  EXPECT_THAT(std::string(Simulate(schedule, costs).status().message()),
+              AllOf(HasSubstr("stage 0"), HasSubstr(" B ")));
+  costs = {};
+  costs.rank_costs[2].step = 1;
+  EXPECT_THAT(std::string(Simulate(schedule, costs).status().message()), HasSubstr("rank 2"));
+  costs = {};
+  costs.tie_groups = std::vector<std::vector<int>>{{0, 5}};
+  EXPECT_THAT(std::string(Simulate(schedule, costs).status().message()),
+              HasSubstr("tie group stage 5"));
+  costs = {};
+  costs.step = -1;
+  EXPECT_THAT(std::string(Simulate(schedule, costs).status().message()), HasSubstr("STEP"));
+}
+
+// A collective that a participant reaches in another order never gathers.
+TEST(SimulatorCostModelTest, MismatchedCollectivesDeadlock) {
+  LoweredProgram program;
+  program.schedule_name = "hand";
+  program.num_stages = 2;
+  program.num_microbatches = 1;
+  program.stage_to_rank = {0, 1};
+  program.ranks = {*ParseActions("0F0 0SEND_F0 0RECV_B0 0B0 REDUCE_TIED STEP"),
+                   *ParseActions("1RECV_F0 1F0 1B0 1SEND_B0 STEP REDUCE_TIED")};
+  SimulationCosts costs;
+  EXPECT_TRUE(SimulateProgram(program, costs).ok());  // STEP is local
+  costs.step_all_reduce = true;
+  absl::StatusOr<SimulationResult> r = SimulateProgram(program, costs);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(
+      std::string(r.status().message()),
+      AllOf(HasSubstr("deadlock"), HasSubstr("REDUCE_TIED waits for the other participants"),
+            HasSubstr("rank 1 is at step 4: STEP")));
+}
+
+TEST(SimulationCostsTest, ParsesTailSendStageAndRankCosts) {
+  absl::StatusOr<SimulationCosts> c =
+      ParseSimulationCosts("F:1,B:2,SEND:0.1,RECV:0.2,STEP:3,REDUCE_TIED:0.5,REDUCE_GRAD:0.25");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->send, 0.1);
+  EXPECT_DOUBLE_EQ(c->recv, 0.2);
+  EXPECT_DOUBLE_EQ(c->step, 3);
+  EXPECT_DOUBLE_EQ(c->reduce_tied, 0.5);
+  EXPECT_DOUBLE_EQ(c->reduce_grad, 0.25);
+
+  absl::StatusOr<std::map<int, StageCosts>> s =
+      ParseStageCosts("0:F:1,B:2;1:F:1.2,I:1,W:1.1,REDUCE_GRAD:0.3");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_DOUBLE_EQ(*s->at(0).forward, 1);
+  EXPECT_DOUBLE_EQ(*s->at(0).backward, 2);
+  EXPECT_FALSE(s->at(0).backward_input.has_value());
+  EXPECT_DOUBLE_EQ(*s->at(1).backward, 2.1);
+  EXPECT_DOUBLE_EQ(*s->at(1).reduce_grad, 0.3);
+  EXPECT_TRUE(ParseStageCosts("")->empty());
+  EXPECT_THAT(std::string(ParseStageCosts("x:F:1").status().message()), HasSubstr("\"x:F:1\""));
+  EXPECT_THAT(std::string(ParseStageCosts("0:STEP:1").status().message()), HasSubstr("\"STEP\""));
+  EXPECT_THAT(std::string(ParseStageCosts("0:F:-1").status().message()), HasSubstr("\"F:-1\""));
+  EXPECT_THAT(std::string(ParseStageCosts("0:F:1;0:B:1").status().message()),
+              HasSubstr("stage 0 is given twice"));
+
+  absl::StatusOr<std::map<int, RankCosts>> r =
+      ParseRankCosts("0:STEP:0.005,SEND:0.0002;1:STEP:0.008,REDUCE_TIED:1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(*r->at(0).step, 0.005);
+  EXPECT_DOUBLE_EQ(*r->at(0).send, 0.0002);
+  EXPECT_FALSE(r->at(0).reduce_tied.has_value());
+  EXPECT_DOUBLE_EQ(*r->at(1).reduce_tied, 1);
+  EXPECT_THAT(std::string(ParseRankCosts("0:F:1").status().message()), HasSubstr("\"F\""));
+  EXPECT_THAT(std::string(ParseRankCosts("-1:STEP:1").status().message()),
+              HasSubstr("\"-1:STEP:1\""));
+}
+
+TEST(SimulationCostsTest, ParsesTieGroups) {
+  EXPECT_FALSE(ParseTieGroups("")->has_value());
+  EXPECT_TRUE(ParseTieGroups("none")->value().empty());
+  absl::StatusOr<std::optional<std::vector<std::vector<int>>>> g = ParseTieGroups("0,3;1,2");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_THAT(**g, ElementsAre(ElementsAre(0, 3), ElementsAre(1, 2)));
+  EXPECT_THAT(std::string(ParseTieGroups("0").status().message()), HasSubstr("fewer than 2"));
+  EXPECT_THAT(std::string(ParseTieGroups("0,a").status().message()), HasSubstr("\"a\""));
+  EXPECT_THAT(std::string(ParseTieGroups("0,-3").status().message()), HasSubstr("\"-3\""));
 }
 
 }  // namespace
