@@ -1,8 +1,11 @@
 #include "topology/device_transfer.h"
 
 #include <chrono>
+#include <string>
 #include <vector>
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include "absl/status/status.h"
@@ -41,6 +44,38 @@ TEST_P(DeviceTransferTest, ToDeviceAndToHostRoundTrip) {
   EXPECT_TRUE(torch::equal((*host)[0], a));
   EXPECT_FALSE((*host)[1].defined());
   EXPECT_TRUE(torch::equal((*host)[2], b));
+}
+
+// What the executor's traces rely on (a device's action is timed after
+// WaitForDevice): it returns only once the work queued before it has run, and
+// gives up after its timeout with an error naming the device. On the CPU there
+// is nothing queued and it returns at once.
+TEST_P(DeviceTransferTest, WaitForDeviceWaitsForQueuedWork) {
+  absl::StatusOr<c10::Device> device = TestDevice(GetParam());
+  if (!device.ok()) GTEST_SKIP() << device.status().message();
+  if (device->is_cpu()) {
+    EXPECT_TRUE(WaitForDevice(*device, std::chrono::milliseconds(0), "cpu").ok());
+    return;
+  }
+  c10::impl::VirtualGuardImpl impl(device->type());
+  // About 7 TFLOP of matrix products: long enough on any GPU that a wait that
+  // returned without waiting is seen, and that a zero timeout runs out.
+  auto queue_work = [&] {
+    at::Tensor x = torch::randn({4096, 4096}, torch::TensorOptions().device(*device));
+    for (int i = 0; i < 50; ++i) x = torch::tanh(torch::mm(x, x));
+    c10::Event queued(device->type());
+    queued.record(impl.getStream(*device));
+    return queued;
+  };
+  c10::Event queued = queue_work();
+  absl::Status waited = WaitForDevice(*device, std::chrono::seconds(60), "test");
+  ASSERT_TRUE(waited.ok()) << waited;
+  EXPECT_TRUE(queued.query()) << "WaitForDevice returned before the queued work ran";
+  queue_work();
+  absl::Status late = WaitForDevice(*device, std::chrono::milliseconds(0), "a zero timeout");
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_NE(std::string(late.message()).find(device->str()), std::string::npos) << late;
+  ASSERT_TRUE(WaitForDevice(*device, std::chrono::seconds(60), "drain").ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceTransferTest,

@@ -1,6 +1,5 @@
 #include "topology/launcher.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -35,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "common/torch_compat_blas.h"
 #include "topology/launcher_status.h"
 #include "topology/rendezvous.h"
 
@@ -63,8 +63,9 @@ ABSL_FLAG(int, intra_op_threads, 0,
           "Launcher: intra-op (at::set_num_threads) threads per worker; 0: PP_INTRA_OP_THREADS, "
           "else OMP_NUM_THREADS, else 1.");
 ABSL_FLAG(int, blas_threads, 0,
-          "Launcher: OpenBLAS threads per worker; 0: PP_BLAS_THREADS, else OPENBLAS_NUM_THREADS, "
-          "else OMP_NUM_THREADS, else cores / local workers.");
+          "Launcher: BLAS (OpenBLAS or MKL, whichever LibTorch uses) threads per worker; 0: "
+          "PP_BLAS_THREADS, else the BLAS's own OPENBLAS_NUM_THREADS / MKL_NUM_THREADS, else "
+          "OMP_NUM_THREADS, else cores / local workers.");
 
 namespace pp {
 namespace {
@@ -316,8 +317,8 @@ constexpr int64_t kWorkerMmapThreshold = int64_t{32} << 20;
 constexpr int64_t kWorkerTrimThreshold = int64_t{1} << 30;
 
 // torchrun's variables for the worker of local index `local`, and its
-// resolved thread counts (OMP_NUM_THREADS / OPENBLAS_NUM_THREADS too, so the
-// libraries size their pools right when they load).
+// resolved thread counts (OMP_NUM_THREADS and the BLAS's own variable too, so
+// the libraries size their pools right when they load).
 std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOptions& options,
                                                                  int port, int local,
                                                                  WorkerThreads threads) {
@@ -335,8 +336,9 @@ std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOpt
   for (const char* key : {"OMP_NUM_THREADS", "PP_INTRA_OP_THREADS"}) {
     vars.emplace_back(key, std::to_string(threads.intra_op));
   }
-  for (const char* key : {"OPENBLAS_NUM_THREADS", "PP_BLAS_THREADS"}) {
-    vars.emplace_back(key, std::to_string(threads.blas));
+  vars.emplace_back("PP_BLAS_THREADS", std::to_string(threads.blas));
+  if (const char* blas_variable = torch_compat::BlasThreadsVariable(torch_compat::BlasInUse())) {
+    vars.emplace_back(blas_variable, std::to_string(threads.blas));
   }
   vars.emplace_back("PP_REPORT_THREADS", "1");
   // glibc's malloc gives each freed block above its dynamic mmap threshold
@@ -616,21 +618,19 @@ absl::StatusOr<int> ThreadsFromEnv(std::initializer_list<const char*> names) {
   return 0;
 }
 
-int BlasThreadsNow() {
-  using GetThreadsFn = int (*)();
-  auto get_threads =
-      reinterpret_cast<GetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  return get_threads == nullptr ? -1 : get_threads();
-}
-
 }  // namespace
 
 absl::StatusOr<WorkerThreads> ResolveWorkerThreads(int local_world_size, WorkerThreads flags) {
   WorkerThreads threads = DefaultWorkerThreads(local_world_size);
   PP_ASSIGN_OR_RETURN(const int intra_env,
                       ThreadsFromEnv({"PP_INTRA_OP_THREADS", "OMP_NUM_THREADS"}));
-  PP_ASSIGN_OR_RETURN(const int blas_env, ThreadsFromEnv({"PP_BLAS_THREADS", "OPENBLAS_NUM_THREADS",
-                                                          "OMP_NUM_THREADS"}));
+  // The BLAS's own variable: OpenBLAS ignores MKL_NUM_THREADS and MKL ignores
+  // OPENBLAS_NUM_THREADS, so only the one of the BLAS in use counts.
+  const char* blas_variable = torch_compat::BlasThreadsVariable(torch_compat::BlasInUse());
+  PP_ASSIGN_OR_RETURN(const int blas_env,
+                      blas_variable == nullptr
+                          ? ThreadsFromEnv({"PP_BLAS_THREADS", "OMP_NUM_THREADS"})
+                          : ThreadsFromEnv({"PP_BLAS_THREADS", blas_variable, "OMP_NUM_THREADS"}));
   if (intra_env > 0) threads.intra_op = intra_env;
   if (blas_env > 0) threads.blas = blas_env;
   if (flags.intra_op > 0) threads.intra_op = flags.intra_op;
@@ -645,13 +645,17 @@ WorkerThreads SetWorkerThreads(WorkerThreads threads) {
 }
 
 WorkerThreads CurrentWorkerThreads() {
-  return WorkerThreads{.intra_op = at::get_num_threads(), .blas = BlasThreadsNow()};
+  return WorkerThreads{.intra_op = at::get_num_threads(), .blas = torch_compat::BlasThreads()};
 }
 
 std::string DescribeThreads(WorkerThreads threads) {
-  return threads.blas < 0
-             ? absl::StrCat(threads.intra_op, " intra-op thread(s), BLAS not OpenBLAS")
-             : absl::StrCat(threads.intra_op, " intra-op + ", threads.blas, " BLAS thread(s)");
+  const torch_compat::Blas blas = torch_compat::BlasInUse();
+  if (threads.blas < 0 || blas == torch_compat::Blas::kUnknown) {
+    return absl::StrCat(threads.intra_op,
+                        " intra-op thread(s), BLAS threads unknown (neither OpenBLAS nor MKL)");
+  }
+  return absl::StrCat(threads.intra_op, " intra-op + ", threads.blas, " BLAS thread(s) (",
+                      torch_compat::BlasName(blas), ")");
 }
 
 WorkerThreads ConfigureWorkerThreads() {
@@ -668,14 +672,7 @@ WorkerThreads ConfigureWorkerThreads() {
   return SetWorkerThreads(*threads);
 }
 
-bool SetBlasThreads(int threads) {
-  using SetThreadsFn = void (*)(int);
-  auto set_threads =
-      reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (set_threads == nullptr) return false;
-  set_threads(threads);
-  return true;
-}
+bool SetBlasThreads(int threads) { return torch_compat::SetBlasThreads(threads); }
 
 absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<std::string>& argv) {
   PP_RETURN_IF_ERROR(Validate(options));
@@ -753,8 +750,12 @@ std::vector<char*> MaybeLaunch(int argc, char** argv, const std::function<int()>
     const WorkerThreads threads = ConfigureWorkerThreads();
     // Read back from the libraries, so a setting they ignored shows.
     if (std::getenv("PP_REPORT_THREADS") != nullptr) {
-      std::fprintf(stderr, "%sthreads: %s (at::get_num_threads, openblas_get_num_threads)\n",
-                   std::string(kLauncherLineTag).c_str(), DescribeThreads(threads).c_str());
+      const torch_compat::Blas blas = torch_compat::BlasInUse();
+      std::fprintf(stderr, "%sthreads: %s, read back from at::get_num_threads%s\n",
+                   std::string(kLauncherLineTag).c_str(), DescribeThreads(threads).c_str(),
+                   blas == torch_compat::Blas::kMkl        ? " and mkl_get_max_threads"
+                   : blas == torch_compat::Blas::kOpenBlas ? " and openblas_get_num_threads"
+                                                           : "");
     }
     return positional;
   }

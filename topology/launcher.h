@@ -11,13 +11,16 @@
 // returns.
 //
 // Threads: each worker gets an intra-op thread count (at::set_num_threads) and
-// a BLAS thread count (OpenBLAS's own pool) set separately. Resolution, first
-// that is set wins: --intra_op_threads / --blas_threads; PP_INTRA_OP_THREADS /
-// PP_BLAS_THREADS in the launcher's environment (what an experiment config's
-// `threads` section exports); OMP_NUM_THREADS (intra-op) and
-// OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS (BLAS, as OpenBLAS reads them);
-// DefaultWorkerThreads(). A launched worker prints what it really uses, read
-// back from at::get_num_threads() and openblas_get_num_threads().
+// a BLAS thread count set separately: OpenBLAS's own pool with Debian's
+// LibTorch, MKL's count with the PyTorch wheel's (torch_compat::BlasInUse).
+// Resolution, first that is set wins: --intra_op_threads / --blas_threads;
+// PP_INTRA_OP_THREADS / PP_BLAS_THREADS in the launcher's environment (what an
+// experiment config's `threads` section exports); OMP_NUM_THREADS (intra-op)
+// and the BLAS's own OPENBLAS_NUM_THREADS or MKL_NUM_THREADS, else
+// OMP_NUM_THREADS (BLAS, as the libraries read them); DefaultWorkerThreads(). A
+// launched worker prints what it really uses, read back from
+// at::get_num_threads() and the BLAS (openblas_get_num_threads,
+// mkl_get_max_threads), and which BLAS it is.
 //
 // Memory: workers get MALLOC_MMAP_THRESHOLD_=32 MiB and MALLOC_TRIM_THRESHOLD_=
 // 1 GiB (unless either, or GLIBC_TUNABLES, is set), so glibc keeps a step's
@@ -72,8 +75,8 @@ struct LaunchOptions {
   int blas_threads = 0;
 };
 
-// A worker's thread counts. `blas` is -1 when the process's BLAS is not
-// OpenBLAS (nothing to set or read back).
+// A worker's thread counts. `blas` is -1 when the process's BLAS is neither
+// OpenBLAS nor MKL (nothing to set or read back).
 struct WorkerThreads {
   int intra_op = 1;
   int blas = 1;
@@ -124,15 +127,17 @@ WorkerThreads DefaultWorkerThreads(int local_world_size);
 // naming the variable when one is set but is not a positive integer.
 absl::StatusOr<WorkerThreads> ResolveWorkerThreads(int local_world_size, WorkerThreads flags);
 
-// Sets both counts now (at::set_num_threads, openblas_set_num_threads) and
-// returns what the libraries report back.
+// Sets both counts now (at::set_num_threads, then the BLAS's: with MKL the
+// order matters, at::set_num_threads sets MKL's count too) and returns what the
+// libraries report back.
 WorkerThreads SetWorkerThreads(WorkerThreads threads);
 
-// What this process uses now: at::get_num_threads() and
-// openblas_get_num_threads() (-1 when BLAS is not OpenBLAS).
+// What this process uses now: at::get_num_threads() and the BLAS's read-back
+// (torch_compat::BlasThreads(); -1 when the BLAS is unknown).
 WorkerThreads CurrentWorkerThreads();
 
-// "1 intra-op + 2 BLAS thread(s)" (or "..., BLAS not OpenBLAS").
+// "1 intra-op + 2 BLAS thread(s) (MKL)" or "... (OpenBLAS)" (or "1 intra-op
+// thread(s), BLAS threads unknown ..." when blas is -1).
 std::string DescribeThreads(WorkerThreads threads);
 
 // Resolves (ResolveWorkerThreads with LOCAL_WORLD_SIZE from the environment, 1
@@ -140,10 +145,10 @@ std::string DescribeThreads(WorkerThreads threads);
 // stderr) and sets the counts; returns what the libraries report back.
 WorkerThreads ConfigureWorkerThreads();
 
-// Sets OpenBLAS's own thread count now. OpenBLAS reads OPENBLAS_NUM_THREADS
-// only when it is loaded, so a process that changes its mind later (a
-// benchmark comparing thread counts) must call this. Returns false when the
-// process's BLAS is not OpenBLAS.
+// Sets the BLAS's own thread count now (torch_compat::SetBlasThreads). The
+// libraries read their variables only when they load, so a process that
+// changes its mind later (a benchmark comparing thread counts) must call this.
+// Returns false when the process's BLAS is neither OpenBLAS nor MKL.
 bool SetBlasThreads(int threads);
 
 }  // namespace pp

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/torch_compat_blas.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "topology/rendezvous.h"
@@ -70,9 +71,9 @@ Result RunLauncher(const std::vector<std::string>& args, double timeout_s = 60,
     dup2(err_pipe[1], 2);
     for (const char* name :
          {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-          "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PP_INTRA_OP_THREADS", "PP_BLAS_THREADS",
-          "PP_REPORT_THREADS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-          "GLIBC_TUNABLES"}) {
+          "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "PP_INTRA_OP_THREADS",
+          "PP_BLAS_THREADS", "PP_REPORT_THREADS", "MALLOC_MMAP_THRESHOLD_",
+          "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"}) {
       unsetenv(name);
     }
     for (const auto& [key, value] : env) setenv(key.c_str(), value.c_str(), 1);
@@ -430,7 +431,8 @@ class ThreadEnv {
     }
   }
   static constexpr const char* kNames[] = {"PP_INTRA_OP_THREADS", "PP_BLAS_THREADS",
-                                           "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+                                           "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                           "MKL_NUM_THREADS"};
 
  private:
   std::vector<std::optional<std::string>> saved_;
@@ -442,13 +444,22 @@ TEST(LauncherTest, ThreadResolutionOrder) {
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->intra_op, DefaultWorkerThreads(2).intra_op);
   EXPECT_EQ(t->blas, DefaultWorkerThreads(2).blas);
-  // OMP_NUM_THREADS sets both (OpenBLAS falls back to it too).
+  // OMP_NUM_THREADS sets both (OpenBLAS and MKL fall back to it too).
   setenv("OMP_NUM_THREADS", "3", 1);
   t = ResolveWorkerThreads(2, {0, 0});
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->intra_op, 3);
   EXPECT_EQ(t->blas, 3);
-  setenv("OPENBLAS_NUM_THREADS", "5", 1);
+  // Only the variable of the BLAS in use counts.
+  const torch_compat::Blas blas = torch_compat::BlasInUse();
+  ASSERT_NE(blas, torch_compat::Blas::kUnknown);
+  const torch_compat::Blas other_blas =
+      blas == torch_compat::Blas::kMkl ? torch_compat::Blas::kOpenBlas : torch_compat::Blas::kMkl;
+  setenv(torch_compat::BlasThreadsVariable(other_blas), "4", 1);
+  t = ResolveWorkerThreads(2, {0, 0});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->blas, 3) << torch_compat::BlasThreadsVariable(other_blas);
+  setenv(torch_compat::BlasThreadsVariable(blas), "5", 1);
   t = ResolveWorkerThreads(2, {0, 0});
   EXPECT_EQ(t->intra_op, 3);
   EXPECT_EQ(t->blas, 5);
@@ -475,15 +486,25 @@ TEST(LauncherTest, BadThreadVariableIsNamed) {
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("integer >= 1"));
 }
 
+// Both builds have a BLAS pipe can set (OpenBLAS: Debian's LibTorch; MKL: the
+// wheel's), and the counts read back change with every call, so a setter that
+// does nothing fails here.
 TEST(LauncherTest, SetWorkerThreadsReadsBackWhatTheLibrariesUse) {
   const WorkerThreads before = CurrentWorkerThreads();
-  const WorkerThreads now = SetWorkerThreads({.intra_op = 1, .blas = 2});
-  EXPECT_EQ(now.intra_op, 1);
-  if (now.blas >= 0) {  // -1: BLAS is not OpenBLAS
-    EXPECT_EQ(now.blas, 2);
+  ASSERT_GE(before.blas, 1) << DescribeThreads(before);
+  for (const WorkerThreads want :
+       {WorkerThreads{.intra_op = 1, .blas = 2}, WorkerThreads{.intra_op = 2, .blas = 1},
+        WorkerThreads{.intra_op = 1, .blas = 3}}) {
+    const WorkerThreads now = SetWorkerThreads(want);
+    EXPECT_EQ(now.intra_op, want.intra_op);
+    EXPECT_EQ(now.blas, want.blas) << torch_compat::BlasName(torch_compat::BlasInUse());
+    EXPECT_EQ(CurrentWorkerThreads().blas, want.blas);
+    EXPECT_THAT(
+        DescribeThreads(now),
+        HasSubstr(absl::StrCat(want.intra_op, " intra-op + ", want.blas, " BLAS thread(s) (",
+                               torch_compat::BlasName(torch_compat::BlasInUse()), ")")));
   }
-  EXPECT_EQ(CurrentWorkerThreads().intra_op, 1);
-  SetWorkerThreads(before.blas < 0 ? WorkerThreads{before.intra_op, 1} : before);
+  SetWorkerThreads(before);
 }
 
 TEST(LauncherTest, WorkersUseAndReportTheThreadFlags) {
@@ -496,13 +517,21 @@ TEST(LauncherTest, WorkersUseAndReportTheThreadFlags) {
     // What the worker itself saw, and what the launcher had it report.
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat("[rank ", rank, "] hello from rank ", rank,
                                               " of 2 local ", rank, "/2 omp=2 threads=2\n")));
-    EXPECT_THAT(r.err,
-                HasSubstr(absl::StrCat("[launcher] rank ", rank, " threads: 2 intra-op + 2 BLAS")));
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat(
+                           "[launcher] rank ", rank, " threads: 2 intra-op + 2 BLAS thread(s) (",
+                           torch_compat::BlasName(torch_compat::BlasInUse()), ")")));
     // Both malloc thresholds, never one alone (see WorkerVariables).
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat(
                            "[rank ", rank,
                            "] malloc mmap_threshold=33554432 trim_threshold=1073741824\n")));
   }
+  // Counts that differ: with MKL, at::set_num_threads sets the BLAS count too,
+  // so only a BLAS count of its own shows that the worker's setting held.
+  r = RunLauncher({"--nproc_per_node=1", "--mode=ok", "--intra_op_threads=1", "--blas_threads=3"});
+  ASSERT_EQ(ExitCode(r), 0) << r.out << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr(absl::StrCat("[launcher] rank 0 threads: 1 intra-op + 3 BLAS thread(s) (",
+                                     torch_compat::BlasName(torch_compat::BlasInUse()), ")")));
   r = RunLauncher({"--nproc_per_node=1", "--mode=ok", "--blas_threads=-1"});
   EXPECT_EQ(ExitCode(r), 2);
   EXPECT_THAT(r.err, HasSubstr("--blas_threads=-1"));
