@@ -13,6 +13,17 @@
 #include "common/torch_status.h"
 
 namespace pp {
+namespace {
+
+// "{float[8, 64, 128] grad, ...}" for errors that compare two layouts.
+std::string LayoutString(const std::vector<TensorMeta>& layout) {
+  std::vector<std::string> parts;
+  for (const TensorMeta& m : layout) parts.push_back(m.DebugString());
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+}
+
+}  // namespace
+
 std::vector<TensorMeta> LayoutOf(const Activations& tensors) {
   std::vector<TensorMeta> layout;
   layout.reserve(tensors.size());
@@ -268,25 +279,19 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
       match = fixed[i].dtype == layout[i].dtype && fixed[i].shape == layout[i].shape;
     }
     if (!match) {
-      std::vector<std::string> got, want;
-      for (const auto& m : layout) got.push_back(m.DebugString());
-      for (const auto& m : fixed) want.push_back(m.DebugString());
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": payload {", absl::StrJoin(got, ", "), "} does not match the fixed p2p layout {",
-          absl::StrJoin(want, ", "), "}; unset P2POptions::fixed_layout for dynamic shapes"));
+          what, ": payload ", LayoutString(layout), " does not match the fixed p2p layout ",
+          LayoutString(fixed), "; unset P2POptions::fixed_layout for dynamic shapes"));
     }
   } else if (options_.static_shapes && !forward_only_ &&
              learned_sent_.count(ChannelKey{src_stage, dst_stage}) > 0) {
     const std::vector<TensorMeta>& learned = learned_sent_.at(ChannelKey{src_stage, dst_stage});
     if (learned != layout) {
-      std::vector<std::string> got, want;
-      for (const auto& m : layout) got.push_back(m.DebugString());
-      for (const auto& m : learned) want.push_back(m.DebugString());
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": static p2p shapes: activation channel stage ", src_stage, " -> stage ",
-          dst_stage, " (to ", PeerName(peer), ") learned the layout {", absl::StrJoin(want, ", "),
-          "} from its first message, but this payload is {", absl::StrJoin(got, ", "),
-          "}; nothing was sent. Every message of a channel must keep its first layout in this "
+          dst_stage, " (to ", PeerName(peer), ") learned the layout ", LayoutString(learned),
+          " from its first message, but this payload is ", LayoutString(layout),
+          "; nothing was sent. Every message of a channel must keep its first layout in this "
           "mode: turn static shapes off for activations whose shapes vary "
           "(parallelism.p2p_static_shapes: false, --p2p_static_shapes=false; "
           "P2POptions::static_shapes)"));
