@@ -576,9 +576,9 @@ class RunReport {
     return absl::OkStatus();
   }
 
-  // trace.json for the first traced step; with trace_steps > 1 also
+  // trace.json for the first traced step (`first`); with trace_steps > 1 also
   // traces/step_<step>.json for every traced step (0-based, as trace_step).
-  absl::Status Trace(int64_t step, const std::string& trace) const {
+  absl::Status Trace(int64_t step, bool first, const std::string& trace) const {
     if (!active()) return absl::OkStatus();
     if (config_->trace_steps() > 1) {
       std::error_code ec;
@@ -589,7 +589,7 @@ class RunReport {
       }
       PP_RETURN_IF_ERROR(WriteFile(dir_ / "traces" / absl::StrCat("step_", step, ".json"), trace));
     }
-    if (step != std::min(config_->trace_step(), config_->steps() - 1)) return absl::OkStatus();
+    if (!first) return absl::OkStatus();
     return WriteFile(dir_ / "trace.json", trace);
   }
 
@@ -678,7 +678,7 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
     }
     if (step >= trace_step && step < trace_step + config.trace_steps()) {
       PP_ASSIGN_OR_RETURN(std::string trace, trainer.LastStepTrace());
-      PP_RETURN_IF_ERROR(report.Trace(step, trace));
+      PP_RETURN_IF_ERROR(report.Trace(step, step == trace_step, trace));
     }
     const double tokens_per_s = static_cast<double>(data.tokens_per_step) / seconds;
     PP_RETURN_IF_ERROR(report.Step(step, r, tokens_per_s, seconds, eval_loss, memory, progress));
