@@ -18,6 +18,11 @@ Prints, per (rank, virtual stage, action type), the median wall and CPU
 milliseconds over the training steps after --skip, and per rank the medians
 over steps of the step's summed compute wall and CPU; --json prints one JSON
 object instead.
+
+Each rank's log also says how far its thread CPU clock moves at a time
+(about 1 us on a plain kernel; a sandbox may move it in scheduler ticks). Where
+that step is coarser than COARSE_CLOCK_US, per-action CPU reads 0 or whole
+ticks and means little: the summary says so.
 """
 
 import argparse
@@ -32,11 +37,14 @@ import sys
 LINE = re.compile(
     r"train step (\d+) end (\d+)(F|B|I|W)\d+ mb \d+ (\d+) us "
     r"\(thread cpu (\d+) us, (\d+) page faults, (\d+) preemptions\)")
+CLOCK_STEP = re.compile(r"thread cpu clock step (-?\d+) us")
+COARSE_CLOCK_US = 100
 
 
 def parse(run_dir, skip):
     actions = collections.defaultdict(lambda: collections.defaultdict(list))
     steps = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0, 0, 0]))
+    clock_steps = {}
     logs = sorted(glob.glob(os.path.join(run_dir, "logs", "rank_*.log")))
     if not logs:
         raise SystemExit(f"action_costs: no logs/rank_*.log under {run_dir}")
@@ -44,6 +52,10 @@ def parse(run_dir, skip):
         rank = int(re.search(r"rank_(\d+)\.log$", path).group(1))
         with open(path, errors="replace") as f:
             for line in f:
+                c = CLOCK_STEP.search(line)
+                if c:
+                    clock_steps[rank] = int(c.group(1))
+                    continue
                 m = LINE.search(line)
                 if not m:
                     continue
@@ -62,10 +74,10 @@ def parse(run_dir, skip):
     if not actions:
         raise SystemExit(f"action_costs: no compute action with thread CPU in {run_dir}'s logs "
                          f"after step {skip} (run with --v=1)")
-    return actions, steps
+    return actions, steps, clock_steps
 
 
-def summarize(actions, steps):
+def summarize(actions, steps, clock_steps):
     rows = []
     for (rank, stage, kind), v in sorted(actions.items()):
         rows.append({"rank": rank, "stage": stage, "action": kind, "count": len(v["wall"]),
@@ -80,8 +92,15 @@ def summarize(actions, steps):
                       "compute_wall_ms": statistics.median(t[0] for t in totals) / 1e3,
                       "compute_cpu_ms": statistics.median(t[1] for t in totals) / 1e3,
                       "page_faults": statistics.median(t[2] for t in totals),
-                      "preemptions": statistics.median(t[3] for t in totals)})
+                      "preemptions": statistics.median(t[3] for t in totals),
+                      # -1: the clock never moved while measured; None: not logged.
+                      "cpu_clock_step_us": clock_steps.get(rank)})
     return {"actions": rows, "ranks": ranks}
+
+
+def coarse_clock(rank_summary):
+    step = rank_summary["cpu_clock_step_us"]
+    return step is None or step < 0 or step > COARSE_CLOCK_US
 
 
 def main():
@@ -104,6 +123,13 @@ def main():
         print(f"  rank {r['rank']}: wall {r['compute_wall_ms']:.1f} ms, thread cpu "
               f"{r['compute_cpu_ms']:.1f} ms, {r['page_faults']:.0f} page faults, "
               f"{r['preemptions']:.0f} preemptions ({r['steps']} steps)")
+    for r in summary["ranks"]:
+        if coarse_clock(r):
+            step = r["cpu_clock_step_us"]
+            how = ("was not logged" if step is None else
+                   "never moved while measured" if step < 0 else f"moves in steps of {step} us")
+            print(f"warning: rank {r['rank']}'s thread CPU clock {how}: per-action CPU is "
+                  f"rounded to it (0 for most short actions); compare wall times instead")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #include "pipeline/runtime/stage_executor.h"
 
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <deque>
@@ -21,19 +22,26 @@ namespace {
 // (preemptions) so far: with one intra-op and
 // one BLAS thread every kernel of an action runs on the executor's thread, so
 // their differences are the action's own cost even on a loaded machine, where
-// the wall clock is not (--v=1 logs them).
+// the wall clock is not (--v=1 logs them). CPU time comes from
+// CLOCK_THREAD_CPUTIME_ID: getrusage's RUSAGE_THREAD times advance only at
+// scheduler ticks (4 ms steps measured here), which reads 0 for most actions.
 struct ThreadUsage {
   int64_t cpu_us = 0;
   int64_t minor_faults = 0;
   int64_t preemptions = 0;
 };
 
+int64_t ThreadCpuMicros() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
 ThreadUsage ThreadUsageNow() {
   rusage usage{};
   getrusage(RUSAGE_THREAD, &usage);
   ThreadUsage u;
-  u.cpu_us = (static_cast<int64_t>(usage.ru_utime.tv_sec) + usage.ru_stime.tv_sec) * 1000000 +
-             usage.ru_utime.tv_usec + usage.ru_stime.tv_usec;
+  u.cpu_us = ThreadCpuMicros();
   u.minor_faults = usage.ru_minflt;
   u.preemptions = usage.ru_nivcsw;
   return u;
@@ -43,6 +51,29 @@ int64_t NowMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// How far this thread's CPU clock moves at a time: about 1 us on a plain
+// Linux kernel, but a sandbox may advance it in scheduler ticks, where an
+// action shorter than a tick reads 0 or one tick. Measured once,
+// spinning on the clock for at most 200 ms of wall time; -1 if it never moved.
+int64_t ThreadCpuClockStepMicros() {
+  static const int64_t step = [] {
+    const int64_t deadline = NowMicros() + 200000;
+    // The first change aligns with the clock; the next two are measured.
+    int64_t last = ThreadCpuMicros();
+    int64_t smallest = -1;
+    for (int change = 0; change < 3; ++change) {
+      int64_t now = last;
+      while ((now = ThreadCpuMicros()) == last) {
+        if (NowMicros() > deadline) return smallest;
+      }
+      if (change > 0 && (smallest < 0 || now - last < smallest)) smallest = now - last;
+      last = now;
+    }
+    return smallest;
+  }();
+  return step;
 }
 
 // What the next stage on the same rank receives: the outputs cut from this
@@ -458,6 +489,12 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
   // Every rank runs the same kind of program at the same time, so both ends
   // of each channel switch together (static p2p shapes are learned per pass).
   p2p_.SetForwardOnly(program.forward_only);
+  if (VLOG_IS_ON(1) && !logged_cpu_clock_step_) {
+    // action_costs.py reads it to say when per-action thread CPU is too
+    // coarse to mean anything.
+    VLOG(1) << "thread cpu clock step " << ThreadCpuClockStepMicros() << " us";
+    logged_cpu_clock_step_ = true;
+  }
   const int64_t start = NowMicros();
   absl::Status status = TorchCall(absl::StrCat("step ", step, " on rank ", rank_), [&] {
     std::optional<torch::NoGradGuard> no_grad;

@@ -178,6 +178,7 @@ class StageExecutor {
   StageExecutorOptions options_;
   P2P p2p_;
   absl::Status status_holder_;  // an action's error, carried out of TorchCall
+  bool logged_cpu_clock_step_ = false;  // --v=1 logs the clock's step once
 };
 
 }  // namespace pp
