@@ -2,6 +2,7 @@
 
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -19,7 +20,7 @@ using torch::autograd::Node;
 // for each whether one of `targets` can be reached from it (the input
 // closure) and whether it is a join node (in the closure, not a target, with
 // an edge to a node outside the closure). A stage's graph has a few hundred
-// nodes and this runs once per micro-batch: one hash lookup per edge, the
+// nodes and this runs once per micro-batch: two hash lookups per edge, the
 // rest in vectors indexed by the order of discovery.
 class InputClosure {
  public:
@@ -69,7 +70,7 @@ class InputClosure {
     auto it = index_.find(edge.function.get());
     return it != index_.end() && reaches_[it->second];
   }
-  // In discovery order.
+  // In post-order: a join node after every join node below it.
   const std::vector<Node*>& joins() const { return joins_; }
 
  private:
