@@ -86,40 +86,49 @@ def schedstat(pid):
     return out
 
 
-def label_threads(pid, gdb):
-    """{tid: group} for the threads of worker `pid`, from their stacks
-    (gdb -batch: the process stops for ~2 s, so call it outside the timed
-    steps). Returns {} when gdb is missing or fails; every thread is then
-    "compute" (the main thread) or "other"."""
-    if not gdb:
+def label_threads(pids, gdb):
+    """{pid: {tid: group}} for the threads of the workers `pids`, from their
+    stacks (gdb -batch, all workers at once: each stops for ~2 s, so call it
+    outside the timed steps). A worker gdb could not read (gdb missing, the
+    process gone) is left out; its threads are then "compute" (the main
+    thread) or "other"."""
+    if not gdb or not pids:
         return {}
-    try:
-        proc = subprocess.run([gdb, "-batch", "-nx", "-p", str(pid), "-ex",
-                               "thread apply all bt 40"], capture_output=True, text=True,
-                              timeout=120)
-    except (subprocess.TimeoutExpired, OSError):
-        return {}
+    procs = {pid: subprocess.Popen([gdb, "-batch", "-nx", "-p", str(pid), "-ex",
+                                    "thread apply all bt 40"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, text=True) for pid in pids}
     labels = {}
-    for block in re.split(r"\n(?=Thread \d+ )", proc.stdout):
-        found = re.match(r"Thread \d+ \(Thread 0x[0-9a-f]+ \(LWP (\d+)\)", block)
-        if not found:
+    for pid, proc in procs.items():
+        try:
+            stdout, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
             continue
-        tid = int(found.group(1))
-        if tid == pid:
-            labels[tid] = "compute"
-        elif "gloo::transport::tcp::Loop::run" in block:
-            labels[tid] = "gloo_transport"
-        elif "ProcessGroupGloo::runLoop" in block:
-            labels[tid] = "c10d_gloo_workers"
-        elif "blas_thread_server" in block or "libopenblas" in block:
-            labels[tid] = "blas"
-        elif "gomp" in block or "at::internal" in block or "ThreadPool" in block:
-            labels[tid] = "intra_op_pool"
-        elif "__poll" in block and "libtorch" in block:
-            labels[tid] = "c10d_store"
-        else:
-            labels[tid] = "other"
+        found = {}
+        for block in re.split(r"\n(?=Thread \d+ )", stdout):
+            head = re.match(r"Thread \d+ \(Thread 0x[0-9a-f]+ \(LWP (\d+)\)", block)
+            if head:
+                found[int(head.group(1))] = thread_group(pid, int(head.group(1)), block)
+        if pid in found:  # the main thread's stack was read: the worker was alive
+            labels[pid] = found
     return labels
+
+
+def thread_group(pid, tid, stack):
+    if tid == pid:
+        return "compute"  # the worker's main thread runs the training step
+    if "gloo::transport::tcp::Loop::run" in stack:
+        return "gloo_transport"
+    if "ProcessGroupGloo::runLoop" in stack:
+        return "c10d_gloo_workers"
+    if "blas_thread_server" in stack or "libopenblas" in stack:
+        return "blas"
+    if "gomp" in stack or "at::internal" in stack or "ThreadPool" in stack:
+        return "intra_op_pool"
+    if "__poll" in stack and "libtorch" in stack:
+        return "c10d_store"  # c10d's TCP store: server daemon and watch thread
+    return "other"
 
 
 class Training:
@@ -164,9 +173,9 @@ class Training:
                 self.start = self.snapshot(lines)
             elif self.start is not None and lines >= self.args.warmup + self.args.steps:
                 self.end = self.snapshot(lines)
-                for pid in self.end[1]:
-                    if pid != self.proc.pid and self.label:
-                        self.labels.update(label_threads(pid, self.args.gdb))
+                if self.label:
+                    self.labels = label_threads(
+                        [pid for pid in self.end[1] if pid != self.proc.pid], self.args.gdb)
         if time.monotonic() - self.started > self.args.timeout:
             self.proc.kill()
             raise RuntimeError(f"{self.name}: train_gpt ran over --timeout={self.args.timeout} s:"
@@ -200,7 +209,7 @@ class Training:
                 elif tid == pid:
                     group = "compute"
                 else:
-                    group = self.labels.get(tid, "other")
+                    group = self.labels.get(pid, {}).get(tid, "other")
                 g = groups.setdefault(group, {"cpu_s": 0.0, "wait_s": 0.0, "threads": 0})
                 g["cpu_s"] += (cpu - cpu0) * 1e-9 / steps
                 g["wait_s"] += (wait - wait0) * 1e-9 / steps
@@ -230,7 +239,8 @@ class Training:
             # preempted).
             "compute_share": [round(per_rank[p].get("compute", 0.0) / (wall / steps), 4)
                               for p in ranks],
-            "labelled_by": "gdb" if self.labels else "main thread only",
+            "labelled_by": ("gdb" if self.labels and len(self.labels) == len(ranks) else
+                            "gdb (some workers unread)" if self.labels else "main thread only"),
             "threads": threads_line,
         }
 
@@ -279,7 +289,7 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--tail_steps", type=int, default=1,
+    parser.add_argument("--tail_steps", type=int, default=2,
                         help="steps after the timed ones, during which the threads are labelled")
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--micro_batch_size", type=int, default=4)
@@ -314,7 +324,7 @@ def main():
     for v in args.pp2 or ["1f1b=", "zbv=--schedule=zbv --chunks=2"]:
         name, sep, flags = v.partition("=")
         if not sep or not re.fullmatch(r"\w+", name) or name in [n for n, _ in pp2]:
-            parser.error(f"--pp2 '{v}' must look like name='flags' (name a unique word)")
+            parser.error(f"--pp2={v} must look like name='flags' (name a unique word)")
         pp2.append((name, flags))
 
     reps = []
