@@ -398,6 +398,12 @@ def main():
             "sharing_ratio": rounded(pair_sum / (2 * single)),
             "cpu_s_per_step": rounded(median([x["cpu_s_per_step"] for r in reps
                                               for x in r["two_singles"]])),
+            # CPU per step next to another run over alone: the sharing cost in
+            # CPU time (caches, memory bandwidth), which other load inflates
+            # less than wall time.
+            "cpu_ratio": rounded(median([x["cpu_s_per_step"] for r in reps
+                                         for x in r["two_singles"]]) /
+                                 median([r["single"]["cpu_s_per_step"] for r in reps])),
             "thread_groups_per_step": threads_summary([x for r in reps
                                                        for x in r["two_singles"]]),
         },
@@ -417,9 +423,17 @@ def main():
     fractions = {}
     for name, _ in pp2:
         tps = result["pp2"][name]["tokens_per_s"]
+        cpu = result["pp2"][name]["cpu_s_per_step"]
         fractions[name] = {"of_ceiling": rounded(tps / ceiling),
                            "of_1f1b_bound": rounded(tps / bound_1f1b),
-                           "vs_single": rounded(tps / single)}
+                           "vs_single": rounded(tps / single),
+                           # All of the run's CPU per step (every thread, both
+                           # ranks) over the single run's: what pp = 2 adds.
+                           "cpu_vs_single": rounded(cpu / result["single"]["cpu_s_per_step"]),
+                           # Its tokens/s if that CPU filled the cores with no
+                           # idle time: the limit for this run's own work.
+                           "cpu_bound_tokens_per_s": rounded(
+                               result["tokens_per_step"] * args.cores / cpu, 1)}
     if args.deepspeed_tokens_per_s:
         ds = args.deepspeed_tokens_per_s
         fractions["deepspeed"] = {"tokens_per_s": ds, "source": args.deepspeed_source,
@@ -440,7 +454,8 @@ def main():
     line("two singles at once: each / sum tok/s",
          f"{result['two_singles']['tokens_per_s'][0]:.0f} + "
          f"{result['two_singles']['tokens_per_s'][1]:.0f} = {pair_sum:.0f}",
-         f"sum / (2 x single) = {result['two_singles']['sharing_ratio']:.3f}")
+         f"sum / (2 x single) = {result['two_singles']['sharing_ratio']:.3f}; CPU per step "
+         f"{result['two_singles']['cpu_ratio']:.3f}x alone")
     line("memcpy GB/s: alone / two at once (sum)", f"{copy_alone:.2f} / {copy_pair:.2f}",
          f"sum / (2 x alone) = {result['copy']['sharing_ratio']:.3f}")
     line("bounds tok/s: no bubble / 1F1B m/(m+p-1)", f"{ceiling:.0f} / {bound_1f1b:.0f}",
@@ -451,6 +466,9 @@ def main():
         line(f"pp=2 {name} tok/s", f"{s['tokens_per_s']:.0f}",
              f"{f['of_ceiling']:.3f} of ceiling, {f['of_1f1b_bound']:.3f} of 1F1B bound{ds}; "
              f"cores busy {s['cores_busy']:.3f}, compute share per rank {s['compute_share']}")
+        line(f"  all threads' CPU per step / vs single", f"{s['cpu_s_per_step']:.3f} s",
+             f"{f['cpu_vs_single']:.3f}x single's; CPU-packed bound "
+             f"{f['cpu_bound_tokens_per_s']:.0f} tok/s")
         for g, v in s["thread_groups_per_step"].items():
             line(f"  {g} ({v['threads']} threads) cpu / wait s per step",
                  f"{v['cpu_s']:.4f} / {v['wait_s']:.4f}")

@@ -92,6 +92,7 @@ assert abs(two["sum_tokens_per_s"] - sum(two["tokens_per_s"])) < 0.2, two
 in_range(two["sharing_ratio"], 0, 10, "two_singles ratio")
 assert abs(two["sharing_ratio"] - two["sum_tokens_per_s"] / 2 / r["single"]["tokens_per_s"]) < 2e-3
 assert set(two["thread_groups_per_step"]) >= {"compute", "launcher"}, two
+in_range(two["cpu_ratio"], 0, 10, "two_singles cpu ratio")
 copy = r["copy"]
 assert copy["bytes"] == 8388608
 positive(copy["alone_gb_per_s"], "copy")
@@ -109,6 +110,10 @@ for name in ("1f1b", "zbv"):
     assert abs(f[name]["of_ceiling"] - tps / b["ceiling_tokens_per_s"]) < 1e-3, f
     assert abs(f[name]["of_1f1b_bound"] - tps / b["one_f_one_b_tokens_per_s"]) < 1e-3, f
     assert abs(f[name]["vs_deepspeed"] - tps / 1000) < 1e-3, f
+    run = r["pp2"][name]
+    assert abs(f[name]["cpu_vs_single"] - run["cpu_s_per_step"] / r["single"]["cpu_s_per_step"]) < 2e-3, f
+    want = r["tokens_per_step"] * r["cores"] / run["cpu_s_per_step"]
+    assert abs(f[name]["cpu_bound_tokens_per_s"] - want) <= 0.01 * want, (f, want)
 assert f["deepspeed"]["source"] == "test" and f["deepspeed"]["tokens_per_s"] == 1000
 print("bench_limits JSON OK")
 PY
