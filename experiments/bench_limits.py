@@ -316,8 +316,9 @@ def main():
                         (args.micro_batch_size, "--micro_batch_size"), (args.cores, "--cores")):
         if value < 1:
             parser.error(f"{name}={value} must be >= 1")
-    if args.warmup < 0:
-        parser.error(f"--warmup={args.warmup} must be >= 0")
+    if args.warmup < 1:
+        # The start snapshot needs the workers running: after a logged step.
+        parser.error(f"--warmup={args.warmup} must be >= 1")
     if args.deepspeed_tokens_per_s is not None and not args.deepspeed_tokens_per_s > 0:
         parser.error(f"--deepspeed_tokens_per_s={args.deepspeed_tokens_per_s} must be > 0")
     pp2 = []

@@ -21,7 +21,7 @@ if "$MEMCPY" --start_at=12 > "$TMP/bad.out" 2> "$TMP/bad.err"; then
 fi
 grep -q -- "--start_at=12 must be 0 or a Unix time within 60 s" "$TMP/bad.err" ||
   { cat "$TMP/bad.err"; echo "FAIL: start_at message"; exit 1; }
-for bad in "--reps=0" "--steps=0" "--pp2=1f1b" "--deepspeed_tokens_per_s=-3"; do
+for bad in "--reps=0" "--steps=0" "--warmup=0" "--pp2=1f1b" "--deepspeed_tokens_per_s=-3"; do
   if python3 "$DRIVER" --train_gpt="$TRAIN_GPT" --bench_memcpy="$MEMCPY" "$bad" \
       > "$TMP/bad.out" 2> "$TMP/bad.err"; then
     echo "FAIL: bench_limits.py $bad succeeded"; exit 1
