@@ -24,7 +24,14 @@ What stops pipe's pp = 2 from going faster on 2 cores, measured, not assumed:
   derived      ceiling = two_singles' sum; the 1F1B bound = ceiling x m / (m
                + p - 1); the no-bubble bound = ceiling; pipe's runs (and
                DeepSpeed's, given with --deepspeed_tokens_per_s) as fractions
-               of those.
+               of those. By CPU time (which other load distorts less than
+               wall time): two_singles.cpu_ratio (CPU per step next to another
+               run / alone), and per pp = 2 run cpu_vs_single (all its
+               threads' CPU per step / single's) and cpu_bound_tokens_per_s
+               (tokens per step x cores / its CPU per step: its speed if its
+               own work filled the cores). cores_busy: a run's CPU over the
+               cores' time; compute_share: per rank, the compute thread's CPU
+               over the step's wall time.
 
 Every repetition runs every configuration once, in the same order (slow
 periods of a shared machine hit all of them); figures are medians over
