@@ -62,6 +62,7 @@ P2P::~P2P() {
 
 P2PStats P2P::stats() const {
   P2PStats s = stats_;
+  s.receives_posted_now = posted_receives();
   absl::MutexLock lock(&mu_);
   s.send_handoff_seconds = handoff_seconds_;
   return s;

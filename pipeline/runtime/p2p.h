@@ -176,6 +176,8 @@ struct P2PStats {
   int64_t payloads_posted_ahead = 0;
   int64_t controls_posted_ahead = 0;
   int64_t posted_receives_aborted = 0;
+  // Receives posted and not yet waited for, now (posted_receives()).
+  int64_t receives_posted_now = 0;
 };
 
 // See the file comment. Owns nothing but a reference to the process group.
