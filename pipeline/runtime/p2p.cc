@@ -455,6 +455,9 @@ absl::Status P2P::WaitRecv(const c10::intrusive_ptr<c10d::Work>& work, int peer,
 absl::Status P2P::AdvancePosts(std::deque<PostedRecv>& queue) {
   for (PostedRecv& r : queue) {
     if (r.payload_posted) continue;
+    // A control word posted ahead: the sender sends control first, so the
+    // payload waits for it to be read (in WaitPosted).
+    if (r.control.defined()) return absl::OkStatus();
     if (!r.layout_known) {
       const ChannelKey key{r.src_stage, r.dst_stage};
       auto learned = options_.static_shapes && !r.forward_only ? learned_received_.find(key)
@@ -468,14 +471,12 @@ absl::Status P2P::AdvancePosts(std::deque<PostedRecv>& queue) {
       } else {
         // Only the control word can go ahead; nothing after it on this
         // channel until its payload is posted (when it is waited for).
-        if (!r.control.defined()) {
-          PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(r.what, ": control buffer"), [&] {
-            r.control =
-                torch::empty({kControlWords}, torch::dtype(torch::kInt64).device(options_.device));
-          }));
-          PP_ASSIGN_OR_RETURN(r.control_work, PostRecv(r.control, r.peer, r.tag, r.what));
-          ++stats_.controls_posted_ahead;
-        }
+        PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(r.what, ": control buffer"), [&] {
+          r.control =
+              torch::empty({kControlWords}, torch::dtype(torch::kInt64).device(options_.device));
+        }));
+        PP_ASSIGN_OR_RETURN(r.control_work, PostRecv(r.control, r.peer, r.tag, r.what));
+        ++stats_.controls_posted_ahead;
         return absl::OkStatus();
       }
     }
