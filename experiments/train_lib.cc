@@ -69,6 +69,9 @@ ABSL_FLAG(std::string, device, "", "override parallelism.device (cpu or cuda)");
 ABSL_FLAG(std::string, p2p_static_shapes, "",
           "override parallelism.p2p_static_shapes (true: activation headers on each channel's "
           "first message only)");
+ABSL_FLAG(std::string, p2p_post_receives_ahead, "",
+          "override parallelism.p2p_post_receives_ahead (true: each p2p channel's next receive is "
+          "posted as soon as the previous one is consumed, not at the moment of need)");
 ABSL_FLAG(std::string, lr, "", "override optimizer.lr");
 ABSL_FLAG(std::string, steps, "", "override steps");
 ABSL_FLAG(std::string, eval_interval, "", "override eval_interval");
@@ -103,6 +106,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_ckpt_interval, "parallelism.activation_checkpointing.interval"},
       {&FLAGS_device, "parallelism.device"},
       {&FLAGS_p2p_static_shapes, "parallelism.p2p_static_shapes"},
+      {&FLAGS_p2p_post_receives_ahead, "parallelism.p2p_post_receives_ahead"},
       {&FLAGS_lr, "optimizer.lr"},
       {&FLAGS_steps, "steps"},
       {&FLAGS_eval_interval, "eval_interval"},
@@ -476,6 +480,7 @@ absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config
   to.max_grad_norm = config.optimizer().max_grad_norm();
   to.timeout = timeout;
   to.p2p_static_shapes = par.p2p_static_shapes();
+  to.p2p_post_receives_ahead = par.p2p_post_receives_ahead();
   if (par.activation_checkpointing().interval() > 0) {
     ActivationCheckpointPolicy policy;
     policy.interval = par.activation_checkpointing().interval();
@@ -762,7 +767,11 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
     std::cout << "p2p (rank 0): " << p2p.tensor_messages << " messages sent, "
               << p2p.control_messages << " activation control words, " << p2p.static_payloads
               << " activations as payload only (static shapes "
-              << (config.parallelism().p2p_static_shapes() ? "on" : "off") << ")" << std::endl;
+              << (config.parallelism().p2p_static_shapes() ? "on" : "off") << "), "
+              << p2p.payloads_posted_ahead << " payloads and " << p2p.controls_posted_ahead
+              << " control words received into receives posted ahead (post receives ahead "
+              << (config.parallelism().p2p_post_receives_ahead() ? "on" : "off") << ")"
+              << std::endl;
   }
   if (kind == ModelKind::kGpt && config.sample_tokens() > 0) {
     PP_RETURN_IF_ERROR(SampleText(config, grid, sampler, *trainer, timeout, report));

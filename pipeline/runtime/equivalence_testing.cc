@@ -144,6 +144,8 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         to.timeout = config.timeout;
         to.reduce_tied_grads = config.reduce_tied_grads;
         to.defer_receives = config.defer_receives;
+        to.p2p_static_shapes = config.p2p_static_shapes;
+        to.p2p_post_receives_ahead = config.post_receives_ahead;
         to.layer_runner = config.layer_runner;
         PP_ASSIGN_OR_RETURN(auto trainer,
                             Trainer::Create(&grid, model.get(), LossOf(config), source.get(), to));
@@ -153,6 +155,8 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
           rank_norms[grid.global_rank()].push_back(r.grad_norm);
         }
         std::lock_guard<std::mutex> lock(mu);
+        const P2PStats p2p = trainer->p2p_stats();
+        result.received_posted_ahead += p2p.payloads_posted_ahead + p2p.controls_posted_ahead;
         for (const auto& item : model->named_parameters()) {
           auto& slot = replica_params[grid.data_parallel_id()][item.key()];
           torch::Tensor value = item.value().detach().to(torch::kCPU, /*non_blocking=*/false,

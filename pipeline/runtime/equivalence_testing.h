@@ -56,6 +56,9 @@ struct RunConfig {
   double max_grad_norm = 0.0;
   bool reduce_tied_grads = true;
   bool defer_receives = true;
+  // TrainerOptions::p2p_static_shapes and p2p_post_receives_ahead.
+  bool p2p_static_shapes = false;
+  bool post_receives_ahead = false;
   // Runs each stage's layers (TrainerOptions::layer_runner); unset = plain
   // forward. Activation checkpointing's tests (checkpoint/activation/, a
   // higher package) pass MakeCheckpointingRunner's here.
@@ -76,6 +79,9 @@ struct RunResult {
   std::vector<double> losses;  // per step
   std::vector<double> grad_norms;
   std::map<std::string, torch::Tensor> params;  // global name -> final value
+  // Over all ranks: payload tensors and control words received into
+  // receives posted ahead (P2PStats).
+  int64_t received_posted_ahead = 0;
 };
 
 // ToSequential() trained on the same global batches (dp * microbatches

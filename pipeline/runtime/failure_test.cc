@@ -46,7 +46,7 @@ class FaultySource : public MicroBatchSource {
   ToySource inner_;
 };
 
-absl::Status RunRank(int rank, const std::string& store_path, Fault fault) {
+absl::Status RunRank(int rank, const std::string& store_path, Fault fault, bool post_ahead) {
   DistEnv env;
   env.rank = rank;
   env.world_size = 2;
@@ -67,20 +67,32 @@ absl::Status RunRank(int rank, const std::string& store_path, Fault fault) {
   to.schedule = "1f1b";
   to.num_microbatches = 4;
   to.timeout = std::chrono::seconds(3);
+  to.p2p_post_receives_ahead = post_ahead;
   PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, to));
   for (int step = 0; step < 3; ++step) {
-    PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
-    (void)r;
+    absl::StatusOr<StepResult> r = trainer->Step();
+    if (!r.ok() && post_ahead) {
+      // What the failed step left posted (the test wants none).
+      const P2PStats p2p = trainer->p2p_stats();
+      return absl::Status(
+          r.status().code(),
+          absl::StrCat(r.status().message(), " [posted receives left ", p2p.receives_posted_now,
+                       ", aborted ", p2p.posted_receives_aborted, ", received ahead ",
+                       p2p.payloads_posted_ahead, "]"));
+    }
+    PP_RETURN_IF_ERROR(r.status());
   }
   return absl::OkStatus();
 }
 
 // Forks one process per rank; returns rank 0's exit code and error text.
-void RunScenario(Fault fault, int* rank0_exit, std::string* rank0_error, double* seconds) {
+void RunScenario(Fault fault, int* rank0_exit, std::string* rank0_error, double* seconds,
+                 bool post_ahead = false) {
   const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
   const std::string store =
-      absl::StrCat(dir, "/failure_store_", getpid(), "_", static_cast<int>(fault));
-  const std::string err_file = absl::StrCat(dir, "/rank0_error_", static_cast<int>(fault));
+      absl::StrCat(dir, "/failure_store_", getpid(), "_", static_cast<int>(fault), "_", post_ahead);
+  const std::string err_file =
+      absl::StrCat(dir, "/rank0_error_", static_cast<int>(fault), "_", post_ahead);
   ::unlink(store.c_str());
   pid_t pids[2];
   const auto start = std::chrono::steady_clock::now();
@@ -89,7 +101,7 @@ void RunScenario(Fault fault, int* rank0_exit, std::string* rank0_error, double*
     ASSERT_GE(pids[rank], 0);
     if (pids[rank] == 0) {
       at::set_num_threads(1);
-      absl::Status s = RunRank(rank, store, fault);
+      absl::Status s = RunRank(rank, store, fault, post_ahead);
       if (!s.ok()) {
         std::ofstream(err_file) << s.ToString();
         _exit(1);
@@ -139,6 +151,37 @@ TEST(FailureTest, SilentPeerTimesOutNamingPeerAndAction) {
   EXPECT_EQ(code, 1) << error;
   EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
   EXPECT_NE(error.find("RECV_B"), std::string::npos) << error;
+  EXPECT_LT(seconds, 20.0);
+}
+
+// With receives posted ahead (StageExecutorOptions::post_receives_ahead) the
+// same failures end the same way, and the failed step leaves no receive
+// posted: the one waited for and any other posted are aborted (their buffers
+// kept, so nothing lands in freed memory).
+TEST(FailureTest, ReceivesPostedAheadSilentPeerTimesOutLeavingNothingPosted) {
+  int code = 0;
+  std::string error;
+  double seconds = 0;
+  RunScenario(Fault::kHang, &code, &error, &seconds, /*post_ahead=*/true);
+  std::cerr << "rank 0 (" << seconds << " s): " << error << "\n";
+  EXPECT_EQ(code, 1) << error;
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+  EXPECT_NE(error.find("RECV_B"), std::string::npos) << error;
+  EXPECT_NE(error.find("posted receive from"), std::string::npos) << error;
+  EXPECT_NE(error.find("[posted receives left 0, aborted "), std::string::npos) << error;
+  EXPECT_EQ(error.find("aborted 0,"), std::string::npos) << error;
+  EXPECT_LT(seconds, 20.0);
+}
+
+TEST(FailureTest, ReceivesPostedAheadPeerExitLeavesNothingPosted) {
+  int code = 0;
+  std::string error;
+  double seconds = 0;
+  RunScenario(Fault::kExit, &code, &error, &seconds, /*post_ahead=*/true);
+  std::cerr << "rank 0 (" << seconds << " s): " << error << "\n";
+  EXPECT_EQ(code, 1) << error;
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+  EXPECT_NE(error.find("[posted receives left 0, "), std::string::npos) << error;
   EXPECT_LT(seconds, 20.0);
 }
 

@@ -52,6 +52,7 @@ P2P::~P2P() {
   // the timeout) keeps a destroyed executor from racing its own transfers.
   absl::Status s = WaitSends();
   LOG_IF(WARNING, !s.ok()) << "p2p shut down with sends unfinished: " << s;
+  if (posted_receives() > 0) AbortPostedReceives();
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
@@ -61,6 +62,7 @@ P2P::~P2P() {
 
 P2PStats P2P::stats() const {
   P2PStats s = stats_;
+  s.receives_posted_now = posted_receives();
   absl::MutexLock lock(&mu_);
   s.send_handoff_seconds = handoff_seconds_;
   return s;
@@ -259,6 +261,11 @@ void P2P::Recycle(Activations tensors) {
 }
 
 void P2P::ResetShapes() {
+  if (posted_receives() > 0) {
+    LOG(WARNING) << "p2p: ResetShapes with " << posted_receives()
+                 << " posted receive(s) outstanding; aborting them";
+    AbortPostedReceives();
+  }
   sent_headers_.clear();
   received_headers_.clear();
   learned_sent_.clear();
@@ -324,11 +331,70 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<TensorMeta>> P2P::LayoutFromControl(torch::Tensor control, int peer,
+                                                               int tag, int src_stage,
+                                                               int dst_stage,
+                                                               const std::string& what,
+                                                               int64_t* message_id) {
+  control = control.cpu();
+  const int64_t* c = control.data_ptr<int64_t>();
+  absl::StatusOr<ControlMessage> message =
+      DecodeControl(std::vector<int64_t>(c, c + kControlWords));
+  if (!message.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": from ", PeerName(peer), ": ", message.status().message()));
+  }
+  if (message->static_shapes != options_.static_shapes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": ", PeerName(peer), " sends activations with static p2p shapes ",
+                     message->static_shapes ? "on" : "off", " but this rank has them ",
+                     options_.static_shapes ? "on" : "off",
+                     "; every rank must use the same setting (parallelism.p2p_static_shapes, "
+                     "--p2p_static_shapes; P2POptions::static_shapes)"));
+  }
+  if (message_id != nullptr) *message_id = message->message_id;
+  const ChannelKey key{src_stage, dst_stage};
+  std::vector<TensorMeta> layout;
+  if (message->kind == ControlKind::kSameHeader) {
+    auto it = received_headers_.find(key);
+    if (it == received_headers_.end()) {
+      return absl::DataLossError(absl::StrCat(what, ": ", PeerName(peer),
+                                              " said 'same header' on a channel with no "
+                                              "header yet"));
+    }
+    layout = it->second;
+  } else {
+    if (message->kind == ControlKind::kInlineHeader) {
+      layout = std::move(message->layout);
+    } else {
+      torch::Tensor header = torch::empty({message->header_length},
+                                          torch::dtype(torch::kInt64).device(options_.device));
+      PP_RETURN_IF_ERROR(RecvInto(header, peer, tag, what));
+      header = header.cpu();
+      const int64_t* h = header.data_ptr<int64_t>();
+      absl::StatusOr<std::vector<TensorMeta>> decoded =
+          DecodeHeader(std::vector<int64_t>(h, h + message->header_length));
+      if (!decoded.ok()) {
+        return absl::DataLossError(
+            absl::StrCat(what, ": from ", PeerName(peer), ": ", decoded.status().message()));
+      }
+      layout = *std::move(decoded);
+    }
+    received_headers_[key] = layout;
+  }
+  if (options_.static_shapes && !forward_only_) learned_received_[key] = layout;
+  return layout;
+}
+
 absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int dst_stage,
                                                  const std::string& what, int64_t* message_id) {
+  if (message_id != nullptr) *message_id = -1;
+  auto posted = posted_.find(PostKey{static_cast<int>(Kind::kActivation), src_stage, dst_stage});
+  if (posted != posted_.end() && !posted->second.empty()) {
+    return WaitPosted(Kind::kActivation, peer, src_stage, dst_stage, nullptr, what, message_id);
+  }
   PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kActivation, src_stage, dst_stage));
   std::vector<TensorMeta> layout;
-  if (message_id != nullptr) *message_id = -1;
   const ChannelKey static_key{src_stage, dst_stage};
   auto learned = options_.static_shapes && !forward_only_ ? learned_received_.find(static_key)
                                                           : learned_received_.end();
@@ -340,52 +406,8 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
     torch::Tensor control =
         torch::empty({kControlWords}, torch::dtype(torch::kInt64).device(options_.device));
     PP_RETURN_IF_ERROR(RecvInto(control, peer, tag, what));
-    control = control.cpu();
-    const int64_t* c = control.data_ptr<int64_t>();
-    absl::StatusOr<ControlMessage> message =
-        DecodeControl(std::vector<int64_t>(c, c + kControlWords));
-    if (!message.ok()) {
-      return absl::DataLossError(
-          absl::StrCat(what, ": from ", PeerName(peer), ": ", message.status().message()));
-    }
-    if (message->static_shapes != options_.static_shapes) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": ", PeerName(peer), " sends activations with static p2p shapes ",
-                       message->static_shapes ? "on" : "off", " but this rank has them ",
-                       options_.static_shapes ? "on" : "off",
-                       "; every rank must use the same setting (parallelism.p2p_static_shapes, "
-                       "--p2p_static_shapes; P2POptions::static_shapes)"));
-    }
-    if (message_id != nullptr) *message_id = message->message_id;
-    const ChannelKey key{src_stage, dst_stage};
-    if (message->kind == ControlKind::kSameHeader) {
-      auto it = received_headers_.find(key);
-      if (it == received_headers_.end()) {
-        return absl::DataLossError(absl::StrCat(what, ": ", PeerName(peer),
-                                                " said 'same header' on a channel with no "
-                                                "header yet"));
-      }
-      layout = it->second;
-    } else {
-      if (message->kind == ControlKind::kInlineHeader) {
-        layout = std::move(message->layout);
-      } else {
-        torch::Tensor header = torch::empty({message->header_length},
-                                            torch::dtype(torch::kInt64).device(options_.device));
-        PP_RETURN_IF_ERROR(RecvInto(header, peer, tag, what));
-        header = header.cpu();
-        const int64_t* h = header.data_ptr<int64_t>();
-        absl::StatusOr<std::vector<TensorMeta>> decoded =
-            DecodeHeader(std::vector<int64_t>(h, h + message->header_length));
-        if (!decoded.ok()) {
-          return absl::DataLossError(
-              absl::StrCat(what, ": from ", PeerName(peer), ": ", decoded.status().message()));
-        }
-        layout = *std::move(decoded);
-      }
-      received_headers_[key] = layout;
-    }
-    if (options_.static_shapes && !forward_only_) learned_received_[static_key] = layout;
+    PP_ASSIGN_OR_RETURN(layout, LayoutFromControl(std::move(control), peer, tag, src_stage,
+                                                  dst_stage, what, message_id));
   }
   Activations out;
   out.reserve(layout.size());
@@ -401,6 +423,215 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
   return out;
 }
 
+absl::StatusOr<c10::intrusive_ptr<c10d::Work>> P2P::PostRecv(torch::Tensor& tensor, int peer,
+                                                             int tag, const std::string& what) {
+  c10::intrusive_ptr<c10d::Work> work;
+  if (tensor.numel() == 0) return work;
+  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(what, ": post receive from ", PeerName(peer)), [&] {
+    std::vector<at::Tensor> one = {tensor};
+    work = group_->recv(one, peer, tag);
+  }));
+  return work;
+}
+
+absl::Status P2P::WaitRecv(const c10::intrusive_ptr<c10d::Work>& work, int peer,
+                           const std::string& what) {
+  if (!work) return absl::OkStatus();
+  bool completed = false;
+  absl::Status s = TorchCall(absl::StrCat(what, ": posted receive from ", PeerName(peer)),
+                             [&] { completed = work->wait(options_.timeout); });
+  if (!s.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat(s.message(), " (peer ", PeerName(peer),
+                                                    " died, hung or is out of step; timeout ",
+                                                    options_.timeout.count(), " ms)"));
+  }
+  if (!completed) {
+    return absl::AbortedError(
+        absl::StrCat(what, ": posted receive from ", PeerName(peer), " was aborted"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status P2P::AdvancePosts(std::deque<PostedRecv>& queue) {
+  for (PostedRecv& r : queue) {
+    if (r.payload_posted) continue;
+    // A control word posted ahead: the sender sends control first, so the
+    // payload waits for it to be read (in WaitPosted).
+    if (r.control.defined()) return absl::OkStatus();
+    if (!r.layout_known) {
+      const ChannelKey key{r.src_stage, r.dst_stage};
+      auto learned = options_.static_shapes && !r.forward_only ? learned_received_.find(key)
+                                                               : learned_received_.end();
+      if (options_.fixed_layout.has_value()) {
+        r.layout = *options_.fixed_layout;
+        r.layout_known = true;
+      } else if (learned != learned_received_.end()) {
+        r.layout = learned->second;
+        r.layout_known = true;
+      } else {
+        // Only the control word can go ahead; nothing after it on this
+        // channel until its payload is posted (when it is waited for).
+        PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(r.what, ": control buffer"), [&] {
+          r.control =
+              torch::empty({kControlWords}, torch::dtype(torch::kInt64).device(options_.device));
+        }));
+        PP_ASSIGN_OR_RETURN(r.control_work, PostRecv(r.control, r.peer, r.tag, r.what));
+        ++stats_.controls_posted_ahead;
+        return absl::OkStatus();
+      }
+    }
+    for (const TensorMeta& meta : r.layout) {
+      if (r.kind == Kind::kGradient && !meta.requires_grad) continue;
+      torch::Tensor t;
+      PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(r.what, ": buffer ", meta.DebugString(), " for ",
+                                                PeerName(r.peer), "'s payload"),
+                                   [&] { t = TakeBuffer(meta.dtype, meta.shape); }));
+      r.buffers.push_back(t);
+      PP_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Work> work, PostRecv(t, r.peer, r.tag, r.what));
+      r.works.push_back(std::move(work));
+      if (t.numel() > 0) ++stats_.payloads_posted_ahead;
+    }
+    r.payload_posted = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status P2P::PostRecvActivations(int peer, int src_stage, int dst_stage,
+                                      const std::string& what) {
+  PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kActivation, src_stage, dst_stage));
+  if (streams_.active()) return absl::OkStatus();  // see the file comment
+  std::deque<PostedRecv>& queue =
+      posted_[PostKey{static_cast<int>(Kind::kActivation), src_stage, dst_stage}];
+  PostedRecv r;
+  r.kind = Kind::kActivation;
+  r.peer = peer;
+  r.src_stage = src_stage;
+  r.dst_stage = dst_stage;
+  r.tag = tag;
+  r.what = what;
+  r.forward_only = forward_only_;
+  queue.push_back(std::move(r));
+  absl::Status s = AdvancePosts(queue);
+  if (!s.ok()) AbortPostedReceives();
+  return s;
+}
+
+absl::Status P2P::PostRecvGrads(int peer, int src_stage, int dst_stage,
+                                const std::vector<TensorMeta>& sent_layout,
+                                const std::string& what) {
+  PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kGradient, src_stage, dst_stage));
+  if (streams_.active()) return absl::OkStatus();  // see the file comment
+  std::deque<PostedRecv>& queue =
+      posted_[PostKey{static_cast<int>(Kind::kGradient), src_stage, dst_stage}];
+  PostedRecv r;
+  r.kind = Kind::kGradient;
+  r.peer = peer;
+  r.src_stage = src_stage;
+  r.dst_stage = dst_stage;
+  r.tag = tag;
+  r.what = what;
+  r.forward_only = forward_only_;
+  r.layout = sent_layout;
+  r.layout_known = true;
+  queue.push_back(std::move(r));
+  absl::Status s = AdvancePosts(queue);
+  if (!s.ok()) AbortPostedReceives();
+  return s;
+}
+
+absl::StatusOr<Activations> P2P::WaitPosted(Kind kind, int peer, int src_stage, int dst_stage,
+                                            const std::vector<TensorMeta>* grad_layout,
+                                            const std::string& what, int64_t* message_id) {
+  std::deque<PostedRecv>& queue = posted_[PostKey{static_cast<int>(kind), src_stage, dst_stage}];
+  PostedRecv& r = queue.front();
+  absl::Status s;
+  if (r.peer != peer) {
+    s = absl::InternalError(absl::StrCat(what, ": the receive posted on this channel (", r.what,
+                                         ") is from ", PeerName(r.peer), ", not ", PeerName(peer)));
+  } else if (r.forward_only != forward_only_) {
+    s = absl::InternalError(
+        absl::StrCat(what, ": the receive posted on this channel (", r.what, ") belongs to a ",
+                     r.forward_only ? "forward-only" : "training", " pass; passes must not mix"));
+  } else if (grad_layout != nullptr && *grad_layout != r.layout) {
+    s = absl::InternalError(absl::StrCat(what, ": gradients posted for layout ",
+                                         LayoutString(r.layout), " but waited for with ",
+                                         LayoutString(*grad_layout)));
+  }
+  Activations out;
+  if (s.ok() && !r.payload_posted) {
+    // Dynamic-shape activations: the control word was posted ahead.
+    s = WaitRecv(r.control_work, peer, what);
+    if (s.ok()) {
+      r.control_work.reset();
+      absl::StatusOr<std::vector<TensorMeta>> layout =
+          LayoutFromControl(r.control, peer, r.tag, src_stage, dst_stage, what, message_id);
+      if (layout.ok()) {
+        for (const TensorMeta& meta : *layout) {
+          torch::Tensor t;
+          s = TorchCall(absl::StrCat(what, ": buffer ", meta.DebugString(), " for ", PeerName(peer),
+                                     "'s payload"),
+                        [&] { t = TakeBuffer(meta.dtype, meta.shape); });
+          if (s.ok()) s = RecvInto(t, peer, r.tag, what);
+          if (!s.ok()) break;
+          if (meta.requires_grad && c10::isFloatingType(meta.dtype)) t.requires_grad_(true);
+          out.push_back(std::move(t));
+        }
+      } else {
+        s = layout.status();
+      }
+    }
+  } else if (s.ok()) {
+    for (size_t i = 0; s.ok() && i < r.works.size(); ++i) s = WaitRecv(r.works[i], peer, what);
+    if (s.ok()) {
+      for (size_t i = 0; i < r.buffers.size(); ++i) {
+        torch::Tensor t = std::move(r.buffers[i]);
+        const TensorMeta* meta = nullptr;
+        if (kind == Kind::kActivation) meta = &r.layout[i];
+        if (meta != nullptr && meta->requires_grad && c10::isFloatingType(meta->dtype)) {
+          t.requires_grad_(true);
+        }
+        out.push_back(std::move(t));
+      }
+    }
+  }
+  if (!s.ok()) {
+    AbortPostedReceives();
+    return s;
+  }
+  queue.pop_front();
+  s = AdvancePosts(queue);
+  if (!s.ok()) {
+    AbortPostedReceives();
+    return s;
+  }
+  return out;
+}
+
+int P2P::posted_receives() const {
+  int n = 0;
+  for (const auto& [key, queue] : posted_) n += static_cast<int>(queue.size());
+  return n;
+}
+
+void P2P::AbortPostedReceives() {
+  for (auto& [key, queue] : posted_) {
+    for (PostedRecv& r : queue) {
+      std::vector<c10::intrusive_ptr<c10d::Work>> works = r.works;
+      if (r.control_work) works.push_back(r.control_work);
+      for (const c10::intrusive_ptr<c10d::Work>& work : works) {
+        if (!work) continue;
+        absl::Status s = TorchCall("abort a posted receive", [&] {
+          if (!work->isCompleted()) work->abort();
+        });
+        if (!s.ok()) LOG(WARNING) << r.what << ": " << s;
+      }
+      ++stats_.posted_receives_aborted;
+      aborted_.push_back(std::move(r));
+    }
+  }
+  posted_.clear();
+}
+
 absl::Status P2P::SendGrads(int peer, int src_stage, int dst_stage, const Activations& grads,
                             const std::string& what) {
   PP_RETURN_IF_ERROR(ReapCompletedSends());
@@ -414,6 +645,10 @@ absl::Status P2P::SendGrads(int peer, int src_stage, int dst_stage, const Activa
 absl::StatusOr<Activations> P2P::RecvGrads(int peer, int src_stage, int dst_stage,
                                            const std::vector<TensorMeta>& sent_layout,
                                            const std::string& what) {
+  auto posted = posted_.find(PostKey{static_cast<int>(Kind::kGradient), src_stage, dst_stage});
+  if (posted != posted_.end() && !posted->second.empty()) {
+    return WaitPosted(Kind::kGradient, peer, src_stage, dst_stage, &sent_layout, what, nullptr);
+  }
   PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kGradient, src_stage, dst_stage));
   Activations grads;
   for (const TensorMeta& meta : sent_layout) {

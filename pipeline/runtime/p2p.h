@@ -65,6 +65,31 @@
 // belongs to the caller until it is handed back with Recycle(); a buffer whose
 // storage is still referenced elsewhere is dropped instead of reused.
 //
+// Receives posted ahead of need (PostRecvActivations / PostRecvGrads): with
+// Gloo's TCP transport a sender's bytes move only once the receiver has posted
+// the matching receive, so a receive posted at the moment of need costs a
+// round trip through both ranks' transport threads then. A posted receive
+// goes into a per-channel queue; RecvActivations / RecvGrads on a channel
+// with a posted receive wait for the oldest one (with the timeout) instead of
+// posting. Posting in program order keeps channel order (Gloo matches the
+// receives of one (peer, tag) in posting order). What is posted ahead:
+//   - gradients: the payload (its layout is the sent activations' layout);
+//   - activations in fixed-shape mode, and in static-shape mode once the
+//     channel's layout is learned (training passes): the payload, into pooled
+//     buffers;
+//   - activations otherwise (dynamic-shape mode, or a channel's first static
+//     message): only the control word; the header (if it follows) and the
+//     payload are received when the receive is waited for, since their sizes
+//     are known only then. Nothing later on that channel can be posted
+//     before that payload (it would match the payload's messages), so a
+//     channel's later receives are posted when its earlier ones complete.
+// An error while waiting for a posted receive aborts every posted receive
+// (AbortPostedReceives): channel order cannot be trusted after it. Aborted
+// receives' buffers and Works are kept until the P2P object is destroyed, so
+// bytes that still arrive never land in freed memory. On a device (NCCL)
+// posting ahead does nothing: device receives are posted in program order on
+// the receive stream and do not block the host (device_streams.h).
+//
 // Thread-compatible: one P2P object per rank, used by one thread (plus, in
 // kSenderThread mode, its own sender thread, synchronised internally).
 #ifndef PIPELINE_RUNTIME_P2P_H_
@@ -146,6 +171,13 @@ struct P2PStats {
   // hand-off: what a message waits before the transport sees it).
   double send_post_seconds = 0;
   double send_handoff_seconds = 0;
+  // Receives posted ahead of need: payload tensors posted ahead, control
+  // words posted ahead, and posted receives aborted.
+  int64_t payloads_posted_ahead = 0;
+  int64_t controls_posted_ahead = 0;
+  int64_t posted_receives_aborted = 0;
+  // Receives posted and not yet waited for, now (posted_receives()).
+  int64_t receives_posted_now = 0;
 };
 
 // See the file comment. Owns nothing but a reference to the process group.
@@ -190,6 +222,22 @@ class P2P {
                                         const std::vector<TensorMeta>& sent_layout,
                                         const std::string& what);
 
+  // Posts the next activation receive of channel src_stage -> dst_stage from
+  // `peer` now (see the file comment for what is posted); the matching
+  // RecvActivations waits for it. Both must happen in the same pass (the
+  // forward-only setting is taken at posting).
+  absl::Status PostRecvActivations(int peer, int src_stage, int dst_stage, const std::string& what);
+  // Posts the next gradient receive of the channel now, into pooled buffers
+  // of `sent_layout`'s gradient tensors; the matching RecvGrads (with the same
+  // layout) waits for it.
+  absl::Status PostRecvGrads(int peer, int src_stage, int dst_stage,
+                             const std::vector<TensorMeta>& sent_layout, const std::string& what);
+  // Receives posted and not yet waited for, over all channels.
+  int posted_receives() const;
+  // Aborts every posted receive and forgets it (its buffers and Works are
+  // kept until destruction, see the file comment). After a failed step.
+  void AbortPostedReceives();
+
   // Waits for every outstanding send (with the timeout).
   absl::Status WaitSends();
 
@@ -232,6 +280,43 @@ class P2P {
     std::chrono::steady_clock::time_point queued;
   };
   void SenderLoop();
+  // A receive posted ahead (see the file comment).
+  struct PostedRecv {
+    Kind kind = Kind::kActivation;
+    int peer = 0;
+    int src_stage = 0;
+    int dst_stage = 0;
+    int tag = 0;
+    std::string what;
+    bool forward_only = false;
+    // Activations in dynamic-shape mode: the control word, once posted.
+    torch::Tensor control;
+    c10::intrusive_ptr<c10d::Work> control_work;
+    // The payload, once posted (works[i] is null for an empty tensor).
+    bool payload_posted = false;
+    bool layout_known = false;
+    std::vector<TensorMeta> layout;
+    Activations buffers;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  };
+  using PostKey = std::tuple<int, int, int>;  // (kind, src_stage, dst_stage)
+  // Posts what can be posted of the queue's receives, in order, stopping at
+  // the first one whose payload cannot be posted yet.
+  absl::Status AdvancePosts(std::deque<PostedRecv>& queue);
+  absl::StatusOr<c10::intrusive_ptr<c10d::Work>> PostRecv(torch::Tensor& tensor, int peer, int tag,
+                                                          const std::string& what);
+  absl::Status WaitRecv(const c10::intrusive_ptr<c10d::Work>& work, int peer,
+                        const std::string& what);
+  // The oldest posted receive of the channel, completed (payload received).
+  absl::StatusOr<Activations> WaitPosted(Kind kind, int peer, int src_stage, int dst_stage,
+                                         const std::vector<TensorMeta>* grad_layout,
+                                         const std::string& what, int64_t* message_id);
+  // Reads the layout an activation control word announces (and its header,
+  // if one follows), remembering it as RecvActivations does.
+  absl::StatusOr<std::vector<TensorMeta>> LayoutFromControl(torch::Tensor control, int peer,
+                                                            int tag, int src_stage, int dst_stage,
+                                                            const std::string& what,
+                                                            int64_t* message_id);
 
   absl::StatusOr<int> Tag(Kind kind, int src_stage, int dst_stage) const;
   // "global rank G (stage P)" with P2POptions::global_ranks, else "rank P".
@@ -252,6 +337,9 @@ class P2P {
   bool forward_only_ = false;
   std::map<std::pair<int, std::vector<int64_t>>, std::vector<torch::Tensor>> pool_;
   P2PStats stats_;
+  std::map<PostKey, std::deque<PostedRecv>> posted_;
+  // Aborted receives' buffers and Works (see the file comment).
+  std::vector<PostedRecv> aborted_;
 
   mutable absl::Mutex mu_;
   std::deque<SendRequest> queue_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,6 @@
 #include "pipeline/runtime/p2p.h"
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -389,6 +390,189 @@ TEST(P2PTest, TimeoutNamesThePeersGlobalRankAndStage) {
       std::this_thread::sleep_for(milliseconds(1500));
     }
     return absl::OkStatus();
+  });
+  EXPECT_STATUS_OK(s);
+}
+
+enum class Mode { kDynamic, kStatic, kFixed };
+
+P2POptions OptionsFor(Mode mode, milliseconds timeout) {
+  P2POptions options{timeout, std::nullopt};
+  if (mode == Mode::kStatic) options.static_shapes = true;
+  if (mode == Mode::kFixed)
+    options.fixed_layout = std::vector<TensorMeta>{{torch::kFloat, {2, 3}, true}};
+  return options;
+}
+
+const char* ModeName(Mode mode) {
+  return mode == Mode::kDynamic ? "dynamic" : mode == Mode::kStatic ? "static" : "fixed";
+}
+
+// Receives posted ahead, several per channel on two channels, and gradients
+// posted ahead: every wait gets its channel's messages in order, with the
+// same values, ids and requires_grad flags as a plain receive, in each
+// activation mode; what was posted ahead is counted, and nothing stays posted.
+TEST(P2PPostAheadTest, PostedReceivesKeepChannelOrderInEveryMode) {
+  for (Mode mode : {Mode::kDynamic, Mode::kStatic, Mode::kFixed}) {
+    SCOPED_TRACE(ModeName(mode));
+    absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [mode](World& world) -> absl::Status {
+      P2P p2p(world.group, OptionsFor(mode, milliseconds(20000)));
+      constexpr int kMessages = 4;
+      const std::vector<int> sources = {0, 2};  // two channels: stage 0 -> 1, 2 -> 1
+      if (world.rank == 0) {
+        // Gradients posted before the activations go out.
+        const std::vector<TensorMeta> layout = {{torch::kFloat, {2, 3}, true}};
+        for (int i = 0; i < kMessages; ++i) {
+          PP_RETURN_IF_ERROR(p2p.PostRecvGrads(1, 0, 1, layout, "0RECV_B" + std::to_string(i)));
+        }
+        PP_RETURN_IF_ERROR(Check(p2p.posted_receives() == kMessages, "4 gradients posted"));
+        for (int i = 0; i < kMessages; ++i) {
+          for (int src : sources) {
+            torch::Tensor x = torch::full({2, 3}, float(10 * src + i), torch::requires_grad());
+            PP_RETURN_IF_ERROR(p2p.SendActivations(1, src, 1, {x}, "0SEND_F", 100 * src + i));
+          }
+        }
+        for (int i = 0; i < kMessages; ++i) {
+          PP_ASSIGN_OR_RETURN(Activations g, p2p.RecvGrads(1, 0, 1, layout, "0RECV_B"));
+          PP_RETURN_IF_ERROR(Check(g.size() == 1 && torch::equal(g[0], torch::full({2, 3}, -i)),
+                                   "gradient " + std::to_string(i) + " in order"));
+        }
+        PP_RETURN_IF_ERROR(Check(p2p.stats().payloads_posted_ahead == kMessages,
+                                 "gradient payloads posted ahead: " +
+                                     std::to_string(p2p.stats().payloads_posted_ahead)));
+      } else {
+        for (int i = 0; i < kMessages; ++i) {
+          for (int src : sources) {
+            PP_RETURN_IF_ERROR(p2p.PostRecvActivations(0, src, 1, "1RECV_F" + std::to_string(i)));
+          }
+        }
+        PP_RETURN_IF_ERROR(Check(p2p.posted_receives() == 2 * kMessages, "8 posted"));
+        for (int i = 0; i < kMessages; ++i) {
+          for (int src : sources) {
+            int64_t id = -2;
+            PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, src, 1, "1RECV_F", &id));
+            const std::string m =
+                "channel " + std::to_string(src) + " message " + std::to_string(i);
+            PP_RETURN_IF_ERROR(
+                Check(got.size() == 1 && got[0].requires_grad() &&
+                          torch::equal(got[0].detach(), torch::full({2, 3}, float(10 * src + i))),
+                      m + ": value in order"));
+            const bool has_id = mode == Mode::kDynamic || (mode == Mode::kStatic && i == 0);
+            PP_RETURN_IF_ERROR(
+                Check(id == (has_id ? 100 * src + i : -1), m + ": id " + std::to_string(id)));
+            p2p.Recycle(std::move(got));
+          }
+        }
+        const P2PStats stats = p2p.stats();
+        // Dynamic: a control word per message ahead, payloads when waited.
+        // Static: the first message's control word, every later payload.
+        // Fixed: every payload.
+        const int64_t want_controls = mode == Mode::kDynamic  ? 2 * kMessages
+                                      : mode == Mode::kStatic ? 2
+                                                              : 0;
+        const int64_t want_payloads = mode == Mode::kDynamic  ? 0
+                                      : mode == Mode::kStatic ? 2 * (kMessages - 1)
+                                                              : 2 * kMessages;
+        PP_RETURN_IF_ERROR(Check(stats.controls_posted_ahead == want_controls &&
+                                     stats.payloads_posted_ahead == want_payloads,
+                                 "posted ahead: " + std::to_string(stats.controls_posted_ahead) +
+                                     " control words, " +
+                                     std::to_string(stats.payloads_posted_ahead) + " payloads"));
+        for (int i = 0; i < kMessages; ++i) {
+          PP_RETURN_IF_ERROR(p2p.SendGrads(0, 0, 1, {torch::full({2, 3}, float(-i))}, "1SEND_B"));
+        }
+      }
+      PP_RETURN_IF_ERROR(Check(p2p.posted_receives() == 0, "nothing left posted"));
+      PP_RETURN_IF_ERROR(Check(p2p.stats().posted_receives_aborted == 0, "nothing aborted"));
+      return p2p.WaitSends();
+    });
+    EXPECT_STATUS_OK(s);
+  }
+}
+
+// What posting ahead is for: a payload receive posted ahead lets the sender's
+// transfer complete before the receiver waits (Gloo's TCP transport moves the
+// bytes once the receive is posted). The sender's WaitSends returns while the
+// receiver is still waiting for the sender's signal; without the posted
+// receive it would time out.
+TEST(P2PPostAheadTest, PostedPayloadCompletesTheSendBeforeTheWait) {
+  std::atomic<bool> sent{false};
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&sent](World& world) -> absl::Status {
+    P2P p2p(world.group, OptionsFor(Mode::kFixed, milliseconds(10000)));
+    if (world.rank == 0) {
+      PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {torch::ones({2, 3})}, "0SEND_F0"));
+      PP_RETURN_IF_ERROR(p2p.WaitSends());
+      sent = true;
+      return absl::OkStatus();
+    }
+    PP_RETURN_IF_ERROR(p2p.PostRecvActivations(0, 0, 1, "1RECV_F0"));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+    while (!sent && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    PP_RETURN_IF_ERROR(Check(sent, "the send completed before the receive was waited for"));
+    PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "1RECV_F0"));
+    return Check(torch::equal(got[0].detach(), torch::ones({2, 3})), "value");
+  });
+  EXPECT_STATUS_OK(s);
+}
+
+// A posted receive whose peer stays silent: the wait ends with the timeout,
+// naming the action and the peer, and every posted receive (the other
+// channel's too) is aborted: nothing stays posted.
+TEST(P2PPostAheadTest, PostedReceiveTimesOutNamingPeerAndLeavesNothingPosted) {
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    P2POptions options = OptionsFor(Mode::kFixed, milliseconds(500));
+    options.global_ranks = {4, 5};
+    P2P p2p(world.group, options);
+    if (world.rank == 1) {
+      PP_RETURN_IF_ERROR(p2p.PostRecvActivations(0, 0, 1, "1RECV_F3"));
+      PP_RETURN_IF_ERROR(p2p.PostRecvActivations(0, 0, 1, "1RECV_F4"));
+      PP_RETURN_IF_ERROR(p2p.PostRecvGrads(0, 1, 2, {{torch::kFloat, {4}, true}}, "1RECV_B0"));
+      auto got = p2p.RecvActivations(0, 0, 1, "1RECV_F3 on rank 1");
+      PP_RETURN_IF_ERROR(Check(!got.ok(), "must fail"));
+      const std::string msg(got.status().message());
+      PP_RETURN_IF_ERROR(Check(got.status().code() == absl::StatusCode::kDeadlineExceeded,
+                               "deadline exceeded: " + msg));
+      PP_RETURN_IF_ERROR(
+          Check(msg.find("1RECV_F3 on rank 1") != std::string::npos, "names action: " + msg));
+      PP_RETURN_IF_ERROR(
+          Check(msg.find("global rank 4 (stage 0)") != std::string::npos, "names peer: " + msg));
+      PP_RETURN_IF_ERROR(Check(p2p.posted_receives() == 0, "nothing left posted"));
+      PP_RETURN_IF_ERROR(
+          Check(p2p.stats().posted_receives_aborted == 3,
+                "3 aborted: " + std::to_string(p2p.stats().posted_receives_aborted)));
+    } else {
+      std::this_thread::sleep_for(milliseconds(1500));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_STATUS_OK(s);
+}
+
+// A wait that does not match what was posted (a gradient layout other than
+// the posted one) fails naming both and aborts everything posted; an explicit
+// AbortPostedReceives leaves nothing posted either.
+TEST(P2PPostAheadTest, MismatchedWaitAndAbortLeaveNothingPosted) {
+  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+    P2P p2p(world.group, OptionsFor(Mode::kDynamic, milliseconds(20000)));
+    if (world.rank == 0) return absl::OkStatus();
+    const std::vector<TensorMeta> posted = {{torch::kFloat, {4}, true}};
+    const std::vector<TensorMeta> other = {{torch::kFloat, {5}, true}};
+    PP_RETURN_IF_ERROR(p2p.PostRecvGrads(0, 1, 2, posted, "1RECV_B0"));
+    PP_RETURN_IF_ERROR(p2p.PostRecvActivations(0, 0, 1, "1RECV_F1"));
+    auto got = p2p.RecvGrads(0, 1, 2, other, "1RECV_B0");
+    PP_RETURN_IF_ERROR(Check(!got.ok(), "must fail"));
+    const std::string msg(got.status().message());
+    PP_RETURN_IF_ERROR(Check(
+        msg.find("Float[4]") != std::string::npos && msg.find("Float[5]") != std::string::npos,
+        "names both layouts: " + msg));
+    PP_RETURN_IF_ERROR(Check(p2p.posted_receives() == 0, "nothing left posted after the error"));
+    PP_RETURN_IF_ERROR(p2p.PostRecvActivations(0, 0, 1, "1RECV_F2"));
+    PP_RETURN_IF_ERROR(Check(p2p.posted_receives() == 1, "one posted"));
+    p2p.AbortPostedReceives();
+    PP_RETURN_IF_ERROR(Check(p2p.posted_receives() == 0, "nothing left posted after abort"));
+    return Check(p2p.stats().posted_receives_aborted == 3, "3 aborted in all");
   });
   EXPECT_STATUS_OK(s);
 }

@@ -394,6 +394,27 @@ absl::Status StageExecutor::BackwardWeight(const Action& a, StepState& st) {
   return absl::OkStatus();
 }
 
+absl::Status StageExecutor::PostReady(StepState& st, std::map<ChannelId, Channel>& channels) {
+  const LoweredProgram& program = *st.program;
+  for (auto& [id, channel] : channels) {
+    if (channel.posted || channel.receives.empty()) continue;
+    const Action& a = channel.receives.front();
+    const std::string what = absl::StrCat(Name(a), " on rank ", rank_);
+    if (a.type == ActionType::kRecvForward) {
+      PP_RETURN_IF_ERROR(p2p_.PostRecvActivations(program.PeerRank(a), a.stage - 1, a.stage, what));
+    } else {
+      // The layout of the gradients is that of the F outputs: not before F.
+      auto layout = st.out_layouts.find(Key{a.stage, a.microbatch});
+      if (layout == st.out_layouts.end()) continue;
+      PP_RETURN_IF_ERROR(
+          p2p_.PostRecvGrads(program.PeerRank(a), a.stage, a.stage + 1, layout->second, what));
+    }
+    channel.receives.pop_front();
+    channel.posted = true;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn& tail) {
   const LoweredProgram& program = *st.program;
   const Key key{a.stage, a.microbatch};
@@ -495,6 +516,23 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
     VLOG(1) << "thread cpu clock step " << ThreadCpuClockStepMicros() << " us";
     logged_cpu_clock_step_ = true;
   }
+  // post_receives_ahead (CPU only): each channel's receives in program
+  // order; a RECV action waits for the one posted for it.
+  std::map<ChannelId, Channel> channels;
+  const bool post_ahead = options_.post_receives_ahead && options_.p2p.device.is_cpu();
+  if (post_ahead) {
+    if (p2p_.posted_receives() != 0) {
+      return absl::InternalError(absl::StrCat("rank ", rank_, ": ", p2p_.posted_receives(),
+                                              " receive(s) still posted from an earlier run"));
+    }
+    for (const Action& a : exec_program.ranks[rank_]) {
+      for (const Action& leaf : Leaves(a)) {
+        if (leaf.type == ActionType::kRecvForward || leaf.type == ActionType::kRecvBackward) {
+          channels[ChannelOf(leaf)].receives.push_back(leaf);
+        }
+      }
+    }
+  }
   const int64_t start = NowMicros();
   absl::Status status = TorchCall(absl::StrCat("step ", step, " on rank ", rank_), [&] {
     std::optional<torch::NoGradGuard> no_grad;
@@ -514,7 +552,24 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
       if (WorkerStatusEnabled()) ReportWorkerAction(absl::StrCat(kind, step, " ", Name(a)));
       const ThreadUsage u0 = VLOG_IS_ON(1) ? ThreadUsageNow() : ThreadUsage();
       const int64_t t0 = NowMicros();
-      absl::Status s = Execute(a, st, tail);
+      absl::Status s;
+      const bool is_recv =
+          a.type == ActionType::kRecvForward || a.type == ActionType::kRecvBackward;
+      if (post_ahead && is_recv) {
+        // Waits for the receive posted for it (posting it first if it could
+        // not be posted yet: then it is its channel's next one).
+        Channel& channel = channels[ChannelOf(a)];
+        if (!channel.posted) s = PostReady(st, channels);
+        if (s.ok() && !channel.posted) {
+          // Still unpostable (RECV_B before its F): Execute names the error.
+          channel.receives.pop_front();
+        }
+        channel.posted = false;
+      }
+      if (s.ok()) s = Execute(a, st, tail);
+      // The receives this action made postable (its channel's next one; a
+      // gradient receive after its F).
+      if (s.ok() && post_ahead) s = PostReady(st, channels);
       if (!s.ok()) {
         status_holder_ = absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
         return false;
@@ -544,6 +599,13 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
       if (options_.trace) st.stats.timings.push_back(ActionTiming{a, t0, t1});
       return true;
     };
+    if (post_ahead) {
+      absl::Status s = PostReady(st, channels);
+      if (!s.ok()) {
+        status_holder_ = absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
+        return;
+      }
+    }
     for (const Action& a : exec_program.ranks[rank_]) {
       // OVERLAP_F_B: the forward half, then the backward half, back to back
       // on this thread (no overlap), each timed and traced as its own action.
@@ -554,6 +616,14 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
   });
   if (status.ok() && !status_holder_.ok()) status = status_holder_;
   status_holder_ = absl::OkStatus();
+  if (status.ok() && p2p_.posted_receives() != 0) {
+    status = absl::InternalError(absl::StrCat("program of rank ", rank_, " left ",
+                                              p2p_.posted_receives(),
+                                              " posted receive(s) not waited for"));
+  }
+  // A failed step leaves no receive posted into buffers that go away (and
+  // none that a later pass would take for its own).
+  if (!status.ok()) p2p_.AbortPostedReceives();
   if (status.ok()) status = p2p_.WaitSends();
   if (status.ok() && !st.stash.empty()) {
     status = absl::InternalError(absl::StrCat("program of rank ", rank_, " left ", st.stash.size(),

@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -75,6 +76,16 @@ struct StageExecutorOptions {
   bool trace = true;
   // Run DeferReceives(program) instead of the program as lowered.
   bool defer_receives = true;
+  // Post receives ahead of need (P2P::PostRecvActivations/PostRecvGrads): a
+  // channel's first receive of the step is posted when the step starts, and
+  // each later one as soon as the previous receive on its channel has been
+  // waited for (one posted receive per channel), a gradient receive no
+  // earlier than the F whose outputs' layout it needs. Each RECV action then
+  // only waits (where it runs: just before the first action that needs its
+  // data, with defer_receives). Every posted receive is consumed by the end of
+  // the step; a failed step aborts the posted ones. CPU (Gloo) only: on a
+  // device posting does nothing (p2p.h).
+  bool post_receives_ahead = false;
 };
 
 // What StageExecutor can execute (checked by Validate, and by experiments
@@ -147,6 +158,17 @@ class StageExecutor {
     StepStats stats;
   };
 
+  // post_receives_ahead: the step's receives per channel, in program order,
+  // and whether the channel's next one is posted.
+  struct Channel {
+    std::deque<Action> receives;  // not yet posted
+    bool posted = false;          // a receive of this channel is posted, not yet waited for
+  };
+  using ChannelId = std::pair<int, int>;  // (RECV action type, virtual stage)
+  static ChannelId ChannelOf(const Action& a) { return {static_cast<int>(a.type), a.stage}; }
+  // Posts each channel's next receive where allowed (see the option).
+  absl::Status PostReady(StepState& st, std::map<ChannelId, Channel>& channels);
+
   absl::Status Execute(const Action& action, StepState& st, const TailFn& tail);
   absl::StatusOr<const MicroBatchData*> Data(StepState& st, int mb);
   absl::Status Forward(const Action& a, StepState& st);
@@ -177,7 +199,7 @@ class StageExecutor {
   c10::intrusive_ptr<c10d::ProcessGroup> pipe_group_;
   StageExecutorOptions options_;
   P2P p2p_;
-  absl::Status status_holder_;  // an action's error, carried out of TorchCall
+  absl::Status status_holder_;          // an action's error, carried out of TorchCall
   bool logged_cpu_clock_step_ = false;  // --v=1 logs the clock's step once
 };
 

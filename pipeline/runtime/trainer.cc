@@ -147,6 +147,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   eo.p2p.timeout = options.timeout;
   eo.p2p.fixed_layout = options.fixed_layout;
   eo.p2p.static_shapes = options.p2p_static_shapes;
+  eo.post_receives_ahead = options.p2p_post_receives_ahead;
   eo.p2p.device = options.device;
   eo.p2p.global_ranks = grid->pipe_group_ranks();
   eo.data_parallel_id = grid->data_parallel_id();

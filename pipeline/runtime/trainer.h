@@ -73,6 +73,8 @@ struct TrainerOptions {
   // Static-shape p2p: headers on each channel's first message only; see
   // P2POptions::static_shapes.
   bool p2p_static_shapes = false;
+  // Post receives ahead of need; see StageExecutorOptions::post_receives_ahead.
+  bool p2p_post_receives_ahead = false;
   // Set on every stage module (activation checkpointing); null keeps RunLayers.
   LayerRunner layer_runner;
   // Record per-action timings (busy/idle, Chrome trace).
