@@ -2,26 +2,10 @@
 
 #include <cmath>
 #include <limits>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 namespace pp {
-namespace {
-
-// `linear` on x [..., in] as one addmm over the flattened rows. LibTorch
-// 1.13's C++ torch::nn::Linear runs a 3-D input as matmul and then a separate
-// bias add (an extra pass over the output, and another autograd node), where
-// PyTorch's F.linear fuses the two for a contiguous 3-D input.
-torch::Tensor FusedLinear(torch::nn::Linear& linear, const torch::Tensor& x) {
-  if (x.dim() == 2 || !linear->bias.defined()) return linear->forward(x);
-  std::vector<int64_t> sizes = x.sizes().vec();
-  torch::Tensor out = torch::addmm(linear->bias, x.reshape({-1, sizes.back()}), linear->weight.t());
-  sizes.back() = out.size(1);
-  return out.view(sizes);
-}
-
-}  // namespace
 
 SelfAttentionImpl::SelfAttentionImpl(int64_t width, int64_t num_heads, double dropout)
     : width_(width), num_heads_(num_heads) {
@@ -39,15 +23,14 @@ SelfAttentionImpl::SelfAttentionImpl(int64_t width, int64_t num_heads, double dr
   out_dropout_ = register_module("out_dropout", torch::nn::Dropout(dropout));
 }
 
-const torch::Tensor& SelfAttentionImpl::CausalBias(int64_t time, const torch::Tensor& like) {
-  if (!causal_bias_.defined() || causal_bias_.size(0) != time ||
-      causal_bias_.device() != like.device() || causal_bias_.scalar_type() != like.scalar_type()) {
-    // The lowest finite value rather than -inf: a row whose keys are all
-    // masked then gets uniform weights instead of NaN.
-    causal_bias_ = torch::full({time, time}, std::numeric_limits<float>::lowest(), like.options())
-                       .triu(/*diagonal=*/1);
+const torch::Tensor& SelfAttentionImpl::FutureMask(int64_t time, const torch::Device& device) {
+  // (An inference tensor, made under InferenceMode, could not serve autograd.)
+  if (!future_.defined() || future_.size(0) != time || future_.device() != device ||
+      future_.is_inference()) {
+    future_ = torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(device))
+                  .triu(/*diagonal=*/1);
   }
-  return causal_bias_;
+  return future_;
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
@@ -67,27 +50,35 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
   torch::Tensor k = qkv[1].reshape({batch * num_heads_, time, head_width});
   torch::Tensor v = (qkv[2] + v_bias_.view({num_heads_, 1, head_width}))
                         .reshape({batch * num_heads_, time, head_width});
-  const double scale = 1.0 / std::sqrt(static_cast<double>(head_width));
-  // Causal: the mask is an additive bias and the scale the product's alpha,
-  // both folded into one batched matmul (like PyTorch's nn.MultiheadAttention),
-  // the mask built once.
-  torch::Tensor scores =
-      causal ? torch::baddbmm(CausalBias(time, x), q, k.transpose(1, 2), /*beta=*/1, scale)
-             : torch::bmm(q, k.transpose(1, 2)) * scale;
+  // Scores scaled by 1/sqrt(head_width): as the batched matmul's alpha (no pass
+  // of its own, forward or backward; with beta 0 the zero `self` is ignored)
+  // where that reciprocal is exact (head_width a power of 4), so the result is
+  // bit for bit the division's; else divided after.
+  const double root = std::sqrt(static_cast<double>(head_width));
+  const bool exact = root == std::ldexp(1.0, std::ilogb(root));
+  torch::Tensor scores = torch::baddbmm(torch::zeros({}, q.options()), q, k.transpose(1, 2),
+                                        /*beta=*/0, /*alpha=*/exact ? 1.0 / root : 1.0);
+  if (!exact) scores = scores / root;
+  // The lowest finite value rather than -inf: a row whose keys are all masked
+  // then gets uniform weights instead of NaN.
+  const double kMasked = std::numeric_limits<float>::lowest();
+  // In place (no copy of the scores; the matmul's backward does not need
+  // them), with the mask built once.
+  if (causal) scores.masked_fill_(FutureMask(time, x.device()), kMasked);
   if (key_mask.defined()) {
     TORCH_CHECK(key_mask.dim() == 2 && key_mask.size(0) == batch && key_mask.size(1) == time,
                 "attention mask must be [", batch, ", ", time, "], got ", key_mask.sizes());
-    scores = scores.view({batch, num_heads_, time, time})
-                 .masked_fill(key_mask.to(torch::kBool).logical_not().view({batch, 1, 1, time}),
-                              std::numeric_limits<float>::lowest())
-                 .view({batch * num_heads_, time, time});
+    scores =
+        scores.view({batch, num_heads_, time, time})
+            .masked_fill(key_mask.to(torch::kBool).logical_not().view({batch, 1, 1, time}), kMasked)
+            .view({batch * num_heads_, time, time});
   }
   torch::Tensor weights = attn_dropout_(torch::softmax(scores, /*dim=*/-1));
   torch::Tensor out = torch::bmm(weights, v)
                           .view({batch, num_heads_, time, head_width})
                           .transpose(1, 2)
                           .reshape({batch, time, width_});
-  return out_dropout_(FusedLinear(proj_, out));
+  return out_dropout_(proj_(out));
 }
 
 MlpImpl::MlpImpl(int64_t width, int64_t hidden, double dropout) {
@@ -97,7 +88,7 @@ MlpImpl::MlpImpl(int64_t width, int64_t hidden, double dropout) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return dropout_(FusedLinear(fc_out_, torch::gelu(FusedLinear(fc_in_, x))));
+  return dropout_(fc_out_(torch::gelu(fc_in_(x))));
 }
 
 int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden) {

@@ -35,10 +35,9 @@ Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatc
   const int64_t time = ids.size(1);
   TORCH_CHECK(time <= pos_embed->weight.size(0), "sequence length ", time,
               " exceeds gpt.context_length ", pos_embed->weight.size(0));
-  // Positions 0..time-1 are the table's first rows: a slice (whose backward
-  // adds into a zero gradient) rather than an embedding lookup of arange
-  // (whose backward sorts and scatters the indices).
-  return {dropout_(tok_embed(ids) + pos_embed->weight.narrow(0, 0, time))};
+  torch::Tensor positions =
+      torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+  return {dropout_(tok_embed(ids) + pos_embed(positions))};
 }
 
 TransformerBlockImpl::TransformerBlockImpl(const GptConfig& config)
