@@ -1,8 +1,8 @@
 #include "pipeline/runtime/split_backward.h"
 
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -16,40 +16,77 @@ using torch::autograd::edge_list;
 using torch::autograd::Engine;
 using torch::autograd::Node;
 
-// For every node reachable from `roots`: whether one of `targets` can be
-// reached from it (the input closure). Iterative post-order: a stage's graph
-// is a chain thousands of nodes long.
-std::unordered_map<Node*, bool> InputClosure(const edge_list& roots,
-                                             const std::unordered_set<Node*>& targets) {
-  std::unordered_map<Node*, bool> reaches;
-  std::vector<std::pair<Node*, size_t>> stack;
-  for (const Edge& root : roots) {
-    Node* start = root.function.get();
-    if (start == nullptr || reaches.count(start) > 0) continue;
-    reaches[start] = targets.count(start) > 0;
-    stack.emplace_back(start, 0);
-    while (!stack.empty()) {
-      Node* node = stack.back().first;
-      const size_t next = stack.back().second;
-      if (next < node->next_edges().size()) {
-        stack.back().second += 1;
-        Node* child = node->next_edges()[next].function.get();
-        if (child != nullptr && reaches.count(child) == 0) {
-          reaches[child] = targets.count(child) > 0;
-          // Targets are leaves' AccumulateGrad nodes: nothing below them.
-          if (!reaches[child]) stack.emplace_back(child, 0);
+// The graph below `roots`, walked once: every node reachable from them, and
+// for each whether one of `targets` can be reached from it (the input
+// closure) and whether it is a join node (in the closure, not a target, with
+// an edge to a node outside the closure). A stage's graph has a few hundred
+// nodes and this runs once per micro-batch: two hash lookups per edge, the
+// rest in vectors indexed by the order of discovery.
+class InputClosure {
+ public:
+  InputClosure(const edge_list& roots, const std::vector<Node*>& targets) {
+    index_.reserve(512);
+    nodes_.reserve(512);
+    for (Node* target : targets) {
+      // Targets are leaves' AccumulateGrad nodes: nothing below them.
+      if (Add(target)) reaches_.back() = 1;
+    }
+    // Iterative post-order: a stage's graph is a chain thousands of nodes long.
+    std::vector<std::pair<size_t, size_t>> stack;  // (node index, next edge)
+    for (const Edge& root : roots) {
+      Node* start = root.function.get();
+      if (start == nullptr || !Add(start)) continue;
+      stack.emplace_back(nodes_.size() - 1, 0);
+      while (!stack.empty()) {
+        const size_t node = stack.back().first;
+        const edge_list& edges = nodes_[node]->next_edges();
+        size_t& next = stack.back().second;
+        while (next < edges.size()) {
+          Node* child = edges[next++].function.get();
+          if (child != nullptr && Add(child)) {
+            stack.emplace_back(nodes_.size() - 1, 0);
+            break;
+          }
         }
-        continue;
-      }
-      stack.pop_back();
-      bool& mine = reaches[node];
-      for (const Edge& edge : node->next_edges()) {
-        if (edge.function != nullptr && reaches.at(edge.function.get())) mine = true;
+        if (stack.back().first != node) continue;
+        // All children are done (the graph is acyclic).
+        stack.pop_back();
+        bool reaches = false, leaves = false;
+        for (const Edge& edge : edges) {
+          if (edge.function == nullptr) continue;
+          if (Reaches(edge)) {
+            reaches = true;
+          } else {
+            leaves = true;
+          }
+        }
+        reaches_[node] = reaches;
+        if (reaches && leaves) joins_.push_back(nodes_[node]);
       }
     }
   }
-  return reaches;
-}
+
+  bool Reaches(const Edge& edge) const {
+    auto it = index_.find(edge.function.get());
+    return it != index_.end() && reaches_[it->second];
+  }
+  // In post-order: a join node after every join node below it.
+  const std::vector<Node*>& joins() const { return joins_; }
+
+ private:
+  // Records a newly found node; false if it was known.
+  bool Add(Node* node) {
+    if (!index_.emplace(node, nodes_.size()).second) return false;
+    nodes_.push_back(node);
+    reaches_.push_back(0);
+    return true;
+  }
+
+  std::unordered_map<Node*, size_t> index_;
+  std::vector<Node*> nodes_;
+  std::vector<char> reaches_;
+  std::vector<Node*> joins_;
+};
 
 }  // namespace
 
@@ -65,27 +102,29 @@ BackwardInputResult BackwardInput(const std::vector<torch::Tensor>& roots,
     root_edges.push_back(torch::autograd::impl::gradient_edge(roots[i]));
     grads.push_back(root_grads[i].defined() ? root_grads[i] : torch::ones_like(roots[i]));
   }
+  BackwardInputResult result;
+  if (inputs.empty()) {
+    // No input gradient wanted: all of the backward is W's, no graph walk.
+    result.weight.roots_ = std::move(root_edges);
+    result.weight.grads_ = std::move(grads);
+    return result;
+  }
   edge_list input_edges;
-  std::unordered_set<Node*> targets;
+  std::vector<Node*> targets;
   for (size_t i = 0; i < inputs.size(); ++i) {
     TORCH_CHECK(inputs[i].requires_grad(), "BackwardInput: input ", i,
                 " does not require grad; pass only the inputs whose gradient is wanted");
     input_edges.push_back(torch::autograd::impl::gradient_edge(inputs[i]));
-    targets.insert(input_edges.back().function.get());
+    targets.push_back(input_edges.back().function.get());
   }
-  const std::unordered_map<Node*, bool> reaches = InputClosure(root_edges, targets);
-  auto in_closure = [&](const Edge& e) {
-    auto it = reaches.find(e.function.get());
-    return it != reaches.end() && it->second;
-  };
+  const InputClosure closure(root_edges, targets);
 
-  BackwardInputResult result;
   result.input_grads.resize(inputs.size());
   // Roots that reach no input belong to W as they are.
   edge_list input_roots;
   std::vector<torch::Tensor> input_root_grads;
   for (size_t i = 0; i < root_edges.size(); ++i) {
-    if (in_closure(root_edges[i])) {
+    if (closure.Reaches(root_edges[i])) {
       input_roots.push_back(root_edges[i]);
       input_root_grads.push_back(grads[i]);
     } else {
@@ -95,21 +134,11 @@ BackwardInputResult BackwardInput(const std::vector<torch::Tensor>& roots,
   }
   if (input_roots.empty()) return result;
 
-  // Join nodes: in the closure, not a target, with an edge leaving it.
-  std::vector<Node*> joins;
-  for (const auto& [node, reach] : reaches) {
-    if (!reach || targets.count(node) > 0) continue;
-    for (const Edge& edge : node->next_edges()) {
-      if (edge.function != nullptr && !in_closure(edge)) {
-        joins.push_back(node);
-        break;
-      }
-    }
-  }
+  const std::vector<Node*>& joins = closure.joins();
   edge_list outputs = input_edges;
   std::vector<std::pair<size_t, Edge>> captures;  // (index into outputs, edge)
   for (Node* join : joins) {
-    // The edge objects must own the node: reaches holds raw pointers only.
+    // The edge objects must own the node: the closure holds raw pointers.
     std::shared_ptr<Node> owner = join->shared_from_this();
     for (uint32_t k = 0; k < join->num_inputs(); ++k) {
       captures.emplace_back(outputs.size(), Edge(owner, k));
@@ -133,7 +162,7 @@ BackwardInputResult BackwardInput(const std::vector<torch::Tensor>& roots,
   // already have a parent (topological numbers only shrink by a cut).
   for (Node* join : joins) {
     for (Edge& edge : join->next_edges()) {
-      if (edge.function != nullptr && in_closure(edge)) edge = Edge();
+      if (edge.function != nullptr && closure.Reaches(edge)) edge = Edge();
     }
   }
   return result;

@@ -164,6 +164,46 @@ TEST(SplitBackwardTest, NoInputsLeavesEverythingToWeightAndLossRoot) {
   }
 }
 
+// Several inputs (one reached by no root), a root that reaches no input
+// (parameters only), and shared sub-graphs: the graph walk must still find
+// every join node once and leave the parameter-only root to W.
+TEST(SplitBackwardTest, ManyInputsAndARootThatReachesNoInput) {
+  const int d = 4;
+  Net net(d);
+  torch::Tensor x0 = torch::randn({3, d}), z0 = torch::randn({3, d}), u0 = torch::randn({3, d});
+  auto roots = [&](const torch::Tensor& x, const torch::Tensor& z, const torch::Tensor& u) {
+    std::vector<torch::Tensor> out = net(x * z + z);
+    (void)u;  // an input no root depends on
+    return std::vector<torch::Tensor>{out[0], out[1], net.scale.pow(2).sum()};
+  };
+  std::vector<torch::Tensor> g = {torch::randn({3, d}), torch::randn({3, 1}), torch::Tensor()};
+  std::vector<torch::Tensor> g_full = {g[0], g[1], torch::ones({})};
+
+  torch::Tensor x = x0.clone().requires_grad_(true), z = z0.clone().requires_grad_(true),
+                u = u0.clone().requires_grad_(true);
+  torch::autograd::backward(roots(x, z, u), g_full);
+  std::vector<torch::Tensor> ref;
+  for (auto& p : net.params()) ref.push_back(p.grad().clone());
+  net.zero();
+
+  torch::Tensor x2 = x0.clone().requires_grad_(true), z2 = z0.clone().requires_grad_(true),
+                u2 = u0.clone().requires_grad_(true);
+  g_scale_calls.clear();
+  BackwardInputResult r = BackwardInput(roots(x2, z2, u2), g, {x2, z2, u2});
+  ASSERT_EQ(r.input_grads.size(), 3u);
+  EXPECT_TRUE(torch::allclose(r.input_grads[0], x.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(r.input_grads[1], z.grad(), 1e-5, 1e-6));
+  EXPECT_FALSE(r.input_grads[2].defined()) << "no root reaches this input";
+  EXPECT_FALSE(net.scale.grad().defined()) << "the parameter-only root ran in I";
+  r.weight.Run();
+  ASSERT_EQ(g_scale_calls.size(), 2u) << "the join node ran other than once in I and once in W";
+  auto params = net.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].grad().defined()) << i;
+    EXPECT_TRUE(torch::allclose(params[i].grad(), ref[i], 1e-5, 1e-6)) << "parameter " << i;
+  }
+}
+
 TEST(SplitBackwardTest, RunWithTargetsReturnsGradientsWithoutAccumulating) {
   Net net(4);
   torch::Tensor x0 = torch::randn({2, 4});
