@@ -10,7 +10,9 @@
 #include <malloc.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +27,7 @@
 #include "models/data/synthetic_lm_data.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
+#include "observability/operator_profiler.h"
 #include "pipeline/pipeline_model.h"
 #include "topology/launcher.h"
 
@@ -39,6 +42,11 @@ ABSL_FLAG(int, stages, 1,
           "> 1: cut the model into this many stages with --partition and time each stage's "
           "forward + backward separately (thread CPU time): how even a partition is.");
 ABSL_FLAG(std::string, partition, "type:TransformerBlock", "Partition method for --stages > 1.");
+ABSL_FLAG(int, profile_reps, 0,
+          "> 0: after the timed micro-batches, profile this many more with the operator profiler "
+          "(observability/operator_profiler.h, what train_gpt's --profile_steps uses) and print "
+          "each operator's self time (its time less its children's), the table to compare with "
+          "experiments/peer_gpt_kernels.py --profile.");
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Keep freed blocks mapped (glibc mmap/trim thresholds 1 GiB), as the launcher sets for "
           "train_gpt's workers; false: glibc's defaults, under which activation-sized tensors are "
@@ -52,6 +60,69 @@ double ThreadCpuSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+void ForwardBackward(StageModule& model, const MicroBatch& batch) {
+  Activations out = model->Forward({}, batch);
+  GptLoss(out, batch).backward();
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+}
+
+// Self time per operator name (an event's duration less its direct
+// children's on the same thread), like torch.autograd.profiler's "Self CPU".
+absl::Status PrintOperatorTable(StageModule& model, SyntheticLmBatchSource& source, int reps) {
+  OperatorProfilerOptions options;
+  options.steps = {1, reps};
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<OperatorProfiler> profiler,
+                      OperatorProfiler::Create(options));
+  for (int i = 1; i <= reps; ++i) {
+    PP_RETURN_IF_ERROR(profiler->BeginStep(i));
+    ForwardBackward(model, source.Batch(1000 + i, 0));
+    PP_RETURN_IF_ERROR(profiler->EndStep(i));
+  }
+  struct Row {
+    int64_t self_us = 0;
+    int64_t total_us = 0;
+    int64_t calls = 0;
+  };
+  std::map<std::string, Row> rows;
+  const std::vector<OperatorEvent>& events = profiler->events();
+  // Events come parents first; a stack of open events per thread finds each
+  // event's parent.
+  std::map<uint64_t, std::vector<size_t>> open;
+  std::vector<int64_t> child_us(events.size(), 0);
+  for (size_t i = 0; i < events.size(); ++i) {
+    const OperatorEvent& e = events[i];
+    std::vector<size_t>& stack = open[e.thread];
+    while (!stack.empty() &&
+           events[stack.back()].start_us + events[stack.back()].duration_us <= e.start_us) {
+      stack.pop_back();
+    }
+    if (!stack.empty()) child_us[stack.back()] += e.duration_us;
+    stack.push_back(i);
+  }
+  int64_t all_self = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    Row& row = rows[events[i].name];
+    row.self_us += events[i].duration_us - child_us[i];
+    row.total_us += events[i].duration_us;
+    ++row.calls;
+    all_self += events[i].duration_us - child_us[i];
+  }
+  std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second.self_us > b.second.self_us; });
+  std::printf(
+      "operators over %d micro-batches (self time, profiled; all: %.1f ms per micro-batch)\n", reps,
+      1e-3 * all_self / reps);
+  std::printf("  %-56s %12s %12s %8s\n", "name", "self ms/mb", "total ms/mb", "calls/mb");
+  for (size_t i = 0; i < sorted.size() && i < 45; ++i) {
+    const Row& r = sorted[i].second;
+    std::printf("  %-56s %12.3f %12.3f %8.1f\n", sorted[i].first.substr(0, 56).c_str(),
+                1e-3 * r.self_us / reps, 1e-3 * r.total_us / reps,
+                static_cast<double>(r.calls) / reps);
+  }
+  return absl::OkStatus();
 }
 
 // --stages > 1: every stage of the partition in this thread, in pipeline
@@ -163,6 +234,9 @@ absl::Status Run() {
     if (i < 3) continue;
     wall.push_back(Seconds(t0, t1));
     cpu.push_back(c1 - c0);
+  }
+  if (absl::GetFlag(FLAGS_profile_reps) > 0) {
+    PP_RETURN_IF_ERROR(PrintOperatorTable(model, source, absl::GetFlag(FLAGS_profile_reps)));
   }
   const double tokens = static_cast<double>(data.lm.micro_batch_size * data.lm.seq_len);
   std::printf("peer GPT F+B per micro-batch (%d intra-op + %d BLAS threads, %d reps)\n", intra,

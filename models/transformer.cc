@@ -23,6 +23,16 @@ SelfAttentionImpl::SelfAttentionImpl(int64_t width, int64_t num_heads, double dr
   out_dropout_ = register_module("out_dropout", torch::nn::Dropout(dropout));
 }
 
+const torch::Tensor& SelfAttentionImpl::FutureMask(int64_t time, const torch::Device& device) {
+  // (An inference tensor, made under InferenceMode, could not serve autograd.)
+  if (!future_.defined() || future_.size(0) != time || future_.device() != device ||
+      future_.is_inference()) {
+    future_ = torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(device))
+                  .triu(/*diagonal=*/1);
+  }
+  return future_;
+}
+
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
                                          const torch::Tensor& key_mask) {
   TORCH_CHECK(x.dim() == 3 && x.size(2) == width_, "attention expects [batch, time, ", width_,
@@ -33,28 +43,41 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
   // [batch, time, 3, heads, head_width] -> 3 x [batch, heads, time, head_width]
   torch::Tensor qkv =
       qkv_(x).view({batch, time, 3, num_heads_, head_width}).permute({2, 0, 3, 1, 4});
-  torch::Tensor q = qkv[0] + q_bias_.view({num_heads_, 1, head_width});
-  torch::Tensor k = qkv[1];
-  torch::Tensor v = qkv[2] + v_bias_.view({num_heads_, 1, head_width});
-  torch::Tensor scores =
-      torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_width));
+  // [batch * heads, time, head_width] operands for the batched matmuls: the
+  // bias adds keep the projection's (permuted) layout, so these reshapes copy.
+  torch::Tensor q = (qkv[0] + q_bias_.view({num_heads_, 1, head_width}))
+                        .reshape({batch * num_heads_, time, head_width});
+  torch::Tensor k = qkv[1].reshape({batch * num_heads_, time, head_width});
+  torch::Tensor v = (qkv[2] + v_bias_.view({num_heads_, 1, head_width}))
+                        .reshape({batch * num_heads_, time, head_width});
+  // Scores scaled by 1/sqrt(head_width): as the batched matmul's alpha (no pass
+  // of its own, forward or backward; with beta 0 the zero `self` is ignored)
+  // where that reciprocal is exact (head_width a power of 4), so the result is
+  // bit for bit the division's; else divided after.
+  const double root = std::sqrt(static_cast<double>(head_width));
+  const bool exact = root == std::ldexp(1.0, std::ilogb(root));
+  torch::Tensor scores = torch::baddbmm(torch::zeros({}, q.options()), q, k.transpose(1, 2),
+                                        /*beta=*/0, /*alpha=*/exact ? 1.0 / root : 1.0);
+  if (!exact) scores = scores / root;
   // The lowest finite value rather than -inf: a row whose keys are all masked
   // then gets uniform weights instead of NaN.
   const double kMasked = std::numeric_limits<float>::lowest();
-  if (causal) {
-    torch::Tensor future =
-        torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
-            .triu(/*diagonal=*/1);
-    scores = scores.masked_fill(future, kMasked);
-  }
+  // In place (no copy of the scores; the matmul's backward does not need
+  // them), with the mask built once.
+  if (causal) scores.masked_fill_(FutureMask(time, x.device()), kMasked);
   if (key_mask.defined()) {
     TORCH_CHECK(key_mask.dim() == 2 && key_mask.size(0) == batch && key_mask.size(1) == time,
                 "attention mask must be [", batch, ", ", time, "], got ", key_mask.sizes());
-    scores = scores.masked_fill(key_mask.to(torch::kBool).logical_not().view({batch, 1, 1, time}),
-                                kMasked);
+    scores =
+        scores.view({batch, num_heads_, time, time})
+            .masked_fill(key_mask.to(torch::kBool).logical_not().view({batch, 1, 1, time}), kMasked)
+            .view({batch * num_heads_, time, time});
   }
   torch::Tensor weights = attn_dropout_(torch::softmax(scores, /*dim=*/-1));
-  torch::Tensor out = torch::matmul(weights, v).transpose(1, 2).reshape({batch, time, width_});
+  torch::Tensor out = torch::bmm(weights, v)
+                          .view({batch, num_heads_, time, head_width})
+                          .transpose(1, 2)
+                          .reshape({batch, time, width_});
   return out_dropout_(proj_(out));
 }
 

@@ -33,6 +33,10 @@ class SelfAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, bool causal, const torch::Tensor& key_mask = {});
 
  private:
+  // [time, time] bool, true above the diagonal (the future), cached for the
+  // last time and device seen.
+  const torch::Tensor& FutureMask(int64_t time, const torch::Device& device);
+
   int64_t width_;
   int64_t num_heads_;
   torch::nn::Linear qkv_{nullptr};
@@ -41,6 +45,7 @@ class SelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear proj_{nullptr};
   torch::nn::Dropout attn_dropout_{nullptr};
   torch::nn::Dropout out_dropout_{nullptr};
+  torch::Tensor future_;  // not a buffer: not saved, not moved by to()
 };
 TORCH_MODULE(SelfAttention);
 
