@@ -4,7 +4,7 @@
     ./bazelw run //experiments:bench_schedules -- --reps 3 --steps 12 --warmup 4
 
 For each micro-batch count (--microbatches, default 4 and 8) and repetition,
-runs train_gpt (the config of the README's main command, pp = 2) once per
+runs train_gpt (the config of the README's main command, pp = 2 or --pp) once per
 schedule, the schedules alternating so that machine load hits all of them,
 and reports per schedule:
   - tokens/s: median over the steps after --warmup, then median over the
@@ -49,11 +49,11 @@ def run_train(args, schedule, m, out_dir, name):
     chunks = 2 if schedule in TWO_CHUNKS else 1
     # Every timed step is traced (0-based step numbers: metrics step k+1).
     first, count = args.warmup, args.steps - args.warmup
-    cmd = [args.train_gpt, f"--config={args.config}", f"--schedule={schedule}", "--pp=2",
+    cmd = [args.train_gpt, f"--config={args.config}", f"--schedule={schedule}", f"--pp={args.pp}",
            f"--chunks={chunks}", f"--microbatches={m}", f"--steps={args.steps}",
            "--eval_interval=0", "--sample_tokens=0", f"--output_dir={out_dir}", f"--name={name}",
            f"--set=lr_schedule.warmup_steps={min(20, args.steps - 1)},trace_step={first},"
-           f"trace_steps={count}"] + args.train_flag
+           f"trace_steps={count}" + (f",{args.set}" if args.set else "")] + args.train_flag
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     if proc.returncode != 0:
@@ -63,7 +63,7 @@ def run_train(args, schedule, m, out_dir, name):
     steps = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     timed = [s for s in steps if s["step"] > args.warmup] or steps
     tokens_per_step = statistics.median(s["tokens_per_s"] * s["step_s"] for s in timed)
-    traced = load_traced_steps(run, steps, first, count, chunks, 2)
+    traced = load_traced_steps(run, steps, first, count, chunks, args.pp)
     return {
         "tokens_per_s": statistics.median(s["tokens_per_s"] for s in timed),
         "step_s": statistics.median(s["step_s"] for s in timed),
@@ -271,7 +271,7 @@ def predict(args, schedule, m, run):
     """The run's prediction: the median of its traced steps' makespans."""
     (predicted, run["traced_errors"], run["replay_errors"],
      (run["stage_costs"], run["rank_costs"])) = simulate_steps(
-        args.explorer, schedule, 2, m, run["chunks"], run["traced"], run["step_all_reduce"])
+        args.explorer, schedule, args.pp, m, run["chunks"], run["traced"], run["step_all_reduce"])
     return statistics.median(predicted)
 
 
@@ -280,6 +280,9 @@ def main():
     ap.add_argument("--train_gpt", required=True)
     ap.add_argument("--explorer", required=True)
     ap.add_argument("--config", default="experiments/configs/gpt_small_pp2.textproto")
+    ap.add_argument("--pp", type=int, default=2, help="pipeline ranks (the simulator follows)")
+    ap.add_argument("--set", default="",
+                    help="config assignments added to the harness's own --set (train_gpt takes one)")
     ap.add_argument("--schedules", default="1f1b,zb_h1,zbv,dualpipev")
     ap.add_argument("--microbatches", default="4,8")
     ap.add_argument("--reps", type=int, default=3)
