@@ -498,41 +498,32 @@ absl::Status P2P::AdvancePosts(std::deque<PostedRecv>& queue) {
 
 absl::Status P2P::PostRecvActivations(int peer, int src_stage, int dst_stage,
                                       const std::string& what) {
-  PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kActivation, src_stage, dst_stage));
-  if (streams_.active()) return absl::OkStatus();  // see the file comment
-  std::deque<PostedRecv>& queue =
-      posted_[PostKey{static_cast<int>(Kind::kActivation), src_stage, dst_stage}];
-  PostedRecv r;
-  r.kind = Kind::kActivation;
-  r.peer = peer;
-  r.src_stage = src_stage;
-  r.dst_stage = dst_stage;
-  r.tag = tag;
-  r.what = what;
-  r.forward_only = forward_only_;
-  queue.push_back(std::move(r));
-  absl::Status s = AdvancePosts(queue);
-  if (!s.ok()) AbortPostedReceives();
-  return s;
+  return PostAhead(Kind::kActivation, peer, src_stage, dst_stage, nullptr, what);
 }
 
 absl::Status P2P::PostRecvGrads(int peer, int src_stage, int dst_stage,
                                 const std::vector<TensorMeta>& sent_layout,
                                 const std::string& what) {
-  PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kGradient, src_stage, dst_stage));
+  return PostAhead(Kind::kGradient, peer, src_stage, dst_stage, &sent_layout, what);
+}
+
+absl::Status P2P::PostAhead(Kind kind, int peer, int src_stage, int dst_stage,
+                            const std::vector<TensorMeta>* layout, const std::string& what) {
+  PP_ASSIGN_OR_RETURN(const int tag, Tag(kind, src_stage, dst_stage));
   if (streams_.active()) return absl::OkStatus();  // see the file comment
-  std::deque<PostedRecv>& queue =
-      posted_[PostKey{static_cast<int>(Kind::kGradient), src_stage, dst_stage}];
+  std::deque<PostedRecv>& queue = posted_[PostKey{static_cast<int>(kind), src_stage, dst_stage}];
   PostedRecv r;
-  r.kind = Kind::kGradient;
+  r.kind = kind;
   r.peer = peer;
   r.src_stage = src_stage;
   r.dst_stage = dst_stage;
   r.tag = tag;
   r.what = what;
   r.forward_only = forward_only_;
-  r.layout = sent_layout;
-  r.layout_known = true;
+  if (layout != nullptr) {
+    r.layout = *layout;
+    r.layout_known = true;
+  }
   queue.push_back(std::move(r));
   absl::Status s = AdvancePosts(queue);
   if (!s.ok()) AbortPostedReceives();

@@ -300,6 +300,10 @@ class P2P {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
   };
   using PostKey = std::tuple<int, int, int>;  // (kind, src_stage, dst_stage)
+  // Queues a receive of `kind` on its channel and posts what can be posted
+  // now; `layout` (gradients: the layout this stage sent) known up front or null.
+  absl::Status PostAhead(Kind kind, int peer, int src_stage, int dst_stage,
+                         const std::vector<TensorMeta>* layout, const std::string& what);
   // Posts what can be posted of the queue's receives, in order, stopping at
   // the first one whose payload cannot be posted yet.
   absl::Status AdvancePosts(std::deque<PostedRecv>& queue);
