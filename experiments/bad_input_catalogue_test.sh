@@ -35,6 +35,7 @@ parallelism.num_microbatches (1000000000) must be at most 65536|--microbatches=1
 the run needs an estimated|--set=gpt.num_layers=50000,gpt.width=8192,gpt.num_heads=64 --partition=uniform
 config 'experiments/configs' is not a regular file (a directory)|--config=experiments/configs
 flag --set is given 2 times|--set=steps=3 --set=lr_schedule.warmup_steps=1
+flag --set is given 2 times (--set=lr_schedule.warmup_steps=1 --set=gpt.num_layers=8)|--steps=3 --set=lr_schedule.warmup_steps=1 --set=gpt.num_layers=8
 data.path '$TMP/fifo' is a FIFO|--data=$TMP/fifo
 data.path '$TMP/empty' is an empty folder|--data=$TMP/empty
 data.path '$TMP/binary': none of its 1 file(s) is non-empty text|--data=$TMP/binary
@@ -58,7 +59,9 @@ while IFS='|' read -r want args; do
   # shellcheck disable=SC2086  # the arguments are split on purpose
   out=(--output_dir="$TMP/runs")
   [[ $args == *--output_dir=* ]] && out=()
-  timeout 120 "$BIN" "$CONFIG" "${out[@]}" $args > "$TMP/out.log" 2>&1
+  config=("$CONFIG")
+  [[ $args == *--config=* ]] && config=()
+  timeout 120 "$BIN" "${config[@]}" "${out[@]}" $args > "$TMP/out.log" 2>&1
   code=$?
   if [[ $code -ne 2 ]]; then
     echo "FAIL: [$args] exited $code, want 2"; cat "$TMP/out.log"; failures=$((failures + 1)); continue

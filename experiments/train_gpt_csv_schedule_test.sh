@@ -16,9 +16,9 @@ TMP=${TEST_TMPDIR:-$(mktemp -d)}
 CORPUS=$TMP/corpus.txt
 for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage. The bubble shrinks."; done > "$CORPUS"
 COMMON=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs" --sample_tokens=0
-  --steps=4 --pp=2 --microbatches=4
+  --steps=4 --pp=2
   --set=eval_interval=0,lr_schedule.warmup_steps=1,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2)
-run() { "$BIN" "${COMMON[@]}" "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_gpt $* exited non-zero"; exit 1; }; }
+run() { "$BIN" "${COMMON[@]}" --microbatches=4 "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_gpt $* exited non-zero"; exit 1; }; }
 losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$1"/metrics.jsonl; }
 same() {
   local a b

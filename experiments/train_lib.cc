@@ -806,7 +806,12 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
     // (experiments/preflight.h).
     const int nproc = absl::GetFlag(FLAGS_nproc_per_node);
     const int world_size = nproc > 0 ? nproc * absl::GetFlag(FLAGS_nnodes) : 0;
-    absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, world_size, custom);
+    // A repeated flag first: only its last use reached the config, so an
+    // error about the config would name the wrong value.
+    absl::Status repeated = CheckNoRepeatedFlags({argv, argv + argc});
+    absl::StatusOr<ExperimentConfig> config = repeated.ok()
+                                                  ? LoadResolvedConfig(kind, world_size, custom)
+                                                  : absl::StatusOr<ExperimentConfig>(repeated);
     if (absl::Status s = config.ok() ? Preflight(*config, {argv, argv + argc}) : absl::OkStatus();
         s.ok() && config.ok()) {
       s = ProfileStepsFor(*config).status();
