@@ -171,15 +171,18 @@ absl::Status P2P::RecvInto(torch::Tensor& tensor, int peer, int tag, const std::
       completed = work->wait(options_.timeout);
     });
   });
-  if (!s.ok()) {
-    return absl::DeadlineExceededError(absl::StrCat(s.message(), " (peer ", PeerName(peer),
+  return RecvOutcome(s, completed, peer, absl::StrCat(what, ": receive from "));
+}
+
+absl::Status P2P::RecvOutcome(const absl::Status& wait, bool completed, int peer,
+                              const std::string& what_from) const {
+  if (!wait.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat(wait.message(), " (peer ", PeerName(peer),
                                                     " died, hung or is out of step; timeout ",
                                                     options_.timeout.count(), " ms)"));
   }
-  if (!completed) {
-    return absl::AbortedError(
-        absl::StrCat(what, ": receive from ", PeerName(peer), " was aborted"));
-  }
+  if (!completed)
+    return absl::AbortedError(absl::StrCat(what_from, PeerName(peer), " was aborted"));
   return absl::OkStatus();
 }
 
@@ -440,16 +443,7 @@ absl::Status P2P::WaitRecv(const c10::intrusive_ptr<c10d::Work>& work, int peer,
   bool completed = false;
   absl::Status s = TorchCall(absl::StrCat(what, ": posted receive from ", PeerName(peer)),
                              [&] { completed = work->wait(options_.timeout); });
-  if (!s.ok()) {
-    return absl::DeadlineExceededError(absl::StrCat(s.message(), " (peer ", PeerName(peer),
-                                                    " died, hung or is out of step; timeout ",
-                                                    options_.timeout.count(), " ms)"));
-  }
-  if (!completed) {
-    return absl::AbortedError(
-        absl::StrCat(what, ": posted receive from ", PeerName(peer), " was aborted"));
-  }
-  return absl::OkStatus();
+  return RecvOutcome(s, completed, peer, absl::StrCat(what, ": posted receive from "));
 }
 
 absl::Status P2P::AdvancePosts(std::deque<PostedRecv>& queue) {

@@ -311,6 +311,10 @@ class P2P {
                                                           const std::string& what);
   absl::Status WaitRecv(const c10::intrusive_ptr<c10d::Work>& work, int peer,
                         const std::string& what);
+  // A receive wait's result as a Status: `wait` failed (timeout, peer gone)
+  // or the Work was aborted (`what_from` + peer name + " was aborted").
+  absl::Status RecvOutcome(const absl::Status& wait, bool completed, int peer,
+                           const std::string& what_from) const;
   // The oldest posted receive of the channel, completed (payload received).
   absl::StatusOr<Activations> WaitPosted(Kind kind, int peer, int src_stage, int dst_stage,
                                          const std::vector<TensorMeta>* grad_layout,

@@ -527,7 +527,7 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
     }
     for (const Action& a : exec_program.ranks[rank_]) {
       for (const Action& leaf : Leaves(a)) {
-        if (leaf.type == ActionType::kRecvForward || leaf.type == ActionType::kRecvBackward) {
+        if (IsReceive(leaf.type)) {
           channels[ChannelOf(leaf)].receives.push_back(leaf);
         }
       }
@@ -553,9 +553,7 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
       const ThreadUsage u0 = VLOG_IS_ON(1) ? ThreadUsageNow() : ThreadUsage();
       const int64_t t0 = NowMicros();
       absl::Status s;
-      const bool is_recv =
-          a.type == ActionType::kRecvForward || a.type == ActionType::kRecvBackward;
-      if (post_ahead && is_recv) {
+      if (post_ahead && IsReceive(a.type)) {
         // Waits for the receive posted for it (posting it first if it could
         // not be posted yet: then it is its channel's next one).
         Channel& channel = channels[ChannelOf(a)];

@@ -99,6 +99,10 @@ bool IsCommunication(ActionType type) {
          type == ActionType::kSendBackward || type == ActionType::kRecvBackward;
 }
 
+bool IsReceive(ActionType type) {
+  return type == ActionType::kRecvForward || type == ActionType::kRecvBackward;
+}
+
 bool IsTail(ActionType type) {
   return type == ActionType::kReduceTiedGrads || type == ActionType::kReduceGrads ||
          type == ActionType::kOptimizerStep;

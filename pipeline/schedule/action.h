@@ -59,6 +59,7 @@ absl::string_view ActionTypeName(ActionType type);
 
 bool IsCompute(ActionType type);        // F, B, I, W, OVERLAP_F_B
 bool IsCommunication(ActionType type);  // SEND_*, RECV_*
+bool IsReceive(ActionType type);        // RECV_F, RECV_B
 bool IsTail(ActionType type);           // REDUCE_TIED, REDUCE_GRAD, STEP
 // Whether the string form carries a stage / a micro-batch.
 bool HasStage(ActionType type);       // all but REDUCE_TIED and STEP

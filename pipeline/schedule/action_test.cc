@@ -120,6 +120,10 @@ TEST(ActionTest, Categories) {
   EXPECT_TRUE(IsCompute(ActionType::kBackwardWeight));
   EXPECT_FALSE(IsCompute(ActionType::kSendForward));
   EXPECT_TRUE(IsCommunication(ActionType::kRecvBackward));
+  EXPECT_TRUE(IsReceive(ActionType::kRecvForward));
+  EXPECT_TRUE(IsReceive(ActionType::kRecvBackward));
+  EXPECT_FALSE(IsReceive(ActionType::kSendForward));
+  EXPECT_FALSE(IsReceive(ActionType::kForward));
   EXPECT_TRUE(IsTail(ActionType::kOptimizerStep));
   EXPECT_FALSE(IsTail(ActionType::kForward));
 }

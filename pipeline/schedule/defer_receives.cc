@@ -25,7 +25,7 @@ LoweredProgram DeferReceives(const LoweredProgram& program) {
       }
     };
     for (const Action& a : actions) {
-      if (a.type == ActionType::kRecvForward || a.type == ActionType::kRecvBackward) {
+      if (IsReceive(a.type)) {
         deferred.push_back(a);
         continue;
       }
