@@ -66,6 +66,11 @@ ABSL_FLAG(int, blas_threads, 0,
           "Launcher: BLAS (OpenBLAS or MKL, whichever LibTorch uses) threads per worker; 0: "
           "PP_BLAS_THREADS, else the BLAS's own OPENBLAS_NUM_THREADS / MKL_NUM_THREADS, else "
           "OMP_NUM_THREADS, else cores / local workers.");
+ABSL_FLAG(bool, bind_cores, false,
+          "Launcher: bind each worker to its own cores before it starts (one core each, "
+          "round-robin, when workers >= cores; else an even contiguous share), as DeepSpeed's "
+          "--bind_cores_to_rank. Measured: +5% for interleaved 1F1B with 4 ranks on 2 cores, "
+          "no change at pp = 2 (README, Performance).");
 
 namespace pp {
 namespace {
@@ -126,6 +131,9 @@ void Say(const std::string& message) { WriteAll(2, absl::StrCat("[launcher] ", m
 // worker's thread report), not the worker's: "[launcher] rank N ..." instead of
 // "[rank N] ...", so ranks other than 0 still print nothing of their own.
 constexpr absl::string_view kLauncherLineTag = "@pp-launcher@ ";
+
+// The cores the launcher bound a worker to (--bind_cores), for its report.
+constexpr char kBoundCoresVariable[] = "PP_BOUND_CORES";
 
 // Prefixes every complete line in `stream.pending` (all of it at EOF).
 void FlushLines(int rank, Stream& stream, bool eof) {
@@ -188,9 +196,8 @@ void SignalRunning(std::vector<Worker>& workers, int signo) {
 }
 
 int CpuCount() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const std::vector<int> allowed = AllowedCores();
+  if (!allowed.empty()) return static_cast<int>(allowed.size());
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
@@ -359,9 +366,15 @@ std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOpt
 
 // Forks and execs one worker with `env`, its stdout/stderr on pipes the
 // launcher reads. On failure `w` is left not running.
+// `cores` non-empty: the worker is bound to them before exec (threads it
+// starts later inherit the binding).
 absl::Status SpawnWorker(const std::string& exe_path, std::vector<char*>& c_args,
-                         std::vector<std::string> env, pid_t launcher_pid, Worker& w) {
+                         std::vector<std::string> env, pid_t launcher_pid,
+                         const std::vector<int>& cores, Worker& w) {
   const int status_fd = w.status != nullptr ? w.status->fd() : -1;
+  cpu_set_t core_set;
+  CPU_ZERO(&core_set);
+  for (int core : cores) CPU_SET(core, &core_set);
   std::vector<char*> c_env = CStrings(env);
   int out_pipe[2], err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -381,6 +394,11 @@ absl::Status SpawnWorker(const std::string& exe_path, std::vector<char*>& c_args
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     ::sigaction(SIGPIPE, &dfl, nullptr);  // ignored dispositions survive exec
+    if (!cores.empty() && ::sched_setaffinity(0, sizeof(core_set), &core_set) != 0) {
+      const char msg[] = "launcher: sched_setaffinity of the worker failed (--bind_cores)\n";
+      (void)!::write(2, msg, sizeof(msg) - 1);
+      ::_exit(127);
+    }
     ::execve(exe_path.c_str(), c_args.data(), c_env.data());
     const char msg[] = "launcher: execve of the worker failed\n";
     (void)!::write(2, msg, sizeof(msg) - 1);
@@ -409,6 +427,7 @@ absl::Status SpawnWorkers(const LaunchOptions& options, int port, WorkerThreads 
   args[0] = exe_path;
   std::vector<char*> c_args = CStrings(args);
   const pid_t launcher_pid = ::getpid();
+  const std::vector<int> allowed = options.bind_cores ? AllowedCores() : std::vector<int>();
   absl::Status spawn_error;
   for (int local = 0; local < options.nproc_per_node; ++local) {
     Worker& w = workers[local];
@@ -423,7 +442,9 @@ absl::Status SpawnWorkers(const LaunchOptions& options, int port, WorkerThreads 
       Say(absl::StrCat("rank ", w.rank, " gets no status page (", page.status().message(),
                        "); a failure will name its rank only"));
     }
-    spawn_error = SpawnWorker(exe_path, c_args, WorkerEnvironment(vars), launcher_pid, w);
+    const std::vector<int> cores = CoresForWorker(allowed, local, options.nproc_per_node);
+    if (options.bind_cores) vars.emplace_back(kBoundCoresVariable, DescribeCores(cores));
+    spawn_error = SpawnWorker(exe_path, c_args, WorkerEnvironment(vars), launcher_pid, cores, w);
     if (!spawn_error.ok()) break;
   }
   for (Worker& w : workers) {
@@ -592,6 +613,38 @@ class Supervisor {
 
 }  // namespace
 
+std::vector<int> CoresForWorker(const std::vector<int>& allowed, int local, int nproc) {
+  const int cores = static_cast<int>(allowed.size());
+  if (cores == 0 || nproc < 1 || local < 0 || local >= nproc) return {};
+  if (nproc >= cores) return {allowed[local % cores]};
+  return std::vector<int>(allowed.begin() + local * cores / nproc,
+                          allowed.begin() + (local + 1) * cores / nproc);
+}
+
+std::vector<int> AllowedCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cores;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cores;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cores.push_back(cpu);
+  }
+  return cores;
+}
+
+std::string DescribeCores(const std::vector<int>& cores) {
+  if (cores.empty()) return "none";
+  std::string out;
+  for (size_t i = 0; i < cores.size();) {
+    size_t j = i;
+    while (j + 1 < cores.size() && cores[j + 1] == cores[j] + 1) ++j;
+    absl::StrAppend(&out, out.empty() ? "" : ",", cores[i]);
+    if (j > i) absl::StrAppend(&out, "-", cores[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
 int WorkerThreadCount(int local_world_size) {
   return std::max(1, CpuCount() / std::max(1, local_world_size));
 }
@@ -689,10 +742,13 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
                            {.intra_op = options.intra_op_threads, .blas = options.blas_threads}));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<SignalForwarding> signals, SignalForwarding::Install());
   Say(absl::StrFormat(
-      "starting %d worker(s): ranks %d-%d of %d on node %d/%d, store %s:%d, asking each for %s%s",
+      "starting %d worker(s): ranks %d-%d of %d on node %d/%d, store %s:%d, asking each for %s%s%s",
       options.nproc_per_node, options.node_rank * options.nproc_per_node,
       (options.node_rank + 1) * options.nproc_per_node - 1, world_size, options.node_rank,
       options.nnodes, options.master_addr, port, DescribeThreads(threads),
+      options.bind_cores
+          ? absl::StrCat(", binding each to its cores of ", DescribeCores(AllowedCores()))
+          : "",
       options.run_id.empty() ? "" : absl::StrCat(", run id ", options.run_id)));
   std::vector<Worker> workers(options.nproc_per_node);
   const absl::Status spawned = SpawnWorkers(options, port, threads, argv, workers);
@@ -730,6 +786,7 @@ absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size) 
   if (options.run_id.empty() && options.nnodes == 1) options.run_id = RandomRunId();
   options.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   options.blas_threads = absl::GetFlag(FLAGS_blas_threads);
+  options.bind_cores = absl::GetFlag(FLAGS_bind_cores);
   options.master_port = absl::GetFlag(FLAGS_master_port);
   const char* env_port = std::getenv("MASTER_PORT");
   if (options.master_port == 0 && env_port != nullptr && *env_port != '\0') {
@@ -751,11 +808,14 @@ std::vector<char*> MaybeLaunch(int argc, char** argv, const std::function<int()>
     // Read back from the libraries, so a setting they ignored shows.
     if (std::getenv("PP_REPORT_THREADS") != nullptr) {
       const torch_compat::Blas blas = torch_compat::BlasInUse();
-      std::fprintf(stderr, "%sthreads: %s, read back from at::get_num_threads%s\n",
+      const char* bound = std::getenv(kBoundCoresVariable);
+      std::fprintf(stderr, "%sthreads: %s, read back from at::get_num_threads%s; cores %s (%s)\n",
                    std::string(kLauncherLineTag).c_str(), DescribeThreads(threads).c_str(),
                    blas == torch_compat::Blas::kMkl        ? " and mkl_get_max_threads"
                    : blas == torch_compat::Blas::kOpenBlas ? " and openblas_get_num_threads"
-                                                           : "");
+                                                           : "",
+                   DescribeCores(AllowedCores()).c_str(),
+                   bound != nullptr ? "bound by --bind_cores, read back" : "not bound");
     }
     return positional;
   }

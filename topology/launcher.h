@@ -73,6 +73,9 @@ struct LaunchOptions {
   // Per worker; 0: from the environment, else DefaultWorkerThreads().
   int intra_op_threads = 0;
   int blas_threads = 0;
+  // Binds each worker to its own cores (CoresForWorker over the cores the
+  // launcher may run on) before it starts: DeepSpeed's --bind_cores_to_rank.
+  bool bind_cores = false;
 };
 
 // A worker's thread counts. `blas` is -1 when the process's BLAS is neither
@@ -110,6 +113,20 @@ absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size);
 // ConfigureWorkerThreads() and returns; `default_nproc` is not called.
 std::vector<char*> MaybeLaunch(int argc, char** argv,
                                const std::function<int()>& default_nproc = nullptr);
+
+// The cores (CPU numbers) that worker `local` of `nproc` gets under
+// --bind_cores, from `allowed` (the launcher's own affinity, ascending): with
+// as many workers as cores or more, one core each, round-robin (worker k on
+// allowed[k % cores], so 4 workers on 2 cores pair 0 with 2 and 1 with 3);
+// with fewer, a contiguous block of allowed[local * cores / nproc ..
+// (local + 1) * cores / nproc). Empty when `allowed` is.
+std::vector<int> CoresForWorker(const std::vector<int>& allowed, int local, int nproc);
+
+// The cores this process may run on (sched_getaffinity), ascending.
+std::vector<int> AllowedCores();
+
+// "0-3,6" for {0, 1, 2, 3, 6}; "none" when empty.
+std::string DescribeCores(const std::vector<int>& cores);
 
 // The per-process thread count when `local_world_size` ranks share this
 // machine: max(1, cores this process may run on / local_world_size).

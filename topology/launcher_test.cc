@@ -29,6 +29,7 @@
 namespace pp {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using Clock = std::chrono::steady_clock;
@@ -520,6 +521,9 @@ TEST(LauncherTest, WorkersUseAndReportTheThreadFlags) {
     EXPECT_THAT(r.err, HasSubstr(absl::StrCat(
                            "[launcher] rank ", rank, " threads: 2 intra-op + 2 BLAS thread(s) (",
                            torch_compat::BlasName(torch_compat::BlasInUse()), ")")));
+    // Not bound: each worker reports the launcher's own cores.
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("; cores ", DescribeCores(AllowedCores()),
+                                              " (not bound)\n")));
     // Both malloc thresholds, never one alone (see WorkerVariables).
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat(
                            "[rank ", rank,
@@ -535,6 +539,52 @@ TEST(LauncherTest, WorkersUseAndReportTheThreadFlags) {
   r = RunLauncher({"--nproc_per_node=1", "--mode=ok", "--blas_threads=-1"});
   EXPECT_EQ(ExitCode(r), 2);
   EXPECT_THAT(r.err, HasSubstr("--blas_threads=-1"));
+}
+
+TEST(LauncherTest, CoresForWorkerSharesTheAllowedCores) {
+  // More workers than cores: one each, round-robin.
+  const std::vector<int> two = {0, 1};
+  EXPECT_EQ(CoresForWorker(two, 0, 4), std::vector<int>({0}));
+  EXPECT_EQ(CoresForWorker(two, 1, 4), std::vector<int>({1}));
+  EXPECT_EQ(CoresForWorker(two, 2, 4), std::vector<int>({0}));
+  EXPECT_EQ(CoresForWorker(two, 3, 4), std::vector<int>({1}));
+  EXPECT_EQ(CoresForWorker(two, 1, 2), std::vector<int>({1}));
+  // Fewer: contiguous blocks of the allowed cores (not of 0..n-1).
+  const std::vector<int> eight = {0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_EQ(CoresForWorker(eight, 1, 2), std::vector<int>({4, 5, 6, 7}));
+  EXPECT_EQ(CoresForWorker(eight, 0, 3), std::vector<int>({0, 1}));
+  EXPECT_EQ(CoresForWorker(eight, 2, 3), std::vector<int>({5, 6, 7}));
+  const std::vector<int> sparse = {2, 5, 7};
+  EXPECT_EQ(CoresForWorker(sparse, 0, 2), std::vector<int>({2}));
+  EXPECT_EQ(CoresForWorker(sparse, 1, 2), std::vector<int>({5, 7}));
+  EXPECT_EQ(CoresForWorker(sparse, 0, 1), sparse);
+  EXPECT_TRUE(CoresForWorker({}, 0, 2).empty());
+  EXPECT_TRUE(CoresForWorker(two, 2, 2).empty());
+}
+
+TEST(LauncherTest, DescribeCoresFoldsRuns) {
+  EXPECT_EQ(DescribeCores({}), "none");
+  EXPECT_EQ(DescribeCores({3}), "3");
+  EXPECT_EQ(DescribeCores({0, 1, 2, 3, 6}), "0-3,6");
+  EXPECT_EQ(DescribeCores({0, 2, 4, 5}), "0,2,4-5");
+}
+
+TEST(LauncherTest, BindCoresBindsEachWorkerAndReportsIt) {
+  const std::vector<int> allowed = AllowedCores();
+  ASSERT_FALSE(allowed.empty());
+  constexpr int kWorkers = 3;
+  Result r = RunLauncher({"--nproc_per_node=3", "--mode=ok", "--bind_cores"});
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(ExitCode(r), 0) << r.out << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr(absl::StrCat("binding each to its cores of ", DescribeCores(allowed))));
+  for (int rank = 0; rank < kWorkers; ++rank) {
+    // Read back by the worker itself (sched_getaffinity), after exec.
+    EXPECT_THAT(r.err,
+                ContainsRegex(absl::StrCat("\\[launcher\\] rank ", rank, " threads: [^\n]*; cores ",
+                                           DescribeCores(CoresForWorker(allowed, rank, kWorkers)),
+                                           " \\(bound by --bind_cores, read back\\)\n")));
+  }
 }
 
 }  // namespace
