@@ -4,9 +4,10 @@ Two repositories, so that a build only fetches what its config uses:
 
   @libtorch2        --config=torch2 and --config=cuda: LibTorch's headers and
                     libraries. Target :torch_cpu links c10 + torch_cpu only.
-  @libtorch2_cuda   --config=cuda only: the CUDA libraries libtorch_cuda needs
-                    that the CUDA toolkit does not ship (cuFile, cuSPARSELt,
-                    NVSHMEM); target :torch_cuda adds torch_cuda, c10_cuda, NCCL.
+  @libtorch2_cuda   --config=cuda only: fetches the CUDA libraries libtorch_cuda
+                    needs that the CUDA toolkit does not ship (cuFile,
+                    cuSPARSELt, NVSHMEM); @libtorch2//:torch_cuda, which adds
+                    torch_cuda, c10_cuda and NCCL, depends on it as data.
 
 Without PP_LIBTORCH_DIR the pinned wheels below are downloaded once (pip,
 sha256 checked) into ~/.cache/pipe (or $XDG_CACHE_HOME/pipe) and unpacked into
@@ -111,21 +112,24 @@ cc_library(
     ],
 )
 
+# No USE_C10D_NCCL here: //common:torch_compat, the one target that uses NCCL's
+# headers, sets it for itself. And @libtorch2_cuda (which fetches the CUDA
+# wheels) is a data dependency, not a deps one: Bazel adds an -iquote per
+# repository of a target's deps to every compile command, which would make
+# every file's command differ from --config=torch2's. So every other file
+# compiles the same under both configs, and they share one set of objects.
 cc_library(
     name = "torch_cuda",
-    defines = ["USE_C10D_NCCL"],
+    data = ["@libtorch2_cuda//:fetched"],
     linkopts = [
         "-Wl,--no-as-needed",
         "-ltorch_cuda",
         "-lc10_cuda",
         "-Wl,--as-needed",
-    ],
-    deps = [
-        ":torch_cpu",
-        "@libtorch2_cuda//:libs",
-    ],
+    ] + {cuda_link_dirs},
+    deps = [":torch_cpu"],
 )
-""".format(lib = lib, nvidia = nvidia))
+""".format(lib = lib, nvidia = nvidia, cuda_link_dirs = repr(_cuda_link_options(ctx))))
 
 libtorch2_repository = repository_rule(
     implementation = _libtorch2_impl,
@@ -133,23 +137,27 @@ libtorch2_repository = repository_rule(
     local = True,
 )
 
-def _libtorch2_cuda_impl(ctx):
-    user = ctx.os.environ.get("PP_LIBTORCH_DIR", "")
-    _fetch(ctx, [] if user else _TORCH_WHEELS + _CUDA_WHEELS)
+def _cuda_link_options(ctx):
+    """Where the linker finds the libraries libtorch_cuda.so needs (the
+    wheels @libtorch2_cuda fetches, and the toolkit). At run time the wheel's
+    own $ORIGIN/../../nvidia/... run paths and ld.so.conf find them."""
     nvidia = _torch_root(ctx) + "/../nvidia"
     cuda_home = ctx.os.environ.get("CUDA_HOME", "") or "/usr/local/cuda"
     link_dirs = [nvidia + "/" + d + "/lib" for d in ["cu13", "cusparselt", "nvshmem", "nccl", "cudnn"]]
     link_dirs.append(cuda_home + "/lib64")
+    return ["-Wl,-rpath-link," + d for d in link_dirs]
+
+def _libtorch2_cuda_impl(ctx):
+    user = ctx.os.environ.get("PP_LIBTORCH_DIR", "")
+    _fetch(ctx, [] if user else _TORCH_WHEELS + _CUDA_WHEELS)
+    ctx.file("fetched", "the CUDA wheels of LibTorch %s are unpacked\n" % TORCH2_VERSION)
     ctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
 
-# Where the linker finds the libraries libtorch_cuda.so needs. At run time the
-# wheel's own $ORIGIN/../../nvidia/... run paths and ld.so.conf find them.
-cc_library(
-    name = "libs",
-    linkopts = {linkopts},
-)
-""".format(linkopts = repr(["-Wl,-rpath-link," + d for d in link_dirs])))
+# Fetching this repository unpacks the CUDA wheels; @libtorch2//:torch_cuda
+# depends on this file as data (see there why not as deps).
+exports_files(["fetched"])
+""")
 
 libtorch2_cuda_repository = repository_rule(
     implementation = _libtorch2_cuda_impl,
