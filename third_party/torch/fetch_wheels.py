@@ -46,13 +46,18 @@ def download(spec, file_name, sha256, wheels_dir):
     # The file name pins the platform and the Python tag; the C++ libraries
     # inside do not depend on the Python version.
     python_tag = file_name.split("-")[2]
-    platform = file_name.rsplit("-", 1)[1][: -len(".whl")]
+    # A compound platform tag ("manylinux2014_x86_64.manylinux_2_17_x86_64")
+    # is one --platform per part: pip matches no wheel against the dotted
+    # whole (it then reports only the index's placeholder version).
+    platforms = file_name.rsplit("-", 1)[1][: -len(".whl")].split(".")
     tmp = tempfile.mkdtemp(dir=wheels_dir, prefix=".download-")
     try:
         command = [
             sys.executable, "-m", "pip", "download", spec, "--no-deps",
-            "--only-binary=:all:", "--platform", platform, "-d", tmp, "-q",
+            "--only-binary=:all:", "-d", tmp, "-q",
         ]
+        for platform in platforms:
+            command += ["--platform", platform]
         if python_tag.startswith("cp"):
             command += ["--python-version", python_tag[2:3] + "." + python_tag[3:],
                         "--implementation", "cp"]
