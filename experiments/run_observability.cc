@@ -12,6 +12,7 @@
 #include <glog/logging.h>
 #include <torch/torch.h>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -122,8 +123,15 @@ absl::StatusOr<std::unique_ptr<RunObservability>> RunObservability::Create(
     LOG(INFO) << "profiling steps " << profile->first << " to " << profile->last;
   }
   if (obs->rank0_) {
-    PP_ASSIGN_OR_RETURN(obs->tb_,
-                        TensorBoardWriter::Create((fs::path(obs->run_dir_) / "tb").string()));
+    // A run resumed into the same directory within the second its previous
+    // part started names the same event file: the resumed part takes the
+    // next free suffix (TensorBoard reads every event file of the folder).
+    const std::string tb_dir = (fs::path(obs->run_dir_) / "tb").string();
+    absl::StatusOr<std::unique_ptr<TensorBoardWriter>> tb = TensorBoardWriter::Create(tb_dir);
+    for (int part = 1; part < 100 && absl::IsAlreadyExists(tb.status()); ++part) {
+      tb = TensorBoardWriter::Create(tb_dir, {.filename_suffix = absl::StrCat(".", part)});
+    }
+    PP_ASSIGN_OR_RETURN(obs->tb_, std::move(tb));
     LOG(INFO) << "TensorBoard events: " << obs->tb_->path();
   }
   return obs;
