@@ -17,6 +17,15 @@ TORCH_COPTS = select({
     "//conditions:default": ["-isystem" + d for d in _SYSTEM_TORCH_INCLUDES],
 })
 
+# For the few targets that include c10d's NCCL headers (//common:torch_compat):
+# as local_defines, so the define does not reach their dependents and every
+# other file compiles the same under --config=torch2 and --config=cuda (one set
+# of objects for both).
+NCCL_LOCAL_DEFINES = select({
+    "//third_party/torch:cuda": ["USE_C10D_NCCL"],
+    "//conditions:default": [],
+})
+
 _WARNINGS = [
     "-Wall",
     "-Wextra",

@@ -113,7 +113,7 @@ cc_library(
 )
 
 # No USE_C10D_NCCL here: //common:torch_compat, the one target that uses NCCL's
-# headers, sets it for itself. And @libtorch2_cuda (which fetches the CUDA
+# headers, sets it for itself (tools/pp.bzl NCCL_LOCAL_DEFINES). And @libtorch2_cuda (which fetches the CUDA
 # wheels) is a data dependency, not a deps one: Bazel adds an -iquote per
 # repository of a target's deps to every compile command, which would make
 # every file's command differ from --config=torch2's. So every other file
