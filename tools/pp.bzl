@@ -34,7 +34,7 @@ _WARNINGS = [
     "-Wno-missing-field-initializers",
 ]
 
-PP_COPTS = ["-std=c++17"] + _WARNINGS
+PP_COPTS = ["-std=c++20"] + _WARNINGS
 
 def pp_cc_library(name, copts = [], **kwargs):
     native.cc_library(name = name, copts = PP_COPTS + TORCH_COPTS + copts, **kwargs)
