@@ -145,10 +145,10 @@ int Main(int argc, char** argv) {
             double synth = std::numeric_limits<double>::infinity(), bound = 0;
             std::string synth_name;
             int evaluations = 0;
-            for (auto [v, placement] : std::vector<std::pair<int, SynthesisPlacement>>{
-                     {1, SynthesisPlacement::kLooped},
-                     {2, SynthesisPlacement::kLooped},
-                     {2, SynthesisPlacement::kV}}) {
+            for (auto [v, placement] :
+                 std::vector<std::pair<int, SynthesisPlacement>>{{1, SynthesisPlacement::kLooped},
+                                                                 {2, SynthesisPlacement::kLooped},
+                                                                 {2, SynthesisPlacement::kV}}) {
               SynthesisOptions o;
               o.num_stages = p;
               o.num_microbatches = m;
@@ -196,26 +196,26 @@ int Main(int argc, char** argv) {
                              {"synthesized", synth_name},
                              {"lower_bound", bound},
                              {"evaluations", evaluations}});
-            std::printf("p=%d m=%-2d %-11s comm %.1f cap %.1fx: best %-22s %8.3f  synth %8.3f  "
-                        "bound %8.3f  %s\n",
-                        p, m, shape.c_str(), comm, factor, best_name.c_str(), best, synth, bound,
-                        synth_name.c_str());
+            std::printf(
+                "p=%d m=%-2d %-11s comm %.1f cap %.1fx: best %-22s %8.3f  synth %8.3f  "
+                "bound %8.3f  %s\n",
+                p, m, shape.c_str(), comm, factor, best_name.c_str(), best, synth, bound,
+                synth_name.c_str());
             std::fflush(stdout);
           }
         }
       }
     }
   }
-  nlohmann::json summary = {
-      {"cases", total},
-      {"never_worse", never_worse},
-      {"better", better},
-      {"mean_gain_where_better", better > 0 ? sum_gain / better : 0},
-      {"max_gain", max_gain},
-      {"mean_gap_to_lower_bound", sum_gap / total},
-      {"max_gap_to_lower_bound", max_gap},
-      {"mean_best_registered_gap_to_lower_bound", sum_best_gap / total},
-      {"at_lower_bound", at_bound}};
+  nlohmann::json summary = {{"cases", total},
+                            {"never_worse", never_worse},
+                            {"better", better},
+                            {"mean_gain_where_better", better > 0 ? sum_gain / better : 0},
+                            {"max_gain", max_gain},
+                            {"mean_gap_to_lower_bound", sum_gap / total},
+                            {"max_gap_to_lower_bound", max_gap},
+                            {"mean_best_registered_gap_to_lower_bound", sum_best_gap / total},
+                            {"at_lower_bound", at_bound}};
   std::printf("%s\n", summary.dump(2).c_str());
 
   const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
@@ -230,8 +230,8 @@ int Main(int argc, char** argv) {
   nlohmann::json record = {
       {"date", date},
       {"commit", Shell(absl::StrCat("git -C '", dir, "' rev-parse HEAD 2>/dev/null"))},
-      {"dirty", !Shell(absl::StrCat("git -C '", dir, "' status --porcelain -uno 2>/dev/null"))
-                     .empty()},
+      {"dirty",
+       !Shell(absl::StrCat("git -C '", dir, "' status --porcelain -uno 2>/dev/null")).empty()},
       {"machine",
        {{"nproc", sysconf(_SC_NPROCESSORS_ONLN)},
         {"loadavg", load},

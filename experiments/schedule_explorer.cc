@@ -327,8 +327,7 @@ absl::StatusOr<std::string> Synthesize(const std::string& format) {
         absl::StrCat("--memory_cap=", cap, ": expected 0 (1F1B's peak) or a positive cap"));
   }
   // In one rank's share: 1F1B's peak is min(p, m).
-  const double cap_share =
-      cap > 0 ? cap : std::min(o.num_stages, o.num_microbatches);
+  const double cap_share = cap > 0 ? cap : std::min(o.num_stages, o.num_microbatches);
   o.memory_cap = cap_share * o.num_chunks;
   o.seed = absl::GetFlag(FLAGS_seed);
   o.max_evaluations = absl::GetFlag(FLAGS_max_evaluations);
@@ -348,10 +347,9 @@ absl::StatusOr<std::string> Synthesize(const std::string& format) {
           absl::StrFormat("memory cap %g (x stage)  peak memory %g (x stage)\n"
                           "lower bound %g (busiest rank %g, critical path %g): gap %.1f%%\n"
                           "start %s (%g), %d simulator evaluations\n",
-                          cap_share, r.peak_memory / o.num_chunks, r.lower_bound,
-                          r.rank_work_bound, r.critical_path_bound,
-                          100 * (r.makespan / r.lower_bound - 1), r.start, r.start_makespan,
-                          r.evaluations));
+                          cap_share, r.peak_memory / o.num_chunks, r.lower_bound, r.rank_work_bound,
+                          r.critical_path_bound, 100 * (r.makespan / r.lower_bound - 1), r.start,
+                          r.start_makespan, r.evaluations));
     }
     return out;
   }

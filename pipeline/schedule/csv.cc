@@ -110,10 +110,9 @@ std::string FormatCells(const RawCsv& csv, int mark_rank, int mark_column) {
 
 absl::Status CellError(const CsvReadOptions& options, const RawCsv& csv, int rank, const Cell& cell,
                        absl::string_view message) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(options.source, ": line ", cell.line, ", column ", cell.column, " (rank ", rank,
-                   "): \"", Shown(cell.text), "\": ", message, "\n",
-                   FormatCells(csv, rank, cell.column)));
+  return absl::InvalidArgumentError(absl::StrCat(
+      options.source, ": line ", cell.line, ", column ", cell.column, " (rank ", rank, "): \"",
+      Shown(cell.text), "\": ", message, "\n", FormatCells(csv, rank, cell.column)));
 }
 
 // Splits the text into comment lines and rows of cells.
@@ -237,11 +236,10 @@ absl::StatusOr<std::string> InferPlacement(const RawCsv& csv, const std::vector<
     return absl::InvalidArgumentError(absl::StrCat(
         options.source, ": cannot infer the placement: stage ", c.stage, " is named on rank ",
         first->rank, " (line ", first->cell->line, ", column ", first->cell->column, ": \"",
-        Shown(first->cell->text), "\") and on rank ", c.rank, " (line ", c.cell->line,
-        ", column ", c.cell->column, ": \"", Shown(c.cell->text),
-        "\"); a stage runs on one rank. Fix the cells, or give the placement (\"# ",
-        kPlacementKey, ": ...\" line or --stage_to_rank)\n",
-        FormatCells(csv, c.rank, c.cell->column)));
+        Shown(first->cell->text), "\") and on rank ", c.rank, " (line ", c.cell->line, ", column ",
+        c.cell->column, ": \"", Shown(c.cell->text),
+        "\"); a stage runs on one rank. Fix the cells, or give the placement (\"# ", kPlacementKey,
+        ": ...\" line or --stage_to_rank)\n", FormatCells(csv, c.rank, c.cell->column)));
   }
   std::vector<int> placement(num_virtual);
   for (int s = 0; s < num_virtual; ++s) {
@@ -523,18 +521,17 @@ absl::StatusOr<Schedule> ParseCsvSchedule(absl::string_view text, const CsvReadO
         if (only.type == "WAIT_REDUCE_GRAD") {
           found |= a.type == ActionType::kReduceGrads && a.stage == only.stage;
         } else {
-          const ActionType send = only.type == "WAIT_SEND_F" ? ActionType::kSendForward
-                                                             : ActionType::kSendBackward;
+          const ActionType send =
+              only.type == "WAIT_SEND_F" ? ActionType::kSendForward : ActionType::kSendBackward;
           found |= a.type == send && a.stage == only.stage && a.microbatch == only.microbatch;
         }
       }
       if (!found) {
-        return CellError(
-            options, csv, r, *only.cell,
-            only.type == "WAIT_REDUCE_GRAD"
-                ? absl::StrCat("no ", only.stage, "REDUCE_GRAD before it on this row")
-                : absl::StrCat("no ", only.stage, only.type.substr(5), only.microbatch,
-                               " before it on this row (a wait follows its send)"));
+        return CellError(options, csv, r, *only.cell,
+                         only.type == "WAIT_REDUCE_GRAD"
+                             ? absl::StrCat("no ", only.stage, "REDUCE_GRAD before it on this row")
+                             : absl::StrCat("no ", only.stage, only.type.substr(5), only.microbatch,
+                                            " before it on this row (a wait follows its send)"));
       }
     }
   }
@@ -592,11 +589,12 @@ absl::StatusOr<Schedule> LoadCsvScheduleFile(const std::string& path, CsvReadOpt
   std::error_code error;
   const std::filesystem::file_status status = std::filesystem::status(path, error);
   if (!error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
-    const char* kind = std::filesystem::is_fifo(status)        ? "a FIFO"
-                       : std::filesystem::is_directory(status) ? "a directory"
-                       : std::filesystem::is_character_file(status) || std::filesystem::is_block_file(status)
-                           ? "a device"
-                           : "not a regular file";
+    const char* kind =
+        std::filesystem::is_fifo(status)        ? "a FIFO"
+        : std::filesystem::is_directory(status) ? "a directory"
+        : std::filesystem::is_character_file(status) || std::filesystem::is_block_file(status)
+            ? "a device"
+            : "not a regular file";
     return absl::InvalidArgumentError(
         absl::StrCat("schedule CSV file \"", path, "\" is ", kind,
                      "; give a regular file (it is read whole before any worker starts)"));
@@ -605,8 +603,8 @@ absl::StatusOr<Schedule> LoadCsvScheduleFile(const std::string& path, CsvReadOpt
     const std::uintmax_t size = std::filesystem::file_size(path, error);
     if (!error && size > kMaxCsvFileBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "schedule CSV file \"", path, "\" has ", size, " bytes; the limit is ",
-          kMaxCsvFileBytes, " (", kMaxCsvFileBytes >> 20,
+          "schedule CSV file \"", path, "\" has ", size, " bytes; the limit is ", kMaxCsvFileBytes,
+          " (", kMaxCsvFileBytes >> 20,
           " MiB, far above any schedule: p = 64, m = 1024, v = 4 with comms is ~13 MB)"));
     }
   }
@@ -629,9 +627,8 @@ absl::StatusOr<Schedule> LoadCsvScheduleFile(const std::string& path, CsvReadOpt
         absl::StrCat("error reading schedule CSV file \"", path, "\""));
   }
   if (text.size() > kMaxCsvFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("schedule CSV file \"", path,
-                                                   "\" has more than ", kMaxCsvFileBytes,
-                                                   " bytes (the limit)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule CSV file \"", path, "\" has more than ", kMaxCsvFileBytes, " bytes (the limit)"));
   }
   options.source = path;
   return ParseCsvSchedule(text, options);

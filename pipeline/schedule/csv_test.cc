@@ -236,16 +236,16 @@ TEST(CsvTest, ReadsPyTorch215WaitsAndChecksTheirOrder) {
   EXPECT_EQ(s->ranks, MakeSchedule("1f1b", {2, 2, 1, 0})->ranks);
   EXPECT_EQ(s->given_program, Lower(*MakeSchedule("1f1b", {2, 2, 1, 0}))->ranks);
 
-  absl::StatusOr<Schedule> early = ParseCsvSchedule(
-      "0F0,0WAIT_SEND_F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n");
+  absl::StatusOr<Schedule> early =
+      ParseCsvSchedule("0F0,0WAIT_SEND_F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n");
   ASSERT_FALSE(early.ok());
   EXPECT_THAT(Message(early.status()), HasSubstr("line 1, column 2 (rank 0): \"0WAIT_SEND_F0\""));
   EXPECT_THAT(Message(early.status()), HasSubstr("no 0SEND_F0 before it on this row"));
-  absl::StatusOr<Schedule> reduce = ParseCsvSchedule(
-      "0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0\n");
+  absl::StatusOr<Schedule> reduce =
+      ParseCsvSchedule("0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0\n");
   EXPECT_THAT(Message(reduce.status()), HasSubstr("no 0REDUCE_GRAD before it on this row"));
-  absl::StatusOr<Schedule> elsewhere = ParseCsvSchedule(
-      "0F0,0SEND_F0,0RECV_B0,0B0,1UNSHARD\n1RECV_F0,1F0,1B0,1SEND_B0\n");
+  absl::StatusOr<Schedule> elsewhere =
+      ParseCsvSchedule("0F0,0SEND_F0,0RECV_B0,0B0,1UNSHARD\n1RECV_F0,1F0,1B0,1SEND_B0\n");
   EXPECT_THAT(Message(elsewhere.status()), HasSubstr("stage 1 is not on rank 0"));
 }
 
@@ -296,14 +296,12 @@ TEST(CsvTest, FileReadingRefusesFifosDevicesAndHugeFiles) {
   EXPECT_THAT(Message(s.status()), HasSubstr("is a directory"));
   // A sparse file just over the limit (no disk space used).
   const std::string big = dir + "/schedule_big.csv";
-  {
-    std::ofstream file(big);
-  }
+  { std::ofstream file(big); }
   ASSERT_EQ(::truncate(big.c_str(), static_cast<off_t>(kMaxCsvFileBytes + 1)), 0);
   s = LoadCsvScheduleFile(big);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(s.status()), HasSubstr(absl::StrCat("has ", kMaxCsvFileBytes + 1,
-                                                          " bytes; the limit is ")));
+  EXPECT_THAT(Message(s.status()),
+              HasSubstr(absl::StrCat("has ", kMaxCsvFileBytes + 1, " bytes; the limit is ")));
 }
 
 TEST(CsvTest, EmptyInputsAndLines) {

@@ -2,11 +2,11 @@
 // placement, any v), so every suite that iterates the registry (conformance,
 // equivalence) covers its output. Without measured costs they synthesise for
 // uniform costs (F = I = W = 1 per virtual stage) under 1F1B's peak memory in
-// the same bytes (min(p, m) * v virtual-stage activations), with two list-scheduling variants and no local search (the
-// conformance suite asks for 384 shapes, twice each);
-// schedule_explorer --synthesize and bench_synthesis take costs, a cap and a
-// larger budget, and the V placement (registered once, not twice, to keep
-// the equivalence suite's run time: each registered name adds its cases).
+// the same bytes (min(p, m) * v virtual-stage activations), with two list-scheduling variants and
+// no local search (the conformance suite asks for 384 shapes, twice each); schedule_explorer
+// --synthesize and bench_synthesis take costs, a cap and a larger budget, and the V placement
+// (registered once, not twice, to keep the equivalence suite's run time: each registered name adds
+// its cases).
 #include <map>
 #include <mutex>
 #include <tuple>

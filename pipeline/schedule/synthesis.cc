@@ -76,8 +76,8 @@ absl::Status CheckShape(const SynthesisOptions& o) {
   }
   for (const auto& [stage, unused] : o.costs.stage_costs) {
     if (stage < 0 || stage >= num_virtual) {
-      return absl::InvalidArgumentError(absl::StrCat("stage_costs names virtual stage ", stage,
-                                                     "; valid: 0..", num_virtual - 1));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage_costs names virtual stage ", stage, "; valid: 0..", num_virtual - 1));
     }
   }
   for (const StageCost& c : ResolveStageCosts(o.costs, num_virtual)) {
@@ -113,12 +113,11 @@ struct Variant {
 };
 
 std::string VariantName(const Variant& v) {
-  return absl::StrCat("list(", v.backward_first ? "B" : "F", "-first,",
-                      v.hold_w ? "hold-W" : "fill-W", ",inflight=",
-                      v.inflight_factor == 0 ? std::string("mem") : absl::StrCat(v.inflight_factor),
-                      v.depth_first ? ",depth" : ",breadth",
-                      v.w_delay_factor > 0 ? absl::StrCat(",W-delay=", v.w_delay_factor, "r") : "",
-                      ")");
+  return absl::StrCat(
+      "list(", v.backward_first ? "B" : "F", "-first,", v.hold_w ? "hold-W" : "fill-W",
+      ",inflight=", v.inflight_factor == 0 ? std::string("mem") : absl::StrCat(v.inflight_factor),
+      v.depth_first ? ",depth" : ",breadth",
+      v.w_delay_factor > 0 ? absl::StrCat(",W-delay=", v.w_delay_factor, "r") : "", ")");
 }
 
 struct Shape {
@@ -164,7 +163,8 @@ std::optional<RankActions> ListSchedule(const Shape& sh, const Variant& var) {
   std::vector<int> pending_w(p, 0);
   std::vector<int> limit(p, std::numeric_limits<int>::max());
   if (var.inflight_factor > 0) {
-    for (int r = 0; r < p; ++r) limit[r] = std::max(1, int(std::ceil(var.inflight_factor * (p - r))));
+    for (int r = 0; r < p; ++r)
+      limit[r] = std::max(1, int(std::ceil(var.inflight_factor * (p - r))));
   }
   RankActions ranks(p);
   const int total = p * sh.v * m * (sh.split ? 3 : 2);
@@ -173,8 +173,8 @@ std::optional<RankActions> ListSchedule(const Shape& sh, const Variant& var) {
   };
   for (int done = 0; done < total; ++done) {
     // (start, class, tie, rank, stage, kind): kind 0 F, 1 I/B, 2 W.
-    std::tuple<double, int, int, int, int, int> best{std::numeric_limits<double>::infinity(), 0,
-                                                     0, -1, -1, -1};
+    std::tuple<double, int, int, int, int, int> best{
+        std::numeric_limits<double>::infinity(), 0, 0, -1, -1, -1};
     for (int r = 0; r < p; ++r) {
       const int local_count = static_cast<int>(sh.local[r].size());
       struct Cand {
@@ -187,7 +187,8 @@ std::optional<RankActions> ListSchedule(const Shape& sh, const Variant& var) {
       for (int s : sh.local[r]) {
         if (next_f[s] < m) {
           const int mb = next_f[s];
-          double ready = s == 0 ? 0 : (f_end[s - 1][mb] < 0 ? kUnknown : arrival(s - 1, s, f_end[s - 1][mb]));
+          double ready =
+              s == 0 ? 0 : (f_end[s - 1][mb] < 0 ? kUnknown : arrival(s - 1, s, f_end[s - 1][mb]));
           if (ready >= 0) {
             bool allowed;
             if (f_done[r][mb] > 0) {
@@ -236,8 +237,9 @@ std::optional<RankActions> ListSchedule(const Shape& sh, const Variant& var) {
         } else {
           cls = var.backward_first ? 1 : 0;
         }
-        const int tie = c.mb * S + ((c.kind == 0 && var.depth_first) || c.kind == 1 ? S - 1 - c.stage
-                                                                                       : c.stage);
+        const int tie =
+            c.mb * S +
+            ((c.kind == 0 && var.depth_first) || c.kind == 1 ? S - 1 - c.stage : c.stage);
         std::tuple<double, int, int, int, int, int> key{start, cls, tie, r, c.stage, c.kind};
         if (std::get<0>(key) < std::get<0>(best) - kEps ||
             (std::get<0>(key) < std::get<0>(best) + kEps &&
@@ -406,7 +408,9 @@ struct Start {
 
 // Deterministic integers from the generator (no distribution objects, whose
 // output the standard leaves to the library).
-int Uniform(std::mt19937_64& rng, int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); }
+int Uniform(std::mt19937_64& rng, int n) {
+  return static_cast<int>(rng() % static_cast<uint64_t>(n));
+}
 
 void LocalSearch(const Shape& sh, Evaluator& evaluate, int budget, std::mt19937_64& rng,
                  RankActions& ranks, Evaluated& current) {
@@ -461,10 +465,10 @@ absl::StatusOr<double> CheckedCap(const SynthesisOptions& o) {
   const double cap = o.memory_cap.value_or(DefaultCap(o));
   const double minimum = MinimumMemoryCap(o);
   if (!std::isfinite(cap) || cap < minimum - kEps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "memory_cap (", cap, ") is below the minimum any schedule needs: ", minimum,
-        " (one micro-batch's activations on each of a rank's ", minimum,
-        " local stages; units: one virtual stage's activations for one micro-batch)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory_cap (", cap, ") is below the minimum any schedule needs: ", minimum,
+                     " (one micro-batch's activations on each of a rank's ", minimum,
+                     " local stages; units: one virtual stage's activations for one micro-batch)"));
   }
   return cap;
 }
@@ -514,9 +518,9 @@ absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
     if (extra.num_stages != sh.p || extra.num_microbatches != sh.m || extra.num_chunks != sh.v ||
         extra.stage_to_rank != sh.placement || extra.forward_only) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "extra start '", extra.name, "' has p=", extra.num_stages, " m=",
-          extra.num_microbatches, " v=", extra.num_chunks,
-          " or another placement; the synthesis asks for p=", sh.p, " m=", sh.m, " v=", sh.v));
+          "extra start '", extra.name, "' has p=", extra.num_stages, " m=", extra.num_microbatches,
+          " v=", extra.num_chunks, " or another placement; the synthesis asks for p=", sh.p,
+          " m=", sh.m, " v=", sh.v));
     }
   }
   Evaluator evaluate(sh, o.costs, o.name);
@@ -572,13 +576,13 @@ absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
     }
   }
   for (Start& start : starts) start.eval = evaluate(start.ranks);
-  starts.erase(std::remove_if(starts.begin(), starts.end(),
-                              [](const Start& s) { return !s.eval.ok; }),
-               starts.end());
+  starts.erase(
+      std::remove_if(starts.begin(), starts.end(), [](const Start& s) { return !s.eval.ok; }),
+      starts.end());
   if (starts.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "no schedule found within memory_cap ", cap, " at p=", sh.p, " m=", sh.m, " v=", sh.v,
-        " (the minimum is ", MinimumMemoryCap(o), "): raise the cap"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no schedule found within memory_cap ", cap, " at p=", sh.p, " m=", sh.m,
+                     " v=", sh.v, " (the minimum is ", MinimumMemoryCap(o), "): raise the cap"));
   }
   std::stable_sort(starts.begin(), starts.end(), [](const Start& a, const Start& b) {
     return std::make_pair(a.eval.makespan, a.eval.peak) <
@@ -607,8 +611,8 @@ absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
   out.schedule = ToSchedule(sh, o.name, std::move(best_ranks));
   absl::Status valid = ValidateSchedule(out.schedule);
   if (!valid.ok()) {
-    return absl::InternalError(absl::StrCat("synthesised schedule fails validation (a bug): ",
-                                            valid.message()));
+    return absl::InternalError(
+        absl::StrCat("synthesised schedule fails validation (a bug): ", valid.message()));
   }
   PP_ASSIGN_OR_RETURN(out.simulation, Simulate(out.schedule, o.costs));
   out.makespan = out.simulation.makespan;

@@ -86,9 +86,9 @@ struct SynthesisResult {
   double lower_bound = 0;       // max of the two below
   double rank_work_bound = 0;   // busiest rank: start offset + total compute
   double critical_path_bound = 0;
-  std::string start;             // the start the result came from
-  double start_makespan = 0;     // that start's makespan before the search
-  int evaluations = 0;           // simulator calls
+  std::string start;          // the start the result came from
+  double start_makespan = 0;  // that start's makespan before the search
+  int evaluations = 0;        // simulator calls
 };
 
 // The smallest cap any schedule of this shape fits: one micro-batch's

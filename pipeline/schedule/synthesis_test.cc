@@ -142,9 +142,8 @@ TEST(SynthesisTest, NeverWorseThanAnyRegisteredScheduleUnderTheSameCap) {
       for (const char* shape : {"uniform", "w_half", "last_heavy", "first_heavy"}) {
         for (double comm : {0.0, 0.1}) {
           for (double factor : {1.0, 2.0}) {
-            for (auto [v, placement] :
-                 std::vector<std::pair<int, SynthesisPlacement>>{{1, SynthesisPlacement::kLooped},
-                                                                 {2, SynthesisPlacement::kV}}) {
+            for (auto [v, placement] : std::vector<std::pair<int, SynthesisPlacement>>{
+                     {1, SynthesisPlacement::kLooped}, {2, SynthesisPlacement::kV}}) {
               // Caps in one rank's share of the model: 1F1B's peak is p (m >= p).
               SynthesisOptions o =
                   Options(p, m, v, placement, shape, comm, factor * std::min(p, m) * v);
@@ -170,8 +169,8 @@ TEST(SynthesisTest, NeverWorseThanAnyRegisteredScheduleUnderTheSameCap) {
 }
 
 // Without the registered schedules as starts, list scheduling and the search
-// alone beat 1F1B at its memory and reach the lower bound with twice the memory at p = 4, m = 4 (the zero-bubble authors'
-// ZB-2p makespan 15, issue #27).
+// alone beat 1F1B at its memory and reach the lower bound with twice the memory at p = 4, m = 4
+// (the zero-bubble authors' ZB-2p makespan 15, issue #27).
 TEST(SynthesisTest, HeuristicAloneFindsTheZeroBubbleSchedules) {
   SynthesisOptions o = Options(4, 8, 1, SynthesisPlacement::kLooped, "uniform", 0, 4);
   o.seed_with_registered = false;
@@ -206,7 +205,7 @@ TEST(SynthesisTest, LowerBoundIsTheBusiestRankOrTheCriticalPath) {
   SynthesisOptions o = Options(4, 8, 1, SynthesisPlacement::kLooped, "uniform", 0, 4);
   absl::StatusOr<SynthesisResult> b = SynthesisLowerBound(o);
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_DOUBLE_EQ(b->rank_work_bound, 3 + 8 * 3);           // rank 3 starts after 3 F
+  EXPECT_DOUBLE_EQ(b->rank_work_bound, 3 + 8 * 3);          // rank 3 starts after 3 F
   EXPECT_DOUBLE_EQ(b->critical_path_bound, 8 + 3 + 4 + 1);  // 8 F0, F1..F3, I3..I0, W0
   EXPECT_DOUBLE_EQ(b->lower_bound, 27);
   o.costs.comm = 0.5;
@@ -285,10 +284,10 @@ TEST(SynthesisTest, BadInputsNameTheValue) {
 
 // The smallest cap is feasible: one micro-batch at a time.
 TEST(SynthesisTest, TheMinimumCapIsFeasible) {
-  for (auto [v, placement] : std::vector<std::pair<int, SynthesisPlacement>>{
-           {1, SynthesisPlacement::kLooped},
-           {3, SynthesisPlacement::kLooped},
-           {2, SynthesisPlacement::kV}}) {
+  for (auto [v, placement] :
+       std::vector<std::pair<int, SynthesisPlacement>>{{1, SynthesisPlacement::kLooped},
+                                                       {3, SynthesisPlacement::kLooped},
+                                                       {2, SynthesisPlacement::kV}}) {
     SynthesisOptions o = Options(3, 4, v, placement, "uniform", 0.1, 0);
     o.memory_cap = MinimumMemoryCap(o);
     SCOPED_TRACE(absl::StrCat("v=", v, " cap ", *o.memory_cap));
