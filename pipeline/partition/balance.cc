@@ -1,6 +1,9 @@
 #include "pipeline/partition/balance.h"
 
 #include <cmath>
+#include <functional>
+#include <optional>
+#include <string>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -65,7 +68,17 @@ std::vector<double> PartCosts(const std::vector<double>& costs, const Bounds& bo
 // sqrt(DBL_MAX) is 1.34e154; a round bound below it.
 constexpr double kMaxTotalCost = 1e154;
 
-absl::StatusOr<Bounds> BalancedBounds(const std::vector<double>& costs, int64_t num_parts) {
+namespace {
+
+// fits(part, j, i): may part `part` own layers [j, i)? Must be monotone: if
+// [j, i) does not fit, no longer [j, i') does (the DP stops there). Empty
+// `fits` = everything fits.
+using FitsFn = std::function<bool(int64_t part, int64_t j, int64_t i)>;
+
+// The balancing rule over the splits that `fits` allows. nullopt (with an OK
+// status) when no split fits.
+absl::StatusOr<std::optional<Bounds>> Balance(const std::vector<double>& costs,
+                                              int64_t num_parts, const FitsFn& fits) {
   const int64_t n = static_cast<int64_t>(costs.size());
   if (absl::Status s = CheckEnoughLayers(n, num_parts); !s.ok()) return s;
   for (int64_t i = 0; i < n; ++i) {
@@ -94,33 +107,37 @@ absl::StatusOr<Bounds> BalancedBounds(const std::vector<double>& costs, int64_t 
   // Pass 1: best[k][j] = the smallest possible heaviest part when layers
   // [j, n) are split into k non-empty parts.
   std::vector<std::vector<double>> best(p + 1, std::vector<double>(n + 1, kInf));
-  for (int64_t j = 0; j < n; ++j) best[1][j] = seg(j, n);
+  // With k parts left for [j, n), the first of them is part p - k.
+  auto allowed = [&](int64_t k, int64_t j, int64_t i) { return !fits || fits(p - k, j, i); };
+  for (int64_t j = 0; j < n; ++j) best[1][j] = allowed(1, j, n) ? seg(j, n) : kInf;
   for (int64_t k = 2; k <= p; ++k) {
     for (int64_t j = 0; j + k <= n; ++j) {
       double value = kInf;
       for (int64_t i = j + 1; i + (k - 1) <= n; ++i) {
         const double first = seg(j, i);
         if (first >= value) break;  // Costs are >= 0: longer first parts only get heavier.
+        if (!allowed(k, j, i)) break;  // Monotone: longer first parts do not fit either.
         value = std::min(value, std::max(first, best[k - 1][i]));
       }
       best[k][j] = value;
     }
   }
   const double limit = best[p][0];
+  if (limit == kInf) return std::optional<Bounds>();
 
   // Pass 2: among splits whose parts all cost <= limit, the smallest sum of
   // squared part costs.
   std::vector<std::vector<double>> squares(p + 1, std::vector<double>(n + 1, kInf));
   for (int64_t j = 0; j < n; ++j) {
     const double c = seg(j, n);
-    if (c <= limit) squares[1][j] = c * c;
+    if (c <= limit && allowed(1, j, n)) squares[1][j] = c * c;
   }
   for (int64_t k = 2; k <= p; ++k) {
     for (int64_t j = 0; j + k <= n; ++j) {
       double value = kInf;
       for (int64_t i = j + 1; i + (k - 1) <= n; ++i) {
         const double c = seg(j, i);
-        if (c > limit) break;
+        if (c > limit || !allowed(k, j, i)) break;
         value = std::min(value, c * c + squares[k - 1][i]);
       }
       squares[k][j] = value;
@@ -134,7 +151,7 @@ absl::StatusOr<Bounds> BalancedBounds(const std::vector<double>& costs, int64_t 
     int64_t chosen = -1;
     for (int64_t i = n - (k - 1); i > j; --i) {
       const double c = seg(j, i);
-      if (c > limit || squares[k - 1][i] == kInf) continue;
+      if (c > limit || squares[k - 1][i] == kInf || !allowed(k, j, i)) continue;
       if (c * c + squares[k - 1][i] == squares[k][j]) {
         chosen = i;
         break;
@@ -147,7 +164,101 @@ absl::StatusOr<Bounds> BalancedBounds(const std::vector<double>& costs, int64_t 
     j = chosen;
   }
   bounds.push_back(n);
-  return bounds;
+  return std::optional<Bounds>(bounds);
+}
+
+}  // namespace
+
+absl::StatusOr<Bounds> BalancedBounds(const std::vector<double>& costs, int64_t num_parts) {
+  absl::StatusOr<std::optional<Bounds>> bounds = Balance(costs, num_parts, nullptr);
+  if (!bounds.ok()) return bounds.status();
+  if (!bounds->has_value()) return absl::InternalError("balanced partition: no split (a bug)");
+  return **bounds;
+}
+
+std::vector<double> PartBytes(const PartMemory& memory, const Bounds& bounds) {
+  std::vector<double> bytes;
+  for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+    double fixed = 0, activations = 0;
+    for (int64_t i = bounds[s]; i < bounds[s + 1]; ++i) {
+      fixed += memory.fixed_bytes[i];
+      activations += memory.activation_bytes[i];
+    }
+    bytes.push_back(fixed + activations * memory.in_flight[s]);
+  }
+  return bytes;
+}
+
+absl::StatusOr<Bounds> MemoryBoundedBounds(const std::vector<double>& costs, int64_t num_parts,
+                                           const PartMemory& memory) {
+  const int64_t n = static_cast<int64_t>(costs.size());
+  if (static_cast<int64_t>(memory.fixed_bytes.size()) != n ||
+      static_cast<int64_t>(memory.activation_bytes.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory-bounded partition: ", n, " layer costs but ", memory.fixed_bytes.size(),
+        " fixed byte counts and ", memory.activation_bytes.size(),
+        " activation byte counts; give one of each per layer"));
+  }
+  if (num_parts >= 1 && static_cast<int64_t>(memory.in_flight.size()) != num_parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory-bounded partition: ", memory.in_flight.size(),
+                     " in-flight counts for ", num_parts, " parts; give one per part"));
+  }
+  auto check = [](const std::vector<double>& values, const char* what) -> absl::Status {
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!std::isfinite(values[i]) || values[i] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " ", i, " is ", values[i],
+                                                       "; must be finite and >= 0"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = check(memory.fixed_bytes, "fixed bytes of layer"); !s.ok()) return s;
+  if (absl::Status s = check(memory.activation_bytes, "activation bytes of layer"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = check(memory.in_flight, "in-flight count of part"); !s.ok()) return s;
+  if (!std::isfinite(memory.cap_bytes) || memory.cap_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("memory cap is ", memory.cap_bytes,
+                                                   " bytes; must be finite and > 0"));
+  }
+  std::vector<double> fixed_prefix(n + 1, 0.0), act_prefix(n + 1, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    fixed_prefix[i + 1] = fixed_prefix[i] + memory.fixed_bytes[i];
+    act_prefix[i + 1] = act_prefix[i] + memory.activation_bytes[i];
+  }
+  // Bytes only grow with the part's length, as Balance's `fits` must.
+  auto fits = [&](int64_t part, int64_t j, int64_t i) {
+    return (fixed_prefix[i] - fixed_prefix[j]) +
+               (act_prefix[i] - act_prefix[j]) * memory.in_flight[part] <=
+           memory.cap_bytes;
+  };
+  absl::StatusOr<std::optional<Bounds>> bounds = Balance(costs, num_parts, fits);
+  if (!bounds.ok()) return bounds.status();
+  if (bounds->has_value()) return **bounds;
+  // Nothing fits: name the parts of the time-balanced split that break the cap.
+  absl::StatusOr<Bounds> unbounded = BalancedBounds(costs, num_parts);
+  if (!unbounded.ok()) return unbounded.status();
+  const std::vector<double> bytes = PartBytes(memory, *unbounded);
+  std::string over;
+  for (size_t s = 0; s < bytes.size(); ++s) {
+    if (bytes[s] <= memory.cap_bytes) continue;
+    double fixed = 0, activations = 0;
+    for (int64_t i = (*unbounded)[s]; i < (*unbounded)[s + 1]; ++i) {
+      fixed += memory.fixed_bytes[i];
+      activations += memory.activation_bytes[i];
+    }
+    absl::StrAppend(&over, over.empty() ? "" : "; ", "stage (part) ", s, " layers [",
+                    (*unbounded)[s], ", ", (*unbounded)[s + 1], "): ", bytes[s], " bytes = ",
+                    fixed, " parameters/state + ", activations, " activation bytes x ",
+                    memory.in_flight[s], " micro-batches in flight");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "no split of ", n, " layers into ", num_parts, " parts keeps every part within the cap of ",
+      memory.cap_bytes, " bytes; the time-balanced split [", absl::StrJoin(*unbounded, ","),
+      "] has ", over,
+      " (raise the cap, use more stages, fewer micro-batches in flight or activation "
+      "checkpointing)"));
 }
 
 }  // namespace pp

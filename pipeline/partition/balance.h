@@ -35,6 +35,28 @@ absl::StatusOr<Bounds> UniformBounds(int64_t num_layers, int64_t num_parts);
 // O(n^2 p) time, O(n p) memory.
 absl::StatusOr<Bounds> BalancedBounds(const std::vector<double>& costs, int64_t num_parts);
 
+// Memory of each part for MemoryBoundedBounds: part s owning layers L takes
+// sum(fixed_bytes[L]) + sum(activation_bytes[L]) * in_flight[s] bytes
+// (parameters, gradients and optimizer state, plus one micro-batch's saved
+// activations times the micro-batches in flight on that part under the
+// schedule, e.g. 1F1B's p - s). Bytes as doubles: only sums and compares.
+struct PartMemory {
+  std::vector<double> fixed_bytes;       // per layer
+  std::vector<double> activation_bytes;  // per layer, one micro-batch
+  std::vector<double> in_flight;         // per part
+  double cap_bytes = 0;                  // per part (each part on its own rank)
+};
+
+// The balancing rule among the splits whose every part fits memory.cap_bytes:
+// where the cap binds, the heaviest part is as light as the cap allows.
+// InvalidArgument for bad sizes or values, or, when no split fits, naming the
+// parts of the time-balanced split over the cap with their bytes and terms.
+absl::StatusOr<Bounds> MemoryBoundedBounds(const std::vector<double>& costs, int64_t num_parts,
+                                           const PartMemory& memory);
+
+// Bytes of each part under `memory` (sizes as MemoryBoundedBounds checks).
+std::vector<double> PartBytes(const PartMemory& memory, const Bounds& bounds);
+
 // Sum of costs in each part.
 std::vector<double> PartCosts(const std::vector<double>& costs, const Bounds& bounds);
 

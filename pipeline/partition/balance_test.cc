@@ -4,6 +4,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <string>
 
 #include "gtest/gtest.h"
 
@@ -146,6 +147,108 @@ TEST(BalancedBoundsTest, MatchesBruteForceOnRandomInputs) {
     ASSERT_TRUE(ValidateBounds(got, n, p).ok());
     EXPECT_EQ(MaxPart(costs, got), best_max) << "trial " << trial;
     EXPECT_EQ(got, expected) << "trial " << trial;
+  }
+}
+
+
+PartMemory Memory(std::vector<double> fixed, std::vector<double> activations,
+                  std::vector<double> in_flight, double cap) {
+  return PartMemory{std::move(fixed), std::move(activations), std::move(in_flight), cap};
+}
+
+// Six equal layers on 2 stages of 1F1B (2 and 1 micro-batches in flight), one
+// activation byte each: the time-balanced [0,3,6] puts 3 x 2 = 6 bytes on
+// stage 0. A cap of 4 allows at most 2 layers there (2 x 2 = 4) and the other
+// 4 fit stage 1 (4 x 1 = 4): [0,2,6]. A cap of 6 does not bind: [0,3,6].
+TEST(MemoryBoundedBoundsTest, CapMovesLayersOffTheFirstStageOnlyWhereItBinds) {
+  const std::vector<double> costs(6, 1.0);
+  absl::StatusOr<Bounds> bound = MemoryBoundedBounds(costs, 2, Memory({0, 0, 0, 0, 0, 0},
+                                                                      {1, 1, 1, 1, 1, 1},
+                                                                      {2, 1}, 4));
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  EXPECT_EQ(*bound, (Bounds{0, 2, 6}));
+  absl::StatusOr<Bounds> loose = MemoryBoundedBounds(costs, 2, Memory({0, 0, 0, 0, 0, 0},
+                                                                      {1, 1, 1, 1, 1, 1},
+                                                                      {2, 1}, 6));
+  ASSERT_TRUE(loose.ok()) << loose.status();
+  EXPECT_EQ(*loose, Balanced(costs, 2));
+  EXPECT_EQ(*loose, (Bounds{0, 3, 6}));
+  EXPECT_EQ(PartBytes(Memory({0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1}, {2, 1}, 4), *bound),
+            (std::vector<double>{4, 4}));
+}
+
+// 1F1B at p = 4 (4, 3, 2, 1 in flight), eight equal layers, one byte each,
+// cap 6: stages may own at most 1, 2, 3 and 6 layers. 8 layers need a max of
+// 3 (1 + 2 + 2 + 2 = 7 < 8); of the splits with max 3, (1,2,2,3) and
+// (1,2,3,2) have the least squares (18); ties fill earlier parts: [0,1,3,6,8].
+// Unbounded it would be [0,2,4,6,8] with 8 bytes on stage 0.
+TEST(MemoryBoundedBoundsTest, OneFOneBAtFourStages) {
+  const std::vector<double> costs(8, 1.0);
+  const PartMemory memory = Memory(std::vector<double>(8, 0), std::vector<double>(8, 1),
+                                   {4, 3, 2, 1}, 6);
+  absl::StatusOr<Bounds> bounds = MemoryBoundedBounds(costs, 4, memory);
+  ASSERT_TRUE(bounds.ok()) << bounds.status();
+  EXPECT_EQ(*bounds, (Bounds{0, 1, 3, 6, 8}));
+  EXPECT_EQ(Balanced(costs, 4), (Bounds{0, 2, 4, 6, 8}));
+  EXPECT_EQ(PartBytes(memory, Balanced(costs, 4)), (std::vector<double>{8, 6, 4, 2}));
+}
+
+// Fixed bytes (parameters and state) count once, activations per micro-batch
+// in flight: 2 + 2 x 1 = 4 bytes per layer on stage 0, 3 on stage 1. Cap 6:
+// stage 0 takes one layer (two would be 8), stage 1 then needs three (9 > 6).
+// The error names the over-cap stage of the time-balanced split, [0,2,4]:
+// stage 0 at 4 + 2 x 2 = 8 bytes (stage 1 there is 6, within the cap).
+TEST(MemoryBoundedBoundsTest, NothingFitsNamesTheStageItsBytesAndTheCap) {
+  absl::StatusOr<Bounds> bounds = MemoryBoundedBounds(
+      {1, 1, 1, 1}, 2, Memory({2, 2, 2, 2}, {1, 1, 1, 1}, {2, 1}, 6));
+  ASSERT_FALSE(bounds.ok());
+  const std::string message(bounds.status().message());
+  EXPECT_NE(message.find("cap of 6 bytes"), std::string::npos) << message;
+  EXPECT_NE(message.find("stage (part) 0 layers [0, 2): 8 bytes = 4 parameters/state + 2 "
+                         "activation bytes x 2"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("stage (part) 1"), std::string::npos) << message;
+}
+
+TEST(MemoryBoundedBoundsTest, BadSizesAndValues) {
+  EXPECT_FALSE(MemoryBoundedBounds({1, 1}, 2, Memory({0}, {1, 1}, {2, 1}, 4)).ok());
+  EXPECT_FALSE(MemoryBoundedBounds({1, 1}, 2, Memory({0, 0}, {1, 1}, {2}, 4)).ok());
+  EXPECT_FALSE(MemoryBoundedBounds({1, 1}, 2, Memory({0, -1}, {1, 1}, {2, 1}, 4)).ok());
+  EXPECT_FALSE(MemoryBoundedBounds({1, 1}, 2, Memory({0, 0}, {1, 1}, {2, 1}, 0)).ok());
+  EXPECT_FALSE(MemoryBoundedBounds({1}, 2, Memory({0}, {1}, {2, 1}, 4)).ok());
+}
+
+// Random cases: the bounded split fits the cap, and is the unbounded one
+// whenever that one fits.
+TEST(MemoryBoundedBoundsTest, RandomCasesFitAndAgreeWhereTheCapIsLoose) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> unit(0.1, 2.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 3 + trial % 8;
+    const int p = 1 + trial % std::min(n, 4);
+    std::vector<double> costs(n), fixed(n), act(n), in_flight(p);
+    for (int i = 0; i < n; ++i) {
+      costs[i] = unit(rng);
+      fixed[i] = unit(rng);
+      act[i] = unit(rng);
+    }
+    for (int s = 0; s < p; ++s) in_flight[s] = p - s;
+    const Bounds unbounded = Balanced(costs, p);
+    std::vector<double> bytes = PartBytes(Memory(fixed, act, in_flight, 1), unbounded);
+    const double peak = *std::max_element(bytes.begin(), bytes.end());
+    // Just above the peak: prefix differences and PartBytes' sums may round
+    // differently at exact equality.
+    const double loose = peak * (1 + 1e-9);
+    for (double cap : {loose, peak * 0.8, peak * 0.6}) {
+      absl::StatusOr<Bounds> bounded =
+          MemoryBoundedBounds(costs, p, Memory(fixed, act, in_flight, cap));
+      if (cap == loose) ASSERT_TRUE(bounded.ok()) << bounded.status();
+      if (!bounded.ok()) continue;
+      for (double b : PartBytes(Memory(fixed, act, in_flight, cap), *bounded)) EXPECT_LE(b, cap);
+      if (cap == loose) EXPECT_EQ(*bounded, unbounded);
+      EXPECT_GE(MaxPart(costs, *bounded), MaxPart(costs, unbounded));
+    }
   }
 }
 
