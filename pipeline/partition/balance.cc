@@ -2,9 +2,9 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -77,8 +77,8 @@ using FitsFn = std::function<bool(int64_t part, int64_t j, int64_t i)>;
 
 // The balancing rule over the splits that `fits` allows. nullopt (with an OK
 // status) when no split fits.
-absl::StatusOr<std::optional<Bounds>> Balance(const std::vector<double>& costs,
-                                              int64_t num_parts, const FitsFn& fits) {
+absl::StatusOr<std::optional<Bounds>> Balance(const std::vector<double>& costs, int64_t num_parts,
+                                              const FitsFn& fits) {
   const int64_t n = static_cast<int64_t>(costs.size());
   if (absl::Status s = CheckEnoughLayers(n, num_parts); !s.ok()) return s;
   for (int64_t i = 0; i < n; ++i) {
@@ -115,7 +115,7 @@ absl::StatusOr<std::optional<Bounds>> Balance(const std::vector<double>& costs,
       double value = kInf;
       for (int64_t i = j + 1; i + (k - 1) <= n; ++i) {
         const double first = seg(j, i);
-        if (first >= value) break;  // Costs are >= 0: longer first parts only get heavier.
+        if (first >= value) break;     // Costs are >= 0: longer first parts only get heavier.
         if (!allowed(k, j, i)) break;  // Monotone: longer first parts do not fit either.
         value = std::min(value, std::max(first, best[k - 1][i]));
       }
@@ -207,8 +207,8 @@ absl::StatusOr<Bounds> MemoryBoundedBounds(const std::vector<double>& costs, int
   auto check = [](const std::vector<double>& values, const char* what) -> absl::Status {
     for (size_t i = 0; i < values.size(); ++i) {
       if (!std::isfinite(values[i]) || values[i] < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(what, " ", i, " is ", values[i],
-                                                       "; must be finite and >= 0"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " ", i, " is ", values[i], "; must be finite and >= 0"));
       }
     }
     return absl::OkStatus();
@@ -219,8 +219,8 @@ absl::StatusOr<Bounds> MemoryBoundedBounds(const std::vector<double>& costs, int
   }
   if (absl::Status s = check(memory.in_flight, "in-flight count of part"); !s.ok()) return s;
   if (!std::isfinite(memory.cap_bytes) || memory.cap_bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("memory cap is ", memory.cap_bytes,
-                                                   " bytes; must be finite and > 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory cap is ", memory.cap_bytes, " bytes; must be finite and > 0"));
   }
   std::vector<double> fixed_prefix(n + 1, 0.0), act_prefix(n + 1, 0.0);
   for (int64_t i = 0; i < n; ++i) {
@@ -249,8 +249,8 @@ absl::StatusOr<Bounds> MemoryBoundedBounds(const std::vector<double>& costs, int
       activations += memory.activation_bytes[i];
     }
     absl::StrAppend(&over, over.empty() ? "" : "; ", "stage (part) ", s, " layers [",
-                    (*unbounded)[s], ", ", (*unbounded)[s + 1], "): ", bytes[s], " bytes = ",
-                    fixed, " parameters/state + ", activations, " activation bytes x ",
+                    (*unbounded)[s], ", ", (*unbounded)[s + 1], "): ", bytes[s], " bytes = ", fixed,
+                    " parameters/state + ", activations, " activation bytes x ",
                     memory.in_flight[s], " micro-batches in flight");
   }
   return absl::InvalidArgumentError(absl::StrCat(

@@ -150,7 +150,6 @@ TEST(BalancedBoundsTest, MatchesBruteForceOnRandomInputs) {
   }
 }
 
-
 PartMemory Memory(std::vector<double> fixed, std::vector<double> activations,
                   std::vector<double> in_flight, double cap) {
   return PartMemory{std::move(fixed), std::move(activations), std::move(in_flight), cap};
@@ -162,14 +161,12 @@ PartMemory Memory(std::vector<double> fixed, std::vector<double> activations,
 // 4 fit stage 1 (4 x 1 = 4): [0,2,6]. A cap of 6 does not bind: [0,3,6].
 TEST(MemoryBoundedBoundsTest, CapMovesLayersOffTheFirstStageOnlyWhereItBinds) {
   const std::vector<double> costs(6, 1.0);
-  absl::StatusOr<Bounds> bound = MemoryBoundedBounds(costs, 2, Memory({0, 0, 0, 0, 0, 0},
-                                                                      {1, 1, 1, 1, 1, 1},
-                                                                      {2, 1}, 4));
+  absl::StatusOr<Bounds> bound =
+      MemoryBoundedBounds(costs, 2, Memory({0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1}, {2, 1}, 4));
   ASSERT_TRUE(bound.ok()) << bound.status();
   EXPECT_EQ(*bound, (Bounds{0, 2, 6}));
-  absl::StatusOr<Bounds> loose = MemoryBoundedBounds(costs, 2, Memory({0, 0, 0, 0, 0, 0},
-                                                                      {1, 1, 1, 1, 1, 1},
-                                                                      {2, 1}, 6));
+  absl::StatusOr<Bounds> loose =
+      MemoryBoundedBounds(costs, 2, Memory({0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1}, {2, 1}, 6));
   ASSERT_TRUE(loose.ok()) << loose.status();
   EXPECT_EQ(*loose, Balanced(costs, 2));
   EXPECT_EQ(*loose, (Bounds{0, 3, 6}));
@@ -184,8 +181,8 @@ TEST(MemoryBoundedBoundsTest, CapMovesLayersOffTheFirstStageOnlyWhereItBinds) {
 // Unbounded it would be [0,2,4,6,8] with 8 bytes on stage 0.
 TEST(MemoryBoundedBoundsTest, OneFOneBAtFourStages) {
   const std::vector<double> costs(8, 1.0);
-  const PartMemory memory = Memory(std::vector<double>(8, 0), std::vector<double>(8, 1),
-                                   {4, 3, 2, 1}, 6);
+  const PartMemory memory =
+      Memory(std::vector<double>(8, 0), std::vector<double>(8, 1), {4, 3, 2, 1}, 6);
   absl::StatusOr<Bounds> bounds = MemoryBoundedBounds(costs, 4, memory);
   ASSERT_TRUE(bounds.ok()) << bounds.status();
   EXPECT_EQ(*bounds, (Bounds{0, 1, 3, 6, 8}));
@@ -199,8 +196,8 @@ TEST(MemoryBoundedBoundsTest, OneFOneBAtFourStages) {
 // The error names the over-cap stage of the time-balanced split, [0,2,4]:
 // stage 0 at 4 + 2 x 2 = 8 bytes (stage 1 there is 6, within the cap).
 TEST(MemoryBoundedBoundsTest, NothingFitsNamesTheStageItsBytesAndTheCap) {
-  absl::StatusOr<Bounds> bounds = MemoryBoundedBounds(
-      {1, 1, 1, 1}, 2, Memory({2, 2, 2, 2}, {1, 1, 1, 1}, {2, 1}, 6));
+  absl::StatusOr<Bounds> bounds =
+      MemoryBoundedBounds({1, 1, 1, 1}, 2, Memory({2, 2, 2, 2}, {1, 1, 1, 1}, {2, 1}, 6));
   ASSERT_FALSE(bounds.ok());
   const std::string message(bounds.status().message());
   EXPECT_NE(message.find("cap of 6 bytes"), std::string::npos) << message;
