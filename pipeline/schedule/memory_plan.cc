@@ -1,0 +1,171 @@
+#include "pipeline/schedule/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace pp {
+
+absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view text) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "sgd") return OptimizerKind::kSgd;
+  if (lower == "momentum") return OptimizerKind::kSgdMomentum;
+  if (lower == "adamw") return OptimizerKind::kAdamW;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown optimizer '", text, "'; valid: sgd, momentum, adamw"));
+}
+
+double OptimizerStateFactor(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return 0;
+    case OptimizerKind::kSgdMomentum:
+      return 1;
+    case OptimizerKind::kAdamW:
+      return 2;
+  }
+  return 0;
+}
+
+std::vector<std::pair<std::string, double>> RankMemoryPlan::Terms() const {
+  std::vector<std::pair<std::string, double>> terms = {
+      {"activations", activations},         {"parameters", parameters},   {"gradients", gradients},
+      {"optimizer state", optimizer_state}, {"p2p buffers", p2p_buffers}, {"recompute", recompute}};
+  terms.erase(
+      std::remove_if(terms.begin(), terms.end(), [](const auto& t) { return t.second <= 0; }),
+      terms.end());
+  std::stable_sort(terms.begin(), terms.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  return terms;
+}
+
+absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
+                                      const std::vector<StageMemory>& stages,
+                                      const MemoryPlanOptions& options) {
+  const int num_virtual = schedule.num_virtual_stages();
+  if (static_cast<int>(stages.size()) != num_virtual) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory plan: ", stages.size(), " stage byte costs for schedule '",
+                     schedule.name, "' with ", num_virtual, " virtual stages; give one per stage"));
+  }
+  for (int s = 0; s < num_virtual; ++s) {
+    const StageMemory& m = stages[s];
+    for (const auto& [name, value] :
+         {std::pair<const char*, double>{"parameter_bytes", m.parameter_bytes},
+          {"activation_bytes", m.activation_bytes},
+          {"recompute_bytes", m.recompute_bytes},
+          {"boundary_bytes", m.boundary_bytes}}) {
+      if (!std::isfinite(value) || value < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("memory plan: stage ", s, " ", name, " is ",
+                                                       value, "; must be finite and >= 0"));
+      }
+    }
+  }
+  if (options.split.input < 0 || options.split.weight < 0 ||
+      options.split.input + options.split.weight <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("memory split I:", options.split.input,
+                                                   ",W:", options.split.weight,
+                                                   " must be >= 0 and not both 0"));
+  }
+  if (static_cast<int>(schedule.stage_to_rank.size()) != num_virtual ||
+      static_cast<int>(schedule.ranks.size()) != schedule.num_stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory plan: schedule '", schedule.name, "' has ",
+                     schedule.stage_to_rank.size(), " placed stages and ", schedule.ranks.size(),
+                     " rank lists for p = ", schedule.num_stages, ", v = ", schedule.num_chunks));
+  }
+  const double input_frees = options.split.InputFraction();
+  const double state_factor = OptimizerStateFactor(options.optimizer);
+  MemoryPlan plan;
+  plan.ranks.resize(schedule.num_stages);
+  for (int r = 0; r < schedule.num_stages; ++r) {
+    RankMemoryPlan& out = plan.ranks[r];
+    for (int s = 0; s < num_virtual; ++s) {
+      if (schedule.stage_to_rank[s] != r) continue;
+      out.parameters += stages[s].parameter_bytes;
+      // A message in each direction per neighbour: F in + its gradient out
+      // from stage s - 1's boundary, F out + its gradient in at s's own.
+      if (s > 0) out.p2p_buffers += 2 * stages[s - 1].boundary_bytes;
+      if (s + 1 < num_virtual) out.p2p_buffers += 2 * stages[s].boundary_bytes;
+    }
+    if (!schedule.forward_only) {
+      out.gradients = out.parameters;
+      out.optimizer_state = state_factor * out.parameters;
+    }
+    const double fixed = out.parameters + out.gradients + out.optimizer_state + out.p2p_buffers;
+    out.peak_bytes = fixed;
+    double held = 0;
+    auto consider = [&](double activations, double recompute, int step) {
+      if (fixed + activations + recompute > out.peak_bytes || out.peak_step < 0) {
+        out.peak_bytes = fixed + activations + recompute;
+        out.activations = activations;
+        out.recompute = recompute;
+        out.peak_step = step;
+      }
+    };
+    for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
+      for (const Action& a : Leaves(schedule.ranks[r][i])) {
+        if (a.stage < 0 || a.stage >= num_virtual) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("memory plan: rank ", r, " step ", i, " (", ActionToString(a),
+                           ") names stage ", a.stage, "; valid: [0, ", num_virtual, ")"));
+        }
+        const StageMemory& m = stages[a.stage];
+        switch (a.type) {
+          case ActionType::kForward:
+            if (schedule.forward_only) {
+              consider(m.activation_bytes, 0, i);  // freed as it goes
+            } else {
+              held += m.activation_bytes;
+              consider(held, 0, i);
+            }
+            break;
+          case ActionType::kBackward:
+            consider(held, m.recompute_bytes, i);
+            held -= m.activation_bytes;
+            break;
+          case ActionType::kBackwardInput:
+            consider(held, m.recompute_bytes, i);
+            held -= input_frees * m.activation_bytes;
+            break;
+          case ActionType::kBackwardWeight:
+            held -= (1 - input_frees) * m.activation_bytes;
+            break;
+          default:
+            break;
+        }
+      }
+    }
+  }
+  return plan;
+}
+
+std::string FormatBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (u < 3 && std::abs(bytes) >= 1024) {
+    bytes /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrFormat("%.0f B", bytes) : absl::StrFormat("%.2f %s", bytes, units[u]);
+}
+
+std::string FormatMemoryPlan(const MemoryPlan& plan) {
+  std::string out;
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    const RankMemoryPlan& rank = plan.ranks[r];
+    absl::StrAppend(&out, "rank ", r, ": peak ", FormatBytes(rank.peak_bytes));
+    const auto terms = rank.Terms();
+    for (size_t t = 0; t < terms.size(); ++t) {
+      absl::StrAppend(&out, t == 0 ? " = " : " + ", terms[t].first, " ",
+                      FormatBytes(terms[t].second));
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
+}  // namespace pp

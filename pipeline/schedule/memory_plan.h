@@ -1,0 +1,92 @@
+// A memory planner in bytes: the predicted peak per rank of a schedule, from
+// per-virtual-stage byte costs (parameters, activations per micro-batch,
+// boundary messages), with the terms that make it up.
+//
+// Per rank: parameters + gradients (same bytes as the parameters) + optimizer
+// state (AdamW: 2 fp32 states per parameter, SGD with momentum: 1, plain
+// SGD: 0; parameters are taken to be fp32) + p2p buffers + activations by
+// liveness, walking the rank's compute actions in order as the simulator's
+// memory model does (simulator.h): F keeps its stage's activation bytes until
+// its B; a split backward frees MemorySplit::InputFraction() of them at I and
+// the rest at W. With activation checkpointing a stage's `activation_bytes`
+// are only the checkpointed inputs, and its `recompute_bytes` (the range's
+// activations regenerated for the backward) are live during each B or I of
+// that stage only. Forward-only schedules keep one micro-batch's activations
+// at a time and no gradients or optimizer state.
+//
+// p2p buffers: each virtual stage holds one buffer per message it sends or
+// receives (F input and its gradient from the previous stage, F output and
+// its gradient to the next), each the size of the boundary activation.
+//
+// Tied parameters: a stage holding a tied copy counts its bytes (every rank
+// with a copy holds it, as the runtime does); give them in parameter_bytes.
+#ifndef PIPELINE_SCHEDULE_MEMORY_PLAN_H_
+#define PIPELINE_SCHEDULE_MEMORY_PLAN_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "pipeline/schedule/schedule.h"
+#include "pipeline/schedule/simulator.h"
+
+namespace pp {
+
+enum class OptimizerKind { kSgd, kSgdMomentum, kAdamW };
+
+// "sgd", "momentum" (SGD with momentum) or "adamw"; InvalidArgument otherwise.
+absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view text);
+
+// fp32 state bytes per parameter byte: AdamW 2, momentum 1, SGD 0.
+double OptimizerStateFactor(OptimizerKind kind);
+
+// One virtual stage's bytes. Doubles: bytes are only summed and compared.
+struct StageMemory {
+  double parameter_bytes = 0;   // its parameters (tied copies included)
+  double activation_bytes = 0;  // kept by one micro-batch's F until its backward
+  double recompute_bytes = 0;   // regenerated during its backward (checkpointing)
+  double boundary_bytes = 0;    // one micro-batch's output (the p2p message)
+};
+
+struct MemoryPlanOptions {
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  MemorySplit split;  // how I and W free activations (simulator.h)
+};
+
+// One rank's prediction: the peak and its terms at the peak.
+struct RankMemoryPlan {
+  double peak_bytes = 0;
+  double parameters = 0;
+  double gradients = 0;
+  double optimizer_state = 0;
+  double p2p_buffers = 0;
+  double activations = 0;  // held at the peak
+  double recompute = 0;    // regenerated activations live at the peak
+  int peak_step = -1;      // position in the rank's list where the peak is reached
+  // (term name, bytes), biggest first, zero terms left out.
+  std::vector<std::pair<std::string, double>> Terms() const;
+};
+
+struct MemoryPlan {
+  std::vector<RankMemoryPlan> ranks;
+};
+
+// InvalidArgument when `stages` does not have one entry per virtual stage, a
+// value is negative or not finite, or the schedule's actions name stages out
+// of range.
+absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
+                                      const std::vector<StageMemory>& stages,
+                                      const MemoryPlanOptions& options = {});
+
+// "1.50 MiB" (B, KiB, MiB, GiB).
+std::string FormatBytes(double bytes);
+
+// One line per rank: "rank 0: peak 1.50 MiB = activations 1.00 MiB + ..."
+// (terms biggest first).
+std::string FormatMemoryPlan(const MemoryPlan& plan);
+
+}  // namespace pp
+
+#endif  // PIPELINE_SCHEDULE_MEMORY_PLAN_H_

@@ -1,0 +1,154 @@
+#include "pipeline/schedule/memory_plan.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/simulator.h"
+
+namespace pp {
+namespace {
+
+Schedule Make(const std::string& name, int p, int m, int v = 1) {
+  ScheduleOptions options;
+  options.num_stages = p;
+  options.num_microbatches = m;
+  options.num_chunks = v;
+  absl::StatusOr<Schedule> schedule = MakeSchedule(name, options);
+  EXPECT_TRUE(schedule.ok()) << schedule.status();
+  return schedule.ok() ? *schedule : Schedule{};
+}
+
+// Every virtual stage: 10 parameter bytes, 100 activation bytes per
+// micro-batch, 1 boundary byte.
+std::vector<StageMemory> Uniform(int virtual_stages) {
+  return std::vector<StageMemory>(virtual_stages, StageMemory{10, 100, 0, 1});
+}
+
+std::vector<double> Peaks(const Schedule& schedule, const std::vector<StageMemory>& stages,
+                          const MemoryPlanOptions& options = {}) {
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(schedule, stages, options);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  std::vector<double> peaks;
+  if (plan.ok()) {
+    for (const RankMemoryPlan& r : plan->ranks) peaks.push_back(r.peak_bytes);
+  }
+  return peaks;
+}
+
+// AdamW, one stage per rank: fixed = 10 parameters + 10 gradients + 20
+// optimizer state = 40, plus p2p: 2 bytes per neighbour (a message and its
+// gradient). 1F1B holds p - r micro-batches on rank r, GPipe all m.
+// p = 2, m = 4: 1F1B 40 + 2 + 2 x 100 = 242 and 40 + 2 + 100 = 142; GPipe 442 both.
+TEST(MemoryPlanTest, OneFOneBAndGPipeAtTwoStages) {
+  EXPECT_EQ(Peaks(Make("1f1b", 2, 4), Uniform(2)), (std::vector<double>{242, 142}));
+  EXPECT_EQ(Peaks(Make("gpipe", 2, 4), Uniform(2)), (std::vector<double>{442, 442}));
+}
+
+// p = 4, m = 8: middle ranks have two neighbours (p2p 4). 1F1B: 4, 3, 2, 1
+// in flight -> 442, 344, 244, 142; GPipe: 8 each -> 842, 844, 844, 842.
+TEST(MemoryPlanTest, OneFOneBAndGPipeAtFourStages) {
+  EXPECT_EQ(Peaks(Make("1f1b", 4, 8), Uniform(4)), (std::vector<double>{442, 344, 244, 142}));
+  EXPECT_EQ(Peaks(Make("gpipe", 4, 8), Uniform(4)), (std::vector<double>{842, 844, 844, 842}));
+}
+
+// ZB-V (V placement, 2 chunks of half a 1F1B stage each: 50 activation bytes
+// and 5 parameter bytes per chunk). Fixed per rank: 2 chunks x (5 + 5 + 10) =
+// 40; p2p: rank 0 holds the two ends of the V (one neighbour each: 4), the
+// others two stages with two neighbours (8). With I freeing everything
+// (split I:1,W:0) ZB-V holds at most 2p chunks = p micro-batches of a 1F1B
+// stage on rank 0, the same as 1F1B's first stage: 40 + 4 + 2p x 50.
+TEST(MemoryPlanTest, ZbvMatchesOneFOneBsFirstStageWhenIFreesAll) {
+  MemoryPlanOptions options;
+  options.split = MemorySplit{1, 0};
+  for (int p : {2, 4}) {
+    SCOPED_TRACE(p);
+    const Schedule zbv = Make("zbv", p, 2 * p, 2);
+    std::vector<StageMemory> stages(2 * p, StageMemory{5, 50, 0, 1});
+    const std::vector<double> peaks = Peaks(zbv, stages, options);
+    ASSERT_EQ(peaks.size(), static_cast<size_t>(p));
+    EXPECT_EQ(peaks[0], 40 + 4 + 2 * p * 50);
+    const std::vector<double> one_f_one_b = Peaks(Make("1f1b", p, 2 * p), Uniform(p), options);
+    EXPECT_EQ(peaks[0] - 44, one_f_one_b[0] - 42);
+  }
+}
+
+// The planner's activation liveness is the simulator's memory model in bytes:
+// with no parameters or buffers, its peak is the simulated peak (in units)
+// times the activation bytes, for every registered training schedule that
+// builds at p = 2 and 4.
+TEST(MemoryPlanTest, ActivationPeakIsTheSimulatorsTimesTheBytes) {
+  int checked = 0;
+  for (const std::string& name : RegisteredScheduleNames()) {
+    for (int p : {2, 4}) {
+      for (int v : {1, 2}) {
+        ScheduleOptions options;
+        options.num_stages = p;
+        options.num_microbatches = 2 * p;
+        options.num_chunks = v;
+        absl::StatusOr<Schedule> schedule = MakeSchedule(name, options);
+        if (!schedule.ok() || schedule->forward_only) continue;
+        SCOPED_TRACE(name + " p=" + std::to_string(p) + " v=" + std::to_string(v));
+        absl::StatusOr<SimulationResult> sim = Simulate(*schedule, SimulationCosts{});
+        ASSERT_TRUE(sim.ok()) << sim.status();
+        std::vector<StageMemory> stages(schedule->num_virtual_stages(), StageMemory{0, 74, 0, 0});
+        const std::vector<double> peaks = Peaks(*schedule, stages);
+        ASSERT_EQ(peaks.size(), sim->peak_memory.size());
+        for (size_t r = 0; r < peaks.size(); ++r) {
+          EXPECT_NEAR(peaks[r], sim->peak_memory[r] * 74, 1e-6) << "rank " << r;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 8);
+}
+
+// Checkpointing: activation_bytes are the checkpointed inputs (10) and the
+// range's 100 bytes are live again during each backward. 1F1B p = 2, m = 4,
+// no parameters: rank 0 holds 2 x 10 and recomputes 100 at its B: 120.
+TEST(MemoryPlanTest, RecomputeKeepsInputsAndRegeneratesDuringBackward) {
+  std::vector<StageMemory> stages(2, StageMemory{0, 10, 100, 0});
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(Make("1f1b", 2, 4), stages);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ranks[0].peak_bytes, 120);
+  EXPECT_EQ(plan->ranks[0].recompute, 100);
+  EXPECT_EQ(plan->ranks[0].activations, 20);
+  EXPECT_EQ(plan->ranks[1].peak_bytes, 110);
+}
+
+TEST(MemoryPlanTest, OptimizersAndTerms) {
+  std::vector<StageMemory> stages(2, StageMemory{1000, 100, 0, 0});
+  MemoryPlanOptions sgd;
+  sgd.optimizer = OptimizerKind::kSgd;
+  MemoryPlanOptions momentum;
+  momentum.optimizer = OptimizerKind::kSgdMomentum;
+  const Schedule schedule = Make("1f1b", 2, 4);
+  EXPECT_EQ(Peaks(schedule, stages, sgd)[0], 2000 + 200);
+  EXPECT_EQ(Peaks(schedule, stages, momentum)[0], 3000 + 200);
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(schedule, stages);
+  ASSERT_TRUE(plan.ok());
+  const auto terms = plan->ranks[0].Terms();
+  ASSERT_EQ(terms.size(), 4u);
+  EXPECT_EQ(terms[0].first, "optimizer state");
+  EXPECT_EQ(terms[0].second, 2000);
+  EXPECT_EQ(terms[3].first, "activations");
+  EXPECT_EQ(FormatMemoryPlan(*plan).substr(0, 40), "rank 0: peak 4.10 KiB = optimizer state ");
+  EXPECT_EQ(*ParseOptimizerKind("AdamW"), OptimizerKind::kAdamW);
+  EXPECT_FALSE(ParseOptimizerKind("adam").ok());
+}
+
+TEST(MemoryPlanTest, BadInputNamesIt) {
+  absl::StatusOr<MemoryPlan> few = PlanMemory(Make("1f1b", 2, 4), Uniform(1));
+  ASSERT_FALSE(few.ok());
+  EXPECT_NE(few.status().message().find("1 stage byte costs"), std::string::npos);
+  std::vector<StageMemory> negative = Uniform(2);
+  negative[1].activation_bytes = -1;
+  absl::StatusOr<MemoryPlan> bad = PlanMemory(Make("1f1b", 2, 4), negative);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("stage 1 activation_bytes is -1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pp
