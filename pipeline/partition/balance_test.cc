@@ -240,10 +240,14 @@ TEST(MemoryBoundedBoundsTest, RandomCasesFitAndAgreeWhereTheCapIsLoose) {
     for (double cap : {loose, peak * 0.8, peak * 0.6}) {
       absl::StatusOr<Bounds> bounded =
           MemoryBoundedBounds(costs, p, Memory(fixed, act, in_flight, cap));
-      if (cap == loose) ASSERT_TRUE(bounded.ok()) << bounded.status();
+      if (cap == loose) {
+        ASSERT_TRUE(bounded.ok()) << bounded.status();
+      }
       if (!bounded.ok()) continue;
       for (double b : PartBytes(Memory(fixed, act, in_flight, cap), *bounded)) EXPECT_LE(b, cap);
-      if (cap == loose) EXPECT_EQ(*bounded, unbounded);
+      if (cap == loose) {
+        EXPECT_EQ(*bounded, unbounded);
+      }
       EXPECT_GE(MaxPart(costs, *bounded), MaxPart(costs, unbounded));
     }
   }

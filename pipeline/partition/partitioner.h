@@ -40,6 +40,9 @@ struct PartitionRequest {
   Activations sample_inputs;
   MicroBatch sample_batch;
   int profile_repeats = 5;
+  // `profile:cap_mib=N` only: micro-batches in flight on each part under the
+  // schedule (e.g. 1F1B's p - s), when the argument gives no in_flight=.
+  std::vector<double> part_in_flight;
 };
 
 // A partitioner: pure apart from `profile`'s timing. Must return valid bounds
