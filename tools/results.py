@@ -13,8 +13,9 @@ file a rendered table sits between two HTML comments:
 
   tools/results.py --validate [FILES]   every record of the files (default: all)
   tools/results.py --render VIEW        print the view's table
-  tools/results.py --check DOCS...      fail if a marked table differs (names file, view, diff)
-  tools/results.py --write DOCS...      rewrite the marked tables
+  tools/results.py --check [DOCS...]    fail if a marked table differs (names file, view, diff);
+                                        default: README.md, docs/**/*.md, package READMEs
+  tools/results.py --write [DOCS...]    rewrite the marked tables
   tools/results.py --record FILE --bench NAME --command CMD --figures JSON [--config C]
                                         append a record with date, commit and machine facts
 
@@ -375,6 +376,17 @@ def check_or_write(paths, views, results_dir, write):
     return problems
 
 
+def default_docs(root):
+    """README.md, docs/**/*.md and every other README.md outside bazel-* and third_party/."""
+    files = [os.path.join(root, "README.md")]
+    files += sorted(glob.glob(os.path.join(root, "docs", "**", "*.md"), recursive=True))
+    for path in sorted(glob.glob(os.path.join(root, "**", "README.md"), recursive=True)):
+        rel = os.path.relpath(path, root)
+        if not (rel == "README.md" or rel.startswith(("bazel-", "third_party/"))):
+            files.append(path)
+    return [f for f in files if os.path.isfile(f)]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results_dir", default=None, help="default: bench/results")
@@ -420,15 +432,14 @@ def main(argv=None):
         if args.render:
             print("\n".join(render_view(args.render, views, results_dir)))
             return 0
-        if not args.files:
-            parser.error("--check/--write need the Markdown files")
-        problems = check_or_write(args.files, views, results_dir, write=args.write)
+        files = args.files or default_docs(repo_root())
+        problems = check_or_write(files, views, results_dir, write=args.write)
         for p in problems:
             print(p, file=sys.stderr if args.check else sys.stdout)
         if args.check and problems:
             return 1
         if args.check:
-            print("%d file(s): every marked table matches its result file" % len(args.files))
+            print("%d file(s): every marked table matches its result file" % len(files))
         return 0
     except ResultsError as e:
         print("error: %s" % e, file=sys.stderr)
