@@ -321,9 +321,12 @@ def marked_tables(text, path):
     """(view, start, end) for each marked table: lines[start:end] are the table's lines."""
     lines = text.split("\n")
     found = []
+    in_fence = False
     i = 0
     while i < len(lines):
-        m = MARK_RE.match(lines[i])
+        if re.match(r"^\s*(```|~~~)", lines[i]):
+            in_fence = not in_fence  # markers shown as examples in code are not tables
+        m = None if in_fence else MARK_RE.match(lines[i])
         if m:
             for j in range(i + 1, len(lines)):
                 if lines[j].strip() == END_MARK:

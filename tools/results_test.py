@@ -213,6 +213,14 @@ class ResultsTest(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertIn("bad.md:1: no view 'nope'", err)
 
+    def test_markers_in_code_blocks_are_examples(self):
+        path = os.path.join(self.dir, "howto.md")
+        with open(path, "w") as f:
+            f.write("```\n<!-- results:VIEW -->\n| stale |\n<!-- /results -->\n```\n")
+        self.write_records("x.jsonl", [record()])
+        code, _, err = self.run_cli("--check", path)
+        self.assertEqual(code, 0, err)
+
     def test_validate_cli(self):
         self.write_records("x.jsonl", [record(), record(command="")])
         code, _, err = self.run_cli("--validate")
