@@ -181,7 +181,7 @@ def make_record(bench, command, figures, config=None, note=None, root=None):
     record = {
         "schema": SCHEMA,
         "bench": bench,
-        "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": head,
         "dirty": dirty,
         "machine": machine_facts(),
