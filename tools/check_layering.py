@@ -47,6 +47,7 @@ LAYERS = [
     "models",
     "checkpoint/hf",
     "experiments",
+    "bench",
     "examples",
     "",
 ]
