@@ -45,6 +45,7 @@ LAYERS = [
     "checkpoint/model",
     "testing",
     "models",
+    "checkpoint/hf",
     "experiments",
     "bench",
     "examples",

@@ -1,0 +1,214 @@
+#include "checkpoint/hf/gpt2_hf.h"
+
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/hf/hf_folder.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/pipeline_model.h"
+
+namespace pp {
+namespace {
+
+// (pipe name, HF name, transposed) of the tensors that map one to one.
+struct Pair {
+  std::string pipe;
+  std::string hf;
+  bool transposed;
+};
+
+std::vector<Pair> OneToOne(const GptConfig& config) {
+  std::vector<Pair> pairs = {{"tied.embed.tok_embed.weight", "transformer.wte.weight", false},
+                             {"tied.embed.pos_embed.weight", "transformer.wpe.weight", false}};
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    const std::string p = absl::StrCat("layers.", i + 1, ".");
+    const std::string h = absl::StrCat("transformer.h.", i, ".");
+    for (const char* x : {"weight", "bias"}) {
+      pairs.push_back({p + "ln1." + x, h + "ln_1." + x, false});
+      pairs.push_back({p + "ln2." + x, h + "ln_2." + x, false});
+    }
+    pairs.push_back({p + "attn.qkv.weight", h + "attn.c_attn.weight", true});
+    pairs.push_back({p + "attn.proj.weight", h + "attn.c_proj.weight", true});
+    pairs.push_back({p + "attn.proj.bias", h + "attn.c_proj.bias", false});
+    pairs.push_back({p + "mlp.fc_in.weight", h + "mlp.c_fc.weight", true});
+    pairs.push_back({p + "mlp.fc_in.bias", h + "mlp.c_fc.bias", false});
+    pairs.push_back({p + "mlp.fc_out.weight", h + "mlp.c_proj.weight", true});
+    pairs.push_back({p + "mlp.fc_out.bias", h + "mlp.c_proj.bias", false});
+  }
+  const std::string f = absl::StrCat("layers.", config.num_layers + 1, ".");
+  pairs.push_back({f + "weight", "transformer.ln_f.weight", false});
+  pairs.push_back({f + "bias", "transformer.ln_f.bias", false});
+  return pairs;
+}
+
+absl::StatusOr<torch::Tensor> Find(const std::map<std::string, torch::Tensor>& tensors,
+                                   const std::string& name, const std::string& source) {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, " has no tensor ", name));
+  }
+  return it->second;
+}
+
+absl::StatusOr<SafetensorsFile> ToHf(const GptConfig& config,
+                                     const std::map<std::string, torch::Tensor>& pipe) {
+  SafetensorsFile out;
+  out.metadata["format"] = "pt";
+  for (const Pair& pair : OneToOne(config)) {
+    absl::StatusOr<torch::Tensor> t = Find(pipe, pair.pipe, "the model");
+    if (!t.ok()) return t.status();
+    torch::Tensor v = t->detach().to(torch::kCPU);
+    out.tensors.emplace_back(pair.hf, pair.transposed ? v.t().contiguous() : v);
+  }
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    const std::string p = absl::StrCat("layers.", i + 1, ".attn.");
+    absl::StatusOr<torch::Tensor> q = Find(pipe, p + "q_bias", "the model");
+    absl::StatusOr<torch::Tensor> v = Find(pipe, p + "v_bias", "the model");
+    if (!q.ok()) return q.status();
+    if (!v.ok()) return v.status();
+    // [q | k | v]: pipe has no key bias (see the header).
+    out.tensors.emplace_back(absl::StrCat("transformer.h.", i, ".attn.c_attn.bias"),
+                             torch::cat({q->detach(), torch::zeros_like(*q), v->detach()}));
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> FromHf(const GptConfig& config,
+                                                            const SafetensorsFile& hf,
+                                                            const std::string& source) {
+  std::map<std::string, torch::Tensor> by_name(hf.tensors.begin(), hf.tensors.end());
+  std::map<std::string, torch::Tensor> out;
+  for (const Pair& pair : OneToOne(config)) {
+    absl::StatusOr<torch::Tensor> t = Find(by_name, pair.hf, source);
+    if (!t.ok()) return t.status();
+    out[pair.pipe] = pair.transposed ? t->t().contiguous() : *t;
+  }
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    absl::StatusOr<torch::Tensor> bias =
+        Find(by_name, absl::StrCat("transformer.h.", i, ".attn.c_attn.bias"), source);
+    if (!bias.ok()) return bias.status();
+    const int64_t w = config.width;
+    const std::string p = absl::StrCat("layers.", i + 1, ".attn.");
+    out[p + "q_bias"] = bias->slice(0, 0, w).clone();
+    out[p + "v_bias"] = bias->slice(0, 2 * w, 3 * w).clone();
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Gpt2HfConfigJson(const GptConfig& c) {
+  nlohmann::ordered_json j = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", c.vocab_size},
+      {"n_positions", c.context_length},
+      {"n_embd", c.width},
+      {"n_layer", c.num_layers},
+      {"n_head", c.num_heads},
+      {"n_inner", c.mlp_ratio * c.width},
+      {"activation_function", "gelu"},
+      {"layer_norm_epsilon", 1e-5},
+      {"resid_pdrop", c.dropout},
+      {"embd_pdrop", c.dropout},
+      {"attn_pdrop", c.dropout},
+      {"scale_attn_weights", true},
+      {"scale_attn_by_inverse_layer_idx", false},
+      {"reorder_and_upcast_attn", false},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", "float32"},
+  };
+  return j.dump(2);
+}
+
+absl::StatusOr<GptConfig> GptConfigFromHfJson(const std::string& json_text) {
+  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
+  auto bad = [](const std::string& field, const nlohmann::json& value, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: ", field, " (", value.dump(), ") ", why));
+  };
+  if (j.value("model_type", "") != "gpt2") {
+    return bad("model_type", j.value("model_type", nlohmann::json()), "must be \"gpt2\"");
+  }
+  GptConfig c;
+  for (auto [field, target] : {std::pair<const char*, int64_t*>{"vocab_size", &c.vocab_size},
+                               {"n_positions", &c.context_length},
+                               {"n_embd", &c.width},
+                               {"n_layer", &c.num_layers},
+                               {"n_head", &c.num_heads}}) {
+    if (!j.contains(field) || !j[field].is_number_integer()) {
+      return bad(field, j.value(field, nlohmann::json()), "must be an integer");
+    }
+    *target = j[field].get<int64_t>();
+  }
+  const int64_t inner =
+      j.contains("n_inner") && !j["n_inner"].is_null() ? j["n_inner"].get<int64_t>() : 4 * c.width;
+  if (inner % c.width != 0) {
+    return bad("n_inner", j["n_inner"], "must be a multiple of n_embd (pipe's mlp_ratio)");
+  }
+  c.mlp_ratio = inner / c.width;
+  if (j.value("activation_function", "gelu_new") != "gelu") {
+    return bad("activation_function", j.value("activation_function", nlohmann::json("gelu_new")),
+               "must be \"gelu\" (pipe's GPT uses exact GELU)");
+  }
+  if (j.value("layer_norm_epsilon", 1e-5) != 1e-5) {
+    return bad("layer_norm_epsilon", j["layer_norm_epsilon"], "must be 1e-05");
+  }
+  for (const char* field : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"}) {
+    if (j.value(field, false)) return bad(field, j[field], "must be false");
+  }
+  if (!j.value("scale_attn_weights", true)) {
+    return bad("scale_attn_weights", j["scale_attn_weights"], "must be true");
+  }
+  if (!j.value("tie_word_embeddings", true)) {
+    return bad("tie_word_embeddings", j["tie_word_embeddings"], "must be true");
+  }
+  if (absl::Status s = ValidateGptConfig(c); !s.ok()) return s;
+  return c;
+}
+
+absl::Status ExportGptModule(const torch::nn::Module& module, const GptConfig& config,
+                             const std::string& hf_dir) {
+  absl::StatusOr<SafetensorsFile> tensors = ToHf(config, ModuleParameters(module));
+  if (!tensors.ok()) return tensors.status();
+  return WriteHfFolder(hf_dir, {Gpt2HfConfigJson(config), *std::move(tensors)});
+}
+
+absl::Status ExportGptCheckpoint(const std::string& checkpoint, const GptConfig& config,
+                                 const std::string& hf_dir) {
+  absl::StatusOr<std::vector<LayerSpec>> specs = MakeGptSpecs(config);
+  if (!specs.ok()) return specs.status();
+  return ExportCheckpointToHf(
+      checkpoint, *specs, Gpt2HfConfigJson(config),
+      [&](const std::map<std::string, torch::Tensor>& pipe) { return ToHf(config, pipe); }, hf_dir);
+}
+
+absl::Status LoadGpt2HfIntoModule(const std::string& hf_dir, const GptConfig& config,
+                                  torch::nn::Module& module) {
+  absl::StatusOr<HfFolder> folder = ReadHfFolder(hf_dir);
+  if (!folder.ok()) return folder.status();
+  absl::StatusOr<std::map<std::string, torch::Tensor>> tensors =
+      FromHf(config, folder->tensors, hf_dir);
+  if (!tensors.ok()) return tensors.status();
+  return CopyIntoModule(*tensors, hf_dir, module);
+}
+
+absl::StatusOr<GptConfig> ImportGpt2Hf(const std::string& hf_dir, const std::string& root) {
+  absl::StatusOr<HfFolder> folder = ReadHfFolder(hf_dir);
+  if (!folder.ok()) return folder.status();
+  absl::StatusOr<GptConfig> config = GptConfigFromHfJson(folder->config_json);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<std::vector<LayerSpec>> specs = MakeGptSpecs(*config);
+  if (!specs.ok()) return specs.status();
+  if (absl::Status s = ImportHfToCheckpoint(
+          hf_dir, folder->tensors, *specs,
+          [&](const SafetensorsFile& hf) { return FromHf(*config, hf, hf_dir); }, root);
+      !s.ok()) {
+    return s;
+  }
+  return *config;
+}
+
+}  // namespace pp

@@ -1,0 +1,188 @@
+// Hugging Face interop against the real clients: transformers, safetensors and
+// torch from the pinned venv tools/python_envs/hf-interop.txt (made once per
+// machine by tools/python_env.sh; the first run downloads it).
+//   (1) a pipe LLaMA (tied and untied) or GPT exported to a folder loads in
+//       transformers' LlamaForCausalLM / GPT2LMHeadModel and gives pipe's
+//       logits within 1e-4;
+//   (2) a random LlamaForCausalLM / GPT2LMHeadModel saved with
+//       save_pretrained, imported into a pipe checkpoint and loaded by a fresh
+//       pipe model, gives transformers' logits within 1e-4.
+#include <pwd.h>
+#include <unistd.h>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "checkpoint/hf/gpt2_hf.h"
+#include "checkpoint/hf/llama_hf.h"
+#include "checkpoint/hf/safetensors.h"
+#include "checkpoint/model/model_checkpoint.h"
+#include "pipeline/pipeline_model.h"
+
+namespace pp {
+namespace {
+
+std::string Runfile(const std::string& path) {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/", path);
+}
+
+std::string TempPath(const std::string& name) {
+  return absl::StrCat(testing::TempDir(), "/", name);
+}
+
+// stdout of `command`; the exit status in *status.
+// Bazel runs tests without HOME; tools/python_env.sh keeps the venv under
+// ~/.cache, shared by every run on the machine, so point it at the user's home.
+void SetHomeForTheSharedVenv() {
+  if (std::getenv("HOME") == nullptr) {
+    if (const passwd* pw = getpwuid(getuid()); pw != nullptr) setenv("HOME", pw->pw_dir, 1);
+  }
+}
+
+std::string RunCommand(const std::string& command, int* status) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    *status = -1;
+    return out;
+  }
+  std::array<char, 4096> buffer;
+  while (fgets(buffer.data(), buffer.size(), pipe) != nullptr) out += buffer.data();
+  *status = pclose(pipe);
+  return out;
+}
+
+std::string Python() {
+  int status = 0;
+  SetHomeForTheSharedVenv();
+  const std::string venv = RunCommand(Runfile("tools/python_env.sh") + " hf-interop", &status);
+  EXPECT_EQ(status, 0) << "tools/python_env.sh hf-interop failed";
+  return absl::StrCat(absl::StripSuffix(venv, "\n"), "/bin/python");
+}
+
+torch::Tensor Logits(StageModule& model, const torch::Tensor& ids) {
+  MicroBatch batch;
+  batch.tensors["input_ids"] = ids;
+  torch::NoGradGuard no_grad;
+  return model->Forward({}, batch)[0];
+}
+
+LlamaConfig TinyLlama(bool tied) {
+  return {.vocab_size = 300,
+          .context_length = 16,
+          .width = 32,
+          .num_heads = 4,
+          .num_kv_heads = 2,
+          .num_layers = 2,
+          .intermediate_size = 48,
+          .rope_theta = 5000.0,
+          .tie_embeddings = tied};
+}
+
+// Runs hf_check.py; "" when it exits 0, else its output.
+std::string Check(const std::string& mode, const std::string& arch, const std::string& dir,
+                  const std::string& case_path) {
+  static const std::string python = Python();
+  int status = 0;
+  const std::string out =
+      RunCommand(absl::StrCat(python, " ", Runfile("checkpoint/hf/hf_check.py"), " ", mode, " ",
+                              arch, " ", dir, " ", case_path, " 2>&1"),
+                 &status);
+  std::cerr << mode << " " << arch << ": " << out;
+  return status == 0 ? "" : out;
+}
+
+// Exports `model` with `export_fn`, writes its logits on random ids, and has
+// transformers load the folder and compare.
+template <typename ExportFn>
+void ExportAndLoad(StageModule& model, const std::string& arch, const std::string& name,
+                   ExportFn export_fn) {
+  {
+    // Norm weights start at one and biases at zero: random ones make a
+    // mix-up visible. (All 1-D parameters are norms or biases.)
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) {
+      if (p.dim() == 1) p.uniform_(0.5, 1.5);
+    }
+  }
+  const std::string dir = TempPath("export_" + name);
+  ASSERT_TRUE(export_fn(dir).ok());
+  const torch::Tensor ids = torch::randint(0, 300, {2, 12}, torch::kLong);
+  SafetensorsFile expected;
+  expected.tensors = {{"input_ids", ids}, {"logits", Logits(model, ids)}};
+  const std::string case_path = TempPath("case_" + name + ".safetensors");
+  ASSERT_TRUE(WriteSafetensors(case_path, expected).ok());
+  EXPECT_EQ(Check("load", arch, dir, case_path), "") << name;
+}
+
+TEST(HfInteropTest, PipeExportsLoadInTransformersWithTheSameLogits) {
+  for (bool tied : {false, true}) {
+    const LlamaConfig config = TinyLlama(tied);
+    StageModule model = *BuildSequential(*MakeLlamaSpecs(config), 3);
+    ExportAndLoad(model, "llama", absl::StrCat("llama_", tied),
+                  [&](const std::string& dir) { return ExportLlamaModule(*model, config, dir); });
+  }
+  const GptConfig gpt = {
+      .vocab_size = 300, .context_length = 16, .width = 32, .num_heads = 4, .num_layers = 2};
+  StageModule model = *BuildSequential(*MakeGptSpecs(gpt), 3);
+  ExportAndLoad(model, "gpt2", "gpt2",
+                [&](const std::string& dir) { return ExportGptModule(*model, gpt, dir); });
+}
+
+// transformers makes and saves a model and its logits; `import_fn(dir, root)`
+// writes a pipe checkpoint and returns the specs to build; a fresh pipe model
+// loads the checkpoint and must match.
+template <typename ImportFn>
+void MakeAndImport(const std::string& arch, ImportFn import_fn) {
+  const std::string dir = TempPath("made_" + arch);
+  const std::string case_path = TempPath("made_" + arch + ".safetensors");
+  ASSERT_EQ(Check("make", arch, dir, case_path), "");
+  const std::string root = TempPath("imported_" + arch);
+  absl::StatusOr<std::vector<LayerSpec>> specs = import_fn(dir, root);
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  StageModule model = *BuildSequential(*specs, 9);
+  ModelState state = ModelStateOfModule(*model);
+  LoadOptions options;
+  options.load_optimizer = false;
+  absl::StatusOr<LoadReport> report =
+      LoadCheckpoint(root, state, nullptr, CheckpointRank(), options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_TRUE(report->clean()) << report->Summary();
+  absl::StatusOr<SafetensorsFile> want = ReadSafetensors(case_path);
+  ASSERT_TRUE(want.ok()) << want.status();
+  const torch::Tensor logits = Logits(model, want->tensors.at(0).second);
+  const double diff = (logits - want->tensors.at(1).second).abs().max().item<double>();
+  EXPECT_LT(diff, 1e-4) << arch;
+  std::cerr << arch << ": max |pipe - transformers| = " << diff << "\n";
+}
+
+TEST(HfInteropTest, TransformersModelsImportIntoPipeWithTheSameLogits) {
+  MakeAndImport("llama",
+                [](const std::string& dir,
+                   const std::string& root) -> absl::StatusOr<std::vector<LayerSpec>> {
+                  absl::StatusOr<LlamaConfig> config = ImportLlamaHf(dir, root);
+                  if (!config.ok()) return config.status();
+                  EXPECT_EQ(config->num_kv_heads, 2);
+                  EXPECT_EQ(config->rope_theta, 5000.0);
+                  return MakeLlamaSpecs(*config);
+                });
+  // GPT-2's random key bias is dropped on import (pipe has none): the logits
+  // still match, since softmax ignores it.
+  MakeAndImport("gpt2",
+                [](const std::string& dir,
+                   const std::string& root) -> absl::StatusOr<std::vector<LayerSpec>> {
+                  absl::StatusOr<GptConfig> config = ImportGpt2Hf(dir, root);
+                  if (!config.ok()) return config.status();
+                  return MakeGptSpecs(*config);
+                });
+}
+
+}  // namespace
+}  // namespace pp

@@ -1,0 +1,210 @@
+#include "checkpoint/hf/llama_hf.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/hf/hf_folder.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/pipeline_model.h"
+
+namespace pp {
+namespace {
+
+constexpr const char* kBlockNames[] = {
+    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+
+// (pipe name, HF name) for every tensor of `config`'s model.
+std::vector<std::pair<std::string, std::string>> NamePairs(const LlamaConfig& config) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  pairs.emplace_back(
+      config.tie_embeddings ? "tied.embed.tok_embed.weight" : "layers.0.tok_embed.weight",
+      "model.embed_tokens.weight");
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    for (const char* name : kBlockNames) {
+      pairs.emplace_back(absl::StrCat("layers.", i + 1, ".", name),
+                         absl::StrCat("model.layers.", i, ".", name));
+    }
+  }
+  pairs.emplace_back(absl::StrCat("layers.", config.num_layers + 1, ".weight"),
+                     "model.norm.weight");
+  if (!config.tie_embeddings) {
+    pairs.emplace_back(absl::StrCat("layers.", config.num_layers + 2, ".weight"), "lm_head.weight");
+  }
+  return pairs;
+}
+
+}  // namespace
+
+std::string LlamaHfConfigJson(const LlamaConfig& c) {
+  nlohmann::ordered_json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.width},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_layers},
+      {"num_attention_heads", c.num_heads},
+      {"num_key_value_heads", c.num_kv_heads},
+      {"head_dim", c.width / c.num_heads},
+      {"max_position_embeddings", c.context_length},
+      {"rms_norm_eps", c.norm_eps},
+      // Both spellings: transformers 5 reads rope_parameters, older releases
+      // rope_theta.
+      {"rope_theta", c.rope_theta},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"attention_dropout", c.dropout},
+      {"tie_word_embeddings", c.tie_embeddings},
+      {"torch_dtype", "float32"},
+  };
+  return j.dump(2);
+}
+
+absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const std::string& json_text) {
+  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
+  auto bad = [](const std::string& field, const nlohmann::json& value, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: ", field, " (", value.dump(), ") ", why));
+  };
+  if (j.value("model_type", "") != "llama") {
+    return bad("model_type", j.value("model_type", nlohmann::json()), "must be \"llama\"");
+  }
+  LlamaConfig c;
+  for (auto [field, target] : {std::pair<const char*, int64_t*>{"vocab_size", &c.vocab_size},
+                               {"hidden_size", &c.width},
+                               {"intermediate_size", &c.intermediate_size},
+                               {"num_hidden_layers", &c.num_layers},
+                               {"num_attention_heads", &c.num_heads},
+                               {"max_position_embeddings", &c.context_length}}) {
+    if (!j.contains(field) || !j[field].is_number_integer()) {
+      return bad(field, j.value(field, nlohmann::json()), "must be an integer");
+    }
+    *target = j[field].get<int64_t>();
+  }
+  c.num_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                       ? j["num_key_value_heads"].get<int64_t>()
+                       : c.num_heads;
+  if (j.contains("head_dim") && !j["head_dim"].is_null() &&
+      j["head_dim"].get<int64_t>() * c.num_heads != c.width) {
+    return bad("head_dim", j["head_dim"], "must be hidden_size / num_attention_heads here");
+  }
+  c.norm_eps = j.value("rms_norm_eps", 1e-6);
+  c.rope_theta = j.value("rope_theta", 10000.0);
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+    const auto& rope = j["rope_parameters"];
+    if (rope.value("rope_type", "default") != "default") {
+      return bad("rope_parameters.rope_type", rope["rope_type"], "is not implemented (default)");
+    }
+    c.rope_theta = rope.value("rope_theta", c.rope_theta);
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    return bad("rope_scaling", j["rope_scaling"], "is not implemented (null only)");
+  }
+  if (j.value("hidden_act", "silu") != "silu") {
+    return bad("hidden_act", j["hidden_act"], "must be \"silu\"");
+  }
+  for (const char* field : {"attention_bias", "mlp_bias"}) {
+    if (j.value(field, false)) return bad(field, j[field], "must be false");
+  }
+  c.tie_embeddings = j.value("tie_word_embeddings", false);
+  c.dropout = 0.0;
+  if (absl::Status s = ValidateLlamaConfig(c); !s.ok()) return s;
+  return c;
+}
+
+absl::StatusOr<SafetensorsFile> LlamaToHfTensors(const LlamaConfig& config,
+                                                 const std::map<std::string, torch::Tensor>& pipe) {
+  SafetensorsFile out;
+  out.metadata["format"] = "pt";
+  const auto pairs = NamePairs(config);
+  if (pipe.size() != pairs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model has ", pipe.size(), " tensors; a LLaMA of this config has ", pairs.size()));
+  }
+  for (const auto& [pipe_name, hf_name] : pairs) {
+    auto it = pipe.find(pipe_name);
+    if (it == pipe.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the model has no tensor ", pipe_name, " (for ", hf_name, ")"));
+    }
+    out.tensors.emplace_back(hf_name, it->second.detach().to(torch::kCPU));
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> LlamaFromHfTensors(const LlamaConfig& config,
+                                                                        const SafetensorsFile& hf) {
+  std::map<std::string, torch::Tensor> by_name(hf.tensors.begin(), hf.tensors.end());
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [pipe_name, hf_name] : NamePairs(config)) {
+    auto it = by_name.find(hf_name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.safetensors has no tensor ", hf_name, " (for ", pipe_name, ")"));
+    }
+    out[pipe_name] = it->second;
+    by_name.erase(it);
+  }
+  for (const auto& [name, tensor] : by_name) {
+    // A tied checkpoint may still carry the head's copy; rotary buffers are
+    // recomputed.
+    const bool tied_copy = config.tie_embeddings && name == "lm_head.weight";
+    if (!tied_copy && !absl::EndsWith(name, "rotary_emb.inv_freq")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.safetensors tensor ", name, " has no place in pipe's LLaMA"));
+    }
+  }
+  return out;
+}
+
+absl::Status ExportLlamaModule(const torch::nn::Module& module, const LlamaConfig& config,
+                               const std::string& hf_dir) {
+  absl::StatusOr<SafetensorsFile> tensors = LlamaToHfTensors(config, ModuleParameters(module));
+  if (!tensors.ok()) return tensors.status();
+  return WriteHfFolder(hf_dir, {LlamaHfConfigJson(config), *std::move(tensors)});
+}
+
+absl::Status ExportLlamaCheckpoint(const std::string& checkpoint, const LlamaConfig& config,
+                                   const std::string& hf_dir) {
+  absl::StatusOr<std::vector<LayerSpec>> specs = MakeLlamaSpecs(config);
+  if (!specs.ok()) return specs.status();
+  return ExportCheckpointToHf(
+      checkpoint, *specs, LlamaHfConfigJson(config),
+      [&](const std::map<std::string, torch::Tensor>& pipe) {
+        return LlamaToHfTensors(config, pipe);
+      },
+      hf_dir);
+}
+
+absl::Status LoadLlamaHfIntoModule(const std::string& hf_dir, const LlamaConfig& config,
+                                   torch::nn::Module& module) {
+  absl::StatusOr<HfFolder> folder = ReadHfFolder(hf_dir);
+  if (!folder.ok()) return folder.status();
+  absl::StatusOr<std::map<std::string, torch::Tensor>> tensors =
+      LlamaFromHfTensors(config, folder->tensors);
+  if (!tensors.ok()) return tensors.status();
+  return CopyIntoModule(*tensors, hf_dir, module);
+}
+
+absl::StatusOr<LlamaConfig> ImportLlamaHf(const std::string& hf_dir, const std::string& root) {
+  absl::StatusOr<HfFolder> folder = ReadHfFolder(hf_dir);
+  if (!folder.ok()) return folder.status();
+  absl::StatusOr<LlamaConfig> config = LlamaConfigFromHfJson(folder->config_json);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<std::vector<LayerSpec>> specs = MakeLlamaSpecs(*config);
+  if (!specs.ok()) return specs.status();
+  if (absl::Status s = ImportHfToCheckpoint(
+          hf_dir, folder->tensors, *specs,
+          [&](const SafetensorsFile& hf) { return LlamaFromHfTensors(*config, hf); }, root);
+      !s.ok()) {
+    return s;
+  }
+  return *config;
+}
+
+}  // namespace pp

@@ -1,0 +1,339 @@
+#include "models/data/token_data.h"
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "models/data/token_file.h"
+
+namespace pp {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return absl::StrCat(testing::TempDir(), "/", name);
+}
+
+void AppendLe(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::string Encode(const std::vector<int64_t>& tokens, int bytes) {
+  std::string out;
+  for (int64_t t : tokens) AppendLe(out, static_cast<uint64_t>(t), bytes);
+  return out;
+}
+
+// A Megatron indexed dataset written from the documented layout (token_file.h),
+// one sequence per document: PREFIX.bin and PREFIX.idx.
+struct Megatron {
+  int code = 8;  // uint16
+  int bytes = 2;
+  std::vector<std::vector<int64_t>> documents;
+
+  std::string Bin() const {
+    std::string out;
+    for (const auto& d : documents) out += Encode(d, bytes);
+    return out;
+  }
+  std::string Idx() const {
+    std::string out("MMIDIDX\0\0", 9);
+    AppendLe(out, 1, 8);
+    out.push_back(static_cast<char>(code));
+    AppendLe(out, documents.size(), 8);
+    AppendLe(out, documents.size() + 1, 8);
+    for (const auto& d : documents) AppendLe(out, d.size(), 4);
+    uint64_t pointer = 0;
+    for (const auto& d : documents) {
+      AppendLe(out, pointer, 8);
+      pointer += d.size() * bytes;
+    }
+    for (size_t i = 0; i <= documents.size(); ++i) AppendLe(out, i, 8);
+    return out;
+  }
+  std::string Write(const std::string& name) const {
+    const std::string prefix = TempPath(name);
+    WriteFile(prefix + ".bin", Bin());
+    WriteFile(prefix + ".idx", Idx());
+    return prefix;
+  }
+};
+
+// Document d holds tokens 10*d .. 10*d + 9 (a window's tokens tell which
+// documents it touches), lengths 3, 12, 7, 20, 2, 15.
+Megatron SixDocuments() {
+  Megatron m;
+  for (int64_t length : {3, 12, 7, 20, 2, 15}) {
+    std::vector<int64_t> doc;
+    const int64_t d = static_cast<int64_t>(m.documents.size());
+    for (int64_t i = 0; i < length; ++i) doc.push_back(10 * d + i % 10);
+    m.documents.push_back(doc);
+  }
+  return m;
+}
+
+std::vector<int64_t> Ramp(int64_t n, int64_t modulo) {
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < n; ++i) t.push_back((i * 7919) % modulo);
+  return t;
+}
+
+TokenDataOptions Flat(const std::string& path, int bytes, int64_t vocab) {
+  TokenDataOptions o;
+  o.path = path;
+  o.format = TokenFormat::kFlat;
+  o.flat_bytes_per_token = bytes;
+  o.vocab_size = vocab;
+  o.seq_len = 8;
+  o.micro_batch_size = 2;
+  o.num_microbatches = 2;
+  o.seed = 5;
+  return o;
+}
+
+TEST(TokenFileTest, FlatUint16AndUint32RoundTrip) {
+  for (int bytes : {2, 4}) {
+    const int64_t vocab = bytes == 2 ? 65535 : 100000;
+    const std::vector<int64_t> tokens = Ramp(1000, vocab);
+    const std::string path = TempPath(absl::StrCat("flat", bytes, ".bin"));
+    WriteFile(path, Encode(tokens, bytes));
+    absl::StatusOr<std::shared_ptr<const TokenFile>> file = TokenFile::OpenFlat(path, bytes);
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_EQ((*file)->num_tokens(), 1000);
+    for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ((*file)->Token(i), tokens[i]) << i;
+    EXPECT_EQ((*file)->document_starts(), (std::vector<int64_t>{0, 1000}));
+    EXPECT_TRUE((*file)->CheckVocabulary(vocab).ok());
+  }
+}
+
+TEST(TokenFileTest, FlatErrorsNameTheFileAndValue) {
+  const std::string odd = TempPath("odd.bin");
+  WriteFile(odd, std::string(7, '\1'));
+  absl::Status s = TokenFile::OpenFlat(odd, 2).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(odd + ": size 7 bytes is not a multiple of the token size (2"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(TokenFile::OpenFlat(odd, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TokenFile::OpenFlat(TempPath("missing.bin"), 2).status().code(),
+            absl::StatusCode::kNotFound);
+  // A token outside the vocabulary: the file, token index and byte offset.
+  std::vector<int64_t> tokens = Ramp(100, 50);
+  tokens[37] = 50;
+  const std::string path = TempPath("big_id.bin");
+  WriteFile(path, Encode(tokens, 2));
+  TokenDataOptions o = Flat(path, 2, 50);
+  s = ValidateTokenData(o);
+  EXPECT_EQ(s.message(), absl::StrCat(path,
+                                      ": token 37 (byte offset 74) is 50, outside the model's "
+                                      "vocabulary [0, 50)"));
+  o.vocab_size = 51;
+  EXPECT_TRUE(ValidateTokenData(o).ok());
+}
+
+TEST(TokenFileTest, MegatronDocumentsAndDtypes) {
+  Megatron m = SixDocuments();
+  absl::StatusOr<std::shared_ptr<const TokenFile>> file =
+      TokenFile::OpenMegatron(m.Write("six") + ".idx");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->num_tokens(), 3 + 12 + 7 + 20 + 2 + 15);
+  EXPECT_EQ((*file)->document_starts(), (std::vector<int64_t>{0, 3, 15, 22, 42, 44, 59}));
+  EXPECT_EQ((*file)->Token(15), 20);
+  // int32 (code 4) with negative ids: read signed, and refused by the vocabulary check.
+  m.code = 4;
+  m.bytes = 4;
+  m.documents = {{5, -1, 7}};
+  file = TokenFile::OpenMegatron(m.Write("int32"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->Token(1), -1);
+  EXPECT_NE((*file)->CheckVocabulary(10).message().find("token 1 (byte offset 4) is -1"),
+            std::string::npos);
+}
+
+TEST(TokenFileTest, CorruptMegatronFilesGetClearErrors) {
+  const Megatron m = SixDocuments();
+  auto open_with = [&](const std::string& name, const std::string& bin, const std::string& idx) {
+    const std::string prefix = TempPath(name);
+    WriteFile(prefix + ".bin", bin);
+    WriteFile(prefix + ".idx", idx);
+    return std::string(TokenFile::OpenMegatron(prefix).status().message());
+  };
+  std::string idx = m.Idx();
+  idx[0] = 'X';
+  EXPECT_NE(open_with("magic", m.Bin(), idx).find("wrong magic"), std::string::npos);
+  idx = m.Idx();
+  idx[9] = 2;
+  EXPECT_NE(open_with("version", m.Bin(), idx).find("version 2"), std::string::npos);
+  idx = m.Idx();
+  idx[17] = 7;  // float32
+  EXPECT_NE(open_with("float", m.Bin(), idx).find("dtype code 7 is not an integer"),
+            std::string::npos);
+  // A truncated .idx, a .bin that lost its last token, a .bin with an odd size.
+  EXPECT_NE(open_with("short_idx", m.Bin(), m.Idx().substr(0, m.Idx().size() - 8))
+                .find("does not match its counts"),
+            std::string::npos);
+  std::string bin = m.Bin();
+  EXPECT_NE(open_with("short_bin", bin.substr(0, bin.size() - 2), m.Idx())
+                .find("sequence lengths sum to 59 tokens but"),
+            std::string::npos);
+  EXPECT_NE(open_with("odd_bin", bin.substr(0, bin.size() - 1), m.Idx())
+                .find("is not a multiple of the token size"),
+            std::string::npos);
+  // A pointer that does not follow the lengths before it.
+  idx = m.Idx();
+  idx[34 + 6 * 4 + 8] += 2;  // sequence 1's pointer
+  EXPECT_NE(open_with("pointer", m.Bin(), idx).find("sequence 1 points at byte 8"),
+            std::string::npos);
+  EXPECT_EQ(TokenFile::OpenMegatron(TempPath("nothing")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(TokenDataTest, WindowsAreShiftedPairsFromTheFile) {
+  const std::vector<int64_t> tokens = Ramp(500, 300);
+  const std::string path = TempPath("windows.bin");
+  WriteFile(path, Encode(tokens, 2));
+  absl::StatusOr<TokenBatchSource> source = TokenBatchSource::Create(Flat(path, 2, 300));
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ(source->num_windows(), 500 - 8);
+  MicroBatch batch = source->Batch(3, 1);
+  const torch::Tensor& in = batch.Get("input_ids");
+  const torch::Tensor& labels = batch.Get("labels");
+  ASSERT_EQ(in.sizes(), (std::vector<int64_t>{2, 8}));
+  for (int64_t row = 0; row < 2; ++row) {
+    const int64_t start = source->WindowStart(3, 2 + row);
+    for (int64_t j = 0; j < 8; ++j) {
+      EXPECT_EQ(in[row][j].item<int64_t>(), tokens[start + j]);
+      EXPECT_EQ(labels[row][j].item<int64_t>(), tokens[start + j + 1]);
+    }
+  }
+}
+
+TEST(TokenDataTest, SameGlobalBatchForEveryLayoutAndExactResume) {
+  const std::string path = TempPath("layout.bin");
+  WriteFile(path, Encode(Ramp(3000, 1000), 4));
+  TokenDataOptions one = Flat(path, 4, 1000);
+  one.num_microbatches = 4;
+  absl::StatusOr<TokenBatchSource> whole = TokenBatchSource::Create(one);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  // dp 2 x 2 micro-batches: rank r's micro-batch j is global index 2r + j.
+  for (int64_t rank : {0, 1}) {
+    TokenDataOptions o = one;
+    o.dp_size = 2;
+    o.dp_rank = rank;
+    o.num_microbatches = 2;
+    absl::StatusOr<TokenBatchSource> part = TokenBatchSource::Create(o);
+    ASSERT_TRUE(part.ok()) << part.status();
+    for (int64_t step : {0, 7}) {
+      for (int64_t j = 0; j < 2; ++j) {
+        EXPECT_TRUE(torch::equal(part->Batch(step, j).Get("input_ids"),
+                                 whole->AtGlobalIndex(step, 2 * rank + j).Get("input_ids")));
+      }
+    }
+  }
+  // Resume: a run interrupted after step 4 opens the files again (a new
+  // process would) and continues; steps 5.. equal the uninterrupted run's.
+  std::vector<torch::Tensor> uninterrupted;
+  for (int64_t step = 0; step < 10; ++step) {
+    for (const MicroBatch& b : whole->Step(step)) uninterrupted.push_back(b.Get("labels"));
+  }
+  std::vector<torch::Tensor> resumed;
+  {
+    absl::StatusOr<TokenBatchSource> first = TokenBatchSource::Create(one);
+    for (int64_t step = 0; step < 5; ++step) {
+      for (const MicroBatch& b : first->Step(step)) resumed.push_back(b.Get("labels"));
+    }
+  }
+  absl::StatusOr<TokenBatchSource> second = TokenBatchSource::Create(one);
+  ASSERT_TRUE(second.ok());
+  for (int64_t step = 5; step < 10; ++step) {
+    for (const MicroBatch& b : second->Step(step)) resumed.push_back(b.Get("labels"));
+  }
+  ASSERT_EQ(resumed.size(), uninterrupted.size());
+  for (size_t i = 0; i < resumed.size(); ++i)
+    EXPECT_TRUE(torch::equal(resumed[i], uninterrupted[i]));
+  // Another seed gives other batches (the comparison above can fail).
+  TokenDataOptions other = one;
+  other.seed = 6;
+  EXPECT_FALSE(torch::equal(TokenBatchSource::Create(other)->Batch(0, 0).Get("labels"),
+                            whole->Batch(0, 0).Get("labels")));
+}
+
+TEST(TokenDataTest, EvalSplitIsDisjointFromTrain) {
+  const std::string path = TempPath("split.bin");
+  WriteFile(path, Encode(Ramp(1000, 1000), 2));
+  TokenDataOptions o = Flat(path, 2, 1000);
+  o.eval_fraction = 0.1;
+  absl::StatusOr<TokenBatchSource> train = TokenBatchSource::Create(o);
+  o.split = TokenSplit::kEval;
+  absl::StatusOr<TokenBatchSource> eval = TokenBatchSource::Create(o);
+  ASSERT_TRUE(train.ok() && eval.ok()) << train.status() << eval.status();
+  EXPECT_EQ(train->num_windows(), 900 - 8);
+  EXPECT_EQ(eval->num_windows(), 100 - 8);
+  for (int64_t step = 0; step < 50; ++step) {
+    for (int64_t row = 0; row < 8; ++row) {
+      EXPECT_LE(train->WindowStart(step, row) + 8, 899);
+      EXPECT_GE(eval->WindowStart(step, row), 900);
+      EXPECT_LE(eval->WindowStart(step, row) + 8, 999);
+    }
+  }
+  o.eval_fraction = 0.005;  // 5 tokens: no window of 9
+  EXPECT_NE(ValidateTokenData(o).message().find("the eval split (tokens [995, 1000)) holds no "
+                                                "window of seq_len + 1 = 9 tokens"),
+            std::string::npos)
+      << ValidateTokenData(o);
+  o.eval_fraction = 1.0;
+  EXPECT_NE(ValidateTokenData(o).message().find("eval_fraction (1) must be in [0, 1)"),
+            std::string::npos);
+}
+
+TEST(TokenDataTest, DocumentAwareWindowsStayInsideOneDocument) {
+  const std::string prefix = SixDocuments().Write("aware");
+  TokenDataOptions o;
+  o.path = prefix;
+  o.format = TokenFormat::kMegatron;
+  o.vocab_size = 60;
+  o.seq_len = 6;
+  o.micro_batch_size = 4;
+  o.num_microbatches = 1;
+  o.document_aware = true;
+  absl::StatusOr<TokenBatchSource> source = TokenBatchSource::Create(o);
+  ASSERT_TRUE(source.ok()) << source.status();
+  // Documents of 12, 7, 20 and 15 tokens hold 6 + 1 + 14 + 9 windows of 7.
+  EXPECT_EQ(source->num_windows(), 30);
+  std::set<int64_t> documents_seen;
+  for (int64_t step = 0; step < 100; ++step) {
+    MicroBatch b = source->Batch(step, 0);
+    torch::Tensor window = torch::cat({b.Get("input_ids"), b.Get("labels").slice(1, 5)}, 1);
+    for (int64_t row = 0; row < 4; ++row) {
+      const int64_t doc = window[row][0].item<int64_t>() / 10;
+      EXPECT_TRUE(torch::equal(window[row].div(10, "floor"), torch::full({7}, doc, torch::kLong)))
+          << window[row];
+      documents_seen.insert(doc);
+    }
+  }
+  EXPECT_EQ(documents_seen, (std::set<int64_t>{1, 2, 3, 5}));
+  // Without document awareness windows do cross documents.
+  o.document_aware = false;
+  source = TokenBatchSource::Create(o);
+  EXPECT_EQ(source->num_windows(), 59 - 6);
+  bool crossed = false;
+  for (int64_t step = 0; step < 100 && !crossed; ++step) {
+    torch::Tensor ids = source->Batch(step, 0).Get("input_ids").div(10, "floor");
+    crossed = !torch::equal(ids, ids.select(1, 0).unsqueeze(1).expand_as(ids));
+  }
+  EXPECT_TRUE(crossed);
+  EXPECT_EQ(ParseTokenFormat("megatron").value(), TokenFormat::kMegatron);
+  EXPECT_EQ(ParseTokenFormat("json").status().message(),
+            "token format \"json\" is not one of: flat, megatron");
+}
+
+}  // namespace
+}  // namespace pp

@@ -1,0 +1,110 @@
+// tools/data/tokens.py (Hugging Face `tokenizers`, from the pinned hf-interop
+// venv) trains a BPE tokenizer on the licence texts in
+// /usr/share/common-licenses, offline, and writes the corpus in both token
+// formats; the C++ reader opens both and sees the same tokens, one document
+// per file, each ending with the end-of-text id.
+#include <pwd.h>
+#include <unistd.h>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "models/data/token_data.h"
+#include "models/data/token_file.h"
+
+namespace pp {
+namespace {
+
+std::string Runfile(const std::string& path) {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/", path);
+}
+
+// Bazel runs tests without HOME; tools/python_env.sh keeps the venv under
+// ~/.cache, shared by every run on the machine, so point it at the user's home.
+void SetHomeForTheSharedVenv() {
+  if (std::getenv("HOME") == nullptr) {
+    if (const passwd* pw = getpwuid(getuid()); pw != nullptr) setenv("HOME", pw->pw_dir, 1);
+  }
+}
+
+std::string RunCommand(const std::string& command, int* status) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    *status = -1;
+    return out;
+  }
+  std::array<char, 4096> buffer;
+  while (fgets(buffer.data(), buffer.size(), pipe) != nullptr) out += buffer.data();
+  *status = pclose(pipe);
+  return out;
+}
+
+TEST(TokenToolTest, TrainsATokenizerAndWritesBothFormats) {
+  int status = 0;
+  SetHomeForTheSharedVenv();
+  const std::string venv = RunCommand(Runfile("tools/python_env.sh") + " hf-interop", &status);
+  ASSERT_EQ(status, 0) << "tools/python_env.sh hf-interop failed";
+  const std::string tool =
+      absl::StrCat(absl::StripSuffix(venv, "\n"), "/bin/python ", Runfile("tools/data/tokens.py"));
+  const std::string dir = testing::TempDir();
+  const std::string corpus = "/usr/share/common-licenses";
+  std::string out =
+      RunCommand(absl::StrCat(tool, " train --corpus ", corpus, " --vocab_size 2000 --out ", dir,
+                              "/tokenizer.json 2>&1"),
+                 &status);
+  ASSERT_EQ(status, 0) << out;
+  for (const char* format : {"flat", "megatron"}) {
+    out = RunCommand(absl::StrCat(tool, " encode --tokenizer ", dir, "/tokenizer.json --corpus ",
+                                  corpus, " --format ", format, " --out ", dir, "/", format,
+                                  std::string(format) == "flat" ? ".bin" : "", " 2>&1"),
+                     &status);
+    ASSERT_EQ(status, 0) << out;
+  }
+  absl::StatusOr<std::shared_ptr<const TokenFile>> flat = TokenFile::OpenFlat(dir + "/flat.bin", 2);
+  absl::StatusOr<std::shared_ptr<const TokenFile>> megatron =
+      TokenFile::OpenMegatron(dir + "/megatron");
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  ASSERT_TRUE(megatron.ok()) << megatron.status();
+  ASSERT_EQ((*flat)->num_tokens(), (*megatron)->num_tokens());
+  EXPECT_GT((*flat)->num_tokens(), 10000);
+  for (int64_t i = 0; i < (*flat)->num_tokens(); ++i) {
+    ASSERT_EQ((*flat)->Token(i), (*megatron)->Token(i)) << i;
+  }
+  EXPECT_TRUE((*flat)->CheckVocabulary(2000).ok());
+  // One document per licence file, each ending with <|endoftext|> (id 0).
+  int64_t files = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(corpus)) {
+    files += entry.is_regular_file();
+  }
+  const std::vector<int64_t>& starts = (*megatron)->document_starts();
+  EXPECT_EQ(static_cast<int64_t>(starts.size()) - 1, files);
+  for (size_t d = 1; d < starts.size(); ++d) EXPECT_EQ((*megatron)->Token(starts[d] - 1), 0);
+  // A model with a smaller vocabulary is refused before launch.
+  TokenDataOptions options;
+  options.path = dir + "/megatron";
+  options.format = TokenFormat::kMegatron;
+  options.vocab_size = 100;
+  options.seq_len = 64;
+  EXPECT_NE(ValidateTokenData(options).message().find("outside the model's vocabulary [0, 100)"),
+            std::string::npos);
+  options.vocab_size = 2000;
+  options.document_aware = true;
+  EXPECT_TRUE(ValidateTokenData(options).ok());
+  // The tool decodes ids back into the licence text.
+  const std::string decoded =
+      RunCommand(absl::StrCat(tool, " decode --tokenizer ", dir, "/tokenizer.json --ids ",
+                              (*flat)->Token(0), ",", (*flat)->Token(1), ",", (*flat)->Token(2)),
+                 &status);
+  EXPECT_EQ(status, 0);
+  EXPECT_FALSE(decoded.empty());
+}
+
+}  // namespace
+}  // namespace pp
