@@ -45,7 +45,9 @@ LAYERS = [
     "checkpoint/model",
     "testing",
     "models",
+    "driver",
     "experiments",
+    "bench",
     "examples",
     "",
 ]

@@ -1,4 +1,4 @@
-#include "experiments/loss_curve.h"
+#include "driver/loss_curve.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "experiments/preflight.h"
+#include "driver/preflight.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,7 +19,7 @@ namespace pp {
 namespace {
 
 namespace fs = std::filesystem;
-using experiments::ExperimentConfig;
+using driver::ExperimentConfig;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // Byte-level tokenizer's vocabulary (models/data/tokenizer.h): 256 bytes and

@@ -1,4 +1,4 @@
-#include "experiments/preflight.h"
+#include "driver/preflight.h"
 
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -14,7 +14,7 @@ namespace pp {
 namespace {
 
 namespace fs = std::filesystem;
-using experiments::ExperimentConfig;
+using driver::ExperimentConfig;
 
 #define EXPECT_HAS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)

@@ -1,4 +1,4 @@
-#include "experiments/experiment_config.h"
+#include "driver/experiment_config.h"
 
 #include <filesystem>
 #include <fstream>
@@ -32,14 +32,14 @@ absl::StatusOr<Schedule> MakeSplitGPipe(const ScheduleOptions& options) {
 PP_REGISTER_SCHEDULE("split_gpipe_for_test", "GPipe with I/W, for the capability check",
                      MakeSplitGPipe);
 
-ExperimentConfig Shipped(const std::string& name) {
-  absl::StatusOr<ExperimentConfig> config = LoadExperimentConfig("experiments/configs/" + name);
+ExperimentConfig Testdata(const std::string& name) {
+  absl::StatusOr<ExperimentConfig> config = LoadExperimentConfig("driver/testdata/" + name);
   EXPECT_TRUE(config.ok()) << config.status();
   return config.ok() ? *config : ExperimentConfig();
 }
 
 ExperimentConfig Gpt() {
-  ExperimentConfig config = Shipped("gpt_small_pp2.textproto");
+  ExperimentConfig config = Testdata("gpt_pp2.textproto");
   ResolveDefaults(config, ModelKind::kGpt);
   return config;
 }
@@ -53,28 +53,6 @@ std::string Error(const ExperimentConfig& config, int world = 2, ModelKind kind 
 
 #define EXPECT_HAS(haystack, needle) \
   EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
-
-TEST(ExperimentConfigTest, EveryShippedConfigIsValid) {
-  for (const auto& entry : std::filesystem::directory_iterator("experiments/configs")) {
-    SCOPED_TRACE(entry.path().string());
-    absl::StatusOr<ExperimentConfig> config = LoadExperimentConfig(entry.path().string());
-    ASSERT_TRUE(config.ok()) << config.status();
-    const ModelKind kind = config->has_bert() ? ModelKind::kBert : ModelKind::kGpt;
-    ResolveDefaults(*config, kind);
-    const int world = config->parallelism().pp() * config->parallelism().dp();
-    EXPECT_TRUE(ValidateExperimentConfig(*config, kind, world).ok())
-        << ValidateExperimentConfig(*config, kind, world);
-  }
-}
-
-TEST(ExperimentConfigTest, MainConfigIsASmallGptOnTwoStagesWith1F1B) {
-  ExperimentConfig c = Gpt();
-  EXPECT_TRUE(c.has_gpt());
-  EXPECT_EQ(c.parallelism().pp(), 2);
-  EXPECT_EQ(c.parallelism().dp(), 1);
-  EXPECT_EQ(c.parallelism().schedule(), "1f1b");
-  EXPECT_EQ(c.data().path(), "/usr/share/common-licenses");
-}
 
 TEST(ExperimentConfigTest, ResolvedTextHasEveryFieldAndRoundTrips) {
   ExperimentConfig c;
@@ -335,7 +313,7 @@ TEST(ExperimentConfigTest, DataSourceIsCorpusOrSynthetic) {
       << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
   c.mutable_data()->set_source("random");
   EXPECT_HAS(Error(c), "data.source 'random' is unknown; valid: corpus, synthetic");
-  ExperimentConfig bert = Shipped("bert_small_pp2.textproto");
+  ExperimentConfig bert = Testdata("bert_pp2.textproto");
   ResolveDefaults(bert, ModelKind::kBert);
   bert.mutable_data()->set_source("synthetic");
   EXPECT_HAS(Error(bert, 2, ModelKind::kBert), "data.source 'synthetic' is for gpt only");
@@ -353,10 +331,10 @@ TEST(ExperimentConfigTest, ModelBeyondMemoryIsRefusedNamingTheEstimate) {
 }
 
 TEST(ExperimentConfigTest, ConfigThatIsADirectoryIsRefused) {
-  absl::StatusOr<ExperimentConfig> c = LoadExperimentConfig("experiments/configs");
+  absl::StatusOr<ExperimentConfig> c = LoadExperimentConfig("driver/testdata");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_HAS(std::string(c.status().message()),
-             "config 'experiments/configs' is not a regular file (a directory)");
+             "config 'driver/testdata' is not a regular file (a directory)");
   c = LoadExperimentConfig("/dev/null");
   EXPECT_HAS(std::string(c.status().message()), "config '/dev/null' is not a regular file");
   EXPECT_EQ(LoadExperimentConfig("/no/such.textproto").status().code(),
@@ -365,7 +343,7 @@ TEST(ExperimentConfigTest, ConfigThatIsADirectoryIsRefused) {
 
 TEST(ExperimentConfigTest, ModelKindMustMatchTheBinary) {
   EXPECT_HAS(Error(Gpt(), 2, ModelKind::kBert), "run it with //experiments:train_gpt");
-  ExperimentConfig bert = Shipped("bert_small_pp2.textproto");
+  ExperimentConfig bert = Testdata("bert_pp2.textproto");
   ResolveDefaults(bert, ModelKind::kBert);
   EXPECT_HAS(Error(bert, 2, ModelKind::kGpt), "run it with //experiments:train_bert");
 }

@@ -1,4 +1,4 @@
-#include "experiments/nonfinite_guard.h"
+#include "driver/nonfinite_guard.h"
 
 #include <cmath>
 #include <vector>

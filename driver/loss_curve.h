@@ -1,7 +1,7 @@
 // A self-contained SVG line chart of training (and evaluation) loss per step,
 // written at the end of a run (loss.svg in the run directory).
-#ifndef EXPERIMENTS_LOSS_CURVE_H_
-#define EXPERIMENTS_LOSS_CURVE_H_
+#ifndef DRIVER_LOSS_CURVE_H_
+#define DRIVER_LOSS_CURVE_H_
 
 #include <cstdint>
 #include <string>
@@ -18,4 +18,4 @@ std::string LossCurveSvg(const std::string& title, const LossPoints& train, cons
 
 }  // namespace pp
 
-#endif  // EXPERIMENTS_LOSS_CURVE_H_
+#endif  // DRIVER_LOSS_CURVE_H_

@@ -1,5 +1,5 @@
 // What a training run shows researchers in the tools they already use
-// (issue 15), wired into RunExperiment (train_lib.cc):
+// (issue 15), wired into RunExperiment (run_experiment.cc):
 //
 //   <run>/tb/events.out.tfevents.*   TensorBoard scalars of every metrics.jsonl
 //                                    line (written by rank 0) and the sample text
@@ -14,8 +14,8 @@
 //                                    and the line's wall time
 //
 // Step numbers are metrics.jsonl's: the first step is 1.
-#ifndef EXPERIMENTS_RUN_OBSERVABILITY_H_
-#define EXPERIMENTS_RUN_OBSERVABILITY_H_
+#ifndef DRIVER_RUN_OBSERVABILITY_H_
+#define DRIVER_RUN_OBSERVABILITY_H_
 
 #include <chrono>
 #include <cstdint>
@@ -26,7 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "experiments/experiment_config.h"
+#include "driver/experiment_config.h"
 #include "nlohmann/json.hpp"
 #include "observability/operator_profiler.h"
 #include "observability/tensorboard_writer.h"
@@ -113,4 +113,4 @@ class RunObservability {
 
 }  // namespace pp
 
-#endif  // EXPERIMENTS_RUN_OBSERVABILITY_H_
+#endif  // DRIVER_RUN_OBSERVABILITY_H_

@@ -1,4 +1,4 @@
-#include "experiments/experiment_config.h"
+#include "driver/experiment_config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,7 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "experiments/preflight.h"
+#include "driver/preflight.h"
 #include "models/data/tokenizer.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/runtime/optimizer.h"
@@ -236,8 +236,8 @@ absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text) 
   ErrorCollector errors;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, &config)) {
-    return Invalid(absl::StrCat(
-        "config does not parse as ExperimentConfig (experiments/config.proto): ", errors.errors()));
+    return Invalid(absl::StrCat("config does not parse as ExperimentConfig (driver/config.proto): ",
+                                errors.errors()));
   }
   return config;
 }
@@ -353,68 +353,76 @@ absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfi
                                  : MakeBertSpecs(ToBertConfig(config));
 }
 
-absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind,
-                                      int world_size, const std::vector<LayerSpec>* custom_specs) {
-  const bool gpt = kind == ModelKind::kGpt;
-  const bool custom = kind == ModelKind::kCustom;
-  if (custom && custom_specs == nullptr) {
-    return absl::InternalError("ValidateExperimentConfig: a custom model needs its layer specs");
-  }
-  if (custom && config.model_case() != ExperimentConfig::MODEL_NOT_SET) {
+namespace {
+
+// The config's model section matches the binary (train_gpt, train_bert, a
+// user's model).
+absl::Status CheckModelKind(const ExperimentConfig& config, ModelKind kind) {
+  if (kind == ModelKind::kCustom) {
+    if (config.model_case() == ExperimentConfig::MODEL_NOT_SET) return absl::OkStatus();
     return Invalid(absl::StrCat("this config describes a ", config.has_gpt() ? "GPT" : "BERT",
                                 " model; run it with //experiments:train_",
                                 config.has_gpt() ? "gpt" : "bert",
                                 " (a custom model's config has no gpt/bert section)"));
   }
-  if (custom) {
-    // The model's own sizes are its business; the parts must fit its layers.
-  } else if (gpt && config.has_bert()) {
+  if (kind == ModelKind::kGpt && config.has_bert()) {
     return Invalid(
-        "this config describes a BERT model (bert { ... }); run it with //experiments:train_bert");
+        "this config describes a BERT model (bert { ... }); run it "
+        "with //experiments:train_bert");
   }
-  if (!gpt && config.has_gpt()) {
+  if (kind != ModelKind::kGpt && config.has_gpt()) {
     return Invalid(
-        "this config describes a GPT model (gpt { ... }); run it with //experiments:train_gpt");
+        "this config describes a GPT model (gpt { ... }); run it "
+        "with //experiments:train_gpt");
   }
-  PP_RETURN_IF_ERROR(CheckRanges(config));
-  // Before the schedule's action lists and the layer specs are built.
-  PP_RETURN_IF_ERROR(CheckMemory(config, world_size > 0 ? TotalMemoryBytes() : -1));
-  const auto& par = config.parallelism();
+  return absl::OkStatus();
+}
+
+// pp x dp against the ranks the launcher started (0: not known yet).
+absl::Status CheckWorldSize(const driver::ParallelismConfig& par, int world_size) {
   // pp and dp are at most 1024 each (CheckRanges), so their product fits in
   // int32; it is computed in int64 all the same.
   const int64_t ranks = static_cast<int64_t>(par.pp()) * par.dp();
-  if (world_size > 0 && ranks != world_size) {
-    return Invalid(absl::StrCat(
-        "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ", ranks,
-        " ranks, but ", world_size,
-        " were started; leave --nproc_per_node unset (the launcher then starts pp x dp ranks, "
-        "split evenly over --nnodes) or set it to ",
-        ranks, " / --nnodes"));
-  }
-  if (!custom) {
-    PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config))
-                           : ValidateBertConfig(ToBertConfig(config)));
-  }
+  if (world_size <= 0 || ranks == world_size) return absl::OkStatus();
+  return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(),
+                              ") = ", ranks, " ranks, but ", world_size,
+                              " were started; leave --nproc_per_node unset "
+                              "(the launcher then starts pp x dp ranks, "
+                              "split evenly over --nnodes) or set it to ",
+                              ranks, " / --nnodes"));
+}
+
+// The model's own shape, and at least one layer (block) per model part.
+absl::Status CheckModelShape(const ExperimentConfig& config, ModelKind kind,
+                             const std::vector<LayerSpec>* custom_specs) {
+  const auto& par = config.parallelism();
   const int64_t parts = static_cast<int64_t>(par.pp()) * par.chunks();
-  if (custom && parts > static_cast<int64_t>(custom_specs->size())) {
+  if (kind == ModelKind::kCustom) {
+    // The model's own sizes are its business; the parts must fit its layers.
+    if (parts <= static_cast<int64_t>(custom_specs->size())) return absl::OkStatus();
     return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.chunks (",
                                 par.chunks(), ") = ", parts,
                                 " model parts, but the model has only ", custom_specs->size(),
                                 " layers; use at most ", custom_specs->size(), " parts"));
   }
-  const int64_t num_layers = custom ? static_cast<int64_t>(custom_specs->size())
-                             : gpt  ? config.gpt().num_layers()
-                                    : config.bert().num_layers();
-  if (!custom && parts > num_layers) {
-    return Invalid(absl::StrCat(
-        "parallelism.pp (", par.pp(), ") x parallelism.chunks (", par.chunks(), ") = ", parts,
-        " model parts, but the model has only ", num_layers, " blocks (", ModelKindName(kind),
-        ".num_layers); use at most ", num_layers, " parts or more layers"));
-  }
+  const bool gpt = kind == ModelKind::kGpt;
+  PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config))
+                         : ValidateBertConfig(ToBertConfig(config)));
+  const int64_t num_layers = gpt ? config.gpt().num_layers() : config.bert().num_layers();
+  if (parts <= num_layers) return absl::OkStatus();
+  return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.chunks (",
+                              par.chunks(), ") = ", parts, " model parts, but the model has only ",
+                              num_layers, " blocks (", ModelKindName(kind),
+                              ".num_layers); use at most ", num_layers, " parts or more layers"));
+}
 
-  // The schedule: registered, trains, and accepts this shape.
+// The schedule: registered, trains, accepts this shape, and the runtime can
+// execute its lowered program (refused here, before any worker starts,
+// rather than in every rank).
+absl::Status CheckSchedule(const driver::ParallelismConfig& par) {
   const std::vector<std::string> names = RegisteredScheduleNames();
-  // "csv:FILE" is a schedule file (pipeline/schedule/csv.h); MakeSchedule reads it.
+  // "csv:FILE" is a schedule file (pipeline/schedule/csv.h); MakeSchedule reads
+  // it.
   if (!absl::StartsWith(par.schedule(), kCsvSchedulePrefix) &&
       std::find(names.begin(), names.end(), par.schedule()) == names.end()) {
     return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
@@ -436,8 +444,6 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
                                 "' is forward-only (evaluation); choose a training schedule: ",
                                 absl::StrJoin(names, ", ")));
   }
-  // The runtime can execute it (no split backward yet): refused here, before
-  // any worker starts, rather than in every rank.
   absl::StatusOr<LoweredProgram> program = Lower(*schedule);
   if (!program.ok()) {
     return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
@@ -447,22 +453,30 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
   if (!supported.ok()) {
     return Invalid(absl::StrCat("parallelism.schedule: ", supported.message()));
   }
+  return absl::OkStatus();
+}
 
-  // The device: known and present for every rank of this node.
+// The device: known and present for every rank of this node.
+absl::Status CheckDevice(const driver::ParallelismConfig& par) {
   absl::StatusOr<DeviceKind> device = ParseDeviceKind(par.device());
   if (!device.ok()) return Invalid(absl::StrCat("parallelism.device: ", device.status().message()));
-  if (*device == DeviceKind::kCuda) {
-    const int local_ranks = par.pp() * par.dp();
-    for (int local_rank : {0, local_ranks - 1}) {
-      absl::StatusOr<c10::Device> cuda = DeviceForLocalRank(*device, local_rank);
-      if (!cuda.ok()) {
-        return Invalid(absl::StrCat("parallelism.device 'cuda' (pp x dp = ", local_ranks,
-                                    " ranks on this node): ", cuda.status().message()));
-      }
+  if (*device != DeviceKind::kCuda) return absl::OkStatus();
+  const int local_ranks = par.pp() * par.dp();
+  for (int local_rank : {0, local_ranks - 1}) {
+    absl::StatusOr<c10::Device> cuda = DeviceForLocalRank(*device, local_rank);
+    if (!cuda.ok()) {
+      return Invalid(absl::StrCat("parallelism.device 'cuda' (pp x dp = ", local_ranks,
+                                  " ranks on this node): ", cuda.status().message()));
     }
   }
+  return absl::OkStatus();
+}
 
-  // The partition method: registered, and it can cut this model.
+// The partition method: registered, and it can cut this model (`profile`
+// times the layers, so it is checked when the run has them).
+absl::Status CheckPartition(const ExperimentConfig& config, ModelKind kind,
+                            const std::vector<LayerSpec>* custom_specs) {
+  const auto& par = config.parallelism();
   const std::string& method = par.partition_method();
   const std::string method_name = method.substr(0, method.find(':'));
   const std::vector<std::string> partitioners = RegisteredPartitioners();
@@ -471,25 +485,27 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
                                 "' is unknown; valid: ", absl::StrJoin(partitioners, ", "),
                                 " (type:<regex> over layer types, explicit:<b0,b1,...>)"));
   }
-  if (method_name != "profile") {
-    std::vector<LayerSpec> specs;
-    if (custom) {
-      specs = *custom_specs;
-    } else {
-      PP_ASSIGN_OR_RETURN(specs, MakeExperimentSpecs(config, kind));
-    }
-    PartitionRequest request;
-    request.specs = &specs;
-    request.num_parts = parts;
-    request.base_seed = config.seed();
-    absl::StatusOr<Bounds> bounds = Partition(method, request);
-    if (!bounds.ok()) {
-      return Invalid(absl::StrCat("parallelism.partition_method '", method, "' cannot cut the ",
-                                  ModelKindName(kind), " into ", parts,
-                                  " parts: ", bounds.status().message()));
-    }
+  if (method_name == "profile") return absl::OkStatus();
+  std::vector<LayerSpec> specs;
+  if (kind == ModelKind::kCustom) {
+    specs = *custom_specs;
+  } else {
+    PP_ASSIGN_OR_RETURN(specs, MakeExperimentSpecs(config, kind));
   }
+  const int64_t parts = static_cast<int64_t>(par.pp()) * par.chunks();
+  PartitionRequest request;
+  request.specs = &specs;
+  request.num_parts = parts;
+  request.base_seed = config.seed();
+  absl::StatusOr<Bounds> bounds = Partition(method, request);
+  if (bounds.ok()) return absl::OkStatus();
+  return Invalid(absl::StrCat("parallelism.partition_method '", method, "' cannot cut the ",
+                              ModelKindName(kind), " into ", parts,
+                              " parts: ", bounds.status().message()));
+}
 
+// The optimizer and the learning-rate schedule, as the runtime will build them.
+absl::Status CheckOptimization(const ExperimentConfig& config) {
   OptimizerConfig opt;
   opt.name = config.optimizer().name();
   opt.lr = config.optimizer().lr();
@@ -509,7 +525,12 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
                                 " (lr_schedule.warmup_steps must be below steps; lower it with "
                                 "--set=lr_schedule.warmup_steps=N or run more --steps)"));
   }
+  return absl::OkStatus();
+}
 
+// The data source and path, the held-out fraction, the model's data and
+// sampling settings.
+absl::Status CheckDataAndSampling(const ExperimentConfig& config, ModelKind kind) {
   const std::string& source = config.data().source();
   if (source != "corpus" && source != "synthetic") {
     return Invalid(absl::StrCat("data.source '", source, "' is unknown; valid: corpus, synthetic"));
@@ -527,11 +548,11 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
     return Invalid(absl::StrCat("data.eval_fraction (", config.data().eval_fraction(),
                                 ") must be in [0, 0.5)"));
   }
-  if (gpt && config.sample_top_k() < 1) {
+  if (kind == ModelKind::kGpt && config.sample_top_k() < 1) {
     return Invalid(
         absl::StrCat("sample_top_k (", config.sample_top_k(), ") must be at least 1 (1 = greedy)"));
   }
-  if (gpt && !(config.sample_temperature() > 0)) {
+  if (kind == ModelKind::kGpt && !(config.sample_temperature() > 0)) {
     return Invalid(
         absl::StrCat("sample_temperature (", config.sample_temperature(), ") must be positive"));
   }
@@ -541,6 +562,26 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind 
         absl::StrCat("bert.mask_prob (", config.bert().mask_prob(), ") must be in (0, 1]"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind,
+                                      int world_size, const std::vector<LayerSpec>* custom_specs) {
+  if (kind == ModelKind::kCustom && custom_specs == nullptr) {
+    return absl::InternalError("ValidateExperimentConfig: a custom model needs its layer specs");
+  }
+  PP_RETURN_IF_ERROR(CheckModelKind(config, kind));
+  PP_RETURN_IF_ERROR(CheckRanges(config));
+  // Before the schedule's action lists and the layer specs are built.
+  PP_RETURN_IF_ERROR(CheckMemory(config, world_size > 0 ? TotalMemoryBytes() : -1));
+  PP_RETURN_IF_ERROR(CheckWorldSize(config.parallelism(), world_size));
+  PP_RETURN_IF_ERROR(CheckModelShape(config, kind, custom_specs));
+  PP_RETURN_IF_ERROR(CheckSchedule(config.parallelism()));
+  PP_RETURN_IF_ERROR(CheckDevice(config.parallelism()));
+  PP_RETURN_IF_ERROR(CheckPartition(config, kind, custom_specs));
+  PP_RETURN_IF_ERROR(CheckOptimization(config));
+  return CheckDataAndSampling(config, kind);
 }
 
 std::string ConfigToText(const ExperimentConfig& config) {
@@ -622,7 +663,8 @@ absl::Status CheckResumeConfig(const std::string& saved_text, const ExperimentCo
                                std::vector<std::string>* warnings) {
   if (saved_text.empty()) {
     warnings->push_back(
-        "the checkpoint records no experiment config; its settings cannot be compared");
+        "the checkpoint records no experiment config; its "
+        "settings cannot be compared");
     return absl::OkStatus();
   }
   absl::StatusOr<ExperimentConfig> saved = ParseExperimentConfig(saved_text);
@@ -649,15 +691,18 @@ absl::Status CheckResumeConfig(const std::string& saved_text, const ExperimentCo
   if (breaking.empty()) return absl::OkStatus();
   if (now.checkpoint().allow_config_change()) {
     for (const std::string& line : breaking) {
-      warnings->push_back(absl::StrCat(
-          "resuming with a changed model/seed/optimizer (checkpoint.allow_config_change): ", line));
+      warnings->push_back(
+          absl::StrCat("resuming with a changed model/seed/optimizer "
+                       "(checkpoint.allow_config_change): ",
+                       line));
     }
     return absl::OkStatus();
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the checkpoint was written by a different run: ", absl::StrJoin(breaking, "; "),
-      ". Resume with the checkpoint's settings, or set checkpoint.allow_config_change=true "
-      "(--set=checkpoint.allow_config_change=true) to continue anyway"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("the checkpoint was written by a different run: ", absl::StrJoin(breaking, "; "),
+                   ". Resume with the checkpoint's settings, or set "
+                   "checkpoint.allow_config_change=true "
+                   "(--set=checkpoint.allow_config_change=true) to continue anyway"));
 }
 
 }  // namespace pp

@@ -1,4 +1,4 @@
-#include "experiments/run_observability.h"
+#include "driver/run_observability.h"
 
 #include <algorithm>
 #include <cstring>

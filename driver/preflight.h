@@ -16,15 +16,15 @@
 // ExperimentConfig validation (experiment_config.h) calls CheckMemory itself,
 // before it builds the schedule or the layer specs. Every error is
 // InvalidArgument naming the field or path and what would be valid.
-#ifndef EXPERIMENTS_PREFLIGHT_H_
-#define EXPERIMENTS_PREFLIGHT_H_
+#ifndef DRIVER_PREFLIGHT_H_
+#define DRIVER_PREFLIGHT_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "experiments/config.pb.h"
+#include "driver/config.pb.h"
 
 namespace pp {
 
@@ -48,7 +48,7 @@ struct MemoryEstimate {
 
 // REQUIRES: defaults resolved (ResolveDefaults). A config without a gpt/bert
 // section (a custom model) counts only the schedule.
-MemoryEstimate EstimateMemory(const experiments::ExperimentConfig& config);
+MemoryEstimate EstimateMemory(const driver::ExperimentConfig& config);
 
 // MemAvailable / MemTotal from /proc/meminfo in bytes; -1 when unreadable.
 int64_t AvailableMemoryBytes();
@@ -58,7 +58,7 @@ int64_t TotalMemoryBytes();
 // (-1: MemAvailable; unknown memory passes). Workers, which start together
 // and allocate at once, pass TotalMemoryBytes(): MemAvailable would count
 // their siblings' models against them.
-absl::Status CheckMemory(const experiments::ExperimentConfig& config, int64_t available_bytes = -1);
+absl::Status CheckMemory(const driver::ExperimentConfig& config, int64_t available_bytes = -1);
 
 // data.path as train_gpt / train_bert read it (models/data/corpus.h).
 // `context_length`: the model's; 0 skips the length check.
@@ -73,9 +73,9 @@ absl::Status CheckNoRepeatedFlags(const std::vector<std::string>& args);
 
 // All of the above that apply: the command line, memory, output_dir, and for
 // a GPT or BERT config its data.path.
-absl::Status Preflight(const experiments::ExperimentConfig& config,
+absl::Status Preflight(const driver::ExperimentConfig& config,
                        const std::vector<std::string>& args);
 
 }  // namespace pp
 
-#endif  // EXPERIMENTS_PREFLIGHT_H_
+#endif  // DRIVER_PREFLIGHT_H_

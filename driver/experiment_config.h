@@ -7,9 +7,9 @@
 //
 // Every error names the field, its value and what would be valid.
 //
-// Next: experiments/train_lib.h (what a rank does with a valid config).
-#ifndef EXPERIMENTS_EXPERIMENT_CONFIG_H_
-#define EXPERIMENTS_EXPERIMENT_CONFIG_H_
+// Next: driver/run_experiment.h (what a rank does with a valid config).
+#ifndef DRIVER_EXPERIMENT_CONFIG_H_
+#define DRIVER_EXPERIMENT_CONFIG_H_
 
 #include <string>
 #include <utility>
@@ -18,16 +18,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "experiments/config.pb.h"
+#include "driver/config.pb.h"
 #include "models/bert/bert.h"
 #include "models/gpt/gpt.h"
 #include "pipeline/layers/layer_spec.h"
 
 namespace pp {
 
-using experiments::ExperimentConfig;
+using driver::ExperimentConfig;
 
-// kCustom: a user's model (experiments/train_lib.h, ExperimentModel); the
+// kCustom: a user's model (driver/experiment_model.h, ExperimentModel); the
 // config then has no gpt/bert section and validation checks its specs.
 enum class ModelKind { kGpt, kBert, kCustom };
 const char* ModelKindName(ModelKind kind);  // "gpt", "bert", "custom"
@@ -82,4 +82,4 @@ absl::Status CheckResumeConfig(const std::string& saved_text, const ExperimentCo
 
 }  // namespace pp
 
-#endif  // EXPERIMENTS_EXPERIMENT_CONFIG_H_
+#endif  // DRIVER_EXPERIMENT_CONFIG_H_

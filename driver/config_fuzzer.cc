@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
-#include "experiments/experiment_config.h"
+#include "driver/experiment_config.h"
 #include "google/protobuf/stubs/logging.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -13,15 +13,15 @@
 //   ... checkpointer.AfterStep(...)
 //
 // Next: pipeline/runtime/trainer.h (StepResult, skip_nonfinite_updates).
-#ifndef EXPERIMENTS_NONFINITE_GUARD_H_
-#define EXPERIMENTS_NONFINITE_GUARD_H_
+#ifndef DRIVER_NONFINITE_GUARD_H_
+#define DRIVER_NONFINITE_GUARD_H_
 
 #include <chrono>
 #include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
-#include "experiments/config.pb.h"
+#include "driver/config.pb.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/trainer.h"
 #include "topology/parallel_grid.h"
@@ -43,7 +43,7 @@ absl::Status CheckWeightsFinite(const ParallelGrid& grid, const PipelineModel& m
 // One per run and rank; not thread-safe.
 class NonFiniteGuard {
  public:
-  explicit NonFiniteGuard(const experiments::NonFiniteConfig& config) : config_(config) {}
+  explicit NonFiniteGuard(const driver::NonFiniteConfig& config) : config_(config) {}
 
   // Every rank calls it after each Trainer::Step with its result. The loss
   // and the gradient norm are reduced over all ranks, so every rank takes the
@@ -58,11 +58,11 @@ class NonFiniteGuard {
   int64_t skipped_steps() const { return skipped_; }
 
  private:
-  experiments::NonFiniteConfig config_;
+  driver::NonFiniteConfig config_;
   int64_t skipped_ = 0;
   int64_t skipped_in_a_row_ = 0;
 };
 
 }  // namespace pp
 
-#endif  // EXPERIMENTS_NONFINITE_GUARD_H_
+#endif  // DRIVER_NONFINITE_GUARD_H_
