@@ -2,7 +2,7 @@
 """action_costs: what each compute action of a train_gpt/train_bert run cost.
 
     ./bazelw run //experiments:train_gpt -- --schedule=zbv --chunks=2 --v=1 --steps=20
-    python3 experiments/action_costs.py runs/gpt_small_pp2-<time> [--skip 4] [--json]
+    python3 tools/action_costs.py runs/gpt_small_pp2-<time> [--skip 4] [--json]
 
 Reads logs/rank_<N>.log, where --v=1 makes the executor log every action's
 end with its wall time and, for F/B/I/W, this thread's CPU time, page faults

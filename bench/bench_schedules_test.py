@@ -7,7 +7,7 @@ flags from it. Would fail if an estimator (per-stage compute, collective tail
 costs, SEND/RECV costs, REDUCE_GRAD per stage), a flag or the replay
 (bench_schedules.replay_step) were wrong or ignored.
 
-    python3 experiments/bench_schedules_test.py path/to/schedule_explorer
+    python3 bench/bench_schedules_test.py path/to/schedule_explorer
 """
 import json
 import os

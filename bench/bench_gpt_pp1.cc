@@ -8,7 +8,7 @@
 // time compares the two even on a loaded machine. Prints a table and one JSON
 // line.
 //
-//   ./bazelw run -c opt //experiments:bench_gpt_pp1 -- --steps=8
+//   ./bazelw run -c opt //bench:bench_gpt_pp1 -- --steps=8
 #include <time.h>
 #include <unistd.h>
 
@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "experiments/bench_common.h"
+#include "bench/bench_common.h"
 #include "models/data/synthetic_lm_data.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"

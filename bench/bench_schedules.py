@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_schedules: the README's main GPT trained under several schedules.
 
-    ./bazelw run //experiments:bench_schedules -- --reps 3 --steps 12 --warmup 4
+    ./bazelw run //bench:bench_schedules -- --reps 3 --steps 12 --warmup 4
 
 For each micro-batch count (--microbatches, default 4 and 8) and repetition,
 runs train_gpt (the config of the README's main command, pp = 2 or --pp) once per

@@ -3,7 +3,7 @@
 // disk measured in the same run (one file of the same total size, write() +
 // fsync) and the raw read bandwidth (page cache warm, as for the load).
 //
-//   bazel run //experiments:bench_checkpoint -- --dir=/tmp/bench_ckpt
+//   bazel run //bench:bench_checkpoint -- --dir=/tmp/bench_ckpt
 //
 // Default model: GPT-2 small (12 layers, width 768, vocab 50257, context 1024,
 // ~124M parameters). Prints a table and one JSON line.
@@ -23,7 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/model/model_checkpoint.h"
-#include "experiments/bench_common.h"
+#include "bench/bench_common.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/pipeline_model.h"

@@ -1,7 +1,7 @@
 // bench_pipeline: what the pipeline runtime costs and what it buys.
 //
-//   ./bazelw run //experiments:bench_pipeline            # all parts, defaults below
-//   ./bazelw run //experiments:bench_pipeline -- --steps=6 --rows=32
+//   ./bazelw run //bench:bench_pipeline            # all parts, defaults below
+//   ./bazelw run //bench:bench_pipeline -- --steps=6 --rows=32
 //
 // Model: `--blocks` MLP blocks (Linear(hidden, hidden) + ReLU, hidden 1024),
 // MSE loss, SGD; the same deterministic batches everywhere.
@@ -41,7 +41,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
-#include "experiments/bench_common.h"
+#include "bench/bench_common.h"
 #include "pipeline/layers/layer_spec.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/optimizer.h"

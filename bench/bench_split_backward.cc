@@ -1,6 +1,6 @@
 // Benchmark: what splitting a stage's backward into I and W costs.
 //
-//   ./bazelw run //experiments:bench_split_backward -- --steps=30
+//   ./bazelw run //bench:bench_split_backward -- --steps=30
 //
 // The stage is the last stage of the README's main command (train_gpt: a
 // 4-block GPT, width 128, context 64, 8 sequences per micro-batch, pp = 2):
@@ -38,7 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/activation/activation_checkpointing.h"
 #include "common/status_macros.h"
-#include "experiments/bench_common.h"
+#include "bench/bench_common.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/layers/layer.h"

@@ -1,6 +1,6 @@
 // Benchmark: what activation checkpointing buys and costs.
 //
-//   bazel run //experiments:bench_activation_checkpointing -- --layers=16
+//   bazel run //bench:bench_activation_checkpointing -- --layers=16
 //
 // For each checkpoint interval (0 = off) it trains the same model for a few
 // forward+backward steps and reports (1) activation memory: bytes allocated
@@ -44,7 +44,7 @@
 #include "checkpoint/activation/activation_checkpointing.h"
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
-#include "experiments/bench_common.h"
+#include "bench/bench_common.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/layers/layer.h"

@@ -1,6 +1,6 @@
 """DeepSpeed 0.14.1 pipeline-engine driver for the peer GPT (issue #16).
 
-Run by experiments/bench_vs_deepspeed.py through DeepSpeed's own launcher
+Run by bench/bench_vs_deepspeed.py through DeepSpeed's own launcher
 (`deepspeed --num_gpus <pp> deepspeed_gpt.py ...`) with DS_ACCELERATOR=cpu, so
 pipe and DeepSpeed train the same model on the same data of the same kind:
 

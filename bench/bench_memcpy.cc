@@ -1,8 +1,8 @@
 // Memory bandwidth of one core: large buffer copies (memcpy), GB/s.
 //
-//   bazel-bin/experiments/bench_memcpy --bytes=268435456 --seconds=2
+//   bazel-bin/bench/bench_memcpy --bytes=268435456 --seconds=2
 //
-// Run alone, then as two processes at once (experiments/bench_limits.py does
+// Run alone, then as two processes at once (bench/bench_limits.py does
 // both, with --start_at so that both copy in the same window): the ratio says
 // how much of one core's memory bandwidth the other core's traffic takes away,
 // the physical limit under two pipeline ranks that each stream activations and

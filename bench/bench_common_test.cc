@@ -1,4 +1,4 @@
-#include "experiments/bench_common.h"
+#include "bench/bench_common.h"
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>

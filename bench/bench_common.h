@@ -1,7 +1,7 @@
 // What the bench_* mains share: the --threads flag and its setup, timing and
 // summary statistics, and turning a run's Status into an exit code.
-#ifndef EXPERIMENTS_BENCH_COMMON_H_
-#define EXPERIMENTS_BENCH_COMMON_H_
+#ifndef BENCH_BENCH_COMMON_H_
+#define BENCH_BENCH_COMMON_H_
 
 #include <chrono>
 #include <string>
@@ -33,4 +33,4 @@ int ExitCode(const std::string& name, const absl::Status& status);
 
 }  // namespace pp
 
-#endif  // EXPERIMENTS_BENCH_COMMON_H_
+#endif  // BENCH_BENCH_COMMON_H_

@@ -10,8 +10,8 @@ With one intra-op and one BLAS thread every kernel runs on this thread, so
 `time.thread_time` is the kernels' cost (plus Python's) even on a loaded
 machine. Compare with bench_gpt_kernels by running the two alternately:
 
-  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python3 experiments/peer_gpt_kernels.py --reps 30
-  bazel-bin/experiments/bench_gpt_kernels --reps=30
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python3 bench/peer_gpt_kernels.py --reps 30
+  bazel-bin/bench/bench_gpt_kernels --reps=30
 
 --profile prints torch.autograd.profiler's operator table (self CPU time) of
 --profile_reps micro-batches after the timed ones. Prints one JSON line last.

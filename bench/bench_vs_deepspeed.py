@@ -1,6 +1,6 @@
 """pipe vs DeepSpeed 0.14.1 on the peer GPT, side by side (issue #16).
 
-Runs DeepSpeed's pipeline engine (experiments/deepspeed_gpt.py) and pipe's
+Runs DeepSpeed's pipeline engine (bench/deepspeed_gpt.py) and pipe's
 train_gpt on the same model, data kind and batch, alternately: every
 repetition runs each system once, in the same order, so slow periods of a
 shared machine hit both. Each run's figure is the median tokens/s of its steps
@@ -16,7 +16,7 @@ With --explorer (the .sh passes it), every timed pipe step is traced and
 simulated with its own measured costs (bench_schedules.simulate_steps): each
 pipe run also reports the simulated step and the median per-step error.
 
-Use experiments/bench_vs_deepspeed.sh (it makes the virtual environment and
+Use bench/bench_vs_deepspeed.sh (it makes the virtual environment and
 builds train_gpt and schedule_explorer); this script needs --train_gpt and
 --deepspeed.
 """

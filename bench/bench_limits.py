@@ -37,7 +37,7 @@ Every repetition runs every configuration once, in the same order (slow
 periods of a shared machine hit all of them); figures are medians over
 repetitions. Prints a table on stderr and one JSON line on stdout.
 
-Use experiments/bench_limits.sh (builds train_gpt and bench_memcpy).
+Use bench/bench_limits.sh (builds train_gpt and bench_memcpy).
 """
 import argparse
 import json

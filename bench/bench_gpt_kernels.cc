@@ -6,7 +6,7 @@
 // to compare two versions of models/ kernels by (build each, run them
 // alternately). Prints a table and one JSON line.
 //
-//   bazel-bin/experiments/bench_gpt_kernels --reps=30
+//   bazel-bin/bench/bench_gpt_kernels --reps=30
 #include <malloc.h>
 #include <time.h>
 
@@ -23,7 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "experiments/bench_common.h"
+#include "bench/bench_common.h"
 #include "models/data/synthetic_lm_data.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
@@ -46,7 +46,7 @@ ABSL_FLAG(int, profile_reps, 0,
           "> 0: after the timed micro-batches, profile this many more with the operator profiler "
           "(observability/operator_profiler.h, what train_gpt's --profile_steps uses) and print "
           "each operator's self time (its time less its children's), the table to compare with "
-          "experiments/peer_gpt_kernels.py --profile.");
+          "bench/peer_gpt_kernels.py --profile.");
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Keep freed blocks mapped (glibc mmap/trim thresholds 1 GiB), as the launcher sets for "
           "train_gpt's workers; false: glibc's defaults, under which activation-sized tensors are "
