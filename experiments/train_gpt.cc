@@ -1,5 +1,5 @@
 // bazel run //experiments:train_gpt -- [--config=experiments/configs/<name>.textproto] [overrides]
 // Trains the reference GPT across pipeline stages; see experiments/configs/README.md.
-#include "experiments/train_lib.h"
+#include "driver/experiment_main.h"
 
 int main(int argc, char** argv) { return pp::ExperimentMain(argc, argv, pp::ModelKind::kGpt); }

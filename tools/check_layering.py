@@ -46,6 +46,7 @@ LAYERS = [
     "testing",
     "models",
     "checkpoint/hf",
+    "driver",
     "experiments",
     "bench",
     "examples",

@@ -20,9 +20,9 @@ def graph(*edges, nodes=()):
 
 
 CLEAN = graph(
-    ("//experiments:train_gpt", "//experiments:train_lib"),
-    ("//experiments:train_lib", "//models/gpt:gpt"),
-    ("//experiments:train_lib", "//pipeline/runtime:trainer"),
+    ("//experiments:train_gpt", "//driver:run_experiment"),
+    ("//driver:run_experiment", "//models/gpt:gpt"),
+    ("//driver:run_experiment", "//pipeline/runtime:trainer"),
     ("//models/gpt:gpt", "//models/data:lm_data"),  # same layer (models), no cycle
     ("//models/gpt:gpt", "//pipeline/layers:layer_spec"),
     ("//pipeline/runtime:trainer", "//pipeline/schedule:lowering"),
@@ -134,7 +134,7 @@ class CheckTest(unittest.TestCase):
 
     def test_researcher_package_may_use_pipe(self):
         self.assertEqual(self.problems(graph(("//mylab/sched:s", "//pipeline/schedule:registry"),
-                                             ("//mylab/sched:s", "//experiments:train_lib"))), [])
+                                             ("//mylab/sched:s", "//driver:run_experiment"))), [])
 
     def test_pipe_may_not_depend_on_a_researcher_package(self):
         problems = self.problems(graph(("//models:m", "//mylab:thing")))

@@ -7,8 +7,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "driver/experiment_main.h"
+#include "driver/experiment_model.h"
 #include "examples/custom_model/tied_autoencoder.h"
-#include "experiments/train_lib.h"
 
 int main(int argc, char** argv) {
   pp::ExperimentModel model;

@@ -1,6 +1,6 @@
 // Text generation from a GPT: greedy or top-k sampling, one token per forward
 // pass over a fixed window, so the same code drives the sequential model and a
-// pipeline (experiments/train_lib.cc feeds it through the forward-only schedule).
+// pipeline (driver/run_experiment.cc feeds it through the forward-only schedule).
 //
 // The window is always context_length tokens: the prompt and the tokens so far
 // (the newest context_length of them), right-padded with byte 0. Attention is

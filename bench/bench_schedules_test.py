@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""bench_schedules' trace -> simulator inputs, checked by a round trip: a
+step traced from the simulator itself (schedule_explorer --format=chrome, the
+same event layout as train_gpt's trace.json) with known costs must give back
+those costs and the same makespan when bench_schedules derives the explorer's
+flags from it. Would fail if an estimator (per-stage compute, collective tail
+costs, SEND/RECV costs, REDUCE_GRAD per stage), a flag or the replay
+(bench_schedules.replay_step) were wrong or ignored.
+
+    python3 bench/bench_schedules_test.py path/to/schedule_explorer
+"""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_schedules  # noqa: E402
+
+EXPLORER = sys.argv[1]
+
+
+def explore(schedule, stages, m, chunks, extra):
+    base = [EXPLORER, f"--schedule={schedule}", f"--stages={stages}", f"--microbatches={m}",
+            f"--chunks={chunks}"]
+    chrome = json.loads(subprocess.run(base + extra + ["--format=chrome"], capture_output=True,
+                                       text=True, check=True).stdout)
+    sim = json.loads(subprocess.run(base + extra + ["--format=json"], capture_output=True,
+                                    text=True, check=True).stdout)["simulation"]
+    return [e for e in chrome["traceEvents"] if e.get("ph") == "X"], sim["makespan"]
+
+
+def check(schedule, stages, m, chunks, stage_costs, rank_costs, step_all_reduce):
+    # Costs in ms: the chrome trace's ts/dur are in us, 1000 per unit.
+    last = stages * chunks - 1
+    extra = ["--costs=F:1,B:2,I:1,W:1,comm:0", f"--stage_costs={stage_costs}",
+             f"--rank_costs={rank_costs}", f"--tie_groups=0,{last}", "--defer_receives"]
+    if step_all_reduce:
+        extra.append("--step_all_reduce")
+    events, makespan_ms = explore(schedule, stages, m, chunks, extra)
+    costs = bench_schedules.trace_costs(events, chunks, stages)
+    predicted, errors, replay_errors, (stage_out, rank_out) = bench_schedules.simulate_steps(
+        EXPLORER, schedule, stages, m, chunks, [(makespan_ms / 1000, costs)], step_all_reduce)
+    name = f"{schedule} p={stages} m={m} v={chunks}"
+    assert abs(predicted[0] * 1000 - makespan_ms) < 1e-6, (name, predicted, makespan_ms)
+    assert abs(errors[0]) < 1e-9, (name, errors)
+    # The replay of the simulator's own step is the step.
+    assert abs(replay_errors[0]) < 1e-9, (name, replay_errors)
+    # The derived costs themselves, in ms.
+    for part in stage_costs.split(";"):
+        stage, _, items = part.partition(":")
+        for item in items.split(","):
+            key, value = item.split(":")
+            got = stage_out[int(stage)][key] * 1000
+            assert abs(got - float(value)) < 1e-6, (name, stage, key, got, value)
+    for part in rank_costs.split(";"):
+        rank, _, items = part.partition(":")
+        for item in items.split(","):
+            key, value = item.split(":")
+            got = rank_out[int(rank)].get(key, 0) * 1000
+            assert abs(got - float(value)) < 1e-6, (name, rank, key, got, value)
+    print(f"ok {name}: makespan {makespan_ms:g}")
+
+
+# 1F1B, p = 2: uneven stages, every tail cost, a collective STEP.
+check("1f1b", 2, 4, 1, "0:F:1,B:2,REDUCE_GRAD:0.1;1:F:1.5,B:2.5,REDUCE_GRAD:0.2",
+      "0:STEP:0.5,REDUCE_TIED:0.3,SEND:0.05,RECV:0.02;1:STEP:0.8,REDUCE_TIED:0.4,SEND:0.07,"
+      "RECV:0.03", True)
+# The same with a local STEP.
+check("1f1b", 2, 4, 1, "0:F:1,B:2;1:F:1.5,B:2.5",
+      "0:STEP:0.5,REDUCE_TIED:0.3,SEND:0.05,RECV:0.02;1:STEP:0.8,REDUCE_TIED:0.4,SEND:0.07,"
+      "RECV:0.03", False)
+# ZB-V: 2 stages per rank, V placement (the tie of stages 0 and 3 is local to
+# rank 0), split backward.
+if "zbv" in subprocess.run([EXPLORER, "--list"], capture_output=True, text=True).stdout:
+    check("zbv", 2, 4, 2, "0:F:0.5,I:0.1,W:0.6;1:F:0.6,I:0.7,W:0.4;2:F:0.7,I:0.8,W:0.5;"
+          "3:F:0.9,I:1,W:0.6",
+          "0:STEP:0.5,REDUCE_TIED:0.3,SEND:0.05,RECV:0.02;1:STEP:0.8,SEND:0.07,RECV:0.03", True)
+print("PASS")

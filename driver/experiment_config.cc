@@ -1,0 +1,708 @@
+#include "driver/experiment_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "driver/preflight.h"
+#include "models/data/tokenizer.h"
+#include "pipeline/partition/partitioner.h"
+#include "pipeline/runtime/optimizer.h"
+#include "pipeline/runtime/stage_executor.h"
+#include "pipeline/schedule/capabilities.h"
+#include "pipeline/schedule/csv.h"
+#include "pipeline/schedule/lowering.h"
+#include "pipeline/schedule/registry.h"
+#include "topology/device.h"
+
+namespace pp {
+namespace {
+
+namespace gpb = google::protobuf;
+
+// Collects parser errors as "line L:C: message".
+class ErrorCollector : public gpb::io::ErrorCollector {
+ public:
+  void AddError(int line, gpb::io::ColumnNumber column, const std::string& message) override {
+    absl::StrAppend(&errors_, errors_.empty() ? "" : "; ", "line ", line + 1, ":", column + 1, ": ",
+                    message);
+  }
+  const std::string& errors() const { return errors_; }
+
+ private:
+  std::string errors_;
+};
+
+std::vector<std::string> FieldNames(const gpb::Descriptor* d) {
+  std::vector<std::string> names;
+  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+  return names;
+}
+
+void FillDefaults(gpb::Message& message) {
+  const gpb::Reflection* r = message.GetReflection();
+  const gpb::Descriptor* d = message.GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const gpb::FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) continue;
+    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      // A oneof member stays as chosen (ResolveDefaults picks the model).
+      if (f->containing_oneof() != nullptr && !r->HasField(message, f)) continue;
+      FillDefaults(*r->MutableMessage(&message, f));
+      continue;
+    }
+    if (r->HasField(message, f)) continue;
+    switch (f->cpp_type()) {
+      case gpb::FieldDescriptor::CPPTYPE_INT32:
+        r->SetInt32(&message, f, f->default_value_int32());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_INT64:
+        r->SetInt64(&message, f, f->default_value_int64());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_UINT32:
+        r->SetUInt32(&message, f, f->default_value_uint32());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(&message, f, f->default_value_uint64());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(&message, f, f->default_value_double());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_FLOAT:
+        r->SetFloat(&message, f, f->default_value_float());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_BOOL:
+        r->SetBool(&message, f, f->default_value_bool());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_STRING:
+        r->SetString(&message, f, f->default_value_string());
+        break;
+      case gpb::FieldDescriptor::CPPTYPE_ENUM:
+        r->SetEnum(&message, f, f->default_value_enum());
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// An integer field within [lo, hi]; `why` says where a bound comes from.
+absl::Status CheckInt(absl::string_view name, int64_t value, int64_t lo, int64_t hi,
+                      absl::string_view why = "") {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  const bool unbounded = hi == std::numeric_limits<int64_t>::max();
+  std::string rule;
+  if (value < lo) {
+    rule = lo == 0 ? "must not be negative" : absl::StrCat("must be at least ", lo);
+    if (!unbounded) absl::StrAppend(&rule, " and at most ", hi);
+  } else {
+    rule = absl::StrCat("must be at most ", hi);
+  }
+  return Invalid(absl::StrCat(name, " (", value, ") ", rule, why.empty() ? "" : " (", why,
+                              why.empty() ? "" : ")"));
+}
+
+// A real field, finite and within its interval ('(' / '[' open or closed).
+absl::Status CheckReal(absl::string_view name, double value, char open, double lo, double hi,
+                       char close, absl::string_view why = "") {
+  const bool above_lo = open == '(' ? value > lo : value >= lo;
+  const bool below_hi = close == ')' ? value < hi : value <= hi;
+  if (std::isfinite(value) && above_lo && below_hi) return absl::OkStatus();
+  const std::string range = std::isinf(hi) ? absl::StrCat(open == '(' ? "> " : ">= ", lo)
+                                           : absl::StrCat("in ", std::string(1, open), lo, ", ", hi,
+                                                          std::string(1, close));
+  return Invalid(absl::StrCat(name, " (", value, ") must be finite and ", range,
+                              why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
+}
+
+constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
+
+// Every numeric field's range, before anything is built from them (a schedule
+// of 1e9 micro-batches or 1e8 layer specs would exhaust memory first).
+absl::Status CheckRanges(const ExperimentConfig& config) {
+  const auto& par = config.parallelism();
+  struct IntRange {
+    const char* name;
+    int64_t value, lo, hi;
+    const char* why;
+  };
+  const IntRange ints[] = {
+      {"parallelism.pp", par.pp(), 1, 1024, ""},
+      {"parallelism.dp", par.dp(), 1, 1024, ""},
+      {"parallelism.chunks", par.chunks(), 1, 64, ""},
+      {"parallelism.num_microbatches", par.num_microbatches(), 1, 65536,
+       "every rank lists each micro-batch's actions"},
+      {"parallelism.micro_batch_size", par.micro_batch_size(), 1, 1 << 20, ""},
+      {"parallelism.timeout_seconds", par.timeout_seconds(), 1, 86400, "one day"},
+      {"parallelism.activation_checkpointing.interval", par.activation_checkpointing().interval(),
+       0, kUnbounded, ""},
+      {"steps", config.steps(), 1, 1000000000000, ""},
+      {"eval_batches", config.eval_batches(), 1, 1000000, ""},
+      {"eval_interval", config.eval_interval(), 0, kUnbounded, ""},
+      {"log_interval", config.log_interval(), 1, kUnbounded, ""},
+      {"sample_tokens", config.sample_tokens(), 0, 1000000, ""},
+      {"trace_step", config.trace_step(), 0, kUnbounded, ""},
+      {"trace_steps", config.trace_steps(), 1, kUnbounded, ""},
+      {"checkpoint.save_interval", config.checkpoint().save_interval(), 0, kUnbounded, ""},
+      {"checkpoint.keep_last", config.checkpoint().keep_last(), 0, kUnbounded, ""},
+      {"threads.intra_op", config.threads().intra_op(), 0, 4096, "0 = the launcher's choice"},
+      {"threads.blas", config.threads().blas(), 0, 4096, "0 = the launcher's choice"},
+      {"nonfinite.max_skipped_steps", config.nonfinite().max_skipped_steps(), 1, kUnbounded,
+       "consecutive skipped steps before the run fails"},
+  };
+  if (config.nonfinite().policy() != "fail" && config.nonfinite().policy() != "skip") {
+    return Invalid(absl::StrCat("nonfinite.policy '", config.nonfinite().policy(),
+                                "' must be 'fail' or 'skip'"));
+  }
+  for (const IntRange& r : ints) PP_RETURN_IF_ERROR(CheckInt(r.name, r.value, r.lo, r.hi, r.why));
+  if (config.has_gpt() || config.has_bert()) {
+    const std::string m = config.has_gpt() ? "gpt" : "bert";
+    const auto sizes = [&](const auto& g) {
+      return std::vector<IntRange>{
+          {"context_length", g.context_length(), 1, 65536, ""},
+          {"width", g.width(), 1, 65536, ""},
+          {"num_heads", g.num_heads(), 1, std::max<int64_t>(1, g.width()), "at most width"},
+          {"num_layers", g.num_layers(), 1, 100000, ""},
+          {"mlp_ratio", g.mlp_ratio(), 1, 64, ""},
+      };
+    };
+    for (const IntRange& r : config.has_gpt() ? sizes(config.gpt()) : sizes(config.bert())) {
+      PP_RETURN_IF_ERROR(CheckInt(absl::StrCat(m, ".", r.name), r.value, r.lo, r.hi, r.why));
+    }
+    const double dropout = config.has_gpt() ? config.gpt().dropout() : config.bert().dropout();
+    PP_RETURN_IF_ERROR(CheckReal(m + ".dropout", dropout, '[', 0, 1, ')'));
+  }
+  const auto& opt = config.optimizer();
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.lr", opt.lr(), '(', 0, 10, ']'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.weight_decay", opt.weight_decay(), '[', 0, 10, ']'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.beta1", opt.beta1(), '[', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.beta2", opt.beta2(), '[', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.eps", opt.eps(), '(', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.momentum", opt.momentum(), '[', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckReal("optimizer.max_grad_norm", opt.max_grad_norm(), '[', 0,
+                               std::numeric_limits<double>::infinity(), ']', "0 = no clipping"));
+  const auto& lr = config.lr_schedule();
+  PP_RETURN_IF_ERROR(CheckInt("lr_schedule.warmup_steps", lr.warmup_steps(), 0, kUnbounded));
+  if (lr.name() == "warmup_cosine") {
+    PP_RETURN_IF_ERROR(CheckReal("lr_schedule.min_lr", lr.min_lr(), '[', 0, opt.lr(), ']',
+                                 "at most optimizer.lr, the cosine's start"));
+  } else {
+    PP_RETURN_IF_ERROR(CheckReal("lr_schedule.min_lr", lr.min_lr(), '[', 0,
+                                 std::numeric_limits<double>::infinity(), ']'));
+  }
+  PP_RETURN_IF_ERROR(
+      CheckReal("data.eval_fraction", config.data().eval_fraction(), '[', 0, 0.5, ')'));
+  PP_RETURN_IF_ERROR(CheckInt("sample_top_k", config.sample_top_k(), 1, kUnbounded, "1 = greedy"));
+  PP_RETURN_IF_ERROR(
+      CheckReal("sample_temperature", config.sample_temperature(), '(', 0, 100, ']'));
+  if (config.has_bert()) {
+    PP_RETURN_IF_ERROR(CheckReal("bert.mask_prob", config.bert().mask_prob(), '(', 0, 1, ']'));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* ModelKindName(ModelKind kind) {
+  switch (kind) {
+    case ModelKind::kGpt:
+      return "gpt";
+    case ModelKind::kBert:
+      return "bert";
+    case ModelKind::kCustom:
+      return "custom";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text) {
+  ExperimentConfig config;
+  gpb::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &config)) {
+    return Invalid(absl::StrCat("config does not parse as ExperimentConfig (driver/config.proto): ",
+                                errors.errors()));
+  }
+  return config;
+}
+
+absl::StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config '", path, "' is not a regular file (",
+        std::filesystem::is_directory(path, ec) ? "a directory" : "a FIFO, device or socket",
+        "); pass --config=experiments/configs/<name>.textproto"));
+  }
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(
+        "cannot read config '", path, "'; pass --config=experiments/configs/<name>.textproto"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  absl::StatusOr<ExperimentConfig> config = ParseExperimentConfig(buffer.str());
+  if (!config.ok()) return Invalid(absl::StrCat(path, ": ", config.status().message()));
+  return config;
+}
+
+absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == absl::string_view::npos || eq == 0) {
+    return Invalid(absl::StrCat("override '", assignment,
+                                "' must look like field.path=value, e.g. optimizer.lr=1e-3"));
+  }
+  const std::string path(assignment.substr(0, eq));
+  const std::string value(assignment.substr(eq + 1));
+  const std::vector<std::string> parts = absl::StrSplit(path, '.');
+  const gpb::Descriptor* d = ExperimentConfig::descriptor();
+  std::string text_open, text_close;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const gpb::FieldDescriptor* f = d->FindFieldByName(parts[i]);
+    if (f == nullptr) {
+      return Invalid(absl::StrCat("unknown config field '", path, "': ", d->full_name(),
+                                  " has no field '", parts[i],
+                                  "' (valid: ", absl::StrJoin(FieldNames(d), ", "), ")"));
+    }
+    const bool last = i + 1 == parts.size();
+    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (last) {
+        return Invalid(absl::StrCat("config field '", path,
+                                    "' is a message; set one of its fields (",
+                                    absl::StrJoin(FieldNames(f->message_type()), ", "), ")"));
+      }
+      absl::StrAppend(&text_open, parts[i], " { ");
+      text_close += " }";
+      d = f->message_type();
+      continue;
+    }
+    if (!last)
+      return Invalid(
+          absl::StrCat("config field '", parts[i], "' in '", path, "' is not a message"));
+    std::string literal = value;
+    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_STRING)
+      literal = absl::StrCat("\"", absl::CEscape(value), "\"");
+    absl::StrAppend(&text_open, parts[i], ": ", literal);
+  }
+  gpb::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  // Merging keeps the other fields; a oneof member replaces its siblings.
+  if (!parser.MergeFromString(text_open + text_close, &config)) {
+    return Invalid(absl::StrCat("cannot set ", path, " to '", value, "': ", errors.errors()));
+  }
+  return absl::OkStatus();
+}
+
+void ResolveDefaults(ExperimentConfig& config, ModelKind kind) {
+  if (config.model_case() == ExperimentConfig::MODEL_NOT_SET && kind != ModelKind::kCustom) {
+    kind == ModelKind::kGpt ? (void)config.mutable_gpt() : (void)config.mutable_bert();
+  }
+  // The default partition method names GPT/BERT's block type; a user's model
+  // is cut into equal layer counts unless its config says otherwise.
+  if (kind == ModelKind::kCustom && !config.parallelism().has_partition_method()) {
+    config.mutable_parallelism()->set_partition_method("uniform");
+  }
+  FillDefaults(config);
+}
+
+GptConfig ToGptConfig(const ExperimentConfig& config) {
+  const auto& g = config.gpt();
+  return GptConfig{.vocab_size = ByteTokenizer::kVocabSize,
+                   .context_length = g.context_length(),
+                   .width = g.width(),
+                   .num_heads = g.num_heads(),
+                   .num_layers = g.num_layers(),
+                   .mlp_ratio = g.mlp_ratio(),
+                   .dropout = g.dropout()};
+}
+
+BertConfig ToBertConfig(const ExperimentConfig& config) {
+  const auto& b = config.bert();
+  return BertConfig{.vocab_size = ByteTokenizer::kVocabSize,
+                    .context_length = b.context_length(),
+                    .width = b.width(),
+                    .num_heads = b.num_heads(),
+                    .num_layers = b.num_layers(),
+                    .mlp_ratio = b.mlp_ratio(),
+                    .dropout = b.dropout()};
+}
+
+absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config,
+                                                           ModelKind kind) {
+  if (kind == ModelKind::kCustom) {
+    return absl::InvalidArgumentError("a custom model's specs come from its ExperimentModel");
+  }
+  return kind == ModelKind::kGpt ? MakeGptSpecs(ToGptConfig(config))
+                                 : MakeBertSpecs(ToBertConfig(config));
+}
+
+namespace {
+
+// The config's model section matches the binary (train_gpt, train_bert, a
+// user's model).
+absl::Status CheckModelKind(const ExperimentConfig& config, ModelKind kind) {
+  if (kind == ModelKind::kCustom) {
+    if (config.model_case() == ExperimentConfig::MODEL_NOT_SET) return absl::OkStatus();
+    return Invalid(absl::StrCat("this config describes a ", config.has_gpt() ? "GPT" : "BERT",
+                                " model; run it with //experiments:train_",
+                                config.has_gpt() ? "gpt" : "bert",
+                                " (a custom model's config has no gpt/bert section)"));
+  }
+  if (kind == ModelKind::kGpt && config.has_bert()) {
+    return Invalid(
+        "this config describes a BERT model (bert { ... }); run it "
+        "with //experiments:train_bert");
+  }
+  if (kind != ModelKind::kGpt && config.has_gpt()) {
+    return Invalid(
+        "this config describes a GPT model (gpt { ... }); run it "
+        "with //experiments:train_gpt");
+  }
+  return absl::OkStatus();
+}
+
+// pp x dp against the ranks the launcher started (0: not known yet).
+absl::Status CheckWorldSize(const driver::ParallelismConfig& par, int world_size) {
+  // pp and dp are at most 1024 each (CheckRanges), so their product fits in
+  // int32; it is computed in int64 all the same.
+  const int64_t ranks = static_cast<int64_t>(par.pp()) * par.dp();
+  if (world_size <= 0 || ranks == world_size) return absl::OkStatus();
+  return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(),
+                              ") = ", ranks, " ranks, but ", world_size,
+                              " were started; leave --nproc_per_node unset "
+                              "(the launcher then starts pp x dp ranks, "
+                              "split evenly over --nnodes) or set it to ",
+                              ranks, " / --nnodes"));
+}
+
+// The model's own shape, and at least one layer (block) per model part.
+absl::Status CheckModelShape(const ExperimentConfig& config, ModelKind kind,
+                             const std::vector<LayerSpec>* custom_specs) {
+  const auto& par = config.parallelism();
+  const int64_t parts = static_cast<int64_t>(par.pp()) * par.chunks();
+  if (kind == ModelKind::kCustom) {
+    // The model's own sizes are its business; the parts must fit its layers.
+    if (parts <= static_cast<int64_t>(custom_specs->size())) return absl::OkStatus();
+    return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.chunks (",
+                                par.chunks(), ") = ", parts,
+                                " model parts, but the model has only ", custom_specs->size(),
+                                " layers; use at most ", custom_specs->size(), " parts"));
+  }
+  const bool gpt = kind == ModelKind::kGpt;
+  PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config))
+                         : ValidateBertConfig(ToBertConfig(config)));
+  const int64_t num_layers = gpt ? config.gpt().num_layers() : config.bert().num_layers();
+  if (parts <= num_layers) return absl::OkStatus();
+  return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.chunks (",
+                              par.chunks(), ") = ", parts, " model parts, but the model has only ",
+                              num_layers, " blocks (", ModelKindName(kind),
+                              ".num_layers); use at most ", num_layers, " parts or more layers"));
+}
+
+// The schedule: registered, trains, accepts this shape, and the runtime can
+// execute its lowered program (refused here, before any worker starts,
+// rather than in every rank).
+absl::Status CheckSchedule(const driver::ParallelismConfig& par) {
+  const std::vector<std::string> names = RegisteredScheduleNames();
+  // "csv:FILE" is a schedule file (pipeline/schedule/csv.h); MakeSchedule reads
+  // it.
+  if (!absl::StartsWith(par.schedule(), kCsvSchedulePrefix) &&
+      std::find(names.begin(), names.end(), par.schedule()) == names.end()) {
+    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
+                                "' is not a registered schedule; valid: ",
+                                absl::StrJoin(names, ", "), ", or csv:FILE (a schedule file)"));
+  }
+  ScheduleOptions so;
+  so.num_stages = par.pp();
+  so.num_microbatches = par.num_microbatches();
+  so.num_chunks = par.chunks();
+  absl::StatusOr<Schedule> schedule = MakeSchedule(par.schedule(), so);
+  if (!schedule.ok()) {
+    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(), "' rejects pp=", par.pp(),
+                                ", num_microbatches=", par.num_microbatches(),
+                                ", chunks=", par.chunks(), ": ", schedule.status().message()));
+  }
+  if (schedule->forward_only) {
+    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
+                                "' is forward-only (evaluation); choose a training schedule: ",
+                                absl::StrJoin(names, ", ")));
+  }
+  absl::StatusOr<LoweredProgram> program = Lower(*schedule);
+  if (!program.ok()) {
+    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
+                                "' does not lower: ", program.status().message()));
+  }
+  absl::Status supported = CheckRuntimeSupports(*program, StageExecutorCapabilities());
+  if (!supported.ok()) {
+    return Invalid(absl::StrCat("parallelism.schedule: ", supported.message()));
+  }
+  return absl::OkStatus();
+}
+
+// The device: known and present for every rank of this node.
+absl::Status CheckDevice(const driver::ParallelismConfig& par) {
+  absl::StatusOr<DeviceKind> device = ParseDeviceKind(par.device());
+  if (!device.ok()) return Invalid(absl::StrCat("parallelism.device: ", device.status().message()));
+  if (*device != DeviceKind::kCuda) return absl::OkStatus();
+  const int local_ranks = par.pp() * par.dp();
+  for (int local_rank : {0, local_ranks - 1}) {
+    absl::StatusOr<c10::Device> cuda = DeviceForLocalRank(*device, local_rank);
+    if (!cuda.ok()) {
+      return Invalid(absl::StrCat("parallelism.device 'cuda' (pp x dp = ", local_ranks,
+                                  " ranks on this node): ", cuda.status().message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The partition method: registered, and it can cut this model (`profile`
+// times the layers, so it is checked when the run has them).
+absl::Status CheckPartition(const ExperimentConfig& config, ModelKind kind,
+                            const std::vector<LayerSpec>* custom_specs) {
+  const auto& par = config.parallelism();
+  const std::string& method = par.partition_method();
+  const std::string method_name = method.substr(0, method.find(':'));
+  const std::vector<std::string> partitioners = RegisteredPartitioners();
+  if (std::find(partitioners.begin(), partitioners.end(), method_name) == partitioners.end()) {
+    return Invalid(absl::StrCat("parallelism.partition_method '", method,
+                                "' is unknown; valid: ", absl::StrJoin(partitioners, ", "),
+                                " (type:<regex> over layer types, explicit:<b0,b1,...>)"));
+  }
+  if (method_name == "profile") return absl::OkStatus();
+  std::vector<LayerSpec> specs;
+  if (kind == ModelKind::kCustom) {
+    specs = *custom_specs;
+  } else {
+    PP_ASSIGN_OR_RETURN(specs, MakeExperimentSpecs(config, kind));
+  }
+  const int64_t parts = static_cast<int64_t>(par.pp()) * par.chunks();
+  PartitionRequest request;
+  request.specs = &specs;
+  request.num_parts = parts;
+  request.base_seed = config.seed();
+  absl::StatusOr<Bounds> bounds = Partition(method, request);
+  if (bounds.ok()) return absl::OkStatus();
+  return Invalid(absl::StrCat("parallelism.partition_method '", method, "' cannot cut the ",
+                              ModelKindName(kind), " into ", parts,
+                              " parts: ", bounds.status().message()));
+}
+
+// The optimizer and the learning-rate schedule, as the runtime will build them.
+absl::Status CheckOptimization(const ExperimentConfig& config) {
+  OptimizerConfig opt;
+  opt.name = config.optimizer().name();
+  opt.lr = config.optimizer().lr();
+  opt.weight_decay = config.optimizer().weight_decay();
+  opt.momentum = config.optimizer().momentum();
+  opt.beta1 = config.optimizer().beta1();
+  opt.beta2 = config.optimizer().beta2();
+  opt.eps = config.optimizer().eps();
+  PP_RETURN_IF_ERROR(ValidateOptimizerConfig(opt));
+  LrScheduleConfig lr;
+  lr.name = config.lr_schedule().name();
+  lr.warmup_steps = config.lr_schedule().warmup_steps();
+  lr.total_steps = config.steps();
+  lr.min_lr = config.lr_schedule().min_lr();
+  if (absl::Status s = ValidateLrSchedule(lr); !s.ok()) {
+    return Invalid(absl::StrCat("lr_schedule: ", s.message(),
+                                " (lr_schedule.warmup_steps must be below steps; lower it with "
+                                "--set=lr_schedule.warmup_steps=N or run more --steps)"));
+  }
+  return absl::OkStatus();
+}
+
+// The data source and path, the held-out fraction, the model's data and
+// sampling settings.
+absl::Status CheckDataAndSampling(const ExperimentConfig& config, ModelKind kind) {
+  const std::string& source = config.data().source();
+  if (source != "corpus" && source != "synthetic") {
+    return Invalid(absl::StrCat("data.source '", source, "' is unknown; valid: corpus, synthetic"));
+  }
+  if (source == "synthetic" && kind != ModelKind::kGpt) {
+    return Invalid(absl::StrCat("data.source 'synthetic' is for gpt only (this is ",
+                                ModelKindName(kind), "); valid here: corpus"));
+  }
+  std::error_code ec;
+  if (source == "corpus" && !std::filesystem::exists(config.data().path(), ec)) {
+    return Invalid(absl::StrCat("data.path '", config.data().path(),
+                                "' does not exist; pass --data=<a text file or folder>"));
+  }
+  if (!(config.data().eval_fraction() >= 0 && config.data().eval_fraction() < 0.5)) {
+    return Invalid(absl::StrCat("data.eval_fraction (", config.data().eval_fraction(),
+                                ") must be in [0, 0.5)"));
+  }
+  if (kind == ModelKind::kGpt && config.sample_top_k() < 1) {
+    return Invalid(
+        absl::StrCat("sample_top_k (", config.sample_top_k(), ") must be at least 1 (1 = greedy)"));
+  }
+  if (kind == ModelKind::kGpt && !(config.sample_temperature() > 0)) {
+    return Invalid(
+        absl::StrCat("sample_temperature (", config.sample_temperature(), ") must be positive"));
+  }
+  if (kind == ModelKind::kBert &&
+      !(config.bert().mask_prob() > 0 && config.bert().mask_prob() <= 1)) {
+    return Invalid(
+        absl::StrCat("bert.mask_prob (", config.bert().mask_prob(), ") must be in (0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind,
+                                      int world_size, const std::vector<LayerSpec>* custom_specs) {
+  if (kind == ModelKind::kCustom && custom_specs == nullptr) {
+    return absl::InternalError("ValidateExperimentConfig: a custom model needs its layer specs");
+  }
+  PP_RETURN_IF_ERROR(CheckModelKind(config, kind));
+  PP_RETURN_IF_ERROR(CheckRanges(config));
+  // Before the schedule's action lists and the layer specs are built.
+  PP_RETURN_IF_ERROR(CheckMemory(config, world_size > 0 ? TotalMemoryBytes() : -1));
+  PP_RETURN_IF_ERROR(CheckWorldSize(config.parallelism(), world_size));
+  PP_RETURN_IF_ERROR(CheckModelShape(config, kind, custom_specs));
+  PP_RETURN_IF_ERROR(CheckSchedule(config.parallelism()));
+  PP_RETURN_IF_ERROR(CheckDevice(config.parallelism()));
+  PP_RETURN_IF_ERROR(CheckPartition(config, kind, custom_specs));
+  PP_RETURN_IF_ERROR(CheckOptimization(config));
+  return CheckDataAndSampling(config, kind);
+}
+
+std::string ConfigToText(const ExperimentConfig& config) {
+  std::string text;
+  gpb::TextFormat::PrintToString(config, &text);
+  return text;
+}
+
+namespace {
+
+// Field paths whose difference does not change the training.
+bool IgnoredOnResume(const std::string& path) {
+  for (const char* prefix :
+       {"name", "output_dir", "log_interval", "eval_interval", "eval_batches", "sample_",
+        "trace_step", "checkpoint.", "parallelism.timeout_seconds"}) {
+    if (absl::StartsWith(path, prefix)) return true;
+  }
+  return false;
+}
+
+// Differences that make the continuation another training run.
+bool BreaksResume(const std::string& path) {
+  return absl::StartsWith(path, "gpt") || absl::StartsWith(path, "bert") || path == "model" ||
+         path == "seed" || path == "optimizer.name";
+}
+
+// "path: A in the checkpoint, B now" for every leaf field that differs.
+void DiffConfigs(const gpb::Message& saved, const gpb::Message& now, const std::string& prefix,
+                 std::vector<std::pair<std::string, std::string>>& out) {
+  const gpb::Descriptor* d = now.GetDescriptor();
+  const gpb::Reflection* rs = saved.GetReflection();
+  const gpb::Reflection* rn = now.GetReflection();
+  for (int i = 0; i < d->oneof_decl_count(); ++i) {
+    const gpb::OneofDescriptor* oneof = d->oneof_decl(i);
+    const gpb::FieldDescriptor* a = rs->GetOneofFieldDescriptor(saved, oneof);
+    const gpb::FieldDescriptor* b = rn->GetOneofFieldDescriptor(now, oneof);
+    if (a != b) {
+      out.emplace_back(prefix + oneof->name(),
+                       absl::StrCat(a != nullptr ? a->name() : "(none)", " in the checkpoint, ",
+                                    b != nullptr ? b->name() : "(none)", " now"));
+    }
+  }
+  for (int i = 0; i < d->field_count(); ++i) {
+    const gpb::FieldDescriptor* f = d->field(i);
+    const std::string path = prefix + f->name();
+    if (f->is_repeated()) {
+      std::string a, b;
+      for (int k = 0; k < rs->FieldSize(saved, f); ++k) {
+        std::string v;
+        gpb::TextFormat::PrintFieldValueToString(saved, f, k, &v);
+        absl::StrAppend(&a, k ? ", " : "", v);
+      }
+      for (int k = 0; k < rn->FieldSize(now, f); ++k) {
+        std::string v;
+        gpb::TextFormat::PrintFieldValueToString(now, f, k, &v);
+        absl::StrAppend(&b, k ? ", " : "", v);
+      }
+      if (a != b)
+        out.emplace_back(path, absl::StrCat("[", a, "] in the checkpoint, [", b, "] now"));
+      continue;
+    }
+    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (f->containing_oneof() != nullptr && (!rs->HasField(saved, f) || !rn->HasField(now, f))) {
+        continue;  // a different oneof choice is reported above
+      }
+      DiffConfigs(rs->GetMessage(saved, f), rn->GetMessage(now, f), path + ".", out);
+      continue;
+    }
+    std::string a, b;
+    gpb::TextFormat::PrintFieldValueToString(saved, f, -1, &a);
+    gpb::TextFormat::PrintFieldValueToString(now, f, -1, &b);
+    if (a != b) out.emplace_back(path, absl::StrCat(a, " in the checkpoint, ", b, " now"));
+  }
+}
+
+}  // namespace
+
+absl::Status CheckResumeConfig(const std::string& saved_text, const ExperimentConfig& now,
+                               std::vector<std::string>* warnings) {
+  if (saved_text.empty()) {
+    warnings->push_back(
+        "the checkpoint records no experiment config; its "
+        "settings cannot be compared");
+    return absl::OkStatus();
+  }
+  absl::StatusOr<ExperimentConfig> saved = ParseExperimentConfig(saved_text);
+  if (!saved.ok()) {
+    warnings->push_back(absl::StrCat("the checkpoint's experiment config does not parse here (",
+                                     saved.status().message(), "); it cannot be compared"));
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<std::string, std::string>> diffs;
+  DiffConfigs(*saved, now, "", diffs);
+  std::vector<std::string> breaking;
+  for (const auto& [path, what] : diffs) {
+    if (IgnoredOnResume(path)) continue;
+    const std::string line = absl::StrCat(path, ": ", what);
+    if (BreaksResume(path)) {
+      breaking.push_back(line);
+    } else {
+      warnings->push_back(
+          absl::StrCat("resuming with a changed setting (the run will not equal "
+                       "an uninterrupted one): ",
+                       line));
+    }
+  }
+  if (breaking.empty()) return absl::OkStatus();
+  if (now.checkpoint().allow_config_change()) {
+    for (const std::string& line : breaking) {
+      warnings->push_back(
+          absl::StrCat("resuming with a changed model/seed/optimizer "
+                       "(checkpoint.allow_config_change): ",
+                       line));
+    }
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("the checkpoint was written by a different run: ", absl::StrJoin(breaking, "; "),
+                   ". Resume with the checkpoint's settings, or set "
+                   "checkpoint.allow_config_change=true "
+                   "(--set=checkpoint.allow_config_change=true) to continue anyway"));
+}
+
+}  // namespace pp

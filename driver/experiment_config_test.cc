@@ -1,0 +1,440 @@
+#include "driver/experiment_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/torch_compat.h"
+#include "pipeline/schedule/registry.h"
+#include "topology/device.h"
+
+namespace pp {
+namespace {
+
+// GPipe with the backward split into I then W: valid and lowerable; the
+// runtime's capability check (run by config validation) accepts I/W.
+absl::StatusOr<Schedule> MakeSplitGPipe(const ScheduleOptions& options) {
+  Schedule schedule = EmptyLoopedSchedule("split_gpipe_for_test", options);
+  for (int r = 0; r < options.num_stages; ++r) {
+    for (int mb = 0; mb < options.num_microbatches; ++mb) schedule.ranks[r].push_back(F(r, mb));
+    for (int mb = 0; mb < options.num_microbatches; ++mb) {
+      schedule.ranks[r].push_back(I(r, mb));
+      schedule.ranks[r].push_back(W(r, mb));
+    }
+  }
+  return schedule;
+}
+PP_REGISTER_SCHEDULE("split_gpipe_for_test", "GPipe with I/W, for the capability check",
+                     MakeSplitGPipe);
+
+ExperimentConfig Testdata(const std::string& name) {
+  absl::StatusOr<ExperimentConfig> config = LoadExperimentConfig("driver/testdata/" + name);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : ExperimentConfig();
+}
+
+ExperimentConfig Gpt() {
+  ExperimentConfig config = Testdata("gpt_pp2.textproto");
+  ResolveDefaults(config, ModelKind::kGpt);
+  return config;
+}
+
+// The message of validating `config` (as train_gpt would, on `world` ranks).
+std::string Error(const ExperimentConfig& config, int world = 2, ModelKind kind = ModelKind::kGpt) {
+  absl::Status s = ValidateExperimentConfig(config, kind, world);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  return std::string(s.message());
+}
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
+
+TEST(ExperimentConfigTest, ResolvedTextHasEveryFieldAndRoundTrips) {
+  ExperimentConfig c;
+  ResolveDefaults(c, ModelKind::kBert);
+  const std::string text = ConfigToText(c);
+  EXPECT_HAS(text, "mask_prob: 0.15");
+  EXPECT_HAS(text, "save_interval: 0");
+  EXPECT_HAS(text, "schedule: \"1f1b\"");
+  absl::StatusOr<ExperimentConfig> again = ParseExperimentConfig(text);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ConfigToText(*again), text);
+}
+
+TEST(ExperimentConfigTest, OverridesSetSingleFields) {
+  ExperimentConfig c = Gpt();
+  ASSERT_TRUE(ApplyOverride(c, "parallelism.pp=4").ok());
+  ASSERT_TRUE(ApplyOverride(c, "optimizer.lr=1e-4").ok());
+  ASSERT_TRUE(ApplyOverride(c, "data.path=/tmp/some \"text\"").ok());
+  ASSERT_TRUE(ApplyOverride(c, "checkpoint.resume=runs/x/step_100").ok());
+  ASSERT_TRUE(ApplyOverride(c, "gpt.num_layers=8").ok());
+  EXPECT_EQ(c.parallelism().pp(), 4);
+  EXPECT_EQ(c.parallelism().schedule(), "1f1b");  // siblings kept
+  EXPECT_DOUBLE_EQ(c.optimizer().lr(), 1e-4);
+  EXPECT_EQ(c.data().path(), "/tmp/some \"text\"");
+  EXPECT_EQ(c.checkpoint().resume(), "runs/x/step_100");
+  EXPECT_EQ(c.gpt().num_layers(), 8);
+  EXPECT_EQ(c.gpt().width(), 128);
+}
+
+TEST(ExperimentConfigTest, BadOverridesSayWhatIsValid) {
+  ExperimentConfig c = Gpt();
+  std::string m(ApplyOverride(c, "parallelism.stages=4").message());
+  EXPECT_HAS(m, "has no field 'stages'");
+  EXPECT_HAS(m, "pp, dp, schedule");
+  m = std::string(ApplyOverride(c, "parallelism=4").message());
+  EXPECT_HAS(m, "is a message");
+  m = std::string(ApplyOverride(c, "steps").message());
+  EXPECT_HAS(m, "field.path=value");
+  m = std::string(ApplyOverride(c, "steps=many").message());
+  EXPECT_HAS(m, "cannot set steps to 'many'");
+}
+
+TEST(ExperimentConfigTest, ParseErrorsNameTheLine) {
+  std::string m(ParseExperimentConfig("steps: 3\nparallelism { pipes: 2 }\n").status().message());
+  EXPECT_HAS(m, "line 2");
+  EXPECT_HAS(m, "pipes");
+  EXPECT_EQ(LoadExperimentConfig("/nonexistent.textproto").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(ExperimentConfigTest, RanksMustEqualPpTimesDp) {
+  EXPECT_HAS(Error(Gpt(), 3),
+             "parallelism.pp (2) x parallelism.dp (1) = 2 ranks, but 3 were started");
+  EXPECT_TRUE(
+      ValidateExperimentConfig(Gpt(), ModelKind::kGpt, 0).ok());  // launcher side: not known yet
+}
+
+TEST(ExperimentConfigTest, PpTimesDpBeyondInt32IsRefused) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_pp(65536);
+  c.mutable_parallelism()->set_dp(65536);
+  // Refused by its range before any product is formed.
+  EXPECT_HAS(Error(c, 0), "parallelism.pp (65536) must be at most 1024");
+  c.mutable_parallelism()->set_pp(2);
+  EXPECT_HAS(Error(c, 0), "parallelism.dp (65536) must be at most 1024");
+}
+
+TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_schedule("interleaved_1f1b");
+  c.mutable_parallelism()->set_chunks(2);
+  c.mutable_parallelism()->set_num_microbatches(3);
+  const std::string m = Error(c);
+  EXPECT_HAS(m,
+             "parallelism.schedule 'interleaved_1f1b' rejects pp=2, num_microbatches=3, chunks=2");
+}
+
+// Config validation runs the runtime's capability check (a schedule it cannot
+// execute would be refused before any worker starts; the refusal itself is
+// tested in pipeline/schedule:capabilities_test). I/W schedules pass it, and a
+// schedule's own option rules (zbv: two chunks) still apply.
+TEST(ExperimentConfigTest, SplitBackwardSchedulesPassTheCapabilityCheck) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_schedule("split_gpipe_for_test");
+  EXPECT_TRUE(ValidateExperimentConfig(c, ModelKind::kGpt, 2).ok())
+      << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+  c.mutable_parallelism()->set_schedule("zbv");
+  EXPECT_HAS(Error(c), "num_chunks (1) must be 2");
+  c.mutable_parallelism()->set_chunks(2);
+  EXPECT_TRUE(ValidateExperimentConfig(c, ModelKind::kGpt, 2).ok())
+      << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+}
+
+// parallelism.device: an unknown name lists the valid ones; cuda names the
+// missing device (no CUDA in the build, no GPU, too few GPUs), and is valid
+// where every local rank has its GPU.
+TEST(ExperimentConfigTest, DeviceIsKnownAndPresent) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_device("gpu");
+  EXPECT_HAS(Error(c), "parallelism.device: device 'gpu' is not a known device; valid: cpu, cuda");
+  c.mutable_parallelism()->set_device("cuda");
+  const int gpus = VisibleCudaDevices();
+  if (gpus >= 2) {
+    absl::Status s = ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+    EXPECT_TRUE(s.ok()) << s;
+    return;
+  }
+  const std::string m = Error(c);
+  if (gpus < 2) {
+    EXPECT_HAS(m, "parallelism.device 'cuda' (pp x dp = 2 ranks on this node): ");
+  }
+  if (!torch_compat::BuiltWithCuda()) {
+    EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
+    EXPECT_HAS(m, "built without CUDA; build with --config=cuda");
+  } else if (gpus == 0) {
+    EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
+    EXPECT_HAS(m, "no CUDA GPU is visible");
+  } else {
+    EXPECT_HAS(m, "device cuda:1 (--device=cuda, local rank 1) is not available");
+  }
+}
+
+TEST(ExperimentConfigTest, MoreStagesThanBlocks) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_pp(8);
+  EXPECT_HAS(
+      Error(c, 8),
+      "parallelism.pp (8) x parallelism.chunks (1) = 8 model parts, but the model has only 4 "
+      "blocks (gpt.num_layers)");
+}
+
+TEST(ExperimentConfigTest, UnknownScheduleListsTheValidNames) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_schedule("zigzag");
+  const std::string m = Error(c);
+  EXPECT_HAS(m, "parallelism.schedule 'zigzag' is not a registered schedule; valid: ");
+  EXPECT_HAS(m, "1f1b");
+  EXPECT_HAS(m, "gpipe");
+  c.mutable_parallelism()->set_schedule("inference");
+  EXPECT_HAS(Error(c), "forward-only");
+}
+
+TEST(ExperimentConfigTest, UnknownPartitionMethodListsTheValidNames) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_partition_method("balanced");
+  std::string m = Error(c);
+  EXPECT_HAS(m, "parallelism.partition_method 'balanced' is unknown; valid: ");
+  EXPECT_HAS(m, "uniform");
+  EXPECT_HAS(m, "type");
+  c.mutable_parallelism()->set_partition_method("type:NoSuchLayer");
+  EXPECT_HAS(Error(c), "cannot cut the gpt into 2 parts");
+}
+
+TEST(ExperimentConfigTest, OtherBadFieldsAreNamed) {
+  ExperimentConfig c = Gpt();
+  c.mutable_gpt()->set_num_heads(3);
+  EXPECT_HAS(Error(c), "gpt.width (128) must be a multiple of gpt.num_heads (3)");
+  c = Gpt();
+  c.mutable_parallelism()->set_num_microbatches(0);
+  EXPECT_HAS(Error(c), "parallelism.num_microbatches (0) must be at least 1");
+  c = Gpt();
+  c.mutable_optimizer()->set_name("lion");
+  EXPECT_HAS(Error(c), "lion");
+  c = Gpt();
+  c.set_steps(10);
+  EXPECT_HAS(Error(c), "lr_schedule.warmup_steps must be below steps");
+  c = Gpt();
+  c.mutable_data()->set_path("/no/such/corpus");
+  EXPECT_HAS(Error(c), "data.path '/no/such/corpus' does not exist");
+  c = Gpt();
+  c.set_sample_top_k(0);
+  EXPECT_HAS(Error(c), "sample_top_k (0)");
+  c = Gpt();
+  c.mutable_checkpoint()->set_keep_last(-1);
+  EXPECT_HAS(Error(c), "checkpoint.keep_last (-1) must not be negative");
+}
+
+// Every numeric field has a checked range, named in the error: values that
+// used to train garbage with exit 0 or crash a worker (issue #14).
+TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
+  struct Case {
+    std::string assignment;  // applied to the shipped gpt_small_pp2
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"optimizer.lr=inf", "optimizer.lr (inf) must be finite and in (0, 10]"},
+      {"optimizer.lr=1e30", "optimizer.lr (1e+30) must be finite and in (0, 10]"},
+      {"optimizer.lr=0", "optimizer.lr (0) must be finite and in (0, 10]"},
+      {"optimizer.lr=-1", "optimizer.lr (-1)"},
+      {"lr_schedule.min_lr=-0.1", "lr_schedule.min_lr (-0.1) must be finite and in [0, 0.003]"},
+      {"lr_schedule.min_lr=0.01", "lr_schedule.min_lr (0.01) must be finite and in [0, 0.003]"},
+      {"optimizer.max_grad_norm=nan",
+       "optimizer.max_grad_norm (nan) must be finite and >= 0 (0 = no clipping)"},
+      {"optimizer.max_grad_norm=-1", "optimizer.max_grad_norm (-1)"},
+      {"optimizer.eps=1e400", "optimizer.eps (inf) must be finite and in (0, 1)"},
+      {"optimizer.eps=-1e-8", "optimizer.eps (-1e-08)"},
+      {"optimizer.eps=nan", "optimizer.eps (nan)"},
+      {"optimizer.beta1=1", "optimizer.beta1 (1) must be finite and in [0, 1)"},
+      {"optimizer.beta2=1.57", "optimizer.beta2 (1.57) must be finite and in [0, 1)"},
+      {"optimizer.momentum=-0.5", "optimizer.momentum (-0.5)"},
+      {"optimizer.weight_decay=inf", "optimizer.weight_decay (inf)"},
+      {"log_interval=0", "log_interval (0) must be at least 1"},
+      {"steps=0", "steps (0) must be at least 1"},
+      {"eval_batches=0", "eval_batches (0) must be at least 1"},
+      {"eval_interval=-1", "eval_interval (-1) must not be negative"},
+      {"trace_step=-1", "trace_step (-1) must not be negative"},
+      {"trace_steps=0", "trace_steps (0) must be at least 1"},
+      {"sample_tokens=-5", "sample_tokens (-5) must not be negative and at most 1000000"},
+      {"sample_temperature=nan", "sample_temperature (nan)"},
+      {"parallelism.num_microbatches=1000000000",
+       "parallelism.num_microbatches (1000000000) must be at most 65536"},
+      {"parallelism.micro_batch_size=-2", "parallelism.micro_batch_size (-2) must be at least 1"},
+      {"parallelism.dp=0", "parallelism.dp (0) must be at least 1 and at most 1024"},
+      {"parallelism.chunks=1000", "parallelism.chunks (1000) must be at most 64"},
+      {"parallelism.timeout_seconds=0", "parallelism.timeout_seconds (0) must be at least 1"},
+      {"gpt.num_layers=100000000", "gpt.num_layers (100000000) must be at most 100000"},
+      {"gpt.num_layers=0", "gpt.num_layers (0) must be at least 1"},
+      {"gpt.width=-128", "gpt.width (-128) must be at least 1"},
+      {"gpt.num_heads=0", "gpt.num_heads (0) must be at least 1"},
+      {"gpt.num_heads=256", "gpt.num_heads (256) must be at most 128 (at most width)"},
+      {"gpt.context_length=10000000", "gpt.context_length (10000000) must be at most 65536"},
+      {"gpt.mlp_ratio=0", "gpt.mlp_ratio (0)"},
+      {"gpt.dropout=nan", "gpt.dropout (nan) must be finite and in [0, 1)"},
+      {"gpt.dropout=1", "gpt.dropout (1)"},
+      {"data.eval_fraction=0.5", "data.eval_fraction (0.5) must be finite and in [0, 0.5)"},
+      {"lr_schedule.warmup_steps=-1", "lr_schedule.warmup_steps (-1) must not be negative"},
+      {"threads.intra_op=-1", "threads.intra_op (-1) must not be negative and at most 4096"},
+      {"threads.blas=100000", "threads.blas (100000) must be at most 4096"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.assignment);
+    ExperimentConfig config = Gpt();
+    ASSERT_TRUE(ApplyOverride(config, c.assignment).ok());
+    EXPECT_HAS(Error(config), c.message);
+  }
+  // A constant schedule never reaches min_lr: only its sign is checked.
+  ExperimentConfig constant = Gpt();
+  ASSERT_TRUE(ApplyOverride(constant, "lr_schedule.name=constant").ok());
+  ASSERT_TRUE(ApplyOverride(constant, "lr_schedule.min_lr=0.01").ok());
+  EXPECT_TRUE(ValidateExperimentConfig(constant, ModelKind::kGpt, 2).ok());
+  // The edges that are valid.
+  ExperimentConfig edges = Gpt();
+  for (const char* a : {"optimizer.lr=10", "lr_schedule.min_lr=0", "optimizer.max_grad_norm=0",
+                        "optimizer.beta1=0", "log_interval=1", "optimizer.eps=0.5"}) {
+    ASSERT_TRUE(ApplyOverride(edges, a).ok());
+  }
+  EXPECT_TRUE(ValidateExperimentConfig(edges, ModelKind::kGpt, 2).ok())
+      << ValidateExperimentConfig(edges, ModelKind::kGpt, 2);
+}
+
+// data.source picks the corpus or the peer benchmark's synthetic rows; the
+// synthetic source needs no corpus, is GPT's only, and a typo lists both.
+TEST(ExperimentConfigTest, DataSourceIsCorpusOrSynthetic) {
+  ExperimentConfig c = Gpt();
+  ASSERT_TRUE(ApplyOverride(c, "data.source=synthetic").ok());
+  c.mutable_data()->set_path("/no/such/corpus");
+  EXPECT_TRUE(ValidateExperimentConfig(c, ModelKind::kGpt, 2).ok())
+      << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+  c.mutable_data()->set_source("random");
+  EXPECT_HAS(Error(c), "data.source 'random' is unknown; valid: corpus, synthetic");
+  ExperimentConfig bert = Testdata("bert_pp2.textproto");
+  ResolveDefaults(bert, ModelKind::kBert);
+  bert.mutable_data()->set_source("synthetic");
+  EXPECT_HAS(Error(bert, 2, ModelKind::kBert), "data.source 'synthetic' is for gpt only");
+}
+
+// A model too big for the machine is refused with the estimate, before the
+// specs or the schedule are built.
+TEST(ExperimentConfigTest, ModelBeyondMemoryIsRefusedNamingTheEstimate) {
+  ExperimentConfig c = Gpt();
+  c.mutable_gpt()->set_num_layers(50000);
+  c.mutable_gpt()->set_width(8192);
+  c.mutable_gpt()->set_num_heads(64);
+  c.mutable_parallelism()->set_partition_method("uniform");
+  EXPECT_HAS(Error(c), "the run needs an estimated ");
+}
+
+TEST(ExperimentConfigTest, ConfigThatIsADirectoryIsRefused) {
+  absl::StatusOr<ExperimentConfig> c = LoadExperimentConfig("driver/testdata");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(std::string(c.status().message()),
+             "config 'driver/testdata' is not a regular file (a directory)");
+  c = LoadExperimentConfig("/dev/null");
+  EXPECT_HAS(std::string(c.status().message()), "config '/dev/null' is not a regular file");
+  EXPECT_EQ(LoadExperimentConfig("/no/such.textproto").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(ExperimentConfigTest, ModelKindMustMatchTheBinary) {
+  EXPECT_HAS(Error(Gpt(), 2, ModelKind::kBert), "run it with //experiments:train_gpt");
+  ExperimentConfig bert = Testdata("bert_pp2.textproto");
+  ResolveDefaults(bert, ModelKind::kBert);
+  EXPECT_HAS(Error(bert, 2, ModelKind::kGpt), "run it with //experiments:train_bert");
+}
+
+// A user's model (ModelKind::kCustom): no gpt/bert section, and the stage
+// count is checked against its own layers.
+TEST(ExperimentConfigTest, CustomModelIsValidatedAgainstItsSpecs) {
+  const std::vector<LayerSpec> specs(
+      3, LayerSpec("Identity", [] { return MakeModuleLayer(torch::nn::Identity()); }));
+  ExperimentConfig c;
+  c.mutable_parallelism()->set_pp(2);
+  ResolveDefaults(c, ModelKind::kCustom);
+  EXPECT_FALSE(c.has_gpt() || c.has_bert());
+  EXPECT_EQ(c.parallelism().partition_method(), "uniform");
+  absl::Status ok = ValidateExperimentConfig(c, ModelKind::kCustom, 2, &specs);
+  EXPECT_TRUE(ok.ok()) << ok;
+  c.mutable_parallelism()->set_pp(4);
+  absl::Status s = ValidateExperimentConfig(c, ModelKind::kCustom, 4, &specs);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(std::string(s.message()),
+             "parallelism.pp (4) x parallelism.chunks (1) = 4 model parts, but the model has only "
+             "3 layers");
+  absl::Status gpt = ValidateExperimentConfig(Gpt(), ModelKind::kCustom, 2, &specs);
+  EXPECT_EQ(gpt.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(std::string(gpt.message()), "run it with //experiments:train_gpt");
+  EXPECT_EQ(ValidateExperimentConfig(c, ModelKind::kCustom, 4).code(),
+            absl::StatusCode::kInternal);  // specs are required
+}
+
+// Issue #14: resuming with another num_heads, seed or optimizer was accepted
+// silently. Every difference is named, field by field.
+TEST(ResumeConfigTest, DifferencesAreNamedFieldByField) {
+  const ExperimentConfig saved = Gpt();
+  const std::string saved_text = ConfigToText(saved);
+  std::vector<std::string> warnings;
+  // The same config (and one differing only in what does not change the
+  // training) resumes silently.
+  ExperimentConfig same = saved;
+  same.set_name("other");
+  same.set_log_interval(3);
+  same.mutable_checkpoint()->set_resume("auto");
+  same.set_output_dir("/elsewhere");
+  EXPECT_TRUE(CheckResumeConfig(saved_text, same, &warnings).ok());
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
+
+  ExperimentConfig changed = saved;
+  changed.mutable_gpt()->set_num_heads(saved.gpt().num_heads() * 2);
+  changed.set_seed(saved.seed() + 1);
+  changed.mutable_optimizer()->set_name("sgd");
+  changed.mutable_optimizer()->set_lr(saved.optimizer().lr() / 2);
+  changed.mutable_parallelism()->set_pp(4);
+  changed.set_steps(saved.steps() + 10);
+  absl::Status s = CheckResumeConfig(saved_text, changed, &warnings);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  for (const std::string& want :
+       {absl::StrCat("gpt.num_heads: ", saved.gpt().num_heads(), " in the checkpoint, ",
+                     saved.gpt().num_heads() * 2, " now"),
+        absl::StrCat("seed: ", saved.seed(), " in the checkpoint, ", saved.seed() + 1, " now"),
+        std::string("optimizer.name: \"adamw\" in the checkpoint, \"sgd\" now"),
+        std::string("checkpoint.allow_config_change=true")}) {
+    EXPECT_NE(s.message().find(want), std::string::npos) << want << " not in: " << s;
+  }
+  // Allowed differences are warnings, one per field.
+  std::string all = absl::StrJoin(warnings, "\n");
+  EXPECT_EQ(warnings.size(), 3u) << all;
+  EXPECT_NE(all.find("optimizer.lr: "), std::string::npos) << all;
+  EXPECT_NE(all.find("parallelism.pp: 2 in the checkpoint, 4 now"), std::string::npos) << all;
+  EXPECT_NE(all.find("steps: "), std::string::npos) << all;
+
+  // checkpoint.allow_config_change turns the errors into warnings.
+  warnings.clear();
+  changed.mutable_checkpoint()->set_allow_config_change(true);
+  EXPECT_TRUE(CheckResumeConfig(saved_text, changed, &warnings).ok());
+  EXPECT_EQ(warnings.size(), 6u) << absl::StrJoin(warnings, "\n");
+
+  // A BERT checkpoint resumed as GPT: the model kind is named.
+  ExperimentConfig bert = saved;
+  bert.clear_gpt();
+  ResolveDefaults(bert, ModelKind::kBert);
+  warnings.clear();
+  s = CheckResumeConfig(ConfigToText(bert), saved, &warnings);
+  EXPECT_NE(s.message().find("model: bert in the checkpoint, gpt now"), std::string::npos) << s;
+
+  // No config, or one that does not parse: a warning, not a silent pass.
+  warnings.clear();
+  EXPECT_TRUE(CheckResumeConfig("", saved, &warnings).ok());
+  EXPECT_TRUE(CheckResumeConfig("no_such_field: 1", saved, &warnings).ok());
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("records no experiment config"), std::string::npos);
+  EXPECT_NE(warnings[1].find("does not parse"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pp

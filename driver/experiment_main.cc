@@ -1,0 +1,213 @@
+#include "driver/experiment_main.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "driver/preflight.h"
+#include "driver/run_experiment.h"
+#include "driver/run_observability.h"
+#include "driver/workspace_path.h"
+#include "observability/rank_log.h"
+#include "pipeline/schedule/csv.h"
+#include "topology/launcher.h"
+
+ABSL_FLAG(std::string, config, "",
+          "ExperimentConfig text proto; default experiments/configs/gpt_small_pp2.textproto "
+          "(train_gpt) or "
+          "bert_small_pp2.textproto (train_bert), relative to the workspace");
+ABSL_FLAG(std::vector<std::string>, set, {},
+          "field overrides, comma-separated: --set=optimizer.lr=1e-3,steps=50");
+ABSL_FLAG(std::string, pp, "", "override parallelism.pp (pipeline stages)");
+ABSL_FLAG(std::string, dp, "", "override parallelism.dp (data-parallel replicas)");
+ABSL_FLAG(std::string, schedule, "", "override parallelism.schedule");
+ABSL_FLAG(std::string, chunks, "", "override parallelism.chunks");
+ABSL_FLAG(std::string, microbatches, "", "override parallelism.num_microbatches");
+ABSL_FLAG(std::string, micro_batch_size, "", "override parallelism.micro_batch_size");
+ABSL_FLAG(std::string, partition, "", "override parallelism.partition_method");
+ABSL_FLAG(std::string, ckpt_interval, "", "override parallelism.activation_checkpointing.interval");
+ABSL_FLAG(std::string, device, "", "override parallelism.device (cpu or cuda)");
+ABSL_FLAG(std::string, p2p_static_shapes, "",
+          "override parallelism.p2p_static_shapes (true: activation headers on each channel's "
+          "first message only)");
+ABSL_FLAG(std::string, p2p_post_receives_ahead, "",
+          "override parallelism.p2p_post_receives_ahead (true: each p2p channel's next receive is "
+          "posted as soon as the previous one is consumed, not at the moment of need)");
+ABSL_FLAG(std::string, lr, "", "override optimizer.lr");
+ABSL_FLAG(std::string, steps, "", "override steps");
+ABSL_FLAG(std::string, eval_interval, "", "override eval_interval");
+ABSL_FLAG(std::string, seed, "", "override seed");
+ABSL_FLAG(std::string, data, "", "override data.path (a text file or folder)");
+ABSL_FLAG(std::string, output_dir, "", "override output_dir");
+ABSL_FLAG(std::string, name, "", "override name");
+ABSL_FLAG(std::string, sample_tokens, "", "override sample_tokens");
+ABSL_FLAG(std::string, save_interval, "", "override checkpoint.save_interval");
+ABSL_FLAG(std::string, resume, "", "override checkpoint.resume");
+ABSL_FLAG(std::string, keep_last, "", "override checkpoint.keep_last");
+
+namespace pp {
+namespace {
+
+struct OverrideFlag {
+  absl::Flag<std::string>* flag;
+  const char* path;
+};
+
+const std::vector<OverrideFlag>& OverrideFlagTable() {
+  static const auto* table = new std::vector<OverrideFlag>{
+      {&FLAGS_pp, "parallelism.pp"},
+      {&FLAGS_dp, "parallelism.dp"},
+      {&FLAGS_schedule, "parallelism.schedule"},
+      {&FLAGS_chunks, "parallelism.chunks"},
+      {&FLAGS_microbatches, "parallelism.num_microbatches"},
+      {&FLAGS_micro_batch_size, "parallelism.micro_batch_size"},
+      {&FLAGS_partition, "parallelism.partition_method"},
+      {&FLAGS_ckpt_interval, "parallelism.activation_checkpointing.interval"},
+      {&FLAGS_device, "parallelism.device"},
+      {&FLAGS_p2p_static_shapes, "parallelism.p2p_static_shapes"},
+      {&FLAGS_p2p_post_receives_ahead, "parallelism.p2p_post_receives_ahead"},
+      {&FLAGS_lr, "optimizer.lr"},
+      {&FLAGS_steps, "steps"},
+      {&FLAGS_eval_interval, "eval_interval"},
+      {&FLAGS_seed, "seed"},
+      {&FLAGS_data, "data.path"},
+      {&FLAGS_output_dir, "output_dir"},
+      {&FLAGS_name, "name"},
+      {&FLAGS_sample_tokens, "sample_tokens"},
+      {&FLAGS_save_interval, "checkpoint.save_interval"},
+      {&FLAGS_resume, "checkpoint.resume"},
+      {&FLAGS_keep_last, "checkpoint.keep_last"},
+  };
+  return *table;
+}
+
+std::string DefaultConfigPath(ModelKind kind) {
+  return FindShippedFile(kind == ModelKind::kGpt ? "experiments/configs/gpt_small_pp2.textproto"
+                                                 : "experiments/configs/bert_small_pp2.textproto");
+}
+
+int WorldSizeFromEnv() {
+  const char* world = std::getenv("WORLD_SIZE");
+  return world != nullptr ? std::atoi(world) : 0;
+}
+
+absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_size,
+                                                    const ExperimentModel* custom) {
+  const std::string flag_path = absl::GetFlag(FLAGS_config);
+  const std::string path = !flag_path.empty()  ? FromWorkspace(flag_path)
+                           : custom != nullptr ? FindShippedFile(custom->default_config)
+                                               : DefaultConfigPath(kind);
+  PP_ASSIGN_OR_RETURN(ExperimentConfig config, LoadExperimentConfig(path));
+  for (const std::string& assignment : absl::GetFlag(FLAGS_set)) {
+    PP_RETURN_IF_ERROR(ApplyOverride(config, assignment));
+  }
+  for (const OverrideFlag& o : OverrideFlagTable()) {
+    const std::string value = absl::GetFlag(*o.flag);
+    if (!value.empty()) PP_RETURN_IF_ERROR(ApplyOverride(config, absl::StrCat(o.path, "=", value)));
+  }
+  ResolveDefaults(config, kind);
+  config.mutable_data()->set_path(FromWorkspace(config.data().path()));
+  config.set_output_dir(FromWorkspace(config.output_dir()));
+  if (absl::StartsWith(config.parallelism().schedule(), kCsvSchedulePrefix)) {
+    config.mutable_parallelism()->set_schedule(absl::StrCat(
+        kCsvSchedulePrefix,
+        FromWorkspace(config.parallelism().schedule().substr(kCsvSchedulePrefix.size()))));
+  }
+  if (!config.checkpoint().resume().empty() && config.checkpoint().resume() != "auto") {
+    config.mutable_checkpoint()->set_resume(FromWorkspace(config.checkpoint().resume()));
+  }
+  if (custom != nullptr) {
+    PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, custom->specs(config));
+    PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size, &specs));
+  } else {
+    PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size));
+  }
+  return config;
+}
+
+// Launcher side: the config's threads reach the workers as the launcher's
+// PP_INTRA_OP_THREADS / PP_BLAS_THREADS (its flags still win), unless the
+// person running it set those variables themselves.
+void ExportThreadConfig(const driver::ThreadsConfig& threads) {
+  if (threads.intra_op() > 0) {
+    setenv("PP_INTRA_OP_THREADS", std::to_string(threads.intra_op()).c_str(), /*overwrite=*/0);
+  }
+  if (threads.blas() > 0) {
+    setenv("PP_BLAS_THREADS", std::to_string(threads.blas()).c_str(), /*overwrite=*/0);
+  }
+}
+
+int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel* custom) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  // The launcher forwards worker output line by line; tell rank 0 whether a
+  // person is watching, so it can draw its progress bar on the terminal.
+  if (std::getenv("RANK") == nullptr && isatty(STDOUT_FILENO)) setenv("PP_PROGRESS_TTY", "1", 1);
+  MaybeLaunch(argc, argv, [kind, custom, argc, argv] {
+    // Launcher side (also with --nproc_per_node given): a bad config, data
+    // path, output_dir or command line fails here, before any worker starts
+    // (driver/preflight.h).
+    const int nproc = absl::GetFlag(FLAGS_nproc_per_node);
+    const int world_size = nproc > 0 ? nproc * absl::GetFlag(FLAGS_nnodes) : 0;
+    // A repeated flag first: only its last use reached the config, so an
+    // error about the config would name the wrong value.
+    absl::Status repeated = CheckNoRepeatedFlags({argv, argv + argc});
+    absl::StatusOr<ExperimentConfig> config = repeated.ok()
+                                                  ? LoadResolvedConfig(kind, world_size, custom)
+                                                  : absl::StatusOr<ExperimentConfig>(repeated);
+    if (absl::Status s = config.ok() ? Preflight(*config, {argv, argv + argc}) : absl::OkStatus();
+        s.ok() && config.ok()) {
+      s = ProfileStepsFor(*config).status();
+      if (!s.ok()) config = absl::StatusOr<ExperimentConfig>(s);
+    } else if (!s.ok()) {
+      config = absl::StatusOr<ExperimentConfig>(s);
+    }
+    if (!config.ok()) {
+      std::cerr << "error: " << config.status().message() << std::endl;
+      std::exit(2);
+    }
+    ExportThreadConfig(config->threads());
+    return config->parallelism().pp() * config->parallelism().dp();
+  });
+  // Worker: memory tracking before anything is allocated; glog to the rank's
+  // log file (opened once the run directory is known), warnings+ on stderr.
+  if (absl::Status s = StartWorkerObservability(); !s.ok()) {
+    std::cerr << "error: " << s << std::endl;
+    return 1;
+  }
+  absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, WorldSizeFromEnv(), custom);
+  if (!config.ok()) {
+    std::cerr << "error: " << config.status().message() << std::endl;
+    return 2;
+  }
+  absl::Status status = RunExperiment(*config, kind, custom);
+  if (!status.ok()) {
+    LogErrorToRankLogOnly(status.ToString());  // printed below
+    StopRankLogging();
+    std::cerr << "error: " << status << std::endl;
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int ExperimentMain(int argc, char** argv, ModelKind kind) {
+  return ExperimentMain(argc, argv, kind, nullptr);
+}
+
+int ExperimentMain(int argc, char** argv, const ExperimentModel& model) {
+  return ExperimentMain(argc, argv, ModelKind::kCustom, &model);
+}
+
+}  // namespace pp

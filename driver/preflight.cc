@@ -1,0 +1,301 @@
+#include "driver/preflight.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <system_error>
+
+#include <unistd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+
+namespace pp {
+namespace {
+
+namespace fs = std::filesystem;
+using driver::ExperimentConfig;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// Byte-level tokenizer's vocabulary (models/data/tokenizer.h): 256 bytes and
+// 4 special ids.
+constexpr double kVocab = 260;
+constexpr double kFloat = 4;
+// An Action in a schedule and its lowered program (sends, receives, tail):
+// a generous per-compute-action cost, so a million-micro-batch schedule shows.
+constexpr double kBytesPerAction = 256;
+
+std::string GiB(double bytes) { return absl::StrFormat("%.1f GiB", bytes / kGiB); }
+
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+const char* FileKind(fs::file_type type) {
+  switch (type) {
+    case fs::file_type::fifo:
+      return "a FIFO";
+    case fs::file_type::socket:
+      return "a socket";
+    case fs::file_type::block:
+      return "a block device";
+    case fs::file_type::character:
+      return "a character device";
+    case fs::file_type::not_found:
+      return "a dangling link";
+    default:
+      return "not a regular file";
+  }
+}
+
+// NUL in the first 4 KB: the corpus loader skips such a file as binary.
+bool LooksBinary(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char buffer[4096];
+  in.read(buffer, sizeof(buffer));
+  return std::find(buffer, buffer + in.gcount(), '\0') != buffer + in.gcount();
+}
+
+}  // namespace
+
+std::string MemoryEstimate::ToString() const {
+  return absl::StrFormat(
+      "%s (%.3g parameters: %s weights, %s gradients, %s optimizer state, %s activations, %s "
+      "schedule)",
+      GiB(total_bytes()), parameters, GiB(parameter_bytes), GiB(gradient_bytes),
+      GiB(optimizer_bytes), GiB(activation_bytes), GiB(schedule_bytes));
+}
+
+MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
+  MemoryEstimate e;
+  const auto& par = config.parallelism();
+  const double pp = std::max(1, par.pp()), dp = std::max(1, par.dp());
+  const double m = std::max(1, par.num_microbatches()), v = std::max(1, par.chunks());
+  const double b = std::max(1, par.micro_batch_size());
+  // Each rank holds its share of the schedule: ~2 actions per micro-batch and
+  // chunk (forward, backward) plus their sends and receives.
+  e.schedule_bytes = pp * dp * (pp * v * m * 4) * kBytesPerAction;
+
+  double t = 0, w = 0, h = 1, layers = 0, r = 4;
+  if (config.has_gpt()) {
+    t = config.gpt().context_length(), w = config.gpt().width(), h = config.gpt().num_heads();
+    layers = config.gpt().num_layers(), r = config.gpt().mlp_ratio();
+  } else if (config.has_bert()) {
+    t = config.bert().context_length(), w = config.bert().width(), h = config.bert().num_heads();
+    layers = config.bert().num_layers(), r = config.bert().mlp_ratio();
+  } else {
+    return e;  // a custom model: its layers are its own
+  }
+  t = std::max(1.0, t), w = std::max(1.0, w), h = std::max(1.0, h);
+  layers = std::max(1.0, layers), r = std::max(1.0, r);
+  // A block: q, k, v, projection (4 w^2), MLP (2 r w^2), biases and 2 norms.
+  const double per_block = (4 + 2 * r) * w * w + (r + 9) * w;
+  // Token and position embeddings; the tied head is a second copy on the
+  // last stage.
+  const double embedding = (kVocab + t) * w;
+  e.parameters = layers * per_block + embedding + 2 * w;
+  const double held = e.parameters + (pp > 1 ? kVocab * w : 0);
+  e.parameter_bytes = dp * held * kFloat;
+  e.gradient_bytes = e.parameter_bytes;
+  const std::string& opt = config.optimizer().name();
+  const double moments = opt == "adamw" ? 2 : (config.optimizer().momentum() > 0 ? 1 : 0);
+  e.optimizer_bytes = moments * e.parameter_bytes;
+
+  // Activations kept for backward, per micro-batch and block: ~(10 + 2r)
+  // values per token and width (inputs of each matrix, norms, GELU) plus the
+  // attention probabilities (h x t x t per sequence, before and after softmax).
+  const double per_block_act = b * t * ((10 + 2 * r) * w + 2 * h * t) * kFloat;
+  const double in_flight = par.schedule() == "gpipe" ? m : std::min(m, pp * v);
+  const int64_t interval = par.activation_checkpointing().interval();
+  double per_microbatch;
+  if (interval > 0) {
+    // Only each range's input survives the forward; one range is recomputed.
+    per_microbatch = std::ceil(layers / static_cast<double>(interval)) * b * t * w * kFloat +
+                     std::min<double>(interval, layers) * per_block_act;
+  } else {
+    per_microbatch = layers * per_block_act;
+  }
+  // The logits (and their softmax) of a micro-batch on the last stage.
+  const double logits = 2 * b * t * kVocab * kFloat;
+  e.activation_bytes = dp * (in_flight * per_microbatch + logits);
+  return e;
+}
+
+// A "Key:   123 kB" line of /proc/meminfo in bytes.
+int64_t MemInfoBytes(absl::string_view key) {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view rest = line;
+    if (!absl::ConsumePrefix(&rest, key) || !absl::ConsumePrefix(&rest, ":")) continue;
+    rest = absl::StripAsciiWhitespace(rest);
+    absl::ConsumeSuffix(&rest, "kB");
+    int64_t kib = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(rest), &kib)) return kib * 1024;
+  }
+  return -1;
+}
+
+int64_t AvailableMemoryBytes() { return MemInfoBytes("MemAvailable"); }
+int64_t TotalMemoryBytes() { return MemInfoBytes("MemTotal"); }
+
+absl::Status CheckMemory(const ExperimentConfig& config, int64_t available_bytes) {
+  if (available_bytes < 0) available_bytes = AvailableMemoryBytes();
+  if (available_bytes < 0) return absl::OkStatus();
+  const MemoryEstimate e = EstimateMemory(config);
+  if (e.total_bytes() <= static_cast<double>(available_bytes)) return absl::OkStatus();
+  const auto& par = config.parallelism();
+  return Invalid(absl::StrCat("the run needs an estimated ", e.ToString(), " for pp=", par.pp(),
+                              " x dp=", par.dp(), " ranks, num_microbatches=",
+                              par.num_microbatches(), ", micro_batch_size=", par.micro_batch_size(),
+                              ", but this machine has ", GiB(static_cast<double>(available_bytes)),
+                              available_bytes == TotalMemoryBytes() ? " in total" : " available",
+                              " of memory (/proc/meminfo); use a smaller model (num_layers, width, "
+                              "context_length), fewer or smaller micro-batches, or "
+                              "parallelism.activation_checkpointing.interval"));
+}
+
+absl::Status CheckDataPath(const std::string& path, int64_t context_length, double eval_fraction) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (status.type() == fs::file_type::not_found) {
+    return Invalid(
+        absl::StrCat("data.path '", path, "' does not exist; pass --data=<a text file or folder>"));
+  }
+  if (ec) {
+    return Invalid(absl::StrCat("data.path '", path, "' cannot be read: ", ec.message()));
+  }
+  std::vector<fs::path> files;
+  if (fs::is_regular_file(status)) {
+    files.push_back(path);
+  } else if (fs::is_directory(status)) {
+    fs::recursive_directory_iterator it(path,
+                                        fs::directory_options::follow_directory_symlink |
+                                            fs::directory_options::skip_permission_denied,
+                                        ec);
+    if (ec) {
+      return Invalid(
+          absl::StrCat("data.path '", path, "': cannot list the folder: ", ec.message()));
+    }
+    // The corpus loader reads regular files only; FIFOs and devices inside
+    // a folder are skipped there too.
+    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (ec) break;
+      std::error_code file_ec;
+      if (fs::is_regular_file(it->path(), file_ec)) files.push_back(it->path());
+    }
+    if (ec) {
+      return Invalid(
+          absl::StrCat("data.path '", path, "': cannot list the folder: ", ec.message()));
+    }
+  } else {
+    return Invalid(absl::StrCat("data.path '", path, "' is ", FileKind(status.type()),
+                                ", which a reader could wait on forever; pass a regular text "
+                                "file or a folder of them"));
+  }
+  if (files.empty()) {
+    return Invalid(absl::StrCat("data.path '", path,
+                                "' is an empty folder (no regular files); pass a text file or a "
+                                "folder of text files"));
+  }
+  double text_bytes = 0;
+  size_t text_files = 0;
+  for (const fs::path& file : files) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) {
+      if (files.size() == 1) return Invalid(absl::StrCat("data.path '", path, "' cannot be read"));
+      continue;
+    }
+    if (LooksBinary(file)) continue;
+    const double size = static_cast<double>(fs::file_size(file, ec));
+    if (ec || size == 0) continue;
+    text_bytes += size + 2;  // the loader ends each file with a blank line
+    ++text_files;
+  }
+  if (text_files == 0) {
+    return Invalid(absl::StrCat("data.path '", path, "': none of its ", files.size(),
+                                " file(s) is non-empty text (a NUL byte in the first 4 KB marks a "
+                                "file as binary); pass text files"));
+  }
+  const double train_bytes = text_bytes - std::floor(text_bytes * eval_fraction);
+  if (context_length > 0 && train_bytes < static_cast<double>(context_length) + 1) {
+    return Invalid(absl::StrCat("data.path '", path, "' holds ", train_bytes,
+                                " bytes of training text (after data.eval_fraction ", eval_fraction,
+                                "), shorter than context_length (", context_length,
+                                ") + 1; pass more text or a shorter context_length"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutputDir(const std::string& output_dir) {
+  if (output_dir.empty()) return Invalid("output_dir is empty; pass --output_dir=<a folder>");
+  std::error_code ec;
+  fs::create_directories(output_dir, ec);
+  if (ec || !fs::is_directory(output_dir)) {
+    return Invalid(
+        absl::StrCat("output_dir '", output_dir, "' cannot be created",
+                     ec ? absl::StrCat(": ", ec.message()) : std::string(" (not a folder)"),
+                     "; pass --output_dir=<a writable folder>"));
+  }
+  const fs::path probe = fs::path(output_dir) / absl::StrCat(".preflight-", ::getpid());
+  {
+    std::ofstream out(probe);
+    out << "probe";
+    out.close();
+    if (!out) {
+      fs::remove(probe, ec);
+      return Invalid(absl::StrCat("output_dir '", output_dir,
+                                  "' is not writable; pass --output_dir=<a writable folder>"));
+    }
+  }
+  fs::remove(probe, ec);
+  return absl::OkStatus();
+}
+
+absl::Status CheckNoRepeatedFlags(const std::vector<std::string>& args) {
+  std::map<std::string, std::vector<std::string>> seen;
+  for (size_t i = 1; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    const std::string name(arg.substr(0, arg.find('=')));
+    if (name.empty()) continue;
+    std::vector<std::string>& uses = seen[name];
+    uses.push_back(args[i]);
+    if (uses.size() < 2) continue;
+    std::string hint;
+    if (name == "set") {
+      std::vector<std::string> values;
+      for (absl::string_view use : uses) {
+        const size_t eq = use.find('=');
+        if (eq != absl::string_view::npos) values.emplace_back(use.substr(eq + 1));
+      }
+      hint = absl::StrCat("; give one --set with comma-separated assignments: --set=",
+                          absl::StrJoin(values, ","));
+    }
+    return Invalid(absl::StrCat("flag --", name, " is given ", uses.size(), " times (",
+                                absl::StrJoin(uses, " "),
+                                "); only the last would apply, so it is refused", hint));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Preflight(const ExperimentConfig& config, const std::vector<std::string>& args) {
+  if (absl::Status s = CheckNoRepeatedFlags(args); !s.ok()) return s;
+  if (absl::Status s = CheckMemory(config); !s.ok()) return s;
+  if ((config.has_gpt() || config.has_bert()) && config.data().source() == "corpus") {
+    const int64_t context =
+        config.has_gpt() ? config.gpt().context_length() : config.bert().context_length();
+    if (absl::Status s =
+            CheckDataPath(config.data().path(), context, config.data().eval_fraction());
+        !s.ok()) {
+      return s;
+    }
+  }
+  return CheckOutputDir(config.output_dir());
+}
+
+}  // namespace pp

@@ -1,0 +1,426 @@
+#include "driver/run_experiment.h"
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <glog/logging.h>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/activation/activation_checkpointing.h"
+#include "checkpoint/model/trainer_checkpoint.h"
+#include "common/status_macros.h"
+#include "common/torch_status.h"
+#include "driver/nonfinite_guard.h"
+#include "driver/progress.h"
+#include "driver/run_observability.h"
+#include "driver/run_report.h"
+#include "driver/workspace_path.h"
+#include "models/data/corpus.h"
+#include "models/data/lm_data.h"
+#include "models/data/mlm_data.h"
+#include "models/data/synthetic_lm_data.h"
+#include "models/data/tokenizer.h"
+#include "models/gpt/pipeline_sampler.h"
+#include "models/gpt/sample.h"
+#include "pipeline/partition/partitioner.h"
+#include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/trainer.h"
+#include "pipeline/schedule/registry.h"
+#include "topology/parallel_grid.h"
+#include "topology/process_topology.h"
+#include "topology/rendezvous.h"
+#include "topology/wait_work.h"
+
+namespace pp {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Data {
+  std::unique_ptr<MicroBatchSource> train;
+  std::unique_ptr<MicroBatchSource> eval;  // null when the held-out part is too small
+  int64_t tokens_per_step = 0;             // global
+  std::string description;                 // for the run's header line
+};
+
+absl::StatusOr<Data> MakeCustomData(const ExperimentConfig& config, const ExperimentModel& model) {
+  PP_ASSIGN_OR_RETURN(ExperimentData d, model.data(config));
+  if (d.train == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", model.name, "' made no training MicroBatchSource"));
+  }
+  Data data;
+  data.train = std::move(d.train);
+  data.eval = std::move(d.eval);
+  data.tokens_per_step = d.tokens_per_step;
+  data.description = std::move(d.description);
+  return data;
+}
+
+// data.source synthetic: the peer benchmark's arithmetic progressions.
+absl::StatusOr<Data> MakeSyntheticData(const ExperimentConfig& config) {
+  const auto& par = config.parallelism();
+  SyntheticLmOptions o;
+  o.lm = {.seq_len = config.gpt().context_length(),
+          .micro_batch_size = par.micro_batch_size(),
+          .num_microbatches = par.num_microbatches(),
+          .dp_rank = 0,
+          .dp_size = par.dp(),
+          .seed = config.seed()};
+  Data data;
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource train, SyntheticLmBatchSource::Create(o));
+  data.tokens_per_step = train.global_tokens_per_step();
+  data.train = std::make_unique<SyntheticLmBatchSource>(std::move(train));
+  o.lm.seed = config.seed() + 1;
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource eval, SyntheticLmBatchSource::Create(o));
+  data.eval = std::make_unique<SyntheticLmBatchSource>(std::move(eval));
+  data.description = "synthetic data (arithmetic progressions of byte tokens)";
+  return data;
+}
+
+absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
+  if (config.data().source() == "synthetic") return MakeSyntheticData(config);
+  PP_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(config.data().path()));
+  const auto& par = config.parallelism();
+  Data data;
+  data.description = absl::StrFormat("corpus %s (%d files, %d bytes)", config.data().path(),
+                                     corpus.files.size(), corpus.text.size());
+  const size_t eval_bytes = static_cast<size_t>(corpus.text.size() * config.data().eval_fraction());
+  const std::string train_text = corpus.text.substr(0, corpus.text.size() - eval_bytes);
+  const std::string eval_text = corpus.text.substr(corpus.text.size() - eval_bytes);
+  if (kind == ModelKind::kGpt) {
+    LmDataOptions o{.seq_len = config.gpt().context_length(),
+                    .micro_batch_size = par.micro_batch_size(),
+                    .num_microbatches = par.num_microbatches(),
+                    .dp_rank = 0,
+                    .dp_size = par.dp(),
+                    .seed = config.seed()};
+    PP_ASSIGN_OR_RETURN(LmBatchSource train,
+                        LmBatchSource::Create(ByteTokenizer::Encode(train_text), o));
+    data.tokens_per_step = train.global_tokens_per_step();
+    data.train = std::make_unique<LmBatchSource>(std::move(train));
+    o.seed = config.seed() + 1;
+    absl::StatusOr<LmBatchSource> eval = LmBatchSource::Create(ByteTokenizer::Encode(eval_text), o);
+    if (eval.ok()) data.eval = std::make_unique<LmBatchSource>(*std::move(eval));
+  } else {
+    MlmDataOptions o{.seq_len = config.bert().context_length(),
+                     .micro_batch_size = par.micro_batch_size(),
+                     .num_microbatches = par.num_microbatches(),
+                     .dp_rank = 0,
+                     .dp_size = par.dp(),
+                     .seed = config.seed(),
+                     .mask_prob = config.bert().mask_prob()};
+    PP_ASSIGN_OR_RETURN(MlmBatchSource train, MlmBatchSource::Create(train_text, o));
+    data.train = std::make_unique<MlmBatchSource>(std::move(train));
+    o.seed = config.seed() + 1;
+    absl::StatusOr<MlmBatchSource> eval = MlmBatchSource::Create(eval_text, o);
+    if (eval.ok()) data.eval = std::make_unique<MlmBatchSource>(*std::move(eval));
+    data.tokens_per_step = static_cast<int64_t>(par.dp()) * par.num_microbatches() *
+                           par.micro_batch_size() * config.bert().context_length();
+  }
+  return data;
+}
+
+// The named steps of RunExperiment, each on the state the earlier ones built.
+
+// Rendezvous and the pipe x data grid. The World outlives the grid's groups.
+struct Cluster {
+  World world;
+  std::unique_ptr<ParallelGrid> grid;
+};
+
+absl::StatusOr<Cluster> JoinCluster(const driver::ParallelismConfig& par,
+                                    std::chrono::milliseconds timeout) {
+  RendezvousOptions ro;
+  ro.timeout = timeout;
+  PP_ASSIGN_OR_RETURN(ro.device, ParseDeviceKind(par.device()));
+  Cluster cluster;
+  PP_ASSIGN_OR_RETURN(cluster.world, RendezvousFromEnv(ro));
+  PP_ASSIGN_OR_RETURN(ProcessTopology topology, PipeDataParallelTopology(par.pp(), par.dp()));
+  PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(cluster.world, topology));
+  cluster.grid = std::make_unique<ParallelGrid>(std::move(grid));
+  return cluster;
+}
+
+// The partition method every rank builds its stage with. `profile` times the
+// layers, so ranks would disagree on the bounds: global rank 0 profiles every
+// layer on the training data's first micro-batch and broadcasts the bounds
+// over the world group; every rank then cuts by `explicit:<bounds>`. The
+// broadcast carries rank 0's success, so a failed profile fails every rank
+// with rank 0's reason instead of leaving them to time out.
+absl::StatusOr<std::string> ResolvePartitionMethod(const ExperimentConfig& config,
+                                                   const std::vector<LayerSpec>& specs,
+                                                   MicroBatchSource& train, ParallelGrid& grid,
+                                                   std::chrono::milliseconds timeout) {
+  const auto& par = config.parallelism();
+  const std::string& method = par.partition_method();
+  if (method.substr(0, method.find(':')) != "profile") return method;
+  const int64_t parts = par.pp() * par.chunks();
+  // [ok, b_0, ..., b_parts]
+  std::vector<at::Tensor> shared = {torch::zeros({parts + 2}, torch::kLong)};
+  absl::Status profiled = absl::OkStatus();
+  if (grid.global_rank() == 0) {
+    absl::StatusOr<Bounds> bounds = [&]() -> absl::StatusOr<Bounds> {
+      PP_ASSIGN_OR_RETURN(MicroBatchData sample, train.Get(0, 0));
+      PartitionRequest request;
+      request.specs = &specs;
+      request.num_parts = parts;
+      request.base_seed = config.seed();
+      request.sample_inputs = std::move(sample.inputs);
+      request.sample_batch = std::move(sample.batch);
+      return Partition(method, request);
+    }();
+    if (bounds.ok() && static_cast<int64_t>(bounds->size()) != parts + 1) {
+      bounds = absl::InternalError(absl::StrCat("the profile partitioner returned ", bounds->size(),
+                                                " bounds for ", parts, " parts"));
+    }
+    profiled = bounds.status();
+    if (bounds.ok()) {
+      auto b = shared[0].accessor<int64_t, 1>();
+      b[0] = 1;
+      for (int64_t i = 0; i <= parts; ++i) b[i + 1] = (*bounds)[i];
+    }
+  }
+  PP_RETURN_IF_ERROR(RunCollective("partition bounds broadcast", grid.DescribeWorldGroup(), timeout,
+                                   [&] { return grid.world_group()->broadcast(shared); }));
+  if (!profiled.ok()) {
+    return absl::Status(profiled.code(), absl::StrCat("parallelism.partition_method 'profile': ",
+                                                      profiled.message()));
+  }
+  auto b = shared[0].accessor<int64_t, 1>();
+  if (b[0] != 1) {
+    return absl::FailedPreconditionError(
+        "parallelism.partition_method 'profile': rank 0 could not profile the model (its log "
+        "names the reason)");
+  }
+  std::vector<int64_t> bounds;
+  for (int64_t i = 0; i <= parts; ++i) bounds.push_back(b[i + 1]);
+  const std::string resolved = absl::StrCat("explicit:", absl::StrJoin(bounds, ","));
+  LOG(INFO) << "partition '" << method
+            << "' measured by rank 0 on the first training micro-batch: " << resolved;
+  return resolved;
+}
+
+// This rank's stage of the model the config names, cut by `partition_method`
+// (ResolvePartitionMethod).
+absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(const ExperimentConfig& config,
+                                                          const std::vector<LayerSpec>& specs,
+                                                          const std::string& partition_method,
+                                                          int stage) {
+  const auto& par = config.parallelism();
+  PipelineModelOptions mo;
+  mo.num_stages = par.pp();
+  mo.chunks = par.chunks();
+  mo.partition_method = partition_method;
+  mo.base_seed = config.seed();
+  // The schedule's placement (V for zbv); its errors are the Trainer's to report.
+  if (absl::StatusOr<Schedule> schedule = MakeSchedule(
+          par.schedule(), {static_cast<int>(par.pp()), static_cast<int>(par.num_microbatches()),
+                           static_cast<int>(par.chunks()), 0});
+      schedule.ok()) {
+    mo.stage_to_rank = schedule->stage_to_rank;
+  }
+  return PipelineModel::Create(specs, mo, stage);
+}
+
+// The Trainer's options from the config's parallelism, optimizer, LR schedule
+// and activation checkpointing.
+absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config,
+                                                  std::chrono::milliseconds timeout) {
+  const auto& par = config.parallelism();
+  TrainerOptions to;
+  to.schedule = par.schedule();
+  to.num_microbatches = par.num_microbatches();
+  to.skip_nonfinite_updates = config.nonfinite().policy() == "skip";
+  to.optimizer.name = config.optimizer().name();
+  to.optimizer.lr = config.optimizer().lr();
+  to.optimizer.weight_decay = config.optimizer().weight_decay();
+  to.optimizer.momentum = config.optimizer().momentum();
+  to.optimizer.beta1 = config.optimizer().beta1();
+  to.optimizer.beta2 = config.optimizer().beta2();
+  to.optimizer.eps = config.optimizer().eps();
+  to.lr_schedule.name = config.lr_schedule().name();
+  to.lr_schedule.warmup_steps = config.lr_schedule().warmup_steps();
+  to.lr_schedule.total_steps = config.steps();
+  to.lr_schedule.min_lr = config.lr_schedule().min_lr();
+  to.max_grad_norm = config.optimizer().max_grad_norm();
+  to.timeout = timeout;
+  to.p2p_static_shapes = par.p2p_static_shapes();
+  to.p2p_post_receives_ahead = par.p2p_post_receives_ahead();
+  if (par.activation_checkpointing().interval() > 0) {
+    ActivationCheckpointPolicy policy;
+    policy.interval = par.activation_checkpointing().interval();
+    policy.checkpointable_types = par.activation_checkpointing().checkpointable_types();
+    PP_ASSIGN_OR_RETURN(to.layer_runner, MakeCheckpointingRunner(policy));
+  }
+  return to;
+}
+
+// Model checkpoints (checkpoint/model/trainer_checkpoint.h): where they go,
+// how often, how many are kept, what to resume from.
+CheckpointPolicy MakeCheckpointPolicy(const ExperimentConfig& config) {
+  CheckpointPolicy policy;
+  policy.dir = config.checkpoint().dir().empty()
+                   ? (fs::path(config.output_dir()) / "checkpoints" / config.name()).string()
+                   : FromWorkspace(config.checkpoint().dir());
+  policy.save_interval = config.checkpoint().save_interval();
+  policy.keep_last = config.checkpoint().keep_last();
+  policy.resume = config.checkpoint().resume();
+  policy.config = ConfigToText(config);
+  policy.seed = static_cast<int64_t>(config.seed());
+  // Resuming under another model, seed or optimizer is refused, field by field.
+  policy.check_manifest = [config](const checkpoint::Manifest& manifest) {
+    std::vector<std::string> warnings;
+    absl::Status status = CheckResumeConfig(manifest.config(), config, &warnings);
+    for (const std::string& w : warnings) LOG(WARNING) << w;
+    return status;
+  };
+  return policy;
+}
+
+// Mean loss over the config's eval batches (a forward-only schedule).
+absl::StatusOr<double> Evaluate(const ExperimentConfig& config, Trainer& trainer,
+                                MicroBatchSource* eval) {
+  double sum = 0;
+  for (int64_t i = 0; i < config.eval_batches(); ++i) {
+    PP_ASSIGN_OR_RETURN(double loss, trainer.Evaluate(eval, i));
+    sum += loss;
+  }
+  return sum / static_cast<double>(config.eval_batches());
+}
+
+// Steps from the trainer's current step to config.steps(): save checkpoints,
+// evaluate, trace one step, report. Returns the training wall time.
+absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelGrid& grid,
+                                 PipelineModel& model, Trainer& trainer,
+                                 TrainingCheckpointer& checkpointer, const Data& data,
+                                 RunReport& report, RunObservability& obs) {
+  Progress progress(config.steps(), config.log_interval());
+  const int64_t trace_step = std::min(config.trace_step(), config.steps() - 1);
+  NonFiniteGuard nonfinite(config.nonfinite());
+  for (int64_t step = trainer.step(); step < config.steps(); ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    PP_RETURN_IF_ERROR(obs.BeforeStep(step + 1, trainer));
+    PP_ASSIGN_OR_RETURN(StepResult r, trainer.Step());
+    PP_ASSIGN_OR_RETURN(StepMemory memory, obs.AfterStep(step + 1, trainer));
+    // Before the save: a non-finite state is never checkpointed.
+    PP_RETURN_IF_ERROR(nonfinite.AfterStep(r, grid, model, trainer.options().timeout));
+    PP_ASSIGN_OR_RETURN(std::string saved,
+                        checkpointer.AfterStep(grid, model, trainer, config.steps()));
+    if (!saved.empty() && report.active()) LOG(INFO) << "checkpoint " << saved;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::optional<double> eval_loss;
+    const bool last = step + 1 == config.steps();
+    if (data.eval != nullptr &&
+        (last || (config.eval_interval() > 0 && (step + 1) % config.eval_interval() == 0))) {
+      PP_ASSIGN_OR_RETURN(eval_loss, Evaluate(config, trainer, data.eval.get()));
+    }
+    if (step >= trace_step && step < trace_step + config.trace_steps()) {
+      PP_ASSIGN_OR_RETURN(std::string trace, trainer.LastStepTrace());
+      PP_RETURN_IF_ERROR(report.Trace(step, step == trace_step, trace));
+    }
+    const double tokens_per_s = static_cast<double>(data.tokens_per_step) / seconds;
+    PP_RETURN_IF_ERROR(report.Step(step, r, tokens_per_s, seconds, eval_loss, memory, progress));
+  }
+  progress.Finish();
+  return progress.Elapsed();
+}
+
+// GPT only: sample_tokens bytes from the prompt through the pipeline.
+absl::Status SampleText(const ExperimentConfig& config, ParallelGrid& grid,
+                        PipelineSampler& sampler, Trainer& trainer,
+                        std::chrono::milliseconds timeout, const RunReport& report) {
+  SampleOptions so{.num_tokens = config.sample_tokens(),
+                   .top_k = config.sample_top_k(),
+                   .temperature = config.sample_temperature(),
+                   .seed = config.seed(),
+                   .max_token_id = ByteTokenizer::kNumBytes};
+  PP_ASSIGN_OR_RETURN(
+      std::vector<int64_t> tokens,
+      Generate(ByteTokenizer::Encode(config.sample_prompt()), config.gpt().context_length(), so,
+               sampler.LogitsFn(&trainer, &grid, ByteTokenizer::kVocabSize, timeout)));
+  return report.Sample(ByteTokenizer::Decode(tokens));
+}
+
+}  // namespace
+
+absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
+                           const ExperimentModel* custom) {
+  if ((kind == ModelKind::kCustom) != (custom != nullptr)) {
+    return absl::InternalError("RunExperiment: a custom model (only) needs its ExperimentModel");
+  }
+  const std::string model_name = custom != nullptr ? custom->name : ModelKindName(kind);
+  const std::chrono::milliseconds timeout(int64_t{1000} * config.parallelism().timeout_seconds());
+  PP_ASSIGN_OR_RETURN(Cluster cluster, JoinCluster(config.parallelism(), timeout));
+  ParallelGrid& grid = *cluster.grid;
+  PP_ASSIGN_OR_RETURN(Data data,
+                      custom != nullptr ? MakeCustomData(config, *custom) : MakeData(config, kind));
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, custom != nullptr
+                                                        ? custom->specs(config)
+                                                        : MakeExperimentSpecs(config, kind));
+  PP_ASSIGN_OR_RETURN(const std::string partition_method,
+                      ResolvePartitionMethod(config, specs, *data.train, grid, timeout));
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
+                      BuildStage(config, specs, partition_method, grid.stage_id()));
+  // GPT: the loss also keeps the last stage's logits for sampling.
+  PipelineSampler sampler;
+  const LossFn loss_fn = custom != nullptr         ? custom->loss
+                         : kind == ModelKind::kGpt ? sampler.WrapLoss(GptLoss)
+                                                   : LossFn(BertMlmLoss);
+  PP_ASSIGN_OR_RETURN(TrainerOptions to, MakeTrainerOptions(config, timeout));
+  // --device=cuda: weights on cuda:<LOCAL_RANK>; the Trainer moves the
+  // micro-batches and keeps p2p and its collectives there (NCCL).
+  to.device = cluster.world.device;
+  PP_RETURN_IF_ERROR(TorchCall("moving the model to its device", [&] { model->to(to.device); }));
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
+  // Each rank's dropout stream starts from the config's seed, so a run is
+  // repeatable and a resumed one (which restores the saved RNG state) exact.
+  torch::manual_seed(config.seed() * 1000003ULL + static_cast<uint64_t>(grid.global_rank()));
+
+  const bool rank0 = grid.global_rank() == 0;
+  CheckpointPolicy ckpt_policy = MakeCheckpointPolicy(config);
+  ckpt_policy.before_save = [&grid, &model, &trainer, timeout] {
+    return CheckWeightsFinite(grid, *model, trainer->step(), timeout);
+  };
+  PP_ASSIGN_OR_RETURN(TrainingCheckpointer checkpointer, TrainingCheckpointer::Create(ckpt_policy));
+  PP_ASSIGN_OR_RETURN(bool resumed, checkpointer.MaybeResume(grid, *model, *trainer));
+  if (resumed && rank0) {
+    std::cout << "resumed at step " << trainer->step() << " from " << ckpt_policy.resume
+              << std::endl;
+  }
+  PP_ASSIGN_OR_RETURN(RunReport report, RunReport::Open(config, model_name, rank0));
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<RunObservability> obs,
+                      RunObservability::Create(config, grid, report.dir().string(), timeout));
+  report.set_observability(obs.get());
+  report.Header(data.description, data.tokens_per_step, *model);
+  PP_ASSIGN_OR_RETURN(double train_seconds,
+                      TrainLoop(config, grid, *model, *trainer, checkpointer, data, report, *obs));
+  if (rank0) {
+    const P2PStats p2p = trainer->p2p_stats();
+    std::cout << "p2p (rank 0): " << p2p.tensor_messages << " messages sent, "
+              << p2p.control_messages << " activation control words, " << p2p.static_payloads
+              << " activations as payload only (static shapes "
+              << (config.parallelism().p2p_static_shapes() ? "on" : "off") << "), "
+              << p2p.payloads_posted_ahead << " payloads and " << p2p.controls_posted_ahead
+              << " control words received into receives posted ahead (post receives ahead "
+              << (config.parallelism().p2p_post_receives_ahead() ? "on" : "off") << ")"
+              << std::endl;
+  }
+  if (kind == ModelKind::kGpt && config.sample_tokens() > 0) {
+    PP_RETURN_IF_ERROR(SampleText(config, grid, sampler, *trainer, timeout, report));
+  }
+  PP_ASSIGN_OR_RETURN(std::string memory_summary, obs->Finish(*trainer));
+  return report.Finish(train_seconds, memory_summary);
+}
+
+}  // namespace pp
