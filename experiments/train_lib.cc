@@ -31,6 +31,7 @@
 #include "experiments/nonfinite_guard.h"
 #include "experiments/preflight.h"
 #include "experiments/run_observability.h"
+#include "experiments/worker_status_observer.h"
 #include "models/data/corpus.h"
 #include "models/data/lm_data.h"
 #include "models/data/mlm_data.h"
@@ -42,10 +43,13 @@
 #include "observability/rank_log.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/action_log.h"
+#include "pipeline/runtime/action_observer.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/schedule/csv.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/launcher.h"
+#include "topology/launcher_status.h"
 #include "topology/parallel_grid.h"
 #include "topology/process_topology.h"
 #include "topology/rendezvous.h"
@@ -231,12 +235,15 @@ class Progress {
       std::fflush(tty_);
       return;
     }
-    if ((step + 1) % log_interval_ == 0 || step == 0 || step + 1 == total_ ||
-        eval_loss.has_value()) {
+    if (Logs(step) || eval_loss.has_value()) {
       std::cout << stats
                 << (eval_loss.has_value() ? absl::StrFormat("  eval loss %.4f", *eval_loss) : "")
                 << std::endl;
     }
+  }
+  // Whether `step` (0-based) prints a line (an evaluated step does too).
+  bool Logs(int64_t step) const {
+    return (step + 1) % log_interval_ == 0 || step == 0 || step + 1 == total_;
   }
   void Finish() {
     if (tty_ != nullptr) {
@@ -567,12 +574,14 @@ class RunReport {
                            {"tokens_per_s", tokens_per_s},
                            {"step_s", seconds}};
     if (eval_loss.has_value()) line["eval_loss"] = *eval_loss;
-    std::vector<double> bubble;
-    for (size_t i = 0; i < r.busy_seconds.size(); ++i) {
-      const double wall = r.busy_seconds[i] + r.idle_seconds[i];
-      bubble.push_back(wall > 0 ? r.idle_seconds[i] / wall : 0.0);
+    if (!r.busy_seconds.empty()) {  // an observed step (TrainLoop)
+      std::vector<double> bubble;
+      for (size_t i = 0; i < r.busy_seconds.size(); ++i) {
+        const double wall = r.busy_seconds[i] + r.idle_seconds[i];
+        bubble.push_back(wall > 0 ? r.idle_seconds[i] / wall : 0.0);
+      }
+      line["bubble"] = bubble;
     }
-    line["bubble"] = bubble;
     PP_RETURN_IF_ERROR(obs_->Metrics(line, memory));  // memory, time; TensorBoard
     *metrics_ << line.dump() << "\n" << std::flush;
     train_curve_.emplace_back(step + 1, r.loss);
@@ -665,9 +674,20 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
   NonFiniteGuard nonfinite(config.nonfinite());
   for (int64_t step = trainer.step(); step < config.steps(); ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    const bool last = step + 1 == config.steps();
+    const bool evaluates =
+        data.eval != nullptr &&
+        (last || (config.eval_interval() > 0 && (step + 1) % config.eval_interval() == 0));
+    const bool traced = step >= trace_step && step < trace_step + config.trace_steps();
+    // Busy/idle and memory figures (two world all-gathers, and on a device
+    // waits for it) only on the steps that show them; a profiled step also
+    // keeps its actions' times.
+    const bool observed = progress.Logs(step) || evaluates || traced;
+    const bool profiled = obs.Profiles(step + 1);
     PP_RETURN_IF_ERROR(obs.BeforeStep(step + 1, trainer));
-    PP_ASSIGN_OR_RETURN(StepResult r, trainer.Step());
-    PP_ASSIGN_OR_RETURN(StepMemory memory, obs.AfterStep(step + 1, trainer));
+    PP_ASSIGN_OR_RETURN(StepResult r,
+                        trainer.Step({.trace = traced || profiled, .busy_idle = observed}));
+    PP_ASSIGN_OR_RETURN(StepMemory memory, obs.AfterStep(step + 1, trainer, observed));
     // Before the save: a non-finite state is never checkpointed.
     PP_RETURN_IF_ERROR(nonfinite.AfterStep(r, grid, model, trainer.options().timeout));
     PP_ASSIGN_OR_RETURN(std::string saved,
@@ -676,12 +696,10 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<double> eval_loss;
-    const bool last = step + 1 == config.steps();
-    if (data.eval != nullptr &&
-        (last || (config.eval_interval() > 0 && (step + 1) % config.eval_interval() == 0))) {
+    if (evaluates) {
       PP_ASSIGN_OR_RETURN(eval_loss, Evaluate(config, trainer, data.eval.get()));
     }
-    if (step >= trace_step && step < trace_step + config.trace_steps()) {
+    if (traced) {
       PP_ASSIGN_OR_RETURN(std::string trace, trainer.LastStepTrace());
       PP_RETURN_IF_ERROR(report.Trace(step, step == trace_step, trace));
     }
@@ -740,6 +758,12 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
   PP_RETURN_IF_ERROR(TorchCall("moving the model to its device", [&] { model->to(to.device); }));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
+  // The actions' observers: the launcher's status page, --v=1's action lines.
+  WorkerStatusObserver worker_status;
+  ActionLog action_log;
+  ActionObservers action_observers({WorkerStatusEnabled() ? &worker_status : nullptr,
+                                    VLOG_IS_ON(1) ? &action_log : nullptr});
+  if (!action_observers.empty()) trainer->set_action_observer(&action_observers);
   // Each rank's dropout stream starts from the config's seed, so a run is
   // repeatable and a resumed one (which restores the saved RNG state) exact.
   torch::manual_seed(config.seed() * 1000003ULL + static_cast<uint64_t>(grid.global_rank()));
