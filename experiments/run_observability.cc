@@ -172,10 +172,10 @@ absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Train
             << " ms; memory peak " << m.peak_bytes << " B, live " << m.current_bytes << " B";
   if (!gather) return StepMemory();
   const int world = grid_->world_size();
-  std::vector<at::Tensor> mine = {torch::tensor({static_cast<int64_t>(grid_->stage_id()),
-                                                 step_start_bytes_, m.current_bytes, m.peak_bytes,
-                                                 local_max_peak_},
-                                                torch::kLong)};
+  std::vector<at::Tensor> mine = {
+      torch::tensor({static_cast<int64_t>(grid_->stage_id()), step_start_bytes_, m.current_bytes,
+                     m.peak_bytes, local_max_peak_},
+                    torch::kLong)};
   std::vector<std::vector<at::Tensor>> all(1);
   for (int r = 0; r < world; ++r) all[0].push_back(torch::empty({5}, torch::kLong));
   PP_RETURN_IF_ERROR(RunCollective("memory all-gather", grid_->DescribeWorldGroup(), timeout_,

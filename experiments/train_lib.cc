@@ -761,8 +761,8 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
   // The actions' observers: the launcher's status page, --v=1's action lines.
   WorkerStatusObserver worker_status;
   ActionLog action_log;
-  ActionObservers action_observers({WorkerStatusEnabled() ? &worker_status : nullptr,
-                                    VLOG_IS_ON(1) ? &action_log : nullptr});
+  ActionObservers action_observers(
+      {WorkerStatusEnabled() ? &worker_status : nullptr, VLOG_IS_ON(1) ? &action_log : nullptr});
   if (!action_observers.empty()) trainer->set_action_observer(&action_observers);
   // Each rank's dropout stream starts from the config's seed, so a run is
   // repeatable and a resumed one (which restores the saved RNG state) exact.

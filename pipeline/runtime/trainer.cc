@@ -244,8 +244,8 @@ absl::StatusOr<StepResult> Trainer::Step(const StepObservation& observe) {
   // The timer last: it times the action, not the other observers.
   ActionObservers observers({action_observer_, timed ? timer_.get() : nullptr});
   executor_->set_observer(observers.empty() ? nullptr : &observers);
-  absl::StatusOr<StepStats> stats = executor_->Run(
-      train_program_, step_, [&](const Action& a) { return Tail(a, result); });
+  absl::StatusOr<StepStats> stats =
+      executor_->Run(train_program_, step_, [&](const Action& a) { return Tail(a, result); });
   executor_->set_observer(nullptr);
   PP_RETURN_IF_ERROR(stats.status());
   PP_ASSIGN_OR_RETURN(result.loss, ReduceLoss(*stats));
