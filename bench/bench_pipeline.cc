@@ -232,7 +232,8 @@ absl::Status RunPp2Worker() {
   std::string trace;
   for (int s = 0; s <= steps; ++s) {
     const auto t0 = Clock::now();
-    PP_ASSIGN_OR_RETURN(StepResult r, e.trainer->Step());
+    // Traced with busy/idle, as the part's figures need (their cost is in t).
+    PP_ASSIGN_OR_RETURN(StepResult r, e.trainer->Step({.trace = true, .busy_idle = true}));
     const double t = Seconds(t0, Clock::now());
     if (s > 0) times.push_back(t);
     // Every timed step's trace: per-stage F/B costs for the simulator.

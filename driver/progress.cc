@@ -53,11 +53,14 @@ void Progress::Update(int64_t step, double loss, double tokens_per_s,
     std::fflush(tty_);
     return;
   }
-  if ((step + 1) % log_interval_ == 0 || step == 0 || step + 1 == total_ || eval_loss.has_value()) {
+  if (Logs(step) || eval_loss.has_value()) {
     std::cout << stats
               << (eval_loss.has_value() ? absl::StrFormat("  eval loss %.4f", *eval_loss) : "")
               << std::endl;
   }
+}
+bool Progress::Logs(int64_t step) const {
+  return (step + 1) % log_interval_ == 0 || step == 0 || step + 1 == total_;
 }
 void Progress::Finish() {
   if (tty_ != nullptr) {

@@ -26,6 +26,8 @@ class Progress {
   void Update(int64_t step, double loss, double tokens_per_s, std::optional<double> eval_loss);
   void Finish();
   double Elapsed() const;
+  // Whether `step` (0-based) prints a line (an evaluated step does too).
+  bool Logs(int64_t step) const;
 
  private:
   int64_t total_;

@@ -22,6 +22,7 @@
 #include "driver/progress.h"
 #include "driver/run_observability.h"
 #include "driver/run_report.h"
+#include "driver/worker_status_observer.h"
 #include "driver/workspace_path.h"
 #include "models/data/corpus.h"
 #include "models/data/lm_data.h"
@@ -32,6 +33,8 @@
 #include "models/gpt/sample.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/action_log.h"
+#include "pipeline/runtime/action_observer.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/parallel_grid.h"
@@ -308,9 +311,20 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
   NonFiniteGuard nonfinite(config.nonfinite());
   for (int64_t step = trainer.step(); step < config.steps(); ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    const bool last = step + 1 == config.steps();
+    const bool evaluates =
+        data.eval != nullptr &&
+        (last || (config.eval_interval() > 0 && (step + 1) % config.eval_interval() == 0));
+    const bool traced = step >= trace_step && step < trace_step + config.trace_steps();
+    // Busy/idle and memory figures (two world all-gathers, and on a device
+    // waits for it) only on the steps that show them; a profiled step also
+    // keeps its actions' times.
+    const bool observed = progress.Logs(step) || evaluates || traced;
+    const bool profiled = obs.Profiles(step + 1);
     PP_RETURN_IF_ERROR(obs.BeforeStep(step + 1, trainer));
-    PP_ASSIGN_OR_RETURN(StepResult r, trainer.Step());
-    PP_ASSIGN_OR_RETURN(StepMemory memory, obs.AfterStep(step + 1, trainer));
+    PP_ASSIGN_OR_RETURN(StepResult r,
+                        trainer.Step({.trace = traced || profiled, .busy_idle = observed}));
+    PP_ASSIGN_OR_RETURN(StepMemory memory, obs.AfterStep(step + 1, trainer, observed));
     // Before the save: a non-finite state is never checkpointed.
     PP_RETURN_IF_ERROR(nonfinite.AfterStep(r, grid, model, trainer.options().timeout));
     PP_ASSIGN_OR_RETURN(std::string saved,
@@ -319,12 +333,10 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<double> eval_loss;
-    const bool last = step + 1 == config.steps();
-    if (data.eval != nullptr &&
-        (last || (config.eval_interval() > 0 && (step + 1) % config.eval_interval() == 0))) {
+    if (evaluates) {
       PP_ASSIGN_OR_RETURN(eval_loss, Evaluate(config, trainer, data.eval.get()));
     }
-    if (step >= trace_step && step < trace_step + config.trace_steps()) {
+    if (traced) {
       PP_ASSIGN_OR_RETURN(std::string trace, trainer.LastStepTrace());
       PP_RETURN_IF_ERROR(report.Trace(step, step == trace_step, trace));
     }
@@ -383,6 +395,12 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
   PP_RETURN_IF_ERROR(TorchCall("moving the model to its device", [&] { model->to(to.device); }));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
+  // The actions' observers: the launcher's status page, --v=1's action lines.
+  WorkerStatusObserver worker_status;
+  ActionLog action_log;
+  ActionObservers action_observers(
+      {WorkerStatusEnabled() ? &worker_status : nullptr, VLOG_IS_ON(1) ? &action_log : nullptr});
+  if (!action_observers.empty()) trainer->set_action_observer(&action_observers);
   // Each rank's dropout stream starts from the config's seed, so a run is
   // repeatable and a resumed one (which restores the saved RNG state) exact.
   torch::manual_seed(config.seed() * 1000003ULL + static_cast<uint64_t>(grid.global_rank()));

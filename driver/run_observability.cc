@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<RunObservability>> RunObservability::Create(
   if (profile.has_value()) {
     PP_ASSIGN_OR_RETURN(obs->profiler_,
                         OperatorProfiler::Create({.steps = *profile, .rank = rank}));
+    obs->profile_ = profile;
     LOG(INFO) << "profiling steps " << profile->first << " to " << profile->last;
   }
   if (obs->rank0_) {
@@ -147,9 +148,11 @@ absl::Status RunObservability::BeforeStep(int64_t step, const Trainer& trainer) 
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Trainer& trainer) {
+absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Trainer& trainer,
+                                                       bool gather) {
   // Memory first: the gather below allocates.
   PP_ASSIGN_OR_RETURN(MemoryStats m, StepMemoryStats(trainer.options().device, /*reset=*/false));
+  local_max_peak_ = std::max(local_max_peak_, m.peak_bytes);
   if (profiler_ != nullptr) {
     const bool recorded = profiler_->recording();
     PP_RETURN_IF_ERROR(profiler_->EndStep(step));
@@ -167,33 +170,35 @@ absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Train
                    std::chrono::steady_clock::now() - step_start_)
                    .count()
             << " ms; memory peak " << m.peak_bytes << " B, live " << m.current_bytes << " B";
+  if (!gather) return StepMemory();
   const int world = grid_->world_size();
-  std::vector<at::Tensor> mine = {torch::tensor(
-      {static_cast<int64_t>(grid_->stage_id()), step_start_bytes_, m.current_bytes, m.peak_bytes},
-      torch::kLong)};
+  std::vector<at::Tensor> mine = {
+      torch::tensor({static_cast<int64_t>(grid_->stage_id()), step_start_bytes_, m.current_bytes,
+                     m.peak_bytes, local_max_peak_},
+                    torch::kLong)};
   std::vector<std::vector<at::Tensor>> all(1);
-  for (int r = 0; r < world; ++r) all[0].push_back(torch::empty({4}, torch::kLong));
+  for (int r = 0; r < world; ++r) all[0].push_back(torch::empty({5}, torch::kLong));
   PP_RETURN_IF_ERROR(RunCollective("memory all-gather", grid_->DescribeWorldGroup(), timeout_,
                                    [&] { return grid_->world_group()->allgather(all, mine); }));
   StepMemory memory;
+  max_peak_.assign(world, 0);
   for (int r = 0; r < world; ++r) {
     auto a = all[0][r].accessor<int64_t, 1>();
     memory.stage.push_back(static_cast<int>(a[0]));
     memory.start_bytes.push_back(a[1]);
     memory.current_bytes.push_back(a[2]);
     memory.peak_bytes.push_back(a[3]);
+    max_peak_[r] = a[4];
   }
-  if (rank0_) {
-    max_peak_.resize(world, 0);
-    for (int r = 0; r < world; ++r) max_peak_[r] = std::max(max_peak_[r], memory.peak_bytes[r]);
-    last_memory_ = memory;
-  }
+  if (rank0_) last_memory_ = memory;
   return memory;
 }
 
 absl::Status RunObservability::Metrics(nlohmann::json& line, const StepMemory& memory) {
-  line["mem_current_bytes"] = memory.current_bytes;
-  line["mem_peak_bytes"] = memory.peak_bytes;
+  if (!memory.stage.empty()) {  // a gathered step
+    line["mem_current_bytes"] = memory.current_bytes;
+    line["mem_peak_bytes"] = memory.peak_bytes;
+  }
   const double wall = NowWallTimeSeconds();
   line["time"] = wall;
   if (tb_ == nullptr) return absl::OkStatus();

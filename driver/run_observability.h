@@ -11,7 +11,8 @@
 //   <run>/profile/merged.json        both: one process lane per rank, pipe's
 //                                    actions above the operators they ran
 //   metrics.jsonl                    + per-rank CPU memory (current, step peak)
-//                                    and the line's wall time
+//                                    on the steps that log, evaluate or trace,
+//                                    and every line's wall time
 //
 // Step numbers are metrics.jsonl's: the first step is 1.
 #ifndef DRIVER_RUN_OBSERVABILITY_H_
@@ -70,10 +71,15 @@ class RunObservability {
 
   const std::string& run_dir() const { return run_dir_; }
 
-  // Around Trainer::Step(); `step` is 1-based. AfterStep is collective (the
-  // memory figures of all ranks reach every rank).
+  // Around Trainer::Step(); `step` is 1-based. With `gather` (the same on
+  // every rank: a step that logs, evaluates or traces) AfterStep is
+  // collective and the memory figures of all ranks reach every rank;
+  // otherwise it returns none.
   absl::Status BeforeStep(int64_t step, const Trainer& trainer);
-  absl::StatusOr<StepMemory> AfterStep(int64_t step, const Trainer& trainer);
+  absl::StatusOr<StepMemory> AfterStep(int64_t step, const Trainer& trainer, bool gather);
+  // Whether --profile_steps covers `step`: the Trainer must trace it (the
+  // profile keeps its actions' times).
+  bool Profiles(int64_t step) const { return profile_.has_value() && profile_->Contains(step); }
 
   // Rank 0: adds the memory and wall time to a metrics.jsonl line, then
   // writes every number of the line to TensorBoard at its step:
@@ -103,9 +109,12 @@ class RunObservability {
   bool rank0_ = false;
   std::unique_ptr<TensorBoardWriter> tb_;
   std::unique_ptr<OperatorProfiler> profiler_;
+  std::optional<StepRange> profile_;
   std::vector<TraceEvent> profiled_actions_;  // this rank's, absolute steady_clock us
   int64_t step_start_bytes_ = 0;
   std::chrono::steady_clock::time_point step_start_;
+  // This rank's largest step peak, of every step (gathered or not).
+  int64_t local_max_peak_ = 0;
   // Rank 0: per global rank, the largest step peak seen and the last memory.
   std::vector<int64_t> max_peak_;
   std::optional<StepMemory> last_memory_;

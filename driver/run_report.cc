@@ -66,12 +66,14 @@ absl::Status RunReport::Step(int64_t step, const StepResult& r, double tokens_pe
                          {"tokens_per_s", tokens_per_s},
                          {"step_s", seconds}};
   if (eval_loss.has_value()) line["eval_loss"] = *eval_loss;
-  std::vector<double> bubble;
-  for (size_t i = 0; i < r.busy_seconds.size(); ++i) {
-    const double wall = r.busy_seconds[i] + r.idle_seconds[i];
-    bubble.push_back(wall > 0 ? r.idle_seconds[i] / wall : 0.0);
+  if (!r.busy_seconds.empty()) {  // an observed step (TrainLoop)
+    std::vector<double> bubble;
+    for (size_t i = 0; i < r.busy_seconds.size(); ++i) {
+      const double wall = r.busy_seconds[i] + r.idle_seconds[i];
+      bubble.push_back(wall > 0 ? r.idle_seconds[i] / wall : 0.0);
+    }
+    line["bubble"] = bubble;
   }
-  line["bubble"] = bubble;
   PP_RETURN_IF_ERROR(obs_->Metrics(line, memory));  // memory, time; TensorBoard
   *metrics_ << line.dump() << "\n" << std::flush;
   train_curve_.emplace_back(step + 1, r.loss);

@@ -9,7 +9,8 @@ holds every number of metrics.jsonl at its step and wall time and the sample;
 logs/rank_<N>.log exist with "rank=N stage=S data=D" in every line and, with
 --v=1, every action of the traced step (trace.json) starts and ends in its
 rank's log; rank 1 printed nothing on the console; the memory figures are in
-metrics.jsonl and the summary; with --profile, per-rank operator traces and the
+metrics.jsonl and the summary, on exactly the steps that log, evaluate or
+trace (with the bubble); with --profile, per-rank operator traces and the
 merged trace hold pipe's actions and the operators they ran.
 --memory-grows: every rank's step peak is larger in the second run.
 Exit 0 pass, 1 fail (printed); a TensorBoard that cannot be installed is a
@@ -54,7 +55,7 @@ def check_tensorboard(run, readback):
             if key in line:
                 add(tag, step, line[key], wall)
         for key, name in per_rank.items():
-            for r, value in enumerate(line[key]):
+            for r, value in enumerate(line.get(key, [])):
                 add("rank_%d/%s" % (r, name), step, value, wall)
     with open(os.path.join(run, "sample.txt")) as f:
         sample = f.read()[:-1]  # the file ends with a newline the event does not have
@@ -113,8 +114,35 @@ def check_logs(run, console, world):
           "no memory summary on the console")
 
 
+def config_int(run, field, default):
+    with open(os.path.join(run, "config.textproto")) as f:
+        m = re.search(r"^%s: (\d+)" % field, f.read(), re.M)
+    return int(m.group(1)) if m else default
+
+
+def observed_steps(run):
+    """The metrics steps (1-based) that log, evaluate or trace: only they carry
+    the busy/idle and memory figures (two world all-gathers)."""
+    lines = metrics(run)
+    last = lines[-1]["step"]
+    log_interval = config_int(run, "log_interval", 10)
+    trace_step = min(config_int(run, "trace_step", 2), last - 1)
+    trace_steps = config_int(run, "trace_steps", 1)
+    return {l["step"] for l in lines
+            if l["step"] == 1 or l["step"] % log_interval == 0 or l["step"] == last or
+            "eval_loss" in l or trace_step < l["step"] <= trace_step + trace_steps}
+
+
 def check_memory(run, world):
+    observed = observed_steps(run)
     for line in metrics(run):
+        if line["step"] not in observed:
+            check(not any(k in line for k in ("bubble", "mem_peak_bytes", "mem_current_bytes")),
+                  "step %d logs, evaluates and traces nothing but gathered figures"
+                  % line["step"])
+            continue
+        check(len(line.get("bubble", [])) == world, "step %d: bubble = %s"
+              % (line["step"], line.get("bubble")))
         for key in ("mem_peak_bytes", "mem_current_bytes"):
             check(len(line.get(key, [])) == world and all(v > 0 for v in line[key]),
                   "step %d: %s = %s" % (line["step"], key, line.get(key)))
@@ -163,8 +191,8 @@ def main():
         small, large = metrics(sys.argv[2]), metrics(sys.argv[3])
         world = len(small[0]["mem_peak_bytes"])
         for r in range(world):
-            a = max(l["mem_peak_bytes"][r] for l in small)
-            b = max(l["mem_peak_bytes"][r] for l in large)
+            a = max(l["mem_peak_bytes"][r] for l in small if "mem_peak_bytes" in l)
+            b = max(l["mem_peak_bytes"][r] for l in large if "mem_peak_bytes" in l)
             print("rank %d step peak: %d -> %d bytes" % (r, a, b))
             check(b > 1.5 * a, "rank %d: peak %d with the larger micro-batch, %d with the smaller"
                   % (r, b, a))

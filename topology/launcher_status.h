@@ -5,7 +5,8 @@
 // So the launcher gives each worker a small shared-memory page (a memfd whose
 // number is in PP_WORKER_STATUS_FD); the worker writes its pipeline stage and
 // data-parallel index once (ParallelGrid does) and the name of every action
-// as it starts (StageExecutor does: a copy into the page, no system call), and
+// as it starts (the driver's action observer, experiments/
+// worker_status_observer.h: a copy into the page, no system call), and
 // the launcher reads the page after the worker has died or stopped:
 //
 //   FAILED: rank 2 (pipeline stage 0, data-parallel index 1; last action

@@ -117,7 +117,6 @@ absl::StatusOr<RankRun> MakeRun(const World& world, const RunSpec& spec) {
   to.lr_schedule.total_steps = 20;
   to.max_grad_norm = 1.0;
   to.timeout = std::chrono::seconds(60);
-  to.trace = false;
   PP_ASSIGN_OR_RETURN(
       run.trainer, Trainer::Create(run.grid.get(), run.model.get(), GptLoss, run.source.get(), to));
   return run;

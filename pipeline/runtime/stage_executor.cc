@@ -1,8 +1,5 @@
 #include "pipeline/runtime/stage_executor.h"
 
-#include <sys/resource.h>
-#include <time.h>
-
 #include <algorithm>
 #include <deque>
 #include <string>
@@ -12,69 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
-#include "topology/device_transfer.h"
-#include "topology/launcher_status.h"
 
 namespace pp {
 namespace {
-
-// This thread's CPU time, minor page faults and involuntary context switches
-// (preemptions) so far: with one intra-op and
-// one BLAS thread every kernel of an action runs on the executor's thread, so
-// their differences are the action's own cost even on a loaded machine, where
-// the wall clock is not (--v=1 logs them). CPU time comes from
-// CLOCK_THREAD_CPUTIME_ID: getrusage's RUSAGE_THREAD times advance only at
-// scheduler ticks (4 ms steps measured here), which reads 0 for most actions.
-struct ThreadUsage {
-  int64_t cpu_us = 0;
-  int64_t minor_faults = 0;
-  int64_t preemptions = 0;
-};
-
-int64_t ThreadCpuMicros() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
-}
-
-ThreadUsage ThreadUsageNow() {
-  rusage usage{};
-  getrusage(RUSAGE_THREAD, &usage);
-  ThreadUsage u;
-  u.cpu_us = ThreadCpuMicros();
-  u.minor_faults = usage.ru_minflt;
-  u.preemptions = usage.ru_nivcsw;
-  return u;
-}
-
-int64_t NowMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// How far this thread's CPU clock moves at a time: about 1 us on a plain
-// Linux kernel, but a sandbox may advance it in scheduler ticks, where an
-// action shorter than a tick reads 0 or one tick. Measured once,
-// spinning on the clock for at most 200 ms of wall time; -1 if it never moved.
-int64_t ThreadCpuClockStepMicros() {
-  static const int64_t step = [] {
-    const int64_t deadline = NowMicros() + 200000;
-    // The first change aligns with the clock; the next two are measured.
-    int64_t last = ThreadCpuMicros();
-    int64_t smallest = -1;
-    for (int change = 0; change < 3; ++change) {
-      int64_t now = last;
-      while ((now = ThreadCpuMicros()) == last) {
-        if (NowMicros() > deadline) return smallest;
-      }
-      if (change > 0 && (smallest < 0 || now - last < smallest)) smallest = now - last;
-      last = now;
-    }
-    return smallest;
-  }();
-  return step;
-}
 
 // What the next stage on the same rank receives: the outputs cut from this
 // stage's graph (so each stage's backward stays its own), with the same
@@ -489,7 +426,7 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
         return absl::InvalidArgumentError(absl::StrCat(Name(a), " in a forward-only program"));
       return BackwardWeight(a, st);
     case ActionType::kOverlapFB:
-      // Run() executes the halves one by one (each timed on its own).
+      // Run() executes the halves one by one (each observed on its own).
       for (const Action& half : Leaves(a)) PP_RETURN_IF_ERROR(Execute(half, st, tail));
       return absl::OkStatus();
   }
@@ -510,12 +447,6 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
   // Every rank runs the same kind of program at the same time, so both ends
   // of each channel switch together (static p2p shapes are learned per pass).
   p2p_.SetForwardOnly(program.forward_only);
-  if (VLOG_IS_ON(1) && !logged_cpu_clock_step_) {
-    // action_costs.py reads it to say when per-action thread CPU is too
-    // coarse to mean anything.
-    VLOG(1) << "thread cpu clock step " << ThreadCpuClockStepMicros() << " us";
-    logged_cpu_clock_step_ = true;
-  }
   // post_receives_ahead (CPU only): each channel's receives in program
   // order; a RECV action waits for the one posted for it.
   std::map<ChannelId, Channel> channels;
@@ -533,70 +464,38 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
       }
     }
   }
-  const int64_t start = NowMicros();
+  ActionObserver* const observer = observer_;
+  const ObservedStep observed{rank_, step, program.forward_only, &exec_program};
+  if (observer != nullptr) observer->StepStart(observed);
+  // Runs one action. False (with status_holder_ set) on error.
+  auto run = [&](const Action& a) {
+    if (observer != nullptr) observer->ActionStart(observed, a);
+    absl::Status s;
+    if (post_ahead && IsReceive(a.type)) {
+      // Waits for the receive posted for it (posting it first if it could
+      // not be posted yet: then it is its channel's next one).
+      Channel& channel = channels[ChannelOf(a)];
+      if (!channel.posted) s = PostReady(st, channels);
+      if (s.ok() && !channel.posted) {
+        // Still unpostable (RECV_B before its F): Execute names the error.
+        channel.receives.pop_front();
+      }
+      channel.posted = false;
+    }
+    if (s.ok()) s = Execute(a, st, tail);
+    // The receives this action made postable (its channel's next one; a
+    // gradient receive after its F).
+    if (s.ok() && post_ahead) s = PostReady(st, channels);
+    if (!s.ok()) {
+      status_holder_ = absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
+      return false;
+    }
+    if (observer != nullptr) observer->ActionEnd(observed, a);
+    return true;
+  };
   absl::Status status = TorchCall(absl::StrCat("step ", step, " on rank ", rank_), [&] {
     std::optional<torch::NoGradGuard> no_grad;
     if (st.forward_only) no_grad.emplace();
-    // Runs one action, timed. False (with status_holder_ set) on error.
-    auto run = [&](const Action& a) {
-      // --v=1: every action as it starts and ends, so a hang shows in the log
-      // as a start without its end (peer = the other end's pipe rank; `step`
-      // is the Trainer's, 0-based, or the eval batch's).
-      const std::string peer = VLOG_IS_ON(1) && IsCommunication(a.type)
-                                   ? absl::StrCat(" peer ", exec_program.PeerRank(a))
-                                   : "";
-      const char* kind = st.forward_only ? "eval step " : "train step ";
-      VLOG(1) << kind << step << " start " << Name(a) << " mb " << a.microbatch << peer;
-      // The launcher names it if this rank dies or stops now (a copy into
-      // shared memory; nothing outside a launched worker).
-      if (WorkerStatusEnabled()) ReportWorkerAction(absl::StrCat(kind, step, " ", Name(a)));
-      const ThreadUsage u0 = VLOG_IS_ON(1) ? ThreadUsageNow() : ThreadUsage();
-      const int64_t t0 = NowMicros();
-      absl::Status s;
-      if (post_ahead && IsReceive(a.type)) {
-        // Waits for the receive posted for it (posting it first if it could
-        // not be posted yet: then it is its channel's next one).
-        Channel& channel = channels[ChannelOf(a)];
-        if (!channel.posted) s = PostReady(st, channels);
-        if (s.ok() && !channel.posted) {
-          // Still unpostable (RECV_B before its F): Execute names the error.
-          channel.receives.pop_front();
-        }
-        channel.posted = false;
-      }
-      if (s.ok()) s = Execute(a, st, tail);
-      // The receives this action made postable (its channel's next one; a
-      // gradient receive after its F).
-      if (s.ok() && post_ahead) s = PostReady(st, channels);
-      if (!s.ok()) {
-        status_holder_ = absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
-        return false;
-      }
-      // On a device, kernels run after the host returns: wait for them
-      // before reading the clock, or the trace times only the launches.
-      if (options_.trace) s = WaitForDevice(options_.p2p.device, options_.p2p.timeout, Name(a));
-      if (!s.ok()) {
-        status_holder_ = absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
-        return false;
-      }
-      const int64_t t1 = NowMicros();
-      if (VLOG_IS_ON(1)) {
-        // Compute actions also log what they cost this thread; communication
-        // lines end with their duration (check_observability_run.py).
-        std::string usage;
-        if (IsCompute(a.type)) {
-          const ThreadUsage u1 = ThreadUsageNow();
-          usage = absl::StrCat(" (thread cpu ", u1.cpu_us - u0.cpu_us, " us, ",
-                               u1.minor_faults - u0.minor_faults, " page faults, ",
-                               u1.preemptions - u0.preemptions, " preemptions)");
-        }
-        VLOG(1) << kind << step << " end " << Name(a) << " mb " << a.microbatch << peer << " "
-                << (t1 - t0) << " us" << usage;
-      }
-      if (IsCompute(a.type)) st.stats.busy_us += t1 - t0;
-      if (options_.trace) st.stats.timings.push_back(ActionTiming{a, t0, t1});
-      return true;
-    };
     if (post_ahead) {
       absl::Status s = PostReady(st, channels);
       if (!s.ok()) {
@@ -606,7 +505,7 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
     }
     for (const Action& a : exec_program.ranks[rank_]) {
       // OVERLAP_F_B: the forward half, then the backward half, back to back
-      // on this thread (no overlap), each timed and traced as its own action.
+      // on this thread (no overlap), each observed as its own action.
       for (const Action& half : Leaves(a)) {
         if (!run(half)) return;
       }
@@ -627,9 +526,11 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
     status = absl::InternalError(absl::StrCat("program of rank ", rank_, " left ", st.stash.size(),
                                               " stashed micro-batches without backward"));
   }
-  if (status.ok()) status = WaitForDevice(options_.p2p.device, options_.p2p.timeout, "step end");
+  if (observer != nullptr) {
+    absl::Status observed_status = observer->StepEnd(observed, status);
+    if (status.ok()) status = std::move(observed_status);
+  }
   if (!status.ok()) return status;
-  st.stats.wall_us = NowMicros() - start;
   return std::move(st.stats);
 }
 

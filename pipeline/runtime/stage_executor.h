@@ -22,7 +22,6 @@
 #ifndef PIPELINE_RUNTIME_STAGE_EXECUTOR_H_
 #define PIPELINE_RUNTIME_STAGE_EXECUTOR_H_
 
-#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -39,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "pipeline/layers/layer.h"
+#include "pipeline/runtime/action_observer.h"
 #include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/runtime/p2p.h"
 #include "pipeline/runtime/split_backward.h"
@@ -49,22 +49,11 @@
 
 namespace pp {
 
-// Wall-clock interval of one executed action, for traces and busy/idle time.
-struct ActionTiming {
-  Action action;
-  // steady_clock microseconds: comparable across the processes of one host.
-  int64_t start_us = 0;
-  int64_t end_us = 0;
-};
-
 struct StepStats {
   // Sum of this rank's last-stage micro-batch losses (unscaled, detached);
   // 0 on ranks without the last stage.
   double loss_sum = 0.0;
   int64_t losses_computed = 0;
-  int64_t wall_us = 0;  // the whole program
-  int64_t busy_us = 0;  // compute actions (F, B)
-  std::vector<ActionTiming> timings;
 };
 
 struct StageExecutorOptions {
@@ -72,8 +61,6 @@ struct StageExecutorOptions {
   // Data-parallel replica: micro-batch mb reads global index
   // data_parallel_id * m + mb.
   int data_parallel_id = 0;
-  // Record per-action timings.
-  bool trace = true;
   // Run DeferReceives(program) instead of the program as lowered.
   bool defer_receives = true;
   // Post receives ahead of need (P2P::PostRecvActivations/PostRecvGrads): a
@@ -124,6 +111,11 @@ class StageExecutor {
   using TailFn = std::function<absl::Status(const Action&)>;
   absl::StatusOr<StepStats> Run(const LoweredProgram& program, int64_t step, const TailFn& tail,
                                 MicroBatchSource* source = nullptr);
+
+  // What Run tells about each step and action (borrowed; null: nothing, and
+  // a step reads no clock and waits for no device).
+  void set_observer(ActionObserver* observer) { observer_ = observer; }
+  ActionObserver* observer() const { return observer_; }
 
   P2P& p2p() { return p2p_; }
   const P2P& p2p() const { return p2p_; }
@@ -199,8 +191,8 @@ class StageExecutor {
   c10::intrusive_ptr<c10d::ProcessGroup> pipe_group_;
   StageExecutorOptions options_;
   P2P p2p_;
-  absl::Status status_holder_;          // an action's error, carried out of TorchCall
-  bool logged_cpu_clock_step_ = false;  // --v=1 logs the clock's step once
+  ActionObserver* observer_ = nullptr;
+  absl::Status status_holder_;  // an action's error, carried out of TorchCall
 };
 
 }  // namespace pp

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "common/status_macros.h"
+#include "pipeline/runtime/action_timer.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/thread_ranks.h"
 
@@ -250,9 +251,10 @@ TEST(StageExecutorTest, OverlapFBRunsItsHalvesBackToBack) {
                                       }}};
     StageExecutor exec(0, stages, Mse, &source, c10::intrusive_ptr<c10d::ProcessGroup>(),
                        StageExecutorOptions{});
-    PP_ASSIGN_OR_RETURN(StepStats stats,
-                        exec.Run(OneRankProgram(std::move(actions), 3), 0, nullptr));
-    for (const ActionTiming& t : stats.timings) timed->push_back(t.action);
+    ActionTimer timer(torch::kCPU, milliseconds(1000));
+    exec.set_observer(&timer);
+    PP_RETURN_IF_ERROR(exec.Run(OneRankProgram(std::move(actions), 3), 0, nullptr).status());
+    for (const ActionTiming& t : timer.timings()) timed->push_back(t.action);
     std::vector<torch::Tensor> grads;
     for (auto& p : l1->parameters()) grads.push_back(p.grad().clone());
     for (auto& p : l2->parameters()) grads.push_back(p.grad().clone());

@@ -151,11 +151,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   eo.p2p.device = options.device;
   eo.p2p.global_ranks = grid->pipe_group_ranks();
   eo.data_parallel_id = grid->data_parallel_id();
-  eo.trace = options.trace;
   t->executor_ = std::make_unique<StageExecutor>(
       grid->stage_id(), std::move(stages), std::move(loss_fn), run_source, grid->pipe_group(), eo);
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->train_program_));
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->eval_program_));
+  t->timer_ = std::make_unique<ActionTimer>(options.device, options.timeout);
   t->optimizer_ = MakeOptimizer(options.optimizer, t->params_);
   return t;
 }
@@ -230,7 +230,7 @@ absl::StatusOr<double> Trainer::ReduceLoss(const StepStats& stats) {
          static_cast<double>(options_.num_microbatches * grid_->data_parallel_size());
 }
 
-absl::StatusOr<StepResult> Trainer::Step() {
+absl::StatusOr<StepResult> Trainer::Step(const StepObservation& observe) {
   StepResult result;
   result.step = step_;
   result.learning_rate = LearningRateAt(options_.lr_schedule, options_.optimizer.lr, step_);
@@ -240,17 +240,29 @@ absl::StatusOr<StepResult> Trainer::Step() {
     optimizer_->zero_grad();
   }));
   model_->train();
-  PP_ASSIGN_OR_RETURN(StepStats stats, executor_->Run(train_program_, step_, [&](const Action& a) {
-    return Tail(a, result);
-  }));
-  PP_ASSIGN_OR_RETURN(result.loss, ReduceLoss(stats));
-  result.step_seconds = static_cast<double>(stats.wall_us) * 1e-6;
-  // Busy/idle of every rank (one small all-gather).
+  const bool timed = observe.trace || observe.busy_idle;
+  // The timer last: it times the action, not the other observers.
+  ActionObservers observers({action_observer_, timed ? timer_.get() : nullptr});
+  executor_->set_observer(observers.empty() ? nullptr : &observers);
+  absl::StatusOr<StepStats> stats =
+      executor_->Run(train_program_, step_, [&](const Action& a) { return Tail(a, result); });
+  executor_->set_observer(nullptr);
+  PP_RETURN_IF_ERROR(stats.status());
+  PP_ASSIGN_OR_RETURN(result.loss, ReduceLoss(*stats));
+  if (observe.busy_idle) PP_RETURN_IF_ERROR(GatherBusyIdle(result));
+  last_timings_.clear();
+  if (timed) last_timings_ = timer_->TakeTimings();
+  ++step_;
+  return result;
+}
+
+absl::Status Trainer::GatherBusyIdle(StepResult& result) {
+  result.step_seconds = static_cast<double>(timer_->wall_us()) * 1e-6;
   const int world = grid_->world_size();
-  torch::Tensor mine =
-      torch::tensor({static_cast<double>(stats.busy_us), static_cast<double>(stats.wall_us)},
-                    torch::kDouble)
-          .to(options_.device);
+  torch::Tensor mine = torch::tensor({static_cast<double>(timer_->busy_us()),
+                                      static_cast<double>(timer_->wall_us())},
+                                     torch::kDouble)
+                           .to(options_.device);
   std::vector<std::vector<at::Tensor>> gathered(1);
   for (int r = 0; r < world; ++r) {
     gathered[0].push_back(torch::empty({2}, torch::dtype(torch::kDouble).device(options_.device)));
@@ -266,9 +278,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
     result.busy_seconds.push_back(busy);
     result.idle_seconds.push_back(std::max(0.0, wall - busy));
   }
-  last_timings_ = std::move(stats.timings);
-  ++step_;
-  return result;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> Trainer::Evaluate(MicroBatchSource* source, int64_t step) {
@@ -276,7 +286,9 @@ absl::StatusOr<double> Trainer::Evaluate(MicroBatchSource* source, int64_t step)
   std::optional<DeviceMicroBatchSource> on_device;
   if (!options_.device.is_cpu() && source != nullptr)
     source = &on_device.emplace(source, options_.device);
+  executor_->set_observer(action_observer_);
   absl::StatusOr<StepStats> stats = executor_->Run(eval_program_, step, nullptr, source);
+  executor_->set_observer(nullptr);
   model_->train();
   PP_RETURN_IF_ERROR(stats.status());
   return ReduceLoss(*stats);

@@ -34,6 +34,8 @@
 #include "absl/status/statusor.h"
 #include "pipeline/layers/layer.h"
 #include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/action_observer.h"
+#include "pipeline/runtime/action_timer.h"
 #include "pipeline/runtime/device_batches.h"
 #include "pipeline/runtime/grad_sync.h"
 #include "pipeline/runtime/optimizer.h"
@@ -77,8 +79,6 @@ struct TrainerOptions {
   bool p2p_post_receives_ahead = false;
   // Set on every stage module (activation checkpointing); null keeps RunLayers.
   LayerRunner layer_runner;
-  // Record per-action timings (busy/idle, Chrome trace).
-  bool trace = true;
   // See StageExecutorOptions::defer_receives.
   bool defer_receives = true;
   // Testing only: skip the tied-gradient all-reduce (shows that the
@@ -94,10 +94,25 @@ struct StepResult {
   // did not step (the parameters are those before the step).
   bool update_skipped = false;
   double learning_rate = 0.0;
-  double step_seconds = 0.0;  // this rank's wall time of the program
-  // Indexed by global rank: time in compute actions / the rest of the step.
+  // With StepObservation::busy_idle (else 0 and empty): this rank's wall
+  // time of the program and, indexed by global rank, the time in compute
+  // actions / the rest of the step.
+  double step_seconds = 0.0;
   std::vector<double> busy_seconds;
   std::vector<double> idle_seconds;
+};
+
+// What a step measures beyond its loss. Each costs every rank time, so a
+// driver asks for them on the steps it logs, evaluates or traces only; a step
+// with neither reads no clock and waits for no device (action_observer.h).
+struct StepObservation {
+  // Per-action timings of this rank (last_step_timings, LastStepTrace): an
+  // ActionTimer (action_timer.h; on a device, events around each action and
+  // device waits at the step's start and end).
+  bool trace = false;
+  // StepResult::step_seconds, busy_seconds, idle_seconds: the same timer,
+  // then one all-gather over the world group.
+  bool busy_idle = false;
 };
 
 class Trainer {
@@ -110,8 +125,9 @@ class Trainer {
                                                          LossFn loss_fn, MicroBatchSource* source,
                                                          TrainerOptions options);
 
-  // One training step on the source's next global batch.
-  absl::StatusOr<StepResult> Step();
+  // One training step on the source's next global batch. Every rank passes
+  // the same `observe` (busy_idle is collective).
+  absl::StatusOr<StepResult> Step(const StepObservation& observe = {});
 
   // Runs the forward-only schedule under no-grad on `source`'s batch `step`
   // and returns the mean loss (averaged over data-parallel replicas).
@@ -123,8 +139,12 @@ class Trainer {
   // world group; every rank gets the document.
   absl::StatusOr<std::string> LastStepTrace();
   // This rank's timings of the last Step (absolute steady_clock microseconds,
-  // program order; empty with options.trace off). Not collective.
+  // program order; empty unless it was traced or timed). Not collective.
   const std::vector<ActionTiming>& last_step_timings() const { return last_timings_; }
+
+  // Told about every Step and Evaluate (borrowed; null: none), beside the
+  // Trainer's own timer: the driver's action logs and status page.
+  void set_action_observer(ActionObserver* observer) { action_observer_ = observer; }
 
   int64_t step() const { return step_; }
   // This rank's p2p counters since Create (training and evaluation).
@@ -141,6 +161,8 @@ class Trainer {
   Trainer() = default;
   absl::Status Tail(const Action& action, StepResult& result);
   absl::StatusOr<double> ReduceLoss(const StepStats& stats);
+  // Busy/idle of every rank (StepResult) from this rank's timer.
+  absl::Status GatherBusyIdle(StepResult& result);
 
   ParallelGrid* grid_ = nullptr;
   PipelineModel* model_ = nullptr;
@@ -152,6 +174,8 @@ class Trainer {
   std::vector<torch::Tensor> counted_params_;              // params_ minus non-owner tied copies
   std::unique_ptr<DeviceMicroBatchSource> device_source_;  // on a device only
   std::unique_ptr<StageExecutor> executor_;
+  std::unique_ptr<ActionTimer> timer_;
+  ActionObserver* action_observer_ = nullptr;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::set<const void*> reduced_this_step_;  // params averaged over data this step
   std::vector<ActionTiming> last_timings_;

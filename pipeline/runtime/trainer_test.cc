@@ -110,8 +110,9 @@ TEST(TrainerTest, EvaluateMatchesSequentialForward) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-// The merged trace holds every executed action of every rank; step results
-// carry the scheduled learning rate and busy/idle time per rank.
+// The merged trace of an observed step holds every executed action of every
+// rank; step results carry the scheduled learning rate and, when asked for,
+// busy/idle time per rank.
 TEST(TrainerTest, TraceAndStepResult) {
   absl::Status s = RunOnGrid(2, 1, seconds(20), [&](ParallelGrid& grid) -> absl::Status {
     PP_ASSIGN_OR_RETURN(auto model, ToyModel(grid, 2));
@@ -124,8 +125,14 @@ TEST(TrainerTest, TraceAndStepResult) {
     o.lr_schedule.warmup_steps = 2;
     o.lr_schedule.total_steps = 10;
     PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, o));
-    PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
-    PP_RETURN_IF_ERROR(Check(std::abs(r.learning_rate - 0.1) < 1e-12, "warm-up lr"));
+    // An unobserved step measures nothing.
+    PP_ASSIGN_OR_RETURN(StepResult plain, trainer->Step());
+    PP_RETURN_IF_ERROR(Check(plain.busy_seconds.empty() && plain.step_seconds == 0 &&
+                                 trainer->last_step_timings().empty(),
+                             "an unobserved step has no busy/idle or timings"));
+    PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step({.trace = true, .busy_idle = true}));
+    PP_RETURN_IF_ERROR(Check(std::abs(r.learning_rate - 0.2) < 1e-12, "warm-up lr"));
+    PP_RETURN_IF_ERROR(Check(r.step_seconds > 0, "step_seconds > 0"));
     PP_RETURN_IF_ERROR(
         Check(r.busy_seconds.size() == 2 && r.idle_seconds.size() == 2, "per-rank busy/idle"));
     PP_RETURN_IF_ERROR(Check(r.busy_seconds[0] > 0 && r.busy_seconds[1] > 0, "busy > 0"));
