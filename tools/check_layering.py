@@ -46,6 +46,7 @@ LAYERS = [
     "testing",
     "models",
     "experiments",
+    "bench",
     "examples",
     "",
 ]

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU kit's CPU rehearsal (README "The GPU kit"): the bundle and its
+# run_on_device.sh, run here exactly as on a lent GPU machine but against a
+# pip-installed PyTorch 2.11.0+cu130 (tools/gpu/make_torch_venv.sh: the
+# device's site-packages layout, its python3 first on PATH) and with
+# --device=cpu, so the plumbing (version check, library path, test filters,
+# XML, training, loss comparison, bench, summary) is proven before any GPU
+# time is spent. Appends one record to bench/results/gpu_kit_rehearsal.jsonl.
+#
+#   tools/gpu/rehearse.sh [--no_bundle] [run_on_device.sh arguments]
+# Defaults sized for the loaded 2-core machine: --budget_s=900 --stage_scale=4 --train_steps=30 --compare_steps=5
+# --bench_steps=3 (later arguments win).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+bundle=1
+if [[ ${1:-} == --no_bundle ]]; then
+  bundle=0
+  shift
+fi
+python=$(tools/gpu/make_torch_venv.sh) || exit 1
+if ((bundle)); then
+  tools/gpu/bundle.sh || exit 1
+fi
+out=$(mktemp -d "${TMPDIR:-/tmp}/gpu_kit_rehearsal.XXXXXX")
+args=(--device=cpu --out="$out" --budget_s=900 --stage_scale=4 --train_steps=30 --compare_steps=5 --bench_steps=3 "$@")
+command="PATH=$(dirname "$python"):\$PATH gpu_bundle/run_on_device.sh ${args[*]}"
+PATH="$(dirname "$python"):$PATH" gpu_bundle/run_on_device.sh "${args[@]}"
+rc=$?
+python3 - "$out/summary.json" "$command" "$rc" >> bench/results/gpu_kit_rehearsal.jsonl <<'PY'
+import json, os, subprocess, sys, time
+summary_path, command, rc = sys.argv[1:]
+commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+try:
+    summary = json.load(open(summary_path))
+except (OSError, ValueError) as e:
+    summary = {"error": "no summary.json: %s" % e}
+record = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
+          "machine": {"nproc": os.cpu_count(), "loadavg": os.getloadavg(),
+                      "what": "the 2-core development machine, shared with other builds; no GPU"},
+          "command": "tools/gpu/rehearse.sh -> " + command, "exit_status": int(rc),
+          "summary": summary}
+print(json.dumps(record, sort_keys=True))
+PY
+echo "rehearse: exit $rc; summary $out/summary.json; record appended to bench/results/gpu_kit_rehearsal.jsonl" >&2
+exit $rc
