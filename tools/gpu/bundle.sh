@@ -20,7 +20,7 @@
 #    The image has: glibc, libstdc++ and libgcc_s, and PyTorch's
 #    site-packages (torch/lib, nvidia/*/lib: LibTorch, CUDA, cuDNN, NCCL).
 #    Which sonames site-packages holds is read from a pip install of the same
-#    PyTorch (tools/gpu/make_torch_venv.sh, made once).
+#    PyTorch (tools/python_env.sh torch-2.11, made once).
 # 3. Rewrites every run path to $ORIGIN-relative ones (tools/gpu/elf_runpath.py),
 #    so nothing points at this machine's folders.
 # 4. Adds run_on_device.sh, the test list, experiments/configs, the PyTorch
@@ -39,6 +39,11 @@ for arg in "$@"; do
     *) echo "bundle.sh: unknown argument '$arg'; valid: --out=DIR, --no_build, --only=LABELS" >&2; exit 2 ;;
   esac
 done
+if [[ -n ${PP_LIBTORCH_DIR:-} ]]; then
+  echo "bundle.sh: PP_LIBTORCH_DIR is set ($PP_LIBTORCH_DIR); the bundle must link the pinned" \
+    "LibTorch 2.11.0+cu130 the GPU machines carry: unset it" >&2
+  exit 2
+fi
 readonly max_bytes=$((60 * 1024 * 1024))
 readonly pinned_torch="2.11.0+cu130"
 
@@ -53,7 +58,7 @@ if ((build)); then
 fi
 # PIPE_BAZEL_BIN: another output tree (bazel info waits for a running build).
 bazel_bin=${PIPE_BAZEL_BIN:-$(./bazelw info --config=cuda bazel-bin 2>/dev/null)}
-python=$(tools/gpu/make_torch_venv.sh)
+python=$(tools/python_env.sh torch-2.11)/bin/python3
 site=$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)
 
 # The sonames the GPU machine's image provides.

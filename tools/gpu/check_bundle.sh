@@ -8,7 +8,7 @@
 # refuses a run path that is not $ORIGIN-relative (it would name a folder of
 # the build machine).
 #
-#   PYTHON=~/.cache/pipe-python/torch-2.11.0/bin/python3 tools/gpu/check_bundle.sh gpu_bundle
+#   PYTHON=$(tools/python_env.sh torch-2.11)/bin/python3 tools/gpu/check_bundle.sh gpu_bundle
 #
 # Prints one line per problem and exits 1, or a one-line count and exits 0.
 set -euo pipefail

@@ -7,7 +7,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=$(cd "${1:-gpu_bundle}" && pwd)
-export PYTHON=${PYTHON:-$("$here/make_torch_venv.sh")}
+export PYTHON=${PYTHON:-$("$here/../python_env.sh" torch-2.11)/bin/python3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU kit's CPU rehearsal (README "The GPU kit"): the bundle and its
 # run_on_device.sh, run here exactly as on a lent GPU machine but against a
-# pip-installed PyTorch 2.11.0+cu130 (tools/gpu/make_torch_venv.sh: the
+# pip-installed PyTorch 2.11.0+cu130 (tools/python_env.sh torch-2.11: the
 # device's site-packages layout, its python3 first on PATH) and with
 # --device=cpu, so the plumbing (version check, library path, test filters,
 # XML, training, loss comparison, bench, summary) is proven before any GPU
@@ -17,7 +17,8 @@ if [[ ${1:-} == --no_bundle ]]; then
   bundle=0
   shift
 fi
-python=$(tools/gpu/make_torch_venv.sh) || exit 1
+venv=$(tools/python_env.sh torch-2.11) || exit 1
+python=$venv/bin/python3
 if ((bundle)); then
   tools/gpu/bundle.sh || exit 1
 fi
