@@ -9,11 +9,15 @@
 //       [--format=text|json|svg|chrome|csv|csv_comms] [--out=FILE]
 //       [--schedule=csv:FILE [--stage_to_rank=looped|v|0,1,1,0]]
 //       [--compare=gpipe,1f1b,interleaved_1f1b] [--defer_receives] [--list]
+//       [--synthesize [--memory_cap=4] [--placement=looped|v] [--seed=0]
+//        [--max_evaluations=2000] [--compare=all|NAME,...]]
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -35,6 +39,7 @@
 #include "pipeline/schedule/registry.h"
 #include "pipeline/schedule/render.h"
 #include "pipeline/schedule/simulator.h"
+#include "pipeline/schedule/synthesis.h"
 #include "pipeline/schedule/validator.h"
 
 ABSL_FLAG(std::string, schedule, "1f1b",
@@ -89,6 +94,19 @@ ABSL_FLAG(bool, defer_receives, false,
           "lower, then move each receive to just before its consumer (DeferReceives), "
           "as the runtime executes it by default");
 ABSL_FLAG(bool, list, false, "list the registered schedules and exit");
+ABSL_FLAG(bool, synthesize, false,
+          "synthesise a schedule (pipeline/schedule/synthesis.h) for --costs/--stage_costs/"
+          "--memory_split under --memory_cap with --chunks and --placement, print it with its "
+          "lower bound (or write it in --format); with --compare, next to those registered "
+          "schedules (all: every one) under the same cap");
+ABSL_FLAG(double, memory_cap, 0,
+          "--synthesize: per rank cap on peak memory in one rank's share of the model's "
+          "activations for one micro-batch (the 'peak memory (x stage)' column; v chunks: "
+          "cap * v virtual-stage activations); 0: 1F1B's peak, min(p, m)");
+ABSL_FLAG(std::string, placement, "looped",
+          "--synthesize: looped (any --chunks) or v (--chunks=2, rank r holds r and 2p-1-r)");
+ABSL_FLAG(int, seed, 0, "--synthesize: seed of the local search");
+ABSL_FLAG(int, max_evaluations, 2000, "--synthesize: simulator evaluations of the local search");
 
 namespace pp {
 namespace {
@@ -110,6 +128,33 @@ std::string FromWorkspace(const std::string& path) {
   return (std::filesystem::path(workspace) / path).string();
 }
 
+// The simulator's costs from the flags for a schedule of `num_virtual`
+// stages with `chunks` per rank.
+absl::StatusOr<SimulationCosts> FlagCosts(int num_virtual, int chunks) {
+  PP_ASSIGN_OR_RETURN(SimulationCosts costs, ParseSimulationCosts(absl::GetFlag(FLAGS_costs)));
+  costs.blocking_sends = absl::GetFlag(FLAGS_blocking_sends);
+  PP_ASSIGN_OR_RETURN(costs.memory, ParseMemorySplit(absl::GetFlag(FLAGS_memory_split)));
+  costs.stage_multiplier.assign(num_virtual, 1.0 / chunks);
+  PP_ASSIGN_OR_RETURN(costs.stage_costs, ParseStageCosts(absl::GetFlag(FLAGS_stage_costs)));
+  PP_ASSIGN_OR_RETURN(costs.rank_costs, ParseRankCosts(absl::GetFlag(FLAGS_rank_costs)));
+  PP_ASSIGN_OR_RETURN(costs.tie_groups, ParseTieGroups(absl::GetFlag(FLAGS_tie_groups)));
+  costs.step_all_reduce = absl::GetFlag(FLAGS_step_all_reduce);
+  return costs;
+}
+
+// Lowers and simulates a made schedule.
+absl::StatusOr<Explored> ExploreSchedule(Schedule schedule) {
+  Explored out;
+  out.schedule = std::move(schedule);
+  PP_RETURN_IF_ERROR(ValidateSchedule(out.schedule));
+  PP_ASSIGN_OR_RETURN(out.program, Lower(out.schedule));
+  if (absl::GetFlag(FLAGS_defer_receives)) out.program = DeferReceives(out.program);
+  PP_ASSIGN_OR_RETURN(out.costs,
+                      FlagCosts(out.schedule.num_virtual_stages(), out.schedule.num_chunks));
+  PP_ASSIGN_OR_RETURN(out.sim, SimulateProgram(out.program, out.costs));
+  return out;
+}
+
 absl::StatusOr<Explored> Explore(const std::string& name, int chunks) {
   ScheduleOptions options;
   options.num_stages = absl::GetFlag(FLAGS_stages);
@@ -123,24 +168,10 @@ absl::StatusOr<Explored> Explore(const std::string& name, int chunks) {
     PP_ASSIGN_OR_RETURN(
         out.schedule,
         LoadCsvScheduleFile(FromWorkspace(name.substr(kCsvSchedulePrefix.size())), csv));
-    chunks = out.schedule.num_chunks;
   } else {
     PP_ASSIGN_OR_RETURN(out.schedule, MakeSchedule(name, options));
   }
-  PP_RETURN_IF_ERROR(ValidateSchedule(out.schedule));
-  PP_ASSIGN_OR_RETURN(out.program, Lower(out.schedule));
-  if (absl::GetFlag(FLAGS_defer_receives)) out.program = DeferReceives(out.program);
-  PP_ASSIGN_OR_RETURN(out.costs, ParseSimulationCosts(absl::GetFlag(FLAGS_costs)));
-  SimulationCosts& costs = out.costs;
-  costs.blocking_sends = absl::GetFlag(FLAGS_blocking_sends);
-  PP_ASSIGN_OR_RETURN(costs.memory, ParseMemorySplit(absl::GetFlag(FLAGS_memory_split)));
-  costs.stage_multiplier.assign(out.schedule.num_virtual_stages(), 1.0 / chunks);
-  PP_ASSIGN_OR_RETURN(costs.stage_costs, ParseStageCosts(absl::GetFlag(FLAGS_stage_costs)));
-  PP_ASSIGN_OR_RETURN(costs.rank_costs, ParseRankCosts(absl::GetFlag(FLAGS_rank_costs)));
-  PP_ASSIGN_OR_RETURN(costs.tie_groups, ParseTieGroups(absl::GetFlag(FLAGS_tie_groups)));
-  costs.step_all_reduce = absl::GetFlag(FLAGS_step_all_reduce);
-  PP_ASSIGN_OR_RETURN(out.sim, SimulateProgram(out.program, costs));
-  return out;
+  return ExploreSchedule(std::move(out.schedule));
 }
 
 nlohmann::json RankLists(const RankActions& ranks) {
@@ -218,63 +249,167 @@ std::string Render(const Explored& e, const std::string& format) {
   return text;
 }
 
-std::string Compare(const std::vector<std::string>& names) {
-  std::string out = absl::StrFormat(
+std::string CompareHeader() {
+  return absl::StrFormat(
       "p=%d m=%d costs %s%s memory split %s\n%-18s %3s %10s %8s %8s %20s %16s %26s\n",
       absl::GetFlag(FLAGS_stages), absl::GetFlag(FLAGS_microbatches), absl::GetFlag(FLAGS_costs),
       absl::GetFlag(FLAGS_blocking_sends) ? " (blocking sends)" : "",
       absl::GetFlag(FLAGS_memory_split), "schedule", "v", "makespan", "bubble", "inner",
       "peak act (chunks)", "peak (x stage)", "peak memory (x stage)");
-  for (const std::string& name : names) {
-    // A schedule that rejects --chunks is compared at the count it takes:
-    // two (V schedules: zbv, dualpipev), else one; its first error otherwise.
-    const int chunks = absl::GetFlag(FLAGS_chunks);
-    absl::StatusOr<Explored> e = Explore(name, chunks);
-    for (int fallback : {2, 1}) {
-      if (e.ok() || fallback == chunks || e.status().code() != absl::StatusCode::kInvalidArgument) {
-        continue;
-      }
-      absl::StatusOr<Explored> retry = Explore(name, fallback);
-      if (retry.ok()) e = std::move(retry);
+}
+
+std::string CompareRow(const std::string& name, const Explored& e) {
+  int peak = 0;
+  for (int v : e.sim.peak_inflight) peak = std::max(peak, v);
+  double inner_idle = 0;
+  for (double idle : e.sim.inner_idle) inner_idle += idle;
+  const double inner =
+      e.sim.makespan > 0 ? inner_idle / (e.schedule.num_stages * e.sim.makespan) : 0;
+  return absl::StrFormat(
+      "%-18s %3d %10g %7.1f%% %7.1f%% %20s %16g %26s\n", name, e.schedule.num_chunks,
+      e.sim.makespan, 100 * e.sim.bubble_fraction, 100 * inner,
+      absl::StrCat("[", absl::StrJoin(e.sim.peak_inflight, ","), "]"),
+      static_cast<double>(peak) / e.schedule.num_chunks,
+      absl::StrCat("[", MemoryList(e.sim.peak_memory, e.schedule.num_chunks, ","), "]"));
+}
+
+// The named schedule at --chunks, or at the count it takes: two (V schedules:
+// zbv, dualpipev), else one; its first error otherwise.
+absl::StatusOr<Explored> ExploreAnyChunks(const std::string& name) {
+  const int chunks = absl::GetFlag(FLAGS_chunks);
+  absl::StatusOr<Explored> e = Explore(name, chunks);
+  for (int fallback : {2, 1}) {
+    if (e.ok() || fallback == chunks || e.status().code() != absl::StatusCode::kInvalidArgument) {
+      continue;
     }
+    absl::StatusOr<Explored> retry = Explore(name, fallback);
+    if (retry.ok()) e = std::move(retry);
+  }
+  return e;
+}
+
+std::string Compare(const std::vector<std::string>& names) {
+  std::string out = CompareHeader();
+  for (const std::string& name : names) {
+    absl::StatusOr<Explored> e = ExploreAnyChunks(name);
     if (!e.ok()) {
       absl::StrAppend(&out, absl::StrFormat("%-18s %s\n", name, e.status().message()));
       continue;
     }
-    int peak = 0;
-    for (int v : e->sim.peak_inflight) peak = std::max(peak, v);
-    double inner_idle = 0;
-    for (double idle : e->sim.inner_idle) inner_idle += idle;
-    const double inner =
-        e->sim.makespan > 0 ? inner_idle / (e->schedule.num_stages * e->sim.makespan) : 0;
-    absl::StrAppend(
-        &out,
-        absl::StrFormat(
-            "%-18s %3d %10g %7.1f%% %7.1f%% %20s %16g %26s\n", name, e->schedule.num_chunks,
-            e->sim.makespan, 100 * e->sim.bubble_fraction, 100 * inner,
-            absl::StrCat("[", absl::StrJoin(e->sim.peak_inflight, ","), "]"),
-            static_cast<double>(peak) / e->schedule.num_chunks,
-            absl::StrCat("[", MemoryList(e->sim.peak_memory, e->schedule.num_chunks, ","), "]")));
+    absl::StrAppend(&out, CompareRow(name, *e));
   }
+  return out;
+}
+
+double MaxOf(const std::vector<double>& xs) {
+  double out = 0;
+  for (double x : xs) out = std::max(out, x);
+  return out;
+}
+
+// --synthesize: the synthesised schedule (and its figures), in --format, or
+// with --compare next to registered schedules under the same cap.
+absl::StatusOr<std::string> Synthesize(const std::string& format) {
+  SynthesisOptions o;
+  o.num_stages = absl::GetFlag(FLAGS_stages);
+  o.num_microbatches = absl::GetFlag(FLAGS_microbatches);
+  o.num_chunks = absl::GetFlag(FLAGS_chunks);
+  const std::string placement = absl::GetFlag(FLAGS_placement);
+  if (placement == "v") {
+    o.placement = SynthesisPlacement::kV;
+  } else if (placement != "looped") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--placement=", placement, ": expected looped or v"));
+  }
+  const double cap = absl::GetFlag(FLAGS_memory_cap);
+  if (cap < 0 || !std::isfinite(cap)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--memory_cap=", cap, ": expected 0 (1F1B's peak) or a positive cap"));
+  }
+  // In one rank's share: 1F1B's peak is min(p, m).
+  const double cap_share = cap > 0 ? cap : std::min(o.num_stages, o.num_microbatches);
+  o.memory_cap = cap_share * o.num_chunks;
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.max_evaluations = absl::GetFlag(FLAGS_max_evaluations);
+  if (o.num_stages >= 1 && o.num_chunks >= 1) {
+    PP_ASSIGN_OR_RETURN(o.costs, FlagCosts(o.num_stages * o.num_chunks, o.num_chunks));
+  }
+  // --costs without I and W: no split backward to schedule.
+  o.split_backward = absl::StrContains(absl::GetFlag(FLAGS_costs), "I:") ||
+                     !absl::StrContains(absl::GetFlag(FLAGS_costs), "B:");
+  PP_ASSIGN_OR_RETURN(SynthesisResult r, pp::Synthesize(o));
+  PP_ASSIGN_OR_RETURN(Explored e, ExploreSchedule(r.schedule));
+  if (absl::GetFlag(FLAGS_compare).empty()) {
+    std::string out = Render(e, format);
+    if (format == "text") {
+      absl::StrAppend(
+          &out,
+          absl::StrFormat("memory cap %g (x stage)  peak memory %g (x stage)\n"
+                          "lower bound %g (busiest rank %g, critical path %g): gap %.1f%%\n"
+                          "start %s (%g), %d simulator evaluations\n",
+                          cap_share, r.peak_memory / o.num_chunks, r.lower_bound, r.rank_work_bound,
+                          r.critical_path_bound, 100 * (r.makespan / r.lower_bound - 1), r.start,
+                          r.start_makespan, r.evaluations));
+    }
+    return out;
+  }
+  std::vector<std::string> names;
+  if (absl::GetFlag(FLAGS_compare) == "all") {
+    for (const std::string& name : RegisteredScheduleNames()) names.push_back(name);
+  } else {
+    names = absl::StrSplit(absl::GetFlag(FLAGS_compare), ',', absl::SkipEmpty());
+  }
+  std::string out = absl::StrCat(CompareHeader(), CompareRow("synthesized", e));
+  double best = std::numeric_limits<double>::infinity();
+  std::string best_name = "none";
+  for (const std::string& name : names) {
+    absl::StatusOr<Explored> other = ExploreAnyChunks(name);
+    if (!other.ok()) {
+      absl::StrAppend(&out, absl::StrFormat("%-18s %s\n", name, other.status().message()));
+      continue;
+    }
+    if (other->schedule.forward_only) continue;
+    std::string row = CompareRow(name, *other);
+    const double peak_share = MaxOf(other->sim.peak_memory) / other->schedule.num_chunks;
+    if (peak_share > cap_share + 1e-9) {
+      row.pop_back();
+      absl::StrAppend(&row, "  over the cap\n");
+    } else if (other->sim.makespan < best) {
+      best = other->sim.makespan;
+      best_name = name;
+    }
+    absl::StrAppend(&out, row);
+  }
+  absl::StrAppend(&out,
+                  absl::StrFormat("memory cap %g (x stage); lower bound %g; synthesized %g; best "
+                                  "registered under the cap: %s %g\n",
+                                  cap_share, r.lower_bound, r.makespan, best_name, best));
   return out;
 }
 
 int Main() {
   std::string output;
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "text" && format != "json" && format != "svg" && format != "chrome" &&
+      format != "csv" && format != "csv_comms") {
+    std::fprintf(stderr, "--format=%s: expected text, json, svg, chrome, csv or csv_comms\n",
+                 format.c_str());
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_list)) {
     for (const ScheduleInfo& info : RegisteredSchedules()) {
       output += absl::StrFormat("%-18s %s\n", info.name, info.description);
     }
+  } else if (absl::GetFlag(FLAGS_synthesize)) {
+    absl::StatusOr<std::string> synthesized = Synthesize(format);
+    if (!synthesized.ok()) {
+      std::fprintf(stderr, "%s\n", synthesized.status().ToString().c_str());
+      return 1;
+    }
+    output = *synthesized;
   } else if (!absl::GetFlag(FLAGS_compare).empty()) {
     output = Compare(absl::StrSplit(absl::GetFlag(FLAGS_compare), ',', absl::SkipEmpty()));
   } else {
-    const std::string format = absl::GetFlag(FLAGS_format);
-    if (format != "text" && format != "json" && format != "svg" && format != "chrome" &&
-        format != "csv" && format != "csv_comms") {
-      std::fprintf(stderr, "--format=%s: expected text, json, svg, chrome, csv or csv_comms\n",
-                   format.c_str());
-      return 2;
-    }
     absl::StatusOr<Explored> e =
         Explore(absl::GetFlag(FLAGS_schedule), absl::GetFlag(FLAGS_chunks));
     if (!e.ok()) {

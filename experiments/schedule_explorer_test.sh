@@ -148,4 +148,59 @@ if "$explorer" --schedule=interleaved_1f1b --stages=4 --microbatches=6 --chunks=
   fail "accepted m=6 with p=4"
 fi
 grep -q 'm % g >= p' "$tmp/err.txt" || fail "error lacks the rule"
+# --synthesize: p = 4, m = 4, F = I = W = 1 with twice 1F1B's memory: the
+# zero-bubble authors' ZB-2p makespan, 15, which is the lower bound; next to
+# every registered schedule, none under the cap faster.
+"$explorer" --synthesize --stages=4 --microbatches=4 --costs=F:1,I:1,W:1 --memory_cap=8 \
+  --compare=all --max_evaluations=200 > "$tmp/synth.txt"
+python3 - "$tmp/synth.txt" <<'PY'
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+rows = {l.split()[0]: l for l in lines[2:] if l and not l.startswith("memory cap")}
+synth = float(rows["synthesized"].split()[2])
+assert synth == 15, rows["synthesized"]
+assert "lower bound 15; synthesized 15" in lines[-1], lines[-1]
+for name, row in rows.items():
+    fields = row.split()
+    if name == "synthesized" or "over the cap" in row or not fields[1].isdigit():
+        continue
+    assert float(fields[2]) >= synth, row
+assert "1f1b" in rows and "zb_h2" in rows, rows.keys()
+PY
+# Text: the grid, the figures and the lower bound with its gap; a heavier
+# last stage (stage_costs) under 1F1B's cap (the default).
+"$explorer" --synthesize --stages=4 --microbatches=8 --stage_costs='3:F:1.5,I:1.5,W:1.5' \
+  --max_evaluations=200 > "$tmp/synth_text.txt"
+grep -q 'compute order (step x rank)' "$tmp/synth_text.txt" || fail "synthesize: no grid"
+grep -qE '^makespan [0-9.]+  bubble' "$tmp/synth_text.txt" || fail "synthesize: no makespan"
+grep -qE '^memory cap 4 \(x stage\)  peak memory [0-9.]+' "$tmp/synth_text.txt" ||
+  fail "synthesize: no cap/peak line"
+grep -qE '^lower bound [0-9.]+ \(busiest rank [0-9.]+, critical path [0-9.]+\): gap' \
+  "$tmp/synth_text.txt" || fail "synthesize: no lower bound"
+# CSV and SVG like any schedule; the CSV read back simulates the same.
+"$explorer" --synthesize --stages=4 --microbatches=8 --chunks=2 --placement=v --format=csv \
+  --max_evaluations=100 --out="$tmp/synth.csv" 2>/dev/null
+"$explorer" --synthesize --stages=4 --microbatches=8 --chunks=2 --placement=v --format=json \
+  --max_evaluations=100 > "$tmp/synth.json"
+"$explorer" --schedule="csv:$tmp/synth.csv" --format=json > "$tmp/synth_back.json"
+python3 - "$tmp/synth.json" "$tmp/synth_back.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["stage_to_rank"] == {"0": 0, "1": 1, "2": 2, "3": 3, "4": 3, "5": 2, "6": 1, "7": 0}, a
+assert a["ranks"] == b["ranks"], (a["ranks"], b["ranks"])
+assert a["simulation"]["makespan"] == b["simulation"]["makespan"], (a, b)
+assert max(a["simulation"]["peak_memory"]) <= 8 + 1e-9, a["simulation"]
+PY
+"$explorer" --synthesize --stages=2 --microbatches=4 --format=svg --out="$tmp/synth.svg" \
+  2>/dev/null
+grep -q '</svg>' "$tmp/synth.svg" || fail "synthesize: svg not written"
+# A cap below one activation per local stage, or a bad placement: named.
+if "$explorer" --synthesize --stages=4 --microbatches=8 --memory_cap=0.5 2> "$tmp/err.txt"; then
+  fail "synthesize accepted a cap of 0.5"
+fi
+grep -q 'memory_cap (0.5) is below the minimum' "$tmp/err.txt" || fail "cap: $(cat "$tmp/err.txt")"
+if "$explorer" --synthesize --placement=w 2> "$tmp/err.txt"; then
+  fail "synthesize accepted --placement=w"
+fi
+grep -q -- '--placement=w: expected looped or v' "$tmp/err.txt" || fail "$(cat "$tmp/err.txt")"
 echo PASS

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 #include "pipeline/schedule/validator.h"
 
 namespace pp {
@@ -51,26 +54,46 @@ std::string PlacementLine(const std::vector<int>& placement, int p) {
   return absl::StrCat("# ", kPlacementKey, ": ", absl::StrJoin(placement, ","), "\n");
 }
 
+// Longest cell text shown, and columns shown around the marked one: the
+// grid and the message stay small whatever the file holds (a 100 KB cell or
+// 100k empty cells made formatting quadratic, issue #29).
+constexpr size_t kMaxCellText = 40;
+constexpr int kGridColumnsAround = 8;
+
+std::string Shown(absl::string_view text) {
+  if (text.size() <= kMaxCellText) return std::string(text);
+  return absl::StrCat(text.substr(0, kMaxCellText), "... (", text.size(), " characters)");
+}
+
 // Column x rank grid of the file's cells (the file transposed, as FormatGrid
-// shows schedules), with the cell at (rank, column) in brackets.
+// shows schedules), with the cell at (rank, column) in brackets; at most
+// kGridColumnsAround columns either side of it (the first ones when nothing
+// is marked) and kMaxCellText characters of a cell.
 std::string FormatCells(const RawCsv& csv, int mark_rank, int mark_column) {
-  size_t columns = 0, width = 6;
+  size_t columns = 0;
+  for (const auto& row : csv.rows) columns = std::max(columns, row.size());
+  const int center = mark_column > 0 ? mark_column - 1 : 0;
+  const size_t first = static_cast<size_t>(std::max(0, center - kGridColumnsAround));
+  const size_t last = std::min(columns, static_cast<size_t>(center + kGridColumnsAround + 1));
+  size_t width = 6;
   for (const auto& row : csv.rows) {
-    columns = std::max(columns, row.size());
-    for (const Cell& c : row) width = std::max(width, c.text.size() + 2);
+    for (size_t col = first; col < last && col < row.size(); ++col) {
+      width = std::max(width, Shown(row[col].text).size() + 2);
+    }
   }
   std::string out = absl::StrFormat("%7s", "column");
   for (size_t r = 0; r < csv.rows.size(); ++r) {
     out += absl::StrFormat("  %-*s", width, absl::StrCat("rank ", r));
   }
   out += "\n";
-  for (size_t col = 0; col < columns; ++col) {
+  if (first > 0) out += absl::StrFormat("%7s  (columns 1..%d not shown)\n", "...", first);
+  for (size_t col = first; col < last; ++col) {
     std::string line = absl::StrFormat("%7d", col + 1);
     bool marked_line = false;
     for (size_t r = 0; r < csv.rows.size(); ++r) {
       const bool marked =
           static_cast<int>(r) == mark_rank && static_cast<int>(col) + 1 == mark_column;
-      std::string text = col < csv.rows[r].size() ? csv.rows[r][col].text : "";
+      std::string text = col < csv.rows[r].size() ? Shown(csv.rows[r][col].text) : "";
       line += absl::StrFormat("  %-*s", width,
                               marked ? absl::StrCat("[", text, "]") : absl::StrCat(" ", text));
       marked_line |= marked;
@@ -79,14 +102,17 @@ std::string FormatCells(const RawCsv& csv, int mark_rank, int mark_column) {
     if (marked_line) line += "   <-- here";
     out += line + "\n";
   }
+  if (last < columns) {
+    out += absl::StrFormat("%7s  (columns %d..%d not shown)\n", "...", last + 1, columns);
+  }
   return out;
 }
 
 absl::Status CellError(const CsvReadOptions& options, const RawCsv& csv, int rank, const Cell& cell,
                        absl::string_view message) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(options.source, ": line ", cell.line, ", column ", cell.column, " (rank ", rank,
-                   "): \"", cell.text, "\": ", message, "\n", FormatCells(csv, rank, cell.column)));
+  return absl::InvalidArgumentError(absl::StrCat(
+      options.source, ": line ", cell.line, ", column ", cell.column, " (rank ", rank, "): \"",
+      Shown(cell.text), "\": ", message, "\n", FormatCells(csv, rank, cell.column)));
 }
 
 // Splits the text into comment lines and rows of cells.
@@ -104,7 +130,7 @@ absl::StatusOr<RawCsv> SplitCsv(absl::string_view text, const CsvReadOptions& op
         stripped = absl::StripLeadingAsciiWhitespace(stripped);
         if (!absl::ConsumePrefix(&stripped, ":") && !absl::ConsumePrefix(&stripped, "=")) {
           return absl::InvalidArgumentError(absl::StrCat(
-              options.source, ": line ", line_number, ": \"", line, "\": expected \"# ",
+              options.source, ": line ", line_number, ": \"", Shown(line), "\": expected \"# ",
               kPlacementKey, ": looped\", \"# ", kPlacementKey, ": v\" or \"# ", kPlacementKey,
               ": 0,1,1,0\" (a rank per virtual stage)"));
         }
@@ -149,13 +175,85 @@ absl::StatusOr<RawCsv> SplitCsv(absl::string_view text, const CsvReadOptions& op
   return csv;
 }
 
-// PyTorch's FSDP actions, which pipe skips: "<stage>UNSHARD", "<stage>RESHARD".
-bool IsFsdpAction(absl::string_view text) {
+// PyTorch 2.15 actions pipe reads and does not run: `<s>UNSHARD`,
+// `<s>RESHARD` (FSDP), `<s>WAIT_REDUCE_GRAD` (pipe's REDUCE_GRAD completes in
+// place), `<s>WAIT_SEND_F<mb>`, `<s>WAIT_SEND_B<mb>` (pipe's runtime joins its
+// sends itself). The regex is PyTorch's `_action_regex`.
+struct PyTorchOnly {
+  int stage = -1;
+  std::string type;
+  int microbatch = -1;  // WAIT_SEND_* only
+  const Cell* cell = nullptr;
+};
+
+std::optional<PyTorchOnly> ParsePyTorchOnly(absl::string_view text) {
   size_t i = 0;
   while (i < text.size() && absl::ascii_isdigit(text[i])) ++i;
-  if (i == 0) return false;
+  if (i == 0 || i > 9) return std::nullopt;
+  PyTorchOnly out;
+  if (!absl::SimpleAtoi(text.substr(0, i), &out.stage)) return std::nullopt;
   absl::string_view rest = text.substr(i);
-  return rest == "UNSHARD" || rest == "RESHARD";
+  for (absl::string_view type : {"UNSHARD", "RESHARD", "WAIT_REDUCE_GRAD"}) {
+    if (rest == type) {
+      out.type = std::string(type);
+      return out;
+    }
+  }
+  for (absl::string_view type : {"WAIT_SEND_F", "WAIT_SEND_B"}) {
+    absl::string_view mb = rest;
+    if (absl::ConsumePrefix(&mb, type) && !mb.empty() && mb.size() <= 9 &&
+        std::all_of(mb.begin(), mb.end(), [](char c) { return absl::ascii_isdigit(c); }) &&
+        absl::SimpleAtoi(mb, &out.microbatch)) {
+      out.type = std::string(type);
+      return out;
+    }
+  }
+  return std::nullopt;
+}
+
+// A stage named by a cell of a rank's row.
+struct StageCell {
+  int rank;
+  int stage;
+  const Cell* cell;
+};
+
+// The placement the cells imply (PyTorch infers it the same way): stage s on
+// the one rank whose row names it. "looped" or "v" when it is one of those,
+// else the list. InvalidArgument names two cells that put a stage on two
+// ranks, or a stage no cell names.
+absl::StatusOr<std::string> InferPlacement(const RawCsv& csv, const std::vector<StageCell>& cells,
+                                           int p, int max_stage, const CsvReadOptions& options) {
+  const int num_virtual = std::max(max_stage + 1, p);
+  std::vector<const StageCell*> owner(num_virtual, nullptr);
+  for (const StageCell& c : cells) {
+    const StageCell*& first = owner[c.stage];
+    if (first == nullptr) {
+      first = &c;
+      continue;
+    }
+    if (first->rank == c.rank) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.source, ": cannot infer the placement: stage ", c.stage, " is named on rank ",
+        first->rank, " (line ", first->cell->line, ", column ", first->cell->column, ": \"",
+        Shown(first->cell->text), "\") and on rank ", c.rank, " (line ", c.cell->line, ", column ",
+        c.cell->column, ": \"", Shown(c.cell->text),
+        "\"); a stage runs on one rank. Fix the cells, or give the placement (\"# ", kPlacementKey,
+        ": ...\" line or --stage_to_rank)\n", FormatCells(csv, c.rank, c.cell->column)));
+  }
+  std::vector<int> placement(num_virtual);
+  for (int s = 0; s < num_virtual; ++s) {
+    if (owner[s] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.source, ": cannot infer the placement: no cell names stage ", s,
+          " (the cells name stages up to ", max_stage, " on ", p,
+          " ranks); give the placement (\"# ", kPlacementKey, ": ...\" line or --stage_to_rank)"));
+    }
+    placement[s] = owner[s]->rank;
+  }
+  if (num_virtual % p == 0 && placement == LoopedPlacement(p, num_virtual / p)) return "looped";
+  if (num_virtual == 2 * p && placement == VPlacement(p)) return "v";
+  return absl::StrJoin(placement, ",");
 }
 
 // Maps "... rank R step S: ..." of a validator message to the CSV cell.
@@ -176,7 +274,7 @@ std::string WhereInFile(absl::string_view message, absl::string_view prefix,
   }
   const Cell& cell = *positions[rank][step];
   return absl::StrCat("(rank ", rank, " step ", step, " is ", options.source, " line ", cell.line,
-                      ", column ", cell.column, ": \"", cell.text,
+                      ", column ", cell.column, ": \"", Shown(cell.text),
                       "\"; steps count the rank's actions, empty cells skipped)\n");
 }
 
@@ -250,15 +348,43 @@ std::string ScheduleToCsv(const Schedule& schedule) {
 std::string ProgramToCsv(const LoweredProgram& program) {
   std::string out = PlacementLine(program.stage_to_rank, program.num_stages);
   for (const auto& actions : program.ranks) {
+    // PyTorch 2.15's form (_add_wait_send, _add_reduce_grad): a forward send
+    // is waited for after the local backward of its micro-batch (the peer
+    // has consumed it then); other sends at the end, before the tail; each
+    // REDUCE_GRAD followed by its WAIT_REDUCE_GRAD.
     std::vector<std::string> cells;
+    std::vector<std::tuple<ActionType, int, int>> pending;  // sends in program order
+    auto wait = [](ActionType type, int stage, int mb) {
+      return absl::StrCat(stage, type == ActionType::kSendForward ? "WAIT_SEND_F" : "WAIT_SEND_B",
+                          mb);
+    };
+    std::vector<std::string> tail;
     for (const Action& a : actions) {
       // PyTorch's reader needs a stage on every action: REDUCE_TIED and STEP
       // have none; the reader rebuilds them.
       if (a.type == ActionType::kReduceTiedGrads || a.type == ActionType::kOptimizerStep) {
         continue;
       }
+      if (a.type == ActionType::kReduceGrads) {
+        tail.push_back(ActionToString(a));
+        tail.push_back(absl::StrCat(a.stage, "WAIT_REDUCE_GRAD"));
+        continue;
+      }
       cells.push_back(ActionToString(a));
+      if (a.type == ActionType::kSendForward || a.type == ActionType::kSendBackward) {
+        pending.emplace_back(a.type, a.stage, a.microbatch);
+      }
+      for (const Action& leaf : Leaves(a)) {
+        if (leaf.type != ActionType::kBackward && leaf.type != ActionType::kBackwardInput) continue;
+        auto it = std::find(pending.begin(), pending.end(),
+                            std::make_tuple(ActionType::kSendForward, leaf.stage, leaf.microbatch));
+        if (it == pending.end()) continue;
+        cells.push_back(wait(ActionType::kSendForward, leaf.stage, leaf.microbatch));
+        pending.erase(it);
+      }
     }
+    for (const auto& [type, stage, mb] : pending) cells.push_back(wait(type, stage, mb));
+    cells.insert(cells.end(), tail.begin(), tail.end());
     out += absl::StrJoin(cells, ",") + "\n";
   }
   return out;
@@ -276,21 +402,29 @@ absl::StatusOr<Schedule> ParseCsvSchedule(absl::string_view text, const CsvReadO
     const Cell* cell;
   };
   std::vector<std::vector<Parsed>> parsed(p);
+  std::vector<std::vector<PyTorchOnly>> pytorch_only(p);
   bool comms = false;
   int max_stage = -1, max_mb = -1;
   for (int r = 0; r < p; ++r) {
     for (const Cell& cell : csv.rows[r]) {
       if (cell.text.empty()) continue;  // idle step
-      if (IsFsdpAction(cell.text)) {
+      if (std::optional<PyTorchOnly> only = ParsePyTorchOnly(cell.text)) {
         comms = true;  // only PyTorch's compute + comms form has them
+        only->cell = &cell;
+        pytorch_only[r].push_back(*only);
         continue;
+      }
+      if (cell.text.size() > kMaxCellText) {
+        return CellError(options, csv, r, cell,
+                         "too long for an action (e.g. 0F3, 1SEND_B2, (0F3;3B1)OVERLAP_F_B)");
       }
       absl::StatusOr<Action> action = ParseAction(cell.text);
       if (!action.ok()) {
         return CellError(options, csv, r, cell,
                          absl::StrCat(action.status().message(),
-                                      "; an empty cell is an idle step, <s>UNSHARD/<s>RESHARD "
-                                      "are skipped"));
+                                      "; an empty cell is an idle step; PyTorch's <s>UNSHARD, "
+                                      "<s>RESHARD, <s>WAIT_REDUCE_GRAD, <s>WAIT_SEND_F<mb> and "
+                                      "<s>WAIT_SEND_B<mb> are read and not run"));
       }
       comms |= !IsCompute(action->type);
       max_stage = std::max(max_stage, action->stage);
@@ -328,7 +462,18 @@ absl::StatusOr<Schedule> ParseCsvSchedule(absl::string_view text, const CsvReadO
                      "\" was asked for; remove one or make them agree"));
   }
   if (placement_text.empty()) placement_text = csv.placement;
-  if (placement_text.empty()) placement_text = "looped";
+  if (placement_text.empty()) {
+    // As PyTorch does: each stage on the rank whose row names it.
+    std::vector<StageCell> stage_cells;
+    for (int r = 0; r < p; ++r) {
+      for (const Parsed& x : parsed[r]) {
+        for (const Action& a : Leaves(x.action)) {
+          if (HasStage(a.type) && a.stage >= 0) stage_cells.push_back({r, a.stage, x.cell});
+        }
+      }
+    }
+    PP_ASSIGN_OR_RETURN(placement_text, InferPlacement(csv, stage_cells, p, max_stage, options));
+  }
   absl::StatusOr<std::vector<int>> placement =
       ParseStageToRank(placement_text, p, std::max(max_stage + 1, p));
   if (!placement.ok()) {
@@ -356,6 +501,38 @@ absl::StatusOr<Schedule> ParseCsvSchedule(absl::string_view text, const CsvReadO
           absl::StrCat("stage ", s, " is on rank ", (*placement)[s], " under the ", placement_text,
                        " placement; rank ", r, " holds stages ", absl::StrJoin(local, ", "),
                        " (set the placement with a \"# stage_to_rank: ...\" line)"));
+    }
+  }
+
+  // PyTorch-only cells: their stage on their rank, a wait after what it
+  // waits for (PyTorch's _validate_send_waits and REDUCE_GRAD pairing).
+  for (int r = 0; r < p; ++r) {
+    for (const PyTorchOnly& only : pytorch_only[r]) {
+      if (only.stage >= num_virtual || (*placement)[only.stage] != r) {
+        return CellError(options, csv, r, *only.cell,
+                         absl::StrCat("stage ", only.stage, " is not on rank ", r, " under the ",
+                                      placement_text, " placement"));
+      }
+      if (only.type == "UNSHARD" || only.type == "RESHARD") continue;
+      bool found = false;
+      for (const Parsed& x : parsed[r]) {
+        if (x.cell->column >= only.cell->column || x.cell->line != only.cell->line) continue;
+        const Action& a = x.action;
+        if (only.type == "WAIT_REDUCE_GRAD") {
+          found |= a.type == ActionType::kReduceGrads && a.stage == only.stage;
+        } else {
+          const ActionType send =
+              only.type == "WAIT_SEND_F" ? ActionType::kSendForward : ActionType::kSendBackward;
+          found |= a.type == send && a.stage == only.stage && a.microbatch == only.microbatch;
+        }
+      }
+      if (!found) {
+        return CellError(options, csv, r, *only.cell,
+                         only.type == "WAIT_REDUCE_GRAD"
+                             ? absl::StrCat("no ", only.stage, "REDUCE_GRAD before it on this row")
+                             : absl::StrCat("no ", only.stage, only.type.substr(5), only.microbatch,
+                                            " before it on this row (a wait follows its send)"));
+      }
     }
   }
 
@@ -407,20 +584,54 @@ absl::StatusOr<Schedule> ParseCsvSchedule(absl::string_view text, const CsvReadO
 }
 
 absl::StatusOr<Schedule> LoadCsvScheduleFile(const std::string& path, CsvReadOptions options) {
+  // Only a regular file: opening a FIFO blocks until a writer comes, and a
+  // device (/dev/zero) never ends (issue #29).
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (!error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    const char* kind =
+        std::filesystem::is_fifo(status)        ? "a FIFO"
+        : std::filesystem::is_directory(status) ? "a directory"
+        : std::filesystem::is_character_file(status) || std::filesystem::is_block_file(status)
+            ? "a device"
+            : "not a regular file";
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule CSV file \"", path, "\" is ", kind,
+                     "; give a regular file (it is read whole before any worker starts)"));
+  }
+  if (!error && std::filesystem::exists(status)) {
+    const std::uintmax_t size = std::filesystem::file_size(path, error);
+    if (!error && size > kMaxCsvFileBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule CSV file \"", path, "\" has ", size, " bytes; the limit is ", kMaxCsvFileBytes,
+          " (", kMaxCsvFileBytes >> 20,
+          " MiB, far above any schedule: p = 64, m = 1024, v = 4 with comms is ~13 MB)"));
+    }
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     return absl::NotFoundError(
         absl::StrCat("cannot read schedule CSV file \"", path,
                      "\" (a relative path is relative to the directory the command ran in)"));
   }
-  std::stringstream text;
-  text << file.rdbuf();
+  // Read at most the limit + 1 bytes: a file that grows while read is
+  // refused like a large one.
+  std::string text;
+  char buffer[1 << 16];
+  while (text.size() <= kMaxCsvFileBytes && file) {
+    file.read(buffer, sizeof(buffer));
+    text.append(buffer, static_cast<size_t>(file.gcount()));
+  }
   if (file.bad()) {
     return absl::InvalidArgumentError(
         absl::StrCat("error reading schedule CSV file \"", path, "\""));
   }
+  if (text.size() > kMaxCsvFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule CSV file \"", path, "\" has more than ", kMaxCsvFileBytes, " bytes (the limit)"));
+  }
   options.source = path;
-  return ParseCsvSchedule(text.str(), options);
+  return ParseCsvSchedule(text, options);
 }
 
 }  // namespace pp

@@ -13,14 +13,21 @@
 // file is in that form when any cell is not a compute action (F, B, I, W and
 // whatever else ParseAction accepts as compute).
 //
-// Read, beyond pipe's own action strings:
+// Read, beyond pipe's own action strings (PyTorch 2.15's compute + comms
+// form loads both ways):
 //   - `<s>UNSHARD`, `<s>RESHARD` (PyTorch's FSDP prefetch; pipe has no FSDP):
+//     skipped (their stage must be on the row's rank).
+//   - `<s>WAIT_SEND_F<mb>`, `<s>WAIT_SEND_B<mb>` (PyTorch retires a send at its
+//     wait; pipe's runtime posts sends asynchronously and joins them itself):
+//     checked to follow their `<s>SEND_F<mb>`/`<s>SEND_B<mb>` on the row, then
 //     skipped.
+//   - `<s>WAIT_REDUCE_GRAD` (pipe's REDUCE_GRAD completes in place): checked
+//     to follow a `<s>REDUCE_GRAD` on the row, then skipped.
 //   - the tail (`<s>REDUCE_GRAD`, and pipe's `REDUCE_TIED`, `STEP`, which
 //     PyTorch cannot read): dropped and rebuilt as Lower() builds it (after
 //     every compute and message of the rank: REDUCE_TIED, REDUCE_GRAD per
 //     local stage in the order its last backward runs, STEP), so a file
-//     without any tail trains too. The writer emits `<s>REDUCE_GRAD` only.
+//     without any tail trains too.
 //   - cells in double quotes (Python's csv module quotes some fields), `\r\n`.
 //   - lines starting with `#` are comments; one of them may give the
 //     placement (PyTorch's reader does not know comments: drop the line
@@ -31,7 +38,9 @@
 //     `looped`: virtual stage s on rank s % p; `v`: rank r holds stages r
 //     and 2p-1-r (VPlacement); a list: stage s on rank list[s]. Without the
 //     line (and without CsvReadOptions::stage_to_rank) the placement is
-//     looped. The writer adds the line only when the placement is not looped.
+//     the one the cells imply, as PyTorch infers it: stage s on the rank
+//     whose row names it (an error names two cells that put one stage on two
+//     ranks). The writer adds the line only when the placement is not looped.
 //
 // The shape comes from the file: p = rows, virtual stages = the placement's
 // size (looped/v: from the largest stage in any cell), v = stages / p, m =
@@ -46,6 +55,7 @@
 #ifndef PIPELINE_SCHEDULE_CSV_H_
 #define PIPELINE_SCHEDULE_CSV_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -73,10 +83,13 @@ struct CsvReadOptions {
 // `# stage_to_rank:` line when the placement is not looped.
 std::string ScheduleToCsv(const Schedule& schedule);
 
-// The compute + comms form of `program`: each rank's actions in program order
-// with the tail written as PyTorch does (`<s>REDUCE_GRAD` only; REDUCE_TIED
-// and STEP are rebuilt on reading), preceded by the `# stage_to_rank:` line
-// when the placement is not looped.
+// The compute + comms form of `program`, as PyTorch 2.15's loader takes it:
+// each rank's actions in program order; a `<s>WAIT_SEND_F<mb>` after the
+// local backward of each forward send's micro-batch and the other sends'
+// waits at the end (PyTorch's _add_wait_send); the tail as
+// `<s>REDUCE_GRAD,<s>WAIT_REDUCE_GRAD` pairs (REDUCE_TIED and STEP are
+// rebuilt on reading); preceded by the `# stage_to_rank:` line when the
+// placement is not looped (drop it for PyTorch, which infers placement).
 std::string ProgramToCsv(const LoweredProgram& program);
 
 // Parses either form (see above) into a Schedule named "csv:<source>". The
@@ -85,8 +98,13 @@ std::string ProgramToCsv(const LoweredProgram& program);
 absl::StatusOr<Schedule> ParseCsvSchedule(absl::string_view text,
                                           const CsvReadOptions& options = {});
 
+// Largest schedule file read (LoadCsvScheduleFile).
+inline constexpr std::uintmax_t kMaxCsvFileBytes = std::uintmax_t{64} << 20;
+
 // Reads the file at `path` and parses it (source = path). NotFound/
-// InvalidArgument name the path.
+// InvalidArgument name the path; a FIFO, device or directory is refused
+// before it is opened (a FIFO would block, /dev/zero never ends), and so is a
+// file over kMaxCsvFileBytes.
 absl::StatusOr<Schedule> LoadCsvScheduleFile(const std::string& path, CsvReadOptions options = {});
 
 // Parses a placement value ("looped", "v", "0,1,1,0") for `num_stages` ranks;

@@ -4,6 +4,9 @@
 #include <fstream>
 #include <string>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -80,8 +83,13 @@ TEST(CsvTest, WritesPyTorchLayoutAndThePlacementLineOnlyWhenNotLooped) {
   EXPECT_EQ(csv.substr(0, csv.find('\n')), "# stage_to_rank: v");
   // The compute + comms form has PyTorch's strings only: no REDUCE_TIED/STEP.
   const std::string comms = ProgramToCsv(*Lower(s));
-  EXPECT_THAT(comms, HasSubstr("0F0,0SEND_F0"));
-  EXPECT_THAT(comms, HasSubstr("1REDUCE_GRAD\n"));
+  // PyTorch 2.15's loader: a forward send waited for after its micro-batch's
+  // backward, backward sends at the end, REDUCE_GRAD with its wait.
+  EXPECT_EQ(comms,
+            "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0WAIT_SEND_F0,0RECV_B1,0B1,0WAIT_SEND_F1,"
+            "0REDUCE_GRAD,0WAIT_REDUCE_GRAD\n"
+            "1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1,1SEND_B1,1WAIT_SEND_B0,1WAIT_SEND_B1,"
+            "1REDUCE_GRAD,1WAIT_REDUCE_GRAD\n");
   EXPECT_THAT(comms, Not(HasSubstr("STEP")));
   EXPECT_THAT(comms, Not(HasSubstr("REDUCE_TIED")));
 }
@@ -131,8 +139,15 @@ TEST(CsvTest, PlacementFromLineOrOptionAndTheirConflict) {
   Schedule v = *MakeSchedule("zbv", {2, 3, 2, 0});
   std::string body = ScheduleToCsv(v);
   body = body.substr(body.find('\n') + 1);  // without the placement line
-  // Looped by default: stage 3 is not on rank 0 there.
-  absl::StatusOr<Schedule> looped = ParseCsvSchedule(body);
+  // Without a line or option: inferred from the cells, as PyTorch does.
+  absl::StatusOr<Schedule> inferred = ParseCsvSchedule(body);
+  ASSERT_TRUE(inferred.ok()) << inferred.status();
+  EXPECT_EQ(inferred->stage_to_rank, VPlacement(2));
+  EXPECT_EQ(inferred->ranks, v.ranks);
+  // Asking for looped: stage 3 is not on rank 0 there.
+  CsvReadOptions looped_option;
+  looped_option.stage_to_rank = "looped";
+  absl::StatusOr<Schedule> looped = ParseCsvSchedule(body, looped_option);
   ASSERT_FALSE(looped.ok());
   EXPECT_THAT(Message(looped.status()),
               HasSubstr("\"3F0\": stage 3 is on rank 1 under the looped"));
@@ -184,8 +199,13 @@ TEST(CsvTest, RuleViolationsNameTheCsvCell) {
   EXPECT_THAT(m, HasSubstr("<-- here"));
   // A forward missing: counts are checked.
   EXPECT_FALSE(ParseCsvSchedule("0F0,0F1,0B0,0B1\n1F0,1B0,1B1\n").ok());
-  // Stages that do not fill whole chunks under the looped placement.
+  // Stages that do not fill whole chunks: as the cells place them, and
+  // under the looped placement.
   EXPECT_THAT(Message(ParseCsvSchedule("0F0,2F0,2B0,0B0\n1F0,1B0\n").status()),
+              HasSubstr("every rank must hold the same number of stages"));
+  CsvReadOptions looped;
+  looped.stage_to_rank = "looped";
+  EXPECT_THAT(Message(ParseCsvSchedule("0F0,2F0,2B0,0B0\n1F0,1B0\n", looped).status()),
               HasSubstr("not a multiple of 2"));
 }
 
@@ -200,6 +220,88 @@ TEST(CsvTest, CommsFormIsExecutedAsWritten) {
   EXPECT_THAT(Message(s.status()), HasSubstr("<-- here"));
   // A message missing: rank 1's forward finds no input.
   EXPECT_FALSE(ParseCsvSchedule("0F0,0B0,0RECV_B0\n1F0,1B0,1SEND_B0\n").ok());
+}
+
+// PyTorch 2.15's compute + comms form: waits for sends and for REDUCE_GRAD
+// (and FSDP's UNSHARD/RESHARD) are read and not run; a wait must follow what
+// it waits for.
+TEST(CsvTest, ReadsPyTorch215WaitsAndChecksTheirOrder) {
+  const std::string rows =
+      "0UNSHARD,0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0WAIT_SEND_F0,0RECV_B1,0B1,0WAIT_SEND_F1,"
+      "0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0RESHARD\n"
+      "1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1,1SEND_B1,1WAIT_SEND_B0,1WAIT_SEND_B1,"
+      "1REDUCE_GRAD,1WAIT_REDUCE_GRAD\n";
+  absl::StatusOr<Schedule> s = ParseCsvSchedule(rows);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->ranks, MakeSchedule("1f1b", {2, 2, 1, 0})->ranks);
+  EXPECT_EQ(s->given_program, Lower(*MakeSchedule("1f1b", {2, 2, 1, 0}))->ranks);
+
+  absl::StatusOr<Schedule> early =
+      ParseCsvSchedule("0F0,0WAIT_SEND_F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n");
+  ASSERT_FALSE(early.ok());
+  EXPECT_THAT(Message(early.status()), HasSubstr("line 1, column 2 (rank 0): \"0WAIT_SEND_F0\""));
+  EXPECT_THAT(Message(early.status()), HasSubstr("no 0SEND_F0 before it on this row"));
+  absl::StatusOr<Schedule> reduce =
+      ParseCsvSchedule("0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0\n");
+  EXPECT_THAT(Message(reduce.status()), HasSubstr("no 0REDUCE_GRAD before it on this row"));
+  absl::StatusOr<Schedule> elsewhere =
+      ParseCsvSchedule("0F0,0SEND_F0,0RECV_B0,0B0,1UNSHARD\n1RECV_F0,1F0,1B0,1SEND_B0\n");
+  EXPECT_THAT(Message(elsewhere.status()), HasSubstr("stage 1 is not on rank 0"));
+}
+
+// A stage named on two rows cannot be placed: both cells are named.
+TEST(CsvTest, AmbiguousPlacementNamesTheCells) {
+  absl::StatusOr<Schedule> s = ParseCsvSchedule("0F0,0B0,1F1\n1F0,1B0\n");
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(Message(s.status()),
+              HasSubstr("cannot infer the placement: stage 1 is named on rank 0 (line 1, column "
+                        "3: \"1F1\") and on rank 1 (line 2, column 1: \"1F0\")"));
+  EXPECT_THAT(Message(s.status()), HasSubstr("<-- here"));
+}
+
+// Issue #29: formatting a CSV error was quadratic (a 100 KB cell widened
+// every one of 100k columns). The error now shows a bounded window of the
+// grid and of the cell: its size, not the time, is what this checks.
+TEST(CsvTest, ErrorForAHugeCellAndManyColumnsIsSmall) {
+  std::string text(100000, 'x');
+  text += std::string(100000, ',');
+  text += "\n1F0,1B0\n";
+  absl::StatusOr<Schedule> s = ParseCsvSchedule(text);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(Message(s.status()), HasSubstr("line 1, column 1 (rank 0): \"xxxx"));
+  EXPECT_THAT(Message(s.status()), HasSubstr("(100000 characters)"));
+  EXPECT_THAT(Message(s.status()), HasSubstr("(columns 10..100001 not shown)"));
+  EXPECT_LT(s.status().message().size(), 4000u);
+  // A bad cell far to the right: the window around it.
+  std::string far = "0F0" + std::string(50000, ',') + "0Q0\n1F0,1B0\n";
+  absl::StatusOr<Schedule> f = ParseCsvSchedule(far);
+  ASSERT_FALSE(f.ok());
+  EXPECT_THAT(Message(f.status()), HasSubstr("column 50001 (rank 0): \"0Q0\""));
+  EXPECT_THAT(Message(f.status()), HasSubstr("(columns 1..49992 not shown)"));
+  EXPECT_LT(f.status().message().size(), 4000u);
+}
+
+// Issue #29: a FIFO blocked the reader, /dev/zero read until bad_alloc.
+TEST(CsvTest, FileReadingRefusesFifosDevicesAndHugeFiles) {
+  const std::string dir = ::testing::TempDir();
+  const std::string fifo = dir + "/schedule_fifo.csv";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  absl::StatusOr<Schedule> s = LoadCsvScheduleFile(fifo);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s.status()), HasSubstr(fifo + "\" is a FIFO"));
+  s = LoadCsvScheduleFile("/dev/zero");
+  EXPECT_THAT(Message(s.status()), HasSubstr("\"/dev/zero\" is a device"));
+  s = LoadCsvScheduleFile(dir);
+  EXPECT_THAT(Message(s.status()), HasSubstr("is a directory"));
+  // A sparse file just over the limit (no disk space used).
+  const std::string big = dir + "/schedule_big.csv";
+  { std::ofstream file(big); }
+  ASSERT_EQ(::truncate(big.c_str(), static_cast<off_t>(kMaxCsvFileBytes + 1)), 0);
+  s = LoadCsvScheduleFile(big);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s.status()),
+              HasSubstr(absl::StrCat("has ", kMaxCsvFileBytes + 1, " bytes; the limit is ")));
 }
 
 TEST(CsvTest, EmptyInputsAndLines) {

@@ -20,11 +20,17 @@ namespace {
 
 absl::StatusOr<Schedule> MakeInterleaved1F1B(const ScheduleOptions& options) {
   const int p = options.num_stages, m = options.num_microbatches, v = options.num_chunks;
-  const int g = options.group_size == 0 ? p : options.group_size;
-  if (g < p || g > m || (m % g != 0 && m % g < p)) {
+  // m < p without a group size: one group of all m micro-batches, as
+  // PyTorch's ScheduleInterleaved1F1B runs it (one round of m: its warm-up
+  // (v - 1) m + 2 (p - 1 - r) and chunk switch every m ops are Megatron's
+  // table with g = m).
+  const bool one_round = options.group_size == 0 && m < p;
+  const int g = options.group_size == 0 ? (one_round ? m : p) : options.group_size;
+  if ((g < p && !one_round) || g > m || (m % g != 0 && m % g < p)) {
     return absl::InvalidArgumentError(
         absl::StrCat("interleaved_1f1b needs p <= g <= m and (m % g == 0 or m % g >= p) "
-                     "(Megatron's group rule), got p=",
+                     "(Megatron's group rule; with m < p and no group size, one group of m), "
+                     "got p=",
                      p, ", m=", m, ", g=", g, options.group_size == 0 ? " (default g = p)" : "",
                      ", m % g = ", g > 0 ? m % g : 0));
   }

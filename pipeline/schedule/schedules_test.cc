@@ -109,7 +109,7 @@ TEST(Interleaved1F1BTest, GroupEqualToMicrobatchesIsBreadthFirstForwards) {
 }
 
 TEST(Interleaved1F1BTest, GroupRuleViolationsNameTheRuleAndValues) {
-  for (ScheduleOptions o : {ScheduleOptions{4, 2, 2, 0},     // m < p
+  for (ScheduleOptions o : {ScheduleOptions{4, 2, 2, 4},     // m < p with a group size
                             ScheduleOptions{4, 6, 2, 0},     // 6 % 4 = 2 < 4
                             ScheduleOptions{4, 8, 2, 3},     // g < p
                             ScheduleOptions{4, 8, 2, 9}}) {  // g > m
@@ -121,6 +121,12 @@ TEST(Interleaved1F1BTest, GroupRuleViolationsNameTheRuleAndValues) {
     EXPECT_THAT(std::string(s.status().message()),
                 HasSubstr("m=" + std::to_string(o.num_microbatches)));
   }
+  // m < p without a group size: PyTorch's one round of m (orders compared
+  // with PyTorch's in pytorch_interop_test), here p = 4, m = 2, v = 2 rank 0:
+  // warm-up (v - 1) m + 2 (p - 1) = 8 capped at v m = 4.
+  Schedule one_round = MustMake("interleaved_1f1b", 4, 2, 2);
+  EXPECT_EQ(Rank(one_round, 0), "0F0 0F1 4F0 4F1 4B0 4B1 0B0 0B1");
+  EXPECT_EQ(Rank(one_round, 3), "3F0 3F1 7F0 7B0 7F1 7B1 3B0 3B1");
   // m = 6, g = 4: 6 % 4 = 2 >= p = 2 is accepted; m = 5, g = 2: 1 < 2 is not.
   EXPECT_TRUE(MakeSchedule("interleaved_1f1b", {2, 6, 2, 4}).ok());
   EXPECT_FALSE(MakeSchedule("interleaved_1f1b", {2, 5, 2, 2}).ok());

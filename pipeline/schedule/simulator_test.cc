@@ -280,6 +280,26 @@ TEST(ZeroBubbleSimulationTest, H2HasNoIdleInsideARank) {
   EXPECT_THAT(h1.inner_idle, ElementsAre(3, 2, 1, 0));
 }
 
+// zb_h2 with m < 2p - 1 (F = I = W): a rank that waits for a gradient runs
+// a pending W (the zero-bubble authors' bubble filling), so p = 4, m = 4
+// takes their ZB-2p's 15 (the lower bound: rank 3 starts at 3 and works 12),
+// not 16; never slower than the delay rule alone, never more memory than
+// 2p - 1 activations.
+TEST(ZeroBubbleSimulationTest, H2FillsWaitsWithWBelowTwoPMinusOne) {
+  SimulationResult zb = SimulateNamed("zb_h2", 4, 4, 1, EqualFIW());
+  EXPECT_DOUBLE_EQ(zb.makespan, 15);
+  for (int p : {2, 3, 4, 6, 8}) {
+    for (int m = 1; m < 2 * p - 1; ++m) {
+      SimulationResult h2 = SimulateNamed("zb_h2", p, m, 1, EqualFIW());
+      // No slower than zb_h1 and not below rank p - 1's start plus its work.
+      SimulationResult h1 = SimulateNamed("zb_h1", p, m, 1, EqualFIW());
+      EXPECT_LE(h2.makespan, h1.makespan + 1e-9) << "p=" << p << " m=" << m;
+      EXPECT_GE(h2.makespan, 3.0 * m + (p - 1) - 1e-9) << "p=" << p << " m=" << m;
+      for (int r = 0; r < p; ++r) EXPECT_LE(h2.peak_inflight[r], 2 * p - 1);
+    }
+  }
+}
+
 // F adds 1, B frees 1, I frees 42/74 and W 32/74 by default.
 TEST(SimulatorMemoryTest, PeakMemoryFollowsTheSplit) {
   SimulationResult base = SimulateNamed("1f1b", 4, 8);

@@ -23,8 +23,19 @@
 //          first and last action (the paper's parallelogram; its bubble is
 //          only the start offset r F, which the paper removes across steps by
 //          dropping the optimizer-step barrier).
+//          With m < 2p - 1 the parallelogram does not close and a rank idles
+//          while waiting for a gradient; there the zero-bubble authors'
+//          construction (their repository's ZB heuristic, `manual_order` in
+//          megatron/core/pipeline_parallel/zerobubble/scheduler/zb.py: while
+//          a W ends no later than the next input arrives, put a W) fills the
+//          wait with a pending W. Timed with F = I = W = 1 (the paper's
+//          setting for H1/H2), this changes nothing where no rank idles
+//          (m >= 2p - 1), and at p = 4, m = 4 it gives their ZB-2p's 15
+//          instead of 16 (issue #27).
 #include <algorithm>
 #include <functional>
+#include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/schedule/registry.h"
@@ -62,10 +73,57 @@ absl::StatusOr<Schedule> MakeZbH1(const ScheduleOptions& options) {
       "zb_h1", options, [](int p, int r) { return p - 1 - r; }, [](int, int r) { return r; });
 }
 
+// Re-times `schedule` (one chunk, F/I/W) with F = I = W = 1 and no message
+// cost, keeping each rank's F and I order and its W delay rule, and starts a
+// pending W whenever a rank would otherwise wait for an input (the authors'
+// bubble filling).
+Schedule FillWaitsWithW(Schedule schedule, const std::function<int(int p, int r)>& delay_of) {
+  const int p = schedule.num_stages, m = schedule.num_microbatches;
+  std::vector<std::vector<Action>> f_and_i(p);
+  for (int r = 0; r < p; ++r) {
+    for (const Action& a : schedule.ranks[r]) {
+      if (a.type != ActionType::kBackwardWeight) f_and_i[r].push_back(a);
+    }
+  }
+  constexpr int kNever = std::numeric_limits<int>::max();
+  std::vector<std::vector<int>> f_end(p, std::vector<int>(m, kNever));
+  std::vector<std::vector<int>> i_end(p, std::vector<int>(m, kNever));
+  std::vector<size_t> pos(p, 0);
+  std::vector<int> next_w(p, 0), done_i(p, 0);
+  RankActions out(p);
+  auto ready = [&](int r, const Action& a, int t) {
+    if (a.type == ActionType::kForward) return r == 0 || f_end[r - 1][a.microbatch] <= t;
+    return f_end[r][a.microbatch] <= t && (r == p - 1 || i_end[r + 1][a.microbatch] <= t);
+  };
+  for (int t = 0;; ++t) {
+    bool all_done = true;
+    for (int r = 0; r < p; ++r) {
+      const bool order_left = pos[r] < f_and_i[r].size();
+      const bool w_pending = next_w[r] < done_i[r];
+      if (!order_left && next_w[r] == m) continue;
+      all_done = false;
+      const bool forced_w = w_pending && done_i[r] - next_w[r] > delay_of(p, r);
+      if (!forced_w && order_left && ready(r, f_and_i[r][pos[r]], t)) {
+        const Action a = f_and_i[r][pos[r]++];
+        (a.type == ActionType::kForward ? f_end : i_end)[r][a.microbatch] = t + 1;
+        if (a.type == ActionType::kBackwardInput) ++done_i[r];
+        out[r].push_back(a);
+      } else if (w_pending) {
+        out[r].push_back(W(r, next_w[r]++));
+      }
+    }
+    if (all_done) break;
+  }
+  schedule.ranks = std::move(out);
+  return schedule;
+}
+
 absl::StatusOr<Schedule> MakeZbH2(const ScheduleOptions& options) {
-  return MakeZeroBubble(
-      "zb_h2", options, [](int p, int r) { return 2 * (p - 1 - r); },
-      [](int, int r) { return 2 * r; });
+  auto warmup = [](int p, int r) { return 2 * (p - 1 - r); };
+  auto delay = [](int, int r) { return 2 * r; };
+  absl::StatusOr<Schedule> schedule = MakeZeroBubble("zb_h2", options, warmup, delay);
+  if (!schedule.ok() || options.num_microbatches >= 2 * options.num_stages - 1) return schedule;
+  return FillWaitsWithW(*std::move(schedule), delay);
 }
 
 }  // namespace

@@ -1,0 +1,627 @@
+#include "pipeline/schedule/synthesis.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/validator.h"
+
+namespace pp {
+namespace {
+
+constexpr double kEps = 1e-9;
+
+// Per virtual stage costs, resolved the way the simulator resolves them (its
+// own cost as is, else the global one times the stage multiplier).
+struct StageCost {
+  double forward = 0, backward = 0, input = 0, weight = 0;
+};
+
+std::vector<StageCost> ResolveStageCosts(const SimulationCosts& costs, int num_virtual) {
+  std::vector<StageCost> out(num_virtual);
+  for (int s = 0; s < num_virtual; ++s) {
+    const double mult = costs.stage_multiplier.empty() ? 1.0 : costs.stage_multiplier[s];
+    StageCost& c = out[s];
+    c.forward = costs.forward * mult;
+    c.backward = costs.backward * mult;
+    c.input = costs.backward_input * mult;
+    c.weight = costs.backward_weight * mult;
+    auto it = costs.stage_costs.find(s);
+    if (it == costs.stage_costs.end()) continue;
+    const StageCosts& own = it->second;
+    if (own.forward) c.forward = *own.forward;
+    if (own.backward_input) c.input = *own.backward_input;
+    if (own.backward_weight) c.weight = *own.backward_weight;
+    if (own.backward) {
+      c.backward = *own.backward;
+    } else if (own.backward_input && own.backward_weight) {
+      c.backward = *own.backward_input + *own.backward_weight;
+    }
+  }
+  return out;
+}
+
+std::vector<int> PlacementOf(const SynthesisOptions& o) {
+  return o.placement == SynthesisPlacement::kV ? VPlacement(o.num_stages)
+                                               : LoopedPlacement(o.num_stages, o.num_chunks);
+}
+
+absl::Status CheckShape(const SynthesisOptions& o) {
+  ScheduleOptions common;
+  common.num_stages = o.num_stages;
+  common.num_microbatches = o.num_microbatches;
+  common.num_chunks = o.num_chunks;
+  PP_RETURN_IF_ERROR(CheckCommonOptions(common));
+  if (o.placement == SynthesisPlacement::kV && o.num_chunks != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "V placement holds two chunks per rank: num_chunks (", o.num_chunks, ") must be 2"));
+  }
+  if (o.max_evaluations < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_evaluations (", o.max_evaluations, ") must be 0 or more"));
+  }
+  const int num_virtual = o.num_stages * o.num_chunks;
+  if (!o.costs.stage_multiplier.empty() &&
+      static_cast<int>(o.costs.stage_multiplier.size()) != num_virtual) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage_multiplier has ", o.costs.stage_multiplier.size(),
+                     " entries; p * v = ", num_virtual, " virtual stages"));
+  }
+  for (const auto& [stage, unused] : o.costs.stage_costs) {
+    if (stage < 0 || stage >= num_virtual) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage_costs names virtual stage ", stage, "; valid: 0..", num_virtual - 1));
+    }
+  }
+  for (const StageCost& c : ResolveStageCosts(o.costs, num_virtual)) {
+    for (double x : {c.forward, c.backward, c.input, c.weight}) {
+      if (!std::isfinite(x) || x < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("compute cost ", x, " must be finite and at least 0"));
+      }
+    }
+  }
+  if (!std::isfinite(o.costs.comm) || o.costs.comm < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("comm (", o.costs.comm, ") must be finite and at least 0"));
+  }
+  return absl::OkStatus();
+}
+
+double DefaultCap(const SynthesisOptions& o) {
+  return static_cast<double>(std::min(o.num_stages, o.num_microbatches)) * o.num_chunks;
+}
+
+// ---------------------------------------------------------------------------
+// List scheduling.
+
+struct Variant {
+  bool backward_first = true;  // at equal start: I/B before F (else F first)
+  bool hold_w = true;          // a W that would delay a known arrival waits
+  double inflight_factor = 0;  // micro-batches in flight on rank r <= ceil(f * (p - r)); 0 = none
+  bool depth_first = true;     // among forwards: the deeper stage of a micro-batch first
+  // A W goes first once more than delay(r) I's wait for theirs (the
+  // zero-bubble schedules' rule: H1 r, H2 2r); 0 = no such rule.
+  int w_delay_factor = 0;
+};
+
+std::string VariantName(const Variant& v) {
+  return absl::StrCat(
+      "list(", v.backward_first ? "B" : "F", "-first,", v.hold_w ? "hold-W" : "fill-W",
+      ",inflight=", v.inflight_factor == 0 ? std::string("mem") : absl::StrCat(v.inflight_factor),
+      v.depth_first ? ",depth" : ",breadth",
+      v.w_delay_factor > 0 ? absl::StrCat(",W-delay=", v.w_delay_factor, "r") : "", ")");
+}
+
+struct Shape {
+  int p, m, v, num_virtual;
+  std::vector<int> placement;
+  std::vector<std::vector<int>> local;  // rank -> local stages
+  std::vector<StageCost> cost;
+  double comm;
+  bool split;
+  double input_fraction;
+  double cap;
+};
+
+Shape MakeShape(const SynthesisOptions& o, double cap) {
+  Shape s;
+  s.p = o.num_stages;
+  s.m = o.num_microbatches;
+  s.v = o.num_chunks;
+  s.num_virtual = s.p * s.v;
+  s.placement = PlacementOf(o);
+  s.local.resize(s.p);
+  for (int stage = 0; stage < s.num_virtual; ++stage) s.local[s.placement[stage]].push_back(stage);
+  s.cost = ResolveStageCosts(o.costs, s.num_virtual);
+  s.comm = o.costs.comm;
+  s.split = o.split_backward;
+  s.input_fraction = o.costs.memory.InputFraction();
+  s.cap = cap;
+  return s;
+}
+
+// nullopt when the greedy gets stuck (the cap leaves no admissible action).
+std::optional<RankActions> ListSchedule(const Shape& sh, const Variant& var) {
+  const int p = sh.p, m = sh.m, S = sh.num_virtual;
+  constexpr double kUnknown = -1;
+  std::vector<std::vector<double>> f_end(S, std::vector<double>(m, kUnknown));
+  std::vector<std::vector<double>> b_end(S, std::vector<double>(m, kUnknown));
+  std::vector<int> next_f(S, 0), next_b(S, 0), next_w(S, 0);
+  std::vector<double> free_at(p, 0), mem(p, 0);
+  std::vector<int> owed(p, 0);  // local forwards still owed by micro-batches already in
+  std::vector<std::vector<int>> f_done(p, std::vector<int>(m, 0));
+  std::vector<std::vector<int>> b_done(p, std::vector<int>(m, 0));
+  std::vector<int> inflight(p, 0);  // micro-batches in, not all local backwards done
+  std::vector<int> pending_w(p, 0);
+  std::vector<int> limit(p, std::numeric_limits<int>::max());
+  if (var.inflight_factor > 0) {
+    for (int r = 0; r < p; ++r)
+      limit[r] = std::max(1, int(std::ceil(var.inflight_factor * (p - r))));
+  }
+  RankActions ranks(p);
+  const int total = p * sh.v * m * (sh.split ? 3 : 2);
+  auto arrival = [&](int from_stage, int to_stage, double end) {
+    return end + (sh.placement[from_stage] != sh.placement[to_stage] ? sh.comm : 0.0);
+  };
+  for (int done = 0; done < total; ++done) {
+    // (start, class, tie, rank, stage, kind): kind 0 F, 1 I/B, 2 W.
+    std::tuple<double, int, int, int, int, int> best{
+        std::numeric_limits<double>::infinity(), 0, 0, -1, -1, -1};
+    for (int r = 0; r < p; ++r) {
+      const int local_count = static_cast<int>(sh.local[r].size());
+      struct Cand {
+        double ready;
+        int kind, stage, mb;
+        bool allowed;
+      };
+      std::vector<Cand> cands;
+      bool f_blocked = false;
+      for (int s : sh.local[r]) {
+        if (next_f[s] < m) {
+          const int mb = next_f[s];
+          double ready =
+              s == 0 ? 0 : (f_end[s - 1][mb] < 0 ? kUnknown : arrival(s - 1, s, f_end[s - 1][mb]));
+          if (ready >= 0) {
+            bool allowed;
+            if (f_done[r][mb] > 0) {
+              allowed = true;  // its room is reserved
+            } else {
+              allowed = mem[r] + owed[r] + local_count <= sh.cap + kEps && inflight[r] < limit[r];
+            }
+            if (!allowed) f_blocked = true;
+            cands.push_back({ready, 0, s, mb, allowed});
+          }
+        }
+        if (next_b[s] < m) {
+          const int mb = next_b[s];
+          if (f_end[s][mb] >= 0) {
+            double ready = f_end[s][mb];
+            if (s + 1 < S) {
+              ready = b_end[s + 1][mb] < 0 ? kUnknown
+                                           : std::max(ready, arrival(s + 1, s, b_end[s + 1][mb]));
+            }
+            if (ready >= 0) cands.push_back({ready, 1, s, next_b[s], true});
+          }
+        }
+        if (sh.split && next_w[s] < next_b[s]) {
+          cands.push_back({b_end[s][next_w[s]], 2, s, next_w[s], true});
+        }
+      }
+      for (const Cand& c : cands) {
+        if (!c.allowed) continue;
+        const double start = std::max(free_at[r], c.ready);
+        int cls;
+        if (c.kind == 2) {
+          const bool owed_w = var.w_delay_factor > 0 && pending_w[r] > var.w_delay_factor * r;
+          cls = f_blocked || owed_w ? -1 : 2;
+          if (var.hold_w && cls == 2) {
+            const double w_end = start + sh.cost[c.stage].weight;
+            bool delays = false;
+            for (const Cand& o : cands) {
+              if (o.kind != 2 && o.allowed && o.ready > start + kEps && o.ready < w_end - kEps) {
+                delays = true;
+              }
+            }
+            if (delays) continue;
+          }
+        } else if (c.kind == 1) {
+          cls = var.backward_first ? 0 : 1;
+        } else {
+          cls = var.backward_first ? 1 : 0;
+        }
+        const int tie =
+            c.mb * S +
+            ((c.kind == 0 && var.depth_first) || c.kind == 1 ? S - 1 - c.stage : c.stage);
+        std::tuple<double, int, int, int, int, int> key{start, cls, tie, r, c.stage, c.kind};
+        if (std::get<0>(key) < std::get<0>(best) - kEps ||
+            (std::get<0>(key) < std::get<0>(best) + kEps &&
+             std::make_tuple(cls, tie, r) <
+                 std::make_tuple(std::get<1>(best), std::get<2>(best), std::get<3>(best)))) {
+          best = key;
+        }
+      }
+    }
+    const int r = std::get<3>(best);
+    if (r < 0) return std::nullopt;
+    const double start = std::get<0>(best);
+    const int s = std::get<4>(best), kind = std::get<5>(best);
+    const StageCost& c = sh.cost[s];
+    if (kind == 0) {
+      const int mb = next_f[s]++;
+      if (f_done[r][mb] == 0) {
+        owed[r] += static_cast<int>(sh.local[r].size());
+        ++inflight[r];
+      }
+      ++f_done[r][mb];
+      --owed[r];
+      mem[r] += 1;
+      free_at[r] = f_end[s][mb] = start + c.forward;
+      ranks[r].push_back(F(s, mb));
+    } else if (kind == 1) {
+      const int mb = next_b[s]++;
+      mem[r] -= sh.split ? sh.input_fraction : 1.0;
+      if (sh.split) ++pending_w[r];
+      if (++b_done[r][mb] == static_cast<int>(sh.local[r].size())) --inflight[r];
+      free_at[r] = b_end[s][mb] = start + (sh.split ? c.input : c.backward);
+      ranks[r].push_back(sh.split ? I(s, mb) : B(s, mb));
+    } else {
+      const int mb = next_w[s]++;
+      mem[r] -= 1.0 - sh.input_fraction;
+      --pending_w[r];
+      free_at[r] = start + c.weight;
+      ranks[r].push_back(W(s, mb));
+    }
+  }
+  return ranks;
+}
+
+// ---------------------------------------------------------------------------
+// Starts from registered schedules.
+
+// B -> I, W (split) or I -> B and no W (not split); OVERLAP_F_B pairs keep
+// their forward half paired (with I in place of B when split).
+std::vector<Action> ConvertBackward(const std::vector<Action>& actions, bool split) {
+  std::vector<Action> out;
+  for (const Action& a : actions) {
+    if (a.type == ActionType::kOverlapFB) {
+      Action pair = a;
+      if (split && pair.backward_type == ActionType::kBackward) {
+        pair.backward_type = ActionType::kBackwardInput;
+        out.push_back(pair);
+        out.push_back(W(a.backward_stage, a.backward_microbatch));
+      } else if (!split && pair.backward_type == ActionType::kBackwardInput) {
+        pair.backward_type = ActionType::kBackward;
+        out.push_back(pair);
+      } else {
+        out.push_back(pair);
+      }
+      continue;
+    }
+    if (split && a.type == ActionType::kBackward) {
+      out.push_back(I(a.stage, a.microbatch));
+      out.push_back(W(a.stage, a.microbatch));
+    } else if (!split && a.type == ActionType::kBackwardInput) {
+      out.push_back(B(a.stage, a.microbatch));
+    } else if (!split && a.type == ActionType::kBackwardWeight) {
+      continue;
+    } else {
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Evaluation and local search.
+
+struct Evaluated {
+  bool ok = false;
+  double makespan = 0;
+  double peak = 0;
+};
+
+Schedule ToSchedule(const Shape& sh, const std::string& name, RankActions ranks) {
+  Schedule schedule;
+  schedule.name = name;
+  schedule.num_stages = sh.p;
+  schedule.num_microbatches = sh.m;
+  schedule.num_chunks = sh.v;
+  schedule.stage_to_rank = sh.placement;
+  schedule.ranks = std::move(ranks);
+  return schedule;
+}
+
+// Same-rank order rules of the validator for one rank's list: per (stage,
+// mb) F before I/B before W, and between local neighbour stages of one
+// micro-batch F(s) before F(s + 1), I/B(s + 1) before I/B(s). Cross-rank
+// order is the simulator's check (deadlock).
+bool RankOrderOk(const Shape& sh, const std::vector<Action>& actions) {
+  const int S = sh.num_virtual, m = sh.m;
+  std::vector<int> pos_f(S * m, -1), pos_b(S * m, -1), pos_w(S * m, -1);
+  int pos = 0;
+  for (const Action& pair : actions) {
+    for (const Action& a : Leaves(pair)) {
+      const int k = a.stage * m + a.microbatch;
+      if (a.type == ActionType::kForward) {
+        pos_f[k] = pos;
+      } else if (a.type == ActionType::kBackwardWeight) {
+        pos_w[k] = pos;
+      } else {
+        pos_b[k] = pos;
+      }
+    }
+    ++pos;
+  }
+  for (const Action& pair : actions) {
+    for (const Action& a : Leaves(pair)) {
+      const int k = a.stage * m + a.microbatch;
+      if (pos_f[k] < 0 || pos_b[k] < 0) return false;
+      if (pos_f[k] > pos_b[k]) return false;
+      if (pos_w[k] >= 0 && pos_w[k] < pos_b[k]) return false;
+      if (pos_f[k] == pos_b[k] && a.type == ActionType::kOverlapFB) return false;
+      if (a.stage + 1 < S && sh.placement[a.stage + 1] == sh.placement[a.stage]) {
+        const int n = k + m;
+        if (pos_f[n] >= 0 && pos_f[n] < pos_f[k]) return false;
+        if (pos_b[n] >= 0 && pos_b[n] > pos_b[k]) return false;
+      }
+    }
+  }
+  return true;
+}
+
+class Evaluator {
+ public:
+  Evaluator(const Shape& sh, const SimulationCosts& costs, const std::string& name)
+      : sh_(sh), costs_(costs), name_(name) {}
+  Evaluated operator()(const RankActions& ranks) {
+    ++count_;
+    Evaluated out;
+    absl::StatusOr<SimulationResult> sim = Simulate(ToSchedule(sh_, name_, ranks), costs_);
+    if (!sim.ok()) return out;
+    out.makespan = sim->makespan;
+    for (double x : sim->peak_memory) out.peak = std::max(out.peak, x);
+    out.ok = out.peak <= sh_.cap + kEps;
+    return out;
+  }
+  int count() const { return count_; }
+
+ private:
+  const Shape& sh_;
+  const SimulationCosts& costs_;
+  const std::string& name_;
+  int count_ = 0;
+};
+
+struct Start {
+  std::string name;
+  RankActions ranks;
+  Evaluated eval;
+};
+
+// Deterministic integers from the generator (no distribution objects, whose
+// output the standard leaves to the library).
+int Uniform(std::mt19937_64& rng, int n) {
+  return static_cast<int>(rng() % static_cast<uint64_t>(n));
+}
+
+void LocalSearch(const Shape& sh, Evaluator& evaluate, int budget, std::mt19937_64& rng,
+                 RankActions& ranks, Evaluated& current) {
+  RankActions best = ranks;
+  Evaluated best_eval = current;
+  int since_best = 0;
+  for (int it = 0; it < budget; ++it) {
+    const int r = Uniform(rng, sh.p);
+    std::vector<Action>& list = ranks[r];
+    const int n = static_cast<int>(list.size());
+    if (n < 2) continue;
+    // Mostly move a W or an F (the movable work and the warm-up depth).
+    int i = Uniform(rng, n);
+    for (int tries = 0; tries < 3 && list[i].type == ActionType::kBackwardInput; ++tries) {
+      i = Uniform(rng, n);
+    }
+    const int reach = 1 + Uniform(rng, std::min(n - 1, 8));
+    int j = i + (Uniform(rng, 2) == 0 ? -reach : reach);
+    j = std::clamp(j, 0, n - 1);
+    if (j == i) continue;
+    const Action moved = list[i];
+    list.erase(list.begin() + i);
+    list.insert(list.begin() + j, moved);
+    Evaluated e;
+    if (RankOrderOk(sh, list)) e = evaluate(ranks);
+    if (e.ok && (e.makespan < current.makespan - kEps ||
+                 (e.makespan < current.makespan + kEps && e.peak <= current.peak + kEps))) {
+      current = e;
+      if (e.makespan < best_eval.makespan - kEps) {
+        best = ranks;
+        best_eval = e;
+        since_best = 0;
+      }
+    } else {
+      list.erase(list.begin() + j);
+      list.insert(list.begin() + i, moved);
+    }
+    // Wandered along a plateau for long: back to the best.
+    if (++since_best > 200) {
+      ranks = best;
+      current = best_eval;
+      since_best = 0;
+    }
+  }
+  if (best_eval.makespan < current.makespan - kEps) {
+    ranks = best;
+    current = best_eval;
+  }
+}
+
+absl::StatusOr<double> CheckedCap(const SynthesisOptions& o) {
+  const double cap = o.memory_cap.value_or(DefaultCap(o));
+  const double minimum = MinimumMemoryCap(o);
+  if (!std::isfinite(cap) || cap < minimum - kEps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory_cap (", cap, ") is below the minimum any schedule needs: ", minimum,
+                     " (one micro-batch's activations on each of a rank's ", minimum,
+                     " local stages; units: one virtual stage's activations for one micro-batch)"));
+  }
+  return cap;
+}
+
+}  // namespace
+
+double MinimumMemoryCap(const SynthesisOptions& options) {
+  return options.placement == SynthesisPlacement::kV ? 2 : std::max(1, options.num_chunks);
+}
+
+absl::StatusOr<SynthesisResult> SynthesisLowerBound(const SynthesisOptions& o) {
+  PP_RETURN_IF_ERROR(CheckShape(o));
+  const Shape sh = MakeShape(o, 0);
+  SynthesisResult out;
+  auto backward = [&](int s) {
+    return sh.split ? sh.cost[s].input + sh.cost[s].weight : sh.cost[s].backward;
+  };
+  for (int r = 0; r < sh.p; ++r) {
+    const int first = sh.local[r].front();
+    double head = 0;
+    for (int s = 0; s < first; ++s) {
+      head += sh.cost[s].forward + (sh.placement[s] != sh.placement[s + 1] ? sh.comm : 0);
+    }
+    double work = 0;
+    for (int s : sh.local[r]) work += sh.m * (sh.cost[s].forward + backward(s));
+    out.rank_work_bound = std::max(out.rank_work_bound, head + work);
+  }
+  // The last of stage 0's m forwards ends at m F_0 or later; its micro-batch
+  // then goes through every stage and back (and W of stage 0 after its I).
+  double path = sh.m * sh.cost[0].forward;
+  for (int s = 0; s < sh.num_virtual; ++s) {
+    if (s > 0) path += sh.cost[s].forward;
+    path += sh.split ? sh.cost[s].input : sh.cost[s].backward;
+    if (s + 1 < sh.num_virtual && sh.placement[s] != sh.placement[s + 1]) path += 2 * sh.comm;
+  }
+  if (sh.split) path += sh.cost[0].weight;
+  out.critical_path_bound = path;
+  out.lower_bound = std::max(out.rank_work_bound, out.critical_path_bound);
+  return out;
+}
+
+absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
+  PP_ASSIGN_OR_RETURN(SynthesisResult bounds, SynthesisLowerBound(o));
+  PP_ASSIGN_OR_RETURN(const double cap, CheckedCap(o));
+  const Shape sh = MakeShape(o, cap);
+  for (const Schedule& extra : o.extra_starts) {
+    if (extra.num_stages != sh.p || extra.num_microbatches != sh.m || extra.num_chunks != sh.v ||
+        extra.stage_to_rank != sh.placement || extra.forward_only) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "extra start '", extra.name, "' has p=", extra.num_stages, " m=", extra.num_microbatches,
+          " v=", extra.num_chunks, " or another placement; the synthesis asks for p=", sh.p,
+          " m=", sh.m, " v=", sh.v));
+    }
+  }
+  Evaluator evaluate(sh, o.costs, o.name);
+
+  // 1. Starts: list-scheduling variants, then registered schedules.
+  std::vector<Start> starts;
+  std::vector<Variant> variants;
+  if (o.all_variants) {
+    for (bool backward_first : {true, false}) {
+      for (bool hold_w : {true, false}) {
+        for (bool depth_first : {true, false}) {
+          if (!depth_first && sh.v == 1) continue;  // same order with one local stage
+          for (double factor : {0.0, 1.0, 1.5, 2.0, 3.0}) {
+            for (int w_delay : {0, 1, 2}) {
+              if (!sh.split && w_delay > 0) continue;
+              variants.push_back({backward_first, hold_w, factor, depth_first, w_delay});
+            }
+          }
+        }
+      }
+    }
+  } else {
+    variants = {{true, true, 1.0, true, 1}, {true, false, 0.0, true, 0}};
+  }
+  for (const Variant& var : variants) {
+    std::optional<RankActions> ranks = ListSchedule(sh, var);
+    if (!ranks) continue;
+    starts.push_back({VariantName(var), std::move(*ranks), {}});
+  }
+  std::vector<Schedule> registered = o.extra_starts;
+  if (o.seed_with_registered) {
+    ScheduleOptions so;
+    so.num_stages = sh.p;
+    so.num_microbatches = sh.m;
+    so.num_chunks = sh.v;
+    for (const std::string& name : RegisteredScheduleNames()) {
+      if (absl::StartsWith(name, "synth")) continue;
+      absl::StatusOr<Schedule> made = MakeSchedule(name, so);
+      if (!made.ok() || made->forward_only || made->stage_to_rank != sh.placement) continue;
+      registered.push_back(*std::move(made));
+    }
+  }
+  for (const Schedule& schedule : registered) {
+    // As given (a schedule may mix B with I/W), and with the backward
+    // converted to this synthesis' form.
+    RankActions ranks;
+    for (const auto& actions : schedule.ranks) ranks.push_back(ConvertBackward(actions, sh.split));
+    if (sh.split && ranks != schedule.ranks) {
+      starts.push_back({absl::StrCat("seed:", schedule.name), schedule.ranks, {}});
+      starts.push_back({absl::StrCat("seed:", schedule.name, "(split)"), std::move(ranks), {}});
+    } else {
+      starts.push_back({absl::StrCat("seed:", schedule.name), std::move(ranks), {}});
+    }
+  }
+  for (Start& start : starts) start.eval = evaluate(start.ranks);
+  starts.erase(
+      std::remove_if(starts.begin(), starts.end(), [](const Start& s) { return !s.eval.ok; }),
+      starts.end());
+  if (starts.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no schedule found within memory_cap ", cap, " at p=", sh.p, " m=", sh.m,
+                     " v=", sh.v, " (the minimum is ", MinimumMemoryCap(o), "): raise the cap"));
+  }
+  std::stable_sort(starts.begin(), starts.end(), [](const Start& a, const Start& b) {
+    return std::make_pair(a.eval.makespan, a.eval.peak) <
+           std::make_pair(b.eval.makespan, b.eval.peak);
+  });
+
+  // 2. Local search from the best few starts, the budget split evenly.
+  std::mt19937_64 rng(o.seed);
+  const int restarts = std::min<int>(3, starts.size());
+  int best_index = 0;
+  RankActions best_ranks = starts[0].ranks;
+  Evaluated best_eval = starts[0].eval;
+  for (int k = 0; k < restarts && o.max_evaluations > 0; ++k) {
+    RankActions ranks = starts[k].ranks;
+    Evaluated eval = starts[k].eval;
+    if (eval.makespan <= bounds.lower_bound + kEps) continue;  // optimal already
+    LocalSearch(sh, evaluate, o.max_evaluations / restarts, rng, ranks, eval);
+    if (eval.makespan < best_eval.makespan - kEps) {
+      best_eval = eval;
+      best_ranks = std::move(ranks);
+      best_index = k;
+    }
+  }
+
+  SynthesisResult out = bounds;
+  out.schedule = ToSchedule(sh, o.name, std::move(best_ranks));
+  absl::Status valid = ValidateSchedule(out.schedule);
+  if (!valid.ok()) {
+    return absl::InternalError(
+        absl::StrCat("synthesised schedule fails validation (a bug): ", valid.message()));
+  }
+  PP_ASSIGN_OR_RETURN(out.simulation, Simulate(out.schedule, o.costs));
+  out.makespan = out.simulation.makespan;
+  out.memory_cap = cap;
+  for (double x : out.simulation.peak_memory) out.peak_memory = std::max(out.peak_memory, x);
+  out.start = starts[best_index].name;
+  out.start_makespan = starts[best_index].eval.makespan;
+  out.evaluations = evaluate.count();
+  return out;
+}
+
+}  // namespace pp

@@ -1,0 +1,565 @@
+#!/usr/bin/env python3
+"""Docs check: what README.md, docs/**/*.md and the package READMEs name must exist.
+
+  - every Bazel label (`//pkg:name`, `//pkg`, `//pkg/...`, `//:name`) names a target
+    (one `bazel query` over all of them);
+  - every `--flag` given to one of pipe's binaries in a command (a code block line or an
+    inline code span: `./bazelw run //experiments:train_gpt -- --steps=4`,
+    `train_gpt --pp=4`, `bazel-bin/.../bench_gpt_kernels --reps=8`,
+    `experiments/bench_vs_deepspeed.sh --reps 4`) is a flag of that binary: the
+    ABSL_FLAG definitions in the sources it is built from (`bazel query deps()`), plus
+    Abseil's own (--helpfull, --flagfile, ...); for a shell or Python binary, the
+    options its scripts parse (argparse `add_argument("--x"`, shell `--x)` cases);
+  - every `--set=a.b=v,c=w` names fields of ExperimentConfig (the .proto files);
+  - flags of `./bazelw`/`bazel` themselves (before `--`) are Bazel's and are skipped;
+  - every relative link and image resolves (the file exists; for `#anchor`, a heading
+    with that anchor exists in the target Markdown file).
+
+Each problem is printed as FILE:LINE: what, and the exit status is 1 if there is any.
+
+  tools/check_docs.py [--bazel=./bazelw] [FILES...]     default: README.md, docs/**/*.md,
+                                                        every other README.md in the tree
+  tools/check_docs.py --workspace_json=F FILES...       targets and binary sources from F
+                                                        (what --dump_workspace=F wrote)
+
+Debian's python3 only.
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+ABSL_BUILTIN_FLAGS = {
+    "help", "helpfull", "helpshort", "helppackage", "helpon", "helpmatch", "version",
+    "only_check_args", "flagfile", "fromenv", "tryfromenv", "undefok",
+}
+# `//pkg:name`, `//pkg`, `//pkg/...`, `//:name`; not `https://`, `@repo//`, `chrome://`.
+LABEL_RE = re.compile(r"(?<![\w:/@.])//([A-Za-z0-9_./-]*)(:[A-Za-z0-9_.+=,@~-]*)?")
+ABSL_FLAG_RE = re.compile(r"ABSL_FLAG\(\s*[^,]+,\s*(\w+)\s*,")
+ARGPARSE_RE = re.compile(r"add_argument\(([^)]*)")
+SHELL_CASE_RE = re.compile(r"^\s*(?:\|?\s*)?((?:--[\w-]+(?:=\*)?\s*\|?\s*)+)\)", re.M)
+LINK_RE = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE_RE = re.compile(r"^\s*(```|~~~)")
+SHELL_OPERATORS = {"|", "||", "&&", ";", ">", ">>", "<", "2>", "2>&1", "&"}
+BAZEL_COMMANDS = {"run", "test", "build", "query", "aquery", "cquery", "coverage",
+                  "shutdown", "info", "clean", "fetch"}
+
+
+class Problem(object):
+    def __init__(self, path, line, message):
+        self.path, self.line, self.message = path, line, message
+
+    def __str__(self):
+        return "%s:%d: %s" % (self.path, self.line, self.message)
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def scan_markdown(text):
+    """(line number, kind, text) for the parts of a Markdown file the checks read:
+    kind "code" for each line of a fenced block (continuation lines joined), "span" for
+    each inline code span, "prose" for each line outside code (spans blanked). A span
+    may run over a line break."""
+    out = []
+    in_fence = False
+    open_span = None  # (line number, text so far) of a span not yet closed
+    pending, pending_line = "", 0
+    for number, line in enumerate(text.split("\n"), 1):
+        if FENCE_RE.match(line) and open_span is None:
+            in_fence = not in_fence
+            continue
+        if in_fence:
+            if pending:
+                line = pending + " " + line.strip()
+                number = pending_line
+            if line.rstrip().endswith("\\"):
+                if not pending:
+                    pending_line = number
+                pending = line.rstrip()[:-1]
+                continue
+            pending = ""
+            out.append((number, "code", line))
+            continue
+        prose = []
+        pos = 0
+        while pos <= len(line):
+            tick = line.find("`", pos)
+            if open_span is not None:
+                if tick < 0:
+                    open_span = (open_span[0], open_span[1] + " " + line[pos:])
+                    prose.append(" " * (len(line) - pos))
+                    break
+                out.append((open_span[0], "span", (open_span[1] + " " + line[pos:tick]).strip()))
+                prose.append(" " * (tick + 1 - pos))
+                pos = tick + 1
+                open_span = None
+                continue
+            if tick < 0:
+                prose.append(line[pos:])
+                break
+            prose.append(line[pos:tick])
+            run = len(line[tick:]) - len(line[tick:].lstrip("`"))
+            fence = "`" * run
+            close = line.find(fence, tick + run)
+            if close < 0:
+                open_span = (number, line[tick + run:])
+                prose.append(" " * (len(line) - tick))
+                break
+            out.append((number, "span", line[tick + run:close].strip()))
+            prose.append(" " * (close + run - tick))
+            pos = close + run
+        out.append((number, "prose", "".join(prose)))
+        if not line.strip():
+            open_span = None  # a blank line ends a paragraph, and any unclosed span
+    return out
+
+
+def github_anchor(heading):
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to -."""
+    text = re.sub(r"`", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text, flags=re.UNICODE)
+    return text.replace(" ", "-")
+
+
+def anchors_of(path):
+    anchors = set()
+    counts = {}
+    in_fence = False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if FENCE_RE.match(line):
+                in_fence = not in_fence
+                continue
+            m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+            if m and not in_fence:
+                base = github_anchor(m.group(1))
+                n = counts.get(base, 0)
+                counts[base] = n + 1
+                anchors.add(base if n == 0 else "%s-%d" % (base, n))
+            for a in re.findall(r"<a\s+(?:name|id)=\"([^\"]+)\"", line):
+                anchors.add(a)
+    return anchors
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def labels_in(text):
+    """Labels a piece of Markdown names (placeholders with <...> skipped). `//pkg` alone
+    stands for the package (`//pkg:all`), as docs use it; `:all` and `/...` are patterns."""
+    found = []
+    for m in LABEL_RE.finditer(text):
+        pkg, name = m.group(1), m.group(2)
+        end = m.end()
+        if end < len(text) and text[end] in "<{$*":
+            continue
+        if name is None:
+            if pkg.endswith("/...") or pkg == "...":
+                found.append("//" + pkg)
+                continue
+            pkg = pkg.rstrip(".").rstrip("/")
+            if pkg:
+                found.append("//%s:all" % pkg)
+            continue
+        name = name.rstrip(".,")
+        if name == ":":
+            continue  # "//:" alone: the root package in a listing
+        found.append("//%s%s" % (pkg, name))
+    return found
+
+
+def label_exists(label, existing, root):
+    """A label exists when bazel query returned it; a pattern (`//pkg/...`, `//pkg:all`)
+    when it matched a target; a file label (`//experiments:defs.bzl` in a load()) when
+    the file is there."""
+    if label.endswith("/..."):
+        prefix = label[:-len("...")]
+        own = label[:-len("/...")] + ":"
+        return any(t.startswith(prefix) or t.startswith(own) for t in existing)
+    pkg, _, name = label[2:].partition(":")
+    if name in ("all", "*", "all-targets"):
+        return any(t.startswith("//%s:" % pkg) for t in existing)
+    if label in existing:
+        return True
+    return "." in name and os.path.isfile(os.path.join(root, pkg, name))
+
+
+# --------------------------------------------------------------------------- flags
+
+
+def flags_of_sources(root, sources):
+    """Flags defined in `sources` (paths relative to root): ABSL_FLAG in C++; argparse
+    options in Python; `--x)` case patterns in shell."""
+    flags = set()
+    for rel in sources:
+        path = os.path.join(root, rel)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if rel.endswith((".cc", ".h", ".cpp")):
+            flags.update(ABSL_FLAG_RE.findall(text))
+        elif rel.endswith(".py"):
+            for args in ARGPARSE_RE.findall(text):
+                flags.update(re.findall(r"[\"']--([\w-]+)[\"']", args))
+        elif rel.endswith(".sh") or "\n" in text[:2] or text.startswith("#!"):
+            for group in SHELL_CASE_RE.findall(text):
+                flags.update(re.findall(r"--([\w-]+)", group))
+    return flags
+
+
+def script_flags(root, rel):
+    """Options of a script named by path; a .sh's sibling .py of the same stem counts too
+    (bench_vs_deepspeed.sh runs bench_vs_deepspeed.py)."""
+    sources = [rel]
+    stem, ext = os.path.splitext(rel)
+    if ext == ".sh" and os.path.isfile(os.path.join(root, stem + ".py")):
+        sources.append(stem + ".py")
+    return flags_of_sources(root, sources)
+
+
+def tokenize(command):
+    try:
+        return shlex.split(command, comments=False)
+    except ValueError:
+        return command.split()
+
+
+def commands_in(text):
+    """(binary, target or None, script path or None, [flag tokens]) for each invocation
+    of a binary in a command line."""
+    tokens = [t.strip("[]") for t in tokenize(text)]
+    found = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        base = os.path.basename(tok)
+        if base in ("bazelw", "bazel") and i + 1 < len(tokens):
+            # ./bazelw CMD [bazel flags] TARGET [-- binary flags]
+            j = i + 1
+            while j < len(tokens) and tokens[j].startswith("-"):
+                j += 1
+            cmd = tokens[j] if j < len(tokens) else ""
+            if cmd != "run":
+                i = j + 1
+                while i < len(tokens) and tokens[i] not in SHELL_OPERATORS:
+                    i += 1
+                continue
+            j += 1
+            target = None
+            while j < len(tokens) and tokens[j] != "--" and tokens[j] not in SHELL_OPERATORS:
+                if tokens[j].startswith("//"):
+                    target = tokens[j]
+                j += 1
+            args = []
+            if j < len(tokens) and tokens[j] == "--":
+                j += 1
+                while j < len(tokens) and tokens[j] not in SHELL_OPERATORS:
+                    args.append(tokens[j])
+                    j += 1
+            if target:
+                found.append((target.split(":")[-1], target, None, args))
+            i = j
+            continue
+        name = None
+        script = None
+        if re.match(r"^[\w./-]+\.(sh|py)$", tok) and "/" in tok:
+            script = tok
+            name = os.path.splitext(base)[0]
+        elif re.match(r"^[A-Za-z_][\w]*$", base):
+            name = base
+        if name:
+            j = i + 1
+            args = []
+            while j < len(tokens) and tokens[j] not in SHELL_OPERATORS:
+                args.append(tokens[j])
+                j += 1
+            found.append((name, None, script, args))
+            i = j
+            continue
+        i += 1
+    return found
+
+
+def flag_names(args):
+    """(flag name, its value or None) for each --flag token."""
+    out = []
+    for a in args:
+        if not a.startswith("--") or a == "--":
+            continue
+        body = a[2:]
+        name, _, value = body.partition("=")
+        if not re.match(r"^[A-Za-z][\w-]*$", name):
+            continue
+        out.append((name, value if "=" in body else None))
+    return out
+
+
+# --------------------------------------------------------------------------- config fields
+
+
+def parse_protos(root):
+    """message name -> {field name: type name} over every .proto in the tree."""
+    messages = {}
+    for path in glob.glob(os.path.join(root, "**", "*.proto"), recursive=True):
+        if "/bazel-" in path or "/third_party/" in path:
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = re.sub(r"//[^\n]*", "", f.read())
+        stack = []
+        for m in re.finditer(r"(message|oneof|enum)\s+(\w+)\s*\{|\}|"
+                             r"(?:optional|required|repeated)?\s*([\w.]+(?:<[^>]*>)?)\s+(\w+)\s*=\s*\d+",
+                             text):
+            if m.group(1):
+                stack.append((m.group(1), m.group(2)))
+                if m.group(1) == "message":
+                    messages.setdefault(m.group(2), {})
+            elif m.group(0) == "}":
+                if stack:
+                    stack.pop()
+            elif m.group(4):
+                owner = [n for k, n in stack if k == "message"]
+                if owner and stack[-1][0] != "enum":
+                    messages[owner[-1]][m.group(4)] = m.group(3).split(".")[-1]
+    return messages
+
+
+def check_set_value(value, messages, root_message="ExperimentConfig"):
+    """Problems (strings) of one --set value: each assignment's field path must resolve."""
+    if root_message not in messages:
+        return []
+    problems = []
+    for part in value.split(","):
+        if "=" not in part:
+            continue  # a comma inside the previous value
+        path = part.split("=", 1)[0].strip()
+        message = root_message
+        for i, field in enumerate(path.split(".")):
+            fields = messages.get(message)
+            if fields is None:
+                problems.append("--set field %s: %s is not a message" %
+                                (path, ".".join(path.split(".")[:i])))
+                break
+            if field not in fields:
+                problems.append("--set field %s: %s has no field '%s' (fields: %s)" % (
+                    path, message, field, ", ".join(sorted(fields))))
+                break
+            message = fields[field]
+    return problems
+
+
+# --------------------------------------------------------------------------- workspace
+
+
+class Workspace(object):
+    """What the checks need from Bazel: existing targets and each binary's sources."""
+
+    def __init__(self, existing, binaries):
+        self.existing = set(existing)       # labels
+        self.binaries = binaries            # label -> [source paths]
+
+    def by_name(self, name):
+        return [l for l in self.binaries if l.split(":")[-1] == name]
+
+    def to_json(self):
+        return {"existing": sorted(self.existing), "binaries": self.binaries}
+
+    @staticmethod
+    def from_json(data):
+        return Workspace(data["existing"], data["binaries"])
+
+
+def bazel_query(bazel, expr, keep_going=False):
+    cmd = [bazel, "query", "--noshow_progress", expr, "--output=label"]
+    if keep_going:
+        cmd.insert(2, "--keep_going")
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True)
+    if proc.returncode not in (0, 3) or (proc.returncode == 3 and not keep_going):
+        raise SystemExit("check_docs: bazel query %r failed:\n%s" % (expr, proc.stderr))
+    return [l.strip() for l in proc.stdout.splitlines() if l.strip()]
+
+
+def query_workspace(bazel, labels):
+    """One query for every named label (missing ones are skipped by --keep_going), one
+    for the binaries, one per binary for its local sources."""
+    existing = set()
+    if labels:
+        existing.update(bazel_query(bazel, "set(%s)" % " ".join(sorted(labels)), keep_going=True))
+    binaries = {}
+    for label in bazel_query(bazel, 'kind(".*_binary", //...)'):
+        sources = bazel_query(bazel, 'kind("source file", deps(%s))' % label)
+        binaries[label] = [s[2:].replace(":", "/").lstrip("/") for s in sources
+                           if s.startswith("//")]
+    return Workspace(existing, binaries)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def default_files(root):
+    files = [os.path.join(root, "README.md")]
+    files += sorted(glob.glob(os.path.join(root, "docs", "**", "*.md"), recursive=True))
+    for path in sorted(glob.glob(os.path.join(root, "**", "README.md"), recursive=True)):
+        rel = os.path.relpath(path, root)
+        if rel.startswith("bazel-") or rel.startswith("third_party/") or rel == "README.md":
+            continue
+        files.append(path)
+    return [f for f in files if os.path.isfile(f)]
+
+
+def collect_labels(files):
+    labels = set()
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            for _, kind, text in scan_markdown(f.read()):
+                labels.update(labels_in(text))
+    return labels
+
+
+STATS = {"targets": 0, "flags": 0, "links": 0}
+
+
+def check_file(path, root, workspace, messages, flag_cache):
+    problems = []
+    rel = os.path.relpath(path, root)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    parts = scan_markdown(text)
+    for number, kind, part in parts:
+        for label in labels_in(part):
+            STATS["targets"] += 1
+            if not label_exists(label, workspace.existing, root):
+                problems.append(Problem(rel, number, "target %s does not exist (bazel query)" %
+                                        label))
+        if kind == "prose":
+            for bang, _, target in LINK_RE.findall(part):
+                problems.extend(check_link(rel, number, path, root, target, bool(bang)))
+            for target in re.findall(r"<img[^>]*\ssrc=\"([^\"]+)\"", part):
+                problems.extend(check_link(rel, number, path, root, target, True))
+            continue
+        for name, target, script, args in commands_in(part):
+            flags = known_flags(name, target, script, root, workspace, flag_cache)
+            if flags is None:
+                continue
+            for flag, value in flag_names(args):
+                STATS["flags"] += 1
+                if flag not in flags:
+                    problems.append(Problem(rel, number, "--%s is not a flag of %s (%s)" % (
+                        flag, target or script or name, flag_cache[("where", name, target,
+                                                                    script)])))
+                elif flag == "set" and value:
+                    for p in check_set_value(value, messages):
+                        problems.append(Problem(rel, number, "%s (given to %s)" % (
+                            p, target or script or name)))
+    return problems
+
+
+def known_flags(name, target, script, root, workspace, cache):
+    """The flags of a binary, or None when the name is not one of pipe's binaries."""
+    key = (name, target, script)
+    if key in cache:
+        return cache[key]
+    flags, where = None, ""
+    if script:
+        if os.path.isfile(os.path.join(root, script)):
+            flags = script_flags(root, script)
+            where = "options parsed by %s" % script
+            if not flags:
+                flags = None  # a script whose options this check cannot read
+    else:
+        labels = [target] if target else workspace.by_name(name)
+        if target and target not in workspace.binaries:
+            # An alias (//:train_gpt) or a target the binaries list lacks: by name.
+            labels = workspace.by_name(name) if workspace.by_name(name) else []
+        if labels:
+            sources = sorted({s for l in labels for s in workspace.binaries[l]})
+            cc = [s for s in sources if s.endswith((".cc", ".h", ".cpp"))]
+            # A shell or Python binary: its own scripts (bench_schedules.sh/.py), not
+            # the sources of the binaries it runs (train_gpt's, through data).
+            scripts = [s for s in sources if s.endswith((".py", ".sh")) and
+                       os.path.splitext(os.path.basename(s))[0] == name]
+            if scripts:
+                flags = flags_of_sources(root, scripts)
+                where = "options parsed by %s" % ", ".join(scripts)
+            elif cc:
+                flags = flags_of_sources(root, cc) | ABSL_BUILTIN_FLAGS
+                where = "ABSL_FLAG in the sources of %s" % ", ".join(labels)
+    cache[key] = flags
+    cache[("where", name, target, script)] = where
+    return flags
+
+
+def check_link(rel, number, path, root, target, image):
+    STATS["links"] += 1
+    if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("//"):
+        return []  # http:, https:, mailto:, ...
+    what = "image" if image else "link"
+    file_part, _, anchor = target.partition("#")
+    if file_part:
+        dest = os.path.normpath(os.path.join(os.path.dirname(path), file_part))
+        if not os.path.exists(dest):
+            return [Problem(rel, number, "%s %s: %s does not exist" % (
+                what, target, os.path.relpath(dest, root)))]
+    else:
+        dest = path
+    if anchor and dest.endswith(".md") and os.path.isfile(dest):
+        if anchor not in anchors_of(dest):
+            return [Problem(rel, number, "%s %s: %s has no heading with anchor #%s" % (
+                what, target, os.path.relpath(dest, root), anchor))]
+    return []
+
+
+def run(files, root, workspace):
+    messages = parse_protos(root)
+    cache = {}
+    problems = []
+    for path in files:
+        problems.extend(check_file(path, root, workspace, messages, cache))
+    return problems
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bazel", default="./bazelw")
+    parser.add_argument("--root", default=None, help="the workspace (default: ../ of this file)")
+    parser.add_argument("--workspace_json", help="targets and binaries instead of bazel query")
+    parser.add_argument("--dump_workspace", help="write what bazel query gave to this file")
+    parser.add_argument("files", nargs="*")
+    args = parser.parse_args(argv)
+    root = os.path.abspath(args.root or os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    files = [os.path.abspath(f) for f in args.files] or default_files(root)
+    if args.workspace_json:
+        with open(args.workspace_json) as f:
+            workspace = Workspace.from_json(json.load(f))
+    else:
+        os.chdir(root)
+        workspace = query_workspace(args.bazel, collect_labels(files))
+        if args.dump_workspace:
+            with open(args.dump_workspace, "w") as f:
+                json.dump(workspace.to_json(), f, indent=1, sort_keys=True)
+    problems = run(files, root, workspace)
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        print("check_docs: %d problem(s) in %d file(s)" % (
+            len(problems), len({p.path for p in problems})), file=sys.stderr)
+        return 1
+    print("check_docs: %d file(s): every target (%d named), flag (%d given to pipe's binaries), "
+          "link and image (%d) resolves" % (len(files), STATS["targets"], STATS["flags"],
+                                            STATS["links"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
