@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# The GPU kit's one command on a lent GPU machine (README "The GPU kit"; issue #31).
+# Lives at the root of the bundle tools/gpu/bundle.sh makes; runs there with
+# the machine's python3 (PyTorch 2.11.0+cu130) and nothing else: no Bazel,
+# no network.
+#
+#   gpu_bundle/run_on_device.sh [--device=cuda|cpu] [--out=DIR] [--budget_s=330]
+#       [--train_steps=300] [--compare_steps=20] [--bench_steps=20] [--stages=tests,train,compare,bench]
+#       [--stage_scale=1]
+#   gpu_bundle/run_on_device.sh --print_library_path
+#
+# 1. Checks that python3's torch is the version the bundle was built against
+#    (PINNED_TORCH), and points LD_LIBRARY_PATH (for pipe's binaries only) at
+#    the bundle's lib/, then the image's torch/lib and nvidia/*/lib.
+# 2. tests:   every binary of cuda_tests.txt with its gtest filter (XML).
+# 3. train:   train_gpt --device=<device> at pp = 1 for --train_steps steps.
+# 4. compare: the same --compare_steps-step run on the CPU and on <device>
+#             (fp32, NVIDIA_TF32_OVERRIDE=0); losses within 1e-4 relative.
+# 5. bench:   bin/gpu_pp1 (pipe, pp = 1) and py/torch_gpt_reference.py (the
+#             same GPT in PyTorch) on <device>, two alternating rounds each;
+#             tokens/s ratio against the 0.95 target.
+# Writes <out>/summary.json (kit_summary.py assemble), <out>/logs.tar.gz
+# (every log, gtest XML and metrics file) and <out>/run_on_device.log. <out>
+# is --out, else $OUT (the device machine sets it), else ./gpu_kit_out. Each
+# stage has its own timeout, all inside --budget_s (default 5.5 min: with the
+# machine's start, a failed first call leaves room for a rerun inside the
+# 15-minute lease), so one hung stage never eats the rest of the lease.
+# --device=cpu is the rehearsal (tools/gpu/rehearse.sh): the same plumbing
+# against a pip-installed PyTorch, CUDA cases skipping. Exit status 0 only
+# when every stage passed.
+set -uo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PYTHON=${PYTHON:-python3}
+device=cuda
+out=${OUT:-$PWD/gpu_kit_out}
+budget_s=330
+train_steps=300
+compare_steps=20
+bench_steps=20
+stages=tests,train,compare,bench
+scale=1
+print_library_path=0
+for arg in "$@"; do
+  case "$arg" in
+    --device=cuda | --device=cpu) device=${arg#--device=} ;;
+    --out=*) out=${arg#--out=} ;;
+    --budget_s=*) budget_s=${arg#--budget_s=} ;;
+    --train_steps=*) train_steps=${arg#--train_steps=} ;;
+    --compare_steps=*) compare_steps=${arg#--compare_steps=} ;;
+    --bench_steps=*) bench_steps=${arg#--bench_steps=} ;;
+    --stages=*) stages=${arg#--stages=} ;;
+    --stage_scale=*) scale=${arg#--stage_scale=} ;;
+    --print_library_path) print_library_path=1 ;;
+    *)
+      echo "run_on_device: unknown argument '$arg'; valid: --device=cuda|cpu, --out=DIR, --budget_s=N," \
+        "--train_steps=N, --compare_steps=N, --bench_steps=N, --stages=tests,train,compare,bench," \
+        "--stage_scale=N (multiplies every stage's own limit; the rehearsal on a slow CPU)," \
+        "--print_library_path" >&2
+      exit 2
+      ;;
+  esac
+done
+for n in "$budget_s" "$train_steps" "$compare_steps" "$bench_steps" "$scale"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "run_on_device: '$n' is not a positive whole number" >&2; exit 2; }
+done
+for s in ${stages//,/ }; do
+  [[ $s =~ ^(tests|train|compare|bench)$ ]] ||
+    { echo "run_on_device: stage '$s' is not known; valid: tests, train, compare, bench" >&2; exit 2; }
+done
+
+# --- 1. PyTorch version and library path -----------------------------------
+pinned=$(cat "$HERE/PINNED_TORCH")
+# One import (seconds on a loaded machine): the version, then site-packages.
+torch_facts=$("$PYTHON" -c 'import os, torch; print(torch.__version__); print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null | tail -n2)
+found=$(head -n1 <<< "$torch_facts")
+if [[ -z $found ]]; then
+  echo "run_on_device: '$PYTHON -c \"import torch\"' failed: this machine's python3 has no PyTorch;" \
+    "the bundle needs PyTorch $pinned (its torch/lib and nvidia/*/lib)" >&2
+  exit 3
+fi
+if [[ $found != "$pinned" ]]; then
+  echo "run_on_device: python3's PyTorch is $found, but this bundle was built against $pinned;" \
+    "its binaries load that LibTorch by soname and would fail or misbehave on another version" >&2
+  exit 3
+fi
+site=$(tail -n1 <<< "$torch_facts")
+library_path=$HERE/lib:$site/torch/lib
+for d in "$site"/nvidia/*/lib; do
+  [[ -d $d ]] && library_path=$library_path:$d
+done
+if ((print_library_path)); then
+  echo "$library_path"
+  exit 0
+fi
+# The environment of pipe's binaries: the library path above only for them
+# (python3 keeps its own), and TF32 off in cuBLAS/cuDNN whatever the defaults.
+pipe_env=(env LD_LIBRARY_PATH="$library_path" NVIDIA_TF32_OVERRIDE=0)
+
+# --- Output, work folder, budget --------------------------------------------
+mkdir -p "$out" || { echo "run_on_device: cannot make output folder $out" >&2; exit 2; }
+work=$(mktemp -d "${TMPDIR:-/tmp}/pipe_gpu_kit.XXXXXX")
+records=$work/records.jsonl
+: > "$records"
+mkdir -p "$work/logs" "$work/tmp"
+exec > >(tee "$out/run_on_device.log") 2>&1
+start=$(date +%s)
+deadline=$((start + budget_s))
+say() { echo "[run_on_device $(date -u +%H:%M:%S)] $*"; }
+# Seconds a stage may take: its own limit, cut to what is left of the budget
+# (less 15 s for the summary); 0 when nothing is left.
+stage_limit() {
+  local left=$((deadline - $(date +%s) - 15))
+  local own=$(($1 * scale))
+  ((left < 0)) && left=0
+  echo $((own < left ? own : left))
+}
+record() { "$PYTHON" "$HERE/py/kit_summary.py" "$@" >> "$records" || say "kit_summary.py $1 failed"; }
+finish() {
+  local host_json
+  host_json=$work/header.json
+  "$PYTHON" - "$host_json" "$device" "$pinned" "$found" "$start" "$budget_s" "$HERE" <<'PY'
+import json, os, platform, subprocess, sys, time
+path, device, pinned, found, start, budget, here = sys.argv[1:]
+def run(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception as e:  # the summary must be written whatever is missing
+        return "unavailable: %s" % e
+gpu = run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]) if device == "cuda" else ""
+try:
+    manifest = json.load(open(os.path.join(here, "MANIFEST.json")))
+except Exception as e:
+    manifest = {"error": str(e)}
+header = {"kit": "pipe GPU kit (issue #31)", "device_flag": device,
+          "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(start))),
+          "seconds": round(time.time() - int(start), 1), "budget_s": int(budget),
+          "torch_pinned": pinned, "torch_found": found, "bundle": manifest,
+          "machine": {"hostname": platform.node(), "nproc": os.cpu_count(),
+                      "loadavg": os.getloadavg(), "kernel": platform.release(),
+                      "python": platform.python_version(), "gpu": gpu}}
+json.dump(header, open(path, "w"))
+PY
+  "$PYTHON" "$HERE/py/kit_summary.py" assemble "$records" "$host_json" "$out/summary.json" > /dev/null ||
+    say "could not assemble summary.json"
+  tar -czf "$out/logs.tar.gz" -C "$work" logs records.jsonl 2>/dev/null || say "could not pack the logs"
+  say "summary: $out/summary.json; logs: $out/logs.tar.gz"
+}
+trap finish EXIT
+trap 'say "stopped by a signal"; exit 143' TERM INT
+say "device $device, PyTorch $found at $site, budget ${budget_s}s, output $out"
+if [[ $device == cuda ]]; then
+  nvidia-smi -L 2>&1 | sed 's/^/  /'
+  "$PYTHON" -c 'import torch; assert torch.cuda.is_available(), "torch sees no CUDA device"; print("  torch sees", torch.cuda.get_device_name(0))' ||
+    say "python3's torch sees no GPU; the CUDA cases will skip or fail"
+fi
+stage_wanted() { [[ ,$stages, == *,$1,* ]]; }
+# run_limited NAME LIMIT LOG COMMAND...: runs pipe's binary with a timeout.
+run_limited() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  if ((limit <= 0)); then
+    say "$name: not run, the budget is spent"
+    echo "not run: budget spent" > "$log"
+    return 124
+  fi
+  timeout -k 10 "$limit" "$@" < /dev/null > "$log" 2>&1
+  local rc=$?
+  ((rc == 124 || rc == 137)) && say "$name: TIMED OUT after ${limit}s"
+  return $rc
+}
+
+# --- 2. tests -----------------------------------------------------------------
+if stage_wanted tests; then
+  while read -r label filter; do
+    [[ -z $label || $label == \#* ]] && continue
+    name=${label##*:}
+    limit=$(stage_limit $([[ $name == equivalence_test ]] && echo 150 || echo 60))
+    t0=$(date +%s)
+    mkdir -p "$work/tmp/$name"
+    # In the bundle root, as Bazel runs a test in its runfiles root (data
+    # dependencies such as experiments/configs/ are there).
+    (cd "$HERE" && run_limited "$name" "$limit" "$work/logs/test_$name.log" \
+      "${pipe_env[@]}" TEST_TMPDIR="$work/tmp/$name" "$HERE/bin/$name" --gtest_filter="$filter" --gtest_output="xml:$work/logs/test_$name.xml")
+    rc=$?
+    record tests "$name" "$filter" "$work/logs/test_$name.xml" "$rc" $(($(date +%s) - t0)) "$limit"
+    say "$name ($filter): $(tail -n1 "$records" | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); print("%d cases, %d failed, %d skipped, rc %d%s" % (r["tests"], r["failures"], r["skipped"], r["rc"], "" if r["ok"] else "  <-- FAIL " + r.get("error", "")))')"
+  done < "$HERE/cuda_tests.txt"
+fi
+
+# --- 3./4. train_gpt ----------------------------------------------------------
+# The README's GPT at pp = 1 on synthetic data (no corpus on the machine needed).
+train() {  # train NAME DEVICE STEPS LIMIT
+  local name=$1 dev=$2 steps=$3 limit=$4 t0 rc
+  t0=$(date +%s)
+  [[ -x $HERE/bin/train_gpt ]] || limit=0  # a partial bundle (bundle.sh --only)
+  run_limited "$name" "$limit" "$work/logs/$name.log" "${pipe_env[@]}" "$HERE/bin/train_gpt" \
+    --config="$HERE/experiments/configs/gpt_small_pp2.textproto" --pp=1 --device="$dev" --steps="$steps" \
+    --output_dir="$work/$name" --name="$name" --sample_tokens=0 --eval_interval=0 \
+    --set=data.source=synthetic,log_interval=50
+  rc=$?
+  local metrics
+  metrics=$(ls "$work/$name"/*/metrics.jsonl 2>/dev/null | head -n1)
+  [[ -n $metrics ]] && cp "$metrics" "$work/logs/$name.metrics.jsonl"
+  record train "$name" "${metrics:-/missing}" "$rc" $(($(date +%s) - t0)) "$limit"
+  say "$name: $(tail -n1 "$records")"
+}
+if stage_wanted train; then
+  train "train_${device}_pp1" "$device" "$train_steps" "$(stage_limit 120)"
+fi
+if stage_wanted compare; then
+  train compare_cpu cpu "$compare_steps" "$(stage_limit 90)"
+  train "compare_on_$device" "$device" "$compare_steps" "$(stage_limit 60)"
+  record compare "$work/logs/compare_cpu.metrics.jsonl" "$work/logs/compare_on_$device.metrics.jsonl" \
+    1e-4 "$compare_steps"
+  say "compare: $(tail -n1 "$records" | cut -c1-400)"
+fi
+
+# --- 5. bench -----------------------------------------------------------------
+if stage_wanted bench; then
+  # The same intra-op threads on both sides (on a GPU they only launch).
+  if [[ $device == cuda ]]; then mbs=16 threads=4; else mbs=4 threads=1; fi
+  for round in 1 2; do
+    run_limited "gpu_pp1 round $round" "$(stage_limit 45)" "$work/logs/bench_pipe_$round.log" \
+      "${pipe_env[@]}" "$HERE/bin/gpu_pp1" --device="$device" --steps="$bench_steps" --micro_batch_size=$mbs --threads=$threads
+    run_limited "torch reference round $round" "$(stage_limit 45)" "$work/logs/bench_torch_$round.log" \
+      env NVIDIA_TF32_OVERRIDE=0 "$PYTHON" "$HERE/py/torch_gpt_reference.py" --device="$device" \
+      --steps="$bench_steps" --micro_batch_size=$mbs --threads=$threads
+  done
+  cat "$work"/logs/bench_pipe_*.log > "$work/logs/bench_pipe.log"
+  cat "$work"/logs/bench_torch_*.log > "$work/logs/bench_torch.log"
+  record bench "$work/logs/bench_pipe.log" "$work/logs/bench_torch.log" 0.95
+  say "bench: $(tail -n1 "$records" | cut -c1-400)"
+fi
+
+ok=$("$PYTHON" -c 'import json,sys; rs=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]; print(int(bool(rs) and all(r.get("ok") for r in rs)))' "$records")
+say "done in $(($(date +%s) - start))s: $([[ $ok == 1 ]] && echo "every stage passed" || echo "SOME STAGE FAILED (summary.json says which)")"
+[[ $ok == 1 ]]
