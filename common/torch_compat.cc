@@ -65,6 +65,26 @@ void AddNcclBackend(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
 #endif
 }
 
+namespace {
+
+// Chosen by the type of Edge::function, not by version numbers: the overload
+// for the other ownership is never instantiated.
+template <typename N>
+std::shared_ptr<N> Own(N* node, std::shared_ptr<N>* /*tag*/) {
+  return node->shared_from_this();
+}
+template <typename N>
+c10::intrusive_ptr<N> Own(N* node, c10::intrusive_ptr<N>* /*tag*/) {
+  return c10::intrusive_ptr<N>::reclaim_copy(node);
+}
+
+}  // namespace
+
+torch::autograd::Edge OwningEdge(torch::autograd::Node* node, uint32_t input_nr) {
+  using Pointer = decltype(torch::autograd::Edge::function);
+  return torch::autograd::Edge(Own(node, static_cast<Pointer*>(nullptr)), input_nr);
+}
+
 OptimizerStateKey OptimizerStateKeyOf(const at::Tensor& param) {
 #if TORCH_VERSION_MAJOR >= 2
   return param.unsafeGetTensorImpl();

@@ -14,6 +14,9 @@
 //     also adds the pure virtual copy_data.
 //   - torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl
 //     address printed as a string in 1.13, by the address itself in 2.x.
+//   - autograd graph nodes (torch::autograd::Node) are owned through
+//     std::shared_ptr up to 2.11 and through c10::intrusive_ptr in 2.15, so an
+//     Edge that must own a node it found as a raw pointer is made differently.
 #ifndef COMMON_TORCH_COMPAT_H_
 #define COMMON_TORCH_COMPAT_H_
 
@@ -24,6 +27,8 @@
 #include <utility>
 
 #include <c10/core/Allocator.h>
+#include <torch/csrc/autograd/edge.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -81,6 +86,12 @@ class AllocatorBase : public c10::Allocator {
 using OptimizerStateKey =
     typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 OptimizerStateKey OptimizerStateKeyOf(const at::Tensor& param);
+
+// An autograd edge to input `input_nr` of `node` that shares ownership of
+// the node (split backward's graph surgery holds nodes it found by walking
+// the graph as raw pointers).
+// REQUIRES: `node` is alive (owned by some graph).
+torch::autograd::Edge OwningEdge(torch::autograd::Node* node, uint32_t input_nr);
 
 }  // namespace pp::torch_compat
 

@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -93,6 +95,30 @@ TEST(TorchCompatTest, NcclBackendOrANamedRefusal) {
   ASSERT_TRUE(group->allreduce(on_cpu)->wait(std::chrono::seconds(60)));
   EXPECT_EQ(on_gpu[0].sum().item<double>(), 12.0);
   EXPECT_EQ(on_cpu[0].sum().item<double>(), 8.0);
+}
+
+// The edge shares ownership of a node found as a raw pointer: the node
+// outlives the tensor whose graph held it, and a backward run through the
+// edge reaches the node's inputs.
+TEST(TorchCompatTest, OwningEdgeKeepsANodeAlive) {
+  torch::Tensor x = torch::ones({3}, torch::requires_grad());
+  torch::autograd::Edge edge;
+  {
+    torch::Tensor y = (x * 2).sum();
+    torch::autograd::Node* node = y.grad_fn().get();
+    ASSERT_NE(node, nullptr);
+    edge = OwningEdge(node, 0);
+    EXPECT_EQ(edge.function.get(), node);
+    EXPECT_EQ(edge.input_nr, 0u);
+  }
+  // y is gone; only the edge holds its SumBackward node now.
+  ASSERT_TRUE(edge.is_valid());
+  EXPECT_EQ(edge.function->name(), "SumBackward0");
+  torch::autograd::Engine::get_default_engine().execute(
+      {edge}, {torch::ones({})}, /*keep_graph=*/false, /*create_graph=*/false,
+      /*accumulate_grad=*/true);
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_TRUE(torch::equal(x.grad(), torch::full({3}, 2.0)));
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ absl::StatusOr<MicroBatchData> PipelineSampler::WindowSource::Get(int64_t step, 
 
 NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid,
                                             int64_t vocab_size, std::chrono::milliseconds timeout) {
-  return [=](const torch::Tensor& window, int64_t position) -> absl::StatusOr<torch::Tensor> {
+  return [=, this](const torch::Tensor& window, int64_t position) -> absl::StatusOr<torch::Tensor> {
     source_.window = window;
     PP_RETURN_IF_ERROR(trainer->Evaluate(&source_, calls_++).status());
     torch::Tensor logits = torch::zeros({vocab_size});

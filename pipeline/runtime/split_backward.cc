@@ -8,6 +8,8 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "common/torch_compat.h"
+
 namespace pp {
 namespace {
 
@@ -139,10 +141,9 @@ BackwardInputResult BackwardInput(const std::vector<torch::Tensor>& roots,
   std::vector<std::pair<size_t, Edge>> captures;  // (index into outputs, edge)
   for (Node* join : joins) {
     // The edge objects must own the node: the closure holds raw pointers.
-    std::shared_ptr<Node> owner = join->shared_from_this();
     for (uint32_t k = 0; k < join->num_inputs(); ++k) {
-      captures.emplace_back(outputs.size(), Edge(owner, k));
-      outputs.push_back(Edge(owner, k));
+      captures.emplace_back(outputs.size(), torch_compat::OwningEdge(join, k));
+      outputs.push_back(captures.back().second);
     }
   }
   // Join nodes run again in W: keep their saved tensors.
