@@ -50,15 +50,21 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
   torch::Tensor k = qkv[1].reshape({batch * num_heads_, time, head_width});
   torch::Tensor v = (qkv[2] + v_bias_.view({num_heads_, 1, head_width}))
                         .reshape({batch * num_heads_, time, head_width});
-  // Scores scaled by 1/sqrt(head_width): as the batched matmul's alpha (no pass
-  // of its own, forward or backward; with beta 0 the zero `self` is ignored)
-  // where that reciprocal is exact (head_width a power of 4), so the result is
-  // bit for bit the division's; else divided after.
+  // Scores scaled by 1/sqrt(head_width), in place on bmm's fresh output (its
+  // backward needs q and k, not the output): a multiplication where that
+  // reciprocal is exact (head_width a power of 4), bit for bit the division's,
+  // else the division. Not baddbmm's alpha with beta 0: LibTorch's CPU kernel
+  // for small products (time^2 x head_width < 400) still reads the
+  // uninitialised output there, and NaN left in that memory came back as NaN
+  // scores (issue 29: context_length 3 with 4 heads trained NaN at step 1).
   const double root = std::sqrt(static_cast<double>(head_width));
   const bool exact = root == std::ldexp(1.0, std::ilogb(root));
-  torch::Tensor scores = torch::baddbmm(torch::zeros({}, q.options()), q, k.transpose(1, 2),
-                                        /*beta=*/0, /*alpha=*/exact ? 1.0 / root : 1.0);
-  if (!exact) scores = scores / root;
+  torch::Tensor scores = torch::bmm(q, k.transpose(1, 2));
+  if (exact) {
+    scores.mul_(1.0 / root);
+  } else {
+    scores.div_(root);
+  }
   // The lowest finite value rather than -inf: a row whose keys are all masked
   // then gets uniform weights instead of NaN.
   const double kMasked = std::numeric_limits<float>::lowest();

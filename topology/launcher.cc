@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -132,9 +133,6 @@ void Say(const std::string& message) { WriteAll(2, absl::StrCat("[launcher] ", m
 // "[rank N] ...", so ranks other than 0 still print nothing of their own.
 constexpr absl::string_view kLauncherLineTag = "@pp-launcher@ ";
 
-// The cores the launcher bound a worker to (--bind_cores), for its report.
-constexpr char kBoundCoresVariable[] = "PP_BOUND_CORES";
-
 // Prefixes every complete line in `stream.pending` (all of it at EOF).
 void FlushLines(int rank, Stream& stream, bool eof) {
   const std::string prefix = absl::StrCat("[rank ", rank, "] ");
@@ -195,12 +193,6 @@ void SignalRunning(std::vector<Worker>& workers, int signo) {
   }
 }
 
-int CpuCount() {
-  const std::vector<int> allowed = AllowedCores();
-  if (!allowed.empty()) return static_cast<int>(allowed.size());
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 // KEY=VALUE strings of the launcher's environment with `overrides` replacing
 // or adding keys.
 std::vector<std::string> WorkerEnvironment(
@@ -246,6 +238,23 @@ absl::Status Validate(const LaunchOptions& o) {
         "--nnodes=", o.nnodes, " needs an explicit --master_port that every node uses"));
   }
   if (o.master_addr.empty()) return absl::InvalidArgumentError("--master_addr is empty");
+  {
+    // Every worker would wait for the store there until its timeout (minutes)
+    // before saying it cannot reach it; a name or address that does not even
+    // resolve is refused now.
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = ::getaddrinfo(o.master_addr.c_str(), nullptr, &hints, &found);
+    if (found != nullptr) ::freeaddrinfo(found);
+    if (rc != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "master address '", o.master_addr, "' (--master_addr or MASTER_ADDR) does not resolve (",
+          ::gai_strerror(rc),
+          "): give the IP address or host name of the node that runs rank 0 (127.0.0.1 on one "
+          "machine)"));
+    }
+  }
   if (o.intra_op_threads < 0 || o.blas_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--intra_op_threads=", o.intra_op_threads,
                                                    " and --blas_threads=", o.blas_threads,
@@ -268,6 +277,13 @@ std::string RandomRunId() {
   }
   if (fd >= 0) ::close(fd);
   return absl::StrFormat("%016x", value);
+}
+
+// This launcher process's id, the same for all its workers: the rendezvous
+// refuses a rank whose node's ranks another launch started (DistEnv::launch_id).
+const std::string& LaunchId() {
+  static const std::string* id = new std::string(RandomRunId());
+  return *id;
 }
 
 // Path of this binary, which the workers re-execute.
@@ -318,11 +334,6 @@ class SignalForwarding {
   struct sigaction old_pipe_ {};
 };
 
-// glibc's largest mmap threshold on 64-bit (32 MiB), and a trim threshold
-// (1 GiB) that keeps a step's freed memory for the next one.
-constexpr int64_t kWorkerMmapThreshold = int64_t{32} << 20;
-constexpr int64_t kWorkerTrimThreshold = int64_t{1} << 30;
-
 // torchrun's variables for the worker of local index `local`, and its
 // resolved thread counts (OMP_NUM_THREADS and the BLAS's own variable too, so
 // the libraries size their pools right when they load).
@@ -340,27 +351,9 @@ std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOpt
       {"GROUP_RANK", std::to_string(options.node_rank)},
   };
   if (!options.run_id.empty()) vars.emplace_back(kRunIdVariable, options.run_id);
-  for (const char* key : {"OMP_NUM_THREADS", "PP_INTRA_OP_THREADS"}) {
-    vars.emplace_back(key, std::to_string(threads.intra_op));
-  }
-  vars.emplace_back("PP_BLAS_THREADS", std::to_string(threads.blas));
-  if (const char* blas_variable = torch_compat::BlasThreadsVariable(torch_compat::BlasInUse())) {
-    vars.emplace_back(blas_variable, std::to_string(threads.blas));
-  }
-  vars.emplace_back("PP_REPORT_THREADS", "1");
-  // glibc's malloc gives each freed block above its dynamic mmap threshold
-  // (128 KiB at first) back to the kernel and trims the heap top above 2x of
-  // it, so a training step's activation-sized tensors are page-faulted in
-  // afresh every step (~35k faults, ~2-3% of a step's CPU time on the peer GPT,
-  // issue #16). Both are set or neither: setting only the trim threshold turns
-  // the dynamic mmap threshold off and every large block is mmapped (60x more
-  // faults). A person's own settings (either variable, or GLIBC_TUNABLES) win.
-  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr &&
-      std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr &&
-      std::getenv("GLIBC_TUNABLES") == nullptr) {
-    vars.emplace_back("MALLOC_MMAP_THRESHOLD_", std::to_string(kWorkerMmapThreshold));
-    vars.emplace_back("MALLOC_TRIM_THRESHOLD_", std::to_string(kWorkerTrimThreshold));
-  }
+  vars.emplace_back(kLaunchIdVariable, LaunchId());
+  for (auto& var : WorkerThreadVariables(threads)) vars.push_back(std::move(var));
+  for (auto& var : WorkerMallocVariables()) vars.push_back(std::move(var));
   return vars;
 }
 
@@ -612,120 +605,6 @@ class Supervisor {
 };
 
 }  // namespace
-
-std::vector<int> CoresForWorker(const std::vector<int>& allowed, int local, int nproc) {
-  const int cores = static_cast<int>(allowed.size());
-  if (cores == 0 || nproc < 1 || local < 0 || local >= nproc) return {};
-  if (nproc >= cores) return {allowed[local % cores]};
-  return std::vector<int>(allowed.begin() + local * cores / nproc,
-                          allowed.begin() + (local + 1) * cores / nproc);
-}
-
-std::vector<int> AllowedCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cores;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cores;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) cores.push_back(cpu);
-  }
-  return cores;
-}
-
-std::string DescribeCores(const std::vector<int>& cores) {
-  if (cores.empty()) return "none";
-  std::string out;
-  for (size_t i = 0; i < cores.size();) {
-    size_t j = i;
-    while (j + 1 < cores.size() && cores[j + 1] == cores[j] + 1) ++j;
-    absl::StrAppend(&out, out.empty() ? "" : ",", cores[i]);
-    if (j > i) absl::StrAppend(&out, "-", cores[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
-int WorkerThreadCount(int local_world_size) {
-  return std::max(1, CpuCount() / std::max(1, local_world_size));
-}
-
-WorkerThreads DefaultWorkerThreads(int local_world_size) {
-  return WorkerThreads{.intra_op = 1, .blas = WorkerThreadCount(local_world_size)};
-}
-
-namespace {
-
-// The first of `names` set in the environment, parsed; 0 when none is set.
-absl::StatusOr<int> ThreadsFromEnv(std::initializer_list<const char*> names) {
-  for (const char* name : names) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0') continue;
-    int threads = 0;
-    if (!absl::SimpleAtoi(value, &threads) || threads < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(name, "='", value,
-                                                     "' is not a thread count; valid: an "
-                                                     "integer >= 1, or unset for the default"));
-    }
-    return threads;
-  }
-  return 0;
-}
-
-}  // namespace
-
-absl::StatusOr<WorkerThreads> ResolveWorkerThreads(int local_world_size, WorkerThreads flags) {
-  WorkerThreads threads = DefaultWorkerThreads(local_world_size);
-  PP_ASSIGN_OR_RETURN(const int intra_env,
-                      ThreadsFromEnv({"PP_INTRA_OP_THREADS", "OMP_NUM_THREADS"}));
-  // The BLAS's own variable: OpenBLAS ignores MKL_NUM_THREADS and MKL ignores
-  // OPENBLAS_NUM_THREADS, so only the one of the BLAS in use counts.
-  const char* blas_variable = torch_compat::BlasThreadsVariable(torch_compat::BlasInUse());
-  PP_ASSIGN_OR_RETURN(const int blas_env,
-                      blas_variable == nullptr
-                          ? ThreadsFromEnv({"PP_BLAS_THREADS", "OMP_NUM_THREADS"})
-                          : ThreadsFromEnv({"PP_BLAS_THREADS", blas_variable, "OMP_NUM_THREADS"}));
-  if (intra_env > 0) threads.intra_op = intra_env;
-  if (blas_env > 0) threads.blas = blas_env;
-  if (flags.intra_op > 0) threads.intra_op = flags.intra_op;
-  if (flags.blas > 0) threads.blas = flags.blas;
-  return threads;
-}
-
-WorkerThreads SetWorkerThreads(WorkerThreads threads) {
-  at::set_num_threads(threads.intra_op);
-  SetBlasThreads(threads.blas);
-  return CurrentWorkerThreads();
-}
-
-WorkerThreads CurrentWorkerThreads() {
-  return WorkerThreads{.intra_op = at::get_num_threads(), .blas = torch_compat::BlasThreads()};
-}
-
-std::string DescribeThreads(WorkerThreads threads) {
-  const torch_compat::Blas blas = torch_compat::BlasInUse();
-  if (threads.blas < 0 || blas == torch_compat::Blas::kUnknown) {
-    return absl::StrCat(threads.intra_op,
-                        " intra-op thread(s), BLAS threads unknown (neither OpenBLAS nor MKL)");
-  }
-  return absl::StrCat(threads.intra_op, " intra-op + ", threads.blas, " BLAS thread(s) (",
-                      torch_compat::BlasName(blas), ")");
-}
-
-WorkerThreads ConfigureWorkerThreads() {
-  int local_world_size = 1;
-  const char* lws = std::getenv("LOCAL_WORLD_SIZE");
-  if (lws == nullptr || !absl::SimpleAtoi(lws, &local_world_size) || local_world_size < 1) {
-    local_world_size = 1;
-  }
-  absl::StatusOr<WorkerThreads> threads = ResolveWorkerThreads(local_world_size, {0, 0});
-  if (!threads.ok()) {
-    LOG(WARNING) << threads.status().message() << "; using the default threads";
-    threads = DefaultWorkerThreads(local_world_size);
-  }
-  return SetWorkerThreads(*threads);
-}
-
-bool SetBlasThreads(int threads) { return torch_compat::SetBlasThreads(threads); }
 
 absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<std::string>& argv) {
   PP_RETURN_IF_ERROR(Validate(options));

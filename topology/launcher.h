@@ -10,7 +10,8 @@
 // (RANK set) MaybeLaunch splits the machine's cores among the local ranks and
 // returns.
 //
-// Threads: each worker gets an intra-op thread count (at::set_num_threads) and
+// Worker resources (topology/worker_resources.h, its own target): each worker
+// gets an intra-op thread count (at::set_num_threads) and
 // a BLAS thread count set separately: OpenBLAS's own pool with Debian's
 // LibTorch, MKL's count with the PyTorch wheel's (torch_compat::BlasInUse).
 // Resolution, first that is set wins: --intra_op_threads / --blas_threads;
@@ -46,6 +47,9 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+// Worker threads, cores and malloc settings moved to their own target; kept
+// here for the launcher's existing callers.
+#include "topology/worker_resources.h"  // IWYU pragma: export
 
 ABSL_DECLARE_FLAG(int, nproc_per_node);
 ABSL_DECLARE_FLAG(int, nnodes);
@@ -78,13 +82,6 @@ struct LaunchOptions {
   bool bind_cores = false;
 };
 
-// A worker's thread counts. `blas` is -1 when the process's BLAS is neither
-// OpenBLAS nor MKL (nothing to set or read back).
-struct WorkerThreads {
-  int intra_op = 1;
-  int blas = 1;
-};
-
 // Validates `options` (InvalidArgument naming the bad value), starts the
 // workers running `argv` (argv[0] is replaced by /proc/self/exe), forwards
 // their output with "[rank N] " prefixes and waits. Returns the exit status the
@@ -113,60 +110,6 @@ absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size);
 // ConfigureWorkerThreads() and returns; `default_nproc` is not called.
 std::vector<char*> MaybeLaunch(int argc, char** argv,
                                const std::function<int()>& default_nproc = nullptr);
-
-// The cores (CPU numbers) that worker `local` of `nproc` gets under
-// --bind_cores, from `allowed` (the launcher's own affinity, ascending): with
-// as many workers as cores or more, one core each, round-robin (worker k on
-// allowed[k % cores], so 4 workers on 2 cores pair 0 with 2 and 1 with 3);
-// with fewer, a contiguous block of allowed[local * cores / nproc ..
-// (local + 1) * cores / nproc). Empty when `allowed` is.
-std::vector<int> CoresForWorker(const std::vector<int>& allowed, int local, int nproc);
-
-// The cores this process may run on (sched_getaffinity), ascending.
-std::vector<int> AllowedCores();
-
-// "0-3,6" for {0, 1, 2, 3, 6}; "none" when empty.
-std::string DescribeCores(const std::vector<int>& cores);
-
-// The per-process thread count when `local_world_size` ranks share this
-// machine: max(1, cores this process may run on / local_world_size).
-int WorkerThreadCount(int local_world_size);
-
-// The default split for `local_world_size` ranks on this machine: one
-// intra-op thread, WorkerThreadCount() BLAS threads. Measured on the 2-core
-// machine with the peer GPT (README, Performance): pp = 1 with 1 + 2 is the
-// fastest split (2 + 2, the old default, oversubscribes the cores: each
-// intra-op thread calls a GEMM that starts 2 BLAS threads); pp = 2 takes 1 + 1.
-WorkerThreads DefaultWorkerThreads(int local_world_size);
-
-// What a worker with `local_world_size` local ranks will use, from `flags`
-// (0 = unset) and the environment (see the file comment). InvalidArgument
-// naming the variable when one is set but is not a positive integer.
-absl::StatusOr<WorkerThreads> ResolveWorkerThreads(int local_world_size, WorkerThreads flags);
-
-// Sets both counts now (at::set_num_threads, then the BLAS's: with MKL the
-// order matters, at::set_num_threads sets MKL's count too) and returns what the
-// libraries report back.
-WorkerThreads SetWorkerThreads(WorkerThreads threads);
-
-// What this process uses now: at::get_num_threads() and the BLAS's read-back
-// (torch_compat::BlasThreads(); -1 when the BLAS is unknown).
-WorkerThreads CurrentWorkerThreads();
-
-// "1 intra-op + 2 BLAS thread(s) (MKL)" or "... (OpenBLAS)" (or "1 intra-op
-// thread(s), BLAS threads unknown ..." when blas is -1).
-std::string DescribeThreads(WorkerThreads threads);
-
-// Resolves (ResolveWorkerThreads with LOCAL_WORLD_SIZE from the environment, 1
-// if unset; an invalid setting falls back to the default with a warning on
-// stderr) and sets the counts; returns what the libraries report back.
-WorkerThreads ConfigureWorkerThreads();
-
-// Sets the BLAS's own thread count now (torch_compat::SetBlasThreads). The
-// libraries read their variables only when they load, so a process that
-// changes its mind later (a benchmark comparing thread counts) must call this.
-// Returns false when the process's BLAS is neither OpenBLAS nor MKL.
-bool SetBlasThreads(int threads);
 
 }  // namespace pp
 

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/torch_compat.h"
 
 namespace pp {
@@ -38,6 +39,30 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
     return absl::UnavailableError(absl::StrCat("cannot create a Gloo device for host '",
                                                hostname.empty() ? "(this host)" : hostname,
                                                "': ", GlooExceptionMessage(e)));
+  }
+}
+
+absl::Status StoreBarrier(c10d::Store& store, const std::string& key, int size,
+                          std::chrono::milliseconds timeout, const std::string& what) {
+  const std::string done_key = key + "/all";
+  int64_t arrived = 0;
+  try {
+    arrived = store.add(key + "/arrived", 1);
+    // The last to arrive opens the barrier for everyone.
+    if (arrived >= size) store.set(done_key, std::vector<uint8_t>{1});
+    store.wait({done_key}, timeout);
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    int64_t seen = arrived;
+    try {
+      seen = store.add(key + "/arrived", 0);
+    } catch (const std::exception&) {
+      // The count is only for the message.
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, ": ", seen, " of ", size, " arrived at barrier '", key, "' within ",
+        std::chrono::duration<double>(timeout).count(),
+        " s: ", GlooExceptionMessage(e).substr(0, GlooExceptionMessage(e).find('\n'))));
   }
 }
 
@@ -74,6 +99,9 @@ absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::s
                          "): cannot add NCCL: ", GlooExceptionMessage(e)));
       }
     }
+    PP_RETURN_IF_ERROR(StoreBarrier(
+        *store, prefix + "/connected", size, options.timeout,
+        absl::StrCat("group '", prefix, "' (rank ", rank, " of ", size, ") after connecting")));
     return group;
   } catch (const std::exception& e) {
     const std::string what = absl::StrCat("group '", prefix, "' (rank ", rank, " of ", size, ")");

@@ -49,12 +49,24 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
 
 // A ProcessGroupGloo of `size` members, this one being `rank`, whose keys live
 // under `prefix` in `store` (each group needs its own prefix). Blocks until
-// all members have called it, at most options.timeout; then DeadlineExceeded
-// naming the prefix. With options.nccl, also the NCCL backend (keys under
+// all members have called it and finished connecting (a StoreBarrier under
+// "<prefix>/connected"), at most options.timeout; then DeadlineExceeded
+// naming the prefix. (Gloo's connecting side of a pair returns once it has
+// written its hello, before the listening side has adopted the socket; a
+// member that dropped its group at once would make its peer's construction
+// fail with "Connection closed by peer".) With options.nccl, also the NCCL backend (keys under
 // "<prefix>/nccl"); FailedPrecondition naming the group when NCCL cannot be
 // added (a build without it, no GPU). REQUIRES: 0 <= rank < size.
 absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::string& prefix,
                                              int rank, int size, const GroupOptions& options);
+
+// Returns once `size` callers have called it with this `key` on `store` (each
+// caller once; a key serves one barrier), at most `timeout`; then
+// DeadlineExceeded naming `what`, the key and how many arrived. Used where one
+// side must not go on (drop a group, return from a test body) before the
+// others have reached a point: a store round trip, no sleep.
+absl::Status StoreBarrier(c10d::Store& store, const std::string& key, int size,
+                          std::chrono::milliseconds timeout, const std::string& what);
 
 // e.what(), without the C++ backtrace c10::Error carries. (Not named
 // ExceptionMessage: pipeline/layers/layer_spec.h has a pp::ExceptionMessage too, and

@@ -83,6 +83,10 @@ absl::StatusOr<DistEnv> DistEnvFromEnvironment() {
   if (addr != nullptr && *addr != '\0') env.master_addr = addr;
   const char* run_id = std::getenv(kRunIdVariable);
   if (run_id != nullptr) env.run_id = run_id;
+  const char* launch_id = std::getenv(kLaunchIdVariable);
+  if (launch_id != nullptr) env.launch_id = launch_id;
+  PP_ASSIGN_OR_RETURN(std::optional<int> node_rank, IntFromEnv("GROUP_RANK", 0, kMaxRanks));
+  env.node_rank = node_rank.value_or(0);
   return env;
 }
 
@@ -90,13 +94,20 @@ namespace {
 
 constexpr char kRunIdKey[] = "pp/run_id";
 
-// Rank 0 records the run id; the others read it (waiting for rank 0, within
-// the store's timeout) before they write anything to the store.
+std::string LaunchKey(int node_rank) { return absl::StrCat("pp/launch_of_node/", node_rank); }
+
+// Rank 0 records its node's launch id, then the run id; the others read the
+// run id (waiting for rank 0, within the store's timeout) and claim or check
+// their node's launch id before they write anything else to the store.
 absl::Status CheckRunId(c10d::Store& store, const DistEnv& env) {
   const std::string where = absl::StrCat("the store at ", env.master_addr, ":", env.master_port);
+  const std::vector<uint8_t> launch(env.launch_id.begin(), env.launch_id.end());
   std::string theirs;
   try {
     if (env.rank == 0) {
+      // Before the run id: a rank that can read the run id finds node 0's
+      // launch recorded.
+      if (!launch.empty()) store.set(LaunchKey(env.node_rank), launch);
       store.set(kRunIdKey, std::vector<uint8_t>(env.run_id.begin(), env.run_id.end()));
       return absl::OkStatus();
     }
@@ -107,12 +118,30 @@ absl::Status CheckRunId(c10d::Store& store, const DistEnv& env) {
         absl::StrCat("rank ", env.rank, " found no run id in ", where,
                      " (rank 0 never recorded one): ", GlooExceptionMessage(e)));
   }
-  if (theirs == env.run_id) return absl::OkStatus();
+  if (theirs != env.run_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", env.rank, " reached ", where, ", which belongs to another run (run id '", theirs,
+        "'; this launch is '", env.run_id,
+        "'): two launches use the same port. Leave --master_port at 0 (a free port) or give each "
+        "run its own"));
+  }
+  if (launch.empty()) return absl::OkStatus();
+  std::string recorded;
+  try {
+    // Sets it when no rank of this node has come yet; returns what is there.
+    const std::vector<uint8_t> now = store.compareSet(LaunchKey(env.node_rank), {}, launch);
+    recorded.assign(now.begin(), now.end());
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("rank ", env.rank, " cannot check its launch in ",
+                                               where, ": ", GlooExceptionMessage(e)));
+  }
+  if (recorded == env.launch_id) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "rank ", env.rank, " reached ", where, ", which belongs to another run (run id '", theirs,
-      "'; this launch is '", env.run_id,
-      "'): two launches use the same port. Leave --master_port at 0 (a free port) or give each "
-      "run its own"));
+      "rank ", env.rank, " reached ", where, ", where node ", env.node_rank,
+      "'s ranks were started by another launch (", recorded, "; this one is ", env.launch_id,
+      ") of the same run id '", env.run_id,
+      "': two launches use the same port and run id. This rank leaves that run alone; leave "
+      "--master_port at 0 (a free port), or give each launch its own port and run id"));
 }
 
 }  // namespace

@@ -35,10 +35,20 @@ struct DistEnv {
   // rank of another launch on the same port is refused without disturbing
   // this run. Empty (torchrun, a hand-made environment): no check.
   std::string run_id;
+  // PP_LAUNCH_ID: one per launcher process (so per node), shared by the
+  // workers it starts. Rank 0 records its launch in the store before the run
+  // id; the first rank of every other node records its node's. A rank whose
+  // node was started by another launch (a second launch with the same port
+  // and PP_RUN_ID) is refused before it writes anything there, so it cannot
+  // take over a rank of the running run. Empty: no check.
+  std::string launch_id;
+  // GROUP_RANK (the launcher's node rank); 0 when unset.
+  int node_rank = 0;
 };
 
-// The environment variable that carries DistEnv::run_id.
+// The environment variables that carry DistEnv::run_id and launch_id.
 inline constexpr char kRunIdVariable[] = "PP_RUN_ID";
+inline constexpr char kLaunchIdVariable[] = "PP_LAUNCH_ID";
 
 // Reads the variables above from the environment. RANK and WORLD_SIZE are
 // required; MASTER_PORT is required when WORLD_SIZE > 1; LOCAL_RANK defaults
@@ -81,7 +91,8 @@ struct World {
 // options.timeout; then DeadlineExceeded (a rank that never came, or no store
 // to connect to). Unavailable when rank 0 cannot host the store (port in use).
 // FailedPrecondition naming both run ids when the store belongs to a run
-// with another env.run_id (two launches on one port).
+// with another env.run_id (two launches on one port), or naming the node when
+// its ranks were started by another launch (env.launch_id; same run id).
 // Keep the World alive until every rank is done with the store (rank 0 hosts
 // it): end with a barrier on world.group.
 absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& options);

@@ -219,6 +219,44 @@ TEST(RendezvousTest, ARankOfAnotherRunIsRefused) {
   t0.join();
 }
 
+// Issue 29: two launches with the same port and the same PP_RUN_ID: a rank
+// of the later one passed the run-id check, joined the earlier run's store
+// and, in 1 of 8 tries, took a rank's place there and killed that run. Each
+// launcher gives its workers a launch id: the stranger (arriving before the
+// rightful rank 1 here) is refused naming the node and both launches, and the
+// earlier run completes undisturbed.
+TEST(RendezvousTest, ARankOfAnotherLaunchWithTheSameRunIdIsRefused) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RendezvousOptions options;
+  options.timeout = std::chrono::seconds(20);
+  DistEnv env;
+  env.world_size = 2;
+  env.local_world_size = 2;
+  env.master_port = *port;
+  env.run_id = "run-a";
+  env.launch_id = "launch-1";
+  absl::StatusOr<World> rank0;
+  std::thread host([&] { rank0 = Rendezvous(env, options); });
+  DistEnv stranger = env;
+  stranger.rank = stranger.local_rank = 1;
+  stranger.launch_id = "launch-2";
+  absl::StatusOr<World> refused = Rendezvous(stranger, options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("where node 0's ranks were started by another launch (launch-1; this one "
+                        "is launch-2) of the same run id 'run-a'"));
+  DistEnv member = stranger;
+  member.launch_id = "launch-1";
+  absl::StatusOr<World> rank1 = Rendezvous(member, options);
+  host.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  std::thread t0([&] { EXPECT_TRUE(AllReduceRanks(*rank0).ok()); });
+  EXPECT_TRUE(AllReduceRanks(*rank1).ok());
+  t0.join();
+}
+
 TEST(RendezvousTest, RejectsBadArguments) {
   RendezvousOptions options;
   EXPECT_THAT(Rendezvous(ThreadRankEnv(3, 2, 1), options).status().message(),

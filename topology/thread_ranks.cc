@@ -13,6 +13,7 @@
 #include "common/torch_compat.h"
 #include "common/torch_status.h"
 #include "topology/device.h"
+#include "topology/process_group.h"
 #include "topology/process_topology.h"
 
 namespace pp {
@@ -64,6 +65,13 @@ std::string FreshTempPath(const std::string& tag) {
                                         "_", counter.fetch_add(1));
   ::unlink(path.c_str());
   return path;
+}
+
+absl::Status AfterAllRanks(World& world, const std::string& key, absl::Status own) {
+  absl::Status barrier =
+      StoreBarrier(*world.store, absl::StrCat("pp/test/", key), world.size,
+                   world.group_options.timeout, absl::StrCat("rank ", world.rank));
+  return own.ok() ? barrier : own;
 }
 
 absl::StatusOr<c10::Device> TestDevice(DeviceKind kind, int ranks) {

@@ -51,6 +51,14 @@ std::string FreshTempPath(const std::string& tag);
 // OK when all are OK.
 absl::Status FirstRankError(const std::vector<absl::Status>& statuses);
 
+// Returns `own` once every rank of `world` has called it with `key` (a
+// StoreBarrier on world.store, bounded by world.group_options.timeout). A rank
+// that must stay alive and silent until its peers have seen what they expect
+// (a timeout, a closed channel) calls it instead of sleeping; each rank passes
+// its own result so that a rank whose checks failed still releases the others.
+// The barrier's own timeout is returned only when `own` is OK.
+absl::Status AfterAllRanks(World& world, const std::string& key, absl::Status own = {});
+
 // For tests parametrised over devices: the device of rank 0 of a test with
 // `ranks` ranks (rank r uses cuda:r), or FailedPrecondition saying why it
 // cannot run here, naming the missing GPUs and this binary's LibTorch ("needs

@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <system_error>
@@ -13,6 +15,8 @@
 
 #include <glog/logging.h>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -42,6 +46,39 @@ int64_t StepOfName(const std::string& name) {
   int64_t step = -1;
   if (!absl::SimpleAtoi(rest, &step) || step < 0) return -1;
   return step;
+}
+
+// The manifest's last line: a CRC32C of every byte above it. A text-format
+// comment, so protobuf's parser (and a person) reads past it.
+constexpr char kChecksumLinePrefix[] = "# manifest crc32c: ";
+
+std::string WithChecksumLine(const std::string& text) {
+  return absl::StrCat(
+      text, absl::StrFormat("%s%08x\n", kChecksumLinePrefix, Crc32c(text.data(), text.size(), 0)));
+}
+
+// OK when `text` ends with a checksum line that matches the text above it,
+// or has none (manifests of pipe before the line existed). DataLoss naming
+// `path` otherwise.
+absl::Status CheckChecksumLine(const std::string& path, const std::string& text) {
+  size_t at = text.rfind(kChecksumLinePrefix);
+  if (at == std::string::npos) return absl::OkStatus();
+  if (at != 0 && text[at - 1] != '\n') return absl::OkStatus();
+  absl::string_view hex = absl::StripAsciiWhitespace(
+      absl::string_view(text).substr(at + std::strlen(kChecksumLinePrefix)));
+  uint32_t want = 0;
+  if (hex.size() != 8 || !absl::SimpleHexAtoi(hex, &want)) {
+    return absl::DataLossError(absl::StrCat("checkpoint manifest ", path,
+                                            " has a malformed checksum line '", hex,
+                                            "': it was edited or truncated after it was written"));
+  }
+  const uint32_t got = Crc32c(text.data(), at, 0);
+  if (got == want) return absl::OkStatus();
+  return absl::DataLossError(absl::StrFormat(
+      "checkpoint manifest %s was edited after it was written (its text has CRC32C %08x, its "
+      "last line says %08x): refusing to trust it (a changed step or file list would resume "
+      "wrongly). Restore it, or resume from another checkpoint",
+      path, got, want));
 }
 
 absl::StatusOr<std::string> ReadLatest(const std::string& root) {
@@ -86,6 +123,15 @@ absl::Status CheckFileDigest(const std::string& path, const FileInfo& expected) 
                         path, crc, expected.crc32c()));
   }
   return absl::OkStatus();
+}
+
+// True when another open descriptor holds an flock on the directory `dir`.
+bool TempDirInUse(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
 }
 
 // Every step_N entry of `root` (complete or not), newest first.
@@ -141,6 +187,7 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& dir) {
                                                    " has format_version ",
                                                    manifest.format_version(), ", expected 1.."));
   }
+  PP_RETURN_IF_ERROR(CheckChecksumLine(path, *bytes));
   return manifest;
 }
 
@@ -240,6 +287,18 @@ absl::StatusOr<ResumeChoice> ChooseResumeCheckpoint(const std::string& root) {
       "repair or move the directory, or choose another checkpoint dir"));
 }
 
+absl::Status CheckCheckpointOwner(const std::string& dir, const Manifest& manifest,
+                                  const std::string& owner, bool allow_other_owner) {
+  if (owner.empty() || manifest.owner().empty() || manifest.owner() == owner || allow_other_owner) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint ", dir, " was written by run '", manifest.owner(), "', not by this run ('", owner,
+      "'): two runs share this checkpoint dir. Refusing to continue from another run's "
+      "checkpoint; give each run its own checkpoint dir, or allow it explicitly "
+      "(CheckpointPolicy.resume_other_runs)"));
+}
+
 absl::Status CheckRootHoldsNoCheckpoints(const std::string& root) {
   std::error_code ec;
   const bool has_latest = fs::exists(fs::path(root) / kLatestFileName, ec);
@@ -256,10 +315,11 @@ absl::Status CheckRootHoldsNoCheckpoints(const std::string& root) {
 
 absl::Status PruneCheckpoints(const std::string& root, int keep_last) {
   std::error_code ec;
-  // Leftovers of interrupted saves. Only called by the committing process,
-  // after its own save finished, so no temp dir here is in use.
+  // Leftovers of interrupted saves; a temporary folder another save holds
+  // (an flock on the directory, PrepareTempCheckpointDir's `hold`) is in use.
   for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
     std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, kTempPrefix) && TempDirInUse(entry.path().string())) continue;
     if (absl::StartsWith(name, kTempPrefix) || absl::StartsWith(name, kOldPrefix)) {
       PP_RETURN_IF_ERROR(RemoveTree(entry.path().string()));
     }
@@ -275,21 +335,34 @@ absl::Status PruneCheckpoints(const std::string& root, int keep_last) {
   return SyncFile(root);
 }
 
-std::string TempCheckpointDir(const std::string& root, const std::string& name) {
-  return (fs::path(root) / absl::StrCat(kTempPrefix, name)).string();
+std::string TempCheckpointDir(const std::string& root, const std::string& name,
+                              const std::string& writer) {
+  return (fs::path(root) /
+          absl::StrCat(kTempPrefix, name, writer.empty() ? "" : absl::StrCat("-", writer)))
+      .string();
 }
 
 absl::StatusOr<std::string> PrepareTempCheckpointDir(const std::string& root,
-                                                     const std::string& name) {
+                                                     const std::string& name,
+                                                     const std::string& writer, int* hold) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec)
     return absl::InternalError(
         absl::StrCat("cannot create checkpoint root ", root, ": ", ec.message()));
-  std::string tmp = TempCheckpointDir(root, name);
+  std::string tmp = TempCheckpointDir(root, name, writer);
   PP_RETURN_IF_ERROR(RemoveTree(tmp));
   fs::create_directory(tmp, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", ec.message()));
+  if (hold != nullptr) {
+    *hold = ::open(tmp.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (*hold < 0 || ::flock(*hold, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (*hold >= 0) ::close(*hold);
+      *hold = -1;
+      return ErrnoStatus(err, absl::StrCat("cannot hold ", tmp));
+    }
+  }
   return tmp;
 }
 
@@ -305,8 +378,9 @@ absl::Status WritePartialManifest(const std::string& tmp_dir, int rank,
 }
 
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& root, const std::string& name,
-                                             Manifest header, int keep_last) {
-  std::string tmp = TempCheckpointDir(root, name);
+                                             Manifest header, int keep_last,
+                                             const std::string& writer) {
+  std::string tmp = TempCheckpointDir(root, name, writer);
   header.clear_files();
   header.set_magic(kCheckpointMagic);
   header.set_format_version(kCheckpointFormatVersion);
@@ -347,7 +421,7 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& root, const std:
   std::string text;
   google::protobuf::TextFormat::PrintToString(header, &text);
   std::string manifest_path = (fs::path(tmp) / kManifestFileName).string();
-  PP_RETURN_IF_ERROR(WriteFileSynced(manifest_path, text));
+  PP_RETURN_IF_ERROR(WriteFileSynced(manifest_path, WithChecksumLine(text)));
   for (const fs::path& part_path : parts) fs::remove(part_path, ec);
   PP_RETURN_IF_ERROR(SyncFile(tmp));
 

@@ -36,7 +36,10 @@ std::string CheckpointName(int64_t step);
 
 // Reads and validates `<dir>/manifest.textproto`: NotFound naming the
 // directory when it is not a checkpoint, FailedPrecondition for a manifest
-// from a newer format, InvalidArgument for an unparsable one.
+// from a newer format, InvalidArgument for an unparsable one, DataLoss naming
+// the file when its last line ("# manifest crc32c: xxxxxxxx", written by
+// CommitCheckpoint) does not match the text above it: the manifest was edited.
+// (A manifest without that line, from an older pipe, is read as it is.)
 [[nodiscard]] absl::StatusOr<checkpoint::Manifest> ReadManifest(const std::string& dir);
 
 // Resolves what a user passes to --resume: a checkpoint directory itself, or
@@ -72,6 +75,15 @@ struct ResumeChoice {
 // starting over there would overwrite and prune them.
 [[nodiscard]] absl::StatusOr<ResumeChoice> ChooseResumeCheckpoint(const std::string& root);
 
+// OK when the checkpoint `dir` (whose manifest is `manifest`) was written by
+// `owner`, or either is unknown (empty), or `allow_other_owner`.
+// Otherwise FailedPrecondition naming the checkpoint, both runs and the
+// override: two runs sharing a checkpoint dir must not continue from each
+// other's checkpoints by accident.
+[[nodiscard]] absl::Status CheckCheckpointOwner(const std::string& dir,
+                                                const checkpoint::Manifest& manifest,
+                                                const std::string& owner, bool allow_other_owner);
+
 // OK when `root` does not exist or holds no checkpoint (no `latest`, no
 // step_N directory, complete or not). Otherwise FailedPrecondition naming the
 // root and its newest checkpoint: a fresh run that saves there would replace
@@ -79,18 +91,27 @@ struct ResumeChoice {
 [[nodiscard]] absl::Status CheckRootHoldsNoCheckpoints(const std::string& root);
 
 // Deletes all but the newest `keep_last` complete checkpoints (never the one
-// `latest` names), and stale temporary directories. keep_last <= 0 keeps all.
+// `latest` names), and stale temporary directories (not those a save in
+// progress holds: PrepareTempCheckpointDir's `hold`). keep_last <= 0 keeps all.
 [[nodiscard]] absl::Status PruneCheckpoints(const std::string& root, int keep_last);
 
 // --- The commit protocol, used by model_checkpoint with one or many writers ---
 
-// `<root>/.tmp-<name>`.
-std::string TempCheckpointDir(const std::string& root, const std::string& name);
+// `<root>/.tmp-<name>`, or `<root>/.tmp-<name>-<writer>` with a writer: each
+// save (SaveCheckpoint draws a random writer token per save) has a temporary
+// folder of its own, so two writers never fill or delete each other's.
+std::string TempCheckpointDir(const std::string& root, const std::string& name,
+                              const std::string& writer = "");
 
-// Creates an empty `<root>/.tmp-<name>` (removing a leftover one) and returns
-// its path. Called by exactly one process before any writer starts.
+// Creates an empty TempCheckpointDir(root, name, writer) (removing a leftover
+// one) and returns its path. Called by exactly one process before any writer
+// starts. With `hold`, also takes an flock on the new directory and stores its
+// descriptor there: PruneCheckpoints leaves a held temporary folder alone (a
+// save in progress); the caller closes the descriptor after its commit.
 [[nodiscard]] absl::StatusOr<std::string> PrepareTempCheckpointDir(const std::string& root,
-                                                                   const std::string& name);
+                                                                   const std::string& name,
+                                                                   const std::string& writer = "",
+                                                                   int* hold = nullptr);
 
 // A writer's list of the files it wrote, as `<tmp>/part-rank_NNNNN.textproto`
 // (fsynced). Every writer calls it after its tensor files are durable.
@@ -104,10 +125,12 @@ std::string TempCheckpointDir(const std::string& root, const std::string& name);
 // to `keep_last`. Returns the final path. An existing `<root>/<name>` is never
 // deleted: it is renamed to `<name>.replaced-<k>` (the smallest free k >= 1),
 // which pruning leaves alone, and a warning is logged.
+// `writer` names the temporary folder (TempCheckpointDir).
 [[nodiscard]] absl::StatusOr<std::string> CommitCheckpoint(const std::string& root,
                                                            const std::string& name,
                                                            checkpoint::Manifest header,
-                                                           int keep_last);
+                                                           int keep_last,
+                                                           const std::string& writer = "");
 
 }  // namespace pp
 

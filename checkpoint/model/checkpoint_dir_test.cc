@@ -73,6 +73,92 @@ TEST(ManifestTest, NewerFormatAndForeignManifestsAreRefused) {
   EXPECT_NE(foreign.status().message().find("magic"), std::string::npos);
 }
 
+// Issue 29: changing `step: 8` to `step: 9` in a manifest made resume=auto
+// continue at a step never trained. The manifest's last line is a CRC32C of
+// the text above it: an edited manifest is refused naming the file, and
+// resume=auto does not pick it.
+TEST(ManifestTest, AnEditedManifestIsRefusedNamingTheFile) {
+  const std::string root = FreshDir("edited");
+  std::string dir = SaveSimple(root, 8, 1);
+  std::string manifest_path = (fs::path(dir) / kManifestFileName).string();
+  std::string text = Slurp(manifest_path);
+  ASSERT_NE(text.find("step: 8"), std::string::npos) << text;
+  ASSERT_TRUE(ReadManifest(dir).ok());
+  text.replace(text.find("step: 8"), 7, "step: 9");
+  Spit(manifest_path, text);
+  auto r = ReadManifest(dir);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find(manifest_path), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("edited"), std::string::npos) << r.status();
+  EXPECT_EQ(VerifyCheckpointFiles(dir).code(), absl::StatusCode::kDataLoss);
+  auto choice = ChooseResumeCheckpoint(root);
+  EXPECT_EQ(choice.status().code(), absl::StatusCode::kFailedPrecondition) << choice.status();
+  EXPECT_NE(choice.status().message().find(manifest_path), std::string::npos) << choice.status();
+}
+
+// Issue 29: two runs sharing a checkpoint dir collided in one temporary
+// folder (one emptied the other's). Each writer prepares its own; committing
+// one leaves the other's alone.
+TEST(CheckpointDirTest, TemporaryFoldersAreUniquePerWriter) {
+  const std::string root = FreshDir("two_writers");
+  const std::string name = CheckpointName(4);
+  int hold_a = -1, hold_b = -1;
+  auto a = PrepareTempCheckpointDir(root, name, "aaaa", &hold_a);
+  auto b = PrepareTempCheckpointDir(root, name, "bbbb", &hold_b);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_GE(hold_a, 0);
+  ASSERT_GE(hold_b, 0);
+  EXPECT_NE(*a, *b);
+  for (const std::string* tmp : {&*a, &*b}) {
+    auto info = WriteTensorFile(*tmp, "layer_0-model_states.pt", {{"w", at::ones({2})}});
+    ASSERT_TRUE(info.ok()) << info.status();
+    info->set_kind("model");
+    ASSERT_TRUE(WritePartialManifest(*tmp, 0, {*info}).ok());
+  }
+  EXPECT_TRUE(fs::exists(fs::path(*a) / "layer_0-model_states.pt"));
+  Manifest header;
+  header.mutable_trainer()->set_step(4);
+  auto dir = CommitCheckpoint(root, name, header, 0, "aaaa");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_TRUE(VerifyCheckpointFiles(*dir).ok());
+  EXPECT_FALSE(fs::exists(*a));
+  // Writer b's save is in progress (held): the commit's pruning leaves it.
+  EXPECT_TRUE(fs::exists(fs::path(*b) / "layer_0-model_states.pt"));
+  ::close(hold_a);
+  ::close(hold_b);
+  // Released (its writer gone), it is a leftover the next prune removes.
+  ASSERT_TRUE(PruneCheckpoints(root, 0).ok());
+  EXPECT_FALSE(fs::exists(*b));
+}
+
+// Issue 29: a resume fell back to another run's checkpoint with only a
+// warning. The manifest names its owner; another owner's checkpoint is
+// refused unless allowed explicitly; unknown owners (older checkpoints, a
+// caller that names none) are not checked.
+TEST(ResumeChoiceTest, ACheckpointOfAnotherRunIsRefusedUnlessAllowed) {
+  Manifest manifest;
+  manifest.set_owner("runs/b");
+  EXPECT_TRUE(CheckCheckpointOwner("/c/step_2", manifest, "runs/b", false).ok());
+  absl::Status refused = CheckCheckpointOwner("/c/step_2", manifest, "runs/a", false);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(),
+            "checkpoint /c/step_2 was written by run 'runs/b', not by this run ('runs/a'): two "
+            "runs share this checkpoint dir. Refusing to continue from another run's checkpoint; "
+            "give each run its own checkpoint dir, or allow it explicitly "
+            "(CheckpointPolicy.resume_other_runs)");
+  EXPECT_TRUE(CheckCheckpointOwner("/c/step_2", manifest, "runs/a", true).ok());
+  EXPECT_TRUE(CheckCheckpointOwner("/c/step_2", manifest, "", false).ok());
+  EXPECT_TRUE(CheckCheckpointOwner("/c/step_2", Manifest(), "runs/a", false).ok());
+  // The owner survives the commit.
+  const std::string root = FreshDir("owner");
+  auto tmp = PrepareTempCheckpointDir(root, CheckpointName(2));
+  ASSERT_TRUE(tmp.ok());
+  ASSERT_TRUE(WritePartialManifest(*tmp, 0, {}).ok());
+  auto dir = CommitCheckpoint(root, CheckpointName(2), manifest, 0);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(ReadManifest(*dir)->owner(), "runs/b");
+}
+
 TEST(CheckpointDirTest, NotACheckpointIsNamed) {
   std::string dir = FreshDir("plain");
   Spit(dir + "/notes.txt", "hello");

@@ -21,6 +21,13 @@ namespace fs = std::filesystem;
 absl::Status ErrnoStatus(int err, absl::string_view what) {
   std::string message = absl::StrCat(what, ": ", std::strerror(err));
   if (err == ENOENT) return absl::NotFoundError(message);
+  // Out of space (or over a quota or a file-size limit): the user can fix it.
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(message,
+                     " (free space on the checkpoint dir's file system, or save "
+                     "elsewhere; the previous checkpoint and 'latest' are untouched)"));
+  }
   return absl::InternalError(message);
 }
 

@@ -16,7 +16,8 @@
 
 namespace pp {
 
-// `what: strerror(err)`; NotFound for ENOENT, Internal otherwise.
+// `what: strerror(err)`; NotFound for ENOENT, ResourceExhausted (with what
+// to do) for ENOSPC, EDQUOT and EFBIG, Internal otherwise.
 absl::Status ErrnoStatus(int err, absl::string_view what);
 
 // Creates or truncates `path`, writes `contents` and fsyncs it.

@@ -1,9 +1,12 @@
 #include "checkpoint/model/model_checkpoint.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -124,10 +127,10 @@ absl::Status SetOptimizerState(torch::optim::Optimizer& optimizer, const at::Ten
   return absl::OkStatus();
 }
 
-// All ranks agree whether a phase succeeded. Returns `local` when it failed
-// here, an error naming the lowest failing rank when another rank failed.
-absl::Status AgreeOk(const CheckpointRank& rank, const absl::Status& local,
-                     const std::string& phase) {
+}  // namespace
+
+absl::Status AgreeOnCheckpointStatus(const CheckpointRank& rank, const absl::Status& local,
+                                     const std::string& phase) {
   if (rank.world == nullptr || rank.world_size <= 1) return local;
   at::Tensor flag = at::full({1}, local.ok() ? rank.world_size : rank.rank, at::kInt);
   c10d::AllreduceOptions opts;
@@ -147,6 +150,38 @@ absl::Status AgreeOk(const CheckpointRank& rank, const absl::Status& local,
                                            " (see its log); nothing was committed"));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status AgreeOk(const CheckpointRank& rank, const absl::Status& local,
+                     const std::string& phase) {
+  return AgreeOnCheckpointStatus(rank, local, phase);
+}
+
+// A random token drawn by rank 0 and shared with every rank (a sum over the
+// world group: the others add 0), naming this save's temporary folder.
+absl::StatusOr<std::string> ShareWriterToken(const CheckpointRank& rank) {
+  int64_t token = 0;
+  if (rank.rank == 0) {
+    std::random_device device;
+    token = static_cast<int64_t>((static_cast<uint64_t>(device()) << 31) ^ device()) &
+            ((int64_t{1} << 62) - 1);
+  }
+  if (rank.world != nullptr && rank.world_size > 1) {
+    std::vector<at::Tensor> tensors = {at::full({1}, token, at::kLong)};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.timeout = rank.timeout;
+    std::vector<int> world_ranks(rank.world_size);
+    for (int r = 0; r < rank.world_size; ++r) world_ranks[r] = r;
+    PP_RETURN_IF_ERROR(RunCollective("checkpoint: sharing the save's temporary folder name",
+                                     DescribeGroup("world group", world_ranks, rank.rank),
+                                     rank.timeout,
+                                     [&] { return rank.world->allreduce(tensors, opts); }));
+    token = tensors[0].item<int64_t>();
+  }
+  return absl::StrFormat("%016x", token);
 }
 
 struct FileJob {
@@ -295,10 +330,22 @@ absl::StatusOr<std::string> SaveCheckpoint(const SaveRequest& request, const Che
                                                    ": a multi-rank save needs the world group"));
   }
   const std::string name = CheckpointName(request.step);
-  const std::string tmp = TempCheckpointDir(request.root, name);
+  PP_ASSIGN_OR_RETURN(const std::string writer, ShareWriterToken(rank));
+  const std::string tmp = TempCheckpointDir(request.root, name, writer);
 
+  // Rank 0 holds the temporary folder (an flock) until its commit, so no
+  // other save's pruning deletes it meanwhile.
+  int hold = -1;
+  struct CloseHold {
+    int* fd;
+    ~CloseHold() {
+      if (*fd >= 0) ::close(*fd);
+    }
+  } close_hold{&hold};
   absl::Status prepared = absl::OkStatus();
-  if (rank.rank == 0) prepared = PrepareTempCheckpointDir(request.root, name).status();
+  if (rank.rank == 0) {
+    prepared = PrepareTempCheckpointDir(request.root, name, writer, &hold).status();
+  }
   PP_RETURN_IF_ERROR(AgreeOk(rank, prepared, "preparing " + tmp));
 
   absl::Status wrote = [&]() -> absl::Status {
@@ -319,7 +366,8 @@ absl::StatusOr<std::string> SaveCheckpoint(const SaveRequest& request, const Che
     header.mutable_trainer()->set_step(request.step);
     header.set_num_layers(static_cast<int32_t>(request.model->num_layers));
     for (const auto& [k, v] : request.metadata) (*header.mutable_metadata())[k] = v;
-    committed = CommitCheckpoint(request.root, name, header, request.keep_last).status();
+    header.set_owner(request.owner);
+    committed = CommitCheckpoint(request.root, name, header, request.keep_last, writer).status();
   }
   PP_RETURN_IF_ERROR(AgreeOk(rank, committed, "committing " + name));
   return (fs::path(request.root) / name).string();

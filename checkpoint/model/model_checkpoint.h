@@ -19,7 +19,8 @@
 // there is one); loading is local: each rank reads the files of its layers.
 //
 // Thread-compatible free functions. One save at a time per root (two jobs
-// must not share a root). Only the CPU RNG is captured by callers here
+// must not share a root: checkpoint_lock.h; each save writes into a
+// temporary folder of its own all the same). Only the CPU RNG is captured by callers here
 // (trainer_checkpoint.h); CUDA generator states are not.
 //
 // Next: checkpoint/model/tensor_file.h (file format), checkpoint_dir.h (atomic commit).
@@ -114,7 +115,15 @@ struct SaveRequest {
   // The experiment config, text format (rank 0's is written).
   std::string config;
   std::map<std::string, std::string> metadata;
+  // The run writing it (Manifest.owner), stable across its restarts.
+  std::string owner;
 };
+
+// Every rank of `rank.world` calls it: they agree whether a phase of
+// checkpointing succeeded. Returns `local` when it failed here, Aborted naming
+// the lowest failing rank when another rank failed, OK when all succeeded.
+absl::Status AgreeOnCheckpointStatus(const CheckpointRank& rank, const absl::Status& local,
+                                     const std::string& phase);
 
 // Saves one checkpoint; every rank of `rank.world` calls it. Returns the final
 // directory after it is complete, durable and named by `latest`. When any

@@ -1,9 +1,15 @@
 #include "checkpoint/model/model_checkpoint.h"
 #include "checkpoint/model/test_files.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 
@@ -252,6 +258,54 @@ TEST_F(ReshardTest, AFailingRankCommitsNothing) {
   ASSERT_TRUE(dir.ok());
   EXPECT_EQ(fs::path(*dir).filename(), CheckpointName(1));
   EXPECT_FALSE(fs::exists(fs::path(root_) / CheckpointName(2)));
+}
+
+// Issue 29: the disk fills during a save. A child process whose files may
+// not grow past 64 KiB (RLIMIT_FSIZE: EFBIG, the same path as ENOSPC; no
+// root, no tmpfs) saves step 2 over a good step 1: the save returns an error
+// naming the file (the child exits 1, it does not abort), and `latest` still
+// names step 1, which loads.
+TEST(SaveRequestTest, AFullDiskFailsTheSaveCleanlyAndLatestStays) {
+  const std::string root = FreshDir("full_disk");
+  ToyStage stage(0, kLayers, true);
+  ModelState state = ModelStateOfModule(stage, kLayers);
+  SaveRequest request;
+  request.root = root;
+  request.step = 1;
+  request.model = &state;
+  ASSERT_TRUE(SaveCheckpoint(request, CheckpointRank()).ok());
+  // Big enough that its file crosses the limit.
+  request.rank_state = {{"big", torch::zeros({1 << 16})}};
+  request.step = 2;
+  const std::string message_file = root + "/../full_disk_message";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG instead of killing
+    rlimit limit{64 << 10, 64 << 10};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    absl::StatusOr<std::string> saved = SaveCheckpoint(request, CheckpointRank());
+    // Lifted again to report (the message file is small anyway).
+    rlimit unlimited{RLIM_INFINITY, RLIM_INFINITY};
+    setrlimit(RLIMIT_FSIZE, &unlimited);
+    std::ofstream(message_file) << saved.status().ToString();
+    _exit(saved.ok() ? 0 : 1);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFEXITED(wstatus)) << "the save killed its process (signal "
+                                  << (WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0) << ")";
+  EXPECT_EQ(WEXITSTATUS(wstatus), 1);
+  std::ifstream in(message_file);
+  std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(message.find("RESOURCE_EXHAUSTED"), std::string::npos) << message;
+  EXPECT_NE(message.find("cannot write checkpoint file " + root), std::string::npos) << message;
+  EXPECT_NE(message.find("File too large"), std::string::npos) << message;
+  auto dir = ResolveCheckpointDir(root);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(fs::path(*dir).filename(), CheckpointName(1));
+  EXPECT_TRUE(VerifyCheckpointFiles(*dir).ok());
+  EXPECT_FALSE(fs::exists(fs::path(root) / CheckpointName(2)));
 }
 
 TEST(OptimizerStateTest, SgdMomentumRoundTripsAndContinuesBitwise) {

@@ -115,6 +115,11 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
     pickler.pushIValue(c10::IValue(dict));
     pickler.stop();
     caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
+      // After a failed write (a full disk) every later one is skipped but
+      // reported as done: a short count makes the writer throw, and its
+      // destructor then writes the end of the archive again and throws once
+      // more, which terminates the process. The error is returned below.
+      if (write_errno != 0) return n;
       const char* p = static_cast<const char*>(data);
       size_t done = 0;
       while (done < n) {
@@ -122,7 +127,7 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
           write_errno = w < 0 ? errno : EIO;
-          return done;
+          return n;
         }
         done += static_cast<size_t>(w);
       }
@@ -134,7 +139,7 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
                                        pickler.tensorData(), writer);
     writer.writeEndOfFile();
   });
-  if (!pickled.ok()) {
+  if (!pickled.ok() || write_errno != 0) {
     ::close(fd);
     if (write_errno != 0)
       return ErrnoStatus(write_errno, absl::StrCat("cannot write checkpoint file ", path));

@@ -59,6 +59,22 @@ TEST(TensorFileTest, RoundTripKeepsOrderDtypesShapesAndValues) {
   EXPECT_EQ(unchecked->size(), dict.size());
 }
 
+// Issue 29: a checkpoint save on a full disk aborted the process (an
+// uncaught LibTorch error when the zip writer, destroyed after the failed
+// write, wrote its end of file once more). /dev/full fails every write with
+// ENOSPC, no root needed: the error names the file and says so.
+TEST(TensorFileTest, FullDiskIsAnErrorNamingTheFileNotAnAbort) {
+  std::string dir = FreshDir("full");
+  ASSERT_TRUE(fs::exists("/dev/full"));
+  fs::create_symlink("/dev/full", fs::path(dir) / "f.pt");
+  auto info = WriteTensorFile(dir, "f.pt", {{"w", at::randn({64, 64})}});
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kResourceExhausted) << info.status();
+  const std::string msg(info.status().message());
+  EXPECT_NE(msg.find("cannot write checkpoint file " + dir + "/f.pt"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+}
+
 TEST(TensorFileTest, RejectsDuplicateAndUndefinedTensors) {
   std::string dir = FreshDir("dups");
   auto dup = WriteTensorFile(dir, "d.pt", {{"a", at::ones(1)}, {"a", at::ones(1)}});

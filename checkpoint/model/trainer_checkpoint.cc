@@ -1,5 +1,6 @@
 #include "checkpoint/model/trainer_checkpoint.h"
 
+#include <cstdlib>
 #include <set>
 #include <string>
 
@@ -12,6 +13,7 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/runtime/optimizer.h"
+#include "topology/rendezvous.h"
 
 namespace pp {
 namespace {
@@ -75,6 +77,7 @@ absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptio
   request.topology.set_num_chunks(static_cast<int32_t>(model.num_chunks()));
   request.topology.set_schedule(to.schedule);
   request.config = options.config;
+  request.owner = options.owner;
   request.metadata["writer"] = "pipe SaveTrainingCheckpoint";
   request.metadata["optimizer"] = to.optimizer.name;
   request.rank_state.emplace_back(kCpuRngKey, at::detail::getDefaultCPUGenerator().get_state());
@@ -125,6 +128,23 @@ absl::StatusOr<TrainingCheckpointer> TrainingCheckpointer::Create(CheckpointPoli
 absl::StatusOr<bool> TrainingCheckpointer::MaybeResume(const ParallelGrid& grid,
                                                        PipelineModel& model, Trainer& trainer) {
   const bool saves = policy_.save_interval > 0 || policy_.save_final;
+  if (saves && policy_.lock_dir && lock_ == nullptr) {
+    absl::Status locked = absl::OkStatus();
+    if (grid.global_rank() == 0) {
+      const char* run_id = std::getenv(kRunIdVariable);
+      absl::StatusOr<std::unique_ptr<CheckpointDirLock>> lock = CheckpointDirLock::Acquire(
+          policy_.dir, ThisProcessAsHolder(run_id == nullptr ? "" : run_id, policy_.owner));
+      if (lock.ok()) {
+        if (!(*lock)->recovered().empty()) LOG(WARNING) << (*lock)->recovered();
+        lock_ = std::move(*lock);
+      } else {
+        locked = lock.status();
+      }
+    }
+    // Every rank stops when rank 0 could not take it.
+    PP_RETURN_IF_ERROR(
+        AgreeOnCheckpointStatus(CheckpointRankOf(grid), locked, "locking " + policy_.dir));
+  }
   if (policy_.resume.empty()) {
     if (saves) PP_RETURN_IF_ERROR(CheckRootHoldsNoCheckpoints(policy_.dir));
     return false;
@@ -141,9 +161,11 @@ absl::StatusOr<bool> TrainingCheckpointer::MaybeResume(const ParallelGrid& grid,
   } else {
     PP_ASSIGN_OR_RETURN(path, ResolveCheckpointDir(path));
   }
-  if (policy_.check_manifest) {
+  {
     PP_ASSIGN_OR_RETURN(checkpoint::Manifest manifest, ReadManifest(path));
-    PP_RETURN_IF_ERROR(policy_.check_manifest(manifest));
+    PP_RETURN_IF_ERROR(
+        CheckCheckpointOwner(path, manifest, policy_.owner, policy_.resume_other_runs));
+    if (policy_.check_manifest) PP_RETURN_IF_ERROR(policy_.check_manifest(manifest));
   }
   PP_ASSIGN_OR_RETURN(LoadReport report, LoadTrainingCheckpoint(path, grid, model, trainer));
   LOG(INFO) << report.Summary() << "; continuing at step " << trainer.step();
@@ -163,6 +185,7 @@ absl::StatusOr<std::string> TrainingCheckpointer::AfterStep(const ParallelGrid& 
   options.keep_last = policy_.keep_last;
   options.config = policy_.config;
   options.seed = policy_.seed;
+  options.owner = policy_.owner;
   return SaveTrainingCheckpoint(options, grid, model, trainer);
 }
 

@@ -21,9 +21,11 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/model/checkpoint_lock.h"
 #include "checkpoint/model/model_checkpoint.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/trainer.h"
@@ -47,6 +49,8 @@ struct TrainingCheckpointOptions {
   std::string config;
   // The run's base seed, stored for reference.
   int64_t seed = 0;
+  // The run (Manifest.owner), stable across its restarts.
+  std::string owner;
 };
 
 // Saves the state after trainer.step() steps as <root>/step_<N>. Every rank
@@ -85,6 +89,17 @@ struct CheckpointPolicy {
   // error means no save (e.g. the weights are not finite). Must give every
   // rank the same answer (the save is collective).
   std::function<absl::Status()> before_save;
+  // Who this run is across its restarts, written into every manifest as its
+  // owner (the driver passes the run directory). Empty: unknown, no check.
+  std::string owner;
+  // Resume from a checkpoint whose manifest names another owner (by default
+  // refused: CheckCheckpointOwner).
+  bool resume_other_runs = false;
+  // A run that saves holds `<dir>/.lock` (checkpoint_lock.h) from MaybeResume
+  // on, for as long as any copy of the checkpointer lives; global rank 0
+  // takes it and every rank returns the refusal when another live run holds
+  // it. Off for a driver that takes the lock itself (in its launcher).
+  bool lock_dir = true;
 };
 
 // Drives checkpoints from a training loop. Every rank of the grid calls the
@@ -107,7 +122,9 @@ class TrainingCheckpointer {
   // unusable) and refuses a root whose checkpoints are all unusable; a fresh
   // run that saves refuses a dir that already holds checkpoints
   // (CheckRootHoldsNoCheckpoints), so no run replaces or prunes checkpoints of
-  // another.
+  // another. A run that saves first takes the dir's lock (policy.lock_dir),
+  // and a checkpoint written by another owner is refused unless
+  // policy.resume_other_runs.
   absl::StatusOr<bool> MaybeResume(const ParallelGrid& grid, PipelineModel& model,
                                    Trainer& trainer);
 
@@ -121,6 +138,8 @@ class TrainingCheckpointer {
  private:
   explicit TrainingCheckpointer(CheckpointPolicy policy) : policy_(std::move(policy)) {}
   CheckpointPolicy policy_;
+  // Shared by copies: released when the last one goes.
+  std::shared_ptr<CheckpointDirLock> lock_;
 };
 
 }  // namespace pp

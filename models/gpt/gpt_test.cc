@@ -1,7 +1,9 @@
 #include "models/gpt/gpt.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -71,6 +73,44 @@ TEST(GptTest, AttentionIsCausal) {
   torch::Tensor b = RunModel(model, Batch(changed))[0];
   EXPECT_TRUE(torch::allclose(a.slice(1, 0, 9), b.slice(1, 0, 9)));
   EXPECT_FALSE(torch::allclose(a.slice(1, 9), b.slice(1, 9)));
+}
+
+// Issue 29: context_length 3 with 4 heads trained NaN at step 1. LibTorch's
+// CPU baddbmm takes a naive kernel when time^2 x head width < 400, which
+// with beta 0 still reads the (uninitialised) output: NaN left in freed
+// memory came back as NaN scores (at -O0 a standalone check poisoning the heap
+// this way saw NaN from baddbmm in 19 of 20 tries). The logits, the loss and
+// the gradients must be finite.
+TEST(GptTest, TinyContextAttentionIgnoresGarbageInFreedMemory) {
+  GptConfig config = Tiny();
+  config.context_length = 3;  // 3^2 x head width 8 = 72 < 400
+  torch::manual_seed(0);
+  StageModule model = *BuildSequential(*MakeGptSpecs(config), 1234);
+  MicroBatch batch = Batch(torch::randint(0, 256, {2, 3}, torch::kLong));
+  for (int round = 0; round < 3; ++round) {
+    {
+      // Blocks of every small size, all NaN, freed together: the heap the
+      // forward allocates from is NaN (a lone freed block is rarely reused
+      // by the CPU allocator's aligned allocations).
+      std::vector<torch::Tensor> junk;
+      for (int64_t elements = 1; elements <= 512; ++elements) {
+        for (int copies = 0; copies < 2; ++copies) {
+          junk.push_back(torch::full({elements}, std::numeric_limits<float>::quiet_NaN()));
+        }
+      }
+    }
+    Activations out = RunModel(model, batch);
+    ASSERT_TRUE(torch::isfinite(out[0]).all().item<bool>()) << "round " << round;
+    torch::Tensor loss = GptLoss(out, batch);
+    ASSERT_TRUE(std::isfinite(loss.item<double>())) << "round " << round;
+    model->zero_grad();
+    loss.backward();
+    for (const auto& p : model->named_parameters()) {
+      ASSERT_TRUE(!p.value().grad().defined() ||
+                  torch::isfinite(p.value().grad()).all().item<bool>())
+          << p.key() << " round " << round;
+    }
+  }
 }
 
 TEST(GptTest, HeadUsesTheTokenEmbeddingTable) {

@@ -14,7 +14,12 @@ int64_t PickToken(const torch::Tensor& logits, const SampleOptions& options,
   if (options.top_k <= 1) return scores.argmax().item<int64_t>();
   const int64_t k = std::min<int64_t>(options.top_k, scores.size(0));
   auto [top_values, top_indices] = scores.topk(k);
-  torch::Tensor probs = torch::softmax(top_values / options.temperature, /*dim=*/0);
+  // In double and relative to the best score: the best becomes exp(0) = 1 at
+  // any temperature, so a tiny one (1e-300, which in float is 0 and made
+  // logits / t inf and the softmax NaN) is greedy, and a huge one uniform,
+  // never NaN. topk sorts, so the first value is the best.
+  torch::Tensor shifted = top_values.to(torch::kDouble) - top_values[0].item<double>();
+  torch::Tensor probs = torch::softmax(shifted / options.temperature, /*dim=*/0);
   const int64_t choice =
       torch::multinomial(probs, 1, /*replacement=*/false, generator).item<int64_t>();
   return top_indices[choice].item<int64_t>();

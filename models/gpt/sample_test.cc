@@ -43,6 +43,26 @@ TEST(GenerateTest, TopKSamplesOnlyAmongTheBestAndIsSeeded) {
   EXPECT_NE(*Generate({0}, 8, o, Counting()), *a);
 }
 
+// Issue 29: sample_temperature=1e-300 (accepted: > 0) aborted in sampling:
+// logits / 1e-300 overflow to inf and softmax gives NaN. A temperature that
+// small is greedy: the argmax, every time; a huge one is near uniform over
+// the top k, never a crash.
+TEST(GenerateTest, ExtremeTemperaturesSampleWithoutNaN) {
+  for (double t : {1e-300, 4.9e-324, 1e-45, 1e-8}) {
+    SampleOptions o{.num_tokens = 5, .top_k = 5, .temperature = t, .seed = 3};
+    absl::StatusOr<std::vector<int64_t>> out = Generate({10}, 4, o, Counting());
+    ASSERT_TRUE(out.ok()) << "temperature " << t << ": " << out.status();
+    EXPECT_EQ(*out, (std::vector<int64_t>{10, 11, 12, 13, 14, 15})) << "temperature " << t;
+  }
+  SampleOptions hot{.num_tokens = 50, .top_k = 3, .temperature = 1e300, .seed = 3};
+  absl::StatusOr<std::vector<int64_t>> out = Generate({0}, 8, hot, Counting());
+  ASSERT_TRUE(out.ok()) << out.status();
+  for (size_t i = 1; i < out->size(); ++i) {
+    const int64_t step = ((*out)[i] - (*out)[i - 1] + 256) % 256;
+    EXPECT_TRUE(step >= 1 && step <= 3) << step;
+  }
+}
+
 TEST(GenerateTest, RejectsBadInput) {
   EXPECT_EQ(Generate({}, 8, {}, Counting()).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Generate({1}, 8, {.top_k = 0}, Counting()).status().code(),

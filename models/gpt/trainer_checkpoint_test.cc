@@ -399,9 +399,10 @@ TEST(TrainingCheckpointerTest, PeriodicSavesPruningAndAutoResume) {
             absl::StatusCode::kInvalidArgument);
   const std::string root = TestDir("checkpointer");
   fs::remove_all(root);
-  auto run_loop = [&](const CheckpointPolicy& policy, int64_t last_step, int64_t* resumed_at) {
+  auto run_statuses = [&](const CheckpointPolicy& policy, int64_t last_step,
+                          int64_t* resumed_at) -> std::vector<absl::Status> {
     auto port = PickFreePort();
-    ASSERT_TRUE(port.ok());
+    if (!port.ok()) return {port.status()};
     RendezvousOptions ro;
     ro.timeout = std::chrono::seconds(60);
     auto status = RunThreadRanks(2, *port, ro, [&](World& w) -> absl::Status {
@@ -417,7 +418,10 @@ TEST(TrainingCheckpointerTest, PeriodicSavesPruningAndAutoResume) {
       }
       return absl::OkStatus();
     });
-    for (const auto& s : status) EXPECT_TRUE(s.ok()) << s;
+    return status;
+  };
+  auto run_loop = [&](const CheckpointPolicy& policy, int64_t last_step, int64_t* resumed_at) {
+    for (const auto& s : run_statuses(policy, last_step, resumed_at)) EXPECT_TRUE(s.ok()) << s;
   };
   int64_t resumed_at = -1;
   CheckpointPolicy policy{.dir = root, .save_interval = 2, .keep_last = 2, .resume = "auto"};
@@ -432,6 +436,36 @@ TEST(TrainingCheckpointerTest, PeriodicSavesPruningAndAutoResume) {
   policy.resume = root + "/" + CheckpointName(6);
   run_loop(policy, 6, &resumed_at);
   EXPECT_EQ(resumed_at, 6);
+
+  // Issue 29: one run at a time per checkpoint dir. While another live holder
+  // has the dir's lock, every rank of a run that would save there stops,
+  // naming the holder.
+  policy.resume = "auto";
+  policy.owner = "runs/a";
+  {
+    auto other = CheckpointDirLock::Acquire(root, ThisProcessAsHolder("run-b", "runs/b"));
+    ASSERT_TRUE(other.ok()) << other.status();
+    std::vector<absl::Status> refused = run_statuses(policy, 9, &resumed_at);
+    ASSERT_EQ(refused.size(), 2u);
+    EXPECT_EQ(refused[0].code(), absl::StatusCode::kFailedPrecondition) << refused[0];
+    EXPECT_NE(std::string(refused[0].message()).find("is in use by run 'run-b'"), std::string::npos)
+        << refused[0];
+    EXPECT_FALSE(refused[1].ok());
+  }
+  run_loop(policy, 9, &resumed_at);  // owner runs/a saves step 8 and 9
+  EXPECT_EQ(resumed_at, 7);
+  // A resume refuses another run's checkpoint unless told otherwise.
+  policy.owner = "runs/b";
+  std::vector<absl::Status> other_run = run_statuses(policy, 10, &resumed_at);
+  ASSERT_EQ(other_run.size(), 2u);
+  EXPECT_EQ(other_run[0].code(), absl::StatusCode::kFailedPrecondition) << other_run[0];
+  EXPECT_NE(std::string(other_run[0].message())
+                .find("was written by run 'runs/a', not by this run ('runs/b')"),
+            std::string::npos)
+      << other_run[0];
+  policy.resume_other_runs = true;
+  run_loop(policy, 10, &resumed_at);
+  EXPECT_EQ(resumed_at, 9);
 }
 
 }  // namespace

@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -91,18 +90,17 @@ TEST(GradSyncTest, ClipScalesOnlyAboveMaxNorm) {
 // and the group instead of hanging.
 TEST(GradSyncTest, MissingMemberTimesOut) {
   absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
-    if (world.rank == 1) {
-      std::this_thread::sleep_for(milliseconds(1500));
-      return absl::OkStatus();
-    }
+    // Rank 1 stays out of the collective, and alive, until rank 0 has timed
+    // out (a store barrier: no sleep to outlast the timeout under load).
+    if (world.rank == 1) return AfterAllRanks(world, "all-reduce timed out");
     TiedParams tie{"embed", world.group, "tie group [0,1]", {Param({1}, {1})}, true};
     absl::Status r = AllReduceTiedGrads({tie}, milliseconds(500));
-    PP_RETURN_IF_ERROR(Check(absl::IsDeadlineExceeded(r) &&
-                                 absl::StrContains(r.message(), "all-reduce of 'embed'") &&
-                                 absl::StrContains(r.message(), "tie group [0,1]") &&
-                                 absl::StrContains(r.message(), "500 ms"),
-                             "expected a timeout naming the tie group: " + r.ToString()));
-    return absl::OkStatus();
+    return AfterAllRanks(world, "all-reduce timed out",
+                         Check(absl::IsDeadlineExceeded(r) &&
+                                   absl::StrContains(r.message(), "all-reduce of 'embed'") &&
+                                   absl::StrContains(r.message(), "tie group [0,1]") &&
+                                   absl::StrContains(r.message(), "500 ms"),
+                               "expected a timeout naming the tie group: " + r.ToString()));
   });
   EXPECT_TRUE(s.ok()) << s;
 }

@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -270,19 +269,22 @@ TEST(P2PTest, StaticShapesModeMismatchBetweenPeersFailsOnTheFirstMessage) {
         // The receiver stopped at the control word: the payload is never
         // taken, and the send ends with the timeout.
         absl::Status sent = p2p.WaitSends();
-        return Check(sent.code() == absl::StatusCode::kDeadlineExceeded,
-                     "payload send: " + sent.ToString());
+        return AfterAllRanks(world, "sender timed out",
+                             Check(sent.code() == absl::StatusCode::kDeadlineExceeded,
+                                   "payload send: " + sent.ToString()));
       }
       absl::StatusOr<Activations> got = p2p.RecvActivations(0, 0, 1, "1RECV_F0");
-      // Stay alive past the sender's timeout (a closed pair fails it early).
-      std::this_thread::sleep_for(milliseconds(1500));
       const std::string want = static_rank == 0 ? "static p2p shapes on but this rank has them off"
                                                 : "static p2p shapes off but this rank has them on";
-      return Check(
-          got.status().code() == absl::StatusCode::kFailedPrecondition &&
-              std::string(got.status().message()).find(want) != std::string::npos &&
-              std::string(got.status().message()).find("p2p_static_shapes") != std::string::npos,
-          "mode mismatch: " + got.status().ToString());
+      // Stay alive until the sender's send has timed out (a closed pair
+      // would fail it early).
+      return AfterAllRanks(
+          world, "sender timed out",
+          Check(got.status().code() == absl::StatusCode::kFailedPrecondition &&
+                    std::string(got.status().message()).find(want) != std::string::npos &&
+                    std::string(got.status().message()).find("p2p_static_shapes") !=
+                        std::string::npos,
+                "mode mismatch: " + got.status().ToString()));
     });
     EXPECT_STATUS_OK(s);
   }
@@ -354,18 +356,18 @@ TEST(P2PTest, BothSendModesKeepChannelOrderWithoutDeadlock) {
 TEST(P2PTest, SilentPeerTimesOutNamingPeerAndAction) {
   absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
     P2P p2p(world.group, P2POptions{milliseconds(500), std::nullopt});
-    if (world.rank == 1) {
+    if (world.rank == 0) {
+      // Stay alive and silent until the peer has timed out (a timed-out
+      // Gloo pair is closed, so no collective can follow; the store can).
+      return AfterAllRanks(world, "receiver timed out");
+    }
+    return AfterAllRanks(world, "receiver timed out", [&]() -> absl::Status {
       auto got = p2p.RecvActivations(0, 0, 1, "1RECV_F4");
       PP_RETURN_IF_ERROR(Check(!got.ok(), "must fail"));
       const std::string msg(got.status().message());
       PP_RETURN_IF_ERROR(Check(msg.find("1RECV_F4") != std::string::npos, "names action: " + msg));
-      PP_RETURN_IF_ERROR(Check(msg.find("rank 0") != std::string::npos, "names peer: " + msg));
-    } else {
-      // Stay alive and silent past the peer's timeout (a timed-out Gloo pair
-      // is closed, so no collective can follow).
-      std::this_thread::sleep_for(milliseconds(1500));
-    }
-    return absl::OkStatus();
+      return Check(msg.find("rank 0") != std::string::npos, "names peer: " + msg);
+    }());
   });
   EXPECT_STATUS_OK(s);
 }
@@ -377,19 +379,17 @@ TEST(P2PTest, TimeoutNamesThePeersGlobalRankAndStage) {
     P2POptions options{milliseconds(500), std::nullopt};
     options.global_ranks = {2, 3};  // e.g. data-parallel replica 1 of pp 2 x dp 2
     P2P p2p(world.group, options);
-    if (world.rank == 1) {
+    if (world.rank == 0) return AfterAllRanks(world, "receiver timed out");
+    return AfterAllRanks(world, "receiver timed out", [&]() -> absl::Status {
       auto got = p2p.RecvActivations(0, 0, 1, "1RECV_F0");
       PP_RETURN_IF_ERROR(Check(!got.ok(), "must fail"));
       const std::string msg(got.status().message());
       PP_RETURN_IF_ERROR(
           Check(msg.find("receive from global rank 2 (stage 0)") != std::string::npos,
                 "names the global rank: " + msg));
-      PP_RETURN_IF_ERROR(Check(msg.find("(peer global rank 2 (stage 0) died") != std::string::npos,
-                               "names the peer: " + msg));
-    } else {
-      std::this_thread::sleep_for(milliseconds(1500));
-    }
-    return absl::OkStatus();
+      return Check(msg.find("(peer global rank 2 (stage 0) died") != std::string::npos,
+                   "names the peer: " + msg);
+    }());
   });
   EXPECT_STATUS_OK(s);
 }
@@ -500,16 +500,14 @@ TEST(P2PPostAheadTest, PostedPayloadCompletesTheSendBeforeTheWait) {
   absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&sent](World& world) -> absl::Status {
     P2P p2p(world.group, OptionsFor(Mode::kFixed, milliseconds(10000)));
     if (world.rank == 0) {
-      PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {torch::ones({2, 3})}, "0SEND_F0"));
-      PP_RETURN_IF_ERROR(p2p.WaitSends());
-      sent = true;
-      return absl::OkStatus();
+      absl::Status s = p2p.SendActivations(1, 0, 1, {torch::ones({2, 3})}, "0SEND_F0");
+      if (s.ok()) s = p2p.WaitSends();
+      sent = s.ok();
+      return AfterAllRanks(world, "send waited", s);
     }
-    PP_RETURN_IF_ERROR(p2p.PostRecvActivations(0, 0, 1, "1RECV_F0"));
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
-    while (!sent && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(milliseconds(1));
-    }
+    absl::Status posted = p2p.PostRecvActivations(0, 0, 1, "1RECV_F0");
+    // Returns once the sender's WaitSends has returned (or failed).
+    PP_RETURN_IF_ERROR(AfterAllRanks(world, "send waited", posted));
     PP_RETURN_IF_ERROR(Check(sent, "the send completed before the receive was waited for"));
     PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "1RECV_F0"));
     return Check(torch::equal(got[0].detach(), torch::ones({2, 3})), "value");
@@ -525,7 +523,8 @@ TEST(P2PPostAheadTest, PostedReceiveTimesOutNamingPeerAndLeavesNothingPosted) {
     P2POptions options = OptionsFor(Mode::kFixed, milliseconds(500));
     options.global_ranks = {4, 5};
     P2P p2p(world.group, options);
-    if (world.rank == 1) {
+    if (world.rank == 0) return AfterAllRanks(world, "receiver timed out");
+    return AfterAllRanks(world, "receiver timed out", [&]() -> absl::Status {
       PP_RETURN_IF_ERROR(p2p.PostRecvActivations(0, 0, 1, "1RECV_F3"));
       PP_RETURN_IF_ERROR(p2p.PostRecvActivations(0, 0, 1, "1RECV_F4"));
       PP_RETURN_IF_ERROR(p2p.PostRecvGrads(0, 1, 2, {{torch::kFloat, {4}, true}}, "1RECV_B0"));
@@ -539,13 +538,9 @@ TEST(P2PPostAheadTest, PostedReceiveTimesOutNamingPeerAndLeavesNothingPosted) {
       PP_RETURN_IF_ERROR(
           Check(msg.find("global rank 4 (stage 0)") != std::string::npos, "names peer: " + msg));
       PP_RETURN_IF_ERROR(Check(p2p.posted_receives() == 0, "nothing left posted"));
-      PP_RETURN_IF_ERROR(
-          Check(p2p.stats().posted_receives_aborted == 3,
-                "3 aborted: " + std::to_string(p2p.stats().posted_receives_aborted)));
-    } else {
-      std::this_thread::sleep_for(milliseconds(1500));
-    }
-    return absl::OkStatus();
+      return Check(p2p.stats().posted_receives_aborted == 3,
+                   "3 aborted: " + std::to_string(p2p.stats().posted_receives_aborted));
+    }());
   });
   EXPECT_STATUS_OK(s);
 }
