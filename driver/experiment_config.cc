@@ -573,6 +573,7 @@ void DiffModels(const gpb::Message& saved, const gpb::Message& now,
     }
     return n.empty() ? std::string("(none)") : absl::StrJoin(n, " and ");
   };
+  if (a.empty() && b.empty()) return;  // neither names a model: nothing to compare
   if (a.size() != 1 || b.size() != 1 || a[0] != b[0]) {
     out.emplace_back("model", absl::StrCat(names(a), " in the checkpoint, ", names(b), " now"));
     return;
