@@ -31,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const std::string& o : overrides) {
     if (!pp::ApplyOverride(*config, o).ok()) return 0;
   }
-  pp::ResolveDefaults(*config, config->has_bert() ? pp::ModelKind::kBert : pp::ModelKind::kGpt);
+  pp::ResolveDefaults(*config);
   const std::string printed = pp::ConfigToText(*config);
   absl::StatusOr<pp::ExperimentConfig> again = pp::ParseExperimentConfig(printed);
   if (!again.ok()) std::abort();                          // what we print must parse

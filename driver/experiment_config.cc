@@ -16,9 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/field_checks.h"
 #include "common/status_macros.h"
 #include "driver/preflight.h"
-#include "models/data/tokenizer.h"
+#include "models/registry.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/stage_executor.h"
@@ -59,8 +60,6 @@ void FillDefaults(gpb::Message& message) {
     const gpb::FieldDescriptor* f = d->field(i);
     if (f->is_repeated()) continue;
     if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
-      // A oneof member stays as chosen (ResolveDefaults picks the model).
-      if (f->containing_oneof() != nullptr && !r->HasField(message, f)) continue;
       FillDefaults(*r->MutableMessage(&message, f));
       continue;
     }
@@ -97,40 +96,18 @@ void FillDefaults(gpb::Message& message) {
         break;
     }
   }
+  // The model's own message (an extension of ModelConfig) gets its defaults too.
+  std::vector<const gpb::FieldDescriptor*> set;
+  r->ListFields(message, &set);
+  for (const gpb::FieldDescriptor* f : set) {
+    if (f->is_extension() && !f->is_repeated() &&
+        f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      FillDefaults(*r->MutableMessage(&message, f));
+    }
+  }
 }
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
-
-// An integer field within [lo, hi]; `why` says where a bound comes from.
-absl::Status CheckInt(absl::string_view name, int64_t value, int64_t lo, int64_t hi,
-                      absl::string_view why = "") {
-  if (value >= lo && value <= hi) return absl::OkStatus();
-  const bool unbounded = hi == std::numeric_limits<int64_t>::max();
-  std::string rule;
-  if (value < lo) {
-    rule = lo == 0 ? "must not be negative" : absl::StrCat("must be at least ", lo);
-    if (!unbounded) absl::StrAppend(&rule, " and at most ", hi);
-  } else {
-    rule = absl::StrCat("must be at most ", hi);
-  }
-  return Invalid(absl::StrCat(name, " (", value, ") ", rule, why.empty() ? "" : " (", why,
-                              why.empty() ? "" : ")"));
-}
-
-// A real field, finite and within its interval ('(' / '[' open or closed).
-absl::Status CheckReal(absl::string_view name, double value, char open, double lo, double hi,
-                       char close, absl::string_view why = "") {
-  const bool above_lo = open == '(' ? value > lo : value >= lo;
-  const bool below_hi = close == ')' ? value < hi : value <= hi;
-  if (std::isfinite(value) && above_lo && below_hi) return absl::OkStatus();
-  const std::string range = std::isinf(hi) ? absl::StrCat(open == '(' ? "> " : ">= ", lo)
-                                           : absl::StrCat("in ", std::string(1, open), lo, ", ", hi,
-                                                          std::string(1, close));
-  return Invalid(absl::StrCat(name, " (", value, ") must be finite and ", range,
-                              why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
-}
-
-constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
 
 // Every numeric field's range, before anything is built from them (a schedule
 // of 1e9 micro-batches or 1e8 layer specs would exhaust memory first).
@@ -169,66 +146,37 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
     return Invalid(absl::StrCat("nonfinite.policy '", config.nonfinite().policy(),
                                 "' must be 'fail' or 'skip'"));
   }
-  for (const IntRange& r : ints) PP_RETURN_IF_ERROR(CheckInt(r.name, r.value, r.lo, r.hi, r.why));
-  if (config.has_gpt() || config.has_bert()) {
-    const std::string m = config.has_gpt() ? "gpt" : "bert";
-    const auto sizes = [&](const auto& g) {
-      return std::vector<IntRange>{
-          {"context_length", g.context_length(), 1, 65536, ""},
-          {"width", g.width(), 1, 65536, ""},
-          {"num_heads", g.num_heads(), 1, std::max<int64_t>(1, g.width()), "at most width"},
-          {"num_layers", g.num_layers(), 1, 100000, ""},
-          {"mlp_ratio", g.mlp_ratio(), 1, 64, ""},
-      };
-    };
-    for (const IntRange& r : config.has_gpt() ? sizes(config.gpt()) : sizes(config.bert())) {
-      PP_RETURN_IF_ERROR(CheckInt(absl::StrCat(m, ".", r.name), r.value, r.lo, r.hi, r.why));
-    }
-    const double dropout = config.has_gpt() ? config.gpt().dropout() : config.bert().dropout();
-    PP_RETURN_IF_ERROR(CheckReal(m + ".dropout", dropout, '[', 0, 1, ')'));
-  }
+  for (const IntRange& r : ints)
+    PP_RETURN_IF_ERROR(CheckIntField(r.name, r.value, r.lo, r.hi, r.why));
   const auto& opt = config.optimizer();
-  PP_RETURN_IF_ERROR(CheckReal("optimizer.lr", opt.lr(), '(', 0, 10, ']'));
-  PP_RETURN_IF_ERROR(CheckReal("optimizer.weight_decay", opt.weight_decay(), '[', 0, 10, ']'));
-  PP_RETURN_IF_ERROR(CheckReal("optimizer.beta1", opt.beta1(), '[', 0, 1, ')'));
-  PP_RETURN_IF_ERROR(CheckReal("optimizer.beta2", opt.beta2(), '[', 0, 1, ')'));
-  PP_RETURN_IF_ERROR(CheckReal("optimizer.eps", opt.eps(), '(', 0, 1, ')'));
-  PP_RETURN_IF_ERROR(CheckReal("optimizer.momentum", opt.momentum(), '[', 0, 1, ')'));
-  PP_RETURN_IF_ERROR(CheckReal("optimizer.max_grad_norm", opt.max_grad_norm(), '[', 0,
-                               std::numeric_limits<double>::infinity(), ']', "0 = no clipping"));
+  PP_RETURN_IF_ERROR(CheckRealField("optimizer.lr", opt.lr(), '(', 0, 10, ']'));
+  PP_RETURN_IF_ERROR(CheckRealField("optimizer.weight_decay", opt.weight_decay(), '[', 0, 10, ']'));
+  PP_RETURN_IF_ERROR(CheckRealField("optimizer.beta1", opt.beta1(), '[', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckRealField("optimizer.beta2", opt.beta2(), '[', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckRealField("optimizer.eps", opt.eps(), '(', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckRealField("optimizer.momentum", opt.momentum(), '[', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckRealField("optimizer.max_grad_norm", opt.max_grad_norm(), '[', 0,
+                                    std::numeric_limits<double>::infinity(), ']',
+                                    "0 = no clipping"));
   const auto& lr = config.lr_schedule();
-  PP_RETURN_IF_ERROR(CheckInt("lr_schedule.warmup_steps", lr.warmup_steps(), 0, kUnbounded));
+  PP_RETURN_IF_ERROR(CheckIntField("lr_schedule.warmup_steps", lr.warmup_steps(), 0, kUnbounded));
   if (lr.name() == "warmup_cosine") {
-    PP_RETURN_IF_ERROR(CheckReal("lr_schedule.min_lr", lr.min_lr(), '[', 0, opt.lr(), ']',
-                                 "at most optimizer.lr, the cosine's start"));
+    PP_RETURN_IF_ERROR(CheckRealField("lr_schedule.min_lr", lr.min_lr(), '[', 0, opt.lr(), ']',
+                                      "at most optimizer.lr, the cosine's start"));
   } else {
-    PP_RETURN_IF_ERROR(CheckReal("lr_schedule.min_lr", lr.min_lr(), '[', 0,
-                                 std::numeric_limits<double>::infinity(), ']'));
+    PP_RETURN_IF_ERROR(CheckRealField("lr_schedule.min_lr", lr.min_lr(), '[', 0,
+                                      std::numeric_limits<double>::infinity(), ']'));
   }
   PP_RETURN_IF_ERROR(
-      CheckReal("data.eval_fraction", config.data().eval_fraction(), '[', 0, 0.5, ')'));
-  PP_RETURN_IF_ERROR(CheckInt("sample_top_k", config.sample_top_k(), 1, kUnbounded, "1 = greedy"));
+      CheckRealField("data.eval_fraction", config.data().eval_fraction(), '[', 0, 0.5, ')'));
   PP_RETURN_IF_ERROR(
-      CheckReal("sample_temperature", config.sample_temperature(), '(', 0, 100, ']'));
-  if (config.has_bert()) {
-    PP_RETURN_IF_ERROR(CheckReal("bert.mask_prob", config.bert().mask_prob(), '(', 0, 1, ']'));
-  }
+      CheckIntField("sample_top_k", config.sample_top_k(), 1, kUnbounded, "1 = greedy"));
+  PP_RETURN_IF_ERROR(
+      CheckRealField("sample_temperature", config.sample_temperature(), '(', 0, 100, ']'));
   return absl::OkStatus();
 }
 
 }  // namespace
-
-const char* ModelKindName(ModelKind kind) {
-  switch (kind) {
-    case ModelKind::kGpt:
-      return "gpt";
-    case ModelKind::kBert:
-      return "bert";
-    case ModelKind::kCustom:
-      return "custom";
-  }
-  return "unknown";
-}
 
 absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text) {
   ExperimentConfig config;
@@ -236,8 +184,9 @@ absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text) 
   ErrorCollector errors;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, &config)) {
-    return Invalid(absl::StrCat("config does not parse as ExperimentConfig (driver/config.proto): ",
-                                errors.errors()));
+    return Invalid(absl::StrCat(
+        "config does not parse as ExperimentConfig (driver/config.proto): ", errors.errors(),
+        " (models linked into this binary: ", absl::StrJoin(RegisteredModelNames(), ", "), ")"));
   }
   return config;
 }
@@ -273,12 +222,29 @@ absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignmen
   const std::vector<std::string> parts = absl::StrSplit(path, '.');
   const gpb::Descriptor* d = ExperimentConfig::descriptor();
   std::string text_open, text_close;
-  for (size_t i = 0; i < parts.size(); ++i) {
+  size_t first = 0;
+  // "gpt.width=256": a registered model's name stands for its message,
+  // model { [pp.gpt] { width: 256 } }.
+  if (const ModelInfo* model = FindModel(parts[0]);
+      model != nullptr && d->FindFieldByName(parts[0]) == nullptr && parts.size() > 1) {
+    const gpb::FieldDescriptor* extension = ModelExtension(*model);
+    if (extension == nullptr)
+      return absl::InternalError(absl::StrCat("model '", parts[0], "' has no extension"));
+    absl::StrAppend(&text_open, "model { [", extension->full_name(), "] { ");
+    text_close = " } }";
+    d = extension->message_type();
+    first = 1;
+  }
+  for (size_t i = first; i < parts.size(); ++i) {
     const gpb::FieldDescriptor* f = d->FindFieldByName(parts[i]);
     if (f == nullptr) {
+      const std::string models =
+          i == 0 ? absl::StrCat("; or a model's field: <model>.<field> with <model> one of ",
+                                absl::StrJoin(RegisteredModelNames(), ", "))
+                 : "";
       return Invalid(absl::StrCat("unknown config field '", path, "': ", d->full_name(),
                                   " has no field '", parts[i],
-                                  "' (valid: ", absl::StrJoin(FieldNames(d), ", "), ")"));
+                                  "' (valid: ", absl::StrJoin(FieldNames(d), ", "), models, ")"));
     }
     const bool last = i + 1 == parts.size();
     if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
@@ -303,79 +269,50 @@ absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignmen
   gpb::TextFormat::Parser parser;
   ErrorCollector errors;
   parser.RecordErrorsTo(&errors);
-  // Merging keeps the other fields; a oneof member replaces its siblings.
+  // Merging keeps the other fields.
   if (!parser.MergeFromString(text_open + text_close, &config)) {
     return Invalid(absl::StrCat("cannot set ", path, " to '", value, "': ", errors.errors()));
   }
   return absl::OkStatus();
 }
 
-void ResolveDefaults(ExperimentConfig& config, ModelKind kind) {
-  if (config.model_case() == ExperimentConfig::MODEL_NOT_SET && kind != ModelKind::kCustom) {
-    kind == ModelKind::kGpt ? (void)config.mutable_gpt() : (void)config.mutable_bert();
-  }
-  // The default partition method names GPT/BERT's block type; a user's model
-  // is cut into equal layer counts unless its config says otherwise.
-  if (kind == ModelKind::kCustom && !config.parallelism().has_partition_method()) {
-    config.mutable_parallelism()->set_partition_method("uniform");
+void ResolveDefaults(ExperimentConfig& config) {
+  // The partition method the model is cut by unless the config names one
+  // (GPT and BERT: their block type).
+  if (absl::StatusOr<SelectedModel> model = SelectModel(config.model());
+      model.ok() && !config.parallelism().has_partition_method()) {
+    config.mutable_parallelism()->set_partition_method(model->info->default_partition_method);
   }
   FillDefaults(config);
 }
 
-GptConfig ToGptConfig(const ExperimentConfig& config) {
-  const auto& g = config.gpt();
-  return GptConfig{.vocab_size = ByteTokenizer::kVocabSize,
-                   .context_length = g.context_length(),
-                   .width = g.width(),
-                   .num_heads = g.num_heads(),
-                   .num_layers = g.num_layers(),
-                   .mlp_ratio = g.mlp_ratio(),
-                   .dropout = g.dropout()};
+ModelRun ModelRunOf(const ExperimentConfig& config) {
+  const auto& par = config.parallelism();
+  return ModelRun{.micro_batch_size = par.micro_batch_size(),
+                  .num_microbatches = par.num_microbatches(),
+                  .dp = par.dp(),
+                  .pp = par.pp(),
+                  .chunks = par.chunks(),
+                  .seed = config.seed(),
+                  .data_source = config.data().source(),
+                  .data_path = config.data().path(),
+                  .eval_fraction = config.data().eval_fraction()};
 }
 
-BertConfig ToBertConfig(const ExperimentConfig& config) {
-  const auto& b = config.bert();
-  return BertConfig{.vocab_size = ByteTokenizer::kVocabSize,
-                    .context_length = b.context_length(),
-                    .width = b.width(),
-                    .num_heads = b.num_heads(),
-                    .num_layers = b.num_layers(),
-                    .mlp_ratio = b.mlp_ratio(),
-                    .dropout = b.dropout()};
-}
-
-absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config,
-                                                           ModelKind kind) {
-  if (kind == ModelKind::kCustom) {
-    return absl::InvalidArgumentError("a custom model's specs come from its ExperimentModel");
-  }
-  return kind == ModelKind::kGpt ? MakeGptSpecs(ToGptConfig(config))
-                                 : MakeBertSpecs(ToBertConfig(config));
+absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config) {
+  PP_ASSIGN_OR_RETURN(SelectedModel model, SelectModel(config.model()));
+  return model.info->specs(*model.config);
 }
 
 namespace {
 
-// The config's model section matches the binary (train_gpt, train_bert, a
-// user's model).
-absl::Status CheckModelKind(const ExperimentConfig& config, ModelKind kind) {
-  if (kind == ModelKind::kCustom) {
-    if (config.model_case() == ExperimentConfig::MODEL_NOT_SET) return absl::OkStatus();
-    return Invalid(absl::StrCat("this config describes a ", config.has_gpt() ? "GPT" : "BERT",
-                                " model; run it with //experiments:train_",
-                                config.has_gpt() ? "gpt" : "bert",
-                                " (a custom model's config has no gpt/bert section)"));
-  }
-  if (kind == ModelKind::kGpt && config.has_bert()) {
-    return Invalid(
-        "this config describes a BERT model (bert { ... }); run it "
-        "with //experiments:train_bert");
-  }
-  if (kind != ModelKind::kGpt && config.has_gpt()) {
-    return Invalid(
-        "this config describes a GPT model (gpt { ... }); run it "
-        "with //experiments:train_gpt");
-  }
-  return absl::OkStatus();
+// The model the config selects, and its own checks of its fields and of the
+// run's shape (e.g. at least one block per model part).
+absl::StatusOr<SelectedModel> CheckModel(const ExperimentConfig& config) {
+  PP_ASSIGN_OR_RETURN(SelectedModel model, SelectModel(config.model()));
+  if (model.info->validate)
+    PP_RETURN_IF_ERROR(model.info->validate(*model.config, ModelRunOf(config)));
+  return model;
 }
 
 // pp x dp against the ranks the launcher started (0: not known yet).
@@ -384,36 +321,21 @@ absl::Status CheckWorldSize(const driver::ParallelismConfig& par, int world_size
   // int32; it is computed in int64 all the same.
   const int64_t ranks = static_cast<int64_t>(par.pp()) * par.dp();
   if (world_size <= 0 || ranks == world_size) return absl::OkStatus();
-  return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(),
-                              ") = ", ranks, " ranks, but ", world_size,
-                              " were started; leave --nproc_per_node unset "
-                              "(the launcher then starts pp x dp ranks, "
-                              "split evenly over --nnodes) or set it to ",
-                              ranks, " / --nnodes"));
+  return Invalid(absl::StrCat(
+      "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ", ranks, " ranks, but ",
+      world_size,
+      " were started; leave --nproc_per_node unset (the launcher then starts pp x dp ranks, "
+      "split evenly over --nnodes) or set it to ",
+      ranks, " / --nnodes"));
 }
 
-// The model's own shape, and at least one layer (block) per model part.
-absl::Status CheckModelShape(const ExperimentConfig& config, ModelKind kind,
-                             const std::vector<LayerSpec>* custom_specs) {
-  const auto& par = config.parallelism();
+// At least one layer per model part.
+absl::Status CheckParts(const driver::ParallelismConfig& par, const std::vector<LayerSpec>& specs) {
   const int64_t parts = static_cast<int64_t>(par.pp()) * par.chunks();
-  if (kind == ModelKind::kCustom) {
-    // The model's own sizes are its business; the parts must fit its layers.
-    if (parts <= static_cast<int64_t>(custom_specs->size())) return absl::OkStatus();
-    return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.chunks (",
-                                par.chunks(), ") = ", parts,
-                                " model parts, but the model has only ", custom_specs->size(),
-                                " layers; use at most ", custom_specs->size(), " parts"));
-  }
-  const bool gpt = kind == ModelKind::kGpt;
-  PP_RETURN_IF_ERROR(gpt ? ValidateGptConfig(ToGptConfig(config))
-                         : ValidateBertConfig(ToBertConfig(config)));
-  const int64_t num_layers = gpt ? config.gpt().num_layers() : config.bert().num_layers();
-  if (parts <= num_layers) return absl::OkStatus();
+  if (parts <= static_cast<int64_t>(specs.size())) return absl::OkStatus();
   return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.chunks (",
                               par.chunks(), ") = ", parts, " model parts, but the model has only ",
-                              num_layers, " blocks (", ModelKindName(kind),
-                              ".num_layers); use at most ", num_layers, " parts or more layers"));
+                              specs.size(), " layers; use at most ", specs.size(), " parts"));
 }
 
 // The schedule: registered, trains, accepts this shape, and the runtime can
@@ -421,8 +343,7 @@ absl::Status CheckModelShape(const ExperimentConfig& config, ModelKind kind,
 // rather than in every rank).
 absl::Status CheckSchedule(const driver::ParallelismConfig& par) {
   const std::vector<std::string> names = RegisteredScheduleNames();
-  // "csv:FILE" is a schedule file (pipeline/schedule/csv.h); MakeSchedule reads
-  // it.
+  // "csv:FILE" is a schedule file (pipeline/schedule/csv.h); MakeSchedule reads it.
   if (!absl::StartsWith(par.schedule(), kCsvSchedulePrefix) &&
       std::find(names.begin(), names.end(), par.schedule()) == names.end()) {
     return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
@@ -474,8 +395,8 @@ absl::Status CheckDevice(const driver::ParallelismConfig& par) {
 
 // The partition method: registered, and it can cut this model (`profile`
 // times the layers, so it is checked when the run has them).
-absl::Status CheckPartition(const ExperimentConfig& config, ModelKind kind,
-                            const std::vector<LayerSpec>* custom_specs) {
+absl::Status CheckPartition(const ExperimentConfig& config, const std::string& model_name,
+                            const std::vector<LayerSpec>& specs) {
   const auto& par = config.parallelism();
   const std::string& method = par.partition_method();
   const std::string method_name = method.substr(0, method.find(':'));
@@ -486,12 +407,6 @@ absl::Status CheckPartition(const ExperimentConfig& config, ModelKind kind,
                                 " (type:<regex> over layer types, explicit:<b0,b1,...>)"));
   }
   if (method_name == "profile") return absl::OkStatus();
-  std::vector<LayerSpec> specs;
-  if (kind == ModelKind::kCustom) {
-    specs = *custom_specs;
-  } else {
-    PP_ASSIGN_OR_RETURN(specs, MakeExperimentSpecs(config, kind));
-  }
   const int64_t parts = static_cast<int64_t>(par.pp()) * par.chunks();
   PartitionRequest request;
   request.specs = &specs;
@@ -500,8 +415,7 @@ absl::Status CheckPartition(const ExperimentConfig& config, ModelKind kind,
   absl::StatusOr<Bounds> bounds = Partition(method, request);
   if (bounds.ok()) return absl::OkStatus();
   return Invalid(absl::StrCat("parallelism.partition_method '", method, "' cannot cut the ",
-                              ModelKindName(kind), " into ", parts,
-                              " parts: ", bounds.status().message()));
+                              model_name, " into ", parts, " parts: ", bounds.status().message()));
 }
 
 // The optimizer and the learning-rate schedule, as the runtime will build them.
@@ -528,19 +442,21 @@ absl::Status CheckOptimization(const ExperimentConfig& config) {
   return absl::OkStatus();
 }
 
-// The data source and path, the held-out fraction, the model's data and
-// sampling settings.
-absl::Status CheckDataAndSampling(const ExperimentConfig& config, ModelKind kind) {
+// The data source the model reads and its path, the held-out fraction, and
+// sampling (for a model with a sampler).
+absl::Status CheckDataAndSampling(const ExperimentConfig& config, const ModelInfo& model) {
   const std::string& source = config.data().source();
   if (source != "corpus" && source != "synthetic") {
     return Invalid(absl::StrCat("data.source '", source, "' is unknown; valid: corpus, synthetic"));
   }
-  if (source == "synthetic" && kind != ModelKind::kGpt) {
-    return Invalid(absl::StrCat("data.source 'synthetic' is for gpt only (this is ",
-                                ModelKindName(kind), "); valid here: corpus"));
+  const std::vector<std::string>& sources = model.data_sources;
+  if (!sources.empty() && std::find(sources.begin(), sources.end(), source) == sources.end()) {
+    return Invalid(absl::StrCat("data.source '", source, "' is not one that model '", model.name,
+                                "' reads; valid here: ", absl::StrJoin(sources, ", ")));
   }
   std::error_code ec;
-  if (source == "corpus" && !std::filesystem::exists(config.data().path(), ec)) {
+  if (!sources.empty() && source == "corpus" &&
+      !std::filesystem::exists(config.data().path(), ec)) {
     return Invalid(absl::StrCat("data.path '", config.data().path(),
                                 "' does not exist; pass --data=<a text file or folder>"));
   }
@@ -548,40 +464,32 @@ absl::Status CheckDataAndSampling(const ExperimentConfig& config, ModelKind kind
     return Invalid(absl::StrCat("data.eval_fraction (", config.data().eval_fraction(),
                                 ") must be in [0, 0.5)"));
   }
-  if (kind == ModelKind::kGpt && config.sample_top_k() < 1) {
+  if (model.sampler && config.sample_top_k() < 1) {
     return Invalid(
         absl::StrCat("sample_top_k (", config.sample_top_k(), ") must be at least 1 (1 = greedy)"));
   }
-  if (kind == ModelKind::kGpt && !(config.sample_temperature() > 0)) {
+  if (model.sampler && !(config.sample_temperature() > 0)) {
     return Invalid(
         absl::StrCat("sample_temperature (", config.sample_temperature(), ") must be positive"));
-  }
-  if (kind == ModelKind::kBert &&
-      !(config.bert().mask_prob() > 0 && config.bert().mask_prob() <= 1)) {
-    return Invalid(
-        absl::StrCat("bert.mask_prob (", config.bert().mask_prob(), ") must be in (0, 1]"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind,
-                                      int world_size, const std::vector<LayerSpec>* custom_specs) {
-  if (kind == ModelKind::kCustom && custom_specs == nullptr) {
-    return absl::InternalError("ValidateExperimentConfig: a custom model needs its layer specs");
-  }
-  PP_RETURN_IF_ERROR(CheckModelKind(config, kind));
+absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_size) {
   PP_RETURN_IF_ERROR(CheckRanges(config));
+  PP_ASSIGN_OR_RETURN(const SelectedModel model, CheckModel(config));
   // Before the schedule's action lists and the layer specs are built.
   PP_RETURN_IF_ERROR(CheckMemory(config, world_size > 0 ? TotalMemoryBytes() : -1));
   PP_RETURN_IF_ERROR(CheckWorldSize(config.parallelism(), world_size));
-  PP_RETURN_IF_ERROR(CheckModelShape(config, kind, custom_specs));
+  PP_ASSIGN_OR_RETURN(const std::vector<LayerSpec> specs, model.info->specs(*model.config));
+  PP_RETURN_IF_ERROR(CheckParts(config.parallelism(), specs));
   PP_RETURN_IF_ERROR(CheckSchedule(config.parallelism()));
   PP_RETURN_IF_ERROR(CheckDevice(config.parallelism()));
-  PP_RETURN_IF_ERROR(CheckPartition(config, kind, custom_specs));
+  PP_RETURN_IF_ERROR(CheckPartition(config, model.info->name, specs));
   PP_RETURN_IF_ERROR(CheckOptimization(config));
-  return CheckDataAndSampling(config, kind);
+  return CheckDataAndSampling(config, *model.info);
 }
 
 std::string ConfigToText(const ExperimentConfig& config) {
@@ -604,26 +512,23 @@ bool IgnoredOnResume(const std::string& path) {
 
 // Differences that make the continuation another training run.
 bool BreaksResume(const std::string& path) {
-  return absl::StartsWith(path, "gpt") || absl::StartsWith(path, "bert") || path == "model" ||
-         path == "seed" || path == "optimizer.name";
+  const std::string first = path.substr(0, path.find('.'));
+  return first == "model" || FindModel(first) != nullptr || path == "seed" ||
+         path == "optimizer.name";
 }
 
 // "path: A in the checkpoint, B now" for every leaf field that differs.
+// The model's message (an extension of ModelConfig) is named by the model
+// ("gpt.num_heads"); another model is reported as `model`.
+void DiffModels(const gpb::Message& saved, const gpb::Message& now,
+                std::vector<std::pair<std::string, std::string>>& out);
+
 void DiffConfigs(const gpb::Message& saved, const gpb::Message& now, const std::string& prefix,
                  std::vector<std::pair<std::string, std::string>>& out) {
   const gpb::Descriptor* d = now.GetDescriptor();
   const gpb::Reflection* rs = saved.GetReflection();
   const gpb::Reflection* rn = now.GetReflection();
-  for (int i = 0; i < d->oneof_decl_count(); ++i) {
-    const gpb::OneofDescriptor* oneof = d->oneof_decl(i);
-    const gpb::FieldDescriptor* a = rs->GetOneofFieldDescriptor(saved, oneof);
-    const gpb::FieldDescriptor* b = rn->GetOneofFieldDescriptor(now, oneof);
-    if (a != b) {
-      out.emplace_back(prefix + oneof->name(),
-                       absl::StrCat(a != nullptr ? a->name() : "(none)", " in the checkpoint, ",
-                                    b != nullptr ? b->name() : "(none)", " now"));
-    }
-  }
+  if (d == ModelConfig::descriptor()) return DiffModels(saved, now, out);
   for (int i = 0; i < d->field_count(); ++i) {
     const gpb::FieldDescriptor* f = d->field(i);
     const std::string path = prefix + f->name();
@@ -644,9 +549,6 @@ void DiffConfigs(const gpb::Message& saved, const gpb::Message& now, const std::
       continue;
     }
     if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
-      if (f->containing_oneof() != nullptr && (!rs->HasField(saved, f) || !rn->HasField(now, f))) {
-        continue;  // a different oneof choice is reported above
-      }
       DiffConfigs(rs->GetMessage(saved, f), rn->GetMessage(now, f), path + ".", out);
       continue;
     }
@@ -657,14 +559,39 @@ void DiffConfigs(const gpb::Message& saved, const gpb::Message& now, const std::
   }
 }
 
+void DiffModels(const gpb::Message& saved, const gpb::Message& now,
+                std::vector<std::pair<std::string, std::string>>& out) {
+  std::vector<const gpb::FieldDescriptor*> a, b;
+  saved.GetReflection()->ListFields(saved, &a);
+  now.GetReflection()->ListFields(now, &b);
+  // Models by their registered names ("bert"), else their extensions.
+  const auto names = [](const std::vector<const gpb::FieldDescriptor*>& fields) {
+    std::vector<std::string> n;
+    for (const gpb::FieldDescriptor* f : fields) {
+      const ModelInfo* model = FindModelByExtension(f->number());
+      n.push_back(model != nullptr ? model->name : absl::StrCat("[", f->full_name(), "]"));
+    }
+    return n.empty() ? std::string("(none)") : absl::StrJoin(n, " and ");
+  };
+  if (a.empty() && b.empty()) return;  // neither names a model: nothing to compare
+  if (a.size() != 1 || b.size() != 1 || a[0] != b[0]) {
+    out.emplace_back("model", absl::StrCat(names(a), " in the checkpoint, ", names(b), " now"));
+    return;
+  }
+  if (a[0]->cpp_type() != gpb::FieldDescriptor::CPPTYPE_MESSAGE || a[0]->is_repeated()) return;
+  const ModelInfo* model = FindModelByExtension(a[0]->number());
+  DiffConfigs(saved.GetReflection()->GetMessage(saved, a[0]),
+              now.GetReflection()->GetMessage(now, b[0]),
+              (model != nullptr ? model->name : std::string("model")) + ".", out);
+}
+
 }  // namespace
 
 absl::Status CheckResumeConfig(const std::string& saved_text, const ExperimentConfig& now,
                                std::vector<std::string>* warnings) {
   if (saved_text.empty()) {
     warnings->push_back(
-        "the checkpoint records no experiment config; its "
-        "settings cannot be compared");
+        "the checkpoint records no experiment config; its settings cannot be compared");
     return absl::OkStatus();
   }
   absl::StatusOr<ExperimentConfig> saved = ParseExperimentConfig(saved_text);
@@ -691,18 +618,15 @@ absl::Status CheckResumeConfig(const std::string& saved_text, const ExperimentCo
   if (breaking.empty()) return absl::OkStatus();
   if (now.checkpoint().allow_config_change()) {
     for (const std::string& line : breaking) {
-      warnings->push_back(
-          absl::StrCat("resuming with a changed model/seed/optimizer "
-                       "(checkpoint.allow_config_change): ",
-                       line));
+      warnings->push_back(absl::StrCat(
+          "resuming with a changed model/seed/optimizer (checkpoint.allow_config_change): ", line));
     }
     return absl::OkStatus();
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat("the checkpoint was written by a different run: ", absl::StrJoin(breaking, "; "),
-                   ". Resume with the checkpoint's settings, or set "
-                   "checkpoint.allow_config_change=true "
-                   "(--set=checkpoint.allow_config_change=true) to continue anyway"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the checkpoint was written by a different run: ", absl::StrJoin(breaking, "; "),
+      ". Resume with the checkpoint's settings, or set checkpoint.allow_config_change=true "
+      "(--set=checkpoint.allow_config_change=true) to continue anyway"));
 }
 
 }  // namespace pp

@@ -1,11 +1,14 @@
-// Loading, overriding and validating an ExperimentConfig (config.proto) for
-// train_gpt / train_bert, before any process group forms.
+// Loading, overriding and validating an ExperimentConfig (config.proto) for a
+// training binary, before any process group forms.
 //
 //   PP_ASSIGN_OR_RETURN(auto config, pp::LoadExperimentConfig(path));
 //   PP_RETURN_IF_ERROR(pp::ApplyOverride(config, "parallelism.pp=4"));
-//   PP_RETURN_IF_ERROR(pp::ValidateExperimentConfig(config, pp::ModelKind::kGpt, world_size));
+//   pp::ResolveDefaults(config);
+//   PP_RETURN_IF_ERROR(pp::ValidateExperimentConfig(config, world_size));
 //
-// Every error names the field, its value and what would be valid.
+// The model is the config's `model { [pp.<name>] { ... } }`, one of those
+// registered in the binary (models/registry.h); the driver knows no model by
+// name. Every error names the field, its value and what would be valid.
 //
 // Next: driver/run_experiment.h (what a rank does with a valid config).
 #ifndef DRIVER_EXPERIMENT_CONFIG_H_
@@ -19,18 +22,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "driver/config.pb.h"
-#include "models/bert/bert.h"
-#include "models/gpt/gpt.h"
+#include "models/registry.h"
 #include "pipeline/layers/layer_spec.h"
 
 namespace pp {
 
 using driver::ExperimentConfig;
-
-// kCustom: a user's model (driver/experiment_model.h, ExperimentModel); the
-// config then has no gpt/bert section and validation checks its specs.
-enum class ModelKind { kGpt, kBert, kCustom };
-const char* ModelKindName(ModelKind kind);  // "gpt", "bert", "custom"
 
 // Parses protobuf text; InvalidArgument with the parser's line:column message.
 absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text);
@@ -38,30 +35,29 @@ absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text);
 absl::StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path);
 
 // Sets one field from "dotted.path=value" (e.g. "optimizer.lr=1e-3",
-// "gpt.num_layers=8", "data.path=/tmp/text"). InvalidArgument for a bad
-// form, an unknown field (listing the valid ones at that level), a message
-// field, or a value that does not parse as the field's type.
+// "data.path=/tmp/text"); a registered model's name stands for its message
+// ("gpt.num_layers=8" sets model { [pp.gpt] { num_layers: 8 } }).
+// InvalidArgument for a bad form, an unknown field (listing the valid ones at
+// that level), a message field, or a value that does not parse as the
+// field's type.
 absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignment);
 
-// Makes the model sub-message for `kind` present (others are an error at
-// validation) and sets every unset field to its default, so the printed
-// config is the complete, resolved one. kCustom: no model sub-message, and
-// parallelism.partition_method defaults to "uniform".
-void ResolveDefaults(ExperimentConfig& config, ModelKind kind);
+// Sets every unset field to its default, the model's message included, so
+// the printed config is the complete, resolved one. An unset
+// parallelism.partition_method becomes the model's default.
+void ResolveDefaults(ExperimentConfig& config);
 
-// Everything checkable without processes: sizes, model shape, pp x dp against
-// `world_size` (0: not known yet), the schedule (registered, accepts this
-// micro-batch count and chunking, trains), stages vs blocks, the partition
-// method, optimizer, learning-rate schedule, data path, sampling.
-// REQUIRES: `custom_specs` (the model's layers) set for ModelKind::kCustom.
-absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind,
-                                      int world_size,
-                                      const std::vector<LayerSpec>* custom_specs = nullptr);
+// Everything checkable without processes: sizes, the model (registered here,
+// its own fields and shape), pp x dp against `world_size` (0: not known yet),
+// the schedule (registered, accepts this micro-batch count and chunking,
+// trains), layers per part, the partition method, optimizer, learning-rate
+// schedule, data source and path, sampling.
+absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_size);
 
-GptConfig ToGptConfig(const ExperimentConfig& config);
-BertConfig ToBertConfig(const ExperimentConfig& config);
-absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config,
-                                                           ModelKind kind);
+// What the model reads of the run (sizes, seed, data).
+ModelRun ModelRunOf(const ExperimentConfig& config);
+// The layer specs of the config's model.
+absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config);
 
 // Protobuf text of the whole config.
 std::string ConfigToText(const ExperimentConfig& config);
@@ -69,7 +65,7 @@ std::string ConfigToText(const ExperimentConfig& config);
 // Resume: compares the config a checkpoint was written with (`saved_text`,
 // from its manifest) with this run's, field by field ("gpt.num_heads: 4 in
 // the checkpoint, 8 now"). A difference that makes the continuation a
-// different training run (the model's kind and shape, seed, optimizer.name)
+// different training run (the model and its fields, seed, optimizer.name)
 // is an error listing every such field, unless
 // checkpoint.allow_config_change is set; the other differences that change
 // the numbers (learning rate and schedule, steps, batch and data, layout and

@@ -9,7 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/field_checks.h"
 #include "common/torch_compat.h"
+#include "driver/testdata/test_blocks.pb.h"
+#include "models/bert/bert_config.pb.h"
+#include "models/gpt/gpt_config.pb.h"
+#include "models/registry.h"
+#include "pipeline/layers/layer.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/device.h"
 
@@ -32,21 +38,46 @@ absl::StatusOr<Schedule> MakeSplitGPipe(const ScheduleOptions& options) {
 PP_REGISTER_SCHEDULE("split_gpipe_for_test", "GPipe with I/W, for the capability check",
                      MakeSplitGPipe);
 
+// A model of `layers` identity layers (testdata/test_blocks.proto).
+PP_REGISTER_MODEL(
+    TestBlocksConfig, test_blocks,
+    {
+        .name = "test_blocks",
+        .description = "identity layers, for the driver's checks",
+        .data_sources = {},
+        .validate =
+            [](const TestBlocksConfig& c, const ModelRun&) {
+              return CheckIntField("test_blocks.layers", c.layers(), 1, 1000);
+            },
+        .specs = [](const TestBlocksConfig& c) -> absl::StatusOr<std::vector<LayerSpec>> {
+          return std::vector<LayerSpec>(c.layers(), LayerSpec("Identity", [] {
+                                          return MakeModuleLayer(torch::nn::Identity());
+                                        }));
+        },
+        .loss = [](const Activations& outputs, const MicroBatch&) { return outputs.at(0).sum(); },
+        .data = [](const TestBlocksConfig&, const ModelRun&) -> absl::StatusOr<ModelData> {
+          return absl::UnimplementedError("not trained in this test");
+        },
+    });
+
 ExperimentConfig Testdata(const std::string& name) {
   absl::StatusOr<ExperimentConfig> config = LoadExperimentConfig("driver/testdata/" + name);
   EXPECT_TRUE(config.ok()) << config.status();
   return config.ok() ? *config : ExperimentConfig();
 }
 
+const GptModelConfig& GptOf(const ExperimentConfig& c) { return c.model().GetExtension(gpt); }
+GptModelConfig* MutableGpt(ExperimentConfig& c) { return c.mutable_model()->MutableExtension(gpt); }
+
 ExperimentConfig Gpt() {
   ExperimentConfig config = Testdata("gpt_pp2.textproto");
-  ResolveDefaults(config, ModelKind::kGpt);
+  ResolveDefaults(config);
   return config;
 }
 
 // The message of validating `config` (as train_gpt would, on `world` ranks).
-std::string Error(const ExperimentConfig& config, int world = 2, ModelKind kind = ModelKind::kGpt) {
-  absl::Status s = ValidateExperimentConfig(config, kind, world);
+std::string Error(const ExperimentConfig& config, int world = 2) {
+  absl::Status s = ValidateExperimentConfig(config, world);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   return std::string(s.message());
 }
@@ -56,7 +87,8 @@ std::string Error(const ExperimentConfig& config, int world = 2, ModelKind kind 
 
 TEST(ExperimentConfigTest, ResolvedTextHasEveryFieldAndRoundTrips) {
   ExperimentConfig c;
-  ResolveDefaults(c, ModelKind::kBert);
+  c.mutable_model()->MutableExtension(bert);
+  ResolveDefaults(c);
   const std::string text = ConfigToText(c);
   EXPECT_HAS(text, "mask_prob: 0.15");
   EXPECT_HAS(text, "save_interval: 0");
@@ -78,8 +110,8 @@ TEST(ExperimentConfigTest, OverridesSetSingleFields) {
   EXPECT_DOUBLE_EQ(c.optimizer().lr(), 1e-4);
   EXPECT_EQ(c.data().path(), "/tmp/some \"text\"");
   EXPECT_EQ(c.checkpoint().resume(), "runs/x/step_100");
-  EXPECT_EQ(c.gpt().num_layers(), 8);
-  EXPECT_EQ(c.gpt().width(), 128);
+  EXPECT_EQ(GptOf(c).num_layers(), 8);
+  EXPECT_EQ(GptOf(c).width(), 128);
 }
 
 TEST(ExperimentConfigTest, BadOverridesSayWhatIsValid) {
@@ -106,8 +138,7 @@ TEST(ExperimentConfigTest, ParseErrorsNameTheLine) {
 TEST(ExperimentConfigTest, RanksMustEqualPpTimesDp) {
   EXPECT_HAS(Error(Gpt(), 3),
              "parallelism.pp (2) x parallelism.dp (1) = 2 ranks, but 3 were started");
-  EXPECT_TRUE(
-      ValidateExperimentConfig(Gpt(), ModelKind::kGpt, 0).ok());  // launcher side: not known yet
+  EXPECT_TRUE(ValidateExperimentConfig(Gpt(), 0).ok());  // launcher side: not known yet
 }
 
 TEST(ExperimentConfigTest, PpTimesDpBeyondInt32IsRefused) {
@@ -137,13 +168,11 @@ TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
 TEST(ExperimentConfigTest, SplitBackwardSchedulesPassTheCapabilityCheck) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_schedule("split_gpipe_for_test");
-  EXPECT_TRUE(ValidateExperimentConfig(c, ModelKind::kGpt, 2).ok())
-      << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+  EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok()) << ValidateExperimentConfig(c, 2);
   c.mutable_parallelism()->set_schedule("zbv");
   EXPECT_HAS(Error(c), "num_chunks (1) must be 2");
   c.mutable_parallelism()->set_chunks(2);
-  EXPECT_TRUE(ValidateExperimentConfig(c, ModelKind::kGpt, 2).ok())
-      << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+  EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok()) << ValidateExperimentConfig(c, 2);
 }
 
 // parallelism.device: an unknown name lists the valid ones; cuda names the
@@ -156,7 +185,7 @@ TEST(ExperimentConfigTest, DeviceIsKnownAndPresent) {
   c.mutable_parallelism()->set_device("cuda");
   const int gpus = VisibleCudaDevices();
   if (gpus >= 2) {
-    absl::Status s = ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+    absl::Status s = ValidateExperimentConfig(c, 2);
     EXPECT_TRUE(s.ok()) << s;
     return;
   }
@@ -208,7 +237,7 @@ TEST(ExperimentConfigTest, UnknownPartitionMethodListsTheValidNames) {
 
 TEST(ExperimentConfigTest, OtherBadFieldsAreNamed) {
   ExperimentConfig c = Gpt();
-  c.mutable_gpt()->set_num_heads(3);
+  MutableGpt(c)->set_num_heads(3);
   EXPECT_HAS(Error(c), "gpt.width (128) must be a multiple of gpt.num_heads (3)");
   c = Gpt();
   c.mutable_parallelism()->set_num_microbatches(0);
@@ -292,15 +321,14 @@ TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
   ExperimentConfig constant = Gpt();
   ASSERT_TRUE(ApplyOverride(constant, "lr_schedule.name=constant").ok());
   ASSERT_TRUE(ApplyOverride(constant, "lr_schedule.min_lr=0.01").ok());
-  EXPECT_TRUE(ValidateExperimentConfig(constant, ModelKind::kGpt, 2).ok());
+  EXPECT_TRUE(ValidateExperimentConfig(constant, 2).ok());
   // The edges that are valid.
   ExperimentConfig edges = Gpt();
   for (const char* a : {"optimizer.lr=10", "lr_schedule.min_lr=0", "optimizer.max_grad_norm=0",
                         "optimizer.beta1=0", "log_interval=1", "optimizer.eps=0.5"}) {
     ASSERT_TRUE(ApplyOverride(edges, a).ok());
   }
-  EXPECT_TRUE(ValidateExperimentConfig(edges, ModelKind::kGpt, 2).ok())
-      << ValidateExperimentConfig(edges, ModelKind::kGpt, 2);
+  EXPECT_TRUE(ValidateExperimentConfig(edges, 2).ok()) << ValidateExperimentConfig(edges, 2);
 }
 
 // data.source picks the corpus or the peer benchmark's synthetic rows; the
@@ -309,23 +337,23 @@ TEST(ExperimentConfigTest, DataSourceIsCorpusOrSynthetic) {
   ExperimentConfig c = Gpt();
   ASSERT_TRUE(ApplyOverride(c, "data.source=synthetic").ok());
   c.mutable_data()->set_path("/no/such/corpus");
-  EXPECT_TRUE(ValidateExperimentConfig(c, ModelKind::kGpt, 2).ok())
-      << ValidateExperimentConfig(c, ModelKind::kGpt, 2);
+  EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok()) << ValidateExperimentConfig(c, 2);
   c.mutable_data()->set_source("random");
   EXPECT_HAS(Error(c), "data.source 'random' is unknown; valid: corpus, synthetic");
   ExperimentConfig bert = Testdata("bert_pp2.textproto");
-  ResolveDefaults(bert, ModelKind::kBert);
+  ResolveDefaults(bert);
   bert.mutable_data()->set_source("synthetic");
-  EXPECT_HAS(Error(bert, 2, ModelKind::kBert), "data.source 'synthetic' is for gpt only");
+  EXPECT_HAS(Error(bert),
+             "data.source 'synthetic' is not one that model 'bert' reads; valid here: corpus");
 }
 
 // A model too big for the machine is refused with the estimate, before the
 // specs or the schedule are built.
 TEST(ExperimentConfigTest, ModelBeyondMemoryIsRefusedNamingTheEstimate) {
   ExperimentConfig c = Gpt();
-  c.mutable_gpt()->set_num_layers(50000);
-  c.mutable_gpt()->set_width(8192);
-  c.mutable_gpt()->set_num_heads(64);
+  MutableGpt(c)->set_num_layers(50000);
+  MutableGpt(c)->set_width(8192);
+  MutableGpt(c)->set_num_heads(64);
   c.mutable_parallelism()->set_partition_method("uniform");
   EXPECT_HAS(Error(c), "the run needs an estimated ");
 }
@@ -341,36 +369,42 @@ TEST(ExperimentConfigTest, ConfigThatIsADirectoryIsRefused) {
             absl::StatusCode::kNotFound);
 }
 
-TEST(ExperimentConfigTest, ModelKindMustMatchTheBinary) {
-  EXPECT_HAS(Error(Gpt(), 2, ModelKind::kBert), "run it with //experiments:train_gpt");
-  ExperimentConfig bert = Testdata("bert_pp2.textproto");
-  ResolveDefaults(bert, ModelKind::kBert);
-  EXPECT_HAS(Error(bert, 2, ModelKind::kGpt), "run it with //experiments:train_bert");
+// The model is the config's one extension of ModelConfig, registered in the
+// binary (here gpt, bert and the test model below).
+TEST(ExperimentConfigTest, ModelIsNamedOnceAndRegistered) {
+  ExperimentConfig none = Gpt();
+  none.clear_model();
+  EXPECT_HAS(Error(none),
+             "the config names no model; set model { [pp.<model>] { ... } } with one "
+             "of the models linked into this binary: bert, gpt, test_blocks");
+  ExperimentConfig both = Gpt();
+  both.mutable_model()->MutableExtension(bert);
+  EXPECT_HAS(Error(both), "the config's model section sets pp.gpt and pp.bert; set exactly one");
+  absl::StatusOr<ExperimentConfig> unknown =
+      ParseExperimentConfig("model { [pp.no_such_model] { } }");
+  EXPECT_HAS(std::string(unknown.status().message()),
+             "(models linked into this binary: bert, gpt, test_blocks)");
+  EXPECT_EQ(FindModel("gpt")->default_partition_method, "type:TransformerBlock");
 }
 
-// A user's model (ModelKind::kCustom): no gpt/bert section, and the stage
-// count is checked against its own layers.
-TEST(ExperimentConfigTest, CustomModelIsValidatedAgainstItsSpecs) {
-  const std::vector<LayerSpec> specs(
-      3, LayerSpec("Identity", [] { return MakeModuleLayer(torch::nn::Identity()); }));
-  ExperimentConfig c;
-  c.mutable_parallelism()->set_pp(2);
-  ResolveDefaults(c, ModelKind::kCustom);
-  EXPECT_FALSE(c.has_gpt() || c.has_bert());
+// A model registered outside pipe (here: in this test) gets the same checks,
+// its stage count against its own layers and its own default partition.
+TEST(ExperimentConfigTest, RegisteredModelIsValidatedAgainstItsSpecs) {
+  ExperimentConfig c = Gpt();
+  c.clear_model();
+  c.mutable_parallelism()->clear_partition_method();
+  c.mutable_model()->MutableExtension(test_blocks);
+  ResolveDefaults(c);
+  EXPECT_EQ(c.model().GetExtension(test_blocks).layers(), 3);  // the .proto's default
   EXPECT_EQ(c.parallelism().partition_method(), "uniform");
-  absl::Status ok = ValidateExperimentConfig(c, ModelKind::kCustom, 2, &specs);
+  absl::Status ok = ValidateExperimentConfig(c, 2);
   EXPECT_TRUE(ok.ok()) << ok;
   c.mutable_parallelism()->set_pp(4);
-  absl::Status s = ValidateExperimentConfig(c, ModelKind::kCustom, 4, &specs);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_HAS(std::string(s.message()),
+  EXPECT_HAS(Error(c, 4),
              "parallelism.pp (4) x parallelism.chunks (1) = 4 model parts, but the model has only "
              "3 layers");
-  absl::Status gpt = ValidateExperimentConfig(Gpt(), ModelKind::kCustom, 2, &specs);
-  EXPECT_EQ(gpt.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_HAS(std::string(gpt.message()), "run it with //experiments:train_gpt");
-  EXPECT_EQ(ValidateExperimentConfig(c, ModelKind::kCustom, 4).code(),
-            absl::StatusCode::kInternal);  // specs are required
+  ASSERT_TRUE(ApplyOverride(c, "test_blocks.layers=0").ok());
+  EXPECT_HAS(Error(c, 4), "test_blocks.layers (0) must be at least 1");
 }
 
 // Issue #14: resuming with another num_heads, seed or optimizer was accepted
@@ -390,7 +424,7 @@ TEST(ResumeConfigTest, DifferencesAreNamedFieldByField) {
   EXPECT_TRUE(warnings.empty()) << warnings.front();
 
   ExperimentConfig changed = saved;
-  changed.mutable_gpt()->set_num_heads(saved.gpt().num_heads() * 2);
+  MutableGpt(changed)->set_num_heads(GptOf(saved).num_heads() * 2);
   changed.set_seed(saved.seed() + 1);
   changed.mutable_optimizer()->set_name("sgd");
   changed.mutable_optimizer()->set_lr(saved.optimizer().lr() / 2);
@@ -399,8 +433,8 @@ TEST(ResumeConfigTest, DifferencesAreNamedFieldByField) {
   absl::Status s = CheckResumeConfig(saved_text, changed, &warnings);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   for (const std::string& want :
-       {absl::StrCat("gpt.num_heads: ", saved.gpt().num_heads(), " in the checkpoint, ",
-                     saved.gpt().num_heads() * 2, " now"),
+       {absl::StrCat("gpt.num_heads: ", GptOf(saved).num_heads(), " in the checkpoint, ",
+                     GptOf(saved).num_heads() * 2, " now"),
         absl::StrCat("seed: ", saved.seed(), " in the checkpoint, ", saved.seed() + 1, " now"),
         std::string("optimizer.name: \"adamw\" in the checkpoint, \"sgd\" now"),
         std::string("checkpoint.allow_config_change=true")}) {
@@ -421,8 +455,9 @@ TEST(ResumeConfigTest, DifferencesAreNamedFieldByField) {
 
   // A BERT checkpoint resumed as GPT: the model kind is named.
   ExperimentConfig bert = saved;
-  bert.clear_gpt();
-  ResolveDefaults(bert, ModelKind::kBert);
+  bert.clear_model();
+  bert.mutable_model()->MutableExtension(pp::bert);
+  ResolveDefaults(bert);
   warnings.clear();
   s = CheckResumeConfig(ConfigToText(bert), saved, &warnings);
   EXPECT_NE(s.message().find("model: bert in the checkpoint, gpt now"), std::string::npos) << s;

@@ -23,9 +23,8 @@
 #include "topology/launcher.h"
 
 ABSL_FLAG(std::string, config, "",
-          "ExperimentConfig text proto; default experiments/configs/gpt_small_pp2.textproto "
-          "(train_gpt) or "
-          "bert_small_pp2.textproto (train_bert), relative to the workspace");
+          "ExperimentConfig text proto, relative to the workspace; default: the binary's own "
+          "(train_gpt: experiments/configs/gpt_small_pp2.textproto)");
 ABSL_FLAG(std::vector<std::string>, set, {},
           "field overrides, comma-separated: --set=optimizer.lr=1e-3,steps=50");
 ABSL_FLAG(std::string, pp, "", "override parallelism.pp (pipeline stages)");
@@ -91,22 +90,16 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
   return *table;
 }
 
-std::string DefaultConfigPath(ModelKind kind) {
-  return FindShippedFile(kind == ModelKind::kGpt ? "experiments/configs/gpt_small_pp2.textproto"
-                                                 : "experiments/configs/bert_small_pp2.textproto");
-}
-
 int WorldSizeFromEnv() {
   const char* world = std::getenv("WORLD_SIZE");
   return world != nullptr ? std::atoi(world) : 0;
 }
 
-absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_size,
-                                                    const ExperimentModel* custom) {
+absl::StatusOr<ExperimentConfig> LoadResolvedConfig(const std::string& default_config,
+                                                    int world_size) {
   const std::string flag_path = absl::GetFlag(FLAGS_config);
-  const std::string path = !flag_path.empty()  ? FromWorkspace(flag_path)
-                           : custom != nullptr ? FindShippedFile(custom->default_config)
-                                               : DefaultConfigPath(kind);
+  const std::string path =
+      !flag_path.empty() ? FromWorkspace(flag_path) : FindShippedFile(default_config);
   PP_ASSIGN_OR_RETURN(ExperimentConfig config, LoadExperimentConfig(path));
   for (const std::string& assignment : absl::GetFlag(FLAGS_set)) {
     PP_RETURN_IF_ERROR(ApplyOverride(config, assignment));
@@ -115,7 +108,7 @@ absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_si
     const std::string value = absl::GetFlag(*o.flag);
     if (!value.empty()) PP_RETURN_IF_ERROR(ApplyOverride(config, absl::StrCat(o.path, "=", value)));
   }
-  ResolveDefaults(config, kind);
+  ResolveDefaults(config);
   config.mutable_data()->set_path(FromWorkspace(config.data().path()));
   config.set_output_dir(FromWorkspace(config.output_dir()));
   if (absl::StartsWith(config.parallelism().schedule(), kCsvSchedulePrefix)) {
@@ -126,12 +119,7 @@ absl::StatusOr<ExperimentConfig> LoadResolvedConfig(ModelKind kind, int world_si
   if (!config.checkpoint().resume().empty() && config.checkpoint().resume() != "auto") {
     config.mutable_checkpoint()->set_resume(FromWorkspace(config.checkpoint().resume()));
   }
-  if (custom != nullptr) {
-    PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, custom->specs(config));
-    PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size, &specs));
-  } else {
-    PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, kind, world_size));
-  }
+  PP_RETURN_IF_ERROR(ValidateExperimentConfig(config, world_size));
   return config;
 }
 
@@ -147,13 +135,13 @@ void ExportThreadConfig(const driver::ThreadsConfig& threads) {
   }
 }
 
-int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel* custom) {
+int Main(int argc, char** argv, const std::string& default_config) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   // The launcher forwards worker output line by line; tell rank 0 whether a
   // person is watching, so it can draw its progress bar on the terminal.
   if (std::getenv("RANK") == nullptr && isatty(STDOUT_FILENO)) setenv("PP_PROGRESS_TTY", "1", 1);
-  MaybeLaunch(argc, argv, [kind, custom, argc, argv] {
+  MaybeLaunch(argc, argv, [&default_config, argc, argv] {
     // Launcher side (also with --nproc_per_node given): a bad config, data
     // path, output_dir or command line fails here, before any worker starts
     // (driver/preflight.h).
@@ -163,7 +151,7 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
     // error about the config would name the wrong value.
     absl::Status repeated = CheckNoRepeatedFlags({argv, argv + argc});
     absl::StatusOr<ExperimentConfig> config = repeated.ok()
-                                                  ? LoadResolvedConfig(kind, world_size, custom)
+                                                  ? LoadResolvedConfig(default_config, world_size)
                                                   : absl::StatusOr<ExperimentConfig>(repeated);
     if (absl::Status s = config.ok() ? Preflight(*config, {argv, argv + argc}) : absl::OkStatus();
         s.ok() && config.ok()) {
@@ -185,12 +173,12 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
     std::cerr << "error: " << s << std::endl;
     return 1;
   }
-  absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(kind, WorldSizeFromEnv(), custom);
+  absl::StatusOr<ExperimentConfig> config = LoadResolvedConfig(default_config, WorldSizeFromEnv());
   if (!config.ok()) {
     std::cerr << "error: " << config.status().message() << std::endl;
     return 2;
   }
-  absl::Status status = RunExperiment(*config, kind, custom);
+  absl::Status status = RunExperiment(*config);
   if (!status.ok()) {
     LogErrorToRankLogOnly(status.ToString());  // printed below
     StopRankLogging();
@@ -202,12 +190,8 @@ int ExperimentMain(int argc, char** argv, ModelKind kind, const ExperimentModel*
 
 }  // namespace
 
-int ExperimentMain(int argc, char** argv, ModelKind kind) {
-  return ExperimentMain(argc, argv, kind, nullptr);
-}
-
-int ExperimentMain(int argc, char** argv, const ExperimentModel& model) {
-  return ExperimentMain(argc, argv, ModelKind::kCustom, &model);
+int ExperimentMain(int argc, char** argv, const std::string& default_config) {
+  return Main(argc, argv, default_config);
 }
 
 }  // namespace pp

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <system_error>
 
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "models/registry.h"
 
 namespace pp {
 namespace {
@@ -69,6 +71,18 @@ std::string MemoryEstimate::ToString() const {
       GiB(optimizer_bytes), GiB(activation_bytes), GiB(schedule_bytes));
 }
 
+namespace {
+
+// The transformer shape of the config's model, when it is registered here
+// and has one.
+std::optional<TransformerShape> ShapeOf(const ExperimentConfig& config) {
+  absl::StatusOr<SelectedModel> model = SelectModel(config.model());
+  if (!model.ok() || !model->info->transformer_shape) return std::nullopt;
+  return model->info->transformer_shape(*model->config);
+}
+
+}  // namespace
+
 MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   MemoryEstimate e;
   const auto& par = config.parallelism();
@@ -79,16 +93,10 @@ MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   // chunk (forward, backward) plus their sends and receives.
   e.schedule_bytes = pp * dp * (pp * v * m * 4) * kBytesPerAction;
 
-  double t = 0, w = 0, h = 1, layers = 0, r = 4;
-  if (config.has_gpt()) {
-    t = config.gpt().context_length(), w = config.gpt().width(), h = config.gpt().num_heads();
-    layers = config.gpt().num_layers(), r = config.gpt().mlp_ratio();
-  } else if (config.has_bert()) {
-    t = config.bert().context_length(), w = config.bert().width(), h = config.bert().num_heads();
-    layers = config.bert().num_layers(), r = config.bert().mlp_ratio();
-  } else {
-    return e;  // a custom model: its layers are its own
-  }
+  const std::optional<TransformerShape> shape = ShapeOf(config);
+  if (!shape.has_value()) return e;  // a model without a shape: its layers are its own
+  double t = shape->context_length, w = shape->width, h = shape->num_heads;
+  double layers = shape->num_layers, r = shape->mlp_ratio;
   t = std::max(1.0, t), w = std::max(1.0, w), h = std::max(1.0, h);
   layers = std::max(1.0, layers), r = std::max(1.0, r);
   // A block: q, k, v, projection (4 w^2), MLP (2 r w^2), biases and 2 norms.
@@ -286,9 +294,9 @@ absl::Status CheckNoRepeatedFlags(const std::vector<std::string>& args) {
 absl::Status Preflight(const ExperimentConfig& config, const std::vector<std::string>& args) {
   if (absl::Status s = CheckNoRepeatedFlags(args); !s.ok()) return s;
   if (absl::Status s = CheckMemory(config); !s.ok()) return s;
-  if ((config.has_gpt() || config.has_bert()) && config.data().source() == "corpus") {
-    const int64_t context =
-        config.has_gpt() ? config.gpt().context_length() : config.bert().context_length();
+  if (const std::optional<TransformerShape> shape = ShapeOf(config);
+      shape.has_value() && config.data().source() == "corpus") {
+    const int64_t context = shape->context_length;
     if (absl::Status s =
             CheckDataPath(config.data().path(), context, config.data().eval_fraction());
         !s.ok()) {

@@ -46,8 +46,8 @@ struct MemoryEstimate {
   std::string ToString() const;
 };
 
-// REQUIRES: defaults resolved (ResolveDefaults). A config without a gpt/bert
-// section (a custom model) counts only the schedule.
+// REQUIRES: defaults resolved (ResolveDefaults). A model without a
+// transformer shape (models/registry.h) counts only the schedule.
 MemoryEstimate EstimateMemory(const driver::ExperimentConfig& config);
 
 // MemAvailable / MemTotal from /proc/meminfo in bytes; -1 when unreadable.
@@ -72,7 +72,7 @@ absl::Status CheckOutputDir(const std::string& output_dir);
 absl::Status CheckNoRepeatedFlags(const std::vector<std::string>& args);
 
 // All of the above that apply: the command line, memory, output_dir, and for
-// a GPT or BERT config its data.path.
+// a transformer model reading a corpus its data.path.
 absl::Status Preflight(const driver::ExperimentConfig& config,
                        const std::vector<std::string>& args);
 

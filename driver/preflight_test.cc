@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "models/gpt/gpt_config.pb.h"
+
 namespace pp {
 namespace {
 
@@ -34,11 +36,11 @@ void Write(const fs::path& path, const std::string& text) {
 
 ExperimentConfig SmallGpt() {
   ExperimentConfig c;
-  c.mutable_gpt()->set_context_length(64);
-  c.mutable_gpt()->set_width(128);
-  c.mutable_gpt()->set_num_heads(4);
-  c.mutable_gpt()->set_num_layers(4);
-  c.mutable_gpt()->set_mlp_ratio(4);
+  c.mutable_model()->MutableExtension(gpt)->set_context_length(64);
+  c.mutable_model()->MutableExtension(gpt)->set_width(128);
+  c.mutable_model()->MutableExtension(gpt)->set_num_heads(4);
+  c.mutable_model()->MutableExtension(gpt)->set_num_layers(4);
+  c.mutable_model()->MutableExtension(gpt)->set_mlp_ratio(4);
   return c;
 }
 
@@ -62,7 +64,7 @@ TEST(PreflightTest, ActivationsGrowWithMicroBatchesOnlyForGPipeAndShrinkWithReco
   c.mutable_parallelism()->set_schedule("gpipe");
   EXPECT_GT(EstimateMemory(c).activation_bytes, 10 * one_f_one_b);
   c.mutable_parallelism()->mutable_activation_checkpointing()->set_interval(1);
-  c.mutable_gpt()->set_num_layers(32);
+  c.mutable_model()->MutableExtension(gpt)->set_num_layers(32);
   const double recompute = EstimateMemory(c).activation_bytes;
   c.mutable_parallelism()->mutable_activation_checkpointing()->set_interval(0);
   EXPECT_LT(recompute, EstimateMemory(c).activation_bytes / 4);
@@ -71,7 +73,7 @@ TEST(PreflightTest, ActivationsGrowWithMicroBatchesOnlyForGPipeAndShrinkWithReco
 TEST(PreflightTest, RefusesWhatExceedsMemoryNamingTheEstimate) {
   ExperimentConfig c = SmallGpt();
   EXPECT_TRUE(CheckMemory(c, int64_t{1} << 30).ok());
-  c.mutable_gpt()->set_num_layers(100000000);
+  c.mutable_model()->MutableExtension(gpt)->set_num_layers(100000000);
   absl::Status s = CheckMemory(c, int64_t{16} << 30);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_HAS(s.message(), "the run needs an estimated ");

@@ -24,13 +24,7 @@
 #include "driver/run_report.h"
 #include "driver/worker_status_observer.h"
 #include "driver/workspace_path.h"
-#include "models/data/corpus.h"
-#include "models/data/lm_data.h"
-#include "models/data/mlm_data.h"
-#include "models/data/synthetic_lm_data.h"
-#include "models/data/tokenizer.h"
-#include "models/gpt/pipeline_sampler.h"
-#include "models/gpt/sample.h"
+#include "models/registry.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/action_log.h"
@@ -46,91 +40,6 @@ namespace pp {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Data {
-  std::unique_ptr<MicroBatchSource> train;
-  std::unique_ptr<MicroBatchSource> eval;  // null when the held-out part is too small
-  int64_t tokens_per_step = 0;             // global
-  std::string description;                 // for the run's header line
-};
-
-absl::StatusOr<Data> MakeCustomData(const ExperimentConfig& config, const ExperimentModel& model) {
-  PP_ASSIGN_OR_RETURN(ExperimentData d, model.data(config));
-  if (d.train == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model '", model.name, "' made no training MicroBatchSource"));
-  }
-  Data data;
-  data.train = std::move(d.train);
-  data.eval = std::move(d.eval);
-  data.tokens_per_step = d.tokens_per_step;
-  data.description = std::move(d.description);
-  return data;
-}
-
-// data.source synthetic: the peer benchmark's arithmetic progressions.
-absl::StatusOr<Data> MakeSyntheticData(const ExperimentConfig& config) {
-  const auto& par = config.parallelism();
-  SyntheticLmOptions o;
-  o.lm = {.seq_len = config.gpt().context_length(),
-          .micro_batch_size = par.micro_batch_size(),
-          .num_microbatches = par.num_microbatches(),
-          .dp_rank = 0,
-          .dp_size = par.dp(),
-          .seed = config.seed()};
-  Data data;
-  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource train, SyntheticLmBatchSource::Create(o));
-  data.tokens_per_step = train.global_tokens_per_step();
-  data.train = std::make_unique<SyntheticLmBatchSource>(std::move(train));
-  o.lm.seed = config.seed() + 1;
-  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource eval, SyntheticLmBatchSource::Create(o));
-  data.eval = std::make_unique<SyntheticLmBatchSource>(std::move(eval));
-  data.description = "synthetic data (arithmetic progressions of byte tokens)";
-  return data;
-}
-
-absl::StatusOr<Data> MakeData(const ExperimentConfig& config, ModelKind kind) {
-  if (config.data().source() == "synthetic") return MakeSyntheticData(config);
-  PP_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(config.data().path()));
-  const auto& par = config.parallelism();
-  Data data;
-  data.description = absl::StrFormat("corpus %s (%d files, %d bytes)", config.data().path(),
-                                     corpus.files.size(), corpus.text.size());
-  const size_t eval_bytes = static_cast<size_t>(corpus.text.size() * config.data().eval_fraction());
-  const std::string train_text = corpus.text.substr(0, corpus.text.size() - eval_bytes);
-  const std::string eval_text = corpus.text.substr(corpus.text.size() - eval_bytes);
-  if (kind == ModelKind::kGpt) {
-    LmDataOptions o{.seq_len = config.gpt().context_length(),
-                    .micro_batch_size = par.micro_batch_size(),
-                    .num_microbatches = par.num_microbatches(),
-                    .dp_rank = 0,
-                    .dp_size = par.dp(),
-                    .seed = config.seed()};
-    PP_ASSIGN_OR_RETURN(LmBatchSource train,
-                        LmBatchSource::Create(ByteTokenizer::Encode(train_text), o));
-    data.tokens_per_step = train.global_tokens_per_step();
-    data.train = std::make_unique<LmBatchSource>(std::move(train));
-    o.seed = config.seed() + 1;
-    absl::StatusOr<LmBatchSource> eval = LmBatchSource::Create(ByteTokenizer::Encode(eval_text), o);
-    if (eval.ok()) data.eval = std::make_unique<LmBatchSource>(*std::move(eval));
-  } else {
-    MlmDataOptions o{.seq_len = config.bert().context_length(),
-                     .micro_batch_size = par.micro_batch_size(),
-                     .num_microbatches = par.num_microbatches(),
-                     .dp_rank = 0,
-                     .dp_size = par.dp(),
-                     .seed = config.seed(),
-                     .mask_prob = config.bert().mask_prob()};
-    PP_ASSIGN_OR_RETURN(MlmBatchSource train, MlmBatchSource::Create(train_text, o));
-    data.train = std::make_unique<MlmBatchSource>(std::move(train));
-    o.seed = config.seed() + 1;
-    absl::StatusOr<MlmBatchSource> eval = MlmBatchSource::Create(eval_text, o);
-    if (eval.ok()) data.eval = std::make_unique<MlmBatchSource>(*std::move(eval));
-    data.tokens_per_step = static_cast<int64_t>(par.dp()) * par.num_microbatches() *
-                           par.micro_batch_size() * config.bert().context_length();
-  }
-  return data;
-}
 
 // The named steps of RunExperiment, each on the state the earlier ones built.
 
@@ -304,7 +213,7 @@ absl::StatusOr<double> Evaluate(const ExperimentConfig& config, Trainer& trainer
 // evaluate, trace one step, report. Returns the training wall time.
 absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelGrid& grid,
                                  PipelineModel& model, Trainer& trainer,
-                                 TrainingCheckpointer& checkpointer, const Data& data,
+                                 TrainingCheckpointer& checkpointer, const ModelData& data,
                                  RunReport& report, RunObservability& obs) {
   Progress progress(config.steps(), config.log_interval());
   const int64_t trace_step = std::min(config.trace_step(), config.steps() - 1);
@@ -347,47 +256,41 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
   return progress.Elapsed();
 }
 
-// GPT only: sample_tokens bytes from the prompt through the pipeline.
-absl::Status SampleText(const ExperimentConfig& config, ParallelGrid& grid,
-                        PipelineSampler& sampler, Trainer& trainer,
-                        std::chrono::milliseconds timeout, const RunReport& report) {
-  SampleOptions so{.num_tokens = config.sample_tokens(),
-                   .top_k = config.sample_top_k(),
-                   .temperature = config.sample_temperature(),
-                   .seed = config.seed(),
-                   .max_token_id = ByteTokenizer::kNumBytes};
-  PP_ASSIGN_OR_RETURN(
-      std::vector<int64_t> tokens,
-      Generate(ByteTokenizer::Encode(config.sample_prompt()), config.gpt().context_length(), so,
-               sampler.LogitsFn(&trainer, &grid, ByteTokenizer::kVocabSize, timeout)));
-  return report.Sample(ByteTokenizer::Decode(tokens));
+// The model's sampler: sample_tokens from the prompt through the pipeline.
+absl::Status SampleText(const ExperimentConfig& config, ParallelGrid& grid, ModelSampler& sampler,
+                        Trainer& trainer, std::chrono::milliseconds timeout,
+                        const RunReport& report) {
+  const SampleRequest request{.num_tokens = config.sample_tokens(),
+                              .top_k = config.sample_top_k(),
+                              .temperature = config.sample_temperature(),
+                              .seed = config.seed(),
+                              .prompt = config.sample_prompt()};
+  PP_ASSIGN_OR_RETURN(std::string text, sampler.Sample(request, trainer, grid, timeout));
+  return report.Sample(text);
 }
 
 }  // namespace
 
-absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
-                           const ExperimentModel* custom) {
-  if ((kind == ModelKind::kCustom) != (custom != nullptr)) {
-    return absl::InternalError("RunExperiment: a custom model (only) needs its ExperimentModel");
-  }
-  const std::string model_name = custom != nullptr ? custom->name : ModelKindName(kind);
+absl::Status RunExperiment(const ExperimentConfig& config) {
+  PP_ASSIGN_OR_RETURN(const SelectedModel selected, SelectModel(config.model()));
+  const ModelInfo& info = *selected.info;
   const std::chrono::milliseconds timeout(int64_t{1000} * config.parallelism().timeout_seconds());
   PP_ASSIGN_OR_RETURN(Cluster cluster, JoinCluster(config.parallelism(), timeout));
   ParallelGrid& grid = *cluster.grid;
-  PP_ASSIGN_OR_RETURN(Data data,
-                      custom != nullptr ? MakeCustomData(config, *custom) : MakeData(config, kind));
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, custom != nullptr
-                                                        ? custom->specs(config)
-                                                        : MakeExperimentSpecs(config, kind));
+  PP_ASSIGN_OR_RETURN(ModelData data, info.data(*selected.config, ModelRunOf(config)));
+  if (data.train == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", info.name, "' made no training MicroBatchSource"));
+  }
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, info.specs(*selected.config));
   PP_ASSIGN_OR_RETURN(const std::string partition_method,
                       ResolvePartitionMethod(config, specs, *data.train, grid, timeout));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
                       BuildStage(config, specs, partition_method, grid.stage_id()));
-  // GPT: the loss also keeps the last stage's logits for sampling.
-  PipelineSampler sampler;
-  const LossFn loss_fn = custom != nullptr         ? custom->loss
-                         : kind == ModelKind::kGpt ? sampler.WrapLoss(GptLoss)
-                                                   : LossFn(BertMlmLoss);
+  // A model's sampler may keep the last stage's outputs through the loss.
+  const std::unique_ptr<ModelSampler> sampler =
+      info.sampler ? info.sampler(*selected.config) : nullptr;
+  const LossFn loss_fn = sampler != nullptr ? sampler->WrapLoss(info.loss) : info.loss;
   PP_ASSIGN_OR_RETURN(TrainerOptions to, MakeTrainerOptions(config, timeout));
   // --device=cuda: weights on cuda:<LOCAL_RANK>; the Trainer moves the
   // micro-batches and keeps p2p and its collectives there (NCCL).
@@ -416,7 +319,7 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
     std::cout << "resumed at step " << trainer->step() << " from " << ckpt_policy.resume
               << std::endl;
   }
-  PP_ASSIGN_OR_RETURN(RunReport report, RunReport::Open(config, model_name, rank0));
+  PP_ASSIGN_OR_RETURN(RunReport report, RunReport::Open(config, info.name, rank0));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<RunObservability> obs,
                       RunObservability::Create(config, grid, report.dir().string(), timeout));
   report.set_observability(obs.get());
@@ -434,8 +337,8 @@ absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
               << (config.parallelism().p2p_post_receives_ahead() ? "on" : "off") << ")"
               << std::endl;
   }
-  if (kind == ModelKind::kGpt && config.sample_tokens() > 0) {
-    PP_RETURN_IF_ERROR(SampleText(config, grid, sampler, *trainer, timeout, report));
+  if (sampler != nullptr && config.sample_tokens() > 0) {
+    PP_RETURN_IF_ERROR(SampleText(config, grid, *sampler, *trainer, timeout, report));
   }
   PP_ASSIGN_OR_RETURN(std::string memory_summary, obs->Finish(*trainer));
   return report.Finish(train_seconds, memory_summary);

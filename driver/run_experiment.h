@@ -6,14 +6,12 @@
 
 #include "absl/status/status.h"
 #include "driver/experiment_config.h"
-#include "driver/experiment_model.h"
 
 namespace pp {
 
-// Call after the rendezvous environment is set (a launcher's worker).
-// REQUIRES: `custom` set iff kind == ModelKind::kCustom.
-absl::Status RunExperiment(const ExperimentConfig& config, ModelKind kind,
-                           const ExperimentModel* custom = nullptr);
+// Call after the rendezvous environment is set (a launcher's worker). The
+// config's model must be registered in this binary (models/registry.h).
+absl::Status RunExperiment(const ExperimentConfig& config);
 
 }  // namespace pp
 

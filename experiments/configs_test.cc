@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "driver/experiment_config.h"
+#include "models/gpt/gpt_config.pb.h"
 
 namespace pp {
 namespace {
@@ -22,17 +23,16 @@ TEST(ShippedConfigsTest, EveryShippedConfigIsValid) {
     SCOPED_TRACE(entry.path().string());
     absl::StatusOr<ExperimentConfig> config = LoadExperimentConfig(entry.path().string());
     ASSERT_TRUE(config.ok()) << config.status();
-    const ModelKind kind = config->has_bert() ? ModelKind::kBert : ModelKind::kGpt;
-    ResolveDefaults(*config, kind);
+    ResolveDefaults(*config);
     const int world = config->parallelism().pp() * config->parallelism().dp();
-    EXPECT_TRUE(ValidateExperimentConfig(*config, kind, world).ok())
-        << ValidateExperimentConfig(*config, kind, world);
+    EXPECT_TRUE(ValidateExperimentConfig(*config, world).ok())
+        << ValidateExperimentConfig(*config, world);
   }
 }
 
 TEST(ShippedConfigsTest, MainConfigIsASmallGptOnTwoStagesWith1F1B) {
   ExperimentConfig c = Shipped("gpt_small_pp2.textproto");
-  EXPECT_TRUE(c.has_gpt());
+  EXPECT_TRUE(c.model().HasExtension(gpt));
   EXPECT_EQ(c.parallelism().pp(), 2);
   EXPECT_EQ(c.parallelism().dp(), 1);
   EXPECT_EQ(c.parallelism().schedule(), "1f1b");

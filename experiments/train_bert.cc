@@ -2,4 +2,6 @@
 // Trains the reference BERT (masked LM) across pipeline stages; see experiments/configs/README.md.
 #include "driver/experiment_main.h"
 
-int main(int argc, char** argv) { return pp::ExperimentMain(argc, argv, pp::ModelKind::kBert); }
+int main(int argc, char** argv) {
+  return pp::ExperimentMain(argc, argv, "experiments/configs/bert_small_pp2.textproto");
+}

@@ -2,4 +2,6 @@
 // Trains the reference GPT across pipeline stages; see experiments/configs/README.md.
 #include "driver/experiment_main.h"
 
-int main(int argc, char** argv) { return pp::ExperimentMain(argc, argv, pp::ModelKind::kGpt); }
+int main(int argc, char** argv) {
+  return pp::ExperimentMain(argc, argv, "experiments/configs/gpt_small_pp2.textproto");
+}

@@ -34,4 +34,14 @@ cat "$TMP/bad.log"
 [[ $code -eq 2 ]] || fail "bad config exited $code, want 2"
 grep -q 'model parts, but the model has only 4 layers' "$TMP/bad.log" || fail "message"
 if grep -q '\[launcher\] starting' "$TMP/bad.log"; then fail "workers were started"; fi
+
+# The model reads its own config fields: 5 blocks are 7 layers.
+set +e
+"$BIN" --config=examples/custom_model/autoencoder_pp2.textproto --pp=8 \
+  --set=tied_autoencoder.blocks=5 > "$TMP/bad.log" 2>&1
+code=$?
+set -e
+cat "$TMP/bad.log"
+[[ $code -eq 2 ]] || fail "bad config exited $code, want 2"
+grep -q 'model parts, but the model has only 7 layers' "$TMP/bad.log" || fail "blocks not read"
 echo PASS

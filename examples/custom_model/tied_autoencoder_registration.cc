@@ -1,0 +1,43 @@
+// The tied autoencoder as a registered model (models/registry.h): linking this
+// target lets pipe's driver train it from a config that names it.
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/field_checks.h"
+#include "examples/custom_model/tied_autoencoder.h"
+#include "examples/custom_model/tied_autoencoder.pb.h"
+#include "models/registry.h"
+
+namespace custom_model {
+namespace {
+
+absl::StatusOr<pp::ModelData> Data(const TiedAutoencoderConfig&, const pp::ModelRun& run) {
+  pp::ModelData data;
+  data.train = std::make_unique<LowRankSource>(run.micro_batch_size, run.seed, 0);
+  data.eval = std::make_unique<LowRankSource>(run.micro_batch_size, run.seed, 1);
+  data.tokens_per_step = run.dp * run.num_microbatches * run.micro_batch_size;
+  data.description = absl::StrCat("synthetic rank-", kCode, " data in ", kFeatures, " features");
+  return data;
+}
+
+}  // namespace
+
+PP_REGISTER_MODEL(
+    TiedAutoencoderConfig, tied_autoencoder,
+    {
+        .name = "tied_autoencoder",
+        .description = "autoencoder whose decoder reuses the encoder's weight",
+        .data_sources = {},  // makes its own data
+        .validate =
+            [](const TiedAutoencoderConfig& c, const pp::ModelRun&) {
+              return pp::CheckIntField("tied_autoencoder.blocks", c.blocks(), 0, 1000);
+            },
+        .specs = [](const TiedAutoencoderConfig& c) -> absl::StatusOr<std::vector<pp::LayerSpec>> {
+          return TiedAutoencoderSpecs(static_cast<int>(c.blocks()));
+        },
+        .loss = ReconstructionLoss,
+        .data = Data,
+    });
+
+}  // namespace custom_model

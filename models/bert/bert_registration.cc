@@ -1,0 +1,101 @@
+// The reference BERT as a registered model (models/registry.h): its config
+// message (bert_config.proto, `model { [pp.bert] { ... } }`), validation,
+// layer specs, masked-LM loss and data from a corpus.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/field_checks.h"
+#include "common/status_macros.h"
+#include "models/bert/bert.h"
+#include "models/bert/bert_config.pb.h"
+#include "models/data/corpus.h"
+#include "models/data/mlm_data.h"
+#include "models/data/tokenizer.h"
+#include "models/registry.h"
+
+namespace pp {
+namespace {
+
+// The one conversion from the config message to the model's C++ config.
+BertConfig ToBertConfig(const BertModelConfig& c) {
+  return BertConfig{.vocab_size = ByteTokenizer::kVocabSize,
+                    .context_length = c.context_length(),
+                    .width = c.width(),
+                    .num_heads = c.num_heads(),
+                    .num_layers = c.num_layers(),
+                    .mlp_ratio = c.mlp_ratio(),
+                    .dropout = c.dropout()};
+}
+
+absl::Status ValidateBert(const BertModelConfig& c, const ModelRun& run) {
+  PP_RETURN_IF_ERROR(CheckIntField("bert.context_length", c.context_length(), 1, 65536));
+  PP_RETURN_IF_ERROR(CheckIntField("bert.width", c.width(), 1, 65536));
+  PP_RETURN_IF_ERROR(CheckIntField("bert.num_heads", c.num_heads(), 1,
+                                   std::max<int64_t>(1, c.width()), "at most width"));
+  PP_RETURN_IF_ERROR(CheckIntField("bert.num_layers", c.num_layers(), 1, 100000));
+  PP_RETURN_IF_ERROR(CheckIntField("bert.mlp_ratio", c.mlp_ratio(), 1, 64));
+  PP_RETURN_IF_ERROR(CheckRealField("bert.dropout", c.dropout(), '[', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(CheckRealField("bert.mask_prob", c.mask_prob(), '(', 0, 1, ']'));
+  PP_RETURN_IF_ERROR(ValidateBertConfig(ToBertConfig(c)));
+  // A block per model part (the embedding and the head ride along).
+  const int64_t parts = run.pp * run.chunks;
+  if (parts <= c.num_layers()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "parallelism.pp (", run.pp, ") x parallelism.chunks (", run.chunks, ") = ", parts,
+      " model parts, but the model has only ", c.num_layers(),
+      " blocks (bert.num_layers); use at most ", c.num_layers(), " parts or more layers"));
+}
+
+MlmDataOptions MlmOptions(const BertModelConfig& c, const ModelRun& run, uint64_t seed) {
+  return {.seq_len = c.context_length(),
+          .micro_batch_size = run.micro_batch_size,
+          .num_microbatches = run.num_microbatches,
+          .dp_rank = 0,
+          .dp_size = run.dp,
+          .seed = seed,
+          .mask_prob = c.mask_prob()};
+}
+
+// Masked bytes of the corpus; its tail (eval_fraction) held out.
+absl::StatusOr<ModelData> BertData(const BertModelConfig& c, const ModelRun& run) {
+  PP_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(run.data_path));
+  const size_t eval_bytes = static_cast<size_t>(corpus.text.size() * run.eval_fraction);
+  const std::string train_text = corpus.text.substr(0, corpus.text.size() - eval_bytes);
+  const std::string eval_text = corpus.text.substr(corpus.text.size() - eval_bytes);
+  ModelData data;
+  data.description = absl::StrFormat("corpus %s (%d files, %d bytes)", run.data_path,
+                                     corpus.files.size(), corpus.text.size());
+  PP_ASSIGN_OR_RETURN(MlmBatchSource train,
+                      MlmBatchSource::Create(train_text, MlmOptions(c, run, run.seed)));
+  data.train = std::make_unique<MlmBatchSource>(std::move(train));
+  absl::StatusOr<MlmBatchSource> eval =
+      MlmBatchSource::Create(eval_text, MlmOptions(c, run, run.seed + 1));
+  if (eval.ok()) data.eval = std::make_unique<MlmBatchSource>(*std::move(eval));
+  data.tokens_per_step = run.dp * run.num_microbatches * run.micro_batch_size * c.context_length();
+  return data;
+}
+
+}  // namespace
+
+PP_REGISTER_MODEL(BertModelConfig, bert,
+                  {
+                      .name = "bert",
+                      .description = "byte-level BERT, masked LM (padding-masked encoder)",
+                      .default_partition_method = "type:TransformerBlock",
+                      .validate = ValidateBert,
+                      .specs =
+                          [](const BertModelConfig& c) { return MakeBertSpecs(ToBertConfig(c)); },
+                      .loss = BertMlmLoss,
+                      .data = BertData,
+                      .transformer_shape =
+                          [](const BertModelConfig& c) {
+                            return TransformerShape{c.context_length(), c.width(), c.num_heads(),
+                                                    c.num_layers(), c.mlp_ratio()};
+                          },
+                  });
+
+}  // namespace pp

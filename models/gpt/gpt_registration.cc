@@ -1,0 +1,149 @@
+// The reference GPT as a registered model (models/registry.h): its config
+// message (gpt_config.proto, `model { [pp.gpt] { ... } }`), validation,
+// layer specs, loss, byte-level LM data from a corpus or the synthetic peer
+// data, and sampling through the pipeline at the end of a run.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/field_checks.h"
+#include "common/status_macros.h"
+#include "models/data/corpus.h"
+#include "models/data/lm_data.h"
+#include "models/data/synthetic_lm_data.h"
+#include "models/data/tokenizer.h"
+#include "models/gpt/gpt.h"
+#include "models/gpt/gpt_config.pb.h"
+#include "models/gpt/pipeline_sampler.h"
+#include "models/gpt/sample.h"
+#include "models/registry.h"
+
+namespace pp {
+namespace {
+
+// The one conversion from the config message to the model's C++ config.
+GptConfig ToGptConfig(const GptModelConfig& c) {
+  return GptConfig{.vocab_size = ByteTokenizer::kVocabSize,
+                   .context_length = c.context_length(),
+                   .width = c.width(),
+                   .num_heads = c.num_heads(),
+                   .num_layers = c.num_layers(),
+                   .mlp_ratio = c.mlp_ratio(),
+                   .dropout = c.dropout()};
+}
+
+absl::Status ValidateGpt(const GptModelConfig& c, const ModelRun& run) {
+  PP_RETURN_IF_ERROR(CheckIntField("gpt.context_length", c.context_length(), 1, 65536));
+  PP_RETURN_IF_ERROR(CheckIntField("gpt.width", c.width(), 1, 65536));
+  PP_RETURN_IF_ERROR(CheckIntField("gpt.num_heads", c.num_heads(), 1,
+                                   std::max<int64_t>(1, c.width()), "at most width"));
+  PP_RETURN_IF_ERROR(CheckIntField("gpt.num_layers", c.num_layers(), 1, 100000));
+  PP_RETURN_IF_ERROR(CheckIntField("gpt.mlp_ratio", c.mlp_ratio(), 1, 64));
+  PP_RETURN_IF_ERROR(CheckRealField("gpt.dropout", c.dropout(), '[', 0, 1, ')'));
+  PP_RETURN_IF_ERROR(ValidateGptConfig(ToGptConfig(c)));
+  // A block per model part (the embedding and the head ride along).
+  const int64_t parts = run.pp * run.chunks;
+  if (parts <= c.num_layers()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "parallelism.pp (", run.pp, ") x parallelism.chunks (", run.chunks, ") = ", parts,
+      " model parts, but the model has only ", c.num_layers(),
+      " blocks (gpt.num_layers); use at most ", c.num_layers(), " parts or more layers"));
+}
+
+LmDataOptions LmOptions(const GptModelConfig& c, const ModelRun& run, uint64_t seed) {
+  return {.seq_len = c.context_length(),
+          .micro_batch_size = run.micro_batch_size,
+          .num_microbatches = run.num_microbatches,
+          .dp_rank = 0,
+          .dp_size = run.dp,
+          .seed = seed};
+}
+
+// data.source synthetic: the peer benchmark's arithmetic progressions.
+absl::StatusOr<ModelData> SyntheticData(const GptModelConfig& c, const ModelRun& run) {
+  SyntheticLmOptions o;
+  o.lm = LmOptions(c, run, run.seed);
+  ModelData data;
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource train, SyntheticLmBatchSource::Create(o));
+  data.tokens_per_step = train.global_tokens_per_step();
+  data.train = std::make_unique<SyntheticLmBatchSource>(std::move(train));
+  o.lm.seed = run.seed + 1;
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource eval, SyntheticLmBatchSource::Create(o));
+  data.eval = std::make_unique<SyntheticLmBatchSource>(std::move(eval));
+  data.description = "synthetic data (arithmetic progressions of byte tokens)";
+  return data;
+}
+
+// Next-byte prediction over the corpus; its tail (eval_fraction) held out.
+absl::StatusOr<ModelData> GptData(const GptModelConfig& c, const ModelRun& run) {
+  if (run.data_source == "synthetic") return SyntheticData(c, run);
+  PP_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(run.data_path));
+  const size_t eval_bytes = static_cast<size_t>(corpus.text.size() * run.eval_fraction);
+  const std::string train_text = corpus.text.substr(0, corpus.text.size() - eval_bytes);
+  const std::string eval_text = corpus.text.substr(corpus.text.size() - eval_bytes);
+  ModelData data;
+  data.description = absl::StrFormat("corpus %s (%d files, %d bytes)", run.data_path,
+                                     corpus.files.size(), corpus.text.size());
+  PP_ASSIGN_OR_RETURN(LmBatchSource train, LmBatchSource::Create(ByteTokenizer::Encode(train_text),
+                                                                 LmOptions(c, run, run.seed)));
+  data.tokens_per_step = train.global_tokens_per_step();
+  data.train = std::make_unique<LmBatchSource>(std::move(train));
+  absl::StatusOr<LmBatchSource> eval =
+      LmBatchSource::Create(ByteTokenizer::Encode(eval_text), LmOptions(c, run, run.seed + 1));
+  if (eval.ok()) data.eval = std::make_unique<LmBatchSource>(*std::move(eval));
+  return data;
+}
+
+// Bytes from the prompt, each a forward-only pass of the pipeline.
+class GptSampler : public ModelSampler {
+ public:
+  explicit GptSampler(int64_t context_length) : context_length_(context_length) {}
+
+  LossFn WrapLoss(LossFn loss) override { return sampler_.WrapLoss(std::move(loss)); }
+
+  absl::StatusOr<std::string> Sample(const SampleRequest& request, Trainer& trainer,
+                                     ParallelGrid& grid,
+                                     std::chrono::milliseconds timeout) override {
+    SampleOptions so{.num_tokens = request.num_tokens,
+                     .top_k = request.top_k,
+                     .temperature = request.temperature,
+                     .seed = request.seed,
+                     .max_token_id = ByteTokenizer::kNumBytes};
+    PP_ASSIGN_OR_RETURN(
+        std::vector<int64_t> tokens,
+        Generate(ByteTokenizer::Encode(request.prompt), context_length_, so,
+                 sampler_.LogitsFn(&trainer, &grid, ByteTokenizer::kVocabSize, timeout)));
+    return ByteTokenizer::Decode(tokens);
+  }
+
+ private:
+  int64_t context_length_;
+  PipelineSampler sampler_;
+};
+
+}  // namespace
+
+PP_REGISTER_MODEL(GptModelConfig, gpt,
+                  {
+                      .name = "gpt",
+                      .description = "byte-level GPT (tied embedding / LM head), samples text",
+                      .default_partition_method = "type:TransformerBlock",
+                      .data_sources = {"corpus", "synthetic"},
+                      .validate = ValidateGpt,
+                      .specs = [](const GptModelConfig& c) { return MakeGptSpecs(ToGptConfig(c)); },
+                      .loss = GptLoss,
+                      .data = GptData,
+                      .sampler = [](const GptModelConfig& c) -> std::unique_ptr<ModelSampler> {
+                        return std::make_unique<GptSampler>(c.context_length());
+                      },
+                      .transformer_shape =
+                          [](const GptModelConfig& c) {
+                            return TransformerShape{c.context_length(), c.width(), c.num_heads(),
+                                                    c.num_layers(), c.mlp_ratio()};
+                          },
+                  });
+
+}  // namespace pp

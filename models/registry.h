@@ -1,0 +1,215 @@
+// Models by name. A model is one package ending in a registration: its name,
+// its hyperparameters (a proto2 message extending pp.ModelConfig, defaults in
+// the .proto), validation, layer specs, loss, data source and an optional
+// sampler:
+//
+//   // my_model.proto: extend pp.ModelConfig { optional MyModelConfig my_model = 1000; }
+//   PP_REGISTER_MODEL(MyModelConfig, my_model, {
+//       .name = "my_model",
+//       .description = "...",
+//       .specs = [](const MyModelConfig& c) { ... },
+//       .loss = MyLoss,
+//       .data = [](const MyModelConfig& c, const ModelRun& run) { ... },
+//   });
+//
+// and a run's config selects it with `model { [pp.my_model] { ... } }`. The
+// driver (driver/) looks the model up here and knows no model by name.
+//
+// Why proto2 extensions (not google.protobuf.Any): the config stays plain
+// protobuf text with the model's fields and their defaults typed and
+// checked by the parser (`[pp.gpt] { width: 256 }`), not Any's
+// `[type.googleapis.com/pp.GptModelConfig]`; the model's message lives in the
+// model's package, and linking the registration is all it takes for the
+// parser to know it.
+//
+// Registering a name or extension twice aborts at start-up (static
+// initialization) naming both. The registry is filled during static
+// initialization and read-only afterwards, so lookups are thread-safe.
+#ifndef MODELS_REGISTRY_H_
+#define MODELS_REGISTRY_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "google/protobuf/message.h"
+#include "models/model_config.pb.h"
+#include "pipeline/layers/layer_spec.h"
+#include "pipeline/runtime/micro_batch_source.h"
+#include "pipeline/runtime/trainer.h"
+#include "topology/parallel_grid.h"
+
+namespace pp {
+
+// What a model reads of the run it is trained in (the driver fills it from
+// the run's config).
+struct ModelRun {
+  int64_t micro_batch_size = 1;
+  int64_t num_microbatches = 1;
+  int64_t dp = 1;
+  int64_t pp = 1;      // pipeline stages
+  int64_t chunks = 1;  // model parts per stage (pp x chunks parts in all)
+  uint64_t seed = 0;
+  std::string data_source = "corpus";  // "corpus" (data_path) or "synthetic"
+  std::string data_path;               // a text file or folder
+  double eval_fraction = 0;            // the corpus's held-out tail
+};
+
+// A model's data for one run. Every rank makes its own (the sources must be
+// deterministic in (step, index); see micro_batch_source.h).
+struct ModelData {
+  std::unique_ptr<MicroBatchSource> train;
+  std::unique_ptr<MicroBatchSource> eval;  // null: no evaluation
+  int64_t tokens_per_step = 0;             // global (samples, for a non-token model)
+  std::string description;                 // for the run's header line
+};
+
+// The shape of a transformer, for the driver's memory estimate before launch
+// and its corpus check (windows of context_length).
+struct TransformerShape {
+  int64_t context_length = 0;
+  int64_t width = 0;
+  int64_t num_heads = 1;
+  int64_t num_layers = 0;
+  int64_t mlp_ratio = 4;
+};
+
+// What the run asks of a sampler (ExperimentConfig's sample_* fields).
+struct SampleRequest {
+  int64_t num_tokens = 0;
+  int64_t top_k = 1;
+  double temperature = 1.0;
+  uint64_t seed = 0;
+  std::string prompt;
+};
+
+// Text generated through the trained pipeline at the end of a run. One per
+// rank; it outlives the trainer.
+class ModelSampler {
+ public:
+  virtual ~ModelSampler() = default;
+  // The loss to train with (the sampler may keep the last stage's outputs).
+  virtual LossFn WrapLoss(LossFn loss) = 0;
+  // Collective over the pipeline: every rank calls it; rank 0's text counts.
+  virtual absl::StatusOr<std::string> Sample(const SampleRequest& request, Trainer& trainer,
+                                             ParallelGrid& grid,
+                                             std::chrono::milliseconds timeout) = 0;
+};
+
+// A registered model, its functions taking its own config message (the
+// extension's value, every default filled in).
+struct ModelInfo {
+  std::string name;
+  std::string description;   // one line, for --help and errors
+  int extension_number = 0;  // of the config message's extension of pp.ModelConfig
+  // The partition method used when the config names none (e.g. a block type).
+  std::string default_partition_method = "uniform";
+  // The data.source values `data` reads (checked before launch).
+  std::vector<std::string> data_sources = {"corpus"};
+  // Its fields and the run's shape (e.g. a block per model part); may be null.
+  std::function<absl::Status(const google::protobuf::Message&, const ModelRun&)> validate;
+  std::function<absl::StatusOr<std::vector<LayerSpec>>(const google::protobuf::Message&)> specs;
+  LossFn loss;
+  // InvalidArgument for a data source the model cannot read (naming it).
+  std::function<absl::StatusOr<ModelData>(const google::protobuf::Message&, const ModelRun&)> data;
+  // Optional: null for a model without sampling or memory estimate.
+  std::function<std::unique_ptr<ModelSampler>(const google::protobuf::Message&)> sampler;
+  std::function<TransformerShape(const google::protobuf::Message&)> transformer_shape;
+};
+
+// Adds a model; aborts if its name or extension number is taken or empty.
+// Use PP_REGISTER_MODEL.
+void RegisterModel(ModelInfo info);
+
+// Registered models, sorted by name.
+std::vector<const ModelInfo*> RegisteredModels();
+std::vector<std::string> RegisteredModelNames();
+// Null when no model of that name (or extension number) is linked in.
+const ModelInfo* FindModel(const std::string& name);
+const ModelInfo* FindModelByExtension(int extension_number);
+
+// The model a config's `model` section selects and its message: exactly one
+// extension set. InvalidArgument names what is set and the registered models.
+struct SelectedModel {
+  const ModelInfo* info = nullptr;
+  const google::protobuf::FieldDescriptor* extension = nullptr;
+  const google::protobuf::Message* config = nullptr;  // the extension's value, in `config`
+};
+absl::StatusOr<SelectedModel> SelectModel(const ModelConfig& config);
+// The extension of a registered model (for overrides: "gpt.width=256").
+const google::protobuf::FieldDescriptor* ModelExtension(const ModelInfo& model);
+
+namespace internal_model {
+
+template <typename Config>
+const Config& As(const google::protobuf::Message& message) {
+  return static_cast<const Config&>(message);
+}
+
+// The typed form PP_REGISTER_MODEL takes.
+template <typename Config>
+struct TypedModel {
+  std::string name;
+  std::string description;
+  std::string default_partition_method = "uniform";
+  std::vector<std::string> data_sources = {"corpus"};
+  std::function<absl::Status(const Config&, const ModelRun&)> validate;
+  std::function<absl::StatusOr<std::vector<LayerSpec>>(const Config&)> specs;
+  LossFn loss;
+  std::function<absl::StatusOr<ModelData>(const Config&, const ModelRun&)> data;
+  std::function<std::unique_ptr<ModelSampler>(const Config&)> sampler;
+  std::function<TransformerShape(const Config&)> transformer_shape;
+};
+
+template <typename Config>
+ModelInfo Erase(TypedModel<Config> m, int extension_number) {
+  using Msg = google::protobuf::Message;
+  ModelInfo info;
+  info.name = std::move(m.name);
+  info.description = std::move(m.description);
+  info.extension_number = extension_number;
+  info.default_partition_method = std::move(m.default_partition_method);
+  info.data_sources = std::move(m.data_sources);
+  if (m.validate) {
+    info.validate = [f = m.validate](const Msg& c, const ModelRun& run) {
+      return f(As<Config>(c), run);
+    };
+  }
+  if (m.specs) info.specs = [f = m.specs](const Msg& c) { return f(As<Config>(c)); };
+  info.loss = std::move(m.loss);
+  if (m.data) {
+    info.data = [f = m.data](const Msg& c, const ModelRun& run) { return f(As<Config>(c), run); };
+  }
+  if (m.sampler) info.sampler = [f = m.sampler](const Msg& c) { return f(As<Config>(c)); };
+  if (m.transformer_shape) {
+    info.transformer_shape = [f = m.transformer_shape](const Msg& c) { return f(As<Config>(c)); };
+  }
+  return info;
+}
+
+struct ModelRegistrar {
+  explicit ModelRegistrar(ModelInfo info) { RegisterModel(std::move(info)); }
+};
+
+}  // namespace internal_model
+
+#define PP_MODEL_CONCAT_INNER_(a, b) a##b
+#define PP_MODEL_CONCAT_(a, b) PP_MODEL_CONCAT_INNER_(a, b)
+
+// PP_REGISTER_MODEL(ConfigMessage, extension, {.name = ..., ...}): `extension`
+// is the generated extension identifier (pp::gpt for `extend ModelConfig {
+// optional GptModelConfig gpt = 100; }`); the braces a TypedModel<ConfigMessage>.
+#define PP_REGISTER_MODEL(Config, extension, ...)                            \
+  static ::pp::internal_model::ModelRegistrar PP_MODEL_CONCAT_(              \
+      pp_model_registrar_, __COUNTER__)(::pp::internal_model::Erase<Config>( \
+      ::pp::internal_model::TypedModel<Config> __VA_ARGS__, (extension).number()))
+
+}  // namespace pp
+
+#endif  // MODELS_REGISTRY_H_
