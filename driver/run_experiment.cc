@@ -31,6 +31,7 @@
 #include "pipeline/runtime/action_observer.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/schedule/registry.h"
+#include "topology/launcher_status.h"
 #include "topology/parallel_grid.h"
 #include "topology/process_topology.h"
 #include "topology/rendezvous.h"
