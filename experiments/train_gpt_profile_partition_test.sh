@@ -62,7 +62,7 @@ code=$?
 set -e
 cat "$TMP/bad.log"
 [[ $code -ne 0 && $code -ne 124 ]] || { echo "FAIL: bad profile exited $code"; exit 1; }
-grep -q "partition method 'profile' takes no argument, got '3'" "$TMP/bad.log" ||
+grep -q "partition method 'profile': unknown argument '3'; valid: 'profile' or 'profile:cap_mib=N" "$TMP/bad.log" ||
   { echo "FAIL: rank 0's reason is missing"; exit 1; }
 grep -q "\[rank 1\] error: .*rank 0 could not profile the model" "$TMP/bad.log" ||
   { echo "FAIL: rank 1 did not stop with rank 0's failure"; exit 1; }
