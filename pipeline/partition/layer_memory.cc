@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "c10/core/Allocator.h"
 #include "c10/util/ThreadLocalDebugInfo.h"
+#include "common/torch_compat.h"
 
 namespace pp {
 namespace internal_partition {
@@ -40,10 +41,9 @@ namespace {
 
 // Counts the bytes allocated and freed while installed (thread-safe: intra-op
 // threads report too).
-class ByteCounter : public c10::MemoryReportingInfoBase {
+class ByteCounter : public torch_compat::MemoryReporterBase {
  public:
-  void reportMemoryUsage(void* /*ptr*/, int64_t alloc_size, int64_t /*total_allocated*/,
-                         int64_t /*total_reserved*/, c10::Device /*device*/) override {
+  void OnAllocation(int64_t alloc_size) override {
     std::lock_guard<std::mutex> lock(mu_);
     live_ += alloc_size;
     peak_ = std::max(peak_, live_);
