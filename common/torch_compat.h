@@ -14,8 +14,6 @@
 //     also adds the pure virtual copy_data.
 //   - torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl
 //     address printed as a string in 1.13, by the address itself in 2.x.
-//   - c10::MemoryReportingInfoBase::reportMemoryUsage's totals are int64_t in
-//     1.13 and size_t in 2.x.
 //   - autograd graph nodes (torch::autograd::Node) are owned through
 //     std::shared_ptr up to 2.11 and through c10::intrusive_ptr in 2.15, so an
 //     Edge that must own a node it found as a raw pointer is made differently.
@@ -81,28 +79,6 @@ class AllocatorBase : public c10::Allocator {
   }
 #else
   c10::DataPtr allocate(size_t n) const override { return Allocate(n); }
-#endif
-};
-
-// A c10::MemoryReportingInfoBase (the allocation hook behind the profiler's
-// memory option) written once for every LibTorch version: its totals are
-// int64_t in 1.13 and size_t in the 2.x versions pipe supports (2.11, 2.15).
-// Subclasses define OnAllocation (alloc_size < 0 for a free) and
-// memoryProfilingEnabled.
-class MemoryReporterBase : public c10::MemoryReportingInfoBase {
- public:
-  virtual void OnAllocation(int64_t alloc_size) = 0;
-
-#if TORCH_VERSION_MAJOR >= 2
-  void reportMemoryUsage(void* /*ptr*/, int64_t alloc_size, size_t /*total_allocated*/,
-                         size_t /*total_reserved*/, c10::Device /*device*/) override {
-    OnAllocation(alloc_size);
-  }
-#else
-  void reportMemoryUsage(void* /*ptr*/, int64_t alloc_size, int64_t /*total_allocated*/,
-                         int64_t /*total_reserved*/, c10::Device /*device*/) override {
-    OnAllocation(alloc_size);
-  }
 #endif
 };
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "c10/core/Allocator.h"
 #include "c10/util/ThreadLocalDebugInfo.h"
-#include "common/torch_compat.h"
+#include "common/torch_compat_memory.h"
 
 namespace pp {
 namespace internal_partition {
