@@ -307,6 +307,9 @@ def flag_names(args):
 # --------------------------------------------------------------------------- config fields
 
 
+EXTENSIONS = "extensions of "
+
+
 def parse_protos(root):
     """message name -> {field name: type name} over every .proto in the tree."""
     messages = {}
@@ -316,10 +319,16 @@ def parse_protos(root):
         with open(path, encoding="utf-8") as f:
             text = re.sub(r"//[^\n]*", "", f.read())
         stack = []
-        for m in re.finditer(r"(message|oneof|enum)\s+(\w+)\s*\{|\}|"
+        for m in re.finditer(r"(message|oneof|enum|extend)\s+([\w.]+)\s*\{|\}|"
                              r"(?:optional|required|repeated)?\s*([\w.]+(?:<[^>]*>)?)\s+(\w+)\s*=\s*\d+",
                              text):
-            if m.group(1):
+            if m.group(1) == "extend":
+                # A model's settings extend ModelConfig; `--set=gpt.width=...`
+                # names them with the extension's name (driver/experiment_config.h).
+                name = EXTENSIONS + m.group(2).split(".")[-1]
+                stack.append(("message", name))
+                messages.setdefault(name, {})
+            elif m.group(1):
                 stack.append((m.group(1), m.group(2)))
                 if m.group(1) == "message":
                     messages.setdefault(m.group(2), {})
@@ -345,6 +354,12 @@ def check_set_value(value, messages, root_message="ExperimentConfig"):
         message = root_message
         for i, field in enumerate(path.split(".")):
             fields = messages.get(message)
+            if i == 0 and fields is not None and field not in fields:
+                # A registered model's name stands for its ModelConfig extension.
+                extension = messages.get(EXTENSIONS + "ModelConfig", {})
+                if field in extension:
+                    message = extension[field]
+                    continue
             if fields is None:
                 problems.append("--set field %s: %s is not a message" %
                                 (path, ".".join(path.split(".")[:i])))
