@@ -46,11 +46,13 @@ TEST(LayerMemoryTest, MeasuresParametersAndWhatTheForwardKeeps) {
 // Four equal Linear(64, 64) layers on a [512, 64] micro-batch, 2 parts with
 // 2 and 1 micro-batches in flight (1F1B, p = 2), AdamW: per layer F = 16640
 // parameter bytes x 4 (parameters, gradients, 2 states) = 66560 fixed and
-// A = 512 x 64 x 4 = 131072 activation bytes. Time-balanced: [0,2,4], part 0
-// at 2F + 4A = 657408 bytes. A cap of 620000 bytes: part 0 fits one layer
-// (F + 2A = 328704), part 1 three (3F + 3A = 592896): [0,1,4]. A cap of
-// 10 MiB does not bind: [0,2,4], plain `profile`'s answer. 0.1 MiB fits
-// nothing and the error names a part, its bytes and the cap.
+// A = 512 x 64 x 4 = 131072 activation bytes. A cap of 620000 bytes: part 0
+// fits one layer (F + 2A = 328704; two take 657408), part 1 three
+// (3F + 3A = 592896): [0,1,4] is the only split that fits, whatever the
+// timings. The layers are equal, so where no cap binds the time-balanced
+// split depends on timing noise: those cases only check that a valid split
+// comes back (balance_test checks the choice itself on fixed costs). 0.1 MiB
+// fits nothing and the error names a part, its bytes and the cap.
 TEST(ProfileMemoryCapTest, CapChangesTheSplitOnlyWhereItBinds) {
   at::set_num_threads(1);
   std::vector<LayerSpec> specs(4, LinearSpec(64, 64));
@@ -65,15 +67,21 @@ TEST(ProfileMemoryCapTest, CapChangesTheSplitOnlyWhereItBinds) {
   EXPECT_EQ((*measured)[0].parameter_bytes, 16640);
   EXPECT_EQ((*measured)[0].activation_bytes, 131072);
 
-  EXPECT_EQ(*Partition("profile", request), (Bounds{0, 2, 4}));
+  auto expect_two_parts = [](const absl::StatusOr<Bounds>& bounds) {
+    ASSERT_TRUE(bounds.ok()) << bounds.status();
+    ASSERT_EQ(bounds->size(), 3u);
+    EXPECT_EQ(bounds->front(), 0);
+    EXPECT_GT((*bounds)[1], 0);
+    EXPECT_LT((*bounds)[1], 4);
+    EXPECT_EQ(bounds->back(), 4);
+  };
+  expect_two_parts(Partition("profile", request));
   const double cap_mib = 620000.0 / (1024 * 1024);
   absl::StatusOr<Bounds> bound =
       Partition("profile:cap_mib=" + std::to_string(cap_mib) + ",in_flight=2/1", request);
   ASSERT_TRUE(bound.ok()) << bound.status();
   EXPECT_EQ(*bound, (Bounds{0, 1, 4}));
-  absl::StatusOr<Bounds> loose = Partition("profile:cap_mib=10,in_flight=2/1", request);
-  ASSERT_TRUE(loose.ok()) << loose.status();
-  EXPECT_EQ(*loose, (Bounds{0, 2, 4}));
+  expect_two_parts(Partition("profile:cap_mib=10,in_flight=2/1", request));
 
   // In-flight counts from the request instead of the argument.
   request.part_in_flight = {2, 1};
@@ -83,7 +91,9 @@ TEST(ProfileMemoryCapTest, CapChangesTheSplitOnlyWhereItBinds) {
   ASSERT_FALSE(tiny.ok());
   const std::string message(tiny.status().message());
   EXPECT_NE(message.find("cap of 104858 bytes"), std::string::npos) << message;
-  EXPECT_NE(message.find("stage (part) 0 layers [0, 2): 657408 bytes"), std::string::npos)
+  EXPECT_NE(message.find("stage (part) 0 layers [0, "), std::string::npos) << message;
+  EXPECT_NE(message.find(" activation bytes x 2 micro-batches in flight"),
+            std::string::npos)
       << message;
 
   // SGD: no optimizer state (F = 2 x 16640); bad arguments are named.
