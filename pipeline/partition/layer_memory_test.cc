@@ -92,8 +92,7 @@ TEST(ProfileMemoryCapTest, CapChangesTheSplitOnlyWhereItBinds) {
   const std::string message(tiny.status().message());
   EXPECT_NE(message.find("cap of 104858 bytes"), std::string::npos) << message;
   EXPECT_NE(message.find("stage (part) 0 layers [0, "), std::string::npos) << message;
-  EXPECT_NE(message.find(" activation bytes x 2 micro-batches in flight"),
-            std::string::npos)
+  EXPECT_NE(message.find(" activation bytes x 2 micro-batches in flight"), std::string::npos)
       << message;
 
   // SGD: no optimizer state (F = 2 x 16640); bad arguments are named.
