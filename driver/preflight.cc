@@ -1,6 +1,7 @@
 #include "driver/preflight.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -10,11 +11,14 @@
 
 #include <unistd.h>
 
+#include <glog/logging.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "models/data/corpus.h"
 #include "models/registry.h"
 
 namespace pp {
@@ -59,6 +63,17 @@ bool LooksBinary(const fs::path& path) {
   char buffer[4096];
   in.read(buffer, sizeof(buffer));
   return std::find(buffer, buffer + in.gcount(), '\0') != buffer + in.gcount();
+}
+
+// Nothing but spaces, tabs and line ends (BERT finds no sentence in it; GPT
+// would learn whitespace). Reads until the first other byte.
+bool OnlyWhitespace(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char c;
+  while (in.get(c)) {
+    if (!std::isspace(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -180,25 +195,19 @@ absl::Status CheckDataPath(const std::string& path, int64_t context_length, doub
   if (fs::is_regular_file(status)) {
     files.push_back(path);
   } else if (fs::is_directory(status)) {
-    fs::recursive_directory_iterator it(path,
-                                        fs::directory_options::follow_directory_symlink |
-                                            fs::directory_options::skip_permission_denied,
-                                        ec);
-    if (ec) {
-      return Invalid(
-          absl::StrCat("data.path '", path, "': cannot list the folder: ", ec.message()));
+    // Each folder once (models/data/corpus.h): a link to a parent would
+    // otherwise be walked forever.
+    absl::StatusOr<CorpusListing> listing = ListCorpusFiles(path);
+    if (!listing.ok()) {
+      return Invalid(absl::StrCat("data.path '", path,
+                                  "': cannot list the folder: ", listing.status().message()));
     }
-    // The corpus loader reads regular files only; FIFOs and devices inside
-    // a folder are skipped there too.
-    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (ec) break;
-      std::error_code file_ec;
-      if (fs::is_regular_file(it->path(), file_ec)) files.push_back(it->path());
+    if (listing->repeated_folders > 0) {
+      LOG(WARNING) << "data.path '" << path << "': " << listing->repeated_folders
+                   << " link(s) lead to a folder already read (a loop such as `ln -s . "
+                      "sub`); each folder is read once";
     }
-    if (ec) {
-      return Invalid(
-          absl::StrCat("data.path '", path, "': cannot list the folder: ", ec.message()));
-    }
+    files.assign(listing->files.begin(), listing->files.end());
   } else {
     return Invalid(absl::StrCat("data.path '", path, "' is ", FileKind(status.type()),
                                 ", which a reader could wait on forever; pass a regular text "
@@ -210,7 +219,7 @@ absl::Status CheckDataPath(const std::string& path, int64_t context_length, doub
                                 "folder of text files"));
   }
   double text_bytes = 0;
-  size_t text_files = 0;
+  size_t text_files = 0, blank_files = 0;
   for (const fs::path& file : files) {
     std::ifstream in(file, std::ios::binary);
     if (!in) {
@@ -220,8 +229,18 @@ absl::Status CheckDataPath(const std::string& path, int64_t context_length, doub
     if (LooksBinary(file)) continue;
     const double size = static_cast<double>(fs::file_size(file, ec));
     if (ec || size == 0) continue;
+    if (OnlyWhitespace(file)) {
+      ++blank_files;
+      continue;
+    }
     text_bytes += size + 2;  // the loader ends each file with a blank line
     ++text_files;
+  }
+  if (text_files == 0 && blank_files > 0) {
+    return Invalid(
+        absl::StrCat("data.path '", path, "': its ", blank_files,
+                     " text file(s) hold only whitespace (spaces, tabs, newlines); "
+                     "there is nothing to learn or to sample sentences from. Pass text"));
   }
   if (text_files == 0) {
     return Invalid(absl::StrCat("data.path '", path, "': none of its ", files.size(),

@@ -132,6 +132,33 @@ TEST(PreflightTest, DataPathMustBeTextLongEnoughAndNeverAFifo) {
   EXPECT_HAS(s.message(), "data.path '/dev/null' is a character device");
 }
 
+// `ln -s . d/s1; ln -s . d/s2` walked 2^depth paths forever (issue 29, 3).
+TEST(PreflightTest, DataFolderLinkedToItselfIsWalkedOnce) {
+  const fs::path dir = TempDir("loop");
+  Write(dir / "text.txt", std::string(200, 'a'));
+  fs::create_directory_symlink(".", dir / "s1");
+  fs::create_directory_symlink(".", dir / "s2");
+  EXPECT_TRUE(CheckDataPath(dir.string(), 64, 0.05).ok());
+  const fs::path empty_loop = TempDir("empty_loop");
+  fs::create_directory_symlink(".", empty_loop / "s1");
+  fs::create_directory_symlink(".", empty_loop / "s2");
+  absl::Status s = CheckDataPath(empty_loop.string(), 64, 0.05);
+  EXPECT_HAS(s.message(), "data.path '" + empty_loop.string() + "' is an empty folder");
+}
+
+// train_bert found no sentence only inside the workers (issue 29).
+TEST(PreflightTest, WhitespaceOnlyDataIsRefused) {
+  const fs::path dir = TempDir("blank");
+  Write(dir / "a.txt", std::string(300, ' ') + "\n\n\t\n");
+  Write(dir / "b.txt", "\n\n");
+  absl::Status s = CheckDataPath(dir.string(), 64, 0.05);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(s.message(),
+             "data.path '" + dir.string() + "': its 2 text file(s) hold only whitespace");
+  Write(dir / "c.txt", std::string(100, ' ') + "x");
+  EXPECT_TRUE(CheckDataPath(dir.string(), 16, 0.05).ok());
+}
+
 TEST(PreflightTest, OutputDirMustBeWritable) {
   const fs::path dir = TempDir("out");
   EXPECT_TRUE(CheckOutputDir((dir / "runs" / "nested").string()).ok());
