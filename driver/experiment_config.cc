@@ -28,6 +28,7 @@
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/device.h"
+#include "topology/worker_resources.h"
 
 namespace pp {
 namespace {
@@ -137,8 +138,12 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
       {"trace_steps", config.trace_steps(), 1, kUnbounded, ""},
       {"checkpoint.save_interval", config.checkpoint().save_interval(), 0, kUnbounded, ""},
       {"checkpoint.keep_last", config.checkpoint().keep_last(), 0, kUnbounded, ""},
-      {"threads.intra_op", config.threads().intra_op(), 0, 4096, "0 = the launcher's choice"},
-      {"threads.blas", config.threads().blas(), 0, 4096, "0 = the launcher's choice"},
+      // 4 per core at most (topology/worker_resources.h): 4096 threads per
+      // worker never reached a step.
+      {"threads.intra_op", config.threads().intra_op(), 0, MaxWorkerThreads(),
+       "0 = the launcher's choice; at most 4 per core of this machine"},
+      {"threads.blas", config.threads().blas(), 0, MaxWorkerThreads(),
+       "0 = the launcher's choice; at most 4 per core of this machine"},
       {"nonfinite.max_skipped_steps", config.nonfinite().max_skipped_steps(), 1, kUnbounded,
        "consecutive skipped steps before the run fails"},
   };

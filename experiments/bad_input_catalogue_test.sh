@@ -16,6 +16,9 @@ printf 'ab\0cd%.0s' $(seq 1 100) > "$TMP/binary/a.bin"
 echo "too short for a context of 128 bytes" > "$TMP/short.txt"
 echo "a file" > "$TMP/file"
 printf '0F0,0B0\n1F0,1X0\n' > "$TMP/bad_schedule.csv"
+# Whitespace only, in a folder with two links to itself (walked forever once).
+mkdir -p "$TMP/blank" && printf '   \n\n\t\n%.0s' $(seq 1 100) > "$TMP/blank/a.txt"
+ln -sfn . "$TMP/blank/s1" && ln -sfn . "$TMP/blank/s2"
 
 # expected text in stderr | arguments after --config (no spaces inside one)
 CASES=$(cat <<CASES_END
@@ -49,6 +52,9 @@ nonfinite.policy 'maybe' must be 'fail' or 'skip'|--set=nonfinite.policy=maybe
 nonfinite.max_skipped_steps (0) must be at least 1|--set=nonfinite.max_skipped_steps=0
 parallelism.pp (2) x parallelism.dp (1) = 2 ranks, but 3 were started|--nproc_per_node=3
 the experiment needs 2 ranks, which --nnodes=4 does not divide|--nnodes=4 --master_port=1
+data.path '$TMP/blank': its 1 text file(s) hold only whitespace|--data=$TMP/blank
+threads.intra_op (4096) must be at most|--set=threads.intra_op=4096
+--intra_op_threads=100000 is more threads than this machine can run; valid: 0 (automatic) to|--intra_op_threads=100000
 CASES_END
 )
 
