@@ -189,6 +189,12 @@ CheckpointPolicy MakeCheckpointPolicy(const ExperimentConfig& config) {
   policy.resume = config.checkpoint().resume();
   policy.config = ConfigToText(config);
   policy.seed = static_cast<int64_t>(config.seed());
+  // The run across its restarts is its name (the run directory changes with
+  // every launch): it owns the checkpoints it writes and names itself in the
+  // checkpoint dir's lock; another name's checkpoints are refused unless
+  // checkpoint.resume_other_runs.
+  policy.owner = config.name();
+  policy.resume_other_runs = config.checkpoint().resume_other_runs();
   // Resuming under another model, seed or optimizer is refused, field by field.
   policy.check_manifest = [config](const checkpoint::Manifest& manifest) {
     std::vector<std::string> warnings;
