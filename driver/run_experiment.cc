@@ -19,11 +19,11 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "driver/nonfinite_guard.h"
+#include "driver/preflight.h"
 #include "driver/progress.h"
 #include "driver/run_observability.h"
 #include "driver/run_report.h"
 #include "driver/worker_status_observer.h"
-#include "driver/workspace_path.h"
 #include "models/registry.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/pipeline_model.h"
@@ -39,8 +39,6 @@
 
 namespace pp {
 namespace {
-
-namespace fs = std::filesystem;
 
 // The named steps of RunExperiment, each on the state the earlier ones built.
 
@@ -181,9 +179,7 @@ absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config
 // how often, how many are kept, what to resume from.
 CheckpointPolicy MakeCheckpointPolicy(const ExperimentConfig& config) {
   CheckpointPolicy policy;
-  policy.dir = config.checkpoint().dir().empty()
-                   ? (fs::path(config.output_dir()) / "checkpoints" / config.name()).string()
-                   : FromWorkspace(config.checkpoint().dir());
+  policy.dir = CheckpointDirOf(config);  // checked writable by Preflight
   policy.save_interval = config.checkpoint().save_interval();
   policy.keep_last = config.checkpoint().keep_last();
   policy.resume = config.checkpoint().resume();
