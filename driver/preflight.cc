@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "driver/auto_schedule.h"
 #include "models/data/corpus.h"
 #include "models/registry.h"
 #include "pipeline/layers/layer_spec.h"
@@ -138,7 +139,11 @@ std::optional<double> SchedulePeakActivations(const ExperimentConfig& config,
   so.num_stages = par.pp();
   so.num_microbatches = par.num_microbatches();
   so.num_chunks = par.chunks();
-  absl::StatusOr<Schedule> schedule = MakeSchedule(par.schedule(), so);
+  // "auto" trains under its measurement schedule first and then under one
+  // synthesised within 1F1B's memory; the former stands for both.
+  absl::StatusOr<std::string> name = StartingSchedule(par.schedule(), par.chunks());
+  if (!name.ok()) return std::nullopt;
+  absl::StatusOr<Schedule> schedule = MakeSchedule(*name, so);
   if (!schedule.ok() || schedule->forward_only) return std::nullopt;
   absl::StatusOr<MemoryPlan> plan =
       PlanMemory(*schedule, std::vector<StageMemory>(schedule->num_virtual_stages(), stage), {});
