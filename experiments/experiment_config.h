@@ -22,6 +22,7 @@
 #include "models/bert/bert.h"
 #include "models/gpt/gpt.h"
 #include "pipeline/layers/layer_spec.h"
+#include "pipeline/runtime/optimizer.h"
 
 namespace pp {
 
@@ -57,6 +58,11 @@ void ResolveDefaults(ExperimentConfig& config, ModelKind kind);
 absl::Status ValidateExperimentConfig(const ExperimentConfig& config, ModelKind kind,
                                       int world_size,
                                       const std::vector<LayerSpec>* custom_specs = nullptr);
+
+// The optimizer and its learning-rate schedule as the runtime takes them:
+// the one conversion from the config (validation and the driver use it).
+OptimizerConfig ToOptimizerConfig(const ExperimentConfig& config);
+LrScheduleConfig ToLrScheduleConfig(const ExperimentConfig& config);
 
 GptConfig ToGptConfig(const ExperimentConfig& config);
 BertConfig ToBertConfig(const ExperimentConfig& config);

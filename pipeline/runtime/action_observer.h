@@ -32,8 +32,8 @@ namespace pp {
 
 // The step an observer is told about.
 struct ObservedStep {
-  int rank = 0;        // pipeline rank of the executor
-  int64_t step = 0;    // the Trainer's step (0-based), or the eval batch's
+  int rank = 0;               // pipeline rank of the executor
+  int64_t step = 0;           // the Trainer's step (0-based), or the eval batch's
   bool forward_only = false;  // an evaluation pass
   // The program as executed (after DeferReceives): PeerRank() of its actions.
   const LoweredProgram* program = nullptr;

@@ -180,8 +180,8 @@ TEST(ActionTimerTest, TimesEveryActionOfTwoRanks) {
     }
     if (timer.busy_us() != compute_us || timer.busy_us() <= 0 ||
         timer.wall_us() < timer.busy_us()) {
-      return absl::InternalError(absl::StrCat("busy ", timer.busy_us(), " us, compute ",
-                                              compute_us, " us, wall ", timer.wall_us(), " us"));
+      return absl::InternalError(absl::StrCat("busy ", timer.busy_us(), " us, compute ", compute_us,
+                                              " us, wall ", timer.wall_us(), " us"));
     }
     return absl::OkStatus();
   });
