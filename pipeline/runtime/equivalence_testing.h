@@ -60,8 +60,8 @@ struct RunConfig {
   bool p2p_static_shapes = false;
   bool post_receives_ahead = false;
   // Runs each stage's layers (TrainerOptions::layer_runner); unset = plain
-  // forward. Activation checkpointing's tests (checkpoint/activation/, a
-  // higher package) pass MakeCheckpointingRunner's here.
+  // forward. The suite (equivalence_suite.h) passes activation
+  // checkpointing's (pipeline/autograd: MakeCheckpointingRunner) here.
   LayerRunner layer_runner;
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
   // The model under test (models/ adds GPT and BERT); each unset part falls
