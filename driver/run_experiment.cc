@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/activation/activation_checkpointing.h"
 #include "checkpoint/model/trainer_checkpoint.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
@@ -26,6 +25,7 @@
 #include "driver/run_report.h"
 #include "driver/worker_status_observer.h"
 #include "models/registry.h"
+#include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/action_log.h"
@@ -153,21 +153,12 @@ absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config
   PP_ASSIGN_OR_RETURN(to.schedule, StartingSchedule(par.schedule(), par.chunks()));
   to.num_microbatches = par.num_microbatches();
   to.skip_nonfinite_updates = config.nonfinite().policy() == "skip";
-  to.optimizer.name = config.optimizer().name();
-  to.optimizer.lr = config.optimizer().lr();
-  to.optimizer.weight_decay = config.optimizer().weight_decay();
-  to.optimizer.momentum = config.optimizer().momentum();
-  to.optimizer.beta1 = config.optimizer().beta1();
-  to.optimizer.beta2 = config.optimizer().beta2();
-  to.optimizer.eps = config.optimizer().eps();
-  to.lr_schedule.name = config.lr_schedule().name();
-  to.lr_schedule.warmup_steps = config.lr_schedule().warmup_steps();
-  to.lr_schedule.total_steps = config.steps();
-  to.lr_schedule.min_lr = config.lr_schedule().min_lr();
+  to.optimizer = ToOptimizerConfig(config);
+  to.lr_schedule = ToLrScheduleConfig(config);
   to.max_grad_norm = config.optimizer().max_grad_norm();
-  to.timeout = timeout;
-  to.p2p_static_shapes = par.p2p_static_shapes();
-  to.p2p_post_receives_ahead = par.p2p_post_receives_ahead();
+  to.executor.p2p.timeout = timeout;
+  to.executor.p2p.static_shapes = par.p2p_static_shapes();
+  to.executor.post_receives_ahead = par.p2p_post_receives_ahead();
   if (par.activation_checkpointing().interval() > 0) {
     ActivationCheckpointPolicy policy;
     policy.interval = par.activation_checkpointing().interval();
@@ -242,7 +233,7 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
                                                     .busy_idle = observed}));
     PP_ASSIGN_OR_RETURN(StepMemory memory, obs.AfterStep(step + 1, trainer, observed));
     // Before the save: a non-finite state is never checkpointed.
-    PP_RETURN_IF_ERROR(nonfinite.AfterStep(r, grid, model, trainer.options().timeout));
+    PP_RETURN_IF_ERROR(nonfinite.AfterStep(r, grid, model, trainer.options().executor.p2p.timeout));
     PP_RETURN_IF_ERROR(auto_schedule.AfterStep(step, grid, trainer));
     PP_ASSIGN_OR_RETURN(std::string saved,
                         checkpointer.AfterStep(grid, model, trainer, config.steps()));
@@ -302,8 +293,9 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(TrainerOptions to, MakeTrainerOptions(config, timeout));
   // --device=cuda: weights on cuda:<LOCAL_RANK>; the Trainer moves the
   // micro-batches and keeps p2p and its collectives there (NCCL).
-  to.device = cluster.world.device;
-  PP_RETURN_IF_ERROR(TorchCall("moving the model to its device", [&] { model->to(to.device); }));
+  to.executor.p2p.device = cluster.world.device;
+  PP_RETURN_IF_ERROR(
+      TorchCall("moving the model to its device", [&] { model->to(to.executor.p2p.device); }));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
   // The actions' observers: the launcher's status page, --v=1's action lines.
