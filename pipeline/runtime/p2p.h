@@ -150,7 +150,7 @@ struct P2POptions {
   // (stage 1)"); empty: errors give group ranks.
   std::vector<int> global_ranks;
   // Who posts sends (see the file comment). kDirect measured faster
-  // (README "Performance": the sender thread's hand-off).
+  // (docs/performance.md: the sender thread's hand-off).
   P2PSendMode send_mode = P2PSendMode::kDirect;
 };
 
