@@ -54,7 +54,8 @@ TEST(BpeVocabTest, ErrorsNameTheFile) {
   EXPECT_NE(BpeVocab::Load(wordpiece).status().message().find("model.type must be \"BPE\""),
             std::string::npos);
   // U+4E00 is no byte of the byte-level alphabet.
-  const std::string cjk = WriteFile("cjk.json", R"({"model": {"type": "BPE", "vocab": {"一": 0}}})");
+  const std::string cjk =
+      WriteFile("cjk.json", R"({"model": {"type": "BPE", "vocab": {"一": 0}}})");
   EXPECT_NE(BpeVocab::Load(cjk).status().message().find("outside the byte-level alphabet"),
             std::string::npos);
 }
