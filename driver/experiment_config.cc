@@ -329,7 +329,16 @@ ModelRun ModelRunOf(const ExperimentConfig& config) {
                   .seed = config.seed(),
                   .data_source = config.data().source(),
                   .data_path = config.data().path(),
-                  .eval_fraction = config.data().eval_fraction()};
+                  .eval_fraction = config.data().eval_fraction(),
+                  .data_format = config.data().format(),
+                  .data_dtype = config.data().dtype(),
+                  .document_aware = config.data().document_aware()};
+}
+
+absl::Status CheckModelData(const ExperimentConfig& config) {
+  PP_ASSIGN_OR_RETURN(SelectedModel model, SelectModel(config.model()));
+  if (!model.info->check_data) return absl::OkStatus();
+  return model.info->check_data(*model.config, ModelRunOf(config));
 }
 
 absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config) {
@@ -482,8 +491,19 @@ absl::Status CheckOptimization(const ExperimentConfig& config) {
 // sampling (for a model with a sampler).
 absl::Status CheckDataAndSampling(const ExperimentConfig& config, const ModelInfo& model) {
   const std::string& source = config.data().source();
-  if (source != "corpus" && source != "synthetic") {
-    return Invalid(absl::StrCat("data.source '", source, "' is unknown; valid: corpus, synthetic"));
+  if (source != "corpus" && source != "synthetic" && source != "tokens") {
+    return Invalid(
+        absl::StrCat("data.source '", source, "' is unknown; valid: corpus, synthetic, tokens"));
+  }
+  if (source == "tokens" && config.data().format() != "flat" &&
+      config.data().format() != "megatron") {
+    return Invalid(absl::StrCat("data.format '", config.data().format(),
+                                "' is unknown; valid: flat, megatron"));
+  }
+  if (source == "tokens" && config.data().dtype() != "uint16" &&
+      config.data().dtype() != "uint32") {
+    return Invalid(absl::StrCat("data.dtype '", config.data().dtype(),
+                                "' is unknown; valid: uint16, uint32 (flat files)"));
   }
   const std::vector<std::string>& sources = model.data_sources;
   if (!sources.empty() && std::find(sources.begin(), sources.end(), source) == sources.end()) {

@@ -62,6 +62,11 @@ LrScheduleConfig ToLrScheduleConfig(const ExperimentConfig& config);
 
 // What the model reads of the run (sizes, seed, data).
 ModelRun ModelRunOf(const ExperimentConfig& config);
+
+// The selected model's own check of the run's data files (ModelInfo::
+// check_data, e.g. token ids against its vocabulary); OK when it has none.
+// The launcher calls it once before any worker starts.
+absl::Status CheckModelData(const ExperimentConfig& config);
 // The layer specs of the config's model.
 absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config);
 

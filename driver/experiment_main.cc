@@ -158,7 +158,8 @@ int Main(int argc, char** argv, const std::string& default_config) {
                                                   : absl::StatusOr<ExperimentConfig>(repeated);
     if (absl::Status s = config.ok() ? Preflight(*config, {argv, argv + argc}) : absl::OkStatus();
         s.ok() && config.ok()) {
-      s = ProfileStepsFor(*config).status();
+      s = CheckModelData(*config);
+      if (s.ok()) s = ProfileStepsFor(*config).status();
       if (!s.ok()) config = absl::StatusOr<ExperimentConfig>(s);
     } else if (!s.ok()) {
       config = absl::StatusOr<ExperimentConfig>(s);

@@ -21,6 +21,7 @@ _EXPERIMENTS = {
     "schedule_explorer": False,
     "train_bert": True,
     "train_gpt": True,
+    "train_llama": True,
 }
 
 def pp_experiment_binary(name, experiment, deps = [], data = [], **kwargs):
@@ -28,7 +29,7 @@ def pp_experiment_binary(name, experiment, deps = [], data = [], **kwargs):
 
     Args:
       name: the binary's name.
-      experiment: one of "train_gpt", "train_bert", "schedule_explorer".
+      experiment: one of "train_gpt", "train_bert", "train_llama", "schedule_explorer".
       deps: extra libraries to link (schedules, partitioners: alwayslink).
       data: extra runtime files.
       **kwargs: passed to cc_binary (visibility, tags, ...).

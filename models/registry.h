@@ -56,9 +56,15 @@ struct ModelRun {
   int64_t pp = 1;      // pipeline stages
   int64_t chunks = 1;  // model parts per stage (pp x chunks parts in all)
   uint64_t seed = 0;
-  std::string data_source = "corpus";  // "corpus" (data_path) or "synthetic"
-  std::string data_path;               // a text file or folder
-  double eval_fraction = 0;            // the corpus's held-out tail
+  // "corpus" (data_path), "synthetic" or "tokens" (pre-tokenized files at
+  // data_path in data_format and data_dtype): the model's data_sources say
+  // which it reads.
+  std::string data_source = "corpus";
+  std::string data_path;              // a text file or folder, or token files
+  double eval_fraction = 0;           // the data's held-out tail
+  std::string data_format = "flat";   // tokens: "flat" or "megatron"
+  std::string data_dtype = "uint16";  // tokens, flat: "uint16" or "uint32"
+  bool document_aware = false;        // tokens: windows inside one document
 };
 
 // A model's data for one run. Every rank makes its own (the sources must be
@@ -118,6 +124,11 @@ struct ModelInfo {
   LossFn loss;
   // InvalidArgument for a data source the model cannot read (naming it).
   std::function<absl::StatusOr<ModelData>(const google::protobuf::Message&, const ModelRun&)> data;
+  // Optional: checks the run's data files against the model (e.g. every token
+  // id below the vocabulary) before any worker starts. The driver's preflight
+  // calls it, not config validation, so a config whose data is made later
+  // still validates.
+  std::function<absl::Status(const google::protobuf::Message&, const ModelRun&)> check_data;
   // Optional: null for a model without sampling or memory estimate.
   std::function<std::unique_ptr<ModelSampler>(const google::protobuf::Message&)> sampler;
   std::function<TransformerShape(const google::protobuf::Message&)> transformer_shape;
@@ -163,6 +174,7 @@ struct TypedModel {
   std::function<absl::StatusOr<std::vector<LayerSpec>>(const Config&)> specs;
   LossFn loss;
   std::function<absl::StatusOr<ModelData>(const Config&, const ModelRun&)> data;
+  std::function<absl::Status(const Config&, const ModelRun&)> check_data;
   std::function<std::unique_ptr<ModelSampler>(const Config&)> sampler;
   std::function<TransformerShape(const Config&)> transformer_shape;
 };
@@ -185,6 +197,11 @@ ModelInfo Erase(TypedModel<Config> m, int extension_number) {
   info.loss = std::move(m.loss);
   if (m.data) {
     info.data = [f = m.data](const Msg& c, const ModelRun& run) { return f(As<Config>(c), run); };
+  }
+  if (m.check_data) {
+    info.check_data = [f = m.check_data](const Msg& c, const ModelRun& run) {
+      return f(As<Config>(c), run);
+    };
   }
   if (m.sampler) info.sampler = [f = m.sampler](const Msg& c) { return f(As<Config>(c)); };
   if (m.transformer_shape) {

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "checkpoint/hf/gpt2_hf.h"
+#include "checkpoint/hf/hf_test_support.h"
 #include "checkpoint/hf/llama_hf.h"
 #include "checkpoint/hf/safetensors.h"
 #include "checkpoint/model/model_checkpoint.h"
@@ -29,12 +30,12 @@
 namespace pp {
 namespace {
 
+using hf_testing::Logits;
+using hf_testing::TempPath;
+using hf_testing::TinyLlama;
+
 std::string Runfile(const std::string& path) {
   return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/", path);
-}
-
-std::string TempPath(const std::string& name) {
-  return absl::StrCat(testing::TempDir(), "/", name);
 }
 
 // stdout of `command`; the exit status in *status.
@@ -65,25 +66,6 @@ std::string Python() {
   const std::string venv = RunCommand(Runfile("tools/python_env.sh") + " hf-interop", &status);
   EXPECT_EQ(status, 0) << "tools/python_env.sh hf-interop failed";
   return absl::StrCat(absl::StripSuffix(venv, "\n"), "/bin/python");
-}
-
-torch::Tensor Logits(StageModule& model, const torch::Tensor& ids) {
-  MicroBatch batch;
-  batch.tensors["input_ids"] = ids;
-  torch::NoGradGuard no_grad;
-  return model->Forward({}, batch)[0];
-}
-
-LlamaConfig TinyLlama(bool tied) {
-  return {.vocab_size = 300,
-          .context_length = 16,
-          .width = 32,
-          .num_heads = 4,
-          .num_kv_heads = 2,
-          .num_layers = 2,
-          .intermediate_size = 48,
-          .rope_theta = 5000.0,
-          .tie_embeddings = tied};
 }
 
 // Runs hf_check.py; "" when it exits 0, else its output.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/hf/gpt2_hf.h"
+#include "checkpoint/hf/hf_test_support.h"
 #include "checkpoint/hf/safetensors.h"
 #include "checkpoint/model/model_checkpoint.h"
 #include "nlohmann/json.hpp"
@@ -15,28 +16,9 @@
 namespace pp {
 namespace {
 
-std::string TempPath(const std::string& name) {
-  return absl::StrCat(testing::TempDir(), "/", name);
-}
-
-LlamaConfig Tiny(bool tied) {
-  return {.vocab_size = 300,
-          .context_length = 16,
-          .width = 32,
-          .num_heads = 4,
-          .num_kv_heads = 2,
-          .num_layers = 2,
-          .intermediate_size = 48,
-          .rope_theta = 5000.0,
-          .tie_embeddings = tied};
-}
-
-torch::Tensor Logits(StageModule& model, const torch::Tensor& ids) {
-  MicroBatch batch;
-  batch.tensors["input_ids"] = ids;
-  torch::NoGradGuard no_grad;
-  return model->Forward({}, batch)[0];
-}
+using hf_testing::Logits;
+using hf_testing::TempPath;
+using hf_testing::TinyLlama;
 
 TEST(SafetensorsTest, RoundTripAndCorruptFiles) {
   SafetensorsFile file;
@@ -84,7 +66,7 @@ TEST(SafetensorsTest, RoundTripAndCorruptFiles) {
 
 TEST(LlamaHfTest, ExportImportRoundTripGivesTheSameLogits) {
   for (bool tied : {false, true}) {
-    const LlamaConfig config = Tiny(tied);
+    const LlamaConfig config = TinyLlama(tied);
     StageModule model = *BuildSequential(*MakeLlamaSpecs(config), 77);
     const std::string dir = TempPath(absl::StrCat("hf_", tied));
     ASSERT_TRUE(ExportLlamaModule(*model, config, dir).ok());
@@ -158,11 +140,11 @@ TEST(Gpt2HfTest, ExportImportRoundTripGivesTheSameLogits) {
 
 TEST(LlamaHfTest, UnsupportedConfigsNameTheField) {
   auto error = [](const std::string& edit_key, const std::string& edit_value) {
-    nlohmann::json j = nlohmann::json::parse(LlamaHfConfigJson(Tiny(false)));
+    nlohmann::json j = nlohmann::json::parse(LlamaHfConfigJson(TinyLlama(false)));
     j[edit_key] = nlohmann::json::parse(edit_value);
     return std::string(LlamaConfigFromHfJson(j.dump()).status().message());
   };
-  EXPECT_TRUE(LlamaConfigFromHfJson(LlamaHfConfigJson(Tiny(false))).ok());
+  EXPECT_TRUE(LlamaConfigFromHfJson(LlamaHfConfigJson(TinyLlama(false))).ok());
   EXPECT_EQ(error("hidden_act", "\"gelu\""), "config.json: hidden_act (\"gelu\") must be \"silu\"");
   EXPECT_EQ(error("attention_bias", "true"), "config.json: attention_bias (true) must be false");
   EXPECT_EQ(error("model_type", "\"gpt2\""),

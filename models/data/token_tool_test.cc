@@ -14,7 +14,9 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "models/data/bpe_vocab.h"
 #include "models/data/token_data.h"
 #include "models/data/token_file.h"
 
@@ -104,6 +106,24 @@ TEST(TokenToolTest, TrainsATokenizerAndWritesBothFormats) {
                  &status);
   EXPECT_EQ(status, 0);
   EXPECT_FALSE(decoded.empty());
+  // C++ decodes a sample with the tokenizer.json's vocabulary exactly as the
+  // tool (Hugging Face's decoder) does: the first 300 tokens, end-of-text
+  // included, and the ids its greedy prompt encoding picks.
+  absl::StatusOr<BpeVocab> vocab = BpeVocab::Load(dir + "/tokenizer.json");
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  EXPECT_EQ(vocab->size(), 2000);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 300; ++i) ids.push_back((*flat)->Token(i));
+  ids.push_back(0);
+  const std::vector<int64_t> prompt = vocab->Encode("This License applies to any program");
+  ids.insert(ids.end(), prompt.begin(), prompt.end());
+  const std::string tool_text =
+      RunCommand(absl::StrCat(tool, " decode --tokenizer ", dir, "/tokenizer.json --ids ",
+                              absl::StrJoin(ids, ",")),
+                 &status);
+  ASSERT_EQ(status, 0);
+  EXPECT_EQ(vocab->Decode(ids), tool_text);
+  EXPECT_LT(prompt.size(), 20u);  // whole words, not bytes
 }
 
 }  // namespace
