@@ -77,10 +77,6 @@ ABSL_FLAG(int64_t, pingpong_p2p_bytes, 131072,
           "Part (d): payload of the round trips through P2P (both send modes).");
 ABSL_FLAG(int, pingpong_reps, 40, "Part (d): round trips per size (after 5 warm-up ones).");
 ABSL_FLAG(int, timeout_s, 300, "Timeout for every receive and collective.");
-ABSL_FLAG(bool, fixed_layout, false,
-          "Part (b): declare the activation shape up front (P2POptions::fixed_layout), so "
-          "messages carry no control word or header.");
-
 namespace pp {
 namespace {
 
@@ -195,16 +191,10 @@ absl::Status MakeEngine(const World& world, int pp, Engine& e) {
   to.schedule = absl::GetFlag(FLAGS_schedule);
   to.num_microbatches = absl::GetFlag(FLAGS_microbatches);
   to.optimizer = Sgd();
-  to.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_timeout_s));
+  to.executor.p2p.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_timeout_s));
   // The hand-written loop computes no gradient norm; neither does the engine
   // here, so (a) measures the engine itself.
   to.report_grad_norm = false;
-  if (absl::GetFlag(FLAGS_fixed_layout)) {
-    TensorMeta activation;
-    activation.shape = {absl::GetFlag(FLAGS_rows), absl::GetFlag(FLAGS_hidden)};
-    activation.requires_grad = true;
-    to.fixed_layout = std::vector<TensorMeta>{activation};
-  }
   PP_ASSIGN_OR_RETURN(e.trainer, Trainer::Create(e.grid.get(), e.model.get(), Loss, &e.source, to));
   return absl::OkStatus();
 }
@@ -317,23 +307,20 @@ absl::Status RunPingPongWorker() {
     out["bytes"].push_back(bytes);
     out["one_way_s"].push_back(Median(one_way));
   }
-  // The same round trip through P2P (control word + payload per message),
-  // sends posted from this thread (kDirect) or by the sender thread
-  // (kSenderThread); the modes alternate in rounds so load hits both.
+  // The same round trip through P2P (control word + payload per message).
   const int64_t p2p_bytes = absl::GetFlag(FLAGS_pingpong_p2p_bytes);
   if (p2p_bytes < 4 || p2p_bytes % 4 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--pingpong_p2p_bytes=", p2p_bytes, " must be a positive multiple of 4"));
   }
   std::map<std::string, std::vector<double>> p2p_one_way;
-  std::map<std::string, double> handoff, post;
+  std::map<std::string, double> post;
   std::map<std::string, int64_t> messages;
   for (int round = 0; round < 4; ++round) {
-    for (P2PSendMode mode : {P2PSendMode::kDirect, P2PSendMode::kSenderThread}) {
-      const std::string name = mode == P2PSendMode::kDirect ? "direct" : "sender_thread";
+    {
+      const std::string name = "direct";
       P2POptions options;
       options.timeout = timeout;
-      options.send_mode = mode;
       P2P p2p(world.group, options);
       const Activations payload = {torch::zeros({p2p_bytes / 4})};
       const int reps = absl::GetFlag(FLAGS_pingpong_reps);
@@ -351,7 +338,6 @@ absl::Status RunPingPongWorker() {
       }
       PP_RETURN_IF_ERROR(p2p.WaitSends());
       const P2PStats stats = p2p.stats();
-      handoff[name] += stats.send_handoff_seconds;
       post[name] += stats.send_post_seconds;
       messages[name] += stats.tensor_messages;
     }
@@ -359,7 +345,6 @@ absl::Status RunPingPongWorker() {
   for (const auto& [name, v] : p2p_one_way) {
     out["p2p"][name] = {{"bytes", p2p_bytes},
                         {"one_way_s", Median(v)},
-                        {"handoff_s_per_message", handoff[name] / messages[name]},
                         {"post_s_per_message", post[name] / messages[name]}};
   }
   if (world.rank == 0) std::ofstream(absl::GetFlag(FLAGS_result_file)) << out.dump();
@@ -457,16 +442,14 @@ absl::Status RunBenchmark(const char* self) {
   PP_ASSIGN_OR_RETURN(MessageCost message, FitMessageCost(pingpong_samples));
 
   // (b) pp = 2 through the launcher.
-  PP_ASSIGN_OR_RETURN(
-      nlohmann::json pp2,
-      RunRole(self, "pp2", tmp + "_pp2.json",
-              {absl::StrCat("--trace_file=", absl::GetFlag(FLAGS_trace_file)),
-               absl::StrCat("--hidden=", absl::GetFlag(FLAGS_hidden)),
-               absl::StrCat("--blocks=", absl::GetFlag(FLAGS_blocks)),
-               absl::StrCat("--rows=", absl::GetFlag(FLAGS_rows)),
-               absl::StrCat("--microbatches=", m), absl::StrCat("--steps=", steps),
-               absl::StrCat("--schedule=", absl::GetFlag(FLAGS_schedule)),
-               absl::StrCat("--fixed_layout=", absl::GetFlag(FLAGS_fixed_layout))}));
+  PP_ASSIGN_OR_RETURN(nlohmann::json pp2,
+                      RunRole(self, "pp2", tmp + "_pp2.json",
+                              {absl::StrCat("--trace_file=", absl::GetFlag(FLAGS_trace_file)),
+                               absl::StrCat("--hidden=", absl::GetFlag(FLAGS_hidden)),
+                               absl::StrCat("--blocks=", absl::GetFlag(FLAGS_blocks)),
+                               absl::StrCat("--rows=", absl::GetFlag(FLAGS_rows)),
+                               absl::StrCat("--microbatches=", m), absl::StrCat("--steps=", steps),
+                               absl::StrCat("--schedule=", absl::GetFlag(FLAGS_schedule))}));
   const double pp2_time = Median(pp2["step_seconds"].get<std::vector<double>>());
 
   // (c) Simulator with the measured per-stage costs.
@@ -492,10 +475,7 @@ absl::Status RunBenchmark(const char* self) {
   // then the measured tail.
   const double payload_bytes = 4.0 * absl::GetFlag(FLAGS_rows) * absl::GetFlag(FLAGS_hidden);
   costs.message = message;
-  costs.message_bytes = {payload_bytes};
-  if (!absl::GetFlag(FLAGS_fixed_layout)) {
-    costs.message_bytes.push_back(8.0 * P2P::kControlWords);
-  }
+  costs.message_bytes = {payload_bytes, 8.0 * P2P::kControlWords};
   PP_ASSIGN_OR_RETURN(SimulationResult with_messages, SimulateProgram(program, costs));
   const double tail = pp2["tail_seconds"].get<double>();
   const double predicted = with_messages.makespan + tail;
@@ -537,10 +517,9 @@ absl::Status RunBenchmark(const char* self) {
   std::printf("\n");
   for (const auto& [name, r] : pingpong["p2p"].items()) {
     std::printf(
-        "    P2P round trip, %s sends: one-way %.1f us for %d bytes; per message: hand-off %.1f "
-        "us, posting %.1f us\n",
+        "    P2P round trip, %s sends: one-way %.1f us for %d bytes; per message: posting %.1f "
+        "us\n",
         name.c_str(), 1e6 * r["one_way_s"].get<double>(), r["bytes"].get<int>(),
-        1e6 * r["handoff_s_per_message"].get<double>(),
         1e6 * r["post_s_per_message"].get<double>());
   }
   std::printf("    measured per-micro-batch costs: F0 %.4f F1 %.4f B0 %.4f B1 %.4f s; trace: %s\n",

@@ -107,7 +107,7 @@ absl::Status Run() {
   to.optimizer.name = "adamw";
   to.optimizer.lr = 1e-3;
   to.report_grad_norm = false;  // the reference computes none either
-  to.device = world.device;
+  to.executor.p2p.device = world.device;
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(&grid, model.get(), GptLoss, &source, to));
 

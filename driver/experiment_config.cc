@@ -420,20 +420,8 @@ absl::Status CheckPartition(const ExperimentConfig& config, const std::string& m
 
 // The optimizer and the learning-rate schedule, as the runtime will build them.
 absl::Status CheckOptimization(const ExperimentConfig& config) {
-  OptimizerConfig opt;
-  opt.name = config.optimizer().name();
-  opt.lr = config.optimizer().lr();
-  opt.weight_decay = config.optimizer().weight_decay();
-  opt.momentum = config.optimizer().momentum();
-  opt.beta1 = config.optimizer().beta1();
-  opt.beta2 = config.optimizer().beta2();
-  opt.eps = config.optimizer().eps();
-  PP_RETURN_IF_ERROR(ValidateOptimizerConfig(opt));
-  LrScheduleConfig lr;
-  lr.name = config.lr_schedule().name();
-  lr.warmup_steps = config.lr_schedule().warmup_steps();
-  lr.total_steps = config.steps();
-  lr.min_lr = config.lr_schedule().min_lr();
+  PP_RETURN_IF_ERROR(ValidateOptimizerConfig(ToOptimizerConfig(config)));
+  const LrScheduleConfig lr = ToLrScheduleConfig(config);
   if (absl::Status s = ValidateLrSchedule(lr); !s.ok()) {
     return Invalid(absl::StrCat("lr_schedule: ", s.message(),
                                 " (lr_schedule.warmup_steps must be below steps; lower it with "
@@ -490,6 +478,27 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_
   PP_RETURN_IF_ERROR(CheckPartition(config, model.info->name, specs));
   PP_RETURN_IF_ERROR(CheckOptimization(config));
   return CheckDataAndSampling(config, *model.info);
+}
+
+OptimizerConfig ToOptimizerConfig(const ExperimentConfig& config) {
+  OptimizerConfig opt;
+  opt.name = config.optimizer().name();
+  opt.lr = config.optimizer().lr();
+  opt.weight_decay = config.optimizer().weight_decay();
+  opt.momentum = config.optimizer().momentum();
+  opt.beta1 = config.optimizer().beta1();
+  opt.beta2 = config.optimizer().beta2();
+  opt.eps = config.optimizer().eps();
+  return opt;
+}
+
+LrScheduleConfig ToLrScheduleConfig(const ExperimentConfig& config) {
+  LrScheduleConfig lr;
+  lr.name = config.lr_schedule().name();
+  lr.warmup_steps = config.lr_schedule().warmup_steps();
+  lr.total_steps = config.steps();
+  lr.min_lr = config.lr_schedule().min_lr();
+  return lr;
 }
 
 std::string ConfigToText(const ExperimentConfig& config) {

@@ -24,6 +24,7 @@
 #include "driver/config.pb.h"
 #include "models/registry.h"
 #include "pipeline/layers/layer_spec.h"
+#include "pipeline/runtime/optimizer.h"
 
 namespace pp {
 
@@ -53,6 +54,11 @@ void ResolveDefaults(ExperimentConfig& config);
 // trains), layers per part, the partition method, optimizer, learning-rate
 // schedule, data source and path, sampling.
 absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_size);
+
+// The optimizer and its learning-rate schedule as the runtime takes them:
+// the one conversion from the config (validation and the driver use it).
+OptimizerConfig ToOptimizerConfig(const ExperimentConfig& config);
+LrScheduleConfig ToLrScheduleConfig(const ExperimentConfig& config);
 
 // What the model reads of the run (sizes, seed, data).
 ModelRun ModelRunOf(const ExperimentConfig& config);

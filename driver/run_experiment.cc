@@ -153,21 +153,12 @@ absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config
   to.schedule = par.schedule();
   to.num_microbatches = par.num_microbatches();
   to.skip_nonfinite_updates = config.nonfinite().policy() == "skip";
-  to.optimizer.name = config.optimizer().name();
-  to.optimizer.lr = config.optimizer().lr();
-  to.optimizer.weight_decay = config.optimizer().weight_decay();
-  to.optimizer.momentum = config.optimizer().momentum();
-  to.optimizer.beta1 = config.optimizer().beta1();
-  to.optimizer.beta2 = config.optimizer().beta2();
-  to.optimizer.eps = config.optimizer().eps();
-  to.lr_schedule.name = config.lr_schedule().name();
-  to.lr_schedule.warmup_steps = config.lr_schedule().warmup_steps();
-  to.lr_schedule.total_steps = config.steps();
-  to.lr_schedule.min_lr = config.lr_schedule().min_lr();
+  to.optimizer = ToOptimizerConfig(config);
+  to.lr_schedule = ToLrScheduleConfig(config);
   to.max_grad_norm = config.optimizer().max_grad_norm();
-  to.timeout = timeout;
-  to.p2p_static_shapes = par.p2p_static_shapes();
-  to.p2p_post_receives_ahead = par.p2p_post_receives_ahead();
+  to.executor.p2p.timeout = timeout;
+  to.executor.p2p.static_shapes = par.p2p_static_shapes();
+  to.executor.post_receives_ahead = par.p2p_post_receives_ahead();
   if (par.activation_checkpointing().interval() > 0) {
     ActivationCheckpointPolicy policy;
     policy.interval = par.activation_checkpointing().interval();
@@ -236,7 +227,7 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
                         trainer.Step({.trace = traced || profiled, .busy_idle = observed}));
     PP_ASSIGN_OR_RETURN(StepMemory memory, obs.AfterStep(step + 1, trainer, observed));
     // Before the save: a non-finite state is never checkpointed.
-    PP_RETURN_IF_ERROR(nonfinite.AfterStep(r, grid, model, trainer.options().timeout));
+    PP_RETURN_IF_ERROR(nonfinite.AfterStep(r, grid, model, trainer.options().executor.p2p.timeout));
     PP_ASSIGN_OR_RETURN(std::string saved,
                         checkpointer.AfterStep(grid, model, trainer, config.steps()));
     if (!saved.empty() && report.active()) LOG(INFO) << "checkpoint " << saved;
@@ -295,8 +286,9 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(TrainerOptions to, MakeTrainerOptions(config, timeout));
   // --device=cuda: weights on cuda:<LOCAL_RANK>; the Trainer moves the
   // micro-batches and keeps p2p and its collectives there (NCCL).
-  to.device = cluster.world.device;
-  PP_RETURN_IF_ERROR(TorchCall("moving the model to its device", [&] { model->to(to.device); }));
+  to.executor.p2p.device = cluster.world.device;
+  PP_RETURN_IF_ERROR(
+      TorchCall("moving the model to its device", [&] { model->to(to.executor.p2p.device); }));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
   // The actions' observers: the launcher's status page, --v=1's action lines.

@@ -139,7 +139,8 @@ absl::StatusOr<std::unique_ptr<RunObservability>> RunObservability::Create(
 }
 
 absl::Status RunObservability::BeforeStep(int64_t step, const Trainer& trainer) {
-  PP_ASSIGN_OR_RETURN(MemoryStats m, StepMemoryStats(trainer.options().device, /*reset=*/true));
+  PP_ASSIGN_OR_RETURN(MemoryStats m,
+                      StepMemoryStats(trainer.options().executor.p2p.device, /*reset=*/true));
   step_start_bytes_ = m.current_bytes;
   step_start_ = std::chrono::steady_clock::now();
   if (profiler_ != nullptr) PP_RETURN_IF_ERROR(profiler_->BeginStep(step));
@@ -151,7 +152,8 @@ absl::Status RunObservability::BeforeStep(int64_t step, const Trainer& trainer) 
 absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Trainer& trainer,
                                                        bool gather) {
   // Memory first: the gather below allocates.
-  PP_ASSIGN_OR_RETURN(MemoryStats m, StepMemoryStats(trainer.options().device, /*reset=*/false));
+  PP_ASSIGN_OR_RETURN(MemoryStats m,
+                      StepMemoryStats(trainer.options().executor.p2p.device, /*reset=*/false));
   local_max_peak_ = std::max(local_max_peak_, m.peak_bytes);
   if (profiler_ != nullptr) {
     const bool recorded = profiler_->recording();

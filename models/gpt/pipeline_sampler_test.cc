@@ -56,7 +56,7 @@ std::vector<std::vector<int64_t>> PipelineSample(int pp, const SampleOptions& op
     TrainerOptions to;
     to.schedule = "1f1b";
     to.num_microbatches = 2;
-    to.timeout = timeout;
+    to.executor.p2p.timeout = timeout;
     PP_ASSIGN_OR_RETURN(
         auto trainer, Trainer::Create(&grid, model.get(), sampler.WrapLoss(GptLoss), &source, to));
     PP_ASSIGN_OR_RETURN(

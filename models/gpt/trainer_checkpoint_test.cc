@@ -116,7 +116,7 @@ absl::StatusOr<RankRun> MakeRun(const World& world, const RunSpec& spec) {
   to.lr_schedule.warmup_steps = 2;
   to.lr_schedule.total_steps = 20;
   to.max_grad_norm = 1.0;
-  to.timeout = std::chrono::seconds(60);
+  to.executor.p2p.timeout = std::chrono::seconds(60);
   PP_ASSIGN_OR_RETURN(
       run.trainer, Trainer::Create(run.grid.get(), run.model.get(), GptLoss, run.source.get(), to));
   return run;

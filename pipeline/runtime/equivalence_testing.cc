@@ -135,17 +135,17 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         model->to(world_of_rank.device);
         std::unique_ptr<MicroBatchSource> source = SourceOf(config);
         TrainerOptions to;
-        to.device = world_of_rank.device;
+        to.executor.p2p.device = world_of_rank.device;
         to.schedule = config.schedule;
         to.num_microbatches = config.microbatches;
         to.optimizer = config.optimizer;
         to.lr_schedule = config.lr_schedule;
         to.max_grad_norm = config.max_grad_norm;
-        to.timeout = config.timeout;
+        to.executor.p2p.timeout = config.timeout;
         to.reduce_tied_grads = config.reduce_tied_grads;
-        to.defer_receives = config.defer_receives;
-        to.p2p_static_shapes = config.p2p_static_shapes;
-        to.p2p_post_receives_ahead = config.post_receives_ahead;
+        to.executor.defer_receives = config.defer_receives;
+        to.executor.p2p.static_shapes = config.p2p_static_shapes;
+        to.executor.post_receives_ahead = config.post_receives_ahead;
         to.layer_runner = config.layer_runner;
         PP_ASSIGN_OR_RETURN(auto trainer,
                             Trainer::Create(&grid, model.get(), LossOf(config), source.get(), to));

@@ -56,7 +56,7 @@ struct RunConfig {
   double max_grad_norm = 0.0;
   bool reduce_tied_grads = true;
   bool defer_receives = true;
-  // TrainerOptions::p2p_static_shapes and p2p_post_receives_ahead.
+  // TrainerOptions::executor.p2p.static_shapes and .post_receives_ahead.
   bool p2p_static_shapes = false;
   bool post_receives_ahead = false;
   // Runs each stage's layers (TrainerOptions::layer_runner); unset = plain

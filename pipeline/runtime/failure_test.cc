@@ -66,8 +66,8 @@ absl::Status RunRank(int rank, const std::string& store_path, Fault fault, bool 
   TrainerOptions to;
   to.schedule = "1f1b";
   to.num_microbatches = 4;
-  to.timeout = std::chrono::seconds(3);
-  to.p2p_post_receives_ahead = post_ahead;
+  to.executor.p2p.timeout = std::chrono::seconds(3);
+  to.executor.post_receives_ahead = post_ahead;
   PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, to));
   for (int step = 0; step < 3; ++step) {
     absl::StatusOr<StepResult> r = trainer->Step();

@@ -38,14 +38,7 @@ std::vector<TensorMeta> LayoutOf(const Activations& tensors) {
 }
 
 P2P::P2P(c10::intrusive_ptr<c10d::ProcessGroup> group, P2POptions options)
-    : group_(std::move(group)), options_(std::move(options)), streams_(options_.device) {
-  // On a device every send is posted from the compute thread on the send
-  // stream (NCCL pairs transfers by posting order): the sender thread is CPU only.
-  if (streams_.active()) options_.send_mode = P2PSendMode::kDirect;
-  if (options_.send_mode == P2PSendMode::kSenderThread) {
-    sender_ = std::thread([this] { SenderLoop(); });
-  }
-}
+    : group_(std::move(group)), options_(std::move(options)), streams_(options_.device) {}
 
 P2P::~P2P() {
   // Outstanding sends keep their tensors alive themselves; waiting here (with
@@ -53,51 +46,12 @@ P2P::~P2P() {
   absl::Status s = WaitSends();
   LOG_IF(WARNING, !s.ok()) << "p2p shut down with sends unfinished: " << s;
   if (posted_receives() > 0) AbortPostedReceives();
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  if (sender_.joinable()) sender_.join();
 }
 
 P2PStats P2P::stats() const {
   P2PStats s = stats_;
   s.receives_posted_now = posted_receives();
-  absl::MutexLock lock(&mu_);
-  s.send_handoff_seconds = handoff_seconds_;
   return s;
-}
-
-void P2P::SenderLoop() {
-  while (true) {
-    SendRequest request;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](P2P* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-            return self->stop_ || !self->queue_.empty();
-          },
-          this));
-      if (queue_.empty()) return;  // stop_
-      request = std::move(queue_.front());
-      queue_.pop_front();
-      posting_ = true;
-      handoff_seconds_ +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - request.queued).count();
-    }
-    c10::intrusive_ptr<c10d::Work> work;
-    absl::Status s = TorchCall(absl::StrCat(request.what, ": send to rank ", request.peer), [&] {
-      std::vector<at::Tensor> one = {request.tensor};
-      work = group_->send(one, request.peer, request.tag);
-    });
-    absl::MutexLock lock(&mu_);
-    if (s.ok()) {
-      in_flight_.push_back(PendingSend{std::move(work), request.peer, std::move(request.what)});
-    } else if (send_error_.ok()) {
-      send_error_ = s;
-    }
-    posting_ = false;
-  }
 }
 
 int P2P::rank() const { return group_->getRank(); }
@@ -133,11 +87,10 @@ absl::Status P2P::PostSend(torch::Tensor tensor, int peer, int tag, const std::s
         std::vector<at::Tensor> one = {payload};
         work = group_->send(one, peer, tag);
       }));
-      absl::MutexLock lock(&mu_);
       in_flight_.push_back(PendingSend{std::move(work), peer, what});
       return absl::OkStatus();
     });
-  } else if (options_.send_mode == P2PSendMode::kDirect) {
+  } else {
     // Posted in call order from this thread: Gloo matches messages of one
     // (peer, tag) in posting order, so channel order holds.
     c10::intrusive_ptr<c10d::Work> work;
@@ -145,14 +98,7 @@ absl::Status P2P::PostSend(torch::Tensor tensor, int peer, int tag, const std::s
       std::vector<at::Tensor> one = {payload};
       work = group_->send(one, peer, tag);
     });
-    if (s.ok()) {
-      absl::MutexLock lock(&mu_);
-      in_flight_.push_back(PendingSend{std::move(work), peer, what});
-    }
-  } else {
-    absl::MutexLock lock(&mu_);
-    if (!send_error_.ok()) return send_error_;
-    queue_.push_back(SendRequest{std::move(payload), peer, tag, what, start});
+    if (s.ok()) in_flight_.push_back(PendingSend{std::move(work), peer, what});
   }
   stats_.send_post_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -188,36 +134,18 @@ absl::Status P2P::RecvOutcome(const absl::Status& wait, bool completed, int peer
 
 absl::Status P2P::ReapCompletedSends() {
   // Completed sends are dropped so that their tensors can be freed; errors
-  // surface here or in WaitSends.
-  absl::MutexLock lock(&mu_);
+  // surface in WaitSends.
   auto it = std::remove_if(in_flight_.begin(), in_flight_.end(), [](const PendingSend& p) {
     return p.work->isCompleted() && p.work->isSuccess();
   });
   in_flight_.erase(it, in_flight_.end());
-  return send_error_;
+  return absl::OkStatus();
 }
 
 absl::Status P2P::WaitSends() {
   std::vector<PendingSend> pending;
   absl::Status first_error;
-  {
-    absl::MutexLock lock(&mu_);
-    const bool posted =
-        mu_.AwaitWithTimeout(absl::Condition(
-                                 +[](P2P* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-                                   return self->queue_.empty() && !self->posting_;
-                                 },
-                                 this),
-                             absl::FromChrono(options_.timeout));
-    if (!posted) {
-      first_error = absl::DeadlineExceededError(
-          absl::StrCat("sends still queued after ", options_.timeout.count(),
-                       " ms (a peer died, hung or is out of step)"));
-    }
-    pending.swap(in_flight_);
-    if (!send_error_.ok()) first_error = send_error_;
-    send_error_ = absl::OkStatus();
-  }
+  pending.swap(in_flight_);
   for (PendingSend& p : pending) {
     absl::Status s = TorchCall(absl::StrCat(p.what, ": send to ", PeerName(p.peer)), [&] {
       if (!p.work->wait(options_.timeout)) {
@@ -282,19 +210,8 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
   PP_RETURN_IF_ERROR(ReapCompletedSends());
   PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kActivation, src_stage, dst_stage));
   std::vector<TensorMeta> layout = LayoutOf(tensors);
-  if (options_.fixed_layout.has_value()) {
-    const std::vector<TensorMeta>& fixed = *options_.fixed_layout;
-    bool match = fixed.size() == layout.size();
-    for (size_t i = 0; match && i < fixed.size(); ++i) {
-      match = fixed[i].dtype == layout[i].dtype && fixed[i].shape == layout[i].shape;
-    }
-    if (!match) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": payload ", LayoutString(layout), " does not match the fixed p2p layout ",
-          LayoutString(fixed), "; unset P2POptions::fixed_layout for dynamic shapes"));
-    }
-  } else if (options_.static_shapes && !forward_only_ &&
-             learned_sent_.count(ChannelKey{src_stage, dst_stage}) > 0) {
+  if (options_.static_shapes && !forward_only_ &&
+      learned_sent_.count(ChannelKey{src_stage, dst_stage}) > 0) {
     const std::vector<TensorMeta>& learned = learned_sent_.at(ChannelKey{src_stage, dst_stage});
     if (learned != layout) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -401,9 +318,7 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
   const ChannelKey static_key{src_stage, dst_stage};
   auto learned = options_.static_shapes && !forward_only_ ? learned_received_.find(static_key)
                                                           : learned_received_.end();
-  if (options_.fixed_layout.has_value()) {
-    layout = *options_.fixed_layout;
-  } else if (learned != learned_received_.end()) {
+  if (learned != learned_received_.end()) {
     layout = learned->second;
   } else {
     torch::Tensor control =
@@ -456,10 +371,7 @@ absl::Status P2P::AdvancePosts(std::deque<PostedRecv>& queue) {
       const ChannelKey key{r.src_stage, r.dst_stage};
       auto learned = options_.static_shapes && !r.forward_only ? learned_received_.find(key)
                                                                : learned_received_.end();
-      if (options_.fixed_layout.has_value()) {
-        r.layout = *options_.fixed_layout;
-        r.layout_known = true;
-      } else if (learned != learned_received_.end()) {
+      if (learned != learned_received_.end()) {
         r.layout = learned->second;
         r.layout_known = true;
       } else {

@@ -22,11 +22,6 @@
 //   header = [count, then per tensor: dtype, requires_grad, ndim, dims...]
 //   (encoding and decoding, which trusts nothing it receives: p2p_wire.h)
 //
-//   activation message, fixed-shape mode (P2POptions::fixed_layout set;
-//   ColossalAI's `tensor_shape`): only step 3; both sides use the layout
-//   given in the options and no control or header is ever sent (so the
-//   message id is not transmitted either: the receiver sees -1).
-//
 //   activation message, static-shape mode (P2POptions::static_shapes;
 //   DeepSpeed's pipeline engine sends the tensor meta on the first batch only):
 //   in training passes, the first message of a channel goes as in
@@ -51,14 +46,20 @@
 //   require grad gets no gradient, and both sides agree on that through the
 //   header flag, so nobody waits for a gradient that is never sent.
 //
-// Sends are asynchronous (P2POptions::send_mode): kDirect posts each message
-// to the process group from the calling thread (c10d's send returns a Work at
-// once; Gloo's transport thread moves the bytes); kSenderThread queues it for
-// a sender thread that posts in order (for a backend whose send could stall
-// the compute thread). Either way messages of one channel are posted in call
+// Sends are asynchronous: each message is posted to the process group from
+// the calling thread (c10d's send returns a Work at once; Gloo's transport
+// thread moves the bytes), so messages of one channel are posted in call
 // order, the tensor is kept alive until completion, two ranks that both send
 // before they receive cannot deadlock, and WaitSends() joins everything with
-// the timeout. Every wait has a timeout and its error names the
+// the timeout.
+//
+// The modes are the ones the product uses (dynamic shapes, and static shapes:
+// parallelism.p2p_static_shapes). Two earlier modes were used only by tests
+// and benchmarks and are gone: a fixed layout declared up front (ColossalAI's
+// `tensor_shape`; static shapes learn the same layout from the first message
+// and need no declaration) and a sender thread that posted sends (measured
+// slower than posting from the compute thread: README "Performance", the
+// sender thread's hand-off). Every wait has a timeout and its error names the
 // peer rank and the action being executed.
 //
 // Receive buffers come from a pool keyed by dtype and shape. A received tensor
@@ -74,9 +75,8 @@
 // posting. Posting in program order keeps channel order (Gloo matches the
 // receives of one (peer, tag) in posting order). What is posted ahead:
 //   - gradients: the payload (its layout is the sent activations' layout);
-//   - activations in fixed-shape mode, and in static-shape mode once the
-//     channel's layout is learned (training passes): the payload, into pooled
-//     buffers;
+//   - activations in static-shape mode once the channel's layout is learned
+//     (training passes): the payload, into pooled buffers;
 //   - activations otherwise (dynamic-shape mode, or a channel's first static
 //     message): only the control word; the header (if it follows) and the
 //     payload are received when the receive is waited for, since their sizes
@@ -90,8 +90,7 @@
 // posting ahead does nothing: device receives are posted in program order on
 // the receive stream and do not block the host (device_streams.h).
 //
-// Thread-compatible: one P2P object per rank, used by one thread (plus, in
-// kSenderThread mode, its own sender thread, synchronised internally).
+// Thread-compatible: one P2P object per rank, used by one thread.
 #ifndef PIPELINE_RUNTIME_P2P_H_
 #define PIPELINE_RUNTIME_P2P_H_
 
@@ -101,7 +100,6 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -110,7 +108,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "pipeline/layers/layer.h"
 #include "pipeline/runtime/device_streams.h"
 #include "pipeline/runtime/p2p_wire.h"
@@ -121,26 +118,13 @@ namespace pp {
 // floating-point tensors that require grad on the sender.
 std::vector<TensorMeta> LayoutOf(const Activations& tensors);
 
-// Encodes/decodes the header words (exposed for tests).
-std::vector<int64_t> EncodeHeader(const std::vector<TensorMeta>& layout);
-absl::StatusOr<std::vector<TensorMeta>> DecodeHeader(const std::vector<int64_t>& words);
-
-enum class P2PSendMode {
-  kDirect,        // post from the calling thread, wait on the Work later
-  kSenderThread,  // hand to a sender thread that posts
-};
-
 struct P2POptions {
   // Every receive and send completion waits at most this long.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
-  // Fixed-shape mode: when set, every activation payload on every channel has
-  // exactly this layout, and no control message or header is sent.
-  std::optional<std::vector<TensorMeta>> fixed_layout;
   // Static-shape mode (see the file comment): after the first message of a
   // channel in training passes, activations go as payload only, in the
   // learned layout.
-  // Ignored when fixed_layout is set. Off: every activation message carries a
-  // 512-byte control message first.
+  // Off: every activation message carries a 512-byte control message first.
   bool static_shapes = false;
   // Where receive buffers, control words and headers live: kCPU for Gloo; the
   // rank's CUDA device for NCCL (which moves only device tensors).
@@ -149,9 +133,6 @@ struct P2POptions {
   // errors name the peer as the launcher and the logs do ("global rank 2
   // (stage 1)"); empty: errors give group ranks.
   std::vector<int> global_ranks;
-  // Who posts sends (see the file comment). kDirect measured faster
-  // (README "Performance": the sender thread's hand-off).
-  P2PSendMode send_mode = P2PSendMode::kDirect;
 };
 
 // Counters, for tests and the benchmark.
@@ -165,12 +146,9 @@ struct P2PStats {
   int64_t static_payloads = 0;
   int64_t buffers_allocated = 0;
   int64_t buffers_reused = 0;
-  // Seconds the caller spent posting sends (kDirect: inside the process
-  // group's send(); kSenderThread: queueing), and, for kSenderThread, the
-  // sum over messages of queueing -> posted by the sender thread (the
-  // hand-off: what a message waits before the transport sees it).
+  // Seconds the caller spent posting sends (inside the process group's
+  // send()).
   double send_post_seconds = 0;
-  double send_handoff_seconds = 0;
   // Receives posted ahead of need: payload tensors posted ahead, control
   // words posted ahead, and posted receives aborted.
   int64_t payloads_posted_ahead = 0;
@@ -206,7 +184,7 @@ class P2P {
   // Receives the payload that SendActivations(…, src_stage, dst_stage, …)
   // sent from rank `peer`. Tensors flagged requires_grad come back as leaves
   // that require grad. `*message_id` (if given) gets the sender's id, or -1
-  // in fixed-shape mode.
+  // for a payload-only message (static shapes).
   absl::StatusOr<Activations> RecvActivations(int peer, int src_stage, int dst_stage,
                                               const std::string& what,
                                               int64_t* message_id = nullptr);
@@ -272,14 +250,6 @@ class P2P {
     int peer;
     std::string what;
   };
-  struct SendRequest {
-    torch::Tensor tensor;
-    int peer = 0;
-    int tag = 0;
-    std::string what;
-    std::chrono::steady_clock::time_point queued;
-  };
-  void SenderLoop();
   // A receive posted ahead (see the file comment).
   struct PostedRecv {
     Kind kind = Kind::kActivation;
@@ -348,15 +318,7 @@ class P2P {
   std::map<PostKey, std::deque<PostedRecv>> posted_;
   // Aborted receives' buffers and Works (see the file comment).
   std::vector<PostedRecv> aborted_;
-
-  mutable absl::Mutex mu_;
-  std::deque<SendRequest> queue_ ABSL_GUARDED_BY(mu_);
-  bool posting_ ABSL_GUARDED_BY(mu_) = false;  // the sender thread is inside send()
-  std::vector<PendingSend> in_flight_ ABSL_GUARDED_BY(mu_);
-  absl::Status send_error_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  double handoff_seconds_ ABSL_GUARDED_BY(mu_) = 0;
-  std::thread sender_;  // kSenderThread only
+  std::vector<PendingSend> in_flight_;  // posted, not yet known complete
 };
 
 }  // namespace pp

@@ -52,7 +52,7 @@ TEST(P2PTest, LayoutMarksOnlyFloatsThatRequireGrad) {
 // grad travel together; only the first gets a gradient back, and nobody hangs.
 TEST(P2PTest, MultiTensorPayloadWithMaskAndNoGradFloat) {
   absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
-    P2P p2p(world.group, P2POptions{milliseconds(20000), std::nullopt});
+    P2P p2p(world.group, P2POptions{milliseconds(20000)});
     if (world.rank == 0) {
       torch::Tensor w = torch::full({3}, 2.0, torch::requires_grad());
       torch::Tensor x = torch::arange(6, torch::kFloat).reshape({2, 3}) * w;
@@ -90,7 +90,7 @@ TEST(P2PTest, MultiTensorPayloadWithMaskAndNoGradFloat) {
 // buffers of a recycled dtype+shape are reused.
 TEST(P2PTest, HeaderOnlyOnLayoutChangeAndBuffersReused) {
   absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
-    P2P p2p(world.group, P2POptions{milliseconds(20000), std::nullopt});
+    P2P p2p(world.group, P2POptions{milliseconds(20000)});
     std::vector<std::vector<int64_t>> shapes = {{2, 3}, {2, 3}, {4, 3}, {2, 3}, {4, 3}};
     for (size_t i = 0; i < shapes.size(); ++i) {
       if (world.rank == 0) {
@@ -122,36 +122,8 @@ TEST(P2PTest, HeaderOnlyOnLayoutChangeAndBuffersReused) {
   EXPECT_STATUS_OK(s);
 }
 
-TEST(P2PTest, FixedShapeModeSendsNoHeaders) {
-  absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
-    P2POptions options{milliseconds(20000),
-                       std::vector<TensorMeta>{{torch::kFloat, {2, 2}, false}}};
-    P2P p2p(world.group, options);
-    for (int i = 0; i < 3; ++i) {
-      if (world.rank == 0) {
-        PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {torch::full({2, 2}, float(i))}, "send"));
-      } else {
-        PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "recv"));
-        PP_RETURN_IF_ERROR(Check(torch::equal(got[0], torch::full({2, 2}, float(i))), "value"));
-      }
-    }
-    if (world.rank == 0) {
-      PP_RETURN_IF_ERROR(
-          Check(p2p.stats().control_messages == 0 && p2p.stats().header_messages == 0,
-                "no control or header messages"));
-      absl::Status bad = p2p.SendActivations(1, 0, 1, {torch::zeros({3})}, "0SEND_F9");
-      PP_RETURN_IF_ERROR(
-          Check(bad.code() == absl::StatusCode::kInvalidArgument &&
-                    std::string(bad.message()).find("fixed p2p layout") != std::string::npos,
-                "mismatch rejected"));
-    }
-    return p2p.WaitSends();
-  });
-  EXPECT_STATUS_OK(s);
-}
-
 P2POptions StaticShapes() {
-  P2POptions options{milliseconds(20000), std::nullopt};
+  P2POptions options{milliseconds(20000)};
   options.static_shapes = true;
   return options;
 }
@@ -261,7 +233,7 @@ TEST(P2PTest, StaticShapesLayoutChangeFailsNamingChannelLayoutsAndOption) {
 TEST(P2PTest, StaticShapesModeMismatchBetweenPeersFailsOnTheFirstMessage) {
   for (int static_rank : {0, 1}) {
     absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&](World& world) -> absl::Status {
-      P2POptions options{milliseconds(1000), std::nullopt};
+      P2POptions options{milliseconds(1000)};
       options.static_shapes = world.rank == static_rank;
       P2P p2p(world.group, options);
       if (world.rank == 0) {
@@ -294,7 +266,7 @@ TEST(P2PTest, StaticShapesModeMismatchBetweenPeersFailsOnTheFirstMessage) {
 // deadlocking.
 TEST(P2PTest, SimultaneousSendsDoNotDeadlock) {
   absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
-    P2P p2p(world.group, P2POptions{milliseconds(20000), std::nullopt});
+    P2P p2p(world.group, P2POptions{milliseconds(20000)});
     const int peer = 1 - world.rank;
     PP_RETURN_IF_ERROR(p2p.SendActivations(peer, world.rank, peer,
                                            {torch::full({1000}, float(world.rank))}, "send"));
@@ -305,16 +277,12 @@ TEST(P2PTest, SimultaneousSendsDoNotDeadlock) {
   EXPECT_STATUS_OK(s);
 }
 
-// Both send modes: many messages on two channels in both directions, every
-// send posted before the peer receives; each channel delivers in order, and
-// only the sender-thread mode books hand-off time.
-TEST(P2PTest, BothSendModesKeepChannelOrderWithoutDeadlock) {
-  for (P2PSendMode mode : {P2PSendMode::kDirect, P2PSendMode::kSenderThread}) {
-    SCOPED_TRACE(mode == P2PSendMode::kDirect ? "direct" : "sender thread");
-    absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [mode](World& world) -> absl::Status {
-      P2POptions options{milliseconds(20000), std::nullopt};
-      options.send_mode = mode;
-      P2P p2p(world.group, options);
+// Many messages on two channels in both directions, every send posted before
+// the peer receives: each channel delivers in order.
+TEST(P2PTest, SendsKeepChannelOrderWithoutDeadlock) {
+  {
+    absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
+      P2P p2p(world.group, P2POptions{milliseconds(20000)});
       const int peer = 1 - world.rank;
       constexpr int kMessages = 12;
       for (int i = 0; i < kMessages; ++i) {
@@ -342,9 +310,6 @@ TEST(P2PTest, BothSendModesKeepChannelOrderWithoutDeadlock) {
                                "control + activation + gradient per round: got " +
                                    std::to_string(stats.tensor_messages)));
       PP_RETURN_IF_ERROR(Check(stats.send_post_seconds > 0, "posting is timed"));
-      PP_RETURN_IF_ERROR(
-          Check((stats.send_handoff_seconds > 0) == (mode == P2PSendMode::kSenderThread),
-                "hand-off only through the sender thread"));
       return absl::OkStatus();
     });
     EXPECT_STATUS_OK(s);
@@ -355,7 +320,7 @@ TEST(P2PTest, BothSendModesKeepChannelOrderWithoutDeadlock) {
 // the action.
 TEST(P2PTest, SilentPeerTimesOutNamingPeerAndAction) {
   absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
-    P2P p2p(world.group, P2POptions{milliseconds(500), std::nullopt});
+    P2P p2p(world.group, P2POptions{milliseconds(500)});
     if (world.rank == 0) {
       // Stay alive and silent until the peer has timed out (a timed-out
       // Gloo pair is closed, so no collective can follow; the store can).
@@ -376,7 +341,7 @@ TEST(P2PTest, SilentPeerTimesOutNamingPeerAndAction) {
 // launcher names: errors give both.
 TEST(P2PTest, TimeoutNamesThePeersGlobalRankAndStage) {
   absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
-    P2POptions options{milliseconds(500), std::nullopt};
+    P2POptions options{milliseconds(500)};
     options.global_ranks = {2, 3};  // e.g. data-parallel replica 1 of pp 2 x dp 2
     P2P p2p(world.group, options);
     if (world.rank == 0) return AfterAllRanks(world, "receiver timed out");
@@ -394,26 +359,22 @@ TEST(P2PTest, TimeoutNamesThePeersGlobalRankAndStage) {
   EXPECT_STATUS_OK(s);
 }
 
-enum class Mode { kDynamic, kStatic, kFixed };
+enum class Mode { kDynamic, kStatic };
 
 P2POptions OptionsFor(Mode mode, milliseconds timeout) {
-  P2POptions options{timeout, std::nullopt};
+  P2POptions options{timeout};
   if (mode == Mode::kStatic) options.static_shapes = true;
-  if (mode == Mode::kFixed)
-    options.fixed_layout = std::vector<TensorMeta>{{torch::kFloat, {2, 3}, true}};
   return options;
 }
 
-const char* ModeName(Mode mode) {
-  return mode == Mode::kDynamic ? "dynamic" : mode == Mode::kStatic ? "static" : "fixed";
-}
+const char* ModeName(Mode mode) { return mode == Mode::kDynamic ? "dynamic" : "static"; }
 
 // Receives posted ahead, several per channel on two channels, and gradients
 // posted ahead: every wait gets its channel's messages in order, with the
 // same values, ids and requires_grad flags as a plain receive, in each
 // activation mode; what was posted ahead is counted, and nothing stays posted.
 TEST(P2PPostAheadTest, PostedReceivesKeepChannelOrderInEveryMode) {
-  for (Mode mode : {Mode::kDynamic, Mode::kStatic, Mode::kFixed}) {
+  for (Mode mode : {Mode::kDynamic, Mode::kStatic}) {
     SCOPED_TRACE(ModeName(mode));
     absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [mode](World& world) -> absl::Status {
       P2P p2p(world.group, OptionsFor(mode, milliseconds(20000)));
@@ -466,13 +427,8 @@ TEST(P2PPostAheadTest, PostedReceivesKeepChannelOrderInEveryMode) {
         const P2PStats stats = p2p.stats();
         // Dynamic: a control word per message ahead, payloads when waited.
         // Static: the first message's control word, every later payload.
-        // Fixed: every payload.
-        const int64_t want_controls = mode == Mode::kDynamic  ? 2 * kMessages
-                                      : mode == Mode::kStatic ? 2
-                                                              : 0;
-        const int64_t want_payloads = mode == Mode::kDynamic  ? 0
-                                      : mode == Mode::kStatic ? 2 * (kMessages - 1)
-                                                              : 2 * kMessages;
+        const int64_t want_controls = mode == Mode::kDynamic ? 2 * kMessages : 2;
+        const int64_t want_payloads = mode == Mode::kDynamic ? 0 : 2 * (kMessages - 1);
         PP_RETURN_IF_ERROR(Check(stats.controls_posted_ahead == want_controls &&
                                      stats.payloads_posted_ahead == want_payloads,
                                  "posted ahead: " + std::to_string(stats.controls_posted_ahead) +
@@ -490,26 +446,27 @@ TEST(P2PPostAheadTest, PostedReceivesKeepChannelOrderInEveryMode) {
   }
 }
 
-// What posting ahead is for: a payload receive posted ahead lets the sender's
-// transfer complete before the receiver waits (Gloo's TCP transport moves the
-// bytes once the receive is posted). The sender's WaitSends returns while the
-// receiver is still waiting for the sender's signal; without the posted
-// receive it would time out.
+// What posting ahead is for: a payload receive posted ahead (a gradient:
+// its layout is known) lets the sender's transfer complete before the
+// receiver waits (Gloo's TCP transport moves the bytes once the receive is
+// posted). The sender's WaitSends returns while the receiver is still waiting
+// for the sender's signal; without the posted receive it would time out.
 TEST(P2PPostAheadTest, PostedPayloadCompletesTheSendBeforeTheWait) {
   std::atomic<bool> sent{false};
   absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [&sent](World& world) -> absl::Status {
-    P2P p2p(world.group, OptionsFor(Mode::kFixed, milliseconds(10000)));
+    P2P p2p(world.group, OptionsFor(Mode::kDynamic, milliseconds(10000)));
+    const std::vector<TensorMeta> layout = {{torch::kFloat, {2, 3}, true}};
     if (world.rank == 0) {
-      absl::Status s = p2p.SendActivations(1, 0, 1, {torch::ones({2, 3})}, "0SEND_F0");
+      absl::Status s = p2p.SendGrads(1, 1, 2, {torch::ones({2, 3})}, "2SEND_B0");
       if (s.ok()) s = p2p.WaitSends();
       sent = s.ok();
       return AfterAllRanks(world, "send waited", s);
     }
-    absl::Status posted = p2p.PostRecvActivations(0, 0, 1, "1RECV_F0");
+    absl::Status posted = p2p.PostRecvGrads(0, 1, 2, layout, "1RECV_B0");
     // Returns once the sender's WaitSends has returned (or failed).
     PP_RETURN_IF_ERROR(AfterAllRanks(world, "send waited", posted));
     PP_RETURN_IF_ERROR(Check(sent, "the send completed before the receive was waited for"));
-    PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "1RECV_F0"));
+    PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvGrads(0, 1, 2, layout, "1RECV_B0"));
     return Check(torch::equal(got[0].detach(), torch::ones({2, 3})), "value");
   });
   EXPECT_STATUS_OK(s);
@@ -520,7 +477,7 @@ TEST(P2PPostAheadTest, PostedPayloadCompletesTheSendBeforeTheWait) {
 // channel's too) is aborted: nothing stays posted.
 TEST(P2PPostAheadTest, PostedReceiveTimesOutNamingPeerAndLeavesNothingPosted) {
   absl::Status s = RunOnThreadRanks(2, milliseconds(20000), [](World& world) -> absl::Status {
-    P2POptions options = OptionsFor(Mode::kFixed, milliseconds(500));
+    P2POptions options = OptionsFor(Mode::kDynamic, milliseconds(500));
     options.global_ranks = {4, 5};
     P2P p2p(world.group, options);
     if (world.rank == 0) return AfterAllRanks(world, "receiver timed out");
@@ -575,7 +532,7 @@ TEST(P2PPostAheadTest, MismatchedWaitAndAbortLeaveNothingPosted) {
 // The same exchange on each device: rank r on cuda:r (two GPUs) with NCCL,
 // or the CPU with Gloo. Received tensors land on the rank's device; device
 // transfers go through the send/receive streams (device_streams.h) and
-// dynamic headers, a fixed layout and gradients all arrive intact, in the
+// dynamic headers and gradients all arrive intact, in the
 // order NCCL pairs them (each rank posts in program order).
 class P2PDeviceTest : public ::testing::TestWithParam<DeviceKind> {};
 
@@ -585,7 +542,7 @@ TEST_P(P2PDeviceTest, ActivationsAndGradsArriveOnTheRankDevice) {
   absl::Status s =
       RunOnThreadRanks(2, GetParam(), milliseconds(60000), [](World& world) -> absl::Status {
         const c10::Device device = world.device;
-        P2POptions options{milliseconds(60000), std::nullopt};
+        P2POptions options{milliseconds(60000)};
         options.device = device;
         P2P p2p(world.group, options);
         const auto on = torch::TensorOptions().device(device);

@@ -180,7 +180,7 @@ TEST(StageExecutorTest, MismatchedMicroBatchIdIsAnError) {
                                         return Activations{linear(in[0])};
                                       }}};
     StageExecutor exec(world.rank, stages, Mse, &source, world.group,
-                       StageExecutorOptions{P2POptions{milliseconds(2000), std::nullopt}, 0, true});
+                       StageExecutorOptions{P2POptions{milliseconds(2000)}, 0, true});
     absl::StatusOr<StepStats> r = exec.Run(program, 0, nullptr);
     if (world.rank == 1) {
       PP_RETURN_IF_ERROR(Check(

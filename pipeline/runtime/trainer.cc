@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   for (const torch::Tensor& p : t->params_) {
     if (non_owner.count(p.unsafeGetTensorImpl()) == 0) t->counted_params_.push_back(p);
   }
-  PP_RETURN_IF_ERROR(BroadcastTiedParams(t->ties_, options.timeout));
+  PP_RETURN_IF_ERROR(BroadcastTiedParams(t->ties_, options.executor.p2p.timeout));
 
   std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages;
   for (int64_t c = 0; c < model->num_chunks(); ++c) {
@@ -123,39 +123,36 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
       return chunk->Forward(in, batch);
     };
   }
-  StageExecutorOptions eo;
-  eo.defer_receives = options.defer_receives;
+  StageExecutorOptions eo = options.executor;
   MicroBatchSource* run_source = source;
-  if (!options.device.is_cpu()) {
+  if (!options.executor.p2p.device.is_cpu()) {
     // On a device: parameters there, micro-batches moved there, and p2p in
     // program order (NCCL pairs by order; DeferReceives breaks it, and device
     // receives do not block the host anyway: device_streams.h).
     for (const auto& item : model->named_parameters()) {
-      if (item.value().device() != options.device) {
+      if (item.value().device() != options.executor.p2p.device) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "TrainerOptions::device is ", options.device.str(), " but parameter ", item.key(),
-            " is on ", item.value().device().str(), "; move the model first (PipelineModel::to)"));
+            "TrainerOptions::executor.p2p.device is ", options.executor.p2p.device.str(),
+            " but parameter ", item.key(), " is on ", item.value().device().str(),
+            "; move the model first (PipelineModel::to)"));
       }
     }
     eo.defer_receives = false;
     for (const LoweredProgram* program : {&t->train_program_, &t->eval_program_}) {
       PP_RETURN_IF_ERROR(CheckPairwiseP2POrder(*program));
     }
-    t->device_source_ = std::make_unique<DeviceMicroBatchSource>(source, options.device);
+    t->device_source_ =
+        std::make_unique<DeviceMicroBatchSource>(source, options.executor.p2p.device);
     run_source = t->device_source_.get();
   }
-  eo.p2p.timeout = options.timeout;
-  eo.p2p.fixed_layout = options.fixed_layout;
-  eo.p2p.static_shapes = options.p2p_static_shapes;
-  eo.post_receives_ahead = options.p2p_post_receives_ahead;
-  eo.p2p.device = options.device;
   eo.p2p.global_ranks = grid->pipe_group_ranks();
   eo.data_parallel_id = grid->data_parallel_id();
   t->executor_ = std::make_unique<StageExecutor>(
       grid->stage_id(), std::move(stages), std::move(loss_fn), run_source, grid->pipe_group(), eo);
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->train_program_));
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->eval_program_));
-  t->timer_ = std::make_unique<ActionTimer>(options.device, options.timeout);
+  t->timer_ =
+      std::make_unique<ActionTimer>(options.executor.p2p.device, options.executor.p2p.timeout);
   t->optimizer_ = MakeOptimizer(options.optimizer, t->params_);
   return t;
 }
@@ -164,7 +161,7 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
   switch (action.type) {
     case ActionType::kReduceTiedGrads:
       if (!options_.reduce_tied_grads) return absl::OkStatus();
-      return AllReduceTiedGrads(ties_, options_.timeout);
+      return AllReduceTiedGrads(ties_, timeout());
     case ActionType::kReduceGrads: {
       // A tied module shared by two chunks of this rank belongs to both
       // stages: average it only once.
@@ -182,16 +179,15 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
         if (reduced_this_step_.insert(item.value().unsafeGetTensorImpl()).second)
           params.push_back(item.value());
       }
-      return AverageGrads(params, grid_->data_group(), options_.timeout);
+      return AverageGrads(params, grid_->data_group(), timeout());
     }
     case ActionType::kOptimizerStep: {
       if (options_.max_grad_norm <= 0 && !options_.report_grad_norm &&
           !options_.skip_nonfinite_updates) {
         return TorchCall("optimizer step", [&] { optimizer_->step(); });
       }
-      absl::StatusOr<double> norm =
-          GlobalGradNorm(counted_params_, grid_->pipe_group(), grid_->data_group(),
-                         options_.timeout, options_.device);
+      absl::StatusOr<double> norm = GlobalGradNorm(counted_params_, grid_->pipe_group(),
+                                                   grid_->data_group(), timeout(), device());
       if (!norm.ok()) {
         return absl::Status(
             norm.status().code(),
@@ -214,17 +210,17 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
 }
 
 absl::StatusOr<double> Trainer::ReduceLoss(const StepStats& stats) {
-  torch::Tensor loss = torch::tensor({stats.loss_sum}, torch::kDouble).to(options_.device);
+  torch::Tensor loss = torch::tensor({stats.loss_sum}, torch::kDouble).to(device());
   std::vector<at::Tensor> one = {loss};
   if (grid_->num_stages() > 1) {
     PP_RETURN_IF_ERROR(RunCollective(
-        "loss all-reduce", grid_->DescribeGroup("pipe group", grid_->pipe_group_ranks()),
-        options_.timeout, [&] { return grid_->pipe_group()->allreduce(one); }));
+        "loss all-reduce", grid_->DescribeGroup("pipe group", grid_->pipe_group_ranks()), timeout(),
+        [&] { return grid_->pipe_group()->allreduce(one); }));
   }
   if (grid_->data_parallel_size() > 1) {
     PP_RETURN_IF_ERROR(RunCollective(
-        "loss all-reduce", grid_->DescribeGroup("data group", grid_->data_group_ranks()),
-        options_.timeout, [&] { return grid_->data_group()->allreduce(one); }));
+        "loss all-reduce", grid_->DescribeGroup("data group", grid_->data_group_ranks()), timeout(),
+        [&] { return grid_->data_group()->allreduce(one); }));
   }
   return loss.cpu().item<double>() /
          static_cast<double>(options_.num_microbatches * grid_->data_parallel_size());
@@ -262,14 +258,14 @@ absl::Status Trainer::GatherBusyIdle(StepResult& result) {
   torch::Tensor mine = torch::tensor({static_cast<double>(timer_->busy_us()),
                                       static_cast<double>(timer_->wall_us())},
                                      torch::kDouble)
-                           .to(options_.device);
+                           .to(device());
   std::vector<std::vector<at::Tensor>> gathered(1);
   for (int r = 0; r < world; ++r) {
-    gathered[0].push_back(torch::empty({2}, torch::dtype(torch::kDouble).device(options_.device)));
+    gathered[0].push_back(torch::empty({2}, torch::dtype(torch::kDouble).device(device())));
   }
   std::vector<at::Tensor> input = {mine};
   PP_RETURN_IF_ERROR(
-      RunCollective("busy-time all-gather", grid_->DescribeWorldGroup(), options_.timeout,
+      RunCollective("busy-time all-gather", grid_->DescribeWorldGroup(), timeout(),
                     [&] { return grid_->world_group()->allgather(gathered, input); }));
   for (int r = 0; r < world; ++r) {
     torch::Tensor got = gathered[0][r].cpu();
@@ -284,8 +280,7 @@ absl::Status Trainer::GatherBusyIdle(StepResult& result) {
 absl::StatusOr<double> Trainer::Evaluate(MicroBatchSource* source, int64_t step) {
   model_->eval();
   std::optional<DeviceMicroBatchSource> on_device;
-  if (!options_.device.is_cpu() && source != nullptr)
-    source = &on_device.emplace(source, options_.device);
+  if (!device().is_cpu() && source != nullptr) source = &on_device.emplace(source, device());
   executor_->set_observer(action_observer_);
   absl::StatusOr<StepStats> stats = executor_->Run(eval_program_, step, nullptr, source);
   executor_->set_observer(nullptr);
@@ -300,11 +295,11 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
   const int world = grid_->world_size();
   const int64_t n = static_cast<int64_t>(last_timings_.size());
   std::vector<std::vector<at::Tensor>> counts(1);
-  const auto on_device = torch::dtype(torch::kLong).device(options_.device);
+  const auto on_device = torch::dtype(torch::kLong).device(device());
   for (int r = 0; r < world; ++r) counts[0].push_back(torch::empty({1}, on_device));
-  std::vector<at::Tensor> my_count = {torch::tensor({n}, torch::kLong).to(options_.device)};
+  std::vector<at::Tensor> my_count = {torch::tensor({n}, torch::kLong).to(device())};
   PP_RETURN_IF_ERROR(
-      RunCollective("trace count all-gather", grid_->DescribeWorldGroup(), options_.timeout,
+      RunCollective("trace count all-gather", grid_->DescribeWorldGroup(), timeout(),
                     [&] { return grid_->world_group()->allgather(counts, my_count); }));
   for (int r = 0; r < world; ++r) counts[0][r] = counts[0][r].cpu();
   int64_t max_n = 1;
@@ -320,9 +315,8 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
   }
   std::vector<std::vector<at::Tensor>> tables(1);
   for (int r = 0; r < world; ++r) tables[0].push_back(torch::empty({max_n, 5}, on_device));
-  std::vector<at::Tensor> mine = {table.to(options_.device)};
-  PP_RETURN_IF_ERROR(RunCollective("trace all-gather", grid_->DescribeWorldGroup(),
-                                   options_.timeout,
+  std::vector<at::Tensor> mine = {table.to(device())};
+  PP_RETURN_IF_ERROR(RunCollective("trace all-gather", grid_->DescribeWorldGroup(), timeout(),
                                    [&] { return grid_->world_group()->allgather(tables, mine); }));
   for (int r = 0; r < world; ++r) tables[0][r] = tables[0][r].cpu();
   int64_t t0 = INT64_MAX;

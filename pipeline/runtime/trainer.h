@@ -60,27 +60,23 @@ struct TrainerOptions {
   // (StepResult::update_skipped); the norm is computed even when
   // report_grad_norm is false. Every rank sees the same norm, so all skip.
   bool skip_nonfinite_updates = false;
-  // Every receive, send completion and collective waits at most this long.
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
-  // Where this rank computes: kCPU (Gloo), or the rank's CUDA device (the
-  // grid's groups need NCCL: GroupOptions::nccl). On a device the model must
-  // already be there (InvalidArgument naming a parameter elsewhere); the
-  // source's micro-batches are moved there (device_batches.h), p2p buffers and
-  // the step's small collectives (loss, norm, timings) live there, receives
-  // are not deferred (defer_receives is ignored) and Create refuses a program
-  // whose transfers NCCL cannot pair (nccl_order.h).
-  torch::Device device = torch::kCPU;
-  // Fixed-shape p2p (no headers); see P2POptions::fixed_layout.
-  std::optional<std::vector<TensorMeta>> fixed_layout;
-  // Static-shape p2p: headers on each channel's first message only; see
-  // P2POptions::static_shapes.
-  bool p2p_static_shapes = false;
-  // Post receives ahead of need; see StageExecutorOptions::post_receives_ahead.
-  bool p2p_post_receives_ahead = false;
+  // The executor's options (and through them p2p's), which are also the
+  // Trainer's where they overlap:
+  //   executor.p2p.timeout: every receive, send completion and collective
+  //     waits at most this long;
+  //   executor.p2p.device: where this rank computes: kCPU (Gloo), or the
+  //     rank's CUDA device (the grid's groups need NCCL: GroupOptions::nccl).
+  //     On a device the model must already be there (InvalidArgument naming a
+  //     parameter elsewhere); the source's micro-batches are moved there
+  //     (device_batches.h), p2p buffers and the step's small collectives
+  //     (loss, norm, timings) live there, receives are not deferred
+  //     (executor.defer_receives is ignored) and Create refuses a program
+  //     whose transfers NCCL cannot pair (nccl_order.h).
+  // Create sets what the grid decides: executor.data_parallel_id and
+  // executor.p2p.global_ranks.
+  StageExecutorOptions executor;
   // Set on every stage module (activation checkpointing); null keeps RunLayers.
   LayerRunner layer_runner;
-  // See StageExecutorOptions::defer_receives.
-  bool defer_receives = true;
   // Testing only: skip the tied-gradient all-reduce (shows that the
   // equivalence tests detect a missing reduction).
   bool reduce_tied_grads = true;
@@ -163,6 +159,9 @@ class Trainer {
   absl::StatusOr<double> ReduceLoss(const StepStats& stats);
   // Busy/idle of every rank (StepResult) from this rank's timer.
   absl::Status GatherBusyIdle(StepResult& result);
+
+  std::chrono::milliseconds timeout() const { return options_.executor.p2p.timeout; }
+  const torch::Device& device() const { return options_.executor.p2p.device; }
 
   ParallelGrid* grid_ = nullptr;
   PipelineModel* model_ = nullptr;

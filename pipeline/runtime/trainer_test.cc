@@ -148,29 +148,6 @@ TEST(TrainerTest, TraceAndStepResult) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-// Fixed-shape p2p (no headers) gives the same training as dynamic shapes.
-TEST(TrainerTest, FixedShapeModeMatchesDynamic) {
-  std::vector<std::vector<double>> losses(2);
-  for (int fixed = 0; fixed < 2; ++fixed) {
-    absl::Status s = RunOnGrid(2, 1, seconds(20), [&](ParallelGrid& grid) -> absl::Status {
-      PP_ASSIGN_OR_RETURN(auto model, ToyModel(grid));
-      ToySource source;
-      TrainerOptions o;
-      o.num_microbatches = 4;
-      if (fixed)
-        o.fixed_layout = std::vector<TensorMeta>{{torch::kFloat, {kTokens, kHidden}, true}};
-      PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, o));
-      for (int i = 0; i < 2; ++i) {
-        PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
-        if (grid.stage_id() == 0) losses[fixed].push_back(r.loss);
-      }
-      return absl::OkStatus();
-    });
-    ASSERT_TRUE(s.ok()) << s;
-  }
-  EXPECT_EQ(losses[0], losses[1]);
-}
-
 // The LayerRunner given in the options runs every chunk's layers.
 TEST(TrainerTest, UsesGivenLayerRunner) {
   std::atomic<int> calls{0};
