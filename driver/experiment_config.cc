@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "common/field_checks.h"
 #include "common/status_macros.h"
+#include "driver/auto_schedule.h"
 #include "driver/preflight.h"
 #include "models/registry.h"
 #include "pipeline/partition/partitioner.h"
@@ -343,13 +344,26 @@ absl::Status CheckParts(const driver::ParallelismConfig& par, const std::vector<
 // execute its lowered program (refused here, before any worker starts,
 // rather than in every rank).
 absl::Status CheckSchedule(const driver::ParallelismConfig& par) {
+  if (par.schedule() == kAutoSchedule) {
+    // "auto" trains its first steps under the schedule it measures with.
+    absl::StatusOr<std::string> start = AutoMeasurementSchedule(par.chunks());
+    if (!start.ok()) return Invalid(std::string(start.status().message()));
+    driver::ParallelismConfig measured = par;
+    measured.set_schedule(*start);
+    absl::Status status = CheckSchedule(measured);
+    if (status.ok()) return status;
+    return Invalid(absl::StrCat("parallelism.schedule 'auto' measures under '", *start,
+                                "' first: ", status.message()));
+  }
   const std::vector<std::string> names = RegisteredScheduleNames();
   // "csv:FILE" is a schedule file (pipeline/schedule/csv.h); MakeSchedule reads it.
   if (!absl::StartsWith(par.schedule(), kCsvSchedulePrefix) &&
       std::find(names.begin(), names.end(), par.schedule()) == names.end()) {
-    return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
-                                "' is not a registered schedule; valid: ",
-                                absl::StrJoin(names, ", "), ", or csv:FILE (a schedule file)"));
+    return Invalid(
+        absl::StrCat("parallelism.schedule '", par.schedule(),
+                     "' is not a registered schedule; valid: ", absl::StrJoin(names, ", "),
+                     ", auto (synthesised from measured costs) or csv:FILE (a "
+                     "schedule file)"));
   }
   ScheduleOptions so;
   so.num_stages = par.pp();

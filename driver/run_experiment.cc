@@ -18,6 +18,7 @@
 #include "checkpoint/model/trainer_checkpoint.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "driver/auto_schedule.h"
 #include "driver/nonfinite_guard.h"
 #include "driver/progress.h"
 #include "driver/run_observability.h"
@@ -136,9 +137,10 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(const ExperimentConfig
   mo.partition_method = partition_method;
   mo.base_seed = config.seed();
   // The schedule's placement (V for zbv); its errors are the Trainer's to report.
+  PP_ASSIGN_OR_RETURN(const std::string starting, StartingSchedule(par.schedule(), par.chunks()));
   if (absl::StatusOr<Schedule> schedule = MakeSchedule(
-          par.schedule(), {static_cast<int>(par.pp()), static_cast<int>(par.num_microbatches()),
-                           static_cast<int>(par.chunks()), 0});
+          starting, {static_cast<int>(par.pp()), static_cast<int>(par.num_microbatches()),
+                     static_cast<int>(par.chunks()), 0});
       schedule.ok()) {
     mo.stage_to_rank = schedule->stage_to_rank;
   }
@@ -151,7 +153,7 @@ absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config
                                                   std::chrono::milliseconds timeout) {
   const auto& par = config.parallelism();
   TrainerOptions to;
-  to.schedule = par.schedule();
+  PP_ASSIGN_OR_RETURN(to.schedule, StartingSchedule(par.schedule(), par.chunks()));
   to.num_microbatches = par.num_microbatches();
   to.skip_nonfinite_updates = config.nonfinite().policy() == "skip";
   to.optimizer = ToOptimizerConfig(config);
@@ -208,7 +210,8 @@ absl::StatusOr<double> Evaluate(const ExperimentConfig& config, Trainer& trainer
 absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelGrid& grid,
                                  PipelineModel& model, Trainer& trainer,
                                  TrainingCheckpointer& checkpointer, const ModelData& data,
-                                 RunReport& report, RunObservability& obs) {
+                                 RunReport& report, RunObservability& obs,
+                                 AutoScheduleRun& auto_schedule) {
   Progress progress(config.steps(), config.log_interval());
   const int64_t trace_step = std::min(config.trace_step(), config.steps() - 1);
   NonFiniteGuard nonfinite(config.nonfinite());
@@ -225,11 +228,13 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
     const bool observed = progress.Logs(step) || evaluates || traced;
     const bool profiled = obs.Profiles(step + 1);
     PP_RETURN_IF_ERROR(obs.BeforeStep(step + 1, trainer));
-    PP_ASSIGN_OR_RETURN(StepResult r,
-                        trainer.Step({.trace = traced || profiled, .busy_idle = observed}));
+    const bool measured = auto_schedule.Measures(step);  // schedule "auto"
+    PP_ASSIGN_OR_RETURN(StepResult r, trainer.Step({.trace = traced || profiled || measured,
+                                                    .busy_idle = observed}));
     PP_ASSIGN_OR_RETURN(StepMemory memory, obs.AfterStep(step + 1, trainer, observed));
     // Before the save: a non-finite state is never checkpointed.
     PP_RETURN_IF_ERROR(nonfinite.AfterStep(r, grid, model, trainer.options().executor.p2p.timeout));
+    PP_RETURN_IF_ERROR(auto_schedule.AfterStep(step, grid, trainer));
     PP_ASSIGN_OR_RETURN(std::string saved,
                         checkpointer.AfterStep(grid, model, trainer, config.steps()));
     if (!saved.empty() && report.active()) LOG(INFO) << "checkpoint " << saved;
@@ -319,8 +324,12 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
                       RunObservability::Create(config, grid, report.dir().string(), timeout));
   report.set_observability(obs.get());
   report.Header(data.description, data.tokens_per_step, *model);
-  PP_ASSIGN_OR_RETURN(double train_seconds,
-                      TrainLoop(config, grid, *model, *trainer, checkpointer, data, report, *obs));
+  const auto& par = config.parallelism();
+  AutoScheduleRun auto_schedule(par.schedule() == kAutoSchedule, par.pp(), par.num_microbatches(),
+                                par.chunks(), rank0 ? report.dir().string() : "", ckpt_policy.dir);
+  PP_RETURN_IF_ERROR(auto_schedule.Start(*trainer, trainer->step()));
+  PP_ASSIGN_OR_RETURN(double train_seconds, TrainLoop(config, grid, *model, *trainer, checkpointer,
+                                                      data, report, *obs, auto_schedule));
   if (rank0) {
     const P2PStats p2p = trainer->p2p_stats();
     std::cout << "p2p (rank 0): " << p2p.tensor_messages << " messages sent ("

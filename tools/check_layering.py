@@ -19,7 +19,7 @@ Usage:
   tools/check_layering.py --graph=FILE       # a saved graph ('-' = stdin)
 
 Exit status 0 when clean, 1 with one line per problem otherwise, 2 on bad usage.
-The order is the README's "Architecture" section; change both together.
+The order is docs/architecture.md's; change both together.
 """
 
 import argparse
@@ -226,7 +226,7 @@ def check(packages, edges, layers=LAYERS):
         if layer_of(package, layers) is None:
             problems.append(
                 "package %s is not in the layer order and has no listed ancestor; "
-                "place it in LAYERS (tools/check_layering.py) and the README's "
+                "place it in LAYERS (tools/check_layering.py) and docs/architecture.md's "
                 "architecture section; listed: %s"
                 % (_show(package), ", ".join(_show(p) for p in layers))
             )

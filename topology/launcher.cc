@@ -71,7 +71,7 @@ ABSL_FLAG(bool, bind_cores, false,
           "Launcher: bind each worker to its own cores before it starts (one core each, "
           "round-robin, when workers >= cores; else an even contiguous share), as DeepSpeed's "
           "--bind_cores_to_rank. Measured: +5% for interleaved 1F1B with 4 ranks on 2 cores, "
-          "no change at pp = 2 (README, Performance).");
+          "no change at pp = 2 (docs/performance.md).");
 
 namespace pp {
 namespace {

@@ -62,7 +62,7 @@ int WorkerThreadCount(int local_world_size);
 
 // The default split for `local_world_size` ranks on this machine: one
 // intra-op thread, WorkerThreadCount() BLAS threads. Measured on the 2-core
-// machine with the peer GPT (README, Performance): pp = 1 with 1 + 2 is the
+// machine with the peer GPT (docs/performance.md): pp = 1 with 1 + 2 is the
 // fastest split (2 + 2, the old default, oversubscribes the cores: each
 // intra-op thread calls a GEMM that starts 2 BLAS threads); pp = 2 takes 1 + 1.
 WorkerThreads DefaultWorkerThreads(int local_world_size);

@@ -1,4 +1,4 @@
-// Adding a model from your own package (README.md, "Adding a model"): a
+// Adding a model from your own package (examples/README.md, "Adding a model"): a
 // small autoencoder whose decoder reuses the encoder's weight (transposed),
 // written as LayerSpecs, with its own loss and MicroBatchSource. Nothing in
 // pipe knows it; PipelineModel cuts it into stages and the Trainer keeps the

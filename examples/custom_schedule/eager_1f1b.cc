@@ -1,4 +1,4 @@
-// Example of adding a schedule (walked through in README.md, "Adding a
+// Example of adding a schedule (walked through in examples/README.md, "Adding a
 // schedule"): 1F1B with one extra warm-up forward per rank. The extra forward
 // lets a rank start the next micro-batch while it waits for a gradient, at
 // the cost of one more activation in flight (p - r + 1 instead of p - r).

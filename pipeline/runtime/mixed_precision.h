@@ -15,7 +15,8 @@
 // lose the small contributions once the sum is large; fp32 keeps 24 bits.
 // The loss, LayerNorm/RMSNorm and attention softmax run in fp32 too (the
 // models and the Trainer cast around them); see pipeline/runtime/README.md
-// "Mixed precision" for the table of which op runs in which dtype.
+// and docs/training.md "Mixed precision (bf16)" for the table of which op
+// runs in which dtype.
 #ifndef PIPELINE_RUNTIME_MIXED_PRECISION_H_
 #define PIPELINE_RUNTIME_MIXED_PRECISION_H_
 

@@ -188,6 +188,32 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   return t;
 }
 
+absl::Status Trainer::ReplaceTrainSchedule(const Schedule& schedule) {
+  const std::string what =
+      absl::StrCat("replacing the training schedule with '", schedule.name, "'");
+  if (schedule.forward_only) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": it is forward-only"));
+  }
+  const int chunks = static_cast<int>(model_->num_chunks());
+  if (schedule.num_stages != grid_->num_stages() ||
+      schedule.num_microbatches != options_.num_microbatches || schedule.num_chunks != chunks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": it has p=", schedule.num_stages, " m=", schedule.num_microbatches,
+                     " v=", schedule.num_chunks, " but this run has p=", grid_->num_stages(),
+                     " m=", options_.num_microbatches, " v=", chunks));
+  }
+  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+  if (program.stage_to_rank != model_->placement()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": it places virtual stages on ranks [", absl::StrJoin(program.stage_to_rank, ","),
+        "] but the model was partitioned for [", absl::StrJoin(model_->placement(), ","), "]"));
+  }
+  if (!device().is_cpu()) PP_RETURN_IF_ERROR(CheckPairwiseP2POrder(program));
+  PP_RETURN_IF_ERROR(executor_->Validate(program));
+  train_program_ = std::move(program);
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Tail(const Action& action, StepResult& result) {
   switch (action.type) {
     case ActionType::kReduceTiedGrads:

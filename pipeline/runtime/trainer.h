@@ -170,6 +170,14 @@ class Trainer {
     if (master_) master_->CopyToModel();
   }
   const LoweredProgram& train_program() const { return train_program_; }
+  // Trains the following steps with `schedule` instead of the one named in
+  // the options (e.g. a schedule synthesised from this run's measured costs).
+  // It must train, have this run's stages, micro-batches and chunks, and
+  // place virtual stages as the model was partitioned; InvalidArgument names
+  // what differs, and the current schedule stays. Every rank calls it with
+  // the same schedule between steps. Model, optimizer state and step count
+  // are untouched.
+  absl::Status ReplaceTrainSchedule(const Schedule& schedule);
   const LoweredProgram& eval_program() const { return eval_program_; }
   const TrainerOptions& options() const { return options_; }
 

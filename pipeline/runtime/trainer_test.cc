@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/equivalence_testing.h"
+#include "pipeline/schedule/registry.h"
 #include "topology/thread_ranks.h"
 
 namespace pp {
@@ -191,6 +192,49 @@ TEST(TrainerTest, RejectsBadScheduleNames) {
                  "training schedule for evaluation");
   });
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// A schedule replaced between steps trains on from where the old one left:
+// 1F1B then ZB-H1 gives 1F1B's losses (both equal sequential training), and a
+// schedule of another shape or placement is refused, the old one kept.
+TEST(TrainerTest, ReplaceTrainScheduleTrainsOn) {
+  std::vector<std::vector<double>> losses(2);
+  for (int replace = 0; replace < 2; ++replace) {
+    absl::Status s = RunOnGrid(2, 1, seconds(20), [&](ParallelGrid& grid) -> absl::Status {
+      PP_ASSIGN_OR_RETURN(auto model, ToyModel(grid));
+      ToySource source;
+      TrainerOptions o;
+      o.num_microbatches = 4;
+      PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, o));
+      for (int step = 0; step < 3; ++step) {
+        if (replace && step == 1) {
+          PP_ASSIGN_OR_RETURN(Schedule zb, MakeSchedule("zb_h1", {2, 4, 1, 0}));
+          PP_RETURN_IF_ERROR(trainer->ReplaceTrainSchedule(zb));
+          PP_RETURN_IF_ERROR(
+              Check(trainer->train_program().schedule_name == "zb_h1", "zb_h1 runs next"));
+        }
+        PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
+        if (grid.stage_id() == 0) losses[replace].push_back(r.loss);
+      }
+      PP_ASSIGN_OR_RETURN(Schedule other_m, MakeSchedule("1f1b", {2, 3, 1, 0}));
+      absl::Status m = trainer->ReplaceTrainSchedule(other_m);
+      PP_RETURN_IF_ERROR(
+          Check(absl::IsInvalidArgument(m) && m.message().find("m=3") != std::string::npos,
+                "another m refused: " + m.ToString()));
+      PP_ASSIGN_OR_RETURN(Schedule v, MakeSchedule("zbv", {2, 4, 2, 0}));
+      absl::Status chunks = trainer->ReplaceTrainSchedule(v);
+      PP_RETURN_IF_ERROR(Check(absl::IsInvalidArgument(chunks), "2 chunks refused"));
+      PP_ASSIGN_OR_RETURN(Schedule eval, MakeSchedule("inference", {2, 4, 1, 0}));
+      PP_RETURN_IF_ERROR(Check(absl::IsInvalidArgument(trainer->ReplaceTrainSchedule(eval)),
+                               "forward-only refused"));
+      return Check(trainer->train_program().schedule_name == (replace ? "zb_h1" : "1f1b"),
+                   "a refused schedule keeps the old one");
+    });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  ASSERT_EQ(losses[0].size(), 3u);
+  ASSERT_EQ(losses[1].size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5 * losses[0][i]) << i;
 }
 
 }  // namespace

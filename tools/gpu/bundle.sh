@@ -3,7 +3,7 @@
 # network, no Debian packages; PyTorch 2.11.0+cu130 as `python3`) needs to run
 # pipe's CUDA test cases, train_gpt and the GPU bench, in one git-ignored
 # folder that travels with a device call (64 MiB per call, the repository
-# included). README "The GPU kit" says how to use it.
+# included). docs/gpus_and_libtorch.md "The GPU kit" says how to use it.
 #
 #   tools/gpu/bundle.sh [--out=gpu_bundle] [--no_build] [--only=//a:b,//c:d]
 #

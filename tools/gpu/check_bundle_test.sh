@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The self-containment check must pass on the bundle and fail, naming the
 # library, when one is missing or when a run path names a build-machine
-# folder. .ci/run runs it after tools/gpu/bundle.sh (README "The GPU kit").
+# folder. .ci/run runs it after tools/gpu/bundle.sh (docs/gpus_and_libtorch.md "The GPU kit").
 #
 #   tools/gpu/check_bundle_test.sh [BUNDLE_DIR=gpu_bundle]
 set -euo pipefail

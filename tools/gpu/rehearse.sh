@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU kit's CPU rehearsal (README "The GPU kit"): the bundle and its
+# The GPU kit's CPU rehearsal (docs/gpus_and_libtorch.md "The GPU kit"): the bundle and its
 # run_on_device.sh, run here exactly as on a lent GPU machine but against a
 # pip-installed PyTorch 2.11.0+cu130 (tools/python_env.sh torch-2.11: the
 # device's site-packages layout, its python3 first on PATH) and with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU kit's one command on a lent GPU machine (README "The GPU kit"; issue #31).
+# The GPU kit's one command on a lent GPU machine (docs/gpus_and_libtorch.md "The GPU kit"; issue #31).
 # Lives at the root of the bundle tools/gpu/bundle.sh makes; runs there with
 # the machine's python3 (PyTorch 2.11.0+cu130) and nothing else: no Bazel,
 # no network.

@@ -1,0 +1,307 @@
+#include "driver/auto_schedule.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <utility>
+
+#include <glog/logging.h>
+#include <torch/torch.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "pipeline/schedule/csv.h"
+#include "pipeline/schedule/registry.h"
+#include "topology/wait_work.h"
+
+namespace pp {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Slots per virtual stage in LocalCostSums: (sum, count) of F, B, I, W.
+constexpr int kStageSlots = 8;
+// Slots per pipeline rank: (SEND, count), (RECV, count).
+constexpr int kRankSlots = 4;
+
+int ComputeSlot(ActionType type) {
+  switch (type) {
+    case ActionType::kForward:
+      return 0;
+    case ActionType::kBackward:
+      return 1;
+    case ActionType::kBackwardInput:
+      return 2;
+    case ActionType::kBackwardWeight:
+      return 3;
+    default:
+      return -1;
+  }
+}
+
+bool IsSend(ActionType type) {
+  return type == ActionType::kSendForward || type == ActionType::kSendBackward;
+}
+bool IsRecv(ActionType type) {
+  return type == ActionType::kRecvForward || type == ActionType::kRecvBackward;
+}
+
+double Mean(const std::vector<double>& sums, int slot) {
+  return sums[slot + 1] > 0 ? sums[slot] / sums[slot + 1] : 0.0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> AutoMeasurementSchedule(int chunks) {
+  if (chunks == 1) return std::string("zb_h1");
+  if (chunks == 2) return std::string("zbv");
+  return absl::InvalidArgumentError(absl::StrCat(
+      "parallelism.schedule 'auto' synthesises for parallelism.chunks 1 (looped, measured under "
+      "zb_h1) or 2 (V placement, measured under zbv), got chunks=",
+      chunks));
+}
+
+absl::StatusOr<std::string> StartingSchedule(const std::string& schedule, int chunks) {
+  if (schedule != kAutoSchedule) return schedule;
+  return AutoMeasurementSchedule(chunks);
+}
+
+std::vector<double> LocalCostSums(const std::vector<std::vector<ActionTiming>>& timings,
+                                  int num_stages, int num_chunks, int pipe_rank) {
+  const int stages = num_stages * num_chunks;
+  std::vector<double> sums(static_cast<size_t>(stages * kStageSlots + num_stages * kRankSlots),
+                           0.0);
+  std::vector<double> sends, recvs;
+  for (const std::vector<ActionTiming>& step : timings) {
+    for (const ActionTiming& t : step) {
+      const double ms = static_cast<double>(t.end_us - t.start_us) / 1000.0;
+      const int slot = ComputeSlot(t.action.type);
+      if (slot >= 0 && t.action.stage >= 0 && t.action.stage < stages) {
+        sums[t.action.stage * kStageSlots + 2 * slot] += ms;
+        sums[t.action.stage * kStageSlots + 2 * slot + 1] += 1;
+      } else if (IsSend(t.action.type)) {
+        sends.push_back(ms);
+      } else if (IsRecv(t.action.type)) {
+        recvs.push_back(ms);
+      }
+    }
+  }
+  const size_t base = static_cast<size_t>(stages * kStageSlots + pipe_rank * kRankSlots);
+  if (!sends.empty()) {
+    std::nth_element(sends.begin(), sends.begin() + sends.size() / 2, sends.end());
+    sums[base] = sends[sends.size() / 2];
+    sums[base + 1] = 1;
+  }
+  if (!recvs.empty()) {
+    // The smallest: a receive whose message was already there (its unpacking
+    // cost); the waits in the others are the simulator's to reproduce.
+    sums[base + 2] = *std::min_element(recvs.begin(), recvs.end());
+    sums[base + 3] = 1;
+  }
+  return sums;
+}
+
+absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, int num_stages,
+                                              int num_chunks) {
+  const int stages = num_stages * num_chunks;
+  if (sums.size() != static_cast<size_t>(stages * kStageSlots + num_stages * kRankSlots)) {
+    return absl::InvalidArgumentError(absl::StrCat("measured cost vector has ", sums.size(),
+                                                   " entries, expected ",
+                                                   stages * kStageSlots + num_stages * kRankSlots));
+  }
+  SimulationCosts costs;
+  costs.comm = 0;
+  double f_total = 0, i_total = 0, w_total = 0;
+  for (int s = 0; s < stages; ++s) {
+    const double f = Mean(sums, s * kStageSlots + 0);
+    const double b = Mean(sums, s * kStageSlots + 2);
+    double i = Mean(sums, s * kStageSlots + 4);
+    double w = Mean(sums, s * kStageSlots + 6);
+    if (f <= 0 || (b <= 0 && (i <= 0 || w <= 0))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "virtual stage ", s, " has no measured forward and backward (F ", f, " ms, B ", b,
+          " ms, I ", i, " ms, W ", w, " ms): the measured steps were not traced on every rank"));
+    }
+    if (i <= 0 || w <= 0) {
+      // Backward not split on this stage: its halves in the usual ratio.
+      i = b / 2;
+      w = b / 2;
+    }
+    StageCosts sc;
+    sc.forward = f;
+    sc.backward_input = i;
+    sc.backward_weight = w;
+    sc.backward = b > 0 ? b : i + w;
+    costs.stage_costs[s] = sc;
+    f_total += f;
+    i_total += i;
+    w_total += w;
+  }
+  costs.forward = f_total / stages;
+  costs.backward_input = i_total / stages;
+  costs.backward_weight = w_total / stages;
+  costs.backward = costs.backward_input + costs.backward_weight;
+  for (int r = 0; r < num_stages; ++r) {
+    const int base = stages * kStageSlots + r * kRankSlots;
+    RankCosts rc;
+    if (sums[base + 1] > 0) rc.send = sums[base] / sums[base + 1];
+    if (sums[base + 3] > 0) rc.recv = sums[base + 2] / sums[base + 3];
+    if (rc.send || rc.recv) costs.rank_costs[r] = rc;
+  }
+  return costs;
+}
+
+absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& costs, int num_stages,
+                                                      int num_microbatches, int num_chunks) {
+  SynthesisOptions o;
+  o.num_stages = num_stages;
+  o.num_microbatches = num_microbatches;
+  o.num_chunks = num_chunks;
+  o.placement = num_chunks == 2 ? SynthesisPlacement::kV : SynthesisPlacement::kLooped;
+  o.costs = costs;
+  o.name = std::string(kAutoSchedule);
+  AutoScheduleChoice choice;
+  PP_ASSIGN_OR_RETURN(choice.synthesis, Synthesize(o));
+  const SynthesisResult& syn = choice.synthesis;
+  auto peak = [](const SimulationResult& r) {
+    return r.peak_memory.empty() ? 0.0
+                                 : *std::max_element(r.peak_memory.begin(), r.peak_memory.end());
+  };
+  std::string& out = choice.comparison;
+  absl::StrAppendFormat(&out, "%-18s %12s %8s %22s\n", "schedule", "step (ms)", "bubble",
+                        "peak act. (x stage)");
+  absl::StrAppendFormat(&out, "%-18s %12.2f %7.1f%% %22.3g   lower bound %.2f ms\n", "auto",
+                        syn.makespan, 100 * syn.simulation.bubble_fraction, syn.peak_memory,
+                        syn.lower_bound);
+  for (const std::string& name : RegisteredScheduleNames()) {
+    if (name == "inference" || absl::StartsWith(name, "synth")) continue;
+    absl::StatusOr<Schedule> schedule =
+        MakeSchedule(name, {num_stages, num_microbatches, num_chunks, 0});
+    if (!schedule.ok() || schedule->forward_only ||
+        schedule->stage_to_rank != syn.schedule.stage_to_rank) {
+      continue;
+    }
+    absl::StatusOr<SimulationResult> sim = Simulate(*schedule, costs);
+    if (!sim.ok()) continue;
+    const double p = peak(*sim);
+    absl::StrAppendFormat(&out, "%-18s %12.2f %7.1f%% %22.3g%s\n", name, sim->makespan,
+                          100 * sim->bubble_fraction, p,
+                          p > syn.memory_cap + 1e-9 ? "   over the cap" : "");
+  }
+  absl::StrAppendFormat(&out, "memory cap %.3g (x stage: 1F1B's peak)\n", syn.memory_cap);
+  return choice;
+}
+
+AutoScheduleRun::AutoScheduleRun(bool active, int num_stages, int num_microbatches, int num_chunks,
+                                 std::string run_dir, std::string checkpoint_dir)
+    : active_(active),
+      num_stages_(num_stages),
+      num_microbatches_(num_microbatches),
+      num_chunks_(num_chunks),
+      run_dir_(std::move(run_dir)),
+      checkpoint_dir_(std::move(checkpoint_dir)) {}
+
+absl::Status AutoScheduleRun::Start(Trainer& trainer, int64_t first_step) {
+  if (!active_ || first_step == 0) return absl::OkStatus();
+  const fs::path saved = fs::path(checkpoint_dir_) / std::string(kAutoScheduleFile);
+  std::error_code ec;
+  if (!fs::exists(saved, ec)) {
+    LOG(WARNING) << "schedule auto: resuming at step " << first_step << " without " << saved
+                 << "; measuring again";
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Schedule> schedule = LoadCsvScheduleFile(saved.string());
+  if (schedule.ok()) {
+    schedule->name = std::string(kAutoSchedule);
+    absl::Status replaced = trainer.ReplaceTrainSchedule(*schedule);
+    if (replaced.ok()) {
+      decided_ = true;
+      LOG(INFO) << "schedule auto: resumed with the schedule saved in " << saved;
+      if (!run_dir_.empty()) {
+        std::cout << "schedule auto: resumed with the schedule saved in " << saved.string()
+                  << std::endl;
+      }
+      return absl::OkStatus();
+    }
+    schedule = replaced;
+  }
+  // Another shape (a resharding resume): measure and synthesise anew.
+  LOG(WARNING) << "schedule auto: the saved " << saved << " does not fit this run ("
+               << schedule.status().message() << "); measuring again";
+  return absl::OkStatus();
+}
+
+bool AutoScheduleRun::Measures(int64_t step) const {
+  return active_ && !decided_ && step >= kFirstMeasuredStep &&
+         step < kFirstMeasuredStep + kMeasuredSteps;
+}
+
+absl::Status AutoScheduleRun::AfterStep(int64_t step, const ParallelGrid& grid, Trainer& trainer) {
+  if (!Measures(step)) return absl::OkStatus();
+  measured_.push_back(trainer.last_step_timings());
+  if (step != kFirstMeasuredStep + kMeasuredSteps - 1) return absl::OkStatus();
+  std::vector<double> sums = LocalCostSums(measured_, num_stages_, num_chunks_, grid.stage_id());
+  torch::Tensor t = torch::tensor(sums, torch::kDouble).to(trainer.options().device);
+  std::vector<at::Tensor> one = {t};
+  PP_RETURN_IF_ERROR(RunCollective("auto schedule cost all-reduce", grid.DescribeWorldGroup(),
+                                   trainer.options().executor.p2p.timeout,
+                                   [&] { return grid.world_group()->allreduce(one); }));
+  t = t.cpu();
+  sums.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  PP_ASSIGN_OR_RETURN(SimulationCosts costs, CostsFromSums(sums, num_stages_, num_chunks_));
+  PP_ASSIGN_OR_RETURN(AutoScheduleChoice choice,
+                      ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_));
+  if (grid.global_rank() == 0) {
+    std::string per_stage;
+    for (const auto& [s, c] : costs.stage_costs) {
+      absl::StrAppendFormat(&per_stage, " %d:F=%.2f,I=%.2f,W=%.2f", s, c.forward.value_or(0),
+                            c.backward_input.value_or(0), c.backward_weight.value_or(0));
+    }
+    const std::string text =
+        absl::StrCat("schedule auto: measured ms per virtual stage (steps ", kFirstMeasuredStep + 1,
+                     "-", kFirstMeasuredStep + kMeasuredSteps, "):", per_stage,
+                     "\nsimulated with these costs:\n", choice.comparison);
+    LOG(INFO) << text;
+    std::cout << text << std::flush;
+  }
+  return Switch(choice.synthesis.schedule, trainer, grid.global_rank() == 0, grid.global_rank());
+}
+
+absl::Status AutoScheduleRun::Switch(const Schedule& schedule, Trainer& trainer, bool write,
+                                     int global_rank) {
+  if (write) {
+    const std::string csv = ScheduleToCsv(schedule);
+    for (const std::string& dir : {run_dir_, checkpoint_dir_}) {
+      if (dir.empty()) continue;
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      const fs::path path = fs::path(dir) / std::string(kAutoScheduleFile);
+      const fs::path tmp = fs::path(dir) / absl::StrCat(".", kAutoScheduleFile, ".tmp");
+      {
+        std::ofstream f(tmp);
+        f << csv;
+        if (!f.good()) {
+          return absl::UnavailableError(absl::StrCat("schedule auto: cannot write ", tmp.string()));
+        }
+      }
+      fs::rename(tmp, path, ec);
+      if (ec) {
+        return absl::UnavailableError(
+            absl::StrCat("schedule auto: cannot write ", path.string(), ": ", ec.message()));
+      }
+    }
+  }
+  PP_RETURN_IF_ERROR(trainer.ReplaceTrainSchedule(schedule));
+  decided_ = true;
+  if (global_rank == 0) {
+    LOG(INFO) << "schedule auto: training on with the synthesised schedule";
+    std::cout << "schedule auto: training on with the synthesised schedule" << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pp

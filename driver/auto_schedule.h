@@ -1,0 +1,113 @@
+// `parallelism.schedule: "auto"`: a schedule synthesised from this run's own
+// measured costs.
+//
+// The run starts under a registered schedule of the same memory and
+// placement whose backward is split (zb_h1 for one chunk per rank: 1F1B's
+// peak; zbv for two chunks in V placement), so that F, I and W are each timed.
+// Steps 2 and 3 (after a warm-up step) are traced; every rank reduces its
+// per-stage action times over the world group, so all ranks hold the same
+// costs; each synthesises the same schedule (Synthesize is deterministic) under
+// 1F1B's activation memory, compares it with every registered schedule of the
+// shape under the same costs and cap, and trains on with it
+// (Trainer::ReplaceTrainSchedule). Rank 0 writes it as CSV into the run
+// directory and the checkpoint directory; a resumed run reuses that file
+// instead of measuring again. Training continues through the switch: every
+// schedule trains like sequential training, so the losses are 1F1B's up to
+// round-off.
+#ifndef DRIVER_AUTO_SCHEDULE_H_
+#define DRIVER_AUTO_SCHEDULE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "pipeline/runtime/action_timer.h"
+#include "pipeline/runtime/trainer.h"
+#include "pipeline/schedule/simulator.h"
+#include "pipeline/schedule/synthesis.h"
+#include "topology/parallel_grid.h"
+
+namespace pp {
+
+inline constexpr absl::string_view kAutoSchedule = "auto";
+// The file a synthesised schedule is saved as (run and checkpoint directory).
+inline constexpr absl::string_view kAutoScheduleFile = "auto_schedule.csv";
+
+// The registered schedule an auto run starts and measures with; InvalidArgument
+// naming the valid chunk counts for any other.
+absl::StatusOr<std::string> AutoMeasurementSchedule(int chunks);
+
+// The schedule to build a run's model and Trainer with: `schedule` itself, or
+// for "auto" its measurement schedule.
+absl::StatusOr<std::string> StartingSchedule(const std::string& schedule, int chunks);
+
+// One rank's measured costs as a flat vector that sums over ranks: per
+// virtual stage (p * v of them) the sums and counts of F, B, I and W
+// durations in milliseconds, then per pipeline rank its median SEND and its
+// smallest RECV duration with a count each. `timings` holds this rank's
+// traced steps.
+std::vector<double> LocalCostSums(const std::vector<std::vector<ActionTiming>>& timings,
+                                  int num_stages, int num_chunks, int pipe_rank);
+
+// The simulator's costs from the sum over all ranks of LocalCostSums: mean
+// F/B/I/W per virtual stage (B = I + W where only I and W were timed), and
+// per rank SEND and RECV costs. InvalidArgument when a virtual stage has no
+// forward or no backward timed.
+absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, int num_stages,
+                                              int num_chunks);
+
+struct AutoScheduleChoice {
+  SynthesisResult synthesis;
+  // One line per schedule: the synthesised one, then every registered
+  // training schedule of this shape and placement, with simulated step time,
+  // bubble and peak activation memory, marked where over the cap.
+  std::string comparison;
+};
+
+// Synthesises under 1F1B's activation memory for p stages, m micro-batches
+// and v chunks (v = 2: V placement) from `costs`, seeded deterministically.
+absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& costs, int num_stages,
+                                                      int num_microbatches, int num_chunks);
+
+// The run loop's side of "auto" (inactive for any other schedule).
+class AutoScheduleRun {
+ public:
+  // `run_dir` and `checkpoint_dir` receive the chosen schedule's CSV (global
+  // rank 0 writes); `run_dir` is empty on the other ranks, which print nothing.
+  AutoScheduleRun(bool active, int num_stages, int num_microbatches, int num_chunks,
+                  std::string run_dir, std::string checkpoint_dir);
+
+  bool active() const { return active_; }
+  // Before the first step: a resumed run takes the saved schedule (when it
+  // fits this run's shape) and measures nothing.
+  absl::Status Start(Trainer& trainer, int64_t first_step);
+  // Whether `step` (0-based) is traced for measuring.
+  bool Measures(int64_t step) const;
+  // After each step: keeps a measured step's timings; after the last one,
+  // reduces them over the world group (collective: every rank calls it at
+  // every step), synthesises and switches the Trainer.
+  absl::Status AfterStep(int64_t step, const ParallelGrid& grid, Trainer& trainer);
+
+  static constexpr int64_t kFirstMeasuredStep = 1;  // step 0 warms up
+  static constexpr int64_t kMeasuredSteps = 2;
+
+ private:
+  absl::Status Switch(const Schedule& schedule, Trainer& trainer, bool write, int global_rank);
+
+  bool active_;
+  int num_stages_;
+  int num_microbatches_;
+  int num_chunks_;
+  std::string run_dir_;
+  std::string checkpoint_dir_;
+  bool decided_ = false;
+  std::vector<std::vector<ActionTiming>> measured_;
+};
+
+}  // namespace pp
+
+#endif  // DRIVER_AUTO_SCHEDULE_H_

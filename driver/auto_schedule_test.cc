@@ -1,0 +1,113 @@
+#include "driver/auto_schedule.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/validator.h"
+
+namespace pp {
+namespace {
+
+ActionTiming Timed(ActionType type, int stage, int64_t start_us, int64_t end_us) {
+  ActionTiming t;
+  t.action.type = type;
+  t.action.stage = stage;
+  t.action.microbatch = 0;
+  t.start_us = start_us;
+  t.end_us = end_us;
+  return t;
+}
+
+std::vector<double> Add(std::vector<double> a, const std::vector<double>& b) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  return a;
+}
+
+// Two ranks' traced steps, summed as the all-reduce does: per stage the mean
+// of its F, I and W, B = I + W where only the halves ran; per rank the median
+// SEND and the smallest RECV.
+TEST(AutoScheduleTest, CostsFromTwoRanksTimings) {
+  const std::vector<std::vector<ActionTiming>> rank0 = {
+      {Timed(ActionType::kForward, 0, 0, 1000), Timed(ActionType::kSendForward, 0, 1000, 1100),
+       Timed(ActionType::kForward, 0, 1100, 3100), Timed(ActionType::kSendForward, 0, 3100, 3400),
+       Timed(ActionType::kRecvBackward, 0, 3400, 3450),
+       Timed(ActionType::kBackwardInput, 0, 3450, 4450),
+       Timed(ActionType::kBackwardWeight, 0, 4450, 5450)}};
+  const std::vector<std::vector<ActionTiming>> rank1 = {
+      {Timed(ActionType::kRecvForward, 1, 0, 900), Timed(ActionType::kRecvForward, 1, 900, 920),
+       Timed(ActionType::kForward, 1, 920, 3920), Timed(ActionType::kBackwardInput, 1, 3920, 5920),
+       Timed(ActionType::kBackwardWeight, 1, 5920, 6920)}};
+  const std::vector<double> sums =
+      Add(LocalCostSums(rank0, 2, 1, 0), LocalCostSums(rank1, 2, 1, 1));
+  absl::StatusOr<SimulationCosts> costs = CostsFromSums(sums, 2, 1);
+  ASSERT_TRUE(costs.ok()) << costs.status();
+  ASSERT_EQ(costs->stage_costs.size(), 2u);
+  EXPECT_DOUBLE_EQ(*costs->stage_costs[0].forward, 1.5);  // (1 + 2) / 2
+  EXPECT_DOUBLE_EQ(*costs->stage_costs[0].backward_input, 1.0);
+  EXPECT_DOUBLE_EQ(*costs->stage_costs[0].backward_weight, 1.0);
+  EXPECT_DOUBLE_EQ(*costs->stage_costs[0].backward, 2.0);
+  EXPECT_DOUBLE_EQ(*costs->stage_costs[1].forward, 3.0);
+  EXPECT_DOUBLE_EQ(*costs->stage_costs[1].backward, 3.0);
+  EXPECT_DOUBLE_EQ(*costs->rank_costs[0].send, 0.3);  // median of 0.1 and 0.3
+  EXPECT_DOUBLE_EQ(*costs->rank_costs[0].recv, 0.05);
+  EXPECT_DOUBLE_EQ(*costs->rank_costs[1].recv, 0.02);  // the smallest: no wait in it
+  EXPECT_FALSE(costs->rank_costs[1].send.has_value());
+
+  // A stage nobody timed is an error naming it.
+  absl::StatusOr<SimulationCosts> missing = CostsFromSums(LocalCostSums(rank0, 2, 1, 0), 2, 1);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("virtual stage 1"), std::string::npos)
+      << missing.status();
+  EXPECT_FALSE(CostsFromSums({1.0, 2.0}, 2, 1).ok());
+}
+
+TEST(AutoScheduleTest, StartingSchedule) {
+  EXPECT_EQ(*StartingSchedule("1f1b", 1), "1f1b");
+  EXPECT_EQ(*StartingSchedule("auto", 1), "zb_h1");
+  EXPECT_EQ(*StartingSchedule("auto", 2), "zbv");
+  absl::StatusOr<std::string> three = StartingSchedule("auto", 3);
+  ASSERT_FALSE(three.ok());
+  EXPECT_NE(three.status().message().find("chunks=3"), std::string::npos) << three.status();
+}
+
+// A heavier last stage (a large LM head): the chosen schedule validates, is
+// no slower than any registered schedule of the shape within the cap, and the
+// comparison lists them.
+TEST(AutoScheduleTest, ChoosesNoWorseThanRegisteredUnderTheCap) {
+  for (int chunks : {1, 2}) {
+    SimulationCosts costs;
+    costs.forward = 1;
+    costs.backward_input = 1;
+    costs.backward_weight = 0.5;
+    costs.backward = 1.5;
+    const int p = 4;
+    costs.stage_multiplier.assign(p * chunks, 1.0);
+    costs.stage_multiplier.back() = 1.5;  // the head's stage
+    absl::StatusOr<AutoScheduleChoice> choice = ChooseAutoSchedule(costs, p, 4, chunks);
+    ASSERT_TRUE(choice.ok()) << choice.status();
+    EXPECT_TRUE(ValidateSchedule(choice->synthesis.schedule).ok());
+    EXPECT_EQ(choice->synthesis.schedule.name, "auto");
+    EXPECT_GE(choice->synthesis.makespan, choice->synthesis.lower_bound - 1e-9);
+    const std::string& table = choice->comparison;
+    EXPECT_NE(table.find(chunks == 1 ? "zb_h1" : "zbv"), std::string::npos) << table;
+    if (chunks == 1) {
+      EXPECT_NE(table.find("1f1b"), std::string::npos) << table;
+    }
+    for (const char* name : {"1f1b", "zb_h1", "gpipe", "zbv", "dualpipev"}) {
+      absl::StatusOr<Schedule> s = MakeSchedule(name, {p, 4, chunks, 0});
+      if (!s.ok() || s->stage_to_rank != choice->synthesis.schedule.stage_to_rank) continue;
+      absl::StatusOr<SimulationResult> sim = Simulate(*s, costs);
+      ASSERT_TRUE(sim.ok()) << sim.status();
+      const double peak = *std::max_element(sim->peak_memory.begin(), sim->peak_memory.end());
+      if (peak <= choice->synthesis.memory_cap + 1e-9) {
+        EXPECT_LE(choice->synthesis.makespan, sim->makespan + 1e-9) << name << "\n" << table;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pp

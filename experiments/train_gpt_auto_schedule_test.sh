@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# train_gpt --schedule=auto: measures its first steps under zb_h1 (zbv for 2
+# chunks), synthesises, logs the comparison, saves the schedule as CSV in the
+# run and checkpoint directories and trains on with it. Losses equal 1F1B's up
+# to round-off (every schedule trains like sequential training); a resumed run
+# reuses the saved schedule instead of measuring again and continues with the
+# straight run's losses. A shape auto cannot synthesise is refused before launch.
+set -euo pipefail
+BIN=$1
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+TMP=${TEST_TMPDIR:-$(mktemp -d)}
+CORPUS=$TMP/corpus.txt
+for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage. The bubble shrinks."; done > "$CORPUS"
+SET=eval_interval=0,lr_schedule.name=constant,lr_schedule.warmup_steps=0,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2
+BASE=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs" --sample_tokens=0 --microbatches=4)
+COMMON=("${BASE[@]}" --set=$SET)
+run() { "$BIN" "${COMMON[@]}" "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_gpt $* exited non-zero"; exit 1; }; }
+losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$1"/metrics.jsonl; }
+close() {  # two loss lists equal to 1e-4 relative, line by line
+  paste <(echo "$1") <(echo "$2") | awk '{d=$1-$2; if (d<0) d=-d; s=$1<0?-$1:$1; if (d>1e-4*s+1e-6) {print "differ: " $0; bad=1}} END {exit bad}'
+}
+
+run --steps=6 --schedule=1f1b --name=plain
+run --steps=6 --schedule=auto --name=auto
+grep -q "schedule auto: measured ms per virtual stage" "$TMP/log" || { cat "$TMP/log"; echo "FAIL: no measurement logged"; exit 1; }
+grep -q "schedule auto: training on with the synthesised schedule" "$TMP/log" || { cat "$TMP/log"; echo "FAIL: no switch"; exit 1; }
+grep -Eq "\] zb_h1 +[0-9.]+ " "$TMP/log" || { cat "$TMP/log"; echo "FAIL: no comparison table"; exit 1; }
+AUTO_DIR=$(ls -d "$TMP"/runs/auto-*)
+[[ -s $AUTO_DIR/auto_schedule.csv ]] || { echo "FAIL: no auto_schedule.csv in the run directory"; exit 1; }
+[[ -s $TMP/runs/checkpoints/auto/auto_schedule.csv ]] || { echo "FAIL: no auto_schedule.csv in the checkpoint directory"; exit 1; }
+PLAIN=$(losses "$TMP"/runs/plain-*)
+AUTO=$(losses "$AUTO_DIR")
+echo "1f1b: $(echo $PLAIN)"; echo "auto: $(echo $AUTO)"
+[[ $(echo "$AUTO" | wc -l) -eq 6 ]] || { echo "FAIL: expected 6 losses"; exit 1; }
+close "$PLAIN" "$AUTO" || { echo "FAIL: auto's losses differ from 1f1b's"; exit 1; }
+
+# The saved schedule is what the run trained on: training with it as a CSV
+# file gives the same losses after the switch.
+run --steps=6 --schedule=csv:"$AUTO_DIR/auto_schedule.csv" --name=fromcsv
+close "$(losses "$TMP"/runs/fromcsv-* | tail -3)" "$(echo "$AUTO" | tail -3)" || { echo "FAIL: the saved CSV trains differently"; exit 1; }
+
+# Two chunks: measured under zbv, synthesised in V placement.
+run --steps=4 --schedule=auto --chunks=2 --name=autov
+grep -q "schedule auto: training on with the synthesised schedule" "$TMP/log" || { cat "$TMP/log"; echo "FAIL: no switch with 2 chunks"; exit 1; }
+grep -Eq "\] zbv +[0-9.]+ " "$TMP/log" || { cat "$TMP/log"; echo "FAIL: zbv not compared"; exit 1; }
+grep -q "stage_to_rank" "$(ls -d "$TMP"/runs/autov-*)/auto_schedule.csv" || { echo "FAIL: V placement not in the saved CSV"; exit 1; }
+
+# Resume: 4 steps saving every 2, then --resume=auto to step 6 with the saved schedule.
+run --steps=4 --schedule=auto --save_interval=2 --name=resumed
+run --steps=6 --schedule=auto --resume=auto --name=resumed
+grep -q "resumed with the schedule saved in" "$TMP/log" || { cat "$TMP/log"; echo "FAIL: resume did not reuse the saved schedule"; exit 1; }
+! grep -q "schedule auto: measured" "$TMP/log" || { echo "FAIL: resume measured again"; exit 1; }
+RESUMED=$(for d in $(ls -d "$TMP"/runs/resumed-* | sort); do losses "$d"; done)
+close "$AUTO" "$RESUMED" || { echo "FAIL: resumed losses differ"; exit 1; }
+
+# Three chunks: refused before launch, naming the value and what works.
+set +e
+"$BIN" "${BASE[@]}" --set=$SET,gpt.num_layers=6 --steps=6 --schedule=auto --chunks=3 --name=bad > "$TMP/bad.log" 2>&1
+code=$?
+set -e
+[[ $code -eq 2 ]] || { cat "$TMP/bad.log"; echo "FAIL: chunks=3 exit $code, want 2"; exit 1; }
+grep -q "chunks=3" "$TMP/bad.log" || { cat "$TMP/bad.log"; echo "FAIL: message"; exit 1; }
+echo PASS
