@@ -245,7 +245,7 @@ absl::Status AutoScheduleRun::AfterStep(int64_t step, const ParallelGrid& grid, 
   measured_.push_back(trainer.last_step_timings());
   if (step != kFirstMeasuredStep + kMeasuredSteps - 1) return absl::OkStatus();
   std::vector<double> sums = LocalCostSums(measured_, num_stages_, num_chunks_, grid.stage_id());
-  torch::Tensor t = torch::tensor(sums, torch::kDouble).to(trainer.options().device);
+  torch::Tensor t = torch::tensor(sums, torch::kDouble).to(trainer.options().executor.p2p.device);
   std::vector<at::Tensor> one = {t};
   PP_RETURN_IF_ERROR(RunCollective("auto schedule cost all-reduce", grid.DescribeWorldGroup(),
                                    trainer.options().executor.p2p.timeout,
