@@ -53,6 +53,20 @@ LayerRunner CheckpointEveryBlock() {
   return *runner;
 }
 
+// One case of the matrix (CPU, fp32; callers change precision or device).
+RunConfig MakeCase(const std::string& schedule, int pp, int dp, int m, int chunks,
+                   const std::string& opt, bool ckpt) {
+  RunConfig c;
+  c.schedule = schedule;
+  c.pp = pp;
+  c.dp = dp;
+  c.microbatches = m;
+  c.chunks = chunks;
+  c.layer_runner = ckpt ? CheckpointEveryBlock() : LayerRunner();
+  SetOptimizer(opt, c);
+  return c;
+}
+
 // A valid gtest name, e.g. "1f1b_pp2_dp1_v1_m3_sgd_ckpt_bf16".
 std::string CaseName(const std::string& schedule, int pp, int dp, int chunks, int m,
                      const std::string& opt, bool ckpt, const std::string& suffix) {
@@ -96,14 +110,7 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
           }
           for (const std::string opt : {"sgd", "adamw"}) {
             for (int ckpt : {0, 1}) {
-              RunConfig c;
-              c.schedule = info.name;
-              c.pp = pp;
-              c.dp = dp;
-              c.microbatches = m;
-              c.chunks = chunks;
-              c.layer_runner = ckpt > 0 ? CheckpointEveryBlock() : LayerRunner();
-              SetOptimizer(opt, c);
+              RunConfig c = MakeCase(info.name, pp, dp, m, chunks, opt, ckpt > 0);
               cases.push_back(EquivalenceCase{
                   c, CaseName(info.name, pp, dp, chunks, m, opt, ckpt > 0, ""), supported});
             }
@@ -113,15 +120,8 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
           // checkpointing off / on.
           if (m == *counts.rbegin()) {
             for (int ckpt : {0, 1}) {
-              RunConfig c;
-              c.schedule = info.name;
-              c.pp = pp;
-              c.dp = dp;
-              c.microbatches = m;
-              c.chunks = chunks;
+              RunConfig c = MakeCase(info.name, pp, dp, m, chunks, "adamw", ckpt > 0);
               c.precision = Precision::kBf16;
-              c.layer_runner = ckpt > 0 ? CheckpointEveryBlock() : LayerRunner();
-              SetOptimizer("adamw", c);
               cases.push_back(EquivalenceCase{
                   c, CaseName(info.name, pp, dp, chunks, m, "adamw", ckpt > 0, "_bf16"),
                   supported});
@@ -132,15 +132,8 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
           // count. They skip where pp * dp GPUs are not visible.
           if (m != *counts.rbegin()) continue;
           for (int ckpt : {0, 1}) {
-            RunConfig c;
-            c.schedule = info.name;
-            c.pp = pp;
-            c.dp = dp;
-            c.microbatches = m;
-            c.chunks = chunks;
+            RunConfig c = MakeCase(info.name, pp, dp, m, chunks, "adamw", ckpt > 0);
             c.device = DeviceKind::kCuda;
-            c.layer_runner = ckpt > 0 ? CheckpointEveryBlock() : LayerRunner();
-            SetOptimizer("adamw", c);
             cases.push_back(EquivalenceCase{
                 c, CaseName(info.name, pp, dp, chunks, m, "adamw", ckpt > 0, "_cuda"), supported});
           }

@@ -274,41 +274,14 @@ TEST(ExactResumeTest, SaveLoadInFreshProcessesMatchesStraightRunBitwise) {
 // ---------------------------------------------------------------------------
 // Reshard (threads; dropout off, so the shared generator does not matter).
 
+struct PrecisionRun;
+PrecisionRun TrainRun(const RunSpec& spec, int steps, const std::string& load_from,
+                      const std::string& save_root, int steps_after_save = 0);
+
 // Trains `steps` steps at `spec` (or loads `load_from` first), optionally
 // saves to `save_root`, then takes one more step; returns its loss.
 double TrainSaveStep(const RunSpec& spec, int steps, const std::string& load_from,
-                     const std::string& save_root) {
-  const int world = spec.pp * spec.dp;
-  auto port = PickFreePort();
-  EXPECT_TRUE(port.ok());
-  RendezvousOptions ro;
-  ro.timeout = std::chrono::seconds(60);
-  std::vector<double> next_loss(world, -1);
-  std::vector<absl::Status> status =
-      RunThreadRanks(world, *port, ro, [&](World& w) -> absl::Status {
-        at::set_num_threads(1);
-        PP_ASSIGN_OR_RETURN(RankRun run, MakeRun(w, spec));
-        if (!load_from.empty()) {
-          PP_ASSIGN_OR_RETURN(LoadReport report, LoadTrainingCheckpoint(load_from, *run.grid,
-                                                                        *run.model, *run.trainer));
-          if (!report.clean()) return absl::InternalError(report.Summary());
-          if (report.optimizer_states_loaded == 0)
-            return absl::InternalError("no optimizer state loaded");
-        }
-        for (int i = 0; i < steps; ++i) PP_RETURN_IF_ERROR(run.trainer->Step().status());
-        if (!save_root.empty()) {
-          TrainingCheckpointOptions co;
-          co.root = save_root;
-          PP_RETURN_IF_ERROR(
-              SaveTrainingCheckpoint(co, *run.grid, *run.model, *run.trainer).status());
-        }
-        PP_ASSIGN_OR_RETURN(StepResult r, run.trainer->Step());
-        next_loss[w.rank] = r.loss;
-        return absl::OkStatus();
-      });
-  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
-  return next_loss[0];
-}
+                     const std::string& save_root);
 
 // The loss of `step`'s global batch under ToSequential() loaded from `path`.
 double SequentialLoss(const std::string& path, int64_t step, int global_microbatches) {
@@ -361,10 +334,11 @@ struct PrecisionRun {
   std::map<std::string, c10::ScalarType> model_dtypes;  // the model's own parameters
 };
 
-// Loads `load_from` (unless empty), trains `steps` steps, saves to
-// `save_root` (unless empty); returns the losses and the final weights.
-PrecisionRun TrainPrecision(const RunSpec& spec, int steps, const std::string& load_from,
-                            const std::string& save_root) {
+// Loads `load_from` (unless empty; it must load cleanly, optimizer state
+// included), trains `steps` steps, saves to `save_root` (unless empty), trains
+// `steps_after_save` more; returns every step's loss and the final weights.
+PrecisionRun TrainRun(const RunSpec& spec, int steps, const std::string& load_from,
+                      const std::string& save_root, int steps_after_save) {
   const int world = spec.pp * spec.dp;
   auto port = PickFreePort();
   EXPECT_TRUE(port.ok());
@@ -394,6 +368,10 @@ PrecisionRun TrainPrecision(const RunSpec& spec, int steps, const std::string& l
           PP_RETURN_IF_ERROR(
               SaveTrainingCheckpoint(co, *run.grid, *run.model, *run.trainer).status());
         }
+        for (int i = 0; i < steps_after_save; ++i) {
+          PP_ASSIGN_OR_RETURN(StepResult r, run.trainer->Step());
+          losses.push_back(r.loss);
+        }
         std::lock_guard<std::mutex> lock(mu);
         if (w.rank == 0) out.losses = losses;
         for (const auto& item : run.model->named_parameters()) {
@@ -404,6 +382,12 @@ PrecisionRun TrainPrecision(const RunSpec& spec, int steps, const std::string& l
       });
   for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
   return out;
+}
+
+double TrainSaveStep(const RunSpec& spec, int steps, const std::string& load_from,
+                     const std::string& save_root) {
+  const PrecisionRun run = TrainRun(spec, steps, load_from, save_root, 1);
+  return run.losses.empty() ? -1 : run.losses.back();
 }
 
 std::string FirstDifference(const std::map<std::string, torch::Tensor>& a,
@@ -427,14 +411,14 @@ TEST(PrecisionCheckpointTest, Bf16ResumesBitwise) {
   RunSpec bf16;
   bf16.pp = 2;
   bf16.precision = Precision::kBf16;
-  const PrecisionRun straight = TrainPrecision(bf16, 4, "", "");
+  const PrecisionRun straight = TrainRun(bf16, 4, "", "");
   ASSERT_EQ(straight.losses.size(), 4u);
   for (const auto& [name, dtype] : straight.model_dtypes) {
     EXPECT_EQ(dtype, torch::kBFloat16) << name;
     EXPECT_EQ(straight.weights.at(name).scalar_type(), torch::kFloat) << name;
   }
-  const PrecisionRun first = TrainPrecision(bf16, 2, "", root);
-  const PrecisionRun second = TrainPrecision(bf16, 2, root + "/" + CheckpointName(2), "");
+  const PrecisionRun first = TrainRun(bf16, 2, "", root);
+  const PrecisionRun second = TrainRun(bf16, 2, root + "/" + CheckpointName(2), "");
   EXPECT_EQ(first.losses,
             std::vector<double>(straight.losses.begin(), straight.losses.begin() + 2));
   EXPECT_EQ(second.losses, std::vector<double>(straight.losses.begin() + 2, straight.losses.end()));
@@ -466,19 +450,16 @@ TEST(PrecisionCheckpointTest, CheckpointsCrossPrecisions) {
   bf16.precision = Precision::kBf16;
   RunSpec fp32 = bf16;
   fp32.precision = Precision::kFp32;
-  const PrecisionRun saved_bf16 = TrainPrecision(bf16, 2, "", root + "/from_bf16");
+  const PrecisionRun saved_bf16 = TrainRun(bf16, 2, "", root + "/from_bf16");
   const PrecisionRun loaded_fp32 =
-      TrainPrecision(fp32, 0, root + "/from_bf16/" + CheckpointName(2), root + "/from_fp32");
+      TrainRun(fp32, 0, root + "/from_bf16/" + CheckpointName(2), root + "/from_fp32");
   EXPECT_EQ(FirstDifference(saved_bf16.weights, loaded_fp32.weights), "");
   for (const auto& [name, dtype] : loaded_fp32.model_dtypes) EXPECT_EQ(dtype, torch::kFloat);
-  const PrecisionRun back_bf16 =
-      TrainPrecision(bf16, 0, root + "/from_fp32/" + CheckpointName(2), "");
+  const PrecisionRun back_bf16 = TrainRun(bf16, 0, root + "/from_fp32/" + CheckpointName(2), "");
   EXPECT_EQ(FirstDifference(loaded_fp32.weights, back_bf16.weights), "");
   // Both continue from there: the next step's losses agree to bf16's precision.
-  const PrecisionRun next_fp32 =
-      TrainPrecision(fp32, 1, root + "/from_bf16/" + CheckpointName(2), "");
-  const PrecisionRun next_bf16 =
-      TrainPrecision(bf16, 1, root + "/from_fp32/" + CheckpointName(2), "");
+  const PrecisionRun next_fp32 = TrainRun(fp32, 1, root + "/from_bf16/" + CheckpointName(2), "");
+  const PrecisionRun next_bf16 = TrainRun(bf16, 1, root + "/from_fp32/" + CheckpointName(2), "");
   ASSERT_EQ(next_fp32.losses.size(), 1u);
   ASSERT_EQ(next_bf16.losses.size(), 1u);
   EXPECT_NEAR(next_bf16.losses[0], next_fp32.losses[0], 0.02 * std::abs(next_fp32.losses[0]));
