@@ -7,7 +7,7 @@
 // blocks 2 and 3, the final norm, the tied LM head and the loss, fed hidden
 // states that require grad (as a received activation does). Per repetition it
 // runs forward, then either one full backward (B) or BackwardInput (I) and
-// WeightGradTask::Run (W) (pipeline/runtime/split_backward.h), timing only the
+// WeightGradTask::Run (W) (pipeline/autograd/split_backward.h), timing only the
 // backward part. Variants alternate within each repetition (B, I+W, B, ...),
 // so a noisy neighbour slows both alike; medians of wall time and medians and
 // minima of thread CPU time are reported. The bar: time(I) + time(W) <=
@@ -37,13 +37,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_common.h"
-#include "checkpoint/activation/activation_checkpointing.h"
 #include "common/status_macros.h"
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
+#include "pipeline/autograd/activation_checkpointing.h"
+#include "pipeline/autograd/split_backward.h"
 #include "pipeline/layers/layer.h"
 #include "pipeline/pipeline_model.h"
-#include "pipeline/runtime/split_backward.h"
 
 ABSL_FLAG(int64_t, gpt_layers, 4,
           "transformer blocks of the whole model (the stage: the last half)");

@@ -5,12 +5,14 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <regex>
 #include <sstream>
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -30,6 +32,7 @@
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/device.h"
+#include "topology/worker_resources.h"
 
 namespace pp {
 namespace {
@@ -111,6 +114,30 @@ void FillDefaults(gpb::Message& message) {
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
+// The run's name is a folder name inside output_dir (and checkpoints/<name>):
+// '../../escape/x' wrote outside output_dir, and 300 characters plus the
+// time stamp exceed a file name's 255 bytes (issue 29, findings 12 and
+// "after workers start").
+absl::Status CheckName(const std::string& name) {
+  constexpr size_t kMaxName = 128;
+  const auto allowed = [](char c) {
+    return absl::ascii_isalnum(c) || c == '_' || c == '-' || c == '.';
+  };
+  bool ok =
+      !name.empty() && name.size() <= kMaxName && (absl::ascii_isalnum(name[0]) || name[0] == '_');
+  for (char c : name) ok = ok && allowed(c);
+  if (ok) return absl::OkStatus();
+  const std::string shown = name.size() > 60
+                                ? absl::StrCat(absl::CEscape(name.substr(0, 60)), "...")
+                                : absl::CEscape(name);
+  return Invalid(absl::StrCat(
+      "name '", shown, "' (", name.size(), " characters) is not a run name: valid are 1 to ",
+      kMaxName,
+      " letters, digits, '_', '-' and '.', starting with a letter, digit or '_' (it names the run "
+      "directory inside output_dir, so no '/' and no leading '.'); choose the folder with "
+      "--output_dir"));
+}
+
 // Every numeric field's range, before anything is built from them (a schedule
 // of 1e9 micro-batches or 1e8 layer specs would exhaust memory first).
 absl::Status CheckRanges(const ExperimentConfig& config) {
@@ -139,8 +166,12 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
       {"trace_steps", config.trace_steps(), 1, kUnbounded, ""},
       {"checkpoint.save_interval", config.checkpoint().save_interval(), 0, kUnbounded, ""},
       {"checkpoint.keep_last", config.checkpoint().keep_last(), 0, kUnbounded, ""},
-      {"threads.intra_op", config.threads().intra_op(), 0, 4096, "0 = the launcher's choice"},
-      {"threads.blas", config.threads().blas(), 0, 4096, "0 = the launcher's choice"},
+      // 4 per core at most (topology/worker_resources.h): 4096 threads per
+      // worker never reached a step.
+      {"threads.intra_op", config.threads().intra_op(), 0, MaxWorkerThreads(),
+       "0 = the launcher's choice; at most 4 per core of this machine"},
+      {"threads.blas", config.threads().blas(), 0, MaxWorkerThreads(),
+       "0 = the launcher's choice; at most 4 per core of this machine"},
       {"nonfinite.max_skipped_steps", config.nonfinite().max_skipped_steps(), 1, kUnbounded,
        "consecutive skipped steps before the run fails"},
   };
@@ -150,6 +181,7 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
   }
   for (const IntRange& r : ints)
     PP_RETURN_IF_ERROR(CheckIntField(r.name, r.value, r.lo, r.hi, r.why));
+  PP_RETURN_IF_ERROR(CheckName(config.name()));
   const auto& opt = config.optimizer();
   PP_RETURN_IF_ERROR(CheckRealField("optimizer.lr", opt.lr(), '(', 0, 10, ']'));
   PP_RETURN_IF_ERROR(CheckRealField("optimizer.weight_decay", opt.weight_decay(), '[', 0, 10, ']'));
@@ -436,12 +468,14 @@ absl::Status CheckPartition(const ExperimentConfig& config, const std::string& m
                                 "' is unknown; valid: ", absl::StrJoin(partitioners, ", "),
                                 " (type:<regex> over layer types, explicit:<b0,b1,...>)"));
   }
-  if (method_name == "profile") return absl::OkStatus();
   const int64_t parts = static_cast<int64_t>(par.pp()) * par.chunks();
   PartitionRequest request;
   request.specs = &specs;
   request.num_parts = parts;
   request.base_seed = config.seed();
+  // `profile` times the layers inside the workers; here only its argument
+  // is checked ('profile:garbage' failed after launch).
+  request.check_only = method_name == "profile";
   absl::StatusOr<Bounds> bounds = Partition(method, request);
   if (bounds.ok()) return absl::OkStatus();
   return Invalid(absl::StrCat("parallelism.partition_method '", method, "' cannot cut the ",
@@ -490,7 +524,63 @@ absl::Status CheckDataAndSampling(const ExperimentConfig& config, const ModelInf
     return Invalid(
         absl::StrCat("sample_temperature (", config.sample_temperature(), ") must be positive"));
   }
+  // The sampler starts from the prompt's tokens; an empty one failed only
+  // after the whole training.
+  if (model.sampler && config.sample_tokens() > 0 && config.sample_prompt().empty()) {
+    return Invalid(absl::StrCat("sample_prompt is empty, but sample_tokens (",
+                                config.sample_tokens(),
+                                ") asks for text sampled from it; give a prompt of at least one "
+                                "character (--set=sample_prompt=...) or sample_tokens=0"));
+  }
   return absl::OkStatus();
+}
+
+// checkpoint.resume: "", "auto", or a checkpoint (or a root with `latest`)
+// that exists; a missing one failed in every worker after launch.
+absl::Status CheckResumePath(const driver::CheckpointConfig& checkpoint) {
+  const std::string& resume = checkpoint.resume();
+  if (resume.empty() || resume == "auto") return absl::OkStatus();
+  std::error_code ec;
+  if (std::filesystem::is_directory(resume, ec)) return absl::OkStatus();
+  return Invalid(absl::StrCat(
+      "checkpoint.resume '", resume, "' ",
+      std::filesystem::exists(resume, ec) ? "is not a directory" : "does not exist",
+      "; valid: a checkpoint directory (step_N), a checkpoint dir holding 'latest', 'auto' "
+      "(continue from checkpoint.dir's latest, if any) or empty (start fresh)"));
+}
+
+// Activation checkpointing recomputes only layers whose type name matches
+// checkpointable_types: a regex that does not compile failed in the
+// workers, and one that matches no layer silently turned recomputation off
+// (peak 305 instead of 37 MiB; issue 29, finding 13).
+absl::Status CheckCheckpointableTypes(const driver::ParallelismConfig& par,
+                                      const std::vector<LayerSpec>& specs) {
+  const auto& ac = par.activation_checkpointing();
+  if (ac.interval() == 0 || ac.checkpointable_types().empty()) return absl::OkStatus();
+  std::vector<std::string> types;
+  for (const LayerSpec& spec : specs) {
+    if (std::find(types.begin(), types.end(), spec.name()) == types.end())
+      types.push_back(spec.name());
+  }
+  const std::string field =
+      absl::StrCat("parallelism.activation_checkpointing.checkpointable_types '",
+                   ac.checkpointable_types(), "'");
+  std::regex re;
+  try {
+    re = std::regex(ac.checkpointable_types(), std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    return Invalid(absl::StrCat(
+        field, " does not compile as an ECMAScript regex (", e.what(),
+        "); it must match whole layer type names, this model's: ", absl::StrJoin(types, ", ")));
+  }
+  for (const std::string& type : types) {
+    if (std::regex_match(type, re)) return absl::OkStatus();
+  }
+  return Invalid(absl::StrCat(
+      field, " matches none of this model's layer types (", absl::StrJoin(types, ", "),
+      "), so activation checkpointing (interval ", ac.interval(),
+      ") would recompute nothing; name one of them (whole name, case-sensitive), leave it empty "
+      "for every layer with parameters, or set interval 0"));
 }
 
 }  // namespace
@@ -503,11 +593,13 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_
   PP_RETURN_IF_ERROR(CheckWorldSize(config.parallelism(), world_size));
   PP_ASSIGN_OR_RETURN(const std::vector<LayerSpec> specs, model.info->specs(*model.config));
   PP_RETURN_IF_ERROR(CheckParts(config.parallelism(), specs));
+  PP_RETURN_IF_ERROR(CheckCheckpointableTypes(config.parallelism(), specs));
   PP_RETURN_IF_ERROR(CheckSchedule(config.parallelism()));
   PP_RETURN_IF_ERROR(CheckDevice(config.parallelism()));
   PP_RETURN_IF_ERROR(CheckPrecision(config, /*probe_device=*/world_size > 0));
   PP_RETURN_IF_ERROR(CheckPartition(config, model.info->name, specs));
   PP_RETURN_IF_ERROR(CheckOptimization(config));
+  PP_RETURN_IF_ERROR(CheckResumePath(config.checkpoint()));
   return CheckDataAndSampling(config, *model.info);
 }
 

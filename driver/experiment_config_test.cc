@@ -18,6 +18,7 @@
 #include "pipeline/layers/layer.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/device.h"
+#include "topology/worker_resources.h"
 
 namespace pp {
 namespace {
@@ -259,6 +260,100 @@ TEST(ExperimentConfigTest, OtherBadFieldsAreNamed) {
   EXPECT_HAS(Error(c), "checkpoint.keep_last (-1) must not be negative");
 }
 
+// Found only after the workers had started (issue 29): each is refused by
+// validation now, naming the value and what is valid.
+TEST(ExperimentConfigTest, WhatFailedOnlyInTheWorkersIsRefusedBeforeLaunch) {
+  // --name=../../escape/x wrote outside output_dir; 300 characters exceeded
+  // a file name.
+  for (const std::string& name : {std::string("../../escape/x"), std::string("a/b"),
+                                  std::string(".hidden"), std::string(""), std::string(300, 'n')}) {
+    SCOPED_TRACE(name);
+    ExperimentConfig c = Gpt();
+    c.set_name(name);
+    const std::string error = Error(c);
+    EXPECT_HAS(error, absl::StrCat("characters) is not a run name: valid are 1 to 128 letters, "
+                                   "digits, '_', '-' and '.'"));
+    EXPECT_HAS(error, absl::StrCat("(", name.size(), " characters)"));
+  }
+  {
+    ExperimentConfig c = Gpt();
+    c.set_name("../../escape/x");
+    EXPECT_HAS(Error(c), "name '../../escape/x' (14 characters)");
+  }
+  for (const std::string& name : {std::string("gpt_small_pp2"), std::string("run-1.b"),
+                                  std::string("_x"), std::string(128, 'n')}) {
+    ExperimentConfig c = Gpt();
+    c.set_name(name);
+    EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok()) << name << ValidateExperimentConfig(c, 2);
+  }
+  // checkpointable_types: a regex that does not compile, and one matching
+  // no layer (it silently turned recomputation off).
+  ExperimentConfig c = Gpt();
+  ASSERT_TRUE(ApplyOverride(c, "parallelism.activation_checkpointing.interval=1").ok());
+  ASSERT_TRUE(ApplyOverride(c, "parallelism.activation_checkpointing.checkpointable_types=[").ok());
+  std::string error = Error(c);
+  EXPECT_HAS(error,
+             "parallelism.activation_checkpointing.checkpointable_types '[' does not compile as "
+             "an ECMAScript regex");
+  EXPECT_HAS(error, "GptEmbedding, TransformerBlock, FinalLayerNorm, LmHead");
+  ASSERT_TRUE(ApplyOverride(c,
+                            "parallelism.activation_checkpointing.checkpointable_types="
+                            "NoSuchLayer")
+                  .ok());
+  error = Error(c);
+  EXPECT_HAS(error,
+             "checkpointable_types 'NoSuchLayer' matches none of this model's layer types "
+             "(GptEmbedding, TransformerBlock, FinalLayerNorm, LmHead), so activation "
+             "checkpointing (interval 1) would recompute nothing");
+  ASSERT_TRUE(ApplyOverride(c,
+                            "parallelism.activation_checkpointing.checkpointable_types="
+                            "TransformerBlock")
+                  .ok());
+  EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok()) << ValidateExperimentConfig(c, 2);
+  // Off (interval 0): the regex is not used, so not checked.
+  ASSERT_TRUE(ApplyOverride(c, "parallelism.activation_checkpointing.interval=0").ok());
+  ASSERT_TRUE(
+      ApplyOverride(c, "parallelism.activation_checkpointing.checkpointable_types=Nothing").ok());
+  EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok());
+
+  // --partition=profile:garbage (profile times layers in the workers only).
+  c = Gpt();
+  c.mutable_parallelism()->set_partition_method("profile:garbage");
+  error = Error(c);
+  EXPECT_HAS(error, "parallelism.partition_method 'profile:garbage' cannot cut the gpt");
+  EXPECT_HAS(error, "unknown argument 'garbage'; valid: 'profile' or 'profile:cap_mib=N");
+  c.mutable_parallelism()->set_partition_method("profile:cap_mib=100");
+  EXPECT_HAS(Error(c), "needs the micro-batches in flight of each of the 2 parts");
+  for (const char* ok : {"profile", "profile:cap_mib=100,in_flight=2/1"}) {
+    c.mutable_parallelism()->set_partition_method(ok);
+    EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok()) << ok << ValidateExperimentConfig(c, 2);
+  }
+
+  // --set=sample_prompt= with sampling on failed after the whole training.
+  c = Gpt();
+  ASSERT_TRUE(ApplyOverride(c, "sample_prompt=").ok());
+  EXPECT_HAS(Error(c), "sample_prompt is empty, but sample_tokens (");
+  ASSERT_TRUE(ApplyOverride(c, "sample_tokens=0").ok());
+  EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok());
+
+  // --resume=/nonexistent failed in every worker.
+  c = Gpt();
+  c.mutable_checkpoint()->set_resume("/nonexistent");
+  EXPECT_HAS(Error(c),
+             "checkpoint.resume '/nonexistent' does not exist; valid: a checkpoint "
+             "directory (step_N)");
+  c.mutable_checkpoint()->set_resume("auto");
+  EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok());
+  c.mutable_checkpoint()->set_resume("/dev/null");
+  EXPECT_HAS(Error(c), "checkpoint.resume '/dev/null' is not a directory");
+
+  // BERT's masked-LM samples need 8 positions ([CLS] A [SEP] B [SEP]).
+  ExperimentConfig bert = Testdata("bert_pp2.textproto");
+  ResolveDefaults(bert);
+  ASSERT_TRUE(ApplyOverride(bert, "bert.context_length=7").ok());
+  EXPECT_HAS(Error(bert), "bert.context_length (7) must be at least 8");
+}
+
 // Every numeric field has a checked range, named in the error: values that
 // used to train garbage with exit 0 or crash a worker (issue #14).
 TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
@@ -308,8 +403,14 @@ TEST(ExperimentConfigTest, EveryNumericFieldIsRangeChecked) {
       {"gpt.dropout=1", "gpt.dropout (1)"},
       {"data.eval_fraction=0.5", "data.eval_fraction (0.5) must be finite and in [0, 0.5)"},
       {"lr_schedule.warmup_steps=-1", "lr_schedule.warmup_steps (-1) must not be negative"},
-      {"threads.intra_op=-1", "threads.intra_op (-1) must not be negative and at most 4096"},
-      {"threads.blas=100000", "threads.blas (100000) must be at most 4096"},
+      // At most 4 threads per core of this machine (issue 29, finding 4).
+      {"threads.intra_op=-1",
+       absl::StrCat("threads.intra_op (-1) must not be negative and at most ", MaxWorkerThreads())},
+      {"threads.intra_op=4096",
+       absl::StrCat("threads.intra_op (4096) must be at most ", MaxWorkerThreads(),
+                    " (0 = the launcher's choice; at most 4 per core of this machine)")},
+      {"threads.blas=100000",
+       absl::StrCat("threads.blas (100000) must be at most ", MaxWorkerThreads())},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.assignment);

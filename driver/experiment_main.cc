@@ -120,6 +120,9 @@ absl::StatusOr<ExperimentConfig> LoadResolvedConfig(const std::string& default_c
         kCsvSchedulePrefix,
         FromWorkspace(config.parallelism().schedule().substr(kCsvSchedulePrefix.size()))));
   }
+  if (!config.checkpoint().dir().empty()) {
+    config.mutable_checkpoint()->set_dir(FromWorkspace(config.checkpoint().dir()));
+  }
   if (!config.checkpoint().resume().empty() && config.checkpoint().resume() != "auto") {
     config.mutable_checkpoint()->set_resume(FromWorkspace(config.checkpoint().resume()));
   }

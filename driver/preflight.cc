@@ -1,21 +1,31 @@
 #include "driver/preflight.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <regex>
 #include <system_error>
 
 #include <unistd.h>
+
+#include <glog/logging.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "driver/auto_schedule.h"
+#include "models/data/corpus.h"
 #include "models/registry.h"
+#include "pipeline/layers/layer_spec.h"
+#include "pipeline/schedule/memory_plan.h"
+#include "pipeline/schedule/registry.h"
 
 namespace pp {
 namespace {
@@ -61,6 +71,17 @@ bool LooksBinary(const fs::path& path) {
   return std::find(buffer, buffer + in.gcount(), '\0') != buffer + in.gcount();
 }
 
+// Nothing but spaces, tabs and line ends (BERT finds no sentence in it; GPT
+// would learn whitespace). Reads until the first other byte.
+bool OnlyWhitespace(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char c;
+  while (in.get(c)) {
+    if (!std::isspace(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string MemoryEstimate::ToString() const {
@@ -79,6 +100,57 @@ std::optional<TransformerShape> ShapeOf(const ExperimentConfig& config) {
   absl::StatusOr<SelectedModel> model = SelectModel(config.model());
   if (!model.ok() || !model->info->transformer_shape) return std::nullopt;
   return model->info->transformer_shape(*model->config);
+}
+
+// How many of the model's layers activation checkpointing may recompute:
+// those whose type name checkpointable_types matches (all when it is empty;
+// none when it does not compile, which config validation reports).
+double CheckpointableLayers(const ExperimentConfig& config) {
+  const std::string& types = config.parallelism().activation_checkpointing().checkpointable_types();
+  absl::StatusOr<SelectedModel> model = SelectModel(config.model());
+  if (!model.ok()) return 0;
+  absl::StatusOr<std::vector<LayerSpec>> specs = model->info->specs(*model->config);
+  if (!specs.ok()) return 0;
+  if (types.empty()) return static_cast<double>(specs->size());
+  std::regex re;
+  try {
+    re = std::regex(types, std::regex::ECMAScript);
+  } catch (const std::regex_error&) {
+    return 0;
+  }
+  double matched = 0;
+  for (const LayerSpec& spec : *specs) matched += std::regex_match(spec.name(), re) ? 1 : 0;
+  return matched;
+}
+
+// Compute actions of a schedule this big are not built for an estimate.
+constexpr double kMaxPlannedActions = 1 << 22;
+
+// The sum over ranks of each rank's peak activation bytes under the config's
+// schedule, every virtual stage holding `stage` per micro-batch; nullopt when
+// the schedule is too big or does not build.
+std::optional<double> SchedulePeakActivations(const ExperimentConfig& config,
+                                              const StageMemory& stage) {
+  const auto& par = config.parallelism();
+  const double actions =
+      2.0 * std::max(1, par.pp()) * std::max(1, par.chunks()) * std::max(1, par.num_microbatches());
+  if (actions > kMaxPlannedActions) return std::nullopt;
+  ScheduleOptions so;
+  so.num_stages = par.pp();
+  so.num_microbatches = par.num_microbatches();
+  so.num_chunks = par.chunks();
+  // "auto" trains under its measurement schedule first and then under one
+  // synthesised within 1F1B's memory; the former stands for both.
+  absl::StatusOr<std::string> name = StartingSchedule(par.schedule(), par.chunks());
+  if (!name.ok()) return std::nullopt;
+  absl::StatusOr<Schedule> schedule = MakeSchedule(*name, so);
+  if (!schedule.ok() || schedule->forward_only) return std::nullopt;
+  absl::StatusOr<MemoryPlan> plan =
+      PlanMemory(*schedule, std::vector<StageMemory>(schedule->num_virtual_stages(), stage), {});
+  if (!plan.ok()) return std::nullopt;
+  double sum = 0;
+  for (const RankMemoryPlan& rank : plan->ranks) sum += rank.peak_bytes;
+  return sum;
 }
 
 }  // namespace
@@ -116,19 +188,37 @@ MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   // values per token and width (inputs of each matrix, norms, GELU) plus the
   // attention probabilities (h x t x t per sequence, before and after softmax).
   const double per_block_act = b * t * ((10 + 2 * r) * w + 2 * h * t) * kFloat;
-  const double in_flight = par.schedule() == "gpipe" ? m : std::min(m, pp * v);
+  // Recomputation applies to the blocks checkpointable_types matches (none
+  // matching: no recomputation at all; issue 29, finding 8).
   const int64_t interval = par.activation_checkpointing().interval();
-  double per_microbatch;
-  if (interval > 0) {
-    // Only each range's input survives the forward; one range is recomputed.
-    per_microbatch = std::ceil(layers / static_cast<double>(interval)) * b * t * w * kFloat +
-                     std::min<double>(interval, layers) * per_block_act;
-  } else {
-    per_microbatch = layers * per_block_act;
+  const double recomputed_layers =
+      interval > 0 ? std::min(layers, CheckpointableLayers(config)) : 0;
+  const double parts = pp * v;
+  // One micro-batch's activations on one virtual stage (layers / parts of
+  // them): kept from F to its backward, and with recomputation only each
+  // range's input is kept and one range regenerated during the backward.
+  StageMemory stage;
+  const double plain_layers = (layers - recomputed_layers) / parts;
+  stage.activation_bytes = plain_layers * per_block_act;
+  if (recomputed_layers > 0) {
+    const double stage_layers = recomputed_layers / parts;
+    stage.activation_bytes +=
+        std::ceil(stage_layers / static_cast<double>(interval)) * b * t * w * kFloat;
+    stage.recompute_bytes = std::min<double>(interval, std::ceil(stage_layers)) * per_block_act;
   }
+  // The micro-batches in flight come from the schedule itself (a registered
+  // one or a CSV file): each rank's peak by liveness, as the simulator's
+  // memory model walks its actions (pipeline/schedule/memory_plan.h). So
+  // looped_bfs, which runs every forward of a chunk first, counts all of its
+  // micro-batches, like GPipe, whatever it is called.
+  const std::optional<double> peak = SchedulePeakActivations(config, stage);
+  // Not buildable (too big to build here, or invalid: config validation
+  // names why): every micro-batch of every chunk in flight on every rank.
+  const double activations =
+      peak.has_value() ? *peak : pp * v * m * (stage.activation_bytes) + pp * stage.recompute_bytes;
   // The logits (and their softmax) of a micro-batch on the last stage.
   const double logits = 2 * b * t * kVocab * kFloat;
-  e.activation_bytes = dp * (in_flight * per_microbatch + logits);
+  e.activation_bytes = dp * (activations + logits);
   return e;
 }
 
@@ -180,25 +270,19 @@ absl::Status CheckDataPath(const std::string& path, int64_t context_length, doub
   if (fs::is_regular_file(status)) {
     files.push_back(path);
   } else if (fs::is_directory(status)) {
-    fs::recursive_directory_iterator it(path,
-                                        fs::directory_options::follow_directory_symlink |
-                                            fs::directory_options::skip_permission_denied,
-                                        ec);
-    if (ec) {
-      return Invalid(
-          absl::StrCat("data.path '", path, "': cannot list the folder: ", ec.message()));
+    // Each folder once (models/data/corpus.h): a link to a parent would
+    // otherwise be walked forever.
+    absl::StatusOr<CorpusListing> listing = ListCorpusFiles(path);
+    if (!listing.ok()) {
+      return Invalid(absl::StrCat("data.path '", path,
+                                  "': cannot list the folder: ", listing.status().message()));
     }
-    // The corpus loader reads regular files only; FIFOs and devices inside
-    // a folder are skipped there too.
-    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (ec) break;
-      std::error_code file_ec;
-      if (fs::is_regular_file(it->path(), file_ec)) files.push_back(it->path());
+    if (listing->repeated_folders > 0) {
+      LOG(WARNING) << "data.path '" << path << "': " << listing->repeated_folders
+                   << " link(s) lead to a folder already read (a loop such as `ln -s . "
+                      "sub`); each folder is read once";
     }
-    if (ec) {
-      return Invalid(
-          absl::StrCat("data.path '", path, "': cannot list the folder: ", ec.message()));
-    }
+    files.assign(listing->files.begin(), listing->files.end());
   } else {
     return Invalid(absl::StrCat("data.path '", path, "' is ", FileKind(status.type()),
                                 ", which a reader could wait on forever; pass a regular text "
@@ -210,7 +294,7 @@ absl::Status CheckDataPath(const std::string& path, int64_t context_length, doub
                                 "folder of text files"));
   }
   double text_bytes = 0;
-  size_t text_files = 0;
+  size_t text_files = 0, blank_files = 0;
   for (const fs::path& file : files) {
     std::ifstream in(file, std::ios::binary);
     if (!in) {
@@ -220,8 +304,18 @@ absl::Status CheckDataPath(const std::string& path, int64_t context_length, doub
     if (LooksBinary(file)) continue;
     const double size = static_cast<double>(fs::file_size(file, ec));
     if (ec || size == 0) continue;
+    if (OnlyWhitespace(file)) {
+      ++blank_files;
+      continue;
+    }
     text_bytes += size + 2;  // the loader ends each file with a blank line
     ++text_files;
+  }
+  if (text_files == 0 && blank_files > 0) {
+    return Invalid(
+        absl::StrCat("data.path '", path, "': its ", blank_files,
+                     " text file(s) hold only whitespace (spaces, tabs, newlines); "
+                     "there is nothing to learn or to sample sentences from. Pass text"));
   }
   if (text_files == 0) {
     return Invalid(absl::StrCat("data.path '", path, "': none of its ", files.size(),
@@ -238,29 +332,55 @@ absl::Status CheckDataPath(const std::string& path, int64_t context_length, doub
   return absl::OkStatus();
 }
 
-absl::Status CheckOutputDir(const std::string& output_dir) {
-  if (output_dir.empty()) return Invalid("output_dir is empty; pass --output_dir=<a folder>");
+namespace {
+
+// Creates `dir` if needed and writes and removes a probe file in it; errors
+// name `field` and end with `hint`.
+absl::Status CheckWritableDir(const std::string& field, const std::string& dir,
+                              const std::string& hint) {
+  if (dir.empty()) return Invalid(absl::StrCat(field, " is empty; ", hint));
   std::error_code ec;
-  fs::create_directories(output_dir, ec);
-  if (ec || !fs::is_directory(output_dir)) {
-    return Invalid(
-        absl::StrCat("output_dir '", output_dir, "' cannot be created",
-                     ec ? absl::StrCat(": ", ec.message()) : std::string(" (not a folder)"),
-                     "; pass --output_dir=<a writable folder>"));
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    return Invalid(absl::StrCat(
+        field, " '", dir, "' cannot be created",
+        ec ? absl::StrCat(": ", ec.message()) : std::string(" (not a folder)"), "; ", hint));
   }
-  const fs::path probe = fs::path(output_dir) / absl::StrCat(".preflight-", ::getpid());
+  const fs::path probe = fs::path(dir) / absl::StrCat(".preflight-", ::getpid());
   {
     std::ofstream out(probe);
     out << "probe";
     out.close();
     if (!out) {
       fs::remove(probe, ec);
-      return Invalid(absl::StrCat("output_dir '", output_dir,
-                                  "' is not writable; pass --output_dir=<a writable folder>"));
+      return Invalid(absl::StrCat(field, " '", dir, "' is not writable; ", hint));
     }
   }
   fs::remove(probe, ec);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckOutputDir(const std::string& output_dir) {
+  return CheckWritableDir("output_dir", output_dir, "pass --output_dir=<a writable folder>");
+}
+
+std::string CheckpointDirOf(const ExperimentConfig& config) {
+  return config.checkpoint().dir().empty()
+             ? (fs::path(config.output_dir()) / "checkpoints" / config.name()).string()
+             : config.checkpoint().dir();
+}
+
+absl::Status CheckCheckpointDir(const ExperimentConfig& config) {
+  if (config.checkpoint().save_interval() <= 0) return absl::OkStatus();
+  return CheckWritableDir(
+      config.checkpoint().dir().empty() ? "the checkpoint dir (<output_dir>/checkpoints/<name>)"
+                                        : "checkpoint.dir",
+      CheckpointDirOf(config),
+      absl::StrCat("checkpoint.save_interval (", config.checkpoint().save_interval(),
+                   ") saves there; set checkpoint.dir (--set=checkpoint.dir=<a writable folder>) "
+                   "or save_interval=0"));
 }
 
 absl::Status CheckNoRepeatedFlags(const std::vector<std::string>& args) {
@@ -303,7 +423,9 @@ absl::Status Preflight(const ExperimentConfig& config, const std::vector<std::st
       return s;
     }
   }
-  return CheckOutputDir(config.output_dir());
+  PP_RETURN_IF_ERROR(CheckOutputDir(config.output_dir()));
+  // An unwritable checkpoint dir was found at the first save (issue 29).
+  return CheckCheckpointDir(config);
 }
 
 }  // namespace pp

@@ -7,7 +7,8 @@
 //   - data.path: a regular file or a directory, never a FIFO or device (a
 //     reader would block forever); some text (not binary, not empty), and at
 //     least context_length + 1 bytes of training text;
-//   - output_dir: creatable and writable (a probe file is written and removed);
+//   - output_dir, and the checkpoint dir of a run that saves: creatable and
+//     writable (a probe file is written and removed);
 //   - the command line: a flag given twice (absl keeps only the last value,
 //     so `--set=a=1 --set=b=2` would silently drop a=1).
 //
@@ -30,8 +31,11 @@ namespace pp {
 
 // Bytes a whole run needs on this machine (every rank of pp x dp; assumes all
 // ranks share the machine). An estimate: fp32, the transformer's matrices and
-// embeddings, the activations of min(m, pp) micro-batches in flight per stage
-// (all m for gpipe), fewer with activation checkpointing.
+// embeddings, and the activations each rank holds at its peak under the
+// config's own schedule (registered or CSV: pipeline/schedule/memory_plan.h
+// walks its actions, so GPipe and looped_bfs keep all m micro-batches, 1F1B
+// p - r), fewer with activation checkpointing on the layers its
+// checkpointable_types matches (none matching: no recomputation).
 struct MemoryEstimate {
   double parameters = 0;        // of the whole model
   double parameter_bytes = 0;   // x dp replicas
@@ -67,12 +71,20 @@ absl::Status CheckDataPath(const std::string& path, int64_t context_length, doub
 // Creates `output_dir` if needed and writes and removes a probe file in it.
 absl::Status CheckOutputDir(const std::string& output_dir);
 
+// Where the run's checkpoints go: checkpoint.dir, or by default
+// <output_dir>/checkpoints/<name> (REQUIRES: paths resolved from the workspace).
+std::string CheckpointDirOf(const driver::ExperimentConfig& config);
+
+// When the run saves (checkpoint.save_interval > 0): its checkpoint dir is
+// created if needed and written to as CheckOutputDir does.
+absl::Status CheckCheckpointDir(const driver::ExperimentConfig& config);
+
 // `args`: argv (args[0] the program). A flag named twice, in any of the
 // forms --f=v, -f=v, --f v, is refused, naming both and how to merge them.
 absl::Status CheckNoRepeatedFlags(const std::vector<std::string>& args);
 
-// All of the above that apply: the command line, memory, output_dir, and for
-// a transformer model reading a corpus its data.path.
+// All of the above that apply: the command line, memory, output_dir, the
+// checkpoint dir, and for a transformer model reading a corpus its data.path.
 absl::Status Preflight(const driver::ExperimentConfig& config,
                        const std::vector<std::string>& args);
 

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "models/gpt/gpt_config.pb.h"
+#include "pipeline/schedule/csv.h"
+#include "pipeline/schedule/registry.h"
 
 namespace pp {
 namespace {
@@ -68,6 +70,61 @@ TEST(PreflightTest, ActivationsGrowWithMicroBatchesOnlyForGPipeAndShrinkWithReco
   const double recompute = EstimateMemory(c).activation_bytes;
   c.mutable_parallelism()->mutable_activation_checkpointing()->set_interval(0);
   EXPECT_LT(recompute, EstimateMemory(c).activation_bytes / 4);
+}
+
+// The micro-batches in flight come from the schedule's actions, not its
+// name: looped_bfs runs every forward of a chunk before any backward, and
+// GPipe written as a CSV file is GPipe (issue 29, finding 8: both were
+// counted like 1F1B, and --microbatches=2048 --chunks=2
+// --schedule=looped_bfs passed the check and ran out of memory).
+TEST(PreflightTest, InFlightMicroBatchesComeFromTheScheduleItself) {
+  ExperimentConfig c = SmallGpt();
+  c.mutable_parallelism()->set_num_microbatches(64);
+  const double one_f_one_b = EstimateMemory(c).activation_bytes;
+  c.mutable_parallelism()->set_schedule("gpipe");
+  const double gpipe = EstimateMemory(c).activation_bytes;
+  EXPECT_GT(gpipe, 10 * one_f_one_b);
+  // looped_bfs with 2 chunks: all 64 micro-batches of both chunks per rank,
+  // each chunk half a stage: as much as GPipe.
+  c.mutable_parallelism()->set_schedule("looped_bfs");
+  c.mutable_parallelism()->set_chunks(2);
+  EXPECT_NEAR(EstimateMemory(c).activation_bytes / gpipe, 1.0, 0.02);
+  // interleaved 1F1B with the same chunks stays near 1F1B.
+  c.mutable_parallelism()->set_schedule("interleaved_1f1b");
+  EXPECT_LT(EstimateMemory(c).activation_bytes, 3 * one_f_one_b);
+
+  // GPipe as a schedule file counts as GPipe.
+  c = SmallGpt();
+  c.mutable_parallelism()->set_num_microbatches(64);
+  ScheduleOptions so;
+  so.num_stages = 2;
+  so.num_microbatches = 64;
+  absl::StatusOr<Schedule> schedule = MakeSchedule("gpipe", so);
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  const fs::path csv = TempDir("csv") / "gpipe.csv";
+  Write(csv, ScheduleToCsv(*schedule));
+  c.mutable_parallelism()->set_schedule("csv:" + csv.string());
+  EXPECT_NEAR(EstimateMemory(c).activation_bytes / gpipe, 1.0, 1e-9);
+}
+
+// Recomputation counts only where checkpointable_types matches a layer; a
+// regex matching none (or not compiling) recomputes nothing (issue 29, 8/13).
+TEST(PreflightTest, CheckpointingCountsOnlyTheLayersItsTypesMatch) {
+  ExperimentConfig c = SmallGpt();
+  c.mutable_model()->MutableExtension(gpt)->set_num_layers(32);
+  c.mutable_parallelism()->set_num_microbatches(16);
+  c.mutable_parallelism()->set_schedule("gpipe");
+  const double plain = EstimateMemory(c).activation_bytes;
+  auto* ac = c.mutable_parallelism()->mutable_activation_checkpointing();
+  ac->set_interval(1);
+  const double any = EstimateMemory(c).activation_bytes;
+  EXPECT_LT(any, plain / 4);
+  ac->set_checkpointable_types("TransformerBlock");
+  EXPECT_DOUBLE_EQ(EstimateMemory(c).activation_bytes, any);
+  ac->set_checkpointable_types("NoSuchLayer");
+  EXPECT_DOUBLE_EQ(EstimateMemory(c).activation_bytes, plain);
+  ac->set_checkpointable_types("[");
+  EXPECT_DOUBLE_EQ(EstimateMemory(c).activation_bytes, plain);
 }
 
 TEST(PreflightTest, RefusesWhatExceedsMemoryNamingTheEstimate) {
@@ -132,6 +189,33 @@ TEST(PreflightTest, DataPathMustBeTextLongEnoughAndNeverAFifo) {
   EXPECT_HAS(s.message(), "data.path '/dev/null' is a character device");
 }
 
+// `ln -s . d/s1; ln -s . d/s2` walked 2^depth paths forever (issue 29, 3).
+TEST(PreflightTest, DataFolderLinkedToItselfIsWalkedOnce) {
+  const fs::path dir = TempDir("loop");
+  Write(dir / "text.txt", std::string(200, 'a'));
+  fs::create_directory_symlink(".", dir / "s1");
+  fs::create_directory_symlink(".", dir / "s2");
+  EXPECT_TRUE(CheckDataPath(dir.string(), 64, 0.05).ok());
+  const fs::path empty_loop = TempDir("empty_loop");
+  fs::create_directory_symlink(".", empty_loop / "s1");
+  fs::create_directory_symlink(".", empty_loop / "s2");
+  absl::Status s = CheckDataPath(empty_loop.string(), 64, 0.05);
+  EXPECT_HAS(s.message(), "data.path '" + empty_loop.string() + "' is an empty folder");
+}
+
+// train_bert found no sentence only inside the workers (issue 29).
+TEST(PreflightTest, WhitespaceOnlyDataIsRefused) {
+  const fs::path dir = TempDir("blank");
+  Write(dir / "a.txt", std::string(300, ' ') + "\n\n\t\n");
+  Write(dir / "b.txt", "\n\n");
+  absl::Status s = CheckDataPath(dir.string(), 64, 0.05);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(s.message(),
+             "data.path '" + dir.string() + "': its 2 text file(s) hold only whitespace");
+  Write(dir / "c.txt", std::string(100, ' ') + "x");
+  EXPECT_TRUE(CheckDataPath(dir.string(), 16, 0.05).ok());
+}
+
 TEST(PreflightTest, OutputDirMustBeWritable) {
   const fs::path dir = TempDir("out");
   EXPECT_TRUE(CheckOutputDir((dir / "runs" / "nested").string()).ok());
@@ -147,6 +231,34 @@ TEST(PreflightTest, OutputDirMustBeWritable) {
     fs::permissions(dir / "ro", fs::perms::owner_read | fs::perms::owner_exec);
     s = CheckOutputDir((dir / "ro").string());
     EXPECT_HAS(s.message(), "is not writable");
+    fs::permissions(dir / "ro", fs::perms::owner_all);
+  }
+}
+
+// An unwritable checkpoint dir was found at the first save, after launch.
+TEST(PreflightTest, CheckpointDirOfARunThatSavesMustBeWritable) {
+  const fs::path dir = TempDir("ckpt");
+  ExperimentConfig c = SmallGpt();
+  c.set_name("n");
+  c.set_output_dir((dir / "runs").string());
+  EXPECT_EQ(CheckpointDirOf(c), (dir / "runs" / "checkpoints" / "n").string());
+  EXPECT_TRUE(CheckCheckpointDir(c).ok());  // saves nothing
+  EXPECT_FALSE(fs::exists(dir / "runs" / "checkpoints"));
+  c.mutable_checkpoint()->set_save_interval(2);
+  EXPECT_TRUE(CheckCheckpointDir(c).ok());
+  EXPECT_TRUE(fs::is_directory(dir / "runs" / "checkpoints" / "n"));
+  Write(dir / "file", "x");
+  c.mutable_checkpoint()->set_dir((dir / "file" / "ckpt").string());
+  absl::Status s = CheckCheckpointDir(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(s.message(),
+             "checkpoint.dir '" + (dir / "file" / "ckpt").string() + "' cannot be created");
+  EXPECT_HAS(s.message(), "checkpoint.save_interval (2) saves there");
+  if (geteuid() != 0) {
+    fs::create_directories(dir / "ro");
+    fs::permissions(dir / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+    c.mutable_checkpoint()->set_dir((dir / "ro").string());
+    EXPECT_HAS(CheckCheckpointDir(c).message(), "is not writable");
     fs::permissions(dir / "ro", fs::perms::owner_all);
   }
 }

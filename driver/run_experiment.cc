@@ -14,18 +14,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/activation/activation_checkpointing.h"
 #include "checkpoint/model/trainer_checkpoint.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "driver/auto_schedule.h"
 #include "driver/nonfinite_guard.h"
+#include "driver/preflight.h"
 #include "driver/progress.h"
 #include "driver/run_observability.h"
 #include "driver/run_report.h"
 #include "driver/worker_status_observer.h"
-#include "driver/workspace_path.h"
 #include "models/registry.h"
+#include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/action_log.h"
@@ -41,8 +41,6 @@
 
 namespace pp {
 namespace {
-
-namespace fs = std::filesystem;
 
 // The named steps of RunExperiment, each on the state the earlier ones built.
 
@@ -176,14 +174,18 @@ absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config
 // how often, how many are kept, what to resume from.
 CheckpointPolicy MakeCheckpointPolicy(const ExperimentConfig& config) {
   CheckpointPolicy policy;
-  policy.dir = config.checkpoint().dir().empty()
-                   ? (fs::path(config.output_dir()) / "checkpoints" / config.name()).string()
-                   : FromWorkspace(config.checkpoint().dir());
+  policy.dir = CheckpointDirOf(config);  // checked writable by Preflight
   policy.save_interval = config.checkpoint().save_interval();
   policy.keep_last = config.checkpoint().keep_last();
   policy.resume = config.checkpoint().resume();
   policy.config = ConfigToText(config);
   policy.seed = static_cast<int64_t>(config.seed());
+  // The run across its restarts is its name (the run directory changes with
+  // every launch): it owns the checkpoints it writes and names itself in the
+  // checkpoint dir's lock; another name's checkpoints are refused unless
+  // checkpoint.resume_other_runs.
+  policy.owner = config.name();
+  policy.resume_other_runs = config.checkpoint().resume_other_runs();
   // Resuming under another model, seed or optimizer is refused, field by field.
   policy.check_manifest = [config](const checkpoint::Manifest& manifest) {
     std::vector<std::string> warnings;

@@ -28,14 +28,28 @@ absl::StatusOr<RunReport> RunReport::Open(const ExperimentConfig& config,
                                           const std::string& model_name, bool rank0) {
   RunReport report(config, model_name);
   if (!rank0) return report;
-  report.dir_ = fs::path(config.output_dir()) /
-                absl::StrCat(config.name(), "-",
-                             absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::UTCTimeZone()));
+  const std::string base = absl::StrCat(
+      config.name(), "-", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::UTCTimeZone()));
   std::error_code ec;
-  fs::create_directories(report.dir_, ec);
+  fs::create_directories(config.output_dir(), ec);
   if (ec) {
     return absl::InternalError(
-        absl::StrCat("cannot create run directory ", report.dir_.string(), ": ", ec.message()));
+        absl::StrCat("cannot create output_dir ", config.output_dir(), ": ", ec.message()));
+  }
+  // mkdir is exclusive: two runs of one name started in the same second
+  // shared a folder (interleaved metrics.jsonl, one config.textproto; issue
+  // 29, finding 11). The later one takes the next free name.
+  constexpr int kMaxSuffix = 1000;
+  for (int i = 1; report.dir_.empty(); ++i) {
+    const fs::path dir =
+        fs::path(config.output_dir()) / (i == 1 ? base : absl::StrCat(base, "-", i));
+    if (fs::create_directory(dir, ec)) {
+      report.dir_ = dir;
+    } else if (ec || i == kMaxSuffix) {
+      return absl::InternalError(
+          absl::StrCat("cannot create run directory ", dir.string(), ": ",
+                       ec ? ec.message() : absl::StrCat(kMaxSuffix, " of that name exist")));
+    }
   }
   PP_RETURN_IF_ERROR(WriteFile(report.dir_ / "config.textproto", ConfigToText(config)));
   report.metrics_ = std::make_unique<std::ofstream>(report.dir_ / "metrics.jsonl");

@@ -1,6 +1,7 @@
 // Rank 0's outputs of a training run: the run directory
 //
-//   <output_dir>/<name>-<UTC time>/
+//   <output_dir>/<name>-<UTC time>[-N]/   created exclusively: a second run
+//                      of the same name in the same second takes -2, -3, ...
 //     config.textproto   the resolved config (every field, defaults included)
 //     metrics.jsonl      one line per step: step, loss, eval_loss, lr,
 //                        grad_norm, tokens_per_s, step_s, bubble, mem_peak_bytes,

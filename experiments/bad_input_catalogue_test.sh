@@ -16,6 +16,14 @@ printf 'ab\0cd%.0s' $(seq 1 100) > "$TMP/binary/a.bin"
 echo "too short for a context of 128 bytes" > "$TMP/short.txt"
 echo "a file" > "$TMP/file"
 printf '0F0,0B0\n1F0,1X0\n' > "$TMP/bad_schedule.csv"
+# GPipe as a schedule file, 65536 micro-batches (awk: 0F0..0F65535 then the
+# backwards, each rank a row; rank 1's row as rank 0's).
+awk 'BEGIN { m = 65536; for (r = 0; r < 2; r++) {
+  for (i = 0; i < m; i++) printf "%s%dF%d", (i ? "," : ""), r, i;
+  for (i = 0; i < m; i++) printf ",%dB%d", r, i; printf "\n" } }' > "$TMP/gpipe_65536.csv"
+# Whitespace only, in a folder with two links to itself (walked forever once).
+mkdir -p "$TMP/blank" && printf '   \n\n\t\n%.0s' $(seq 1 100) > "$TMP/blank/a.txt"
+ln -sfn . "$TMP/blank/s1" && ln -sfn . "$TMP/blank/s2"
 
 # expected text in stderr | arguments after --config (no spaces inside one)
 CASES=$(cat <<CASES_END
@@ -51,6 +59,19 @@ nonfinite.policy 'maybe' must be 'fail' or 'skip'|--set=nonfinite.policy=maybe
 nonfinite.max_skipped_steps (0) must be at least 1|--set=nonfinite.max_skipped_steps=0
 parallelism.pp (2) x parallelism.dp (1) = 2 ranks, but 3 were started|--nproc_per_node=3
 the experiment needs 2 ranks, which --nnodes=4 does not divide|--nnodes=4 --master_port=1
+data.path '$TMP/blank': its 1 text file(s) hold only whitespace|--data=$TMP/blank
+threads.intra_op (4096) must be at most|--set=threads.intra_op=4096
+--intra_op_threads=100000 is more threads than this machine can run; valid: 0 (automatic) to|--intra_op_threads=100000
+the run needs an estimated|--microbatches=65536 --chunks=2 --schedule=looped_bfs
+the run needs an estimated|--microbatches=65536 --schedule=csv:$TMP/gpipe_65536.csv
+checkpointable_types '[' does not compile as an ECMAScript regex|--ckpt_interval=1 --set=parallelism.activation_checkpointing.checkpointable_types=[
+checkpointable_types 'NoSuchLayer' matches none of this model's layer types (GptEmbedding, TransformerBlock, FinalLayerNorm, LmHead)|--ckpt_interval=1 --set=parallelism.activation_checkpointing.checkpointable_types=NoSuchLayer
+name '../../escape/x' (14 characters) is not a run name|--name=../../escape/x
+(300 characters) is not a run name|--name=$(printf 'n%.0s' $(seq 1 300))
+unknown argument 'garbage'; valid: 'profile' or 'profile:cap_mib=N|--partition=profile:garbage
+sample_prompt is empty, but sample_tokens (|--set=sample_prompt=
+checkpoint.resume '/nonexistent' does not exist|--resume=/nonexistent
+checkpoint.dir '$TMP/file/ckpt' cannot be created|--save_interval=2 --set=checkpoint.dir=$TMP/file/ckpt
 CASES_END
 )
 

@@ -3,8 +3,8 @@
 # corrupted newest checkpoint never makes --resume=auto start over (it takes
 # the newest checkpoint whose files verify and says so), a fresh run never
 # saves into a directory holding another run's checkpoints, a re-saved step
-# keeps the old directory, and a checkpoint of another model or seed is
-# refused naming the fields.
+# keeps the old directory, and a checkpoint of another model or seed, or of
+# another run (name), is refused naming the fields or the runs.
 set -uo pipefail
 BIN=$1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -75,6 +75,23 @@ run 0 --steps=6 --resume=auto
 expect_log "resumed at step 4"
 expect_log "gpt.num_heads: 4 in the checkpoint, 2 now"
 EXTRA=""
+
+# 7. Another run (another name) continuing from r's checkpoints: refused,
+# naming both runs; allowed with checkpoint.resume_other_runs (issue 29).
+other() {
+  timeout 300 "$BIN" --config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" \
+    --output_dir="$TMP/runs" --sample_tokens=0 --name=other --steps=8 --resume=auto \
+    --set="$SET,gpt.num_heads=2,checkpoint.dir=$CKPT$1" > "$TMP/log" 2>&1
+}
+other ""
+code=$?
+[[ $code -ne 0 ]] || fail "run 'other' continued from run 'r's checkpoint"
+expect_log "was written by run 'r', not by this run ('other')"
+expect_log "--set=checkpoint.resume_other_runs=true"
+echo "ok: another run's checkpoint refused (exit $code)"
+other ",checkpoint.resume_other_runs=true" || fail "resume_other_runs=true: exit $?"
+expect_log "resumed at step 6"
+echo "ok: checkpoint.resume_other_runs=true continues from it"
 
 # 6. Every checkpoint unusable: an error, never a fresh start.
 for d in "$CKPT"/step_*; do rm -f "$d/manifest.textproto"; done

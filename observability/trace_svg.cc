@@ -134,10 +134,9 @@ std::string FitLabel(const std::string& name, double width) {
   return name.substr(0, fits - 2) + "..";
 }
 
-}  // namespace
+using TrackKey = std::pair<int, int64_t>;  // (pid, tid)
 
-absl::StatusOr<TraceLayout> LayoutTrace(absl::string_view trace_json,
-                                        const TraceSvgOptions& options) {
+absl::Status CheckOptions(const TraceSvgOptions& options) {
   if (options.width_px < 300) {
     return absl::InvalidArgumentError(
         absl::StrCat("width_px ", options.width_px, " is too small; must be >= 300"));
@@ -150,13 +149,26 @@ absl::StatusOr<TraceLayout> LayoutTrace(absl::string_view trace_json,
     return absl::InvalidArgumentError(
         absl::StrCat("min_span_px ", options.min_span_px, " must be >= 0"));
   }
-  PP_ASSIGN_OR_RETURN(json events, ParseEvents(trace_json));
+  return absl::OkStatus();
+}
 
+// A trace's complete ("X") events, and the names and sort order its metadata
+// ("M") events give processes (lanes) and threads (tracks).
+struct TraceEvents {
+  std::vector<Event> spans;
   std::map<int, std::string> lane_names;
   std::map<int, int64_t> lane_order;
-  std::map<std::pair<int, int64_t>, std::string> track_names;
-  std::map<std::pair<int, int64_t>, int64_t> track_order;
-  std::vector<Event> spans;
+  std::map<TrackKey, std::string> track_names;
+  std::map<TrackKey, int64_t> track_order;
+};
+
+absl::StatusOr<TraceEvents> ReadEvents(const json& events) {
+  TraceEvents read;
+  std::vector<Event>& spans = read.spans;
+  std::map<int, std::string>& lane_names = read.lane_names;
+  std::map<int, int64_t>& lane_order = read.lane_order;
+  std::map<TrackKey, std::string>& track_names = read.track_names;
+  std::map<TrackKey, int64_t>& track_order = read.track_order;
   for (size_t i = 0; i < events.size(); ++i) {
     const json& e = events[i];
     if (!e.is_object()) continue;
@@ -204,8 +216,13 @@ absl::StatusOr<TraceLayout> LayoutTrace(absl::string_view trace_json,
     spans.push_back(std::move(span));
   }
   if (spans.empty()) return absl::InvalidArgumentError("the trace has no complete (\"X\") events");
+  return read;
+}
 
-  // The window.
+// The window [start, end] in us: the step's ProfilerStep span, or all spans;
+// the options' start_us/end_us override either end.
+absl::StatusOr<std::pair<double, double>> ChooseWindow(const std::vector<Event>& spans,
+                                                       const TraceSvgOptions& options) {
   double start = std::numeric_limits<double>::max();
   double end = std::numeric_limits<double>::lowest();
   if (options.step.has_value()) {
@@ -237,6 +254,98 @@ absl::StatusOr<TraceLayout> LayoutTrace(absl::string_view trace_json,
         "the window [%.3f, %.3f] us is empty or inverted; its end must be after its start", start,
         end));
   }
+  return std::make_pair(start, end);
+}
+
+// Each span's nesting level in its track: a span starts one level below every
+// still-open span before it. Sorts `track_spans` by start (longer first).
+std::vector<int> NestingDepths(std::vector<Event>& track_spans) {
+  std::stable_sort(track_spans.begin(), track_spans.end(), [](const Event& a, const Event& b) {
+    return a.ts != b.ts ? a.ts < b.ts : a.dur > b.dur;
+  });
+  std::vector<double> open_ends;
+  std::vector<int> depth(track_spans.size());
+  for (size_t i = 0; i < track_spans.size(); ++i) {
+    const Event& s = track_spans[i];
+    while (!open_ends.empty() && open_ends.back() <= s.ts) open_ends.pop_back();
+    depth[i] = static_cast<int>(open_ends.size());
+    open_ends.push_back(s.ts + s.dur);
+  }
+  return depth;
+}
+
+// The boxes of one track at height `y`: one per span at most max_depth deep
+// and at least min_span_px wide; the narrower ones mark the pixel columns
+// they touch, per level, and each run of marked columns becomes one coverage
+// box. `scale`: pixels per us.
+void AddTrackBoxes(const TrackKey& key, const std::vector<Event>& track_spans,
+                   const std::vector<int>& depth, const TraceTrack& track, double y, double scale,
+                   const TraceSvgOptions& options, TraceLayout& layout) {
+  const double start = layout.start_us;
+  const double end = layout.end_us;
+  // Spans too narrow to draw mark the pixel columns they touch, per level.
+  const int columns = static_cast<int>(std::ceil(layout.plot_width)) + 1;
+  std::vector<std::vector<bool>> covered(track.depths, std::vector<bool>(columns, false));
+  for (size_t i = 0; i < track_spans.size(); ++i) {
+    if (depth[i] > options.max_depth) continue;
+    const Event& s = track_spans[i];
+    const double x0 = (std::max(s.ts, start) - start) * scale;
+    const double x1 = (std::min(s.ts + s.dur, end) - start) * scale;
+    if (x1 - x0 < options.min_span_px) {
+      const int c0 = std::clamp(static_cast<int>(std::floor(x0)), 0, columns - 1);
+      const int c1 = std::clamp(static_cast<int>(std::floor(x1)), 0, columns - 1);
+      for (int c = c0; c <= c1; ++c) covered[depth[i]][c] = true;
+      continue;
+    }
+    TraceBox box;
+    box.pid = s.pid;
+    box.tid = s.tid;
+    box.depth = depth[i];
+    box.x = layout.plot_x + x0;
+    box.y = y + depth[i] * kRow;
+    box.width = x1 - x0;
+    box.height = kRow - 1;
+    box.name = s.name;
+    box.category = s.category;
+    box.start_us = s.ts;
+    box.duration_us = s.dur;
+    box.pipe_action = s.pipe_action;
+    layout.boxes.push_back(std::move(box));
+  }
+  for (int d = 0; d < track.depths; ++d) {
+    for (int c = 0; c < columns;) {
+      if (!covered[d][c]) {
+        ++c;
+        continue;
+      }
+      int run_end = c;
+      while (run_end < columns && covered[d][run_end]) ++run_end;
+      TraceBox box;
+      box.pid = key.first;
+      box.tid = key.second;
+      box.depth = d;
+      box.x = layout.plot_x + c;
+      box.y = y + d * kRow;
+      box.width = run_end - c;
+      box.height = kRow - 1;
+      box.coverage = true;
+      box.start_us = start + c / scale;
+      box.duration_us = (run_end - c) / scale;
+      layout.boxes.push_back(std::move(box));
+      c = run_end;
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<TraceLayout> LayoutTrace(absl::string_view trace_json,
+                                        const TraceSvgOptions& options) {
+  PP_RETURN_IF_ERROR(CheckOptions(options));
+  PP_ASSIGN_OR_RETURN(json events, ParseEvents(trace_json));
+  PP_ASSIGN_OR_RETURN(TraceEvents read, ReadEvents(events));
+  PP_ASSIGN_OR_RETURN(const auto window, ChooseWindow(read.spans, options));
+  const auto [start, end] = window;
 
   TraceLayout layout;
   layout.title = options.title;
@@ -248,8 +357,8 @@ absl::StatusOr<TraceLayout> LayoutTrace(absl::string_view trace_json,
   const double scale = layout.plot_width / (end - start);
 
   // Tracks in lane order, each with its spans sorted for nesting.
-  std::map<std::pair<int, int64_t>, std::vector<Event>> by_track;
-  for (Event& s : spans) {
+  std::map<TrackKey, std::vector<Event>> by_track;
+  for (Event& s : read.spans) {
     const bool overlaps = s.ts < end && s.ts + s.dur > start;
     const bool instant_inside = s.dur == 0 && s.ts >= start && s.ts <= end;
     if (!overlaps && !instant_inside) continue;
@@ -260,15 +369,15 @@ absl::StatusOr<TraceLayout> LayoutTrace(absl::string_view trace_json,
     return absl::InvalidArgumentError(absl::StrFormat(
         "the window [%.3f, %.3f] us holds no complete event of the trace", start, end));
   }
-  std::vector<std::pair<int, int64_t>> order;
+  std::vector<TrackKey> order;
   for (const auto& [key, unused] : by_track) order.push_back(key);
   auto lane_rank = [&](int pid) {
-    auto it = lane_order.find(pid);
-    return it == lane_order.end() ? static_cast<int64_t>(pid) : it->second;
+    auto it = read.lane_order.find(pid);
+    return it == read.lane_order.end() ? static_cast<int64_t>(pid) : it->second;
   };
-  auto track_rank = [&](const std::pair<int, int64_t>& key) {
-    auto it = track_order.find(key);
-    return it == track_order.end() ? key.second : it->second;
+  auto track_rank = [&](const TrackKey& key) {
+    auto it = read.track_order.find(key);
+    return it == read.track_order.end() ? key.second : it->second;
   };
   std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
     return std::make_tuple(lane_rank(a.first), a.first, track_rank(a), a.second) <
@@ -287,89 +396,29 @@ absl::StatusOr<TraceLayout> LayoutTrace(absl::string_view trace_json,
       first = false;
       previous_pid = key.first;
     }
-    // Nesting: a span starts one level below every still-open span before it.
-    std::stable_sort(track_spans.begin(), track_spans.end(), [](const Event& a, const Event& b) {
-      return a.ts != b.ts ? a.ts < b.ts : a.dur > b.dur;
-    });
-    std::vector<double> open_ends;
-    std::vector<int> depth(track_spans.size());
+    const std::vector<int> depth = NestingDepths(track_spans);
     int deepest = 0;
-    for (size_t i = 0; i < track_spans.size(); ++i) {
-      const Event& s = track_spans[i];
-      while (!open_ends.empty() && open_ends.back() <= s.ts) open_ends.pop_back();
-      depth[i] = static_cast<int>(open_ends.size());
-      open_ends.push_back(s.ts + s.dur);
-      if (depth[i] > options.max_depth) {
+    for (int d : depth) {
+      if (d > options.max_depth) {
         ++layout.spans_too_deep;
       } else {
-        deepest = std::max(deepest, depth[i]);
+        deepest = std::max(deepest, d);
       }
     }
     TraceTrack track;
     track.pid = key.first;
     track.tid = key.second;
-    auto lane_name = lane_names.find(key.first);
+    auto lane_name = read.lane_names.find(key.first);
     track.lane_name =
-        lane_name != lane_names.end() ? lane_name->second : absl::StrCat("pid ", key.first);
-    auto track_name = track_names.find(key);
-    track.track_name =
-        track_name != track_names.end() ? track_name->second : absl::StrCat("tid ", key.second);
+        lane_name != read.lane_names.end() ? lane_name->second : absl::StrCat("pid ", key.first);
+    auto track_name = read.track_names.find(key);
+    track.track_name = track_name != read.track_names.end() ? track_name->second
+                                                            : absl::StrCat("tid ", key.second);
     track.y = y;
     track.depths = deepest + 1;
     track.height = track.depths * kRow;
 
-    // Spans too narrow to draw mark the pixel columns they touch, per level.
-    const int columns = static_cast<int>(std::ceil(layout.plot_width)) + 1;
-    std::vector<std::vector<bool>> covered(track.depths, std::vector<bool>(columns, false));
-    for (size_t i = 0; i < track_spans.size(); ++i) {
-      if (depth[i] > options.max_depth) continue;
-      const Event& s = track_spans[i];
-      const double x0 = (std::max(s.ts, start) - start) * scale;
-      const double x1 = (std::min(s.ts + s.dur, end) - start) * scale;
-      if (x1 - x0 < options.min_span_px) {
-        const int c0 = std::clamp(static_cast<int>(std::floor(x0)), 0, columns - 1);
-        const int c1 = std::clamp(static_cast<int>(std::floor(x1)), 0, columns - 1);
-        for (int c = c0; c <= c1; ++c) covered[depth[i]][c] = true;
-        continue;
-      }
-      TraceBox box;
-      box.pid = s.pid;
-      box.tid = s.tid;
-      box.depth = depth[i];
-      box.x = layout.plot_x + x0;
-      box.y = y + depth[i] * kRow;
-      box.width = x1 - x0;
-      box.height = kRow - 1;
-      box.name = s.name;
-      box.category = s.category;
-      box.start_us = s.ts;
-      box.duration_us = s.dur;
-      box.pipe_action = s.pipe_action;
-      layout.boxes.push_back(std::move(box));
-    }
-    for (int d = 0; d < track.depths; ++d) {
-      for (int c = 0; c < columns;) {
-        if (!covered[d][c]) {
-          ++c;
-          continue;
-        }
-        int run_end = c;
-        while (run_end < columns && covered[d][run_end]) ++run_end;
-        TraceBox box;
-        box.pid = key.first;
-        box.tid = key.second;
-        box.depth = d;
-        box.x = layout.plot_x + c;
-        box.y = y + d * kRow;
-        box.width = run_end - c;
-        box.height = kRow - 1;
-        box.coverage = true;
-        box.start_us = start + c / scale;
-        box.duration_us = (run_end - c) / scale;
-        layout.boxes.push_back(std::move(box));
-        c = run_end;
-      }
-    }
+    AddTrackBoxes(key, track_spans, depth, track, y, scale, options, layout);
     layout.tracks.push_back(std::move(track));
     y += layout.tracks.back().height + kTrackGap;
   }

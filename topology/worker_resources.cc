@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <thread>
+#include <utility>
 
 #include <ATen/Parallel.h>
 #include <glog/logging.h>
@@ -63,6 +64,8 @@ int WorkerThreadCount(int local_world_size) {
   return std::max(1, CpuCount() / std::max(1, local_world_size));
 }
 
+int MaxWorkerThreads() { return std::max(8, 4 * CpuCount()); }
+
 WorkerThreads DefaultWorkerThreads(int local_world_size) {
   return WorkerThreads{.intra_op = 1, .blas = WorkerThreadCount(local_world_size)};
 }
@@ -75,10 +78,12 @@ absl::StatusOr<int> ThreadsFromEnv(std::initializer_list<const char*> names) {
     const char* value = std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     int threads = 0;
-    if (!absl::SimpleAtoi(value, &threads) || threads < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(name, "='", value,
-                                                     "' is not a thread count; valid: an "
-                                                     "integer >= 1, or unset for the default"));
+    if (!absl::SimpleAtoi(value, &threads) || threads < 1 || threads > MaxWorkerThreads()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, "='", value,
+                       "' is not a thread count for this machine; valid: an integer >= 1 and <= ",
+                       MaxWorkerThreads(), " (4 per core of the ", CpuCount(),
+                       " this process may run on), or unset for the default"));
     }
     return threads;
   }
@@ -88,6 +93,14 @@ absl::StatusOr<int> ThreadsFromEnv(std::initializer_list<const char*> names) {
 }  // namespace
 
 absl::StatusOr<WorkerThreads> ResolveWorkerThreads(int local_world_size, WorkerThreads flags) {
+  for (const auto& [flag, value] :
+       {std::pair{"--intra_op_threads", flags.intra_op}, std::pair{"--blas_threads", flags.blas}}) {
+    if (value > MaxWorkerThreads()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, "=", value, " is more threads than this machine can run; valid: 0 (automatic) to ",
+          MaxWorkerThreads(), " (4 per core of the ", CpuCount(), " this process may run on)"));
+    }
+  }
   WorkerThreads threads = DefaultWorkerThreads(local_world_size);
   PP_ASSIGN_OR_RETURN(const int intra_env,
                       ThreadsFromEnv({"PP_INTRA_OP_THREADS", "OMP_NUM_THREADS"}));

@@ -60,6 +60,11 @@ std::string DescribeCores(const std::vector<int>& cores);
 // machine: max(1, cores this process may run on / local_world_size).
 int WorkerThreadCount(int local_world_size);
 
+// The most threads of either kind a worker may be asked for: 4 per core this
+// process may run on, at least 8. More only oversubscribes the cores (4096
+// intra-op threads per worker never reached a step).
+int MaxWorkerThreads();
+
 // The default split for `local_world_size` ranks on this machine: one
 // intra-op thread, WorkerThreadCount() BLAS threads. Measured on the 2-core
 // machine with the peer GPT (docs/performance.md): pp = 1 with 1 + 2 is the
@@ -69,7 +74,8 @@ WorkerThreads DefaultWorkerThreads(int local_world_size);
 
 // What a worker with `local_world_size` local ranks will use, from `flags`
 // (0 = unset) and the environment (see the file comment). InvalidArgument
-// naming the variable when one is set but is not a positive integer.
+// naming the variable (or the flag, --intra_op_threads / --blas_threads) when
+// one is set but is not a positive integer or is above MaxWorkerThreads().
 absl::StatusOr<WorkerThreads> ResolveWorkerThreads(int local_world_size, WorkerThreads flags);
 
 // Sets both counts now (at::set_num_threads, then the BLAS's: with MKL the

@@ -104,6 +104,33 @@ TEST(WorkerResourcesTest, BadThreadVariableIsNamed) {
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("integer >= 1"));
 }
 
+// `--intra_op_threads=100000` or PP_INTRA_OP_THREADS=4096 started thousands
+// of threads per worker and never reached a step (issue 29, finding 4).
+TEST(WorkerResourcesTest, ThreadCountsAboveWhatTheMachineRunsAreRefused) {
+  ThreadEnv env;
+  const int max = MaxWorkerThreads();
+  EXPECT_GE(max, 8);
+  EXPECT_GE(max, 4 * static_cast<int>(AllowedCores().size()));
+  EXPECT_TRUE(ResolveWorkerThreads(1, {.intra_op = max, .blas = max}).ok());
+  auto t = ResolveWorkerThreads(1, {.intra_op = 100000, .blas = 0});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(t.status().message()),
+              HasSubstr(absl::StrCat("--intra_op_threads=100000 is more threads than this "
+                                     "machine can run; valid: 0 (automatic) to ",
+                                     max)));
+  t = ResolveWorkerThreads(1, {.intra_op = 0, .blas = max + 1});
+  EXPECT_THAT(std::string(t.status().message()),
+              HasSubstr(absl::StrCat("--blas_threads=", max + 1)));
+  setenv("PP_INTRA_OP_THREADS", "4096", 1);
+  t = ResolveWorkerThreads(1, {0, 0});
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()),
+              HasSubstr(absl::StrCat("PP_INTRA_OP_THREADS='4096' is not a thread count for this "
+                                     "machine; valid: an integer >= 1 and <= ",
+                                     max)));
+}
+
 // Both builds have a BLAS pipe can set (OpenBLAS: Debian's LibTorch; MKL: the
 // wheel's), and the counts read back change with every call, so a setter that
 // does nothing fails here.

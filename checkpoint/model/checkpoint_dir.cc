@@ -296,7 +296,8 @@ absl::Status CheckCheckpointOwner(const std::string& dir, const Manifest& manife
       "checkpoint ", dir, " was written by run '", manifest.owner(), "', not by this run ('", owner,
       "'): two runs share this checkpoint dir. Refusing to continue from another run's "
       "checkpoint; give each run its own checkpoint dir, or allow it explicitly "
-      "(CheckpointPolicy.resume_other_runs)"));
+      "(CheckpointPolicy.resume_other_runs; train_gpt and train_bert: "
+      "--set=checkpoint.resume_other_runs=true)"));
 }
 
 absl::Status CheckRootHoldsNoCheckpoints(const std::string& root) {

@@ -145,7 +145,8 @@ TEST(ResumeChoiceTest, ACheckpointOfAnotherRunIsRefusedUnlessAllowed) {
             "checkpoint /c/step_2 was written by run 'runs/b', not by this run ('runs/a'): two "
             "runs share this checkpoint dir. Refusing to continue from another run's checkpoint; "
             "give each run its own checkpoint dir, or allow it explicitly "
-            "(CheckpointPolicy.resume_other_runs)");
+            "(CheckpointPolicy.resume_other_runs; train_gpt and train_bert: "
+            "--set=checkpoint.resume_other_runs=true)");
   EXPECT_TRUE(CheckCheckpointOwner("/c/step_2", manifest, "runs/a", true).ok());
   EXPECT_TRUE(CheckCheckpointOwner("/c/step_2", manifest, "", false).ok());
   EXPECT_TRUE(CheckCheckpointOwner("/c/step_2", Manifest(), "runs/a", false).ok());

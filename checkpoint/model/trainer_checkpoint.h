@@ -90,7 +90,7 @@ struct CheckpointPolicy {
   // rank the same answer (the save is collective).
   std::function<absl::Status()> before_save;
   // Who this run is across its restarts, written into every manifest as its
-  // owner (the driver passes the run directory). Empty: unknown, no check.
+  // owner (the driver passes the run's name). Empty: unknown, no check.
   std::string owner;
   // Resume from a checkpoint whose manifest names another owner (by default
   // refused: CheckCheckpointOwner).

@@ -32,7 +32,10 @@ BertConfig ToBertConfig(const BertModelConfig& c) {
 }
 
 absl::Status ValidateBert(const BertModelConfig& c, const ModelRun& run) {
-  PP_RETURN_IF_ERROR(CheckIntField("bert.context_length", c.context_length(), 1, 65536));
+  // A masked-LM sample is [CLS] A [SEP] B [SEP] (models/data/mlm_data.h); a
+  // shorter context failed in every worker after launch.
+  PP_RETURN_IF_ERROR(CheckIntField("bert.context_length", c.context_length(), 8, 65536,
+                                   "[CLS] A [SEP] B [SEP] samples need 8"));
   PP_RETURN_IF_ERROR(CheckIntField("bert.width", c.width(), 1, 65536));
   PP_RETURN_IF_ERROR(CheckIntField("bert.num_heads", c.num_heads(), 1,
                                    std::max<int64_t>(1, c.width()), "at most width"));

@@ -6,6 +6,9 @@
 #include <set>
 #include <sstream>
 #include <system_error>
+#include <utility>
+
+#include <sys/stat.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -30,6 +33,47 @@ absl::StatusOr<std::string> ReadFile(const fs::path& path) {
 
 }  // namespace
 
+absl::StatusOr<CorpusListing> ListCorpusFiles(const std::string& dir, int64_t max_entries) {
+  CorpusListing listing;
+  // Folders by (device, inode): a link back to an ancestor (or a sibling
+  // already walked) is a folder seen before.
+  std::set<std::pair<dev_t, ino_t>> seen_folders;
+  std::vector<fs::path> pending = {fs::path(dir)};
+  int64_t entries = 0;
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) seen_folders.insert({st.st_dev, st.st_ino});
+  while (!pending.empty()) {
+    const fs::path folder = std::move(pending.back());
+    pending.pop_back();
+    std::error_code ec;
+    fs::directory_iterator it(folder, fs::directory_options::skip_permission_denied, ec);
+    for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      if (++entries > max_entries) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "'", dir, "' holds more than ", max_entries,
+            " entries (files and folders, following links); pass a smaller folder or a file"));
+      }
+      const fs::path& path = it->path();
+      if (::stat(path.c_str(), &st) != 0) continue;  // a dangling link
+      if (S_ISDIR(st.st_mode)) {
+        if (seen_folders.insert({st.st_dev, st.st_ino}).second) {
+          pending.push_back(path);
+        } else {
+          ++listing.repeated_folders;
+        }
+      } else if (S_ISREG(st.st_mode)) {
+        listing.files.push_back(path.string());
+      }
+    }
+    // An unreadable folder below the top is skipped, as before.
+    if (ec && folder == fs::path(dir)) {
+      return absl::InternalError(absl::StrCat("listing '", dir, "': ", ec.message()));
+    }
+  }
+  std::sort(listing.files.begin(), listing.files.end());
+  return listing;
+}
+
 absl::StatusOr<Corpus> LoadCorpus(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
@@ -38,18 +82,12 @@ absl::StatusOr<Corpus> LoadCorpus(const std::string& path) {
   }
   std::vector<fs::path> candidates;
   if (fs::is_directory(path, ec)) {
-    auto it = fs::recursive_directory_iterator(path,
-                                               fs::directory_options::follow_directory_symlink |
-                                                   fs::directory_options::skip_permission_denied,
-                                               ec);
-    for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (fs::is_regular_file(it->path(), ec)) candidates.push_back(it->path());
-    }
-    if (ec) return absl::InternalError(absl::StrCat("listing '", path, "': ", ec.message()));
+    absl::StatusOr<CorpusListing> listing = ListCorpusFiles(path);
+    if (!listing.ok()) return listing.status();
+    candidates.assign(listing->files.begin(), listing->files.end());
   } else {
     candidates.push_back(path);
   }
-  std::sort(candidates.begin(), candidates.end());
 
   Corpus corpus;
   std::set<fs::path> seen;  // canonical paths: GPL -> GPL-3 is read once

@@ -20,6 +20,24 @@ namespace pp {
 
 inline constexpr char kDefaultCorpusPath[] = "/usr/share/common-licenses";
 
+// The regular files under a folder as LoadCorpus reads them.
+struct CorpusListing {
+  // Sorted. A file linked under two names is listed under both (LoadCorpus
+  // reads it once).
+  std::vector<std::string> files;
+  // Folders reached a second time through a link (e.g. `ln -s . d/loop`),
+  // not entered again: following them would walk forever.
+  int64_t repeated_folders = 0;
+};
+
+// Lists the regular files under `dir` (recursing, following links to
+// folders, each folder entered once by device and inode; unreadable folders
+// skipped). FIFOs, sockets and devices are not listed (a reader could block
+// on them). InvalidArgument naming `dir` when it holds more than
+// `max_entries` entries in all (a runaway tree is refused instead of walked).
+absl::StatusOr<CorpusListing> ListCorpusFiles(const std::string& dir,
+                                              int64_t max_entries = 1000000);
+
 struct Corpus {
   // The files read, in the order their text was concatenated.
   std::vector<std::string> files;
@@ -28,8 +46,8 @@ struct Corpus {
 };
 
 // Reads `path`: a regular file, or a directory whose regular files (recursing,
-// following links) are read in sorted path order. Files reached twice through
-// links are read once; files that look binary (a NUL byte in the first 4 KB)
+// following links; ListCorpusFiles) are read in sorted path order. Files
+// reached twice through links are read once; files that look binary (a NUL byte in the first 4 KB)
 // are skipped. Errors: NotFound when `path` does not exist, InvalidArgument
 // when nothing readable (or only empty text) is found.
 absl::StatusOr<Corpus> LoadCorpus(const std::string& path);

@@ -57,6 +57,31 @@ TEST_F(CorpusTest, FolderWithoutTextIsInvalid) {
   EXPECT_EQ(LoadCorpus(dir_.string()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// `ln -s . d/s1; ln -s . d/s2`: a recursive walk following links would visit
+// 2^depth paths (issue 29, finding 3). Each folder is entered once.
+TEST_F(CorpusTest, FolderLinkedToItselfIsWalkedOnce) {
+  Write("a.txt", "first");
+  Write("sub/c.txt", "third");
+  fs::create_directory_symlink(".", dir_ / "s1");
+  fs::create_directory_symlink(".", dir_ / "s2");
+  fs::create_directory_symlink("..", dir_ / "sub" / "up");
+  absl::StatusOr<CorpusListing> listing = ListCorpusFiles(dir_.string());
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_EQ(listing->files.size(), 2u);
+  EXPECT_EQ(listing->repeated_folders, 3);
+  absl::StatusOr<Corpus> corpus = LoadCorpus(dir_.string());
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  EXPECT_EQ(corpus->text, "first\n\nthird\n\n");
+}
+
+TEST_F(CorpusTest, TooManyEntriesAreRefusedNamingTheFolder) {
+  for (int i = 0; i < 5; ++i) Write("f" + std::to_string(i), "x");
+  absl::StatusOr<CorpusListing> listing = ListCorpusFiles(dir_.string(), /*max_entries=*/4);
+  EXPECT_EQ(listing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(listing.status().message().find(dir_.string()), std::string::npos);
+  EXPECT_NE(listing.status().message().find("more than 4 entries"), std::string::npos);
+}
+
 TEST(SplitTrainEvalTest, TakesTheTail) {
   auto [train, eval] = SplitTrainEval({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, 0.2);
   EXPECT_EQ(train, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));

@@ -43,6 +43,10 @@ struct PartitionRequest {
   // `profile:cap_mib=N` only: micro-batches in flight on each part under the
   // schedule (e.g. 1F1B's p - s), when the argument gives no in_flight=.
   std::vector<double> part_in_flight;
+  // Check the request only: a measuring partitioner (`profile`) checks its
+  // argument and returns some valid bounds without building or timing a
+  // layer (a launcher refuses 'profile:garbage' before any worker starts).
+  bool check_only = false;
 };
 
 // A partitioner: pure apart from `profile`'s timing. Must return valid bounds

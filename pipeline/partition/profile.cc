@@ -102,6 +102,12 @@ absl::StatusOr<Bounds> PartitionByProfile(const PartitionRequest& request) {
         "1F1B's p - s), got ",
         cap->in_flight.size()));
   }
+  if (request.check_only) {  // one layer per part, the rest on the last
+    Bounds bounds;
+    for (int64_t i = 0; i < request.num_parts; ++i) bounds.push_back(i);
+    bounds.push_back(static_cast<int64_t>(request.specs->size()));
+    return bounds;
+  }
   // A first layer may read everything from the micro-batch (a GPT's token ids
   // in batch.tensors["input_ids"], no input activations): either will do.
   if (request.sample_inputs.empty() && request.sample_batch.tensors.empty()) {

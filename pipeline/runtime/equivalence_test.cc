@@ -1,5 +1,5 @@
-// What the equivalence suite (//testing:equivalence_suite, which runs the
-// built-in schedules in //testing:equivalence_test) does not vary: clipping
+// What the equivalence suite (:equivalence_suite, which runs the built-in
+// schedules in :equivalence_suite_test) does not vary: clipping
 // with an LR schedule, receives in program order, and a teeth test.
 #include <gtest/gtest.h>
 

@@ -47,7 +47,7 @@ class ToySource : public MicroBatchSource {
 // bf16 pipeline against the bf16 reference where the two do not run the same
 // operations in the same order (pp > 1, dp > 1 or two chunks): relative
 // tolerance on losses and grad norms (and on weights), absolute on the fp32
-// master weights. testing/equivalence_suite.h says where they come from.
+// master weights. equivalence_suite.h says where they come from.
 constexpr double kBf16Rtol = 1e-4;
 constexpr double kBf16Atol = 1e-3;
 
@@ -68,8 +68,8 @@ struct RunConfig {
   bool p2p_static_shapes = false;
   bool post_receives_ahead = false;
   // Runs each stage's layers (TrainerOptions::layer_runner); unset = plain
-  // forward. Activation checkpointing's tests (checkpoint/activation/, a
-  // higher package) pass MakeCheckpointingRunner's here.
+  // forward. The suite (equivalence_suite.h) passes activation
+  // checkpointing's (pipeline/autograd: MakeCheckpointingRunner) here.
   LayerRunner layer_runner;
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
   // The model under test (models/ adds GPT and BERT); each unset part falls

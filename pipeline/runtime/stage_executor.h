@@ -37,11 +37,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pipeline/autograd/split_backward.h"
 #include "pipeline/layers/layer.h"
 #include "pipeline/runtime/action_observer.h"
 #include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/runtime/p2p.h"
-#include "pipeline/runtime/split_backward.h"
 #include "pipeline/schedule/action.h"
 #include "pipeline/schedule/capabilities.h"
 #include "pipeline/schedule/defer_receives.h"
@@ -82,7 +82,7 @@ struct StageExecutorOptions {
 // receives either half needs come before the pair, its sends after).
 RuntimeCapabilities StageExecutorCapabilities();
 
-// Split backward: I runs BackwardInput (pipeline/runtime/split_backward.h) and
+// Split backward: I runs BackwardInput (pipeline/autograd/split_backward.h) and
 // sends the input gradients at once; W runs the kept WeightGradTask. Between
 // them the stash entry keeps the stage inputs and the join nodes of the graph.
 //

@@ -1,6 +1,8 @@
 #include "pipeline/schedule/internal_execution.h"
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -31,9 +33,9 @@ Action Counterpart(const Action& a) {
   }
 }
 
-}  // namespace
-
-absl::StatusOr<Execution> Execute(const LoweredProgram& program, const ExecutionCosts& costs) {
+// Static checks of the program: its ranks, placement, and every action's
+// stage, micro-batch and peer.
+absl::Status CheckProgram(const LoweredProgram& program) {
   const int p = program.num_stages;
   const int num_virtual = static_cast<int>(program.stage_to_rank.size());
   const int m = program.num_microbatches;
@@ -88,7 +90,59 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
       }
     }
   }
+  return absl::OkStatus();
+}
 
+// Where each unfinished rank of a stuck execution waits (`pos`: each rank's
+// next action), and for whom.
+absl::Status DeadlockError(const LoweredProgram& program, const ExecutionCosts& costs,
+                           const std::vector<int>& pos) {
+  const int p = program.num_stages;
+  std::string waits;
+  int first = -1;
+  for (int r = 0; r < p; ++r) {
+    if (pos[r] == static_cast<int>(program.ranks[r].size())) continue;
+    if (first < 0) first = r;
+    const Action& a = program.ranks[r][pos[r]];
+    if (IsTail(a.type)) {
+      absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ", ActionToString(a),
+                      " waits for the other participants of the collective:");
+      std::vector<int> group;
+      if (costs.participants) group = costs.participants(r, a);
+      for (int q : group) {
+        if (q == r) continue;
+        absl::StrAppend(&waits, " rank ", q, " ");
+        if (pos[q] == static_cast<int>(program.ranks[q].size())) {
+          absl::StrAppend(&waits, "has finished its program;");
+        } else {
+          absl::StrAppend(&waits, "is at step ", pos[q], ": ",
+                          ActionToString(program.ranks[q][pos[q]]), ";");
+        }
+      }
+      continue;
+    }
+    const int q = program.stage_to_rank[PeerStage(a)];
+    absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ", ActionToString(a),
+                    " waits for rank ", q, " (", ActionToString(Counterpart(a)), "), which ");
+    if (pos[q] == static_cast<int>(program.ranks[q].size())) {
+      absl::StrAppend(&waits, "has finished its program");
+    } else {
+      absl::StrAppend(&waits, "is at step ", pos[q], ": ",
+                      ActionToString(program.ranks[q][pos[q]]));
+    }
+  }
+  // Called only when some rank has not finished: first >= 0.
+  return ProgramError(program, first, pos[first],
+                      absl::StrCat("deadlock (blocking send/recv or a collective):", waits));
+}
+
+}  // namespace
+
+absl::StatusOr<Execution> Execute(const LoweredProgram& program, const ExecutionCosts& costs) {
+  if (absl::Status checked = CheckProgram(program); !checked.ok()) return checked;
+  const int p = program.num_stages;
+  const int num_virtual = static_cast<int>(program.stage_to_rank.size());
+  const int m = program.num_microbatches;
   Execution ex;
   ex.start.resize(p);
   ex.end.resize(p);
@@ -257,42 +311,10 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
       }
     }
   }
-  std::string waits;
-  int first = -1;
   for (int r = 0; r < p; ++r) {
-    if (pos[r] == static_cast<int>(program.ranks[r].size())) continue;
-    if (first < 0) first = r;
-    const Action& a = program.ranks[r][pos[r]];
-    if (IsTail(a.type)) {
-      absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ", ActionToString(a),
-                      " waits for the other participants of the collective:");
-      std::vector<int> group;
-      if (costs.participants) group = costs.participants(r, a);
-      for (int q : group) {
-        if (q == r) continue;
-        absl::StrAppend(&waits, " rank ", q, " ");
-        if (pos[q] == static_cast<int>(program.ranks[q].size())) {
-          absl::StrAppend(&waits, "has finished its program;");
-        } else {
-          absl::StrAppend(&waits, "is at step ", pos[q], ": ",
-                          ActionToString(program.ranks[q][pos[q]]), ";");
-        }
-      }
-      continue;
+    if (pos[r] != static_cast<int>(program.ranks[r].size())) {
+      return DeadlockError(program, costs, pos);
     }
-    const int q = program.stage_to_rank[PeerStage(a)];
-    absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ", ActionToString(a),
-                    " waits for rank ", q, " (", ActionToString(Counterpart(a)), "), which ");
-    if (pos[q] == static_cast<int>(program.ranks[q].size())) {
-      absl::StrAppend(&waits, "has finished its program");
-    } else {
-      absl::StrAppend(&waits, "is at step ", pos[q], ": ",
-                      ActionToString(program.ranks[q][pos[q]]));
-    }
-  }
-  if (first >= 0) {
-    return ProgramError(program, first, pos[first],
-                        absl::StrCat("deadlock (blocking send/recv or a collective):", waits));
   }
   return ex;
 }

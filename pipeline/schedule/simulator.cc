@@ -257,8 +257,11 @@ absl::StatusOr<MemorySplit> ParseMemorySplit(absl::string_view text) {
   return split;
 }
 
-absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
-                                                 const SimulationCosts& costs) {
+namespace {
+
+// Every cost is finite and >= 0, every stage, rank and tie-group stage is the
+// program's, the memory split and per-stage multipliers are usable.
+absl::Status CheckCosts(const LoweredProgram& program, const SimulationCosts& costs) {
   const int num_virtual = program.num_virtual_stages();
   const int p = program.num_stages;
   for (const auto& [name, value] : {std::pair<const char*, double>{"F", costs.forward},
@@ -306,16 +309,7 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
     PP_RETURN_IF_ERROR(check_own(c.send, "rank", rank, "SEND"));
     PP_RETURN_IF_ERROR(check_own(c.recv, "rank", rank, "RECV"));
   }
-  // REDUCE_TIED's participants: ranks linked through tie groups (union-find
-  // roots); -1 for a rank in no group.
-  std::vector<int> tie_root(p, 0);
   if (costs.tie_groups) {
-    std::vector<int> parent(p);
-    for (int r = 0; r < p; ++r) parent[r] = r;
-    std::function<int(int)> find = [&](int r) {
-      return parent[r] == r ? r : parent[r] = find(parent[r]);
-    };
-    std::vector<bool> tied(p, false);
     for (const std::vector<int>& group : *costs.tie_groups) {
       for (int stage : group) {
         if (stage < 0 || stage >= num_virtual) {
@@ -324,14 +318,65 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
                            " is outside the program's virtual stages 0..", num_virtual - 1));
         }
       }
-      for (int stage : group) {
-        const int r = program.stage_to_rank[stage];
-        tied[r] = true;
-        parent[find(r)] = find(program.stage_to_rank[group[0]]);
-      }
     }
-    for (int r = 0; r < p; ++r) tie_root[r] = tied[r] ? find(r) : -1;
   }
+  if (costs.memory.input < 0 || costs.memory.weight < 0 ||
+      costs.memory.input + costs.memory.weight <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("memory split I:", costs.memory.input,
+                                                   ",W:", costs.memory.weight,
+                                                   ": both parts must be >= 0 and their sum > 0"));
+  }
+  if (!costs.stage_multiplier.empty() &&
+      static_cast<int>(costs.stage_multiplier.size()) != num_virtual) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage_multiplier has ", costs.stage_multiplier.size(),
+                     " entries; expected one per virtual stage (", num_virtual, ") or none"));
+  }
+  if (costs.message.latency < 0 || costs.message.per_byte < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("message cost latency ", costs.message.latency,
+                                                   ", per byte ", costs.message.per_byte,
+                                                   ": both must be >= 0"));
+  }
+  for (double bytes : costs.message_bytes) {
+    if (bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("message_bytes has a negative size ", bytes, "; sizes must be >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// REDUCE_TIED's participants: ranks linked through tie groups (union-find
+// roots); -1 for a rank in no group. Every rank is one group without
+// costs.tie_groups.
+std::vector<int> TieRoots(const LoweredProgram& program, const SimulationCosts& costs) {
+  const int p = program.num_stages;
+  std::vector<int> tie_root(p, 0);
+  if (!costs.tie_groups) return tie_root;
+  std::vector<int> parent(p);
+  for (int r = 0; r < p; ++r) parent[r] = r;
+  std::function<int(int)> find = [&](int r) {
+    return parent[r] == r ? r : parent[r] = find(parent[r]);
+  };
+  std::vector<bool> tied(p, false);
+  for (const std::vector<int>& group : *costs.tie_groups) {
+    for (int stage : group) {
+      const int r = program.stage_to_rank[stage];
+      tied[r] = true;
+      parent[find(r)] = find(program.stage_to_rank[group[0]]);
+    }
+  }
+  for (int r = 0; r < p; ++r) tie_root[r] = tied[r] ? find(r) : -1;
+  return tie_root;
+}
+
+// The durations and collective groups of `costs` as the execution engine
+// takes them. The functions refer to `costs` and `tie_root`, which must
+// outlive the result.
+internal_schedule::ExecutionCosts MakeExecutionCosts(const LoweredProgram& program,
+                                                     const SimulationCosts& costs,
+                                                     const std::vector<int>& tie_root) {
+  const int p = program.num_stages;
   // A collective's participants are only the ranks whose program has it.
   auto has_type = [&program](int r, ActionType type) {
     for (const Action& a : program.ranks[r]) {
@@ -344,39 +389,14 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
     has_tied[r] = has_type(r, ActionType::kReduceTiedGrads);
     has_step[r] = has_type(r, ActionType::kOptimizerStep);
   }
-  if (costs.memory.input < 0 || costs.memory.weight < 0 ||
-      costs.memory.input + costs.memory.weight <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("memory split I:", costs.memory.input,
-                                                   ",W:", costs.memory.weight,
-                                                   ": both parts must be >= 0 and their sum > 0"));
-  }
-  const double input_frees = costs.memory.InputFraction();
-  if (!costs.stage_multiplier.empty() &&
-      static_cast<int>(costs.stage_multiplier.size()) != num_virtual) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stage_multiplier has ", costs.stage_multiplier.size(),
-                     " entries; expected one per virtual stage (", num_virtual, ") or none"));
-  }
-  if (costs.message.latency < 0 || costs.message.per_byte < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("message cost latency ", costs.message.latency,
-                                                   ", per byte ", costs.message.per_byte,
-                                                   ": both must be >= 0"));
-  }
-  double message_time = costs.comm;
-  for (double bytes : costs.message_bytes) {
-    if (bytes < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("message_bytes has a negative size ", bytes, "; sizes must be >= 0"));
-    }
-    message_time += costs.message.Of(bytes);
-  }
   internal_schedule::ExecutionCosts exec_costs;
-  exec_costs.message_latency = message_time;
+  exec_costs.message_latency = costs.comm;
+  for (double bytes : costs.message_bytes) exec_costs.message_latency += costs.message.Of(bytes);
   exec_costs.blocking_sends = costs.blocking_sends;
   auto multiplier = [&costs](int stage) {
     return costs.stage_multiplier.empty() ? 1.0 : costs.stage_multiplier[stage];
   };
-  exec_costs.compute = [&costs, &multiplier](const Action& a) {
+  exec_costs.compute = [&costs, multiplier](const Action& a) {
     double base = 0;
     std::optional<double> own;
     auto it = costs.stage_costs.find(a.stage);
@@ -411,7 +431,7 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
     if (it == costs.rank_costs.end() || !(it->second.*field)) return global;
     return *(it->second.*field);
   };
-  exec_costs.tail = [&](int rank, const Action& a) {
+  exec_costs.tail = [&costs, &tie_root, multiplier, rank_cost](int rank, const Action& a) {
     switch (a.type) {
       case ActionType::kReduceTiedGrads:
         return tie_root[rank] < 0 ? 0.0
@@ -427,7 +447,7 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
         return rank_cost(rank, &RankCosts::step, costs.step);
     }
   };
-  exec_costs.participants = [&](int rank, const Action& a) {
+  exec_costs.participants = [&costs, &tie_root, p, has_tied, has_step](int rank, const Action& a) {
     std::vector<int> group;
     for (int q = 0; q < p; ++q) {
       bool joins = q == rank;
@@ -440,14 +460,22 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
     }
     return group;
   };
-  exec_costs.send = [&](int rank, const Action&) {
+  exec_costs.send = [&costs, rank_cost](int rank, const Action&) {
     return rank_cost(rank, &RankCosts::send, costs.send);
   };
-  exec_costs.recv = [&](int rank, const Action&) {
+  exec_costs.recv = [&costs, rank_cost](int rank, const Action&) {
     return rank_cost(rank, &RankCosts::recv, costs.recv);
   };
-  PP_ASSIGN_OR_RETURN(internal_schedule::Execution ex,
-                      internal_schedule::Execute(program, exec_costs));
+  return exec_costs;
+}
+
+// The timeline, busy/idle, in-flight micro-batches and activation memory of
+// an execution of `program` (memory in units of one F's activations, of which
+// I frees `input_frees` and W the rest).
+SimulationResult Summarize(const LoweredProgram& program, const internal_schedule::Execution& ex,
+                           const internal_schedule::ExecutionCosts& exec_costs,
+                           double input_frees) {
+  const int p = program.num_stages;
   SimulationResult result;
   result.busy.assign(p, 0);
   result.idle.assign(p, 0);
@@ -522,6 +550,18 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
   }
   result.bubble_fraction = result.makespan > 0 ? total_idle / (p * result.makespan) : 0;
   return result;
+}
+
+}  // namespace
+
+absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
+                                                 const SimulationCosts& costs) {
+  PP_RETURN_IF_ERROR(CheckCosts(program, costs));
+  const std::vector<int> tie_root = TieRoots(program, costs);
+  const internal_schedule::ExecutionCosts exec_costs = MakeExecutionCosts(program, costs, tie_root);
+  PP_ASSIGN_OR_RETURN(internal_schedule::Execution ex,
+                      internal_schedule::Execute(program, exec_costs));
+  return Summarize(program, ex, exec_costs, costs.memory.InputFraction());
 }
 
 absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const SimulationCosts& costs) {

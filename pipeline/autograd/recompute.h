@@ -18,8 +18,8 @@
 // gradients only (zero-bubble's I/W split) skip the weight gradients.
 //
 // Policies (which ranges to checkpoint) are in activation_checkpointing.h.
-#ifndef CHECKPOINT_ACTIVATION_RECOMPUTE_H_
-#define CHECKPOINT_ACTIVATION_RECOMPUTE_H_
+#ifndef PIPELINE_AUTOGRAD_RECOMPUTE_H_
+#define PIPELINE_AUTOGRAD_RECOMPUTE_H_
 
 #include <vector>
 
@@ -87,4 +87,4 @@ std::vector<c10::Device> AcceleratorDevicesOf(const std::vector<torch::Tensor>& 
 
 }  // namespace pp
 
-#endif  // CHECKPOINT_ACTIVATION_RECOMPUTE_H_
+#endif  // PIPELINE_AUTOGRAD_RECOMPUTE_H_

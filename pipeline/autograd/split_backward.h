@@ -27,7 +27,7 @@
 // that defer their weight matmul; cutting the graph works for any module a
 // LayerSpec builds, tied layers included (a parameter used twice gets both
 // contributions in W, as in B), and activation checkpointing cooperates
-// (checkpoint/activation/recompute.cc keeps the recomputed range's own
+// (pipeline/autograd/recompute.cc keeps the recomputed range's own
 // WeightGradTask from I to W, so a range is recomputed once).
 //
 // Memory between I and W: the join nodes and their saved tensors (for a
@@ -40,8 +40,8 @@
 //
 // Errors are LibTorch's (c10::Error), like torch::autograd::backward: call
 // these where a step turns exceptions into Status.
-#ifndef PIPELINE_RUNTIME_SPLIT_BACKWARD_H_
-#define PIPELINE_RUNTIME_SPLIT_BACKWARD_H_
+#ifndef PIPELINE_AUTOGRAD_SPLIT_BACKWARD_H_
+#define PIPELINE_AUTOGRAD_SPLIT_BACKWARD_H_
 
 #include <vector>
 
@@ -101,4 +101,4 @@ BackwardInputResult BackwardInput(const std::vector<torch::Tensor>& roots,
 
 }  // namespace pp
 
-#endif  // PIPELINE_RUNTIME_SPLIT_BACKWARD_H_
+#endif  // PIPELINE_AUTOGRAD_SPLIT_BACKWARD_H_

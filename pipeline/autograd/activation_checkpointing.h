@@ -17,8 +17,8 @@
 // is "checkpointable": by default when any of its layers has parameters;
 // with `checkpointable_types` set, when every layer's TypeName() matches it.
 // interval 0 turns checkpointing off. Recomputation itself: recompute.h.
-#ifndef CHECKPOINT_ACTIVATION_ACTIVATION_CHECKPOINTING_H_
-#define CHECKPOINT_ACTIVATION_ACTIVATION_CHECKPOINTING_H_
+#ifndef PIPELINE_AUTOGRAD_ACTIVATION_CHECKPOINTING_H_
+#define PIPELINE_AUTOGRAD_ACTIVATION_CHECKPOINTING_H_
 
 #include <cstdint>
 #include <string>
@@ -78,4 +78,4 @@ absl::StatusOr<LayerRunner> MakeCheckpointingRunner(const ActivationCheckpointPo
 
 }  // namespace pp
 
-#endif  // CHECKPOINT_ACTIVATION_ACTIVATION_CHECKPOINTING_H_
+#endif  // PIPELINE_AUTOGRAD_ACTIVATION_CHECKPOINTING_H_

@@ -1,4 +1,4 @@
-#include "checkpoint/activation/recompute.h"
+#include "pipeline/autograd/recompute.h"
 
 #include <atomic>
 #include <functional>
@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "pipeline/autograd/split_backward.h"
 #include "pipeline/layers/layer_spec.h"
-#include "pipeline/runtime/split_backward.h"
 #include "pipeline/testing/mlp_block.h"
 #include "topology/device.h"
 #include "topology/thread_ranks.h"
@@ -230,7 +230,7 @@ TEST(RecomputeTest, InputGradientsOnlyLeaveParameterGradientsAlone) {
   for (const torch::Tensor& p : ParametersOf(layers)) EXPECT_FALSE(p.grad().defined());
 }
 
-// Zero-bubble's split backward (pipeline/runtime/split_backward.h) through a
+// Zero-bubble's split backward (pipeline/autograd/split_backward.h) through a
 // checkpointed range: the input pass recomputes the range, the weight pass
 // reuses that recompute; the gradients are those of one full backward.
 TEST(RecomputeTest, SplitBackwardRecomputesOnce) {

@@ -1,4 +1,4 @@
-#include "checkpoint/activation/activation_checkpointing.h"
+#include "pipeline/autograd/activation_checkpointing.h"
 
 #include <algorithm>
 #include <memory>
@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/activation/recompute.h"
+#include "pipeline/autograd/recompute.h"
 
 namespace pp {
 namespace {

@@ -1,4 +1,4 @@
-#include "checkpoint/activation/recompute.h"
+#include "pipeline/autograd/recompute.h"
 
 #include <algorithm>
 #include <mutex>
@@ -13,8 +13,8 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include "common/default_generator.h"
+#include "pipeline/autograd/split_backward.h"
 #include "pipeline/layers/layer_spec.h"
-#include "pipeline/runtime/split_backward.h"
 
 namespace pp {
 
@@ -100,7 +100,7 @@ struct RecomputeRange : torch::CustomClassHolder {
   std::vector<std::string> grad_side_inputs;
   std::vector<c10::Device> devices;
   RngSnapshot forward_rng;
-  // Split backward (pipeline/runtime/split_backward.h): the input pass
+  // Split backward (pipeline/autograd/split_backward.h): the input pass
   // recomputes the range once and keeps the weight half of its backward here;
   // the weight pass runs it instead of recomputing again.
   std::optional<WeightGradTask> pending_weight;

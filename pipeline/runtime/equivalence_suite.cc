@@ -1,4 +1,4 @@
-#include "testing/equivalence_suite.h"
+#include "pipeline/runtime/equivalence_suite.h"
 
 #include <cctype>
 #include <set>
@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "checkpoint/activation/activation_checkpointing.h"
+#include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/schedule/capabilities.h"
 #include "pipeline/schedule/lowering.h"
@@ -40,7 +40,7 @@ void SetOptimizer(const std::string& opt, RunConfig& c) {
   }
 }
 
-// Activation checkpointing of every toy Block (checkpoint/activation).
+// Activation checkpointing of every toy Block (pipeline/autograd).
 LayerRunner CheckpointEveryBlock() {
   ActivationCheckpointPolicy policy;
   policy.interval = 1;

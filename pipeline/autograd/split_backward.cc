@@ -1,4 +1,4 @@
-#include "pipeline/runtime/split_backward.h"
+#include "pipeline/autograd/split_backward.h"
 
 #include <unordered_map>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "pipeline/runtime/split_backward.h"
+#include "pipeline/autograd/split_backward.h"
 
 #include <atomic>
 #include <vector>

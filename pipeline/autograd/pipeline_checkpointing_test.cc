@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/activation/activation_checkpointing.h"
 #include "gtest/gtest.h"
+#include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/layers/layer_spec.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/testing/mlp_block.h"

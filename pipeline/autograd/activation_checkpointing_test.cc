@@ -1,4 +1,4 @@
-#include "checkpoint/activation/activation_checkpointing.h"
+#include "pipeline/autograd/activation_checkpointing.h"
 
 #include <memory>
 #include <regex>
