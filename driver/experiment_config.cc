@@ -24,6 +24,7 @@
 #include "driver/preflight.h"
 #include "models/registry.h"
 #include "pipeline/partition/partitioner.h"
+#include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/schedule/capabilities.h"
@@ -448,6 +449,21 @@ absl::Status CheckDevice(const driver::ParallelismConfig& par) {
   return absl::OkStatus();
 }
 
+// The precision: fp32 or bf16 (fp16 refused saying why); bf16 only where
+// this binary's LibTorch runs it on the run's device (a probe, before launch).
+absl::Status CheckPrecision(const ExperimentConfig& config, bool probe_device) {
+  absl::StatusOr<Precision> precision = ParsePrecision(config.precision());
+  if (!precision.ok()) {
+    return Invalid(absl::StrCat(precision.status().message(), " (precision, --precision)"));
+  }
+  if (*precision != Precision::kBf16 || !probe_device) return absl::OkStatus();
+  absl::StatusOr<DeviceKind> kind = ParseDeviceKind(config.parallelism().device());
+  if (!kind.ok()) return absl::OkStatus();  // CheckDevice names it
+  absl::StatusOr<c10::Device> device = DeviceForLocalRank(*kind, 0);
+  if (!device.ok()) return absl::OkStatus();  // CheckDevice names it
+  return CheckBf16Support(*device);
+}
+
 // The partition method: registered, and it can cut this model (`profile`
 // times the layers, so it is checked when the run has them).
 absl::Status CheckPartition(const ExperimentConfig& config, const std::string& model_name,
@@ -600,6 +616,7 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_
   PP_RETURN_IF_ERROR(CheckCheckpointableTypes(config.parallelism(), specs));
   PP_RETURN_IF_ERROR(CheckSchedule(config.parallelism()));
   PP_RETURN_IF_ERROR(CheckDevice(config.parallelism()));
+  PP_RETURN_IF_ERROR(CheckPrecision(config, /*probe_device=*/world_size > 0));
   PP_RETURN_IF_ERROR(CheckPartition(config, model.info->name, specs));
   PP_RETURN_IF_ERROR(CheckOptimization(config));
   PP_RETURN_IF_ERROR(CheckResumePath(config.checkpoint()));

@@ -30,6 +30,7 @@
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/action_log.h"
 #include "pipeline/runtime/action_observer.h"
+#include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/launcher_status.h"
@@ -156,6 +157,7 @@ absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config
   to.optimizer = ToOptimizerConfig(config);
   to.lr_schedule = ToLrScheduleConfig(config);
   to.max_grad_norm = config.optimizer().max_grad_norm();
+  PP_ASSIGN_OR_RETURN(to.precision, ParsePrecision(config.precision()));
   to.executor.p2p.timeout = timeout;
   to.executor.p2p.static_shapes = par.p2p_static_shapes();
   to.executor.post_receives_ahead = par.p2p_post_receives_ahead();
@@ -332,7 +334,8 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
                                                       data, report, *obs, auto_schedule));
   if (rank0) {
     const P2PStats p2p = trainer->p2p_stats();
-    std::cout << "p2p (rank 0): " << p2p.tensor_messages << " messages sent, "
+    std::cout << "p2p (rank 0): " << p2p.tensor_messages << " messages sent ("
+              << p2p.payload_bytes_sent << " payload bytes, " << config.precision() << "), "
               << p2p.control_messages << " activation control words, " << p2p.static_payloads
               << " activations as payload only (static shapes "
               << (config.parallelism().p2p_static_shapes() ? "on" : "off") << "), "

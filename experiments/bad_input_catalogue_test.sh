@@ -51,6 +51,8 @@ data.path '$TMP/short.txt' holds 38 bytes of training text (after data.eval_frac
 data.path '$TMP/nothing' does not exist|--data=$TMP/nothing
 output_dir '$TMP/file/runs' cannot be created|--output_dir=$TMP/file/runs
 parallelism.schedule 'zigzag' is not a registered schedule|--schedule=zigzag
+precision 'fp16' is not supported: fp16 needs dynamic loss scaling|--precision=fp16
+precision 'int8' is unknown; valid: fp32, bf16|--precision=int8
 line 2, column 2 (rank 1): "1X0": malformed action|--schedule=csv:$TMP/bad_schedule.csv
 optimizer.lr (inf) must be finite and in (0, 10]|--nproc_per_node=2 --lr=inf
 nonfinite.policy 'maybe' must be 'fail' or 'skip'|--set=nonfinite.policy=maybe

@@ -60,6 +60,10 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
   const double root = std::sqrt(static_cast<double>(head_width));
   const bool exact = root == std::ldexp(1.0, std::ilogb(root));
   torch::Tensor scores = torch::bmm(q, k.transpose(1, 2));
+  // Scale, mask and softmax in fp32 under bf16 (mixed precision: a bf16
+  // softmax over long rows loses the small weights, and float's lowest value
+  // used as the mask rounds to -inf in bf16). A no-op in fp32.
+  if (scores.scalar_type() != torch::kFloat) scores = scores.to(torch::kFloat);
   if (exact) {
     scores.mul_(1.0 / root);
   } else {
@@ -79,7 +83,7 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
             .masked_fill(key_mask.to(torch::kBool).logical_not().view({batch, 1, 1, time}), kMasked)
             .view({batch * num_heads_, time, time});
   }
-  torch::Tensor weights = attn_dropout_(torch::softmax(scores, /*dim=*/-1));
+  torch::Tensor weights = attn_dropout_(torch::softmax(scores, /*dim=*/-1)).to(v.scalar_type());
   torch::Tensor out = torch::bmm(weights, v)
                           .view({batch, num_heads_, time, head_width})
                           .transpose(1, 2)
@@ -95,6 +99,18 @@ MlpImpl::MlpImpl(int64_t width, int64_t hidden, double dropout) {
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   return dropout_(fc_out_(torch::gelu(fc_in_(x))));
+}
+
+torch::Tensor Fp32LayerNormImpl::forward(const torch::Tensor& x) {
+  if (x.scalar_type() == torch::kFloat) return torch::nn::LayerNormImpl::forward(x);
+  return torch::layer_norm(x.to(torch::kFloat), options.normalized_shape(),
+                           weight.defined() ? weight.to(torch::kFloat) : weight,
+                           bias.defined() ? bias.to(torch::kFloat) : bias, options.eps())
+      .to(x.scalar_type());
+}
+
+Fp32LayerNorm MakeLayerNorm(int64_t width) {
+  return Fp32LayerNorm(torch::nn::LayerNormOptions({width}));
 }
 
 int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden) {

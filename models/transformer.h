@@ -62,6 +62,21 @@ class MlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// LayerNorm computed in fp32 whatever the input's dtype (mixed precision:
+// bf16 has 8 significant bits, too few for the mean and variance of a wide
+// row), returning the input's dtype. The parameters are LayerNorm's
+// ("weight", "bias"), so checkpoints are unchanged; on fp32 input it is
+// LayerNorm's own forward, bit for bit.
+class Fp32LayerNormImpl : public torch::nn::LayerNormImpl {
+ public:
+  using torch::nn::LayerNormImpl::LayerNormImpl;
+  torch::Tensor forward(const torch::Tensor& x);
+};
+TORCH_MODULE(Fp32LayerNorm);
+
+// An Fp32LayerNorm over the last dimension of size `width`.
+Fp32LayerNorm MakeLayerNorm(int64_t width);
+
 // Trainable parameters of one attention + MLP + two LayerNorms, for the
 // partitioners' declared counts.
 int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden);

@@ -54,10 +54,24 @@ ModelState ModelStateOf(const PipelineModel& model) {
   return state;
 }
 
+namespace {
+
+// ModelStateOf with each parameter replaced by the Trainer's fp32 master
+// (bf16 training): checkpoints hold the master weights, so they load into an
+// fp32 or a bf16 run alike, and the optimizer state (keyed by the masters)
+// matches. Under fp32 the masters are the parameters.
+ModelState MasterStateOf(const PipelineModel& model, const Trainer& trainer) {
+  ModelState state = ModelStateOf(model);
+  for (auto& [name, t] : state.tensors) t = trainer.MasterOf(t);
+  return state;
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptions& options,
                                                    const ParallelGrid& grid,
                                                    const PipelineModel& model, Trainer& trainer) {
-  ModelState state = ModelStateOf(model);
+  ModelState state = MasterStateOf(model, trainer);
   SaveRequest request;
   request.root = options.root;
   request.step = trainer.step();
@@ -87,9 +101,12 @@ absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptio
 absl::StatusOr<LoadReport> LoadTrainingCheckpoint(const std::string& path, const ParallelGrid& grid,
                                                   PipelineModel& model, Trainer& trainer,
                                                   const LoadOptions& options) {
-  ModelState state = ModelStateOf(model);
+  ModelState state = MasterStateOf(model, trainer);
   PP_ASSIGN_OR_RETURN(LoadReport report, LoadCheckpoint(path, state, &trainer.optimizer(),
                                                         CheckpointRankOf(grid), options));
+  // bf16: the loaded fp32 masters, rounded into the model.
+  PP_RETURN_IF_ERROR(TorchCall("casting the loaded master weights into the model",
+                               [&] { trainer.MastersChanged(); }));
   trainer.set_step(report.manifest.trainer().step());
   bool rng_restored = false;
   for (const auto& [key, t] : report.rank_state) {

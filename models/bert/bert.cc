@@ -8,9 +8,7 @@
 namespace pp {
 namespace {
 
-torch::nn::LayerNorm Norm(int64_t width) {
-  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({width}));
-}
+Fp32LayerNorm Norm(int64_t width) { return MakeLayerNorm(width); }
 
 }  // namespace
 

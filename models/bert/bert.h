@@ -53,7 +53,7 @@ class BertEmbeddingImpl : public LayerImpl {
   torch::nn::Embedding type_embed{nullptr};
 
  private:
-  torch::nn::LayerNorm norm_{nullptr};
+  Fp32LayerNorm norm_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
 };
 
@@ -66,9 +66,9 @@ class EncoderBlockImpl : public LayerImpl {
 
  private:
   SelfAttention attn_{nullptr};
-  torch::nn::LayerNorm ln1_{nullptr};
+  Fp32LayerNorm ln1_{nullptr};
   Mlp mlp_{nullptr};
-  torch::nn::LayerNorm ln2_{nullptr};
+  Fp32LayerNorm ln2_{nullptr};
 };
 
 // The MLM head's transform: LayerNorm(GELU(dense(x))).
@@ -79,7 +79,7 @@ class MlmTransformImpl : public LayerImpl {
 
  private:
   torch::nn::Linear dense_{nullptr};
-  torch::nn::LayerNorm norm_{nullptr};
+  Fp32LayerNorm norm_{nullptr};
 };
 
 // logits + bias, bias [vocab] initialised to zero.

@@ -42,9 +42,9 @@ Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatc
 
 TransformerBlockImpl::TransformerBlockImpl(const GptConfig& config)
     : LayerImpl("TransformerBlock") {
-  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.width})));
+  ln1_ = register_module("ln1", MakeLayerNorm(config.width));
   attn_ = register_module("attn", SelfAttention(config.width, config.num_heads, config.dropout));
-  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.width})));
+  ln2_ = register_module("ln2", MakeLayerNorm(config.width));
   mlp_ = register_module("mlp", Mlp(config.width, config.mlp_ratio * config.width, config.dropout));
 }
 
@@ -70,9 +70,7 @@ absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config) {
                             config.width, config.mlp_ratio * config.width)));
   }
   specs.push_back(LayerSpec("FinalLayerNorm", [width = config.width] {
-                    return MakeModuleLayer(
-                        torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})),
-                        "FinalLayerNorm");
+                    return MakeModuleLayer(MakeLayerNorm(width), "FinalLayerNorm");
                   }).WithParameterCount(2 * config.width));
   // The head reuses the embedding table: count its matmul like the table.
   specs.push_back(TiedLayerSpec("embed", embed, TiedProjection("tok_embed.weight"))

@@ -61,9 +61,9 @@ class TransformerBlockImpl : public LayerImpl {
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
 
  private:
-  torch::nn::LayerNorm ln1_{nullptr};
+  Fp32LayerNorm ln1_{nullptr};
   SelfAttention attn_{nullptr};
-  torch::nn::LayerNorm ln2_{nullptr};
+  Fp32LayerNorm ln2_{nullptr};
   Mlp mlp_{nullptr};
 };
 

@@ -20,7 +20,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,6 +53,7 @@ struct RunSpec {
   std::string schedule = "1f1b";
   int global_microbatches = 4;
   double dropout = 0.0;
+  Precision precision = Precision::kFp32;
 };
 
 GptConfig TinyGpt(double dropout) {
@@ -117,6 +120,7 @@ absl::StatusOr<RankRun> MakeRun(const World& world, const RunSpec& spec) {
   to.lr_schedule.total_steps = 20;
   to.max_grad_norm = 1.0;
   to.executor.p2p.timeout = std::chrono::seconds(60);
+  to.precision = spec.precision;
   PP_ASSIGN_OR_RETURN(
       run.trainer, Trainer::Create(run.grid.get(), run.model.get(), GptLoss, run.source.get(), to));
   return run;
@@ -270,41 +274,14 @@ TEST(ExactResumeTest, SaveLoadInFreshProcessesMatchesStraightRunBitwise) {
 // ---------------------------------------------------------------------------
 // Reshard (threads; dropout off, so the shared generator does not matter).
 
+struct PrecisionRun;
+PrecisionRun TrainRun(const RunSpec& spec, int steps, const std::string& load_from,
+                      const std::string& save_root, int steps_after_save = 0);
+
 // Trains `steps` steps at `spec` (or loads `load_from` first), optionally
 // saves to `save_root`, then takes one more step; returns its loss.
 double TrainSaveStep(const RunSpec& spec, int steps, const std::string& load_from,
-                     const std::string& save_root) {
-  const int world = spec.pp * spec.dp;
-  auto port = PickFreePort();
-  EXPECT_TRUE(port.ok());
-  RendezvousOptions ro;
-  ro.timeout = std::chrono::seconds(60);
-  std::vector<double> next_loss(world, -1);
-  std::vector<absl::Status> status =
-      RunThreadRanks(world, *port, ro, [&](World& w) -> absl::Status {
-        at::set_num_threads(1);
-        PP_ASSIGN_OR_RETURN(RankRun run, MakeRun(w, spec));
-        if (!load_from.empty()) {
-          PP_ASSIGN_OR_RETURN(LoadReport report, LoadTrainingCheckpoint(load_from, *run.grid,
-                                                                        *run.model, *run.trainer));
-          if (!report.clean()) return absl::InternalError(report.Summary());
-          if (report.optimizer_states_loaded == 0)
-            return absl::InternalError("no optimizer state loaded");
-        }
-        for (int i = 0; i < steps; ++i) PP_RETURN_IF_ERROR(run.trainer->Step().status());
-        if (!save_root.empty()) {
-          TrainingCheckpointOptions co;
-          co.root = save_root;
-          PP_RETURN_IF_ERROR(
-              SaveTrainingCheckpoint(co, *run.grid, *run.model, *run.trainer).status());
-        }
-        PP_ASSIGN_OR_RETURN(StepResult r, run.trainer->Step());
-        next_loss[w.rank] = r.loss;
-        return absl::OkStatus();
-      });
-  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
-  return next_loss[0];
-}
+                     const std::string& save_root);
 
 // The loss of `step`'s global batch under ToSequential() loaded from `path`.
 double SequentialLoss(const std::string& path, int64_t step, int global_microbatches) {
@@ -346,6 +323,146 @@ TEST(ReshardTrainingTest, SavedAtPipe4LoadsAtPipe2InterleavedPipe1AndSequential)
   RunSpec pp1;
   EXPECT_DOUBLE_EQ(TrainSaveStep(pp1, 0, root, ""), reference);
   EXPECT_NEAR(SequentialLoss(ckpt, 2, 4), reference, 1e-6 * std::abs(reference));
+}
+
+// ---------------------------------------------------------------------------
+// Precision (threads; dropout off).
+
+struct PrecisionRun {
+  std::vector<double> losses;                           // per step, as rank 0 reports them
+  std::map<std::string, torch::Tensor> weights;         // global name -> fp32 master / weight
+  std::map<std::string, c10::ScalarType> model_dtypes;  // the model's own parameters
+};
+
+// Loads `load_from` (unless empty; it must load cleanly, optimizer state
+// included), trains `steps` steps, saves to `save_root` (unless empty), trains
+// `steps_after_save` more; returns every step's loss and the final weights.
+PrecisionRun TrainRun(const RunSpec& spec, int steps, const std::string& load_from,
+                      const std::string& save_root, int steps_after_save) {
+  const int world = spec.pp * spec.dp;
+  auto port = PickFreePort();
+  EXPECT_TRUE(port.ok());
+  RendezvousOptions ro;
+  ro.timeout = std::chrono::seconds(60);
+  std::mutex mu;
+  PrecisionRun out;
+  std::vector<absl::Status> status =
+      RunThreadRanks(world, *port, ro, [&](World& w) -> absl::Status {
+        at::set_num_threads(1);
+        PP_ASSIGN_OR_RETURN(RankRun run, MakeRun(w, spec));
+        if (!load_from.empty()) {
+          PP_ASSIGN_OR_RETURN(LoadReport report, LoadTrainingCheckpoint(load_from, *run.grid,
+                                                                        *run.model, *run.trainer));
+          if (!report.clean()) return absl::InternalError(report.Summary());
+          if (report.optimizer_states_loaded == 0)
+            return absl::InternalError("no optimizer state loaded");
+        }
+        std::vector<double> losses;
+        for (int i = 0; i < steps; ++i) {
+          PP_ASSIGN_OR_RETURN(StepResult r, run.trainer->Step());
+          losses.push_back(r.loss);
+        }
+        if (!save_root.empty()) {
+          TrainingCheckpointOptions co;
+          co.root = save_root;
+          PP_RETURN_IF_ERROR(
+              SaveTrainingCheckpoint(co, *run.grid, *run.model, *run.trainer).status());
+        }
+        for (int i = 0; i < steps_after_save; ++i) {
+          PP_ASSIGN_OR_RETURN(StepResult r, run.trainer->Step());
+          losses.push_back(r.loss);
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        if (w.rank == 0) out.losses = losses;
+        for (const auto& item : run.model->named_parameters()) {
+          out.weights[item.key()] = run.trainer->MasterOf(item.value()).detach().clone();
+          out.model_dtypes[item.key()] = item.value().scalar_type();
+        }
+        return absl::OkStatus();
+      });
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  return out;
+}
+
+double TrainSaveStep(const RunSpec& spec, int steps, const std::string& load_from,
+                     const std::string& save_root) {
+  const PrecisionRun run = TrainRun(spec, steps, load_from, save_root, 1);
+  return run.losses.empty() ? -1 : run.losses.back();
+}
+
+std::string FirstDifference(const std::map<std::string, torch::Tensor>& a,
+                            const std::map<std::string, torch::Tensor>& b) {
+  if (a.size() != b.size()) return absl::StrCat(a.size(), " vs ", b.size(), " tensors");
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    if (it == b.end()) return "missing " + name;
+    if (t.scalar_type() != it->second.scalar_type() || !torch::equal(t, it->second)) return name;
+  }
+  return "";
+}
+
+// bf16 (fp32 masters, fp32 AdamW state in the checkpoint): a run saved after
+// 2 steps and resumed for 2 more equals the straight 4-step run bit for bit
+// (losses and masters); the model itself trains in bf16 and the checkpoint
+// holds fp32.
+TEST(PrecisionCheckpointTest, Bf16ResumesBitwise) {
+  const std::string root = TestDir("bf16_resume");
+  fs::remove_all(root);
+  RunSpec bf16;
+  bf16.pp = 2;
+  bf16.precision = Precision::kBf16;
+  const PrecisionRun straight = TrainRun(bf16, 4, "", "");
+  ASSERT_EQ(straight.losses.size(), 4u);
+  for (const auto& [name, dtype] : straight.model_dtypes) {
+    EXPECT_EQ(dtype, torch::kBFloat16) << name;
+    EXPECT_EQ(straight.weights.at(name).scalar_type(), torch::kFloat) << name;
+  }
+  const PrecisionRun first = TrainRun(bf16, 2, "", root);
+  const PrecisionRun second = TrainRun(bf16, 2, root + "/" + CheckpointName(2), "");
+  EXPECT_EQ(first.losses,
+            std::vector<double>(straight.losses.begin(), straight.losses.begin() + 2));
+  EXPECT_EQ(second.losses, std::vector<double>(straight.losses.begin() + 2, straight.losses.end()));
+  EXPECT_EQ(FirstDifference(straight.weights, second.weights), "");
+  // What was written is fp32.
+  auto files = ReadManifest(root + "/" + CheckpointName(2));
+  ASSERT_TRUE(files.ok()) << files.status();
+  int fp32_files = 0;
+  for (const auto& f : files->files()) {
+    if (f.kind() != "model") continue;
+    auto tensors = ReadTensorFileUnchecked(root + "/" + CheckpointName(2) + "/" + f.path());
+    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    for (const auto& [name, t] : *tensors) {
+      EXPECT_EQ(t.scalar_type(), torch::kFloat) << f.path() << " " << name;
+      ++fp32_files;
+    }
+  }
+  EXPECT_GT(fp32_files, 0);
+}
+
+// A bf16 checkpoint loads into an fp32 run (whose weights are then the bf16
+// run's masters exactly) and an fp32 checkpoint into a bf16 run (whose
+// masters are then the fp32 weights exactly); each continues training.
+TEST(PrecisionCheckpointTest, CheckpointsCrossPrecisions) {
+  const std::string root = TestDir("bf16_cross");
+  fs::remove_all(root);
+  RunSpec bf16;
+  bf16.pp = 2;
+  bf16.precision = Precision::kBf16;
+  RunSpec fp32 = bf16;
+  fp32.precision = Precision::kFp32;
+  const PrecisionRun saved_bf16 = TrainRun(bf16, 2, "", root + "/from_bf16");
+  const PrecisionRun loaded_fp32 =
+      TrainRun(fp32, 0, root + "/from_bf16/" + CheckpointName(2), root + "/from_fp32");
+  EXPECT_EQ(FirstDifference(saved_bf16.weights, loaded_fp32.weights), "");
+  for (const auto& [name, dtype] : loaded_fp32.model_dtypes) EXPECT_EQ(dtype, torch::kFloat);
+  const PrecisionRun back_bf16 = TrainRun(bf16, 0, root + "/from_fp32/" + CheckpointName(2), "");
+  EXPECT_EQ(FirstDifference(loaded_fp32.weights, back_bf16.weights), "");
+  // Both continue from there: the next step's losses agree to bf16's precision.
+  const PrecisionRun next_fp32 = TrainRun(fp32, 1, root + "/from_bf16/" + CheckpointName(2), "");
+  const PrecisionRun next_bf16 = TrainRun(bf16, 1, root + "/from_fp32/" + CheckpointName(2), "");
+  ASSERT_EQ(next_fp32.losses.size(), 1u);
+  ASSERT_EQ(next_bf16.losses.size(), 1u);
+  EXPECT_NEAR(next_bf16.losses[0], next_fp32.losses[0], 0.02 * std::abs(next_fp32.losses[0]));
 }
 
 // Layer-wise files by global layer index: a checkpoint written under V

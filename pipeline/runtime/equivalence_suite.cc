@@ -53,7 +53,39 @@ LayerRunner CheckpointEveryBlock() {
   return *runner;
 }
 
+// One case of the matrix (CPU, fp32; callers change precision or device).
+RunConfig MakeCase(const std::string& schedule, int pp, int dp, int m, int chunks,
+                   const std::string& opt, bool ckpt) {
+  RunConfig c;
+  c.schedule = schedule;
+  c.pp = pp;
+  c.dp = dp;
+  c.microbatches = m;
+  c.chunks = chunks;
+  c.layer_runner = ckpt ? CheckpointEveryBlock() : LayerRunner();
+  SetOptimizer(opt, c);
+  return c;
+}
+
+// A valid gtest name, e.g. "1f1b_pp2_dp1_v1_m3_sgd_ckpt_bf16".
+std::string CaseName(const std::string& schedule, int pp, int dp, int chunks, int m,
+                     const std::string& opt, bool ckpt, const std::string& suffix) {
+  std::string name = absl::StrCat(schedule, "_pp", pp, "_dp", dp, "_v", chunks, "_m", m, "_", opt,
+                                  ckpt ? "_ckpt" : "", suffix);
+  for (char& ch : name) {
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return name;
+}
+
 }  // namespace
+
+// Where a bf16 pipeline runs exactly the reference's operations in the same
+// order: one stage holding one chunk (the tied embedding and head in one
+// autograd graph, as in ToSequential()) and one replica (no data-parallel
+// sum). Each micro-batch's backward then rounds the same bf16 values and
+// adds them into the fp32 buffers in the same order.
+bool Bf16IsBitwise(const RunConfig& c) { return c.pp == 1 && c.dp == 1 && c.chunks == 1; }
 
 std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
   std::vector<EquivalenceCase> cases;
@@ -78,20 +110,21 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
           }
           for (const std::string opt : {"sgd", "adamw"}) {
             for (int ckpt : {0, 1}) {
-              RunConfig c;
-              c.schedule = info.name;
-              c.pp = pp;
-              c.dp = dp;
-              c.microbatches = m;
-              c.chunks = chunks;
-              c.layer_runner = ckpt > 0 ? CheckpointEveryBlock() : LayerRunner();
-              SetOptimizer(opt, c);
-              std::string name = absl::StrCat(info.name, "_pp", pp, "_dp", dp, "_v", chunks, "_m",
-                                              m, "_", opt, ckpt > 0 ? "_ckpt" : "");
-              for (char& ch : name) {
-                if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-              }
-              cases.push_back(EquivalenceCase{c, name, supported});
+              RunConfig c = MakeCase(info.name, pp, dp, m, chunks, opt, ckpt > 0);
+              cases.push_back(EquivalenceCase{
+                  c, CaseName(info.name, pp, dp, chunks, m, opt, ckpt > 0, ""), supported});
+            }
+          }
+          // bf16 (mixed_precision.h) against the bf16 sequential reference,
+          // once per schedule shape: AdamW, the largest micro-batch count,
+          // checkpointing off / on.
+          if (m == *counts.rbegin()) {
+            for (int ckpt : {0, 1}) {
+              RunConfig c = MakeCase(info.name, pp, dp, m, chunks, "adamw", ckpt > 0);
+              c.precision = Precision::kBf16;
+              cases.push_back(EquivalenceCase{
+                  c, CaseName(info.name, pp, dp, chunks, m, "adamw", ckpt > 0, "_bf16"),
+                  supported});
             }
           }
           // The same on GPUs (rank r on cuda:r, NCCL), once per schedule
@@ -99,21 +132,10 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
           // count. They skip where pp * dp GPUs are not visible.
           if (m != *counts.rbegin()) continue;
           for (int ckpt : {0, 1}) {
-            RunConfig c;
-            c.schedule = info.name;
-            c.pp = pp;
-            c.dp = dp;
-            c.microbatches = m;
-            c.chunks = chunks;
+            RunConfig c = MakeCase(info.name, pp, dp, m, chunks, "adamw", ckpt > 0);
             c.device = DeviceKind::kCuda;
-            c.layer_runner = ckpt > 0 ? CheckpointEveryBlock() : LayerRunner();
-            SetOptimizer("adamw", c);
-            std::string name = absl::StrCat(info.name, "_pp", pp, "_dp", dp, "_v", chunks, "_m", m,
-                                            "_adamw", ckpt > 0 ? "_ckpt" : "", "_cuda");
-            for (char& ch : name) {
-              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-            }
-            cases.push_back(EquivalenceCase{c, name, supported});
+            cases.push_back(EquivalenceCase{
+                c, CaseName(info.name, pp, dp, chunks, m, "adamw", ckpt > 0, "_cuda"), supported});
           }
         }
       }
@@ -142,6 +164,20 @@ TEST_P(EquivalenceSuite, PipelineEqualsSequential) {
   ASSERT_TRUE(pipeline.ok()) << pipeline.status();
   absl::StatusOr<RunResult> sequential = TrainSequential(c.config);
   ASSERT_TRUE(sequential.ok()) << sequential.status();
+  if (c.config.precision == Precision::kBf16) {
+    if (!Bf16IsBitwise(c.config)) {
+      EXPECT_EQ(CompareResults(*sequential, *pipeline, kBf16Rtol, kBf16Atol), "");
+      return;
+    }
+    // Losses and weights bit for bit; the grad norm is only computed
+    // differently (GlobalGradNorm's fp32 squares vs the reference's double
+    // sum), so it matches to fp32 round-off.
+    RunResult same_norms = *pipeline;
+    same_norms.grad_norms = sequential->grad_norms;
+    EXPECT_EQ(CompareResults(*sequential, same_norms, 0.0, 0.0), "");
+    EXPECT_EQ(CompareResults(*sequential, *pipeline, kRtol), "");
+    return;
+  }
   // On a GPU the kernels sum in other orders than the CPU reference.
   EXPECT_EQ(CompareResults(*sequential, *pipeline,
                            c.config.device == DeviceKind::kCpu ? kRtol : kCudaRtol),

@@ -111,6 +111,50 @@ TEST(EquivalenceExtraTest, DetectsMissingTiedGradientReduction) {
   }
 }
 
+// bf16 keeps the tied reduction's teeth: without it the bf16 pipeline is
+// outside the bf16 tolerance too.
+TEST(EquivalenceExtraTest, Bf16DetectsMissingTiedGradientReduction) {
+  RunConfig c;
+  c.schedule = "1f1b";
+  c.pp = 2;
+  c.optimizer.lr = 0.1;
+  c.precision = Precision::kBf16;
+  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  absl::StatusOr<RunResult> with = TrainPipeline(c);
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(CompareResults(*sequential, *with, kBf16Rtol, kBf16Atol), "");
+  c.reduce_tied_grads = false;
+  absl::StatusOr<RunResult> without = TrainPipeline(c);
+  if (without.ok()) {
+    EXPECT_NE(CompareResults(*sequential, *without, kBf16Rtol, kBf16Atol), "");
+  } else {
+    EXPECT_NE(std::string(without.status().message()).find("tied copies"), std::string::npos)
+        << without.status();
+  }
+}
+
+// bf16 activations and input gradients cross stages at half the bytes of
+// fp32 (same messages, two bytes per element instead of four).
+TEST(EquivalenceExtraTest, Bf16HalvesP2PPayloadBytes) {
+  for (const std::string schedule : {"1f1b", "zbv"}) {
+    SCOPED_TRACE(schedule);
+    RunConfig c;
+    c.schedule = schedule;
+    c.pp = 2;
+    c.chunks = schedule == "1f1b" ? 1 : 2;
+    c.steps = 1;
+    c.optimizer.lr = 0.1;
+    absl::StatusOr<RunResult> fp32 = TrainPipeline(c);
+    ASSERT_TRUE(fp32.ok()) << fp32.status();
+    c.precision = Precision::kBf16;
+    absl::StatusOr<RunResult> bf16 = TrainPipeline(c);
+    ASSERT_TRUE(bf16.ok()) << bf16.status();
+    ASSERT_GT(fp32->payload_bytes_sent, 0);
+    EXPECT_EQ(2 * bf16->payload_bytes_sent, fp32->payload_bytes_sent);
+  }
+}
+
 }  // namespace
 }  // namespace testing_runtime
 }  // namespace pp

@@ -2,11 +2,13 @@
 
 #include <cmath>
 #include <mutex>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/parallel_grid.h"
 #include "topology/process_topology.h"
@@ -75,7 +77,12 @@ absl::StatusOr<RunResult> TrainSequential(const RunConfig& config) {
     absl::StatusOr<StageModule> built = BuildSequential(SpecsOf(config), kSeed);
     if (!built.ok()) throw std::runtime_error(built.status().ToString());
     StageModule model = *built;
-    std::vector<torch::Tensor> params = model->parameters();
+    std::vector<torch::Tensor> model_params = model->parameters();
+    std::optional<MasterWeights> master;
+    if (config.precision == Precision::kBf16) master.emplace(model_params);
+    // The optimizer, the norm and clipping work on the fp32 masters in bf16.
+    const std::vector<torch::Tensor> params = master ? master->masters() : model_params;
+    const torch::ScalarType dtype = ComputeDtype(config.precision);
     auto optimizer = MakeOptimizer(config.optimizer, params);
     std::unique_ptr<MicroBatchSource> source = SourceOf(config);
     const LossFn loss_fn = LossOf(config);
@@ -86,9 +93,12 @@ absl::StatusOr<RunResult> TrainSequential(const RunConfig& config) {
       double loss_sum = 0;
       for (int i = 0; i < total; ++i) {
         MicroBatchData d = *source->Get(step, i);
-        torch::Tensor loss = loss_fn(model->Forward(d.inputs, d.batch), d.batch);
+        torch::Tensor loss = loss_fn(
+            CastFloating(model->Forward(CastFloating(d.inputs, dtype), d.batch), torch::kFloat),
+            d.batch);
         loss_sum += loss.item<double>();
         (loss / static_cast<double>(total)).backward();
+        if (master) master->AccumulateGrads();
       }
       double sumsq = 0;
       for (const torch::Tensor& p : params) {
@@ -97,11 +107,14 @@ absl::StatusOr<RunResult> TrainSequential(const RunConfig& config) {
       const double norm = std::sqrt(sumsq);
       if (config.max_grad_norm > 0) ClipGradsToNorm(params, norm, config.max_grad_norm);
       optimizer->step();
+      if (master) master->CopyToModel();
       result.losses.push_back(loss_sum / total);
       result.grad_norms.push_back(norm);
     }
-    for (const auto& item : model->named_parameters())
-      result.params[item.key()] = item.value().detach().clone();
+    for (const auto& item : model->named_parameters()) {
+      result.params[item.key()] =
+          (master ? master->MasterOf(item.value()) : item.value()).detach().clone();
+    }
   });
   PP_RETURN_IF_ERROR(s);
   return result;
@@ -147,6 +160,7 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         to.executor.p2p.static_shapes = config.p2p_static_shapes;
         to.executor.post_receives_ahead = config.post_receives_ahead;
         to.layer_runner = config.layer_runner;
+        to.precision = config.precision;
         PP_ASSIGN_OR_RETURN(auto trainer,
                             Trainer::Create(&grid, model.get(), LossOf(config), source.get(), to));
         for (int step = 0; step < config.steps; ++step) {
@@ -157,10 +171,13 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         std::lock_guard<std::mutex> lock(mu);
         const P2PStats p2p = trainer->p2p_stats();
         result.received_posted_ahead += p2p.payloads_posted_ahead + p2p.controls_posted_ahead;
+        result.payload_bytes_sent += p2p.payload_bytes_sent;
         for (const auto& item : model->named_parameters()) {
           auto& slot = replica_params[grid.data_parallel_id()][item.key()];
-          torch::Tensor value = item.value().detach().to(torch::kCPU, /*non_blocking=*/false,
-                                                         /*copy=*/true);
+          // bf16: the fp32 master, what the optimizer updates.
+          torch::Tensor value = trainer->MasterOf(item.value())
+                                    .detach()
+                                    .to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
           if (slot.defined() && !torch::equal(slot, value)) {
             return absl::InternalError(
                 absl::StrCat("tied copies of ", item.key(), " differ between stages"));
@@ -192,7 +209,7 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   return result;
 }
 
-std::string CompareResults(const RunResult& want, const RunResult& got, double rtol) {
+std::string CompareResults(const RunResult& want, const RunResult& got, double rtol, double atol) {
   std::string out;
   auto close = [&](double a, double b) {
     return std::abs(a - b) <= rtol * std::max(std::abs(a), std::abs(b)) + 1e-7;
@@ -218,7 +235,7 @@ std::string CompareResults(const RunResult& want, const RunResult& got, double r
       absl::StrAppend(&out, "missing ", name, "; ");
       continue;
     }
-    if (!torch::allclose(it->second, value, rtol, 1e-6)) {
+    if (!torch::allclose(it->second, value, rtol, atol)) {
       const double diff = (it->second - value).abs().max().item<double>();
       absl::StrAppend(&out, name, " max abs diff ", diff, "; ");
     }

@@ -247,6 +247,7 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
   }
   for (const torch::Tensor& t : tensors) {
     PP_RETURN_IF_ERROR(PostSend(t, peer, tag, what));
+    stats_.payload_bytes_sent += static_cast<int64_t>(t.nbytes());
   }
   return absl::OkStatus();
 }
@@ -535,6 +536,7 @@ absl::Status P2P::SendGrads(int peer, int src_stage, int dst_stage, const Activa
   PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kGradient, src_stage, dst_stage));
   for (const torch::Tensor& g : grads) {
     PP_RETURN_IF_ERROR(PostSend(g, peer, tag, what));
+    stats_.payload_bytes_sent += static_cast<int64_t>(g.nbytes());
   }
   return absl::OkStatus();
 }

@@ -142,6 +142,9 @@ struct P2PStats {
   // Every message posted: payload tensors, control words and separate
   // headers (empty tensors are not sent).
   int64_t tensor_messages = 0;
+  // Bytes of the activation and gradient payloads sent (control words and
+  // headers not counted): halved by bf16 (TrainerOptions::precision).
+  int64_t payload_bytes_sent = 0;
   // Activation messages sent as payload only under static_shapes.
   int64_t static_payloads = 0;
   int64_t buffers_allocated = 0;

@@ -361,7 +361,9 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
     case ActionType::kBackward:
       if (st.forward_only)
         return absl::InvalidArgumentError(absl::StrCat(Name(a), " in a forward-only program"));
-      return Backward(a, st);
+      PP_RETURN_IF_ERROR(Backward(a, st));
+      if (after_backward_) after_backward_();
+      return absl::OkStatus();
     case ActionType::kRecvForward: {
       int64_t id = -1;
       PP_ASSIGN_OR_RETURN(Activations acts,
@@ -420,11 +422,15 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
     case ActionType::kBackwardInput:
       if (st.forward_only)
         return absl::InvalidArgumentError(absl::StrCat(Name(a), " in a forward-only program"));
-      return BackwardInput(a, st);
+      PP_RETURN_IF_ERROR(BackwardInput(a, st));
+      if (after_backward_) after_backward_();
+      return absl::OkStatus();
     case ActionType::kBackwardWeight:
       if (st.forward_only)
         return absl::InvalidArgumentError(absl::StrCat(Name(a), " in a forward-only program"));
-      return BackwardWeight(a, st);
+      PP_RETURN_IF_ERROR(BackwardWeight(a, st));
+      if (after_backward_) after_backward_();
+      return absl::OkStatus();
     case ActionType::kOverlapFB:
       // Run() executes the halves one by one (each observed on its own).
       for (const Action& half : Leaves(a)) PP_RETURN_IF_ERROR(Execute(half, st, tail));

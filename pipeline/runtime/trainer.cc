@@ -114,13 +114,41 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
     if (non_owner.count(p.unsafeGetTensorImpl()) == 0) t->counted_params_.push_back(p);
   }
   PP_RETURN_IF_ERROR(BroadcastTiedParams(t->ties_, options.executor.p2p.timeout));
+  if (options.precision == Precision::kBf16) {
+    for (const torch::Tensor& p : t->params_) {
+      if (p.scalar_type() != torch::kFloat) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TrainerOptions::precision bf16 takes the model in fp32 (the masters are copied "
+            "from it) but a parameter is ",
+            c10::toString(p.scalar_type())));
+      }
+    }
+    // After the broadcast: every tied copy's master starts from the same value.
+    t->master_ = std::make_unique<MasterWeights>(t->params_);
+    for (TiedParams& tie : t->ties_) tie.params = t->master_->MastersOf(tie.params);
+    t->counted_params_ = t->master_->MastersOf(t->counted_params_);
+  }
 
   std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages;
   for (int64_t c = 0; c < model->num_chunks(); ++c) {
     StageModule chunk = model->chunk(c);
     const int vstage = static_cast<int>(chunk->virtual_stage());
-    stages[vstage] = [chunk](const Activations& in, const MicroBatch& batch) mutable {
-      return chunk->Forward(in, batch);
+    if (options.precision == Precision::kBf16) {
+      // A stage's floating inputs in bf16: the first stage's (from the
+      // source) are cast; received ones already are, so p2p carries bf16.
+      stages[vstage] = [chunk](const Activations& in, const MicroBatch& batch) mutable {
+        return chunk->Forward(CastFloating(in, torch::kBFloat16), batch);
+      };
+    } else {
+      stages[vstage] = [chunk](const Activations& in, const MicroBatch& batch) mutable {
+        return chunk->Forward(in, batch);
+      };
+    }
+  }
+  if (options.precision == Precision::kBf16) {
+    // The loss (log-softmax, cross entropy) on fp32 logits.
+    loss_fn = [inner = std::move(loss_fn)](const Activations& out, const MicroBatch& batch) {
+      return inner(CastFloating(out, torch::kFloat), batch);
     };
   }
   StageExecutorOptions eo = options.executor;
@@ -153,7 +181,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->eval_program_));
   t->timer_ =
       std::make_unique<ActionTimer>(options.executor.p2p.device, options.executor.p2p.timeout);
-  t->optimizer_ = MakeOptimizer(options.optimizer, t->params_);
+  if (t->master_) {
+    t->executor_->set_after_backward([master = t->master_.get()] { master->AccumulateGrads(); });
+  }
+  t->optimizer_ = MakeOptimizer(options.optimizer, t->master_ ? t->master_->masters() : t->params_);
   return t;
 }
 
@@ -177,7 +208,7 @@ absl::Status Trainer::ReplaceTrainSchedule(const Schedule& schedule) {
         what, ": it places virtual stages on ranks [", absl::StrJoin(program.stage_to_rank, ","),
         "] but the model was partitioned for [", absl::StrJoin(model_->placement(), ","), "]"));
   }
-  if (!options_.executor.p2p.device.is_cpu()) PP_RETURN_IF_ERROR(CheckPairwiseP2POrder(program));
+  if (!device().is_cpu()) PP_RETURN_IF_ERROR(CheckPairwiseP2POrder(program));
   PP_RETURN_IF_ERROR(executor_->Validate(program));
   train_program_ = std::move(program);
   return absl::OkStatus();
@@ -205,12 +236,13 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
         if (reduced_this_step_.insert(item.value().unsafeGetTensorImpl()).second)
           params.push_back(item.value());
       }
+      if (master_) params = master_->MastersOf(params);
       return AverageGrads(params, grid_->data_group(), timeout());
     }
     case ActionType::kOptimizerStep: {
       if (options_.max_grad_norm <= 0 && !options_.report_grad_norm &&
           !options_.skip_nonfinite_updates) {
-        return TorchCall("optimizer step", [&] { optimizer_->step(); });
+        return OptimizerStep();
       }
       absl::StatusOr<double> norm = GlobalGradNorm(counted_params_, grid_->pipe_group(),
                                                    grid_->data_group(), timeout(), device());
@@ -226,13 +258,23 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
         result.update_skipped = true;
         return absl::OkStatus();
       }
-      if (options_.max_grad_norm > 0)
-        ClipGradsToNorm(params_, result.grad_norm, options_.max_grad_norm);
-      return TorchCall("optimizer step", [&] { optimizer_->step(); });
+      if (options_.max_grad_norm > 0) {
+        ClipGradsToNorm(master_ ? master_->masters() : params_, result.grad_norm,
+                        options_.max_grad_norm);
+      }
+      return OptimizerStep();
     }
     default:
       return absl::InternalError(absl::StrCat("not a tail action: ", ActionToString(action)));
   }
+}
+
+absl::Status Trainer::OptimizerStep() {
+  return TorchCall("optimizer step", [&] {
+    optimizer_->step();
+    // The updated fp32 masters, rounded into the bf16 model.
+    if (master_) master_->CopyToModel();
+  });
 }
 
 absl::StatusOr<double> Trainer::ReduceLoss(const StepStats& stats) {

@@ -38,6 +38,7 @@
 #include "pipeline/runtime/action_timer.h"
 #include "pipeline/runtime/device_batches.h"
 #include "pipeline/runtime/grad_sync.h"
+#include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/p2p.h"
 #include "pipeline/runtime/stage_executor.h"
@@ -75,6 +76,15 @@ struct TrainerOptions {
   // Create sets what the grid decides: executor.data_parallel_id and
   // executor.p2p.global_ranks.
   StageExecutorOptions executor;
+  // kBf16: Megatron's recipe (mixed_precision.h). Create takes the model in
+  // fp32 (as built or loaded), keeps an fp32 master copy of every parameter
+  // for the optimizer and turns the model's parameters into bf16; floating
+  // inputs of each stage are cast to bf16 (so p2p carries bf16), the loss
+  // function sees fp32 outputs, gradients are moved into fp32 after each
+  // backward action and the tail (tied and data-parallel reductions, norm,
+  // clipping, optimizer) works on the fp32 masters, which are cast back
+  // into the model after the step.
+  Precision precision = Precision::kFp32;
   // Set on every stage module (activation checkpointing); null keeps RunLayers.
   LayerRunner layer_runner;
   // Testing only: skip the tied-gradient all-reduce (shows that the
@@ -149,6 +159,16 @@ class Trainer {
   // source's batch `step` with the scheduled rate of `step`.
   void set_step(int64_t step) { step_ = step; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  // bf16: the fp32 master of a model parameter (what checkpoints hold); fp32:
+  // the parameter itself.
+  const torch::Tensor& MasterOf(const torch::Tensor& param) const {
+    return master_ ? master_->MasterOf(param) : param;
+  }
+  // After the masters were written (a checkpoint load): the model's bf16
+  // parameters from them. Nothing under fp32.
+  void MastersChanged() {
+    if (master_) master_->CopyToModel();
+  }
   const LoweredProgram& train_program() const { return train_program_; }
   // Trains the following steps with `schedule` instead of the one named in
   // the options (e.g. a schedule synthesised from this run's measured costs).
@@ -164,6 +184,7 @@ class Trainer {
  private:
   Trainer() = default;
   absl::Status Tail(const Action& action, StepResult& result);
+  absl::Status OptimizerStep();
   absl::StatusOr<double> ReduceLoss(const StepStats& stats);
   // Busy/idle of every rank (StepResult) from this rank's timer.
   absl::Status GatherBusyIdle(StepResult& result);
@@ -184,6 +205,7 @@ class Trainer {
   std::unique_ptr<ActionTimer> timer_;
   ActionObserver* action_observer_ = nullptr;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<MasterWeights> master_;    // bf16 only
   std::set<const void*> reduced_this_step_;  // params averaged over data this step
   std::vector<ActionTiming> last_timings_;
   int64_t step_ = 0;
