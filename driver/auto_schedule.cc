@@ -268,12 +268,11 @@ absl::Status AutoScheduleRun::AfterStep(int64_t step, const ParallelGrid& grid, 
     LOG(INFO) << text;
     std::cout << text << std::flush;
   }
-  return Switch(choice.synthesis.schedule, trainer, grid.global_rank() == 0, grid.global_rank());
+  return Switch(choice.synthesis.schedule, trainer, grid.global_rank() == 0);
 }
 
-absl::Status AutoScheduleRun::Switch(const Schedule& schedule, Trainer& trainer, bool write,
-                                     int global_rank) {
-  if (write) {
+absl::Status AutoScheduleRun::Switch(const Schedule& schedule, Trainer& trainer, bool rank0) {
+  if (rank0) {
     const std::string csv = ScheduleToCsv(schedule);
     for (const std::string& dir : {run_dir_, checkpoint_dir_}) {
       if (dir.empty()) continue;
@@ -297,7 +296,7 @@ absl::Status AutoScheduleRun::Switch(const Schedule& schedule, Trainer& trainer,
   }
   PP_RETURN_IF_ERROR(trainer.ReplaceTrainSchedule(schedule));
   decided_ = true;
-  if (global_rank == 0) {
+  if (rank0) {
     LOG(INFO) << "schedule auto: training on with the synthesised schedule";
     std::cout << "schedule auto: training on with the synthesised schedule" << std::endl;
   }

@@ -96,7 +96,8 @@ class AutoScheduleRun {
   static constexpr int64_t kMeasuredSteps = 2;
 
  private:
-  absl::Status Switch(const Schedule& schedule, Trainer& trainer, bool write, int global_rank);
+  // Rank 0 (`rank0`) writes the CSV and reports; every rank switches.
+  absl::Status Switch(const Schedule& schedule, Trainer& trainer, bool rank0);
 
   bool active_;
   int num_stages_;
