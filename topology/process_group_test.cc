@@ -6,18 +6,37 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "topology/thread_ranks.h"
 
 namespace pp {
 namespace {
 
 using std::chrono::seconds;
+
+// Waits until one of `keys` is set. c10d's Store::wait needs all of its keys,
+// and which name Gloo uses depends on the LibTorch version.
+absl::Status WaitForEitherKey(c10d::Store& store, const std::vector<std::string>& keys,
+                              std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const std::string& key : keys) {
+      if (store.check({key})) return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("the early member never published its address (none of ",
+                   absl::StrJoin(keys, ", "), " within ",
+                   std::chrono::duration<double>(timeout).count(), " s)"));
+}
 
 // The flake of ThreadRanksTest.GridHasTheRequestedShape ("Connection closed by
 // peer" in connectFullMesh): Gloo's connecting side of a pair counts as
@@ -55,13 +74,15 @@ TEST(NewGlooGroupTest, AMemberThatDropsItsGroupAtOnceDoesNotBreakItsPeer) {
     absl::Status late_status;
     std::thread late_thread([&] {
       // The early member is inside Gloo's connectFullMesh, waiting for this
-      // one (it has published its host name: key "rank_<rank>" under
-      // "<prefix>/<device index>").
-      try {
-        stores[late]->wait({absl::StrCat(prefix, "/0/rank_", early)}, seconds(20));
-      } catch (const std::exception& e) {
-        late_status = absl::DeadlineExceededError(
-            absl::StrCat("the early member never published its address: ", e.what()));
+      // one, once it has published its addresses under
+      // "<prefix>/<device index>/": key "rank_<rank>" in LibTorch 1.13's
+      // Gloo, key "<rank>" in 2.x's.
+      absl::Status published = WaitForEitherKey(
+          *stores[late],
+          {absl::StrCat(prefix, "/0/rank_", early), absl::StrCat(prefix, "/0/", early)},
+          seconds(20));
+      if (!published.ok()) {
+        late_status = published;
         return;
       }
       absl::StatusOr<ProcessGroupPtr> group =
