@@ -32,10 +32,9 @@ absl::Status WaitForEitherKey(c10d::Store& store, const std::vector<std::string>
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("the early member never published its address (none of ",
-                   absl::StrJoin(keys, ", "), " within ",
-                   std::chrono::duration<double>(timeout).count(), " s)"));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the early member never published its address (none of ", absl::StrJoin(keys, ", "),
+      " within ", std::chrono::duration<double>(timeout).count(), " s)"));
 }
 
 // The flake of ThreadRanksTest.GridHasTheRequestedShape ("Connection closed by
