@@ -156,8 +156,10 @@ absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, i
 }
 
 absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& costs, int num_stages,
-                                                      int num_microbatches, int num_chunks) {
+                                                      int num_microbatches, int num_chunks,
+                                                      std::optional<double> memory_cap) {
   SynthesisOptions o;
+  o.memory_cap = memory_cap;
   o.num_stages = num_stages;
   o.num_microbatches = num_microbatches;
   o.num_chunks = num_chunks;
@@ -192,18 +194,21 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
                           100 * sim->bubble_fraction, p,
                           p > syn.memory_cap + 1e-9 ? "   over the cap" : "");
   }
-  absl::StrAppendFormat(&out, "memory cap %.3g (x stage: 1F1B's peak)\n", syn.memory_cap);
+  absl::StrAppendFormat(&out, "memory cap %.3g (x stage: %s)\n", syn.memory_cap,
+                        memory_cap.has_value() ? "parallelism.memory_cap_mib" : "1F1B's peak");
   return choice;
 }
 
 AutoScheduleRun::AutoScheduleRun(bool active, int num_stages, int num_microbatches, int num_chunks,
-                                 std::string run_dir, std::string checkpoint_dir)
+                                 std::string run_dir, std::string checkpoint_dir,
+                                 std::optional<double> memory_cap)
     : active_(active),
       num_stages_(num_stages),
       num_microbatches_(num_microbatches),
       num_chunks_(num_chunks),
       run_dir_(std::move(run_dir)),
-      checkpoint_dir_(std::move(checkpoint_dir)) {}
+      checkpoint_dir_(std::move(checkpoint_dir)),
+      memory_cap_(memory_cap) {}
 
 absl::Status AutoScheduleRun::Start(Trainer& trainer, int64_t first_step) {
   if (!active_ || first_step == 0) return absl::OkStatus();
@@ -253,8 +258,9 @@ absl::Status AutoScheduleRun::AfterStep(int64_t step, const ParallelGrid& grid, 
   t = t.cpu();
   sums.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   PP_ASSIGN_OR_RETURN(SimulationCosts costs, CostsFromSums(sums, num_stages_, num_chunks_));
-  PP_ASSIGN_OR_RETURN(AutoScheduleChoice choice,
-                      ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_));
+  PP_ASSIGN_OR_RETURN(
+      AutoScheduleChoice choice,
+      ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_, memory_cap_));
   if (grid.global_rank() == 0) {
     std::string per_stage;
     for (const auto& [s, c] : costs.stage_costs) {

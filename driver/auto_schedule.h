@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,18 +69,24 @@ struct AutoScheduleChoice {
   std::string comparison;
 };
 
-// Synthesises under 1F1B's activation memory for p stages, m micro-batches
-// and v chunks (v = 2: V placement) from `costs`, seeded deterministically.
+// Synthesises for p stages, m micro-batches and v chunks (v = 2: V
+// placement) from `costs`, seeded deterministically, under `memory_cap` in
+// the synthesiser's units (one virtual stage's activations of one
+// micro-batch; from parallelism.memory_cap_mib, driver/memory_budget.h) or,
+// without one, under 1F1B's activation memory.
 absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& costs, int num_stages,
-                                                      int num_microbatches, int num_chunks);
+                                                      int num_microbatches, int num_chunks,
+                                                      std::optional<double> memory_cap = {});
 
 // The run loop's side of "auto" (inactive for any other schedule).
 class AutoScheduleRun {
  public:
   // `run_dir` and `checkpoint_dir` receive the chosen schedule's CSV (global
   // rank 0 writes); `run_dir` is empty on the other ranks, which print nothing.
+  // `memory_cap`: as ChooseAutoSchedule's.
   AutoScheduleRun(bool active, int num_stages, int num_microbatches, int num_chunks,
-                  std::string run_dir, std::string checkpoint_dir);
+                  std::string run_dir, std::string checkpoint_dir,
+                  std::optional<double> memory_cap = {});
 
   bool active() const { return active_; }
   // Before the first step: a resumed run takes the saved schedule (when it
@@ -105,6 +112,7 @@ class AutoScheduleRun {
   int num_chunks_;
   std::string run_dir_;
   std::string checkpoint_dir_;
+  std::optional<double> memory_cap_;
   bool decided_ = false;
   std::vector<std::vector<ActionTiming>> measured_;
 };

@@ -21,6 +21,7 @@
 #include "common/field_checks.h"
 #include "common/status_macros.h"
 #include "driver/auto_schedule.h"
+#include "driver/memory_budget.h"
 #include "driver/preflight.h"
 #include "models/registry.h"
 #include "pipeline/partition/partitioner.h"
@@ -617,6 +618,8 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_
   PP_RETURN_IF_ERROR(CheckSchedule(config.parallelism()));
   PP_RETURN_IF_ERROR(CheckDevice(config.parallelism()));
   PP_RETURN_IF_ERROR(CheckPrecision(config, /*probe_device=*/world_size > 0));
+  // After the schedule and precision are known good: the per-rank cap.
+  PP_RETURN_IF_ERROR(CheckMemoryCap(config));
   PP_RETURN_IF_ERROR(CheckPartition(config, model.info->name, specs));
   PP_RETURN_IF_ERROR(CheckOptimization(config));
   PP_RETURN_IF_ERROR(CheckResumePath(config.checkpoint()));

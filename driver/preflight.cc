@@ -21,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "driver/auto_schedule.h"
+#include "driver/memory_budget.h"
 #include "models/data/corpus.h"
 #include "models/registry.h"
 #include "pipeline/layers/layer_spec.h"
@@ -34,9 +35,6 @@ namespace fs = std::filesystem;
 using driver::ExperimentConfig;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// Byte-level tokenizer's vocabulary (models/data/tokenizer.h): 256 bytes and
-// 4 special ids.
-constexpr double kVocab = 260;
 constexpr double kFloat = 4;
 // An Action in a schedule and its lowered program (sends, receives, tail):
 // a generous per-compute-action cost, so a million-micro-batch schedule shows.
@@ -94,35 +92,6 @@ std::string MemoryEstimate::ToString() const {
 
 namespace {
 
-// The transformer shape of the config's model, when it is registered here
-// and has one.
-std::optional<TransformerShape> ShapeOf(const ExperimentConfig& config) {
-  absl::StatusOr<SelectedModel> model = SelectModel(config.model());
-  if (!model.ok() || !model->info->transformer_shape) return std::nullopt;
-  return model->info->transformer_shape(*model->config);
-}
-
-// How many of the model's layers activation checkpointing may recompute:
-// those whose type name checkpointable_types matches (all when it is empty;
-// none when it does not compile, which config validation reports).
-double CheckpointableLayers(const ExperimentConfig& config) {
-  const std::string& types = config.parallelism().activation_checkpointing().checkpointable_types();
-  absl::StatusOr<SelectedModel> model = SelectModel(config.model());
-  if (!model.ok()) return 0;
-  absl::StatusOr<std::vector<LayerSpec>> specs = model->info->specs(*model->config);
-  if (!specs.ok()) return 0;
-  if (types.empty()) return static_cast<double>(specs->size());
-  std::regex re;
-  try {
-    re = std::regex(types, std::regex::ECMAScript);
-  } catch (const std::regex_error&) {
-    return 0;
-  }
-  double matched = 0;
-  for (const LayerSpec& spec : *specs) matched += std::regex_match(spec.name(), re) ? 1 : 0;
-  return matched;
-}
-
 // Compute actions of a schedule this big are not built for an estimate.
 constexpr double kMaxPlannedActions = 1 << 22;
 
@@ -165,34 +134,31 @@ MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   // chunk (forward, backward) plus their sends and receives.
   e.schedule_bytes = pp * dp * (pp * v * m * 4) * kBytesPerAction;
 
-  const std::optional<TransformerShape> shape = ShapeOf(config);
+  const std::optional<TransformerShape> shape = TransformerShapeOf(config);
   if (!shape.has_value()) return e;  // a model without a shape: its layers are its own
-  double t = shape->context_length, w = shape->width, h = shape->num_heads;
-  double layers = shape->num_layers, r = shape->mlp_ratio;
-  t = std::max(1.0, t), w = std::max(1.0, w), h = std::max(1.0, h);
-  layers = std::max(1.0, layers), r = std::max(1.0, r);
-  // A block: q, k, v, projection (4 w^2), MLP (2 r w^2), biases and 2 norms.
-  const double per_block = (4 + 2 * r) * w * w + (r + 9) * w;
+  const double t = std::max<double>(1, shape->context_length);
+  const double w = std::max<double>(1, shape->width);
+  const double layers = std::max<double>(1, shape->num_layers);
+  const double per_block = BlockParameters(*shape);
+  const double vocab = std::max<double>(1, shape->vocab_size);
   // Token and position embeddings; the tied head is a second copy on the
   // last stage.
-  const double embedding = (kVocab + t) * w;
+  const double embedding = (vocab + t) * w;
   e.parameters = layers * per_block + embedding + 2 * w;
-  const double held = e.parameters + (pp > 1 ? kVocab * w : 0);
+  const double held = e.parameters + (pp > 1 || !shape->tied_embeddings ? vocab * w : 0);
   e.parameter_bytes = dp * held * kFloat;
   e.gradient_bytes = e.parameter_bytes;
   const std::string& opt = config.optimizer().name();
   const double moments = opt == "adamw" ? 2 : (config.optimizer().momentum() > 0 ? 1 : 0);
   e.optimizer_bytes = moments * e.parameter_bytes;
 
-  // Activations kept for backward, per micro-batch and block: ~(10 + 2r)
-  // values per token and width (inputs of each matrix, norms, GELU) plus the
-  // attention probabilities (h x t x t per sequence, before and after softmax).
-  const double per_block_act = b * t * ((10 + 2 * r) * w + 2 * h * t) * kFloat;
+  // Activations kept for backward, per micro-batch and block (fp32).
+  const double per_block_act = BlockActivationBytes(*shape, b, kFloat);
   // Recomputation applies to the blocks checkpointable_types matches (none
   // matching: no recomputation at all; issue 29, finding 8).
   const int64_t interval = par.activation_checkpointing().interval();
   const double recomputed_layers =
-      interval > 0 ? std::min(layers, CheckpointableLayers(config)) : 0;
+      interval > 0 ? std::min(layers, CheckpointableLayerCount(config)) : 0;
   const double parts = pp * v;
   // One micro-batch's activations on one virtual stage (layers / parts of
   // them): kept from F to its backward, and with recomputation only each
@@ -217,7 +183,7 @@ MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   const double activations =
       peak.has_value() ? *peak : pp * v * m * (stage.activation_bytes) + pp * stage.recompute_bytes;
   // The logits (and their softmax) of a micro-batch on the last stage.
-  const double logits = 2 * b * t * kVocab * kFloat;
+  const double logits = 2 * b * t * vocab * kFloat;
   e.activation_bytes = dp * (activations + logits);
   return e;
 }
@@ -414,7 +380,7 @@ absl::Status CheckNoRepeatedFlags(const std::vector<std::string>& args) {
 absl::Status Preflight(const ExperimentConfig& config, const std::vector<std::string>& args) {
   if (absl::Status s = CheckNoRepeatedFlags(args); !s.ok()) return s;
   if (absl::Status s = CheckMemory(config); !s.ok()) return s;
-  if (const std::optional<TransformerShape> shape = ShapeOf(config);
+  if (const std::optional<TransformerShape> shape = TransformerShapeOf(config);
       shape.has_value() && config.data().source() == "corpus") {
     const int64_t context = shape->context_length;
     if (absl::Status s =

@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "driver/auto_schedule.h"
+#include "driver/memory_budget.h"
 #include "driver/nonfinite_guard.h"
 #include "driver/preflight.h"
 #include "driver/progress.h"
@@ -327,8 +328,13 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   report.set_observability(obs.get());
   report.Header(data.description, data.tokens_per_step, *model);
   const auto& par = config.parallelism();
+  std::optional<double> synthesis_cap;
+  if (par.schedule() == kAutoSchedule) {
+    PP_ASSIGN_OR_RETURN(synthesis_cap, SynthesisMemoryCap(config));
+  }
   AutoScheduleRun auto_schedule(par.schedule() == kAutoSchedule, par.pp(), par.num_microbatches(),
-                                par.chunks(), rank0 ? report.dir().string() : "", ckpt_policy.dir);
+                                par.chunks(), rank0 ? report.dir().string() : "", ckpt_policy.dir,
+                                synthesis_cap);
   PP_RETURN_IF_ERROR(auto_schedule.Start(*trainer, trainer->step()));
   PP_ASSIGN_OR_RETURN(double train_seconds, TrainLoop(config, grid, *model, *trainer, checkpointer,
                                                       data, report, *obs, auto_schedule));

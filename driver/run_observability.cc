@@ -16,10 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "driver/memory_budget.h"
 #include "observability/memory_tracker.h"
 #include "observability/rank_log.h"
 #include "observability/trace_merge.h"
 #include "pipeline/schedule/action.h"
+#include "pipeline/schedule/memory_plan.h"
 #include "pipeline/schedule/simulator.h"
 #include "topology/wait_work.h"
 
@@ -105,6 +107,7 @@ absl::StatusOr<std::unique_ptr<RunObservability>> RunObservability::Create(
     std::chrono::milliseconds timeout) {
   std::unique_ptr<RunObservability> obs(new RunObservability());
   obs->grid_ = &grid;
+  obs->config_ = config;
   obs->timeout_ = timeout;
   obs->rank0_ = grid.global_rank() == 0;
   PP_ASSIGN_OR_RETURN(obs->run_dir_, ShareRunDir(grid, run_dir, timeout));
@@ -298,7 +301,15 @@ absl::StatusOr<std::string> RunObservability::Finish(const Trainer& trainer) {
     // The simulator's memory model for this schedule: per pipeline rank, the
     // peak of activations held, in one virtual stage's activations of one
     // micro-batch.
-    absl::StatusOr<SimulationResult> sim = SimulateProgram(trainer.train_program(), {});
+    const LoweredProgram& program = trainer.train_program();
+    absl::StatusOr<SimulationResult> sim = SimulateProgram(program, {});
+    // The byte planner's prediction for the schedule trained last (config
+    // validation checks it against parallelism.memory_cap_mib before launch).
+    Schedule trained{program.schedule_name, program.num_stages,   program.num_microbatches,
+                     program.num_chunks,    program.forward_only, program.stage_to_rank,
+                     program.ranks};
+    absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(config_, trained);
+    if (!plan.ok()) LOG(WARNING) << "no memory prediction: " << plan.status();
     summary = "memory per rank (CPU tensors; step peak = the largest over the run):\n";
     for (size_t r = 0; r < max_peak_.size(); ++r) {
       const int stage = last_memory_->stage[r];
@@ -306,6 +317,13 @@ absl::StatusOr<std::string> RunObservability::Finish(const Trainer& trainer) {
       if (sim.ok() && stage >= 0 && stage < static_cast<int>(sim->peak_memory.size())) {
         predicted = absl::StrFormat("   simulator: peak activations %g micro-batch x stage",
                                     sim->peak_memory[stage]);
+      }
+      if (plan.ok() && plan->has_value() && stage >= 0 &&
+          stage < static_cast<int>((*plan)->ranks.size())) {
+        const double bytes = (*plan)->ranks[stage].peak_bytes;
+        absl::StrAppendFormat(&predicted, "   planner: peak %s (%+.0f%%)",
+                              Mib(static_cast<int64_t>(bytes)),
+                              max_peak_[r] > 0 ? 100 * (bytes / max_peak_[r] - 1) : 0.0);
       }
       summary += absl::StrFormat("  rank %d stage %d: step peak %s, current %s%s\n", r, stage,
                                  Mib(max_peak_[r]), Mib(last_memory_->current_bytes[r]), predicted);

@@ -104,6 +104,7 @@ class RunObservability {
   absl::Status Barrier(const char* what);
 
   const ParallelGrid* grid_ = nullptr;
+  ExperimentConfig config_;  // for the predicted memory in the summary
   std::chrono::milliseconds timeout_{0};
   std::string run_dir_;
   bool rank0_ = false;

@@ -64,6 +64,7 @@ threads.intra_op (4096) must be at most|--set=threads.intra_op=4096
 --intra_op_threads=100000 is more threads than this machine can run; valid: 0 (automatic) to|--intra_op_threads=100000
 the run needs an estimated|--microbatches=65536 --chunks=2 --schedule=looped_bfs
 the run needs an estimated|--microbatches=65536 --schedule=csv:$TMP/gpipe_65536.csv
+parallelism.memory_cap_mib=60: pipeline rank 1 is predicted to peak at|--schedule=gpipe --microbatches=8 --set=parallelism.memory_cap_mib=60
 checkpointable_types '[' does not compile as an ECMAScript regex|--ckpt_interval=1 --set=parallelism.activation_checkpointing.checkpointable_types=[
 checkpointable_types 'NoSuchLayer' matches none of this model's layer types (GptEmbedding, TransformerBlock, FinalLayerNorm, LmHead)|--ckpt_interval=1 --set=parallelism.activation_checkpointing.checkpointable_types=NoSuchLayer
 name '../../escape/x' (14 characters) is not a run name|--name=../../escape/x

@@ -84,6 +84,11 @@ struct TransformerShape {
   int64_t num_heads = 1;
   int64_t num_layers = 0;
   int64_t mlp_ratio = 4;
+  // Byte-level models: 256 bytes and 4 special ids (models/data/tokenizer.h).
+  int64_t vocab_size = 260;
+  // The head shares the token embedding (a second copy on the last stage
+  // when they are on different ranks); untied: a matrix of its own.
+  bool tied_embeddings = true;
 };
 
 // What the run asks of a sampler (ExperimentConfig's sample_* fields).

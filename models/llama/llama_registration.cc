@@ -198,8 +198,9 @@ PP_REGISTER_MODEL(
             [](const LlamaModelConfig& c) {
               const int64_t ratio = std::max<int64_t>(
                   1, (3 * c.intermediate_size() + 2 * c.width() - 1) / (2 * c.width()));
-              return TransformerShape{c.context_length(), c.width(), c.num_heads(), c.num_layers(),
-                                      ratio};
+              return TransformerShape{c.context_length(), c.width(), c.num_heads(),
+                                      c.num_layers(),     ratio,     c.vocab_size(),
+                                      c.tie_embeddings()};
             },
     });
 

@@ -31,9 +31,13 @@ double OptimizerStateFactor(OptimizerKind kind) {
 }
 
 std::vector<std::pair<std::string, double>> RankMemoryPlan::Terms() const {
-  std::vector<std::pair<std::string, double>> terms = {
-      {"activations", activations},         {"parameters", parameters},   {"gradients", gradients},
-      {"optimizer state", optimizer_state}, {"p2p buffers", p2p_buffers}, {"recompute", recompute}};
+  std::vector<std::pair<std::string, double>> terms = {{"activations", activations},
+                                                       {"parameters", parameters},
+                                                       {"master weights", master_weights},
+                                                       {"gradients", gradients},
+                                                       {"optimizer state", optimizer_state},
+                                                       {"p2p buffers", p2p_buffers},
+                                                       {"recompute", recompute}};
   terms.erase(
       std::remove_if(terms.begin(), terms.end(), [](const auto& t) { return t.second <= 0; }),
       terms.end());
@@ -94,8 +98,16 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
     if (!schedule.forward_only) {
       out.gradients = out.parameters;
       out.optimizer_state = state_factor * out.parameters;
+      if (options.fp32_master_weights) {
+        out.master_weights = out.parameters;
+        out.gradients = 1.5 * out.parameters;
+        out.parameters /= 2;
+      }
+    } else if (options.fp32_master_weights) {
+      out.parameters /= 2;
     }
-    const double fixed = out.parameters + out.gradients + out.optimizer_state + out.p2p_buffers;
+    const double fixed =
+        out.parameters + out.master_weights + out.gradients + out.optimizer_state + out.p2p_buffers;
     out.peak_bytes = fixed;
     double held = 0;
     auto consider = [&](double activations, double recompute, int step) {
@@ -108,6 +120,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
     };
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
       for (const Action& a : Leaves(schedule.ranks[r][i])) {
+        // A lowered program's sends, receives and tail (REDUCE_TIED names
+        // no stage) hold nothing the plan counts.
+        if (!IsCompute(a.type)) continue;
         if (a.stage < 0 || a.stage >= num_virtual) {
           return absl::InvalidArgumentError(
               absl::StrCat("memory plan: rank ", r, " step ", i, " (", ActionToString(a),

@@ -4,7 +4,8 @@
 //
 // Per rank: parameters + gradients (same bytes as the parameters) + optimizer
 // state (AdamW: 2 fp32 states per parameter, SGD with momentum: 1, plain
-// SGD: 0; parameters are taken to be fp32) + p2p buffers + activations by
+// SGD: 0; parameters are taken to be fp32, or see fp32_master_weights) + p2p
+// buffers + activations by
 // liveness, walking the rank's compute actions in order as the simulator's
 // memory model does (simulator.h): F keeps its stage's activation bytes until
 // its B; a split backward frees MemorySplit::InputFraction() of them at I and
@@ -53,12 +54,20 @@ struct StageMemory {
 struct MemoryPlanOptions {
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   MemorySplit split;  // how I and W free activations (simulator.h)
+  // bf16 with fp32 master weights (pipeline/runtime/mixed_precision.h):
+  // `parameter_bytes` stay the fp32 bytes; the module holds half of them
+  // (bf16), the optimizer a full fp32 master copy, gradients an fp32
+  // accumulation buffer plus the bf16 gradients of the last backward (1.5x),
+  // optimizer state is fp32. Activation and boundary bytes are the caller's
+  // (give them in bf16).
+  bool fp32_master_weights = false;
 };
 
 // One rank's prediction: the peak and its terms at the peak.
 struct RankMemoryPlan {
   double peak_bytes = 0;
-  double parameters = 0;
+  double parameters = 0;      // the module's (bf16 under fp32_master_weights)
+  double master_weights = 0;  // fp32 copies (fp32_master_weights only)
   double gradients = 0;
   double optimizer_state = 0;
   double p2p_buffers = 0;
@@ -74,8 +83,9 @@ struct MemoryPlan {
 };
 
 // InvalidArgument when `stages` does not have one entry per virtual stage, a
-// value is negative or not finite, or the schedule's actions name stages out
-// of range.
+// value is negative or not finite, or the schedule's compute actions name
+// stages out of range. `schedule.ranks` may be a lowered program's (its
+// communication and tail actions are skipped).
 absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
                                       const std::vector<StageMemory>& stages,
                                       const MemoryPlanOptions& options = {});

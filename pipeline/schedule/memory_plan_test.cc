@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 #include "pipeline/schedule/simulator.h"
 
@@ -137,6 +138,42 @@ TEST(MemoryPlanTest, OptimizersAndTerms) {
   EXPECT_EQ(FormatMemoryPlan(*plan).substr(0, 40), "rank 0: peak 4.10 KiB = optimizer state ");
   EXPECT_EQ(*ParseOptimizerKind("AdamW"), OptimizerKind::kAdamW);
   EXPECT_FALSE(ParseOptimizerKind("adam").ok());
+}
+
+// bf16 with fp32 masters, 1000 fp32 parameter bytes per stage: the module's
+// bf16 500, masters 1000, gradients 1500 (fp32 buffer + bf16 grads), AdamW
+// 2000; 1F1B's rank 0 holds 2 micro-batches of 100 (bf16, as given).
+TEST(MemoryPlanTest, Fp32MasterWeights) {
+  std::vector<StageMemory> stages(2, StageMemory{1000, 100, 0, 0});
+  MemoryPlanOptions bf16;
+  bf16.fp32_master_weights = true;
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(Make("1f1b", 2, 4), stages, bf16);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const RankMemoryPlan& r0 = plan->ranks[0];
+  EXPECT_EQ(r0.parameters, 500);
+  EXPECT_EQ(r0.master_weights, 1000);
+  EXPECT_EQ(r0.gradients, 1500);
+  EXPECT_EQ(r0.optimizer_state, 2000);
+  EXPECT_EQ(r0.peak_bytes, 500 + 1000 + 1500 + 2000 + 200);
+  EXPECT_EQ(r0.Terms()[2].first, "master weights");
+  // Forward-only: the bf16 module and one micro-batch's activations.
+  absl::StatusOr<MemoryPlan> inference = PlanMemory(Make("inference", 2, 4), stages, bf16);
+  ASSERT_TRUE(inference.ok()) << inference.status();
+  EXPECT_EQ(inference->ranks[0].peak_bytes, 500 + 100);
+}
+
+// A lowered program (sends, receives, the tail's REDUCE_TIED of stage -1)
+// plans like its compute actions.
+TEST(MemoryPlanTest, LoweredProgramPlansLikeItsComputeActions) {
+  Schedule schedule = Make("1f1b", 2, 4);
+  absl::StatusOr<LoweredProgram> program = Lower(schedule);
+  ASSERT_TRUE(program.ok()) << program.status();
+  Schedule lowered = schedule;
+  lowered.ranks = program->ranks;
+  Action reduce_tied;
+  reduce_tied.type = ActionType::kReduceTiedGrads;
+  lowered.ranks[0].push_back(reduce_tied);
+  EXPECT_EQ(Peaks(lowered, Uniform(2)), Peaks(schedule, Uniform(2)));
 }
 
 TEST(MemoryPlanTest, BadInputNamesIt) {

@@ -1,0 +1,289 @@
+#include "driver/memory_budget.h"
+
+#include <algorithm>
+#include <cmath>
+#include <regex>
+#include <string>
+
+#include <glog/logging.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "driver/auto_schedule.h"
+#include "models/registry.h"
+#include "pipeline/layers/layer_spec.h"
+#include "pipeline/schedule/registry.h"
+
+namespace pp {
+
+using driver::ExperimentConfig;
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kFp32 = 4;
+// Compute actions of a schedule this big are not built for a prediction.
+constexpr double kMaxPlannedActions = 1 << 22;
+
+double Clamp1(double x) { return std::max(1.0, x); }
+
+absl::StatusOr<Schedule> ScheduleOf(const ExperimentConfig& config) {
+  const auto& par = config.parallelism();
+  const double actions =
+      2.0 * std::max(1, par.pp()) * std::max(1, par.chunks()) * std::max(1, par.num_microbatches());
+  if (actions > kMaxPlannedActions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the schedule has ", actions, " compute actions, too many to plan"));
+  }
+  PP_ASSIGN_OR_RETURN(const std::string name, StartingSchedule(par.schedule(), par.chunks()));
+  return MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0});
+}
+
+double MaxPeak(const MemoryPlan& plan) {
+  double peak = 0;
+  for (const RankMemoryPlan& r : plan.ranks) peak = std::max(peak, r.peak_bytes);
+  return peak;
+}
+
+std::string Mib(double bytes) { return absl::StrFormat("%.1f MiB", bytes / kMiB); }
+
+std::string TermsText(const RankMemoryPlan& rank) {
+  std::vector<std::string> parts;
+  for (const auto& [name, bytes] : rank.Terms())
+    parts.push_back(absl::StrCat(name, " ", Mib(bytes)));
+  return absl::StrJoin(parts, " + ");
+}
+
+// What fits under `cap_bytes` instead of `config`, one "try ..." per line.
+std::vector<std::string> WhatWouldFit(const ExperimentConfig& config, const Schedule& schedule,
+                                      double cap_bytes, int worst_rank) {
+  std::vector<std::string> fits;
+  const auto& par = config.parallelism();
+  for (const std::string& name : RegisteredScheduleNames()) {
+    if (name == schedule.name || name == "inference" || absl::StartsWith(name, "synth")) continue;
+    absl::StatusOr<Schedule> other =
+        MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0});
+    if (!other.ok() || other->forward_only) continue;
+    absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(config, *other);
+    if (plan.ok() && plan->has_value() && MaxPeak(**plan) <= cap_bytes) {
+      fits.push_back(absl::StrCat("schedule '", name, "' (fewer micro-batches in flight; peak ",
+                                  Mib(MaxPeak(**plan)), ")"));
+    }
+  }
+  const auto& ac = par.activation_checkpointing();
+  if (ac.interval() != 1 || !ac.checkpointable_types().empty()) {
+    ExperimentConfig recompute = config;
+    auto* rac = recompute.mutable_parallelism()->mutable_activation_checkpointing();
+    rac->set_interval(1);
+    rac->clear_checkpointable_types();
+    absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(recompute, schedule);
+    if (plan.ok() && plan->has_value() && MaxPeak(**plan) <= cap_bytes) {
+      fits.push_back(
+          absl::StrCat("activation checkpointing of every layer "
+                       "(parallelism.activation_checkpointing.interval=1; "
+                       "peak ",
+                       Mib(MaxPeak(**plan)), ")"));
+    }
+  }
+  for (int b = par.micro_batch_size() - 1; b >= 1; --b) {
+    ExperimentConfig smaller = config;
+    smaller.mutable_parallelism()->set_micro_batch_size(b);
+    absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(smaller, schedule);
+    if (plan.ok() && plan->has_value() && MaxPeak(**plan) <= cap_bytes) {
+      fits.push_back(absl::StrCat("micro_batch_size=", b, " (peak ", Mib(MaxPeak(**plan)), ")"));
+      break;
+    }
+  }
+  fits.push_back(absl::StrCat("a partition with fewer layers on rank ", worst_rank,
+                              " (partition_method \"profile:cap_mib=", par.memory_cap_mib(),
+                              "\" balances time under a per-stage cap)"));
+  return fits;
+}
+
+}  // namespace
+
+std::optional<TransformerShape> TransformerShapeOf(const ExperimentConfig& config) {
+  absl::StatusOr<SelectedModel> model = SelectModel(config.model());
+  if (!model.ok() || !model->info->transformer_shape) return std::nullopt;
+  return model->info->transformer_shape(*model->config);
+}
+
+double CheckpointableLayerCount(const ExperimentConfig& config) {
+  const std::string& types = config.parallelism().activation_checkpointing().checkpointable_types();
+  absl::StatusOr<SelectedModel> model = SelectModel(config.model());
+  if (!model.ok()) return 0;
+  absl::StatusOr<std::vector<LayerSpec>> specs = model->info->specs(*model->config);
+  if (!specs.ok()) return 0;
+  if (types.empty()) return static_cast<double>(specs->size());
+  std::regex re;
+  try {
+    re = std::regex(types, std::regex::ECMAScript);
+  } catch (const std::regex_error&) {
+    return 0;
+  }
+  double matched = 0;
+  for (const LayerSpec& spec : *specs) matched += std::regex_match(spec.name(), re) ? 1 : 0;
+  return matched;
+}
+
+double BlockParameters(const TransformerShape& shape) {
+  const double w = Clamp1(shape.width), r = Clamp1(shape.mlp_ratio);
+  // q, k, v, projection (4 w^2), MLP (2 r w^2), biases and 2 norms.
+  return (4 + 2 * r) * w * w + (r + 9) * w;
+}
+
+double BlockActivationBytes(const TransformerShape& shape, double micro_batch_size,
+                            double value_bytes) {
+  const double t = Clamp1(shape.context_length), w = Clamp1(shape.width);
+  const double h = Clamp1(shape.num_heads), r = Clamp1(shape.mlp_ratio);
+  // ~(10 + 2r) values per token and width (inputs of each matrix, norms,
+  // GELU) plus the attention probabilities (h x t x t per sequence, before
+  // and after the softmax, which runs in fp32 in both precisions).
+  return Clamp1(micro_batch_size) * t * ((10 + 2 * r) * w * value_bytes + 2 * h * t * kFp32);
+}
+
+std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
+                                                 int num_virtual_stages) {
+  const std::optional<TransformerShape> shape = TransformerShapeOf(config);
+  if (!shape.has_value() || num_virtual_stages < 1) return std::nullopt;
+  const auto& par = config.parallelism();
+  const bool bf16 = config.precision() == "bf16";
+  const double value_bytes = bf16 ? 2 : kFp32;
+  const double b = Clamp1(par.micro_batch_size());
+  const double t = Clamp1(shape->context_length), w = Clamp1(shape->width);
+  const double vocab = Clamp1(static_cast<double>(shape->vocab_size));
+  const int64_t layers = std::max<int64_t>(1, shape->num_layers);
+  const double block_act = BlockActivationBytes(*shape, b, value_bytes);
+  const int64_t interval = par.activation_checkpointing().interval();
+  const double checkpointed_share =
+      interval > 0 ? std::min<double>(layers, CheckpointableLayerCount(config)) / layers : 0;
+
+  RunMemoryInputs in;
+  const int n = num_virtual_stages;
+  in.stages.resize(n);
+  for (int s = 0; s < n; ++s) {
+    StageMemory& m = in.stages[s];
+    const double stage_layers = layers / n + (s < layers % n ? 1 : 0);
+    m.parameter_bytes = stage_layers * BlockParameters(*shape) * kFp32;
+    const double recomputed = stage_layers * checkpointed_share;
+    m.activation_bytes = (stage_layers - recomputed) * block_act;
+    if (recomputed > 0) {
+      // Each range keeps only its input; one range is regenerated at a time.
+      m.activation_bytes += std::ceil(recomputed / interval) * b * t * w * value_bytes;
+      m.recompute_bytes = std::min<double>(interval, std::ceil(recomputed)) * block_act;
+    }
+    if (s == 0) {
+      m.parameter_bytes += (vocab + t) * w * kFp32;  // token and position embeddings
+      m.activation_bytes += b * t * w * value_bytes;
+    }
+    if (s == n - 1) {
+      // The final norm and the head: a copy of the tied embedding when it
+      // is on another virtual stage, or a matrix of its own.
+      const bool own_head = !shape->tied_embeddings || n > 1;
+      m.parameter_bytes += (2 * w + (own_head ? vocab * w : 0)) * kFp32;
+      // fp32 logits and their log-softmax, kept for the loss's backward.
+      m.activation_bytes += 2 * b * t * vocab * kFp32;
+    } else {
+      m.boundary_bytes = b * t * w * value_bytes;
+    }
+  }
+  const std::string& opt = config.optimizer().name();
+  in.options.optimizer = opt == "adamw"                      ? OptimizerKind::kAdamW
+                         : config.optimizer().momentum() > 0 ? OptimizerKind::kSgdMomentum
+                                                             : OptimizerKind::kSgd;
+  in.options.fp32_master_weights = bf16;
+  return in;
+}
+
+absl::StatusOr<std::optional<MemoryPlan>> PlanRunMemory(const ExperimentConfig& config,
+                                                        const Schedule& schedule) {
+  std::optional<RunMemoryInputs> in = RunMemoryInputsOf(config, schedule.num_virtual_stages());
+  if (!in.has_value()) return std::optional<MemoryPlan>();
+  PP_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(schedule, in->stages, in->options));
+  return std::optional<MemoryPlan>(std::move(plan));
+}
+
+absl::Status CheckMemoryCap(const ExperimentConfig& config) {
+  const auto& par = config.parallelism();
+  const double cap_mib = par.memory_cap_mib();
+  if (!std::isfinite(cap_mib) || cap_mib < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("parallelism.memory_cap_mib is ", cap_mib,
+                                                   "; give a size in MiB per rank, or 0 for none"));
+  }
+  if (cap_mib == 0) return absl::OkStatus();
+  absl::StatusOr<Schedule> schedule = ScheduleOf(config);
+  if (!schedule.ok()) {
+    // Config validation names a schedule that does not build; a huge one is
+    // only warned about.
+    LOG(WARNING) << "parallelism.memory_cap_mib: the run's memory is not predicted: "
+                 << schedule.status().message();
+    return absl::OkStatus();
+  }
+  PP_ASSIGN_OR_RETURN(const std::optional<MemoryPlan> plan, PlanRunMemory(config, *schedule));
+  if (!plan.has_value()) {
+    LOG(WARNING) << "parallelism.memory_cap_mib=" << cap_mib
+                 << ": this model has no transformer shape (models/registry.h), so its memory "
+                    "is not predicted and the cap is not checked";
+    return absl::OkStatus();
+  }
+  const double cap = cap_mib * kMiB;
+  int worst = -1;
+  for (size_t r = 0; r < plan->ranks.size(); ++r) {
+    if (plan->ranks[r].peak_bytes > cap &&
+        (worst < 0 || plan->ranks[r].peak_bytes > plan->ranks[worst].peak_bytes)) {
+      worst = static_cast<int>(r);
+    }
+  }
+  if (worst < 0) return absl::OkStatus();
+  const RankMemoryPlan& rank = plan->ranks[worst];
+  std::string message = absl::StrCat("parallelism.memory_cap_mib=", cap_mib, ": pipeline rank ",
+                                     worst, " is predicted to peak at ", Mib(rank.peak_bytes),
+                                     " under schedule '", schedule->name, "' (", TermsText(rank),
+                                     "), ", Mib(rank.peak_bytes - cap), " over the cap");
+  if (par.schedule() == kAutoSchedule) {
+    absl::StrAppend(&message, " (\"auto\" measures under '", schedule->name,
+                    "' first, so that one must fit)");
+  }
+  absl::StrAppend(&message, ". Would fit: ",
+                  absl::StrJoin(WhatWouldFit(config, *schedule, cap, worst), "; or "));
+  return absl::InvalidArgumentError(message);
+}
+
+absl::StatusOr<std::optional<double>> SynthesisMemoryCap(const ExperimentConfig& config) {
+  const double cap_mib = config.parallelism().memory_cap_mib();
+  if (!(cap_mib > 0)) return std::optional<double>();
+  PP_ASSIGN_OR_RETURN(const Schedule schedule, ScheduleOf(config));
+  std::optional<RunMemoryInputs> in = RunMemoryInputsOf(config, schedule.num_virtual_stages());
+  if (!in.has_value()) return std::optional<double>();
+  PP_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(schedule, in->stages, in->options));
+  double unit = 0, recompute = 0;
+  for (const StageMemory& s : in->stages) {
+    unit = std::max(unit, s.activation_bytes);
+    recompute = std::max(recompute, s.recompute_bytes);
+  }
+  if (unit <= 0) return std::optional<double>();
+  const double cap = cap_mib * kMiB;
+  double units = -1;
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    const RankMemoryPlan& p = plan.ranks[r];
+    const double fixed =
+        p.parameters + p.master_weights + p.gradients + p.optimizer_state + p.p2p_buffers;
+    const double room = (cap - fixed - recompute) / unit;
+    if (room < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parallelism.memory_cap_mib=", cap_mib, ": pipeline rank ", r, " needs ", Mib(fixed),
+          " for its parameters, gradients, optimizer state and p2p buffers, leaving room for ",
+          absl::StrFormat("%.2f", std::max(0.0, room)), " micro-batch activations of a stage (",
+          Mib(unit),
+          " each); a schedule needs at least 1. Raise the cap, or use more stages or a smaller "
+          "micro_batch_size"));
+    }
+    units = units < 0 ? room : std::min(units, room);
+  }
+  return std::optional<double>(units);
+}
+
+}  // namespace pp

@@ -1,0 +1,163 @@
+#include "driver/memory_budget.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "models/gpt/gpt_config.pb.h"
+#include "pipeline/schedule/registry.h"
+
+namespace pp {
+namespace {
+
+using driver::ExperimentConfig;
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// The README's GPT (width 128, 4 blocks, context 64) at pp = 2, m = 4.
+ExperimentConfig SmallGpt(const std::string& schedule = "1f1b", int chunks = 1) {
+  ExperimentConfig c;
+  auto* gpt_config = c.mutable_model()->MutableExtension(gpt);
+  gpt_config->set_context_length(64);
+  gpt_config->set_width(128);
+  gpt_config->set_num_heads(4);
+  gpt_config->set_num_layers(4);
+  gpt_config->set_mlp_ratio(4);
+  auto* par = c.mutable_parallelism();
+  par->set_pp(2);
+  par->set_num_microbatches(4);
+  par->set_micro_batch_size(8);
+  par->set_schedule(schedule);
+  par->set_chunks(chunks);
+  return c;
+}
+
+Schedule Make(const ExperimentConfig& c) {
+  const auto& par = c.parallelism();
+  absl::StatusOr<Schedule> s =
+      MakeSchedule(par.schedule(), {par.pp(), par.num_microbatches(), par.chunks(), 0});
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : Schedule{};
+}
+
+MemoryPlan Plan(const ExperimentConfig& c) {
+  absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(c, Make(c));
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan.ok() && plan->has_value());
+  return plan.ok() && plan->has_value() ? **plan : MemoryPlan{};
+}
+
+// Parameters: 2 blocks per stage of (4 + 8) 128^2 + 13 x 128 = 198272 each;
+// the first stage adds the token and position embeddings (260 + 64) x 128,
+// the last the final norm and its copy of the tied embedding 260 x 128.
+TEST(MemoryBudgetTest, StagesHoldTheirBlocksEmbeddingAndHead) {
+  std::optional<RunMemoryInputs> in = RunMemoryInputsOf(SmallGpt(), 2);
+  ASSERT_TRUE(in.has_value());
+  ASSERT_EQ(in->stages.size(), 2u);
+  EXPECT_DOUBLE_EQ(in->stages[0].parameter_bytes, (2 * 198272.0 + 324 * 128) * 4);
+  EXPECT_DOUBLE_EQ(in->stages[1].parameter_bytes, (2 * 198272.0 + 256 + 260 * 128) * 4);
+  // One micro-batch: 8 x 64 tokens, (10 + 8) x 128 fp32 values per token and
+  // block plus 2 x 4 x 64 attention probabilities.
+  const double block = 8 * 64 * (18 * 128 * 4 + 2 * 4 * 64 * 4.0);
+  EXPECT_DOUBLE_EQ(in->stages[0].activation_bytes, 2 * block + 8 * 64 * 128 * 4);
+  EXPECT_DOUBLE_EQ(in->stages[1].activation_bytes, 2 * block + 2 * 8 * 64 * 260 * 4);
+  EXPECT_DOUBLE_EQ(in->stages[0].boundary_bytes, 8 * 64 * 128 * 4);
+  EXPECT_EQ(in->stages[1].boundary_bytes, 0);
+  EXPECT_EQ(in->options.optimizer, OptimizerKind::kAdamW);
+  EXPECT_FALSE(in->options.fp32_master_weights);
+}
+
+TEST(MemoryBudgetTest, Bf16HalvesActivationsAndAddsMasters) {
+  ExperimentConfig bf16 = SmallGpt();
+  bf16.set_precision("bf16");
+  std::optional<RunMemoryInputs> fp = RunMemoryInputsOf(SmallGpt(), 2);
+  std::optional<RunMemoryInputs> bf = RunMemoryInputsOf(bf16, 2);
+  ASSERT_TRUE(fp.has_value() && bf.has_value());
+  EXPECT_TRUE(bf->options.fp32_master_weights);
+  EXPECT_EQ(bf->stages[0].boundary_bytes, fp->stages[0].boundary_bytes / 2);
+  EXPECT_LT(bf->stages[0].activation_bytes, 0.7 * fp->stages[0].activation_bytes);
+  const MemoryPlan plan = Plan(bf16);
+  EXPECT_GT(plan.ranks[0].master_weights, 0);
+  EXPECT_DOUBLE_EQ(plan.ranks[0].master_weights, 2 * plan.ranks[0].parameters);
+}
+
+TEST(MemoryBudgetTest, ScheduleDecidesMicroBatchesInFlight) {
+  const MemoryPlan one_f_one_b = Plan(SmallGpt("1f1b"));
+  const MemoryPlan gpipe = Plan(SmallGpt("gpipe"));
+  ASSERT_EQ(one_f_one_b.ranks.size(), 2u);
+  // Rank 0 holds 2 of 4 micro-batches under 1F1B, all 4 under GPipe.
+  EXPECT_NEAR(gpipe.ranks[0].activations, 2 * one_f_one_b.ranks[0].activations, 1);
+  EXPECT_GT(gpipe.ranks[0].peak_bytes, one_f_one_b.ranks[0].peak_bytes);
+}
+
+TEST(MemoryBudgetTest, NoCapOrAGenerousCapPasses) {
+  EXPECT_TRUE(CheckMemoryCap(SmallGpt()).ok());
+  ExperimentConfig c = SmallGpt("gpipe");
+  c.mutable_parallelism()->set_memory_cap_mib(1024);
+  EXPECT_TRUE(CheckMemoryCap(c).ok()) << CheckMemoryCap(c);
+}
+
+// A cap between 1F1B's and GPipe's predicted peaks: GPipe is refused naming
+// the rank, its bytes and terms, and 1F1B is offered.
+TEST(MemoryBudgetTest, RefusalNamesRankBytesTermsAndWhatFits) {
+  const double cap_mib =
+      (Plan(SmallGpt("1f1b")).ranks[0].peak_bytes + Plan(SmallGpt("gpipe")).ranks[0].peak_bytes) /
+      2 / kMiB;
+  ExperimentConfig c = SmallGpt("gpipe");
+  c.mutable_parallelism()->set_memory_cap_mib(cap_mib);
+  const absl::Status s = CheckMemoryCap(c);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_HAS(s.message(), "parallelism.memory_cap_mib=");
+  EXPECT_HAS(s.message(), "pipeline rank ");
+  EXPECT_HAS(s.message(), "under schedule 'gpipe' (activations ");
+  EXPECT_HAS(s.message(), "over the cap");
+  EXPECT_HAS(s.message(), "Would fit: ");
+  EXPECT_HAS(s.message(), "schedule '1f1b'");
+  EXPECT_HAS(s.message(), "activation checkpointing of every layer");
+  EXPECT_HAS(s.message(), "micro_batch_size=");
+  EXPECT_HAS(s.message(), "a partition with fewer layers on rank ");
+  // The same cap holds 1F1B.
+  c.mutable_parallelism()->set_schedule("1f1b");
+  EXPECT_TRUE(CheckMemoryCap(c).ok()) << CheckMemoryCap(c);
+}
+
+TEST(MemoryBudgetTest, BadCapIsRefused) {
+  ExperimentConfig c = SmallGpt();
+  c.mutable_parallelism()->set_memory_cap_mib(-1);
+  EXPECT_HAS(CheckMemoryCap(c).message(), "parallelism.memory_cap_mib is -1");
+  // Below the fixed bytes: nothing fits, and the synthesiser has no room.
+  c.mutable_parallelism()->set_memory_cap_mib(0.5);
+  EXPECT_EQ(CheckMemoryCap(c).code(), absl::StatusCode::kInvalidArgument);
+  c.mutable_parallelism()->set_schedule("auto");
+  absl::StatusOr<std::optional<double>> units = SynthesisMemoryCap(c);
+  EXPECT_EQ(units.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(units.status().message(), "a schedule needs at least 1");
+}
+
+// The synthesiser's cap in units of one virtual stage's micro-batch
+// activations: 1F1B's peak bytes give about p = 2 units on rank 0, a larger
+// cap more; no cap gives none.
+TEST(MemoryBudgetTest, SynthesisCapInActivationUnits) {
+  ExperimentConfig c = SmallGpt("auto");
+  absl::StatusOr<std::optional<double>> none = SynthesisMemoryCap(c);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  const MemoryPlan plan = Plan(SmallGpt("1f1b"));
+  const double peak = std::max(plan.ranks[0].peak_bytes, plan.ranks[1].peak_bytes);
+  c.mutable_parallelism()->set_memory_cap_mib(peak / kMiB);
+  absl::StatusOr<std::optional<double>> at_peak = SynthesisMemoryCap(c);
+  ASSERT_TRUE(at_peak.ok()) << at_peak.status();
+  ASSERT_TRUE(at_peak->has_value());
+  EXPECT_GE(**at_peak, 1.5);
+  EXPECT_LE(**at_peak, 2.5);
+  c.mutable_parallelism()->set_memory_cap_mib(2 * peak / kMiB);
+  absl::StatusOr<std::optional<double>> doubled = SynthesisMemoryCap(c);
+  ASSERT_TRUE(doubled.ok() && doubled->has_value());
+  EXPECT_GT(**doubled, **at_peak + 1);
+}
+
+}  // namespace
+}  // namespace pp
