@@ -53,6 +53,18 @@ grep -q "resumed with the schedule saved in" "$TMP/log" || { cat "$TMP/log"; ech
 RESUMED=$(for d in $(ls -d "$TMP"/runs/resumed-* | sort); do losses "$d"; done)
 close "$AUTO" "$RESUMED" || { echo "FAIL: resumed losses differ"; exit 1; }
 
+# A per-rank cap in MiB: auto synthesises within it (in its activation units),
+# and a cap the measurement schedule cannot fit is refused before launch.
+"$BIN" "${BASE[@]}" --set=$SET,parallelism.memory_cap_mib=64 --steps=4 --schedule=auto --name=autocap > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: auto under a cap exited non-zero"; exit 1; }
+grep -Eq "memory cap [0-9.e+]+ \(x stage: parallelism.memory_cap_mib\)" "$TMP/log" || { cat "$TMP/log"; echo "FAIL: the cap did not reach the synthesiser"; exit 1; }
+close "$(echo "$PLAIN" | head -4)" "$(losses "$TMP"/runs/autocap-*)" || { echo "FAIL: auto under a cap trains differently"; exit 1; }
+set +e
+"$BIN" "${BASE[@]}" --set=$SET,parallelism.memory_cap_mib=0.01 --steps=2 --schedule=auto --name=tiny > "$TMP/tiny.log" 2>&1
+code=$?
+set -e
+[[ $code -eq 2 ]] || { cat "$TMP/tiny.log"; echo "FAIL: a tiny cap exit $code, want 2"; exit 1; }
+grep -q "parallelism.memory_cap_mib=0.01: pipeline rank" "$TMP/tiny.log" || { cat "$TMP/tiny.log"; echo "FAIL: cap message"; exit 1; }
+
 # Three chunks: refused before launch, naming the value and what works.
 set +e
 "$BIN" "${BASE[@]}" --set=$SET,gpt.num_layers=6 --steps=6 --schedule=auto --chunks=3 --name=bad > "$TMP/bad.log" 2>&1
