@@ -27,6 +27,9 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kFp32 = 4;
 // Compute actions of a schedule this big are not built for a prediction.
 constexpr double kMaxPlannedActions = 1 << 22;
+// What a split backward's I leaves for its W, in the stage's activations:
+// measured on ZB-H1's last rank, which holds two Ws back at its peak.
+constexpr double kSplitPendingFactor = 1.5;
 
 double Clamp1(double x) { return std::max(1.0, x); }
 
@@ -139,10 +142,12 @@ double BlockActivationBytes(const TransformerShape& shape, double micro_batch_si
                             double value_bytes) {
   const double t = Clamp1(shape.context_length), w = Clamp1(shape.width);
   const double h = Clamp1(shape.num_heads), r = Clamp1(shape.mlp_ratio);
-  // ~(10 + 2r) values per token and width (inputs of each matrix, norms,
+  // ~(7 + 2r) values per token and width (inputs of each matrix, norms,
   // GELU) plus the attention probabilities (h x t x t per sequence, before
-  // and after the softmax, which runs in fp32 in both precisions).
-  return Clamp1(micro_batch_size) * t * ((10 + 2 * r) * w * value_bytes + 2 * h * t * kFp32);
+  // and after the softmax, which runs in fp32 in both precisions). The 7 is
+  // measured: the GPT's live bytes per block and micro-batch under GPipe
+  // (bench/memory_planner.py).
+  return Clamp1(micro_batch_size) * t * ((7 + 2 * r) * w * value_bytes + 2 * h * t * kFp32);
 }
 
 std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
@@ -170,6 +175,7 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
     m.parameter_bytes = stage_layers * BlockParameters(*shape) * kFp32;
     const double recomputed = stage_layers * checkpointed_share;
     m.activation_bytes = (stage_layers - recomputed) * block_act;
+    double full = stage_layers * block_act;  // every activation, none recomputed
     if (recomputed > 0) {
       // Each range keeps only its input; one range is regenerated at a time.
       m.activation_bytes += std::ceil(recomputed / interval) * b * t * w * value_bytes;
@@ -178,6 +184,7 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
     if (s == 0) {
       m.parameter_bytes += (vocab + t) * w * kFp32;  // token and position embeddings
       m.activation_bytes += b * t * w * value_bytes;
+      full += b * t * w * value_bytes;
     }
     if (s == n - 1) {
       // The final norm and the head: a copy of the tied embedding when it
@@ -186,15 +193,24 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
       m.parameter_bytes += (2 * w + (own_head ? vocab * w : 0)) * kFp32;
       // fp32 logits and their log-softmax, kept for the loss's backward.
       m.activation_bytes += 2 * b * t * vocab * kFp32;
+      full += 2 * b * t * vocab * kFp32;
     } else {
       m.boundary_bytes = b * t * w * value_bytes;
     }
+    // The first stage has no input gradients to compute: its I leaves the
+    // whole backward, and F's activations, to W.
+    m.weight_pending_bytes = s == 0 ? m.activation_bytes : kSplitPendingFactor * full;
   }
   const std::string& opt = config.optimizer().name();
   in.options.optimizer = opt == "adamw"                      ? OptimizerKind::kAdamW
                          : config.optimizer().momentum() > 0 ? OptimizerKind::kSgdMomentum
                                                              : OptimizerKind::kSgd;
   in.options.fp32_master_weights = bf16;
+  // A split backward (pipeline/autograd/split_backward.h): I keeps the
+  // graph's saved tensors and the output gradients for W, about 1.5 times
+  // the stage's activations (regenerated first under checkpointing); F's own
+  // share goes with I.
+  in.options.split = MemorySplit{1, 0};
   return in;
 }
 

@@ -59,13 +59,17 @@ TEST(MemoryBudgetTest, StagesHoldTheirBlocksEmbeddingAndHead) {
   ASSERT_EQ(in->stages.size(), 2u);
   EXPECT_DOUBLE_EQ(in->stages[0].parameter_bytes, (2 * 198272.0 + 324 * 128) * 4);
   EXPECT_DOUBLE_EQ(in->stages[1].parameter_bytes, (2 * 198272.0 + 256 + 260 * 128) * 4);
-  // One micro-batch: 8 x 64 tokens, (10 + 8) x 128 fp32 values per token and
+  // One micro-batch: 8 x 64 tokens, (7 + 8) x 128 fp32 values per token and
   // block plus 2 x 4 x 64 attention probabilities.
-  const double block = 8 * 64 * (18 * 128 * 4 + 2 * 4 * 64 * 4.0);
+  const double block = 8 * 64 * (15 * 128 * 4 + 2 * 4 * 64 * 4.0);
   EXPECT_DOUBLE_EQ(in->stages[0].activation_bytes, 2 * block + 8 * 64 * 128 * 4);
   EXPECT_DOUBLE_EQ(in->stages[1].activation_bytes, 2 * block + 2 * 8 * 64 * 260 * 4);
   EXPECT_DOUBLE_EQ(in->stages[0].boundary_bytes, 8 * 64 * 128 * 4);
   EXPECT_EQ(in->stages[1].boundary_bytes, 0);
+  // A split backward's I leaves 1.5 times the stage's activations for its
+  // W; the first stage's I (no input gradients) leaves all of the backward.
+  EXPECT_DOUBLE_EQ(in->stages[1].weight_pending_bytes, 1.5 * in->stages[1].activation_bytes);
+  EXPECT_DOUBLE_EQ(in->stages[0].weight_pending_bytes, in->stages[0].activation_bytes);
   EXPECT_EQ(in->options.optimizer, OptimizerKind::kAdamW);
   EXPECT_FALSE(in->options.fp32_master_weights);
 }

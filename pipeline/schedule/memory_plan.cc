@@ -61,7 +61,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
          {std::pair<const char*, double>{"parameter_bytes", m.parameter_bytes},
           {"activation_bytes", m.activation_bytes},
           {"recompute_bytes", m.recompute_bytes},
-          {"boundary_bytes", m.boundary_bytes}}) {
+          {"boundary_bytes", m.boundary_bytes},
+          {"weight_pending_bytes", m.weight_pending_bytes}}) {
       if (!std::isfinite(value) || value < 0) {
         return absl::InvalidArgumentError(absl::StrCat("memory plan: stage ", s, " ", name, " is ",
                                                        value, "; must be finite and >= 0"));
@@ -144,10 +145,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
             break;
           case ActionType::kBackwardInput:
             consider(held, m.recompute_bytes, i);
-            held -= input_frees * m.activation_bytes;
+            held += m.weight_pending_bytes - input_frees * m.activation_bytes;
+            consider(held, 0, i);
             break;
           case ActionType::kBackwardWeight:
-            held -= (1 - input_frees) * m.activation_bytes;
+            held -= (1 - input_frees) * m.activation_bytes + m.weight_pending_bytes;
             break;
           default:
             break;

@@ -9,11 +9,11 @@
 // liveness, walking the rank's compute actions in order as the simulator's
 // memory model does (simulator.h): F keeps its stage's activation bytes until
 // its B; a split backward frees MemorySplit::InputFraction() of them at I and
-// the rest at W. With activation checkpointing a stage's `activation_bytes`
-// are only the checkpointed inputs, and its `recompute_bytes` (the range's
-// activations regenerated for the backward) are live during each B or I of
-// that stage only. Forward-only schedules keep one micro-batch's activations
-// at a time and no gradients or optimizer state.
+// the rest at W, and holds the stage's weight_pending_bytes from I to W. With activation
+// checkpointing a stage's `activation_bytes` are only the checkpointed inputs, and its
+// `recompute_bytes` (the range's activations regenerated for the backward) are live during each B
+// or I of that stage only. Forward-only schedules keep one micro-batch's activations at a time and
+// no gradients or optimizer state.
 //
 // p2p buffers: each virtual stage holds one buffer per message it sends or
 // receives (F input and its gradient from the previous stage, F output and
@@ -49,6 +49,10 @@ struct StageMemory {
   double activation_bytes = 0;  // kept by one micro-batch's F until its backward
   double recompute_bytes = 0;   // regenerated during its backward (checkpointing)
   double boundary_bytes = 0;    // one micro-batch's output (the p2p message)
+  // A split backward's extra: bytes its I leaves for its W (the saved
+  // inputs and output gradients the weight gradients need; with
+  // checkpointing the range I regenerated), freed by W.
+  double weight_pending_bytes = 0;
 };
 
 struct MemoryPlanOptions {

@@ -162,6 +162,21 @@ TEST(MemoryPlanTest, Fp32MasterWeights) {
   EXPECT_EQ(inference->ranks[0].peak_bytes, 500 + 100);
 }
 
+// A split backward's weight_pending_bytes live from I to W: ZB-H1's last
+// rank (p = 2) holds one W back (F0 I0 F1 I1 W0 ...), so after I1 both I0's
+// and I1's pending bytes are live. With I freeing all of F's activations
+// (I:1,W:0): 2 x 250 (+ fixed 40 + p2p 2).
+TEST(MemoryPlanTest, WeightPendingBytesLiveFromIToW) {
+  std::vector<StageMemory> stages(2, StageMemory{10, 100, 0, 1, 250});
+  MemoryPlanOptions options;
+  options.split = MemorySplit{1, 0};
+  const std::vector<double> zb = Peaks(Make("zb_h1", 2, 4), stages, options);
+  const std::vector<double> plain = Peaks(Make("1f1b", 2, 4), stages, options);
+  ASSERT_EQ(zb.size(), 2u);
+  EXPECT_EQ(plain[1], 142);  // B never leaves anything pending
+  EXPECT_EQ(zb[1], 40 + 2 + 2 * 250);
+}
+
 // A lowered program (sends, receives, the tail's REDUCE_TIED of stage -1)
 // plans like its compute actions.
 TEST(MemoryPlanTest, LoweredProgramPlansLikeItsComputeActions) {
