@@ -28,8 +28,13 @@ constexpr double kFp32 = 4;
 // Compute actions of a schedule this big are not built for a prediction.
 constexpr double kMaxPlannedActions = 1 << 22;
 // What a split backward's I leaves for its W, in the stage's activations:
-// measured on ZB-H1's last rank, which holds two Ws back at its peak.
-constexpr double kSplitPendingFactor = 1.5;
+// measured on ZB-H1's last rank, which holds two Ws back at its peak
+// (bench/memory_planner.py).
+constexpr double kSplitPendingFactor = 1.7;
+// What a checkpointed range keeps per micro-batch until its backward, in
+// values per token and width: its input and, measured on 1F1B with every
+// block checkpointed at pp 2 and 4, about twice that again.
+constexpr double kCheckpointKeptWidths = 3;
 
 double Clamp1(double x) { return std::max(1.0, x); }
 
@@ -177,8 +182,10 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
     m.activation_bytes = (stage_layers - recomputed) * block_act;
     double full = stage_layers * block_act;  // every activation, none recomputed
     if (recomputed > 0) {
-      // Each range keeps only its input; one range is regenerated at a time.
-      m.activation_bytes += std::ceil(recomputed / interval) * b * t * w * value_bytes;
+      // Each range keeps its input (and, measured, about as much again
+      // twice: kCheckpointKeptWidths); one range is regenerated at a time.
+      m.activation_bytes +=
+          std::ceil(recomputed / interval) * kCheckpointKeptWidths * b * t * w * value_bytes;
       m.recompute_bytes = std::min<double>(interval, std::ceil(recomputed)) * block_act;
     }
     if (s == 0) {
@@ -207,7 +214,7 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
                                                              : OptimizerKind::kSgd;
   in.options.fp32_master_weights = bf16;
   // A split backward (pipeline/autograd/split_backward.h): I keeps the
-  // graph's saved tensors and the output gradients for W, about 1.5 times
+  // graph's saved tensors and the output gradients for W, about 1.7 times
   // the stage's activations (regenerated first under checkpointing); F's own
   // share goes with I.
   in.options.split = MemorySplit{1, 0};
