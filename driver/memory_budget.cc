@@ -32,9 +32,9 @@ constexpr double kMaxPlannedActions = 1 << 22;
 // (bench/memory_planner.py).
 constexpr double kSplitPendingFactor = 1.7;
 // What a checkpointed range keeps per micro-batch until its backward, in
-// values per token and width: its input and, measured on 1F1B with every
-// block checkpointed at pp 2 and 4, about twice that again.
-constexpr double kCheckpointKeptWidths = 3;
+// values per token and width: its input and, measured with every block
+// checkpointed at pp 2 and 4 (bench/memory_planner.py), half as much again.
+constexpr double kCheckpointKeptWidths = 1.5;
 
 double Clamp1(double x) { return std::max(1.0, x); }
 
@@ -182,8 +182,8 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
     m.activation_bytes = (stage_layers - recomputed) * block_act;
     double full = stage_layers * block_act;  // every activation, none recomputed
     if (recomputed > 0) {
-      // Each range keeps its input (and, measured, about as much again
-      // twice: kCheckpointKeptWidths); one range is regenerated at a time.
+      // Each range keeps its input (and, measured, half as much again:
+      // kCheckpointKeptWidths); one range is regenerated at a time.
       m.activation_bytes +=
           std::ceil(recomputed / interval) * kCheckpointKeptWidths * b * t * w * value_bytes;
       m.recompute_bytes = std::min<double>(interval, std::ceil(recomputed)) * block_act;
