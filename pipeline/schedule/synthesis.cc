@@ -148,139 +148,192 @@ Shape MakeShape(const SynthesisOptions& o, double cap) {
   return s;
 }
 
-// nullopt when the greedy gets stuck (the cap leaves no admissible action).
-std::optional<RankActions> ListSchedule(const Shape& sh, const Variant& var) {
-  const int p = sh.p, m = sh.m, S = sh.num_virtual;
-  constexpr double kUnknown = -1;
-  std::vector<std::vector<double>> f_end(S, std::vector<double>(m, kUnknown));
-  std::vector<std::vector<double>> b_end(S, std::vector<double>(m, kUnknown));
-  std::vector<int> next_f(S, 0), next_b(S, 0), next_w(S, 0);
-  std::vector<double> free_at(p, 0), mem(p, 0);
-  std::vector<int> owed(p, 0);  // local forwards still owed by micro-batches already in
-  std::vector<std::vector<int>> f_done(p, std::vector<int>(m, 0));
-  std::vector<std::vector<int>> b_done(p, std::vector<int>(m, 0));
-  std::vector<int> inflight(p, 0);  // micro-batches in, not all local backwards done
-  std::vector<int> pending_w(p, 0);
-  std::vector<int> limit(p, std::numeric_limits<int>::max());
-  if (var.inflight_factor > 0) {
-    for (int r = 0; r < p; ++r)
-      limit[r] = std::max(1, int(std::ceil(var.inflight_factor * (p - r))));
+// The greedy list scheduler: at each step, every rank offers the actions it
+// could run next; the earliest start wins (ties by the variant's class and
+// order); running it updates the times and the memory accounting.
+class ListScheduler {
+ public:
+  ListScheduler(const Shape& sh, const Variant& var)
+      : sh_(sh),
+        var_(var),
+        f_end_(sh.num_virtual, std::vector<double>(sh.m, kUnknown)),
+        b_end_(sh.num_virtual, std::vector<double>(sh.m, kUnknown)),
+        next_f_(sh.num_virtual, 0),
+        next_b_(sh.num_virtual, 0),
+        next_w_(sh.num_virtual, 0),
+        free_at_(sh.p, 0),
+        mem_(sh.p, 0),
+        owed_(sh.p, 0),
+        f_done_(sh.p, std::vector<int>(sh.m, 0)),
+        b_done_(sh.p, std::vector<int>(sh.m, 0)),
+        inflight_(sh.p, 0),
+        pending_w_(sh.p, 0),
+        limit_(sh.p, std::numeric_limits<int>::max()),
+        ranks_(sh.p) {
+    if (var.inflight_factor > 0) {
+      for (int r = 0; r < sh.p; ++r)
+        limit_[r] = std::max(1, int(std::ceil(var.inflight_factor * (sh.p - r))));
+    }
   }
-  RankActions ranks(p);
-  const int total = p * sh.v * m * (sh.split ? 3 : 2);
-  auto arrival = [&](int from_stage, int to_stage, double end) {
-    return end + (sh.placement[from_stage] != sh.placement[to_stage] ? sh.comm : 0.0);
+
+  // nullopt when the greedy gets stuck (the cap leaves no admissible action).
+  std::optional<RankActions> Run() {
+    const int total = sh_.p * sh_.v * sh_.m * (sh_.split ? 3 : 2);
+    for (int done = 0; done < total; ++done) {
+      Choice best;
+      for (int r = 0; r < sh_.p; ++r) ChooseOnRank(r, best);
+      if (best.rank < 0) return std::nullopt;
+      Execute(best);
+    }
+    return std::move(ranks_);
+  }
+
+ private:
+  static constexpr double kUnknown = -1;
+  enum Kind { kF = 0, kIB = 1, kW = 2 };
+
+  struct Candidate {
+    double ready;
+    int kind, stage, mb;
+    bool allowed;  // within the memory cap and the in-flight limit
   };
-  for (int done = 0; done < total; ++done) {
-    // (start, class, tie, rank, stage, kind): kind 0 F, 1 I/B, 2 W.
-    std::tuple<double, int, int, int, int, int> best{
-        std::numeric_limits<double>::infinity(), 0, 0, -1, -1, -1};
-    for (int r = 0; r < p; ++r) {
-      const int local_count = static_cast<int>(sh.local[r].size());
-      struct Cand {
-        double ready;
-        int kind, stage, mb;
-        bool allowed;
-      };
-      std::vector<Cand> cands;
-      bool f_blocked = false;
-      for (int s : sh.local[r]) {
-        if (next_f[s] < m) {
-          const int mb = next_f[s];
-          double ready =
-              s == 0 ? 0 : (f_end[s - 1][mb] < 0 ? kUnknown : arrival(s - 1, s, f_end[s - 1][mb]));
-          if (ready >= 0) {
-            bool allowed;
-            if (f_done[r][mb] > 0) {
-              allowed = true;  // its room is reserved
-            } else {
-              allowed = mem[r] + owed[r] + local_count <= sh.cap + kEps && inflight[r] < limit[r];
-            }
-            if (!allowed) f_blocked = true;
-            cands.push_back({ready, 0, s, mb, allowed});
+
+  // The best action so far: (start, class, tie, rank) decides.
+  struct Choice {
+    double start = std::numeric_limits<double>::infinity();
+    int cls = 0, tie = 0, rank = -1, stage = -1, kind = -1;
+  };
+
+  double Arrival(int from_stage, int to_stage, double end) const {
+    return end + (sh_.placement[from_stage] != sh_.placement[to_stage] ? sh_.comm : 0.0);
+  }
+
+  // What rank r could run next: per local stage its next F, I/B and W whose
+  // inputs are known. Sets *f_blocked when a forward is held back by memory.
+  std::vector<Candidate> Candidates(int r, bool* f_blocked) const {
+    const int S = sh_.num_virtual, m = sh_.m;
+    const int local_count = static_cast<int>(sh_.local[r].size());
+    std::vector<Candidate> cands;
+    for (int s : sh_.local[r]) {
+      if (next_f_[s] < m) {
+        const int mb = next_f_[s];
+        double ready =
+            s == 0 ? 0 : (f_end_[s - 1][mb] < 0 ? kUnknown : Arrival(s - 1, s, f_end_[s - 1][mb]));
+        if (ready >= 0) {
+          bool allowed;
+          if (f_done_[r][mb] > 0) {
+            allowed = true;  // its room is reserved
+          } else {
+            allowed =
+                mem_[r] + owed_[r] + local_count <= sh_.cap + kEps && inflight_[r] < limit_[r];
           }
-        }
-        if (next_b[s] < m) {
-          const int mb = next_b[s];
-          if (f_end[s][mb] >= 0) {
-            double ready = f_end[s][mb];
-            if (s + 1 < S) {
-              ready = b_end[s + 1][mb] < 0 ? kUnknown
-                                           : std::max(ready, arrival(s + 1, s, b_end[s + 1][mb]));
-            }
-            if (ready >= 0) cands.push_back({ready, 1, s, next_b[s], true});
-          }
-        }
-        if (sh.split && next_w[s] < next_b[s]) {
-          cands.push_back({b_end[s][next_w[s]], 2, s, next_w[s], true});
+          if (!allowed) *f_blocked = true;
+          cands.push_back({ready, kF, s, mb, allowed});
         }
       }
-      for (const Cand& c : cands) {
-        if (!c.allowed) continue;
-        const double start = std::max(free_at[r], c.ready);
-        int cls;
-        if (c.kind == 2) {
-          const bool owed_w = var.w_delay_factor > 0 && pending_w[r] > var.w_delay_factor * r;
-          cls = f_blocked || owed_w ? -1 : 2;
-          if (var.hold_w && cls == 2) {
-            const double w_end = start + sh.cost[c.stage].weight;
-            bool delays = false;
-            for (const Cand& o : cands) {
-              if (o.kind != 2 && o.allowed && o.ready > start + kEps && o.ready < w_end - kEps) {
-                delays = true;
-              }
-            }
-            if (delays) continue;
+      if (next_b_[s] < m) {
+        const int mb = next_b_[s];
+        if (f_end_[s][mb] >= 0) {
+          double ready = f_end_[s][mb];
+          if (s + 1 < S) {
+            ready = b_end_[s + 1][mb] < 0 ? kUnknown
+                                          : std::max(ready, Arrival(s + 1, s, b_end_[s + 1][mb]));
           }
-        } else if (c.kind == 1) {
-          cls = var.backward_first ? 0 : 1;
-        } else {
-          cls = var.backward_first ? 1 : 0;
+          if (ready >= 0) cands.push_back({ready, kIB, s, next_b_[s], true});
         }
-        const int tie =
-            c.mb * S +
-            ((c.kind == 0 && var.depth_first) || c.kind == 1 ? S - 1 - c.stage : c.stage);
-        std::tuple<double, int, int, int, int, int> key{start, cls, tie, r, c.stage, c.kind};
-        if (std::get<0>(key) < std::get<0>(best) - kEps ||
-            (std::get<0>(key) < std::get<0>(best) + kEps &&
-             std::make_tuple(cls, tie, r) <
-                 std::make_tuple(std::get<1>(best), std::get<2>(best), std::get<3>(best)))) {
-          best = key;
-        }
+      }
+      if (sh_.split && next_w_[s] < next_b_[s]) {
+        cands.push_back({b_end_[s][next_w_[s]], kW, s, next_w_[s], true});
       }
     }
-    const int r = std::get<3>(best);
-    if (r < 0) return std::nullopt;
-    const double start = std::get<0>(best);
-    const int s = std::get<4>(best), kind = std::get<5>(best);
-    const StageCost& c = sh.cost[s];
-    if (kind == 0) {
-      const int mb = next_f[s]++;
-      if (f_done[r][mb] == 0) {
-        owed[r] += static_cast<int>(sh.local[r].size());
-        ++inflight[r];
+    return cands;
+  }
+
+  // Offers rank r's candidates to `best`, under the variant's rules.
+  void ChooseOnRank(int r, Choice& best) const {
+    const int S = sh_.num_virtual;
+    bool f_blocked = false;
+    const std::vector<Candidate> cands = Candidates(r, &f_blocked);
+    for (const Candidate& c : cands) {
+      if (!c.allowed) continue;
+      const double start = std::max(free_at_[r], c.ready);
+      int cls;
+      if (c.kind == kW) {
+        const bool owed_w = var_.w_delay_factor > 0 && pending_w_[r] > var_.w_delay_factor * r;
+        cls = f_blocked || owed_w ? -1 : 2;
+        if (var_.hold_w && cls == 2) {
+          const double w_end = start + sh_.cost[c.stage].weight;
+          bool delays = false;
+          for (const Candidate& o : cands) {
+            if (o.kind != kW && o.allowed && o.ready > start + kEps && o.ready < w_end - kEps) {
+              delays = true;
+            }
+          }
+          if (delays) continue;
+        }
+      } else if (c.kind == kIB) {
+        cls = var_.backward_first ? 0 : 1;
+      } else {
+        cls = var_.backward_first ? 1 : 0;
       }
-      ++f_done[r][mb];
-      --owed[r];
-      mem[r] += 1;
-      free_at[r] = f_end[s][mb] = start + c.forward;
-      ranks[r].push_back(F(s, mb));
-    } else if (kind == 1) {
-      const int mb = next_b[s]++;
-      mem[r] -= sh.split ? sh.input_fraction : 1.0;
-      if (sh.split) ++pending_w[r];
-      if (++b_done[r][mb] == static_cast<int>(sh.local[r].size())) --inflight[r];
-      free_at[r] = b_end[s][mb] = start + (sh.split ? c.input : c.backward);
-      ranks[r].push_back(sh.split ? I(s, mb) : B(s, mb));
-    } else {
-      const int mb = next_w[s]++;
-      mem[r] -= 1.0 - sh.input_fraction;
-      --pending_w[r];
-      free_at[r] = start + c.weight;
-      ranks[r].push_back(W(s, mb));
+      const int tie =
+          c.mb * S +
+          ((c.kind == kF && var_.depth_first) || c.kind == kIB ? S - 1 - c.stage : c.stage);
+      if (start < best.start - kEps ||
+          (start < best.start + kEps &&
+           std::make_tuple(cls, tie, r) < std::make_tuple(best.cls, best.tie, best.rank))) {
+        best = {start, cls, tie, r, c.stage, c.kind};
+      }
     }
   }
-  return ranks;
+
+  // Runs the chosen action: appends it to its rank and updates the state.
+  void Execute(const Choice& choice) {
+    const int r = choice.rank, s = choice.stage;
+    const double start = choice.start;
+    const StageCost& c = sh_.cost[s];
+    if (choice.kind == kF) {
+      const int mb = next_f_[s]++;
+      if (f_done_[r][mb] == 0) {
+        owed_[r] += static_cast<int>(sh_.local[r].size());
+        ++inflight_[r];
+      }
+      ++f_done_[r][mb];
+      --owed_[r];
+      mem_[r] += 1;
+      free_at_[r] = f_end_[s][mb] = start + c.forward;
+      ranks_[r].push_back(F(s, mb));
+    } else if (choice.kind == kIB) {
+      const int mb = next_b_[s]++;
+      mem_[r] -= sh_.split ? sh_.input_fraction : 1.0;
+      if (sh_.split) ++pending_w_[r];
+      if (++b_done_[r][mb] == static_cast<int>(sh_.local[r].size())) --inflight_[r];
+      free_at_[r] = b_end_[s][mb] = start + (sh_.split ? c.input : c.backward);
+      ranks_[r].push_back(sh_.split ? I(s, mb) : B(s, mb));
+    } else {
+      const int mb = next_w_[s]++;
+      mem_[r] -= 1.0 - sh_.input_fraction;
+      --pending_w_[r];
+      free_at_[r] = start + c.weight;
+      ranks_[r].push_back(W(s, mb));
+    }
+  }
+
+  const Shape& sh_;
+  const Variant& var_;
+  std::vector<std::vector<double>> f_end_, b_end_;  // per (stage, mb); kUnknown until run
+  std::vector<int> next_f_, next_b_, next_w_;       // per stage: next micro-batch
+  std::vector<double> free_at_, mem_;               // per rank
+  std::vector<int> owed_;  // local forwards still owed by micro-batches already in
+  std::vector<std::vector<int>> f_done_, b_done_;  // per (rank, mb): local stages done
+  std::vector<int> inflight_;                      // micro-batches in, not all local backwards done
+  std::vector<int> pending_w_;
+  std::vector<int> limit_;  // in-flight limit per rank
+  RankActions ranks_;
+};
+
+std::optional<RankActions> ListSchedule(const Shape& sh, const Variant& var) {
+  return ListScheduler(sh, var).Run();
 }
 
 // ---------------------------------------------------------------------------
