@@ -563,10 +563,12 @@ absl::StatusOr<SynthesisResult> SynthesisLowerBound(const SynthesisOptions& o) {
   return out;
 }
 
-absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
-  PP_ASSIGN_OR_RETURN(SynthesisResult bounds, SynthesisLowerBound(o));
-  PP_ASSIGN_OR_RETURN(const double cap, CheckedCap(o));
-  const Shape sh = MakeShape(o, cap);
+namespace {
+
+// Synthesize's steps: check the extra starts, make and rank every start,
+// search from the best few, and describe the result.
+
+absl::Status CheckExtraStarts(const SynthesisOptions& o, const Shape& sh) {
   for (const Schedule& extra : o.extra_starts) {
     if (extra.num_stages != sh.p || extra.num_microbatches != sh.m || extra.num_chunks != sh.v ||
         extra.stage_to_rank != sh.placement || extra.forward_only) {
@@ -576,47 +578,58 @@ absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
           " m=", sh.m, " v=", sh.v));
     }
   }
-  Evaluator evaluate(sh, o.costs, o.name);
+  return absl::OkStatus();
+}
 
-  // 1. Starts: list-scheduling variants, then registered schedules.
-  std::vector<Start> starts;
+// The list-scheduling variants tried: all of them, or two.
+std::vector<Variant> ListVariants(const SynthesisOptions& o, const Shape& sh) {
+  if (!o.all_variants) return {{true, true, 1.0, true, 1}, {true, false, 0.0, true, 0}};
   std::vector<Variant> variants;
-  if (o.all_variants) {
-    for (bool backward_first : {true, false}) {
-      for (bool hold_w : {true, false}) {
-        for (bool depth_first : {true, false}) {
-          if (!depth_first && sh.v == 1) continue;  // same order with one local stage
-          for (double factor : {0.0, 1.0, 1.5, 2.0, 3.0}) {
-            for (int w_delay : {0, 1, 2}) {
-              if (!sh.split && w_delay > 0) continue;
-              variants.push_back({backward_first, hold_w, factor, depth_first, w_delay});
-            }
+  for (bool backward_first : {true, false}) {
+    for (bool hold_w : {true, false}) {
+      for (bool depth_first : {true, false}) {
+        if (!depth_first && sh.v == 1) continue;  // same order with one local stage
+        for (double factor : {0.0, 1.0, 1.5, 2.0, 3.0}) {
+          for (int w_delay : {0, 1, 2}) {
+            if (!sh.split && w_delay > 0) continue;
+            variants.push_back({backward_first, hold_w, factor, depth_first, w_delay});
           }
         }
       }
     }
-  } else {
-    variants = {{true, true, 1.0, true, 1}, {true, false, 0.0, true, 0}};
   }
-  for (const Variant& var : variants) {
+  return variants;
+}
+
+// The extra starts, then (when asked) every registered schedule of this
+// shape and placement.
+std::vector<Schedule> ScheduleStarts(const SynthesisOptions& o, const Shape& sh) {
+  std::vector<Schedule> registered = o.extra_starts;
+  if (!o.seed_with_registered) return registered;
+  ScheduleOptions so;
+  so.num_stages = sh.p;
+  so.num_microbatches = sh.m;
+  so.num_chunks = sh.v;
+  for (const std::string& name : RegisteredScheduleNames()) {
+    if (absl::StartsWith(name, "synth")) continue;
+    absl::StatusOr<Schedule> made = MakeSchedule(name, so);
+    if (!made.ok() || made->forward_only || made->stage_to_rank != sh.placement) continue;
+    registered.push_back(*std::move(made));
+  }
+  return registered;
+}
+
+// Step 1: list-scheduling variants, then the schedule starts, evaluated; the
+// ones within the cap, best (makespan, then peak) first.
+absl::StatusOr<std::vector<Start>> RankedStarts(const SynthesisOptions& o, const Shape& sh,
+                                                Evaluator& evaluate) {
+  std::vector<Start> starts;
+  for (const Variant& var : ListVariants(o, sh)) {
     std::optional<RankActions> ranks = ListSchedule(sh, var);
     if (!ranks) continue;
     starts.push_back({VariantName(var), std::move(*ranks), {}});
   }
-  std::vector<Schedule> registered = o.extra_starts;
-  if (o.seed_with_registered) {
-    ScheduleOptions so;
-    so.num_stages = sh.p;
-    so.num_microbatches = sh.m;
-    so.num_chunks = sh.v;
-    for (const std::string& name : RegisteredScheduleNames()) {
-      if (absl::StartsWith(name, "synth")) continue;
-      absl::StatusOr<Schedule> made = MakeSchedule(name, so);
-      if (!made.ok() || made->forward_only || made->stage_to_rank != sh.placement) continue;
-      registered.push_back(*std::move(made));
-    }
-  }
-  for (const Schedule& schedule : registered) {
+  for (const Schedule& schedule : ScheduleStarts(o, sh)) {
     // As given (a schedule may mix B with I/W), and with the backward
     // converted to this synthesis' form.
     RankActions ranks;
@@ -634,34 +647,57 @@ absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
       starts.end());
   if (starts.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("no schedule found within memory_cap ", cap, " at p=", sh.p, " m=", sh.m,
+        absl::StrCat("no schedule found within memory_cap ", sh.cap, " at p=", sh.p, " m=", sh.m,
                      " v=", sh.v, " (the minimum is ", MinimumMemoryCap(o), "): raise the cap"));
   }
   std::stable_sort(starts.begin(), starts.end(), [](const Start& a, const Start& b) {
     return std::make_pair(a.eval.makespan, a.eval.peak) <
            std::make_pair(b.eval.makespan, b.eval.peak);
   });
+  return starts;
+}
 
-  // 2. Local search from the best few starts, the budget split evenly.
+struct SearchResult {
+  int start_index = 0;  // which start it came from
+  RankActions ranks;
+};
+
+// Step 2: local search from the best few starts, the budget split evenly.
+// A start already at the lower bound is not searched.
+SearchResult SearchFromBestStarts(const SynthesisOptions& o, const Shape& sh,
+                                  const std::vector<Start>& starts, double lower_bound,
+                                  Evaluator& evaluate) {
   std::mt19937_64 rng(o.seed);
   const int restarts = std::min<int>(3, starts.size());
-  int best_index = 0;
-  RankActions best_ranks = starts[0].ranks;
+  SearchResult best{0, starts[0].ranks};
   Evaluated best_eval = starts[0].eval;
   for (int k = 0; k < restarts && o.max_evaluations > 0; ++k) {
     RankActions ranks = starts[k].ranks;
     Evaluated eval = starts[k].eval;
-    if (eval.makespan <= bounds.lower_bound + kEps) continue;  // optimal already
+    if (eval.makespan <= lower_bound + kEps) continue;  // optimal already
     LocalSearch(sh, evaluate, o.max_evaluations / restarts, rng, ranks, eval);
     if (eval.makespan < best_eval.makespan - kEps) {
       best_eval = eval;
-      best_ranks = std::move(ranks);
-      best_index = k;
+      best.ranks = std::move(ranks);
+      best.start_index = k;
     }
   }
+  return best;
+}
+
+}  // namespace
+
+absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
+  PP_ASSIGN_OR_RETURN(SynthesisResult bounds, SynthesisLowerBound(o));
+  PP_ASSIGN_OR_RETURN(const double cap, CheckedCap(o));
+  const Shape sh = MakeShape(o, cap);
+  PP_RETURN_IF_ERROR(CheckExtraStarts(o, sh));
+  Evaluator evaluate(sh, o.costs, o.name);
+  PP_ASSIGN_OR_RETURN(const std::vector<Start> starts, RankedStarts(o, sh, evaluate));
+  SearchResult best = SearchFromBestStarts(o, sh, starts, bounds.lower_bound, evaluate);
 
   SynthesisResult out = bounds;
-  out.schedule = ToSchedule(sh, o.name, std::move(best_ranks));
+  out.schedule = ToSchedule(sh, o.name, std::move(best.ranks));
   absl::Status valid = ValidateSchedule(out.schedule);
   if (!valid.ok()) {
     return absl::InternalError(
@@ -671,8 +707,8 @@ absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
   out.makespan = out.simulation.makespan;
   out.memory_cap = cap;
   for (double x : out.simulation.peak_memory) out.peak_memory = std::max(out.peak_memory, x);
-  out.start = starts[best_index].name;
-  out.start_makespan = starts[best_index].eval.makespan;
+  out.start = starts[best.start_index].name;
+  out.start_makespan = starts[best.start_index].eval.makespan;
   out.evaluations = evaluate.count();
   return out;
 }
