@@ -93,12 +93,12 @@ absl::StatusOr<std::string> ReadFile(absl::string_view path) {
 
 namespace {
 
-// MergeTraces, less the conversion of nlohmann's type errors (a field of the
-// wrong type somewhere in an input) into a Status.
-absl::StatusOr<std::string> MergeOrThrow(const std::vector<std::string>& operator_traces,
-                                         absl::string_view action_trace,
-                                         const TraceMergeOptions& options) {
-  std::map<int, Lane> lanes;
+// MergeOrThrow's steps: read the operator traces into their ranks' lanes, add
+// the action trace, then write each lane.
+
+// One lane per operator trace's rank (at most one trace per rank).
+absl::Status AddOperatorTraces(const std::vector<std::string>& operator_traces,
+                               std::map<int, Lane>& lanes) {
   std::set<int> ranks_with_operators;
   for (size_t i = 0; i < operator_traces.size(); ++i) {
     const std::string what = absl::StrCat("operator trace #", i);
@@ -129,71 +129,91 @@ absl::StatusOr<std::string> MergeOrThrow(const std::vector<std::string>& operato
       lane.operators.push_back(e);
     }
   }
+  return absl::OkStatus();
+}
 
-  if (!action_trace.empty()) {
-    PP_ASSIGN_OR_RETURN(json trace, ParseTrace(action_trace, "the action trace"));
-    for (const json& e : trace["traceEvents"]) {
-      if (!IsComplete(e)) continue;
-      if (!e.contains("tid") || !e["tid"].is_number_integer() || e["tid"].get<int>() < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("the action trace's event ", e.dump(), " has no rank (tid) >= 0"));
-      }
-      Lane& lane = lanes[e["tid"].get<int>()];
-      json action = e;
-      action["ts"] = e["ts"].get<double>() + options.action_time_offset_us;
-      Extend(lane.action_span, action["ts"].get<double>(), End(action));
-      lane.actions.push_back(std::move(action));
+// Each complete event of the action trace goes to the lane of its rank (its
+// tid), shifted onto the operators' clock.
+absl::Status AddActionTrace(absl::string_view action_trace, const TraceMergeOptions& options,
+                            std::map<int, Lane>& lanes) {
+  PP_ASSIGN_OR_RETURN(json trace, ParseTrace(action_trace, "the action trace"));
+  for (const json& e : trace["traceEvents"]) {
+    if (!IsComplete(e)) continue;
+    if (!e.contains("tid") || !e["tid"].is_number_integer() || e["tid"].get<int>() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the action trace's event ", e.dump(), " has no rank (tid) >= 0"));
     }
+    Lane& lane = lanes[e["tid"].get<int>()];
+    json action = e;
+    action["ts"] = e["ts"].get<double>() + options.action_time_offset_us;
+    Extend(lane.action_span, action["ts"].get<double>(), End(action));
+    lane.actions.push_back(std::move(action));
+  }
+  return absl::OkStatus();
+}
+
+// Rank `rank`'s lane as events of process `rank`: names and order, the
+// actions on their own track on top, then each operator with the action it
+// ran in (args.pipe_action). Fails when actions and operators never overlap.
+absl::Status WriteLane(int rank, Lane& lane, const TraceMergeOptions& options, json& out) {
+  if (!lane.actions.empty() && !lane.operators.empty() &&
+      (lane.action_span.end < lane.operator_span.start ||
+       lane.operator_span.end < lane.action_span.start)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d: its actions span [%.0f, %.0f] us but its operators [%.0f, %.0f] us; they "
+        "never overlap, so the action trace is from other steps or its clock offset is wrong "
+        "(action_time_offset_us = %.0f)",
+        rank, lane.action_span.start, lane.action_span.end, lane.operator_span.start,
+        lane.operator_span.end, options.action_time_offset_us));
+  }
+  out.push_back(Metadata("process_name", rank, -1, {{"name", absl::StrCat("rank ", rank)}}));
+  out.push_back(Metadata("process_sort_index", rank, -1, {{"sort_index", rank}}));
+  out.push_back(Metadata("thread_name", rank, kActionTid, {{"name", "pipe actions"}}));
+  out.push_back(Metadata("thread_sort_index", rank, kActionTid, {{"sort_index", kActionTid}}));
+  int next_tid = kActionTid + 1;
+  for (auto& [thread, tid] : lane.thread_tids) {
+    tid = next_tid++;
+    out.push_back(Metadata("thread_name", rank, tid,
+                           {{"name", absl::StrCat("operators (LibTorch thread ", thread, ")")}}));
+    out.push_back(Metadata("thread_sort_index", rank, tid, {{"sort_index", tid}}));
   }
 
+  std::stable_sort(lane.actions.begin(), lane.actions.end(), [](const json& a, const json& b) {
+    return a["ts"].get<double>() < b["ts"].get<double>();
+  });
+  std::vector<double> max_end(lane.actions.size());
+  for (size_t i = 0; i < lane.actions.size(); ++i) {
+    max_end[i] = std::max(i == 0 ? End(lane.actions[i]) : max_end[i - 1], End(lane.actions[i]));
+  }
+  for (json& action : lane.actions) {
+    action["pid"] = rank;
+    action["tid"] = kActionTid;
+    out.push_back(action);
+  }
+  for (json& op : lane.operators) {
+    op["pid"] = rank;
+    op["tid"] = lane.thread_tids.at(op.value("tid", uint64_t{0}));
+    if (IsComplete(op) && op.value("cat", "") != "step") {
+      if (const json* action = ContainingAction(lane.actions, max_end, op["ts"].get<double>())) {
+        if (!op.contains("args") || !op["args"].is_object()) op["args"] = json::object();
+        op["args"]["pipe_action"] = (*action)["name"];
+      }
+    }
+    out.push_back(std::move(op));
+  }
+  return absl::OkStatus();
+}
+
+// MergeTraces, less the conversion of nlohmann's type errors (a field of the
+// wrong type somewhere in an input) into a Status.
+absl::StatusOr<std::string> MergeOrThrow(const std::vector<std::string>& operator_traces,
+                                         absl::string_view action_trace,
+                                         const TraceMergeOptions& options) {
+  std::map<int, Lane> lanes;
+  PP_RETURN_IF_ERROR(AddOperatorTraces(operator_traces, lanes));
+  if (!action_trace.empty()) PP_RETURN_IF_ERROR(AddActionTrace(action_trace, options, lanes));
   json out = json::array();
-  for (auto& [rank, lane] : lanes) {
-    if (!lane.actions.empty() && !lane.operators.empty() &&
-        (lane.action_span.end < lane.operator_span.start ||
-         lane.operator_span.end < lane.action_span.start)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "rank %d: its actions span [%.0f, %.0f] us but its operators [%.0f, %.0f] us; they "
-          "never overlap, so the action trace is from other steps or its clock offset is wrong "
-          "(action_time_offset_us = %.0f)",
-          rank, lane.action_span.start, lane.action_span.end, lane.operator_span.start,
-          lane.operator_span.end, options.action_time_offset_us));
-    }
-    out.push_back(Metadata("process_name", rank, -1, {{"name", absl::StrCat("rank ", rank)}}));
-    out.push_back(Metadata("process_sort_index", rank, -1, {{"sort_index", rank}}));
-    out.push_back(Metadata("thread_name", rank, kActionTid, {{"name", "pipe actions"}}));
-    out.push_back(Metadata("thread_sort_index", rank, kActionTid, {{"sort_index", kActionTid}}));
-    int next_tid = kActionTid + 1;
-    for (auto& [thread, tid] : lane.thread_tids) {
-      tid = next_tid++;
-      out.push_back(Metadata("thread_name", rank, tid,
-                             {{"name", absl::StrCat("operators (LibTorch thread ", thread, ")")}}));
-      out.push_back(Metadata("thread_sort_index", rank, tid, {{"sort_index", tid}}));
-    }
-
-    std::stable_sort(lane.actions.begin(), lane.actions.end(), [](const json& a, const json& b) {
-      return a["ts"].get<double>() < b["ts"].get<double>();
-    });
-    std::vector<double> max_end(lane.actions.size());
-    for (size_t i = 0; i < lane.actions.size(); ++i) {
-      max_end[i] = std::max(i == 0 ? End(lane.actions[i]) : max_end[i - 1], End(lane.actions[i]));
-    }
-    for (json& action : lane.actions) {
-      action["pid"] = rank;
-      action["tid"] = kActionTid;
-      out.push_back(action);
-    }
-    for (json& op : lane.operators) {
-      op["pid"] = rank;
-      op["tid"] = lane.thread_tids.at(op.value("tid", uint64_t{0}));
-      if (IsComplete(op) && op.value("cat", "") != "step") {
-        if (const json* action = ContainingAction(lane.actions, max_end, op["ts"].get<double>())) {
-          if (!op.contains("args") || !op["args"].is_object()) op["args"] = json::object();
-          op["args"]["pipe_action"] = (*action)["name"];
-        }
-      }
-      out.push_back(std::move(op));
-    }
-  }
+  for (auto& [rank, lane] : lanes) PP_RETURN_IF_ERROR(WriteLane(rank, lane, options, out));
   json root = {{"traceEvents", std::move(out)},
                {"displayTimeUnit", "ms"},
                {"otherData", {{"clock", "steady_clock_us"}, {"merged_by", "pipe trace_merge"}}}};

@@ -426,20 +426,28 @@ absl::StatusOr<TraceLayout> LayoutTrace(absl::string_view trace_json,
   return layout;
 }
 
-std::string RenderTraceSvg(const TraceLayout& layout) {
-  std::string out = absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-      "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
-      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-      layout.width, layout.height, layout.width, layout.height);
-  double y = 0;
-  if (!layout.title.empty()) {
-    absl::StrAppendFormat(
-        &out, "<text x=\"8\" y=\"18\" font-size=\"14\" font-weight=\"bold\">%s</text>\n",
-        XmlEscape(layout.title));
-    y = kTitleHeight;
-  }
-  // Ruler: about ten ticks of 1, 2 or 5 x 10^k ms from the window's start.
+namespace {
+
+// RenderTraceSvg's steps, each appending one part in drawing order.
+
+// The <svg> element, a white background and the title. Returns the ruler's
+// top.
+double AppendTraceHeader(const TraceLayout& layout, std::string& out) {
+  absl::StrAppendFormat(&out,
+                        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+                        "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
+                        "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                        layout.width, layout.height, layout.width, layout.height);
+  if (layout.title.empty()) return 0;
+  absl::StrAppendFormat(&out,
+                        "<text x=\"8\" y=\"18\" font-size=\"14\" font-weight=\"bold\">%s</text>\n",
+                        XmlEscape(layout.title));
+  return kTitleHeight;
+}
+
+// Ruler: about ten ticks of 1, 2 or 5 x 10^k ms from the window's start, with
+// grid lines down to the footer.
+void AppendRuler(const TraceLayout& layout, double y, std::string& out) {
   const double range_ms = (layout.end_us - layout.start_us) / 1000;
   const double raw = range_ms / 10;
   const double magnitude = std::pow(10, std::floor(std::log10(raw)));
@@ -460,7 +468,10 @@ std::string RenderTraceSvg(const TraceLayout& layout) {
         x, y + kRulerHeight - 4, x, grid_bottom, x, y + 16,
         absl::StrFormat("%.*f", decimals, i * step));
   }
-  // Lane bands and names, track names.
+}
+
+// Lane bands and names, track names.
+void AppendLanesAndTracks(const TraceLayout& layout, std::string& out) {
   for (size_t i = 0; i < layout.tracks.size(); ++i) {
     const TraceTrack& t = layout.tracks[i];
     if (i == 0 || layout.tracks[i - 1].pid != t.pid) {
@@ -479,7 +490,10 @@ std::string RenderTraceSvg(const TraceLayout& layout) {
     absl::StrAppendFormat(&out, "<text x=\"16\" y=\"%.1f\" fill=\"#333\">%s</text>\n", t.y + 11,
                           XmlEscape(FitLabel(t.track_name, kGutter - 20)));
   }
-  // Coverage first, spans over it.
+}
+
+// Coverage first, spans over it.
+void AppendBoxes(const TraceLayout& layout, std::string& out) {
   for (int pass = 0; pass < 2; ++pass) {
     for (const TraceBox& b : layout.boxes) {
       if (b.coverage != (pass == 0)) continue;
@@ -505,7 +519,10 @@ std::string RenderTraceSvg(const TraceLayout& layout) {
       }
     }
   }
-  // Legend and counts.
+}
+
+// Legend and counts, below the grid.
+void AppendTraceLegend(const TraceLayout& layout, std::string& out) {
   const std::vector<std::pair<std::string, std::string>> legend = {
       {"#4c78a8", "F"},
       {"#f58518", "B / I"},
@@ -516,7 +533,7 @@ std::string RenderTraceSvg(const TraceLayout& layout) {
       {"#c4c4c4", "spans under 1 px"},
       {"hsl(280,45%,76%)", "operators: one colour per name"}};
   double x = 8;
-  const double legend_y = grid_bottom + 10;
+  const double legend_y = layout.height - kFooter + 10;
   for (const auto& [color, text] : legend) {
     absl::StrAppendFormat(&out,
                           "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>"
@@ -533,6 +550,17 @@ std::string RenderTraceSvg(const TraceLayout& layout) {
       layout.spans_too_deep > 0
           ? absl::StrCat(", ", layout.spans_too_deep, " nested deeper than drawn")
           : std::string());
+}
+
+}  // namespace
+
+std::string RenderTraceSvg(const TraceLayout& layout) {
+  std::string out;
+  const double ruler_y = AppendTraceHeader(layout, out);
+  AppendRuler(layout, ruler_y, out);
+  AppendLanesAndTracks(layout, out);
+  AppendBoxes(layout, out);
+  AppendTraceLegend(layout, out);
   out += "</svg>\n";
   return out;
 }

@@ -130,9 +130,13 @@ void StageModuleImpl::set_layer_runner(LayerRunner runner) {
   runner_ = runner ? std::move(runner) : LayerRunner(&RunLayers);
 }
 
-absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
-    std::vector<LayerSpec> specs, const PipelineModelOptions& options, int64_t stage) {
-  PP_RETURN_IF_ERROR(ValidateSpecs(specs));
+namespace {
+
+// PipelineModel::Create's steps: check the options, place the virtual
+// stages, cut the layers into them, build this stage's chunks, and describe
+// the tie groups.
+
+absl::Status CheckModelOptions(const PipelineModelOptions& options, int64_t stage) {
   if (options.num_stages < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_stages must be >= 1, got ", options.num_stages));
@@ -144,6 +148,111 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("stage ", stage, " is outside [0, ", options.num_stages, ")"));
   }
+  return absl::OkStatus();
+}
+
+// num_stages x chunks.
+absl::StatusOr<int64_t> NumVirtualStages(const PipelineModelOptions& options) {
+  int64_t num_parts = 0;
+  if (__builtin_mul_overflow(options.num_stages, options.chunks, &num_parts)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_stages (", options.num_stages, ") x chunks (", options.chunks,
+                     ") overflows int64; use fewer stages or chunks"));
+  }
+  return num_parts;
+}
+
+// The stage of each virtual stage: options.stage_to_rank, checked, or looped.
+absl::StatusOr<std::vector<int>> ResolvePlacement(const PipelineModelOptions& options,
+                                                  int64_t num_parts) {
+  std::vector<int> placement;
+  if (options.stage_to_rank.empty()) {
+    for (int64_t part = 0; part < num_parts; ++part) {
+      placement.push_back(static_cast<int>(part % options.num_stages));
+    }
+    return placement;
+  }
+  if (static_cast<int64_t>(options.stage_to_rank.size()) != num_parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage_to_rank has ", options.stage_to_rank.size(),
+                     " entries; it needs one per virtual stage: num_stages (", options.num_stages,
+                     ") x chunks (", options.chunks, ") = ", num_parts));
+  }
+  std::vector<int64_t> held(options.num_stages, 0);
+  for (size_t part = 0; part < options.stage_to_rank.size(); ++part) {
+    const int r = options.stage_to_rank[part];
+    if (r < 0 || r >= options.num_stages) {
+      return absl::InvalidArgumentError(absl::StrCat("stage_to_rank[", part, "] = ", r,
+                                                     " is outside [0, ", options.num_stages, ")"));
+    }
+    ++held[r];
+  }
+  for (int64_t r = 0; r < options.num_stages; ++r) {
+    if (held[r] != options.chunks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage_to_rank places ", held[r], " virtual stages on stage ", r,
+                       "; every stage must hold chunks (", options.chunks, ")"));
+    }
+  }
+  return options.stage_to_rank;
+}
+
+// The layer bounds of the virtual stages: options.bounds, checked, or the
+// partitioner's.
+absl::StatusOr<Bounds> ResolveBounds(const PipelineModelOptions& options,
+                                     const std::vector<LayerSpec>& specs, int64_t num_parts) {
+  if (!options.bounds.empty()) {
+    PP_RETURN_IF_ERROR(
+        ValidateBounds(options.bounds, static_cast<int64_t>(specs.size()), num_parts));
+    return options.bounds;
+  }
+  PartitionRequest request;
+  request.specs = &specs;
+  request.num_parts = num_parts;
+  request.base_seed = options.base_seed;
+  request.sample_inputs = options.sample_inputs;
+  request.sample_batch = options.sample_batch;
+  request.profile_repeats = options.profile_repeats;
+  return Partition(options.partition_method, std::move(request));
+}
+
+// The group of tie key `key` (used at `positions`), the same on every stage.
+absl::StatusOr<TieGroup> MakeTieGroup(const PipelineModel& model, const std::string& key,
+                                      const std::vector<int64_t>& positions, uint64_t base_seed) {
+  TieGroup group;
+  group.key = key;
+  group.layer_indices = positions;
+  for (int64_t i : positions) group.stages.push_back(model.StageOfLayer(i));
+  std::sort(group.stages.begin(), group.stages.end());
+  group.stages.erase(std::unique(group.stages.begin(), group.stages.end()), group.stages.end());
+  // Names declared by the spec need no module here (the stages holding the
+  // key check them against theirs). Otherwise a stage that does not hold the
+  // key builds the module briefly (seeded, then freed) to learn its names, so
+  // every stage reports the same group.
+  const LayerSpec& spec = model.specs()[positions.front()];
+  const std::vector<std::string>& declared = spec.tied_param_names();
+  std::vector<std::string> names = declared;
+  Layer module = model.TiedModule(key);
+  if (module != nullptr || declared.empty()) {
+    try {
+      if (module == nullptr) module = BuildSeeded(base_seed + positions.front(), spec.factory());
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("building the shared module of tie key '", key,
+                                                     "' failed: ", ExceptionMessage(e)));
+    }
+    PP_ASSIGN_OR_RETURN(names, TiedParamNames(key, declared, *module));
+  }
+  for (const std::string& name : names)
+    group.param_names.push_back(absl::StrCat("tied.", key, ".", name));
+  return group;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
+    std::vector<LayerSpec> specs, const PipelineModelOptions& options, int64_t stage) {
+  PP_RETURN_IF_ERROR(ValidateSpecs(specs));
+  PP_RETURN_IF_ERROR(CheckModelOptions(options, stage));
   const auto tie_positions = TiePositions(specs);
   PP_RETURN_IF_ERROR(CheckTieConsistency(specs, tie_positions));
 
@@ -151,57 +260,10 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
   model->specs_ = std::move(specs);
   model->options_ = options;
   model->stage_ = stage;
-  const int64_t num_layers = model->num_layers();
-  int64_t num_parts = 0;
-  if (__builtin_mul_overflow(options.num_stages, options.chunks, &num_parts)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_stages (", options.num_stages, ") x chunks (", options.chunks,
-                     ") overflows int64; use fewer stages or chunks"));
-  }
-
-  PP_RETURN_IF_ERROR(CheckEnoughLayers(num_layers, num_parts));
-  if (options.stage_to_rank.empty()) {
-    for (int64_t part = 0; part < num_parts; ++part) {
-      model->placement_.push_back(static_cast<int>(part % options.num_stages));
-    }
-  } else {
-    if (static_cast<int64_t>(options.stage_to_rank.size()) != num_parts) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stage_to_rank has ", options.stage_to_rank.size(),
-                       " entries; it needs one per virtual stage: num_stages (", options.num_stages,
-                       ") x chunks (", options.chunks, ") = ", num_parts));
-    }
-    std::vector<int64_t> held(options.num_stages, 0);
-    for (size_t part = 0; part < options.stage_to_rank.size(); ++part) {
-      const int r = options.stage_to_rank[part];
-      if (r < 0 || r >= options.num_stages) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "stage_to_rank[", part, "] = ", r, " is outside [0, ", options.num_stages, ")"));
-      }
-      ++held[r];
-    }
-    for (int64_t r = 0; r < options.num_stages; ++r) {
-      if (held[r] != options.chunks) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("stage_to_rank places ", held[r], " virtual stages on stage ", r,
-                         "; every stage must hold chunks (", options.chunks, ")"));
-      }
-    }
-    model->placement_ = options.stage_to_rank;
-  }
-  if (!options.bounds.empty()) {
-    PP_RETURN_IF_ERROR(ValidateBounds(options.bounds, num_layers, num_parts));
-    model->bounds_ = options.bounds;
-  } else {
-    PartitionRequest request;
-    request.specs = &model->specs_;
-    request.num_parts = num_parts;
-    request.base_seed = options.base_seed;
-    request.sample_inputs = options.sample_inputs;
-    request.sample_batch = options.sample_batch;
-    request.profile_repeats = options.profile_repeats;
-    PP_ASSIGN_OR_RETURN(model->bounds_, Partition(options.partition_method, std::move(request)));
-  }
+  PP_ASSIGN_OR_RETURN(const int64_t num_parts, NumVirtualStages(options));
+  PP_RETURN_IF_ERROR(CheckEnoughLayers(model->num_layers(), num_parts));
+  PP_ASSIGN_OR_RETURN(model->placement_, ResolvePlacement(options, num_parts));
+  PP_ASSIGN_OR_RETURN(model->bounds_, ResolveBounds(options, model->specs_, num_parts));
 
   std::vector<int64_t> local_parts;
   for (int64_t part = 0; part < num_parts; ++part) {
@@ -214,35 +276,8 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
                                                       tie_positions, &model->tied_));
     model->chunks_.push_back(std::move(chunk));
   }
-
   for (const auto& [key, positions] : tie_positions) {
-    TieGroup group;
-    group.key = key;
-    group.layer_indices = positions;
-    for (int64_t i : positions) group.stages.push_back(model->StageOfLayer(i));
-    std::sort(group.stages.begin(), group.stages.end());
-    group.stages.erase(std::unique(group.stages.begin(), group.stages.end()), group.stages.end());
-    // Names declared by the spec need no module here (the stages holding the
-    // key check them against theirs). Otherwise a stage that does not hold the
-    // key builds the module briefly (seeded, then freed) to learn its names, so
-    // every stage reports the same group.
-    const std::vector<std::string>& declared = model->specs_[positions.front()].tied_param_names();
-    std::vector<std::string> names = declared;
-    Layer module = model->TiedModule(key);
-    if (module != nullptr || declared.empty()) {
-      try {
-        if (module == nullptr) {
-          module = BuildSeeded(options.base_seed + positions.front(),
-                               model->specs_[positions.front()].factory());
-        }
-      } catch (const std::exception& e) {
-        return absl::InvalidArgumentError(absl::StrCat("building the shared module of tie key '",
-                                                       key, "' failed: ", ExceptionMessage(e)));
-      }
-      PP_ASSIGN_OR_RETURN(names, TiedParamNames(key, declared, *module));
-    }
-    for (const std::string& name : names)
-      group.param_names.push_back(absl::StrCat("tied.", key, ".", name));
+    PP_ASSIGN_OR_RETURN(TieGroup group, MakeTieGroup(*model, key, positions, options.base_seed));
     model->tie_groups_.push_back(std::move(group));
   }
   return model;

@@ -152,7 +152,9 @@ def anchors_of(path):
 
 def labels_in(text):
     """Labels a piece of Markdown names (placeholders with <...> skipped). `//pkg` alone
-    stands for the package (`//pkg:all`), as docs use it; `:all` and `/...` are patterns."""
+    stands for the package (`//pkg:all`), as docs use it; `:all` and `/...` are patterns.
+    Visibility specs: `//pkg:__pkg__` is `//pkg:all`, `//pkg:__subpackages__` is
+    `//pkg/...`, and `//visibility:public` / `:private` name no package."""
     found = []
     for m in LABEL_RE.finditer(text):
         pkg, name = m.group(1), m.group(2)
@@ -170,6 +172,13 @@ def labels_in(text):
         name = name.rstrip(".,")
         if name == ":":
             continue  # "//:" alone: the root package in a listing
+        if pkg == "visibility":
+            continue  # //visibility:public, //visibility:private: no package
+        if name == ":__pkg__":  # a visibility's package spec names the package
+            name = ":all"
+        elif name == ":__subpackages__":
+            found.append("//%s/..." % pkg if pkg else "//...")
+            continue
         found.append("//%s%s" % (pkg, name))
     return found
 

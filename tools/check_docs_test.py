@@ -112,6 +112,13 @@ class CheckDocsTest(unittest.TestCase):
                           "README.md:23: target //nope/... does not exist")
         self.assert_fails("\nThe `//nopkg` package.\n", "README.md:22: target //nopkg:all")
 
+    def test_visibility_specs_name_packages(self):
+        self.assertEqual(
+            check_docs.labels_in("`//visibility:private`, `//tool:__pkg__`, "
+                                 "`//tool:__subpackages__`, `//:__pkg__`"),
+            ["//tool:all", "//tool/...", "//:all"])
+        self.assert_fails("\n`//nopkg:__pkg__`\n", "README.md:22: target //nopkg:all")
+
     def test_a_flag_the_binary_lacks_fails(self):
         err = self.assert_fails("\n```sh\n./bazelw run //tool:train -- --stpes=4\n```\n",
                                 "README.md:23: --stpes is not a flag of //tool:train")

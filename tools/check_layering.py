@@ -13,16 +13,25 @@ edge between the packages) and checks two rules:
      pipe may depend on it. So a researcher's package needs no edit here.
      External repositories (@...) are ignored.
 
+And, from the BUILD files themselves (not with --graph unless --root is given):
+
+  3. Every package of pipe's own (below the `examples` level) declares
+     `package(default_visibility = ["//visibility:private"])`: a target is
+     private unless its `visibility` names its consumers (docs/architecture.md,
+     "Visibility").
+
 Usage:
   tools/check_layering.py                    # runs ./bazelw query itself
   tools/check_layering.py --bazel=bazel      # another Bazel
   tools/check_layering.py --graph=FILE       # a saved graph ('-' = stdin)
+  tools/check_layering.py --graph=FILE --root=.   # ... and rule 3 on this tree
 
 Exit status 0 when clean, 1 with one line per problem otherwise, 2 on bad usage.
 The order is docs/architecture.md's; change both together.
 """
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -242,6 +251,37 @@ def check(packages, edges, layers=LAYERS):
     return problems
 
 
+_PRIVATE_DEFAULT = re.compile(
+    r'^package\(\s*default_visibility\s*=\s*\[\s*"//visibility:private",?\s*\]', re.M)
+
+
+def check_visibility(packages, root, layers=LAYERS):
+    """Rule 3: problems for pipe's packages whose BUILD file lacks the private default.
+
+    Packages at the USER_LEVEL (examples/, a researcher's own) are theirs to decide.
+    """
+    rank = {name: i for i, name in enumerate(layers)}
+    problems = []
+    for package in sorted(packages):
+        layer = layer_of(package, layers)
+        if layer is None or layer == rank.get(USER_LEVEL):
+            continue
+        for name in ("BUILD.bazel", "BUILD"):
+            path = os.path.join(root, package, name)
+            if os.path.exists(path):
+                break
+        else:
+            continue  # not a package of this tree (a graph from elsewhere)
+        with open(path) as f:
+            if not _PRIVATE_DEFAULT.search(f.read()):
+                problems.append(
+                    'package %s: %s does not declare package(default_visibility = '
+                    '["//visibility:private"]); name each target\'s consumers in its '
+                    "visibility instead (docs/architecture.md, Visibility)"
+                    % (_show(package), os.path.relpath(path, root)))
+    return problems
+
+
 def _query(bazel):
     command = [bazel, "query", QUERY, "--output=graph", "--noimplicit_deps", "--nograph:factored"]
     result = subprocess.run(command, stdout=subprocess.PIPE, universal_newlines=True)
@@ -255,6 +295,8 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--graph", help="dot graph from `bazel query --output=graph` ('-': stdin)")
     parser.add_argument("--bazel", default="./bazelw", help="Bazel to query when --graph is unset")
+    parser.add_argument("--root", help="tree whose BUILD files rule 3 reads (default: . when "
+                        "querying, none with --graph)")
     args = parser.parse_args(argv)
     if args.graph == "-":
         text = sys.stdin.read()
@@ -263,20 +305,25 @@ def main(argv):
             text = f.read()
     else:
         text = _query(args.bazel)
+        if args.root is None:
+            args.root = "."
     packages, edges = parse_graph(text)
     if not edges and not packages:
         print("check_layering: the graph has no targets of this workspace; is it a "
               "`bazel query --output=graph` output?", file=sys.stderr)
         return 1
     problems = check(packages, edges)
+    if args.root is not None:
+        problems += check_visibility(packages, args.root)
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:
         print("check_layering: %d problem(s) in %d packages, %d package edges"
               % (len(problems), len(packages), len(edges)), file=sys.stderr)
         return 1
-    print("check_layering: %d packages, %d package edges, no cycle, no up-edge"
-          % (len(packages), len(edges)))
+    print("check_layering: %d packages, %d package edges, no cycle, no up-edge%s"
+          % (len(packages), len(edges),
+             ", private by default" if args.root is not None else ""))
     return 0
 
 

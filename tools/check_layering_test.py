@@ -163,5 +163,47 @@ class CheckTest(unittest.TestCase):
         self.assertIn("no targets of this workspace", err)
 
 
+class VisibilityTest(unittest.TestCase):
+    """Rule 3 on a small tree of BUILD files."""
+
+    PRIVATE = 'package(default_visibility = ["//visibility:private"])\n'
+
+    def tree(self, files):
+        root = tempfile.mkdtemp()
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", root]))
+        for path, text in files.items():
+            os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
+            with open(os.path.join(root, path), "w") as f:
+                f.write(text)
+        return root
+
+    def test_private_default_passes(self):
+        root = self.tree({"BUILD.bazel": self.PRIVATE,
+                          "common/BUILD": 'load("//tools:pp.bzl", "x")\n\n' + self.PRIVATE,
+                          "models/gpt/BUILD": self.PRIVATE})
+        self.assertEqual(check_layering.check_visibility({"", "common", "models/gpt"}, root), [])
+
+    def test_public_default_fails_naming_the_file(self):
+        root = self.tree({"models/gpt/BUILD":
+                          'package(default_visibility = ["//visibility:public"])\n'})
+        problems = check_layering.check_visibility({"models/gpt"}, root)
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("package //models/gpt: models/gpt/BUILD does not declare", problems[0])
+
+    def test_missing_package_statement_fails(self):
+        root = self.tree({"common/BUILD": 'cc_library(name = "x")\n'})
+        self.assertEqual(len(check_layering.check_visibility({"common"}, root)), 1)
+
+    def test_researcher_and_example_packages_are_exempt(self):
+        root = self.tree({"examples/custom_model/BUILD": "", "mylab/BUILD": ""})
+        self.assertEqual(check_layering.check_visibility({"examples/custom_model", "mylab"}, root),
+                         [])
+
+    def test_graph_alone_does_not_read_build_files(self):
+        status, out, _ = run_main(CLEAN)
+        self.assertEqual(status, 0)
+        self.assertNotIn("private by default", out)
+
+
 if __name__ == "__main__":
     unittest.main()

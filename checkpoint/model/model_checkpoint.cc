@@ -387,28 +387,30 @@ std::string LoadReport::Summary() const {
   return absl::StrJoin(lines, "\n");
 }
 
-absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& model,
-                                          torch::optim::Optimizer* optimizer,
-                                          const CheckpointRank& rank, const LoadOptions& options) {
-  LoadReport report;
-  PP_ASSIGN_OR_RETURN(report.dir, ResolveCheckpointDir(path));
-  PP_ASSIGN_OR_RETURN(report.manifest, ReadManifest(report.dir));
-  const Manifest& manifest = report.manifest;
-  std::map<std::string, const FileInfo*> by_path;
-  bool has_optim_files = false;
-  for (const FileInfo& f : manifest.files()) {
-    by_path[f.path()] = &f;
-    has_optim_files = has_optim_files || f.kind() == kOptimKind;
-  }
+namespace {
 
-  // Which file each of our tensors lives in.
-  struct Wanted {
-    std::string global;
-    std::string local;
-    at::Tensor tensor;
-  };
-  std::map<std::string, std::vector<Wanted>> model_files, optim_files;
+// LoadCheckpoint's steps, in order. Each adds to the report; in strict mode
+// the first difference is an error instead.
+
+// The manifest's files by path.
+using FilesByPath = std::map<std::string, const FileInfo*>;
+
+// One tensor of the model, and its name inside its checkpoint file.
+struct WantedTensor {
+  std::string global;
+  std::string local;
+  at::Tensor tensor;
+};
+
+// Which file each of our tensors (and optimizer states) lives in.
+struct LoadPlan {
+  std::map<std::string, std::vector<WantedTensor>> model_files, optim_files;
   std::map<std::string, std::string> prefix_of_file;  // file -> "layers.7." / "tied.wte."
+};
+
+absl::StatusOr<LoadPlan> PlanLoad(const ModelState& model, torch::optim::Optimizer* optimizer,
+                                  const CheckpointRank& rank, const LoadOptions& options) {
+  LoadPlan plan;
   std::set<torch_compat::OptimizerStateKey> optimizer_params;
   if (optimizer != nullptr && options.load_optimizer) {
     for (const auto& group : optimizer->param_groups()) {
@@ -427,19 +429,23 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
       ofile = TiedFileName(loc.tie_key, rank.model_rank, rank.model_size, kOptimKind);
       prefix = absl::StrCat("tied.", loc.tie_key, ".");
     }
-    prefix_of_file[mfile] = prefix;
-    prefix_of_file[ofile] = prefix;
-    model_files[mfile].push_back({name, loc.local, tensor});
+    plan.prefix_of_file[mfile] = prefix;
+    plan.prefix_of_file[ofile] = prefix;
+    plan.model_files[mfile].push_back({name, loc.local, tensor});
     if (optimizer_params.count(ParamKey(tensor)) > 0)
-      optim_files[ofile].push_back({name, loc.local, tensor});
+      plan.optim_files[ofile].push_back({name, loc.local, tensor});
   }
+  return plan;
+}
 
-  torch::NoGradGuard no_grad;
-  for (const auto& [file, wanted] : model_files) {
+// Copies the model's tensors in from their files. REQUIRES: grad mode off.
+absl::Status LoadModelTensors(const LoadPlan& plan, const FilesByPath& by_path,
+                              const LoadOptions& options, LoadReport& report) {
+  for (const auto& [file, wanted] : plan.model_files) {
     auto it = by_path.find(file);
     if (it == by_path.end()) {
       std::vector<std::string> names;
-      for (const Wanted& w : wanted) names.push_back(w.global);
+      for (const WantedTensor& w : wanted) names.push_back(w.global);
       if (options.strict) {
         return absl::NotFoundError(absl::StrCat("checkpoint ", report.dir, " has no file ", file,
                                                 " (for ", absl::StrJoin(names, ", "), ")"));
@@ -451,7 +457,7 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
     report.bytes_read += it->second->size_bytes();
     std::map<std::string, at::Tensor> in_file(loaded.begin(), loaded.end());
     const std::string file_path = (fs::path(report.dir) / file).string();
-    for (const Wanted& w : wanted) {
+    for (const WantedTensor& w : wanted) {
       auto found = in_file.find(w.local);
       if (found == in_file.end()) {
         if (options.strict) {
@@ -479,10 +485,16 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
       in_file.erase(found);
     }
     for (const auto& [local, t] : in_file)
-      report.unexpected.push_back(prefix_of_file[file] + local);
+      report.unexpected.push_back(plan.prefix_of_file.at(file) + local);
   }
+  return absl::OkStatus();
+}
 
-  for (const auto& [file, wanted] : optim_files) {
+// Installs the optimizer's state of each planned parameter from its file.
+// REQUIRES: grad mode off; `optimizer` non-null when the plan has optimizer files.
+absl::Status LoadOptimizerStates(const LoadPlan& plan, const FilesByPath& by_path,
+                                 torch::optim::Optimizer* optimizer, LoadReport& report) {
+  for (const auto& [file, wanted] : plan.optim_files) {
     auto it = by_path.find(file);
     std::map<std::string, at::Tensor> in_file;
     if (it != by_path.end()) {
@@ -491,7 +503,7 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
       in_file.insert(loaded.begin(), loaded.end());
     }
     const std::string file_path = (fs::path(report.dir) / file).string();
-    for (const Wanted& w : wanted) {
+    for (const WantedTensor& w : wanted) {
       std::map<std::string, at::Tensor> entries;
       const std::string prefix = w.local + ".";
       for (auto e = in_file.lower_bound(prefix);
@@ -513,48 +525,80 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
       ++report.optimizer_states_loaded;
     }
     for (const auto& [key, t] : in_file)
-      report.unexpected.push_back(prefix_of_file[file] + key + " (optimizer)");
+      report.unexpected.push_back(plan.prefix_of_file.at(file) + key + " (optimizer)");
   }
+  return absl::OkStatus();
+}
+
+// Layers beyond the model and tie keys it does not have go to
+// report.unexpected. Tie keys are known model-wide from tie_writer_stage, or
+// when this rank holds the whole model.
+void ReportFilesBeyondModel(const ModelState& model, const CheckpointRank& rank,
+                            LoadReport& report) {
+  std::set<std::string> known_ties;
+  for (const auto& [key, stage] : model.tie_writer_stage) known_ties.insert(key);
+  for (const auto& [name, t] : model.tensors) {
+    absl::StatusOr<TensorLocation> loc = LocateTensor(name);
+    if (loc.ok() && !loc->tie_key.empty()) known_ties.insert(loc->tie_key);
+  }
+  const bool ties_known = !model.tie_writer_stage.empty() || rank.num_stages == 1;
+  for (const FileInfo& f : report.manifest.files()) {
+    if ((model.num_layers >= 0 && f.layer() >= model.num_layers) ||
+        (ties_known && !f.tie_key().empty() && known_ties.count(f.tie_key()) == 0)) {
+      report.unexpected.push_back(f.path());
+    }
+  }
+}
+
+// This rank's own state (RNG, data loader), read only when the checkpoint was
+// written by the same topology.
+absl::Status LoadRankState(const FilesByPath& by_path, const CheckpointRank& rank,
+                           LoadReport& report) {
+  const checkpoint::TopologyInfo& topo = report.manifest.topology();
+  if (topo.pipe() != rank.num_stages || topo.data() != rank.data_size ||
+      topo.model() != rank.model_size) {
+    return absl::OkStatus();
+  }
+  auto it = by_path.find(RankStateFileName(rank.stage, rank.data_rank, rank.model_rank));
+  if (it == by_path.end()) return absl::OkStatus();
+  PP_ASSIGN_OR_RETURN(report.rank_state, ReadTensorFile(report.dir, *it->second));
+  report.bytes_read += it->second->size_bytes();
+  report.rank_state_found = true;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& model,
+                                          torch::optim::Optimizer* optimizer,
+                                          const CheckpointRank& rank, const LoadOptions& options) {
+  LoadReport report;
+  PP_ASSIGN_OR_RETURN(report.dir, ResolveCheckpointDir(path));
+  PP_ASSIGN_OR_RETURN(report.manifest, ReadManifest(report.dir));
+  FilesByPath by_path;
+  bool has_optim_files = false;
+  for (const FileInfo& f : report.manifest.files()) {
+    by_path[f.path()] = &f;
+    has_optim_files = has_optim_files || f.kind() == kOptimKind;
+  }
+  PP_ASSIGN_OR_RETURN(const LoadPlan plan, PlanLoad(model, optimizer, rank, options));
+
+  torch::NoGradGuard no_grad;
+  PP_RETURN_IF_ERROR(LoadModelTensors(plan, by_path, options, report));
+  PP_RETURN_IF_ERROR(LoadOptimizerStates(plan, by_path, optimizer, report));
   if (options.strict && has_optim_files && !report.optimizer_missing.empty()) {
     return absl::NotFoundError(absl::StrCat("checkpoint ", report.dir,
                                             " has no optimizer state for ",
                                             absl::StrJoin(report.optimizer_missing, ", ")));
   }
-
-  // Layers beyond the model and tie keys it does not have (reported once, by
-  // rank 0). Tie keys are known model-wide from tie_writer_stage, or when
-  // this rank holds the whole model.
-  if (rank.rank == 0) {
-    std::set<std::string> known_ties;
-    for (const auto& [key, stage] : model.tie_writer_stage) known_ties.insert(key);
-    for (const auto& [name, t] : model.tensors) {
-      absl::StatusOr<TensorLocation> loc = LocateTensor(name);
-      if (loc.ok() && !loc->tie_key.empty()) known_ties.insert(loc->tie_key);
-    }
-    const bool ties_known = !model.tie_writer_stage.empty() || rank.num_stages == 1;
-    for (const FileInfo& f : manifest.files()) {
-      if ((model.num_layers >= 0 && f.layer() >= model.num_layers) ||
-          (ties_known && !f.tie_key().empty() && known_ties.count(f.tie_key()) == 0)) {
-        report.unexpected.push_back(f.path());
-      }
-    }
-  }
+  // Reported once, by rank 0.
+  if (rank.rank == 0) ReportFilesBeyondModel(model, rank, report);
   if (options.strict && !report.unexpected.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", report.dir,
         " holds tensors the model does not have: ", absl::StrJoin(report.unexpected, ", ")));
   }
-
-  const checkpoint::TopologyInfo& topo = manifest.topology();
-  if (topo.pipe() == rank.num_stages && topo.data() == rank.data_size &&
-      topo.model() == rank.model_size) {
-    auto it = by_path.find(RankStateFileName(rank.stage, rank.data_rank, rank.model_rank));
-    if (it != by_path.end()) {
-      PP_ASSIGN_OR_RETURN(report.rank_state, ReadTensorFile(report.dir, *it->second));
-      report.bytes_read += it->second->size_bytes();
-      report.rank_state_found = true;
-    }
-  }
+  PP_RETURN_IF_ERROR(LoadRankState(by_path, rank, report));
   return report;
 }
 

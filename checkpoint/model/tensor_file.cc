@@ -50,13 +50,10 @@ std::string ShapeString(at::IntArrayRef shape) {
   return absl::StrCat("[", absl::StrJoin(shape.begin(), shape.end(), ", "), "]");
 }
 
-}  // namespace
+// WriteTensorFile's steps: check the names, copy to the host, then pickle
+// into the file while counting its bytes and CRC32C.
 
-absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::string& rel_path,
-                                         const TensorDict& tensors, bool sync) {
-  FileInfo info;
-  info.set_path(rel_path);
-  info.set_layer(-1);
+absl::Status CheckTensorNames(const std::string& rel_path, const TensorDict& tensors) {
   std::set<std::string> seen;
   for (const auto& [name, tensor] : tensors) {
     if (!seen.insert(name).second) {
@@ -68,30 +65,61 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
           absl::StrCat("tensor '", name, "' for checkpoint file ", rel_path, " is undefined"));
     }
   }
-  const std::string path = (fs::path(dir) / rel_path).string();
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot create checkpoint file ", path));
-  // What torch::pickle_save writes (a zip archive holding data.pkl and one
-  // record per storage, which torch.load reads), streamed to the file instead
-  // of assembled in a growing buffer, with the CRC32C computed on the way.
-  uint32_t crc = 0;
-  int64_t size = 0;
-  int write_errno = 0;
-  // Device tensors (a GPU run's weights): copied into pinned host buffers
-  // asynchronously, one wait per device (topology/device.h ToHost).
+  return absl::OkStatus();
+}
+
+// Device tensors (a GPU run's weights): copied into pinned host buffers
+// asynchronously, one wait per device (topology/device.h ToHost).
+absl::StatusOr<std::vector<at::Tensor>> CopyToHost(const std::string& path,
+                                                   const TensorDict& tensors) {
   std::vector<at::Tensor> host;
-  absl::Status copied = TorchCall(absl::StrCat("copying tensors for checkpoint file ", path), [&] {
+  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("copying tensors for checkpoint file ", path), [&] {
     std::vector<at::Tensor> all;
     for (const auto& entry : tensors) all.push_back(entry.second.detach());
     absl::StatusOr<std::vector<at::Tensor>> on_host = ToHost(all, kDeviceCopyTimeout);
     if (!on_host.ok()) throw std::runtime_error(std::string(on_host.status().message()));
     host = *std::move(on_host);
-  });
-  if (!copied.ok()) {
-    ::close(fd);
-    return copied;
+  }));
+  return host;
+}
+
+// Writes everything it is given to `fd`, with the running CRC32C and size.
+struct FileSink {
+  int fd;
+  uint32_t crc = 0;
+  int64_t size = 0;
+  int write_errno = 0;  // the first write's failure; later writes are skipped
+
+  size_t Write(const void* data, size_t n) {
+    // After a failed write (a full disk) every later one is skipped but
+    // reported as done: a short count makes the writer throw, and its
+    // destructor then writes the end of the archive again and throws once
+    // more, which terminates the process. The error is returned by the caller.
+    if (write_errno != 0) return n;
+    const char* p = static_cast<const char*>(data);
+    size_t done = 0;
+    while (done < n) {
+      ssize_t w = ::write(fd, p + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        write_errno = w < 0 ? errno : EIO;
+        return n;
+      }
+      done += static_cast<size_t>(w);
+    }
+    crc = Crc32c(data, n, crc);
+    size += static_cast<int64_t>(n);
+    return n;
   }
-  absl::Status pickled = TorchCall(absl::StrCat("writing checkpoint file ", path), [&] {
+};
+
+// What torch::pickle_save writes (a zip archive holding data.pkl and one
+// record per storage, which torch.load reads), streamed to `sink` instead of
+// assembled in a growing buffer. Adds each tensor's name, dtype and shape to
+// `info`.
+absl::Status PickleInto(const std::string& path, const TensorDict& tensors,
+                        const std::vector<at::Tensor>& host, FileSink& sink, FileInfo& info) {
+  return TorchCall(absl::StrCat("writing checkpoint file ", path), [&] {
     c10::Dict<std::string, at::Tensor> dict;
     for (size_t i = 0; i < tensors.size(); ++i) {
       const std::string& name = tensors[i].first;
@@ -114,35 +142,36 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
     pickler.protocol();
     pickler.pushIValue(c10::IValue(dict));
     pickler.stop();
-    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
-      // After a failed write (a full disk) every later one is skipped but
-      // reported as done: a short count makes the writer throw, and its
-      // destructor then writes the end of the archive again and throws once
-      // more, which terminates the process. The error is returned below.
-      if (write_errno != 0) return n;
-      const char* p = static_cast<const char*>(data);
-      size_t done = 0;
-      while (done < n) {
-        ssize_t w = ::write(fd, p + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-          write_errno = w < 0 ? errno : EIO;
-          return n;
-        }
-        done += static_cast<size_t>(w);
-      }
-      crc = Crc32c(data, n, crc);
-      size += static_cast<int64_t>(n);
-      return n;
-    });
+    caffe2::serialize::PyTorchStreamWriter writer(
+        [&](const void* data, size_t n) -> size_t { return sink.Write(data, n); });
     torch::jit::writeArchiveAndTensors("data", pickle_bytes.data(), pickle_bytes.size(),
                                        pickler.tensorData(), writer);
     writer.writeEndOfFile();
   });
-  if (!pickled.ok() || write_errno != 0) {
+}
+
+}  // namespace
+
+absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::string& rel_path,
+                                         const TensorDict& tensors, bool sync) {
+  FileInfo info;
+  info.set_path(rel_path);
+  info.set_layer(-1);
+  PP_RETURN_IF_ERROR(CheckTensorNames(rel_path, tensors));
+  const std::string path = (fs::path(dir) / rel_path).string();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot create checkpoint file ", path));
+  absl::StatusOr<std::vector<at::Tensor>> host = CopyToHost(path, tensors);
+  if (!host.ok()) {
     ::close(fd);
-    if (write_errno != 0)
-      return ErrnoStatus(write_errno, absl::StrCat("cannot write checkpoint file ", path));
+    return host.status();
+  }
+  FileSink sink{fd};
+  absl::Status pickled = PickleInto(path, tensors, *host, sink, info);
+  if (!pickled.ok() || sink.write_errno != 0) {
+    ::close(fd);
+    if (sink.write_errno != 0)
+      return ErrnoStatus(sink.write_errno, absl::StrCat("cannot write checkpoint file ", path));
     return pickled;
   }
   if (sync && ::fsync(fd) != 0) {
@@ -151,8 +180,8 @@ absl::StatusOr<FileInfo> WriteTensorFile(const std::string& dir, const std::stri
     return ErrnoStatus(err, absl::StrCat("cannot fsync checkpoint file ", path));
   }
   if (::close(fd) != 0) return ErrnoStatus(errno, absl::StrCat("cannot close ", path));
-  info.set_size_bytes(size);
-  info.set_crc32c(crc);
+  info.set_size_bytes(sink.size);
+  info.set_crc32c(sink.crc);
   return info;
 }
 

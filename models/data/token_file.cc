@@ -107,6 +107,143 @@ absl::Status MapTokens(const std::string& path, int bytes_per_token, const unsig
   return absl::OkStatus();
 }
 
+// OpenMegatron's steps: read the .idx header, map the .bin, then check the
+// sequences and documents the .idx lists against it.
+
+constexpr int64_t kMegatronHeader = kMagicSize + 8 + 1 + 8 + 8;
+
+struct MegatronHeader {
+  int bytes_per_token = 0;
+  bool is_signed = false;
+  int64_t sequences = 0;
+  int64_t documents = 0;  // document index entries
+};
+
+// The magic, version, token type and counts of the .idx `idx`, its size
+// checked against the counts.
+absl::StatusOr<MegatronHeader> ReadMegatronHeader(const std::string& idx_path,
+                                                  const std::string& idx) {
+  const auto* p = reinterpret_cast<const unsigned char*>(idx.data());
+  const auto size = static_cast<int64_t>(idx.size());
+  if (size < kMagicSize || std::memcmp(p, kMagic, kMagicSize) != 0) {
+    return Bad(idx_path,
+               "wrong magic: not a Megatron indexed dataset index (expected \"MMIDIDX\\0\\0\")");
+  }
+  if (size < kMegatronHeader) {
+    return Bad(idx_path,
+               absl::StrCat("truncated header: ", size, " bytes, need ", kMegatronHeader));
+  }
+  const uint64_t version = ReadLe(p + kMagicSize, 8);
+  if (version != 1) return Bad(idx_path, absl::StrCat("version ", version, " (only 1 is known)"));
+  MegatronHeader header;
+  const int code = p[kMagicSize + 8];
+  switch (code) {
+    case 1:
+      header.bytes_per_token = 1;
+      break;  // uint8
+    case 2:
+      header.bytes_per_token = 1;
+      header.is_signed = true;
+      break;  // int8
+    case 3:
+      header.bytes_per_token = 2;
+      header.is_signed = true;
+      break;  // int16
+    case 4:
+      header.bytes_per_token = 4;
+      header.is_signed = true;
+      break;  // int32
+    case 5:
+      header.bytes_per_token = 8;
+      header.is_signed = true;
+      break;  // int64
+    case 8:
+      header.bytes_per_token = 2;
+      break;  // uint16
+    default:
+      return Bad(idx_path,
+                 absl::StrCat("dtype code ", code, " is not an integer token type (1-5 or 8)"));
+  }
+  const uint64_t sequences = ReadLe(p + kMagicSize + 9, 8);
+  const uint64_t doc_entries = ReadLe(p + kMagicSize + 17, 8);
+  // Guard the multiplications below against absurd counts of a corrupt file.
+  if (sequences > static_cast<uint64_t>(size) || doc_entries > static_cast<uint64_t>(size)) {
+    return Bad(idx_path, absl::StrCat("sequence count ", sequences, " or document count ",
+                                      doc_entries, " exceeds the file size ", size));
+  }
+  const auto s = static_cast<int64_t>(sequences);
+  const auto d = static_cast<int64_t>(doc_entries);
+  const int64_t expected = kMegatronHeader + 4 * s + 8 * s + 8 * d;
+  if (size != expected && size != expected + s) {
+    return Bad(idx_path, absl::StrCat("size ", size, " bytes does not match its counts (", s,
+                                      " sequences, ", d, " document entries: ", expected,
+                                      " bytes, or ", expected + s, " with sequence modes)"));
+  }
+  header.sequences = s;
+  header.documents = d;
+  return header;
+}
+
+// Sequence i starts at token result[i] (result[s]: the end); they must be
+// back to back and fill the .bin's `num_tokens`.
+absl::StatusOr<std::vector<int64_t>> SequenceStarts(const std::string& idx_path,
+                                                    const std::string& idx,
+                                                    const MegatronHeader& header,
+                                                    const std::string& bin_path,
+                                                    int64_t num_tokens) {
+  const int64_t s = header.sequences;
+  const int bytes = header.bytes_per_token;
+  const auto* lengths = reinterpret_cast<const unsigned char*>(idx.data()) + kMegatronHeader;
+  const unsigned char* pointers = lengths + 4 * s;
+  std::vector<int64_t> seq_start(s + 1, 0);
+  for (int64_t i = 0; i < s; ++i) {
+    const auto length = static_cast<int32_t>(ReadLe(lengths + 4 * i, 4));
+    const auto pointer = static_cast<int64_t>(ReadLe(pointers + 8 * i, 8));
+    if (length < 0) return Bad(idx_path, absl::StrCat("sequence ", i, " has length ", length));
+    if (pointer != seq_start[i] * bytes) {
+      return Bad(idx_path, absl::StrCat("sequence ", i, " points at byte ", pointer,
+                                        " of the .bin; the lengths before it end at byte ",
+                                        seq_start[i] * bytes, " (sequences must be contiguous)"));
+    }
+    seq_start[i + 1] = seq_start[i] + length;
+  }
+  if (seq_start[s] != num_tokens) {
+    return Bad(idx_path,
+               absl::StrCat("sequence lengths sum to ", seq_start[s], " tokens but ", bin_path,
+                            " holds ", num_tokens, " (the .idx does not match its .bin)"));
+  }
+  return seq_start;
+}
+
+// The first token of each document: the document indices (sequence numbers,
+// rising from 0 to the sequence count) mapped through `seq_start`.
+absl::StatusOr<std::vector<int64_t>> DocumentStarts(const std::string& idx_path,
+                                                    const std::string& idx,
+                                                    const MegatronHeader& header,
+                                                    const std::vector<int64_t>& seq_start) {
+  const int64_t s = header.sequences, d = header.documents;
+  const auto* docs =
+      reinterpret_cast<const unsigned char*>(idx.data()) + kMegatronHeader + 4 * s + 8 * s;
+  if (d < 1) return Bad(idx_path, "no document indices (need at least the leading 0)");
+  std::vector<int64_t> starts;
+  int64_t previous = -1;
+  for (int64_t j = 0; j < d; ++j) {
+    const auto seq = static_cast<int64_t>(ReadLe(docs + 8 * j, 8));
+    if (seq < 0 || seq > s || seq < previous || (j == 0 && seq != 0)) {
+      return Bad(idx_path,
+                 absl::StrCat("document index ", j, " is ", seq,
+                              "; document indices must rise from 0 to the sequence count ", s));
+    }
+    starts.push_back(seq_start[seq]);
+    previous = seq;
+  }
+  if (previous != s) {
+    return Bad(idx_path, absl::StrCat("the last document index is ", previous,
+                                      ", not the sequence count ", s));
+  }
+  return starts;
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const TokenFile>> TokenFile::OpenFlat(const std::string& path,
@@ -135,109 +272,23 @@ absl::StatusOr<std::shared_ptr<const TokenFile>> TokenFile::OpenMegatron(std::st
   const std::string bin_path = prefix + ".bin";
   absl::StatusOr<std::string> idx = ReadAll(idx_path);
   if (!idx.ok()) return idx.status();
-  const auto* p = reinterpret_cast<const unsigned char*>(idx->data());
-  const auto size = static_cast<int64_t>(idx->size());
-  constexpr int64_t kHeader = kMagicSize + 8 + 1 + 8 + 8;
-  if (size < kMagicSize || std::memcmp(p, kMagic, kMagicSize) != 0) {
-    return Bad(idx_path,
-               "wrong magic: not a Megatron indexed dataset index (expected \"MMIDIDX\\0\\0\")");
-  }
-  if (size < kHeader) {
-    return Bad(idx_path, absl::StrCat("truncated header: ", size, " bytes, need ", kHeader));
-  }
-  const uint64_t version = ReadLe(p + kMagicSize, 8);
-  if (version != 1) return Bad(idx_path, absl::StrCat("version ", version, " (only 1 is known)"));
-  const int code = p[kMagicSize + 8];
-  int bytes = 0;
-  bool is_signed = false;
-  switch (code) {
-    case 1:
-      bytes = 1;
-      break;  // uint8
-    case 2:
-      bytes = 1;
-      is_signed = true;
-      break;  // int8
-    case 3:
-      bytes = 2;
-      is_signed = true;
-      break;  // int16
-    case 4:
-      bytes = 4;
-      is_signed = true;
-      break;  // int32
-    case 5:
-      bytes = 8;
-      is_signed = true;
-      break;  // int64
-    case 8:
-      bytes = 2;
-      break;  // uint16
-    default:
-      return Bad(idx_path,
-                 absl::StrCat("dtype code ", code, " is not an integer token type (1-5 or 8)"));
-  }
-  const uint64_t sequences = ReadLe(p + kMagicSize + 9, 8);
-  const uint64_t doc_entries = ReadLe(p + kMagicSize + 17, 8);
-  // Guard the multiplications below against absurd counts of a corrupt file.
-  if (sequences > static_cast<uint64_t>(size) || doc_entries > static_cast<uint64_t>(size)) {
-    return Bad(idx_path, absl::StrCat("sequence count ", sequences, " or document count ",
-                                      doc_entries, " exceeds the file size ", size));
-  }
-  const auto s = static_cast<int64_t>(sequences);
-  const auto d = static_cast<int64_t>(doc_entries);
-  const int64_t expected = kHeader + 4 * s + 8 * s + 8 * d;
-  if (size != expected && size != expected + s) {
-    return Bad(idx_path, absl::StrCat("size ", size, " bytes does not match its counts (", s,
-                                      " sequences, ", d, " document entries: ", expected,
-                                      " bytes, or ", expected + s, " with sequence modes)"));
-  }
+  absl::StatusOr<MegatronHeader> header = ReadMegatronHeader(idx_path, *idx);
+  if (!header.ok()) return header.status();
   std::shared_ptr<TokenFile> file(new TokenFile());
   file->path_ = bin_path;
-  file->bytes_per_token_ = bytes;
-  file->is_signed_ = is_signed;
-  if (absl::Status st =
-          MapTokens(bin_path, bytes, &file->data_, &file->mapped_bytes_, &file->num_tokens_);
+  file->bytes_per_token_ = header->bytes_per_token;
+  file->is_signed_ = header->is_signed;
+  if (absl::Status st = MapTokens(bin_path, header->bytes_per_token, &file->data_,
+                                  &file->mapped_bytes_, &file->num_tokens_);
       !st.ok()) {
     return st;
   }
-  const unsigned char* lengths = p + kHeader;
-  const unsigned char* pointers = lengths + 4 * s;
-  const unsigned char* docs = pointers + 8 * s;
-  // Sequence i starts at token seq_start[i]; they must be back to back.
-  std::vector<int64_t> seq_start(s + 1, 0);
-  for (int64_t i = 0; i < s; ++i) {
-    const auto length = static_cast<int32_t>(ReadLe(lengths + 4 * i, 4));
-    const auto pointer = static_cast<int64_t>(ReadLe(pointers + 8 * i, 8));
-    if (length < 0) return Bad(idx_path, absl::StrCat("sequence ", i, " has length ", length));
-    if (pointer != seq_start[i] * bytes) {
-      return Bad(idx_path, absl::StrCat("sequence ", i, " points at byte ", pointer,
-                                        " of the .bin; the lengths before it end at byte ",
-                                        seq_start[i] * bytes, " (sequences must be contiguous)"));
-    }
-    seq_start[i + 1] = seq_start[i] + length;
-  }
-  if (seq_start[s] != file->num_tokens_) {
-    return Bad(idx_path,
-               absl::StrCat("sequence lengths sum to ", seq_start[s], " tokens but ", bin_path,
-                            " holds ", file->num_tokens_, " (the .idx does not match its .bin)"));
-  }
-  if (d < 1) return Bad(idx_path, "no document indices (need at least the leading 0)");
-  int64_t previous = -1;
-  for (int64_t j = 0; j < d; ++j) {
-    const auto seq = static_cast<int64_t>(ReadLe(docs + 8 * j, 8));
-    if (seq < 0 || seq > s || seq < previous || (j == 0 && seq != 0)) {
-      return Bad(idx_path,
-                 absl::StrCat("document index ", j, " is ", seq,
-                              "; document indices must rise from 0 to the sequence count ", s));
-    }
-    file->document_starts_.push_back(seq_start[seq]);
-    previous = seq;
-  }
-  if (previous != s) {
-    return Bad(idx_path, absl::StrCat("the last document index is ", previous,
-                                      ", not the sequence count ", s));
-  }
+  absl::StatusOr<std::vector<int64_t>> seq_start =
+      SequenceStarts(idx_path, *idx, *header, bin_path, file->num_tokens_);
+  if (!seq_start.ok()) return seq_start.status();
+  absl::StatusOr<std::vector<int64_t>> starts = DocumentStarts(idx_path, *idx, *header, *seq_start);
+  if (!starts.ok()) return starts.status();
+  file->document_starts_ = *std::move(starts);
   return file;
 }
 

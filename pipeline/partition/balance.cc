@@ -75,13 +75,8 @@ namespace {
 // `fits` = everything fits.
 using FitsFn = std::function<bool(int64_t part, int64_t j, int64_t i)>;
 
-// The balancing rule over the splits that `fits` allows. nullopt (with an OK
-// status) when no split fits.
-absl::StatusOr<std::optional<Bounds>> Balance(const std::vector<double>& costs, int64_t num_parts,
-                                              const FitsFn& fits) {
-  const int64_t n = static_cast<int64_t>(costs.size());
-  if (absl::Status s = CheckEnoughLayers(n, num_parts); !s.ok()) return s;
-  for (int64_t i = 0; i < n; ++i) {
+absl::Status CheckCosts(const std::vector<double>& costs) {
+  for (size_t i = 0; i < costs.size(); ++i) {
     if (!std::isfinite(costs[i]) || costs[i] < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("cost of layer ", i, " is ", costs[i], "; costs must be finite and >= 0"));
@@ -96,75 +91,115 @@ absl::StatusOr<std::optional<Bounds>> Balance(const std::vector<double>& costs, 
         "costs sum to ", total, "; the balancer squares part costs, so the sum must be below ",
         kMaxTotalCost, " (scale the costs down)"));
   }
-  const int64_t p = num_parts;
-  // prefix[i] = cost of layers [0, i). Every segment cost is computed as one
-  // difference of prefixes, so both passes see bit-identical segment costs.
-  std::vector<double> prefix(n + 1, 0.0);
-  for (int64_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
-  auto seg = [&](int64_t j, int64_t i) { return prefix[i] - prefix[j]; };
-  constexpr double kInf = std::numeric_limits<double>::infinity();
+  return absl::OkStatus();
+}
 
-  // Pass 1: best[k][j] = the smallest possible heaviest part when layers
-  // [j, n) are split into k non-empty parts.
-  std::vector<std::vector<double>> best(p + 1, std::vector<double>(n + 1, kInf));
-  // With k parts left for [j, n), the first of them is part p - k.
-  auto allowed = [&](int64_t k, int64_t j, int64_t i) { return !fits || fits(p - k, j, i); };
-  for (int64_t j = 0; j < n; ++j) best[1][j] = allowed(1, j, n) ? seg(j, n) : kInf;
-  for (int64_t k = 2; k <= p; ++k) {
-    for (int64_t j = 0; j + k <= n; ++j) {
-      double value = kInf;
-      for (int64_t i = j + 1; i + (k - 1) <= n; ++i) {
-        const double first = seg(j, i);
-        if (first >= value) break;     // Costs are >= 0: longer first parts only get heavier.
-        if (!allowed(k, j, i)) break;  // Monotone: longer first parts do not fit either.
-        value = std::min(value, std::max(first, best[k - 1][i]));
-      }
-      best[k][j] = value;
-    }
+// The balancing rule as two dynamic programs over "layers [j, n) in k parts"
+// and a reconstruction. REQUIRES: CheckCosts passed and num_parts <= layers.
+class Balancer {
+ public:
+  Balancer(const std::vector<double>& costs, int64_t num_parts, const FitsFn& fits)
+      : n_(static_cast<int64_t>(costs.size())), p_(num_parts), fits_(fits), prefix_(n_ + 1, 0.0) {
+    for (int64_t i = 0; i < n_; ++i) prefix_[i + 1] = prefix_[i] + costs[i];
   }
-  const double limit = best[p][0];
-  if (limit == kInf) return std::optional<Bounds>();
 
-  // Pass 2: among splits whose parts all cost <= limit, the smallest sum of
-  // squared part costs.
-  std::vector<std::vector<double>> squares(p + 1, std::vector<double>(n + 1, kInf));
-  for (int64_t j = 0; j < n; ++j) {
-    const double c = seg(j, n);
-    if (c <= limit && allowed(1, j, n)) squares[1][j] = c * c;
-  }
-  for (int64_t k = 2; k <= p; ++k) {
-    for (int64_t j = 0; j + k <= n; ++j) {
-      double value = kInf;
-      for (int64_t i = j + 1; i + (k - 1) <= n; ++i) {
-        const double c = seg(j, i);
-        if (c > limit || !allowed(k, j, i)) break;
-        value = std::min(value, c * c + squares[k - 1][i]);
+  // Pass 1: the smallest possible heaviest part; kInf when no split fits.
+  double MinMaxPart() const {
+    // best[k][j] = the smallest possible heaviest part when layers [j, n) are
+    // split into k non-empty parts.
+    std::vector<std::vector<double>> best(p_ + 1, std::vector<double>(n_ + 1, kInf));
+    for (int64_t j = 0; j < n_; ++j) best[1][j] = Allowed(1, j, n_) ? Seg(j, n_) : kInf;
+    for (int64_t k = 2; k <= p_; ++k) {
+      for (int64_t j = 0; j + k <= n_; ++j) {
+        double value = kInf;
+        for (int64_t i = j + 1; i + (k - 1) <= n_; ++i) {
+          const double first = Seg(j, i);
+          if (first >= value) break;     // Costs are >= 0: longer first parts only get heavier.
+          if (!Allowed(k, j, i)) break;  // Monotone: longer first parts do not fit either.
+          value = std::min(value, std::max(first, best[k - 1][i]));
+        }
+        best[k][j] = value;
       }
-      squares[k][j] = value;
     }
+    return best[p_][0];
+  }
+
+  // Pass 2: squares[k][j] = among splits of [j, n) into k parts that all
+  // cost <= limit, the smallest sum of squared part costs.
+  std::vector<std::vector<double>> MinSquares(double limit) const {
+    std::vector<std::vector<double>> squares(p_ + 1, std::vector<double>(n_ + 1, kInf));
+    for (int64_t j = 0; j < n_; ++j) {
+      const double c = Seg(j, n_);
+      if (c <= limit && Allowed(1, j, n_)) squares[1][j] = c * c;
+    }
+    for (int64_t k = 2; k <= p_; ++k) {
+      for (int64_t j = 0; j + k <= n_; ++j) {
+        double value = kInf;
+        for (int64_t i = j + 1; i + (k - 1) <= n_; ++i) {
+          const double c = Seg(j, i);
+          if (c > limit || !Allowed(k, j, i)) break;
+          value = std::min(value, c * c + squares[k - 1][i]);
+        }
+        squares[k][j] = value;
+      }
+    }
+    return squares;
   }
 
   // Reconstruct from the front, taking the latest cut that keeps the optimum.
-  Bounds bounds = {0};
-  int64_t j = 0;
-  for (int64_t k = p; k >= 2; --k) {
-    int64_t chosen = -1;
-    for (int64_t i = n - (k - 1); i > j; --i) {
-      const double c = seg(j, i);
-      if (c > limit || squares[k - 1][i] == kInf || !allowed(k, j, i)) continue;
-      if (c * c + squares[k - 1][i] == squares[k][j]) {
-        chosen = i;
-        break;
+  absl::StatusOr<Bounds> Reconstruct(double limit,
+                                     const std::vector<std::vector<double>>& squares) const {
+    Bounds bounds = {0};
+    int64_t j = 0;
+    for (int64_t k = p_; k >= 2; --k) {
+      int64_t chosen = -1;
+      for (int64_t i = n_ - (k - 1); i > j; --i) {
+        const double c = Seg(j, i);
+        if (c > limit || squares[k - 1][i] == kInf || !Allowed(k, j, i)) continue;
+        if (c * c + squares[k - 1][i] == squares[k][j]) {
+          chosen = i;
+          break;
+        }
       }
+      if (chosen < 0) {
+        return absl::InternalError("balanced partition: reconstruction found no cut (a bug)");
+      }
+      bounds.push_back(chosen);
+      j = chosen;
     }
-    if (chosen < 0) {
-      return absl::InternalError("balanced partition: reconstruction found no cut (a bug)");
-    }
-    bounds.push_back(chosen);
-    j = chosen;
+    bounds.push_back(n_);
+    return bounds;
   }
-  bounds.push_back(n);
-  return std::optional<Bounds>(bounds);
+
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+
+ private:
+  // Cost of layers [j, i). Every segment cost is one difference of prefixes,
+  // so both passes see bit-identical segment costs.
+  double Seg(int64_t j, int64_t i) const { return prefix_[i] - prefix_[j]; }
+
+  // With k parts left for [j, n), the first of them is part p - k.
+  bool Allowed(int64_t k, int64_t j, int64_t i) const { return !fits_ || fits_(p_ - k, j, i); }
+
+  const int64_t n_;
+  const int64_t p_;
+  const FitsFn& fits_;
+  std::vector<double> prefix_;  // prefix_[i] = cost of layers [0, i)
+};
+
+// The balancing rule over the splits that `fits` allows. nullopt (with an OK
+// status) when no split fits.
+absl::StatusOr<std::optional<Bounds>> Balance(const std::vector<double>& costs, int64_t num_parts,
+                                              const FitsFn& fits) {
+  if (absl::Status s = CheckEnoughLayers(static_cast<int64_t>(costs.size()), num_parts); !s.ok())
+    return s;
+  if (absl::Status s = CheckCosts(costs); !s.ok()) return s;
+  const Balancer balancer(costs, num_parts, fits);
+  const double limit = balancer.MinMaxPart();
+  if (limit == Balancer::kInf) return std::optional<Bounds>();
+  absl::StatusOr<Bounds> bounds = balancer.Reconstruct(limit, balancer.MinSquares(limit));
+  if (!bounds.ok()) return bounds.status();
+  return std::optional<Bounds>(*std::move(bounds));
 }
 
 }  // namespace

@@ -120,6 +120,73 @@ absl::StatusOr<RunResult> TrainSequential(const RunConfig& config) {
   return result;
 }
 
+namespace {
+
+// TrainPipeline's steps: the model's and the trainer's options from the
+// config, the run on thread ranks, then the checks that every rank and
+// replica agrees.
+
+PipelineModelOptions ModelOptionsOf(const RunConfig& config) {
+  PipelineModelOptions mo;
+  mo.num_stages = config.pp;
+  mo.chunks = config.chunks;
+  mo.partition_method = config.partition_method;
+  mo.base_seed = kSeed;
+  // The schedule's placement (V for zbv); its errors are the Trainer's to report.
+  if (absl::StatusOr<Schedule> schedule =
+          MakeSchedule(config.schedule, {config.pp, config.microbatches, config.chunks, 0});
+      schedule.ok()) {
+    mo.stage_to_rank = schedule->stage_to_rank;
+  }
+  return mo;
+}
+
+TrainerOptions TrainerOptionsOf(const RunConfig& config, const torch::Device& device) {
+  TrainerOptions to;
+  to.executor.p2p.device = device;
+  to.schedule = config.schedule;
+  to.num_microbatches = config.microbatches;
+  to.optimizer = config.optimizer;
+  to.lr_schedule = config.lr_schedule;
+  to.max_grad_norm = config.max_grad_norm;
+  to.executor.p2p.timeout = config.timeout;
+  to.reduce_tied_grads = config.reduce_tied_grads;
+  to.executor.defer_receives = config.defer_receives;
+  to.executor.p2p.static_shapes = config.p2p_static_shapes;
+  to.executor.post_receives_ahead = config.post_receives_ahead;
+  to.layer_runner = config.layer_runner;
+  to.precision = config.precision;
+  return to;
+}
+
+// Every rank saw the same losses and gradient norms; every data-parallel
+// replica ends with the same parameters.
+absl::Status CheckRanksAgree(
+    const std::vector<std::vector<double>>& rank_losses,
+    const std::vector<std::vector<double>>& rank_norms,
+    const std::vector<std::map<std::string, torch::Tensor>>& replica_params) {
+  for (size_t r = 1; r < rank_losses.size(); ++r) {
+    if (rank_losses[r] != rank_losses[0] || rank_norms[r] != rank_norms[0]) {
+      return absl::InternalError(
+          absl::StrCat("rank ", r, " reports a different loss or grad norm than rank 0"));
+    }
+  }
+  for (size_t d = 1; d < replica_params.size(); ++d) {
+    for (const auto& [name, value] : replica_params[0]) {
+      auto it = replica_params[d].find(name);
+      const torch::Tensor other = it == replica_params[d].end() ? torch::Tensor() : it->second;
+      if (!torch::equal(value, other)) {
+        return absl::InternalError(
+            absl::StrCat("data-parallel replica ", d, " differs in ", name, " (max abs diff ",
+                         other.defined() ? (other - value).abs().max().item<double>() : -1.0, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   const int world = config.pp * config.dp;
   std::mutex mu;
@@ -132,37 +199,14 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         PP_ASSIGN_OR_RETURN(ProcessTopology topology,
                             PipeDataParallelTopology(config.pp, config.dp));
         PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world_of_rank, topology));
-        PipelineModelOptions mo;
-        mo.num_stages = config.pp;
-        mo.chunks = config.chunks;
-        mo.partition_method = config.partition_method;
-        mo.base_seed = kSeed;
-        // The schedule's placement (V for zbv); its errors are the Trainer's to report.
-        if (absl::StatusOr<Schedule> schedule =
-                MakeSchedule(config.schedule, {config.pp, config.microbatches, config.chunks, 0});
-            schedule.ok()) {
-          mo.stage_to_rank = schedule->stage_to_rank;
-        }
-        PP_ASSIGN_OR_RETURN(auto model,
-                            PipelineModel::Create(SpecsOf(config), mo, grid.stage_id()));
+        PP_ASSIGN_OR_RETURN(
+            auto model,
+            PipelineModel::Create(SpecsOf(config), ModelOptionsOf(config), grid.stage_id()));
         model->to(world_of_rank.device);
         std::unique_ptr<MicroBatchSource> source = SourceOf(config);
-        TrainerOptions to;
-        to.executor.p2p.device = world_of_rank.device;
-        to.schedule = config.schedule;
-        to.num_microbatches = config.microbatches;
-        to.optimizer = config.optimizer;
-        to.lr_schedule = config.lr_schedule;
-        to.max_grad_norm = config.max_grad_norm;
-        to.executor.p2p.timeout = config.timeout;
-        to.reduce_tied_grads = config.reduce_tied_grads;
-        to.executor.defer_receives = config.defer_receives;
-        to.executor.p2p.static_shapes = config.p2p_static_shapes;
-        to.executor.post_receives_ahead = config.post_receives_ahead;
-        to.layer_runner = config.layer_runner;
-        to.precision = config.precision;
         PP_ASSIGN_OR_RETURN(auto trainer,
-                            Trainer::Create(&grid, model.get(), LossOf(config), source.get(), to));
+                            Trainer::Create(&grid, model.get(), LossOf(config), source.get(),
+                                            TrainerOptionsOf(config, world_of_rank.device)));
         for (int step = 0; step < config.steps; ++step) {
           PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
           rank_losses[grid.global_rank()].push_back(r.loss);
@@ -187,22 +231,7 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         return absl::OkStatus();
       });
   PP_RETURN_IF_ERROR(status);
-  for (int r = 1; r < world; ++r) {
-    if (rank_losses[r] != rank_losses[0] || rank_norms[r] != rank_norms[0]) {
-      return absl::InternalError(
-          absl::StrCat("rank ", r, " reports a different loss or grad norm than rank 0"));
-    }
-  }
-  for (int d = 1; d < config.dp; ++d) {
-    for (const auto& [name, value] : replica_params[0]) {
-      if (!torch::equal(value, replica_params[d][name])) {
-        const torch::Tensor& other = replica_params[d][name];
-        return absl::InternalError(
-            absl::StrCat("data-parallel replica ", d, " differs in ", name, " (max abs diff ",
-                         other.defined() ? (other - value).abs().max().item<double>() : -1.0, ")"));
-      }
-    }
-  }
+  PP_RETURN_IF_ERROR(CheckRanksAgree(rank_losses, rank_norms, replica_params));
   result.losses = rank_losses[0];
   result.grad_norms = rank_norms[0];
   result.params = replica_params[0];

@@ -43,11 +43,10 @@ absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const Schedu
   return Lower(schedule);
 }
 
-}  // namespace
+// Trainer::Create's steps.
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, PipelineModel* model,
-                                                         LossFn loss_fn, MicroBatchSource* source,
-                                                         TrainerOptions options) {
+absl::Status CheckTrainerInputs(ParallelGrid* grid, PipelineModel* model, const LossFn& loss_fn,
+                                MicroBatchSource* source, const TrainerOptions& options) {
   if (grid == nullptr || model == nullptr || source == nullptr || !loss_fn) {
     return absl::InvalidArgumentError(
         "Trainer::Create needs a grid, a model, a loss function and a source");
@@ -63,6 +62,102 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
     return absl::InvalidArgumentError(
         absl::StrCat("num_microbatches (", options.num_microbatches, ") must be >= 1"));
   }
+  return absl::OkStatus();
+}
+
+// Tie groups: one process group per key over this replica's stages holding
+// it, created in key order by the members only.
+absl::StatusOr<std::vector<TiedParams>> MakeTies(ParallelGrid& grid, PipelineModel& model) {
+  std::vector<TiedParams> ties;
+  for (const TieGroup& group : model.LocalTieGroups()) {
+    TiedParams tie;
+    tie.key = group.key;
+    std::vector<int> ranks;
+    for (int64_t stage : group.stages) {
+      PP_ASSIGN_OR_RETURN(int r,
+                          grid.StageToGlobal(static_cast<int>(stage), grid.data_parallel_id()));
+      ranks.push_back(r);
+    }
+    tie.members = grid.DescribeGroup("tie group", ranks);
+    if (ranks.size() > 1) {
+      PP_ASSIGN_OR_RETURN(tie.group, grid.NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp",
+                                                                       grid.data_parallel_id())));
+    }
+    PP_ASSIGN_OR_RETURN(auto named, model.TiedParameters(group.key));
+    for (const auto& item : named) tie.params.push_back(item.value());
+    tie.counts_in_norm = !group.stages.empty() && group.stages.front() == grid.stage_id();
+    ties.push_back(std::move(tie));
+  }
+  return ties;
+}
+
+// `params` less the tied copies whose owner is another stage (the gradient
+// norm counts each tied parameter once).
+std::vector<torch::Tensor> CountedParams(const std::vector<torch::Tensor>& params,
+                                         const std::vector<TiedParams>& ties) {
+  std::set<const void*> non_owner;
+  for (const TiedParams& tie : ties) {
+    if (tie.counts_in_norm) continue;
+    for (const torch::Tensor& p : tie.params) non_owner.insert(p.unsafeGetTensorImpl());
+  }
+  std::vector<torch::Tensor> counted;
+  for (const torch::Tensor& p : params) {
+    if (non_owner.count(p.unsafeGetTensorImpl()) == 0) counted.push_back(p);
+  }
+  return counted;
+}
+
+absl::Status CheckFp32ForBf16(const std::vector<torch::Tensor>& params) {
+  for (const torch::Tensor& p : params) {
+    if (p.scalar_type() != torch::kFloat) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TrainerOptions::precision bf16 takes the model in fp32 (the masters are "
+                       "copied from it) but a parameter is ",
+                       c10::toString(p.scalar_type())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The executor's forward of each local virtual stage.
+std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> StageForwards(
+    PipelineModel& model, Precision precision) {
+  std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages;
+  for (int64_t c = 0; c < model.num_chunks(); ++c) {
+    StageModule chunk = model.chunk(c);
+    const int vstage = static_cast<int>(chunk->virtual_stage());
+    if (precision == Precision::kBf16) {
+      // A stage's floating inputs in bf16: the first stage's (from the
+      // source) are cast; received ones already are, so p2p carries bf16.
+      stages[vstage] = [chunk](const Activations& in, const MicroBatch& batch) mutable {
+        return chunk->Forward(CastFloating(in, torch::kBFloat16), batch);
+      };
+    } else {
+      stages[vstage] = [chunk](const Activations& in, const MicroBatch& batch) mutable {
+        return chunk->Forward(in, batch);
+      };
+    }
+  }
+  return stages;
+}
+
+absl::Status CheckParametersOn(const PipelineModel& model, const torch::Device& device) {
+  for (const auto& item : model.named_parameters()) {
+    if (item.value().device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TrainerOptions::executor.p2p.device is ", device.str(), " but parameter ", item.key(),
+          " is on ", item.value().device().str(), "; move the model first (PipelineModel::to)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, PipelineModel* model,
+                                                         LossFn loss_fn, MicroBatchSource* source,
+                                                         TrainerOptions options) {
+  PP_RETURN_IF_ERROR(CheckTrainerInputs(grid, model, loss_fn, source, options));
   std::unique_ptr<Trainer> t(new Trainer());
   t->grid_ = grid;
   t->model_ = model;
@@ -84,87 +179,28 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
 
   if (options.layer_runner) model->set_layer_runner(options.layer_runner);
   t->params_ = model->parameters();
-
-  // Tie groups: one process group per key over this replica's stages holding
-  // it, created in key order by the members only.
-  std::set<const void*> non_owner;
-  for (const TieGroup& group : model->LocalTieGroups()) {
-    TiedParams tie;
-    tie.key = group.key;
-    std::vector<int> ranks;
-    for (int64_t stage : group.stages) {
-      PP_ASSIGN_OR_RETURN(int r,
-                          grid->StageToGlobal(static_cast<int>(stage), grid->data_parallel_id()));
-      ranks.push_back(r);
-    }
-    tie.members = grid->DescribeGroup("tie group", ranks);
-    if (ranks.size() > 1) {
-      PP_ASSIGN_OR_RETURN(tie.group, grid->NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp",
-                                                                        grid->data_parallel_id())));
-    }
-    PP_ASSIGN_OR_RETURN(auto named, model->TiedParameters(group.key));
-    for (const auto& item : named) tie.params.push_back(item.value());
-    tie.counts_in_norm = !group.stages.empty() && group.stages.front() == grid->stage_id();
-    if (!tie.counts_in_norm) {
-      for (const torch::Tensor& p : tie.params) non_owner.insert(p.unsafeGetTensorImpl());
-    }
-    t->ties_.push_back(std::move(tie));
-  }
-  for (const torch::Tensor& p : t->params_) {
-    if (non_owner.count(p.unsafeGetTensorImpl()) == 0) t->counted_params_.push_back(p);
-  }
+  PP_ASSIGN_OR_RETURN(t->ties_, MakeTies(*grid, *model));
+  t->counted_params_ = CountedParams(t->params_, t->ties_);
   PP_RETURN_IF_ERROR(BroadcastTiedParams(t->ties_, options.executor.p2p.timeout));
   if (options.precision == Precision::kBf16) {
-    for (const torch::Tensor& p : t->params_) {
-      if (p.scalar_type() != torch::kFloat) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TrainerOptions::precision bf16 takes the model in fp32 (the masters are copied "
-            "from it) but a parameter is ",
-            c10::toString(p.scalar_type())));
-      }
-    }
+    PP_RETURN_IF_ERROR(CheckFp32ForBf16(t->params_));
     // After the broadcast: every tied copy's master starts from the same value.
     t->master_ = std::make_unique<MasterWeights>(t->params_);
     for (TiedParams& tie : t->ties_) tie.params = t->master_->MastersOf(tie.params);
     t->counted_params_ = t->master_->MastersOf(t->counted_params_);
-  }
-
-  std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> stages;
-  for (int64_t c = 0; c < model->num_chunks(); ++c) {
-    StageModule chunk = model->chunk(c);
-    const int vstage = static_cast<int>(chunk->virtual_stage());
-    if (options.precision == Precision::kBf16) {
-      // A stage's floating inputs in bf16: the first stage's (from the
-      // source) are cast; received ones already are, so p2p carries bf16.
-      stages[vstage] = [chunk](const Activations& in, const MicroBatch& batch) mutable {
-        return chunk->Forward(CastFloating(in, torch::kBFloat16), batch);
-      };
-    } else {
-      stages[vstage] = [chunk](const Activations& in, const MicroBatch& batch) mutable {
-        return chunk->Forward(in, batch);
-      };
-    }
-  }
-  if (options.precision == Precision::kBf16) {
     // The loss (log-softmax, cross entropy) on fp32 logits.
     loss_fn = [inner = std::move(loss_fn)](const Activations& out, const MicroBatch& batch) {
       return inner(CastFloating(out, torch::kFloat), batch);
     };
   }
+
   StageExecutorOptions eo = options.executor;
   MicroBatchSource* run_source = source;
   if (!options.executor.p2p.device.is_cpu()) {
     // On a device: parameters there, micro-batches moved there, and p2p in
     // program order (NCCL pairs by order; DeferReceives breaks it, and device
     // receives do not block the host anyway: device_streams.h).
-    for (const auto& item : model->named_parameters()) {
-      if (item.value().device() != options.executor.p2p.device) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TrainerOptions::executor.p2p.device is ", options.executor.p2p.device.str(),
-            " but parameter ", item.key(), " is on ", item.value().device().str(),
-            "; move the model first (PipelineModel::to)"));
-      }
-    }
+    PP_RETURN_IF_ERROR(CheckParametersOn(*model, options.executor.p2p.device));
     eo.defer_receives = false;
     for (const LoweredProgram* program : {&t->train_program_, &t->eval_program_}) {
       PP_RETURN_IF_ERROR(CheckPairwiseP2POrder(*program));
@@ -175,8 +211,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   }
   eo.p2p.global_ranks = grid->pipe_group_ranks();
   eo.data_parallel_id = grid->data_parallel_id();
-  t->executor_ = std::make_unique<StageExecutor>(
-      grid->stage_id(), std::move(stages), std::move(loss_fn), run_source, grid->pipe_group(), eo);
+  t->executor_ =
+      std::make_unique<StageExecutor>(grid->stage_id(), StageForwards(*model, options.precision),
+                                      std::move(loss_fn), run_source, grid->pipe_group(), eo);
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->train_program_));
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->eval_program_));
   t->timer_ =

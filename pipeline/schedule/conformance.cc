@@ -19,28 +19,11 @@ absl::Status Fail(const ScheduleOptions& o, const std::string& what) {
       absl::StrCat("p=", o.num_stages, " m=", o.num_microbatches, " v=", o.num_chunks, ": ", what));
 }
 
-}  // namespace
+// CheckScheduleConformance's steps after the schedule validates.
 
-absl::Status CheckScheduleConformance(const std::string& name, const ScheduleOptions& o) {
-  absl::StatusOr<Schedule> made = MakeSchedule(name, o);
-  if (!made.ok()) {
-    if (made.status().code() != absl::StatusCode::kInvalidArgument ||
-        made.status().message().empty()) {
-      return Fail(o, absl::StrCat("rejected with something other than a "
-                                  "described InvalidArgument: ",
-                                  made.status().ToString()));
-    }
-    return absl::OkStatus();
-  }
-  const Schedule& schedule = *made;
-  if (schedule.num_chunks != o.num_chunks) {
-    return Fail(o, absl::StrCat("asked for ", o.num_chunks, " chunks, got ", schedule.num_chunks));
-  }
-  absl::Status valid = ValidateSchedule(schedule);
-  if (!valid.ok()) return Fail(o, valid.ToString());
-
-  // Action counts per rank: one F per (local stage, mb); one B, or one I and
-  // one W, unless forward only.
+// Action counts per rank: one F per (local stage, mb); one B, or one I and
+// one W, unless forward only.
+absl::Status CheckActionCounts(const Schedule& schedule, const ScheduleOptions& o) {
   const int p = o.num_stages, m = o.num_microbatches;
   for (int r = 0; r < p; ++r) {
     int local = 0;
@@ -60,9 +43,14 @@ absl::Status CheckScheduleConformance(const std::string& name, const ScheduleOpt
                                   " W for ", local, " local stages"));
     }
   }
+  return absl::OkStatus();
+}
 
-  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
-  // Messages: one per micro-batch and cross-rank stage boundary, each way.
+// Messages: one per micro-batch and cross-rank stage boundary, each way; the
+// tail on every rank of a training program, on none of a forward-only one.
+absl::Status CheckLoweredProgram(const Schedule& schedule, const LoweredProgram& program,
+                                 const ScheduleOptions& o) {
+  const int p = o.num_stages, m = o.num_microbatches;
   int boundaries = 0;
   for (int s = 0; s + 1 < schedule.num_virtual_stages(); ++s) {
     boundaries += schedule.stage_to_rank[s] != schedule.stage_to_rank[s + 1];
@@ -88,13 +76,19 @@ absl::Status CheckScheduleConformance(const std::string& name, const ScheduleOpt
                                 comm[ActionType::kRecvBackward], " RECV_B; expected ",
                                 boundaries * m, " and ", backward_messages));
   }
+  return absl::OkStatus();
+}
+
+// The program simulates, with buffered and with blocking sends, to sane
+// busy times and a bubble fraction in [0, 1).
+absl::Status CheckSimulates(const LoweredProgram& program, const ScheduleOptions& o) {
   for (bool blocking : {false, true}) {
     SimulationCosts costs;
     costs.blocking_sends = blocking;
     costs.comm = 0.25;
     absl::StatusOr<SimulationResult> sim = SimulateProgram(program, costs);
     if (!sim.ok()) return Fail(o, sim.status().ToString());
-    for (int r = 0; r < p; ++r) {
+    for (int r = 0; r < o.num_stages; ++r) {
       if (sim->busy[r] > sim->makespan + 1e-9 || sim->idle[r] < -1e-9) {
         return Fail(o, absl::StrCat("rank ", r, " busy ", sim->busy[r], " exceeds the makespan ",
                                     sim->makespan));
@@ -105,6 +99,31 @@ absl::Status CheckScheduleConformance(const std::string& name, const ScheduleOpt
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckScheduleConformance(const std::string& name, const ScheduleOptions& o) {
+  absl::StatusOr<Schedule> made = MakeSchedule(name, o);
+  if (!made.ok()) {
+    if (made.status().code() != absl::StatusCode::kInvalidArgument ||
+        made.status().message().empty()) {
+      return Fail(o, absl::StrCat("rejected with something other than a "
+                                  "described InvalidArgument: ",
+                                  made.status().ToString()));
+    }
+    return absl::OkStatus();
+  }
+  const Schedule& schedule = *made;
+  if (schedule.num_chunks != o.num_chunks) {
+    return Fail(o, absl::StrCat("asked for ", o.num_chunks, " chunks, got ", schedule.num_chunks));
+  }
+  absl::Status valid = ValidateSchedule(schedule);
+  if (!valid.ok()) return Fail(o, valid.ToString());
+  PP_RETURN_IF_ERROR(CheckActionCounts(schedule, o));
+  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+  PP_RETURN_IF_ERROR(CheckLoweredProgram(schedule, program, o));
+  return CheckSimulates(program, o);
 }
 
 namespace {

@@ -390,28 +390,37 @@ std::string ProgramToCsv(const LoweredProgram& program) {
   return out;
 }
 
-absl::StatusOr<Schedule> ParseCsvSchedule(absl::string_view text, const CsvReadOptions& options) {
-  absl::StatusOr<RawCsv> split = SplitCsv(text, options);
-  if (!split.ok()) return split.status();
-  const RawCsv& csv = *split;
-  const int p = static_cast<int>(csv.rows.size());
+namespace {
 
-  // Parse every cell; the actions a rank runs, with the cell each came from.
-  struct Parsed {
-    Action action;
-    const Cell* cell;
-  };
-  std::vector<std::vector<Parsed>> parsed(p);
-  std::vector<std::vector<PyTorchOnly>> pytorch_only(p);
-  bool comms = false;
+// ParseCsvSchedule's steps, in order: parse the cells, check the file's shape,
+// choose the placement, check every cell against it, build the schedule.
+
+// An action a rank runs, with the cell it came from.
+struct ParsedCell {
+  Action action;
+  const Cell* cell;
+};
+
+// Every cell of the file, parsed (empty cells, idle steps, dropped).
+struct ParsedCells {
+  std::vector<std::vector<ParsedCell>> actions;        // per rank
+  std::vector<std::vector<PyTorchOnly>> pytorch_only;  // per rank
+  bool comms = false;                                  // the file is PyTorch's compute + comms form
   int max_stage = -1, max_mb = -1;
+};
+
+absl::StatusOr<ParsedCells> ParseCells(const RawCsv& csv, const CsvReadOptions& options) {
+  const int p = static_cast<int>(csv.rows.size());
+  ParsedCells out;
+  out.actions.resize(p);
+  out.pytorch_only.resize(p);
   for (int r = 0; r < p; ++r) {
     for (const Cell& cell : csv.rows[r]) {
       if (cell.text.empty()) continue;  // idle step
       if (std::optional<PyTorchOnly> only = ParsePyTorchOnly(cell.text)) {
-        comms = true;  // only PyTorch's compute + comms form has them
+        out.comms = true;  // only PyTorch's compute + comms form has them
         only->cell = &cell;
-        pytorch_only[r].push_back(*only);
+        out.pytorch_only[r].push_back(*only);
         continue;
       }
       if (cell.text.size() > kMaxCellText) {
@@ -426,96 +435,127 @@ absl::StatusOr<Schedule> ParseCsvSchedule(absl::string_view text, const CsvReadO
                                       "<s>RESHARD, <s>WAIT_REDUCE_GRAD, <s>WAIT_SEND_F<mb> and "
                                       "<s>WAIT_SEND_B<mb> are read and not run"));
       }
-      comms |= !IsCompute(action->type);
-      max_stage = std::max(max_stage, action->stage);
-      if (HasMicrobatch(action->type)) max_mb = std::max(max_mb, action->microbatch);
-      parsed[r].push_back({*action, &cell});
+      out.comms |= !IsCompute(action->type);
+      out.max_stage = std::max(out.max_stage, action->stage);
+      if (HasMicrobatch(action->type)) out.max_mb = std::max(out.max_mb, action->microbatch);
+      out.actions[r].push_back({*action, &cell});
     }
   }
-  if (max_mb < 0) {
+  return out;
+}
+
+// A compute action at all, and every (stage, micro-batch) can have a forward
+// cell: bounds the sizes built later.
+absl::Status CheckShape(const RawCsv& csv, const ParsedCells& cells,
+                        const CsvReadOptions& options) {
+  if (cells.max_mb < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(options.source,
                      ": no compute action in any cell; expected one row per rank with actions "
                      "such as 0F0, 0B0 (or 0I0 and 0W0)\n",
                      FormatCells(csv, -1, -1)));
   }
-
-  // Every (stage, micro-batch) needs a forward cell: bounds the sizes below.
   int64_t num_compute = 0;
-  for (const auto& actions : parsed) {
-    for (const Parsed& x : actions) num_compute += IsCompute(x.action.type) ? 1 : 0;
+  for (const auto& actions : cells.actions) {
+    for (const ParsedCell& x : actions) num_compute += IsCompute(x.action.type) ? 1 : 0;
   }
-  if ((static_cast<int64_t>(max_stage) + 1) * (static_cast<int64_t>(max_mb) + 1) > num_compute) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.source, ": the cells name stages up to ", max_stage, " and micro-batches up to ",
-        max_mb, ", which needs at least ", (static_cast<int64_t>(max_stage) + 1), " x ",
-        (static_cast<int64_t>(max_mb) + 1), " forwards, but the file has only ", num_compute,
-        " compute cells; stages and micro-batches count from 0 without gaps"));
+  const int64_t stages = static_cast<int64_t>(cells.max_stage) + 1;
+  const int64_t microbatches = static_cast<int64_t>(cells.max_mb) + 1;
+  if (stages * microbatches > num_compute) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.source, ": the cells name stages up to ", cells.max_stage,
+                     " and micro-batches up to ", cells.max_mb, ", which needs at least ", stages,
+                     " x ", microbatches, " forwards, but the file has only ", num_compute,
+                     " compute cells; stages and micro-batches count from 0 without gaps"));
   }
+  return absl::OkStatus();
+}
 
-  // Placement: the option, the file's line, or looped.
-  std::string placement_text = options.stage_to_rank;
-  if (!csv.placement.empty() && !placement_text.empty() && csv.placement != placement_text) {
+struct CsvPlacement {
+  std::string text;  // as given or inferred: "looped", "v", "0,1,1,0"
+  std::vector<int> stage_to_rank;
+};
+
+// The option, the file's line, or (as PyTorch does) each stage on the rank
+// whose row names it.
+absl::StatusOr<CsvPlacement> ChoosePlacement(const RawCsv& csv, const ParsedCells& cells,
+                                             const CsvReadOptions& options) {
+  const int p = static_cast<int>(csv.rows.size());
+  CsvPlacement placement;
+  placement.text = options.stage_to_rank;
+  if (!csv.placement.empty() && !placement.text.empty() && csv.placement != placement.text) {
     return absl::InvalidArgumentError(
         absl::StrCat(options.source, ": line ", csv.placement_line, " places stages by \"",
-                     csv.placement, "\", but stage_to_rank \"", placement_text,
+                     csv.placement, "\", but stage_to_rank \"", placement.text,
                      "\" was asked for; remove one or make them agree"));
   }
-  if (placement_text.empty()) placement_text = csv.placement;
-  if (placement_text.empty()) {
-    // As PyTorch does: each stage on the rank whose row names it.
+  if (placement.text.empty()) placement.text = csv.placement;
+  if (placement.text.empty()) {
     std::vector<StageCell> stage_cells;
     for (int r = 0; r < p; ++r) {
-      for (const Parsed& x : parsed[r]) {
+      for (const ParsedCell& x : cells.actions[r]) {
         for (const Action& a : Leaves(x.action)) {
           if (HasStage(a.type) && a.stage >= 0) stage_cells.push_back({r, a.stage, x.cell});
         }
       }
     }
-    PP_ASSIGN_OR_RETURN(placement_text, InferPlacement(csv, stage_cells, p, max_stage, options));
+    PP_ASSIGN_OR_RETURN(placement.text,
+                        InferPlacement(csv, stage_cells, p, cells.max_stage, options));
   }
-  absl::StatusOr<std::vector<int>> placement =
-      ParseStageToRank(placement_text, p, std::max(max_stage + 1, p));
-  if (!placement.ok()) {
+  absl::StatusOr<std::vector<int>> stage_to_rank =
+      ParseStageToRank(placement.text, p, std::max(cells.max_stage + 1, p));
+  if (!stage_to_rank.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(options.source,
-                     csv.placement_line != 0 && placement_text == csv.placement
+                     csv.placement_line != 0 && placement.text == csv.placement
                          ? absl::StrCat(" line ", csv.placement_line)
                          : "",
-                     ": ", placement.status().message()));
+                     ": ", stage_to_rank.status().message()));
   }
-  const int num_virtual = static_cast<int>(placement->size());
+  placement.stage_to_rank = *std::move(stage_to_rank);
+  return placement;
+}
 
-  // Every cell's stage is on its rank (comm and tail actions too).
-  for (int r = 0; r < p; ++r) {
-    for (const Parsed& x : parsed[r]) {
+// Every cell's stage is on its rank (comm and tail actions too).
+absl::Status CheckStagesOnTheirRanks(const RawCsv& csv, const ParsedCells& cells,
+                                     const CsvPlacement& placement, const CsvReadOptions& options) {
+  const std::vector<int>& stage_to_rank = placement.stage_to_rank;
+  const int num_virtual = static_cast<int>(stage_to_rank.size());
+  for (int r = 0; r < static_cast<int>(cells.actions.size()); ++r) {
+    for (const ParsedCell& x : cells.actions[r]) {
       const int s = x.action.stage;
       if (!HasStage(x.action.type) || s < 0) continue;
-      if ((*placement)[s] == r) continue;
+      if (stage_to_rank[s] == r) continue;
       std::vector<int> local;
       for (int t = 0; t < num_virtual; ++t) {
-        if ((*placement)[t] == r) local.push_back(t);
+        if (stage_to_rank[t] == r) local.push_back(t);
       }
       return CellError(
           options, csv, r, *x.cell,
-          absl::StrCat("stage ", s, " is on rank ", (*placement)[s], " under the ", placement_text,
+          absl::StrCat("stage ", s, " is on rank ", stage_to_rank[s], " under the ", placement.text,
                        " placement; rank ", r, " holds stages ", absl::StrJoin(local, ", "),
                        " (set the placement with a \"# stage_to_rank: ...\" line)"));
     }
   }
+  return absl::OkStatus();
+}
 
-  // PyTorch-only cells: their stage on their rank, a wait after what it
-  // waits for (PyTorch's _validate_send_waits and REDUCE_GRAD pairing).
-  for (int r = 0; r < p; ++r) {
-    for (const PyTorchOnly& only : pytorch_only[r]) {
-      if (only.stage >= num_virtual || (*placement)[only.stage] != r) {
+// PyTorch-only cells: their stage on their rank, a wait after what it
+// waits for (PyTorch's _validate_send_waits and REDUCE_GRAD pairing).
+absl::Status CheckPyTorchOnlyCells(const RawCsv& csv, const ParsedCells& cells,
+                                   const CsvPlacement& placement, const CsvReadOptions& options) {
+  const std::vector<int>& stage_to_rank = placement.stage_to_rank;
+  const int num_virtual = static_cast<int>(stage_to_rank.size());
+  for (int r = 0; r < static_cast<int>(cells.pytorch_only.size()); ++r) {
+    for (const PyTorchOnly& only : cells.pytorch_only[r]) {
+      if (only.stage >= num_virtual || stage_to_rank[only.stage] != r) {
         return CellError(options, csv, r, *only.cell,
                          absl::StrCat("stage ", only.stage, " is not on rank ", r, " under the ",
-                                      placement_text, " placement"));
+                                      placement.text, " placement"));
       }
       if (only.type == "UNSHARD" || only.type == "RESHARD") continue;
       bool found = false;
-      for (const Parsed& x : parsed[r]) {
+      for (const ParsedCell& x : cells.actions[r]) {
         if (x.cell->column >= only.cell->column || x.cell->line != only.cell->line) continue;
         const Action& a = x.action;
         if (only.type == "WAIT_REDUCE_GRAD") {
@@ -535,52 +575,85 @@ absl::StatusOr<Schedule> ParseCsvSchedule(absl::string_view text, const CsvReadO
       }
     }
   }
+  return absl::OkStatus();
+}
 
+// The schedule (each rank's compute cells) and, per rank, the cells its
+// actions and its program's came from, so that an error can name its cell.
+struct BuiltSchedule {
   Schedule schedule;
+  std::vector<std::vector<const Cell*>> compute_cells, program_cells;
+};
+
+BuiltSchedule BuildSchedule(const ParsedCells& cells, const CsvPlacement& placement,
+                            const CsvReadOptions& options) {
+  const int p = static_cast<int>(cells.actions.size());
+  BuiltSchedule out;
+  Schedule& schedule = out.schedule;
   schedule.name = absl::StrCat(kCsvSchedulePrefix, options.source);
   schedule.num_stages = p;
-  schedule.num_microbatches = max_mb + 1;
-  schedule.num_chunks = num_virtual / p;
-  schedule.stage_to_rank = *placement;
+  schedule.num_microbatches = cells.max_mb + 1;
+  schedule.num_chunks = static_cast<int>(placement.stage_to_rank.size()) / p;
+  schedule.stage_to_rank = placement.stage_to_rank;
   schedule.ranks.resize(p);
+  out.compute_cells.resize(p);
+  out.program_cells.resize(p);
   bool backward = false;
-  std::vector<std::vector<const Cell*>> compute_cells(p), program_cells(p);
   for (int r = 0; r < p; ++r) {
-    for (const Parsed& x : parsed[r]) {
+    for (const ParsedCell& x : cells.actions[r]) {
       if (IsTail(x.action.type)) continue;  // rebuilt below
-      program_cells[r].push_back(x.cell);
+      out.program_cells[r].push_back(x.cell);
       if (!IsCompute(x.action.type)) continue;
       schedule.ranks[r].push_back(x.action);
-      compute_cells[r].push_back(x.cell);
+      out.compute_cells[r].push_back(x.cell);
       backward |= x.action.type != ActionType::kForward;
     }
   }
   schedule.forward_only = !backward;
+  return out;
+}
 
-  auto located = [&](const absl::Status& status) {
-    const std::string where =
-        WhereInFile(status.message(), "schedule \"", compute_cells, options) +
-        WhereInFile(status.message(), "lowered program of \"", program_cells, options);
-    return absl::Status(status.code(), absl::StrCat(options.source, ": ", status.message(), where));
-  };
-
-  if (comms) {
-    // The program as written, with the tail Lower() gives the compute order.
-    absl::StatusOr<LoweredProgram> derived = Lower(schedule);
-    if (!derived.ok()) return located(derived.status());
-    schedule.given_program.resize(p);
-    for (int r = 0; r < p; ++r) {
-      for (const Parsed& x : parsed[r]) {
-        if (!IsTail(x.action.type)) schedule.given_program[r].push_back(x.action);
-      }
-      for (const Action& a : derived->ranks[r]) {
-        if (IsTail(a.type)) schedule.given_program[r].push_back(a);
-      }
+// The program as written, with the tail Lower() gives the compute order.
+absl::Status AddGivenProgram(const ParsedCells& cells, Schedule& schedule) {
+  PP_ASSIGN_OR_RETURN(LoweredProgram derived, Lower(schedule));
+  const int p = static_cast<int>(cells.actions.size());
+  schedule.given_program.resize(p);
+  for (int r = 0; r < p; ++r) {
+    for (const ParsedCell& x : cells.actions[r]) {
+      if (!IsTail(x.action.type)) schedule.given_program[r].push_back(x.action);
+    }
+    for (const Action& a : derived.ranks[r]) {
+      if (IsTail(a.type)) schedule.given_program[r].push_back(a);
     }
   }
-  absl::Status valid = ValidateSchedule(schedule);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> ParseCsvSchedule(absl::string_view text, const CsvReadOptions& options) {
+  PP_ASSIGN_OR_RETURN(const RawCsv csv, SplitCsv(text, options));
+  PP_ASSIGN_OR_RETURN(const ParsedCells cells, ParseCells(csv, options));
+  PP_RETURN_IF_ERROR(CheckShape(csv, cells, options));
+  PP_ASSIGN_OR_RETURN(const CsvPlacement placement, ChoosePlacement(csv, cells, options));
+  PP_RETURN_IF_ERROR(CheckStagesOnTheirRanks(csv, cells, placement, options));
+  PP_RETURN_IF_ERROR(CheckPyTorchOnlyCells(csv, cells, placement, options));
+  BuiltSchedule built = BuildSchedule(cells, placement, options);
+
+  // Lowering and validation errors, with the CSV cell they point at.
+  auto located = [&](const absl::Status& status) {
+    const std::string where =
+        WhereInFile(status.message(), "schedule \"", built.compute_cells, options) +
+        WhereInFile(status.message(), "lowered program of \"", built.program_cells, options);
+    return absl::Status(status.code(), absl::StrCat(options.source, ": ", status.message(), where));
+  };
+  if (cells.comms) {
+    absl::Status given = AddGivenProgram(cells, built.schedule);
+    if (!given.ok()) return located(given);
+  }
+  absl::Status valid = ValidateSchedule(built.schedule);
   if (!valid.ok()) return located(valid);
-  return schedule;
+  return std::move(built.schedule);
 }
 
 absl::StatusOr<Schedule> LoadCsvScheduleFile(const std::string& path, CsvReadOptions options) {

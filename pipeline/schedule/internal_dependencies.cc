@@ -7,53 +7,66 @@
 
 namespace pp {
 namespace internal_schedule {
-absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
-                                               const DependencyCosts& costs) {
-  const int p = schedule.num_stages;
-  const int num_virtual = static_cast<int>(schedule.stage_to_rank.size());
-  const int m = schedule.num_microbatches;
-  if (static_cast<int>(schedule.ranks.size()) != p) {
-    return absl::InvalidArgumentError(absl::StrCat("schedule \"", schedule.name, "\" has ",
-                                                   schedule.ranks.size(),
-                                                   " rank lists for num_stages ", p));
-  }
-  // Where each compute (type, stage, mb) runs; dense, ranges checked first.
-  std::vector<Dependency> where(4 * num_virtual * m, Dependency{-1, -1});
-  auto key = [&](const Action& a) {
-    return (static_cast<int>(a.type) * num_virtual + a.stage) * m + a.microbatch;
-  };
-  for (int r = 0; r < p; ++r) {
-    for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
-      PP_RETURN_IF_ERROR(CheckComputeCell(schedule, r, i));
-      for (const Action& a : Leaves(schedule.ranks[r][i])) {
-        Dependency& slot = where[key(a)];
-        if (slot.rank >= 0) {
-          const Dependency& first = slot;
-          return ScheduleCellError(schedule, r, i,
-                                   absl::StrCat(ActionToString(a),
-                                                " appears twice (first "
-                                                "at rank ",
-                                                first.rank, " step ", first.pos, ")"));
+namespace {
+
+// TimeComputeOrder's steps: place every compute, find each one's producers,
+// time the per-rank orders, and report the ranks that could not finish.
+
+// Where each compute leaf (type, stage, mb) runs; dense.
+class ComputePlaces {
+ public:
+  explicit ComputePlaces(const Schedule& schedule)
+      : num_virtual_(static_cast<int>(schedule.stage_to_rank.size())),
+        m_(schedule.num_microbatches),
+        where_(4 * num_virtual_ * m_, Dependency{-1, -1}) {}
+
+  // Every cell in range and on its rank, every leaf once.
+  absl::Status PlaceAll(const Schedule& schedule) {
+    for (int r = 0; r < static_cast<int>(schedule.ranks.size()); ++r) {
+      for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
+        PP_RETURN_IF_ERROR(CheckComputeCell(schedule, r, i));
+        for (const Action& a : Leaves(schedule.ranks[r][i])) {
+          Dependency& slot = where_[Key(a)];
+          if (slot.rank >= 0) {
+            const Dependency& first = slot;
+            return ScheduleCellError(schedule, r, i,
+                                     absl::StrCat(ActionToString(a),
+                                                  " appears twice (first "
+                                                  "at rank ",
+                                                  first.rank, " step ", first.pos, ")"));
+          }
+          slot = Dependency{r, i, a};
         }
-        slot = Dependency{r, i, a};
       }
     }
+    return absl::OkStatus();
   }
 
-  ComputeTiming timing;
-  timing.start.resize(p);
-  timing.end.resize(p);
-  timing.deps.resize(p);
-  for (int r = 0; r < p; ++r) {
+  // Where `a` runs; rank -1 when no rank runs it. REQUIRES: `a` in range
+  // (PlaceAll checked every cell).
+  const Dependency& Of(const Action& a) const { return where_[Key(a)]; }
+
+ private:
+  int Key(const Action& a) const {
+    return (static_cast<int>(a.type) * num_virtual_ + a.stage) * m_ + a.microbatch;
+  }
+
+  int num_virtual_;
+  int m_;
+  std::vector<Dependency> where_;
+};
+
+// timing.deps[r][i]: the producers of each input of compute i of rank r.
+absl::Status FindDependencies(const Schedule& schedule, const ComputePlaces& places,
+                              ComputeTiming& timing) {
+  const int num_virtual = static_cast<int>(schedule.stage_to_rank.size());
+  for (int r = 0; r < static_cast<int>(schedule.ranks.size()); ++r) {
     const auto& actions = schedule.ranks[r];
-    timing.start[r].assign(actions.size(), -1);
-    timing.end[r].assign(actions.size(), -1);
-    timing.deps[r].resize(actions.size());
     for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
       for (const Action& a : Leaves(actions[i])) {
         auto need = [&](std::vector<Action> alternatives) -> absl::Status {
           for (const Action& alt : alternatives) {
-            const Dependency& found = where[key(alt)];
+            const Dependency& found = places.Of(alt);
             if (found.rank >= 0) {
               timing.deps[r][i].push_back(found);
               return absl::OkStatus();
@@ -89,24 +102,35 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
       }
     }
   }
+  return absl::OkStatus();
+}
 
-  auto leaf_cost = [&](ActionType type) {
-    switch (type) {
+int CostOf(const Action& action, const DependencyCosts& costs) {
+  int total = 0;
+  for (const Action& a : Leaves(action)) {
+    switch (a.type) {
       case ActionType::kForward:
-        return costs.forward;
+        total += costs.forward;
+        break;
       case ActionType::kBackward:
-        return costs.backward;
+        total += costs.backward;
+        break;
       case ActionType::kBackwardInput:
-        return costs.backward_input;
+        total += costs.backward_input;
+        break;
       default:
-        return costs.backward_weight;
+        total += costs.backward_weight;
     }
-  };
-  auto cost = [&](const Action& action) {
-    int total = 0;
-    for (const Action& a : Leaves(action)) total += leaf_cost(a.type);
-    return total;
-  };
+  }
+  return total;
+}
+
+// List scheduling: each rank runs its order as soon as the inputs are there.
+// Fills timing.start/end; returns each rank's first compute that never ran
+// (its list's size when all ran).
+std::vector<int> TimeInOrder(const Schedule& schedule, const DependencyCosts& costs,
+                             ComputeTiming& timing) {
+  const int p = static_cast<int>(schedule.ranks.size());
   std::vector<int> pos(p, 0), free_at(p, 0);
   bool progress = true;
   while (progress) {
@@ -125,17 +149,22 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
         }
         if (blocked) break;
         timing.start[r][i] = ready;
-        timing.end[r][i] = ready + cost(schedule.ranks[r][i]);
+        timing.end[r][i] = ready + CostOf(schedule.ranks[r][i], costs);
         free_at[r] = timing.end[r][i];
         ++pos[r];
         progress = true;
       }
     }
   }
-  // Stuck ranks: report each one's wait; mark the first.
+  return pos;
+}
+
+// Stuck ranks: report each one's wait; mark the first. OK when none is stuck.
+absl::Status StuckRanksError(const Schedule& schedule, const ComputeTiming& timing,
+                             const std::vector<int>& pos) {
   std::string waits;
   int first_rank = -1;
-  for (int r = 0; r < p; ++r) {
+  for (int r = 0; r < static_cast<int>(pos.size()); ++r) {
     if (pos[r] == static_cast<int>(schedule.ranks[r].size())) continue;
     const int i = pos[r];
     if (first_rank < 0) first_rank = r;
@@ -147,12 +176,39 @@ absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
                       d.pos, ")");
     }
   }
-  if (first_rank >= 0) {
-    return ScheduleCellError(schedule, first_rank, pos[first_rank],
-                             absl::StrCat("the per-rank orders cannot all make progress (an input "
-                                          "is needed before it can be produced):",
-                                          waits));
+  if (first_rank < 0) return absl::OkStatus();
+  return ScheduleCellError(schedule, first_rank, pos[first_rank],
+                           absl::StrCat("the per-rank orders cannot all make progress (an input "
+                                        "is needed before it can be produced):",
+                                        waits));
+}
+
+}  // namespace
+
+absl::StatusOr<ComputeTiming> TimeComputeOrder(const Schedule& schedule,
+                                               const DependencyCosts& costs) {
+  const int p = schedule.num_stages;
+  if (static_cast<int>(schedule.ranks.size()) != p) {
+    return absl::InvalidArgumentError(absl::StrCat("schedule \"", schedule.name, "\" has ",
+                                                   schedule.ranks.size(),
+                                                   " rank lists for num_stages ", p));
   }
+  ComputePlaces places(schedule);
+  PP_RETURN_IF_ERROR(places.PlaceAll(schedule));
+
+  ComputeTiming timing;
+  timing.start.resize(p);
+  timing.end.resize(p);
+  timing.deps.resize(p);
+  for (int r = 0; r < p; ++r) {
+    const size_t n = schedule.ranks[r].size();
+    timing.start[r].assign(n, -1);
+    timing.end[r].assign(n, -1);
+    timing.deps[r].resize(n);
+  }
+  PP_RETURN_IF_ERROR(FindDependencies(schedule, places, timing));
+  const std::vector<int> pos = TimeInOrder(schedule, costs, timing);
+  PP_RETURN_IF_ERROR(StuckRanksError(schedule, timing, pos));
   return timing;
 }
 

@@ -71,44 +71,30 @@ absl::StatusOr<LoweredProgram> GivenProgram(const Schedule& schedule,
   return program;
 }
 
-}  // namespace
+// Lower's steps, after the compute order is timed (rule step 1).
 
-absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOptions& options) {
-  if (options.forward_cost < 1 || options.backward_cost < 1 || options.backward_input_cost < 1 ||
-      options.backward_weight_cost < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lowering costs must be positive integers (the order of a message and "
-                     "its producer relies on it); got F=",
-                     options.forward_cost, " B=", options.backward_cost,
-                     " I=", options.backward_input_cost, " W=", options.backward_weight_cost));
-  }
-  if (!schedule.given_program.empty()) return GivenProgram(schedule, options);
-  internal_schedule::DependencyCosts costs;
-  costs.forward = options.forward_cost;
-  costs.backward = options.backward_cost;
-  costs.backward_input = options.backward_input_cost;
-  costs.backward_weight = options.backward_weight_cost;
-  absl::StatusOr<internal_schedule::ComputeTiming> timing =
-      internal_schedule::TimeComputeOrder(schedule, costs);
-  if (!timing.ok()) return timing.status();
-
-  // Per rank, the closed intervals in which it is between computes (rule
-  // step 2): [end of compute i-1, start of compute i], and after its last.
-  constexpr int kForever = 1 << 30;
-  std::vector<std::vector<std::pair<int, int>>> between(schedule.num_stages);
-  for (int r = 0; r < schedule.num_stages; ++r) {
-    int lo = 0;
-    for (size_t i = 0; i < timing->start[r].size(); ++i) {
-      between[r].push_back({lo, timing->start[r][i]});
-      lo = timing->end[r][i];
+// Per rank, the closed intervals in which it is between computes (rule step
+// 2): [end of compute i-1, start of compute i], and after its last.
+class IdleIntervals {
+ public:
+  IdleIntervals(const internal_schedule::ComputeTiming& timing, int num_ranks)
+      : between_(num_ranks) {
+    constexpr int kForever = 1 << 30;
+    for (int r = 0; r < num_ranks; ++r) {
+      int lo = 0;
+      for (size_t i = 0; i < timing.start[r].size(); ++i) {
+        between_[r].push_back({lo, timing.start[r][i]});
+        lo = timing.end[r][i];
+      }
+      between_[r].push_back({lo, kForever});
     }
-    between[r].push_back({lo, kForever});
   }
+
   // Earliest t in [lo, hi] at which ranks a and b are both between computes;
   // `lo` if there is none.
-  auto meeting_time = [&](int a, int b, int lo, int hi) {
-    const auto& x = between[a];
-    const auto& y = between[b];
+  int MeetingTime(int a, int b, int lo, int hi) const {
+    const auto& x = between_[a];
+    const auto& y = between_[b];
     // Intervals are sorted and disjoint: skip those ending before `lo`.
     auto first_reaching = [lo](const std::vector<std::pair<int, int>>& v) {
       return static_cast<size_t>(
@@ -129,26 +115,40 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOpt
       }
     }
     return lo;
-  };
+  }
 
+ private:
+  std::vector<std::vector<std::pair<int, int>>> between_;
+};
+
+// The global event sequence (rule step 3): every compute at its start, every
+// message between ranks at the earliest time both ends are between computes.
+std::vector<Event> SortedEvents(const Schedule& schedule,
+                                const internal_schedule::ComputeTiming& timing) {
+  const IdleIntervals idle(timing, schedule.num_stages);
   std::vector<Event> events;
   for (int r = 0; r < schedule.num_stages; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
-      events.push_back({timing->start[r][i], 1, r, i, 0});
-      for (const internal_schedule::Dependency& dep : timing->deps[r][i]) {
+      events.push_back({timing.start[r][i], 1, r, i, 0});
+      for (const internal_schedule::Dependency& dep : timing.deps[r][i]) {
         if (dep.rank == r) continue;  // local hand-off
         // The leaf that produces the input: for an OVERLAP_F_B, the half
         // whose output is needed (its message follows the whole pair).
         const Action& producer = dep.produced;
         const int direction = producer.type == ActionType::kForward ? 0 : 1;
         const int t =
-            meeting_time(dep.rank, r, timing->end[dep.rank][dep.pos], timing->start[r][i]);
+            idle.MeetingTime(dep.rank, r, timing.end[dep.rank][dep.pos], timing.start[r][i]);
         events.push_back({t, 0, producer.stage, direction, producer.microbatch});
       }
     }
   }
   std::sort(events.begin(), events.end());
+  return events;
+}
 
+// Each rank's program in event order: its computes, and each message as a
+// send on the producer's rank and a receive on the consumer's.
+LoweredProgram ProgramOfEvents(const Schedule& schedule, const std::vector<Event>& events) {
   LoweredProgram program;
   program.schedule_name = schedule.name;
   program.num_stages = schedule.num_stages;
@@ -174,32 +174,59 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOpt
           {stage - 1, ActionType::kRecvBackward, mb});
     }
   }
+  return program;
+}
 
-  if (!schedule.forward_only && options.include_tail) {
-    for (int r = 0; r < schedule.num_stages; ++r) {
-      std::vector<Action>& actions = program.ranks[r];
-      // Local stages in the order their last backward appears.
-      std::vector<std::pair<int, int>> last_backward;  // (position, stage)
-      for (int stage : program.LocalStages(r)) {
-        int last = -1;
-        for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
-          for (const Action& a : Leaves(actions[i])) {
-            if (a.stage == stage &&
-                (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight)) {
-              last = i;
-            }
+// The step's tail on every rank: REDUCE_TIED, then REDUCE_GRAD of each local
+// stage in the order its last backward appears, then STEP.
+void AppendStepTail(LoweredProgram& program) {
+  for (int r = 0; r < program.num_stages; ++r) {
+    std::vector<Action>& actions = program.ranks[r];
+    std::vector<std::pair<int, int>> last_backward;  // (position, stage)
+    for (int stage : program.LocalStages(r)) {
+      int last = -1;
+      for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
+        for (const Action& a : Leaves(actions[i])) {
+          if (a.stage == stage &&
+              (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight)) {
+            last = i;
           }
         }
-        last_backward.push_back({last, stage});
       }
-      std::sort(last_backward.begin(), last_backward.end());
-      actions.push_back({-1, ActionType::kReduceTiedGrads, -1});
-      for (const auto& [pos, stage] : last_backward) {
-        actions.push_back({stage, ActionType::kReduceGrads, -1});
-      }
-      actions.push_back({-1, ActionType::kOptimizerStep, -1});
+      last_backward.push_back({last, stage});
     }
+    std::sort(last_backward.begin(), last_backward.end());
+    actions.push_back({-1, ActionType::kReduceTiedGrads, -1});
+    for (const auto& [pos, stage] : last_backward) {
+      actions.push_back({stage, ActionType::kReduceGrads, -1});
+    }
+    actions.push_back({-1, ActionType::kOptimizerStep, -1});
   }
+}
+
+}  // namespace
+
+absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOptions& options) {
+  if (options.forward_cost < 1 || options.backward_cost < 1 || options.backward_input_cost < 1 ||
+      options.backward_weight_cost < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lowering costs must be positive integers (the order of a message and "
+                     "its producer relies on it); got F=",
+                     options.forward_cost, " B=", options.backward_cost,
+                     " I=", options.backward_input_cost, " W=", options.backward_weight_cost));
+  }
+  if (!schedule.given_program.empty()) return GivenProgram(schedule, options);
+  internal_schedule::DependencyCosts costs;
+  costs.forward = options.forward_cost;
+  costs.backward = options.backward_cost;
+  costs.backward_input = options.backward_input_cost;
+  costs.backward_weight = options.backward_weight_cost;
+  absl::StatusOr<internal_schedule::ComputeTiming> timing =
+      internal_schedule::TimeComputeOrder(schedule, costs);
+  if (!timing.ok()) return timing.status();
+
+  LoweredProgram program = ProgramOfEvents(schedule, SortedEvents(schedule, *timing));
+  if (!schedule.forward_only && options.include_tail) AppendStepTail(program);
   return program;
 }
 

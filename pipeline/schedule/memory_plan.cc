@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 namespace pp {
 
@@ -46,9 +47,13 @@ std::vector<std::pair<std::string, double>> RankMemoryPlan::Terms() const {
   return terms;
 }
 
-absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
-                                      const std::vector<StageMemory>& stages,
-                                      const MemoryPlanOptions& options) {
+namespace {
+
+// PlanMemory's steps: check the inputs, then per rank the bytes held all step
+// and the activation peak along its action list.
+
+absl::Status CheckMemoryInputs(const Schedule& schedule, const std::vector<StageMemory>& stages,
+                               const MemoryPlanOptions& options) {
   const int num_virtual = schedule.num_virtual_stages();
   if (static_cast<int>(stages.size()) != num_virtual) {
     return absl::InvalidArgumentError(
@@ -82,80 +87,104 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
                      schedule.stage_to_rank.size(), " placed stages and ", schedule.ranks.size(),
                      " rank lists for p = ", schedule.num_stages, ", v = ", schedule.num_chunks));
   }
+  return absl::OkStatus();
+}
+
+// Rank r's bytes held all step: parameters (and fp32 masters), gradients and
+// optimizer state of its stages, and its p2p buffers.
+void PlanFixedBytes(const Schedule& schedule, const std::vector<StageMemory>& stages,
+                    const MemoryPlanOptions& options, int r, RankMemoryPlan& out) {
+  const int num_virtual = schedule.num_virtual_stages();
+  for (int s = 0; s < num_virtual; ++s) {
+    if (schedule.stage_to_rank[s] != r) continue;
+    out.parameters += stages[s].parameter_bytes;
+    // A message in each direction per neighbour: F in + its gradient out
+    // from stage s - 1's boundary, F out + its gradient in at s's own.
+    if (s > 0) out.p2p_buffers += 2 * stages[s - 1].boundary_bytes;
+    if (s + 1 < num_virtual) out.p2p_buffers += 2 * stages[s].boundary_bytes;
+  }
+  if (!schedule.forward_only) {
+    out.gradients = out.parameters;
+    out.optimizer_state = OptimizerStateFactor(options.optimizer) * out.parameters;
+    if (options.fp32_master_weights) {
+      out.master_weights = out.parameters;
+      out.gradients = 1.5 * out.parameters;
+    }
+  }
+  if (options.fp32_master_weights) out.parameters /= 2;
+}
+
+// Walks rank r's actions, holding each forward's activations until its
+// backward frees them (I a part, W the rest; a split backward's pending bytes
+// live from I to W), and records the first step of the highest total.
+// REQUIRES: PlanFixedBytes filled `out`.
+absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<StageMemory>& stages,
+                                double input_frees, int r, RankMemoryPlan& out) {
+  const int num_virtual = schedule.num_virtual_stages();
+  const double fixed =
+      out.parameters + out.master_weights + out.gradients + out.optimizer_state + out.p2p_buffers;
+  out.peak_bytes = fixed;
+  double held = 0;
+  auto consider = [&](double activations, double recompute, int step) {
+    if (fixed + activations + recompute > out.peak_bytes || out.peak_step < 0) {
+      out.peak_bytes = fixed + activations + recompute;
+      out.activations = activations;
+      out.recompute = recompute;
+      out.peak_step = step;
+    }
+  };
+  for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
+    for (const Action& a : Leaves(schedule.ranks[r][i])) {
+      // A lowered program's sends, receives and tail (REDUCE_TIED names no
+      // stage) hold nothing the plan counts.
+      if (!IsCompute(a.type)) continue;
+      if (a.stage < 0 || a.stage >= num_virtual) {
+        return absl::InvalidArgumentError(absl::StrCat("memory plan: rank ", r, " step ", i, " (",
+                                                       ActionToString(a), ") names stage ", a.stage,
+                                                       "; valid: [0, ", num_virtual, ")"));
+      }
+      const StageMemory& m = stages[a.stage];
+      switch (a.type) {
+        case ActionType::kForward:
+          if (schedule.forward_only) {
+            consider(m.activation_bytes, 0, i);  // freed as it goes
+          } else {
+            held += m.activation_bytes;
+            consider(held, 0, i);
+          }
+          break;
+        case ActionType::kBackward:
+          consider(held, m.recompute_bytes, i);
+          held -= m.activation_bytes;
+          break;
+        case ActionType::kBackwardInput:
+          consider(held, m.recompute_bytes, i);
+          held += m.weight_pending_bytes - input_frees * m.activation_bytes;
+          consider(held, 0, i);
+          break;
+        case ActionType::kBackwardWeight:
+          held -= (1 - input_frees) * m.activation_bytes + m.weight_pending_bytes;
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
+                                      const std::vector<StageMemory>& stages,
+                                      const MemoryPlanOptions& options) {
+  PP_RETURN_IF_ERROR(CheckMemoryInputs(schedule, stages, options));
   const double input_frees = options.split.InputFraction();
-  const double state_factor = OptimizerStateFactor(options.optimizer);
   MemoryPlan plan;
   plan.ranks.resize(schedule.num_stages);
   for (int r = 0; r < schedule.num_stages; ++r) {
-    RankMemoryPlan& out = plan.ranks[r];
-    for (int s = 0; s < num_virtual; ++s) {
-      if (schedule.stage_to_rank[s] != r) continue;
-      out.parameters += stages[s].parameter_bytes;
-      // A message in each direction per neighbour: F in + its gradient out
-      // from stage s - 1's boundary, F out + its gradient in at s's own.
-      if (s > 0) out.p2p_buffers += 2 * stages[s - 1].boundary_bytes;
-      if (s + 1 < num_virtual) out.p2p_buffers += 2 * stages[s].boundary_bytes;
-    }
-    if (!schedule.forward_only) {
-      out.gradients = out.parameters;
-      out.optimizer_state = state_factor * out.parameters;
-      if (options.fp32_master_weights) {
-        out.master_weights = out.parameters;
-        out.gradients = 1.5 * out.parameters;
-        out.parameters /= 2;
-      }
-    } else if (options.fp32_master_weights) {
-      out.parameters /= 2;
-    }
-    const double fixed =
-        out.parameters + out.master_weights + out.gradients + out.optimizer_state + out.p2p_buffers;
-    out.peak_bytes = fixed;
-    double held = 0;
-    auto consider = [&](double activations, double recompute, int step) {
-      if (fixed + activations + recompute > out.peak_bytes || out.peak_step < 0) {
-        out.peak_bytes = fixed + activations + recompute;
-        out.activations = activations;
-        out.recompute = recompute;
-        out.peak_step = step;
-      }
-    };
-    for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
-      for (const Action& a : Leaves(schedule.ranks[r][i])) {
-        // A lowered program's sends, receives and tail (REDUCE_TIED names
-        // no stage) hold nothing the plan counts.
-        if (!IsCompute(a.type)) continue;
-        if (a.stage < 0 || a.stage >= num_virtual) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("memory plan: rank ", r, " step ", i, " (", ActionToString(a),
-                           ") names stage ", a.stage, "; valid: [0, ", num_virtual, ")"));
-        }
-        const StageMemory& m = stages[a.stage];
-        switch (a.type) {
-          case ActionType::kForward:
-            if (schedule.forward_only) {
-              consider(m.activation_bytes, 0, i);  // freed as it goes
-            } else {
-              held += m.activation_bytes;
-              consider(held, 0, i);
-            }
-            break;
-          case ActionType::kBackward:
-            consider(held, m.recompute_bytes, i);
-            held -= m.activation_bytes;
-            break;
-          case ActionType::kBackwardInput:
-            consider(held, m.recompute_bytes, i);
-            held += m.weight_pending_bytes - input_frees * m.activation_bytes;
-            consider(held, 0, i);
-            break;
-          case ActionType::kBackwardWeight:
-            held -= (1 - input_frees) * m.activation_bytes + m.weight_pending_bytes;
-            break;
-          default:
-            break;
-        }
-      }
-    }
+    PlanFixedBytes(schedule, stages, options, r, plan.ranks[r]);
+    PP_RETURN_IF_ERROR(PlanActivationPeak(schedule, stages, input_frees, r, plan.ranks[r]));
   }
   return plan;
 }

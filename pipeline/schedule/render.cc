@@ -65,6 +65,209 @@ double TickStep(double span) {
   return 10 * magnitude;
 }
 
+// RenderSvg's steps. Each appends one part of the document to `svg`, in the
+// order they are drawn (later parts paint over earlier ones).
+
+// Where the parts of the drawing go.
+struct SvgLayout {
+  int ranks = 0;
+  double makespan = 1;  // the time axis' length: sim.makespan, or 1 when it is 0
+  double left = 70, top = 50, row_height = 30, row_gap = 8;
+  double scale = 1;  // pixels per time unit
+  double plot_height = 0;
+  double width = 0, height = 0;  // the whole document
+  double axis_y = 0;             // the time axis' line
+
+  double RowY(int rank) const { return top + rank * (row_height + row_gap); }
+};
+
+SvgLayout MakeSvgLayout(const SimulationResult& sim, const SvgOptions& options) {
+  SvgLayout l;
+  l.ranks = static_cast<int>(sim.busy.size());
+  l.makespan = sim.makespan > 0 ? sim.makespan : 1;
+  l.scale = options.width_pixels / l.makespan;
+  l.plot_height = l.ranks * (l.row_height + l.row_gap);
+  l.width = l.left + options.width_pixels + 30;
+  l.height = l.top + l.plot_height + 90;
+  l.axis_y = l.top + l.plot_height + 4;
+  return l;
+}
+
+// What the timeline holds, which decides the labels and the legend.
+struct TimelineContents {
+  std::set<ActionType> used;        // compute types drawn
+  bool chunks = false;              // a stage >= num_stages: label micro-batch.chunk
+  bool messages_take_time = false;  // a message with a duration: drawn as a grey bar
+};
+
+TimelineContents ScanTimeline(const SimulationResult& sim, int num_stages) {
+  TimelineContents c;
+  for (const TraceEvent& e : sim.timeline) {
+    absl::StatusOr<Action> a = ParseAction(e.name);
+    if (!a.ok()) continue;
+    if (IsCompute(a->type)) {
+      c.used.insert(a->type);
+      c.chunks |= a->stage >= num_stages;
+    } else if (e.end > e.start) {
+      c.messages_take_time = true;
+    }
+  }
+  return c;
+}
+
+// The <svg> element, a white background, the title and the summary line.
+void AppendSvgHeader(const SimulationResult& sim, const SvgOptions& options, const SvgLayout& l,
+                     std::string* svg) {
+  absl::StrAppend(
+      svg, absl::StrFormat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                           "viewBox=\"0 0 %d %d\" font-family=\"Helvetica, Arial, sans-serif\">\n"
+                           "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                           static_cast<int>(l.width), static_cast<int>(l.height),
+                           static_cast<int>(l.width), static_cast<int>(l.height)));
+  absl::StrAppend(
+      svg,
+      absl::StrFormat("<text x=\"%g\" y=\"22\" font-size=\"15\" font-weight=\"bold\">%s</text>\n",
+                      l.left, Escape(options.title)));
+  absl::StrAppend(
+      svg, absl::StrFormat("<text x=\"%g\" y=\"40\" font-size=\"12\" fill=\"#444\">makespan %g, "
+                           "bubble %.1f%%, peak in-flight activations [%s]</text>\n",
+                           l.left, sim.makespan, 100 * sim.bubble_fraction,
+                           absl::StrJoin(sim.peak_inflight, ", ")));
+}
+
+// Rows: a light background (idle shows through) and the rank label.
+void AppendRankRows(const SvgLayout& l, std::string* svg) {
+  for (int r = 0; r < l.ranks; ++r) {
+    const double y = l.RowY(r);
+    absl::StrAppend(
+        svg, absl::StrFormat(
+                 "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"#ececec\"/>\n"
+                 "<text x=\"%g\" y=\"%g\" font-size=\"13\" text-anchor=\"end\">rank %d</text>\n",
+                 l.left, y, l.makespan * l.scale, l.row_height, l.left - 8,
+                 y + l.row_height / 2 + 4, r));
+  }
+}
+
+void AppendTimeAxis(const SvgLayout& l, std::string* svg) {
+  const double step = TickStep(l.makespan);
+  absl::StrAppend(
+      svg, absl::StrFormat("<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>\n",
+                           l.left, l.axis_y, l.left + l.makespan * l.scale, l.axis_y));
+  for (double t = 0; t <= l.makespan + 1e-9; t += step) {
+    const double x = l.left + t * l.scale;
+    absl::StrAppend(
+        svg, absl::StrFormat(
+                 "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>"
+                 "<text x=\"%g\" y=\"%g\" font-size=\"11\" text-anchor=\"middle\">%g</text>\n",
+                 x, l.axis_y, x, l.axis_y + 5, x, l.axis_y + 17, t));
+  }
+  absl::StrAppend(
+      svg, absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"11\" fill=\"#444\">time</text>\n",
+                           l.left + l.makespan * l.scale + 6, l.axis_y + 4));
+}
+
+// Compute actions as coloured boxes with their micro-batch (and chunk) inside;
+// messages that take time as thin grey bars along the bottom of the row.
+void AppendActionBoxes(const SimulationResult& sim, const SvgLayout& l, int num_stages, bool chunks,
+                       std::string* svg) {
+  for (const TraceEvent& e : sim.timeline) {
+    absl::StatusOr<Action> a = ParseAction(e.name);
+    if (!a.ok()) continue;
+    const double y = l.RowY(e.rank);
+    const double x = l.left + e.start * l.scale;
+    const double w = (e.end - e.start) * l.scale;
+    if (!IsCompute(a->type)) {
+      if (w > 0) {
+        absl::StrAppend(
+            svg,
+            absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"4\" fill=\"#9d9d9d\">"
+                            "<title>%s</title></rect>\n",
+                            x, y + l.row_height - 4, w, Escape(e.name)));
+      }
+      continue;
+    }
+    if (w <= 0) continue;
+    const int chunk = a->stage / num_stages;
+    // Later chunks are drawn lighter so that interleaving is visible.
+    const double opacity = chunks ? std::max(0.45, 1.0 - 0.3 * chunk) : 1.0;
+    absl::StrAppend(
+        svg, absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"%s\" "
+                             "fill-opacity=\"%g\" stroke=\"white\" stroke-width=\"1\">"
+                             "<title>%s [%g, %g)</title></rect>\n",
+                             x, y, w, l.row_height, Fill(a->type), opacity, Escape(e.name), e.start,
+                             e.end));
+    std::string label =
+        chunks ? absl::StrCat(a->microbatch, ".", chunk) : absl::StrCat(a->microbatch);
+    if (w >= 7.0 * label.size()) {
+      absl::StrAppend(svg,
+                      absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"white\" "
+                                      "text-anchor=\"middle\">%s</text>\n",
+                                      x + w / 2, y + l.row_height / 2 + 4, label));
+    }
+  }
+}
+
+// OVERLAP_F_B pairs: one outline around both halves (run back to back).
+// Returns whether there was a pair (the legend then explains the outline).
+bool AppendOverlapPairs(const SimulationResult& sim, const SvgLayout& l, std::string* svg) {
+  std::map<std::pair<int, std::string>, std::pair<double, double>> pairs;
+  for (const TraceEvent& e : sim.timeline) {
+    if (e.overlap.empty()) continue;
+    auto [it, inserted] = pairs.insert({{e.rank, e.overlap}, {e.start, e.end}});
+    if (!inserted) {
+      it->second.first = std::min(it->second.first, e.start);
+      it->second.second = std::max(it->second.second, e.end);
+    }
+  }
+  for (const auto& [key, span] : pairs) {
+    absl::StrAppend(
+        svg,
+        absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" "
+                        "stroke=\"#222\" stroke-width=\"2\"><title>%s</title></rect>\n",
+                        l.left + span.first * l.scale, l.RowY(key.first),
+                        (span.second - span.first) * l.scale, l.row_height, Escape(key.second)));
+  }
+  return !pairs.empty();
+}
+
+// One swatch per kind of box drawn, then how to read the labels.
+void AppendLegend(const TimelineContents& contents, bool overlap_pairs, const SvgLayout& l,
+                  std::string* svg) {
+  double lx = l.left;
+  const double ly = l.axis_y + 34;
+  auto legend = [&](const char* fill, absl::string_view label, double opacity) {
+    absl::StrAppend(
+        svg,
+        absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"14\" height=\"14\" fill=\"%s\" "
+                        "fill-opacity=\"%g\"/><text x=\"%g\" y=\"%g\" font-size=\"12\">%s</text>\n",
+                        lx, ly, fill, opacity, lx + 19, ly + 12, label));
+    lx += 40 + 7 * label.size();
+  };
+  for (const TypeStyle& s : kStyles) {
+    if (contents.used.count(s.type)) legend(s.fill, s.label, 1.0);
+  }
+  if (contents.messages_take_time) legend("#9d9d9d", "message", 1.0);
+  if (overlap_pairs) {
+    absl::StrAppend(svg, absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"14\" height=\"14\" "
+                                         "fill=\"none\" stroke=\"#222\" stroke-width=\"2\"/>"
+                                         "<text x=\"%g\" y=\"%g\" font-size=\"12\">%s</text>\n",
+                                         lx, ly, lx + 19, ly + 12, "OVERLAP_F_B pair"));
+    lx += 40 + 7 * 16;
+  }
+  legend("#ececec", "idle", 1.0);
+  if (contents.chunks) {
+    absl::StrAppend(
+        svg, absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"#444\">labels: "
+                             "micro-batch.chunk (lighter = later chunk)</text>\n",
+                             lx, ly + 12));
+  } else {
+    absl::StrAppend(
+        svg, absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"#444\">labels: "
+                             "micro-batch</text>\n",
+                             lx, ly + 12));
+  }
+}
+
 }  // namespace
 
 std::string FormatTimelineGrid(const SimulationResult& sim) {
@@ -106,162 +309,16 @@ std::string FormatTimelineGrid(const SimulationResult& sim) {
 }
 
 std::string RenderSvg(const SimulationResult& sim, const SvgOptions& options) {
-  const int p = static_cast<int>(sim.busy.size());
-  const int num_stages = options.num_stages > 0 ? options.num_stages : p;
-  const double makespan = sim.makespan > 0 ? sim.makespan : 1;
-  const double left = 70, top = 50, row_height = 30, row_gap = 8;
-  const double scale = options.width_pixels / makespan;
-  const double plot_height = p * (row_height + row_gap);
-  const double width = left + options.width_pixels + 30;
-  const double height = top + plot_height + 90;
-  bool chunks = false;
-  std::set<ActionType> used;
-  bool messages_take_time = false;
-  for (const TraceEvent& e : sim.timeline) {
-    absl::StatusOr<Action> a = ParseAction(e.name);
-    if (!a.ok()) continue;
-    if (IsCompute(a->type)) {
-      used.insert(a->type);
-      chunks |= a->stage >= num_stages;
-    } else if (e.end > e.start) {
-      messages_take_time = true;
-    }
-  }
-
-  std::string svg = absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-      "viewBox=\"0 0 %d %d\" font-family=\"Helvetica, Arial, sans-serif\">\n"
-      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-      static_cast<int>(width), static_cast<int>(height), static_cast<int>(width),
-      static_cast<int>(height));
-  std::string title = options.title;
-  absl::StrAppend(
-      &svg,
-      absl::StrFormat("<text x=\"%g\" y=\"22\" font-size=\"15\" font-weight=\"bold\">%s</text>\n",
-                      left, Escape(title)));
-  absl::StrAppend(
-      &svg, absl::StrFormat("<text x=\"%g\" y=\"40\" font-size=\"12\" fill=\"#444\">makespan %g, "
-                            "bubble %.1f%%, peak in-flight activations [%s]</text>\n",
-                            left, sim.makespan, 100 * sim.bubble_fraction,
-                            absl::StrJoin(sim.peak_inflight, ", ")));
-
-  // Rows: a light background (idle shows through) and the rank label.
-  for (int r = 0; r < p; ++r) {
-    const double y = top + r * (row_height + row_gap);
-    absl::StrAppend(
-        &svg, absl::StrFormat(
-                  "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"#ececec\"/>\n"
-                  "<text x=\"%g\" y=\"%g\" font-size=\"13\" text-anchor=\"end\">rank %d</text>\n",
-                  left, y, makespan * scale, row_height, left - 8, y + row_height / 2 + 4, r));
-  }
-  // Time axis.
-  const double axis_y = top + plot_height + 4;
-  const double step = TickStep(makespan);
-  absl::StrAppend(
-      &svg, absl::StrFormat("<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>\n",
-                            left, axis_y, left + makespan * scale, axis_y));
-  for (double t = 0; t <= makespan + 1e-9; t += step) {
-    const double x = left + t * scale;
-    absl::StrAppend(
-        &svg, absl::StrFormat(
-                  "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#333\"/>"
-                  "<text x=\"%g\" y=\"%g\" font-size=\"11\" text-anchor=\"middle\">%g</text>\n",
-                  x, axis_y, x, axis_y + 5, x, axis_y + 17, t));
-  }
-  absl::StrAppend(
-      &svg, absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"11\" fill=\"#444\">time</text>\n",
-                            left + makespan * scale + 6, axis_y + 4));
-
-  // Boxes.
-  for (const TraceEvent& e : sim.timeline) {
-    absl::StatusOr<Action> a = ParseAction(e.name);
-    if (!a.ok()) continue;
-    const double y = top + e.rank * (row_height + row_gap);
-    const double x = left + e.start * scale;
-    const double w = (e.end - e.start) * scale;
-    if (!IsCompute(a->type)) {
-      if (w > 0) {
-        absl::StrAppend(
-            &svg,
-            absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"4\" fill=\"#9d9d9d\">"
-                            "<title>%s</title></rect>\n",
-                            x, y + row_height - 4, w, Escape(e.name)));
-      }
-      continue;
-    }
-    if (w <= 0) continue;
-    const int chunk = a->stage / num_stages;
-    // Later chunks are drawn lighter so that interleaving is visible.
-    const double opacity = chunks ? std::max(0.45, 1.0 - 0.3 * chunk) : 1.0;
-    absl::StrAppend(
-        &svg, absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"%s\" "
-                              "fill-opacity=\"%g\" stroke=\"white\" stroke-width=\"1\">"
-                              "<title>%s [%g, %g)</title></rect>\n",
-                              x, y, w, row_height, Fill(a->type), opacity, Escape(e.name), e.start,
-                              e.end));
-    std::string label =
-        chunks ? absl::StrCat(a->microbatch, ".", chunk) : absl::StrCat(a->microbatch);
-    if (w >= 7.0 * label.size()) {
-      absl::StrAppend(&svg,
-                      absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"white\" "
-                                      "text-anchor=\"middle\">%s</text>\n",
-                                      x + w / 2, y + row_height / 2 + 4, label));
-    }
-  }
-
-  // OVERLAP_F_B pairs: one outline around both halves (run back to back).
-  std::map<std::pair<int, std::string>, std::pair<double, double>> pairs;
-  for (const TraceEvent& e : sim.timeline) {
-    if (e.overlap.empty()) continue;
-    auto [it, inserted] = pairs.insert({{e.rank, e.overlap}, {e.start, e.end}});
-    if (!inserted) {
-      it->second.first = std::min(it->second.first, e.start);
-      it->second.second = std::max(it->second.second, e.end);
-    }
-  }
-  for (const auto& [key, span] : pairs) {
-    const double y = top + key.first * (row_height + row_gap);
-    absl::StrAppend(
-        &svg, absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" "
-                              "stroke=\"#222\" stroke-width=\"2\"><title>%s</title></rect>\n",
-                              left + span.first * scale, y, (span.second - span.first) * scale,
-                              row_height, Escape(key.second)));
-  }
-
-  // Legend.
-  double lx = left;
-  const double ly = axis_y + 34;
-  auto legend = [&](const char* fill, absl::string_view label, double opacity) {
-    absl::StrAppend(
-        &svg,
-        absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"14\" height=\"14\" fill=\"%s\" "
-                        "fill-opacity=\"%g\"/><text x=\"%g\" y=\"%g\" font-size=\"12\">%s</text>\n",
-                        lx, ly, fill, opacity, lx + 19, ly + 12, label));
-    lx += 40 + 7 * label.size();
-  };
-  for (const TypeStyle& s : kStyles) {
-    if (used.count(s.type)) legend(s.fill, s.label, 1.0);
-  }
-  if (messages_take_time) legend("#9d9d9d", "message", 1.0);
-  if (!pairs.empty()) {
-    absl::StrAppend(&svg, absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"14\" height=\"14\" "
-                                          "fill=\"none\" stroke=\"#222\" stroke-width=\"2\"/>"
-                                          "<text x=\"%g\" y=\"%g\" font-size=\"12\">%s</text>\n",
-                                          lx, ly, lx + 19, ly + 12, "OVERLAP_F_B pair"));
-    lx += 40 + 7 * 16;
-  }
-  legend("#ececec", "idle", 1.0);
-  if (chunks) {
-    absl::StrAppend(
-        &svg, absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"#444\">labels: "
-                              "micro-batch.chunk (lighter = later chunk)</text>\n",
-                              lx, ly + 12));
-  } else {
-    absl::StrAppend(
-        &svg, absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"#444\">labels: "
-                              "micro-batch</text>\n",
-                              lx, ly + 12));
-  }
+  const SvgLayout layout = MakeSvgLayout(sim, options);
+  const int num_stages = options.num_stages > 0 ? options.num_stages : layout.ranks;
+  const TimelineContents contents = ScanTimeline(sim, num_stages);
+  std::string svg;
+  AppendSvgHeader(sim, options, layout, &svg);
+  AppendRankRows(layout, &svg);
+  AppendTimeAxis(layout, &svg);
+  AppendActionBoxes(sim, layout, num_stages, contents.chunks, &svg);
+  const bool overlap_pairs = AppendOverlapPairs(sim, layout, &svg);
+  AppendLegend(contents, overlap_pairs, layout, &svg);
   svg += "</svg>\n";
   return svg;
 }

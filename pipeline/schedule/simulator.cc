@@ -370,6 +370,71 @@ std::vector<int> TieRoots(const LoweredProgram& program, const SimulationCosts& 
   return tie_root;
 }
 
+double StageMultiplier(const SimulationCosts& costs, int stage) {
+  return costs.stage_multiplier.empty() ? 1.0 : costs.stage_multiplier[stage];
+}
+
+// A compute leaf's duration: its stage's own cost (B = I + W when only those
+// are given), else the global one times the stage's multiplier.
+double ComputeCost(const SimulationCosts& costs, const Action& a) {
+  double base = 0;
+  std::optional<double> own;
+  auto it = costs.stage_costs.find(a.stage);
+  const StageCosts* stage = it == costs.stage_costs.end() ? nullptr : &it->second;
+  switch (a.type) {
+    case ActionType::kForward:
+      base = costs.forward;
+      if (stage != nullptr) own = stage->forward;
+      break;
+    case ActionType::kBackward:
+      base = costs.backward;
+      if (stage != nullptr) {
+        own = stage->backward;
+        if (!own && stage->backward_input && stage->backward_weight) {
+          own = *stage->backward_input + *stage->backward_weight;
+        }
+      }
+      break;
+    case ActionType::kBackwardInput:
+      base = costs.backward_input;
+      if (stage != nullptr) own = stage->backward_input;
+      break;
+    default:
+      base = costs.backward_weight;
+      if (stage != nullptr) own = stage->backward_weight;
+      break;
+  }
+  return own ? *own : base * StageMultiplier(costs, a.stage);
+}
+
+// A per-rank cost: the rank's own `field` when given, else `global`.
+double RankCost(const SimulationCosts& costs, int rank, std::optional<double> RankCosts::*field,
+                double global) {
+  auto it = costs.rank_costs.find(rank);
+  if (it == costs.rank_costs.end() || !(it->second.*field)) return global;
+  return *(it->second.*field);
+}
+
+// A tail action's duration on `rank`: REDUCE_TIED (0 for a rank in no tie
+// group), REDUCE_GRAD (the stage's own, else scaled), or STEP.
+double TailCost(const SimulationCosts& costs, const std::vector<int>& tie_root, int rank,
+                const Action& a) {
+  switch (a.type) {
+    case ActionType::kReduceTiedGrads:
+      return tie_root[rank] < 0 ? 0.0
+                                : RankCost(costs, rank, &RankCosts::reduce_tied, costs.reduce_tied);
+    case ActionType::kReduceGrads: {
+      auto it = costs.stage_costs.find(a.stage);
+      if (it != costs.stage_costs.end() && it->second.reduce_grad) {
+        return *it->second.reduce_grad;
+      }
+      return costs.reduce_grad * StageMultiplier(costs, a.stage);
+    }
+    default:
+      return RankCost(costs, rank, &RankCosts::step, costs.step);
+  }
+}
+
 // The durations and collective groups of `costs` as the execution engine
 // takes them. The functions refer to `costs` and `tie_root`, which must
 // outlive the result.
@@ -393,59 +458,9 @@ internal_schedule::ExecutionCosts MakeExecutionCosts(const LoweredProgram& progr
   exec_costs.message_latency = costs.comm;
   for (double bytes : costs.message_bytes) exec_costs.message_latency += costs.message.Of(bytes);
   exec_costs.blocking_sends = costs.blocking_sends;
-  auto multiplier = [&costs](int stage) {
-    return costs.stage_multiplier.empty() ? 1.0 : costs.stage_multiplier[stage];
-  };
-  exec_costs.compute = [&costs, multiplier](const Action& a) {
-    double base = 0;
-    std::optional<double> own;
-    auto it = costs.stage_costs.find(a.stage);
-    const StageCosts* stage = it == costs.stage_costs.end() ? nullptr : &it->second;
-    switch (a.type) {
-      case ActionType::kForward:
-        base = costs.forward;
-        if (stage != nullptr) own = stage->forward;
-        break;
-      case ActionType::kBackward:
-        base = costs.backward;
-        if (stage != nullptr) {
-          own = stage->backward;
-          if (!own && stage->backward_input && stage->backward_weight) {
-            own = *stage->backward_input + *stage->backward_weight;
-          }
-        }
-        break;
-      case ActionType::kBackwardInput:
-        base = costs.backward_input;
-        if (stage != nullptr) own = stage->backward_input;
-        break;
-      default:
-        base = costs.backward_weight;
-        if (stage != nullptr) own = stage->backward_weight;
-        break;
-    }
-    return own ? *own : base * multiplier(a.stage);
-  };
-  auto rank_cost = [&costs](int rank, std::optional<double> RankCosts::*field, double global) {
-    auto it = costs.rank_costs.find(rank);
-    if (it == costs.rank_costs.end() || !(it->second.*field)) return global;
-    return *(it->second.*field);
-  };
-  exec_costs.tail = [&costs, &tie_root, multiplier, rank_cost](int rank, const Action& a) {
-    switch (a.type) {
-      case ActionType::kReduceTiedGrads:
-        return tie_root[rank] < 0 ? 0.0
-                                  : rank_cost(rank, &RankCosts::reduce_tied, costs.reduce_tied);
-      case ActionType::kReduceGrads: {
-        auto it = costs.stage_costs.find(a.stage);
-        if (it != costs.stage_costs.end() && it->second.reduce_grad) {
-          return *it->second.reduce_grad;
-        }
-        return costs.reduce_grad * multiplier(a.stage);
-      }
-      default:
-        return rank_cost(rank, &RankCosts::step, costs.step);
-    }
+  exec_costs.compute = [&costs](const Action& a) { return ComputeCost(costs, a); };
+  exec_costs.tail = [&costs, &tie_root](int rank, const Action& a) {
+    return TailCost(costs, tie_root, rank, a);
   };
   exec_costs.participants = [&costs, &tie_root, p, has_tied, has_step](int rank, const Action& a) {
     std::vector<int> group;
@@ -460,11 +475,11 @@ internal_schedule::ExecutionCosts MakeExecutionCosts(const LoweredProgram& progr
     }
     return group;
   };
-  exec_costs.send = [&costs, rank_cost](int rank, const Action&) {
-    return rank_cost(rank, &RankCosts::send, costs.send);
+  exec_costs.send = [&costs](int rank, const Action&) {
+    return RankCost(costs, rank, &RankCosts::send, costs.send);
   };
-  exec_costs.recv = [&costs, rank_cost](int rank, const Action&) {
-    return rank_cost(rank, &RankCosts::recv, costs.recv);
+  exec_costs.recv = [&costs](int rank, const Action&) {
+    return RankCost(costs, rank, &RankCosts::recv, costs.recv);
   };
   return exec_costs;
 }

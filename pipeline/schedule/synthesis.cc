@@ -148,139 +148,192 @@ Shape MakeShape(const SynthesisOptions& o, double cap) {
   return s;
 }
 
-// nullopt when the greedy gets stuck (the cap leaves no admissible action).
-std::optional<RankActions> ListSchedule(const Shape& sh, const Variant& var) {
-  const int p = sh.p, m = sh.m, S = sh.num_virtual;
-  constexpr double kUnknown = -1;
-  std::vector<std::vector<double>> f_end(S, std::vector<double>(m, kUnknown));
-  std::vector<std::vector<double>> b_end(S, std::vector<double>(m, kUnknown));
-  std::vector<int> next_f(S, 0), next_b(S, 0), next_w(S, 0);
-  std::vector<double> free_at(p, 0), mem(p, 0);
-  std::vector<int> owed(p, 0);  // local forwards still owed by micro-batches already in
-  std::vector<std::vector<int>> f_done(p, std::vector<int>(m, 0));
-  std::vector<std::vector<int>> b_done(p, std::vector<int>(m, 0));
-  std::vector<int> inflight(p, 0);  // micro-batches in, not all local backwards done
-  std::vector<int> pending_w(p, 0);
-  std::vector<int> limit(p, std::numeric_limits<int>::max());
-  if (var.inflight_factor > 0) {
-    for (int r = 0; r < p; ++r)
-      limit[r] = std::max(1, int(std::ceil(var.inflight_factor * (p - r))));
+// The greedy list scheduler: at each step, every rank offers the actions it
+// could run next; the earliest start wins (ties by the variant's class and
+// order); running it updates the times and the memory accounting.
+class ListScheduler {
+ public:
+  ListScheduler(const Shape& sh, const Variant& var)
+      : sh_(sh),
+        var_(var),
+        f_end_(sh.num_virtual, std::vector<double>(sh.m, kUnknown)),
+        b_end_(sh.num_virtual, std::vector<double>(sh.m, kUnknown)),
+        next_f_(sh.num_virtual, 0),
+        next_b_(sh.num_virtual, 0),
+        next_w_(sh.num_virtual, 0),
+        free_at_(sh.p, 0),
+        mem_(sh.p, 0),
+        owed_(sh.p, 0),
+        f_done_(sh.p, std::vector<int>(sh.m, 0)),
+        b_done_(sh.p, std::vector<int>(sh.m, 0)),
+        inflight_(sh.p, 0),
+        pending_w_(sh.p, 0),
+        limit_(sh.p, std::numeric_limits<int>::max()),
+        ranks_(sh.p) {
+    if (var.inflight_factor > 0) {
+      for (int r = 0; r < sh.p; ++r)
+        limit_[r] = std::max(1, int(std::ceil(var.inflight_factor * (sh.p - r))));
+    }
   }
-  RankActions ranks(p);
-  const int total = p * sh.v * m * (sh.split ? 3 : 2);
-  auto arrival = [&](int from_stage, int to_stage, double end) {
-    return end + (sh.placement[from_stage] != sh.placement[to_stage] ? sh.comm : 0.0);
+
+  // nullopt when the greedy gets stuck (the cap leaves no admissible action).
+  std::optional<RankActions> Run() {
+    const int total = sh_.p * sh_.v * sh_.m * (sh_.split ? 3 : 2);
+    for (int done = 0; done < total; ++done) {
+      Choice best;
+      for (int r = 0; r < sh_.p; ++r) ChooseOnRank(r, best);
+      if (best.rank < 0) return std::nullopt;
+      Execute(best);
+    }
+    return std::move(ranks_);
+  }
+
+ private:
+  static constexpr double kUnknown = -1;
+  enum Kind { kF = 0, kIB = 1, kW = 2 };
+
+  struct Candidate {
+    double ready;
+    int kind, stage, mb;
+    bool allowed;  // within the memory cap and the in-flight limit
   };
-  for (int done = 0; done < total; ++done) {
-    // (start, class, tie, rank, stage, kind): kind 0 F, 1 I/B, 2 W.
-    std::tuple<double, int, int, int, int, int> best{
-        std::numeric_limits<double>::infinity(), 0, 0, -1, -1, -1};
-    for (int r = 0; r < p; ++r) {
-      const int local_count = static_cast<int>(sh.local[r].size());
-      struct Cand {
-        double ready;
-        int kind, stage, mb;
-        bool allowed;
-      };
-      std::vector<Cand> cands;
-      bool f_blocked = false;
-      for (int s : sh.local[r]) {
-        if (next_f[s] < m) {
-          const int mb = next_f[s];
-          double ready =
-              s == 0 ? 0 : (f_end[s - 1][mb] < 0 ? kUnknown : arrival(s - 1, s, f_end[s - 1][mb]));
-          if (ready >= 0) {
-            bool allowed;
-            if (f_done[r][mb] > 0) {
-              allowed = true;  // its room is reserved
-            } else {
-              allowed = mem[r] + owed[r] + local_count <= sh.cap + kEps && inflight[r] < limit[r];
-            }
-            if (!allowed) f_blocked = true;
-            cands.push_back({ready, 0, s, mb, allowed});
+
+  // The best action so far: (start, class, tie, rank) decides.
+  struct Choice {
+    double start = std::numeric_limits<double>::infinity();
+    int cls = 0, tie = 0, rank = -1, stage = -1, kind = -1;
+  };
+
+  double Arrival(int from_stage, int to_stage, double end) const {
+    return end + (sh_.placement[from_stage] != sh_.placement[to_stage] ? sh_.comm : 0.0);
+  }
+
+  // What rank r could run next: per local stage its next F, I/B and W whose
+  // inputs are known. Sets *f_blocked when a forward is held back by memory.
+  std::vector<Candidate> Candidates(int r, bool* f_blocked) const {
+    const int S = sh_.num_virtual, m = sh_.m;
+    const int local_count = static_cast<int>(sh_.local[r].size());
+    std::vector<Candidate> cands;
+    for (int s : sh_.local[r]) {
+      if (next_f_[s] < m) {
+        const int mb = next_f_[s];
+        double ready =
+            s == 0 ? 0 : (f_end_[s - 1][mb] < 0 ? kUnknown : Arrival(s - 1, s, f_end_[s - 1][mb]));
+        if (ready >= 0) {
+          bool allowed;
+          if (f_done_[r][mb] > 0) {
+            allowed = true;  // its room is reserved
+          } else {
+            allowed =
+                mem_[r] + owed_[r] + local_count <= sh_.cap + kEps && inflight_[r] < limit_[r];
           }
-        }
-        if (next_b[s] < m) {
-          const int mb = next_b[s];
-          if (f_end[s][mb] >= 0) {
-            double ready = f_end[s][mb];
-            if (s + 1 < S) {
-              ready = b_end[s + 1][mb] < 0 ? kUnknown
-                                           : std::max(ready, arrival(s + 1, s, b_end[s + 1][mb]));
-            }
-            if (ready >= 0) cands.push_back({ready, 1, s, next_b[s], true});
-          }
-        }
-        if (sh.split && next_w[s] < next_b[s]) {
-          cands.push_back({b_end[s][next_w[s]], 2, s, next_w[s], true});
+          if (!allowed) *f_blocked = true;
+          cands.push_back({ready, kF, s, mb, allowed});
         }
       }
-      for (const Cand& c : cands) {
-        if (!c.allowed) continue;
-        const double start = std::max(free_at[r], c.ready);
-        int cls;
-        if (c.kind == 2) {
-          const bool owed_w = var.w_delay_factor > 0 && pending_w[r] > var.w_delay_factor * r;
-          cls = f_blocked || owed_w ? -1 : 2;
-          if (var.hold_w && cls == 2) {
-            const double w_end = start + sh.cost[c.stage].weight;
-            bool delays = false;
-            for (const Cand& o : cands) {
-              if (o.kind != 2 && o.allowed && o.ready > start + kEps && o.ready < w_end - kEps) {
-                delays = true;
-              }
-            }
-            if (delays) continue;
+      if (next_b_[s] < m) {
+        const int mb = next_b_[s];
+        if (f_end_[s][mb] >= 0) {
+          double ready = f_end_[s][mb];
+          if (s + 1 < S) {
+            ready = b_end_[s + 1][mb] < 0 ? kUnknown
+                                          : std::max(ready, Arrival(s + 1, s, b_end_[s + 1][mb]));
           }
-        } else if (c.kind == 1) {
-          cls = var.backward_first ? 0 : 1;
-        } else {
-          cls = var.backward_first ? 1 : 0;
+          if (ready >= 0) cands.push_back({ready, kIB, s, next_b_[s], true});
         }
-        const int tie =
-            c.mb * S +
-            ((c.kind == 0 && var.depth_first) || c.kind == 1 ? S - 1 - c.stage : c.stage);
-        std::tuple<double, int, int, int, int, int> key{start, cls, tie, r, c.stage, c.kind};
-        if (std::get<0>(key) < std::get<0>(best) - kEps ||
-            (std::get<0>(key) < std::get<0>(best) + kEps &&
-             std::make_tuple(cls, tie, r) <
-                 std::make_tuple(std::get<1>(best), std::get<2>(best), std::get<3>(best)))) {
-          best = key;
-        }
+      }
+      if (sh_.split && next_w_[s] < next_b_[s]) {
+        cands.push_back({b_end_[s][next_w_[s]], kW, s, next_w_[s], true});
       }
     }
-    const int r = std::get<3>(best);
-    if (r < 0) return std::nullopt;
-    const double start = std::get<0>(best);
-    const int s = std::get<4>(best), kind = std::get<5>(best);
-    const StageCost& c = sh.cost[s];
-    if (kind == 0) {
-      const int mb = next_f[s]++;
-      if (f_done[r][mb] == 0) {
-        owed[r] += static_cast<int>(sh.local[r].size());
-        ++inflight[r];
+    return cands;
+  }
+
+  // Offers rank r's candidates to `best`, under the variant's rules.
+  void ChooseOnRank(int r, Choice& best) const {
+    const int S = sh_.num_virtual;
+    bool f_blocked = false;
+    const std::vector<Candidate> cands = Candidates(r, &f_blocked);
+    for (const Candidate& c : cands) {
+      if (!c.allowed) continue;
+      const double start = std::max(free_at_[r], c.ready);
+      int cls;
+      if (c.kind == kW) {
+        const bool owed_w = var_.w_delay_factor > 0 && pending_w_[r] > var_.w_delay_factor * r;
+        cls = f_blocked || owed_w ? -1 : 2;
+        if (var_.hold_w && cls == 2) {
+          const double w_end = start + sh_.cost[c.stage].weight;
+          bool delays = false;
+          for (const Candidate& o : cands) {
+            if (o.kind != kW && o.allowed && o.ready > start + kEps && o.ready < w_end - kEps) {
+              delays = true;
+            }
+          }
+          if (delays) continue;
+        }
+      } else if (c.kind == kIB) {
+        cls = var_.backward_first ? 0 : 1;
+      } else {
+        cls = var_.backward_first ? 1 : 0;
       }
-      ++f_done[r][mb];
-      --owed[r];
-      mem[r] += 1;
-      free_at[r] = f_end[s][mb] = start + c.forward;
-      ranks[r].push_back(F(s, mb));
-    } else if (kind == 1) {
-      const int mb = next_b[s]++;
-      mem[r] -= sh.split ? sh.input_fraction : 1.0;
-      if (sh.split) ++pending_w[r];
-      if (++b_done[r][mb] == static_cast<int>(sh.local[r].size())) --inflight[r];
-      free_at[r] = b_end[s][mb] = start + (sh.split ? c.input : c.backward);
-      ranks[r].push_back(sh.split ? I(s, mb) : B(s, mb));
-    } else {
-      const int mb = next_w[s]++;
-      mem[r] -= 1.0 - sh.input_fraction;
-      --pending_w[r];
-      free_at[r] = start + c.weight;
-      ranks[r].push_back(W(s, mb));
+      const int tie =
+          c.mb * S +
+          ((c.kind == kF && var_.depth_first) || c.kind == kIB ? S - 1 - c.stage : c.stage);
+      if (start < best.start - kEps ||
+          (start < best.start + kEps &&
+           std::make_tuple(cls, tie, r) < std::make_tuple(best.cls, best.tie, best.rank))) {
+        best = {start, cls, tie, r, c.stage, c.kind};
+      }
     }
   }
-  return ranks;
+
+  // Runs the chosen action: appends it to its rank and updates the state.
+  void Execute(const Choice& choice) {
+    const int r = choice.rank, s = choice.stage;
+    const double start = choice.start;
+    const StageCost& c = sh_.cost[s];
+    if (choice.kind == kF) {
+      const int mb = next_f_[s]++;
+      if (f_done_[r][mb] == 0) {
+        owed_[r] += static_cast<int>(sh_.local[r].size());
+        ++inflight_[r];
+      }
+      ++f_done_[r][mb];
+      --owed_[r];
+      mem_[r] += 1;
+      free_at_[r] = f_end_[s][mb] = start + c.forward;
+      ranks_[r].push_back(F(s, mb));
+    } else if (choice.kind == kIB) {
+      const int mb = next_b_[s]++;
+      mem_[r] -= sh_.split ? sh_.input_fraction : 1.0;
+      if (sh_.split) ++pending_w_[r];
+      if (++b_done_[r][mb] == static_cast<int>(sh_.local[r].size())) --inflight_[r];
+      free_at_[r] = b_end_[s][mb] = start + (sh_.split ? c.input : c.backward);
+      ranks_[r].push_back(sh_.split ? I(s, mb) : B(s, mb));
+    } else {
+      const int mb = next_w_[s]++;
+      mem_[r] -= 1.0 - sh_.input_fraction;
+      --pending_w_[r];
+      free_at_[r] = start + c.weight;
+      ranks_[r].push_back(W(s, mb));
+    }
+  }
+
+  const Shape& sh_;
+  const Variant& var_;
+  std::vector<std::vector<double>> f_end_, b_end_;  // per (stage, mb); kUnknown until run
+  std::vector<int> next_f_, next_b_, next_w_;       // per stage: next micro-batch
+  std::vector<double> free_at_, mem_;               // per rank
+  std::vector<int> owed_;  // local forwards still owed by micro-batches already in
+  std::vector<std::vector<int>> f_done_, b_done_;  // per (rank, mb): local stages done
+  std::vector<int> inflight_;                      // micro-batches in, not all local backwards done
+  std::vector<int> pending_w_;
+  std::vector<int> limit_;  // in-flight limit per rank
+  RankActions ranks_;
+};
+
+std::optional<RankActions> ListSchedule(const Shape& sh, const Variant& var) {
+  return ListScheduler(sh, var).Run();
 }
 
 // ---------------------------------------------------------------------------
@@ -510,10 +563,12 @@ absl::StatusOr<SynthesisResult> SynthesisLowerBound(const SynthesisOptions& o) {
   return out;
 }
 
-absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
-  PP_ASSIGN_OR_RETURN(SynthesisResult bounds, SynthesisLowerBound(o));
-  PP_ASSIGN_OR_RETURN(const double cap, CheckedCap(o));
-  const Shape sh = MakeShape(o, cap);
+namespace {
+
+// Synthesize's steps: check the extra starts, make and rank every start,
+// search from the best few, and describe the result.
+
+absl::Status CheckExtraStarts(const SynthesisOptions& o, const Shape& sh) {
   for (const Schedule& extra : o.extra_starts) {
     if (extra.num_stages != sh.p || extra.num_microbatches != sh.m || extra.num_chunks != sh.v ||
         extra.stage_to_rank != sh.placement || extra.forward_only) {
@@ -523,47 +578,58 @@ absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
           " m=", sh.m, " v=", sh.v));
     }
   }
-  Evaluator evaluate(sh, o.costs, o.name);
+  return absl::OkStatus();
+}
 
-  // 1. Starts: list-scheduling variants, then registered schedules.
-  std::vector<Start> starts;
+// The list-scheduling variants tried: all of them, or two.
+std::vector<Variant> ListVariants(const SynthesisOptions& o, const Shape& sh) {
+  if (!o.all_variants) return {{true, true, 1.0, true, 1}, {true, false, 0.0, true, 0}};
   std::vector<Variant> variants;
-  if (o.all_variants) {
-    for (bool backward_first : {true, false}) {
-      for (bool hold_w : {true, false}) {
-        for (bool depth_first : {true, false}) {
-          if (!depth_first && sh.v == 1) continue;  // same order with one local stage
-          for (double factor : {0.0, 1.0, 1.5, 2.0, 3.0}) {
-            for (int w_delay : {0, 1, 2}) {
-              if (!sh.split && w_delay > 0) continue;
-              variants.push_back({backward_first, hold_w, factor, depth_first, w_delay});
-            }
+  for (bool backward_first : {true, false}) {
+    for (bool hold_w : {true, false}) {
+      for (bool depth_first : {true, false}) {
+        if (!depth_first && sh.v == 1) continue;  // same order with one local stage
+        for (double factor : {0.0, 1.0, 1.5, 2.0, 3.0}) {
+          for (int w_delay : {0, 1, 2}) {
+            if (!sh.split && w_delay > 0) continue;
+            variants.push_back({backward_first, hold_w, factor, depth_first, w_delay});
           }
         }
       }
     }
-  } else {
-    variants = {{true, true, 1.0, true, 1}, {true, false, 0.0, true, 0}};
   }
-  for (const Variant& var : variants) {
+  return variants;
+}
+
+// The extra starts, then (when asked) every registered schedule of this
+// shape and placement.
+std::vector<Schedule> ScheduleStarts(const SynthesisOptions& o, const Shape& sh) {
+  std::vector<Schedule> registered = o.extra_starts;
+  if (!o.seed_with_registered) return registered;
+  ScheduleOptions so;
+  so.num_stages = sh.p;
+  so.num_microbatches = sh.m;
+  so.num_chunks = sh.v;
+  for (const std::string& name : RegisteredScheduleNames()) {
+    if (absl::StartsWith(name, "synth")) continue;
+    absl::StatusOr<Schedule> made = MakeSchedule(name, so);
+    if (!made.ok() || made->forward_only || made->stage_to_rank != sh.placement) continue;
+    registered.push_back(*std::move(made));
+  }
+  return registered;
+}
+
+// Step 1: list-scheduling variants, then the schedule starts, evaluated; the
+// ones within the cap, best (makespan, then peak) first.
+absl::StatusOr<std::vector<Start>> RankedStarts(const SynthesisOptions& o, const Shape& sh,
+                                                Evaluator& evaluate) {
+  std::vector<Start> starts;
+  for (const Variant& var : ListVariants(o, sh)) {
     std::optional<RankActions> ranks = ListSchedule(sh, var);
     if (!ranks) continue;
     starts.push_back({VariantName(var), std::move(*ranks), {}});
   }
-  std::vector<Schedule> registered = o.extra_starts;
-  if (o.seed_with_registered) {
-    ScheduleOptions so;
-    so.num_stages = sh.p;
-    so.num_microbatches = sh.m;
-    so.num_chunks = sh.v;
-    for (const std::string& name : RegisteredScheduleNames()) {
-      if (absl::StartsWith(name, "synth")) continue;
-      absl::StatusOr<Schedule> made = MakeSchedule(name, so);
-      if (!made.ok() || made->forward_only || made->stage_to_rank != sh.placement) continue;
-      registered.push_back(*std::move(made));
-    }
-  }
-  for (const Schedule& schedule : registered) {
+  for (const Schedule& schedule : ScheduleStarts(o, sh)) {
     // As given (a schedule may mix B with I/W), and with the backward
     // converted to this synthesis' form.
     RankActions ranks;
@@ -581,34 +647,57 @@ absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
       starts.end());
   if (starts.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("no schedule found within memory_cap ", cap, " at p=", sh.p, " m=", sh.m,
+        absl::StrCat("no schedule found within memory_cap ", sh.cap, " at p=", sh.p, " m=", sh.m,
                      " v=", sh.v, " (the minimum is ", MinimumMemoryCap(o), "): raise the cap"));
   }
   std::stable_sort(starts.begin(), starts.end(), [](const Start& a, const Start& b) {
     return std::make_pair(a.eval.makespan, a.eval.peak) <
            std::make_pair(b.eval.makespan, b.eval.peak);
   });
+  return starts;
+}
 
-  // 2. Local search from the best few starts, the budget split evenly.
+struct SearchResult {
+  int start_index = 0;  // which start it came from
+  RankActions ranks;
+};
+
+// Step 2: local search from the best few starts, the budget split evenly.
+// A start already at the lower bound is not searched.
+SearchResult SearchFromBestStarts(const SynthesisOptions& o, const Shape& sh,
+                                  const std::vector<Start>& starts, double lower_bound,
+                                  Evaluator& evaluate) {
   std::mt19937_64 rng(o.seed);
   const int restarts = std::min<int>(3, starts.size());
-  int best_index = 0;
-  RankActions best_ranks = starts[0].ranks;
+  SearchResult best{0, starts[0].ranks};
   Evaluated best_eval = starts[0].eval;
   for (int k = 0; k < restarts && o.max_evaluations > 0; ++k) {
     RankActions ranks = starts[k].ranks;
     Evaluated eval = starts[k].eval;
-    if (eval.makespan <= bounds.lower_bound + kEps) continue;  // optimal already
+    if (eval.makespan <= lower_bound + kEps) continue;  // optimal already
     LocalSearch(sh, evaluate, o.max_evaluations / restarts, rng, ranks, eval);
     if (eval.makespan < best_eval.makespan - kEps) {
       best_eval = eval;
-      best_ranks = std::move(ranks);
-      best_index = k;
+      best.ranks = std::move(ranks);
+      best.start_index = k;
     }
   }
+  return best;
+}
+
+}  // namespace
+
+absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
+  PP_ASSIGN_OR_RETURN(SynthesisResult bounds, SynthesisLowerBound(o));
+  PP_ASSIGN_OR_RETURN(const double cap, CheckedCap(o));
+  const Shape sh = MakeShape(o, cap);
+  PP_RETURN_IF_ERROR(CheckExtraStarts(o, sh));
+  Evaluator evaluate(sh, o.costs, o.name);
+  PP_ASSIGN_OR_RETURN(const std::vector<Start> starts, RankedStarts(o, sh, evaluate));
+  SearchResult best = SearchFromBestStarts(o, sh, starts, bounds.lower_bound, evaluate);
 
   SynthesisResult out = bounds;
-  out.schedule = ToSchedule(sh, o.name, std::move(best_ranks));
+  out.schedule = ToSchedule(sh, o.name, std::move(best.ranks));
   absl::Status valid = ValidateSchedule(out.schedule);
   if (!valid.ok()) {
     return absl::InternalError(
@@ -618,8 +707,8 @@ absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
   out.makespan = out.simulation.makespan;
   out.memory_cap = cap;
   for (double x : out.simulation.peak_memory) out.peak_memory = std::max(out.peak_memory, x);
-  out.start = starts[best_index].name;
-  out.start_makespan = starts[best_index].eval.makespan;
+  out.start = starts[best.start_index].name;
+  out.start_makespan = starts[best.start_index].eval.makespan;
   out.evaluations = evaluate.count();
   return out;
 }

@@ -9,15 +9,10 @@
 namespace pp {
 namespace {
 
-struct Seen {
-  int rank = -1;
-  int pos = -1;
-  int count = 0;
-};
+// ValidateSchedule's steps: the sizes and the placement, each compute seen
+// once, then the rules per (stage, micro-batch).
 
-}  // namespace
-
-absl::Status ValidateSchedule(const Schedule& schedule) {
+absl::Status CheckSizesAndPlacement(const Schedule& schedule) {
   const int p = schedule.num_stages;
   const int m = schedule.num_microbatches;
   if (p < 1 || m < 1 || schedule.num_chunks < 1) {
@@ -40,95 +35,141 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
                        schedule.stage_to_rank[s], ", outside [0, ", p, ")"));
     }
   }
-  // (type, stage, mb) -> where it was seen and how often; dense over the
-  // compute types, filled only after each action's ranges are checked.
-  std::vector<Seen> seen(4 * num_virtual * m);
-  auto key = [&](ActionType type, int s, int mb) {
-    return (static_cast<int>(type) * num_virtual + s) * m + mb;
-  };
-  for (int r = 0; r < p; ++r) {
-    for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
-      PP_RETURN_IF_ERROR(CheckComputeCell(schedule, r, i));
-      for (const Action& a : Leaves(schedule.ranks[r][i])) {
-        if (schedule.forward_only && a.type != ActionType::kForward) {
-          return ScheduleCellError(schedule, r, i,
-                                   "a forward-only schedule has no backward actions");
+  return absl::OkStatus();
+}
+
+struct Seen {
+  int rank = -1;
+  int pos = -1;
+  int count = 0;
+};
+
+// (type, stage, mb) -> where it was seen and how often; dense over the
+// compute types. REQUIRES: CheckSizesAndPlacement passed.
+class SeenComputes {
+ public:
+  explicit SeenComputes(const Schedule& schedule)
+      : num_virtual_(schedule.num_virtual_stages()),
+        m_(schedule.num_microbatches),
+        seen_(4 * num_virtual_ * m_) {}
+
+  // Every cell in range and on its rank, no backward in a forward-only
+  // schedule, every leaf at most once. Each action's ranges are checked
+  // before it is recorded.
+  absl::Status RecordAll(const Schedule& schedule) {
+    for (int r = 0; r < static_cast<int>(schedule.ranks.size()); ++r) {
+      for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
+        PP_RETURN_IF_ERROR(CheckComputeCell(schedule, r, i));
+        for (const Action& a : Leaves(schedule.ranks[r][i])) {
+          if (schedule.forward_only && a.type != ActionType::kForward) {
+            return ScheduleCellError(schedule, r, i,
+                                     "a forward-only schedule has no backward actions");
+          }
+          Seen& entry = seen_[Key(a.type, a.stage, a.microbatch)];
+          if (++entry.count > 1) {
+            return ScheduleCellError(schedule, r, i,
+                                     absl::StrCat(ActionToString(a),
+                                                  " appears twice (first "
+                                                  "at rank ",
+                                                  entry.rank, " step ", entry.pos, ")"));
+          }
+          entry.rank = r;
+          entry.pos = i;
         }
-        Seen& entry = seen[key(a.type, a.stage, a.microbatch)];
-        if (++entry.count > 1) {
-          return ScheduleCellError(schedule, r, i,
-                                   absl::StrCat(ActionToString(a),
-                                                " appears twice (first "
-                                                "at rank ",
-                                                entry.rank, " step ", entry.pos, ")"));
-        }
-        entry.rank = r;
-        entry.pos = i;
       }
     }
+    return absl::OkStatus();
   }
-  auto find = [&](ActionType type, int s, int mb) -> const Seen* {
-    const Seen& entry = seen[key(type, s, mb)];
+
+  // Where (type, s, mb) runs; null when no rank runs it.
+  const Seen* Find(ActionType type, int s, int mb) const {
+    const Seen& entry = seen_[Key(type, s, mb)];
     return entry.count == 0 ? nullptr : &entry;
-  };
-  for (int s = 0; s < num_virtual; ++s) {
-    const int r = schedule.stage_to_rank[s];
-    const int end = static_cast<int>(schedule.ranks[r].size());
-    for (int mb = 0; mb < m; ++mb) {
-      const Seen* f = find(ActionType::kForward, s, mb);
-      const Seen* b = find(ActionType::kBackward, s, mb);
-      const Seen* in = find(ActionType::kBackwardInput, s, mb);
-      const Seen* w = find(ActionType::kBackwardWeight, s, mb);
-      if (f == nullptr) {
-        return ScheduleCellError(schedule, r, end,
-                                 absl::StrCat("missing ", ActionToString(F(s, mb))));
-      }
-      if (schedule.forward_only) continue;
-      if (b != nullptr && (in != nullptr || w != nullptr)) {
-        const Seen* split = in != nullptr ? in : w;
-        return ScheduleCellError(schedule, r, split->pos,
-                                 absl::StrCat("(stage ", s, ", mb ", mb,
-                                              ") has both a "
-                                              "full backward B and a split I/W"));
-      }
-      if (b == nullptr && (in == nullptr || w == nullptr)) {
-        return ScheduleCellError(
-            schedule, r, end,
-            absl::StrCat("missing backward of (stage ", s, ", mb ", mb, "): need ",
-                         ActionToString(B(s, mb)), " or both ", ActionToString(I(s, mb)), " and ",
-                         ActionToString(W(s, mb))));
-      }
-      const Seen* backward = b != nullptr ? b : in;
-      if (backward->pos < f->pos) {
-        return ScheduleCellError(schedule, r, backward->pos,
-                                 absl::StrCat("backward of (stage ", s, ", mb ", mb,
-                                              ") runs before its forward (step ", f->pos, ")"));
-      }
-      if (w != nullptr && w->pos < in->pos) {
-        return ScheduleCellError(schedule, r, w->pos,
-                                 absl::StrCat(ActionToString(W(s, mb)), " runs before ",
-                                              ActionToString(I(s, mb)), " (step ", in->pos, ")"));
-      }
-      // Neighbouring stages on the same rank: order within the rank.
-      if (s + 1 < num_virtual && schedule.stage_to_rank[s + 1] == r) {
-        const Seen* next_f = find(ActionType::kForward, s + 1, mb);
-        if (next_f != nullptr && next_f->pos < f->pos) {
-          return ScheduleCellError(schedule, r, next_f->pos,
-                                   absl::StrCat("F on stage ", s + 1,
-                                                " runs before F "
-                                                "on stage ",
-                                                s, " (step ", f->pos, ") for mb ", mb));
-        }
-        const Seen* next_b = find(ActionType::kBackward, s + 1, mb);
-        if (next_b == nullptr) next_b = find(ActionType::kBackwardInput, s + 1, mb);
-        if (next_b != nullptr && backward->pos < next_b->pos) {
-          return ScheduleCellError(schedule, r, backward->pos,
-                                   absl::StrCat("backward on stage ", s,
-                                                " runs before "
-                                                "the backward on stage ",
-                                                s + 1, " (step ", next_b->pos, ") for mb ", mb));
-        }
-      }
+  }
+
+ private:
+  int Key(ActionType type, int s, int mb) const {
+    return (static_cast<int>(type) * num_virtual_ + s) * m_ + mb;
+  }
+
+  int num_virtual_;
+  int m_;
+  std::vector<Seen> seen_;
+};
+
+// The rules for micro-batch `mb` on stage `s`: its forward, one kind of
+// backward after it (W after I), and the order with the next stage when that
+// stage is on the same rank.
+absl::Status CheckStageMicrobatch(const Schedule& schedule, const SeenComputes& seen, int s,
+                                  int mb) {
+  const int num_virtual = schedule.num_virtual_stages();
+  const int r = schedule.stage_to_rank[s];
+  const int end = static_cast<int>(schedule.ranks[r].size());
+  const Seen* f = seen.Find(ActionType::kForward, s, mb);
+  const Seen* b = seen.Find(ActionType::kBackward, s, mb);
+  const Seen* in = seen.Find(ActionType::kBackwardInput, s, mb);
+  const Seen* w = seen.Find(ActionType::kBackwardWeight, s, mb);
+  if (f == nullptr) {
+    return ScheduleCellError(schedule, r, end, absl::StrCat("missing ", ActionToString(F(s, mb))));
+  }
+  if (schedule.forward_only) return absl::OkStatus();
+  if (b != nullptr && (in != nullptr || w != nullptr)) {
+    const Seen* split = in != nullptr ? in : w;
+    return ScheduleCellError(schedule, r, split->pos,
+                             absl::StrCat("(stage ", s, ", mb ", mb,
+                                          ") has both a "
+                                          "full backward B and a split I/W"));
+  }
+  if (b == nullptr && (in == nullptr || w == nullptr)) {
+    return ScheduleCellError(
+        schedule, r, end,
+        absl::StrCat("missing backward of (stage ", s, ", mb ", mb, "): need ",
+                     ActionToString(B(s, mb)), " or both ", ActionToString(I(s, mb)), " and ",
+                     ActionToString(W(s, mb))));
+  }
+  const Seen* backward = b != nullptr ? b : in;
+  if (backward->pos < f->pos) {
+    return ScheduleCellError(schedule, r, backward->pos,
+                             absl::StrCat("backward of (stage ", s, ", mb ", mb,
+                                          ") runs before its forward (step ", f->pos, ")"));
+  }
+  if (w != nullptr && w->pos < in->pos) {
+    return ScheduleCellError(schedule, r, w->pos,
+                             absl::StrCat(ActionToString(W(s, mb)), " runs before ",
+                                          ActionToString(I(s, mb)), " (step ", in->pos, ")"));
+  }
+  // Neighbouring stages on the same rank: order within the rank.
+  if (s + 1 < num_virtual && schedule.stage_to_rank[s + 1] == r) {
+    const Seen* next_f = seen.Find(ActionType::kForward, s + 1, mb);
+    if (next_f != nullptr && next_f->pos < f->pos) {
+      return ScheduleCellError(schedule, r, next_f->pos,
+                               absl::StrCat("F on stage ", s + 1,
+                                            " runs before F "
+                                            "on stage ",
+                                            s, " (step ", f->pos, ") for mb ", mb));
+    }
+    const Seen* next_b = seen.Find(ActionType::kBackward, s + 1, mb);
+    if (next_b == nullptr) next_b = seen.Find(ActionType::kBackwardInput, s + 1, mb);
+    if (next_b != nullptr && backward->pos < next_b->pos) {
+      return ScheduleCellError(schedule, r, backward->pos,
+                               absl::StrCat("backward on stage ", s,
+                                            " runs before "
+                                            "the backward on stage ",
+                                            s + 1, " (step ", next_b->pos, ") for mb ", mb));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateSchedule(const Schedule& schedule) {
+  PP_RETURN_IF_ERROR(CheckSizesAndPlacement(schedule));
+  SeenComputes seen(schedule);
+  PP_RETURN_IF_ERROR(seen.RecordAll(schedule));
+  for (int s = 0; s < schedule.num_virtual_stages(); ++s) {
+    for (int mb = 0; mb < schedule.num_microbatches; ++mb) {
+      PP_RETURN_IF_ERROR(CheckStageMicrobatch(schedule, seen, s, mb));
     }
   }
   // Cross-rank progress (data dependencies), then the lowered program.
