@@ -11,6 +11,8 @@
 //       [--compare=gpipe,1f1b,interleaved_1f1b] [--defer_receives] [--list]
 //       [--synthesize [--memory_cap=4] [--placement=looped|v] [--seed=0]
 //        [--max_evaluations=2000] [--compare=all|NAME,...]]
+//       [--stage_bytes=params:10,act:4,boundary:0.25[,recompute:1,pending:6]
+//        [--optimizer=adamw|momentum|sgd] [--fp32_master_weights]]
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -36,6 +40,7 @@
 #include "pipeline/schedule/csv.h"
 #include "pipeline/schedule/defer_receives.h"
 #include "pipeline/schedule/lowering.h"
+#include "pipeline/schedule/memory_plan.h"
 #include "pipeline/schedule/registry.h"
 #include "pipeline/schedule/render.h"
 #include "pipeline/schedule/simulator.h"
@@ -105,6 +110,17 @@ ABSL_FLAG(double, memory_cap, 0,
           "cap * v virtual-stage activations); 0: 1F1B's peak, min(p, m)");
 ABSL_FLAG(std::string, placement, "looped",
           "--synthesize: looped (any --chunks) or v (--chunks=2, rank r holds r and 2p-1-r)");
+ABSL_FLAG(std::string, stage_bytes, "",
+          "MiB per virtual stage for the byte planner (pipeline/schedule/memory_plan.h): "
+          "params:P,act:A,boundary:B[,recompute:R,pending:W] (parameters as fp32, one "
+          "micro-batch's activations kept for the backward, its p2p message, what a "
+          "checkpointed backward regenerates, what a split backward's I leaves for W). Adds "
+          "each rank's predicted peak in bytes to the text output and a peak MiB column to "
+          "--compare");
+ABSL_FLAG(std::string, optimizer, "adamw",
+          "--stage_bytes: optimizer state per parameter: adamw (2), momentum (1) or sgd (0)");
+ABSL_FLAG(bool, fp32_master_weights, false,
+          "--stage_bytes: bf16 parameters with fp32 master weights (mixed precision)");
 ABSL_FLAG(int, seed, 0, "--synthesize: seed of the local search");
 ABSL_FLAG(int, max_evaluations, 2000, "--synthesize: simulator evaluations of the local search");
 
@@ -192,6 +208,51 @@ std::string MemoryList(const std::vector<double>& memory, int chunks, const char
   });
 }
 
+// --stage_bytes as one virtual stage's bytes; InvalidArgument naming a bad item.
+absl::StatusOr<StageMemory> ParseStageBytes(const std::string& spec) {
+  StageMemory stage;
+  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    const std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
+    double mib = 0;
+    if (kv.size() != 2 || !absl::SimpleAtod(kv[1], &mib) || !std::isfinite(mib) || mib < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stage_bytes: '", item, "' is not KEY:MiB with a finite MiB >= 0"));
+    }
+    const double bytes = mib * 1024 * 1024;
+    if (kv[0] == "params") {
+      stage.parameter_bytes = bytes;
+    } else if (kv[0] == "act") {
+      stage.activation_bytes = bytes;
+    } else if (kv[0] == "boundary") {
+      stage.boundary_bytes = bytes;
+    } else if (kv[0] == "recompute") {
+      stage.recompute_bytes = bytes;
+    } else if (kv[0] == "pending") {
+      stage.weight_pending_bytes = bytes;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stage_bytes: unknown key '", kv[0],
+                       "'; valid: params, act, boundary, recompute, pending"));
+    }
+  }
+  return stage;
+}
+
+// --stage_bytes: the byte planner's plan of `s` (nullopt without the flag).
+absl::StatusOr<std::optional<MemoryPlan>> BytePlan(const Schedule& s) {
+  const std::string spec = absl::GetFlag(FLAGS_stage_bytes);
+  if (spec.empty()) return std::optional<MemoryPlan>();
+  PP_ASSIGN_OR_RETURN(const StageMemory stage, ParseStageBytes(spec));
+  MemoryPlanOptions options;
+  PP_ASSIGN_OR_RETURN(options.optimizer, ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer)));
+  PP_ASSIGN_OR_RETURN(options.split, ParseMemorySplit(absl::GetFlag(FLAGS_memory_split)));
+  options.fp32_master_weights = absl::GetFlag(FLAGS_fp32_master_weights);
+  PP_ASSIGN_OR_RETURN(
+      MemoryPlan plan,
+      PlanMemory(s, std::vector<StageMemory>(s.num_virtual_stages(), stage), options));
+  return std::optional<MemoryPlan>(std::move(plan));
+}
+
 std::string Title(const Schedule& s) {
   return absl::StrFormat("%s: p=%d, m=%d, v=%d", s.name, s.num_stages, s.num_microbatches,
                          s.num_chunks);
@@ -246,16 +307,34 @@ std::string Render(const Explored& e, const std::string& format) {
                  "\nmakespan %g  bubble %.4f  busy [%s]  peak in-flight [%s]  peak memory [%s]\n",
                  e.sim.makespan, e.sim.bubble_fraction, absl::StrJoin(e.sim.busy, ", "),
                  absl::StrJoin(e.sim.peak_inflight, ", "), MemoryList(e.sim.peak_memory, 1, ", ")));
+  absl::StatusOr<std::optional<MemoryPlan>> plan = BytePlan(s);
+  if (!plan.ok()) {
+    absl::StrAppend(&text, "\nmemory plan: ", plan.status().message(), "\n");
+  } else if (plan->has_value()) {
+    absl::StrAppend(&text, "\nmemory plan (bytes, --stage_bytes):\n", FormatMemoryPlan(**plan));
+  }
   return text;
 }
 
 std::string CompareHeader() {
   return absl::StrFormat(
-      "p=%d m=%d costs %s%s memory split %s\n%-18s %3s %10s %8s %8s %20s %16s %26s\n",
+      "p=%d m=%d costs %s%s memory split %s\n%-18s %3s %10s %8s %8s %20s %16s %26s%s\n",
       absl::GetFlag(FLAGS_stages), absl::GetFlag(FLAGS_microbatches), absl::GetFlag(FLAGS_costs),
       absl::GetFlag(FLAGS_blocking_sends) ? " (blocking sends)" : "",
       absl::GetFlag(FLAGS_memory_split), "schedule", "v", "makespan", "bubble", "inner",
-      "peak act (chunks)", "peak (x stage)", "peak memory (x stage)");
+      "peak act (chunks)", "peak (x stage)", "peak memory (x stage)",
+      absl::GetFlag(FLAGS_stage_bytes).empty() ? "" : absl::StrFormat(" %12s", "peak MiB"));
+}
+
+// --compare's byte column: the largest rank's predicted peak ("" without
+// --stage_bytes).
+std::string PeakMibCell(const Schedule& s) {
+  absl::StatusOr<std::optional<MemoryPlan>> plan = BytePlan(s);
+  if (!plan.ok()) return absl::StrCat(" ", plan.status().message());
+  if (!plan->has_value()) return "";
+  double peak = 0;
+  for (const RankMemoryPlan& r : (*plan)->ranks) peak = std::max(peak, r.peak_bytes);
+  return absl::StrFormat(" %12.2f", peak / (1024.0 * 1024.0));
 }
 
 std::string CompareRow(const std::string& name, const Explored& e) {
@@ -266,11 +345,12 @@ std::string CompareRow(const std::string& name, const Explored& e) {
   const double inner =
       e.sim.makespan > 0 ? inner_idle / (e.schedule.num_stages * e.sim.makespan) : 0;
   return absl::StrFormat(
-      "%-18s %3d %10g %7.1f%% %7.1f%% %20s %16g %26s\n", name, e.schedule.num_chunks,
+      "%-18s %3d %10g %7.1f%% %7.1f%% %20s %16g %26s%s\n", name, e.schedule.num_chunks,
       e.sim.makespan, 100 * e.sim.bubble_fraction, 100 * inner,
       absl::StrCat("[", absl::StrJoin(e.sim.peak_inflight, ","), "]"),
       static_cast<double>(peak) / e.schedule.num_chunks,
-      absl::StrCat("[", MemoryList(e.sim.peak_memory, e.schedule.num_chunks, ","), "]"));
+      absl::StrCat("[", MemoryList(e.sim.peak_memory, e.schedule.num_chunks, ","), "]"),
+      PeakMibCell(e.schedule));
 }
 
 // The named schedule at --chunks, or at the count it takes: two (V schedules:
@@ -395,6 +475,14 @@ int Main() {
     std::fprintf(stderr, "--format=%s: expected text, json, svg, chrome, csv or csv_comms\n",
                  format.c_str());
     return 2;
+  }
+  if (!absl::GetFlag(FLAGS_stage_bytes).empty()) {
+    absl::Status bad = ParseStageBytes(absl::GetFlag(FLAGS_stage_bytes)).status();
+    if (bad.ok()) bad = ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer)).status();
+    if (!bad.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(bad.message()).c_str());
+      return 2;
+    }
   }
   if (absl::GetFlag(FLAGS_list)) {
     for (const ScheduleInfo& info : RegisteredSchedules()) {

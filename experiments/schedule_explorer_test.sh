@@ -110,6 +110,19 @@ assert zb["memory_split"] == {"I": 42, "W": 32}, zb
 assert zb["inner_idle"] == [3, 2, 1, 0], zb
 assert nofree["peak_memory"] == [4, 4, 4, 4], nofree
 PY
+# The byte planner: 1 MiB of parameters, 10 of activations, 0.25 boundary per
+# stage at p = 2, m = 4: 1F1B's rank 0 holds 2 micro-batches: 20 + 1 + 1 + 2
+# (AdamW) + 0.5 (p2p) = 24.5 MiB; GPipe all 4: 44.5. A bad key exits 2.
+"$explorer" --schedule=1f1b --stages=2 --microbatches=4 --stage_bytes=params:1,act:10,boundary:0.25 > "$tmp/bytes.txt"
+grep -q "^rank 0: peak 24.50 MiB = activations 20.00 MiB" "$tmp/bytes.txt" || fail "byte plan: $(cat "$tmp/bytes.txt")"
+"$explorer" --compare=gpipe,1f1b --stages=2 --microbatches=4 --stage_bytes=params:1,act:10,boundary:0.25 > "$tmp/bytescmp.txt"
+grep -qE "^gpipe .* 44.50$" "$tmp/bytescmp.txt" || fail "byte column: $(cat "$tmp/bytescmp.txt")"
+set +e
+"$explorer" --schedule=1f1b --stage_bytes=foo:1 > /dev/null 2> "$tmp/badbytes.txt"
+code=$?
+set -e
+[[ $code -eq 2 ]] && grep -q "unknown key 'foo'" "$tmp/badbytes.txt" || fail "bad --stage_bytes: exit $code $(cat "$tmp/badbytes.txt")"
+
 "$explorer" --compare=1f1b,zb_h1,zb_h2 --costs=F:1,I:1,W:1 > "$tmp/zbcmp.txt"
 grep -qE '^1f1b +1 +33 +27.3% +13.6% ' "$tmp/zbcmp.txt" || fail "zb compare: $(cat "$tmp/zbcmp.txt")"
 grep -qE '^zb_h1 +1 +27 +11.1% +5.6% +\[4,4,4,4\] +4 +\[4,3.43,2.86,2.3\]$' "$tmp/zbcmp.txt" \
