@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/model/file_io.h"
 #include "common/status_macros.h"
 #include "pipeline/schedule/csv.h"
 #include "pipeline/schedule/registry.h"
@@ -284,19 +285,11 @@ absl::Status AutoScheduleRun::Switch(const Schedule& schedule, Trainer& trainer,
       if (dir.empty()) continue;
       std::error_code ec;
       fs::create_directories(dir, ec);
-      const fs::path path = fs::path(dir) / std::string(kAutoScheduleFile);
-      const fs::path tmp = fs::path(dir) / absl::StrCat(".", kAutoScheduleFile, ".tmp");
-      {
-        std::ofstream f(tmp);
-        f << csv;
-        if (!f.good()) {
-          return absl::UnavailableError(absl::StrCat("schedule auto: cannot write ", tmp.string()));
-        }
-      }
-      fs::rename(tmp, path, ec);
-      if (ec) {
-        return absl::UnavailableError(
-            absl::StrCat("schedule auto: cannot write ", path.string(), ": ", ec.message()));
+      // Atomic: a resume reads either no file or the whole schedule.
+      if (absl::Status s =
+              WriteFileDurably((fs::path(dir) / std::string(kAutoScheduleFile)).string(), csv);
+          !s.ok()) {
+        return absl::UnavailableError(absl::StrCat("schedule auto: ", s.message()));
       }
     }
   }
