@@ -7,13 +7,17 @@ Two benchmarks in one rotation (--mode peer, overhead or both):
             and each system's single process on its own kernels, 1 thread:
             pipe pp = 1 (Debian's LibTorch 1.13 + OpenBLAS), PyTorch 2.15's wheel
             and Debian's python3-torch 1.13 (DeepSpeed's kernels), both running
-            bench/torch_gpt_reference.py. pipe's runs are traced and simulated
-            (bench_vs_deepspeed.simulate_pipe): simulator error per step.
+            bench/torch_gpt_reference.py.
   overhead  the same GPT with negligible compute (--overhead_width 32, 4 blocks,
             sequence 16, micro-batch 1) at m = --overhead_microbatches (32, 64),
             pp = 2: step time per executed compute action (F, B, I, W) and per
             message, each per rank. 4 blocks, not 2: pipe needs a block per model
             part, and the 2-chunk schedules cut pp = 2 into 4 parts.
+
+pipe's pipeline runs (both modes) trace every timed step: each is simulated
+with its own measured costs (bench_vs_deepspeed.simulate_pipe: simulator
+error per step), and the traces say where each rank's step went (compute
+actions, sends, receives, tail, executor between actions: trace_*_ms).
 
 The systems: pipe's train_gpt (--pipe NAME='flags', default 1F1B, interleaved
 1F1B and ZB-V with 2 chunks, all with --pipe_common: static shapes, receives
@@ -83,6 +87,35 @@ def work_per_rank(schedule, pp, m):
     return per_rank * m * ops, 2 * (2 * m * crossing) // pp
 
 
+def trace_breakdown(run_dir):
+    """Where a pipe rank's traced steps went, ms per step (median over the
+    traced steps; per rank): compute actions (F, B, I, W), sends, receives
+    (mostly waiting for the peer), the tail (tied and data-parallel gradient
+    reductions, optimizer step) and the rest of the span: the executor
+    between actions."""
+    files = sorted(Path(run_dir, "traces").glob("step_*.json")) or [Path(run_dir, "trace.json")]
+    groups = {"F": "compute", "B": "compute", "I": "compute", "W": "compute",
+              "SEND_F": "send", "SEND_B": "send", "RECV_F": "recv", "RECV_B": "recv",
+              "REDUCE_GRAD": "tail", "REDUCE_TIED": "tail", "STEP": "tail"}
+    per_rank = {}
+    for path in files:
+        trace = json.loads(path.read_text())
+        events = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace)
+                  if e.get("ph") == "X"]
+        for rank in sorted({e["tid"] for e in events}):
+            mine = [e for e in events if e["tid"] == rank]
+            sums = {g: 0.0 for g in ("compute", "send", "recv", "tail")}
+            for e in mine:
+                if e.get("cat") in groups:
+                    sums[groups[e["cat"]]] += e["dur"]
+            span = max(e["ts"] + e["dur"] for e in mine) - min(e["ts"] for e in mine)
+            sums["between"] = span - sum(sums.values())
+            per_rank.setdefault(rank, []).append(sums)
+    return {f"trace_{g}_ms": [round(statistics.median(s[g] for s in steps) / 1e3, 3)
+                              for _, steps in sorted(per_rank.items())]
+            for g in ("compute", "send", "recv", "tail", "between")}
+
+
 def pipe_schedule(flags):
     for token in shlex.split(flags):
         if token.startswith("--schedule="):
@@ -128,7 +161,10 @@ def run_one(config, args, model_args, workdir):
     if system == "pipe":
         # model_args.stages is 1 for the single process.
         flags = "--intra_op_threads=1 --blas_threads=1" if config["single"] else config["flags"]
-        return bvd.run_pipe(model_args, flags, workdir)
+        result = bvd.run_pipe(model_args, flags, workdir)
+        if not config["single"]:
+            result.update(trace_breakdown(result["run_dir"]))
+        return result
     if system == "deepspeed" and not config["single"]:
         return bvd.run_deepspeed(model_args)
     python = args.torch_python if system == "pytorch" else str(Path(args.deepspeed).parent /
@@ -185,6 +221,8 @@ def summarize(mode, configs, runs, args):
             values = [r[key] for r in runs[name] if r.get(key) is not None]
             if values:
                 s[key] = round(statistics.median(values), 4 if key == "simulated_error" else 2)
+        for key in [k for k in runs[name][0] if k.startswith("trace_")]:
+            s[key] = [round(statistics.median(v), 3) for v in zip(*(r[key] for r in runs[name]))]
         worst = [r["simulated_error_max"] for r in runs[name] if "simulated_error_max" in r]
         if worst:
             s["simulated_error_max"] = round(max(worst, key=abs), 4)
@@ -284,7 +322,7 @@ def main():
             for mode, model, configs in modes:
                 values = {**{k: getattr(args, k) for k in bvd.MODEL_DEFAULTS}, **model}
                 for c in configs:
-                    simulate = mode == "peer" and c["system"] == "pipe" and not c["single"]
+                    simulate = c["system"] == "pipe" and not c["single"]
                     model_args = argparse.Namespace(**{
                         **vars(args), **values, "explorer": args.explorer if simulate else "",
                         "stages": 1 if c["single"] else args.stages})
@@ -315,6 +353,7 @@ def main():
                                 "simulated_error_max", "replay_error", "torch"):
                         if r.get(key) is not None:
                             figures[key] = r[key]
+                    figures.update({k: v for k, v in r.items() if k.startswith("trace_")})
                     runs[mode][c["name"]].append(figures)
                     append(args.results, make_record(args, run_id, f"{mode}/{c['name']}", "run",
                                                      figures, started, [load_start, load_end],

@@ -120,7 +120,7 @@ def run_pipe(args, flags, workdir):
             "busy_s": busy, **simulated,
             "step_s": [m["step_s"] for m in timed], "loss_first": metrics[0]["loss"],
             "loss_last": metrics[-1]["loss"], "threads": threads,
-            "wall_s": time.time() - started}
+            "wall_s": time.time() - started, "run_dir": str(run_dir)}
 
 
 def simulate_pipe(args, run_dir, metrics):
