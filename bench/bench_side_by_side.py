@@ -20,8 +20,9 @@ error per step), and the traces say where each rank's step went (compute
 actions, sends, receives, tail, executor between actions: trace_*_ms).
 
 The systems: pipe's train_gpt (--pipe NAME='flags', default 1F1B, interleaved
-1F1B and ZB-V with 2 chunks, all with --pipe_common: static shapes, receives
-posted ahead; PyTorch's stages are static too), PyTorch 2.15 pipelining
+1F1B and ZB-V with 2 chunks, all with --pipe_common, pipe's fastest settings
+on the peer GPT: static shapes, receives posted ahead; a flag a configuration
+gives itself replaces the common one), PyTorch 2.15 pipelining
 (bench/torch_pipelining_gpt.py in the torch-newest venv, --torch_schedule) and
 DeepSpeed's 1F1B (bench/deepspeed_gpt.py). Every repetition runs every
 configuration once, in the same order, so slow periods of a shared machine
@@ -131,8 +132,13 @@ def configurations(args):
         name, sep, flags = spec.partition("=")
         if not sep or not name:
             raise SystemExit(f"--pipe '{spec}' must look like name='train_gpt flags'")
+        # A flag the configuration sets itself overrides the common one (pipe
+        # refuses a flag given twice).
+        own = {t.split("=", 1)[0] for t in shlex.split(flags)}
+        common = [t for t in shlex.split(args.pipe_common) if t.split("=", 1)[0] not in own]
         pipes.append({"name": f"pipe_{name}", "system": "pipe", "single": False,
-                      "schedule": pipe_schedule(flags), "flags": f"{args.pipe_common} {flags}"})
+                      "schedule": pipe_schedule(flags),
+                      "flags": " ".join([shlex.quote(t) for t in common] + [flags])})
     torch_runs = [{"name": f"pytorch_{s}", "system": "pytorch", "single": False, "schedule": s}
                   for s in (args.torch_schedule or TORCH_DEFAULT)]
     ds = [] if args.no_deepspeed else [
@@ -215,7 +221,7 @@ def summarize(mode, configs, runs, args):
         tps = [r["tokens_per_s"] for r in runs[name]]
         s = {"mode": mode, "label": label(c), "system": c["system"], "schedule": c["schedule"],
              "tokens_per_s": round(statistics.median(tps), 1),
-             "runs_tokens_per_s": [round(x, 1) for x in tps],
+             "runs_tokens_per_s": [round(x) for x in tps],
              "median_step_s": round(median(name, "median_step_s"), 5), "reps": len(tps)}
         for key in ("us_per_action", "us_per_message", "simulated_error", "cpu_s_per_step"):
             values = [r[key] for r in runs[name] if r.get(key) is not None]
