@@ -44,6 +44,30 @@ PEER_GPT = ("gpt.width=256,gpt.num_layers=8,gpt.num_heads=4,gpt.context_length=1
             "sample_tokens=0,data.source=synthetic,log_interval=1000")
 
 
+# The model's size and batch, shared by both systems' command lines (defaults:
+# the peer GPT above); bench_side_by_side.py's overhead mode shrinks them.
+MODEL_DEFAULTS = {"width": 256, "layers": 8, "heads": 4, "context": 128, "micro_batch_size": 4,
+                  "microbatches": 8}
+
+
+def add_model_arguments(parser):
+    for name, default in MODEL_DEFAULTS.items():
+        parser.add_argument(f"--{name}", type=int, default=default,
+                            help=f"model/batch size for every system (default {default})")
+
+
+def pipe_model_set(args):
+    """PEER_GPT with the model size of args (--width, --layers, ...)."""
+    fields = dict(item.split("=", 1) for item in PEER_GPT.split(","))
+    fields.update({"gpt.width": args.width, "gpt.num_layers": args.layers,
+                   "gpt.num_heads": args.heads, "gpt.context_length": args.context})
+    return ",".join(f"{k}={v}" for k, v in fields.items())
+
+
+def tokens_per_step(args):
+    return args.micro_batch_size * args.microbatches * args.context
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,8 +92,8 @@ def run_pipe(args, flags, workdir):
         binary = t.split("=", 1)[1]
         tokens.remove(t)
     trace = (f",trace_step={args.warmup},trace_steps={args.steps}" if args.explorer else "")
-    command = [binary, f"--set={PEER_GPT}{trace}", f"--pp={args.stages}",
-               "--microbatches=8", "--micro_batch_size=4",
+    command = [binary, f"--set={pipe_model_set(args)}{trace}", f"--pp={args.stages}",
+               f"--microbatches={args.microbatches}", f"--micro_batch_size={args.micro_batch_size}",
                f"--steps={args.warmup + args.steps}", f"--output_dir={out}", "--name=bench",
                f"--seed={args.seed}"] + tokens
     started = time.time()
@@ -86,15 +110,17 @@ def run_pipe(args, flags, workdir):
                       if line.startswith("[launcher] rank ") and " threads: " in line})
     # Per rank: the step's time in compute (step time minus that rank's idle
     # share), the median over the timed steps: how even the stages are.
-    ranks = len(timed[0].get("bubble", []))
-    busy = [round(statistics.median(m["step_s"] * (1 - m["bubble"][r]) for m in timed), 4)
+    # Steps without a bubble figure (untraced runs skip some) are left out.
+    measured = [m for m in timed if "bubble" in m]
+    ranks = len(measured[0]["bubble"]) if measured else 0
+    busy = [round(statistics.median(m["step_s"] * (1 - m["bubble"][r]) for m in measured), 4)
             for r in range(ranks)]
     simulated = simulate_pipe(args, run_dir, metrics) if args.explorer else {}
     return {"tokens_per_s": statistics.median(m["tokens_per_s"] for m in timed),
             "busy_s": busy, **simulated,
             "step_s": [m["step_s"] for m in timed], "loss_first": metrics[0]["loss"],
             "loss_last": metrics[-1]["loss"], "threads": threads,
-            "wall_s": time.time() - started}
+            "wall_s": time.time() - started, "run_dir": str(run_dir)}
 
 
 def simulate_pipe(args, run_dir, metrics):
@@ -102,8 +128,9 @@ def simulate_pipe(args, run_dir, metrics):
     step was traced; each is simulated with its own measured costs as
     bench_schedules does (per-stage compute, per-rank tail, send and receive
     costs). Returns the median predicted step, the median of simulated /
-    measured - 1 over the steps, and the same for bench_schedules.replay_step
-    (the model with every action's own duration)."""
+    measured - 1 over the steps (and the one farthest from 0), and the same
+    for bench_schedules.replay_step (the model with every action's own
+    duration)."""
     config = run_dir.joinpath("config.textproto").read_text()
 
     def field(name, default):
@@ -119,7 +146,21 @@ def simulate_pipe(args, run_dir, metrics):
         any("grad_norm" in m for m in metrics))
     return {"simulated_step_s": statistics.median(predicted),
             "simulated_error": statistics.median(errors),
+            "simulated_error_max": max(errors, key=abs),
             "replay_error": statistics.median(replay_errors)}
+
+
+def run_for_result(what, command, env, timeout):
+    """Runs a Python driver and returns its result: the JSON of its last
+    `RESULT {...}` line, or else of its last line that is a JSON object."""
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    lines = [l.split("RESULT ", 1)[1] for l in (proc.stdout + proc.stderr).splitlines()
+             if "RESULT {" in l]
+    lines = lines or [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{what} failed ({proc.returncode}): {' '.join(command)}\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
 
 
 def run_deepspeed(args):
@@ -128,16 +169,13 @@ def run_deepspeed(args):
     command = [args.deepspeed, "--num_gpus", str(args.stages), "--master_port",
                str(free_port()), str(HERE / "deepspeed_gpt.py"), f"--steps={args.steps}",
                f"--warmup={args.warmup}", f"--stages={args.stages}", f"--seed={args.seed}"]
+    command += [f"--{name}={getattr(args, name)}" for name in MODEL_DEFAULTS]
     started = time.time()
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env)
-    lines = [l for l in (proc.stdout + proc.stderr).splitlines() if "RESULT {" in l]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"deepspeed failed ({proc.returncode}): {' '.join(command)}\n"
-                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    result = json.loads(lines[-1].split("RESULT ", 1)[1])
+    result = run_for_result("deepspeed", command, env, args.timeout)
     return {"tokens_per_s": result["tokens_per_s"], "step_s": result["step_s"],
             "loss_first": result["loss_first"], "loss_last": result["loss_last"],
-            "threads": result["threads"], "busy_s": [], "wall_s": time.time() - started}
+            "threads": result["threads"], "cpu_s_per_step": result["cpu_s_per_step"],
+            "busy_s": [], "wall_s": time.time() - started}
 
 
 def main():
@@ -150,6 +188,7 @@ def main():
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    add_model_arguments(parser)
     parser.add_argument("--pipe_flags", default="", help="flags for the main pipe run")
     parser.add_argument("--variant", action="append", default=[],
                         help="name='train_gpt flags': another pipe run per repetition")
@@ -187,7 +226,7 @@ def main():
     load["end"] = load_average()
 
     result = {"bench": "pipe_vs_deepspeed", "reps": args.reps, "steps": args.steps,
-              "warmup": args.warmup, "stages": args.stages, "tokens_per_step": 4 * 8 * 128,
+              "warmup": args.warmup, "stages": args.stages, "tokens_per_step": tokens_per_step(args),
               "load_average": load}
     for name, _ in systems:
         tps = [r["tokens_per_s"] for r in runs[name]]

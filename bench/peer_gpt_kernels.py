@@ -56,6 +56,20 @@ def batch(gen, rows, seq, vocab):
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+def add_training_arguments(ap, steps):
+    """The model, batch and run flags of the drivers that train this GPT
+    (torch_gpt_reference.py, torch_pipelining_gpt.py); defaults: the peer GPT."""
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--micro_batch_size", type=int, default=4)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=steps, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    ap.add_argument("--seed", type=int, default=1234)
+
+
 def step(model, ids, labels):
     logits = model(ids)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))

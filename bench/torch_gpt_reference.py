@@ -29,21 +29,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))
-from peer_gpt_kernels import PeerGpt, batch  # noqa: E402
+from peer_gpt_kernels import PeerGpt, add_training_arguments, batch  # noqa: E402
 
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--context", type=int, default=128)
-    ap.add_argument("--micro_batch_size", type=int, default=4)
-    ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=20, help="timed steps")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    ap.add_argument("--seed", type=int, default=1234)
+    add_training_arguments(ap, steps=20)
     ap.add_argument("--threads", type=int, default=0,
                     help="intra-op threads (torch.set_num_threads); 0 = PyTorch's default")
     args = ap.parse_args(argv)
