@@ -242,12 +242,45 @@ absl::Status AutoScheduleRun::Start(Trainer& trainer, int64_t first_step) {
 }
 
 bool AutoScheduleRun::Measures(int64_t step) const {
+  // Trial steps are traced too, so that both sides pay the same.
   return active_ && !decided_ && step >= kFirstMeasuredStep &&
-         step < kFirstMeasuredStep + kMeasuredSteps;
+         step < kFirstMeasuredStep + kMeasuredSteps + kTrialSteps;
+}
+
+absl::StatusOr<double> AutoScheduleRun::WorldMeanMs(const std::vector<double>& steps_ms,
+                                                    const ParallelGrid& grid,
+                                                    const Trainer& trainer) const {
+  double local = 0;
+  for (double ms : steps_ms) local += ms / static_cast<double>(steps_ms.size());
+  torch::Tensor t =
+      torch::tensor({local}, torch::kDouble).to(trainer.options().executor.p2p.device);
+  std::vector<at::Tensor> one = {t};
+  PP_RETURN_IF_ERROR(RunCollective("auto schedule step-time all-reduce", grid.DescribeWorldGroup(),
+                                   trainer.options().executor.p2p.timeout,
+                                   [&] { return grid.world_group()->allreduce(one); }));
+  return t.cpu().item<double>() / grid.world_size();
 }
 
 absl::Status AutoScheduleRun::AfterStep(int64_t step, const ParallelGrid& grid, Trainer& trainer) {
+  const auto now = std::chrono::steady_clock::now();
+  const double step_ms =
+      last_step_end_.has_value()
+          ? std::chrono::duration<double, std::milli>(now - *last_step_end_).count()
+          : 0;
+  absl::Status status = Decide(step, step_ms, grid, trainer);
+  last_step_end_ = std::chrono::steady_clock::now();
+  return status;
+}
+
+absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const ParallelGrid& grid,
+                                     Trainer& trainer) {
   if (!Measures(step)) return absl::OkStatus();
+  if (trying_) {
+    trial_ms_.push_back(step_ms);
+    if (static_cast<int64_t>(trial_ms_.size()) < kTrialSteps) return absl::OkStatus();
+    return KeepOrRevert(grid, trainer);
+  }
+  measured_ms_.push_back(step_ms);
   measured_.push_back(trainer.last_step_timings());
   if (step != kFirstMeasuredStep + kMeasuredSteps - 1) return absl::OkStatus();
   std::vector<double> sums = LocalCostSums(measured_, num_stages_, num_chunks_, grid.stage_id());
@@ -275,7 +308,35 @@ absl::Status AutoScheduleRun::AfterStep(int64_t step, const ParallelGrid& grid, 
     LOG(INFO) << text;
     std::cout << text << std::flush;
   }
-  return Switch(choice.synthesis.schedule, trainer, grid.global_rank() == 0);
+  PP_RETURN_IF_ERROR(Switch(choice.synthesis.schedule, trainer, grid.global_rank() == 0));
+  trying_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status AutoScheduleRun::KeepOrRevert(const ParallelGrid& grid, Trainer& trainer) {
+  PP_ASSIGN_OR_RETURN(const double before, WorldMeanMs(measured_ms_, grid, trainer));
+  PP_ASSIGN_OR_RETURN(const double after, WorldMeanMs(trial_ms_, grid, trainer));
+  PP_ASSIGN_OR_RETURN(const std::string measurement, AutoMeasurementSchedule(num_chunks_));
+  const bool rank0 = grid.global_rank() == 0;
+  const bool keep = after <= before;
+  if (rank0) {
+    const std::string text = absl::StrFormat(
+        "schedule auto: checked by measurement: %.1f ms per step synthesised (steps %d-%d) vs "
+        "%.1f ms under %s (steps %d-%d): %s\n",
+        after, kFirstMeasuredStep + kMeasuredSteps + 1,
+        kFirstMeasuredStep + kMeasuredSteps + kTrialSteps, before, measurement,
+        kFirstMeasuredStep + 1, kFirstMeasuredStep + kMeasuredSteps,
+        keep ? "keeping the synthesised schedule" : absl::StrCat("going back to ", measurement));
+    LOG(INFO) << text;
+    std::cout << text << std::flush;
+  }
+  trying_ = false;
+  decided_ = true;
+  if (keep) return absl::OkStatus();
+  PP_ASSIGN_OR_RETURN(Schedule back,
+                      MakeSchedule(measurement, {num_stages_, num_microbatches_, num_chunks_, 0}));
+  back.name = std::string(kAutoSchedule);
+  return Switch(back, trainer, rank0);
 }
 
 absl::Status AutoScheduleRun::Switch(const Schedule& schedule, Trainer& trainer, bool rank0) {
@@ -294,8 +355,7 @@ absl::Status AutoScheduleRun::Switch(const Schedule& schedule, Trainer& trainer,
     }
   }
   PP_RETURN_IF_ERROR(trainer.ReplaceTrainSchedule(schedule));
-  decided_ = true;
-  if (rank0) {
+  if (rank0 && !decided_) {
     LOG(INFO) << "schedule auto: training on with the synthesised schedule";
     std::cout << "schedule auto: training on with the synthesised schedule" << std::endl;
   }

@@ -96,13 +96,24 @@ class AutoScheduleRun {
   bool Measures(int64_t step) const;
   // After each step: keeps a measured step's timings; after the last one,
   // reduces them over the world group (collective: every rank calls it at
-  // every step), synthesises and switches the Trainer.
+  // every step), synthesises and switches the Trainer; after kTrialSteps more
+  // it compares the world's mean step times and keeps the faster schedule
+  // (the saved CSV is the one kept).
   absl::Status AfterStep(int64_t step, const ParallelGrid& grid, Trainer& trainer);
 
   static constexpr int64_t kFirstMeasuredStep = 1;  // step 0 warms up
   static constexpr int64_t kMeasuredSteps = 2;
+  // Steps run with the synthesised schedule before it is kept: the
+  // simulator's choice is checked by measurement, and the measurement
+  // schedule comes back when it was faster (auto may not lose to it).
+  static constexpr int64_t kTrialSteps = 2;
 
  private:
+  // AfterStep's decisions for `step`, which took `step_ms` on this rank.
+  absl::Status Decide(int64_t step, double step_ms, const ParallelGrid& grid, Trainer& trainer);
+  // After the trial steps: the synthesised schedule stays when its steps
+  // were not slower (world means) than the measurement schedule's.
+  absl::Status KeepOrRevert(const ParallelGrid& grid, Trainer& trainer);
   // Rank 0 (`rank0`) writes the CSV and reports; every rank switches.
   absl::Status Switch(const Schedule& schedule, Trainer& trainer, bool rank0);
 
@@ -113,8 +124,18 @@ class AutoScheduleRun {
   std::string run_dir_;
   std::string checkpoint_dir_;
   std::optional<double> memory_cap_;
+  // The world's mean step time over `steps_ms` (collective).
+  absl::StatusOr<double> WorldMeanMs(const std::vector<double>& steps_ms, const ParallelGrid& grid,
+                                     const Trainer& trainer) const;
+
   bool decided_ = false;
+  bool trying_ = false;  // the synthesised schedule is on trial
   std::vector<std::vector<ActionTiming>> measured_;
+  // Wall time of each measured and trial step, from the end of the previous
+  // AfterStep to the start of this one, in ms.
+  std::vector<double> measured_ms_;
+  std::vector<double> trial_ms_;
+  std::optional<std::chrono::steady_clock::time_point> last_step_end_;
 };
 
 }  // namespace pp

@@ -25,6 +25,7 @@ run --steps=6 --schedule=auto --name=auto
 grep -q "schedule auto: measured ms per virtual stage" "$TMP/log" || { cat "$TMP/log"; echo "FAIL: no measurement logged"; exit 1; }
 grep -q "schedule auto: training on with the synthesised schedule" "$TMP/log" || { cat "$TMP/log"; echo "FAIL: no switch"; exit 1; }
 grep -Eq "\] zb_h1 +[0-9.]+ " "$TMP/log" || { cat "$TMP/log"; echo "FAIL: no comparison table"; exit 1; }
+grep -Eq "schedule auto: checked by measurement: [0-9.]+ ms per step synthesised \(steps 4-5\) vs [0-9.]+ ms under zb_h1 \(steps 2-3\): (keeping the synthesised schedule|going back to zb_h1)" "$TMP/log" || { cat "$TMP/log"; echo "FAIL: the synthesised schedule was not checked by measurement"; exit 1; }
 AUTO_DIR=$(ls -d "$TMP"/runs/auto-*)
 [[ -s $AUTO_DIR/auto_schedule.csv ]] || { echo "FAIL: no auto_schedule.csv in the run directory"; exit 1; }
 [[ -s $TMP/runs/checkpoints/auto/auto_schedule.csv ]] || { echo "FAIL: no auto_schedule.csv in the checkpoint directory"; exit 1; }
