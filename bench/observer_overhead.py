@@ -35,6 +35,8 @@ PEER = ("gpt.width=256,gpt.num_layers=8,gpt.num_heads=4,gpt.context_length=128,g
         "optimizer.max_grad_norm=0,lr_schedule.name=constant,eval_interval=0,sample_tokens=0")
 LOG_INTERVAL = {"observers_off": 1000, "every_step_observed": 1}
 SCHEDULES = {"1f1b": 1, "zbv": 2}
+CPU_MODEL = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                  if line.startswith("model name")), "")
 
 
 def run(binary, variant, schedule, steps, out_dir, name):
@@ -81,14 +83,18 @@ def main():
                     name = f"{variant}_{schedule}_{pair}"
                     cmd, l0, l1, figures = run(args.train_gpt, variant, schedule, args.steps, tmp,
                                                name)
+                    # pipe-result/1 (bench/results/README.md).
                     record = {
-                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                            timespec="seconds"),
+                        "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+                            "%Y-%m-%dT%H:%M:%SZ"),
                         "bench": "observer_overhead", "variant": variant,
-                        "schedule": schedule, "pair": pair, "commit": args.commit, "nproc": nproc,
+                        "schedule": schedule, "pair": pair, "commit": args.commit,
                         "load_before": [round(x, 2) for x in l0],
                         "load_after": [round(x, 2) for x in l1],
                         "command": " ".join(cmd), **figures,
+                        "machine": {"nproc": nproc,
+                                    "loadavg": f"{l0[0]:.2f} (before) .. {l1[0]:.2f} (after)",
+                                    "cpu_model": CPU_MODEL},
                     }
                     out.write(json.dumps(record) + "\n")
                     out.flush()
