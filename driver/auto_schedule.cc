@@ -200,6 +200,23 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
   return choice;
 }
 
+namespace {
+
+// `values` summed over the world group, in place (collective).
+absl::Status WorldSum(const std::string& what, const ParallelGrid& grid, const Trainer& trainer,
+                      std::vector<double>& values) {
+  torch::Tensor t = torch::tensor(values, torch::kDouble).to(trainer.options().executor.p2p.device);
+  std::vector<at::Tensor> one = {t};
+  PP_RETURN_IF_ERROR(RunCollective(what, grid.DescribeWorldGroup(),
+                                   trainer.options().executor.p2p.timeout,
+                                   [&] { return grid.world_group()->allreduce(one); }));
+  t = t.cpu();
+  values.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 AutoScheduleRun::AutoScheduleRun(bool active, int num_stages, int num_microbatches, int num_chunks,
                                  std::string run_dir, std::string checkpoint_dir,
                                  std::optional<double> memory_cap)
@@ -250,15 +267,10 @@ bool AutoScheduleRun::Measures(int64_t step) const {
 absl::StatusOr<double> AutoScheduleRun::WorldMeanMs(const std::vector<double>& steps_ms,
                                                     const ParallelGrid& grid,
                                                     const Trainer& trainer) const {
-  double local = 0;
-  for (double ms : steps_ms) local += ms / static_cast<double>(steps_ms.size());
-  torch::Tensor t =
-      torch::tensor({local}, torch::kDouble).to(trainer.options().executor.p2p.device);
-  std::vector<at::Tensor> one = {t};
-  PP_RETURN_IF_ERROR(RunCollective("auto schedule step-time all-reduce", grid.DescribeWorldGroup(),
-                                   trainer.options().executor.p2p.timeout,
-                                   [&] { return grid.world_group()->allreduce(one); }));
-  return t.cpu().item<double>() / grid.world_size();
+  std::vector<double> local = {0};
+  for (double ms : steps_ms) local[0] += ms / static_cast<double>(steps_ms.size());
+  PP_RETURN_IF_ERROR(WorldSum("auto schedule step-time all-reduce", grid, trainer, local));
+  return local[0] / grid.world_size();
 }
 
 absl::Status AutoScheduleRun::AfterStep(int64_t step, const ParallelGrid& grid, Trainer& trainer) {
@@ -284,13 +296,7 @@ absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const Paralle
   measured_.push_back(trainer.last_step_timings());
   if (step != kFirstMeasuredStep + kMeasuredSteps - 1) return absl::OkStatus();
   std::vector<double> sums = LocalCostSums(measured_, num_stages_, num_chunks_, grid.stage_id());
-  torch::Tensor t = torch::tensor(sums, torch::kDouble).to(trainer.options().executor.p2p.device);
-  std::vector<at::Tensor> one = {t};
-  PP_RETURN_IF_ERROR(RunCollective("auto schedule cost all-reduce", grid.DescribeWorldGroup(),
-                                   trainer.options().executor.p2p.timeout,
-                                   [&] { return grid.world_group()->allreduce(one); }));
-  t = t.cpu();
-  sums.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  PP_RETURN_IF_ERROR(WorldSum("auto schedule cost all-reduce", grid, trainer, sums));
   PP_ASSIGN_OR_RETURN(SimulationCosts costs, CostsFromSums(sums, num_stages_, num_chunks_));
   PP_ASSIGN_OR_RETURN(
       AutoScheduleChoice choice,

@@ -38,22 +38,18 @@ constexpr double kCheckpointKeptWidths = 1.5;
 
 double Clamp1(double x) { return std::max(1.0, x); }
 
-absl::StatusOr<Schedule> ScheduleOf(const ExperimentConfig& config) {
-  const auto& par = config.parallelism();
-  const double actions =
-      2.0 * std::max(1, par.pp()) * std::max(1, par.chunks()) * std::max(1, par.num_microbatches());
-  if (actions > kMaxPlannedActions) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the schedule has ", actions, " compute actions, too many to plan"));
-  }
-  PP_ASSIGN_OR_RETURN(const std::string name, StartingSchedule(par.schedule(), par.chunks()));
-  return MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0});
-}
-
 double MaxPeak(const MemoryPlan& plan) {
   double peak = 0;
   for (const RankMemoryPlan& r : plan.ranks) peak = std::max(peak, r.peak_bytes);
   return peak;
+}
+
+// The largest rank's predicted peak of `config` under `schedule`; nullopt
+// when it cannot be planned.
+std::optional<double> PlannedPeak(const ExperimentConfig& config, const Schedule& schedule) {
+  absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(config, schedule);
+  if (!plan.ok() || !plan->has_value()) return std::nullopt;
+  return MaxPeak(**plan);
 }
 
 std::string Mib(double bytes) { return absl::StrFormat("%.1f MiB", bytes / kMiB); }
@@ -75,10 +71,10 @@ std::vector<std::string> WhatWouldFit(const ExperimentConfig& config, const Sche
     absl::StatusOr<Schedule> other =
         MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0});
     if (!other.ok() || other->forward_only) continue;
-    absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(config, *other);
-    if (plan.ok() && plan->has_value() && MaxPeak(**plan) <= cap_bytes) {
+    const std::optional<double> peak = PlannedPeak(config, *other);
+    if (peak.has_value() && *peak <= cap_bytes) {
       fits.push_back(absl::StrCat("schedule '", name, "' (fewer micro-batches in flight; peak ",
-                                  Mib(MaxPeak(**plan)), ")"));
+                                  Mib(*peak), ")"));
     }
   }
   const auto& ac = par.activation_checkpointing();
@@ -87,21 +83,21 @@ std::vector<std::string> WhatWouldFit(const ExperimentConfig& config, const Sche
     auto* rac = recompute.mutable_parallelism()->mutable_activation_checkpointing();
     rac->set_interval(1);
     rac->clear_checkpointable_types();
-    absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(recompute, schedule);
-    if (plan.ok() && plan->has_value() && MaxPeak(**plan) <= cap_bytes) {
+    const std::optional<double> peak = PlannedPeak(recompute, schedule);
+    if (peak.has_value() && *peak <= cap_bytes) {
       fits.push_back(
           absl::StrCat("activation checkpointing of every layer "
                        "(parallelism.activation_checkpointing.interval=1; "
                        "peak ",
-                       Mib(MaxPeak(**plan)), ")"));
+                       Mib(*peak), ")"));
     }
   }
   for (int b = par.micro_batch_size() - 1; b >= 1; --b) {
     ExperimentConfig smaller = config;
     smaller.mutable_parallelism()->set_micro_batch_size(b);
-    absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(smaller, schedule);
-    if (plan.ok() && plan->has_value() && MaxPeak(**plan) <= cap_bytes) {
-      fits.push_back(absl::StrCat("micro_batch_size=", b, " (peak ", Mib(MaxPeak(**plan)), ")"));
+    const std::optional<double> peak = PlannedPeak(smaller, schedule);
+    if (peak.has_value() && *peak <= cap_bytes) {
+      fits.push_back(absl::StrCat("micro_batch_size=", b, " (peak ", Mib(*peak), ")"));
       break;
     }
   }
@@ -112,6 +108,18 @@ std::vector<std::string> WhatWouldFit(const ExperimentConfig& config, const Sche
 }
 
 }  // namespace
+
+absl::StatusOr<Schedule> PlannedSchedule(const ExperimentConfig& config) {
+  const auto& par = config.parallelism();
+  const double actions =
+      2.0 * std::max(1, par.pp()) * std::max(1, par.chunks()) * std::max(1, par.num_microbatches());
+  if (actions > kMaxPlannedActions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the schedule has ", actions, " compute actions, too many to plan"));
+  }
+  PP_ASSIGN_OR_RETURN(const std::string name, StartingSchedule(par.schedule(), par.chunks()));
+  return MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0});
+}
 
 std::optional<TransformerShape> TransformerShapeOf(const ExperimentConfig& config) {
   absl::StatusOr<SelectedModel> model = SelectModel(config.model());
@@ -237,7 +245,7 @@ absl::Status CheckMemoryCap(const ExperimentConfig& config) {
                                                    "; give a size in MiB per rank, or 0 for none"));
   }
   if (cap_mib == 0) return absl::OkStatus();
-  absl::StatusOr<Schedule> schedule = ScheduleOf(config);
+  absl::StatusOr<Schedule> schedule = PlannedSchedule(config);
   if (!schedule.ok()) {
     // Config validation names a schedule that does not build; a huge one is
     // only warned about.
@@ -278,7 +286,7 @@ absl::Status CheckMemoryCap(const ExperimentConfig& config) {
 absl::StatusOr<std::optional<double>> SynthesisMemoryCap(const ExperimentConfig& config) {
   const double cap_mib = config.parallelism().memory_cap_mib();
   if (!(cap_mib > 0)) return std::optional<double>();
-  PP_ASSIGN_OR_RETURN(const Schedule schedule, ScheduleOf(config));
+  PP_ASSIGN_OR_RETURN(const Schedule schedule, PlannedSchedule(config));
   std::optional<RunMemoryInputs> in = RunMemoryInputsOf(config, schedule.num_virtual_stages());
   if (!in.has_value()) return std::optional<double>();
   PP_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(schedule, in->stages, in->options));

@@ -42,6 +42,11 @@ double BlockParameters(const TransformerShape& shape);
 double BlockActivationBytes(const TransformerShape& shape, double micro_batch_size,
                             double value_bytes);
 
+// The schedule a run's memory is planned for: the config's ("auto": its
+// measurement schedule). ResourceExhausted when it has too many actions to
+// build for a prediction; the registry's error when it does not build.
+absl::StatusOr<Schedule> PlannedSchedule(const driver::ExperimentConfig& config);
+
 // The planner's inputs for `config` with `num_virtual_stages` (p x v); nullopt
 // for a model without a transformer shape (its layers are its own).
 struct RunMemoryInputs {

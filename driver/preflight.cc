@@ -92,27 +92,13 @@ std::string MemoryEstimate::ToString() const {
 
 namespace {
 
-// Compute actions of a schedule this big are not built for an estimate.
-constexpr double kMaxPlannedActions = 1 << 22;
-
 // The sum over ranks of each rank's peak activation bytes under the config's
-// schedule, every virtual stage holding `stage` per micro-batch; nullopt when
-// the schedule is too big or does not build.
+// schedule (memory_budget.h's PlannedSchedule: "auto" stands for its
+// measurement schedule), every virtual stage holding `stage` per
+// micro-batch; nullopt when the schedule is too big or does not build.
 std::optional<double> SchedulePeakActivations(const ExperimentConfig& config,
                                               const StageMemory& stage) {
-  const auto& par = config.parallelism();
-  const double actions =
-      2.0 * std::max(1, par.pp()) * std::max(1, par.chunks()) * std::max(1, par.num_microbatches());
-  if (actions > kMaxPlannedActions) return std::nullopt;
-  ScheduleOptions so;
-  so.num_stages = par.pp();
-  so.num_microbatches = par.num_microbatches();
-  so.num_chunks = par.chunks();
-  // "auto" trains under its measurement schedule first and then under one
-  // synthesised within 1F1B's memory; the former stands for both.
-  absl::StatusOr<std::string> name = StartingSchedule(par.schedule(), par.chunks());
-  if (!name.ok()) return std::nullopt;
-  absl::StatusOr<Schedule> schedule = MakeSchedule(*name, so);
+  absl::StatusOr<Schedule> schedule = PlannedSchedule(config);
   if (!schedule.ok() || schedule->forward_only) return std::nullopt;
   absl::StatusOr<MemoryPlan> plan =
       PlanMemory(*schedule, std::vector<StageMemory>(schedule->num_virtual_stages(), stage), {});
