@@ -33,6 +33,7 @@
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/device.h"
+#include "topology/transport_thread.h"
 #include "topology/worker_resources.h"
 
 namespace pp {
@@ -156,6 +157,8 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
        "every rank lists each micro-batch's actions"},
       {"parallelism.micro_batch_size", par.micro_batch_size(), 1, 1 << 20, ""},
       {"parallelism.timeout_seconds", par.timeout_seconds(), 1, 86400, "one day"},
+      {"parallelism.transport_thread_nice", par.transport_thread_nice(), kMinTransportThreadNice,
+       kMaxTransportThreadNice, "a nice value for Gloo's transport thread; 0 = the worker's own"},
       {"parallelism.activation_checkpointing.interval", par.activation_checkpointing().interval(),
        0, kUnbounded, ""},
       {"steps", config.steps(), 1, 1000000000000, ""},

@@ -42,6 +42,9 @@ ABSL_FLAG(std::string, p2p_static_shapes, "",
 ABSL_FLAG(std::string, p2p_post_receives_ahead, "",
           "override parallelism.p2p_post_receives_ahead (true: each p2p channel's next receive is "
           "posted as soon as the previous one is consumed, not at the moment of need)");
+ABSL_FLAG(std::string, transport_thread_nice, "",
+          "override parallelism.transport_thread_nice (0-19: nice value of each rank's Gloo "
+          "transport thread)");
 ABSL_FLAG(std::string, precision, "",
           "override precision (fp32, or bf16: bf16 parameters and activations with fp32 master "
           "weights, gradient accumulation and loss)");
@@ -78,6 +81,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_device, "parallelism.device"},
       {&FLAGS_p2p_static_shapes, "parallelism.p2p_static_shapes"},
       {&FLAGS_p2p_post_receives_ahead, "parallelism.p2p_post_receives_ahead"},
+      {&FLAGS_transport_thread_nice, "parallelism.transport_thread_nice"},
       {&FLAGS_precision, "precision"},
       {&FLAGS_lr, "optimizer.lr"},
       {&FLAGS_steps, "steps"},

@@ -56,6 +56,7 @@ absl::StatusOr<Cluster> JoinCluster(const driver::ParallelismConfig& par,
   RendezvousOptions ro;
   ro.timeout = timeout;
   PP_ASSIGN_OR_RETURN(ro.device, ParseDeviceKind(par.device()));
+  ro.transport_thread_nice = par.transport_thread_nice();
   Cluster cluster;
   PP_ASSIGN_OR_RETURN(cluster.world, RendezvousFromEnv(ro));
   PP_ASSIGN_OR_RETURN(ProcessTopology topology, PipeDataParallelTopology(par.pp(), par.dp()));

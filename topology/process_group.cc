@@ -1,7 +1,9 @@
 #include "topology/process_group.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <utility>
+#include <vector>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -12,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
+#include "glog/logging.h"
+#include "topology/transport_thread.h"
 
 namespace pp {
 bool LooksLikeTimeout(const std::string& message) {
@@ -26,7 +30,9 @@ std::string GlooExceptionMessage(const std::exception& e) {
   return e.what();
 }
 
-absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
+namespace {
+
+absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> CreateGlooDevice(
     const std::string& hostname) {
   try {
     if (!hostname.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(hostname);
@@ -40,6 +46,25 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
                                                hostname.empty() ? "(this host)" : hostname,
                                                "': ", GlooExceptionMessage(e)));
   }
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
+    const std::string& hostname, int transport_thread_nice) {
+  PP_RETURN_IF_ERROR(CheckTransportThreadNice(transport_thread_nice));
+  const std::vector<pid_t> before = ThreadIdsOfThisProcess();
+  PP_ASSIGN_OR_RETURN(std::shared_ptr<::gloo::transport::Device> device,
+                      CreateGlooDevice(hostname));
+  if (transport_thread_nice == 0) return device;
+  PP_ASSIGN_OR_RETURN(int changed, NiceNewEpollThreads(before, transport_thread_nice,
+                                                       std::chrono::milliseconds(500)));
+  if (changed == 0) {
+    LOG(WARNING) << "parallelism.transport_thread_nice = " << transport_thread_nice
+                 << ": Gloo's transport thread was not found waiting in epoll within 500 ms; "
+                    "it keeps the worker's priority";
+  }
+  return device;
 }
 
 absl::Status StoreBarrier(c10d::Store& store, const std::string& key, int size,

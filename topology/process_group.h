@@ -43,9 +43,11 @@ struct GroupOptions {
 // A Gloo TCP device bound to `hostname` (an address or a name of this host).
 // An empty hostname binds the address this host's name resolves to, falling
 // back to loopback; the environment variable GLOO_SOCKET_IFNAME (as in
-// PyTorch) picks an interface instead. Errors name what failed.
+// PyTorch) picks an interface instead. A `transport_thread_nice` above 0 is
+// given to the device's transport thread (topology/transport_thread.h: why);
+// out of [0, 19] it is InvalidArgument. Errors name what failed.
 absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
-    const std::string& hostname);
+    const std::string& hostname, int transport_thread_nice = 0);
 
 // A ProcessGroupGloo of `size` members, this one being `rank`, whose keys live
 // under `prefix` in `store` (each group needs its own prefix). Blocks until

@@ -174,7 +174,8 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
     absl::StatusOr<std::string> local = LocalAddressTowards(env.master_addr);
     if (local.ok()) bind = *local;
   }
-  PP_ASSIGN_OR_RETURN(world.group_options.device, MakeGlooDevice(bind));
+  PP_ASSIGN_OR_RETURN(world.group_options.device,
+                      MakeGlooDevice(bind, options.transport_thread_nice));
 
   try {
     if (!options.file_store_path.empty()) {

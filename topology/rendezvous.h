@@ -73,6 +73,10 @@ struct RendezvousOptions {
   // opened: FailedPrecondition naming the device when it is not there), and
   // every group gets NCCL for CUDA tensors (GroupOptions::nccl).
   DeviceKind device = DeviceKind::kCpu;
+  // Nice value for the Gloo device's transport thread (0: the worker's own;
+  // topology/transport_thread.h says why a higher one helps when the ranks'
+  // compute threads use every core).
+  int transport_thread_nice = 0;
 };
 
 // What a rank knows after rendezvous. Copyable (handles are shared).
