@@ -44,6 +44,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import shlex
 import statistics
 import sys
@@ -223,12 +224,19 @@ def summarize(mode, configs, runs, args):
              "tokens_per_s": round(statistics.median(tps), 1),
              "runs_tokens_per_s": [round(x) for x in tps],
              "median_step_s": round(median(name, "median_step_s"), 5), "reps": len(tps)}
-        for key in ("us_per_action", "us_per_message", "simulated_error", "cpu_s_per_step"):
+        for key in ("us_per_action", "us_per_message", "simulated_error", "cpu_s_per_step",
+                    "run_cpu_user_s", "run_cpu_sys_s"):
             values = [r[key] for r in runs[name] if r.get(key) is not None]
             if values:
                 s[key] = round(statistics.median(values), 4 if key == "simulated_error" else 2)
         for key in [k for k in runs[name][0] if k.startswith("trace_")]:
             s[key] = [round(statistics.median(v), 3) for v in zip(*(r[key] for r in runs[name]))]
+        # Step-to-step spread within a run (the timed steps' coefficient of
+        # variation), median over repetitions: how steady a system's steps are.
+        spreads = [statistics.pstdev(r["step_s"]) / statistics.mean(r["step_s"])
+                   for r in runs[name] if len(r.get("step_s") or []) > 1]
+        if spreads:
+            s["step_cv"] = round(statistics.median(spreads), 4)
         worst = [r["simulated_error_max"] for r in runs[name] if "simulated_error_max" in r]
         if worst:
             s["simulated_error_max"] = round(max(worst, key=abs), 4)
@@ -333,7 +341,9 @@ def main():
                         **vars(args), **values, "explorer": args.explorer if simulate else "",
                         "stages": 1 if c["single"] else args.stages})
                     started, load_start = utc_now(), load_1min()
+                    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
                     r = run_one(c, args, model_args, workdir)
+                    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
                     load_end = load_1min()
                     loads_all += [load_start, load_end]
                     pp = 1 if c["single"] else args.stages
@@ -348,7 +358,12 @@ def main():
                                "step_s": [round(x, 5) for x in r["step_s"]],
                                "loss_first": r["loss_first"], "loss_last": r["loss_last"],
                                "threads": r["threads"], "wall_s": round(r["wall_s"], 1),
-                               "load_1min_start": load_start, "load_1min_end": load_end}
+                               "load_1min_start": load_start, "load_1min_end": load_end,
+                               # CPU of the whole run (start-up included), every
+                               # process of it: system time shows transport
+                               # threads spinning (topology/transport_thread.h).
+                               "run_cpu_user_s": round(cpu_after.ru_utime - cpu_before.ru_utime, 2),
+                               "run_cpu_sys_s": round(cpu_after.ru_stime - cpu_before.ru_stime, 2)}
                     if actions:
                         figures["actions_per_rank"] = actions
                         figures["us_per_action"] = round(1e6 * step / actions, 2)
