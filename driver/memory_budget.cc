@@ -31,10 +31,6 @@ constexpr double kMaxPlannedActions = 1 << 22;
 // measured on ZB-H1's last rank, which holds two Ws back at its peak
 // (bench/memory_planner.py).
 constexpr double kSplitPendingFactor = 1.7;
-// What a checkpointed range keeps per micro-batch until its backward, in
-// values per token and width: its input and, measured with every block
-// checkpointed at pp 2 and 4 (bench/memory_planner.py), half as much again.
-constexpr double kCheckpointKeptWidths = 1.5;
 
 double Clamp1(double x) { return std::max(1.0, x); }
 
@@ -190,10 +186,14 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
     m.activation_bytes = (stage_layers - recomputed) * block_act;
     double full = stage_layers * block_act;  // every activation, none recomputed
     if (recomputed > 0) {
-      // Each range keeps its input (and, measured, half as much again:
-      // kCheckpointKeptWidths); one range is regenerated at a time.
-      m.activation_bytes +=
-          std::ceil(recomputed / interval) * kCheckpointKeptWidths * b * t * w * value_bytes;
+      // Each range keeps its input, and the stage its output for the
+      // backward's roots; the first range's input is the stage's input,
+      // which holds no bytes of its own (a receive buffer, counted in the
+      // p2p buffers, the previous stage's output handed over on this rank,
+      // or the embedding's output added below). One range is regenerated at
+      // a time.
+      const double ranges = std::ceil(recomputed / interval);
+      m.activation_bytes += (ranges + (s + 1 < n ? 1 : 0) - 1) * b * t * w * value_bytes;
       m.recompute_bytes = std::min<double>(interval, std::ceil(recomputed)) * block_act;
     }
     if (s == 0) {

@@ -77,6 +77,7 @@ struct RankMemoryPlan {
   double p2p_buffers = 0;
   double activations = 0;  // held at the peak
   double recompute = 0;    // regenerated activations live at the peak
+  double sent_messages = 0;  // sent to other ranks, kept until the step's tail
   int peak_step = -1;      // position in the rank's list where the peak is reached
   // (term name, bytes), biggest first, zero terms left out.
   std::vector<std::pair<std::string, double>> Terms() const;
