@@ -91,6 +91,12 @@ absl::Status CheckMemoryInputs(const Schedule& schedule, const std::vector<Stage
   return absl::OkStatus();
 }
 
+// Whether virtual stage `stage` exists and is placed on a rank other than r
+// (messages to and from it go through p2p).
+bool OnOtherRank(const Schedule& schedule, int stage, int r) {
+  return stage >= 0 && stage < schedule.num_virtual_stages() && schedule.stage_to_rank[stage] != r;
+}
+
 // Rank r's receive buffers: the runtime's pool (pipeline/runtime/p2p.h)
 // keeps every buffer it ever handed out, so it holds the most received
 // tensors the rank uses at once, all step. A received input lives from its
@@ -98,9 +104,7 @@ absl::Status CheckMemoryInputs(const Schedule& schedule, const std::vector<Stage
 // received output gradient during B, or from I to W.
 double ReceiveBufferPeak(const Schedule& schedule, const std::vector<StageMemory>& stages, int r) {
   const int num_virtual = schedule.num_virtual_stages();
-  auto remote = [&](int stage) {
-    return stage >= 0 && stage < num_virtual && schedule.stage_to_rank[stage] != r;
-  };
+  auto remote = [&](int stage) { return OnOtherRank(schedule, stage, r); };
   double in_use = 0, peak = 0;
   for (const auto& entry : schedule.ranks[r]) {
     for (const Action& a : Leaves(entry)) {
@@ -110,6 +114,10 @@ double ReceiveBufferPeak(const Schedule& schedule, const std::vector<StageMemory
       switch (a.type) {
         case ActionType::kForward:
           in_use += input;
+          if (schedule.forward_only) {  // recycled as soon as F is done
+            peak = std::max(peak, in_use);
+            in_use -= input;
+          }
           break;
         case ActionType::kBackward:
           peak = std::max(peak, in_use + grad);
@@ -173,9 +181,7 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
       out.peak_step = step;
     }
   };
-  auto remote = [&](int stage) {
-    return stage >= 0 && stage < num_virtual && schedule.stage_to_rank[stage] != r;
-  };
+  auto remote = [&](int stage) { return OnOtherRank(schedule, stage, r); };
   // A backward (B or I) of `stage` ends its F's output's stash entry, but a
   // sent output stays with its send; and it sends the input gradient.
   auto backward_sends = [&](int stage) {
@@ -197,6 +203,7 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
         case ActionType::kForward:
           if (schedule.forward_only) {
             consider(m.activation_bytes, 0, i);  // freed as it goes
+            if (remote(a.stage + 1)) sent += m.boundary_bytes;
           } else {
             held += m.activation_bytes;
             consider(held, 0, i);

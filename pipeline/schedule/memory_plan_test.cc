@@ -80,6 +80,18 @@ TEST(MemoryPlanTest, SentMessagesLiveUntilTheStepsTail) {
   EXPECT_TRUE(named);
 }
 
+// Forward-only (evaluation): a received input goes back to the pool as soon
+// as its F is done, so one buffer; the outputs sent still wait for the tail.
+// Rank 0 peaks at F3 with one micro-batch (100) and 3 outputs sent; rank 1
+// with one buffer.
+TEST(MemoryPlanTest, ForwardOnlyRecyclesInputsAndKeepsItsSends) {
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(Make("inference", 2, 4), Uniform(2));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ranks[0].peak_bytes, 10 + 100 + 3);
+  EXPECT_EQ(plan->ranks[1].p2p_buffers, 1);
+  EXPECT_EQ(plan->ranks[1].peak_bytes, 10 + 1 + 100);
+}
+
 // The receive buffer pool keeps the most received tensors a rank uses at
 // once: GPipe's middle ranks keep all 8 inputs and receive a gradient during
 // B0 (9); 1F1B's rank 1 keeps 3 inputs (4); a V's first rank only gradients
@@ -110,9 +122,8 @@ TEST(MemoryPlanTest, ZbvMatchesOneFOneBsFirstStageWhenIFreesAll) {
     const std::vector<double> peaks = Peaks(zbv, stages, options);
     ASSERT_EQ(peaks.size(), static_cast<size_t>(p));
     EXPECT_EQ(peaks[0], 40 + 2 * p * 50);
-    const std::vector<double> one_f_one_b =
-        Peaks(Make("1f1b", p, 2 * p), std::vector<StageMemory>(p, StageMemory{10, 100, 0, 0}),
-              options);
+    const std::vector<double> one_f_one_b = Peaks(
+        Make("1f1b", p, 2 * p), std::vector<StageMemory>(p, StageMemory{10, 100, 0, 0}), options);
     EXPECT_EQ(peaks[0], one_f_one_b[0]);
   }
 }
