@@ -191,10 +191,15 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
       // which holds no bytes of its own (a receive buffer, counted in the
       // p2p buffers, the previous stage's output handed over on this rank,
       // or the embedding's output added below). One range is regenerated at
-      // a time.
+      // a time, and its backward holds the gradient of a block's MLP hidden
+      // layer (mlp_ratio widths) beside it: measured, a checkpointed block's
+      // B peaks 23 widths above what was live before it, 19 of them the
+      // block's activations (bench/memory_planner.py, --v=1's action lines).
+      // Without checkpointing that gradient is inside the calibrated 7.
       const double ranges = std::ceil(recomputed / interval);
       m.activation_bytes += (ranges + (s + 1 < n ? 1 : 0) - 1) * b * t * w * value_bytes;
-      m.recompute_bytes = std::min<double>(interval, std::ceil(recomputed)) * block_act;
+      m.recompute_bytes = std::min<double>(interval, std::ceil(recomputed)) * block_act +
+                          Clamp1(shape->mlp_ratio) * b * t * w * value_bytes;
     }
     if (s == 0) {
       m.parameter_bytes += (vocab + t) * w * kFp32;  // token and position embeddings
