@@ -23,7 +23,9 @@
 // - sent messages: a Gloo send completes only when waited for, which the
 //   step's tail does, so everything a rank sent to another rank stays live
 //   until then: an F's output beyond its B (or I), each B's (or I's) input
-//   gradient. 1F1B's peak therefore grows with every backward done.
+//   gradient. 1F1B's peak therefore grows with every backward done. (NCCL
+//   sends report completion, and the runtime drops them at its next send:
+//   there this term over-predicts.)
 // A stage handed over to another stage on the same rank (V placements)
 // sends and receives nothing.
 //
