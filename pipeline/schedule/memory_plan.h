@@ -25,7 +25,7 @@
 //   until then: an F's output beyond its B (or I), each B's (or I's) input
 //   gradient. 1F1B's peak therefore grows with every backward done. (NCCL
 //   sends report completion, and the runtime drops them at its next send:
-//   there this term over-predicts.)
+//   there this term may over-predict; not measured on a device.)
 // A stage handed over to another stage on the same rank (V placements)
 // sends and receives nothing.
 //
