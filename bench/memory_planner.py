@@ -64,6 +64,8 @@ def main():
     parser.add_argument("--commit", required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--state", choices=("idle", "loaded"), default="loaded",
+                        help="machine.state of the record (memory does not depend on load)")
     args = parser.parse_args()
     start = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
     rows = []
@@ -90,7 +92,8 @@ def main():
         "commit": args.commit,
         "machine": {"nproc": os.cpu_count(), "loadavg": open("/proc/loadavg").read().split()[0],
                     "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                                       if l.startswith("model name")), "")},
+                                       if l.startswith("model name")), ""),
+                    "state": args.state},
         "command": f"bench/memory_planner.py --train_gpt {args.train_gpt} --steps {args.steps} "
                    f"(per configuration, e.g. {command})",
         "bench": "memory_planner",

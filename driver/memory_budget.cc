@@ -31,10 +31,6 @@ constexpr double kMaxPlannedActions = 1 << 22;
 // measured on ZB-H1's last rank, which holds two Ws back at its peak
 // (bench/memory_planner.py).
 constexpr double kSplitPendingFactor = 1.7;
-// What a checkpointed range keeps per micro-batch until its backward, in
-// values per token and width: its input and, measured with every block
-// checkpointed at pp 2 and 4 (bench/memory_planner.py), half as much again.
-constexpr double kCheckpointKeptWidths = 1.5;
 
 double Clamp1(double x) { return std::max(1.0, x); }
 
@@ -190,11 +186,20 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
     m.activation_bytes = (stage_layers - recomputed) * block_act;
     double full = stage_layers * block_act;  // every activation, none recomputed
     if (recomputed > 0) {
-      // Each range keeps its input (and, measured, half as much again:
-      // kCheckpointKeptWidths); one range is regenerated at a time.
-      m.activation_bytes +=
-          std::ceil(recomputed / interval) * kCheckpointKeptWidths * b * t * w * value_bytes;
-      m.recompute_bytes = std::min<double>(interval, std::ceil(recomputed)) * block_act;
+      // Each range keeps its input, and the stage its output for the
+      // backward's roots; the first range's input is the stage's input,
+      // which holds no bytes of its own (a receive buffer, counted in the
+      // p2p buffers, the previous stage's output handed over on this rank,
+      // or the embedding's output added below). One range is regenerated at
+      // a time, and its backward holds the gradient of a block's MLP hidden
+      // layer (mlp_ratio widths) beside it: measured, a checkpointed block's
+      // B peaks 23 widths above what was live before it, 19 of them the
+      // block's activations (bench/memory_planner.py, --v=1's action lines).
+      // Without checkpointing that gradient is inside the calibrated 7.
+      const double ranges = std::ceil(recomputed / interval);
+      m.activation_bytes += (ranges + (s + 1 < n ? 1 : 0) - 1) * b * t * w * value_bytes;
+      m.recompute_bytes = std::min<double>(interval, std::ceil(recomputed)) * block_act +
+                          Clamp1(shape->mlp_ratio) * b * t * w * value_bytes;
     }
     if (s == 0) {
       m.parameter_bytes += (vocab + t) * w * kFp32;  // token and position embeddings

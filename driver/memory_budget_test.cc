@@ -88,9 +88,13 @@ TEST(MemoryBudgetTest, Bf16HalvesActivationsAndAddsMasters) {
   EXPECT_DOUBLE_EQ(plan.ranks[0].master_weights, 2 * plan.ranks[0].parameters);
 }
 
-// Checkpointing every block: a stage keeps 1.5 widths per token and block
-// (its ranges' inputs and what the runtime keeps with them) and regenerates
-// one block during the backward.
+// Checkpointing every block: a stage keeps each range's input and its own
+// output, and regenerates one block during the backward, beside the gradient
+// of its MLP's hidden layer (4 widths). Its first range's input is the
+// stage's (a receive buffer, or on stage 0 the embedding's output, counted
+// once): stage 0 of 2 keeps 3 widths per token (block 1's input, its output,
+// the embedding's output), the last stage 1 (block 3's input) besides its
+// logits.
 TEST(MemoryBudgetTest, CheckpointingKeepsRangeInputsAndRegeneratesOneRange) {
   ExperimentConfig c = SmallGpt();
   c.mutable_parallelism()->mutable_activation_checkpointing()->set_interval(1);
@@ -98,8 +102,9 @@ TEST(MemoryBudgetTest, CheckpointingKeepsRangeInputsAndRegeneratesOneRange) {
   ASSERT_TRUE(in.has_value());
   const double block = 8 * 64 * (15 * 128 * 4 + 2 * 4 * 64 * 4.0);
   const double width = 8 * 64 * 128 * 4.0;
-  EXPECT_DOUBLE_EQ(in->stages[0].activation_bytes, 2 * 1.5 * width + width);
-  EXPECT_DOUBLE_EQ(in->stages[0].recompute_bytes, block);
+  EXPECT_DOUBLE_EQ(in->stages[0].activation_bytes, 3 * width);
+  EXPECT_DOUBLE_EQ(in->stages[1].activation_bytes, width + 2 * 8 * 64 * 260 * 4);
+  EXPECT_DOUBLE_EQ(in->stages[0].recompute_bytes, block + 4 * width);
 }
 
 TEST(MemoryBudgetTest, ScheduleDecidesMicroBatchesInFlight) {

@@ -102,7 +102,8 @@ def check_logs(run, console, world):
                 pattern = r"\] train step %d %s %s mb " % (trace_step, what, re.escape(name))
                 check(re.search(pattern, text),
                       "%s: no '%s' line for %s in train step %d" % (path, what, name, trace_step))
-        recv = [l for l in log if re.search(r"train step %d end \dRECV_\w+ mb \d+ peer \d+ \d+ us$"
+        recv = [l for l in log if re.search(r"train step %d end \dRECV_\w+ mb \d+ peer \d+ \d+ us"
+                                            r"( cpu live \d+ B peak \d+ B)?$"
                                             % trace_step, l)]
         check(recv, "%s: receives lack their peer and duration" % path)
     # Other ranks' glog lines stay in their files; the only console line of a

@@ -111,12 +111,14 @@ assert zb["inner_idle"] == [3, 2, 1, 0], zb
 assert nofree["peak_memory"] == [4, 4, 4, 4], nofree
 PY
 # The byte planner: 1 MiB of parameters, 10 of activations, 0.25 boundary per
-# stage at p = 2, m = 4: 1F1B's rank 0 holds 2 micro-batches: 20 + 1 + 1 + 2
-# (AdamW) + 0.5 (p2p) = 24.5 MiB; GPipe all 4: 44.5. A bad key exits 2.
+# stage at p = 2, m = 4: 1F1B's rank 0 peaks at F3 holding 2 micro-batches:
+# 20 + 1 + 1 + 2 (AdamW) + 0.25 (a gradient's receive buffer) + 0.5 (2 outputs
+# sent, live until the tail) = 24.75 MiB; GPipe's rank 1 keeps all 4 and their
+# 4 received inputs: 40 + 4 + 1 = 45. A bad key exits 2.
 "$explorer" --schedule=1f1b --stages=2 --microbatches=4 --stage_bytes=params:1,act:10,boundary:0.25 > "$tmp/bytes.txt"
-grep -q "^rank 0: peak 24.50 MiB = activations 20.00 MiB" "$tmp/bytes.txt" || fail "byte plan: $(cat "$tmp/bytes.txt")"
+grep -q "^rank 0: peak 24.75 MiB = activations 20.00 MiB" "$tmp/bytes.txt" || fail "byte plan: $(cat "$tmp/bytes.txt")"
 "$explorer" --compare=gpipe,1f1b --stages=2 --microbatches=4 --stage_bytes=params:1,act:10,boundary:0.25 > "$tmp/bytescmp.txt"
-grep -qE "^gpipe .* 44.50$" "$tmp/bytescmp.txt" || fail "byte column: $(cat "$tmp/bytescmp.txt")"
+grep -qE "^gpipe .* 45.00$" "$tmp/bytescmp.txt" || fail "byte column: $(cat "$tmp/bytescmp.txt")"
 set +e
 "$explorer" --schedule=1f1b --stage_bytes=foo:1 > /dev/null 2> "$tmp/badbytes.txt"
 code=$?

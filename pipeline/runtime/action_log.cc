@@ -9,6 +9,7 @@
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
+#include "observability/memory_tracker.h"
 
 namespace pp {
 namespace {
@@ -99,8 +100,15 @@ void ActionLog::ActionEnd(const ObservedStep& step, const Action& a) {
                          u1.minor_faults - start_usage_.minor_faults, " page faults, ",
                          u1.preemptions - start_usage_.preemptions, " preemptions)");
   }
+  // The process's live CPU tensor bytes after the action, and the step's
+  // peak so far: an action that raises the peak reached it inside itself.
+  std::string memory;
+  if (CpuMemoryTrackingInstalled()) {
+    const MemoryStats m = CpuMemoryStats();
+    memory = absl::StrCat(" cpu live ", m.current_bytes, " B peak ", m.peak_bytes, " B");
+  }
   VLOG(1) << Kind(step) << step.step << " end " << ActionToString(a) << " mb " << a.microbatch
-          << Peer(step, a) << " " << (end_us - start_us_) << " us" << usage;
+          << Peer(step, a) << " " << (end_us - start_us_) << " us" << usage << memory;
 }
 
 }  // namespace pp

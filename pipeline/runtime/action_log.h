@@ -5,6 +5,7 @@
 //   train step 54 start 0RECV_B2 mb 2 peer 1
 //   train step 54 end 0RECV_B2 mb 2 peer 1 812 us
 //   train step 54 end 1B2 mb 2 3121 us (thread cpu 3050 us, 0 page faults, 1 preemptions)
+//       cpu live 9278720 B peak 15326848 B
 //
 // (`step` is the Trainer's, 0-based, or the eval batch's; peer = the other
 // end's pipe rank.) Compute actions also log what they cost the executor's
@@ -12,6 +13,11 @@
 // there, so the differences are the action's own cost even on a loaded
 // machine, where the wall clock is not (experiments/action_costs.py reads
 // them; check_observability_run.py the communication lines' durations).
+// Every end line carries, once the CPU memory tracker is installed
+// (observability/memory_tracker.h), the process's live CPU tensor bytes after
+// the action and the step's peak so far: an action that raises the peak
+// reached it inside itself (how the memory planner's terms were measured,
+// docs/schedules.md).
 // Durations are host time: on a device they time the launches, not the
 // kernels (traces have the device's times: action_timer.h).
 //

@@ -38,7 +38,8 @@ std::vector<std::pair<std::string, double>> RankMemoryPlan::Terms() const {
                                                        {"gradients", gradients},
                                                        {"optimizer state", optimizer_state},
                                                        {"p2p buffers", p2p_buffers},
-                                                       {"recompute", recompute}};
+                                                       {"recompute", recompute},
+                                                       {"sent messages", sent_messages}};
   terms.erase(
       std::remove_if(terms.begin(), terms.end(), [](const auto& t) { return t.second <= 0; }),
       terms.end());
@@ -90,6 +91,53 @@ absl::Status CheckMemoryInputs(const Schedule& schedule, const std::vector<Stage
   return absl::OkStatus();
 }
 
+// Whether virtual stage `stage` exists and is placed on a rank other than r
+// (messages to and from it go through p2p).
+bool OnOtherRank(const Schedule& schedule, int stage, int r) {
+  return stage >= 0 && stage < schedule.num_virtual_stages() && schedule.stage_to_rank[stage] != r;
+}
+
+// Rank r's receive buffers: the runtime's pool (pipeline/runtime/p2p.h)
+// keeps every buffer it ever handed out, so it holds the most received
+// tensors the rank uses at once, all step. A received input lives from its
+// F until the stage's backward ends with it (B, or W after a split); a
+// received output gradient during B, or from I to W.
+double ReceiveBufferPeak(const Schedule& schedule, const std::vector<StageMemory>& stages, int r) {
+  const int num_virtual = schedule.num_virtual_stages();
+  auto remote = [&](int stage) { return OnOtherRank(schedule, stage, r); };
+  double in_use = 0, peak = 0;
+  for (const auto& entry : schedule.ranks[r]) {
+    for (const Action& a : Leaves(entry)) {
+      if (!IsCompute(a.type) || a.stage < 0 || a.stage >= num_virtual) continue;
+      const double input = remote(a.stage - 1) ? stages[a.stage - 1].boundary_bytes : 0;
+      const double grad = remote(a.stage + 1) ? stages[a.stage].boundary_bytes : 0;
+      switch (a.type) {
+        case ActionType::kForward:
+          in_use += input;
+          if (schedule.forward_only) {  // recycled as soon as F is done
+            peak = std::max(peak, in_use);
+            in_use -= input;
+          }
+          break;
+        case ActionType::kBackward:
+          peak = std::max(peak, in_use + grad);
+          in_use -= input;
+          break;
+        case ActionType::kBackwardInput:
+          in_use += grad;
+          break;
+        case ActionType::kBackwardWeight:
+          in_use -= input + grad;
+          break;
+        default:
+          break;
+      }
+      peak = std::max(peak, in_use);
+    }
+  }
+  return peak;
+}
+
 // Rank r's bytes held all step: parameters (and fp32 masters), gradients and
 // optimizer state of its stages, and its p2p buffers.
 void PlanFixedBytes(const Schedule& schedule, const std::vector<StageMemory>& stages,
@@ -98,11 +146,8 @@ void PlanFixedBytes(const Schedule& schedule, const std::vector<StageMemory>& st
   for (int s = 0; s < num_virtual; ++s) {
     if (schedule.stage_to_rank[s] != r) continue;
     out.parameters += stages[s].parameter_bytes;
-    // A message in each direction per neighbour: F in + its gradient out
-    // from stage s - 1's boundary, F out + its gradient in at s's own.
-    if (s > 0) out.p2p_buffers += 2 * stages[s - 1].boundary_bytes;
-    if (s + 1 < num_virtual) out.p2p_buffers += 2 * stages[s].boundary_bytes;
   }
+  out.p2p_buffers = ReceiveBufferPeak(schedule, stages, r);
   if (!schedule.forward_only) {
     out.gradients = out.parameters;
     out.optimizer_state = OptimizerStateFactor(options.optimizer) * out.parameters;
@@ -125,13 +170,23 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
       out.parameters + out.master_weights + out.gradients + out.optimizer_state + out.p2p_buffers;
   out.peak_bytes = fixed;
   double held = 0;
+  // Messages this rank sent to another rank, kept until the step's tail.
+  double sent = 0;
   auto consider = [&](double activations, double recompute, int step) {
-    if (fixed + activations + recompute > out.peak_bytes || out.peak_step < 0) {
-      out.peak_bytes = fixed + activations + recompute;
+    if (fixed + activations + recompute + sent > out.peak_bytes || out.peak_step < 0) {
+      out.peak_bytes = fixed + activations + recompute + sent;
       out.activations = activations;
       out.recompute = recompute;
+      out.sent_messages = sent;
       out.peak_step = step;
     }
+  };
+  auto remote = [&](int stage) { return OnOtherRank(schedule, stage, r); };
+  // A backward (B or I) of `stage` ends its F's output's stash entry, but a
+  // sent output stays with its send; and it sends the input gradient.
+  auto backward_sends = [&](int stage) {
+    if (remote(stage + 1)) sent += stages[stage].boundary_bytes;
+    if (remote(stage - 1)) sent += stages[stage - 1].boundary_bytes;
   };
   for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
     for (const Action& a : Leaves(schedule.ranks[r][i])) {
@@ -148,6 +203,7 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
         case ActionType::kForward:
           if (schedule.forward_only) {
             consider(m.activation_bytes, 0, i);  // freed as it goes
+            if (remote(a.stage + 1)) sent += m.boundary_bytes;
           } else {
             held += m.activation_bytes;
             consider(held, 0, i);
@@ -156,10 +212,12 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
         case ActionType::kBackward:
           consider(held, m.recompute_bytes, i);
           held -= m.activation_bytes;
+          backward_sends(a.stage);
           break;
         case ActionType::kBackwardInput:
           consider(held, m.recompute_bytes, i);
           held += m.weight_pending_bytes - input_frees * m.activation_bytes;
+          backward_sends(a.stage);
           consider(held, 0, i);
           break;
         case ActionType::kBackwardWeight:

@@ -15,9 +15,19 @@
 // or I of that stage only. Forward-only schedules keep one micro-batch's activations at a time and
 // no gradients or optimizer state.
 //
-// p2p buffers: each virtual stage holds one buffer per message it sends or
-// receives (F input and its gradient from the previous stage, F output and
-// its gradient to the next), each the size of the boundary activation.
+// p2p buffers, what the CPU runtime (Gloo, pipeline/runtime/p2p.h) keeps:
+// - receive buffers: the pool keeps every buffer it ever handed out, so a
+//   rank holds, all step, the most received tensors it uses at once (an input
+//   from another rank from its F until the backward is done with it, B or W;
+//   an output gradient during B, or from I to W), each the boundary's bytes;
+// - sent messages: a Gloo send completes only when waited for, which the
+//   step's tail does, so everything a rank sent to another rank stays live
+//   until then: an F's output beyond its B (or I), each B's (or I's) input
+//   gradient. 1F1B's peak therefore grows with every backward done. (NCCL
+//   sends report completion, and the runtime drops them at its next send:
+//   there this term may over-predict; not measured on a device.)
+// A stage handed over to another stage on the same rank (V placements)
+// sends and receives nothing.
 //
 // Tied parameters: a stage holding a tied copy counts its bytes (every rank
 // with a copy holds it, as the runtime does); give them in parameter_bytes.
@@ -74,10 +84,11 @@ struct RankMemoryPlan {
   double master_weights = 0;  // fp32 copies (fp32_master_weights only)
   double gradients = 0;
   double optimizer_state = 0;
-  double p2p_buffers = 0;
-  double activations = 0;  // held at the peak
-  double recompute = 0;    // regenerated activations live at the peak
-  int peak_step = -1;      // position in the rank's list where the peak is reached
+  double p2p_buffers = 0;    // receive buffers (the pool's most in use)
+  double activations = 0;    // held at the peak
+  double recompute = 0;      // regenerated activations live at the peak
+  double sent_messages = 0;  // sent to other ranks, kept until the step's tail
+  int peak_step = -1;        // position in the rank's list where the peak is reached
   // (term name, bytes), biggest first, zero terms left out.
   std::vector<std::pair<std::string, double>> Terms() const;
 };

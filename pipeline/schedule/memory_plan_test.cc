@@ -39,39 +39,92 @@ std::vector<double> Peaks(const Schedule& schedule, const std::vector<StageMemor
 }
 
 // AdamW, one stage per rank: fixed = 10 parameters + 10 gradients + 20
-// optimizer state = 40, plus p2p: 2 bytes per neighbour (a message and its
-// gradient). 1F1B holds p - r micro-batches on rank r, GPipe all m.
-// p = 2, m = 4: 1F1B 40 + 2 + 2 x 100 = 242 and 40 + 2 + 100 = 142; GPipe 442 both.
+// optimizer state = 40, plus the p2p buffers: the most received tensors (1
+// byte each) in use at once (inputs kept from F to B, an output gradient
+// during B), plus the messages sent to other ranks, kept until the step's
+// tail (an F's output once its B is done, each B's input gradient).
+// p = 2, m = 4, 1F1B (F0 F1 B0 F2 B1 F3 B2 B3 on rank 0): rank 0 peaks at F3
+// with 2 x 100 held, 1 gradient buffer and 2 outputs sent: 243; rank 1 (F0
+// B0 F1 B1 ...) at F3 with 100, 1 input buffer and 3 gradients sent: 144.
+// GPipe peaks at B0, before anything is sent: 441 and 40 + 4 inputs + 400.
 TEST(MemoryPlanTest, OneFOneBAndGPipeAtTwoStages) {
-  EXPECT_EQ(Peaks(Make("1f1b", 2, 4), Uniform(2)), (std::vector<double>{242, 142}));
-  EXPECT_EQ(Peaks(Make("gpipe", 2, 4), Uniform(2)), (std::vector<double>{442, 442}));
+  EXPECT_EQ(Peaks(Make("1f1b", 2, 4), Uniform(2)), (std::vector<double>{243, 144}));
+  EXPECT_EQ(Peaks(Make("gpipe", 2, 4), Uniform(2)), (std::vector<double>{441, 444}));
 }
 
-// p = 4, m = 8: middle ranks have two neighbours (p2p 4). 1F1B: 4, 3, 2, 1
-// in flight -> 442, 344, 244, 142; GPipe: 8 each -> 842, 844, 844, 842.
+// p = 4, m = 8. 1F1B: 4, 3, 2, 1 in flight, each rank peaking at F7: rank 0
+// 40 + 1 + 400 + 4 outputs sent = 445; rank 1 (3 inputs and a gradient in
+// use during a B, 5 backwards done, 2 messages each) 40 + 4 + 300 + 10 = 354;
+// rank 2 40 + 3 + 200 + 12 = 255; rank 3 40 + 1 + 100 + 7 = 148. GPipe: 8
+// each, the middle ranks with 8 inputs and a gradient: 841, 849, 849, 848.
 TEST(MemoryPlanTest, OneFOneBAndGPipeAtFourStages) {
-  EXPECT_EQ(Peaks(Make("1f1b", 4, 8), Uniform(4)), (std::vector<double>{442, 344, 244, 142}));
-  EXPECT_EQ(Peaks(Make("gpipe", 4, 8), Uniform(4)), (std::vector<double>{842, 844, 844, 842}));
+  EXPECT_EQ(Peaks(Make("1f1b", 4, 8), Uniform(4)), (std::vector<double>{445, 354, 255, 148}));
+  EXPECT_EQ(Peaks(Make("gpipe", 4, 8), Uniform(4)), (std::vector<double>{841, 849, 849, 848}));
+}
+
+// What a rank sent to another one stays live until the step's tail (a Gloo
+// send completes only when the tail waits for it: pipeline/runtime/p2p.h),
+// so 1F1B's peak grows with every backward done. Activations 100, no
+// parameters: rank 1 at F7 holds 3 x 100, 4 buffers and 10 sent messages;
+// the last rank sends only input gradients (7 by F7).
+TEST(MemoryPlanTest, SentMessagesLiveUntilTheStepsTail) {
+  absl::StatusOr<MemoryPlan> plan =
+      PlanMemory(Make("1f1b", 4, 8), std::vector<StageMemory>(4, StageMemory{0, 100, 0, 1}));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ranks[1].sent_messages, 10);
+  EXPECT_EQ(plan->ranks[1].peak_bytes, 300 + 4 + 10);
+  EXPECT_EQ(plan->ranks[3].sent_messages, 7);
+  EXPECT_EQ(plan->ranks[3].peak_bytes, 100 + 1 + 7);
+  bool named = false;
+  for (const auto& [name, bytes] : plan->ranks[1].Terms()) named |= name == "sent messages";
+  EXPECT_TRUE(named);
+}
+
+// Forward-only (evaluation): a received input goes back to the pool as soon
+// as its F is done, so one buffer; the outputs sent still wait for the tail.
+// Rank 0 peaks at F3 with one micro-batch (100) and 3 outputs sent; rank 1
+// with one buffer.
+TEST(MemoryPlanTest, ForwardOnlyRecyclesInputsAndKeepsItsSends) {
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(Make("inference", 2, 4), Uniform(2));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ranks[0].peak_bytes, 10 + 100 + 3);
+  EXPECT_EQ(plan->ranks[1].p2p_buffers, 1);
+  EXPECT_EQ(plan->ranks[1].peak_bytes, 10 + 1 + 100);
+}
+
+// The receive buffer pool keeps the most received tensors a rank uses at
+// once: GPipe's middle ranks keep all 8 inputs and receive a gradient during
+// B0 (9); 1F1B's rank 1 keeps 3 inputs (4); a V's first rank only gradients
+// for stage 0 and inputs for its last stage.
+TEST(MemoryPlanTest, ReceiveBuffersAreTheMostInUseAtOnce) {
+  const std::vector<StageMemory> stages(4, StageMemory{0, 0, 0, 1});
+  absl::StatusOr<MemoryPlan> gpipe = PlanMemory(Make("gpipe", 4, 8), stages);
+  absl::StatusOr<MemoryPlan> one_f_one_b = PlanMemory(Make("1f1b", 4, 8), stages);
+  ASSERT_TRUE(gpipe.ok() && one_f_one_b.ok());
+  EXPECT_EQ(gpipe->ranks[1].p2p_buffers, 9);
+  EXPECT_EQ(gpipe->ranks[3].p2p_buffers, 8);
+  EXPECT_EQ(one_f_one_b->ranks[1].p2p_buffers, 4);
+  EXPECT_EQ(one_f_one_b->ranks[0].p2p_buffers, 1);
 }
 
 // ZB-V (V placement, 2 chunks of half a 1F1B stage each: 50 activation bytes
-// and 5 parameter bytes per chunk). Fixed per rank: 2 chunks x (5 + 5 + 10) =
-// 40; p2p: rank 0 holds the two ends of the V (one neighbour each: 4), the
-// others two stages with two neighbours (8). With I freeing everything
+// and 5 parameter bytes per chunk; no boundary bytes, so activations alone).
+// Fixed per rank: 2 chunks x (5 + 5 + 10) = 40. With I freeing everything
 // (split I:1,W:0) ZB-V holds at most 2p chunks = p micro-batches of a 1F1B
-// stage on rank 0, the same as 1F1B's first stage: 40 + 4 + 2p x 50.
+// stage on rank 0, the same as 1F1B's first stage: 40 + 2p x 50.
 TEST(MemoryPlanTest, ZbvMatchesOneFOneBsFirstStageWhenIFreesAll) {
   MemoryPlanOptions options;
   options.split = MemorySplit{1, 0};
   for (int p : {2, 4}) {
     SCOPED_TRACE(p);
     const Schedule zbv = Make("zbv", p, 2 * p, 2);
-    std::vector<StageMemory> stages(2 * p, StageMemory{5, 50, 0, 1});
+    std::vector<StageMemory> stages(2 * p, StageMemory{5, 50, 0, 0});
     const std::vector<double> peaks = Peaks(zbv, stages, options);
     ASSERT_EQ(peaks.size(), static_cast<size_t>(p));
-    EXPECT_EQ(peaks[0], 40 + 4 + 2 * p * 50);
-    const std::vector<double> one_f_one_b = Peaks(Make("1f1b", p, 2 * p), Uniform(p), options);
-    EXPECT_EQ(peaks[0] - 44, one_f_one_b[0] - 42);
+    EXPECT_EQ(peaks[0], 40 + 2 * p * 50);
+    const std::vector<double> one_f_one_b = Peaks(
+        Make("1f1b", p, 2 * p), std::vector<StageMemory>(p, StageMemory{10, 100, 0, 0}), options);
+    EXPECT_EQ(peaks[0], one_f_one_b[0]);
   }
 }
 
@@ -165,16 +218,16 @@ TEST(MemoryPlanTest, Fp32MasterWeights) {
 // A split backward's weight_pending_bytes live from I to W: ZB-H1's last
 // rank (p = 2) holds one W back (F0 I0 F1 I1 W0 ...), so after I1 both I0's
 // and I1's pending bytes are live. With I freeing all of F's activations
-// (I:1,W:0): 2 x 250 (+ fixed 40 + p2p 2).
+// (I:1,W:0) and no boundary bytes: 2 x 250 + fixed 40.
 TEST(MemoryPlanTest, WeightPendingBytesLiveFromIToW) {
-  std::vector<StageMemory> stages(2, StageMemory{10, 100, 0, 1, 250});
+  std::vector<StageMemory> stages(2, StageMemory{10, 100, 0, 0, 250});
   MemoryPlanOptions options;
   options.split = MemorySplit{1, 0};
   const std::vector<double> zb = Peaks(Make("zb_h1", 2, 4), stages, options);
   const std::vector<double> plain = Peaks(Make("1f1b", 2, 4), stages, options);
   ASSERT_EQ(zb.size(), 2u);
-  EXPECT_EQ(plain[1], 142);  // B never leaves anything pending
-  EXPECT_EQ(zb[1], 40 + 2 + 2 * 250);
+  EXPECT_EQ(plain[1], 140);  // B never leaves anything pending
+  EXPECT_EQ(zb[1], 40 + 2 * 250);
 }
 
 // A lowered program (sends, receives, the tail's REDUCE_TIED of stage -1)
