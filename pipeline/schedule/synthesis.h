@@ -73,13 +73,18 @@ struct SynthesisOptions {
   bool all_variants = true;
   // Extra starts (e.g. a schedule a caller already has); same shape required.
   std::vector<Schedule> extra_starts;
+  // Simulate every candidate as the runtime executes it: with
+  // DeferReceives (SimulateAsExecuted). The CPU runtime defers receives; a
+  // schedule searched without it is tuned to waits the runtime does not have
+  // (issue #27).
+  bool defer_receives = false;
   // Name of the returned schedule.
   std::string name = "synth";
 };
 
 struct SynthesisResult {
   Schedule schedule;
-  SimulationResult simulation;  // Simulate(schedule, options.costs)
+  SimulationResult simulation;  // SimulateAsExecuted(schedule, costs, defer_receives)
   double makespan = 0;          // simulation.makespan
   double memory_cap = 0;        // the cap used
   double peak_memory = 0;       // max over ranks of simulation.peak_memory
