@@ -14,9 +14,11 @@
 //  2. Optionally, the registered schedules with the same placement that fit
 //     the cap are starts too (a B becomes I then W when the backward is split),
 //     so the result is never worse than any of them.
-//  3. Local search over the simulator (Simulate, the same model as
-//     schedule_explorer): move one action of one rank to another position
-//     (a W or an F mostly), keep the move when the schedule still simulates,
+//  3. Local search over the simulator (SimulateAsExecuted: the same model
+//     as schedule_explorer, with receives deferred as the CPU runtime runs
+//     them when defer_receives is set): move one action of one rank to
+//     another position (a W or an F mostly), keep the move when the schedule
+//     still simulates,
 //     fits the cap and is no slower; bounded by a number of evaluations, with
 //     restarts from the best starts. Deterministic for a seed.
 // The result's makespan is the simulator's; the lower bound next to it is
