@@ -18,8 +18,9 @@
 //     as schedule_explorer, with receives deferred as the CPU runtime runs
 //     them when defer_receives is set): move one action of one rank to
 //     another position (a W or an F mostly), keep the move when the schedule
-//     still simulates, fits the cap and is no slower; bounded by a number of evaluations, with
-//     restarts from the best starts. Deterministic for a seed.
+//     still simulates, fits the cap and is no slower; bounded by a number
+//     of evaluations, with restarts from the best starts. Deterministic for
+//     a seed.
 // The result's makespan is the simulator's; the lower bound next to it is
 // max(busiest rank: its start offset + its total work; one micro-batch's
 // critical path after stage 0's m forwards), so the gap is visible.
