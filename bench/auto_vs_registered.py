@@ -64,6 +64,15 @@ CONFIGS = {
                                    ["--microbatches=8", "--pp=4", "--partition=explicit:0,2,3,4,11"],
                                    1, "gpt_small_pp2 shape with 8 blocks, pp=4, m=8, "
                                    "explicit:0,2,3,4,11 (1 | 1 | 1 | 5 blocks + norm + head)"),
+    # V placement with the embedding alone in the first chunk: rank 0 holds
+    # the embedding and the last chunk (4 blocks + norm + head), rank 1 two
+    # chunks of 2 blocks. Four blocks per rank, but the V's turn on rank 0 is
+    # twice rank 1's chunks, which ZB-V's fixed pattern assumes equal; m = 4
+    # leaves warm-up and cool-down a large share of the step.
+    "peer_pp2_m4_v2_embed_alone": (PEER, ["--microbatches=4", "--micro_batch_size=4", "--pp=2",
+                                          "--partition=explicit:0,1,3,5,11"], 2,
+                                   "peer GPT, pp=2, m=4, V placement, explicit:0,1,3,5,11 "
+                                   "(embedding | 2 blocks | 2 blocks | 4 blocks + norm + head)"),
 }
 
 ROW = re.compile(r"^(\S+)\s+([\d.]+)\s+([\d.]+)%\s+(\S+)(.*)$")
@@ -107,6 +116,11 @@ def run(binary, cfg, schedule, chunks, steps, out_dir, name):
         if not any("training on with the synthesised schedule" in l
                    for l in proc.stdout.splitlines()):
             raise SystemExit(f"{' '.join(cmd)}: auto did not switch")
+        # auto's own trial (steps 4-5 against 2-3): kept, or back to zb_h1/zbv
+        result["auto_check"] = next(
+            (l.split("checked by measurement:", 1)[1].strip()
+             for l in strip_rank(proc.stdout).splitlines() if "checked by measurement:" in l),
+            None)
         # every auto run measures (and may synthesise) anew: keep its schedule
         with open(os.path.join(rundir, "auto_schedule.csv")) as f:
             result["auto_schedule_csv"] = f.read()

@@ -158,8 +158,10 @@ absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, i
 
 absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& costs, int num_stages,
                                                       int num_microbatches, int num_chunks,
-                                                      std::optional<double> memory_cap) {
+                                                      std::optional<double> memory_cap,
+                                                      bool defer_receives) {
   SynthesisOptions o;
+  o.defer_receives = defer_receives;
   o.memory_cap = memory_cap;
   o.num_stages = num_stages;
   o.num_microbatches = num_microbatches;
@@ -188,7 +190,7 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
         schedule->stage_to_rank != syn.schedule.stage_to_rank) {
       continue;
     }
-    absl::StatusOr<SimulationResult> sim = Simulate(*schedule, costs);
+    absl::StatusOr<SimulationResult> sim = SimulateAsExecuted(*schedule, costs, defer_receives);
     if (!sim.ok()) continue;
     const double p = peak(*sim);
     absl::StrAppendFormat(&out, "%-18s %12.2f %7.1f%% %22.3g%s\n", name, sim->makespan,
@@ -298,9 +300,9 @@ absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const Paralle
   std::vector<double> sums = LocalCostSums(measured_, num_stages_, num_chunks_, grid.stage_id());
   PP_RETURN_IF_ERROR(WorldSum("auto schedule cost all-reduce", grid, trainer, sums));
   PP_ASSIGN_OR_RETURN(SimulationCosts costs, CostsFromSums(sums, num_stages_, num_chunks_));
-  PP_ASSIGN_OR_RETURN(
-      AutoScheduleChoice choice,
-      ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_, memory_cap_));
+  PP_ASSIGN_OR_RETURN(AutoScheduleChoice choice,
+                      ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_,
+                                         memory_cap_, trainer.defers_receives()));
   if (grid.global_rank() == 0) {
     std::string per_stage;
     for (const auto& [s, c] : costs.stage_costs) {

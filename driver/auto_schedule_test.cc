@@ -4,6 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "pipeline/schedule/registry.h"
 #include "pipeline/schedule/validator.h"
@@ -86,7 +89,8 @@ TEST(AutoScheduleTest, ChoosesNoWorseThanRegisteredUnderTheCap) {
     const int p = 4;
     costs.stage_multiplier.assign(p * chunks, 1.0);
     costs.stage_multiplier.back() = 1.5;  // the head's stage
-    absl::StatusOr<AutoScheduleChoice> choice = ChooseAutoSchedule(costs, p, 4, chunks);
+    absl::StatusOr<AutoScheduleChoice> choice =
+        ChooseAutoSchedule(costs, p, 4, chunks, {}, /*defer_receives=*/true);
     ASSERT_TRUE(choice.ok()) << choice.status();
     EXPECT_TRUE(ValidateSchedule(choice->synthesis.schedule).ok());
     EXPECT_EQ(choice->synthesis.schedule.name, "auto");
@@ -99,7 +103,7 @@ TEST(AutoScheduleTest, ChoosesNoWorseThanRegisteredUnderTheCap) {
     for (const char* name : {"1f1b", "zb_h1", "gpipe", "zbv", "dualpipev"}) {
       absl::StatusOr<Schedule> s = MakeSchedule(name, {p, 4, chunks, 0});
       if (!s.ok() || s->stage_to_rank != choice->synthesis.schedule.stage_to_rank) continue;
-      absl::StatusOr<SimulationResult> sim = Simulate(*s, costs);
+      absl::StatusOr<SimulationResult> sim = SimulateAsExecuted(*s, costs, true);
       ASSERT_TRUE(sim.ok()) << sim.status();
       const double peak = *std::max_element(sim->peak_memory.begin(), sim->peak_memory.end());
       if (peak <= choice->synthesis.memory_cap + 1e-9) {
@@ -107,6 +111,58 @@ TEST(AutoScheduleTest, ChoosesNoWorseThanRegisteredUnderTheCap) {
       }
     }
   }
+}
+
+// The simulated step of `name` in ChooseAutoSchedule's comparison table.
+double TableMs(const std::string& table, const std::string& name) {
+  for (absl::string_view line : absl::StrSplit(table, '\n')) {
+    std::vector<absl::string_view> cells = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    double ms = 0;
+    if (cells.size() > 1 && cells[0] == name && absl::SimpleAtod(cells[1], &ms)) return ms;
+  }
+  ADD_FAILURE() << name << " not in\n" << table;
+  return 0;
+}
+
+// Issue #27: the peer GPT at p = 2, m = 8 in V placement, costs as auto
+// measured them on a quiet machine (the embedding stage's I is ~0, its W the
+// whole backward). Lowered with unit costs, zbv's receives sit where the
+// simulated ranks wait: 1553 ms against 1384 for the synthesised schedule,
+// while on the machine zbv was 7% faster. The runtime defers receives; so
+// must the table and the search.
+TEST(AutoScheduleTest, SimulatesTheProgramAsTheRuntimeRunsIt) {
+  SimulationCosts costs;
+  const double fiw[4][3] = {
+      {24.02, 0.02, 46.28}, {23.52, 25.97, 20.10}, {23.38, 25.74, 19.78}, {25.25, 27.65, 21.07}};
+  for (int s = 0; s < 4; ++s) {
+    StageCosts& c = costs.stage_costs[s];
+    c.forward = fiw[s][0];
+    c.backward_input = fiw[s][1];
+    c.backward_weight = fiw[s][2];
+    c.backward = fiw[s][1] + fiw[s][2];
+  }
+  absl::StatusOr<Schedule> zbv = MakeSchedule("zbv", {2, 8, 2, 0});
+  ASSERT_TRUE(zbv.ok()) << zbv.status();
+  absl::StatusOr<SimulationResult> lowered = SimulateAsExecuted(*zbv, costs, false);
+  absl::StatusOr<SimulationResult> deferred = SimulateAsExecuted(*zbv, costs, true);
+  ASSERT_TRUE(lowered.ok() && deferred.ok());
+  // The error itself: the same schedule, 10% apart by where the receives are.
+  EXPECT_GT(lowered->makespan, 1.1 * deferred->makespan);
+
+  absl::StatusOr<AutoScheduleChoice> choice =
+      ChooseAutoSchedule(costs, 2, 8, 2, {}, /*defer_receives=*/true);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  const std::string& table = choice->comparison;
+  EXPECT_NEAR(TableMs(table, "zbv"), deferred->makespan, 0.01) << table;
+  absl::StatusOr<SimulationResult> synthesised =
+      SimulateAsExecuted(choice->synthesis.schedule, costs, true);
+  ASSERT_TRUE(synthesised.ok()) << synthesised.status();
+  EXPECT_DOUBLE_EQ(choice->synthesis.makespan, synthesised->makespan);
+  EXPECT_NEAR(TableMs(table, "auto"), synthesised->makespan, 0.01) << table;
+  // zbv is a start of the search: never worse than it, and (what was
+  // measured) no 11% ahead of it any more.
+  EXPECT_LE(choice->synthesis.makespan, deferred->makespan + 1e-9);
+  EXPECT_GT(choice->synthesis.makespan, 0.95 * deferred->makespan) << table;
 }
 
 }  // namespace

@@ -417,6 +417,8 @@ absl::StatusOr<std::string> Synthesize(const std::string& format) {
   // --costs without I and W: no split backward to schedule.
   o.split_backward = absl::StrContains(absl::GetFlag(FLAGS_costs), "I:") ||
                      !absl::StrContains(absl::GetFlag(FLAGS_costs), "B:");
+  // Searched on the program the explorer shows and times (ExploreSchedule).
+  o.defer_receives = absl::GetFlag(FLAGS_defer_receives);
   PP_ASSIGN_OR_RETURN(SynthesisResult r, pp::Synthesize(o));
   PP_ASSIGN_OR_RETURN(Explored e, ExploreSchedule(r.schedule));
   if (absl::GetFlag(FLAGS_compare).empty()) {

@@ -211,6 +211,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   }
   eo.p2p.global_ranks = grid->pipe_group_ranks();
   eo.data_parallel_id = grid->data_parallel_id();
+  t->defers_receives_ = eo.defer_receives;
   t->executor_ =
       std::make_unique<StageExecutor>(grid->stage_id(), StageForwards(*model, options.precision),
                                       std::move(loss_fn), run_source, grid->pipe_group(), eo);

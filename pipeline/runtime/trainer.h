@@ -180,6 +180,10 @@ class Trainer {
   absl::Status ReplaceTrainSchedule(const Schedule& schedule);
   const LoweredProgram& eval_program() const { return eval_program_; }
   const TrainerOptions& options() const { return options_; }
+  // Whether the executor runs DeferReceives(program): executor.defer_receives
+  // on CPU, never on a device. What a simulation of this Trainer's steps
+  // should time (SimulateAsExecuted).
+  bool defers_receives() const { return defers_receives_; }
 
  private:
   Trainer() = default;
@@ -195,6 +199,7 @@ class Trainer {
   ParallelGrid* grid_ = nullptr;
   PipelineModel* model_ = nullptr;
   TrainerOptions options_;
+  bool defers_receives_ = false;
   LoweredProgram train_program_;
   LoweredProgram eval_program_;
   std::vector<TiedParams> ties_;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "pipeline/schedule/defer_receives.h"
 #include "pipeline/schedule/internal_execution.h"
 
 namespace pp {
@@ -582,6 +583,13 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
 absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const SimulationCosts& costs) {
   PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
   return SimulateProgram(program, costs);
+}
+
+absl::StatusOr<SimulationResult> SimulateAsExecuted(const Schedule& schedule,
+                                                    const SimulationCosts& costs,
+                                                    bool defer_receives) {
+  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+  return SimulateProgram(defer_receives ? DeferReceives(program) : program, costs);
 }
 
 }  // namespace pp

@@ -432,12 +432,14 @@ bool RankOrderOk(const Shape& sh, const std::vector<Action>& actions) {
 
 class Evaluator {
  public:
-  Evaluator(const Shape& sh, const SimulationCosts& costs, const std::string& name)
-      : sh_(sh), costs_(costs), name_(name) {}
+  Evaluator(const Shape& sh, const SimulationCosts& costs, const std::string& name,
+            bool defer_receives)
+      : sh_(sh), costs_(costs), name_(name), defer_receives_(defer_receives) {}
   Evaluated operator()(const RankActions& ranks) {
     ++count_;
     Evaluated out;
-    absl::StatusOr<SimulationResult> sim = Simulate(ToSchedule(sh_, name_, ranks), costs_);
+    absl::StatusOr<SimulationResult> sim =
+        SimulateAsExecuted(ToSchedule(sh_, name_, ranks), costs_, defer_receives_);
     if (!sim.ok()) return out;
     out.makespan = sim->makespan;
     for (double x : sim->peak_memory) out.peak = std::max(out.peak, x);
@@ -450,6 +452,7 @@ class Evaluator {
   const Shape& sh_;
   const SimulationCosts& costs_;
   const std::string& name_;
+  const bool defer_receives_;
   int count_ = 0;
 };
 
@@ -692,7 +695,7 @@ absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
   PP_ASSIGN_OR_RETURN(const double cap, CheckedCap(o));
   const Shape sh = MakeShape(o, cap);
   PP_RETURN_IF_ERROR(CheckExtraStarts(o, sh));
-  Evaluator evaluate(sh, o.costs, o.name);
+  Evaluator evaluate(sh, o.costs, o.name, o.defer_receives);
   PP_ASSIGN_OR_RETURN(const std::vector<Start> starts, RankedStarts(o, sh, evaluate));
   SearchResult best = SearchFromBestStarts(o, sh, starts, bounds.lower_bound, evaluate);
 
@@ -703,7 +706,7 @@ absl::StatusOr<SynthesisResult> Synthesize(const SynthesisOptions& o) {
     return absl::InternalError(
         absl::StrCat("synthesised schedule fails validation (a bug): ", valid.message()));
   }
-  PP_ASSIGN_OR_RETURN(out.simulation, Simulate(out.schedule, o.costs));
+  PP_ASSIGN_OR_RETURN(out.simulation, SimulateAsExecuted(out.schedule, o.costs, o.defer_receives));
   out.makespan = out.simulation.makespan;
   out.memory_cap = cap;
   for (double x : out.simulation.peak_memory) out.peak_memory = std::max(out.peak_memory, x);

@@ -14,11 +14,13 @@
 //  2. Optionally, the registered schedules with the same placement that fit
 //     the cap are starts too (a B becomes I then W when the backward is split),
 //     so the result is never worse than any of them.
-//  3. Local search over the simulator (Simulate, the same model as
-//     schedule_explorer): move one action of one rank to another position
-//     (a W or an F mostly), keep the move when the schedule still simulates,
-//     fits the cap and is no slower; bounded by a number of evaluations, with
-//     restarts from the best starts. Deterministic for a seed.
+//  3. Local search over the simulator (SimulateAsExecuted: the same model
+//     as schedule_explorer, with receives deferred as the CPU runtime runs
+//     them when defer_receives is set): move one action of one rank to
+//     another position (a W or an F mostly), keep the move when the schedule
+//     still simulates, fits the cap and is no slower; bounded by a number
+//     of evaluations, with restarts from the best starts. Deterministic for
+//     a seed.
 // The result's makespan is the simulator's; the lower bound next to it is
 // max(busiest rank: its start offset + its total work; one micro-batch's
 // critical path after stage 0's m forwards), so the gap is visible.
@@ -73,13 +75,18 @@ struct SynthesisOptions {
   bool all_variants = true;
   // Extra starts (e.g. a schedule a caller already has); same shape required.
   std::vector<Schedule> extra_starts;
+  // Simulate every candidate as the runtime executes it: with
+  // DeferReceives (SimulateAsExecuted). The CPU runtime defers receives; a
+  // schedule searched without it is tuned to waits the runtime does not have
+  // (issue #27).
+  bool defer_receives = false;
   // Name of the returned schedule.
   std::string name = "synth";
 };
 
 struct SynthesisResult {
   Schedule schedule;
-  SimulationResult simulation;  // Simulate(schedule, options.costs)
+  SimulationResult simulation;  // SimulateAsExecuted(schedule, costs, defer_receives)
   double makespan = 0;          // simulation.makespan
   double memory_cap = 0;        // the cap used
   double peak_memory = 0;       // max over ranks of simulation.peak_memory

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""trace_vs_simulated: one train_gpt run's traced steps against the simulator.
+
+    train_gpt ... --schedule=S --set=trace_step=4,trace_steps=8 --v=1 --name=R
+    bench/trace_vs_simulated.py --explorer bazel-bin/experiments/schedule_explorer \\
+        --run runs/R-<time> --schedule S [--first 4 --count 8]
+
+S is a registered name or csv:FILE (V placement assumed for csv at 2 chunks,
+as train_gpt's --chunks=2). Prints, for every traced step, its span and the
+simulated step with that step's own costs (bench_schedules.trace_costs: per
+virtual stage mean F/I/W, per rank SEND, RECV and tail costs) twice: of the
+program as Lower() places receives, and as the CPU runtime executes it
+(DeferReceives); and the replay with every action's own duration
+(bench_schedules.replay_step: the model's structure). Then per rank the
+step's time by action kind (compute, RECV waits, SENDs, tail, gaps between
+actions) and, with --v=1 logs, per (virtual stage, type) the median wall and
+thread CPU of the actions over the traced steps: where two schedules of the
+same costs differ, this says whether the actions themselves took longer
+(CPU) or the ranks waited. Thread CPU holds on a loaded machine; wall does not.
+--json prints one JSON object instead.
+"""
+
+import argparse
+import collections
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_schedules  # noqa: E402
+
+LOG_LINE = re.compile(r"train step (\d+) end (\d+)(F|B|I|W)\d+ mb \d+ (\d+) us "
+                      r"\(thread cpu (\d+) us")
+
+
+def simulate(explorer, schedule, ranks, m, chunks, costs, defer):
+    base = [explorer, f"--schedule={schedule}", f"--stages={ranks}", f"--microbatches={m}",
+            f"--chunks={chunks}", "--format=json"]
+    if schedule.startswith("csv:") and chunks == 2:
+        base.append("--stage_to_rank=v")
+    placement = json.loads(subprocess.run(base, capture_output=True, text=True,
+                                          check=True).stdout)["stage_to_rank"]
+    extra, _ = bench_schedules.explorer_args(costs, placement, False)
+    if not defer:
+        extra = [a for a in extra if a != "--defer_receives"]
+    out = subprocess.run(base + extra, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["simulation"]["makespan"], placement
+
+
+def action_cpu(run_dir, first, count):
+    """(stage, type) -> [(wall ms, cpu ms)] from the --v=1 logs' traced steps."""
+    out = collections.defaultdict(list)
+    for path in glob.glob(os.path.join(run_dir, "logs", "rank_*.log")):
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = LOG_LINE.search(line)
+                if m and first <= int(m.group(1)) < first + count:
+                    out[(int(m.group(2)), m.group(3))].append(
+                        (int(m.group(4)) / 1e3, int(m.group(5)) / 1e3))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--explorer", required=True)
+    ap.add_argument("--run", required=True, help="train_gpt run directory")
+    ap.add_argument("--schedule", required=True)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--chunks", type=int, default=2)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--first", type=int, default=4, help="first traced step (0-based)")
+    ap.add_argument("--count", type=int, default=8)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    metrics = [json.loads(l) for l in open(os.path.join(args.run, "metrics.jsonl"))]
+    traced = bench_schedules.load_traced_steps(args.run, metrics, args.first, args.count,
+                                               args.chunks, args.ranks)
+    steps = []
+    by_kind = collections.defaultdict(lambda: collections.defaultdict(list))
+    for step_s, costs in traced:
+        ev = costs["events"]
+        span = (max(e["ts"] + e["dur"] for e in ev) - min(e["ts"] for e in ev)) * 1e-6
+        lowered, placement = simulate(args.explorer, args.schedule, args.ranks,
+                                      args.microbatches, args.chunks, costs, False)
+        deferred, _ = simulate(args.explorer, args.schedule, args.ranks, args.microbatches,
+                               args.chunks, costs, True)
+        tied = sorted({placement[s] for s in costs["tie_groups"].split(",")})
+        replay = bench_schedules.replay_step(ev, tied, False)
+        steps.append({"span_s": span, "sim_lowered_s": lowered, "sim_deferred_s": deferred,
+                      "replay_s": replay})
+        for r in sorted({e["tid"] for e in ev}):
+            mine = sorted((e for e in ev if e["tid"] == r), key=lambda e: e["ts"])
+            kinds = collections.Counter()
+            for e in mine:
+                c = e["cat"]
+                kind = ("compute" if c in ("F", "B", "I", "W") else
+                        "recv" if c.startswith("RECV") else
+                        "send" if c.startswith("SEND") else "tail")
+                kinds[kind] += e["dur"] / 1e3
+            kinds["gaps"] = (mine[-1]["ts"] + mine[-1]["dur"] - mine[0]["ts"]) / 1e3 - sum(
+                e["dur"] for e in mine) / 1e3
+            for k, v in kinds.items():
+                by_kind[r][k].append(v)
+
+    def err(key):
+        return statistics.median(s[key] / s["span_s"] - 1 for s in steps)
+
+    cpu = action_cpu(args.run, args.first, args.count)
+    result = {
+        "schedule": args.schedule, "run": args.run,
+        "median_span_ms": 1e3 * statistics.median(s["span_s"] for s in steps),
+        "sim_lowered_err": err("sim_lowered_s"), "sim_deferred_err": err("sim_deferred_s"),
+        "replay_err": err("replay_s"),
+        "per_rank_ms": {r: {k: statistics.median(v) for k, v in kinds.items()}
+                        for r, kinds in by_kind.items()},
+        "actions_ms": {f"{s}{t}": {"wall": statistics.median(w for w, _ in xs),
+                                   "cpu": statistics.median(c for _, c in xs), "n": len(xs)}
+                       for (s, t), xs in sorted(cpu.items())},
+        "steps": steps,
+    }
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{args.schedule} ({args.run}): median traced span {result['median_span_ms']:.0f} ms")
+    print("  step span    simulated as lowered    as executed (deferred)    replay")
+    for s in steps:
+        print(f"  {1e3 * s['span_s']:8.0f}    {1e3 * s['sim_lowered_s']:8.0f} "
+              f"({100 * (s['sim_lowered_s'] / s['span_s'] - 1):+5.1f}%)"
+              f"    {1e3 * s['sim_deferred_s']:8.0f} "
+              f"({100 * (s['sim_deferred_s'] / s['span_s'] - 1):+5.1f}%)"
+              f"    {1e3 * s['replay_s']:8.0f} ({100 * (s['replay_s'] / s['span_s'] - 1):+5.1f}%)")
+    print(f"  median error: as lowered {100 * result['sim_lowered_err']:+.1f}%, as executed "
+          f"{100 * result['sim_deferred_err']:+.1f}%, replay {100 * result['replay_err']:+.1f}%")
+    for r, kinds in sorted(result["per_rank_ms"].items()):
+        print(f"  rank {r} per step (median ms): " +
+              ", ".join(f"{k} {v:.0f}" for k, v in sorted(kinds.items())))
+    if cpu:
+        print("  per action (median ms, wall / thread CPU): " +
+              ", ".join(f"{a} {x['wall']:.1f}/{x['cpu']:.1f}"
+                        for a, x in result["actions_ms"].items()))
+
+
+if __name__ == "__main__":
+    main()
