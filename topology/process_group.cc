@@ -53,10 +53,10 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> CreateGlooDevice(
 absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> MakeGlooDevice(
     const std::string& hostname, int transport_thread_nice) {
   PP_RETURN_IF_ERROR(CheckTransportThreadNice(transport_thread_nice));
+  if (transport_thread_nice == 0) return CreateGlooDevice(hostname);
   const std::vector<pid_t> before = ThreadIdsOfThisProcess();
   PP_ASSIGN_OR_RETURN(std::shared_ptr<::gloo::transport::Device> device,
                       CreateGlooDevice(hostname));
-  if (transport_thread_nice == 0) return device;
   PP_ASSIGN_OR_RETURN(int changed, NiceNewEpollThreads(before, transport_thread_nice,
                                                        std::chrono::milliseconds(500)));
   if (changed == 0) {

@@ -80,9 +80,11 @@ absl::StatusOr<int> ThreadNice(pid_t tid) {
 absl::StatusOr<int> NiceNewEpollThreads(const std::vector<pid_t>& before, int nice,
                                         std::chrono::milliseconds patience) {
   if (absl::Status valid = CheckTransportThreadNice(nice); !valid.ok()) return valid;
+  std::vector<pid_t> known = before;
+  std::sort(known.begin(), known.end());
   std::vector<pid_t> fresh;
   for (pid_t tid : ThreadIdsOfThisProcess()) {
-    if (!std::binary_search(before.begin(), before.end(), tid)) fresh.push_back(tid);
+    if (!std::binary_search(known.begin(), known.end(), tid)) fresh.push_back(tid);
   }
   const auto deadline = std::chrono::steady_clock::now() + patience;
   int changed = 0;
