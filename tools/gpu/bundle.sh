@@ -109,8 +109,18 @@ while read -r label rest; do
 done < tools/gpu/cuda_tests.txt > "$out/cuda_tests.txt"
 cp tools/gpu/kit_summary.py bench/torch_gpt_reference.py bench/peer_gpt_kernels.py "$out/py/"
 # Tests run in the bundle root as in a runfiles root: experiment_config_test
-# reads experiments/configs/ (its data dependency); train_gpt uses one too.
+# reads experiments/configs/ and driver/testdata/ (its data dependencies);
+# train_gpt uses a config too. Every bundled test's package testdata/ goes
+# along (small: text protos, fuzz corpora).
 cp -r experiments/configs "$out/experiments/"
+for label in "${labels[@]}"; do
+  package=${label#//}
+  package=${package%%:*}
+  if [[ -d $package/testdata && ! -d $out/$package/testdata ]]; then
+    mkdir -p "$out/$package"
+    cp -r "$package/testdata" "$out/$package/"
+  fi
+done
 echo "$pinned_torch" > "$out/PINNED_TORCH"
 commit=$(git rev-parse HEAD)
 git diff --quiet HEAD -- . ':!gpu_bundle' 2>/dev/null || commit="$commit+uncommitted"

@@ -193,10 +193,13 @@ train() {  # train NAME DEVICE STEPS LIMIT
   local name=$1 dev=$2 steps=$3 limit=$4 t0 rc
   t0=$(date +%s)
   [[ -x $HERE/bin/train_gpt ]] || limit=0  # a partial bundle (bundle.sh --only)
+  # The config's 20 warm-up steps, fewer in a short run (the schedule needs
+  # warmup_steps < steps).
+  local warmup=$((steps / 2 < 20 ? steps / 2 : 20))
   run_limited "$name" "$limit" "$work/logs/$name.log" "${pipe_env[@]}" "$HERE/bin/train_gpt" \
     --config="$HERE/experiments/configs/gpt_small_pp2.textproto" --pp=1 --device="$dev" --steps="$steps" \
     --output_dir="$work/$name" --name="$name" --sample_tokens=0 --eval_interval=0 \
-    --set=data.source=synthetic,log_interval=50
+    --set=data.source=synthetic,log_interval=50,lr_schedule.warmup_steps=$warmup
   rc=$?
   local metrics
   metrics=$(ls "$work/$name"/*/metrics.jsonl 2>/dev/null | head -n1)
