@@ -27,31 +27,8 @@ args=(--device=cpu --out="$out" --budget_s=900 --stage_scale=4 --train_steps=30 
 command="PATH=$(dirname "$python"):\$PATH gpu_bundle/run_on_device.sh ${args[*]}"
 PATH="$(dirname "$python"):$PATH" gpu_bundle/run_on_device.sh "${args[@]}"
 rc=$?
-python3 - "$out/summary.json" "$command" "$rc" >> bench/results/gpu_kit_rehearsal.jsonl <<'PY'
-import json, os, subprocess, sys, time
-summary_path, command, rc = sys.argv[1:]
-commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-try:
-    summary = json.load(open(summary_path))
-except (OSError, ValueError) as e:
-    summary = {"error": "no summary.json: %s" % e}
-totals = summary.get("tests_total", {})
-bench = (summary.get("bench") or [{}])[0]
-compare = (summary.get("compare") or [{}])[0]
-# bench/results/README.md's schema; the whole summary.json rides along.
-record = {"schema": "pipe-result/1", "bench": "gpu_kit_rehearsal",
-          "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
-          "machine": {"nproc": os.cpu_count(), "loadavg": os.getloadavg(), "state": "loaded",
-                      "what": "the 2-core development machine, shared with other builds; no GPU"},
-          "command": "tools/gpu/rehearse.sh -> " + command, "exit_status": int(rc),
-          "figures": {"tests_cases": totals.get("cases"), "tests_failed": totals.get("failures"),
-                      "tests_skipped": totals.get("skipped"),
-                      "bundle_bytes": summary.get("bundle", {}).get("bytes"),
-                      "compare_max_rel_diff": compare.get("max_rel_diff"),
-                      "bench_ratio": bench.get("ratio"), "seconds": summary.get("seconds"),
-                      "ok": summary.get("ok")},
-          "summary": summary}
-print(json.dumps(record, sort_keys=True))
-PY
+tools/gpu/record_run.py "$out/summary.json" --bench=gpu_kit_rehearsal --command="tools/gpu/rehearse.sh -> $command" \
+  --exit_status="$rc" --machine="the 2-core development machine, shared with other builds; no GPU" \
+  >> bench/results/gpu_kit_rehearsal.jsonl
 echo "rehearse: exit $rc; summary $out/summary.json; record appended to bench/results/gpu_kit_rehearsal.jsonl" >&2
 exit $rc
