@@ -14,6 +14,9 @@
 //     also adds the pure virtual copy_data.
 //   - torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl
 //     address printed as a string in 1.13, by the address itself in 2.x.
+//   - PP_C10D_HAS_BACKENDS (1 in 2.x, 0 in 1.13): whether c10d::Backend and
+//     ProcessGroup::setBackend exist, so that pipe can add a backend of its
+//     own for one device type (topology/host_staged_backend.h).
 //   - autograd graph nodes (torch::autograd::Node) are owned through
 //     std::shared_ptr up to 2.11 and through c10::intrusive_ptr in 2.15, so an
 //     Edge that must own a node it found as a raw pointer is made differently.
@@ -34,6 +37,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+
+#if TORCH_VERSION_MAJOR >= 2
+#define PP_C10D_HAS_BACKENDS 1
+#else
+#define PP_C10D_HAS_BACKENDS 0
+#endif
 
 namespace pp::torch_compat {
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "common/field_checks.h"
 #include "common/status_macros.h"
+#include "common/torch_compat.h"
 #include "driver/auto_schedule.h"
 #include "driver/memory_budget.h"
 #include "driver/preflight.h"
@@ -33,6 +34,7 @@
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/device.h"
+#include "topology/host_staged_backend.h"
 #include "topology/transport_thread.h"
 #include "topology/worker_resources.h"
 
@@ -157,6 +159,8 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
        "every rank lists each micro-batch's actions"},
       {"parallelism.micro_batch_size", par.micro_batch_size(), 1, 1 << 20, ""},
       {"parallelism.timeout_seconds", par.timeout_seconds(), 1, 86400, "one day"},
+      {"parallelism.ranks_per_device", par.ranks_per_device(), 1, 1024,
+       "local ranks per GPU (1: a GPU per rank; above 1 only with device 'cuda')"},
       {"parallelism.transport_thread_nice", par.transport_thread_nice(), kMinTransportThreadNice,
        kMaxTransportThreadNice, "a nice value for Gloo's transport thread; 0 = the worker's own"},
       {"parallelism.activation_checkpointing.interval", par.activation_checkpointing().interval(),
@@ -441,14 +445,32 @@ absl::Status CheckSchedule(const driver::ParallelismConfig& par) {
 absl::Status CheckDevice(const driver::ParallelismConfig& par) {
   absl::StatusOr<DeviceKind> device = ParseDeviceKind(par.device());
   if (!device.ok()) return Invalid(absl::StrCat("parallelism.device: ", device.status().message()));
-  if (*device != DeviceKind::kCuda) return absl::OkStatus();
+  if (*device != DeviceKind::kCuda) {
+    if (par.ranks_per_device() > 1) {
+      return Invalid(absl::StrCat("parallelism.ranks_per_device = ", par.ranks_per_device(),
+                                  " shares GPUs between ranks and needs parallelism.device 'cuda'; "
+                                  "with device '",
+                                  par.device(), "' leave it at 1"));
+    }
+    return absl::OkStatus();
+  }
   const int local_ranks = par.pp() * par.dp();
   for (int local_rank : {0, local_ranks - 1}) {
-    absl::StatusOr<c10::Device> cuda = DeviceForLocalRank(*device, local_rank);
+    absl::StatusOr<c10::Device> cuda =
+        DeviceForLocalRank(*device, local_rank, par.ranks_per_device());
     if (!cuda.ok()) {
+      const std::string shared =
+          par.ranks_per_device() == 1
+              ? ""
+              : absl::StrCat(", parallelism.ranks_per_device = ", par.ranks_per_device());
       return Invalid(absl::StrCat("parallelism.device 'cuda' (pp x dp = ", local_ranks,
-                                  " ranks on this node): ", cuda.status().message()));
+                                  " ranks on this node", shared, "): ", cuda.status().message()));
     }
+  }
+  if (par.ranks_per_device() > 1 && !HostStagedBackendAvailable()) {
+    return Invalid(absl::StrCat("parallelism.ranks_per_device = ", par.ranks_per_device(),
+                                " (ranks sharing a GPU) needs LibTorch 2.x; this binary's is ",
+                                torch_compat::LibTorchVersion(), ": build with --config=cuda"));
   }
   return absl::OkStatus();
 }

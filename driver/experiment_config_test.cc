@@ -18,6 +18,7 @@
 #include "pipeline/layers/layer.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/device.h"
+#include "topology/host_staged_backend.h"
 #include "topology/worker_resources.h"
 
 namespace pp {
@@ -203,6 +204,25 @@ TEST(ExperimentConfigTest, DeviceIsKnownAndPresent) {
   } else {
     EXPECT_HAS(m, "device cuda:1 (--device=cuda, local rank 1) is not available");
   }
+}
+
+TEST(ExperimentConfigTest, RanksPerDeviceNeedsCudaAndGpusForEveryGroupOfRanks) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_ranks_per_device(0);
+  EXPECT_HAS(Error(c), "parallelism.ranks_per_device");
+  c.mutable_parallelism()->set_ranks_per_device(2);
+  EXPECT_HAS(Error(c), "parallelism.ranks_per_device = 2 shares GPUs between ranks and needs "
+                       "parallelism.device 'cuda'; with device 'cpu' leave it at 1");
+  c.mutable_parallelism()->set_device("cuda");
+  const std::string m = Error(c);
+  if (VisibleCudaDevices() >= 1 && HostStagedBackendAvailable()) {
+    EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok()) << m;
+    return;
+  }
+  // Both ranks would be on cuda:0; the refusal names it and the setting.
+  EXPECT_HAS(m, "parallelism.device 'cuda' (pp x dp = 2 ranks on this node, "
+                "parallelism.ranks_per_device = 2): ");
+  EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
 }
 
 TEST(ExperimentConfigTest, MoreStagesThanBlocks) {

@@ -45,6 +45,9 @@ ABSL_FLAG(std::string, p2p_post_receives_ahead, "",
 ABSL_FLAG(std::string, transport_thread_nice, "",
           "override parallelism.transport_thread_nice (0-19: nice value of each rank's Gloo "
           "transport thread)");
+ABSL_FLAG(std::string, ranks_per_device, "",
+          "override parallelism.ranks_per_device (local ranks per GPU with --device=cuda; above 1 "
+          "ranks share GPUs through host buffers and Gloo: tests and small experiments)");
 ABSL_FLAG(std::string, precision, "",
           "override precision (fp32, or bf16: bf16 parameters and activations with fp32 master "
           "weights, gradient accumulation and loss)");
@@ -82,6 +85,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_p2p_static_shapes, "parallelism.p2p_static_shapes"},
       {&FLAGS_p2p_post_receives_ahead, "parallelism.p2p_post_receives_ahead"},
       {&FLAGS_transport_thread_nice, "parallelism.transport_thread_nice"},
+      {&FLAGS_ranks_per_device, "parallelism.ranks_per_device"},
       {&FLAGS_precision, "precision"},
       {&FLAGS_lr, "optimizer.lr"},
       {&FLAGS_steps, "steps"},

@@ -57,6 +57,7 @@ absl::StatusOr<Cluster> JoinCluster(const driver::ParallelismConfig& par,
   ro.timeout = timeout;
   PP_ASSIGN_OR_RETURN(ro.device, ParseDeviceKind(par.device()));
   ro.transport_thread_nice = par.transport_thread_nice();
+  ro.ranks_per_device = par.ranks_per_device();
   Cluster cluster;
   PP_ASSIGN_OR_RETURN(cluster.world, RendezvousFromEnv(ro));
   PP_ASSIGN_OR_RETURN(ProcessTopology topology, PipeDataParallelTopology(par.pp(), par.dp()));

@@ -21,12 +21,25 @@ std::string DeviceKindName(DeviceKind kind) { return kind == DeviceKind::kCuda ?
 
 int VisibleCudaDevices() { return at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0; }
 
-absl::StatusOr<c10::Device> DeviceForLocalRank(DeviceKind kind, int local_rank) {
+absl::StatusOr<c10::Device> DeviceForLocalRank(DeviceKind kind, int local_rank,
+                                               int ranks_per_device) {
   if (local_rank < 0) {
     return absl::InvalidArgumentError(absl::StrCat("local rank ", local_rank, " must be >= 0"));
   }
-  if (kind == DeviceKind::kCpu) return c10::Device(c10::DeviceType::CPU);
-  const std::string device = absl::StrCat("cuda:", local_rank);
+  if (ranks_per_device < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.ranks_per_device = ", ranks_per_device, " must be >= 1 (1: a GPU per rank)"));
+  }
+  if (kind == DeviceKind::kCpu) {
+    if (ranks_per_device > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallelism.ranks_per_device = ", ranks_per_device,
+                       " places ranks on GPUs and needs --device=cuda; on the CPU leave it at 1"));
+    }
+    return c10::Device(c10::DeviceType::CPU);
+  }
+  const int index = local_rank / ranks_per_device;
+  const std::string device = absl::StrCat("cuda:", index);
   if (!torch_compat::BuiltWithCuda()) {
     return absl::FailedPreconditionError(
         absl::StrCat("device ", device, " (--device=cuda, local rank ", local_rank,
@@ -43,14 +56,18 @@ absl::StatusOr<c10::Device> DeviceForLocalRank(DeviceKind kind, int local_rank) 
                      ") is not available: no CUDA GPU is visible to this process", visible_note,
                      "; use --device=cpu"));
   }
-  if (local_rank >= gpus) {
+  if (index >= gpus) {
+    const std::string per_gpu =
+        ranks_per_device == 1 ? "one per local rank is needed"
+                              : absl::StrCat("one per ", ranks_per_device, " local ranks is needed");
     return absl::FailedPreconditionError(absl::StrCat(
         "device ", device, " (--device=cuda, local rank ", local_rank,
         ") is not available: this node has ", gpus, " visible CUDA GPU", gpus == 1 ? "" : "s",
-        visible_note, ", one per local rank is needed; start at most ", gpus,
-        " ranks per node (--nproc_per_node)"));
+        visible_note, ", ", per_gpu, "; start at most ", gpus * ranks_per_device,
+        " ranks per node (--nproc_per_node), or let ranks share GPUs "
+        "(parallelism.ranks_per_device, for tests and small experiments)"));
   }
-  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank));
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 }  // namespace pp

@@ -1,7 +1,9 @@
 // Which device a rank computes on: `--device=cpu` (default) or `cuda`, where
-// rank r of a node runs on cuda:<LOCAL_RANK>. A CUDA rank's process groups get
-// c10d's NCCL backend for CUDA tensors beside Gloo for CPU ones
-// (GroupOptions::nccl, process_group.h).
+// rank r of a node runs on cuda:<LOCAL_RANK> (cuda:<LOCAL_RANK / N> when N
+// ranks share each GPU: parallelism.ranks_per_device). A CUDA rank's process
+// groups get c10d's NCCL backend for CUDA tensors beside Gloo for CPU ones
+// (GroupOptions::nccl, process_group.h), or host staging through Gloo when
+// ranks share GPUs (GroupOptions::host_staged).
 //
 //   PP_ASSIGN_OR_RETURN(DeviceKind kind, ParseDeviceKind(flag));
 //   PP_ASSIGN_OR_RETURN(torch::Device device, DeviceForLocalRank(kind, env.local_rank));
@@ -32,10 +34,14 @@ std::string DeviceKindName(DeviceKind kind);
 int VisibleCudaDevices();
 
 // The device of the rank with `local_rank` on its node: the CPU, or
-// cuda:<local_rank>. FailedPrecondition naming the device when it is not
-// there: a LibTorch without CUDA (build with --config=cuda), no visible GPU, or
-// local_rank >= the number of visible GPUs. InvalidArgument for local_rank < 0.
-absl::StatusOr<c10::Device> DeviceForLocalRank(DeviceKind kind, int local_rank);
+// cuda:<local_rank / ranks_per_device> (ranks_per_device consecutive local
+// ranks share a GPU: parallelism.ranks_per_device). FailedPrecondition naming
+// the device when it is not there: a LibTorch without CUDA (build with
+// --config=cuda), no visible GPU, or a GPU index >= the number of visible GPUs.
+// InvalidArgument for local_rank < 0 or ranks_per_device < 1, and for
+// ranks_per_device > 1 on the CPU (it places ranks on GPUs only).
+absl::StatusOr<c10::Device> DeviceForLocalRank(DeviceKind kind, int local_rank,
+                                               int ranks_per_device = 1);
 
 }  // namespace pp
 

@@ -69,6 +69,34 @@ TEST(DeviceTest, CudaFollowsTheLocalRankOrNamesWhyNot) {
   EXPECT_NE(past.status().message().find("this node has " + std::to_string(gpus) + " visible"),
             std::string::npos)
       << past.status();
+  EXPECT_NE(past.status().message().find("parallelism.ranks_per_device"), std::string::npos)
+      << past.status();
+  // Two ranks per GPU: local ranks 2g and 2g + 1 on cuda:g.
+  for (int local_rank = 0; local_rank < 2 * gpus; ++local_rank) {
+    auto device = DeviceForLocalRank(DeviceKind::kCuda, local_rank, 2);
+    ASSERT_TRUE(device.ok()) << device.status();
+    EXPECT_EQ(device->index(), local_rank / 2);
+  }
+  auto past_shared = DeviceForLocalRank(DeviceKind::kCuda, 2 * gpus, 2);
+  EXPECT_EQ(past_shared.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(past_shared.status().message().find("one per 2 local ranks is needed"),
+            std::string::npos)
+      << past_shared.status();
+}
+
+TEST(DeviceTest, RanksPerDeviceIsCheckedOnEveryDevice) {
+  auto zero = DeviceForLocalRank(DeviceKind::kCuda, 0, 0);
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(zero.status().message().find("parallelism.ranks_per_device = 0 must be >= 1"),
+            std::string::npos)
+      << zero.status();
+  auto cpu = DeviceForLocalRank(DeviceKind::kCpu, 1, 2);
+  EXPECT_EQ(cpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(cpu.status().message().find("needs --device=cuda"), std::string::npos)
+      << cpu.status();
+  auto one = DeviceForLocalRank(DeviceKind::kCpu, 1, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_TRUE(one->is_cpu());
 }
 
 }  // namespace

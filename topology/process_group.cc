@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
 #include "glog/logging.h"
+#include "topology/host_staged_backend.h"
 #include "topology/transport_thread.h"
 
 namespace pp {
@@ -113,7 +114,13 @@ absl::StatusOr<ProcessGroupPtr> NewGlooGroup(const StorePtr& store, const std::s
     // The constructor meets the other members through the store and throws
     // when they do not all arrive within the timeout.
     ProcessGroupPtr group = torch_compat::NewGlooProcessGroup(prefixed, rank, size, gloo_options);
-    if (options.nccl) {
+    if (options.host_staged) {
+      absl::Status added = AddHostStagedBackend(group, c10::DeviceType::CUDA);
+      if (!added.ok()) {
+        return absl::Status(added.code(), absl::StrCat("group '", prefix, "' (rank ", rank, " of ",
+                                                       size, "): ", added.message()));
+      }
+    } else if (options.nccl) {
       try {
         torch_compat::AddNcclBackend(
             group, c10::make_intrusive<c10d::PrefixStore>(prefix + "/nccl", store), rank, size,

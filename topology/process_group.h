@@ -38,6 +38,10 @@ struct GroupOptions {
   // --config=cuda build and a GPU per rank; NCCL meets the members at its first
   // collective, not at creation.
   bool nccl = false;
+  // Ranks sharing GPUs (parallelism.ranks_per_device > 1), where NCCL cannot
+  // run: each group's CUDA tensors go through host buffers and its Gloo
+  // backend instead (host_staged_backend.h). Exclusive with `nccl`.
+  bool host_staged = false;
 };
 
 // A Gloo TCP device bound to `hostname` (an address or a name of this host).

@@ -73,6 +73,11 @@ struct RendezvousOptions {
   // opened: FailedPrecondition naming the device when it is not there), and
   // every group gets NCCL for CUDA tensors (GroupOptions::nccl).
   DeviceKind device = DeviceKind::kCpu;
+  // kCuda with ranks_per_device > 1: local rank r computes on
+  // cuda:<r / ranks_per_device>, and every group carries CUDA tensors through
+  // host buffers and Gloo instead of NCCL (GroupOptions::host_staged), since
+  // NCCL cannot have two ranks on one GPU. For tests and small experiments.
+  int ranks_per_device = 1;
   // Nice value for the Gloo device's transport thread (0: the worker's own;
   // topology/transport_thread.h says why a higher one helps when the ranks'
   // compute threads use every core).

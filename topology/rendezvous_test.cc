@@ -21,6 +21,7 @@
 #include "common/torch_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "topology/host_staged_backend.h"
 #include "topology/thread_ranks.h"
 
 namespace pp {
@@ -269,6 +270,41 @@ TEST(RendezvousTest, RejectsBadArguments) {
 // --device=cuda: rank r computes on cuda:r and its groups carry CUDA tensors
 // over NCCL. Where the build or the machine lacks the GPUs, Rendezvous refuses
 // before opening the store (no waiting for peers), naming the device.
+// Two ranks sharing one GPU (ranks_per_device = 2): both on cuda:0, and the
+// world group's CUDA all-reduce goes through host buffers and Gloo (NCCL
+// refuses two ranks on one GPU). Where it cannot run, the refusal names why.
+TEST(RendezvousTest, CudaRanksSharingOneGpuAllReduceThroughHostBuffers) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RendezvousOptions options;
+  options.timeout = std::chrono::seconds(30);
+  options.device = DeviceKind::kCuda;
+  options.ranks_per_device = 2;
+  if (VisibleCudaDevices() < 1 || !HostStagedBackendAvailable()) {
+    auto world = Rendezvous(ThreadRankEnv(1, 2, *port), options);
+    EXPECT_EQ(world.status().code(), absl::StatusCode::kFailedPrecondition) << world.status();
+    EXPECT_THAT(world.status().message(),
+                HasSubstr(HostStagedBackendAvailable() ? "device cuda:0 (--device=cuda, local rank 1)"
+                                                       : "--config=cuda"));
+    GTEST_SKIP() << "needs a visible CUDA GPU and LibTorch 2.x; only the refusal was checked";
+  }
+  auto status = RunThreadRanks(2, *port, options, [](World& world) -> absl::Status {
+    if (!world.device.is_cuda() || world.device.index() != 0) {
+      return absl::InternalError(absl::StrCat("rank ", world.rank, " on ", world.device.str()));
+    }
+    std::vector<at::Tensor> t = {at::full({4}, world.rank + 1.0, at::device(world.device))};
+    bool done = false;
+    PP_RETURN_IF_ERROR(TorchCall("staged all-reduce", [&] {
+      done = world.group->allreduce(t)->wait(std::chrono::seconds(30));
+    }));
+    if (!done || t[0].sum().item<double>() != 12.0) {
+      return absl::InternalError(absl::StrCat("staged all-reduce gave ", t[0].sum().item<double>()));
+    }
+    return AfterAllRanks(world, "shared_gpu_done");
+  });
+  for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(RendezvousTest, CudaRanksAllReduceOnTheirGpusOrTheDeviceIsNamed) {
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok());

@@ -13,6 +13,7 @@
 #include "common/torch_compat.h"
 #include "common/torch_status.h"
 #include "topology/device.h"
+#include "topology/host_staged_backend.h"
 #include "topology/process_group.h"
 #include "topology/process_topology.h"
 
@@ -74,14 +75,28 @@ absl::Status AfterAllRanks(World& world, const std::string& key, absl::Status ow
   return own.ok() ? barrier : own;
 }
 
-absl::StatusOr<c10::Device> TestDevice(DeviceKind kind, int ranks) {
+absl::StatusOr<c10::Device> TestDevice(DeviceKind kind, int ranks, int ranks_per_device) {
   if (kind == DeviceKind::kCpu) return c10::Device(c10::DeviceType::CPU);
   const int gpus = VisibleCudaDevices();
-  if (gpus >= ranks) return c10::Device(c10::DeviceType::CUDA, 0);
-  return absl::FailedPreconditionError(absl::StrCat(
-      "needs ", ranks, " visible CUDA GPU", ranks == 1 ? "" : "s", ", this process sees ", gpus,
-      " (LibTorch ", torch_compat::LibTorchVersion(),
-      torch_compat::BuiltWithCuda() ? ", built with CUDA" : ", built without CUDA", ")"));
+  const int needed = (ranks + ranks_per_device - 1) / ranks_per_device;
+  const std::string build =
+      absl::StrCat(" (LibTorch ", torch_compat::LibTorchVersion(),
+                   torch_compat::BuiltWithCuda() ? ", built with CUDA" : ", built without CUDA", ")");
+  if (ranks_per_device > 1 && !HostStagedBackendAvailable()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ranks sharing a GPU need LibTorch 2.x's c10d backends", build));
+  }
+  if (gpus >= needed) return c10::Device(c10::DeviceType::CUDA, 0);
+  return absl::FailedPreconditionError(
+      absl::StrCat("needs ", needed, " visible CUDA GPU", needed == 1 ? "" : "s",
+                   ranks_per_device > 1 ? absl::StrCat(" (", ranks_per_device, " ranks per GPU)") : "",
+                   ", this process sees ", gpus, build));
+}
+
+std::vector<TestPlacement> TestPlacements() {
+  return {TestPlacement{DeviceKind::kCpu, false, "cpu"},
+          TestPlacement{DeviceKind::kCuda, false, "cuda"},
+          TestPlacement{DeviceKind::kCuda, true, "cuda_shared"}};
 }
 
 absl::Status FirstRankError(const std::vector<absl::Status>& statuses) {
@@ -101,9 +116,16 @@ absl::Status RunOnThreadRanks(int world_size, std::chrono::milliseconds timeout,
 
 absl::Status RunOnThreadRanks(int world_size, DeviceKind device, std::chrono::milliseconds timeout,
                               const std::function<absl::Status(World&)>& body) {
+  return RunOnThreadRanks(world_size, device, /*ranks_per_device=*/1, timeout, body);
+}
+
+absl::Status RunOnThreadRanks(int world_size, DeviceKind device, int ranks_per_device,
+                              std::chrono::milliseconds timeout,
+                              const std::function<absl::Status(World&)>& body) {
   RendezvousOptions options;
   options.timeout = timeout;
   options.device = device;
+  options.ranks_per_device = ranks_per_device;
   options.file_store_path = FreshTempPath("thread_ranks");
   const std::vector<absl::Status> statuses = RunThreadRanks(world_size, 0, options, body);
   ::unlink(options.file_store_path.c_str());

@@ -64,7 +64,23 @@ absl::Status AfterAllRanks(World& world, const std::string& key, absl::Status ow
 // cannot run here, naming the missing GPUs and this binary's LibTorch ("needs
 // 1 visible CUDA GPU, this process sees 0 (LibTorch 1.13.0, built without
 // CUDA)"). Tests GTEST_SKIP() with the message.
-absl::StatusOr<c10::Device> TestDevice(DeviceKind kind, int ranks = 1);
+// With ranks_per_device > 1 the ranks share GPUs (ceil(ranks /
+// ranks_per_device) are needed), which also needs LibTorch 2.x
+// (host_staged_backend.h).
+absl::StatusOr<c10::Device> TestDevice(DeviceKind kind, int ranks = 1, int ranks_per_device = 1);
+
+// Where the ranks of a device-parametrised multi-rank test run: "cpu",
+// "cuda" (rank r on cuda:r, NCCL) or "cuda_shared" (every rank on cuda:0,
+// host-staged groups: ranks_per_device = the test's rank count).
+struct TestPlacement {
+  DeviceKind kind = DeviceKind::kCpu;
+  bool share_one_gpu = false;
+  std::string name;  // the test-name suffix
+  // The ranks_per_device of a test with `ranks` ranks.
+  int RanksPerDevice(int ranks) const { return share_one_gpu ? ranks : 1; }
+};
+// cpu, cuda, cuda_shared.
+std::vector<TestPlacement> TestPlacements();
 
 // `world_size` ranks over a fresh FileStore, every wait bounded by `timeout`;
 // FirstRankError of their statuses.
@@ -73,6 +89,12 @@ absl::Status RunOnThreadRanks(int world_size, std::chrono::milliseconds timeout,
 // The same with every rank on `device`: kCuda puts rank r on cuda:r and gives
 // the groups NCCL beside Gloo (World::device; tests check TestDevice first).
 absl::Status RunOnThreadRanks(int world_size, DeviceKind device, std::chrono::milliseconds timeout,
+                              const std::function<absl::Status(World&)>& body);
+// The same with `ranks_per_device` ranks on each GPU (rank r on
+// cuda:<r / ranks_per_device>; above 1 the groups stage CUDA tensors through
+// host buffers and Gloo: RendezvousOptions::ranks_per_device).
+absl::Status RunOnThreadRanks(int world_size, DeviceKind device, int ranks_per_device,
+                              std::chrono::milliseconds timeout,
                               const std::function<absl::Status(World&)>& body);
 
 // pp * dp ranks, each with the ParallelGrid of PipeDataParallelTopology(pp, dp);

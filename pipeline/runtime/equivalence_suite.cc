@@ -129,13 +129,21 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
           }
           // The same on GPUs (rank r on cuda:r, NCCL), once per schedule
           // shape: AdamW, with and without checkpointing, m = the largest
-          // count. They skip where pp * dp GPUs are not visible.
+          // count. They skip where pp * dp GPUs are not visible; the
+          // "_cuda_shared" twins need one.
           if (m != *counts.rbegin()) continue;
           for (int ckpt : {0, 1}) {
             RunConfig c = MakeCase(info.name, pp, dp, m, chunks, "adamw", ckpt > 0);
             c.device = DeviceKind::kCuda;
             cases.push_back(EquivalenceCase{
                 c, CaseName(info.name, pp, dp, chunks, m, "adamw", ckpt > 0, "_cuda"), supported});
+            // Every rank on one GPU (parallelism.ranks_per_device = pp * dp:
+            // host-staged groups), so one GPU runs every shape.
+            if (pp * dp == 1) continue;
+            c.ranks_per_device = pp * dp;
+            cases.push_back(EquivalenceCase{
+                c, CaseName(info.name, pp, dp, chunks, m, "adamw", ckpt > 0, "_cuda_shared"),
+                supported});
           }
         }
       }
@@ -150,7 +158,8 @@ class EquivalenceSuite : public ::testing::TestWithParam<EquivalenceCase> {};
 
 TEST_P(EquivalenceSuite, PipelineEqualsSequential) {
   const EquivalenceCase& c = GetParam();
-  if (absl::StatusOr<c10::Device> device = TestDevice(c.config.device, c.config.pp * c.config.dp);
+  if (absl::StatusOr<c10::Device> device =
+          TestDevice(c.config.device, c.config.pp * c.config.dp, c.config.ranks_per_device);
       !device.ok()) {
     GTEST_SKIP() << device.status().message();
   }

@@ -18,7 +18,10 @@
 // parameters must match within 1e-5 relative. Each (schedule, pp, dp) also has two "_cuda" cases
 // (AdamW, the largest micro-batch count, checkpointing off / on) whose ranks run on cuda:r with
 // NCCL, within 1e-4 of the CPU reference; they GTEST_SKIP() naming the
-// missing GPUs where fewer than pp * dp are visible.
+// missing GPUs where fewer than pp * dp are visible. Where pp * dp > 1 each also
+// has a "_cuda_shared" twin whose ranks all share cuda:0 (ranks_per_device =
+// pp * dp: groups staged through host buffers and Gloo,
+// topology/host_staged_backend.h), so one GPU runs every shape.
 // bf16: each (schedule, pp, dp) also has two "_bf16" cases (AdamW, the
 // largest micro-batch count, checkpointing off / on): the pipeline with
 // TrainerOptions::precision bf16 against BuildSequential trained with the same

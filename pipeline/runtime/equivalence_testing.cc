@@ -195,7 +195,8 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   std::vector<std::vector<double>> rank_losses(world);
   std::vector<std::vector<double>> rank_norms(world);
   absl::Status status = RunOnThreadRanks(
-      world, config.device, config.timeout, [&](World& world_of_rank) -> absl::Status {
+      world, config.device, config.ranks_per_device, config.timeout,
+      [&](World& world_of_rank) -> absl::Status {
         PP_ASSIGN_OR_RETURN(ProcessTopology topology,
                             PipeDataParallelTopology(config.pp, config.dp));
         PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world_of_rank, topology));

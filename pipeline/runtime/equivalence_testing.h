@@ -86,6 +86,10 @@ struct RunConfig {
   // Where the pipeline's ranks compute: kCuda puts rank r on cuda:r (pp * dp
   // GPUs, NCCL); the sequential reference always runs on the CPU.
   DeviceKind device = DeviceKind::kCpu;
+  // kCuda with ranks_per_device > 1: ranks share GPUs (rank r on
+  // cuda:<r / ranks_per_device>, groups staged through host buffers and Gloo:
+  // topology/host_staged_backend.h).
+  int ranks_per_device = 1;
 };
 
 struct RunResult {

@@ -106,14 +106,17 @@ TEST(GradSyncTest, MissingMemberTimesOut) {
 }
 
 // Tied broadcast/sum, data-parallel averaging and the global norm with the
-// parameters on each device (two GPUs: NCCL; the CPU: Gloo).
-class GradSyncDeviceTest : public ::testing::TestWithParam<DeviceKind> {};
+// parameters on each device (two GPUs: NCCL; one GPU shared by both ranks: host-staged Gloo; the CPU: Gloo).
+class GradSyncDeviceTest : public ::testing::TestWithParam<TestPlacement> {};
 
 TEST_P(GradSyncDeviceTest, TiedSumAverageAndNormOnTheDevice) {
-  absl::StatusOr<c10::Device> first = TestDevice(GetParam(), 2);
+  const TestPlacement& placement = GetParam();
+  absl::StatusOr<c10::Device> first =
+      TestDevice(placement.kind, 2, placement.RanksPerDevice(2));
   if (!first.ok()) GTEST_SKIP() << first.status().message();
-  absl::Status s =
-      RunOnThreadRanks(2, GetParam(), milliseconds(60000), [](World& world) -> absl::Status {
+  absl::Status s = RunOnThreadRanks(
+      2, placement.kind, placement.RanksPerDevice(2), milliseconds(60000),
+      [](World& world) -> absl::Status {
         const c10::Device device = world.device;
         auto param = [&](std::vector<float> values, std::vector<float> grad) {
           torch::Tensor p = torch::tensor(values).to(device).requires_grad_(true);
@@ -151,9 +154,8 @@ TEST_P(GradSyncDeviceTest, TiedSumAverageAndNormOnTheDevice) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, GradSyncDeviceTest,
-                         ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda),
-                         [](const auto& info) { return DeviceKindName(info.param); });
+INSTANTIATE_TEST_SUITE_P(Devices, GradSyncDeviceTest, ::testing::ValuesIn(TestPlacements()),
+                         [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace pp

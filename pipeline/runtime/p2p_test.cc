@@ -530,17 +530,21 @@ TEST(P2PPostAheadTest, MismatchedWaitAndAbortLeaveNothingPosted) {
 }
 
 // The same exchange on each device: rank r on cuda:r (two GPUs) with NCCL,
+// both ranks on cuda:0 with host-staged Gloo (cuda_shared),
 // or the CPU with Gloo. Received tensors land on the rank's device; device
 // transfers go through the send/receive streams (device_streams.h) and
 // dynamic headers and gradients all arrive intact, in the
 // order NCCL pairs them (each rank posts in program order).
-class P2PDeviceTest : public ::testing::TestWithParam<DeviceKind> {};
+class P2PDeviceTest : public ::testing::TestWithParam<TestPlacement> {};
 
 TEST_P(P2PDeviceTest, ActivationsAndGradsArriveOnTheRankDevice) {
-  absl::StatusOr<c10::Device> first = TestDevice(GetParam(), 2);
+  const TestPlacement& placement = GetParam();
+  absl::StatusOr<c10::Device> first =
+      TestDevice(placement.kind, 2, placement.RanksPerDevice(2));
   if (!first.ok()) GTEST_SKIP() << first.status().message();
-  absl::Status s =
-      RunOnThreadRanks(2, GetParam(), milliseconds(60000), [](World& world) -> absl::Status {
+  absl::Status s = RunOnThreadRanks(
+      2, placement.kind, placement.RanksPerDevice(2), milliseconds(60000),
+      [](World& world) -> absl::Status {
         const c10::Device device = world.device;
         P2POptions options{milliseconds(60000)};
         options.device = device;
@@ -589,9 +593,8 @@ TEST_P(P2PDeviceTest, ActivationsAndGradsArriveOnTheRankDevice) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, P2PDeviceTest,
-                         ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda),
-                         [](const auto& info) { return DeviceKindName(info.param); });
+INSTANTIATE_TEST_SUITE_P(Devices, P2PDeviceTest, ::testing::ValuesIn(TestPlacements()),
+                         [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace pp

@@ -6,8 +6,8 @@ one summary.json the run leaves in its output folder.
 
   kit_summary.py tests NAME FILTER XML RC SECONDS TIMEOUT_S
   kit_summary.py train NAME METRICS_JSONL RC SECONDS TIMEOUT_S
-  kit_summary.py compare CPU_METRICS DEVICE_METRICS RTOL STEPS
-  kit_summary.py bench PIPE_LOG TORCH_LOG TARGET          (logs of alternating rounds)
+  kit_summary.py compare CPU_METRICS DEVICE_METRICS RTOL STEPS [NAME]
+  kit_summary.py bench PIPE_LOG TORCH_LOG TARGET [NAME]   (logs of alternating rounds)
   kit_summary.py assemble RECORDS_JSONL HEADER_JSON OUT_JSON
 """
 import json
@@ -80,8 +80,10 @@ def train(name, metrics, rc, seconds, timeout_s):
     return rec
 
 
-def compare(cpu_metrics, device_metrics, rtol, steps):
+def compare(cpu_metrics, device_metrics, rtol, steps, name=None):
     rec = {"kind": "compare", "rtol": float(rtol), "steps": int(steps)}
+    if name:
+        rec["name"] = name
     try:
         a = [r["loss"] for r in losses(cpu_metrics)]
         b = [r["loss"] for r in losses(device_metrics)]
@@ -113,8 +115,10 @@ def _json_lines(path, system):
     return out
 
 
-def bench(pipe_log, torch_log, target):
+def bench(pipe_log, torch_log, target, name=None):
     rec = {"kind": "bench", "target_ratio": float(target)}
+    if name:
+        rec["name"] = name
     pipe, ref = _json_lines(pipe_log, "pipe"), _json_lines(torch_log, "pytorch")
     if not pipe or not ref:
         rec.update(ok=False, error="rounds finished: pipe %d, pytorch %d" % (len(pipe), len(ref)))
@@ -159,9 +163,11 @@ def assemble(records_path, header_path, out_path):
 
 
 def main(argv):
-    commands = {"tests": (tests, 6), "train": (train, 5), "compare": (compare, 4),
-                "bench": (bench, 3), "assemble": (assemble, 3)}
-    if len(argv) < 2 or argv[1] not in commands or len(argv) - 2 != commands[argv[1]][1]:
+    # name -> (function, fewest arguments, most arguments)
+    commands = {"tests": (tests, 6, 6), "train": (train, 5, 5), "compare": (compare, 4, 5),
+                "bench": (bench, 3, 4), "assemble": (assemble, 3, 3)}
+    if (len(argv) < 2 or argv[1] not in commands
+            or not commands[argv[1]][1] <= len(argv) - 2 <= commands[argv[1]][2]):
         sys.stderr.write(__doc__)
         return 2
     print(json.dumps(commands[argv[1]][0](*argv[2:])))

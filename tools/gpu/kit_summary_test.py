@@ -81,6 +81,16 @@ class KitSummaryTest(unittest.TestCase):
         missing = kit_summary.bench(pipe, os.path.join(self.dir, "none"), "0.95")
         self.assertFalse(missing["ok"])
 
+    def test_named_records_and_argument_counts(self):
+        cpu = self.metrics("cpu2", [5.0, 4.0])
+        named = kit_summary.compare(cpu, cpu, "1e-4", "2", "compare_pp2_shared")
+        self.assertEqual(named["name"], "compare_pp2_shared")
+        self.assertTrue(named["ok"])
+        self.assertNotIn("name", kit_summary.compare(cpu, cpu, "1e-4", "2"))
+        # Too few or too many arguments print the usage and exit 2.
+        self.assertEqual(kit_summary.main(["kit_summary.py", "compare", cpu, cpu, "1e-4"]), 2)
+        self.assertEqual(kit_summary.main(["kit_summary.py", "bench", "a", "b", "0.95", "n", "x"]), 2)
+
     def test_assemble_is_not_ok_when_a_record_failed(self):
         good = {"kind": "train", "ok": True}
         bad = {"kind": "compare", "ok": False}

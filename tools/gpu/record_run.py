@@ -27,9 +27,13 @@ def record(summary, bench, command, exit_status, machine, state, note, commit, n
                "compare_max_rel_diff": compare[0].get("max_rel_diff"),
                "bench_ratio": bench_rows[0].get("ratio"), "seconds": summary.get("seconds"),
                "ok": summary.get("ok")}
-    for row in bench_rows[1:]:
+    # Named rows (several compares and benches per run) each get a figure.
+    for row in bench_rows:
         if row.get("name"):
             figures["bench_ratio_" + row["name"]] = row.get("ratio")
+    for row in compare:
+        if row.get("name"):
+            figures["max_rel_diff_" + row["name"]] = row.get("max_rel_diff")
     host = summary.get("machine", {})
     rec = {"schema": "pipe-result/1", "bench": bench,
            "date": summary.get("date_utc") or now, "commit": commit,
