@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/torch_compat_attention.h"
 
 namespace pp {
 
@@ -43,6 +45,21 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
   // [batch, time, 3, heads, head_width] -> 3 x [batch, heads, time, head_width]
   torch::Tensor qkv =
       qkv_(x).view({batch, time, 3, num_heads_, head_width}).permute({2, 0, 3, 1, 4});
+  // On a GPU without a key mask: LibTorch's fused attention (2.x), as
+  // PyTorch's nn.MultiheadAttention runs it. It never materialises the
+  // [time, time] scores, which the explicit path below reads and writes five
+  // times: the GPU kit measured that path 9% slower than PyTorch on a width
+  // 1024, context 512 GPT. The CPU keeps the explicit path, whose results
+  // every CPU test and the sequential references are pinned to.
+  if (x.is_cuda() && !key_mask.defined()) {
+    const double dropout = is_training() ? attn_dropout_->options.p() : 0.0;
+    std::optional<torch::Tensor> fused = torch_compat::ScaledDotProductAttention(
+        qkv[0] + q_bias_.view({num_heads_, 1, head_width}), qkv[1],
+        qkv[2] + v_bias_.view({num_heads_, 1, head_width}), dropout, causal);
+    if (fused.has_value()) {
+      return out_dropout_(proj_(fused->transpose(1, 2).reshape({batch, time, width_})));
+    }
+  }
   // [batch * heads, time, head_width] operands for the batched matmuls: the
   // bias adds keep the projection's (permuted) layout, so these reshapes copy.
   torch::Tensor q = (qkv[0] + q_bias_.view({num_heads_, 1, head_width}))

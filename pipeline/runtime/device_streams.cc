@@ -29,6 +29,15 @@ absl::Status P2PStreams::Recv(const std::function<absl::Status()>& post) {
   if (!active()) return post();
   c10::impl::VirtualGuardImpl impl(device_.type());
   const c10::Stream compute = impl.getStream(device_);
+  // The receive stream first waits for the work queued on the compute stream:
+  // receive buffers come from the caching allocator (or the pool) as blocks
+  // the compute stream may still be writing or reading (the allocator makes a
+  // freed block safe to reuse in the compute stream's order only). Without
+  // this wait a receive's copy could land before such a pending kernel, which
+  // then overwrote it: a bf16 run on one shared GPU read garbage control words.
+  c10::Event free_to_write(device_.type());
+  free_to_write.record(compute);
+  free_to_write.block(*recv_);
   absl::Status s;
   {
     c10::StreamGuard guard(*recv_);

@@ -9,11 +9,15 @@
 //   send:    compute stream --event--> send stream --(c10d)--> NCCL send
 //            (the send waits for the kernels that produced the payload, and
 //            only for them; later compute is not held up)
-//   receive: NCCL recv --(c10d, Work::wait)--> receive stream --event-->
-//            compute stream (kernels queued after RecvActivations wait for the
-//            data on the device; the host does not wait at all)
+//   receive: compute stream --event--> receive stream, NCCL recv --(c10d,
+//            Work::wait)--> receive stream --event--> compute stream (the
+//            receive waits for the kernels queued before it, which may still
+//            use the memory its buffer was given; kernels queued after
+//            RecvActivations wait for the data on the device; the host does
+//            not wait at all)
 //
-// so a stage's next compute overlaps its neighbour's activations arriving.
+// so a stage's next compute overlaps its neighbour's activations arriving
+// (once the compute queued before the receive has run).
 // On the CPU every hook just runs the posting function (Gloo needs no
 // streams). Only c10's device-generic stream/event interface is used: no CUDA
 // API, so this compiles in every build.
@@ -50,9 +54,10 @@ class P2PStreams {
   // calling thread's current (compute) stream.
   absl::Status Send(const std::function<absl::Status()>& post);
 
-  // Runs `post` (which calls ProcessGroup::recv and Work::wait) with the
-  // receive stream current, then makes the compute stream wait for what was
-  // queued on the receive stream.
+  // Makes the receive stream wait for the work queued so far on the calling
+  // thread's current (compute) stream, runs `post` (which calls
+  // ProcessGroup::recv and Work::wait) with the receive stream current, then
+  // makes the compute stream wait for what was queued on the receive stream.
   absl::Status Recv(const std::function<absl::Status()>& post);
 
   // Counters for tests: how many sends/receives went through the streams.

@@ -5,7 +5,12 @@
 # folder that travels with a device call (64 MiB per call, the repository
 # included). docs/gpus_and_libtorch.md "The GPU kit" says how to use it.
 #
-#   tools/gpu/bundle.sh [--out=gpu_bundle] [--no_build] [--only=//a:b,//c:d]
+#   tools/gpu/bundle.sh [--out=gpu_bundle] [--no_build] [--only=//a:b,//c:d] [--pack]
+#
+# --pack also writes gpu_bundle_packed/gpu_bundle.tar.xz (git-ignored): the
+# bundle compressed to about a third, for a device call whose repository
+# plus bundle would pass the 64 MiB a call carries. The call then unpacks it
+# first (docs/gpus_and_libtorch.md "Spending a lease").
 #
 # --only bundles just those of the labels below (a partial bundle, e.g. to try
 # the plumbing while the rest still builds; run_on_device.sh then fails the
@@ -31,12 +36,14 @@ cd "$(dirname "$0")/../.."
 out=gpu_bundle
 build=1
 only=
+pack=0
 for arg in "$@"; do
   case "$arg" in
     --out=*) out=${arg#--out=} ;;
     --no_build) build=0 ;;
     --only=*) only=,${arg#--only=}, ;;
-    *) echo "bundle.sh: unknown argument '$arg'; valid: --out=DIR, --no_build, --only=LABELS" >&2; exit 2 ;;
+    --pack) pack=1 ;;
+    *) echo "bundle.sh: unknown argument '$arg'; valid: --out=DIR, --no_build, --only=LABELS, --pack" >&2; exit 2 ;;
   esac
 done
 if [[ -n ${PP_LIBTORCH_DIR:-} ]]; then
@@ -136,3 +143,8 @@ if ((bytes > max_bytes)); then
   exit 1
 fi
 echo "bundle.sh: $out: $(ls "$out/bin" | wc -l) binaries, $(ls "$out/lib" | wc -l) libraries, $((bytes / 1024 / 1024)) MiB ($bytes bytes), commit $commit" >&2
+if ((pack)); then
+  mkdir -p gpu_bundle_packed
+  tar -C "$(dirname "$out")" -cf - "$(basename "$out")" | xz -T0 -6 > gpu_bundle_packed/gpu_bundle.tar.xz
+  echo "bundle.sh: gpu_bundle_packed/gpu_bundle.tar.xz: $(du -b gpu_bundle_packed/gpu_bundle.tar.xz | cut -f1) bytes" >&2
+fi
