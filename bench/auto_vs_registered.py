@@ -113,9 +113,12 @@ def run(binary, cfg, schedule, chunks, steps, out_dir, name):
         result["measured_costs"] = next(
             (l.split("):", 1)[1].strip() for l in strip_rank(proc.stdout).splitlines()
              if l.startswith("schedule auto: measured ms")), None)
-        if not any("training on with the synthesised schedule" in l
+        if not any("schedule auto: training on with" in l or "(no trial)" in l
                    for l in proc.stdout.splitlines()):
-            raise SystemExit(f"{' '.join(cmd)}: auto did not switch")
+            raise SystemExit(f"{' '.join(cmd)}: auto chose nothing")
+        result["auto_chosen"] = next(
+            (l.split("chosen:", 1)[1].strip()
+             for l in strip_rank(proc.stdout).splitlines() if l.startswith("chosen:")), None)
         # auto's own trial (steps 4-5 against 2-3): kept, or back to zb_h1/zbv
         result["auto_check"] = next(
             (l.split("checked by measurement:", 1)[1].strip()

@@ -182,6 +182,12 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
   absl::StrAppendFormat(&out, "%-18s %12.2f %7.1f%% %22.3g   lower bound %.2f ms\n", "auto",
                         syn.makespan, 100 * syn.simulation.bubble_fraction, syn.peak_memory,
                         syn.lower_bound);
+  std::optional<Schedule> best;
+  std::string best_name;
+  double best_makespan = 0;
+  // Among registered schedules that tie, the one the run measures with wins:
+  // staying on it costs no switch and no trial.
+  absl::StatusOr<std::string> measurement = AutoMeasurementSchedule(num_chunks);
   for (const std::string& name : RegisteredScheduleNames()) {
     if (name == "inference" || absl::StartsWith(name, "synth")) continue;
     absl::StatusOr<Schedule> schedule =
@@ -193,12 +199,33 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
     absl::StatusOr<SimulationResult> sim = SimulateAsExecuted(*schedule, costs, defer_receives);
     if (!sim.ok()) continue;
     const double p = peak(*sim);
+    const bool fits = p <= syn.memory_cap + 1e-9;
     absl::StrAppendFormat(&out, "%-18s %12.2f %7.1f%% %22.3g%s\n", name, sim->makespan,
-                          100 * sim->bubble_fraction, p,
-                          p > syn.memory_cap + 1e-9 ? "   over the cap" : "");
+                          100 * sim->bubble_fraction, p, fits ? "" : "   over the cap");
+    const bool tie = best.has_value() && sim->makespan <= best_makespan * (1 + 1e-9) &&
+                     sim->makespan >= best_makespan * (1 - 1e-9);
+    const bool preferred = measurement.ok() && name == *measurement;
+    if (fits &&
+        (!best.has_value() || (sim->makespan < best_makespan && !tie) || (tie && preferred))) {
+      best = *std::move(schedule);
+      best_name = name;
+      best_makespan = sim->makespan;
+    }
   }
   absl::StrAppendFormat(&out, "memory cap %.3g (x stage: %s)\n", syn.memory_cap,
                         memory_cap.has_value() ? "parallelism.memory_cap_mib" : "1F1B's peak");
+  // A synthesised order that only ties a registered one would switch for
+  // nothing (and the simulator is a few percent off as executed).
+  if (best.has_value() && syn.makespan >= best_makespan * (1 - 1e-9)) {
+    choice.chosen = *std::move(best);
+    choice.chosen_name = best_name;
+    absl::StrAppendFormat(&out, "chosen: %s (the synthesised schedule simulates no faster)\n",
+                          best_name);
+  } else {
+    choice.chosen = syn.schedule;
+    choice.chosen_name = std::string(kAutoSchedule);
+    absl::StrAppendFormat(&out, "chosen: the synthesised schedule\n");
+  }
   return choice;
 }
 
@@ -316,7 +343,29 @@ absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const Paralle
     LOG(INFO) << text;
     std::cout << text << std::flush;
   }
-  PP_RETURN_IF_ERROR(Switch(choice.synthesis.schedule, trainer, grid.global_rank() == 0));
+  const bool rank0 = grid.global_rank() == 0;
+  Schedule next = choice.chosen;
+  next.name = std::string(kAutoSchedule);
+  PP_ASSIGN_OR_RETURN(const std::string measurement, AutoMeasurementSchedule(num_chunks_));
+  if (choice.chosen_name == measurement) {
+    // Nothing to try: the run already trains on it. Saved all the same, so
+    // that a resumed run reuses it instead of measuring again.
+    decided_ = true;
+    if (rank0) {
+      const std::string text =
+          absl::StrCat("schedule auto: the synthesised schedule simulates no faster than ",
+                       measurement, "; training on with ", measurement, " (no trial)\n");
+      LOG(INFO) << text;
+      std::cout << text << std::flush;
+    }
+    return Switch(next, trainer, rank0, measurement);
+  }
+  const bool synthesised = choice.chosen_name == kAutoSchedule;
+  trying_what_ = synthesised ? "synthesised" : choice.chosen_name;
+  PP_RETURN_IF_ERROR(Switch(next, trainer, rank0,
+                            synthesised
+                                ? std::string("the synthesised schedule")
+                                : absl::StrCat("registered schedule ", choice.chosen_name)));
   trying_ = true;
   return absl::OkStatus();
 }
@@ -329,12 +378,13 @@ absl::Status AutoScheduleRun::KeepOrRevert(const ParallelGrid& grid, Trainer& tr
   const bool keep = after <= before;
   if (rank0) {
     const std::string text = absl::StrFormat(
-        "schedule auto: checked by measurement: %.1f ms per step synthesised (steps %d-%d) vs "
+        "schedule auto: checked by measurement: %.1f ms per step %s (steps %d-%d) vs "
         "%.1f ms under %s (steps %d-%d): %s\n",
-        after, kFirstMeasuredStep + kMeasuredSteps + 1,
+        after, trying_what_, kFirstMeasuredStep + kMeasuredSteps + 1,
         kFirstMeasuredStep + kMeasuredSteps + kTrialSteps, before, measurement,
         kFirstMeasuredStep + 1, kFirstMeasuredStep + kMeasuredSteps,
-        keep ? "keeping the synthesised schedule" : absl::StrCat("going back to ", measurement));
+        keep ? absl::StrCat("keeping the ", trying_what_, " schedule")
+             : absl::StrCat("going back to ", measurement));
     LOG(INFO) << text;
     std::cout << text << std::flush;
   }
@@ -344,10 +394,11 @@ absl::Status AutoScheduleRun::KeepOrRevert(const ParallelGrid& grid, Trainer& tr
   PP_ASSIGN_OR_RETURN(Schedule back,
                       MakeSchedule(measurement, {num_stages_, num_microbatches_, num_chunks_, 0}));
   back.name = std::string(kAutoSchedule);
-  return Switch(back, trainer, rank0);
+  return Switch(back, trainer, rank0, measurement);
 }
 
-absl::Status AutoScheduleRun::Switch(const Schedule& schedule, Trainer& trainer, bool rank0) {
+absl::Status AutoScheduleRun::Switch(const Schedule& schedule, Trainer& trainer, bool rank0,
+                                     const std::string& what) {
   if (rank0) {
     const std::string csv = ScheduleToCsv(schedule);
     for (const std::string& dir : {run_dir_, checkpoint_dir_}) {
@@ -364,8 +415,8 @@ absl::Status AutoScheduleRun::Switch(const Schedule& schedule, Trainer& trainer,
   }
   PP_RETURN_IF_ERROR(trainer.ReplaceTrainSchedule(schedule));
   if (rank0 && !decided_) {
-    LOG(INFO) << "schedule auto: training on with the synthesised schedule";
-    std::cout << "schedule auto: training on with the synthesised schedule" << std::endl;
+    LOG(INFO) << "schedule auto: training on with " << what;
+    std::cout << "schedule auto: training on with " << what << std::endl;
   }
   return absl::OkStatus();
 }

@@ -9,11 +9,13 @@
 // costs; each synthesises the same schedule (Synthesize is deterministic) under
 // 1F1B's activation memory, compares it with every registered schedule of the
 // shape under the same costs and cap, and trains on with it
-// (Trainer::ReplaceTrainSchedule). Rank 0 writes it as CSV into the run
-// directory and the checkpoint directory; a resumed run reuses that file
-// instead of measuring again. Training continues through the switch: every
-// schedule trains like sequential training, so the losses are 1F1B's up to
-// round-off.
+// (Trainer::ReplaceTrainSchedule) where it simulates faster than all of them,
+// else with the fastest of them (no switch and no trial when that is the
+// measurement schedule). A switched-to schedule runs kTrialSteps on trial
+// and is kept only when not slower than the measurement schedule was. Rank 0 writes it as CSV into
+// the run directory and the checkpoint directory; a resumed run reuses that file instead of
+// measuring again. Training continues through the switch: every schedule trains like sequential
+// training, so the losses are 1F1B's up to round-off.
 #ifndef DRIVER_AUTO_SCHEDULE_H_
 #define DRIVER_AUTO_SCHEDULE_H_
 
@@ -63,6 +65,14 @@ absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, i
 
 struct AutoScheduleChoice {
   SynthesisResult synthesis;
+  // What the run trains on next: the synthesised schedule where it simulates
+  // faster than every registered schedule of the shape within the cap, else
+  // the fastest of those (a tie goes to the registered schedule: a known
+  // order, and no switch at all when it is the measurement schedule).
+  // `chosen_name` is kAutoSchedule for the synthesised one, else the
+  // registered name.
+  Schedule chosen;
+  std::string chosen_name;
   // One line per schedule: the synthesised one, then every registered
   // training schedule of this shape and placement, with simulated step time,
   // bubble and peak activation memory, marked where over the cap.
@@ -118,8 +128,10 @@ class AutoScheduleRun {
   // After the trial steps: the synthesised schedule stays when its steps
   // were not slower (world means) than the measurement schedule's.
   absl::Status KeepOrRevert(const ParallelGrid& grid, Trainer& trainer);
-  // Rank 0 (`rank0`) writes the CSV and reports; every rank switches.
-  absl::Status Switch(const Schedule& schedule, Trainer& trainer, bool rank0);
+  // Rank 0 (`rank0`) writes the CSV and reports (`what`: the schedule, in
+  // words); every rank switches.
+  absl::Status Switch(const Schedule& schedule, Trainer& trainer, bool rank0,
+                      const std::string& what);
 
   bool active_;
   int num_stages_;
@@ -133,7 +145,8 @@ class AutoScheduleRun {
                                      const Trainer& trainer) const;
 
   bool decided_ = false;
-  bool trying_ = false;  // the synthesised schedule is on trial
+  bool trying_ = false;      // the chosen schedule is on trial
+  std::string trying_what_;  // "synthesised" or the registered name on trial
   std::vector<std::vector<ActionTiming>> measured_;
   // Wall time of each measured and trial step, from the end of the previous
   // AfterStep to the start of this one, in ms.

@@ -1,6 +1,7 @@
 #include "driver/auto_schedule.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,7 @@ TEST(AutoScheduleTest, ChoosesNoWorseThanRegisteredUnderTheCap) {
     if (chunks == 1) {
       EXPECT_NE(table.find("1f1b"), std::string::npos) << table;
     }
+    double best_registered = std::numeric_limits<double>::infinity();
     for (const char* name : {"1f1b", "zb_h1", "gpipe", "zbv", "dualpipev"}) {
       absl::StatusOr<Schedule> s = MakeSchedule(name, {p, 4, chunks, 0});
       if (!s.ok() || s->stage_to_rank != choice->synthesis.schedule.stage_to_rank) continue;
@@ -108,8 +110,49 @@ TEST(AutoScheduleTest, ChoosesNoWorseThanRegisteredUnderTheCap) {
       const double peak = *std::max_element(sim->peak_memory.begin(), sim->peak_memory.end());
       if (peak <= choice->synthesis.memory_cap + 1e-9) {
         EXPECT_LE(choice->synthesis.makespan, sim->makespan + 1e-9) << name << "\n" << table;
+        best_registered = std::min(best_registered, sim->makespan);
       }
     }
+    // The run trains on the synthesised schedule only where it is faster;
+    // otherwise on a registered schedule that simulates as fast.
+    absl::StatusOr<SimulationResult> chosen = SimulateAsExecuted(choice->chosen, costs, true);
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    EXPECT_LE(chosen->makespan, best_registered + 1e-9) << table;
+    if (choice->chosen_name == "auto") {
+      EXPECT_LT(choice->synthesis.makespan, best_registered) << table;
+    } else {
+      EXPECT_GE(choice->synthesis.makespan, best_registered * (1 - 1e-9)) << table;
+      EXPECT_EQ(choice->chosen.name, choice->chosen_name);
+    }
+    EXPECT_NE(table.find("chosen: "), std::string::npos) << table;
+  }
+}
+
+// Uniform costs: zb_h1 (one chunk) and zbv (V placement) are already
+// optimal, so the synthesiser can only tie them, and the run stays on the
+// schedule it measured with (no switch, no trial), not on another
+// registered schedule that ties too.
+TEST(AutoScheduleTest, ATieKeepsTheMeasurementSchedule) {
+  for (int chunks : {1, 2}) {
+    SimulationCosts costs;
+    costs.forward = 1;
+    costs.backward_input = 1;
+    costs.backward_weight = 1;
+    costs.backward = 2;
+    absl::StatusOr<AutoScheduleChoice> choice =
+        ChooseAutoSchedule(costs, 2, 8, chunks, {}, /*defer_receives=*/true);
+    ASSERT_TRUE(choice.ok()) << choice.status();
+    absl::StatusOr<std::string> measurement = AutoMeasurementSchedule(chunks);
+    ASSERT_TRUE(measurement.ok()) << measurement.status();
+    absl::StatusOr<Schedule> registered = MakeSchedule(*measurement, {2, 8, chunks, 0});
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    absl::StatusOr<SimulationResult> sim = SimulateAsExecuted(*registered, costs, true);
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    EXPECT_GE(choice->synthesis.makespan, sim->makespan * (1 - 1e-9)) << choice->comparison;
+    EXPECT_EQ(choice->chosen_name, *measurement) << choice->comparison;
+    EXPECT_NE(choice->comparison.find("the synthesised schedule simulates no faster"),
+              std::string::npos)
+        << choice->comparison;
   }
 }
 

@@ -211,8 +211,9 @@ TEST(ExperimentConfigTest, RanksPerDeviceNeedsCudaAndGpusForEveryGroupOfRanks) {
   c.mutable_parallelism()->set_ranks_per_device(0);
   EXPECT_HAS(Error(c), "parallelism.ranks_per_device");
   c.mutable_parallelism()->set_ranks_per_device(2);
-  EXPECT_HAS(Error(c), "parallelism.ranks_per_device = 2 shares GPUs between ranks and needs "
-                       "parallelism.device 'cuda'; with device 'cpu' leave it at 1");
+  EXPECT_HAS(Error(c),
+             "parallelism.ranks_per_device = 2 shares GPUs between ranks and needs "
+             "parallelism.device 'cuda'; with device 'cpu' leave it at 1");
   c.mutable_parallelism()->set_device("cuda");
   if (VisibleCudaDevices() >= 1 && HostStagedBackendAvailable()) {
     absl::Status s = ValidateExperimentConfig(c, 2);
@@ -221,8 +222,9 @@ TEST(ExperimentConfigTest, RanksPerDeviceNeedsCudaAndGpusForEveryGroupOfRanks) {
   }
   const std::string m = Error(c);
   // Both ranks would be on cuda:0; the refusal names it and the setting.
-  EXPECT_HAS(m, "parallelism.device 'cuda' (pp x dp = 2 ranks on this node, "
-                "parallelism.ranks_per_device = 2): ");
+  EXPECT_HAS(m,
+             "parallelism.device 'cuda' (pp x dp = 2 ranks on this node, "
+             "parallelism.ranks_per_device = 2): ");
   EXPECT_HAS(m, "device cuda:0 (--device=cuda, local rank 0) is not available");
 }
 

@@ -57,9 +57,9 @@ absl::StatusOr<c10::Device> DeviceForLocalRank(DeviceKind kind, int local_rank,
                      "; use --device=cpu"));
   }
   if (index >= gpus) {
-    const std::string per_gpu =
-        ranks_per_device == 1 ? "one per local rank is needed"
-                              : absl::StrCat("one per ", ranks_per_device, " local ranks is needed");
+    const std::string per_gpu = ranks_per_device == 1 ? "one per local rank is needed"
+                                                      : absl::StrCat("one per ", ranks_per_device,
+                                                                     " local ranks is needed");
     return absl::FailedPreconditionError(absl::StrCat(
         "device ", device, " (--device=cuda, local rank ", local_rank,
         ") is not available: this node has ", gpus, " visible CUDA GPU", gpus == 1 ? "" : "s",

@@ -92,8 +92,7 @@ TEST(DeviceTest, RanksPerDeviceIsCheckedOnEveryDevice) {
       << zero.status();
   auto cpu = DeviceForLocalRank(DeviceKind::kCpu, 1, 2);
   EXPECT_EQ(cpu.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(cpu.status().message().find("needs --device=cuda"), std::string::npos)
-      << cpu.status();
+  EXPECT_NE(cpu.status().message().find("needs --device=cuda"), std::string::npos) << cpu.status();
   auto one = DeviceForLocalRank(DeviceKind::kCpu, 1, 1);
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_TRUE(one->is_cpu());

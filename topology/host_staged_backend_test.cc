@@ -102,8 +102,8 @@ TEST_P(HostStagedBackendTest, CollectivesReduceBroadcastAndGather) {
     }
     // allgather: each rank's id.
     std::vector<at::Tensor> in = {torch::full({2}, static_cast<double>(rank), Options())};
-    std::vector<std::vector<at::Tensor>> out = {{torch::zeros({2}, Options()),
-                                                 torch::zeros({2}, Options())}};
+    std::vector<std::vector<at::Tensor>> out = {
+        {torch::zeros({2}, Options()), torch::zeros({2}, Options())}};
     if (!group->allgather(out, in)->wait(kTimeout)) return absl::AbortedError("allgather aborted");
     for (int r = 0; r < 2; ++r) {
       if (!torch::equal(out[0][r].cpu(), torch::full({2}, static_cast<double>(r)))) {

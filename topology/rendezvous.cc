@@ -163,16 +163,16 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
   world.local_rank = env.local_rank;
   world.local_world_size = env.local_world_size;
   world.group_options.timeout = options.timeout;
-  PP_ASSIGN_OR_RETURN(world.device, DeviceForLocalRank(options.device, env.local_rank,
-                                                      options.ranks_per_device));
+  PP_ASSIGN_OR_RETURN(world.device,
+                      DeviceForLocalRank(options.device, env.local_rank, options.ranks_per_device));
   const bool cuda = options.device == DeviceKind::kCuda;
   world.group_options.nccl = cuda && options.ranks_per_device == 1;
   world.group_options.host_staged = cuda && options.ranks_per_device > 1;
   if (world.group_options.host_staged && !HostStagedBackendAvailable()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "parallelism.ranks_per_device = ", options.ranks_per_device,
-        " (ranks sharing a GPU) needs LibTorch 2.x; this binary's is ",
-        torch_compat::LibTorchVersion(), ": build with --config=cuda"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("parallelism.ranks_per_device = ", options.ranks_per_device,
+                     " (ranks sharing a GPU) needs LibTorch 2.x; this binary's is ",
+                     torch_compat::LibTorchVersion(), ": build with --config=cuda"));
   }
 
   std::string bind = options.bind_address;

@@ -283,9 +283,10 @@ TEST(RendezvousTest, CudaRanksSharingOneGpuAllReduceThroughHostBuffers) {
   if (VisibleCudaDevices() < 1 || !HostStagedBackendAvailable()) {
     auto world = Rendezvous(ThreadRankEnv(1, 2, *port), options);
     EXPECT_EQ(world.status().code(), absl::StatusCode::kFailedPrecondition) << world.status();
-    EXPECT_THAT(world.status().message(),
-                HasSubstr(HostStagedBackendAvailable() ? "device cuda:0 (--device=cuda, local rank 1)"
-                                                       : "--config=cuda"));
+    EXPECT_THAT(
+        world.status().message(),
+        HasSubstr(HostStagedBackendAvailable() ? "device cuda:0 (--device=cuda, local rank 1)"
+                                               : "--config=cuda"));
     GTEST_SKIP() << "needs a visible CUDA GPU and LibTorch 2.x; only the refusal was checked";
   }
   auto status = RunThreadRanks(2, *port, options, [](World& world) -> absl::Status {
@@ -298,7 +299,8 @@ TEST(RendezvousTest, CudaRanksSharingOneGpuAllReduceThroughHostBuffers) {
       done = world.group->allreduce(t)->wait(std::chrono::seconds(30));
     }));
     if (!done || t[0].sum().item<double>() != 12.0) {
-      return absl::InternalError(absl::StrCat("staged all-reduce gave ", t[0].sum().item<double>()));
+      return absl::InternalError(
+          absl::StrCat("staged all-reduce gave ", t[0].sum().item<double>()));
     }
     return AfterAllRanks(world, "shared_gpu_done");
   });

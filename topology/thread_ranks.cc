@@ -79,18 +79,18 @@ absl::StatusOr<c10::Device> TestDevice(DeviceKind kind, int ranks, int ranks_per
   if (kind == DeviceKind::kCpu) return c10::Device(c10::DeviceType::CPU);
   const int gpus = VisibleCudaDevices();
   const int needed = (ranks + ranks_per_device - 1) / ranks_per_device;
-  const std::string build =
-      absl::StrCat(" (LibTorch ", torch_compat::LibTorchVersion(),
-                   torch_compat::BuiltWithCuda() ? ", built with CUDA" : ", built without CUDA", ")");
+  const std::string build = absl::StrCat(
+      " (LibTorch ", torch_compat::LibTorchVersion(),
+      torch_compat::BuiltWithCuda() ? ", built with CUDA" : ", built without CUDA", ")");
   if (ranks_per_device > 1 && !HostStagedBackendAvailable()) {
     return absl::FailedPreconditionError(
         absl::StrCat("ranks sharing a GPU need LibTorch 2.x's c10d backends", build));
   }
   if (gpus >= needed) return c10::Device(c10::DeviceType::CUDA, 0);
-  return absl::FailedPreconditionError(
-      absl::StrCat("needs ", needed, " visible CUDA GPU", needed == 1 ? "" : "s",
-                   ranks_per_device > 1 ? absl::StrCat(" (", ranks_per_device, " ranks per GPU)") : "",
-                   ", this process sees ", gpus, build));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "needs ", needed, " visible CUDA GPU", needed == 1 ? "" : "s",
+      ranks_per_device > 1 ? absl::StrCat(" (", ranks_per_device, " ranks per GPU)") : "",
+      ", this process sees ", gpus, build));
 }
 
 std::vector<TestPlacement> TestPlacements() {

@@ -106,13 +106,13 @@ TEST(GradSyncTest, MissingMemberTimesOut) {
 }
 
 // Tied broadcast/sum, data-parallel averaging and the global norm with the
-// parameters on each device (two GPUs: NCCL; one GPU shared by both ranks: host-staged Gloo; the CPU: Gloo).
+// parameters on each device (two GPUs: NCCL; one GPU shared by both ranks: host-staged Gloo; the
+// CPU: Gloo).
 class GradSyncDeviceTest : public ::testing::TestWithParam<TestPlacement> {};
 
 TEST_P(GradSyncDeviceTest, TiedSumAverageAndNormOnTheDevice) {
   const TestPlacement& placement = GetParam();
-  absl::StatusOr<c10::Device> first =
-      TestDevice(placement.kind, 2, placement.RanksPerDevice(2));
+  absl::StatusOr<c10::Device> first = TestDevice(placement.kind, 2, placement.RanksPerDevice(2));
   if (!first.ok()) GTEST_SKIP() << first.status().message();
   absl::Status s = RunOnThreadRanks(
       2, placement.kind, placement.RanksPerDevice(2), milliseconds(60000),

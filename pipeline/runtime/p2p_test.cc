@@ -539,8 +539,7 @@ class P2PDeviceTest : public ::testing::TestWithParam<TestPlacement> {};
 
 TEST_P(P2PDeviceTest, ActivationsAndGradsArriveOnTheRankDevice) {
   const TestPlacement& placement = GetParam();
-  absl::StatusOr<c10::Device> first =
-      TestDevice(placement.kind, 2, placement.RanksPerDevice(2));
+  absl::StatusOr<c10::Device> first = TestDevice(placement.kind, 2, placement.RanksPerDevice(2));
   if (!first.ok()) GTEST_SKIP() << first.status().message();
   absl::Status s = RunOnThreadRanks(
       2, placement.kind, placement.RanksPerDevice(2), milliseconds(60000),
