@@ -77,16 +77,22 @@ TEST(AutoScheduleTest, StartingSchedule) {
   EXPECT_NE(three.status().message().find("chunks=3"), std::string::npos) << three.status();
 }
 
+// F, I and W costs per virtual stage (B = I + W).
+SimulationCosts FiwCosts(double f, double i, double w) {
+  SimulationCosts costs;
+  costs.forward = f;
+  costs.backward_input = i;
+  costs.backward_weight = w;
+  costs.backward = i + w;
+  return costs;
+}
+
 // A heavier last stage (a large LM head): the chosen schedule validates, is
 // no slower than any registered schedule of the shape within the cap, and the
 // comparison lists them.
 TEST(AutoScheduleTest, ChoosesNoWorseThanRegisteredUnderTheCap) {
   for (int chunks : {1, 2}) {
-    SimulationCosts costs;
-    costs.forward = 1;
-    costs.backward_input = 1;
-    costs.backward_weight = 0.5;
-    costs.backward = 1.5;
+    SimulationCosts costs = FiwCosts(1, 1, 0.5);
     const int p = 4;
     costs.stage_multiplier.assign(p * chunks, 1.0);
     costs.stage_multiplier.back() = 1.5;  // the head's stage
@@ -134,11 +140,7 @@ TEST(AutoScheduleTest, ChoosesNoWorseThanRegisteredUnderTheCap) {
 // registered schedule that ties too.
 TEST(AutoScheduleTest, ATieKeepsTheMeasurementSchedule) {
   for (int chunks : {1, 2}) {
-    SimulationCosts costs;
-    costs.forward = 1;
-    costs.backward_input = 1;
-    costs.backward_weight = 1;
-    costs.backward = 2;
+    const SimulationCosts costs = FiwCosts(1, 1, 1);
     absl::StatusOr<AutoScheduleChoice> choice =
         ChooseAutoSchedule(costs, 2, 8, chunks, {}, /*defer_receives=*/true);
     ASSERT_TRUE(choice.ok()) << choice.status();
