@@ -9,13 +9,13 @@
 // costs; each synthesises the same schedule (Synthesize is deterministic) under
 // 1F1B's activation memory, compares it with every registered schedule of the
 // shape under the same costs and cap, and trains on with it
-// (Trainer::ReplaceTrainSchedule) where it simulates faster than all of them,
-// else with the fastest of them (no switch and no trial when that is the
-// measurement schedule). A switched-to schedule runs kTrialSteps on trial
-// and is kept only when not slower than the measurement schedule was. Rank 0 writes it as CSV into
-// the run directory and the checkpoint directory; a resumed run reuses that file instead of
-// measuring again. Training continues through the switch: every schedule trains like sequential
-// training, so the losses are 1F1B's up to round-off.
+// (Trainer::ReplaceTrainSchedule) where it simulates faster than all of them
+// by more than kAutoMinSimulatedGain, else with the fastest of them (no switch and no trial when
+// that is the measurement schedule). A switched-to schedule runs kTrialSteps on trial and is kept
+// only when not slower than the measurement schedule was. Rank 0 writes it as CSV into the run
+// directory and the checkpoint directory; a resumed run reuses that file instead of measuring
+// again. Training continues through the switch: every schedule trains like sequential training, so
+// the losses are 1F1B's up to round-off.
 #ifndef DRIVER_AUTO_SCHEDULE_H_
 #define DRIVER_AUTO_SCHEDULE_H_
 
@@ -63,12 +63,17 @@ std::vector<double> LocalCostSums(const std::vector<std::vector<ActionTiming>>& 
 absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, int num_stages,
                                               int num_chunks);
 
+// The smallest simulated gain over the best registered schedule for which
+// auto trains a synthesised schedule: the simulator's error as executed
+// (docs/schedules.md "Where the simulator was wrong": within 3%).
+inline constexpr double kAutoMinSimulatedGain = 0.03;
+
 struct AutoScheduleChoice {
   SynthesisResult synthesis;
   // What the run trains on next: the synthesised schedule where it simulates
-  // faster than every registered schedule of the shape within the cap, else
-  // the fastest of those (a tie goes to the registered schedule: a known
-  // order, and no switch at all when it is the measurement schedule).
+  // faster than every registered schedule of the shape within the cap by more
+  // than kAutoMinSimulatedGain, else the fastest of those (among registered
+  // schedules that tie, the measurement schedule: no switch at all).
   // `chosen_name` is kAutoSchedule for the synthesised one, else the
   // registered name.
   Schedule chosen;
