@@ -202,11 +202,10 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
     const bool fits = p <= syn.memory_cap + 1e-9;
     absl::StrAppendFormat(&out, "%-18s %12.2f %7.1f%% %22.3g%s\n", name, sim->makespan,
                           100 * sim->bubble_fraction, p, fits ? "" : "   over the cap");
-    const bool tie = best.has_value() && sim->makespan <= best_makespan * (1 + 1e-9) &&
-                     sim->makespan >= best_makespan * (1 - 1e-9);
-    const bool preferred = measurement.ok() && name == *measurement;
-    if (fits &&
-        (!best.has_value() || (sim->makespan < best_makespan && !tie) || (tie && preferred))) {
+    const bool faster = !best.has_value() || sim->makespan < best_makespan * (1 - 1e-9);
+    const bool ties_measurement = !faster && measurement.ok() && name == *measurement &&
+                                  sim->makespan <= best_makespan * (1 + 1e-9);
+    if (fits && (faster || ties_measurement)) {
       best = *std::move(schedule);
       best_name = name;
       best_makespan = sim->makespan;

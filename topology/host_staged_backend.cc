@@ -104,18 +104,14 @@ class HostStagedBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    std::vector<at::Tensor> host = StageIn(tensors);
-    c10::intrusive_ptr<c10d::Work> work = gloo_->allreduce(host, opts);
-    return c10::make_intrusive<StagedWork>(std::move(work), std::move(host), tensors,
-                                           c10d::OpType::ALLREDUCE);
+    return InPlace(tensors, c10d::OpType::ALLREDUCE,
+                   [&](std::vector<at::Tensor>& host) { return gloo_->allreduce(host, opts); });
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
-    std::vector<at::Tensor> host = StageIn(tensors);
-    c10::intrusive_ptr<c10d::Work> work = gloo_->broadcast(host, opts);
-    return c10::make_intrusive<StagedWork>(std::move(work), std::move(host), tensors,
-                                           c10d::OpType::BROADCAST);
+    return InPlace(tensors, c10d::OpType::BROADCAST,
+                   [&](std::vector<at::Tensor>& host) { return gloo_->broadcast(host, opts); });
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -142,6 +138,16 @@ class HostStagedBackend : public c10d::Backend {
   }
 
  private:
+  // A collective that works in place: `tensors` staged in, `run` on the host
+  // copies, results copied back in wait().
+  template <typename Run>
+  c10::intrusive_ptr<c10d::Work> InPlace(std::vector<at::Tensor>& tensors, c10d::OpType op,
+                                         Run run) {
+    std::vector<at::Tensor> host = StageIn(tensors);
+    c10::intrusive_ptr<c10d::Work> work = run(host);
+    return c10::make_intrusive<StagedWork>(std::move(work), std::move(host), tensors, op);
+  }
+
   void CheckOne(const std::vector<at::Tensor>& tensors, const char* op) const {
     TORCH_CHECK(tensors.size() == 1, kHostStagedBackendName, " ", op, " takes one tensor, got ",
                 tensors.size());

@@ -21,8 +21,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "common/torch_compat.h"
-#include "topology/host_staged_backend.h"
 
 namespace pp {
 namespace {
@@ -168,12 +166,6 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
   const bool cuda = options.device == DeviceKind::kCuda;
   world.group_options.nccl = cuda && options.ranks_per_device == 1;
   world.group_options.host_staged = cuda && options.ranks_per_device > 1;
-  if (world.group_options.host_staged && !HostStagedBackendAvailable()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("parallelism.ranks_per_device = ", options.ranks_per_device,
-                     " (ranks sharing a GPU) needs LibTorch 2.x; this binary's is ",
-                     torch_compat::LibTorchVersion(), ": build with --config=cuda"));
-  }
 
   std::string bind = options.bind_address;
   if (bind.empty() && IsLoopbackAddress(env.master_addr)) bind = "127.0.0.1";

@@ -267,9 +267,22 @@ TEST(RendezvousTest, RejectsBadArguments) {
               HasSubstr("timeout must be positive"));
 }
 
-// --device=cuda: rank r computes on cuda:r and its groups carry CUDA tensors
-// over NCCL. Where the build or the machine lacks the GPUs, Rendezvous refuses
-// before opening the store (no waiting for peers), naming the device.
+// Each rank's all-reduce of (rank + 1) over the world group, on `world.device`,
+// which must be cuda:<expected_index>: 1 + 2 in each of 4 elements.
+absl::Status AllReduceOnTheDevice(World& world, int expected_index, const std::string& what) {
+  if (!world.device.is_cuda() || world.device.index() != expected_index) {
+    return absl::InternalError(absl::StrCat("rank ", world.rank, " on ", world.device.str()));
+  }
+  std::vector<at::Tensor> t = {at::full({4}, world.rank + 1.0, at::device(world.device))};
+  bool done = false;
+  PP_RETURN_IF_ERROR(
+      TorchCall(what, [&] { done = world.group->allreduce(t)->wait(std::chrono::seconds(30)); }));
+  if (!done || t[0].sum().item<double>() != 12.0) {
+    return absl::InternalError(absl::StrCat(what, " gave ", t[0].sum().item<double>()));
+  }
+  return absl::OkStatus();
+}
+
 // Two ranks sharing one GPU (ranks_per_device = 2): both on cuda:0, and the
 // world group's CUDA all-reduce goes through host buffers and Gloo (NCCL
 // refuses two ranks on one GPU). Where it cannot run, the refusal names why.
@@ -290,23 +303,15 @@ TEST(RendezvousTest, CudaRanksSharingOneGpuAllReduceThroughHostBuffers) {
     GTEST_SKIP() << "needs a visible CUDA GPU and LibTorch 2.x; only the refusal was checked";
   }
   auto status = RunThreadRanks(2, *port, options, [](World& world) -> absl::Status {
-    if (!world.device.is_cuda() || world.device.index() != 0) {
-      return absl::InternalError(absl::StrCat("rank ", world.rank, " on ", world.device.str()));
-    }
-    std::vector<at::Tensor> t = {at::full({4}, world.rank + 1.0, at::device(world.device))};
-    bool done = false;
-    PP_RETURN_IF_ERROR(TorchCall("staged all-reduce", [&] {
-      done = world.group->allreduce(t)->wait(std::chrono::seconds(30));
-    }));
-    if (!done || t[0].sum().item<double>() != 12.0) {
-      return absl::InternalError(
-          absl::StrCat("staged all-reduce gave ", t[0].sum().item<double>()));
-    }
-    return AfterAllRanks(world, "shared_gpu_done");
+    return AfterAllRanks(world, "shared_gpu_done",
+                         AllReduceOnTheDevice(world, 0, "staged all-reduce"));
   });
   for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
 }
 
+// --device=cuda: rank r computes on cuda:r and its groups carry CUDA tensors
+// over NCCL. Where the build or the machine lacks the GPUs, Rendezvous refuses
+// before opening the store (no waiting for peers), naming the device.
 TEST(RendezvousTest, CudaRanksAllReduceOnTheirGpusOrTheDeviceIsNamed) {
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok());
@@ -324,17 +329,8 @@ TEST(RendezvousTest, CudaRanksAllReduceOnTheirGpusOrTheDeviceIsNamed) {
                  << "); only the refusal was checked";
   }
   auto status = RunThreadRanks(2, *port, options, [](World& world) -> absl::Status {
-    if (!world.device.is_cuda() || world.device.index() != world.local_rank) {
-      return absl::InternalError(absl::StrCat("rank ", world.rank, " on ", world.device.str()));
-    }
-    std::vector<at::Tensor> t = {at::full({4}, world.rank + 1.0, at::device(world.device))};
+    PP_RETURN_IF_ERROR(AllReduceOnTheDevice(world, world.local_rank, "NCCL all-reduce"));
     bool done = false;
-    PP_RETURN_IF_ERROR(TorchCall("NCCL all-reduce", [&] {
-      done = world.group->allreduce(t)->wait(std::chrono::seconds(30));
-    }));
-    if (!done || t[0].sum().item<double>() != 12.0) {
-      return absl::InternalError(absl::StrCat("NCCL all-reduce gave ", t[0].sum().item<double>()));
-    }
     // CPU tensors of the same group still go through Gloo.
     std::vector<at::Tensor> c = {at::full({1}, 1.0)};
     PP_RETURN_IF_ERROR(TorchCall("Gloo all-reduce", [&] {
