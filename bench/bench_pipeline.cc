@@ -100,7 +100,8 @@ std::vector<LayerSpec> Specs() {
   const int64_t hidden = absl::GetFlag(FLAGS_hidden);
   std::vector<LayerSpec> specs;
   for (int i = 0; i < absl::GetFlag(FLAGS_blocks); ++i) {
-    specs.push_back(LayerSpec("Block", [hidden] { return std::make_shared<BlockImpl>(hidden); }));
+    specs.push_back(LayerSpec(
+        "Block", [hidden](const LayerContext&) { return std::make_shared<BlockImpl>(hidden); }));
   }
   return specs;
 }

@@ -52,7 +52,7 @@ PP_REGISTER_MODEL(
               return CheckIntField("test_blocks.layers", c.layers(), 1, 1000);
             },
         .specs = [](const TestBlocksConfig& c) -> absl::StatusOr<std::vector<LayerSpec>> {
-          return std::vector<LayerSpec>(c.layers(), LayerSpec("Identity", [] {
+          return std::vector<LayerSpec>(c.layers(), LayerSpec("Identity", [](const LayerContext&) {
                                           return MakeModuleLayer(torch::nn::Identity());
                                         }));
         },

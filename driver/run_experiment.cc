@@ -126,17 +126,20 @@ absl::StatusOr<std::string> ResolvePartitionMethod(const ExperimentConfig& confi
 }
 
 // This rank's stage of the model the config names, cut by `partition_method`
-// (ResolvePartitionMethod).
+// (ResolvePartitionMethod), its layers told the `device` and dtype they train in.
 absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(const ExperimentConfig& config,
                                                           const std::vector<LayerSpec>& specs,
                                                           const std::string& partition_method,
-                                                          int stage) {
+                                                          int stage, torch::Device device) {
   const auto& par = config.parallelism();
   PipelineModelOptions mo;
   mo.num_stages = par.pp();
   mo.chunks = par.chunks();
   mo.partition_method = partition_method;
   mo.base_seed = config.seed();
+  mo.layer_environment.device = device;
+  PP_ASSIGN_OR_RETURN(const Precision precision, ParsePrecision(config.precision()));
+  mo.layer_environment.param_dtype = ComputeDtype(precision);
   // The schedule's placement (V for zbv); its errors are the Trainer's to report.
   PP_ASSIGN_OR_RETURN(const std::string starting, StartingSchedule(par.schedule(), par.chunks()));
   if (absl::StatusOr<Schedule> schedule = MakeSchedule(
@@ -290,7 +293,8 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(const std::string partition_method,
                       ResolvePartitionMethod(config, specs, *data.train, grid, timeout));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
-                      BuildStage(config, specs, partition_method, grid.stage_id()));
+                      BuildStage(config, specs, partition_method, grid.stage_id(),
+                                 cluster.world.device));
   // A model's sampler may keep the last stage's outputs through the loss.
   const std::unique_ptr<ModelSampler> sampler =
       info.sampler ? info.sampler(*selected.config) : nullptr;

@@ -50,9 +50,10 @@ absl::StatusOr<std::vector<std::string>> TiedParamNames(const std::string& key,
 // of the key's first occurrence, seeded with base_seed + that index, so every
 // stage's copy starts identical.
 Layer SharedModule(const std::vector<LayerSpec>& specs, const std::string& key, int64_t first,
-                   uint64_t base_seed, std::map<std::string, Layer>* tied) {
+                   uint64_t base_seed, const LayerEnvironment& environment,
+                   std::map<std::string, Layer>* tied) {
   Layer& module = (*tied)[key];
-  if (module == nullptr) module = BuildSeeded(base_seed + first, specs[first].factory());
+  if (module == nullptr) module = BuildSpecLayer(specs[first], first, base_seed, environment);
   return module;
 }
 
@@ -60,7 +61,8 @@ Layer SharedModule(const std::vector<LayerSpec>& specs, const std::string& key, 
 // go into) `tied`, which spans the stage.
 absl::StatusOr<StageModule> BuildRange(
     const std::vector<LayerSpec>& specs, int64_t virtual_stage, int64_t begin, int64_t end,
-    uint64_t base_seed, const std::map<std::string, std::vector<int64_t>>& tie_positions,
+    uint64_t base_seed, const LayerEnvironment& environment,
+    const std::map<std::string, std::vector<int64_t>>& tie_positions,
     std::map<std::string, Layer>* tied) {
   std::vector<Layer> layers;
   std::map<std::string, Layer> chunk_tied;
@@ -69,12 +71,12 @@ absl::StatusOr<StageModule> BuildRange(
     try {
       if (spec.is_tied()) {
         Layer shared = SharedModule(specs, spec.tie_key(), tie_positions.at(spec.tie_key()).front(),
-                                    base_seed, tied);
+                                    base_seed, environment, tied);
         chunk_tied[spec.tie_key()] = shared;
         layers.push_back(std::make_shared<TiedLayer>(spec.name(), spec.tie_key(), shared,
                                                      spec.tied_forward_fn()));
       } else {
-        layers.push_back(BuildSeeded(base_seed + i, spec.factory()));
+        layers.push_back(BuildSpecLayer(spec, i, base_seed, environment));
       }
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat("building layer ", i, " ('", spec.name(),
@@ -218,7 +220,8 @@ absl::StatusOr<Bounds> ResolveBounds(const PipelineModelOptions& options,
 
 // The group of tie key `key` (used at `positions`), the same on every stage.
 absl::StatusOr<TieGroup> MakeTieGroup(const PipelineModel& model, const std::string& key,
-                                      const std::vector<int64_t>& positions, uint64_t base_seed) {
+                                      const std::vector<int64_t>& positions, uint64_t base_seed,
+                                      const LayerEnvironment& environment) {
   TieGroup group;
   group.key = key;
   group.layer_indices = positions;
@@ -235,7 +238,9 @@ absl::StatusOr<TieGroup> MakeTieGroup(const PipelineModel& model, const std::str
   Layer module = model.TiedModule(key);
   if (module != nullptr || declared.empty()) {
     try {
-      if (module == nullptr) module = BuildSeeded(base_seed + positions.front(), spec.factory());
+      if (module == nullptr) {
+        module = BuildSpecLayer(spec, positions.front(), base_seed, environment);
+      }
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat("building the shared module of tie key '", key,
                                                      "' failed: ", ExceptionMessage(e)));
@@ -271,13 +276,15 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
   }
   for (int64_t c = 0; c < options.chunks; ++c) {
     const int64_t part = local_parts[c];
-    PP_ASSIGN_OR_RETURN(StageModule chunk, BuildRange(model->specs_, part, model->bounds_[part],
-                                                      model->bounds_[part + 1], options.base_seed,
-                                                      tie_positions, &model->tied_));
+    PP_ASSIGN_OR_RETURN(
+        StageModule chunk,
+        BuildRange(model->specs_, part, model->bounds_[part], model->bounds_[part + 1],
+                   options.base_seed, options.layer_environment, tie_positions, &model->tied_));
     model->chunks_.push_back(std::move(chunk));
   }
   for (const auto& [key, positions] : tie_positions) {
-    PP_ASSIGN_OR_RETURN(TieGroup group, MakeTieGroup(*model, key, positions, options.base_seed));
+    PP_ASSIGN_OR_RETURN(TieGroup group, MakeTieGroup(*model, key, positions, options.base_seed,
+                                                     options.layer_environment));
     model->tie_groups_.push_back(std::move(group));
   }
   return model;
@@ -364,7 +371,8 @@ void PipelineModel::to(torch::Device device) {
 }
 
 StageModule PipelineModel::ToSequential(const LayerRunner& runner) const {
-  absl::StatusOr<StageModule> module = BuildSequential(specs_, options_.base_seed, runner);
+  absl::StatusOr<StageModule> module = BuildSequential(
+      specs_, options_.base_seed, runner, DenseEnvironment(options_.layer_environment));
   // The specs were validated and built once already, so failing now is a bug
   // (or a factory that is not deterministic).
   TORCH_CHECK(module.ok(), "ToSequential: ", module.status().ToString());
@@ -380,14 +388,15 @@ std::string PipelineModel::PartitionReport() const {
 }
 
 absl::StatusOr<StageModule> BuildSequential(const std::vector<LayerSpec>& specs, uint64_t base_seed,
-                                            const LayerRunner& runner) {
+                                            const LayerRunner& runner,
+                                            const LayerEnvironment& environment) {
   PP_RETURN_IF_ERROR(ValidateSpecs(specs));
   const auto tie_positions = TiePositions(specs);
   PP_RETURN_IF_ERROR(CheckTieConsistency(specs, tie_positions));
   std::map<std::string, Layer> tied;
   PP_ASSIGN_OR_RETURN(StageModule module,
                       BuildRange(specs, /*virtual_stage=*/-1, 0, static_cast<int64_t>(specs.size()),
-                                 base_seed, tie_positions, &tied));
+                                 base_seed, environment, tie_positions, &tied));
   module->set_layer_runner(runner);
   return module;
 }

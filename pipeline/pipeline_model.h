@@ -101,6 +101,10 @@ struct PipelineModelOptions {
   std::vector<int> stage_to_rank;
   // Layer i is built right after seeding with base_seed + i.
   uint64_t base_seed = 1234;
+  // What every layer's factory is told about its tensor-parallel shard, device
+  // and dtype (pipeline/layers/layer_context.h). Partitioning and the partition
+  // report count the dense model, so every tensor-parallel rank cuts alike.
+  LayerEnvironment layer_environment;
   // For "profile": see PartitionRequest.
   Activations sample_inputs;
   MicroBatch sample_batch;
@@ -167,7 +171,8 @@ class PipelineModel {
 
   // All layers in one module with each tie key as one shared module, built with
   // the same seeds (so the same initial weights) and global names, running
-  // through `runner` (default RunLayers).
+  // through `runner` (default RunLayers). Its layers are dense (a context of
+  // model-parallel size 1), whatever this stage's tensor-parallel shard.
   StageModule ToSequential(const LayerRunner& runner = nullptr) const;
 
   // DeepSpeed-style partition printout with trainable parameter counts (layers
@@ -190,9 +195,10 @@ class PipelineModel {
 };
 
 // Builds all of `specs` as one module (what PipelineModel::ToSequential does):
-// layer i seeded with base_seed + i, each tie key built once.
+// layer i seeded with base_seed + i in `environment`, each tie key built once.
 absl::StatusOr<StageModule> BuildSequential(const std::vector<LayerSpec>& specs, uint64_t base_seed,
-                                            const LayerRunner& runner = nullptr);
+                                            const LayerRunner& runner = nullptr,
+                                            const LayerEnvironment& environment = {});
 
 }  // namespace pp
 

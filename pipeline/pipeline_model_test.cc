@@ -27,18 +27,21 @@ class Block : public LayerImpl {
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
 };
 
-Layer MakeEmbedding() { return MakeModuleLayer(torch::nn::Embedding(kVocab, kDim)); }
+Layer MakeEmbedding(const LayerContext&) {
+  return MakeModuleLayer(torch::nn::Embedding(kVocab, kDim));
+}
 
 // A small GPT-like list: tied embedding, blocks, a parameter-free layer, a
 // norm, and the LM head through the embedding table.
 std::vector<LayerSpec> TinyGpt(int num_blocks) {
   std::vector<LayerSpec> specs = {TiedLayerSpec("embed", MakeEmbedding)};
   for (int i = 0; i < num_blocks; ++i)
-    specs.push_back(LayerSpec("Block", [] { return std::make_shared<Block>(); }));
-  specs.push_back(LayerSpec("Gelu", [] {
+    specs.push_back(
+        LayerSpec("Block", [](const LayerContext&) { return std::make_shared<Block>(); }));
+  specs.push_back(LayerSpec("Gelu", [](const LayerContext&) {
     return MakeFunctionLayer("Gelu", [](const torch::Tensor& x) { return torch::gelu(x); });
   }));
-  specs.push_back(LayerSpec("LayerNorm", [] {
+  specs.push_back(LayerSpec("LayerNorm", [](const LayerContext&) {
     return MakeModuleLayer(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
   }));
   specs.push_back(

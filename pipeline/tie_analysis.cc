@@ -127,7 +127,7 @@ absl::StatusOr<std::vector<LayerSpec>> SpecsFromSequential(torch::nn::Sequential
     const std::string type = ShortTypeName(children[i].ptr()->name());
     if (members.size() == 1) {
       torch::nn::AnyModule child = children[i];
-      specs.push_back(LayerSpec(type, [child] {
+      specs.push_back(LayerSpec(type, [child](const LayerContext&) {
                         return std::make_shared<ModuleLayer>(child);
                       }).WithParameterCount(CountTrainableParameters(*child.ptr())));
       continue;
@@ -136,7 +136,7 @@ absl::StatusOr<std::vector<LayerSpec>> SpecsFromSequential(torch::nn::Sequential
     if (shared == nullptr) shared = std::make_shared<SharedGroupLayer>(members);
     const std::string key = absl::StrCat("shared_", members.begin()->first);
     specs.push_back(TiedLayerSpec(
-                        key, [shared] { return shared; },
+                        key, [shared](const LayerContext&) { return shared; },
                         [i](LayerImpl& module, const Activations& inputs, const MicroBatch&) {
                           return static_cast<SharedGroupLayer&>(module).RunChild(i, inputs);
                         })

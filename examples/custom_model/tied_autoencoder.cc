@@ -18,7 +18,7 @@ class ResidualBlockImpl : public pp::LayerImpl {
   torch::nn::Linear linear_{nullptr};
 };
 
-pp::Layer MakeEncoder() {
+pp::Layer MakeEncoder(const pp::LayerContext&) {
   return pp::MakeModuleLayer(
       torch::nn::Linear(torch::nn::LinearOptions(kFeatures, kCode).bias(false)), "Encoder");
 }
@@ -38,8 +38,9 @@ std::vector<pp::LayerSpec> TiedAutoencoderSpecs(int blocks) {
   std::vector<pp::LayerSpec> specs;
   specs.push_back(pp::TiedLayerSpec("code", MakeEncoder).WithName("Encoder"));
   for (int i = 0; i < blocks; ++i) {
-    specs.push_back(
-        pp::LayerSpec("ResidualBlock", [] { return std::make_shared<ResidualBlockImpl>(); }));
+    specs.push_back(pp::LayerSpec("ResidualBlock", [](const pp::LayerContext&) {
+      return std::make_shared<ResidualBlockImpl>();
+    }));
   }
   specs.push_back(pp::TiedLayerSpec("code", MakeEncoder, Decode).WithName("Decoder"));
   return specs;

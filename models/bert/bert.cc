@@ -92,22 +92,24 @@ absl::StatusOr<std::vector<LayerSpec>> MakeBertSpecs(const BertConfig& config) {
   const int64_t w = config.width;
   const int64_t embed_params =
       (config.vocab_size + config.context_length + config.type_vocab_size) * w + 2 * w;
-  LayerFactory embed = [config] { return std::make_shared<BertEmbeddingImpl>(config); };
+  LayerFactory embed = [config](const LayerContext&) {
+    return std::make_shared<BertEmbeddingImpl>(config);
+  };
   std::vector<LayerSpec> specs;
   specs.push_back(
       TiedLayerSpec("embed", embed).WithName("BertEmbedding").WithParameterCount(embed_params));
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    specs.push_back(LayerSpec("EncoderBlock", [config] {
+    specs.push_back(LayerSpec("EncoderBlock", [config](const LayerContext&) {
                       return std::make_shared<EncoderBlockImpl>(config);
                     }).WithParameterCount(TransformerBlockParameterCount(w, config.mlp_ratio * w)));
   }
-  specs.push_back(LayerSpec("MlmTransform", [config] {
+  specs.push_back(LayerSpec("MlmTransform", [config](const LayerContext&) {
                     return std::make_shared<MlmTransformImpl>(config);
                   }).WithParameterCount(w * w + w + 2 * w));
   specs.push_back(TiedLayerSpec("embed", embed, TiedProjection("word_embed.weight"))
                       .WithName("MlmDecoder")
                       .WithParameterCount(config.vocab_size * w));
-  specs.push_back(LayerSpec("MlmBias", [v = config.vocab_size] {
+  specs.push_back(LayerSpec("MlmBias", [v = config.vocab_size](const LayerContext&) {
                     return std::make_shared<MlmBiasImpl>(v);
                   }).WithParameterCount(config.vocab_size));
   return specs;

@@ -39,7 +39,7 @@ TEST(BertSpecsTest, LayoutTiesAndDeclaredCounts) {
   EXPECT_EQ((*specs)[0].tie_key(), "embed");
   EXPECT_EQ((*specs)[4].tie_key(), "embed");
   for (size_t i : {0, 1, 3, 5}) {
-    Layer layer = (*specs)[i].factory()();
+    Layer layer = BuildSpecLayer((*specs)[i], i, /*base_seed=*/0);
     EXPECT_EQ(*(*specs)[i].declared_parameter_count(), CountTrainableParameters(*layer))
         << names[i];
     EXPECT_EQ(layer->TypeName(), names[i]);

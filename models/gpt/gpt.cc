@@ -59,17 +59,21 @@ Activations TransformerBlockImpl::Forward(const Activations& inputs, const Micro
 absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config) {
   if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
   const int64_t embed_params = (config.vocab_size + config.context_length) * config.width;
-  LayerFactory embed = [config] { return std::make_shared<GptEmbeddingImpl>(config); };
+  LayerFactory embed = [config](const LayerContext&) {
+    return std::make_shared<GptEmbeddingImpl>(config);
+  };
   std::vector<LayerSpec> specs;
   specs.push_back(
       TiedLayerSpec("embed", embed).WithName("GptEmbedding").WithParameterCount(embed_params));
   for (int64_t i = 0; i < config.num_layers; ++i) {
     specs.push_back(LayerSpec("TransformerBlock",
-                              [config] { return std::make_shared<TransformerBlockImpl>(config); })
+                              [config](const LayerContext&) {
+                                return std::make_shared<TransformerBlockImpl>(config);
+                              })
                         .WithParameterCount(TransformerBlockParameterCount(
                             config.width, config.mlp_ratio * config.width)));
   }
-  specs.push_back(LayerSpec("FinalLayerNorm", [width = config.width] {
+  specs.push_back(LayerSpec("FinalLayerNorm", [width = config.width](const LayerContext&) {
                     return MakeModuleLayer(MakeLayerNorm(width), "FinalLayerNorm");
                   }).WithParameterCount(2 * config.width));
   // The head reuses the embedding table: count its matmul like the table.

@@ -44,7 +44,7 @@ TEST(GptSpecsTest, LayoutTiesAndDeclaredCounts) {
   EXPECT_TRUE((*specs)[4].tied_forward_fn() != nullptr);
   // Declared counts match the built layers (the head counts the token table).
   for (size_t i = 0; i + 1 < specs->size(); ++i) {
-    Layer layer = (*specs)[i].factory()();
+    Layer layer = BuildSpecLayer((*specs)[i], i, /*base_seed=*/0);
     EXPECT_EQ(*(*specs)[i].declared_parameter_count(), CountTrainableParameters(*layer))
         << (*specs)[i].name();
     EXPECT_EQ(layer->TypeName(), (*specs)[i].name());

@@ -191,7 +191,9 @@ int64_t LlamaBlockParameterCount(const LlamaConfig& c) {
 absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config) {
   if (absl::Status s = ValidateLlamaConfig(config); !s.ok()) return s;
   const int64_t table = config.vocab_size * config.width;
-  LayerFactory embed = [config] { return std::make_shared<LlamaEmbeddingImpl>(config); };
+  LayerFactory embed = [config](const LayerContext&) {
+    return std::make_shared<LlamaEmbeddingImpl>(config);
+  };
   std::vector<LayerSpec> specs;
   if (config.tie_embeddings) {
     specs.push_back(
@@ -200,11 +202,11 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
     specs.push_back(LayerSpec("LlamaEmbedding", embed).WithParameterCount(table));
   }
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    specs.push_back(LayerSpec("LlamaBlock", [config] {
+    specs.push_back(LayerSpec("LlamaBlock", [config](const LayerContext&) {
                       return std::make_shared<LlamaBlockImpl>(config);
                     }).WithParameterCount(LlamaBlockParameterCount(config)));
   }
-  specs.push_back(LayerSpec("FinalRmsNorm", [config] {
+  specs.push_back(LayerSpec("FinalRmsNorm", [config](const LayerContext&) {
                     return MakeModuleLayer(RmsNorm(config.width, config.norm_eps), "FinalRmsNorm");
                   }).WithParameterCount(config.width));
   if (config.tie_embeddings) {
@@ -213,7 +215,7 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
                         .WithName("LmHead")
                         .WithParameterCount(table));
   } else {
-    specs.push_back(LayerSpec("LmHead", [config] {
+    specs.push_back(LayerSpec("LmHead", [config](const LayerContext&) {
                       return MakeModuleLayer(NoBiasLinear(config.width, config.vocab_size),
                                              "LmHead");
                     }).WithParameterCount(table));

@@ -37,7 +37,7 @@ TEST(LlamaSpecsTest, UntiedLayoutAndDeclaredCounts) {
   for (size_t i = 0; i < specs->size(); ++i) {
     EXPECT_EQ((*specs)[i].name(), names[i]);
     EXPECT_EQ((*specs)[i].tie_key(), "") << i;
-    Layer layer = (*specs)[i].factory()();
+    Layer layer = BuildSpecLayer((*specs)[i], i, /*base_seed=*/0);
     EXPECT_EQ(layer->TypeName(), names[i]);
     EXPECT_EQ(*(*specs)[i].declared_parameter_count(), CountTrainableParameters(*layer))
         << names[i];

@@ -19,11 +19,14 @@ constexpr int64_t kVocab = 40;
 constexpr int64_t kWidth = 16;
 
 std::vector<LayerSpec> TinyLm(double dropout) {
-  auto embedding = [] { return MakeModuleLayer(torch::nn::Embedding(kVocab, kWidth)); };
+  auto embedding = [](const LayerContext&) {
+    return MakeModuleLayer(torch::nn::Embedding(kVocab, kWidth));
+  };
   std::vector<LayerSpec> specs = {TiedLayerSpec("embed", embedding)};
   for (int i = 0; i < 4; ++i) {
-    specs.push_back(LayerSpec(
-        "MlpBlock", [dropout] { return std::make_shared<MlpBlock>(kWidth, 2 * kWidth, dropout); }));
+    specs.push_back(LayerSpec("MlpBlock", [dropout](const LayerContext&) {
+      return std::make_shared<MlpBlock>(kWidth, 2 * kWidth, dropout);
+    }));
   }
   specs.push_back(TiedLayerSpec("embed", embedding, TiedProjection("weight")).WithName("LmHead"));
   return specs;

@@ -409,8 +409,11 @@ INSTANTIATE_TEST_SUITE_P(Devices, RecomputeDeviceTest,
 // weights). One thread builds seeded layers while another keeps capturing and
 // restoring; every build must equal the reference.
 TEST(RecomputeTest, GeneratorRestoreNeverLandsInsideASeededBuild) {
-  const LayerFactory factory = [] { return std::make_shared<MlpBlock>(32, 64, 0.0); };
-  const torch::Tensor reference = BuildSeeded(77, factory)->parameters()[0].clone();
+  const LayerFactory factory = [](const LayerContext&) {
+    return std::make_shared<MlpBlock>(32, 64, 0.0);
+  };
+  const torch::Tensor reference =
+      BuildSeeded(MakeLayerContext({}, 0, 77), factory)->parameters()[0].clone();
   torch::manual_seed(5);
   const RngSnapshot elsewhere = RngSnapshot::Capture();
   std::atomic<bool> done{false};
@@ -423,7 +426,9 @@ TEST(RecomputeTest, GeneratorRestoreNeverLandsInsideASeededBuild) {
   });
   int mismatches = 0;
   for (int i = 0; i < 300; ++i) {
-    if (!torch::equal(BuildSeeded(77, factory)->parameters()[0], reference)) ++mismatches;
+    if (!torch::equal(BuildSeeded(MakeLayerContext({}, 0, 77), factory)->parameters()[0],
+                      reference))
+      ++mismatches;
   }
   done.store(true);
   restorer.join();

@@ -90,7 +90,7 @@ std::map<std::string, std::vector<int64_t>> TiePositions(const std::vector<Layer
   return positions;
 }
 
-Layer BuildSeeded(uint64_t seed, const LayerFactory& build) {
+Layer BuildSeeded(LayerContext context, const LayerFactory& build) {
   // The default generator is process-wide: ranks run as threads of one process
   // (tests) must not interleave their seed -> build -> restore sequences with
   // each other or with a recompute's RNG restore (common/default_generator.h).
@@ -101,10 +101,11 @@ Layer BuildSeeded(uint64_t seed, const LayerFactory& build) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     saved = gen.get_state();
   }
-  torch::manual_seed(seed);
+  torch::manual_seed(context.seed);
+  context.rng = gen;
   Layer layer;
   try {
-    layer = build();
+    layer = build(context);
   } catch (...) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(saved);
@@ -129,10 +130,16 @@ int64_t CountTrainableParameters(const torch::nn::Module& module) {
   return count;
 }
 
-int64_t SpecParameterCount(const LayerSpec& spec, int64_t index, uint64_t base_seed) {
+Layer BuildSpecLayer(const LayerSpec& spec, int64_t index, uint64_t base_seed,
+                     const LayerEnvironment& environment) {
+  return BuildSeeded(MakeLayerContext(environment, index, base_seed + index), spec.factory());
+}
+
+int64_t SpecParameterCount(const LayerSpec& spec, int64_t index, uint64_t base_seed,
+                           const LayerEnvironment& environment) {
   if (spec.declared_parameter_count().has_value()) return *spec.declared_parameter_count();
   // Built, counted and dropped here: only one layer is alive at a time.
-  Layer layer = BuildSeeded(base_seed + index, spec.factory());
+  Layer layer = BuildSpecLayer(spec, index, base_seed, environment);
   return CountTrainableParameters(*layer);
 }
 

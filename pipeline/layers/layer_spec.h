@@ -8,10 +8,12 @@
 // end). The spec list can be inspected (names, declared parameter counts, tie
 // keys) without building any layer.
 //
-//   auto embedding = [] { return pp::MakeModuleLayer(torch::nn::Embedding(100, 16)); };
+//   auto embedding = [](const pp::LayerContext&) {
+//     return pp::MakeModuleLayer(torch::nn::Embedding(100, 16));
+//   };
 //   std::vector<pp::LayerSpec> specs = {
 //       pp::TiedLayerSpec("embed", embedding),
-//       pp::LayerSpec("Block", [] { return MakeBlock(16); }),
+//       pp::LayerSpec("Block", [](const pp::LayerContext& ctx) { return MakeBlock(16, ctx); }),
 //       pp::TiedLayerSpec("embed", embedding, pp::TiedProjection("weight")).WithName("LmHead"),
 //   };
 //
@@ -31,12 +33,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "pipeline/layers/layer.h"
+#include "pipeline/layers/layer_context.h"
 
 namespace pp {
 
-// Builds a fresh layer. Called with the RNG already seeded; must not depend on
-// any other mutable state, so every rank builds the same weights.
-using LayerFactory = std::function<Layer()>;
+// Builds a fresh layer for `context` (its index, tensor-parallel shard, device,
+// dtype; pipeline/layers/layer_context.h). Called with the RNG already seeded;
+// must not depend on any other mutable state, so every rank holding the same
+// shard builds the same weights.
+using LayerFactory = std::function<Layer(const LayerContext& context)>;
 
 // How a tied position runs the key's shared module. Empty = call the module's
 // own Forward (the embedding position); set for positions that use the module's
@@ -119,20 +124,29 @@ absl::Status ValidateSpecs(const std::vector<LayerSpec>& specs);
 // For each tie key, the global indices of its positions in ascending order.
 std::map<std::string, std::vector<int64_t>> TiePositions(const std::vector<LayerSpec>& specs);
 
-// Runs `build` with the default CPU generator seeded with `seed` (torch::manual_seed)
-// and restores the generator's previous state afterwards, so building a model
+// Runs `build(context)` with the default CPU generator seeded with
+// `context.seed` (torch::manual_seed; `context.rng` is that generator) and
+// restores the generator's previous state afterwards, so building a model
 // leaves the caller's RNG stream as it was whatever the partition. Thread-safe:
 // concurrent calls (ranks as threads) are serialized, each seeing its own seed.
-Layer BuildSeeded(uint64_t seed, const LayerFactory& build);
+Layer BuildSeeded(LayerContext context, const LayerFactory& build);
+
+// The layer of spec `index` (a tied spec: its key's shared module, which the
+// caller passes the index of the key's first occurrence for) built in
+// `environment` with seed base_seed + index.
+Layer BuildSpecLayer(const LayerSpec& spec, int64_t index, uint64_t base_seed,
+                     const LayerEnvironment& environment = {});
 
 // Number of elements of the trainable (requires_grad) parameters of `layer`,
 // each tensor counted once even if registered under several names.
 int64_t CountTrainableParameters(const torch::nn::Module& module);
 
 // The trainable parameter count of spec `index`: the declared count if any,
-// else the layer (for a tied spec: the shared module) is built, counted and
-// freed at once, so counting a whole list keeps at most one layer alive.
-int64_t SpecParameterCount(const LayerSpec& spec, int64_t index, uint64_t base_seed);
+// else the layer (for a tied spec: the shared module) is built in
+// `environment`, counted and freed at once, so counting a whole list keeps at
+// most one layer alive.
+int64_t SpecParameterCount(const LayerSpec& spec, int64_t index, uint64_t base_seed,
+                           const LayerEnvironment& environment = {});
 
 // The message of an exception a factory or a layer threw: c10::Error's
 // without its C++ backtrace, else what().

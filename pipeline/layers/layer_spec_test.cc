@@ -5,7 +5,7 @@
 namespace pp {
 namespace {
 
-Layer SmallLinear() { return MakeModuleLayer(torch::nn::Linear(3, 2)); }
+Layer SmallLinear(const LayerContext&) { return MakeModuleLayer(torch::nn::Linear(3, 2)); }
 
 TEST(LayerSpecTest, TiedSpecKeepsItsTieInfoInAPlainSpecList) {
   std::vector<LayerSpec> specs = {
@@ -39,12 +39,38 @@ TEST(LayerSpecTest, BuildSeededIsDeterministicAndRestoresTheRng) {
   torch::manual_seed(5);
   const torch::Tensor expected = torch::rand({3});
   torch::manual_seed(5);
-  Layer a = BuildSeeded(42, SmallLinear);
+  Layer a = BuildSeeded(MakeLayerContext({}, 0, 42), SmallLinear);
   EXPECT_TRUE(torch::equal(torch::rand({3}), expected));
-  Layer b = BuildSeeded(42, SmallLinear);
-  Layer c = BuildSeeded(43, SmallLinear);
+  Layer b = BuildSeeded(MakeLayerContext({}, 0, 42), SmallLinear);
+  Layer c = BuildSeeded(MakeLayerContext({}, 0, 43), SmallLinear);
   EXPECT_TRUE(torch::equal(a->named_parameters()["weight"], b->named_parameters()["weight"]));
   EXPECT_FALSE(torch::equal(a->named_parameters()["weight"], c->named_parameters()["weight"]));
+}
+
+TEST(LayerSpecTest, TheFactorySeesItsContextAndItsSeededRng) {
+  LayerEnvironment environment;
+  environment.model_parallel.rank = 1;
+  environment.model_parallel.size = 2;
+  environment.param_dtype = torch::kBFloat16;
+  LayerContext seen;
+  torch::Tensor drawn;
+  auto factory = [&](const LayerContext& context) {
+    seen = context;
+    drawn = torch::rand({4}, context.rng);
+    return SmallLinear(context);
+  };
+  BuildSpecLayer(LayerSpec("Linear", factory), 3, 100, environment);
+  EXPECT_EQ(seen.global_index, 3);
+  EXPECT_EQ(seen.seed, 103u);
+  EXPECT_EQ(seen.model_parallel.rank, 1);
+  EXPECT_EQ(seen.model_parallel.size, 2);
+  EXPECT_EQ(seen.param_dtype, torch::kBFloat16);
+  EXPECT_EQ(DescribeModelParallel(seen.model_parallel), "tp rank 1 of 2");
+  // ctx.rng is the seeded default generator: the same draw as after manual_seed.
+  torch::manual_seed(103);
+  EXPECT_TRUE(torch::equal(drawn, torch::rand({4})));
+  EXPECT_EQ(DescribeModelParallel(DenseEnvironment(environment).model_parallel), "dense");
+  EXPECT_EQ(DenseEnvironment(environment).param_dtype, torch::kBFloat16);
 }
 
 TEST(LayerSpecTest, CountsTrainableParametersOnce) {

@@ -16,11 +16,11 @@ Layer BuildForProfiling(const std::vector<LayerSpec>& specs, size_t i, uint64_t 
                         const std::map<std::string, std::vector<int64_t>>& tie_positions,
                         std::map<std::string, Layer>* shared) {
   const LayerSpec& spec = specs[i];
-  if (!spec.is_tied()) return BuildSeeded(base_seed + i, spec.factory());
+  if (!spec.is_tied()) return BuildSpecLayer(spec, static_cast<int64_t>(i), base_seed);
   Layer& module = (*shared)[spec.tie_key()];
   if (module == nullptr) {
     const int64_t first = tie_positions.at(spec.tie_key()).front();
-    module = BuildSeeded(base_seed + first, specs[first].factory());
+    module = BuildSpecLayer(specs[first], first, base_seed);
   }
   return std::make_shared<TiedLayer>(spec.name(), spec.tie_key(), module, spec.tied_forward_fn());
 }

@@ -12,7 +12,9 @@ namespace pp {
 namespace {
 
 LayerSpec LinearSpec(int64_t in, int64_t out) {
-  return LayerSpec("Linear", [in, out] { return MakeModuleLayer(torch::nn::Linear(in, out)); });
+  return LayerSpec("Linear", [in, out](const LayerContext&) {
+    return MakeModuleLayer(torch::nn::Linear(in, out));
+  });
 }
 
 // Hand-computed, fp32 on a [16, 64] micro-batch:
@@ -23,11 +25,11 @@ LayerSpec LinearSpec(int64_t in, int64_t out) {
 //   product is the output (2048): 4096 held, 2048 of it output.
 TEST(LayerMemoryTest, MeasuresParametersAndWhatTheForwardKeeps) {
   at::set_num_threads(1);
-  std::vector<LayerSpec> specs = {LinearSpec(64, 32), LayerSpec("TanhTwice", [] {
-                                    return MakeFunctionLayer(
-                                        "TanhTwice",
-                                        [](const torch::Tensor& x) { return torch::tanh(x) * 2; });
-                                  })};
+  std::vector<LayerSpec> specs = {
+      LinearSpec(64, 32), LayerSpec("TanhTwice", [](const LayerContext&) {
+        return MakeFunctionLayer("TanhTwice",
+                                 [](const torch::Tensor& x) { return torch::tanh(x) * 2; });
+      })};
   absl::StatusOr<std::vector<LayerMemory>> measured =
       MeasureLayerMemory(specs, {torch::randn({16, 64})}, MicroBatch{}, 0);
   ASSERT_TRUE(measured.ok()) << measured.status();

@@ -24,11 +24,12 @@ std::vector<LayerSpec> MixedSpecs(int64_t n) {
   std::vector<LayerSpec> specs;
   for (int64_t i = 0; i < n; ++i) {
     if (i % 3 == 2) {
-      specs.push_back(LayerSpec("Gelu", [] {
+      specs.push_back(LayerSpec("Gelu", [](const LayerContext&) {
         return MakeFunctionLayer("Gelu", [](const torch::Tensor& x) { return torch::gelu(x); });
       }));
     } else {
-      specs.push_back(LayerSpec("Block", [] { return MakeModuleLayer(torch::nn::Linear(4, 4)); }));
+      specs.push_back(LayerSpec(
+          "Block", [](const LayerContext&) { return MakeModuleLayer(torch::nn::Linear(4, 4)); }));
     }
   }
   return specs;

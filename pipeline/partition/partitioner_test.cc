@@ -40,8 +40,9 @@ class FromBatch : public LayerImpl {
 };
 
 LayerSpec Fn(const std::string& name) {
-  return LayerSpec(
-      name, [name] { return MakeFunctionLayer(name, [](const torch::Tensor& x) { return x; }); });
+  return LayerSpec(name, [name](const LayerContext&) {
+    return MakeFunctionLayer(name, [](const torch::Tensor& x) { return x; });
+  });
 }
 
 std::vector<LayerSpec> Functions(int n, const std::string& name = "Identity") {
@@ -151,7 +152,8 @@ TEST(ParametersPartitionerTest, BalancesCountsBuildingOneLayerAtATime) {
   // Linear(4, out) has 5 * out parameters: [20,20,60,20,20,20,20,20], built, not declared.
   std::vector<LayerSpec> specs;
   for (int64_t out : {4, 4, 12, 4, 4, 4, 4, 4}) {
-    specs.push_back(LayerSpec("Linear", [out] { return std::make_shared<CountedLinear>(4, out); }));
+    specs.push_back(LayerSpec(
+        "Linear", [out](const LayerContext&) { return std::make_shared<CountedLinear>(4, out); }));
   }
   CountedLinear::alive = CountedLinear::max_alive = 0;
   EXPECT_EQ(*PartitionBy("parameters", specs, 4), (Bounds{0, 2, 3, 6, 8}));
@@ -161,7 +163,7 @@ TEST(ParametersPartitionerTest, BalancesCountsBuildingOneLayerAtATime) {
   // Declared counts are used without building: [0,1,2,3,3,3] into 4.
   std::vector<LayerSpec> declared;
   for (int64_t count : {0, 1, 2, 3, 3, 3}) {
-    declared.push_back(LayerSpec("Never", []() -> Layer {
+    declared.push_back(LayerSpec("Never", [](const LayerContext&) -> Layer {
                          throw std::runtime_error("built");
                        }).WithParameterCount(count));
   }
@@ -171,13 +173,15 @@ TEST(ParametersPartitionerTest, BalancesCountsBuildingOneLayerAtATime) {
 TEST(ParametersPartitionerTest, CountsOnlyTrainableParameters) {
   std::vector<LayerSpec> specs = {
       LayerSpec("Frozen",
-                [] {
+                [](const LayerContext&) {
                   Layer l = MakeModuleLayer(torch::nn::Linear(100, 100));
                   for (auto& p : l->parameters()) p.set_requires_grad(false);
                   return l;
                 }),
-      LayerSpec("Small", [] { return MakeModuleLayer(torch::nn::Linear(2, 2)); }),
-      LayerSpec("Small", [] { return MakeModuleLayer(torch::nn::Linear(2, 2)); }),
+      LayerSpec("Small",
+                [](const LayerContext&) { return MakeModuleLayer(torch::nn::Linear(2, 2)); }),
+      LayerSpec("Small",
+                [](const LayerContext&) { return MakeModuleLayer(torch::nn::Linear(2, 2)); }),
   };
   // Frozen counts 0, so the two small layers are split: [Frozen, Small], [Small].
   EXPECT_EQ(*PartitionBy("parameters", specs, 2), (Bounds{0, 2, 3}));
@@ -185,7 +189,7 @@ TEST(ParametersPartitionerTest, CountsOnlyTrainableParameters) {
 
 TEST(ProfilePartitionerTest, GivesTheSlowLayerItsOwnPart) {
   at::set_num_threads(1);
-  auto heavy = [] {
+  auto heavy = [](const LayerContext&) {
     return MakeFunctionLayer("Heavy", [](const torch::Tensor& x) {
       torch::Tensor y = x;
       for (int i = 0; i < 40; ++i) y = torch::tanh(torch::matmul(y, y.t()) / 64.0);
@@ -208,7 +212,7 @@ TEST(ProfilePartitionerTest, GivesTheSlowLayerItsOwnPart) {
 
 TEST(ProfilePartitionerTest, FirstLayerMayReadOnlyTheSampleBatch) {
   at::set_num_threads(1);
-  auto heavy = [] {
+  auto heavy = [](const LayerContext&) {
     return MakeFunctionLayer("Heavy", [](const torch::Tensor& x) {
       torch::Tensor y = x;
       for (int i = 0; i < 40; ++i) y = torch::tanh(torch::matmul(y, y.t()) / 64.0);
@@ -216,7 +220,7 @@ TEST(ProfilePartitionerTest, FirstLayerMayReadOnlyTheSampleBatch) {
     });
   };
   std::vector<LayerSpec> specs = {
-      LayerSpec("FromBatch", [] { return std::make_shared<FromBatch>(); }),
+      LayerSpec("FromBatch", [](const LayerContext&) { return std::make_shared<FromBatch>(); }),
       LayerSpec("Heavy", heavy), LayerSpec("Heavy", heavy), Fn("Cheap")};
   PartitionRequest request;
   request.specs = &specs;

@@ -31,7 +31,9 @@ class BlockImpl : public LayerImpl {
   torch::nn::Linear linear_{nullptr};
 };
 
-Layer MakeEmbedding() { return MakeModuleLayer(torch::nn::Embedding(kVocab, kHidden)); }
+Layer MakeEmbedding(const LayerContext&) {
+  return MakeModuleLayer(torch::nn::Embedding(kVocab, kHidden));
+}
 
 }  // namespace
 
@@ -39,7 +41,8 @@ std::vector<LayerSpec> ToySpecs(int blocks) {
   std::vector<LayerSpec> specs;
   specs.push_back(TiedLayerSpec("embed", MakeEmbedding));
   for (int i = 0; i < blocks; ++i)
-    specs.push_back(LayerSpec("Block", [] { return std::make_shared<BlockImpl>(); }));
+    specs.push_back(
+        LayerSpec("Block", [](const LayerContext&) { return std::make_shared<BlockImpl>(); }));
   specs.push_back(
       TiedLayerSpec("embed", MakeEmbedding, TiedProjection("weight")).WithName("LmHead"));
   return specs;

@@ -46,7 +46,7 @@ TEST(TrainerTest, DeepSpeedTwoLinearLayers) {
       return d;
     }
   };
-  auto linear = [] {
+  auto linear = [](const LayerContext&) {
     torch::nn::Linear l(torch::nn::LinearOptions(1, 1).bias(false));
     torch::NoGradGuard g;
     l->weight.fill_(1.0);
