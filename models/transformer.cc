@@ -9,18 +9,25 @@
 
 namespace pp {
 
-SelfAttentionImpl::SelfAttentionImpl(int64_t width, int64_t num_heads, double dropout)
-    : width_(width), num_heads_(num_heads) {
+SelfAttentionImpl::SelfAttentionImpl(int64_t width, int64_t num_heads, double dropout,
+                                     const ModelParallelGroup& group)
+    : width_(width), num_heads_(num_heads / group.size), parallel_(group.is_parallel()) {
   TORCH_CHECK(num_heads > 0 && width % num_heads == 0, "width (", width,
               ") must be a multiple of num_heads (", num_heads, ")");
+  TORCH_CHECK(num_heads % group.size == 0, "num_heads (", num_heads,
+              ") must be a multiple of the tensor-parallel size ", group.size);
+  using tensor_parallel::ParallelLinearOptions;
   // No key bias: softmax is invariant to it, so its gradient is zero in
   // theory and rounding noise in practice, which Adam would blow up into
   // updates that differ between a pipeline and the sequential model.
-  qkv_ = register_module("qkv",
-                         torch::nn::Linear(torch::nn::LinearOptions(width, 3 * width).bias(false)));
-  q_bias_ = register_parameter("q_bias", torch::zeros({width}));
-  v_bias_ = register_parameter("v_bias", torch::zeros({width}));
-  proj_ = register_module("proj", torch::nn::Linear(width, width));
+  qkv_ = register_module(
+      "qkv", tensor_parallel::ColumnParallelLinear(
+                 ParallelLinearOptions(width, 3 * width).Bias(false).OutputBlocks(3), group));
+  const int64_t local_width = width / group.size;
+  q_bias_ = register_parameter("q_bias", torch::zeros({local_width}));
+  v_bias_ = register_parameter("v_bias", torch::zeros({local_width}));
+  proj_ = register_module(
+      "proj", tensor_parallel::RowParallelLinear(ParallelLinearOptions(width, width), group));
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(dropout));
   out_dropout_ = register_module("out_dropout", torch::nn::Dropout(dropout));
 }
@@ -39,12 +46,14 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
                                          const torch::Tensor& key_mask) {
   TORCH_CHECK(x.dim() == 3 && x.size(2) == width_, "attention expects [batch, time, ", width_,
               "], got ", x.sizes());
-  const int64_t batch = x.size(0);
-  const int64_t time = x.size(1);
-  const int64_t head_width = width_ / num_heads_;
+  const torch::Tensor projected = qkv_(x);
+  const int64_t batch = projected.size(0);
+  const int64_t time = projected.size(1);
+  const int64_t local_width = projected.size(2) / 3;  // this rank's heads
+  const int64_t head_width = local_width / num_heads_;
   // [batch, time, 3, heads, head_width] -> 3 x [batch, heads, time, head_width]
   torch::Tensor qkv =
-      qkv_(x).view({batch, time, 3, num_heads_, head_width}).permute({2, 0, 3, 1, 4});
+      projected.view({batch, time, 3, num_heads_, head_width}).permute({2, 0, 3, 1, 4});
   // On a GPU without a key mask: LibTorch's fused attention (2.x), as
   // PyTorch's nn.MultiheadAttention runs it. It never materialises the
   // [time, time] scores, which the explicit path below reads and writes five
@@ -57,7 +66,7 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
         qkv[0] + q_bias_.view({num_heads_, 1, head_width}), qkv[1],
         qkv[2] + v_bias_.view({num_heads_, 1, head_width}), dropout, causal);
     if (fused.has_value()) {
-      return out_dropout_(proj_(fused->transpose(1, 2).reshape({batch, time, width_})));
+      return out_dropout_(proj_(fused->transpose(1, 2).reshape({batch, time, local_width})));
     }
   }
   // [batch * heads, time, head_width] operands for the batched matmuls: the
@@ -104,13 +113,21 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
   torch::Tensor out = torch::bmm(weights, v)
                           .view({batch, num_heads_, time, head_width})
                           .transpose(1, 2)
-                          .reshape({batch, time, width_});
+                          .reshape({batch, time, local_width});
   return out_dropout_(proj_(out));
 }
 
-MlpImpl::MlpImpl(int64_t width, int64_t hidden, double dropout) {
-  fc_in_ = register_module("fc_in", torch::nn::Linear(width, hidden));
-  fc_out_ = register_module("fc_out", torch::nn::Linear(hidden, width));
+std::map<std::string, tensor_parallel::ShardSpec> SelfAttentionImpl::ShardDims() const {
+  if (!parallel_) return {};
+  return {{"q_bias", {0, 1}}, {"v_bias", {0, 1}}};
+}
+
+MlpImpl::MlpImpl(int64_t width, int64_t hidden, double dropout, const ModelParallelGroup& group) {
+  using tensor_parallel::ParallelLinearOptions;
+  fc_in_ = register_module(
+      "fc_in", tensor_parallel::ColumnParallelLinear(ParallelLinearOptions(width, hidden), group));
+  fc_out_ = register_module(
+      "fc_out", tensor_parallel::RowParallelLinear(ParallelLinearOptions(hidden, width), group));
   dropout_ = register_module("dropout", torch::nn::Dropout(dropout));
 }
 
@@ -160,6 +177,33 @@ absl::Status ValidateTransformerConfig(absl::string_view model,
   if (!(dropout >= 0.0 && dropout < 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(model, ".dropout (", dropout, ") must be in [0, 1)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
+                                            bool sequence_parallel, int64_t num_heads,
+                                            int64_t mlp_hidden, double dropout) {
+  if (tp <= 1) return absl::OkStatus();
+  if (num_heads % tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model, ".num_heads (", num_heads, ") must be a multiple of parallelism.tp (",
+                     tp, "): each tensor-parallel rank holds whole heads"));
+  }
+  if (mlp_hidden % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(model, "'s MLP hidden width (", mlp_hidden,
+                                                   ") must be a multiple of parallelism.tp (", tp,
+                                                   ")"));
+  }
+  if (dropout != 0.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        model, ".dropout (", dropout, ") must be 0 with parallelism.tp (", tp,
+        ") > 1: dropout inside tensor-parallel regions needs per-rank RNG streams, not built yet"));
+  }
+  if (sequence_parallel) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.sequence_parallel is not supported by ", model,
+        " yet (the tensor-parallel layers support it; the model's norms and embeddings do not)"));
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <string>
 #include <utility>
 
 #include <torch/torch.h>
@@ -15,22 +17,30 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "pipeline/layers/layer.h"
+#include "pipeline/layers/layer_context.h"
+#include "pipeline/tensor_parallel/linear.h"
+#include "pipeline/tensor_parallel/sharded_module.h"
 
 namespace pp {
 
 // Self-attention over x [batch, time, width] with `num_heads` heads of
 // width / num_heads each; a fused q/k/v projection (biases on q and v only)
-// and an output projection.
+// and an output projection. Under tensor parallelism (`group` of size tp) a
+// rank holds num_heads / tp heads: the q/k/v projection is column-parallel
+// (its rows for those heads of each of q, k, v), the output projection
+// row-parallel; the weights are the dense layer's slices.
 // Not thread-safe (like any torch::nn::Module).
-class SelfAttentionImpl : public torch::nn::Module {
+class SelfAttentionImpl : public torch::nn::Module, public tensor_parallel::ShardedModule {
  public:
-  // REQUIRES: width % num_heads == 0.
-  SelfAttentionImpl(int64_t width, int64_t num_heads, double dropout);
+  // REQUIRES: width % num_heads == 0, num_heads % tp == 0 (checked).
+  SelfAttentionImpl(int64_t width, int64_t num_heads, double dropout,
+                    const ModelParallelGroup& group = {});
 
   // `causal`: position t attends to positions <= t only. `key_mask`: optional
   // bool [batch, time], true where a key is a real token (padding is false);
   // queries never attend to masked keys.
   torch::Tensor forward(const torch::Tensor& x, bool causal, const torch::Tensor& key_mask = {});
+  std::map<std::string, tensor_parallel::ShardSpec> ShardDims() const override;
 
  private:
   // [time, time] bool, true above the diagonal (the future), cached for the
@@ -38,26 +48,29 @@ class SelfAttentionImpl : public torch::nn::Module {
   const torch::Tensor& FutureMask(int64_t time, const torch::Device& device);
 
   int64_t width_;
-  int64_t num_heads_;
-  torch::nn::Linear qkv_{nullptr};
+  int64_t num_heads_;  // this rank's heads
+  bool parallel_ = false;
+  tensor_parallel::ColumnParallelLinear qkv_{nullptr};
   torch::Tensor q_bias_;
   torch::Tensor v_bias_;
-  torch::nn::Linear proj_{nullptr};
+  tensor_parallel::RowParallelLinear proj_{nullptr};
   torch::nn::Dropout attn_dropout_{nullptr};
   torch::nn::Dropout out_dropout_{nullptr};
   torch::Tensor future_;  // not a buffer: not saved, not moved by to()
 };
 TORCH_MODULE(SelfAttention);
 
-// Linear(width -> hidden) -> GELU -> Linear(hidden -> width) -> dropout.
+// Linear(width -> hidden) -> GELU -> Linear(hidden -> width) -> dropout; the
+// first column-parallel and the second row-parallel under tensor parallelism
+// (REQUIRES: hidden % tp == 0, checked).
 class MlpImpl : public torch::nn::Module {
  public:
-  MlpImpl(int64_t width, int64_t hidden, double dropout);
+  MlpImpl(int64_t width, int64_t hidden, double dropout, const ModelParallelGroup& group = {});
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
-  torch::nn::Linear fc_in_{nullptr};
-  torch::nn::Linear fc_out_{nullptr};
+  tensor_parallel::ColumnParallelLinear fc_in_{nullptr};
+  tensor_parallel::RowParallelLinear fc_out_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
 };
 TORCH_MODULE(Mlp);
@@ -92,6 +105,15 @@ torch::Tensor InputIds(const Activations& inputs, const MicroBatch& batch);
 absl::Status ValidateTransformerConfig(absl::string_view model,
                                        std::initializer_list<std::pair<const char*, int64_t>> sizes,
                                        int64_t width, int64_t num_heads, double dropout);
+
+// What tensor parallelism of size `tp` needs of a transformer, with errors
+// naming `<model>.<field>` and what would divide: heads and the MLP's hidden
+// width split evenly, no dropout (the per-rank RNG streams that make dropout
+// masks independent of tp are not built yet), no sequence parallelism in the
+// models yet.
+absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
+                                            bool sequence_parallel, int64_t num_heads,
+                                            int64_t mlp_hidden, double dropout);
 
 }  // namespace pp
 

@@ -46,6 +46,7 @@ LAYERS = [
     "observability",
     "topology",
     "pipeline/layers",
+    "pipeline/tensor_parallel",
     "pipeline/partition",
     "pipeline",
     "pipeline/schedule",

@@ -17,16 +17,39 @@ absl::Status ValidateGptConfig(const GptConfig& c) {
                                    c.width, c.num_heads, c.dropout);
 }
 
-GptEmbeddingImpl::GptEmbeddingImpl(const GptConfig& config) : LayerImpl("GptEmbedding") {
-  tok_embed = register_module("tok_embed", torch::nn::Embedding(config.vocab_size, config.width));
+absl::Status ValidateGptParallelism(const GptConfig& config, int64_t tp, bool sequence_parallel) {
+  return ValidateTransformerParallelism("gpt", tp, sequence_parallel, config.num_heads,
+                                        config.mlp_ratio * config.width, config.dropout);
+}
+
+namespace {
+
+void CheckParallelism(const GptConfig& config, const ModelParallelGroup& group) {
+  const absl::Status status = ValidateGptParallelism(config, group.size, group.sequence_parallel);
+  TORCH_CHECK(status.ok(), status.message());
+}
+
+}  // namespace
+
+GptEmbeddingImpl::GptEmbeddingImpl(const GptConfig& config, const ModelParallelGroup& group)
+    : LayerImpl("GptEmbedding"), group_(group) {
+  CheckParallelism(config, group);
+  // The dense table drawn as the dense model draws it (so tp shards are its
+  // rows): LibTorch's Embedding init, then GPT-2's N(0, 0.02) rather than
+  // N(0, 1), which would make the tied LM head's initial logits huge.
+  torch::nn::Embedding table(config.vocab_size, config.width);
   pos_embed =
       register_module("pos_embed", torch::nn::Embedding(config.context_length, config.width));
   dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
-  // GPT-2's initialisation: N(0, 0.02) rather than LibTorch's N(0, 1), which
-  // would make the tied LM head's initial logits huge.
   torch::NoGradGuard no_grad;
-  tok_embed->weight.normal_(0.0, 0.02);
+  table->weight.normal_(0.0, 0.02);
   pos_embed->weight.normal_(0.0, 0.02);
+  tok_embed =
+      register_module("tok_embed", tensor_parallel::VocabParallelEmbedding(table->weight, group));
+}
+
+torch::Tensor GptEmbeddingImpl::Logits(const torch::Tensor& x) const {
+  return tensor_parallel::VocabParallelLogits(x, tok_embed->weight, group_);
 }
 
 Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -40,12 +63,15 @@ Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatc
   return {dropout_(tok_embed(ids) + pos_embed(positions))};
 }
 
-TransformerBlockImpl::TransformerBlockImpl(const GptConfig& config)
+TransformerBlockImpl::TransformerBlockImpl(const GptConfig& config, const ModelParallelGroup& group)
     : LayerImpl("TransformerBlock") {
+  CheckParallelism(config, group);
   ln1_ = register_module("ln1", MakeLayerNorm(config.width));
-  attn_ = register_module("attn", SelfAttention(config.width, config.num_heads, config.dropout));
+  attn_ =
+      register_module("attn", SelfAttention(config.width, config.num_heads, config.dropout, group));
   ln2_ = register_module("ln2", MakeLayerNorm(config.width));
-  mlp_ = register_module("mlp", Mlp(config.width, config.mlp_ratio * config.width, config.dropout));
+  mlp_ = register_module("mlp",
+                         Mlp(config.width, config.mlp_ratio * config.width, config.dropout, group));
 }
 
 Activations TransformerBlockImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -59,16 +85,17 @@ Activations TransformerBlockImpl::Forward(const Activations& inputs, const Micro
 absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config) {
   if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
   const int64_t embed_params = (config.vocab_size + config.context_length) * config.width;
-  LayerFactory embed = [config](const LayerContext&) {
-    return std::make_shared<GptEmbeddingImpl>(config);
+  LayerFactory embed = [config](const LayerContext& ctx) {
+    return std::make_shared<GptEmbeddingImpl>(config, ctx.model_parallel);
   };
   std::vector<LayerSpec> specs;
   specs.push_back(
       TiedLayerSpec("embed", embed).WithName("GptEmbedding").WithParameterCount(embed_params));
   for (int64_t i = 0; i < config.num_layers; ++i) {
     specs.push_back(LayerSpec("TransformerBlock",
-                              [config](const LayerContext&) {
-                                return std::make_shared<TransformerBlockImpl>(config);
+                              [config](const LayerContext& ctx) {
+                                return std::make_shared<TransformerBlockImpl>(config,
+                                                                              ctx.model_parallel);
                               })
                         .WithParameterCount(TransformerBlockParameterCount(
                             config.width, config.mlp_ratio * config.width)));
@@ -77,7 +104,16 @@ absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config) {
                     return MakeModuleLayer(MakeLayerNorm(width), "FinalLayerNorm");
                   }).WithParameterCount(2 * config.width));
   // The head reuses the embedding table: count its matmul like the table.
-  specs.push_back(TiedLayerSpec("embed", embed, TiedProjection("tok_embed.weight"))
+  // Through the embedding's Logits: x @ table^T, and under tensor
+  // parallelism this rank's vocabulary columns with the input's gradient
+  // summed over the group.
+  TiedForwardFn head = [](LayerImpl& shared, const Activations& inputs, const MicroBatch&) {
+    const auto& embedding = dynamic_cast<const GptEmbeddingImpl&>(shared);
+    Activations out;
+    for (const torch::Tensor& x : inputs) out.push_back(embedding.Logits(x));
+    return out;
+  };
+  specs.push_back(TiedLayerSpec("embed", embed, head)
                       .WithName("LmHead")
                       .WithParameterCount(config.vocab_size * config.width));
   return specs;
@@ -91,6 +127,17 @@ torch::Tensor GptLoss(const Activations& outputs, const MicroBatch& batch) {
               logits.sizes(), " do not match labels ", labels.sizes());
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(2)}),
                                               labels.reshape({-1}));
+}
+
+torch::Tensor GptParallelLoss(const Activations& outputs, const MicroBatch& batch,
+                              int64_t vocab_size, const ModelParallelGroup& group) {
+  TORCH_CHECK(outputs.size() == 1, "GptParallelLoss expects one output (logits), got ",
+              outputs.size());
+  const torch::Tensor& logits = outputs[0];
+  const torch::Tensor& labels = batch.Get("labels");
+  TORCH_CHECK(logits.dim() == 3 && labels.sizes() == logits.sizes().slice(0, 2),
+              "GptParallelLoss: logits ", logits.sizes(), " do not match labels ", labels.sizes());
+  return tensor_parallel::VocabParallelCrossEntropy(logits, labels, vocab_size, group).mean();
 }
 
 }  // namespace pp

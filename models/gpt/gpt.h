@@ -9,6 +9,14 @@
 // outputs logits [b, T, vocab]; GptLoss compares them with "labels".
 // `type:TransformerBlock` partitions on block boundaries.
 //
+// Tensor parallelism comes from each factory's LayerContext: with a
+// model-parallel group of size tp, a block holds num_heads / tp heads and
+// 1/tp of the MLP (pipeline/tensor_parallel/linear.h), the token table holds
+// 1/tp of the vocabulary's rows (padded to a multiple of tp), the tied head
+// outputs this rank's logits [b, T, padded vocab / tp], and GptParallelLoss
+// is the cross-entropy over those shards. Position embeddings and LayerNorms
+// are replicated.
+//
 // Next: models/gpt/sample.h (text generation through the pipeline).
 #ifndef MODELS_GPT_GPT_H_
 #define MODELS_GPT_GPT_H_
@@ -22,7 +30,9 @@
 #include "absl/status/statusor.h"
 #include "models/transformer.h"
 #include "pipeline/layers/layer.h"
+#include "pipeline/layers/layer_context.h"
 #include "pipeline/layers/layer_spec.h"
+#include "pipeline/tensor_parallel/vocab_parallel.h"
 
 namespace pp {
 
@@ -40,24 +50,33 @@ struct GptConfig {
 // multiple of num_heads, dropout in [0, 1).
 absl::Status ValidateGptConfig(const GptConfig& config);
 
+// What tensor parallelism of size `tp` needs of `config`
+// (ValidateTransformerParallelism).
+absl::Status ValidateGptParallelism(const GptConfig& config, int64_t tp, bool sequence_parallel);
+
 // Token + position embeddings (+ dropout). Parameters "tok_embed.weight"
-// [vocab, width] and "pos_embed.weight" [context, width]. Not thread-safe.
+// [vocab, width] (this rank's rows under tensor parallelism) and
+// "pos_embed.weight" [context, width]. Not thread-safe.
 class GptEmbeddingImpl : public LayerImpl {
  public:
-  explicit GptEmbeddingImpl(const GptConfig& config);
+  explicit GptEmbeddingImpl(const GptConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
+  // The tied LM head: this rank's logits of hidden states `x` through the
+  // token table (the input's gradient all-reduced over the group).
+  torch::Tensor Logits(const torch::Tensor& x) const;
 
-  torch::nn::Embedding tok_embed{nullptr};
+  tensor_parallel::VocabParallelEmbedding tok_embed{nullptr};
   torch::nn::Embedding pos_embed{nullptr};
 
  private:
+  ModelParallelGroup group_;
   torch::nn::Dropout dropout_{nullptr};
 };
 
 // x + attn(ln1(x)) with a causal mask, then x + mlp(ln2(x)). Not thread-safe.
 class TransformerBlockImpl : public LayerImpl {
  public:
-  explicit TransformerBlockImpl(const GptConfig& config);
+  explicit TransformerBlockImpl(const GptConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
 
  private:
@@ -67,13 +86,21 @@ class TransformerBlockImpl : public LayerImpl {
   Mlp mlp_{nullptr};
 };
 
-// The spec list above, num_layers + 3 specs, with declared parameter counts.
-// Reused by benchmarks (activation checkpointing) that need a GPT.
+// The spec list above, num_layers + 3 specs, with declared (dense) parameter
+// counts. Reused by benchmarks (activation checkpointing) that need a GPT.
+// A factory given a model-parallel group of size tp builds its shard; one
+// whose group config cannot split (ValidateGptParallelism) throws naming why.
 absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config);
 
 // Mean next-token cross-entropy of logits `outputs[0]` [b, T, V] against the
 // micro-batch's "labels" [b, T].
 torch::Tensor GptLoss(const Activations& outputs, const MicroBatch& batch);
+
+// The same loss from this rank's vocabulary shard of the logits
+// [b, T, padded vocab / tp] (tensor_parallel::VocabParallelCrossEntropy: the
+// full logits never exist on one rank). Equals GptLoss of the whole logits.
+torch::Tensor GptParallelLoss(const Activations& outputs, const MicroBatch& batch,
+                              int64_t vocab_size, const ModelParallelGroup& group);
 
 }  // namespace pp
 

@@ -1,0 +1,76 @@
+// The communication functions of tensor and sequence parallelism, as autograd
+// functions whose backward is the conjugate collective (Megatron-core's
+// tensor_parallel/mappings.py). Each is a pair:
+//
+//   function                        forward                 backward
+//   CopyToTensorParallelRegion      identity                all-reduce
+//   ReduceFromTensorParallelRegion  all-reduce              identity
+//   ScatterToTensorParallelRegion   keep this rank's slice  all-gather
+//   GatherFromTensorParallelRegion  all-gather              keep this rank's slice
+//   ScatterToSequenceParallelRegion keep this rank's slice  all-gather
+//   GatherFromSequenceParallelRegion all-gather             reduce-scatter
+//   ReduceScatterToSequenceParallelRegion reduce-scatter    all-gather
+//
+// "Slice" and "gather" act on one dimension: the last for the tensor-parallel
+// ones (hidden or vocabulary columns), `dim` for the sequence-parallel ones
+// (pipe's activations are [batch, sequence, hidden]: dim 1). The dimension
+// must divide by the group's size; a tensor that does not is refused naming
+// both numbers. With a group of size 1 every function is the identity.
+//
+// Collectives wait at most group.timeout and throw c10::Error naming the
+// collective and group.description when they fail (an autograd function has
+// no Status to return; the runtime turns the exception into one where a step
+// starts). bf16 and fp16 tensors travel and are summed as float32 (Gloo has
+// neither; the sum rounds once), and every rank of a group sees the same
+// bits. A reduce-scatter is an all-reduce and a slice: Gloo in LibTorch 1.13
+// and the host-staged backend of ranks sharing a GPU have no reduce-scatter.
+//
+// Next: pipeline/tensor_parallel/linear.h (the layers built on these).
+#ifndef PIPELINE_TENSOR_PARALLEL_MAPPINGS_H_
+#define PIPELINE_TENSOR_PARALLEL_MAPPINGS_H_
+
+#include <cstdint>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "pipeline/layers/layer_context.h"
+
+namespace pp {
+namespace tensor_parallel {
+
+torch::Tensor CopyToTensorParallelRegion(const torch::Tensor& x, const ModelParallelGroup& group);
+torch::Tensor ReduceFromTensorParallelRegion(const torch::Tensor& x,
+                                             const ModelParallelGroup& group);
+torch::Tensor ScatterToTensorParallelRegion(const torch::Tensor& x,
+                                            const ModelParallelGroup& group);
+torch::Tensor GatherFromTensorParallelRegion(const torch::Tensor& x,
+                                             const ModelParallelGroup& group);
+
+torch::Tensor ScatterToSequenceParallelRegion(const torch::Tensor& x,
+                                              const ModelParallelGroup& group, int64_t dim);
+torch::Tensor GatherFromSequenceParallelRegion(const torch::Tensor& x,
+                                               const ModelParallelGroup& group, int64_t dim);
+torch::Tensor ReduceScatterToSequenceParallelRegion(const torch::Tensor& x,
+                                                    const ModelParallelGroup& group, int64_t dim);
+
+// The plain collectives the functions above are made of (no autograd), for
+// the vocabulary-parallel cross-entropy and the runtime's grad reductions.
+enum class ReduceOp { kSum, kMax };
+// In place on a contiguous tensor.
+void AllReduceInPlace(torch::Tensor& x, const ModelParallelGroup& group, ReduceOp op,
+                      const std::string& what);
+// The group's tensors concatenated along `dim`, in group-rank order.
+torch::Tensor AllGather(const torch::Tensor& x, const ModelParallelGroup& group, int64_t dim,
+                        const std::string& what);
+// This rank's slice along `dim` of the sum of the group's tensors.
+torch::Tensor ReduceScatter(const torch::Tensor& x, const ModelParallelGroup& group, int64_t dim,
+                            const std::string& what);
+// This rank's slice of `x` along `dim` (a view). REQUIRES: dim divides.
+torch::Tensor LocalSlice(const torch::Tensor& x, const ModelParallelGroup& group, int64_t dim,
+                         const std::string& what);
+
+}  // namespace tensor_parallel
+}  // namespace pp
+
+#endif  // PIPELINE_TENSOR_PARALLEL_MAPPINGS_H_

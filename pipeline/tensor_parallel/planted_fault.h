@@ -1,0 +1,26 @@
+// Test only: plants a fault in the tensor-parallel communication functions, so
+// that a test can show it notices a missing all-reduce or a wrong scatter (the
+// equivalence suite's planted bugs). Never set outside tests.
+#ifndef PIPELINE_TENSOR_PARALLEL_PLANTED_FAULT_H_
+#define PIPELINE_TENSOR_PARALLEL_PLANTED_FAULT_H_
+
+namespace pp {
+namespace tensor_parallel {
+namespace internal {
+
+enum class PlantedFault {
+  kNone,
+  // Every sum all-reduce of mappings.h returns its input unreduced.
+  kSkipAllReduce,
+  // Every slice takes the next rank's part instead of its own.
+  kWrongSlice,
+};
+
+// Process-wide; the previous fault is returned so a test can restore it.
+PlantedFault PlantFault(PlantedFault fault);
+
+}  // namespace internal
+}  // namespace tensor_parallel
+}  // namespace pp
+
+#endif  // PIPELINE_TENSOR_PARALLEL_PLANTED_FAULT_H_

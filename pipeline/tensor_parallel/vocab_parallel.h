@@ -1,0 +1,85 @@
+// The vocabulary split across a group: an embedding whose rows, an output
+// projection whose logits, and a cross-entropy whose softmax are each held
+// 1/size per rank (Megatron's VocabParallelEmbedding and
+// vocab_parallel_cross_entropy). The full [tokens, vocabulary] logits never
+// exist on one rank: the loss needs only the max and the sum of exponentials
+// over the vocabulary (two all-reduces of one number per token) and the
+// target's logit (one more).
+//
+// The vocabulary is padded to a multiple of the group's size (Megatron does
+// the same): rows past `vocab_size` are zero, never looked up, and their
+// logits are left out of the softmax, so the loss and every gradient equal the
+// unpadded dense model's.
+//
+// The group is any ModelParallelGroup: the tensor-parallel group here, and the
+// pipe group for vocabulary parallelism across pipeline stages.
+#ifndef PIPELINE_TENSOR_PARALLEL_VOCAB_PARALLEL_H_
+#define PIPELINE_TENSOR_PARALLEL_VOCAB_PARALLEL_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "pipeline/layers/layer_context.h"
+#include "pipeline/tensor_parallel/sharded_module.h"
+
+namespace pp {
+namespace tensor_parallel {
+
+// `vocab_size` rounded up to a multiple of `parts`.
+int64_t PaddedVocabSize(int64_t vocab_size, int64_t parts);
+
+// The rows [begin, end) of the padded vocabulary rank `group.rank` holds.
+struct VocabRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+VocabRange LocalVocabRange(int64_t vocab_size, const ModelParallelGroup& group);
+
+// This rank's rows of `full_table` ([vocab_size, dim], drawn by the model as
+// its dense embedding draws it), padded with zero rows to PaddedVocabSize.
+torch::Tensor LocalVocabRows(const torch::Tensor& full_table, const ModelParallelGroup& group);
+
+// Token ids [..] -> embeddings [.., dim]: each rank looks up the ids in its
+// rows (zeros elsewhere) and the group sums them; under sequence parallelism
+// the sum is reduce-scattered along `sequence_dim` of the output.
+class VocabParallelEmbeddingImpl : public torch::nn::Module, public ShardedModule {
+ public:
+  // `full_table`: the dense table [vocab_size, dim]; this rank keeps its rows.
+  VocabParallelEmbeddingImpl(const torch::Tensor& full_table, ModelParallelGroup group,
+                             int64_t sequence_dim = 1);
+  torch::Tensor forward(const torch::Tensor& ids);
+  std::map<std::string, ShardSpec> ShardDims() const override;
+
+  int64_t vocab_size() const { return vocab_size_; }
+  const ModelParallelGroup& group() const { return group_; }
+  torch::Tensor weight;  // [padded vocab / size, dim]
+
+ private:
+  int64_t vocab_size_;
+  ModelParallelGroup group_;
+  int64_t sequence_dim_;
+};
+TORCH_MODULE(VocabParallelEmbedding);
+
+// This rank's logits [.., vocab / size] of hidden states `x` [.., dim] through
+// its rows `weight` [vocab / size, dim] (a tied embedding's or a head's own).
+// The input's gradient is all-reduced over the group; under sequence
+// parallelism `x` is a sequence shard and is all-gathered along `sequence_dim`.
+torch::Tensor VocabParallelLogits(const torch::Tensor& x, const torch::Tensor& weight,
+                                  const ModelParallelGroup& group, int64_t sequence_dim = 1);
+
+// Per-token cross-entropy [..] of this rank's logits [.., vocab / size] and
+// the targets [..] (ids of the unpadded vocabulary, or `ignore_index`, whose
+// loss and gradient are 0). Computed in float32 whatever the logits' dtype;
+// the gradient is returned in the logits' dtype.
+torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                        int64_t vocab_size, const ModelParallelGroup& group,
+                                        int64_t ignore_index = -100);
+
+}  // namespace tensor_parallel
+}  // namespace pp
+
+#endif  // PIPELINE_TENSOR_PARALLEL_VOCAB_PARALLEL_H_
