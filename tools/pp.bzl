@@ -36,6 +36,13 @@ _WARNINGS = [
 
 PP_COPTS = ["-std=c++20"] + _WARNINGS
 
+# For the few libraries whose loops decide a tool's run time even in the
+# default build (fastbuild, -O0): the schedule simulator and synthesiser run
+# hundreds of thousands of actions per candidate schedule, and at -O0 the
+# standard library's abstractions cost them 7x (issue #43). Bazel puts a
+# target's copts after its own -O0, so this wins; -c dbg keeps its -g.
+PP_HOT_LOOP_COPTS = ["-O2"]
+
 def pp_cc_library(name, copts = [], **kwargs):
     native.cc_library(name = name, copts = PP_COPTS + TORCH_COPTS + copts, **kwargs)
 

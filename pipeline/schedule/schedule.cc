@@ -56,22 +56,33 @@ Schedule EmptyLoopedSchedule(absl::string_view name, const ScheduleOptions& opti
 
 std::string FormatGrid(const RankActions& ranks, std::optional<GridMark> mark) {
   size_t steps = 0;
-  size_t width = 6;  // "rank N" header
-  for (const auto& actions : ranks) {
-    steps = std::max(steps, actions.size());
-    for (const Action& a : actions) {
-      width = std::max(width, ActionToString(a).size() + 2);
-    }
-  }
+  for (const auto& actions : ranks) steps = std::max(steps, actions.size());
   if (mark.has_value() && mark->step >= 0) {
     steps = std::max(steps, static_cast<size_t>(mark->step) + 1);
+  }
+  // With a mark, only the rows around it: an error in a schedule of
+  // thousands of steps stays readable, and a search that meets thousands of
+  // such errors (Synthesize) does not spend its time naming every action.
+  constexpr size_t kContext = 10;
+  size_t first = 0, last = steps;
+  if (mark.has_value() && mark->step >= 0) {
+    const size_t step = static_cast<size_t>(mark->step);
+    first = step > kContext ? step - kContext : 0;
+    last = std::min(steps, step + kContext + 1);
+  }
+  size_t width = 6;  // "rank N" header
+  for (const auto& actions : ranks) {
+    for (size_t step = first; step < std::min(last, actions.size()); ++step) {
+      width = std::max(width, ActionToString(actions[step]).size() + 2);
+    }
   }
   std::string out = absl::StrFormat("%5s", "step");
   for (size_t r = 0; r < ranks.size(); ++r) {
     out += absl::StrFormat("  %-*s", width, absl::StrCat("rank ", r));
   }
   out += "\n";
-  for (size_t step = 0; step < steps; ++step) {
+  if (first > 0) out += absl::StrFormat("  ... steps 0-%d not shown\n", first - 1);
+  for (size_t step = first; step < last; ++step) {
     std::string row = absl::StrFormat("%5d", step);
     bool marked_row = false;
     for (size_t r = 0; r < ranks.size(); ++r) {
@@ -92,6 +103,7 @@ std::string FormatGrid(const RankActions& ranks, std::optional<GridMark> mark) {
     if (marked_row) row += "   <-- here";
     out += row + "\n";
   }
+  if (last < steps) out += absl::StrFormat("  ... steps %d-%d not shown\n", last, steps - 1);
   return out;
 }
 

@@ -80,7 +80,8 @@ struct GridMark {
 //      0  0F0      1F0
 //      1  0F1     [1B0]   <- marked cell
 //
-// Short lists leave blank cells.
+// Short lists leave blank cells. With a mark, only the 10 steps either side
+// of it are shown, and a line says which steps are left out.
 std::string FormatGrid(const RankActions& ranks, std::optional<GridMark> mark = std::nullopt);
 
 // InvalidArgument naming the schedule, the cell and `message`, followed by the

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedule.h"
 
 namespace pp {
 namespace {
@@ -342,6 +343,30 @@ TEST(InterleavedZbTest, RoundsRule) {
 TEST(PlacementTest, VPlacementPutsTheBottomOfTheVOnTheLastRank) {
   EXPECT_EQ(VPlacement(1), (std::vector<int>{0, 0}));
   EXPECT_EQ(VPlacement(4), (std::vector<int>{0, 1, 2, 3, 3, 2, 1, 0}));
+}
+
+TEST(FormatGridTest, AMarkShowsTheStepsAroundIt) {
+  RankActions ranks(2);
+  for (int mb = 0; mb < 100; ++mb) {
+    ranks[0].push_back(F(0, mb));
+    ranks[1].push_back(F(1, mb));
+  }
+  const std::string grid = FormatGrid(ranks, GridMark{1, 50});
+  EXPECT_THAT(grid, HasSubstr("[1F50]   <-- here"));
+  EXPECT_THAT(grid, HasSubstr("... steps 0-39 not shown"));
+  EXPECT_THAT(grid, HasSubstr("   40   0F40"));
+  EXPECT_THAT(grid, HasSubstr("   60   0F60"));
+  EXPECT_THAT(grid, HasSubstr("... steps 61-99 not shown"));
+  EXPECT_THAT(grid, ::testing::Not(HasSubstr("0F39")));
+  EXPECT_THAT(grid, ::testing::Not(HasSubstr("0F61")));
+  // Without a mark, and with few steps, every step.
+  EXPECT_THAT(FormatGrid(ranks), HasSubstr("   99   0F99"));
+  EXPECT_THAT(FormatGrid(ranks), ::testing::Not(HasSubstr("not shown")));
+  RankActions few = {{F(0, 0), F(0, 1)}, {F(1, 0)}};
+  EXPECT_EQ(FormatGrid(few, GridMark{1, 1}),
+            " step  rank 0  rank 1\n"
+            "    0   0F0     1F0\n"
+            "    1   0F1    [ ]   <-- here\n");
 }
 
 }  // namespace

@@ -485,12 +485,12 @@ internal_schedule::ExecutionCosts MakeExecutionCosts(const LoweredProgram& progr
   return exec_costs;
 }
 
-// The timeline, busy/idle, in-flight micro-batches and activation memory of
-// an execution of `program` (memory in units of one F's activations, of which
-// I frees `input_frees` and W the rest).
+// The timeline (when `with_timeline`), busy/idle, in-flight micro-batches and
+// activation memory of an execution of `program` (memory in units of one F's
+// activations, of which I frees `input_frees` and W the rest).
 SimulationResult Summarize(const LoweredProgram& program, const internal_schedule::Execution& ex,
-                           const internal_schedule::ExecutionCosts& exec_costs,
-                           double input_frees) {
+                           const internal_schedule::ExecutionCosts& exec_costs, double input_frees,
+                           bool with_timeline) {
   const int p = program.num_stages;
   SimulationResult result;
   result.busy.assign(p, 0);
@@ -506,13 +506,15 @@ SimulationResult Summarize(const LoweredProgram& program, const internal_schedul
       const Action& action = program.ranks[r][i];
       result.makespan = std::max(result.makespan, ex.end[r][i]);
       if (IsTail(action.type)) {
-        if (ex.end[r][i] > ex.start[r][i]) {
+        if (with_timeline && ex.end[r][i] > ex.start[r][i]) {
           result.timeline.push_back({r, ActionToString(action), ex.start[r][i], ex.end[r][i]});
         }
         continue;
       }
       if (!IsCompute(action.type)) {
-        result.timeline.push_back({r, ActionToString(action), ex.start[r][i], ex.end[r][i]});
+        if (with_timeline) {
+          result.timeline.push_back({r, ActionToString(action), ex.start[r][i], ex.end[r][i]});
+        }
         continue;
       }
       if (first_start < 0) first_start = ex.start[r][i];
@@ -523,9 +525,11 @@ SimulationResult Summarize(const LoweredProgram& program, const internal_schedul
       for (const Action& a : Leaves(action)) {
         const double end =
             action.type == ActionType::kOverlapFB ? t + exec_costs.compute(a) : ex.end[r][i];
-        result.timeline.push_back(
-            {r, ActionToString(a), t, end,
-             action.type == ActionType::kOverlapFB ? ActionToString(action) : std::string()});
+        if (with_timeline) {
+          result.timeline.push_back(
+              {r, ActionToString(a), t, end,
+               action.type == ActionType::kOverlapFB ? ActionToString(action) : std::string()});
+        }
         result.busy[r] += end - t;
         t = end;
         switch (a.type) {
@@ -568,16 +572,28 @@ SimulationResult Summarize(const LoweredProgram& program, const internal_schedul
   return result;
 }
 
-}  // namespace
-
 absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
-                                                 const SimulationCosts& costs) {
+                                                 const SimulationCosts& costs, bool with_timeline) {
   PP_RETURN_IF_ERROR(CheckCosts(program, costs));
   const std::vector<int> tie_root = TieRoots(program, costs);
   const internal_schedule::ExecutionCosts exec_costs = MakeExecutionCosts(program, costs, tie_root);
   PP_ASSIGN_OR_RETURN(internal_schedule::Execution ex,
                       internal_schedule::Execute(program, exec_costs));
-  return Summarize(program, ex, exec_costs, costs.memory.InputFraction());
+  return Summarize(program, ex, exec_costs, costs.memory.InputFraction(), with_timeline);
+}
+
+absl::StatusOr<SimulationResult> SimulateAsExecuted(const Schedule& schedule,
+                                                    const SimulationCosts& costs,
+                                                    bool defer_receives, bool with_timeline) {
+  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+  return SimulateProgram(defer_receives ? DeferReceives(program) : program, costs, with_timeline);
+}
+
+}  // namespace
+
+absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
+                                                 const SimulationCosts& costs) {
+  return SimulateProgram(program, costs, /*with_timeline=*/true);
 }
 
 absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const SimulationCosts& costs) {
@@ -588,8 +604,13 @@ absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const Simula
 absl::StatusOr<SimulationResult> SimulateAsExecuted(const Schedule& schedule,
                                                     const SimulationCosts& costs,
                                                     bool defer_receives) {
-  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
-  return SimulateProgram(defer_receives ? DeferReceives(program) : program, costs);
+  return SimulateAsExecuted(schedule, costs, defer_receives, /*with_timeline=*/true);
+}
+
+absl::StatusOr<SimulationResult> SimulateFiguresAsExecuted(const Schedule& schedule,
+                                                           const SimulationCosts& costs,
+                                                           bool defer_receives) {
+  return SimulateAsExecuted(schedule, costs, defer_receives, /*with_timeline=*/false);
 }
 
 }  // namespace pp

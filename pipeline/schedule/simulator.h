@@ -201,6 +201,14 @@ absl::StatusOr<SimulationResult> SimulateAsExecuted(const Schedule& schedule,
                                                     const SimulationCosts& costs,
                                                     bool defer_receives);
 
+// SimulateAsExecuted without the timeline (left empty; every other figure the
+// same), for searches that simulate thousands of candidates and read only
+// their figures (synthesis.h): naming every action of the timeline cost such a
+// search more than executing the program.
+absl::StatusOr<SimulationResult> SimulateFiguresAsExecuted(const Schedule& schedule,
+                                                           const SimulationCosts& costs,
+                                                           bool defer_receives);
+
 }  // namespace pp
 
 #endif  // PIPELINE_SCHEDULE_SIMULATOR_H_

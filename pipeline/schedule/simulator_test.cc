@@ -1,6 +1,9 @@
 #include "pipeline/schedule/simulator.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -554,6 +557,55 @@ TEST(SimulationCostsTest, ParsesTieGroups) {
   EXPECT_THAT(std::string(ParseTieGroups("0").status().message()), HasSubstr("fewer than 2"));
   EXPECT_THAT(std::string(ParseTieGroups("0,a").status().message()), HasSubstr("\"a\""));
   EXPECT_THAT(std::string(ParseTieGroups("0,-3").status().message()), HasSubstr("\"-3\""));
+}
+
+// The figures-only simulation (what Synthesize evaluates) gives every figure
+// of the full one, with no timeline. Covering set: one schedule per family
+// with a split backward, OVERLAP_F_B, V placement or interleaving, under
+// per-stage, tail, send and comm costs, receives deferred or not.
+TEST(SimulateFiguresAsExecutedTest, SameFiguresWithoutTheTimeline) {
+  absl::StatusOr<SimulationCosts> costs =
+      ParseSimulationCosts("F:1,I:1.2,W:0.7,comm:0.3,SEND:0.05,STEP:0.4,REDUCE_TIED:0.2");
+  ASSERT_TRUE(costs.ok()) << costs.status();
+  costs->step_all_reduce = true;
+  for (const auto& [name, v] : std::vector<std::pair<std::string, int>>{
+           {"1f1b", 1}, {"zb_h2", 1}, {"interleaved_zb", 2}, {"zbv", 2}, {"dualpipev", 2}}) {
+    ScheduleOptions options;
+    options.num_stages = 4;
+    options.num_microbatches = 8;
+    options.num_chunks = v;
+    absl::StatusOr<Schedule> schedule = MakeSchedule(name, options);
+    ASSERT_TRUE(schedule.ok()) << name << ": " << schedule.status();
+    SimulationCosts with_stage = *costs;
+    with_stage.stage_costs[1].forward = 2.5;
+    for (bool defer : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(name, defer ? " deferred" : " as lowered"));
+      absl::StatusOr<SimulationResult> full = SimulateAsExecuted(*schedule, with_stage, defer);
+      absl::StatusOr<SimulationResult> figures =
+          SimulateFiguresAsExecuted(*schedule, with_stage, defer);
+      ASSERT_TRUE(full.ok()) << full.status();
+      ASSERT_TRUE(figures.ok()) << figures.status();
+      EXPECT_FALSE(full->timeline.empty());
+      EXPECT_TRUE(figures->timeline.empty());
+      EXPECT_EQ(figures->makespan, full->makespan);
+      EXPECT_EQ(figures->busy, full->busy);
+      EXPECT_EQ(figures->idle, full->idle);
+      EXPECT_EQ(figures->bubble_fraction, full->bubble_fraction);
+      EXPECT_EQ(figures->inner_idle, full->inner_idle);
+      EXPECT_EQ(figures->peak_inflight, full->peak_inflight);
+      EXPECT_EQ(figures->peak_memory, full->peak_memory);
+    }
+  }
+  // Errors are the full simulation's.
+  ScheduleOptions options;
+  options.num_stages = 2;
+  options.num_microbatches = 2;
+  absl::StatusOr<Schedule> schedule = MakeSchedule("1f1b", options);
+  ASSERT_TRUE(schedule.ok());
+  SimulationCosts bad;
+  bad.forward = -1;
+  EXPECT_EQ(SimulateFiguresAsExecuted(*schedule, bad, false).status(),
+            SimulateAsExecuted(*schedule, bad, false).status());
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 #include <random>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -169,19 +168,31 @@ class ListScheduler {
         inflight_(sh.p, 0),
         pending_w_(sh.p, 0),
         limit_(sh.p, std::numeric_limits<int>::max()),
-        ranks_(sh.p) {
+        ranks_(sh.p),
+        offers_(sh.p),
+        earliest_(sh.p, std::numeric_limits<double>::infinity()) {
     if (var.inflight_factor > 0) {
       for (int r = 0; r < sh.p; ++r)
         limit_[r] = std::max(1, int(std::ceil(var.inflight_factor * (sh.p - r))));
     }
+    for (int r = 0; r < sh.p; ++r) dirty_.push_back(r);
   }
 
   // nullopt when the greedy gets stuck (the cap leaves no admissible action).
   std::optional<RankActions> Run() {
     const int total = sh_.p * sh_.v * sh_.m * (sh_.split ? 3 : 2);
     for (int done = 0; done < total; ++done) {
+      for (int r : dirty_) RefreshOffers(r);
+      dirty_.clear();
+      // The ranks' offers in rank order, as one fold: the same choice as
+      // offering every rank's candidates afresh. A rank whose earliest offer
+      // starts too late to win skips (no offer of it passes `start <
+      // best.start + kEps`), which keeps a step at about O(p) comparisons.
       Choice best;
-      for (int r = 0; r < sh_.p; ++r) ChooseOnRank(r, best);
+      for (int r = 0; r < sh_.p; ++r) {
+        if (earliest_[r] >= best.start + kEps) continue;
+        for (const Offer& o : offers_[r]) Consider(o, r, best);
+      }
       if (best.rank < 0) return std::nullopt;
       Execute(best);
     }
@@ -204,16 +215,23 @@ class ListScheduler {
     int cls = 0, tie = 0, rank = -1, stage = -1, kind = -1;
   };
 
+  // An action a rank offers, with its start and its rank-free tie-breaks.
+  struct Offer {
+    double start;
+    int cls, tie, stage, kind;
+  };
+
   double Arrival(int from_stage, int to_stage, double end) const {
     return end + (sh_.placement[from_stage] != sh_.placement[to_stage] ? sh_.comm : 0.0);
   }
 
   // What rank r could run next: per local stage its next F, I/B and W whose
-  // inputs are known. Sets *f_blocked when a forward is held back by memory.
-  std::vector<Candidate> Candidates(int r, bool* f_blocked) const {
+  // inputs are known, into `cands` (cleared). Sets *f_blocked when a forward
+  // is held back by memory.
+  void Candidates(int r, std::vector<Candidate>& cands, bool* f_blocked) const {
     const int S = sh_.num_virtual, m = sh_.m;
     const int local_count = static_cast<int>(sh_.local[r].size());
-    std::vector<Candidate> cands;
+    cands.clear();
     for (int s : sh_.local[r]) {
       if (next_f_[s] < m) {
         const int mb = next_f_[s];
@@ -246,15 +264,19 @@ class ListScheduler {
         cands.push_back({b_end_[s][next_w_[s]], kW, s, next_w_[s], true});
       }
     }
-    return cands;
   }
 
-  // Offers rank r's candidates to `best`, under the variant's rules.
-  void ChooseOnRank(int r, Choice& best) const {
+  // Rank r's offers under the variant's rules, in candidate order, and the
+  // earliest start among them. They depend on r's own state and on the ends
+  // of its stages' neighbours, so only the ranks Execute marks change them.
+  void RefreshOffers(int r) {
     const int S = sh_.num_virtual;
     bool f_blocked = false;
-    const std::vector<Candidate> cands = Candidates(r, &f_blocked);
-    for (const Candidate& c : cands) {
+    Candidates(r, cands_, &f_blocked);
+    std::vector<Offer>& offers = offers_[r];
+    offers.clear();
+    earliest_[r] = std::numeric_limits<double>::infinity();
+    for (const Candidate& c : cands_) {
       if (!c.allowed) continue;
       const double start = std::max(free_at_[r], c.ready);
       int cls;
@@ -264,7 +286,7 @@ class ListScheduler {
         if (var_.hold_w && cls == 2) {
           const double w_end = start + sh_.cost[c.stage].weight;
           bool delays = false;
-          for (const Candidate& o : cands) {
+          for (const Candidate& o : cands_) {
             if (o.kind != kW && o.allowed && o.ready > start + kEps && o.ready < w_end - kEps) {
               delays = true;
             }
@@ -279,11 +301,18 @@ class ListScheduler {
       const int tie =
           c.mb * S +
           ((c.kind == kF && var_.depth_first) || c.kind == kIB ? S - 1 - c.stage : c.stage);
-      if (start < best.start - kEps ||
-          (start < best.start + kEps &&
-           std::make_tuple(cls, tie, r) < std::make_tuple(best.cls, best.tie, best.rank))) {
-        best = {start, cls, tie, r, c.stage, c.kind};
-      }
+      offers.push_back({start, cls, tie, c.stage, c.kind});
+      earliest_[r] = std::min(earliest_[r], start);
+    }
+  }
+
+  // Offers one of rank r's actions to `best`: an earlier start wins; at an
+  // equal start (within kEps) the smaller (class, tie, rank).
+  static void Consider(const Offer& o, int r, Choice& best) {
+    if (o.start >= best.start + kEps) return;
+    if (o.start < best.start - kEps || o.cls < best.cls ||
+        (o.cls == best.cls && (o.tie < best.tie || (o.tie == best.tie && r < best.rank)))) {
+      best = {o.start, o.cls, o.tie, r, o.stage, o.kind};
     }
   }
 
@@ -292,6 +321,14 @@ class ListScheduler {
     const int r = choice.rank, s = choice.stage;
     const double start = choice.start;
     const StageCost& c = sh_.cost[s];
+    // What changes offers: r's own state, and the end that the next stage's
+    // forward (after an F) or the previous stage's backward (after an I/B)
+    // waits for.
+    dirty_.push_back(r);
+    const int neighbour = choice.kind == kF ? s + 1 : choice.kind == kIB ? s - 1 : -1;
+    if (neighbour >= 0 && neighbour < sh_.num_virtual && sh_.placement[neighbour] != r) {
+      dirty_.push_back(sh_.placement[neighbour]);
+    }
     if (choice.kind == kF) {
       const int mb = next_f_[s]++;
       if (f_done_[r][mb] == 0) {
@@ -330,6 +367,10 @@ class ListScheduler {
   std::vector<int> pending_w_;
   std::vector<int> limit_;  // in-flight limit per rank
   RankActions ranks_;
+  std::vector<std::vector<Offer>> offers_;  // per rank, while not dirty
+  std::vector<double> earliest_;            // per rank: its earliest offer
+  std::vector<int> dirty_;                  // ranks whose offers are stale
+  std::vector<Candidate> cands_;            // scratch of RefreshOffers
 };
 
 std::optional<RankActions> ListSchedule(const Shape& sh, const Variant& var) {
@@ -439,7 +480,7 @@ class Evaluator {
     ++count_;
     Evaluated out;
     absl::StatusOr<SimulationResult> sim =
-        SimulateAsExecuted(ToSchedule(sh_, name_, ranks), costs_, defer_receives_);
+        SimulateFiguresAsExecuted(ToSchedule(sh_, name_, ranks), costs_, defer_receives_);
     if (!sim.ok()) return out;
     out.makespan = sim->makespan;
     for (double x : sim->peak_memory) out.peak = std::max(out.peak, x);
