@@ -18,21 +18,10 @@ namespace {
 // each), with and without sequence parallelism, in fp32 and bf16.
 constexpr int64_t kIn = 6, kHidden = 10, kBatch = 3, kSeq = 4;
 
-struct Case {
-  bool sequence_parallel;
-  torch::Dtype dtype;
-  double tolerance;  // of max |difference| relative to the dense value's max
-  std::string name;
-};
-
-double Relative(const torch::Tensor& got, const torch::Tensor& want) {
-  return MaxAbsDiff(got, want) / std::max(1e-12, want.abs().max().item<double>());
-}
-
-class ParallelMlpTest : public ::testing::TestWithParam<Case> {};
+class ParallelMlpTest : public ::testing::TestWithParam<TpCase> {};
 
 TEST_P(ParallelMlpTest, OutputsAndGradientsEqualTheDenseLayers) {
-  const Case c = GetParam();
+  const TpCase c = GetParam();
   const torch::Tensor input = Seeded(7, [] { return torch::randn({kBatch, kSeq, kIn}); });
   const torch::Tensor upstream = Seeded(8, [] { return torch::randn({kBatch, kSeq, kIn}); });
 
@@ -65,33 +54,34 @@ TEST_P(ParallelMlpTest, OutputsAndGradientsEqualTheDenseLayers) {
     const torch::Tensor want_dx =
         c.sequence_parallel ? x.grad().narrow(1, g.rank * seq_part, seq_part) : x.grad();
     const int64_t h = kHidden / 2;
-    EXPECT_LE(Relative(py, want_y), c.tolerance) << "output";
-    EXPECT_LE(Relative(px.grad(), want_dx), c.tolerance) << "input gradient";
-    EXPECT_LE(Relative(col->weight, fc1->weight.narrow(0, g.rank * h, h)), 0) << "fc1 shard";
-    EXPECT_LE(Relative(col->weight.grad(), fc1->weight.grad().narrow(0, g.rank * h, h)),
+    EXPECT_LE(RelativeDiff(py, want_y), c.tolerance) << "output";
+    EXPECT_LE(RelativeDiff(px.grad(), want_dx), c.tolerance) << "input gradient";
+    EXPECT_LE(RelativeDiff(col->weight, fc1->weight.narrow(0, g.rank * h, h)), 0) << "fc1 shard";
+    EXPECT_LE(RelativeDiff(col->weight.grad(), fc1->weight.grad().narrow(0, g.rank * h, h)),
               c.tolerance)
         << "fc1 weight gradient";
-    EXPECT_LE(Relative(col->bias.grad(), fc1->bias.grad().narrow(0, g.rank * h, h)), c.tolerance)
+    EXPECT_LE(RelativeDiff(col->bias.grad(), fc1->bias.grad().narrow(0, g.rank * h, h)),
+              c.tolerance)
         << "fc1 bias gradient";
-    EXPECT_LE(Relative(row->weight.grad(), fc2->weight.grad().narrow(1, g.rank * h, h)),
+    EXPECT_LE(RelativeDiff(row->weight.grad(), fc2->weight.grad().narrow(1, g.rank * h, h)),
               c.tolerance)
         << "fc2 weight gradient";
     // Replicated: the whole gradient on every rank (summed over the
     // sequence shards under sequence parallelism).
-    EXPECT_LE(Relative(row->bias.grad(), fc2->bias.grad()), c.tolerance) << "fc2 bias gradient";
+    EXPECT_LE(RelativeDiff(row->bias.grad(), fc2->bias.grad()), c.tolerance) << "fc2 bias gradient";
   }));
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, ParallelMlpTest,
-    ::testing::Values(Case{false, torch::kFloat32, 1e-6, "fp32"},
-                      Case{true, torch::kFloat32, 1e-6, "fp32_sequence_parallel"},
+    ::testing::Values(TpCase{false, torch::kFloat32, 1e-6, "fp32"},
+                      TpCase{true, torch::kFloat32, 1e-6, "fp32_sequence_parallel"},
                       // bf16 keeps 8 bits: the partial sums each rank rounds
                       // before the all-reduce differ from the dense sum by a
                       // few units in the last place.
-                      Case{false, torch::kBFloat16, 3e-2, "bf16"},
-                      Case{true, torch::kBFloat16, 3e-2, "bf16_sequence_parallel"}),
-    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                      TpCase{false, torch::kBFloat16, 3e-2, "bf16"},
+                      TpCase{true, torch::kBFloat16, 3e-2, "bf16_sequence_parallel"}),
+    [](const ::testing::TestParamInfo<TpCase>& info) { return info.param.name; });
 
 TEST(ParallelLinearTest, DenseGroupIsExactlyTorchLinear) {
   ModelParallelGroup dense;
@@ -156,11 +146,11 @@ TEST(ParallelLinearTest, AMissingAllReduceIsVisible) {
     RowParallelLinear row = Seeded(2, [&] {
       return RowParallelLinear(ParallelLinearOptions(8, 3).InputIsParallel(false), g);
     });
-    EXPECT_LE(Relative(row(x), want), 1e-6);
+    EXPECT_LE(RelativeDiff(row(x), want), 1e-6);
     (void)AllGather(torch::zeros({1}), g, 0, "a barrier");
     if (g.rank == 0) internal::PlantFault(internal::PlantedFault::kSkipAllReduce);
     (void)AllGather(torch::zeros({1}), g, 0, "a barrier");
-    EXPECT_GT(Relative(row(x), want), 1e-3);
+    EXPECT_GT(RelativeDiff(row(x), want), 1e-3);
     (void)AllGather(torch::zeros({1}), g, 0, "a barrier");
     if (g.rank == 0) internal::PlantFault(internal::PlantedFault::kNone);
   }));

@@ -1,5 +1,6 @@
 #include "pipeline/tensor_parallel/tp_testing.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 
@@ -32,6 +33,10 @@ absl::Status RunOnTensorParallelRanks(int tp, bool sequence_parallel,
 double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
   TORCH_CHECK(a.sizes() == b.sizes(), "MaxAbsDiff: shapes ", a.sizes(), " and ", b.sizes());
   return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+double RelativeDiff(const torch::Tensor& got, const torch::Tensor& want) {
+  return MaxAbsDiff(got, want) / std::max(1e-12, want.abs().max().item<double>());
 }
 
 }  // namespace tensor_parallel

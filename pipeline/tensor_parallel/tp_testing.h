@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 
 #include <torch/torch.h>
 
@@ -48,6 +49,17 @@ inline void ExpectOk(const absl::Status& status) { EXPECT_TRUE(status.ok()) << s
 
 // max |a - b| as a double (shapes must match).
 double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b);
+// MaxAbsDiff(got, want) relative to want's largest magnitude.
+double RelativeDiff(const torch::Tensor& got, const torch::Tensor& want);
+
+// A case of a layer test parametrised over sequence parallelism and dtype:
+// `tolerance` bounds RelativeDiff of every output and gradient.
+struct TpCase {
+  bool sequence_parallel;
+  torch::Dtype dtype;
+  double tolerance;
+  std::string name;
+};
 
 }  // namespace tensor_parallel
 }  // namespace pp

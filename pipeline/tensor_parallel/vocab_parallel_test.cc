@@ -18,21 +18,10 @@ namespace {
 // is the ignore index.
 constexpr int64_t kVocab = 11, kDim = 4, kBatch = 3, kSeq = 4;
 
-struct Case {
-  bool sequence_parallel;
-  torch::Dtype dtype;
-  double tolerance;
-  std::string name;
-};
-
-double Relative(const torch::Tensor& got, const torch::Tensor& want) {
-  return MaxAbsDiff(got, want) / std::max(1e-12, want.abs().max().item<double>());
-}
-
-class VocabParallelTest : public ::testing::TestWithParam<Case> {};
+class VocabParallelTest : public ::testing::TestWithParam<TpCase> {};
 
 TEST_P(VocabParallelTest, LossAndGradientsEqualTheDenseModel) {
-  const Case c = GetParam();
+  const TpCase c = GetParam();
   const torch::Tensor table = Seeded(1, [] { return torch::randn({kVocab, kDim}); });
   const torch::Tensor ids = Seeded(2, [] { return torch::randint(kVocab, {kBatch, kSeq}); });
   torch::Tensor targets = Seeded(3, [] { return torch::randint(kVocab, {kBatch, kSeq}); });
@@ -57,11 +46,11 @@ TEST_P(VocabParallelTest, LossAndGradientsEqualTheDenseModel) {
     torch::Tensor per_token = VocabParallelCrossEntropy(shard_logits, targets, kVocab, g);
     torch::Tensor loss = per_token.sum() / (targets != -100).sum();
     loss.backward();
-    EXPECT_LE(Relative(loss, dense_loss), c.tolerance) << "loss";
+    EXPECT_LE(RelativeDiff(loss, dense_loss), c.tolerance) << "loss";
     torch::Tensor want_rows = torch::zeros({6, kDim}, dense_table.grad().options());
     const int64_t real = g.rank == 0 ? 6 : 5;
     want_rows.narrow(0, 0, real).copy_(dense_table.grad().narrow(0, g.rank * 6, real));
-    EXPECT_LE(Relative(embed->weight.grad(), want_rows), c.tolerance)
+    EXPECT_LE(RelativeDiff(embed->weight.grad(), want_rows), c.tolerance)
         << "table gradient (tied: embedding + logits)";
     if (g.rank == 1) {
       EXPECT_EQ(embed->weight.grad()[5].abs().max().item<double>(), 0.0)
@@ -72,10 +61,10 @@ TEST_P(VocabParallelTest, LossAndGradientsEqualTheDenseModel) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, VocabParallelTest,
-    ::testing::Values(Case{false, torch::kFloat32, 1e-6, "fp32"},
-                      Case{true, torch::kFloat32, 1e-6, "fp32_sequence_parallel"},
-                      Case{false, torch::kBFloat16, 3e-2, "bf16"}),
-    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+    ::testing::Values(TpCase{false, torch::kFloat32, 1e-6, "fp32"},
+                      TpCase{true, torch::kFloat32, 1e-6, "fp32_sequence_parallel"},
+                      TpCase{false, torch::kBFloat16, 3e-2, "bf16"}),
+    [](const ::testing::TestParamInfo<TpCase>& info) { return info.param.name; });
 
 TEST(VocabParallelCrossEntropyTest, ATargetOutsideTheVocabularyIsNamed) {
   ModelParallelGroup dense;
