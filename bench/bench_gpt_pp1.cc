@@ -5,10 +5,14 @@
 // their steps alternate, so machine load hits both. Each step is timed by the
 // wall clock and by this thread's CPU time: with one intra-op and one BLAS
 // thread (the defaults here) every kernel runs on the calling thread, so CPU
-// time compares the two even on a loaded machine. Prints a table and one JSON
-// line.
+// time compares the two even on a loaded machine. The loop's optimizer step is
+// also timed on its own: its share of the loop's step, with pipe's
+// MultiTensorAdamW (what MakeOptimizer gives, the default) or LibTorch's
+// per-parameter torch::optim::AdamW (--adamw=per_parameter; issue #43). Prints
+// a table and one JSON line.
 //
 //   ./bazelw run -c opt //bench:bench_gpt_pp1 -- --steps=8
+//   ./bazelw run -c opt //bench:bench_gpt_pp1 -- --steps=8 --adamw=per_parameter
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +33,7 @@
 #include "models/gpt/gpt.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/multi_tensor_adamw.h"
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/trainer.h"
 #include "topology/launcher.h"
@@ -44,6 +49,9 @@ ABSL_FLAG(int, micro_batch_size, 4, "Sequences per micro-batch.");
 ABSL_FLAG(int, microbatches, 8, "Micro-batches per step.");
 ABSL_FLAG(int, steps, 8, "Timed steps of each (after one warm-up step each).");
 ABSL_FLAG(int, blas, 1, "OpenBLAS threads (intra-op threads: --threads, default 1).");
+ABSL_FLAG(std::string, adamw, "multi_tensor",
+          "The hand-written loop's AdamW: multi_tensor (pipe's MultiTensorAdamW, as the engine's) "
+          "or per_parameter (LibTorch's torch::optim::AdamW, the same arithmetic).");
 
 namespace pp {
 namespace {
@@ -88,8 +96,24 @@ absl::Status Run() {
 
   // The hand-written loop: what a LibTorch user writes without pipe.
   PP_ASSIGN_OR_RETURN(StageModule loop_model, BuildSequential(specs, kSeed));
+  const std::string adamw = absl::GetFlag(FLAGS_adamw);
+  if (adamw != "multi_tensor" && adamw != "per_parameter") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--adamw=", adamw, " is unknown; valid: multi_tensor, per_parameter"));
+  }
   std::unique_ptr<torch::optim::Optimizer> loop_optimizer =
       MakeOptimizer(AdamW(), loop_model->parameters());
+  if (adamw == "per_parameter") {
+    const OptimizerConfig c = AdamW();
+    loop_optimizer = std::make_unique<torch::optim::AdamW>(
+        loop_model->parameters(), torch::optim::AdamWOptions(c.lr)
+                                      .betas(std::make_tuple(c.beta1, c.beta2))
+                                      .eps(c.eps)
+                                      .weight_decay(c.weight_decay));
+  } else if (dynamic_cast<MultiTensorAdamW*>(loop_optimizer.get()) == nullptr) {
+    return absl::InternalError("MakeOptimizer's adamw is not MultiTensorAdamW");
+  }
+  double loop_optimizer_cpu = 0;  // of the last loop step
   auto loop_step = [&](int64_t step) -> absl::Status {
     loop_optimizer->zero_grad();
     for (int i = 0; i < m; ++i) {
@@ -97,7 +121,9 @@ absl::Status Run() {
       torch::Tensor loss = GptLoss(loop_model->Forward(d.inputs, d.batch), d.batch);
       (loss / static_cast<double>(m)).backward();
     }
+    const double c0 = ThreadCpuSeconds();
     loop_optimizer->step();
+    loop_optimizer_cpu = ThreadCpuSeconds() - c0;
     return absl::OkStatus();
   };
 
@@ -126,6 +152,7 @@ absl::Status Run() {
                       Trainer::Create(&grid, model.get(), GptLoss, &engine_source, to));
 
   Timing loop, engine;
+  std::vector<double> loop_optimizer_cpus;
   double engine_loss = 0;
   const int steps = absl::GetFlag(FLAGS_steps);
   for (int s = 0; s <= steps; ++s) {
@@ -143,6 +170,7 @@ absl::Status Run() {
     if (s == 0) continue;  // warm-up
     loop.wall.push_back(loop_wall);
     loop.cpu.push_back(loop_cpu);
+    loop_optimizer_cpus.push_back(loop_optimizer_cpu);
     engine.wall.push_back(engine_wall);
     engine.cpu.push_back(engine_cpu);
   }
@@ -175,7 +203,14 @@ absl::Status Run() {
       "engine throughput / loop: %.3fx by wall, %.3fx by thread CPU (target >= 0.98); parameters "
       "differ by at most %.2e after %d steps\n",
       ratio_wall, ratio_cpu, max_diff, steps + 1);
+  // The optimizer's share of the loop's step, by thread CPU.
+  const double optimizer_share = Median(loop_optimizer_cpus) / Median(loop.cpu);
+  std::printf("loop's AdamW (%s): %.2f ms of thread CPU per step, %.2f%% of the step\n",
+              adamw.c_str(), 1e3 * Median(loop_optimizer_cpus), 100 * optimizer_share);
   nlohmann::json j = {{"bench", "gpt_pp1"},
+                      {"adamw", adamw},
+                      {"loop_optimizer_cpu_ms", 1e3 * Median(loop_optimizer_cpus)},
+                      {"loop_optimizer_share_pct", 100 * optimizer_share},
                       {"loop_wall_s", Median(loop.wall)},
                       {"loop_cpu_s", Median(loop.cpu)},
                       {"engine_wall_s", Median(engine.wall)},

@@ -16,6 +16,8 @@ struct BlasFunctions {
   int (*get_threads)() = nullptr;
   void (*set_threads)(int) = nullptr;       // OpenBLAS's pool; MKL's global default
   int (*set_threads_local)(int) = nullptr;  // MKL only: the calling thread's count
+  char* (*core_name)() = nullptr;           // OpenBLAS only
+  char* (*config)() = nullptr;              // OpenBLAS only
 };
 
 // The first of `names` that the loaded libraries define, as a `Fn`.
@@ -45,6 +47,8 @@ BlasFunctions FindBlas() {
   f.get_threads = Lookup<int (*)()>({"openblas_get_num_threads"});
   f.set_threads = Lookup<void (*)(int)>({"openblas_set_num_threads"});
   if (f.get_threads != nullptr && f.set_threads != nullptr) f.blas = Blas::kOpenBlas;
+  f.core_name = Lookup<char* (*)()>({"openblas_get_corename"});
+  f.config = Lookup<char* (*)()>({"openblas_get_config"});
   return f;
 }
 
@@ -105,6 +109,21 @@ bool SetBlasThreads(int threads) {
 int BlasThreads() {
   const BlasFunctions& f = Functions();
   return f.blas == Blas::kUnknown ? -1 : f.get_threads();
+}
+
+std::string BlasCoreName() {
+  const BlasFunctions& f = Functions();
+  if (f.blas != Blas::kOpenBlas || f.core_name == nullptr) return "";
+  const char* name = f.core_name();
+  return name == nullptr ? "" : name;
+}
+
+std::string BlasDescription() {
+  const BlasFunctions& f = Functions();
+  if (f.blas == Blas::kOpenBlas && f.config != nullptr) {
+    if (const char* config = f.config(); config != nullptr && *config != '\0') return config;
+  }
+  return BlasName(f.blas);
 }
 
 }  // namespace pp::torch_compat

@@ -16,6 +16,8 @@
 #ifndef COMMON_TORCH_COMPAT_BLAS_H_
 #define COMMON_TORCH_COMPAT_BLAS_H_
 
+#include <string>
+
 namespace pp::torch_compat {
 
 // MKL when LibTorch was built with it (at::hasMKL()) and its thread functions
@@ -42,6 +44,16 @@ bool SetBlasThreads(int threads);
 // calling thread (openblas_get_num_threads, mkl_get_max_threads); -1 when the
 // BLAS is unknown.
 int BlasThreads();
+
+// The kernel the BLAS picked for this CPU when it loaded: OpenBLAS's
+// openblas_get_corename ("Haswell", "SkylakeX", "Prescott" for its generic
+// x86-64 kernels, ...), which OPENBLAS_CORETYPE overrides at load time. Empty
+// when the BLAS is not OpenBLAS or does not say (MKL picks per call).
+std::string BlasCoreName();
+
+// The BLAS's own build description (openblas_get_config: "OpenBLAS 0.3.21
+// DYNAMIC_ARCH ..."), else BlasName(BlasInUse()).
+std::string BlasDescription();
 
 }  // namespace pp::torch_compat
 

@@ -1,6 +1,8 @@
 #include "common/torch_compat_blas.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include <ATen/Context.h>
@@ -63,6 +65,24 @@ TEST(TorchCompatBlasTest, BlasThreadsSurviveLibTorchsFirstUseOfAThread) {
   EXPECT_EQ(blas, 2) << BlasName(BlasInUse());
   EXPECT_EQ(after_parallel, 2) << BlasName(BlasInUse());
   at::set_num_threads(intra_before);
+}
+
+// The kernel name is OpenBLAS's own: the one its build description names too,
+// and the one OPENBLAS_CORETYPE forced, when a run sets it (CI's Prescott run).
+TEST(TorchCompatBlasTest, OpenBlasNamesItsKernel) {
+  if (BlasInUse() != Blas::kOpenBlas) {
+    EXPECT_EQ(BlasCoreName(), "");
+    EXPECT_EQ(BlasDescription(), BlasName(BlasInUse()));
+    return;
+  }
+  const std::string core = BlasCoreName();
+  ASSERT_FALSE(core.empty());
+  EXPECT_NE(BlasDescription().find("OpenBLAS"), std::string::npos) << BlasDescription();
+  EXPECT_NE(BlasDescription().find(core), std::string::npos) << BlasDescription();
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (forced != nullptr && std::string(forced) == "Prescott") {
+    EXPECT_EQ(core, "Prescott");
+  }
 }
 
 TEST(TorchCompatBlasTest, BlasNamesAndVariables) {

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "topology/blas_kernel.h"
 
 namespace pp {
 
@@ -66,7 +67,11 @@ void RunReport::Header(const std::string& data_description, int64_t tokens_per_s
                    config_->name(), model_name_, par.pp(), par.dp(), par.schedule(), par.chunks(),
                    par.num_microbatches(), par.micro_batch_size(), data_description,
                    tokens_per_step)
-            << model.PartitionReport() << "run directory: " << dir_.string() << std::endl;
+            << model.PartitionReport()
+            // What the speed depends on (issue #43): a generic BLAS kernel is
+            // several times slower than the CPU's own.
+            << DescribeBlasKernel(ThisBlasKernel()) << "\n"
+            << "run directory: " << dir_.string() << std::endl;
 }
 
 absl::Status RunReport::Step(int64_t step, const StepResult& r, double tokens_per_s, double seconds,

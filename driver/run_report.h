@@ -47,7 +47,8 @@ class RunReport {
   // TensorBoard, memory and the rest of run_observability.h (every rank).
   void set_observability(RunObservability* obs) { obs_ = obs; }
 
-  // The run's header line: model, parallelism, data, the partition.
+  // The run's header line: model, parallelism, data, the partition, and the
+  // BLAS, its kernel and the CPU (topology/blas_kernel.h).
   void Header(const std::string& data_description, int64_t tokens_per_step,
               const PipelineModel& model) const;
 

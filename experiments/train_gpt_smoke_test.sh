@@ -34,6 +34,8 @@ grep -q 'width: 32' "$RUN/config.textproto" || { echo "FAIL: override not in res
 grep -q '\[launcher\] starting 2 worker(s)' "$TMP/out.log" || { echo "FAIL: launcher did not start 2 workers"; exit 1; }
 grep -qE '"bubble":\[[^],]+,[^],]+\]' "$RUN/metrics.jsonl" || { echo "FAIL: no bubble for both ranks"; exit 1; }
 grep -q 'done: 6 steps' "$TMP/out.log" || { echo "FAIL: no summary line"; exit 1; }
+# The report names the BLAS, its kernel and the CPU (issue #43).
+grep -qE '^\[rank 0\] BLAS .+, kernel [A-Za-z0-9_]+.*, CPU .+ \(' "$TMP/out.log" || { echo "FAIL: no BLAS kernel line"; exit 1; }
 grep -q '<svg' "$RUN/loss.svg" || { echo "FAIL: loss.svg is not SVG"; exit 1; }
 
 # The peer benchmark's synthetic data needs no corpus and is learnable; the

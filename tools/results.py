@@ -146,8 +146,37 @@ def validate_files(paths):
     return errors
 
 
+def blas_facts():
+    """The BLAS Debian's LibTorch loads (libblas.so.3) and the kernel it picks here.
+
+    OpenBLAS picks its kernel when it loads, from the CPU and OPENBLAS_CORETYPE,
+    so loading it in this process (same environment as the run) sees what the
+    run saw (issue #43: a generic kernel is several times slower). {} when
+    there is no libblas.so.3; no kernel for a BLAS that does not name one.
+    """
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libblas.so.3")
+    except OSError:
+        return {}
+    facts = {}
+    for name, key in (("openblas_get_config", "blas"), ("openblas_get_corename", "blas_kernel")):
+        function = getattr(lib, name, None)
+        if function is None:
+            continue
+        function.restype = ctypes.c_char_p
+        value = function()
+        if value:
+            facts[key] = value.decode("utf-8", "replace").strip()
+    facts.setdefault("blas", "libblas.so.3 (not OpenBLAS)")
+    coretype = os.environ.get("OPENBLAS_CORETYPE")
+    if coretype:
+        facts["openblas_coretype"] = coretype
+    return facts
+
+
 def machine_facts():
-    """nproc, the CPU's model name and /proc/loadavg of this machine, now."""
+    """nproc, the CPU's model name, the BLAS and its kernel and /proc/loadavg, now."""
     facts = {"nproc": os.cpu_count()}
     try:
         with open("/proc/cpuinfo") as f:
@@ -157,6 +186,7 @@ def machine_facts():
                     break
     except OSError:
         pass
+    facts.update(blas_facts())
     try:
         with open("/proc/loadavg") as f:
             facts["loadavg"] = f.read().strip()

@@ -113,6 +113,25 @@ class ResultsTest(unittest.TestCase):
         self.assertEqual(len(r["commit"]), 40)
         self.assertFalse(r["dirty"])
         self.assertEqual(r["machine"]["nproc"], os.cpu_count())
+        # Issue #43: the BLAS and the kernel it picked (OpenBLAS reads
+        # OPENBLAS_CORETYPE when it loads, so a forced one shows).
+        if "blas_kernel" in r["machine"]:
+            self.assertIn(r["machine"]["blas_kernel"], r["machine"]["blas"])
+            if os.environ.get("OPENBLAS_CORETYPE") == "Prescott":
+                self.assertEqual(r["machine"]["blas_kernel"], "Prescott")
+                self.assertEqual(r["machine"]["openblas_coretype"], "Prescott")
+
+    def test_blas_facts_name_a_forced_kernel(self):
+        script = ("import json, sys; sys.path.insert(0, %r); import results; "
+                  "print(json.dumps(results.blas_facts()))" % os.path.dirname(results.__file__))
+        env = dict(os.environ, OPENBLAS_CORETYPE="Prescott")
+        facts = json.loads(subprocess.run([sys.executable, "-c", script], env=env, check=True,
+                                          stdout=subprocess.PIPE).stdout)
+        if "blas_kernel" not in facts:
+            self.skipTest("libblas.so.3 is not OpenBLAS: %r" % facts)
+        self.assertEqual(facts["blas_kernel"], "Prescott")
+        self.assertIn("Prescott", facts["blas"])
+        self.assertEqual(facts["openblas_coretype"], "Prescott")
 
     # ---------------------------------------------------------------- rendering
 

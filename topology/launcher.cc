@@ -36,6 +36,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "common/torch_compat_blas.h"
+#include "topology/blas_kernel.h"
 #include "topology/launcher_status.h"
 #include "topology/rendezvous.h"
 
@@ -414,7 +415,8 @@ absl::Status SpawnWorker(const std::string& exe_path, std::vector<char*>& c_args
 // Starts this node's workers; stops at the first that cannot be spawned (it
 // and the later ones are marked not running) and returns that error.
 absl::Status SpawnWorkers(const LaunchOptions& options, int port, WorkerThreads threads,
-                          const std::vector<std::string>& argv, std::vector<Worker>& workers) {
+                          const BlasKernelPlan& blas, const std::vector<std::string>& argv,
+                          std::vector<Worker>& workers) {
   const std::string exe_path = SelfExecutable();
   std::vector<std::string> args = argv;
   args[0] = exe_path;
@@ -427,6 +429,7 @@ absl::Status SpawnWorkers(const LaunchOptions& options, int port, WorkerThreads 
     w.rank = options.node_rank * options.nproc_per_node + local;
     std::vector<std::pair<std::string, std::string>> vars =
         WorkerVariables(options, port, local, threads);
+    if (!blas.coretype.empty()) vars.emplace_back(kOpenBlasCoreTypeVariable, blas.coretype);
     absl::StatusOr<std::unique_ptr<WorkerStatusPage>> page = WorkerStatusPage::Create();
     if (page.ok()) {
       w.status = *std::move(page);
@@ -604,6 +607,24 @@ class Supervisor {
   std::string verdict_;  // why it is non-zero
 };
 
+// A worker another launcher started (torchrun) on a generic OpenBLAS kernel
+// that the CPU can beat: the variable is read only when OpenBLAS loads, so the
+// worker runs itself again with it set (the second run finds it set and goes
+// on). pipe's own launcher sets it before its workers start.
+void ReexecWithBetterBlasKernel(char** argv) {
+  const BlasKernelPlan plan = PlanBlasKernel(ThisBlasKernel());
+  if (!plan.warning.empty()) LOG(WARNING) << plan.warning;
+  if (plan.coretype.empty()) return;
+  ::setenv(kOpenBlasCoreTypeVariable, plan.coretype.c_str(), /*overwrite=*/0);
+  const std::string exe = SelfExecutable();
+  ::execv(exe.c_str(), argv);
+  LOG(WARNING) << "OpenBLAS runs a generic kernel (" << torch_compat::BlasCoreName()
+               << ") on a CPU with AVX2, and re-executing " << exe << " with "
+               << kOpenBlasCoreTypeVariable << "=" << plan.coretype
+               << " failed: " << std::strerror(errno) << "; set " << kOpenBlasCoreTypeVariable
+               << "=" << plan.coretype << " in the workers' environment for the fast kernel";
+}
+
 }  // namespace
 
 absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<std::string>& argv) {
@@ -629,8 +650,19 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
           ? absl::StrCat(", binding each to its cores of ", DescribeCores(AllowedCores()))
           : "",
       options.run_id.empty() ? "" : absl::StrCat(", run id ", options.run_id)));
+  // The kernel this process's OpenBLAS picked is the one workers get unless
+  // it is a generic one and the user has not chosen it (blas_kernel.h).
+  const BlasKernel blas = ThisBlasKernel();
+  const BlasKernelPlan blas_plan = PlanBlasKernel(blas);
+  Say(DescribeBlasKernel(blas));
+  if (!blas_plan.warning.empty()) Say(blas_plan.warning);
+  if (!blas_plan.coretype.empty()) {
+    Say(absl::StrCat("OpenBLAS fell back to its generic ", blas.core,
+                     " kernel on this CPU; starting the workers with ", kOpenBlasCoreTypeVariable,
+                     "=", blas_plan.coretype));
+  }
   std::vector<Worker> workers(options.nproc_per_node);
-  const absl::Status spawned = SpawnWorkers(options, port, threads, argv, workers);
+  const absl::Status spawned = SpawnWorkers(options, port, threads, blas_plan, argv, workers);
   return Supervisor(options, workers).Run(spawned);
 }
 
@@ -683,17 +715,21 @@ std::vector<char*> MaybeLaunch(int argc, char** argv, const std::function<int()>
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   const char* rank = std::getenv("RANK");
   if (rank != nullptr && *rank != '\0') {
+    ReexecWithBetterBlasKernel(argv);
     const WorkerThreads threads = ConfigureWorkerThreads();
     // Read back from the libraries, so a setting they ignored shows.
     if (std::getenv("PP_REPORT_THREADS") != nullptr) {
       const torch_compat::Blas blas = torch_compat::BlasInUse();
       const char* bound = std::getenv(kBoundCoresVariable);
-      std::fprintf(stderr, "%sthreads: %s, read back from at::get_num_threads%s; cores %s (%s)\n",
+      const std::string core = torch_compat::BlasCoreName();
+      std::fprintf(stderr,
+                   "%sthreads: %s, read back from at::get_num_threads%s; BLAS kernel %s; cores "
+                   "%s (%s)\n",
                    std::string(kLauncherLineTag).c_str(), DescribeThreads(threads).c_str(),
                    blas == torch_compat::Blas::kMkl        ? " and mkl_get_max_threads"
                    : blas == torch_compat::Blas::kOpenBlas ? " and openblas_get_num_threads"
                                                            : "",
-                   DescribeCores(AllowedCores()).c_str(),
+                   core.empty() ? "unknown" : core.c_str(), DescribeCores(AllowedCores()).c_str(),
                    bound != nullptr ? "bound by --bind_cores, read back" : "not bound");
     }
     return positional;

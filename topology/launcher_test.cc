@@ -24,6 +24,7 @@
 #include "common/torch_compat_blas.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "topology/blas_kernel.h"
 #include "topology/rendezvous.h"
 
 namespace pp {
@@ -74,7 +75,7 @@ Result RunLauncher(const std::vector<std::string>& args, double timeout_s = 60,
          {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
           "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "PP_INTRA_OP_THREADS",
           "PP_BLAS_THREADS", "PP_REPORT_THREADS", "MALLOC_MMAP_THRESHOLD_",
-          "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"}) {
+          "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "OPENBLAS_CORETYPE"}) {
       unsetenv(name);
     }
     for (const auto& [key, value] : env) setenv(key.c_str(), value.c_str(), 1);
@@ -448,6 +449,42 @@ TEST(LauncherTest, WorkersUseAndReportTheThreadFlags) {
   r = RunLauncher({"--nproc_per_node=1", "--mode=ok", "--blas_threads=-1"});
   EXPECT_EQ(ExitCode(r), 2);
   EXPECT_THAT(r.err, HasSubstr("--blas_threads=-1"));
+}
+
+// Issue #43: the launcher names the BLAS, its kernel and the CPU; a user's
+// OPENBLAS_CORETYPE reaches the workers unchanged (they report the kernel it
+// forced) and, where it is generic on a CPU with AVX2, the launcher says what
+// it costs. Unset, workers run the kernel OpenBLAS picks (or the launcher's
+// fix for a generic one: blas_kernel_test covers that decision).
+TEST(LauncherTest, BlasKernelIsReportedAndAUsersSettingIsKept) {
+  if (torch_compat::BlasInUse() != torch_compat::Blas::kOpenBlas) GTEST_SKIP() << "not OpenBLAS";
+  Result r = RunLauncher({"--nproc_per_node=2", "--mode=ok"}, 60, nullptr,
+                         {{"OPENBLAS_CORETYPE", "Prescott"}});
+  ASSERT_EQ(ExitCode(r), 0) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("[launcher] BLAS OpenBLAS"));
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat(
+                         ", kernel Prescott (generic, forced by OPENBLAS_CORETYPE=Prescott), CPU ",
+                         ThisCpu().model)));
+  const std::string best = BestOpenBlasCoreType(ThisCpu());
+  if (!best.empty()) {
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("OPENBLAS_CORETYPE=Prescott is set, on a CPU (",
+                                              ThisCpu().model, ") that runs its faster ", best,
+                                              " kernel; kept")));
+  }
+  EXPECT_THAT(r.err, Not(HasSubstr("starting the workers with OPENBLAS_CORETYPE")));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(r.err, ContainsRegex(absl::StrCat("\\[launcher\\] rank ", rank,
+                                                  " threads: [^\n]*; BLAS kernel Prescott;")));
+  }
+  r = RunLauncher({"--nproc_per_node=1", "--mode=ok"});
+  ASSERT_EQ(ExitCode(r), 0) << r.out << r.err;
+  const std::string core = torch_compat::BlasCoreName();
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat(", kernel ", core)));
+  if (!IsGenericOpenBlasCore(core)) {
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("; BLAS kernel ", core, ";")));
+  } else if (!best.empty()) {
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("; BLAS kernel ", best, ";")));
+  }
 }
 
 TEST(LauncherTest, BindCoresBindsEachWorkerAndReportsIt) {

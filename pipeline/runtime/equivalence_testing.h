@@ -105,6 +105,9 @@ struct RunResult {
 
 // ToSequential() trained on the same global batches (dp * microbatches
 // micro-batches per step, loss mean over them, same clipping and optimizer).
+// Gradients are summed in the pipeline's order: per data-parallel replica
+// (loss / microbatches each), then the replicas' sums in rank order, divided
+// by dp, so that with dp <= 2 the data-parallel sum rounds as the pipeline's.
 absl::StatusOr<RunResult> TrainSequential(const RunConfig& config);
 
 // The pipeline on pp * dp thread ranks; parameters gathered from all ranks of

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "pipeline/runtime/multi_tensor_adamw.h"
 
 namespace pp {
 
@@ -40,11 +41,12 @@ absl::Status ValidateLrSchedule(const LrScheduleConfig& c) {
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerConfig& c,
                                                        std::vector<torch::Tensor> params) {
   if (c.name == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(std::move(params),
-                                                 torch::optim::AdamWOptions(c.lr)
-                                                     .betas(std::make_tuple(c.beta1, c.beta2))
-                                                     .eps(c.eps)
-                                                     .weight_decay(c.weight_decay));
+    // torch::optim::AdamW's arithmetic, bit for bit, in multi-tensor passes.
+    return std::make_unique<MultiTensorAdamW>(std::move(params),
+                                              torch::optim::AdamWOptions(c.lr)
+                                                  .betas(std::make_tuple(c.beta1, c.beta2))
+                                                  .eps(c.eps)
+                                                  .weight_decay(c.weight_decay));
   }
   return std::make_unique<torch::optim::SGD>(
       std::move(params),
