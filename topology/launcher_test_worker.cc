@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   if (env->rank == 0) {
     std::printf("attempt %d of at most %d; cause: %s\n", restart.count, restart.max_restarts + 1,
                 restart.cause.empty() ? "none" : restart.cause.c_str());
+    std::fflush(stdout);
   }
   const std::string pid_dir = absl::GetFlag(FLAGS_pid_dir);
   if (!pid_dir.empty()) {
