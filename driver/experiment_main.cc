@@ -1,5 +1,6 @@
 #include "driver/experiment_main.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "driver/preflight.h"
 #include "driver/run_experiment.h"
 #include "driver/run_observability.h"
+#include "driver/save_on_signal.h"
 #include "driver/workspace_path.h"
 #include "observability/rank_log.h"
 #include "pipeline/schedule/csv.h"
@@ -62,6 +64,9 @@ ABSL_FLAG(std::string, sample_tokens, "", "override sample_tokens");
 ABSL_FLAG(std::string, save_interval, "", "override checkpoint.save_interval");
 ABSL_FLAG(std::string, resume, "", "override checkpoint.resume");
 ABSL_FLAG(std::string, keep_last, "", "override checkpoint.keep_last");
+ABSL_FLAG(std::string, save_on_signal, "",
+          "override checkpoint.save_on_signal (true: on SIGTERM, finish the step, save a "
+          "checkpoint and exit 143)");
 
 namespace pp {
 namespace {
@@ -98,6 +103,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_save_interval, "checkpoint.save_interval"},
       {&FLAGS_resume, "checkpoint.resume"},
       {&FLAGS_keep_last, "checkpoint.keep_last"},
+      {&FLAGS_save_on_signal, "checkpoint.save_on_signal"},
   };
   return *table;
 }
@@ -195,6 +201,12 @@ int Main(int argc, char** argv, const std::string& default_config) {
     return 2;
   }
   absl::Status status = RunExperiment(*config);
+  if (IsStoppedBySignal(status)) {
+    LogErrorToRankLogOnly(status.ToString());
+    StopRankLogging();
+    std::cerr << status.message() << std::endl;
+    return 128 + SIGTERM;
+  }
   if (!status.ok()) {
     LogErrorToRankLogOnly(status.ToString());  // printed below
     StopRankLogging();

@@ -24,6 +24,7 @@
 #include "driver/progress.h"
 #include "driver/run_observability.h"
 #include "driver/run_report.h"
+#include "driver/save_on_signal.h"
 #include "driver/worker_status_observer.h"
 #include "models/registry.h"
 #include "pipeline/autograd/activation_checkpointing.h"
@@ -34,6 +35,7 @@
 #include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/schedule/registry.h"
+#include "topology/launcher.h"
 #include "topology/launcher_status.h"
 #include "topology/parallel_grid.h"
 #include "topology/process_topology.h"
@@ -258,6 +260,17 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
     }
     const double tokens_per_s = static_cast<double>(data.tokens_per_step) / seconds;
     PP_RETURN_IF_ERROR(report.Step(step, r, tokens_per_s, seconds, eval_loss, memory, progress));
+    // After the step is reported, so the metrics hold every step trained.
+    if (config.checkpoint().save_on_signal() && !last) {
+      const auto& p2p = trainer.options().executor.p2p;
+      PP_ASSIGN_OR_RETURN(const bool signalled, AnyRankSignalled(grid, p2p.device, p2p.timeout));
+      if (signalled) {
+        if (saved.empty()) {
+          PP_ASSIGN_OR_RETURN(saved, checkpointer.Save(grid, model, trainer));
+        }
+        return StoppedBySignal(trainer.step(), saved);
+      }
+    }
   }
   progress.Finish();
   return progress.Elapsed();
@@ -318,21 +331,32 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   torch::manual_seed(config.seed() * 1000003ULL + static_cast<uint64_t>(grid.global_rank()));
 
   const bool rank0 = grid.global_rank() == 0;
+  // A launcher restart (--max_restarts) continues from the failed attempt's
+  // newest checkpoint that verifies.
+  const WorkerRestart restart = WorkerRestartFromEnv();
   CheckpointPolicy ckpt_policy = MakeCheckpointPolicy(config);
+  ckpt_policy.restarted = restart.count > 0;
+  ckpt_policy.save_on_signal = config.checkpoint().save_on_signal();
+  if (ckpt_policy.save_on_signal) InstallSaveOnSignal();
   ckpt_policy.before_save = [&grid, &model, &trainer, timeout] {
     return CheckWeightsFinite(grid, *model, trainer->step(), timeout);
   };
   PP_ASSIGN_OR_RETURN(TrainingCheckpointer checkpointer, TrainingCheckpointer::Create(ckpt_policy));
   PP_ASSIGN_OR_RETURN(bool resumed, checkpointer.MaybeResume(grid, *model, *trainer));
   if (resumed && rank0) {
-    std::cout << "resumed at step " << trainer->step() << " from " << ckpt_policy.resume
-              << std::endl;
+    std::cout << "resumed at step " << trainer->step() << " from "
+              << (ckpt_policy.restarted ? ckpt_policy.dir : ckpt_policy.resume) << std::endl;
   }
   PP_ASSIGN_OR_RETURN(RunReport report, RunReport::Open(config, info.name, rank0));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<RunObservability> obs,
                       RunObservability::Create(config, grid, report.dir().string(), timeout));
   report.set_observability(obs.get());
   report.Header(data.description, data.tokens_per_step, *model);
+  if (restart.count > 0) {
+    LOG(INFO) << "restart " << restart.count << "/" << restart.max_restarts << " after "
+              << restart.cause << "; continuing at step " << trainer->step();
+    report.Restarted(restart.count, restart.max_restarts, restart.cause, trainer->step());
+  }
   const auto& par = config.parallelism();
   std::optional<double> synthesis_cap;
   if (par.schedule() == kAutoSchedule) {

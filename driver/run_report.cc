@@ -74,6 +74,19 @@ void RunReport::Header(const std::string& data_description, int64_t tokens_per_s
             << "run directory: " << dir_.string() << std::endl;
 }
 
+void RunReport::Restarted(int count, int max_restarts, const std::string& cause,
+                          int64_t resumed_from_step) {
+  if (!active()) return;
+  restart_ = nlohmann::json{{"count", count},
+                            {"max_restarts", max_restarts},
+                            {"cause", cause},
+                            {"resumed_from_step", resumed_from_step}}
+                 .dump();
+  std::cout << absl::StrFormat("restart %d/%d after %s; continuing at step %d\n", count,
+                               max_restarts, cause, resumed_from_step)
+            << std::flush;
+}
+
 absl::Status RunReport::Step(int64_t step, const StepResult& r, double tokens_per_s, double seconds,
                              std::optional<double> eval_loss, const StepMemory& memory,
                              Progress& progress) {
@@ -85,6 +98,10 @@ absl::Status RunReport::Step(int64_t step, const StepResult& r, double tokens_pe
                          {"tokens_per_s", tokens_per_s},
                          {"step_s", seconds}};
   if (eval_loss.has_value()) line["eval_loss"] = *eval_loss;
+  if (!restart_.empty()) {
+    line["restart"] = nlohmann::json::parse(restart_);
+    restart_.clear();
+  }
   if (!r.busy_seconds.empty()) {  // an observed step (TrainLoop)
     std::vector<double> bubble;
     for (size_t i = 0; i < r.busy_seconds.size(); ++i) {

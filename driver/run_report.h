@@ -5,7 +5,8 @@
 //     config.textproto   the resolved config (every field, defaults included)
 //     metrics.jsonl      one line per step: step, loss, eval_loss, lr,
 //                        grad_norm, tokens_per_s, step_s, bubble, mem_peak_bytes,
-//                        mem_current_bytes (per rank), time
+//                        mem_current_bytes (per rank), time; on a restart's
+//                        first line, restart (Restarted)
 //     loss.svg           loss curve, written at the end
 //     trace.json         Chrome trace of one step (chrome://tracing, Perfetto)
 //     sample.txt         GPT: text generated through the pipeline at the end
@@ -52,6 +53,12 @@ class RunReport {
   void Header(const std::string& data_description, int64_t tokens_per_step,
               const PipelineModel& model) const;
 
+  // This attempt is the launcher's restart `count` of at most `max_restarts`
+  // after `cause`, continuing at step `resumed_from_step` (0: from the
+  // start): said on the console, and in the next metrics line as
+  // "restart": {"count", "max_restarts", "cause", "resumed_from_step"}.
+  void Restarted(int count, int max_restarts, const std::string& cause, int64_t resumed_from_step);
+
   // One metrics line, the loss curves and the progress display.
   absl::Status Step(int64_t step, const StepResult& r, double tokens_per_s, double seconds,
                     std::optional<double> eval_loss, const StepMemory& memory, Progress& progress);
@@ -76,6 +83,8 @@ class RunReport {
   std::unique_ptr<std::ofstream> metrics_;  // null on ranks other than 0
   RunObservability* obs_ = nullptr;
   LossPoints train_curve_, eval_curve_;
+  // For the next metrics line: a JSON object, or empty.
+  std::string restart_;
 };
 
 }  // namespace pp

@@ -6,6 +6,7 @@
 namespace pp {
 
 void WorkerStatusObserver::ActionStart(const ObservedStep& step, const Action& action) {
+  if (!step.forward_only) ReportWorkerStep(step.step);
   ReportWorkerAction(absl::StrCat(step.forward_only ? "eval step " : "train step ", step.step, " ",
                                   ActionToString(action)));
 }

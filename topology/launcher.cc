@@ -61,6 +61,13 @@ ABSL_FLAG(std::string, run_id, "",
           "PP_RUN_ID.");
 ABSL_FLAG(absl::Duration, launcher_grace_period, absl::Seconds(5),
           "Launcher: how long workers get between SIGTERM and SIGKILL when stopped.");
+ABSL_FLAG(int, max_restarts, 0,
+          "Launcher: times every worker is started again after one fails, is killed or stalls "
+          "past its timeout (torchrun's flag); a training run resumes from its newest checkpoint "
+          "that verifies. 0: a failure ends the run.");
+ABSL_FLAG(absl::Duration, restart_delay, absl::Seconds(1),
+          "Launcher: wait between stopping a failed attempt's workers and starting them again "
+          "(--max_restarts).");
 ABSL_FLAG(int, intra_op_threads, 0,
           "Launcher: intra-op (at::set_num_threads) threads per worker; 0: PP_INTRA_OP_THREADS, "
           "else OMP_NUM_THREADS, else 1.");
@@ -239,6 +246,22 @@ absl::Status Validate(const LaunchOptions& o) {
         "--nnodes=", o.nnodes, " needs an explicit --master_port that every node uses"));
   }
   if (o.master_addr.empty()) return absl::InvalidArgumentError("--master_addr is empty");
+  if (o.max_restarts < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_restarts=", o.max_restarts,
+                                                   " must be >= 0 (0: a failure ends the run)"));
+  }
+  if (o.restart_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--restart_delay=", absl::FormatDuration(o.restart_delay), " must be >= 0"));
+  }
+  if (o.max_restarts > 0 && o.nnodes > 1) {
+    // Each node's launcher would restart on its own, and a fast node's new
+    // workers could join the old store of a slow one.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_restarts=", o.max_restarts, " with --nnodes=", o.nnodes,
+        " is not supported yet: the nodes' launchers do not agree on a restart through the "
+        "store; use --max_restarts=0 with several nodes"));
+  }
   {
     // Every worker would wait for the store there until its timeout (minutes)
     // before saying it cannot reach it; a name or address that does not even
@@ -340,7 +363,8 @@ class SignalForwarding {
 // the libraries size their pools right when they load).
 std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOptions& options,
                                                                  int port, int local,
-                                                                 WorkerThreads threads) {
+                                                                 WorkerThreads threads,
+                                                                 const WorkerRestart& restart) {
   const int world_size = options.nproc_per_node * options.nnodes;
   std::vector<std::pair<std::string, std::string>> vars = {
       {"MASTER_ADDR", options.master_addr},
@@ -353,6 +377,9 @@ std::vector<std::pair<std::string, std::string>> WorkerVariables(const LaunchOpt
   };
   if (!options.run_id.empty()) vars.emplace_back(kRunIdVariable, options.run_id);
   vars.emplace_back(kLaunchIdVariable, LaunchId());
+  vars.emplace_back(kRestartCountVariable, std::to_string(restart.count));
+  vars.emplace_back(kMaxRestartsVariable, std::to_string(restart.max_restarts));
+  vars.emplace_back(kRestartCauseVariable, restart.cause);
   for (auto& var : WorkerThreadVariables(threads)) vars.push_back(std::move(var));
   for (auto& var : WorkerMallocVariables()) vars.push_back(std::move(var));
   return vars;
@@ -415,8 +442,8 @@ absl::Status SpawnWorker(const std::string& exe_path, std::vector<char*>& c_args
 // Starts this node's workers; stops at the first that cannot be spawned (it
 // and the later ones are marked not running) and returns that error.
 absl::Status SpawnWorkers(const LaunchOptions& options, int port, WorkerThreads threads,
-                          const BlasKernelPlan& blas, const std::vector<std::string>& argv,
-                          std::vector<Worker>& workers) {
+                          const BlasKernelPlan& blas, const WorkerRestart& restart,
+                          const std::vector<std::string>& argv, std::vector<Worker>& workers) {
   const std::string exe_path = SelfExecutable();
   std::vector<std::string> args = argv;
   args[0] = exe_path;
@@ -428,7 +455,7 @@ absl::Status SpawnWorkers(const LaunchOptions& options, int port, WorkerThreads 
     Worker& w = workers[local];
     w.rank = options.node_rank * options.nproc_per_node + local;
     std::vector<std::pair<std::string, std::string>> vars =
-        WorkerVariables(options, port, local, threads);
+        WorkerVariables(options, port, local, threads, restart);
     if (!blas.coretype.empty()) vars.emplace_back(kOpenBlasCoreTypeVariable, blas.coretype);
     absl::StatusOr<std::unique_ptr<WorkerStatusPage>> page = WorkerStatusPage::Create();
     if (page.ok()) {
@@ -447,6 +474,22 @@ absl::Status SpawnWorkers(const LaunchOptions& options, int port, WorkerThreads 
     if (w.pid < 0) w.running = false;
   }
   return spawn_error;
+}
+
+// Waits `delay`; returns early with the signal that arrived (SIGINT, SIGTERM,
+// SIGHUP through g_signal_pipe), 0 when none did.
+int WaitForSignal(absl::Duration delay) {
+  const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(delay);
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    pollfd fd = {g_signal_pipe[0], POLLIN, 0};
+    if (::poll(&fd, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) > 0) {
+      char signo = 0;
+      if (::read(g_signal_pipe[0], &signo, 1) == 1) return signo;
+    }
+    if (std::chrono::steady_clock::now() >= until) return 0;
+  }
 }
 
 // The event loop over running workers: forwards their output with rank
@@ -478,8 +521,21 @@ class Supervisor {
       }
     }
     CloseStreams();
-    if (result_ != 0) Say(absl::StrCat("FAILED: ", verdict_));
     return result_;
+  }
+
+  // Why Run() returned non-zero.
+  const std::string& verdict() const { return verdict_; }
+  // Whether a worker's failure stopped the attempt (not a signal to the
+  // launcher or a worker that could not be started): what a restart is for.
+  bool worker_failed() const { return worker_failed_; }
+  // The furthest training step any worker reported (-1: none).
+  int64_t FurthestStep() const {
+    int64_t step = -1;
+    for (const Worker& w : workers_) {
+      if (w.status != nullptr) step = std::max(step, w.status->Read().step);
+    }
+    return step;
   }
 
  private:
@@ -572,6 +628,7 @@ class Supervisor {
             workers_.begin(), workers_.end(), [](const Worker& x) { return x.running; }));
         Say(absl::StrCat(how, "; stopping the other ", others, " worker(s)"));
         BeginStop(how, ShellStatus(status));
+        worker_failed_ = true;
       }
     }
   }
@@ -602,6 +659,7 @@ class Supervisor {
   std::vector<Worker>& workers_;
   bool stopping_ = false;
   bool killed_ = false;
+  bool worker_failed_ = false;
   Clock::time_point kill_at_;
   int result_ = 0;       // exit status of the launcher
   std::string verdict_;  // why it is non-zero
@@ -661,9 +719,45 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
                      " kernel on this CPU; starting the workers with ", kOpenBlasCoreTypeVariable,
                      "=", blas_plan.coretype));
   }
-  std::vector<Worker> workers(options.nproc_per_node);
-  const absl::Status spawned = SpawnWorkers(options, port, threads, blas_plan, argv, workers);
-  return Supervisor(options, workers).Run(spawned);
+  WorkerRestart restart{.count = 0, .max_restarts = options.max_restarts, .cause = ""};
+  int64_t previous_failed_step = -1;
+  while (true) {
+    std::vector<Worker> workers(options.nproc_per_node);
+    const absl::Status spawned =
+        SpawnWorkers(options, port, threads, blas_plan, restart, argv, workers);
+    Supervisor supervisor(options, workers);
+    const int result = supervisor.Run(spawned);
+    if (result == 0) return 0;
+    const int64_t failed_step = supervisor.FurthestStep();
+    std::string stop;  // why there is no restart
+    if (!supervisor.worker_failed() || options.max_restarts == 0) {
+      stop = "";
+    } else if (restart.count >= options.max_restarts) {
+      stop = absl::StrCat("no restarts left (", restart.count,
+                          " of --max_restarts=", options.max_restarts, " used)");
+    } else if (restart.count > 0 && failed_step == previous_failed_step) {
+      stop =
+          absl::StrCat("failed again at ",
+                       failed_step < 0 ? std::string("the same point, before any training step")
+                                       : absl::StrCat("training step ", failed_step),
+                       ", as before restart ", restart.count,
+                       ", without progress; not restarting (restarting would fail the same way)");
+    } else {
+      restart.count += 1;
+      restart.cause = supervisor.verdict();
+      previous_failed_step = failed_step;
+      Say(absl::StrCat("restart ", restart.count, "/", options.max_restarts, " in ",
+                       absl::FormatDuration(options.restart_delay), " after ", restart.cause,
+                       failed_step < 0 ? "" : absl::StrCat(", at training step ", failed_step)));
+      if (const int signo = WaitForSignal(options.restart_delay); signo != 0) {
+        Say(absl::StrCat("received ", strsignal(signo), " before restarting; stopping"));
+        return 128 + signo;
+      }
+      continue;
+    }
+    Say(absl::StrCat("FAILED: ", supervisor.verdict(), stop.empty() ? "" : "; ", stop));
+    return result;
+  }
 }
 
 absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size) {
@@ -671,6 +765,8 @@ absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size) 
   options.nnodes = absl::GetFlag(FLAGS_nnodes);
   options.node_rank = absl::GetFlag(FLAGS_node_rank);
   options.grace_period = absl::GetFlag(FLAGS_launcher_grace_period);
+  options.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  options.restart_delay = absl::GetFlag(FLAGS_restart_delay);
   options.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
   if (options.nproc_per_node == 0) {
     options.nproc_per_node = 1;
@@ -709,6 +805,19 @@ absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size) 
     options.master_port = port;
   }
   return options;
+}
+
+WorkerRestart WorkerRestartFromEnv() {
+  WorkerRestart restart;
+  const char* count = std::getenv(kRestartCountVariable);
+  const char* max_restarts = std::getenv(kMaxRestartsVariable);
+  const char* cause = std::getenv(kRestartCauseVariable);
+  if (count == nullptr || !absl::SimpleAtoi(count, &restart.count)) restart.count = 0;
+  if (max_restarts == nullptr || !absl::SimpleAtoi(max_restarts, &restart.max_restarts)) {
+    restart.max_restarts = 0;
+  }
+  if (cause != nullptr) restart.cause = cause;
+  return restart;
 }
 
 std::vector<char*> MaybeLaunch(int argc, char** argv, const std::function<int()>& default_nproc) {

@@ -32,9 +32,18 @@
 //     PP_ASSIGN_OR_RETURN... pp::RendezvousFromEnv(...)
 //   }
 //
+// Restarts (torchrun's --max_restarts): when a worker fails and restarts are
+// left, the launcher stops the others as above, waits --restart_delay and
+// starts every worker again, telling them the restart's count and cause
+// (torchrun's TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS, and
+// PP_RESTART_CAUSE: WorkerRestartFromEnv);
+// a training driver resumes from its newest checkpoint that verifies. An
+// attempt that fails at the same training step as the one before (the
+// furthest step any worker reported, launcher_status.h) is not restarted.
+//
 // Flags (absl, defined here so every experiment has them): --nproc_per_node,
 // --nnodes, --node_rank, --master_addr, --master_port, --launcher_grace_period,
-// --intra_op_threads, --blas_threads.
+// --max_restarts, --restart_delay, --intra_op_threads, --blas_threads.
 //
 // Next: topology/rendezvous.h (what a worker does with the environment).
 #ifndef TOPOLOGY_LAUNCHER_H_
@@ -58,6 +67,8 @@ ABSL_DECLARE_FLAG(std::string, master_addr);
 ABSL_DECLARE_FLAG(int, master_port);
 ABSL_DECLARE_FLAG(std::string, run_id);
 ABSL_DECLARE_FLAG(absl::Duration, launcher_grace_period);
+ABSL_DECLARE_FLAG(int, max_restarts);
+ABSL_DECLARE_FLAG(absl::Duration, restart_delay);
 ABSL_DECLARE_FLAG(int, intra_op_threads);
 ABSL_DECLARE_FLAG(int, blas_threads);
 
@@ -74,6 +85,10 @@ struct LaunchOptions {
   std::string run_id;
   // Between SIGTERM and SIGKILL when stopping workers.
   absl::Duration grace_period = absl::Seconds(5);
+  // Times every worker is started again after one failed (0: never).
+  int max_restarts = 0;
+  // Between stopping a failed attempt's workers and starting the next.
+  absl::Duration restart_delay = absl::Seconds(1);
   // Per worker; 0: from the environment, else DefaultWorkerThreads().
   int intra_op_threads = 0;
   int blas_threads = 0;
@@ -82,11 +97,29 @@ struct LaunchOptions {
   bool bind_cores = false;
 };
 
+// What a worker's environment says about the attempt it belongs to (the
+// first two are torchrun's names).
+inline constexpr char kRestartCountVariable[] = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr char kMaxRestartsVariable[] = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr char kRestartCauseVariable[] = "PP_RESTART_CAUSE";
+struct WorkerRestart {
+  // 0: the first attempt; k: the k-th restart.
+  int count = 0;
+  int max_restarts = 0;
+  // How the previous attempt failed ("rank 1 (pid 42) was killed by signal
+  // 9 (Killed)"); empty on the first attempt.
+  std::string cause;
+};
+// In a launched worker; the first attempt's (all zero) elsewhere.
+WorkerRestart WorkerRestartFromEnv();
+
 // Validates `options` (InvalidArgument naming the bad value), starts the
 // workers running `argv` (argv[0] is replaced by /proc/self/exe), forwards
 // their output with "[rank N] " prefixes and waits. Returns the exit status the
 // launcher should exit with: 0 when every worker exited 0; otherwise non-zero,
-// after logging which rank failed first and how (exit code or signal).
+// after logging which rank failed first and how (exit code or signal). A
+// worker's failure restarts every worker, up to options.max_restarts times,
+// unless the attempt failed at the same training step as the previous one.
 absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<std::string>& argv);
 
 // The launcher's options from its flags. `experiment_world_size` (<= 0: none)

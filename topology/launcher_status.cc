@@ -28,6 +28,7 @@ struct Record {
   uint64_t magic;
   int32_t stage;
   int32_t data_index;
+  int64_t step;
   uint32_t action_seq;
   char action[2][kActionBytes];
 };
@@ -78,6 +79,12 @@ void ReportWorkerAction(absl::string_view action) {
   __atomic_store_n(&r->action_seq, next, __ATOMIC_RELEASE);
 }
 
+void ReportWorkerStep(int64_t step) {
+  Record* r = MappedRecord();
+  if (r == nullptr) return;
+  __atomic_store_n(&r->step, step, __ATOMIC_RELEASE);
+}
+
 absl::StatusOr<std::unique_ptr<WorkerStatusPage>> WorkerStatusPage::Create() {
   const int fd = ::memfd_create("pp-worker-status", MFD_CLOEXEC);
   if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(errno)));
@@ -95,6 +102,7 @@ absl::StatusOr<std::unique_ptr<WorkerStatusPage>> WorkerStatusPage::Create() {
   auto* r = static_cast<Record*>(page);
   r->stage = -1;
   r->data_index = -1;
+  r->step = -1;
   r->action_seq = 0;
   r->magic = kMagic;
   return std::unique_ptr<WorkerStatusPage>(new WorkerStatusPage(fd, page));
@@ -110,6 +118,7 @@ WorkerStatusPage::Snapshot WorkerStatusPage::Read() const {
   Snapshot s;
   s.stage = __atomic_load_n(&r->stage, __ATOMIC_ACQUIRE);
   s.data_index = __atomic_load_n(&r->data_index, __ATOMIC_ACQUIRE);
+  s.step = __atomic_load_n(&r->step, __ATOMIC_ACQUIRE);
   const uint32_t seq = __atomic_load_n(&r->action_seq, __ATOMIC_ACQUIRE);
   if (seq != 0) {
     const char* slot = r->action[seq & 1];

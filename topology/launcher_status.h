@@ -17,6 +17,7 @@
 #ifndef TOPOLOGY_LAUNCHER_STATUS_H_
 #define TOPOLOGY_LAUNCHER_STATUS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -35,6 +36,10 @@ bool WorkerStatusEnabled();
 void ReportWorkerPlace(int stage, int data_index);
 // What this worker starts now ("train step 54 1B2"); at most 255 bytes kept.
 void ReportWorkerAction(absl::string_view action);
+// The training step this worker is on: the launcher compares the furthest
+// step of a failed attempt with the previous one's to see whether restarting
+// makes progress (launcher.h, --max_restarts).
+void ReportWorkerStep(int64_t step);
 
 // Launcher side: one page per worker, created before the worker is forked.
 class WorkerStatusPage {
@@ -52,6 +57,7 @@ class WorkerStatusPage {
   struct Snapshot {
     int stage = -1;
     int data_index = -1;
+    int64_t step = -1;
     std::string action;
   };
   Snapshot Read() const;

@@ -19,6 +19,7 @@ TEST(LauncherStatusTest, TheLauncherReadsWhatTheWorkerReported) {
   EXPECT_EQ(before.stage, -1);
   EXPECT_EQ(before.data_index, -1);
   EXPECT_EQ(before.action, "");
+  EXPECT_EQ(before.step, -1);
   EXPECT_EQ(WorkerStatusPage::Describe(before), "");
 
   // The worker maps its own descriptor and closes it: give it a copy.
@@ -29,10 +30,12 @@ TEST(LauncherStatusTest, TheLauncherReadsWhatTheWorkerReported) {
   ReportWorkerPlace(1, 2);
   ReportWorkerAction("train step 3 1RECV_B2");
   ReportWorkerAction("train step 3 1B2");
+  ReportWorkerStep(3);
   WorkerStatusPage::Snapshot now = (*page)->Read();
   EXPECT_EQ(now.stage, 1);
   EXPECT_EQ(now.data_index, 2);
   EXPECT_EQ(now.action, "train step 3 1B2");
+  EXPECT_EQ(now.step, 3);
   EXPECT_EQ(WorkerStatusPage::Describe(now),
             "pipeline stage 1, data-parallel index 2; last action train step 3 1B2");
   // Long names are cut, not overrun.

@@ -401,6 +401,66 @@ TEST(LauncherTest, BadFlagsAreNamed) {
   EXPECT_THAT(r.err, HasSubstr("--node_rank=2 must be in [0, --nnodes=2)"));
 }
 
+// Issue #42, restarts. Every attempt's workers are new processes that meet
+// through a new store on the same port (the passing attempt all-reduces).
+TEST(LauncherTest, FailedWorkersAreRestartedUntilTheyPass) {
+  Result r = RunLauncher({"--nproc_per_node=2", "--mode=fail", "--fail_rank=1", "--exit_code=3",
+                          "--fail_until_restart=2", "--report_step=5", "--step_per_restart=4",
+                          "--max_restarts=3", "--restart_delay=0.1s"});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(ExitCode(r), 0) << r.out << r.err;
+  // Only the passing attempt's rank 0 surely prints before it is stopped (the
+  // failing rank exits at once); its environment names the last failure.
+  EXPECT_THAT(r.out, ContainsRegex("\\[rank 0\\] attempt 2 of at most 4; cause: rank 1 \\(pid "
+                                   "[0-9]+\\) exited with status 3"));
+  EXPECT_THAT(r.out, HasSubstr("[rank 1] sum=1"));
+  EXPECT_THAT(r.err, ContainsRegex("restart 1/3 in 100ms after rank 1 \\(pid [0-9]+\\) exited "
+                                   "with status 3, at training step 5"));
+  EXPECT_THAT(r.err, HasSubstr("restart 2/3 in 100ms after"));
+  EXPECT_THAT(r.err, HasSubstr("at training step 9"));
+  EXPECT_THAT(r.err, Not(HasSubstr("restart 3/3")));
+  EXPECT_THAT(r.err, Not(HasSubstr("FAILED")));
+}
+
+TEST(LauncherTest, RestartsEndWhenUsedUpOrWithoutProgress) {
+  // Progress every time, but only one restart allowed.
+  Result r = RunLauncher({"--nproc_per_node=2", "--mode=fail", "--fail_rank=1", "--exit_code=3",
+                          "--report_step=5", "--step_per_restart=4", "--max_restarts=1",
+                          "--restart_delay=0s"});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(ExitCode(r), 3) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("restart 1/1"));
+  EXPECT_THAT(r.err, ContainsRegex("FAILED: rank 1 \\(pid [0-9]+\\) exited with status 3; no "
+                                   "restarts left \\(1 of --max_restarts=1 used\\)"));
+  // The same step again: the second failure ends the run with restarts left.
+  r = RunLauncher({"--nproc_per_node=2", "--mode=signal", "--fail_rank=0", "--report_step=7",
+                   "--max_restarts=5", "--restart_delay=0s"});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(ExitCode(r), 128 + SIGKILL) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("restart 1/5"));
+  EXPECT_THAT(r.err, Not(HasSubstr("restart 2/5")));
+  EXPECT_THAT(r.err, HasSubstr("was killed by signal 9 (Killed); failed again at training step "
+                               "7, as before restart 1, without progress"));
+  // --max_restarts=0 (the default): the first failure ends the run, as before.
+  r = RunLauncher({"--nproc_per_node=2", "--mode=fail", "--fail_rank=1", "--exit_code=3",
+                   "--fail_until_restart=1"});
+  EXPECT_EQ(ExitCode(r), 3) << r.err;
+  EXPECT_THAT(r.err, Not(HasSubstr("restart")));
+  EXPECT_THAT(r.out, Not(HasSubstr("attempt 1")));
+}
+
+TEST(LauncherTest, BadRestartFlagsAreNamed) {
+  Result r = RunLauncher({"--max_restarts=-1"});
+  EXPECT_EQ(ExitCode(r), 2);
+  EXPECT_THAT(r.err, HasSubstr("--max_restarts=-1 must be >= 0"));
+  r = RunLauncher({"--restart_delay=-1s"});
+  EXPECT_EQ(ExitCode(r), 2);
+  EXPECT_THAT(r.err, HasSubstr("--restart_delay=-1s must be >= 0"));
+  r = RunLauncher({"--nnodes=2", "--node_rank=0", "--master_port=1234", "--max_restarts=1"});
+  EXPECT_EQ(ExitCode(r), 2);
+  EXPECT_THAT(r.err, HasSubstr("--max_restarts=1 with --nnodes=2 is not supported yet"));
+}
+
 // Issue 29: MASTER_ADDR=999.1.1.1 was reported only after the workers' 120 s
 // store timeout. An address that does not resolve is refused by the launcher
 // before any worker starts, naming it.

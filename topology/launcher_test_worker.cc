@@ -34,6 +34,13 @@ ABSL_FLAG(bool, report_status, false,
           "Workers report a grid place (2 stages: stage = rank / 2, data-parallel index = rank "
           "% 2) and two actions to the launcher (topology/launcher_status.h), as ParallelGrid "
           "and StageExecutor do.");
+ABSL_FLAG(int, fail_until_restart, -1,
+          "Modes fail/signal: the failing rank fails only in attempts before this restart count "
+          "(TORCHELASTIC_RESTART_COUNT), then every rank runs as in mode ok; -1: always.");
+ABSL_FLAG(int, report_step, -1,
+          "If >= 0: every worker reports this training step plus --step_per_restart times its "
+          "restart count to the launcher (what the launcher calls progress).");
+ABSL_FLAG(int, step_per_restart, 0, "See --report_step.");
 ABSL_FLAG(bool, refuse_config, false,
           "The experiment's launcher-side check refuses the run (exit 2, before any worker).");
 
@@ -77,13 +84,25 @@ int main(int argc, char** argv) {
     pp::ReportWorkerAction(absl::StrCat("train step 7 ", stage, "F3"));
     pp::ReportWorkerAction(absl::StrCat("train step 7 ", stage, "B3"));
   }
+  const pp::WorkerRestart restart = pp::WorkerRestartFromEnv();
+  if (absl::GetFlag(FLAGS_report_step) >= 0) {
+    pp::ReportWorkerStep(absl::GetFlag(FLAGS_report_step) +
+                         int64_t{absl::GetFlag(FLAGS_step_per_restart)} * restart.count);
+  }
+  if (env->rank == 0) {
+    std::printf("attempt %d of at most %d; cause: %s\n", restart.count, restart.max_restarts + 1,
+                restart.cause.empty() ? "none" : restart.cause.c_str());
+    std::fflush(stdout);
+  }
   const std::string pid_dir = absl::GetFlag(FLAGS_pid_dir);
   if (!pid_dir.empty()) {
     const std::string path = absl::StrCat(pid_dir, "/", env->rank, ".pid");
     std::ofstream(path + ".tmp") << getpid() << "\n";
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
-  const std::string mode = absl::GetFlag(FLAGS_mode);
+  const int fail_until = absl::GetFlag(FLAGS_fail_until_restart);
+  const std::string mode =
+      fail_until >= 0 && restart.count >= fail_until ? "ok" : absl::GetFlag(FLAGS_mode);
   std::printf("hello from rank %d of %d local %d/%d omp=%s threads=%d\n", env->rank,
               env->world_size, env->local_rank, env->local_world_size,
               std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset",

@@ -261,10 +261,13 @@ absl::StatusOr<ResumeChoice> ChooseResumeCheckpoint(const std::string& root) {
       latest_problem = std::string(name.status().message());
     } else {
       const std::string dir = (fs::path(root) / *name).string();
-      absl::StatusOr<Manifest> manifest = ReadManifest(dir);
-      if (manifest.ok()) return ResumeChoice{dir, ""};
+      // Every file, not just the manifest: a bit flipped in a tensor file
+      // would fail the load, and a restart would fail the same way forever
+      // while an older checkpoint verifies (issue #42).
+      const absl::Status verified = VerifyCheckpointFiles(dir);
+      if (verified.ok()) return ResumeChoice{dir, ""};
       latest_problem = absl::StrCat(latest_path.string(), " names ", *name,
-                                    ", which is unusable: ", manifest.status().message());
+                                    ", which is unusable: ", verified.message());
     }
   }
   std::vector<std::string> skipped;

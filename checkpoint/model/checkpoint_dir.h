@@ -67,8 +67,9 @@ struct ResumeChoice {
 };
 
 // The checkpoint `latest` names when it is a complete one (its manifest
-// reads; its files are verified later by the load). Otherwise (`latest`
-// missing, empty, garbage, naming a missing, foreign or incomplete directory)
+// reads and its files all verify: VerifyCheckpointFiles). Otherwise (`latest`
+// missing, empty, garbage, naming a missing, foreign, incomplete or corrupted
+// directory)
 // the newest step_N whose manifest reads and whose files all verify
 // (VerifyCheckpointFiles), with a warning. FailedPrecondition naming what
 // was found when the root holds checkpoints or `latest` but none is usable:

@@ -282,6 +282,26 @@ TEST(ResumeChoiceTest, UnusableLatestFallsBackToTheNewestVerifiedCheckpoint) {
   }
 }
 
+// Issue #42: a bit flipped in a file of the checkpoint `latest` names (its
+// manifest intact) used to be trusted by resume=auto; the load then failed and
+// the older checkpoint that verifies was never tried, so every restart failed.
+TEST(ResumeChoiceTest, BitFlippedLatestFallsBackToTheOlderVerifiedCheckpoint) {
+  const std::string root = FreshDir("resume_bitflip");
+  const std::string older = SaveSimple(root, 10, 2);
+  const std::string newest = SaveSimple(root, 20, 2);
+  const std::string file = (fs::path(newest) / "layer_1-model_states.pt").string();
+  std::string bytes = Slurp(file);
+  bytes[bytes.size() / 2] ^= 0x10;  // same size: only the CRC32C can tell
+  Spit(file, bytes);
+  auto choice = ChooseResumeCheckpoint(root);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->dir, older);
+  EXPECT_NE(choice->warning.find("names step_00000020, which is unusable"), std::string::npos)
+      << choice->warning;
+  EXPECT_NE(choice->warning.find("layer_1-model_states.pt has CRC32C"), std::string::npos)
+      << choice->warning;
+}
+
 TEST(ResumeChoiceTest, UsableLatestEmptyRootAndNothingUsable) {
   // A good `latest` is taken as it is, without a warning.
   const std::string root = FreshDir("resume_good");

@@ -144,7 +144,7 @@ absl::StatusOr<TrainingCheckpointer> TrainingCheckpointer::Create(CheckpointPoli
 
 absl::StatusOr<bool> TrainingCheckpointer::MaybeResume(const ParallelGrid& grid,
                                                        PipelineModel& model, Trainer& trainer) {
-  const bool saves = policy_.save_interval > 0 || policy_.save_final;
+  const bool saves = policy_.save_interval > 0 || policy_.save_final || policy_.save_on_signal;
   if (saves && policy_.lock_dir && lock_ == nullptr) {
     absl::Status locked = absl::OkStatus();
     if (grid.global_rank() == 0) {
@@ -162,11 +162,15 @@ absl::StatusOr<bool> TrainingCheckpointer::MaybeResume(const ParallelGrid& grid,
     PP_RETURN_IF_ERROR(
         AgreeOnCheckpointStatus(CheckpointRankOf(grid), locked, "locking " + policy_.dir));
   }
-  if (policy_.resume.empty()) {
+  std::string path = policy_.resume;
+  // A restart continues from what the failed attempt saved.
+  if (policy_.restarted && !policy_.dir.empty() && !CheckRootHoldsNoCheckpoints(policy_.dir).ok()) {
+    path = "auto";
+  }
+  if (path.empty()) {
     if (saves) PP_RETURN_IF_ERROR(CheckRootHoldsNoCheckpoints(policy_.dir));
     return false;
   }
-  std::string path = policy_.resume;
   if (path == "auto") {
     PP_ASSIGN_OR_RETURN(ResumeChoice choice, ChooseResumeCheckpoint(policy_.dir));
     if (choice.dir.empty()) {
@@ -196,6 +200,12 @@ absl::StatusOr<std::string> TrainingCheckpointer::AfterStep(const ParallelGrid& 
   bool due = policy_.save_interval > 0 && step % policy_.save_interval == 0;
   due = due || (policy_.save_final && step == last_step);
   if (!due) return std::string();
+  return Save(grid, model, trainer);
+}
+
+absl::StatusOr<std::string> TrainingCheckpointer::Save(const ParallelGrid& grid,
+                                                       const PipelineModel& model,
+                                                       Trainer& trainer) {
   if (policy_.before_save) PP_RETURN_IF_ERROR(policy_.before_save());
   TrainingCheckpointOptions options;
   options.root = policy_.dir;

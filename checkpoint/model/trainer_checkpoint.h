@@ -77,8 +77,16 @@ struct CheckpointPolicy {
   // there is one, else start fresh. Anything else: a checkpoint directory or
   // a root with `latest` that must load.
   std::string resume;
+  // This process belongs to a restart of a failed attempt of the run (the
+  // launcher's --max_restarts): continue from the newest checkpoint of `dir`
+  // that verifies when `dir` holds any (resume=auto), whatever `resume` says;
+  // else as `resume` says (the first attempt's start, again).
+  bool restarted = false;
   // Save after the last step as well.
   bool save_final = false;
+  // The caller may save at any step (Save()): take the lock and refuse a dir
+  // holding another run's checkpoints as a run saving periodically does.
+  bool save_on_signal = false;
   std::string config;
   int64_t seed = 0;
   // Optional: called with the manifest of the checkpoint about to be resumed
@@ -132,6 +140,10 @@ class TrainingCheckpointer {
   // `last_step` with save_final. Returns the directory written, or "".
   absl::StatusOr<std::string> AfterStep(const ParallelGrid& grid, const PipelineModel& model,
                                         Trainer& trainer, int64_t last_step);
+
+  // Saves the state at trainer.step() now (every rank, as AfterStep).
+  absl::StatusOr<std::string> Save(const ParallelGrid& grid, const PipelineModel& model,
+                                   Trainer& trainer);
 
   const CheckpointPolicy& policy() const { return policy_; }
 
