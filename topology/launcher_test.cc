@@ -136,6 +136,21 @@ pid_t ReadPid(const std::string& dir, int rank) {
   return pid;
 }
 
+// SIGSTOPs worker `rank` once its pid file appears (at most 30 s). Without a
+// pid it fails the test instead: kill(-1, SIGSTOP) would stop every process
+// this test may signal.
+void StopWorker(const std::string& dir, int rank) {
+  for (int i = 0; i < 1200 && ReadPid(dir, rank) <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  const pid_t pid = ReadPid(dir, rank);
+  if (pid <= 0) {
+    ADD_FAILURE() << "rank " << rank << " wrote no pid file in 30 s; not stopping anything";
+    return;
+  }
+  kill(pid, SIGSTOP);
+}
+
 // Seconds from the failing worker's exit to the launcher's.
 double SecondsFromFailureToExit(const std::string& dir, const Result& r) {
   Clock::rep failed_at = 0;
@@ -205,12 +220,7 @@ TEST(LauncherTest, StoppedWorkerIsNamedAsTheRootCause) {
   const std::string dir = NewDir("stopped");
   Result r = RunLauncher({"--nproc_per_node=3", "--mode=fail", "--fail_rank=2",
                           "--fail_after_ms=1500", absl::StrCat("--pid_dir=", dir)},
-                         60, [&](pid_t) {
-                           for (int i = 0; i < 400 && ReadPid(dir, 1) < 0; ++i) {
-                             std::this_thread::sleep_for(std::chrono::milliseconds(25));
-                           }
-                           kill(ReadPid(dir, 1), SIGSTOP);
-                         });
+                         60, [&](pid_t) { StopWorker(dir, 1); });
   ASSERT_FALSE(r.timed_out) << r.err;
   EXPECT_EQ(ExitCode(r), 3) << r.err;
   EXPECT_THAT(r.err, HasSubstr("rank 1 (pid"));
@@ -233,12 +243,7 @@ TEST(LauncherTest, StoppedWorkerIsNamedWithItsPlaceAndLastAction) {
   Result r =
       RunLauncher({"--nproc_per_node=4", "--mode=fail", "--fail_rank=3", "--fail_after_ms=1500",
                    "--report_status", absl::StrCat("--pid_dir=", dir)},
-                  60, [&](pid_t) {
-                    for (int i = 0; i < 400 && ReadPid(dir, 2) < 0; ++i) {
-                      std::this_thread::sleep_for(std::chrono::milliseconds(25));
-                    }
-                    kill(ReadPid(dir, 2), SIGSTOP);
-                  });
+                  60, [&](pid_t) { StopWorker(dir, 2); });
   ASSERT_FALSE(r.timed_out) << r.err;
   EXPECT_EQ(ExitCode(r), 3) << r.err;
   const size_t verdict = r.err.find("FAILED: ");
