@@ -158,6 +158,37 @@ TEST(AutoScheduleTest, ATieKeepsTheMeasurementSchedule) {
   }
 }
 
+// Issue #42 class 2: at a byte cap that refuses --schedule=zb_h2, auto
+// trained zb_h2, which fitted the looser activation units. With the byte plan
+// as `fits_bytes`, nothing it refuses is chosen: here it admits zb_h1 alone
+// (a cap between zb_h1's and zb_h2's bytes), though twice 1F1B's activations
+// would admit zb_h2 and the synthesised schedule, both faster.
+TEST(AutoScheduleTest, ChoosesOnlyWithinTheByteCap) {
+  const SimulationCosts costs = FiwCosts(1, 1, 1);
+  std::vector<std::string> asked;
+  auto zb_h1_only = [&asked](const Schedule& s) {
+    asked.push_back(s.name);
+    return s.name == "zb_h1";
+  };
+  absl::StatusOr<AutoScheduleChoice> unconstrained =
+      ChooseAutoSchedule(costs, 4, 8, 1, 8.0, /*defer_receives=*/true);
+  ASSERT_TRUE(unconstrained.ok()) << unconstrained.status();
+  ASSERT_NE(unconstrained->chosen_name, "zb_h1") << unconstrained->comparison;
+  absl::StatusOr<AutoScheduleChoice> choice =
+      ChooseAutoSchedule(costs, 4, 8, 1, 8.0, /*defer_receives=*/true, zb_h1_only);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->chosen_name, "zb_h1") << choice->comparison;
+  EXPECT_EQ(choice->chosen.name, "zb_h1");
+  EXPECT_NE(choice->comparison.find("over the byte cap"), std::string::npos) << choice->comparison;
+  EXPECT_NE(std::find(asked.begin(), asked.end(), "auto"), asked.end());
+  EXPECT_NE(std::find(asked.begin(), asked.end(), "zb_h2"), asked.end());
+  // Nothing fits: the measurement schedule stays (the launcher checked it).
+  choice = ChooseAutoSchedule(costs, 4, 8, 1, 8.0, /*defer_receives=*/true,
+                              [](const Schedule&) { return false; });
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->chosen_name, *AutoMeasurementSchedule(1)) << choice->comparison;
+}
+
 // The simulated step of `name` in ChooseAutoSchedule's comparison table.
 double TableMs(const std::string& table, const std::string& name) {
   for (absl::string_view line : absl::StrSplit(table, '\n')) {

@@ -76,6 +76,29 @@ expect_log "resumed at step 4"
 expect_log "gpt.num_heads: 4 in the checkpoint, 2 now"
 EXTRA=""
 
+# 8. Found by the launcher before any worker starts (issue #42 class 7): a
+# config that does not match, a named checkpoint whose file fails its
+# checksum, and a checkpoint dir a live run holds.
+no_workers() { ! grep -q '\[launcher\] starting' "$TMP/log" || fail "workers were started"; }
+EXTRA=,gpt.width=64
+run 1 --steps=8 --resume=auto
+expect_log "gpt.width: 32 in the checkpoint, 64 now"
+no_workers
+EXTRA=""
+cp -r "$CKPT/step_00000004" "$TMP/flipped"
+f=$(ls "$TMP"/flipped/layer_*-model_states.pt | head -1)
+printf '\xff\xfe' | dd of="$f" bs=1 seek=200 conv=notrunc status=none
+run 1 --steps=8 --resume="$TMP/flipped"
+expect_log "checkpoint file $f has CRC32C"
+no_workers
+flock "$CKPT/.lock" sleep 120 &
+holder=$!
+sleep 0.5
+run 1 --steps=8 --resume=auto
+kill "$holder"
+expect_log "checkpoint dir $CKPT is in use by"
+no_workers
+
 # 7. Another run (another name) continuing from r's checkpoints: refused,
 # naming both runs; allowed with checkpoint.resume_other_runs (issue 29).
 other() {
