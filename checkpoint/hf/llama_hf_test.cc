@@ -158,6 +158,15 @@ TEST(LlamaHfTest, UnsupportedConfigsNameTheField) {
             std::string::npos);
 }
 
+// A tiny LLaMA (seed 77) exported as the Hugging Face folder TempPath(name).
+std::string ExportedTinyLlama(bool tied, const std::string& name) {
+  const LlamaConfig config = TinyLlama(tied);
+  StageModule model = *BuildSequential(*MakeLlamaSpecs(config), 77);
+  const std::string dir = TempPath(name);
+  EXPECT_TRUE(ExportLlamaModule(*model, config, dir).ok());
+  return dir;
+}
+
 // Issue #42 class 3: a safetensors header is file contents, checked like a
 // config field: an element count beyond int64 and two tensors sharing bytes
 // are refused, not aborted on or read silently.
@@ -198,10 +207,7 @@ TEST(SafetensorsTest, RefusesOverflowingShapesAndOverlappingOffsets) {
 // import. Refused like a fresh training run: a dir with checkpoints, or one a
 // live run holds.
 TEST(HfImportTest, RefusesADirectoryWithCheckpointsOrALiveLock) {
-  const LlamaConfig config = TinyLlama(false);
-  StageModule model = *BuildSequential(*MakeLlamaSpecs(config), 77);
-  const std::string dir = TempPath("hf_for_used_dir");
-  ASSERT_TRUE(ExportLlamaModule(*model, config, dir).ok());
+  const std::string dir = ExportedTinyLlama(false, "hf_for_used_dir");
   const std::string used = TempPath("used_ck");
   ASSERT_TRUE(ImportLlamaHf(dir, used).ok());
   const absl::Status again = ImportLlamaHf(dir, used).status();
@@ -277,10 +283,7 @@ TEST(HfConfigTest, EveryFieldOfTheWrongTypeOrRangeIsNamed) {
 // gradient of another tensor. Refused naming the tensor; so is a FIFO in the
 // folder (class 4), without blocking.
 TEST(HfImportTest, RefusesNonFiniteWeightsAndFifos) {
-  const LlamaConfig config = TinyLlama(true);
-  StageModule model = *BuildSequential(*MakeLlamaSpecs(config), 77);
-  const std::string dir = TempPath("hf_nan");
-  ASSERT_TRUE(ExportLlamaModule(*model, config, dir).ok());
+  const std::string dir = ExportedTinyLlama(true, "hf_nan");
   absl::StatusOr<SafetensorsFile> hf = ReadSafetensors(dir + "/model.safetensors");
   ASSERT_TRUE(hf.ok());
   for (auto& [name, tensor] : hf->tensors) {
