@@ -17,10 +17,17 @@ SET=eval_interval=0,lr_schedule.name=constant,lr_schedule.warmup_steps=0,gpt.wid
 EXTRA=""  # more --set fields for the next run (the flag may be given once)
 CKPT=$TMP/runs/checkpoints/r
 fail() { echo "FAIL: $*"; cat "$TMP/log"; exit 1; }
+# SET with the fields of $1 (",field=value,...") replaced: a field given twice
+# in one --set is refused (issue #42 class 9).
+merged_set() {
+  local s=",$SET," kv
+  for kv in ${1//,/ }; do s=$(sed "s/,${kv%%=*}=[^,]*,/,/" <<< "$s"); done
+  s=${s#,}; echo "${s%,}$1"
+}
 # run WANT_EXIT args...: train_gpt's exit status must be WANT_EXIT (0 or non-zero).
 run() {
   local want=$1; shift
-  timeout 300 "$BIN" "${COMMON[@]}" --set="$SET$EXTRA" "$@" > "$TMP/log" 2>&1
+  timeout 300 "$BIN" "${COMMON[@]}" --set="$(merged_set "$EXTRA")" "$@" > "$TMP/log" 2>&1
   local code=$?
   if [[ $want == 0 && $code -ne 0 ]]; then fail "train_gpt $* exited $code, want 0"; fi
   if [[ $want != 0 && $code -eq 0 ]]; then fail "train_gpt $* exited 0, want an error"; fi
@@ -104,7 +111,7 @@ no_workers
 other() {
   timeout 300 "$BIN" --config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" \
     --output_dir="$TMP/runs" --sample_tokens=0 --name=other --steps=8 --resume=auto \
-    --set="$SET,gpt.num_heads=2,checkpoint.dir=$CKPT$1" > "$TMP/log" 2>&1
+    --set="$(merged_set ",gpt.num_heads=2,checkpoint.dir=$CKPT$1")" > "$TMP/log" 2>&1
 }
 other ""
 code=$?
