@@ -159,7 +159,8 @@ absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, i
 absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& costs, int num_stages,
                                                       int num_microbatches, int num_chunks,
                                                       std::optional<double> memory_cap,
-                                                      bool defer_receives) {
+                                                      bool defer_receives,
+                                                      const ScheduleFits& fits_bytes) {
   SynthesisOptions o;
   o.defer_receives = defer_receives;
   o.memory_cap = memory_cap;
@@ -179,9 +180,10 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
   std::string& out = choice.comparison;
   absl::StrAppendFormat(&out, "%-18s %12s %8s %22s\n", "schedule", "step (ms)", "bubble",
                         "peak act. (x stage)");
-  absl::StrAppendFormat(&out, "%-18s %12.2f %7.1f%% %22.3g   lower bound %.2f ms\n", "auto",
+  const bool synthesis_fits = !fits_bytes || fits_bytes(syn.schedule);
+  absl::StrAppendFormat(&out, "%-18s %12.2f %7.1f%% %22.3g   lower bound %.2f ms%s\n", "auto",
                         syn.makespan, 100 * syn.simulation.bubble_fraction, syn.peak_memory,
-                        syn.lower_bound);
+                        syn.lower_bound, synthesis_fits ? "" : "   over the byte cap");
   std::optional<Schedule> best;
   std::string best_name;
   double best_makespan = 0;
@@ -199,9 +201,13 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
     absl::StatusOr<SimulationResult> sim = SimulateAsExecuted(*schedule, costs, defer_receives);
     if (!sim.ok()) continue;
     const double p = peak(*sim);
-    const bool fits = p <= syn.memory_cap + 1e-9;
+    const bool fits_units = p <= syn.memory_cap + 1e-9;
+    const bool fits = fits_units && (!fits_bytes || fits_bytes(*schedule));
     absl::StrAppendFormat(&out, "%-18s %12.2f %7.1f%% %22.3g%s\n", name, sim->makespan,
-                          100 * sim->bubble_fraction, p, fits ? "" : "   over the cap");
+                          100 * sim->bubble_fraction, p,
+                          fits         ? ""
+                          : fits_units ? "   over the byte cap"
+                                       : "   over the cap");
     const bool faster = !best.has_value() || sim->makespan < best_makespan * (1 - 1e-9);
     const bool ties_measurement = !faster && measurement.ok() && name == *measurement &&
                                   sim->makespan <= best_makespan * (1 + 1e-9);
@@ -217,7 +223,20 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
   // simulator's error as executed (kAutoMinSimulatedGain): a smaller gain is
   // as likely a loss (small GPT, pp = 4: simulated 0.6-2.5% ahead of zb_h1,
   // measured 0.988x), and the two trial steps cannot tell either apart.
-  if (best.has_value() && syn.makespan >= best_makespan * (1 - kAutoMinSimulatedGain)) {
+  if (!synthesis_fits && !best.has_value()) {
+    // Nothing else fits the byte plan: the measurement schedule, which the
+    // launcher checked against the cap, stays.
+    if (!measurement.ok()) return measurement.status();
+    PP_ASSIGN_OR_RETURN(choice.chosen,
+                        MakeSchedule(*measurement, {num_stages, num_microbatches, num_chunks, 0}));
+    choice.chosen_name = *measurement;
+    absl::StrAppendFormat(&out, "chosen: %s (no other schedule fits the byte cap)\n", *measurement);
+  } else if (!synthesis_fits) {
+    choice.chosen = *std::move(best);
+    choice.chosen_name = best_name;
+    absl::StrAppendFormat(&out, "chosen: %s (the synthesised schedule is over the byte cap)\n",
+                          best_name);
+  } else if (best.has_value() && syn.makespan >= best_makespan * (1 - kAutoMinSimulatedGain)) {
     choice.chosen = *std::move(best);
     choice.chosen_name = best_name;
     absl::StrAppendFormat(&out,
@@ -251,14 +270,15 @@ absl::Status WorldSum(const std::string& what, const ParallelGrid& grid, const T
 
 AutoScheduleRun::AutoScheduleRun(bool active, int num_stages, int num_microbatches, int num_chunks,
                                  std::string run_dir, std::string checkpoint_dir,
-                                 std::optional<double> memory_cap)
+                                 std::optional<double> memory_cap, ScheduleFits fits_bytes)
     : active_(active),
       num_stages_(num_stages),
       num_microbatches_(num_microbatches),
       num_chunks_(num_chunks),
       run_dir_(std::move(run_dir)),
       checkpoint_dir_(std::move(checkpoint_dir)),
-      memory_cap_(memory_cap) {}
+      memory_cap_(memory_cap),
+      fits_bytes_(std::move(fits_bytes)) {}
 
 absl::Status AutoScheduleRun::Start(Trainer& trainer, int64_t first_step) {
   if (!active_ || first_step == 0) return absl::OkStatus();
@@ -332,7 +352,7 @@ absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const Paralle
   PP_ASSIGN_OR_RETURN(SimulationCosts costs, CostsFromSums(sums, num_stages_, num_chunks_));
   PP_ASSIGN_OR_RETURN(AutoScheduleChoice choice,
                       ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_,
-                                         memory_cap_, trainer.defers_receives()));
+                                         memory_cap_, trainer.defers_receives(), fits_bytes_));
   if (grid.global_rank() == 0) {
     std::string per_stage;
     for (const auto& [s, c] : costs.stage_costs) {

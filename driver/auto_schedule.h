@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,20 +93,30 @@ struct AutoScheduleChoice {
 // and compared) is simulated as the runtime executes it: `defer_receives` as
 // Trainer::defers_receives() (SimulateAsExecuted; without it the simulator
 // put the synthesised schedule 11% ahead of zbv where both run alike).
+//
+// `fits_bytes`, when given, is the byte plan the launcher checks
+// parallelism.memory_cap_mib against (driver/memory_budget.h,
+// FitsMemoryCap): a schedule it refuses is never chosen, synthesised or
+// registered, whatever the activation units say (issue #42, class 2: auto
+// trained zb_h2 at a cap that refuses --schedule=zb_h2). When it refuses
+// every candidate, the run stays on its measurement schedule, which the
+// launcher checked.
+using ScheduleFits = std::function<bool(const Schedule&)>;
 absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& costs, int num_stages,
                                                       int num_microbatches, int num_chunks,
                                                       std::optional<double> memory_cap,
-                                                      bool defer_receives);
+                                                      bool defer_receives,
+                                                      const ScheduleFits& fits_bytes = {});
 
 // The run loop's side of "auto" (inactive for any other schedule).
 class AutoScheduleRun {
  public:
   // `run_dir` and `checkpoint_dir` receive the chosen schedule's CSV (global
   // rank 0 writes); `run_dir` is empty on the other ranks, which print nothing.
-  // `memory_cap`: as ChooseAutoSchedule's.
+  // `memory_cap`, `fits_bytes`: as ChooseAutoSchedule's.
   AutoScheduleRun(bool active, int num_stages, int num_microbatches, int num_chunks,
                   std::string run_dir, std::string checkpoint_dir,
-                  std::optional<double> memory_cap = {});
+                  std::optional<double> memory_cap = {}, ScheduleFits fits_bytes = {});
 
   bool active() const { return active_; }
   // Before the first step: a resumed run takes the saved schedule (when it
@@ -145,6 +156,7 @@ class AutoScheduleRun {
   std::string run_dir_;
   std::string checkpoint_dir_;
   std::optional<double> memory_cap_;
+  ScheduleFits fits_bytes_;
   // The world's mean step time over `steps_ms` (collective).
   absl::StatusOr<double> WorldMeanMs(const std::vector<double>& steps_ms, const ParallelGrid& grid,
                                      const Trainer& trainer) const;

@@ -158,6 +158,38 @@ TEST(AutoScheduleTest, ATieKeepsTheMeasurementSchedule) {
   }
 }
 
+// Issue #42 class 2: at a byte cap that refuses --schedule=zb_h2, auto
+// trained zb_h2, which fitted the looser activation units. With the byte plan
+// as `fits_bytes`, nothing it refuses is chosen: here it admits 1f1b alone,
+// though twice 1F1B's activations admit zb_h1, zb_h2 and the synthesised
+// schedule, all faster (unconstrained, the run would take zb_h1).
+TEST(AutoScheduleTest, ChoosesOnlyWithinTheByteCap) {
+  const SimulationCosts costs = FiwCosts(1, 1, 1);
+  std::vector<std::string> asked;
+  auto only_1f1b = [&asked](const Schedule& s) {
+    asked.push_back(s.name);
+    return s.name == "1f1b";
+  };
+  absl::StatusOr<AutoScheduleChoice> unconstrained =
+      ChooseAutoSchedule(costs, 4, 8, 1, 8.0, /*defer_receives=*/true);
+  ASSERT_TRUE(unconstrained.ok()) << unconstrained.status();
+  ASSERT_NE(unconstrained->chosen_name, "1f1b") << unconstrained->comparison;
+  absl::StatusOr<AutoScheduleChoice> choice =
+      ChooseAutoSchedule(costs, 4, 8, 1, 8.0, /*defer_receives=*/true, only_1f1b);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->chosen_name, "1f1b") << choice->comparison;
+  EXPECT_EQ(choice->chosen.name, "1f1b");
+  EXPECT_NE(choice->comparison.find("over the byte cap"), std::string::npos) << choice->comparison;
+  for (const char* name : {"auto", "zb_h1", "zb_h2"}) {
+    EXPECT_NE(std::find(asked.begin(), asked.end(), name), asked.end()) << name;
+  }
+  // Nothing fits: the measurement schedule stays (the launcher checked it).
+  choice = ChooseAutoSchedule(costs, 4, 8, 1, 8.0, /*defer_receives=*/true,
+                              [](const Schedule&) { return false; });
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->chosen_name, *AutoMeasurementSchedule(1)) << choice->comparison;
+}
+
 // The simulated step of `name` in ChooseAutoSchedule's comparison table.
 double TableMs(const std::string& table, const std::string& name) {
   for (absl::string_view line : absl::StrSplit(table, '\n')) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -314,6 +315,18 @@ absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignmen
   // Merging keeps the other fields.
   if (!parser.MergeFromString(text_open + text_close, &config)) {
     return Invalid(absl::StrCat("cannot set ", path, " to '", value, "': ", errors.errors()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOneValuePerField(const std::vector<CommandLineOverride>& overrides) {
+  std::map<std::string, const CommandLineOverride*> by_field;
+  for (const CommandLineOverride& o : overrides) {
+    const std::string field = o.assignment.substr(0, o.assignment.find('='));
+    const auto [it, inserted] = by_field.emplace(field, &o);
+    if (inserted) continue;
+    return Invalid(absl::StrCat("config field '", field, "' is given twice, by ", it->second->flag,
+                                " and by ", o.flag, "; only one would be taken, so give it once"));
   }
   return absl::OkStatus();
 }

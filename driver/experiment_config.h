@@ -43,6 +43,18 @@ absl::StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path);
 // field's type.
 absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignment);
 
+// One override of the command line: the flag as typed ("--precision=fp32",
+// "--set=precision=bf16") and its "path=value".
+struct CommandLineOverride {
+  std::string flag;
+  std::string assignment;
+};
+
+// OK when no field is set twice. Otherwise InvalidArgument naming the field
+// and both flags: only one value would be taken, silently (issue #42, class
+// 9), as a repeated flag is refused for the same reason.
+absl::Status CheckOneValuePerField(const std::vector<CommandLineOverride>& overrides);
+
 // Sets every unset field to its default, the model's message included, so
 // the printed config is the complete, resolved one. An unset
 // parallelism.partition_method becomes the model's default.

@@ -129,6 +129,25 @@ TEST(ExperimentConfigTest, BadOverridesSayWhatIsValid) {
   EXPECT_HAS(m, "cannot set steps to 'many'");
 }
 
+// Issue #42 class 9: --precision=fp32 --set=precision=bf16 trained fp32 and
+// --steps=4 --set=steps=2 four steps. Any field given twice on the command
+// line (a flag and --set, or two --set) is refused naming both.
+TEST(ExperimentConfigTest, AFieldGivenTwiceIsRefusedNamingBoth) {
+  EXPECT_TRUE(CheckOneValuePerField({{"--steps=4", "steps=4"},
+                                     {"--set=precision=bf16", "precision=bf16"},
+                                     {"--set=gpt.width=64", "gpt.width=64"}})
+                  .ok());
+  EXPECT_EQ(CheckOneValuePerField({{"--set=precision=bf16", "precision=bf16"},
+                                   {"--precision=fp32", "precision=fp32"}})
+                .message(),
+            "config field 'precision' is given twice, by --set=precision=bf16 and by "
+            "--precision=fp32; only one would be taken, so give it once");
+  EXPECT_HAS(std::string(
+                 CheckOneValuePerField({{"--set=steps=2", "steps=2"}, {"--set=steps=2", "steps=2"}})
+                     .message()),
+             "config field 'steps' is given twice");
+}
+
 TEST(ExperimentConfigTest, ParseErrorsNameTheLine) {
   std::string m(ParseExperimentConfig("steps: 3\nparallelism { pipes: 2 }\n").status().message());
   EXPECT_HAS(m, "line 2");

@@ -10,6 +10,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
@@ -119,13 +120,20 @@ absl::StatusOr<ExperimentConfig> LoadResolvedConfig(const std::string& default_c
   const std::string path =
       !flag_path.empty() ? FromWorkspace(flag_path) : FindShippedFile(default_config);
   PP_ASSIGN_OR_RETURN(ExperimentConfig config, LoadExperimentConfig(path));
+  std::vector<CommandLineOverride> overrides;
   for (const std::string& assignment : absl::GetFlag(FLAGS_set)) {
-    PP_RETURN_IF_ERROR(ApplyOverride(config, assignment));
+    overrides.push_back({absl::StrCat("--set=", assignment), assignment});
   }
   for (const OverrideFlag& o : OverrideFlagTable()) {
     const std::string value = absl::GetFlag(*o.flag);
-    if (!value.empty()) PP_RETURN_IF_ERROR(ApplyOverride(config, absl::StrCat(o.path, "=", value)));
+    if (value.empty()) continue;
+    overrides.push_back(
+        {absl::StrCat("--", absl::GetFlagReflectionHandle(*o.flag).Name(), "=", value),
+         absl::StrCat(o.path, "=", value)});
   }
+  PP_RETURN_IF_ERROR(CheckOneValuePerField(overrides));
+  for (const CommandLineOverride& o : overrides)
+    PP_RETURN_IF_ERROR(ApplyOverride(config, o.assignment));
   ResolveDefaults(config);
   config.mutable_data()->set_path(FromWorkspace(config.data().path()));
   config.set_output_dir(FromWorkspace(config.output_dir()));
@@ -177,6 +185,7 @@ int Main(int argc, char** argv, const std::string& default_config) {
     if (absl::Status s = config.ok() ? Preflight(*config, {argv, argv + argc}) : absl::OkStatus();
         s.ok() && config.ok()) {
       s = CheckModelData(*config);
+      if (s.ok()) s = CheckCheckpointBeforeLaunch(*config);
       if (s.ok()) s = ProfileStepsFor(*config).status();
       if (!s.ok()) config = absl::StatusOr<ExperimentConfig>(s);
     } else if (!s.ok()) {

@@ -288,6 +288,17 @@ absl::Status CheckMemoryCap(const ExperimentConfig& config) {
   return absl::InvalidArgumentError(message);
 }
 
+absl::StatusOr<bool> FitsMemoryCap(const ExperimentConfig& config, const Schedule& schedule) {
+  const double cap_mib = config.parallelism().memory_cap_mib();
+  if (cap_mib <= 0) return true;
+  PP_ASSIGN_OR_RETURN(const std::optional<MemoryPlan> plan, PlanRunMemory(config, schedule));
+  if (!plan.has_value()) return true;
+  for (const RankMemoryPlan& rank : plan->ranks) {
+    if (rank.peak_bytes > cap_mib * kMiB) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<std::optional<double>> SynthesisMemoryCap(const ExperimentConfig& config) {
   const double cap_mib = config.parallelism().memory_cap_mib();
   if (!(cap_mib > 0)) return std::optional<double>();

@@ -70,6 +70,12 @@ absl::StatusOr<std::optional<MemoryPlan>> PlanRunMemory(const driver::Experiment
 // that rank.
 absl::Status CheckMemoryCap(const driver::ExperimentConfig& config);
 
+// Whether every rank's predicted peak under `schedule` fits
+// parallelism.memory_cap_mib, by the byte plan CheckMemoryCap uses. true
+// without a cap or a prediction (a model without a transformer shape).
+absl::StatusOr<bool> FitsMemoryCap(const driver::ExperimentConfig& config,
+                                   const Schedule& schedule);
+
 // parallelism.memory_cap_mib in the synthesiser's units (one virtual stage's
 // activations of one micro-batch, pipeline/schedule/synthesis.h): per rank
 // (cap - its fixed bytes - its largest recompute range) / the largest

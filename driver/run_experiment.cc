@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/model/checkpoint_dir.h"
+#include "checkpoint/model/checkpoint_lock.h"
 #include "checkpoint/model/trainer_checkpoint.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
@@ -291,6 +293,33 @@ absl::Status SampleText(const ExperimentConfig& config, ParallelGrid& grid, Mode
 
 }  // namespace
 
+absl::Status CheckCheckpointBeforeLaunch(const ExperimentConfig& config) {
+  const CheckpointPolicy policy = MakeCheckpointPolicy(config);
+  const bool saves = policy.save_interval > 0 || policy.save_final;
+  if (saves) PP_RETURN_IF_ERROR(CheckCheckpointDirFree(policy.dir));
+  if (policy.resume.empty()) {
+    return saves ? CheckRootHoldsNoCheckpoints(policy.dir) : absl::OkStatus();
+  }
+  std::string path;
+  if (policy.resume == "auto") {
+    PP_ASSIGN_OR_RETURN(const ResumeChoice choice, ChooseResumeCheckpoint(policy.dir));
+    if (choice.dir.empty()) return absl::OkStatus();
+    path = choice.dir;
+  } else {
+    PP_ASSIGN_OR_RETURN(path, ResolveCheckpointDir(policy.resume));
+    PP_RETURN_IF_ERROR(VerifyCheckpointFiles(path));
+  }
+  PP_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest, ReadManifest(path));
+  PP_RETURN_IF_ERROR(CheckCheckpointOwner(path, manifest, policy.owner, policy.resume_other_runs));
+  std::vector<std::string> warnings;  // the workers log them
+  absl::Status config_ok = CheckResumeConfig(manifest.config(), config, &warnings);
+  if (!config_ok.ok()) {
+    return absl::Status(config_ok.code(),
+                        absl::StrCat("checkpoint ", path, ": ", config_ok.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunExperiment(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(const SelectedModel selected, SelectModel(config.model()));
   const ModelInfo& info = *selected.info;
@@ -362,9 +391,14 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   if (par.schedule() == kAutoSchedule) {
     PP_ASSIGN_OR_RETURN(synthesis_cap, SynthesisMemoryCap(config));
   }
+  // Auto chooses within the byte plan the launcher checks the cap against.
+  ScheduleFits fits_bytes = [&config](const Schedule& schedule) {
+    absl::StatusOr<bool> fits = FitsMemoryCap(config, schedule);
+    return !fits.ok() || *fits;
+  };
   AutoScheduleRun auto_schedule(par.schedule() == kAutoSchedule, par.pp(), par.num_microbatches(),
                                 par.chunks(), rank0 ? report.dir().string() : "", ckpt_policy.dir,
-                                synthesis_cap);
+                                synthesis_cap, std::move(fits_bytes));
   PP_RETURN_IF_ERROR(auto_schedule.Start(*trainer, trainer->step()));
   PP_ASSIGN_OR_RETURN(double train_seconds, TrainLoop(config, grid, *model, *trainer, checkpointer,
                                                       data, report, *obs, auto_schedule));

@@ -13,6 +13,16 @@ namespace pp {
 // config's model must be registered in this binary (models/registry.h).
 absl::Status RunExperiment(const ExperimentConfig& config);
 
+// The launcher's look at the checkpoint dir and the checkpoint a run would
+// resume from, before any worker starts (issue #42, class 7): a live run's
+// lock on the dir, checkpoints a fresh saving run would overwrite, a resumed
+// checkpoint of another run or another model or config (as the workers'
+// CheckResumeConfig), and, for a checkpoint named by checkpoint.resume, every
+// file's size and checksum. (resume=auto's pick among checkpoints stays the
+// run's own.) The workers check the same again; this names the fault once,
+// without a rank to blame.
+absl::Status CheckCheckpointBeforeLaunch(const ExperimentConfig& config);
+
 }  // namespace pp
 
 #endif  // DRIVER_RUN_EXPERIMENT_H_

@@ -73,6 +73,8 @@ unknown argument 'garbage'; valid: 'profile' or 'profile:cap_mib=N|--partition=p
 sample_prompt is empty, but sample_tokens (|--set=sample_prompt=
 checkpoint.resume '/nonexistent' does not exist|--resume=/nonexistent
 checkpoint.dir '$TMP/file/ckpt' cannot be created|--save_interval=2 --set=checkpoint.dir=$TMP/file/ckpt
+config field 'precision' is given twice, by --set=precision=bf16 and by --precision=fp32|--precision=fp32 --set=precision=bf16
+config field 'steps' is given twice, by --set=steps=2 and by --steps=4|--steps=4 --set=steps=2
 CASES_END
 )
 

@@ -35,6 +35,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/field_checks.h"
 #include "common/status_macros.h"
 #include "pipeline/schedule/chrome_trace.h"
 #include "pipeline/schedule/csv.h"
@@ -158,6 +159,15 @@ absl::StatusOr<SimulationCosts> FlagCosts(int num_virtual, int chunks) {
   return costs;
 }
 
+// A simulation of finite costs whose sums overflow (--costs=F:1e308) has no
+// figures worth printing.
+absl::Status CheckFiniteSimulation(const SimulationResult& sim) {
+  if (std::isfinite(sim.makespan)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("the simulated makespan is ", sim.makespan,
+                   ": the costs given are too large to add up; give smaller ones"));
+}
+
 // Lowers and simulates a made schedule.
 absl::StatusOr<Explored> ExploreSchedule(Schedule schedule) {
   Explored out;
@@ -168,7 +178,41 @@ absl::StatusOr<Explored> ExploreSchedule(Schedule schedule) {
   PP_ASSIGN_OR_RETURN(out.costs,
                       FlagCosts(out.schedule.num_virtual_stages(), out.schedule.num_chunks));
   PP_ASSIGN_OR_RETURN(out.sim, SimulateProgram(out.program, out.costs));
+  PP_RETURN_IF_ERROR(CheckFiniteSimulation(out.sim));
   return out;
+}
+
+// The shape flags' bounds (issue #42, class 8): the training binaries' own
+// for parallelism.pp, chunks and num_microbatches, and a cap on the compute
+// actions p x m x v (the schedule's lists, lowering and the simulator's
+// timeline grow with it; --stages=100000 --microbatches=100000 was a
+// bad_alloc). --synthesize evaluates its candidate hundreds of times: it
+// gets a smaller cap, so that it answers in seconds (p = 16, m = 64 took 5 s
+// of CPU; 64 x 64 ran past 30 s).
+constexpr int64_t kMaxExploredActions = int64_t{1} << 20;
+constexpr int64_t kMaxSynthesizedActions = int64_t{1} << 10;
+
+absl::Status CheckShapeFlags(bool synthesize) {
+  const int64_t p = absl::GetFlag(FLAGS_stages);
+  const int64_t m = absl::GetFlag(FLAGS_microbatches);
+  const int64_t v = absl::GetFlag(FLAGS_chunks);
+  PP_RETURN_IF_ERROR(CheckIntField("--stages", p, 1, 1024, "as parallelism.pp"));
+  PP_RETURN_IF_ERROR(
+      CheckIntField("--microbatches", m, 1, 65536, "as parallelism.num_microbatches"));
+  PP_RETURN_IF_ERROR(CheckIntField("--chunks", v, 1, 64, "as parallelism.chunks"));
+  PP_RETURN_IF_ERROR(
+      CheckIntField("--group", absl::GetFlag(FLAGS_group), 0, m, "at most --microbatches"));
+  PP_RETURN_IF_ERROR(
+      CheckIntField("--max_evaluations", absl::GetFlag(FLAGS_max_evaluations), 0, 1000000));
+  const int64_t cap = synthesize ? kMaxSynthesizedActions : kMaxExploredActions;
+  if (p * m * v > cap) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stages (", p, ") x --microbatches (", m, ") x --chunks (", v,
+                     ") = ", p * m * v, " compute actions per kind; ",
+                     synthesize ? "--synthesize takes" : "the explorer takes", " at most ", cap,
+                     synthesize ? " (each search evaluates the schedule hundreds of times)" : ""));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Explored> Explore(const std::string& name, int chunks) {
@@ -469,22 +513,35 @@ absl::StatusOr<std::string> Synthesize(const std::string& format) {
   return out;
 }
 
+// A refusal as the training binaries give one: "error: ..." on stderr, exit 2.
+int Refuse(const absl::Status& status) {
+  std::cerr << "error: " << status.message() << std::endl;
+  return 2;
+}
+
 int Main() {
   std::string output;
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "text" && format != "json" && format != "svg" && format != "chrome" &&
       format != "csv" && format != "csv_comms") {
-    std::fprintf(stderr, "--format=%s: expected text, json, svg, chrome, csv or csv_comms\n",
-                 format.c_str());
-    return 2;
+    return Refuse(absl::InvalidArgumentError(
+        absl::StrCat("--format=", format, ": expected text, json, svg, chrome, csv or csv_comms")));
   }
   if (!absl::GetFlag(FLAGS_stage_bytes).empty()) {
     absl::Status bad = ParseStageBytes(absl::GetFlag(FLAGS_stage_bytes)).status();
     if (bad.ok()) bad = ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer)).status();
-    if (!bad.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(bad.message()).c_str());
-      return 2;
-    }
+    if (!bad.ok()) return Refuse(bad);
+  }
+  if (absl::Status bad = CheckShapeFlags(absl::GetFlag(FLAGS_synthesize)); !bad.ok()) {
+    return Refuse(bad);
+  }
+  // Costs before any schedule: --compare would otherwise print the error in
+  // every row and exit 0.
+  for (const absl::Status& bad : {ParseSimulationCosts(absl::GetFlag(FLAGS_costs)).status(),
+                                  ParseStageCosts(absl::GetFlag(FLAGS_stage_costs)).status(),
+                                  ParseRankCosts(absl::GetFlag(FLAGS_rank_costs)).status(),
+                                  ParseMemorySplit(absl::GetFlag(FLAGS_memory_split)).status()}) {
+    if (!bad.ok()) return Refuse(bad);
   }
   if (absl::GetFlag(FLAGS_list)) {
     for (const ScheduleInfo& info : RegisteredSchedules()) {
@@ -492,20 +549,14 @@ int Main() {
     }
   } else if (absl::GetFlag(FLAGS_synthesize)) {
     absl::StatusOr<std::string> synthesized = Synthesize(format);
-    if (!synthesized.ok()) {
-      std::fprintf(stderr, "%s\n", synthesized.status().ToString().c_str());
-      return 1;
-    }
+    if (!synthesized.ok()) return Refuse(synthesized.status());
     output = *synthesized;
   } else if (!absl::GetFlag(FLAGS_compare).empty()) {
     output = Compare(absl::StrSplit(absl::GetFlag(FLAGS_compare), ',', absl::SkipEmpty()));
   } else {
     absl::StatusOr<Explored> e =
         Explore(absl::GetFlag(FLAGS_schedule), absl::GetFlag(FLAGS_chunks));
-    if (!e.ok()) {
-      std::fprintf(stderr, "%s\n", e.status().ToString().c_str());
-      return 1;
-    }
+    if (!e.ok()) return Refuse(e.status());
     output = Render(*e, format);
   }
   const std::string path = absl::GetFlag(FLAGS_out);
@@ -516,10 +567,7 @@ int Main() {
   std::ofstream file(path);
   file << output;
   file.close();
-  if (!file) {
-    std::fprintf(stderr, "cannot write %s\n", path.c_str());
-    return 1;
-  }
+  if (!file) return Refuse(absl::UnavailableError(absl::StrCat("cannot write ", path)));
   std::fprintf(stderr, "wrote %s\n", path.c_str());
   return 0;
 }

@@ -218,4 +218,30 @@ if "$explorer" --synthesize --placement=w 2> "$tmp/err.txt"; then
   fail "synthesize accepted --placement=w"
 fi
 grep -q -- '--placement=w: expected looped or v' "$tmp/err.txt" || fail "$(cat "$tmp/err.txt")"
+# Issue #42 class 8: out-of-bound shapes (a bad_alloc, or minutes of
+# synthesis with no output), costs whose sum overflows (makespan inf), and
+# every refusal: "error: ..." and exit 2 like the training binaries, quickly.
+while IFS='|' read -r expected args; do
+  [[ -z "$expected" ]] && continue
+  code=0
+  # shellcheck disable=SC2086  # args are several flags
+  timeout 30 "$explorer" $args > /dev/null 2> "$tmp/err.txt" || code=$?
+  [[ $code -eq 2 ]] || fail "$args: exit $code (want 2): $(cat "$tmp/err.txt")"
+  head -1 "$tmp/err.txt" | grep -q '^error: ' || fail "$args: no error: line: $(cat "$tmp/err.txt")"
+  grep -qF -- "$expected" "$tmp/err.txt" || fail "$args: $(cat "$tmp/err.txt")"
+done <<'CASES'
+--stages (2147483647) must be at most 1024|--stages=2147483647
+--stages (0) must be at least 1 and at most 1024|--stages=0
+--microbatches (1000000) must be at most 65536|--synthesize --microbatches=1000000
+--stages (1024) x --microbatches (65536) x --chunks (1) = 67108864 compute actions per kind; the explorer takes at most 1048576|--stages=1024 --microbatches=65536
+--stages (1000) x --microbatches (8) x --chunks (1) = 8000 compute actions per kind; --synthesize takes at most 1024|--synthesize --stages=1000
+--chunks (0) must be at least 1|--chunks=0
+--max_evaluations (-1) must not be negative|--synthesize --max_evaluations=-1
+bad cost "F:1e308" in "F:1e308,B:1e308": expected KEY:VALUE|--costs=F:1e308,B:1e308
+bad cost "F:1e308"|--compare=1f1b,gpipe --costs=F:1e308,B:1e308
+bad cost "F:1e13"|--synthesize --stage_costs=0:F:1e13
+m % g >= p|--schedule=interleaved_1f1b --stages=4 --microbatches=6 --chunks=2
+--format=xml: expected text|--format=xml
+--placement=w: expected looped or v|--synthesize --placement=w
+CASES
 echo PASS

@@ -17,10 +17,17 @@ SET=eval_interval=0,lr_schedule.name=constant,lr_schedule.warmup_steps=0,gpt.wid
 EXTRA=""  # more --set fields for the next run (the flag may be given once)
 CKPT=$TMP/runs/checkpoints/r
 fail() { echo "FAIL: $*"; cat "$TMP/log"; exit 1; }
+# SET with the fields of $1 (",field=value,...") replaced: a field given twice
+# in one --set is refused (issue #42 class 9).
+merged_set() {
+  local s=",$SET," kv
+  for kv in ${1//,/ }; do s=$(sed "s/,${kv%%=*}=[^,]*,/,/" <<< "$s"); done
+  s=${s#,}; echo "${s%,}$1"
+}
 # run WANT_EXIT args...: train_gpt's exit status must be WANT_EXIT (0 or non-zero).
 run() {
   local want=$1; shift
-  timeout 300 "$BIN" "${COMMON[@]}" --set="$SET$EXTRA" "$@" > "$TMP/log" 2>&1
+  timeout 300 "$BIN" "${COMMON[@]}" --set="$(merged_set "$EXTRA")" "$@" > "$TMP/log" 2>&1
   local code=$?
   if [[ $want == 0 && $code -ne 0 ]]; then fail "train_gpt $* exited $code, want 0"; fi
   if [[ $want != 0 && $code -eq 0 ]]; then fail "train_gpt $* exited 0, want an error"; fi
@@ -76,12 +83,35 @@ expect_log "resumed at step 4"
 expect_log "gpt.num_heads: 4 in the checkpoint, 2 now"
 EXTRA=""
 
+# 8. Found by the launcher before any worker starts (issue #42 class 7): a
+# config that does not match, a named checkpoint whose file fails its
+# checksum, and a checkpoint dir a live run holds.
+no_workers() { ! grep -q '\[launcher\] starting' "$TMP/log" || fail "workers were started"; }
+EXTRA=,gpt.width=64
+run 1 --steps=8 --resume=auto
+expect_log "gpt.width: 32 in the checkpoint, 64 now"
+no_workers
+EXTRA=""
+cp -r "$CKPT/step_00000004" "$TMP/flipped"
+f=$(ls "$TMP"/flipped/layer_*-model_states.pt | head -1)
+printf '\xff\xfe' | dd of="$f" bs=1 seek=200 conv=notrunc status=none
+run 1 --steps=8 --resume="$TMP/flipped"
+expect_log "checkpoint file $f has CRC32C"
+no_workers
+flock "$CKPT/.lock" sleep 120 &
+holder=$!
+sleep 0.5
+run 1 --steps=8 --resume=auto
+kill "$holder"
+expect_log "checkpoint dir $CKPT is in use by"
+no_workers
+
 # 7. Another run (another name) continuing from r's checkpoints: refused,
 # naming both runs; allowed with checkpoint.resume_other_runs (issue 29).
 other() {
   timeout 300 "$BIN" --config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" \
     --output_dir="$TMP/runs" --sample_tokens=0 --name=other --steps=8 --resume=auto \
-    --set="$SET,gpt.num_heads=2,checkpoint.dir=$CKPT$1" > "$TMP/log" 2>&1
+    --set="$(merged_set ",gpt.num_heads=2,checkpoint.dir=$CKPT$1")" > "$TMP/log" 2>&1
 }
 other ""
 code=$?

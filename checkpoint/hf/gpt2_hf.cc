@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/hf/hf_folder.h"
+#include "checkpoint/hf/hf_json.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/pipeline_model.h"
 
@@ -129,41 +131,35 @@ absl::StatusOr<GptConfig> GptConfigFromHfJson(const std::string& json_text) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.json: ", field, " (", value.dump(), ") ", why));
   };
-  if (j.value("model_type", "") != "gpt2") {
-    return bad("model_type", j.value("model_type", nlohmann::json()), "must be \"gpt2\"");
-  }
+  PP_ASSIGN_OR_RETURN(const std::string model_type, HfStringField(j, "model_type", ""));
+  if (model_type != "gpt2") return bad("model_type", model_type, "must be \"gpt2\"");
   GptConfig c;
   for (auto [field, target] : {std::pair<const char*, int64_t*>{"vocab_size", &c.vocab_size},
                                {"n_positions", &c.context_length},
                                {"n_embd", &c.width},
                                {"n_layer", &c.num_layers},
                                {"n_head", &c.num_heads}}) {
-    if (!j.contains(field) || !j[field].is_number_integer()) {
-      return bad(field, j.value(field, nlohmann::json()), "must be an integer");
-    }
-    *target = j[field].get<int64_t>();
+    PP_ASSIGN_OR_RETURN(*target, HfIntField(j, field, 1, kMaxHfDim));
   }
-  const int64_t inner =
-      j.contains("n_inner") && !j["n_inner"].is_null() ? j["n_inner"].get<int64_t>() : 4 * c.width;
+  PP_ASSIGN_OR_RETURN(const int64_t inner, HfIntField(j, "n_inner", 1, kMaxHfDim, 4 * c.width));
   if (inner % c.width != 0) {
-    return bad("n_inner", j["n_inner"], "must be a multiple of n_embd (pipe's mlp_ratio)");
+    return bad("n_inner", inner, "must be a multiple of n_embd (pipe's mlp_ratio)");
   }
   c.mlp_ratio = inner / c.width;
-  if (j.value("activation_function", "gelu_new") != "gelu") {
-    return bad("activation_function", j.value("activation_function", nlohmann::json("gelu_new")),
-               "must be \"gelu\" (pipe's GPT uses exact GELU)");
+  PP_ASSIGN_OR_RETURN(const std::string act, HfStringField(j, "activation_function", "gelu_new"));
+  if (act != "gelu") {
+    return bad("activation_function", act, "must be \"gelu\" (pipe's GPT uses exact GELU)");
   }
-  if (j.value("layer_norm_epsilon", 1e-5) != 1e-5) {
-    return bad("layer_norm_epsilon", j["layer_norm_epsilon"], "must be 1e-05");
-  }
+  PP_ASSIGN_OR_RETURN(const double eps,
+                      HfRealField(j, "layer_norm_epsilon", 1e-5, /*positive=*/true));
+  if (eps != 1e-5) return bad("layer_norm_epsilon", eps, "must be 1e-05");
   for (const char* field : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"}) {
-    if (j.value(field, false)) return bad(field, j[field], "must be false");
+    PP_ASSIGN_OR_RETURN(const bool set, HfBoolField(j, field, false));
+    if (set) return bad(field, set, "must be false");
   }
-  if (!j.value("scale_attn_weights", true)) {
-    return bad("scale_attn_weights", j["scale_attn_weights"], "must be true");
-  }
-  if (!j.value("tie_word_embeddings", true)) {
-    return bad("tie_word_embeddings", j["tie_word_embeddings"], "must be true");
+  for (const char* field : {"scale_attn_weights", "tie_word_embeddings"}) {
+    PP_ASSIGN_OR_RETURN(const bool set, HfBoolField(j, field, true));
+    if (!set) return bad(field, set, "must be true");
   }
   if (absl::Status s = ValidateGptConfig(c); !s.ok()) return s;
   return c;

@@ -6,7 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/model/checkpoint_dir.h"
+#include "checkpoint/model/checkpoint_lock.h"
 #include "checkpoint/model/model_checkpoint.h"
+#include "common/regular_file.h"
 #include "pipeline/pipeline_model.h"
 
 namespace pp {
@@ -27,11 +30,10 @@ absl::Status WriteHfFolder(const std::string& dir, const HfFolder& folder) {
 
 absl::StatusOr<HfFolder> ReadHfFolder(const std::string& dir) {
   HfFolder folder;
-  std::ifstream in(dir + "/config.json");
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", dir, "/config.json"));
-  std::stringstream text;
-  text << in.rdbuf();
-  folder.config_json = text.str();
+  absl::StatusOr<std::string> config_json =
+      ReadRegularFile("Hugging Face config", dir + "/config.json");
+  if (!config_json.ok()) return config_json.status();
+  folder.config_json = *std::move(config_json);
   absl::StatusOr<SafetensorsFile> tensors = ReadSafetensors(dir + "/model.safetensors");
   if (!tensors.ok()) return tensors.status();
   folder.tensors = *std::move(tensors);
@@ -64,6 +66,17 @@ absl::Status CopyIntoModule(const std::map<std::string, torch::Tensor>& tensors,
           absl::StrCat(source, ": ", name, " is [", absl::StrJoin(it->second.sizes(), ", "),
                        "], the model's is [", absl::StrJoin(param.sizes(), ", "), "]"));
     }
+    // Training never saves a non-finite state: a NaN here is a corrupt file,
+    // to be named now rather than as some gradient's NaN steps later.
+    if (it->second.is_floating_point()) {
+      const torch::Tensor bad = torch::nonzero(~torch::isfinite(it->second.flatten()));
+      if (bad.numel() > 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": ", name, " holds ", bad.size(0),
+                         " non-finite value(s) (NaN or infinity), ", "the first at flat index ",
+                         bad[0][0].item<int64_t>(), "; a model's weights must be finite"));
+      }
+    }
     param.copy_(it->second.to(param.scalar_type()));
   }
   return absl::OkStatus();
@@ -87,6 +100,17 @@ absl::Status LoadWholeModelCheckpoint(const std::string& checkpoint, int64_t num
 
 absl::Status SaveWholeModelCheckpoint(const torch::nn::Module& module, int64_t num_layers,
                                       const std::string& root, const std::string& imported_from) {
+  // Like a fresh training run (issue #42, class 1): never into a directory a
+  // live run holds, nor one holding checkpoints, whose owner's resume=auto
+  // would continue from the import and push its own steps aside.
+  absl::StatusOr<std::unique_ptr<CheckpointDirLock>> lock =
+      CheckpointDirLock::Acquire(root, ThisProcessAsHolder("", "hf_convert import"));
+  if (!lock.ok()) return lock.status();
+  if (absl::Status s = CheckRootHoldsNoCheckpoints(root); !s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot import into ", root, ": ", s.message(),
+                     ". An import writes step 0: give it a new or empty directory"));
+  }
   ModelState state = ModelStateOfModule(module, num_layers);
   SaveRequest request;
   request.root = root;

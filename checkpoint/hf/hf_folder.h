@@ -40,7 +40,8 @@ absl::Status CopyIntoModule(const std::map<std::string, torch::Tensor>& tensors,
 // whole model of `num_layers` layers, strictly, without optimizer state.
 absl::Status LoadWholeModelCheckpoint(const std::string& checkpoint, int64_t num_layers,
                                       torch::nn::Module& module);
-// Saves a whole model as step 0 of a pipe checkpoint under `root`.
+// Saves a whole model as step 0 of a pipe checkpoint under `root`, which must
+// hold no checkpoint and no live run's lock (FailedPrecondition naming it).
 absl::Status SaveWholeModelCheckpoint(const torch::nn::Module& module, int64_t num_layers,
                                       const std::string& root, const std::string& imported_from);
 

@@ -4,6 +4,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/hf/hf_folder.h"
+#include "checkpoint/hf/hf_json.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/pipeline_model.h"
 
@@ -71,9 +73,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const std::string& json_text) 
     return absl::InvalidArgumentError(
         absl::StrCat("config.json: ", field, " (", value.dump(), ") ", why));
   };
-  if (j.value("model_type", "") != "llama") {
-    return bad("model_type", j.value("model_type", nlohmann::json()), "must be \"llama\"");
-  }
+  PP_ASSIGN_OR_RETURN(const std::string model_type, HfStringField(j, "model_type", ""));
+  if (model_type != "llama") return bad("model_type", model_type, "must be \"llama\"");
   LlamaConfig c;
   for (auto [field, target] : {std::pair<const char*, int64_t*>{"vocab_size", &c.vocab_size},
                                {"hidden_size", &c.width},
@@ -81,37 +82,36 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const std::string& json_text) 
                                {"num_hidden_layers", &c.num_layers},
                                {"num_attention_heads", &c.num_heads},
                                {"max_position_embeddings", &c.context_length}}) {
-    if (!j.contains(field) || !j[field].is_number_integer()) {
-      return bad(field, j.value(field, nlohmann::json()), "must be an integer");
-    }
-    *target = j[field].get<int64_t>();
+    PP_ASSIGN_OR_RETURN(*target, HfIntField(j, field, 1, kMaxHfDim));
   }
-  c.num_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                       ? j["num_key_value_heads"].get<int64_t>()
-                       : c.num_heads;
-  if (j.contains("head_dim") && !j["head_dim"].is_null() &&
-      j["head_dim"].get<int64_t>() * c.num_heads != c.width) {
-    return bad("head_dim", j["head_dim"], "must be hidden_size / num_attention_heads here");
+  PP_ASSIGN_OR_RETURN(c.num_kv_heads,
+                      HfIntField(j, "num_key_value_heads", 1, kMaxHfDim, c.num_heads));
+  PP_ASSIGN_OR_RETURN(const int64_t head_dim,
+                      HfIntField(j, "head_dim", 1, kMaxHfDim, c.width / c.num_heads));
+  if (head_dim * c.num_heads != c.width) {
+    return bad("head_dim", head_dim, "must be hidden_size / num_attention_heads here");
   }
-  c.norm_eps = j.value("rms_norm_eps", 1e-6);
-  c.rope_theta = j.value("rope_theta", 10000.0);
+  PP_ASSIGN_OR_RETURN(c.norm_eps, HfRealField(j, "rms_norm_eps", 1e-6, /*positive=*/true));
+  PP_ASSIGN_OR_RETURN(c.rope_theta, HfRealField(j, "rope_theta", 10000.0, /*positive=*/true));
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
     const auto& rope = j["rope_parameters"];
-    if (rope.value("rope_type", "default") != "default") {
-      return bad("rope_parameters.rope_type", rope["rope_type"], "is not implemented (default)");
+    PP_ASSIGN_OR_RETURN(const std::string rope_type, HfStringField(rope, "rope_type", "default"));
+    if (rope_type != "default") {
+      return bad("rope_parameters.rope_type", rope_type, "is not implemented (default)");
     }
-    c.rope_theta = rope.value("rope_theta", c.rope_theta);
+    PP_ASSIGN_OR_RETURN(c.rope_theta,
+                        HfRealField(rope, "rope_theta", c.rope_theta, /*positive=*/true));
   }
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     return bad("rope_scaling", j["rope_scaling"], "is not implemented (null only)");
   }
-  if (j.value("hidden_act", "silu") != "silu") {
-    return bad("hidden_act", j["hidden_act"], "must be \"silu\"");
-  }
+  PP_ASSIGN_OR_RETURN(const std::string act, HfStringField(j, "hidden_act", "silu"));
+  if (act != "silu") return bad("hidden_act", act, "must be \"silu\"");
   for (const char* field : {"attention_bias", "mlp_bias"}) {
-    if (j.value(field, false)) return bad(field, j[field], "must be false");
+    PP_ASSIGN_OR_RETURN(const bool bias, HfBoolField(j, field, false));
+    if (bias) return bad(field, bias, "must be false");
   }
-  c.tie_embeddings = j.value("tie_word_embeddings", false);
+  PP_ASSIGN_OR_RETURN(c.tie_embeddings, HfBoolField(j, "tie_word_embeddings", false));
   c.dropout = 0.0;
   if (absl::Status s = ValidateLlamaConfig(c); !s.ok()) return s;
   return c;

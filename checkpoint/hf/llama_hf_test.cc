@@ -1,5 +1,7 @@
 #include "checkpoint/hf/llama_hf.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +11,7 @@
 #include "checkpoint/hf/gpt2_hf.h"
 #include "checkpoint/hf/hf_test_support.h"
 #include "checkpoint/hf/safetensors.h"
+#include "checkpoint/model/checkpoint_lock.h"
 #include "checkpoint/model/model_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/pipeline_model.h"
@@ -152,6 +155,150 @@ TEST(LlamaHfTest, UnsupportedConfigsNameTheField) {
   EXPECT_EQ(error("num_key_value_heads", "3"),
             "llama.num_kv_heads (3) must divide llama.num_heads (4)");
   EXPECT_NE(error("rope_scaling", "{\"type\": \"linear\"}").find("rope_scaling"),
+            std::string::npos);
+}
+
+// A tiny LLaMA (seed 77) exported as the Hugging Face folder TempPath(name).
+std::string ExportedTinyLlama(bool tied, const std::string& name) {
+  const LlamaConfig config = TinyLlama(tied);
+  StageModule model = *BuildSequential(*MakeLlamaSpecs(config), 77);
+  const std::string dir = TempPath(name);
+  EXPECT_TRUE(ExportLlamaModule(*model, config, dir).ok());
+  return dir;
+}
+
+// Issue #42 class 3: a safetensors header is file contents, checked like a
+// config field: an element count beyond int64 and two tensors sharing bytes
+// are refused, not aborted on or read silently.
+TEST(SafetensorsTest, RefusesOverflowingShapesAndOverlappingOffsets) {
+  auto write = [](const std::string& name, const std::string& header, int data_bytes) {
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    bytes += header + std::string(data_bytes, '\0');
+    std::ofstream(TempPath(name), std::ios::binary) << bytes;
+    return std::string(ReadSafetensors(TempPath(name)).status().message());
+  };
+  EXPECT_NE(
+      write("huge_shape.safetensors",
+            R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8)
+          .find("tensor a: shape [4294967296,4294967296] has more elements than any file"),
+      std::string::npos);
+  EXPECT_NE(write("huge_bytes.safetensors",
+                  R"({"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})", 8)
+                .find("has more bytes than any file can hold"),
+            std::string::npos);
+  EXPECT_NE(write("overlap.safetensors",
+                  R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                  R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                  12)
+                .find("tensor b: data_offsets [4, 12] overlap those of tensor a [0, 8]"),
+            std::string::npos);
+  // Adjacent and empty tensors do not overlap.
+  EXPECT_EQ(write("adjacent.safetensors",
+                  R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                  R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                  R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                  12),
+            "");
+}
+
+// Issue #42 class 1: an import wrote step 0 into a run's checkpoint dir and
+// pointed `latest` at it; the run's resume=auto then continued from the
+// import. Refused like a fresh training run: a dir with checkpoints, or one a
+// live run holds.
+TEST(HfImportTest, RefusesADirectoryWithCheckpointsOrALiveLock) {
+  const std::string dir = ExportedTinyLlama(false, "hf_for_used_dir");
+  const std::string used = TempPath("used_ck");
+  ASSERT_TRUE(ImportLlamaHf(dir, used).ok());
+  const absl::Status again = ImportLlamaHf(dir, used).status();
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.message().find("cannot import into " + used + ": checkpoint dir " + used +
+                                 " already holds 1 checkpoint(s), the newest step_00000000"),
+            std::string::npos)
+      << again;
+  const std::string held = TempPath("held_ck");
+  absl::StatusOr<std::unique_ptr<CheckpointDirLock>> lock =
+      CheckpointDirLock::Acquire(held, ThisProcessAsHolder("run-1", "owner-1"));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  const absl::Status locked = ImportLlamaHf(dir, held).status();
+  EXPECT_EQ(locked.code(), absl::StatusCode::kFailedPrecondition) << locked;
+  EXPECT_NE(locked.message().find("run 'run-1'"), std::string::npos) << locked;
+  lock->reset();
+  EXPECT_FALSE(std::filesystem::exists(held + "/latest"));
+}
+
+// Issue #42 class 3: every config.json field read gets a type and range
+// check. Each field the readers know, set to a value of the wrong JSON type,
+// is refused naming that field (it was an uncaught JSON type error); sizes of
+// 0 are refused before they divide (GPT-2 n_embd 0 was a SIGFPE).
+TEST(HfConfigTest, EveryFieldOfTheWrongTypeOrRangeIsNamed) {
+  auto refusal = [](const std::string& text, bool gpt2) {
+    return std::string(gpt2 ? GptConfigFromHfJson(text).status().message()
+                            : LlamaConfigFromHfJson(text).status().message());
+  };
+  const GptConfig gpt = {
+      .vocab_size = 300, .context_length = 16, .width = 32, .num_heads = 4, .num_layers = 2};
+  for (const bool gpt2 : {false, true}) {
+    const nlohmann::json good =
+        nlohmann::json::parse(gpt2 ? Gpt2HfConfigJson(gpt) : LlamaHfConfigJson(TinyLlama(false)));
+    ASSERT_EQ(refusal(good.dump(), gpt2), "");
+    std::vector<std::string> fields = {"rope_theta", "rms_norm_eps", "n_inner",
+                                       "layer_norm_epsilon", "scale_attn_weights"};
+    for (const auto& [key, value] : good.items()) fields.push_back(key);
+    for (const std::string& field : fields) {
+      const bool known = good.contains(field);
+      if (!known && (field == "n_inner" || field == "layer_norm_epsilon" ||
+                     field == "scale_attn_weights") != gpt2) {
+        continue;
+      }
+      if (field == "architectures" || field == "torch_dtype" || field == "rope_parameters" ||
+          field == "attention_dropout" || field == "resid_pdrop" || field == "embd_pdrop" ||
+          field == "attn_pdrop" || field == "initializer_range") {
+        continue;  // not read
+      }
+      nlohmann::json j = good;
+      j[field] = (known && good[field].is_string()) ? nlohmann::json(7) : nlohmann::json("two");
+      EXPECT_NE(refusal(j.dump(), gpt2).find("config.json: " + field + " ("), std::string::npos)
+          << field << ": " << refusal(j.dump(), gpt2);
+    }
+    const char* width = gpt2 ? "n_embd" : "hidden_size";
+    nlohmann::json zero = good;
+    zero[width] = 0;
+    EXPECT_NE(refusal(zero.dump(), gpt2)
+                  .find(std::string("config.json: ") + width +
+                        " (0) must be an integer in [1, 1073741824]"),
+              std::string::npos);
+    nlohmann::json huge = good;
+    huge["vocab_size"] = 18446744073709551615ull;
+    EXPECT_NE(refusal(huge.dump(), gpt2).find("config.json: vocab_size (18446744073709551615)"),
+              std::string::npos);
+  }
+  nlohmann::json j = nlohmann::json::parse(LlamaHfConfigJson(TinyLlama(false)));
+  j["rope_parameters"]["rope_theta"] = "x";
+  EXPECT_EQ(refusal(j.dump(), false),
+            "config.json: rope_theta (\"x\") must be a finite number > 0");
+}
+
+// Issue #42 class 6: a NaN weight was imported, and the fine-tune blamed a
+// gradient of another tensor. Refused naming the tensor; so is a FIFO in the
+// folder (class 4), without blocking.
+TEST(HfImportTest, RefusesNonFiniteWeightsAndFifos) {
+  const std::string dir = ExportedTinyLlama(true, "hf_nan");
+  absl::StatusOr<SafetensorsFile> hf = ReadSafetensors(dir + "/model.safetensors");
+  ASSERT_TRUE(hf.ok());
+  for (auto& [name, tensor] : hf->tensors) {
+    if (name == "model.norm.weight") tensor[3] = std::numeric_limits<float>::infinity();
+  }
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", *hf).ok());
+  const absl::Status nan = ImportLlamaHf(dir, TempPath("nan_ck")).status();
+  EXPECT_NE(nan.message().find(dir + ": layers.3.weight holds 1 non-finite value(s)"),
+            std::string::npos)
+      << nan;
+  EXPECT_FALSE(std::filesystem::exists(TempPath("nan_ck") + "/latest"));
+  const std::string fifo_dir = TempPath("hf_fifo");
+  std::filesystem::create_directories(fifo_dir);
+  ASSERT_EQ(::mkfifo((fifo_dir + "/config.json").c_str(), 0600), 0);
+  EXPECT_NE(ImportLlamaHf(fifo_dir, TempPath("fifo_ck")).status().message().find("is a FIFO"),
             std::string::npos);
 }
 

@@ -2,9 +2,12 @@
 
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 #include "nlohmann/json.hpp"
 
 namespace pp {
@@ -77,9 +80,9 @@ absl::Status WriteSafetensors(const std::string& path, const SafetensorsFile& fi
 }
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  absl::StatusOr<std::string> read = ReadRegularFile("safetensors file", path);
+  if (!read.ok()) return read.status();
+  const std::string bytes = *std::move(read);
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
   };
@@ -96,6 +99,7 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   const char* data = bytes.data() + 8 + header_size;
   const auto data_size = static_cast<int64_t>(bytes.size() - 8 - header_size);
   SafetensorsFile file;
+  std::map<int64_t, std::pair<int64_t, std::string>> spans;  // begin -> (end, tensor)
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       if (!entry.is_object()) return bad("__metadata__ is not an object");
@@ -125,7 +129,11 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
         return bad(absl::StrCat("tensor ", name, ": bad shape ", entry["shape"].dump()));
       }
       shape.push_back(dim.get<int64_t>());
-      numel *= shape.back();
+      // A product beyond int64 would wrap; no file holds that many bytes.
+      if (__builtin_mul_overflow(numel, shape.back(), &numel)) {
+        return bad(absl::StrCat("tensor ", name, ": shape ", entry["shape"].dump(),
+                                " has more elements than any file can hold"));
+      }
     }
     const auto& offsets = entry["data_offsets"];
     if (!offsets[0].is_number_integer() || !offsets[1].is_number_integer()) {
@@ -133,11 +141,28 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
     }
     const auto begin = offsets[0].get<int64_t>();
     const auto end = offsets[1].get<int64_t>();
-    const int64_t want = numel * static_cast<int64_t>(c10::elementSize(type->type));
+    int64_t want = 0;
+    if (__builtin_mul_overflow(numel, static_cast<int64_t>(c10::elementSize(type->type)), &want)) {
+      return bad(absl::StrCat("tensor ", name, ": shape ", entry["shape"].dump(),
+                              " has more bytes than any file can hold"));
+    }
     if (begin < 0 || end < begin || end > data_size || end - begin != want) {
       return bad(absl::StrCat("tensor ", name, ": data_offsets [", begin, ", ", end,
                               "] do not hold ", dtype, " ", entry["shape"].dump(), " (", want,
                               " bytes) within the ", data_size, " data bytes"));
+    }
+    // Two tensors sharing bytes is a corrupt header (Hugging Face's reader
+    // refuses it too); empty tensors occupy nothing.
+    if (begin < end) {
+      const auto next = spans.lower_bound(begin);
+      if ((next != spans.end() && next->first < end) ||
+          (next != spans.begin() && std::prev(next)->second.first > begin)) {
+        const auto& other = next != spans.end() && next->first < end ? *next : *std::prev(next);
+        return bad(absl::StrCat("tensor ", name, ": data_offsets [", begin, ", ", end,
+                                "] overlap those of tensor ", other.second.second, " [",
+                                other.first, ", ", other.second.first, "]"));
+      }
+      spans[begin] = {end, name};
     }
     torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(type->type));
     std::memcpy(t.data_ptr(), data + begin, static_cast<size_t>(want));

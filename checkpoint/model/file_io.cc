@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 #include "common/status_macros.h"
 
 namespace pp {
@@ -56,8 +57,9 @@ absl::Status WriteFileSynced(const std::string& path, absl::string_view contents
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open checkpoint file ", path));
+  absl::StatusOr<int> opened = OpenRegularFile("checkpoint file", path);
+  if (!opened.ok()) return opened.status();
+  int fd = *opened;
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;
@@ -110,8 +112,9 @@ absl::Status RemoveTree(const std::string& path) {
 }
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open checkpoint file ", path));
+  absl::StatusOr<int> opened = OpenRegularFile("checkpoint file", path);
+  if (!opened.ok()) return opened.status();
+  int fd = *opened;
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;

@@ -352,7 +352,21 @@ absl::StatusOr<std::string> SaveCheckpoint(const SaveRequest& request, const Che
     PP_ASSIGN_OR_RETURN(std::vector<FileInfo> files, WriteMyFiles(request, rank, tmp));
     return WritePartialManifest(tmp, rank.rank, files);
   }();
-  PP_RETURN_IF_ERROR(AgreeOk(rank, wrote, "writing files into " + tmp));
+  // A failed save removes its temporary folder once every rank has stopped
+  // writing (after the agreement): on a full disk it held the space every
+  // retry needs (issue #42, class 7).
+  auto discard = [&](absl::Status failed) {
+    if (rank.rank == 0) {
+      if (absl::Status removed = RemoveTree(tmp); !removed.ok()) {
+        failed = absl::Status(failed.code(),
+                              absl::StrCat(failed.message(), "; and ", removed.message()));
+      }
+    }
+    return failed;
+  };
+  if (absl::Status agreed = AgreeOk(rank, wrote, "writing files into " + tmp); !agreed.ok()) {
+    return discard(agreed);
+  }
 
   absl::Status committed = absl::OkStatus();
   if (rank.rank == 0) {
@@ -369,7 +383,9 @@ absl::StatusOr<std::string> SaveCheckpoint(const SaveRequest& request, const Che
     header.set_owner(request.owner);
     committed = CommitCheckpoint(request.root, name, header, request.keep_last, writer).status();
   }
-  PP_RETURN_IF_ERROR(AgreeOk(rank, committed, "committing " + name));
+  if (absl::Status agreed = AgreeOk(rank, committed, "committing " + name); !agreed.ok()) {
+    return discard(agreed);
+  }
   return (fs::path(request.root) / name).string();
 }
 

@@ -258,6 +258,9 @@ TEST_F(ReshardTest, AFailingRankCommitsNothing) {
   ASSERT_TRUE(dir.ok());
   EXPECT_EQ(fs::path(*dir).filename(), CheckpointName(1));
   EXPECT_FALSE(fs::exists(fs::path(root_) / CheckpointName(2)));
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    EXPECT_NE(entry.path().filename().string().rfind(".tmp-", 0), 0u) << entry.path();
+  }
 }
 
 // Issue 29: the disk fills during a save. A child process whose files may
@@ -306,6 +309,11 @@ TEST(SaveRequestTest, AFullDiskFailsTheSaveCleanlyAndLatestStays) {
   EXPECT_EQ(fs::path(*dir).filename(), CheckpointName(1));
   EXPECT_TRUE(VerifyCheckpointFiles(*dir).ok());
   EXPECT_FALSE(fs::exists(fs::path(root) / CheckpointName(2)));
+  // Issue #42 class 7: the failed save's temporary folder held the space
+  // every retry needs; it is gone.
+  for (const auto& entry : fs::directory_iterator(root)) {
+    EXPECT_NE(entry.path().filename().string().rfind(".tmp-", 0), 0u) << entry.path();
+  }
 }
 
 TEST(OptimizerStateTest, SgdMomentumRoundTripsAndContinuesBitwise) {

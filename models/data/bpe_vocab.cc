@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 #include "nlohmann/json.hpp"
 
 namespace pp {
@@ -61,12 +62,13 @@ std::vector<int> ByteToCodePoint() {
 }
 
 absl::StatusOr<BpeVocab> BpeVocab::Load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Invalid(path, "cannot be read (tools/data/tokens.py train writes one)");
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json json =
-      nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = ReadRegularFile("tokenizer", path);
+  if (!text.ok()) {
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat(text.status().message(), " (tools/data/tokens.py train writes one)"));
+  }
+  const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) return Invalid(path, "is not JSON");
   const auto model = json.find("model");
   if (model == json.end() || !model->is_object() || model->value("type", "") != "BPE" ||
@@ -77,16 +79,33 @@ absl::StatusOr<BpeVocab> BpeVocab::Load(const std::string& path) {
   const std::vector<int> to_code = ByteToCodePoint();
   for (int b = 0; b < 256; ++b) code_to_byte[to_code[b]] = b;
   std::map<int64_t, std::pair<std::string, bool>> tokens;  // id -> (string, special)
-  for (const auto& [token, id] : (*model)["vocab"].items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0) {
-      return Invalid(path, absl::StrCat("token '", token, "' has no non-negative integer id"));
+  // Ids index a table: one of 3e9 was a bad_alloc (issue #42, class 3). The
+  // bound is the largest vocabulary a model takes (llama.vocab_size).
+  auto id_of = [&](const std::string& token, const nlohmann::json& id) -> absl::StatusOr<int64_t> {
+    if (!id.is_number_integer() || id.is_number_float() ||
+        (id.is_number_unsigned() ? id.get<uint64_t>() >= uint64_t{kMaxBpeVocab}
+                                 : (id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxBpeVocab))) {
+      return Invalid(path, absl::StrCat("token '", token, "' has id ", id.dump(),
+                                        "; ids must be integers in [0, ", kMaxBpeVocab, ")"));
     }
-    tokens[id.get<int64_t>()] = {token, false};
+    return id.get<int64_t>();
+  };
+  for (const auto& [token, id] : (*model)["vocab"].items()) {
+    absl::StatusOr<int64_t> checked = id_of(token, id);
+    if (!checked.ok()) return checked.status();
+    tokens[*checked] = {token, false};
   }
   if (const auto added = json.find("added_tokens"); added != json.end() && added->is_array()) {
     for (const nlohmann::json& t : *added) {
-      if (!t.contains("id") || !t.contains("content")) continue;
-      tokens[t["id"].get<int64_t>()] = {t["content"].get<std::string>(), true};
+      if (!t.is_object() || !t.contains("id") || !t.contains("content")) continue;
+      if (!t["content"].is_string()) {
+        return Invalid(path, absl::StrCat("added token ", t.dump(),
+                                          " has a content that is not "
+                                          "a string"));
+      }
+      absl::StatusOr<int64_t> checked = id_of(t["content"].get<std::string>(), t["id"]);
+      if (!checked.ok()) return checked.status();
+      tokens[*checked] = {t["content"].get<std::string>(), true};
     }
   }
   if (tokens.empty()) return Invalid(path, "has an empty vocabulary");

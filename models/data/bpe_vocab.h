@@ -27,6 +27,10 @@
 
 namespace pp {
 
+// Token ids of a tokenizer.json are below this: the largest vocabulary a model
+// takes (llama.vocab_size), and a table of that many strings fits memory.
+inline constexpr int64_t kMaxBpeVocab = int64_t{1} << 24;
+
 class BpeVocab {
  public:
   // Reads model.vocab (and added_tokens) of a tokenizer.json. InvalidArgument

@@ -4,6 +4,8 @@
 // token_tool_test.
 #include "models/data/bpe_vocab.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <string>
 
@@ -57,6 +59,40 @@ TEST(BpeVocabTest, ErrorsNameTheFile) {
   const std::string cjk =
       WriteFile("cjk.json", R"({"model": {"type": "BPE", "vocab": {"一": 0}}})");
   EXPECT_NE(BpeVocab::Load(cjk).status().message().find("outside the byte-level alphabet"),
+            std::string::npos);
+}
+
+// Issue #42 classes 3 and 4: an id of 3e9 was a bad_alloc, an id or content of
+// the wrong JSON type an uncaught exception, and a FIFO a hang. Each is
+// refused naming the file and the token.
+TEST(BpeVocabTest, RefusesIdsOutOfRangeWrongTypesAndFifos) {
+  auto refusal = [](const std::string& name, const std::string& text) {
+    return std::string(BpeVocab::Load(WriteFile(name, text)).status().message());
+  };
+  EXPECT_NE(refusal("huge.json", R"({"model": {"type": "BPE", "vocab": {"a": 3000000000}}})")
+                .find("token 'a' has id 3000000000; ids must be integers in [0, 16777216)"),
+            std::string::npos);
+  EXPECT_NE(refusal("neg.json", R"({"model": {"type": "BPE", "vocab": {"a": -1}}})")
+                .find("token 'a' has id -1"),
+            std::string::npos);
+  EXPECT_NE(refusal("real.json", R"({"model": {"type": "BPE", "vocab": {"a": 1.5}}})")
+                .find("token 'a' has id 1.5"),
+            std::string::npos);
+  EXPECT_NE(refusal("added_id.json", R"({"added_tokens": [{"id": "x", "content": "<s>"}],
+                                         "model": {"type": "BPE", "vocab": {"a": 0}}})")
+                .find("token '<s>' has id \"x\""),
+            std::string::npos);
+  EXPECT_NE(refusal("added_big.json", R"({"added_tokens": [{"id": 3e9, "content": "<s>"}],
+                                          "model": {"type": "BPE", "vocab": {"a": 0}}})")
+                .find("token '<s>' has id"),
+            std::string::npos);
+  EXPECT_NE(refusal("added_content.json", R"({"added_tokens": [{"id": 1, "content": 5}],
+                                              "model": {"type": "BPE", "vocab": {"a": 0}}})")
+                .find("is not a string"),
+            std::string::npos);
+  const std::string fifo = testing::TempDir() + "/tok_fifo.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(std::string(BpeVocab::Load(fifo).status().message()).find("is a FIFO"),
             std::string::npos);
 }
 

@@ -1,6 +1,10 @@
 #include "models/data/token_data.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
@@ -137,6 +141,74 @@ TEST(TokenFileTest, FlatErrorsNameTheFileAndValue) {
                                       "vocabulary [0, 50)"));
   o.vocab_size = 51;
   EXPECT_TRUE(ValidateTokenData(o).ok());
+}
+
+// Issue #42 class 4: a FIFO as a flat token file, a Megatron .idx or .bin
+// blocked the launcher forever; each is refused naming it, without waiting.
+TEST(TokenFileTest, FifosAreRefusedWithoutBlocking) {
+  const std::string fifo = TempPath("tokens_fifo.bin");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(TokenFile::OpenFlat(fifo, 2).status().message().find(
+                "token file '" + fifo + "' is a FIFO; give a regular file"),
+            std::string::npos);
+  const Megatron m = SixDocuments();
+  const std::string idx_fifo = TempPath("idx_fifo");
+  WriteFile(idx_fifo + ".bin", m.Bin());
+  ASSERT_EQ(::mkfifo((idx_fifo + ".idx").c_str(), 0600), 0);
+  EXPECT_NE(TokenFile::OpenMegatron(idx_fifo).status().message().find("Megatron index '" +
+                                                                      idx_fifo + ".idx' is a FIFO"),
+            std::string::npos);
+  const std::string bin_fifo = TempPath("bin_fifo");
+  WriteFile(bin_fifo + ".idx", m.Idx());
+  ASSERT_EQ(::mkfifo((bin_fifo + ".bin").c_str(), 0600), 0);
+  EXPECT_NE(TokenFile::OpenMegatron(bin_fifo).status().message().find("token file '" + bin_fifo +
+                                                                      ".bin' is a FIFO"),
+            std::string::npos);
+}
+
+// Issue #42 class 11: uint32 ids read as uint16 trained on every second token
+// being 0. Refused naming data.dtype; a uint16 file with zeros (id 0 is
+// end-of-text) is not, nor a short file, nor a Megatron file (its .idx names
+// its dtype).
+TEST(TokenFileTest, AUint32FileReadAsUint16IsRefused) {
+  const std::vector<int64_t> tokens = Ramp(200, 300);
+  const std::string wide = TempPath("wide.bin");
+  WriteFile(wide, Encode(tokens, 4));
+  absl::StatusOr<std::shared_ptr<const TokenFile>> file = TokenFile::OpenFlat(wide, 2);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->CheckVocabulary(300).message(),
+            absl::StrCat(wide,
+                         ": every second token read as uint16 is 0 (200 of them): a file "
+                         "of uint32 ids read as uint16; set data.dtype to uint32"));
+  file = TokenFile::OpenFlat(wide, 4);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE((*file)->CheckVocabulary(300).ok());
+  std::vector<int64_t> with_zeros = Ramp(200, 300);
+  for (size_t i = 1; i < with_zeros.size(); i += 4) with_zeros[i] = 0;
+  const std::string narrow = TempPath("narrow_zeros.bin");
+  WriteFile(narrow, Encode(with_zeros, 2));
+  EXPECT_TRUE((*TokenFile::OpenFlat(narrow, 2))->CheckVocabulary(300).ok());
+  const std::string short_wide = TempPath("short_wide.bin");
+  WriteFile(short_wide, Encode(Ramp(20, 300), 4));
+  EXPECT_TRUE((*TokenFile::OpenFlat(short_wide, 2))->CheckVocabulary(300).ok());
+}
+
+// Issue #42 class 11: a flat token file truncated while a run read it killed
+// the rank with SIGBUS, its cause unnamed. The reader names the file and
+// exits with kTokenFileChangedExitCode.
+TEST(TokenFileDeathTest, AFileTruncatedUnderTheReaderIsNamed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string path = TempPath("shrinks.bin");
+  WriteFile(path, Encode(Ramp(1 << 16, 300), 2));
+  EXPECT_EXIT(
+      {
+        absl::StatusOr<std::shared_ptr<const TokenFile>> file = TokenFile::OpenFlat(path, 2);
+        if (!file.ok()) std::abort();
+        if (::truncate(path.c_str(), 0) != 0) std::abort();
+        std::printf("%lld\n", static_cast<long long>((*file)->Token((1 << 16) - 1)));
+      },
+      testing::ExitedWithCode(kTokenFileChangedExitCode),
+      "error: token file .*shrinks.bin changed while this run read it");
 }
 
 TEST(TokenFileTest, MegatronDocumentsAndDtypes) {

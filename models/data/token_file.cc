@@ -1,16 +1,19 @@
 #include "models/data/token_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 
 namespace pp {
 namespace {
@@ -31,9 +34,69 @@ uint64_t ReadLe(const unsigned char* p, int bytes) {
 
 // The bytes of a whole small file (the .idx: metadata, not tokens).
 absl::StatusOr<std::string> ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  return ReadRegularFile("Megatron index", path);
+}
+
+// A token file shrunk under a run (truncated, rewritten) turns a read of its
+// mapping into SIGBUS, which killed a rank without naming the cause (issue
+// #42, class 11). Every mapping is registered with a message made in
+// advance; the handler writes it and exits (write and _exit are
+// async-signal-safe), and passes any other SIGBUS on.
+struct MappedRegion {
+  std::atomic<const unsigned char*> start{nullptr};
+  std::atomic<size_t> size{0};
+  char message[768] = {};
+};
+constexpr int kMaxMappedRegions = 64;
+MappedRegion g_regions[kMaxMappedRegions];
+struct sigaction g_previous_sigbus;
+
+void OnSigbus(int sig, siginfo_t* info, void* context) {
+  const auto* address = static_cast<const unsigned char*>(info->si_addr);
+  for (MappedRegion& r : g_regions) {
+    const unsigned char* start = r.start.load();
+    if (start != nullptr && address >= start && address < start + r.size.load()) {
+      (void)!::write(STDERR_FILENO, r.message, std::strlen(r.message));
+      ::_exit(kTokenFileChangedExitCode);
+    }
+  }
+  // Not a token file's: whatever handled SIGBUS before, or the default.
+  ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);
+  ::raise(sig);
+  (void)context;
+}
+
+// Registers [start, start + size) of `path`; the slot's index, or -1 when
+// all are taken (the file then reads as before, unnamed on SIGBUS).
+int RegisterMapping(const unsigned char* start, size_t size, const std::string& path) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction action = {};
+    action.sa_sigaction = OnSigbus;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGBUS, &action, &g_previous_sigbus);
+  });
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (int i = 0; i < kMaxMappedRegions; ++i) {
+    MappedRegion& r = g_regions[i];
+    if (r.start.load() != nullptr) continue;
+    const std::string message = absl::StrCat(
+        "error: token file ", path, " changed while this run read it (now shorter than the ", size,
+        " bytes mapped at start: truncated or rewritten); a token file must stay as it is "
+        "for the whole run\n");
+    std::strncpy(r.message, message.c_str(), sizeof(r.message) - 2);
+    r.message[sizeof(r.message) - 2] = '\n';
+    r.size.store(size);
+    r.start.store(start);
+    return i;
+  }
+  return -1;
+}
+
+void UnregisterMapping(int slot) {
+  if (slot >= 0) g_regions[slot].start.store(nullptr);
 }
 
 }  // namespace
@@ -46,6 +109,7 @@ absl::StatusOr<TokenFormat> ParseTokenFormat(absl::string_view name) {
 }
 
 TokenFile::~TokenFile() {
+  UnregisterMapping(sigbus_slot_);
   if (data_ != nullptr) munmap(const_cast<unsigned char*>(data_), mapped_bytes_);
 }
 
@@ -59,6 +123,19 @@ int64_t TokenFile::Token(int64_t i) const {
 }
 
 absl::Status TokenFile::CheckVocabulary(int64_t vocab_size) const {
+  if (!dtype_from_header_ && bytes_per_token_ == 2 && num_tokens_ >= kDtypeCheckTokens) {
+    bool odd_all_zero = true;
+    bool even_some_nonzero = false;
+    for (int64_t i = 0; i + 1 < num_tokens_ && odd_all_zero; i += 2) {
+      even_some_nonzero = even_some_nonzero || Token(i) != 0;
+      odd_all_zero = Token(i + 1) == 0;
+    }
+    if (odd_all_zero && even_some_nonzero) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": every second token read as uint16 is 0 (", num_tokens_ / 2,
+                       " of them): a file of uint32 ids read as uint16; set data.dtype to uint32"));
+    }
+  }
   for (int64_t i = 0; i < num_tokens_; ++i) {
     const int64_t id = Token(i);
     if (id < 0 || id >= vocab_size) {
@@ -76,11 +153,9 @@ namespace {
 
 absl::Status MapTokens(const std::string& path, int bytes_per_token, const unsigned char** data,
                        size_t* mapped, int64_t* num_tokens) {
-  const int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot open token file ", path, ": ", std::strerror(errno)));
-  }
+  absl::StatusOr<int> opened = OpenRegularFile("token file", path);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   struct stat st;
   if (fstat(fd, &st) != 0) {
     close(fd);
@@ -261,6 +336,7 @@ absl::StatusOr<std::shared_ptr<const TokenFile>> TokenFile::OpenFlat(const std::
     return s;
   }
   file->document_starts_ = {0, file->num_tokens_};
+  file->sigbus_slot_ = RegisterMapping(file->data_, file->mapped_bytes_, path);
   return file;
 }
 
@@ -278,11 +354,13 @@ absl::StatusOr<std::shared_ptr<const TokenFile>> TokenFile::OpenMegatron(std::st
   file->path_ = bin_path;
   file->bytes_per_token_ = header->bytes_per_token;
   file->is_signed_ = header->is_signed;
+  file->dtype_from_header_ = true;
   if (absl::Status st = MapTokens(bin_path, header->bytes_per_token, &file->data_,
                                   &file->mapped_bytes_, &file->num_tokens_);
       !st.ok()) {
     return st;
   }
+  file->sigbus_slot_ = RegisterMapping(file->data_, file->mapped_bytes_, bin_path);
   absl::StatusOr<std::vector<int64_t>> seq_start =
       SequenceStarts(idx_path, *idx, *header, bin_path, file->num_tokens_);
   if (!seq_start.ok()) return seq_start.status();

@@ -37,6 +37,11 @@ enum class TokenFormat { kFlat, kMegatron };
 // "flat" or "megatron"; InvalidArgument otherwise.
 absl::StatusOr<TokenFormat> ParseTokenFormat(absl::string_view name);
 
+// The exit status of a process whose token file shrank under it: a read of
+// the lost part of the mapping (SIGBUS) prints the file and the cause on
+// stderr and exits with this.
+inline constexpr int kTokenFileChangedExitCode = 3;
+
 class TokenFile {
  public:
   // `bytes_per_token` 2 (uint16) or 4 (uint32).
@@ -59,8 +64,12 @@ class TokenFile {
   const std::string& path() const { return path_; }
 
   // InvalidArgument naming the file, the token index and its byte offset for
-  // the first id outside [0, vocab_size).
+  // the first id outside [0, vocab_size); and, for a flat file read as
+  // uint16, when every second token of at least kDtypeCheckTokens is 0 and
+  // some other is not: a uint32 file's high halves (issue #42, class 11:
+  // it trained on every second token being 0, with no warning).
   absl::Status CheckVocabulary(int64_t vocab_size) const;
+  static constexpr int64_t kDtypeCheckTokens = 64;
 
  private:
   TokenFile() = default;
@@ -70,8 +79,12 @@ class TokenFile {
   size_t mapped_bytes_ = 0;
   int bytes_per_token_ = 0;
   bool is_signed_ = false;
+  // Megatron's .idx names its dtype; a flat file's is the caller's guess.
+  bool dtype_from_header_ = false;
   int64_t num_tokens_ = 0;
   std::vector<int64_t> document_starts_;
+  // The mapping's slot in the SIGBUS handler's table (-1: none).
+  int sigbus_slot_ = -1;
 };
 
 }  // namespace pp

@@ -106,6 +106,15 @@ TEST(TokenToolTest, TrainsATokenizerAndWritesBothFormats) {
                  &status);
   EXPECT_EQ(status, 0);
   EXPECT_FALSE(decoded.empty());
+  // Issue #42 class 10: an id outside the vocabulary printed nothing, exit 0.
+  const std::string unknown = RunCommand(
+      absl::StrCat(tool, " decode --tokenizer ", dir, "/tokenizer.json --ids 5,2000 2>&1"),
+      &status);
+  EXPECT_NE(status, 0) << unknown;
+  EXPECT_NE(unknown.find("--ids: 2000 is not a token id of " + dir +
+                         "/tokenizer.json (its ids are 0 to 1999)"),
+            std::string::npos)
+      << unknown;
   // C++ decodes a sample with the tokenizer.json's vocabulary exactly as the
   // tool (Hugging Face's decoder) does: the first 300 tokens, end-of-text
   // included, and the ids its greedy prompt encoding picks.

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/field_checks.h"
 #include "models/gpt/gpt.h"
 #include "models/transformer.h"
 
@@ -55,12 +56,19 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& c) {
     return Invalid("num_kv_heads", c.num_kv_heads,
                    absl::StrCat("must divide llama.num_heads (", c.num_heads, ")"));
   }
-  if (!(c.rope_theta > 1.0)) return Invalid("rope_theta", c.rope_theta, "must be > 1");
-  if (!(c.norm_eps > 0.0)) return Invalid("norm_eps", c.norm_eps, "must be > 0");
-  if (!(c.dropout >= 0.0 && c.dropout < 1.0)) {
-    return Invalid("dropout", c.dropout, "must be in [0, 1)");
+  // Finite and bounded (issue #42, class 5): norm_eps = 1e300 or inf trained
+  // at a constant loss of ln(vocab), the norm swamping every activation.
+  if (absl::Status s = CheckRealField("llama.rope_theta", c.rope_theta, '(', 1, 1e12, ']',
+                                      "the base of the rotary frequencies");
+      !s.ok()) {
+    return s;
   }
-  return absl::OkStatus();
+  if (absl::Status s = CheckRealField("llama.norm_eps", c.norm_eps, '(', 0, 1, ']',
+                                      "a larger epsilon swamps the activations it normalises");
+      !s.ok()) {
+    return s;
+  }
+  return CheckRealField("llama.dropout", c.dropout, '[', 0, 1, ')');
 }
 
 RmsNormImpl::RmsNormImpl(int64_t width, double eps) : eps_(eps) {

@@ -1,6 +1,7 @@
 #include "models/llama/llama.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -173,10 +174,33 @@ TEST(LlamaConfigTest, BadConfigsNameTheFieldAndValue) {
   EXPECT_EQ(message(c), "llama.intermediate_size (0) must be positive");
   c = Tiny();
   c.rope_theta = 0.5;
-  EXPECT_EQ(message(c), "llama.rope_theta (0.5) must be > 1");
+  EXPECT_EQ(message(c),
+            "llama.rope_theta (0.5) must be finite and in (1, 1e+12] (the base of the rotary "
+            "frequencies)");
   c = Tiny();
   c.dropout = 1.0;
-  EXPECT_EQ(message(c), "llama.dropout (1) must be in [0, 1)");
+  EXPECT_EQ(message(c), "llama.dropout (1) must be finite and in [0, 1)");
+  // Issue #42 class 5: non-finite and absurd reals trained silently (norm_eps
+  // inf or 1e300 at a constant loss); every real field is checked finite and
+  // bounded.
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const double bad : {inf, -inf, nan, 1e300}) {
+    c = Tiny();
+    c.norm_eps = bad;
+    EXPECT_NE(message(c).find("llama.norm_eps ("), std::string::npos) << bad;
+    c = Tiny();
+    c.rope_theta = bad;
+    EXPECT_NE(message(c).find("llama.rope_theta ("), std::string::npos) << bad;
+    c = Tiny();
+    c.dropout = bad;
+    EXPECT_NE(message(c).find("llama.dropout ("), std::string::npos) << bad;
+  }
+  c = Tiny();
+  c.norm_eps = 1e300;
+  EXPECT_EQ(message(c),
+            "llama.norm_eps (1e+300) must be finite and in (0, 1] (a larger epsilon swamps the "
+            "activations it normalises)");
   EXPECT_TRUE(ValidateLlamaConfig(Tiny()).ok());
 }
 

@@ -21,10 +21,12 @@ constexpr char kGlobalKeys[] = "F, B, I, W, comm, SEND, RECV, STEP, REDUCE_TIED,
 constexpr char kStageKeys[] = "F, B, I, W, REDUCE_GRAD";
 constexpr char kRankKeys[] = "STEP, REDUCE_TIED, SEND, RECV";
 
-// Splits "KEY:VALUE" with VALUE a finite number >= 0; false if malformed.
+// Splits "KEY:VALUE" with VALUE in [0, kMaxSimulationCost]; false if
+// malformed.
 bool ParseKeyValue(absl::string_view item, absl::string_view* key, double* value) {
   std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
-  if (kv.size() != 2 || !absl::SimpleAtod(kv[1], value) || !std::isfinite(*value) || *value < 0) {
+  if (kv.size() != 2 || !absl::SimpleAtod(kv[1], value) || !std::isfinite(*value) || *value < 0 ||
+      *value > kMaxSimulationCost) {
     return false;
   }
   *key = kv[0];
@@ -58,9 +60,9 @@ absl::StatusOr<std::vector<std::pair<int, absl::string_view>>> SplitIndexed(
 }
 
 absl::Status BadItem(absl::string_view item, absl::string_view text, absl::string_view keys) {
-  return absl::InvalidArgumentError(absl::StrCat("bad cost \"", item, "\" in \"", text,
-                                                 "\": expected KEY:VALUE with KEY in ", keys,
-                                                 " and VALUE a number >= 0"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("bad cost \"", item, "\" in \"", text, "\": expected KEY:VALUE with KEY in ",
+                   keys, " and VALUE a number in [0, ", kMaxSimulationCost, "]"));
 }
 
 absl::Status UnknownKey(absl::string_view key, absl::string_view text, absl::string_view keys) {

@@ -139,6 +139,10 @@ struct SimulationCosts {
   MemorySplit memory;
 };
 
+// The largest cost a parsed cost string holds: a schedule's sums of a million
+// actions stay finite (F:1e308 simulated to a makespan of inf).
+inline constexpr double kMaxSimulationCost = 1e12;
+
 // "F:1,B:2,W:0,comm:0" (keys F, B, I, W, comm, SEND, RECV, STEP,
 // REDUCE_TIED, REDUCE_GRAD, in any order; missing keys keep their defaults, except that a
 // missing B is I + W, so "F:1,I:1,W:2" means B = 3). InvalidArgument names a

@@ -218,6 +218,14 @@ TEST(SimulationCostsTest, ParsesAndRejects) {
   EXPECT_DOUBLE_EQ(c->comm, 0.1);
   EXPECT_THAT(std::string(ParseSimulationCosts("X:1").status().message()), HasSubstr("\"X\""));
   EXPECT_FALSE(ParseSimulationCosts("F:-1").ok());
+  // Issue #42 class 8: finite costs whose sums overflowed gave makespan inf.
+  EXPECT_THAT(std::string(ParseSimulationCosts("F:1e308,B:1e308").status().message()),
+              HasSubstr("bad cost \"F:1e308\" in \"F:1e308,B:1e308\": expected KEY:VALUE with "
+                        "KEY in F, B, I, W, comm, SEND, RECV, STEP, REDUCE_TIED, REDUCE_GRAD and "
+                        "VALUE a number in [0, 1e+12]"));
+  EXPECT_FALSE(ParseStageCosts("0:F:1e13").ok());
+  EXPECT_FALSE(ParseRankCosts("0:STEP:1e13").ok());
+  EXPECT_TRUE(ParseSimulationCosts("F:1e12").ok());
   EXPECT_FALSE(ParseSimulationCosts("F=1").ok());
 }
 

@@ -22,33 +22,86 @@ counts, lengths, pointers, document indices), not from Megatron's code.
 """
 
 import argparse
+import json
 import os
+import stat
 import struct
 import sys
 
-import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+# numpy and tokenizers (the hf-interop venv) are imported where used, so that
+# bad arguments are refused, naming the value, by any python3.
 
 EOT = "<|endoftext|>"
 _MAGIC = b"MMIDIDX\x00\x00"
 _DTYPE_CODES = {"uint16": 8, "int32": 4}
 
 
+# Every vocabulary holds the 256 byte tokens and <|endoftext|>; the C++
+# reader (models/data/bpe_vocab.h) takes ids below 2^24.
+MIN_VOCAB = 257
+MAX_VOCAB = 1 << 24
+
+
+def is_regular(path):
+    """Whether `path` (following links) is a regular file: opening a FIFO
+    would block until a writer comes, a device never ends."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def kind(path):
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "not a regular file"
+
+
+def regular_file(path, what):
+    """`path` when it is a regular file, else exits naming it."""
+    if not is_regular(path):
+        if not os.path.exists(path):
+            sys.exit(f"tokens.py: {what} {path} does not exist")
+        sys.exit(f"tokens.py: {what} {path} is {kind(path)}; give a regular file")
+    return path
+
+
 def corpus_files(paths):
-    """The text files under `paths` (files as given, directories walked), sorted."""
+    """The text files under `paths` (files as given, directories walked; inside
+    a directory, FIFOs, devices and dangling links are skipped), sorted."""
     files = []
     for path in paths:
         if os.path.isdir(path):
             for root, _, names in os.walk(path):
-                files += [os.path.join(root, n) for n in names]
-        elif os.path.isfile(path):
-            files.append(path)
+                files += [f for f in (os.path.join(root, n) for n in names) if is_regular(f)]
         else:
-            sys.exit(f"tokens.py: corpus path {path} does not exist")
-    files = sorted(f for f in files if not os.path.islink(f) or os.path.exists(f))
+            files.append(regular_file(path, "corpus path"))
+    files = sorted(files)
     if not files:
-        sys.exit(f"tokens.py: no files under {paths}")
+        sys.exit(f"tokens.py: no regular files under {' '.join(paths)}")
     return files
+
+
+def load_tokenizer(path):
+    regular_file(path, "--tokenizer")
+    try:
+        with open(path, "rb") as f:
+            json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        sys.exit(f"tokens.py: --tokenizer {path} is not JSON ({e}); tokens.py train writes one")
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises its own Exception types
+        sys.exit(f"tokens.py: --tokenizer {path} is not a tokenizer.json ({e}); "
+                 "tokens.py train writes one")
 
 
 def read_text(path):
@@ -57,6 +110,9 @@ def read_text(path):
 
 
 def train(args):
+    files = corpus_files(args.corpus)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -66,7 +122,6 @@ def train(args):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    files = corpus_files(args.corpus)
     tokenizer.train_from_iterator((read_text(f) for f in files), trainer=trainer)
     tokenizer.save(args.out)
     print(f"{args.out}: vocabulary {tokenizer.get_vocab_size()} from {len(files)} files")
@@ -79,12 +134,15 @@ def encode_documents(tokenizer, files):
 
 
 def encode(args):
-    tokenizer = Tokenizer.from_file(args.tokenizer)
+    import numpy as np
+
+    files = corpus_files(args.corpus)
+    tokenizer = load_tokenizer(args.tokenizer)
     vocab = tokenizer.get_vocab_size()
     dtype = args.dtype or ("uint16" if vocab <= 65536 else "uint32")
     if dtype == "uint16" and vocab > 65536:
         sys.exit(f"tokens.py: vocabulary {vocab} does not fit uint16; use --dtype uint32")
-    docs = [np.asarray(d, dtype=np.int64) for d in encode_documents(tokenizer, corpus_files(args.corpus))]
+    docs = [np.asarray(d, dtype=np.int64) for d in encode_documents(tokenizer, files)]
     if args.format == "flat":
         np.concatenate(docs).astype("<u2" if dtype == "uint16" else "<u4").tofile(args.out)
         print(f"{args.out}: {sum(len(d) for d in docs)} tokens ({dtype})")
@@ -112,9 +170,17 @@ def encode(args):
 
 
 def decode(args):
-    tokenizer = Tokenizer.from_file(args.tokenizer)
-    ids = [int(x) for x in args.ids.split(",") if x]
-    sys.stdout.write(tokenizer.decode(ids, skip_special_tokens=False))
+    ids = [x.strip() for x in args.ids.split(",") if x.strip()]
+    for x in ids:
+        if not x.isdigit():
+            sys.exit(f"tokens.py: --ids: '{x}' is not a token id (a non-negative integer)")
+    tokenizer = load_tokenizer(args.tokenizer)
+    vocab = tokenizer.get_vocab_size()
+    for x in ids:
+        if int(x) >= vocab:
+            sys.exit(f"tokens.py: --ids: {x} is not a token id of {args.tokenizer} "
+                     f"(its ids are 0 to {vocab - 1})")
+    sys.stdout.write(tokenizer.decode([int(x) for x in ids], skip_special_tokens=False))
 
 
 def main():
@@ -137,9 +203,21 @@ def main():
     p.add_argument("--ids", required=True)
     p.set_defaults(run=decode)
     args = parser.parse_args()
-    if getattr(args, "vocab_size", 1) <= 0:
-        sys.exit(f"tokens.py: --vocab_size ({args.vocab_size}) must be positive")
-    args.run(args)
+    vocab_size = getattr(args, "vocab_size", MIN_VOCAB)
+    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        sys.exit(f"tokens.py: --vocab_size ({vocab_size}) must be in [{MIN_VOCAB}, {MAX_VOCAB}] "
+                 f"(the 256 byte tokens and {EOT} come first)")
+    out = getattr(args, "out", None)
+    if out is not None:
+        # Megatron writes OUT.bin and OUT.idx beside OUT.
+        for path in [out + ".bin", out + ".idx"] if getattr(args, "format", "") == "megatron" else [out]:
+            if os.path.isdir(path) or not os.path.isdir(os.path.dirname(path) or "."):
+                sys.exit(f"tokens.py: --out {path} cannot be written: it is a directory or its "
+                         "folder does not exist")
+    try:
+        args.run(args)
+    except OSError as e:  # a write refused by the system: the path and why
+        sys.exit(f"tokens.py: {e}")
 
 
 if __name__ == "__main__":
