@@ -311,9 +311,12 @@ absl::Status CheckCheckpointBeforeLaunch(const ExperimentConfig& config) {
   }
   PP_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest, ReadManifest(path));
   PP_RETURN_IF_ERROR(CheckCheckpointOwner(path, manifest, policy.owner, policy.resume_other_runs));
-  std::vector<std::string> warnings;  // the workers log them
+  std::vector<std::string> warnings;  // the workers log them when they resume
   absl::Status config_ok = CheckResumeConfig(manifest.config(), config, &warnings);
   if (!config_ok.ok()) {
+    // Refused before any worker starts: the differences that alone would
+    // only be warned about are shown beside the refusal.
+    for (const std::string& w : warnings) LOG(WARNING) << w;
     return absl::Status(config_ok.code(),
                         absl::StrCat("checkpoint ", path, ": ", config_ok.message()));
   }
@@ -334,9 +337,9 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, info.specs(*selected.config));
   PP_ASSIGN_OR_RETURN(const std::string partition_method,
                       ResolvePartitionMethod(config, specs, *data.train, grid, timeout));
-  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
-                      BuildStage(config, specs, partition_method, grid.stage_id(),
-                                 cluster.world.device));
+  PP_ASSIGN_OR_RETURN(
+      std::unique_ptr<PipelineModel> model,
+      BuildStage(config, specs, partition_method, grid.stage_id(), cluster.world.device));
   // A model's sampler may keep the last stage's outputs through the loss.
   const std::unique_ptr<ModelSampler> sampler =
       info.sampler ? info.sampler(*selected.config) : nullptr;

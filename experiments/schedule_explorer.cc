@@ -186,11 +186,13 @@ absl::StatusOr<Explored> ExploreSchedule(Schedule schedule) {
 // for parallelism.pp, chunks and num_microbatches, and a cap on the compute
 // actions p x m x v (the schedule's lists, lowering and the simulator's
 // timeline grow with it; --stages=100000 --microbatches=100000 was a
-// bad_alloc). --synthesize evaluates its candidate hundreds of times: it
-// gets a smaller cap, so that it answers in seconds (p = 16, m = 64 took 5 s
-// of CPU; 64 x 64 ran past 30 s).
+// bad_alloc). --synthesize evaluates its candidate many times: it gets a
+// smaller cap, the largest size issue 43 plans for (64 stages x 512
+// micro-batches: 12 s of CPU with default costs,
+// bench/results/schedule_synthesis_scale.jsonl), so that --stages=10000 or
+// --microbatches=1000000 is refused at once instead of running for minutes.
 constexpr int64_t kMaxExploredActions = int64_t{1} << 20;
-constexpr int64_t kMaxSynthesizedActions = int64_t{1} << 10;
+constexpr int64_t kMaxSynthesizedActions = int64_t{1} << 15;
 
 absl::Status CheckShapeFlags(bool synthesize) {
   const int64_t p = absl::GetFlag(FLAGS_stages);

@@ -234,7 +234,7 @@ done <<'CASES'
 --stages (0) must be at least 1 and at most 1024|--stages=0
 --microbatches (1000000) must be at most 65536|--synthesize --microbatches=1000000
 --stages (1024) x --microbatches (65536) x --chunks (1) = 67108864 compute actions per kind; the explorer takes at most 1048576|--stages=1024 --microbatches=65536
---stages (1000) x --microbatches (8) x --chunks (1) = 8000 compute actions per kind; --synthesize takes at most 1024|--synthesize --stages=1000
+--stages (1000) x --microbatches (64) x --chunks (1) = 64000 compute actions per kind; --synthesize takes at most 32768|--synthesize --stages=1000 --microbatches=64
 --chunks (0) must be at least 1|--chunks=0
 --max_evaluations (-1) must not be negative|--synthesize --max_evaluations=-1
 bad cost "F:1e308" in "F:1e308,B:1e308": expected KEY:VALUE|--costs=F:1e308,B:1e308
