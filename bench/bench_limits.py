@@ -60,6 +60,16 @@ GROUPS = ("compute", "gloo_transport", "c10d_gloo_workers", "c10d_store", "blas"
           "intra_op_pool", "launcher", "other")
 
 
+def merged_set(base, overrides):
+    """`base` with the fields of `overrides` replacing its own, as one --set
+    value (train_gpt refuses a field given twice)."""
+    fields = {}
+    for part in filter(None, (base + "," + (overrides or "")).split(",")):
+        key, _, value = part.partition("=")
+        fields[key] = value
+    return ",".join(f"{k}={v}" for k, v in fields.items())
+
+
 def load_average():
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -146,7 +156,7 @@ class Training:
         self.args, self.pp, self.name, self.label = args, pp, name, label
         self.out = Path(tempfile.mkdtemp(dir=workdir, prefix=name + "_"))
         tokens = shlex.split(flags)
-        model = PEER_GPT + ("," + args.model_set if args.model_set else "")
+        model = merged_set(PEER_GPT, args.model_set)
         # Steps after the timed ones (--tail_steps): the end snapshot and the
         # thread labels are taken while they run, with every thread alive.
         self.command = [args.train_gpt, f"--set={model}", f"--pp={pp}",
