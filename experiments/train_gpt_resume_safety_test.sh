@@ -98,11 +98,14 @@ printf '\xff\xfe' | dd of="$f" bs=1 seek=200 conv=notrunc status=none
 run 1 --steps=8 --resume="$TMP/flipped"
 expect_log "checkpoint file $f has CRC32C"
 no_workers
-flock "$CKPT/.lock" sleep 120 &
+# The holder is the process that has the lock open (flock(1)'s own child would
+# outlive a kill of flock and keep holding it for later cases).
+(flock 9 && exec sleep 120) 9> "$CKPT/.lock" &
 holder=$!
-sleep 0.5
+for _ in $(seq 100); do flock -n "$CKPT/.lock" true || break; sleep 0.1; done
 run 1 --steps=8 --resume=auto
 kill "$holder"
+wait "$holder" 2> /dev/null || true
 expect_log "checkpoint dir $CKPT is in use by"
 no_workers
 
