@@ -105,7 +105,8 @@ holder=$!
 for _ in $(seq 100); do flock -n "$CKPT/.lock" true || break; sleep 0.1; done
 run 1 --steps=8 --resume=auto
 kill "$holder"
-wait "$holder" 2> /dev/null || true
+wait "$holder" 2> /dev/null
+flock -n "$CKPT/.lock" true || fail "the test's lock holder still holds $CKPT/.lock"
 expect_log "checkpoint dir $CKPT is in use by"
 no_workers
 
