@@ -67,7 +67,8 @@ absl::Status Run() {
         absl::StrCat("--steps (", steps, ") must be >= 1 and --warmup (", warmup, ") >= 0"));
   }
   PP_ASSIGN_OR_RETURN(DeviceKind kind, ParseDeviceKind(absl::GetFlag(FLAGS_device)));
-  PP_ASSIGN_OR_RETURN(c10::Device device, DeviceForLocalRank(kind, 0));
+  // Refuses a missing device before any model is built.
+  PP_RETURN_IF_ERROR(DeviceForLocalRank(kind, 0).status());
 
   GptConfig config;
   config.vocab_size = 256;
@@ -125,9 +126,10 @@ absl::Status Run() {
   }
   const double tokens = static_cast<double>(m) * data.lm.micro_batch_size * data.lm.seq_len;
   const double median = Median(seconds);
-  std::printf("pipe engine pp=1 on %s: GPT width %d, %d blocks, m=%d x %d x %d tokens, %d steps\n",
+  std::printf("pipe engine pp=1 on %s: GPT width %d, %d blocks, m=%d x %lld x %lld tokens, %d steps\n",
               world.device.str().c_str(), absl::GetFlag(FLAGS_width), absl::GetFlag(FLAGS_layers),
-              m, data.lm.micro_batch_size, data.lm.seq_len, steps);
+              m, static_cast<long long>(data.lm.micro_batch_size),
+              static_cast<long long>(data.lm.seq_len), steps);
   std::printf("  median step %.4f s (min %.4f)  %.1f tokens/s  loss %.4f -> %.4f\n", median,
               Min(seconds), tokens / median, losses.front(), losses.back());
   nlohmann::json j = {{"bench", "gpu_pp1"},

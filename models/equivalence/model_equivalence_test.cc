@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "models/bert/bert.h"
@@ -125,6 +126,35 @@ std::vector<Case> AllCases() {
     };
     for (const ScheduleInfo& info : RegisteredSchedules()) add(info.name, 1);
     add("1f1b", 2);
+  }
+  // GPT at tp = 2 (attention heads, MLP and the vocabulary split; the loss
+  // from the vocabulary-parallel logits): 1F1B at pp 2, interleaved 1F1B at
+  // pp 2 x dp 2. pipeline/runtime:tensor_parallel_equivalence_test runs
+  // every schedule at tp = 2 on the toy model.
+  for (const auto& [schedule, dp] : {std::pair<std::string, int>{"1f1b", 1}, {"interleaved_1f1b", 2}}) {
+    RunConfig c;
+    c.schedule = schedule;
+    c.pp = 2;
+    c.tp = 2;
+    c.dp = dp;
+    c.chunks = TakesTwoChunks(schedule) ? 2 : 1;
+    c.microbatches = 4;
+    c.steps = 3;
+    c.optimizer.name = "adamw";
+    c.optimizer.lr = 0.01;
+    c.optimizer.weight_decay = 0.01;
+    UseGpt(c);
+    const int64_t vocab = TinyGpt().vocab_size;
+    c.parallel_loss = [vocab](const ModelParallelGroup& group) -> LossFn {
+      return [vocab, group](const Activations& outputs, const MicroBatch& batch) {
+        return GptParallelLoss(outputs, batch, vocab, group);
+      };
+    };
+    std::string name = absl::StrCat("gpt_tp2_", schedule, "_pp2_dp", dp, "_v", c.chunks);
+    for (char& ch : name) {
+      if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    }
+    cases.push_back({c, name});
   }
   return cases;
 }

@@ -9,7 +9,11 @@
 #include "common/torch_status.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/mixed_precision.h"
+#include "pipeline/runtime/grad_sync.h"
 #include "pipeline/schedule/registry.h"
+#include "pipeline/tensor_parallel/linear.h"
+#include "pipeline/tensor_parallel/sharded_module.h"
+#include "pipeline/tensor_parallel/vocab_parallel.h"
 #include "topology/parallel_grid.h"
 #include "topology/process_topology.h"
 #include "topology/thread_ranks.h"
@@ -50,6 +54,81 @@ std::vector<LayerSpec> ToySpecs(int blocks) {
 
 torch::Tensor ToyLoss(const Activations& outputs, const MicroBatch& batch) {
   return torch::nn::functional::cross_entropy(outputs[0], batch.Get("labels"));
+}
+
+namespace {
+
+// The vocabulary-parallel embedding, whose rows also make the head's logits.
+class ParallelEmbeddingImpl : public LayerImpl {
+ public:
+  explicit ParallelEmbeddingImpl(const LayerContext& context) : LayerImpl("Embedding") {
+    // Drawn whole, as torch::nn::Embedding draws its table (N(0, 1)); each
+    // rank keeps its rows.
+    embedding_ = register_module(
+        "embedding", tensor_parallel::VocabParallelEmbedding(torch::randn({kVocab, kHidden}),
+                                                             context.model_parallel,
+                                                             /*sequence_dim=*/0));
+  }
+  Activations Forward(const Activations& in, const MicroBatch&) override {
+    return {embedding_(in[0])};
+  }
+  torch::Tensor Logits(const torch::Tensor& x) {
+    return tensor_parallel::VocabParallelLogits(x, embedding_->weight, embedding_->group(),
+                                                /*sequence_dim=*/0);
+  }
+
+ private:
+  tensor_parallel::VocabParallelEmbedding embedding_{nullptr};
+};
+
+class ParallelBlockImpl : public LayerImpl {
+ public:
+  explicit ParallelBlockImpl(const LayerContext& context) : LayerImpl("Block") {
+    up_ = register_module("up", tensor_parallel::ColumnParallelLinear(
+                                    tensor_parallel::ParallelLinearOptions(kHidden, 2 * kHidden),
+                                    context.model_parallel));
+    down_ = register_module(
+        "down", tensor_parallel::RowParallelLinear(
+                    tensor_parallel::ParallelLinearOptions(2 * kHidden, kHidden).InputIsParallel(true),
+                    context.model_parallel));
+  }
+  Activations Forward(const Activations& in, const MicroBatch&) override {
+    return {down_(torch::tanh(up_(in[0]))) + in[0]};
+  }
+
+ private:
+  tensor_parallel::ColumnParallelLinear up_{nullptr};
+  tensor_parallel::RowParallelLinear down_{nullptr};
+};
+
+Layer MakeParallelEmbedding(const LayerContext& context) {
+  return std::make_shared<ParallelEmbeddingImpl>(context);
+}
+
+}  // namespace
+
+std::vector<LayerSpec> ToyParallelSpecs(int blocks) {
+  std::vector<LayerSpec> specs;
+  specs.push_back(TiedLayerSpec("embed", MakeParallelEmbedding));
+  for (int i = 0; i < blocks; ++i) {
+    specs.push_back(LayerSpec(
+        "Block", [](const LayerContext& context) { return std::make_shared<ParallelBlockImpl>(context); }));
+  }
+  specs.push_back(TiedLayerSpec("embed", MakeParallelEmbedding,
+                                [](LayerImpl& shared, const Activations& in, const MicroBatch&) {
+                                  return Activations{
+                                      dynamic_cast<ParallelEmbeddingImpl&>(shared).Logits(in[0])};
+                                })
+                      .WithName("LmHead"));
+  return specs;
+}
+
+LossFn ToyParallelLoss(const ModelParallelGroup& group) {
+  return [group](const Activations& outputs, const MicroBatch& batch) {
+    return tensor_parallel::VocabParallelCrossEntropy(outputs[0], batch.Get("labels"), kVocab,
+                                                      group)
+        .mean();
+  };
 }
 
 absl::StatusOr<MicroBatchData> ToySource::Get(int64_t step, int64_t index) {
@@ -107,7 +186,11 @@ void SetAveragedGrads(const std::vector<torch::Tensor>& params, std::vector<torc
 std::vector<LayerSpec> SpecsOf(const RunConfig& config) {
   return config.specs ? config.specs() : ToySpecs(config.blocks);
 }
-LossFn LossOf(const RunConfig& config) { return config.loss ? config.loss : LossFn(ToyLoss); }
+// The loss on `group` (dense: the reference's).
+LossFn LossOf(const RunConfig& config, const ModelParallelGroup& group = {}) {
+  if (config.parallel_loss) return config.parallel_loss(group);
+  return config.loss ? config.loss : LossFn(ToyLoss);
+}
 std::unique_ptr<MicroBatchSource> SourceOf(const RunConfig& config) {
   return config.source ? config.source() : std::make_unique<ToySource>();
 }
@@ -174,8 +257,9 @@ namespace {
 // config, the run on thread ranks, then the checks that every rank and
 // replica agrees.
 
-PipelineModelOptions ModelOptionsOf(const RunConfig& config) {
+PipelineModelOptions ModelOptionsOf(const RunConfig& config, const ModelParallelGroup& group) {
   PipelineModelOptions mo;
+  mo.layer_environment.model_parallel = group;
   mo.num_stages = config.pp;
   mo.chunks = config.chunks;
   mo.partition_method = config.partition_method;
@@ -235,26 +319,76 @@ absl::Status CheckRanksAgree(
 
 }  // namespace
 
+namespace {
+
+// A parameter's value on each tensor-parallel rank of replica 0 -> the dense
+// parameter: shards merged and cut to the dense shape (the padding rows must
+// be zero, as they start), whole ones checked equal on every rank.
+absl::StatusOr<torch::Tensor> MergeTensorParallel(
+    const std::string& name, const std::vector<torch::Tensor>& values,
+    const std::map<std::string, tensor_parallel::ShardSpec>& shard_dims,
+    const torch::IntArrayRef dense_shape) {
+  auto it = shard_dims.find(name);
+  if (it == shard_dims.end()) {
+    for (size_t m = 1; m < values.size(); ++m) {
+      if (!torch::equal(values[m], values[0])) {
+        return absl::InternalError(absl::StrCat(
+            name, " is whole on every tensor-parallel rank but differs on tp rank ", m,
+            " (max abs diff ", (values[m] - values[0]).abs().max().item<double>(), ")"));
+      }
+    }
+    return values[0];
+  }
+  torch::Tensor merged = tensor_parallel::MergeShards(values, it->second);
+  const int64_t dim = it->second.dim < 0 ? it->second.dim + merged.dim() : it->second.dim;
+  const int64_t dense = dense_shape[dim];
+  if (merged.size(dim) > dense) {
+    torch::Tensor padding = merged.narrow(dim, dense, merged.size(dim) - dense);
+    if (!torch::equal(padding, torch::zeros_like(padding))) {
+      return absl::InternalError(absl::StrCat(name, "'s padding past the dense size ", dense,
+                                              " along dimension ", dim, " trained"));
+    }
+    merged = merged.narrow(dim, 0, dense).contiguous();
+  }
+  return merged;
+}
+
+}  // namespace
+
 absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
-  const int world = config.pp * config.dp;
+  const int world = config.pp * config.tp * config.dp;
   std::mutex mu;
   RunResult result;
-  std::vector<std::map<std::string, torch::Tensor>> replica_params(config.dp);
+  // [data-parallel id][tensor-parallel id]: global name -> value.
+  std::vector<std::vector<std::map<std::string, torch::Tensor>>> rank_params(
+      config.dp, std::vector<std::map<std::string, torch::Tensor>>(config.tp));
+  std::map<std::string, tensor_parallel::ShardSpec> shard_dims;
   std::vector<std::vector<double>> rank_losses(world);
   std::vector<std::vector<double>> rank_norms(world);
   absl::Status status = RunOnThreadRanks(
       world, config.device, config.ranks_per_device, config.timeout,
       [&](World& world_of_rank) -> absl::Status {
         PP_ASSIGN_OR_RETURN(ProcessTopology topology,
-                            PipeDataParallelTopology(config.pp, config.dp));
+                            config.tp > 1
+                                ? PipeModelDataParallelTopology(config.pp, config.tp, config.dp)
+                                : PipeDataParallelTopology(config.pp, config.dp));
         PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world_of_rank, topology));
-        PP_ASSIGN_OR_RETURN(
-            auto model,
-            PipelineModel::Create(SpecsOf(config), ModelOptionsOf(config), grid.stage_id()));
+        ModelParallelGroup group;
+        if (config.tp > 1) {
+          group.rank = grid.model_parallel_id();
+          group.size = grid.model_parallel_size();
+          group.group = grid.model_group();
+          group.timeout = config.timeout;
+          group.description = grid.DescribeGroup("model group", grid.model_group_ranks());
+        }
+        PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(SpecsOf(config),
+                                                              ModelOptionsOf(config, group),
+                                                              grid.stage_id()));
         model->to(world_of_rank.device);
         std::unique_ptr<MicroBatchSource> source = SourceOf(config);
         PP_ASSIGN_OR_RETURN(auto trainer,
-                            Trainer::Create(&grid, model.get(), LossOf(config), source.get(),
+                            Trainer::Create(&grid, model.get(), LossOf(config, group),
+                                            source.get(),
                                             TrainerOptionsOf(config, world_of_rank.device)));
         for (int step = 0; step < config.steps; ++step) {
           PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
@@ -265,8 +399,9 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         const P2PStats p2p = trainer->p2p_stats();
         result.received_posted_ahead += p2p.payloads_posted_ahead + p2p.controls_posted_ahead;
         result.payload_bytes_sent += p2p.payload_bytes_sent;
+        shard_dims.merge(ModelShardDims(*model));
         for (const auto& item : model->named_parameters()) {
-          auto& slot = replica_params[grid.data_parallel_id()][item.key()];
+          auto& slot = rank_params[grid.data_parallel_id()][grid.model_parallel_id()][item.key()];
           // bf16: the fp32 master, what the optimizer updates.
           torch::Tensor value = trainer->MasterOf(item.value())
                                     .detach()
@@ -280,10 +415,43 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         return absl::OkStatus();
       });
   PP_RETURN_IF_ERROR(status);
-  PP_RETURN_IF_ERROR(CheckRanksAgree(rank_losses, rank_norms, replica_params));
+  // Each data-parallel replica against replica 0, shard by shard.
+  std::vector<std::map<std::string, torch::Tensor>> replica_params;
+  for (int m = 0; m < config.tp; ++m) {
+    replica_params.clear();
+    for (int d = 0; d < config.dp; ++d) replica_params.push_back(rank_params[d][m]);
+    PP_RETURN_IF_ERROR(CheckRanksAgree(rank_losses, rank_norms, replica_params));
+  }
   result.losses = rank_losses[0];
   result.grad_norms = rank_norms[0];
-  result.params = replica_params[0];
+  if (config.tp == 1) {
+    result.params = rank_params[0][0];
+    return result;
+  }
+  std::map<std::string, std::vector<int64_t>> dense_shapes;
+  PP_RETURN_IF_ERROR(TorchCall("dense shapes", [&] {
+    absl::StatusOr<StageModule> dense = BuildSequential(SpecsOf(config), kSeed);
+    if (!dense.ok()) throw std::runtime_error(dense.status().ToString());
+    for (const auto& item : (*dense)->named_parameters()) {
+      dense_shapes[item.key()] = item.value().sizes().vec();
+    }
+  }));
+  for (const auto& [name, value] : rank_params[0][0]) {
+    std::vector<torch::Tensor> values;
+    for (int m = 0; m < config.tp; ++m) {
+      auto it = rank_params[0][m].find(name);
+      if (it == rank_params[0][m].end()) {
+        return absl::InternalError(absl::StrCat(name, " is missing on tp rank ", m));
+      }
+      values.push_back(it->second);
+    }
+    auto shape = dense_shapes.find(name);
+    if (shape == dense_shapes.end()) {
+      return absl::InternalError(absl::StrCat(name, " is not a parameter of the dense model"));
+    }
+    PP_ASSIGN_OR_RETURN(result.params[name],
+                        MergeTensorParallel(name, values, shard_dims, shape->second));
+  }
   return result;
 }
 

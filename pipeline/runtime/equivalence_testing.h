@@ -38,6 +38,18 @@ std::vector<LayerSpec> ToySpecs(int blocks);
 // Cross entropy of the logits against batch "labels".
 torch::Tensor ToyLoss(const Activations& outputs, const MicroBatch& batch);
 
+// The toy model split for tensor parallelism (pipeline/tensor_parallel/): a
+// vocabulary-parallel embedding (kVocab = 13 rows padded to a multiple of
+// tp), `blocks` blocks of column-parallel Linear(kHidden, 2 kHidden), tanh,
+// row-parallel Linear(2 kHidden, kHidden) (its bias whole on every rank) and
+// a residual, and the head through the tied embedding's rows
+// (VocabParallelLogits). Built dense (tp = 1) it is the same model, so
+// ToSequential() is the reference.
+std::vector<LayerSpec> ToyParallelSpecs(int blocks);
+
+// VocabParallelCrossEntropy of ToyParallelSpecs' logits on `group`.
+LossFn ToyParallelLoss(const ModelParallelGroup& group);
+
 // Token ids and labels drawn from a generator seeded by (step, index).
 class ToySource : public MicroBatchSource {
  public:
@@ -55,6 +67,11 @@ struct RunConfig {
   std::string schedule = "1f1b";
   int pp = 1;
   int dp = 1;
+  // Tensor-parallel ranks per stage (the grid's model axis,
+  // PipeModelDataParallelTopology: tp peers are neighbouring ranks). The
+  // specs' factories get each rank's ModelParallelGroup; > 1 needs a model
+  // that shards (ToyParallelSpecs, GPT) and a parallel_loss.
+  int tp = 1;
   int chunks = 1;
   int microbatches = 4;  // per replica
   int blocks = 6;
@@ -76,6 +93,9 @@ struct RunConfig {
   // back to the toy model: ToySpecs(blocks), ToyLoss, ToySource.
   std::function<std::vector<LayerSpec>()> specs;
   LossFn loss;
+  // The loss of a model whose logits are vocabulary-parallel, made per rank
+  // with its group (dense for the reference); replaces `loss` when set.
+  std::function<LossFn(const ModelParallelGroup&)> parallel_loss;
   std::function<std::unique_ptr<MicroBatchSource>()> source;  // one per rank
   std::string partition_method = "uniform";
   // kBf16: the pipeline with TrainerOptions::precision bf16, the sequential
@@ -110,8 +130,11 @@ struct RunResult {
 // by dp, so that with dp <= 2 the data-parallel sum rounds as the pipeline's.
 absl::StatusOr<RunResult> TrainSequential(const RunConfig& config);
 
-// The pipeline on pp * dp thread ranks; parameters gathered from all ranks of
-// data-parallel replica 0 (every replica is checked to hold equal values).
+// The pipeline on pp * tp * dp thread ranks; parameters gathered from all
+// ranks of data-parallel replica 0 (every replica is checked to hold equal
+// values), each sharded one merged from its tp shards and cut to the dense
+// shape (the vocabulary's padding rows must still be zero), each replicated
+// one checked equal on every tp rank.
 absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config);
 
 // "" when equal within rtol (plus atol for values near zero), else a

@@ -113,6 +113,16 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_
   return std::sqrt(sumsq.cpu().item<double>());
 }
 
+std::map<std::string, tensor_parallel::ShardSpec> ModelShardDims(const PipelineModel& model) {
+  std::map<std::string, tensor_parallel::ShardSpec> dims;
+  for (int64_t c = 0; c < model.num_chunks(); ++c) {
+    // A chunk registers its layers under their global names, so these are
+    // the names model.named_parameters() gives.
+    dims.merge(tensor_parallel::CollectShardDims(*model.chunk(c)));
+  }
+  return dims;
+}
+
 void ClipGradsToNorm(const std::vector<torch::Tensor>& params, double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return;

@@ -9,6 +9,7 @@
 #define PIPELINE_RUNTIME_GRAD_SYNC_H_
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pipeline/pipeline_model.h"
+#include "pipeline/tensor_parallel/sharded_module.h"
 
 namespace pp {
 
@@ -62,6 +65,11 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_
                                       const c10::intrusive_ptr<c10d::ProcessGroup>& data_group,
                                       std::chrono::milliseconds timeout,
                                       torch::Device device = torch::kCPU);
+
+// The parameters of this stage's chunks that are tensor-parallel shards
+// (tensor_parallel::ShardedModule), by global name, with how they split. A
+// parameter not named here is whole on every tensor-parallel rank.
+std::map<std::string, tensor_parallel::ShardSpec> ModelShardDims(const PipelineModel& model);
 
 // Scales all `params`' gradients by max_norm / (norm + 1e-6) when norm >
 // max_norm, like torch::nn::utils::clip_grad_norm_.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -80,8 +81,12 @@ absl::StatusOr<std::vector<TiedParams>> MakeTies(ParallelGrid& grid, PipelineMod
     }
     tie.members = grid.DescribeGroup("tie group", ranks);
     if (ranks.size() > 1) {
-      PP_ASSIGN_OR_RETURN(tie.group, grid.NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp",
-                                                                       grid.data_parallel_id())));
+      // One tie group per data-parallel replica and tensor-parallel rank:
+      // each rank's shard of a tied weight is tied to the same shard.
+      PP_ASSIGN_OR_RETURN(tie.group,
+                          grid.NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp",
+                                                            grid.data_parallel_id(), ".mp",
+                                                            grid.model_parallel_id())));
     }
     PP_ASSIGN_OR_RETURN(auto named, model.TiedParameters(group.key));
     for (const auto& item : named) tie.params.push_back(item.value());
@@ -92,13 +97,24 @@ absl::StatusOr<std::vector<TiedParams>> MakeTies(ParallelGrid& grid, PipelineMod
 }
 
 // `params` less the tied copies whose owner is another stage (the gradient
-// norm counts each tied parameter once).
+// norm counts each tied parameter once) and, on tensor-parallel ranks other
+// than 0, less the parameters every tensor-parallel rank holds whole (norm
+// weights, a row-parallel layer's bias): the norm is reduced over pipe x
+// model, so a replicated parameter counts once and a sharded one once per
+// shard, as the dense model's norm does.
 std::vector<torch::Tensor> CountedParams(const std::vector<torch::Tensor>& params,
-                                         const std::vector<TiedParams>& ties) {
+                                         const std::vector<TiedParams>& ties,
+                                         const PipelineModel& model, const ParallelGrid& grid) {
   std::set<const void*> non_owner;
   for (const TiedParams& tie : ties) {
     if (tie.counts_in_norm) continue;
     for (const torch::Tensor& p : tie.params) non_owner.insert(p.unsafeGetTensorImpl());
+  }
+  if (grid.model_parallel_size() > 1 && grid.model_parallel_id() != 0) {
+    const std::map<std::string, tensor_parallel::ShardSpec> sharded = ModelShardDims(model);
+    for (const auto& item : model.named_parameters()) {
+      if (sharded.count(item.key()) == 0) non_owner.insert(item.value().unsafeGetTensorImpl());
+    }
   }
   std::vector<torch::Tensor> counted;
   for (const torch::Tensor& p : params) {
@@ -180,7 +196,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   if (options.layer_runner) model->set_layer_runner(options.layer_runner);
   t->params_ = model->parameters();
   PP_ASSIGN_OR_RETURN(t->ties_, MakeTies(*grid, *model));
-  t->counted_params_ = CountedParams(t->params_, t->ties_);
+  t->counted_params_ = CountedParams(t->params_, t->ties_, *model, *grid);
   PP_RETURN_IF_ERROR(BroadcastTiedParams(t->ties_, options.executor.p2p.timeout));
   if (options.precision == Precision::kBf16) {
     PP_RETURN_IF_ERROR(CheckFp32ForBf16(t->params_));
@@ -282,14 +298,20 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
           !options_.skip_nonfinite_updates) {
         return OptimizerStep();
       }
-      absl::StatusOr<double> norm = GlobalGradNorm(counted_params_, grid_->pipe_group(),
-                                                   grid_->data_group(), timeout(), device());
+      // Over the stages, and with tensor parallelism over the stages and
+      // tensor-parallel ranks (pipe x model, CountedParams).
+      const bool tp = grid_->model_parallel_size() > 1;
+      absl::StatusOr<double> norm = GlobalGradNorm(
+          counted_params_, tp ? grid_->model_parallel_group() : grid_->pipe_group(),
+          grid_->data_group(), timeout(), device());
       if (!norm.ok()) {
         return absl::Status(
             norm.status().code(),
             absl::StrCat(norm.status().message(), "; ",
-                         grid_->DescribeGroup("pipe group", grid_->pipe_group_ranks()), ", ",
-                         grid_->DescribeGroup("data group", grid_->data_group_ranks())));
+                         tp ? grid_->DescribeGroup("model-parallel group",
+                                                   grid_->model_parallel_group_ranks())
+                            : grid_->DescribeGroup("pipe group", grid_->pipe_group_ranks()),
+                         ", ", grid_->DescribeGroup("data group", grid_->data_group_ranks())));
       }
       result.grad_norm = *norm;
       if (options_.skip_nonfinite_updates && !std::isfinite(result.grad_norm)) {

@@ -11,6 +11,13 @@
 // averages gradients over the data-parallel group, clips by the global
 // gradient norm (reduced over the pipe and data groups, each tied parameter
 // counted once) and steps the optimizer with the scheduled learning rate.
+//
+// Tensor parallelism: with a grid whose model axis is > 1, build the model
+// with PipelineModelOptions::layer_environment.model_parallel = this rank's
+// model group (pipeline/tensor_parallel/README.md). p2p, tie groups and the
+// data-parallel average then work per tensor-parallel rank, and the norm is
+// reduced over pipe x model with a parameter whole on every tp rank counted
+// once and a sharded one once per shard, as in the dense model.
 // The step's loss (mean over micro-batches, averaged over data-parallel
 // replicas) is reported on every rank.
 //
