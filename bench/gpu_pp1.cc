@@ -126,10 +126,11 @@ absl::Status Run() {
   }
   const double tokens = static_cast<double>(m) * data.lm.micro_batch_size * data.lm.seq_len;
   const double median = Median(seconds);
-  std::printf("pipe engine pp=1 on %s: GPT width %d, %d blocks, m=%d x %lld x %lld tokens, %d steps\n",
-              world.device.str().c_str(), absl::GetFlag(FLAGS_width), absl::GetFlag(FLAGS_layers),
-              m, static_cast<long long>(data.lm.micro_batch_size),
-              static_cast<long long>(data.lm.seq_len), steps);
+  std::printf(
+      "pipe engine pp=1 on %s: GPT width %d, %d blocks, m=%d x %lld x %lld tokens, %d steps\n",
+      world.device.str().c_str(), absl::GetFlag(FLAGS_width), absl::GetFlag(FLAGS_layers), m,
+      static_cast<long long>(data.lm.micro_batch_size), static_cast<long long>(data.lm.seq_len),
+      steps);
   std::printf("  median step %.4f s (min %.4f)  %.1f tokens/s  loss %.4f -> %.4f\n", median,
               Min(seconds), tokens / median, losses.front(), losses.back());
   nlohmann::json j = {{"bench", "gpu_pp1"},

@@ -8,8 +8,8 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/pipeline_model.h"
-#include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/grad_sync.h"
+#include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/schedule/registry.h"
 #include "pipeline/tensor_parallel/linear.h"
 #include "pipeline/tensor_parallel/sharded_module.h"
@@ -64,10 +64,10 @@ class ParallelEmbeddingImpl : public LayerImpl {
   explicit ParallelEmbeddingImpl(const LayerContext& context) : LayerImpl("Embedding") {
     // Drawn whole, as torch::nn::Embedding draws its table (N(0, 1)); each
     // rank keeps its rows.
-    embedding_ = register_module(
-        "embedding", tensor_parallel::VocabParallelEmbedding(torch::randn({kVocab, kHidden}),
-                                                             context.model_parallel,
-                                                             /*sequence_dim=*/0));
+    embedding_ =
+        register_module("embedding", tensor_parallel::VocabParallelEmbedding(
+                                         torch::randn({kVocab, kHidden}), context.model_parallel,
+                                         /*sequence_dim=*/0));
   }
   Activations Forward(const Activations& in, const MicroBatch&) override {
     return {embedding_(in[0])};
@@ -88,9 +88,10 @@ class ParallelBlockImpl : public LayerImpl {
                                     tensor_parallel::ParallelLinearOptions(kHidden, 2 * kHidden),
                                     context.model_parallel));
     down_ = register_module(
-        "down", tensor_parallel::RowParallelLinear(
-                    tensor_parallel::ParallelLinearOptions(2 * kHidden, kHidden).InputIsParallel(true),
-                    context.model_parallel));
+        "down",
+        tensor_parallel::RowParallelLinear(
+            tensor_parallel::ParallelLinearOptions(2 * kHidden, kHidden).InputIsParallel(true),
+            context.model_parallel));
   }
   Activations Forward(const Activations& in, const MicroBatch&) override {
     return {down_(torch::tanh(up_(in[0]))) + in[0]};
@@ -111,8 +112,9 @@ std::vector<LayerSpec> ToyParallelSpecs(int blocks) {
   std::vector<LayerSpec> specs;
   specs.push_back(TiedLayerSpec("embed", MakeParallelEmbedding));
   for (int i = 0; i < blocks; ++i) {
-    specs.push_back(LayerSpec(
-        "Block", [](const LayerContext& context) { return std::make_shared<ParallelBlockImpl>(context); }));
+    specs.push_back(LayerSpec("Block", [](const LayerContext& context) {
+      return std::make_shared<ParallelBlockImpl>(context);
+    }));
   }
   specs.push_back(TiedLayerSpec("embed", MakeParallelEmbedding,
                                 [](LayerImpl& shared, const Activations& in, const MicroBatch&) {
@@ -381,14 +383,13 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
           group.timeout = config.timeout;
           group.description = grid.DescribeGroup("model group", grid.model_group_ranks());
         }
-        PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(SpecsOf(config),
-                                                              ModelOptionsOf(config, group),
-                                                              grid.stage_id()));
+        PP_ASSIGN_OR_RETURN(
+            auto model,
+            PipelineModel::Create(SpecsOf(config), ModelOptionsOf(config, group), grid.stage_id()));
         model->to(world_of_rank.device);
         std::unique_ptr<MicroBatchSource> source = SourceOf(config);
         PP_ASSIGN_OR_RETURN(auto trainer,
-                            Trainer::Create(&grid, model.get(), LossOf(config, group),
-                                            source.get(),
+                            Trainer::Create(&grid, model.get(), LossOf(config, group), source.get(),
                                             TrainerOptionsOf(config, world_of_rank.device)));
         for (int step = 0; step < config.steps; ++step) {
           PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());

@@ -83,10 +83,10 @@ absl::StatusOr<std::vector<TiedParams>> MakeTies(ParallelGrid& grid, PipelineMod
     if (ranks.size() > 1) {
       // One tie group per data-parallel replica and tensor-parallel rank:
       // each rank's shard of a tied weight is tied to the same shard.
-      PP_ASSIGN_OR_RETURN(tie.group,
-                          grid.NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp",
-                                                            grid.data_parallel_id(), ".mp",
-                                                            grid.model_parallel_id())));
+      PP_ASSIGN_OR_RETURN(
+          tie.group,
+          grid.NewGroup(ranks, absl::StrCat("tie.", group.key, ".dp", grid.data_parallel_id(),
+                                            ".mp", grid.model_parallel_id())));
     }
     PP_ASSIGN_OR_RETURN(auto named, model.TiedParameters(group.key));
     for (const auto& item : named) tie.params.push_back(item.value());
@@ -301,9 +301,9 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
       // Over the stages, and with tensor parallelism over the stages and
       // tensor-parallel ranks (pipe x model, CountedParams).
       const bool tp = grid_->model_parallel_size() > 1;
-      absl::StatusOr<double> norm = GlobalGradNorm(
-          counted_params_, tp ? grid_->model_parallel_group() : grid_->pipe_group(),
-          grid_->data_group(), timeout(), device());
+      absl::StatusOr<double> norm =
+          GlobalGradNorm(counted_params_, tp ? grid_->model_parallel_group() : grid_->pipe_group(),
+                         grid_->data_group(), timeout(), device());
       if (!norm.ok()) {
         return absl::Status(
             norm.status().code(),
