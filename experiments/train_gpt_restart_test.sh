@@ -97,6 +97,24 @@ wait_for_restarts() {
   done
   return 1
 }
+# Starts case $1 with the flags after $3, waits for step $2 and sets VICTIM to
+# rank $3's worker pid. The 40 steps take ~3 s: on a loaded machine the run
+# can end between the poll that sees the step and the signal; then the case
+# starts again (its directories removed), up to three times.
+start_until_caught() {
+  local name=$1 step=$2 rank=$3 attempt
+  shift 3
+  for attempt in 1 2 3; do
+    start "$name" "$@"
+    wait_for_step "$step" || fail "$name: the run ended before step $step"
+    VICTIM=$(worker_pid "$rank")
+    [[ -n $VICTIM ]] && return 0
+    wait "$LAUNCHER"
+    echo "note: $name: the run ended before the signal (attempt $attempt); again"
+    rm -rf "$TMP"/runs/"$name"-* "$TMP/runs/checkpoints/$name"
+  done
+  fail "$name: the run ended before the signal three times"
+}
 finish() {  # finish WANT_EXIT: waits for the launcher; its exit status must be WANT_EXIT
   wait "$LAUNCHER"
   local code=$?
@@ -136,19 +154,17 @@ elif [[ $MODE == cases ]]; then
   # A stalled worker (SIGSTOP): its peers time out (parallelism.timeout_seconds),
   # the launcher names it, and the restart resumes.
   EXTRA_SET=,parallelism.timeout_seconds=10
-  start stall --max_restarts=1 --restart_delay=0.2s --launcher_grace_period=2s
+  start_until_caught stall 12 2 --max_restarts=1 --restart_delay=0.2s --launcher_grace_period=2s
   EXTRA_SET=""
-  wait_for_step 12 || fail "the run ended before the stall"
-  kill -STOP "$(worker_pid 2)"
+  kill -STOP "$VICTIM"
   finish 0
   grep -q 'restart 1/1 after rank 2 .*was stopped by signal 19' "$LOG" || fail "the stall is not the named cause"
   same_as_straight stall
 
   # A bit flipped in the newest checkpoint between restarts: the restart
   # resumes from the one before it.
-  start broken --max_restarts=1 --restart_delay=2s --launcher_grace_period=2s
-  wait_for_step 13 || fail "the run ended before the kill"
-  kill -KILL "$(worker_pid 3)"
+  start_until_caught broken 13 3 --max_restarts=1 --restart_delay=2s --launcher_grace_period=2s
+  kill -KILL "$VICTIM"
   wait_for_restarts 1 || fail "no restart"
   CKPT=$TMP/runs/checkpoints/broken
   newest=$CKPT/$(cat "$CKPT/latest")
@@ -163,9 +179,8 @@ elif [[ $MODE == cases ]]; then
   # SIGTERM to one worker with save-on-signal: every rank finishes the step,
   # saves it (a step no save_interval hits) and exits 143; the restart
   # continues from that step.
-  start term --max_restarts=1 --restart_delay=0.2s --launcher_grace_period=20s --save_on_signal=true
-  wait_for_step 17 || fail "the run ended before the SIGTERM"
-  kill -TERM "$(worker_pid 1)"
+  start_until_caught term 17 1 --max_restarts=1 --restart_delay=0.2s --launcher_grace_period=20s --save_on_signal=true
+  kill -TERM "$VICTIM"
   finish 0
   saved_step=$(sed -nE 's/^\[rank [0-3]\] stopped by SIGTERM after step ([0-9]+) .*/\1/p' "$LOG" | head -1)
   [[ -n $saved_step ]] || fail "no rank said it stopped by SIGTERM after saving"
