@@ -40,7 +40,6 @@ def _precompiled_header_impl(ctx):
         ("pic_" + name, flags)
         for name, flags in ctx.attr.variants.items()
     ]:
-        pic = True
         gch = ctx.actions.declare_file(ctx.attr.header + ".gch/" + kind + ".h")
         # Built with its dependencies recorded, so that a file compiled with
         # -fpch-deps (tools/pp.bzl) lists LibTorch's headers in its own .d file
@@ -57,7 +56,7 @@ def _precompiled_header_impl(ctx):
             quote_include_directories = deps_context.quote_includes,
             system_include_directories = deps_context.system_includes,
             preprocessor_defines = deps_context.defines,
-            use_pic = pic,
+            use_pic = True,
         )
         command_line = cc_common.get_memory_inefficient_command_line(
             feature_configuration = features,

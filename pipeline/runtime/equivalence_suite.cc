@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/schedule/capabilities.h"
 #include "pipeline/schedule/lowering.h"
@@ -41,11 +40,8 @@ void SetOptimizer(const std::string& opt, RunConfig& c) {
 }
 
 // Activation checkpointing of every toy Block (pipeline/autograd).
-LayerRunner CheckpointEveryBlock() {
-  ActivationCheckpointPolicy policy;
-  policy.interval = 1;
-  policy.checkpointable_types = "Block";
-  absl::StatusOr<LayerRunner> runner = MakeCheckpointingRunner(policy);
+LayerRunner CheckpointEveryBlockOrFail() {
+  absl::StatusOr<LayerRunner> runner = CheckpointEveryBlock();
   if (!runner.ok()) {
     ADD_FAILURE() << runner.status();
     return LayerRunner();
@@ -53,7 +49,6 @@ LayerRunner CheckpointEveryBlock() {
   return *runner;
 }
 
-// One case of the matrix (CPU, fp32; callers change precision or device).
 RunConfig MakeCase(const std::string& schedule, int pp, int dp, int m, int chunks,
                    const std::string& opt, bool ckpt) {
   RunConfig c;
@@ -62,7 +57,7 @@ RunConfig MakeCase(const std::string& schedule, int pp, int dp, int m, int chunk
   c.dp = dp;
   c.microbatches = m;
   c.chunks = chunks;
-  c.layer_runner = ckpt ? CheckpointEveryBlock() : LayerRunner();
+  c.layer_runner = ckpt ? CheckpointEveryBlockOrFail() : LayerRunner();
   SetOptimizer(opt, c);
   return c;
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/grad_sync.h"
 #include "pipeline/runtime/mixed_precision.h"
@@ -141,6 +142,13 @@ absl::StatusOr<MicroBatchData> ToySource::Get(int64_t step, int64_t index) {
   d.batch.id = step * 1000 + index;
   d.batch.tensors["labels"] = torch::randint(kVocab, {kTokens}, gen, torch::kLong);
   return d;
+}
+
+absl::StatusOr<LayerRunner> CheckpointEveryBlock() {
+  ActivationCheckpointPolicy policy;
+  policy.interval = 1;
+  policy.checkpointable_types = "Block";
+  return MakeCheckpointingRunner(policy);
 }
 
 namespace {

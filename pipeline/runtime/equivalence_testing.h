@@ -56,6 +56,10 @@ class ToySource : public MicroBatchSource {
   absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override;
 };
 
+// Activation checkpointing of every "Block" layer (the toy models' blocks;
+// pipeline/autograd), for RunConfig::layer_runner.
+absl::StatusOr<LayerRunner> CheckpointEveryBlock();
+
 // bf16 pipeline against the bf16 reference where the two do not run the same
 // operations in the same order (pp > 1, dp > 1 or two chunks): relative
 // tolerance on losses and grad norms (and on weights), absolute on the fp32

@@ -25,7 +25,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/runtime/equivalence_testing.h"
 #include "pipeline/schedule/registry.h"
 #include "pipeline/tensor_parallel/planted_fault.h"
@@ -42,14 +41,6 @@ struct Shape {
   int pp, tp, dp;
 };
 constexpr Shape kShapes[] = {{1, 2, 1}, {2, 2, 1}, {2, 2, 2}, {4, 2, 1}};
-
-absl::StatusOr<Schedule> Make(const std::string& name, int pp, int m, int chunks) {
-  ScheduleOptions o;
-  o.num_stages = pp;
-  o.num_microbatches = m;
-  o.num_chunks = chunks;
-  return MakeSchedule(name, o);
-}
 
 RunConfig ToyParallel(const std::string& schedule, const Shape& shape) {
   RunConfig c;
@@ -71,7 +62,7 @@ RunConfig ToyParallel(const std::string& schedule, const Shape& shape) {
 bool FitSchedule(RunConfig& c) {
   for (int m : {2 * c.pp + 1, c.pp, 1}) {
     for (int chunks : {2, 1}) {
-      absl::StatusOr<Schedule> s = Make(c.schedule, c.pp, m, chunks);
+      absl::StatusOr<Schedule> s = MakeSchedule(c.schedule, {c.pp, m, chunks, 0});
       if (s.ok() && !s->forward_only) {
         c.microbatches = m;
         c.chunks = chunks;
@@ -80,15 +71,6 @@ bool FitSchedule(RunConfig& c) {
     }
   }
   return false;
-}
-
-LayerRunner CheckpointEveryBlock() {
-  ActivationCheckpointPolicy policy;
-  policy.interval = 1;
-  policy.checkpointable_types = "Block";
-  absl::StatusOr<LayerRunner> runner = MakeCheckpointingRunner(policy);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  return runner.ok() ? *runner : LayerRunner();
 }
 
 struct Case {
@@ -111,7 +93,11 @@ std::vector<Case> CoveringCases() {
       if (!FitSchedule(c)) continue;
       // Every other case of a shape checkpoints.
       const bool ckpt = visits[turn % 4]++ % 2 == 1;
-      if (ckpt) c.layer_runner = CheckpointEveryBlock();
+      if (ckpt) {
+        absl::StatusOr<LayerRunner> runner = CheckpointEveryBlock();
+        EXPECT_TRUE(runner.ok()) << runner.status();
+        if (runner.ok()) c.layer_runner = *runner;
+      }
       std::string name = absl::StrCat(info.name, "_pp", c.pp, "_tp", c.tp, "_dp", c.dp, "_v",
                                       c.chunks, "_m", c.microbatches, ckpt ? "_ckpt" : "");
       for (char& ch : name) {
@@ -152,7 +138,9 @@ TEST(TensorParallelCoverage, EveryShapeAndScheduleRuns) {
   }
   int training = 0;
   for (const ScheduleInfo& info : RegisteredSchedules()) {
-    if (absl::StatusOr<Schedule> s = Make(info.name, 2, 5, 1); s.ok() && s->forward_only) continue;
+    if (absl::StatusOr<Schedule> s = MakeSchedule(info.name, {2, 5, 1, 0});
+        s.ok() && s->forward_only)
+      continue;
     ++training;
   }
   EXPECT_GE(static_cast<int>(schedules.size()), training);
