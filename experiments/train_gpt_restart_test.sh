@@ -82,12 +82,26 @@ wait_for_step() {
   return 1
 }
 # The pid of the running worker of rank $1 (the launcher's child with RANK=$1).
+# Looks again for up to 2 s while the launcher runs: one CI run (2.11 build,
+# loaded machine) found no worker of a rank at step 17 of 40 with the run
+# still going; if that happens again, the process tree goes to the log.
 worker_pid() {
-  local launcher_pid child
-  launcher_pid=$(pgrep -P "$LAUNCHER" | head -1)  # `timeout` runs the launcher
-  for child in $(pgrep -P "$launcher_pid"); do
-    if tr '\0' '\n' < "/proc/$child/environ" 2>/dev/null | grep -qx "RANK=$1"; then echo "$child"; return; fi
+  local launcher_pid child try
+  for try in $(seq 1 100); do
+    launcher_pid=$(pgrep -P "$LAUNCHER" | head -1)  # `timeout` runs the launcher
+    for child in $(pgrep -P "${launcher_pid:-0}"); do
+      if tr '\0' '\n' < "/proc/$child/environ" 2>/dev/null | grep -qx "RANK=$1"; then echo "$child"; return; fi
+    done
+    kill -0 "$LAUNCHER" 2>/dev/null || return 0
+    sleep 0.02
   done
+  {
+    echo "worker_pid: no child of launcher '$launcher_pid' (under timeout $LAUNCHER) has RANK=$1; the tree:"
+    ps -o pid,ppid,stat,etime,args -p "$LAUNCHER,${launcher_pid:-0}" --ppid "${launcher_pid:-0}" 2>&1
+    for child in $(pgrep -P "${launcher_pid:-0}"); do
+      echo "  $child: $(tr '\0' '\n' < "/proc/$child/environ" 2>&1 | grep -E '^(RANK|LOCAL_RANK)=|No such|denied' | tr '\n' ' ')"
+    done
+  } >&2
 }
 # Waits until the launcher has said it restarts $1 times.
 wait_for_restarts() {
