@@ -9,6 +9,7 @@
 #include <regex>
 #include <sstream>
 
+#include <glog/logging.h>
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
@@ -155,6 +156,7 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
   const IntRange ints[] = {
       {"parallelism.pp", par.pp(), 1, 1024, ""},
       {"parallelism.dp", par.dp(), 1, 1024, ""},
+      {"parallelism.tp", par.tp(), 1, 64, "tensor-parallel ranks per stage share a node"},
       {"parallelism.chunks", par.chunks(), 1, 64, ""},
       {"parallelism.num_microbatches", par.num_microbatches(), 1, 65536,
        "every rank lists each micro-batch's actions"},
@@ -341,12 +343,19 @@ void ResolveDefaults(ExperimentConfig& config) {
   FillDefaults(config);
 }
 
+int WorldSizeOf(const driver::ParallelismConfig& par) {
+  const int64_t ranks = static_cast<int64_t>(par.pp()) * par.dp() * par.tp();
+  CHECK_LE(ranks, kMaxWorldSize) << "validation bounds pp x dp x tp";
+  return static_cast<int>(ranks);
+}
+
 ModelRun ModelRunOf(const ExperimentConfig& config) {
   const auto& par = config.parallelism();
   return ModelRun{.micro_batch_size = par.micro_batch_size(),
                   .num_microbatches = par.num_microbatches(),
                   .dp = par.dp(),
                   .pp = par.pp(),
+                  .tp = par.tp(),
                   .chunks = par.chunks(),
                   .seed = config.seed(),
                   .data_source = config.data().source(),
@@ -379,18 +388,55 @@ absl::StatusOr<SelectedModel> CheckModel(const ExperimentConfig& config) {
   return model;
 }
 
-// pp x dp against the ranks the launcher started (0: not known yet).
+// pp x dp x tp against the ranks the launcher started (0: not known yet).
 absl::Status CheckWorldSize(const driver::ParallelismConfig& par, int world_size) {
-  // pp and dp are at most 1024 each (CheckRanges), so their product fits in
-  // int32; it is computed in int64 all the same.
-  const int64_t ranks = static_cast<int64_t>(par.pp()) * par.dp();
+  const int64_t ranks = static_cast<int64_t>(par.pp()) * par.dp() * par.tp();
+  if (ranks > kMaxWorldSize) {
+    return Invalid(absl::StrCat("parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(),
+                                ") x parallelism.tp (", par.tp(), ") = ", ranks, " ranks; at most ",
+                                kMaxWorldSize, " are supported"));
+  }
   if (world_size <= 0 || ranks == world_size) return absl::OkStatus();
+  const std::string tp = par.tp() > 1 ? absl::StrCat(" x parallelism.tp (", par.tp(), ")") : "";
   return Invalid(absl::StrCat(
-      "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ") = ", ranks, " ranks, but ",
-      world_size,
-      " were started; leave --nproc_per_node unset (the launcher then starts pp x dp ranks, "
+      "parallelism.pp (", par.pp(), ") x parallelism.dp (", par.dp(), ")", tp, " = ", ranks,
+      " ranks, but ", world_size,
+      " were started; leave --nproc_per_node unset (the launcher then starts pp x dp x tp ranks, "
       "split evenly over --nnodes) or set it to ",
       ranks, " / --nnodes"));
+}
+
+// Tensor parallelism: a model that supports it (its sizes are its own
+// `validate`'s to check), and the parts of the driver that do not model it
+// yet refused by name instead of planning for the wrong ranks.
+absl::Status CheckTensorParallel(const ExperimentConfig& config, const ModelInfo& model) {
+  const auto& par = config.parallelism();
+  if (par.tp() <= 1) return absl::OkStatus();
+  if (!model.tensor_parallel_loss) {
+    std::vector<std::string> supported;
+    for (const ModelInfo* m : RegisteredModels()) {
+      if (m->tensor_parallel_loss) supported.push_back(m->name);
+    }
+    return Invalid(absl::StrCat(
+        "parallelism.tp (", par.tp(), ") > 1, but model '", model.name,
+        "' does not support tensor parallelism (its registration sets no tensor_parallel_loss; "
+        "models/registry.h); use parallelism.tp 1, or a model that does: ",
+        supported.empty() ? std::string("(none linked in)") : absl::StrJoin(supported, ", ")));
+  }
+  if (par.schedule() == kAutoSchedule) {
+    return Invalid(absl::StrCat(
+        "parallelism.schedule 'auto' does not model tensor parallelism yet (its memory plan and "
+        "costs are per pipeline rank without tp); with parallelism.tp (",
+        par.tp(), ") name a schedule: ", absl::StrJoin(RegisteredScheduleNames(), ", ")));
+  }
+  if (par.memory_cap_mib() > 0) {
+    return Invalid(absl::StrCat(
+        "parallelism.memory_cap_mib (", par.memory_cap_mib(),
+        ") is checked by the memory planner, which does not model tensor parallelism yet; with "
+        "parallelism.tp (",
+        par.tp(), ") set memory_cap_mib to 0"));
+  }
+  return absl::OkStatus();
 }
 
 // At least one layer per model part.
@@ -467,7 +513,7 @@ absl::Status CheckDevice(const driver::ParallelismConfig& par) {
     }
     return absl::OkStatus();
   }
-  const int local_ranks = par.pp() * par.dp();
+  const int local_ranks = WorldSizeOf(par);
   for (int local_rank : {0, local_ranks - 1}) {
     absl::StatusOr<c10::Device> cuda =
         DeviceForLocalRank(*device, local_rank, par.ranks_per_device());
@@ -476,8 +522,9 @@ absl::Status CheckDevice(const driver::ParallelismConfig& par) {
           par.ranks_per_device() == 1
               ? ""
               : absl::StrCat(", parallelism.ranks_per_device = ", par.ranks_per_device());
-      return Invalid(absl::StrCat("parallelism.device 'cuda' (pp x dp = ", local_ranks,
-                                  " ranks on this node", shared, "): ", cuda.status().message()));
+      return Invalid(absl::StrCat("parallelism.device 'cuda' (pp x dp", par.tp() > 1 ? " x tp" : "",
+                                  " = ", local_ranks, " ranks on this node", shared,
+                                  "): ", cuda.status().message()));
     }
   }
   if (par.ranks_per_device() > 1 && !HostStagedBackendAvailable()) {
@@ -647,9 +694,10 @@ absl::Status CheckCheckpointableTypes(const driver::ParallelismConfig& par,
 absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_size) {
   PP_RETURN_IF_ERROR(CheckRanges(config));
   PP_ASSIGN_OR_RETURN(const SelectedModel model, CheckModel(config));
+  PP_RETURN_IF_ERROR(CheckWorldSize(config.parallelism(), world_size));
   // Before the schedule's action lists and the layer specs are built.
   PP_RETURN_IF_ERROR(CheckMemory(config, world_size > 0 ? TotalMemoryBytes() : -1));
-  PP_RETURN_IF_ERROR(CheckWorldSize(config.parallelism(), world_size));
+  PP_RETURN_IF_ERROR(CheckTensorParallel(config, *model.info));
   PP_ASSIGN_OR_RETURN(const std::vector<LayerSpec> specs, model.info->specs(*model.config));
   PP_RETURN_IF_ERROR(CheckParts(config.parallelism(), specs));
   PP_RETURN_IF_ERROR(CheckCheckpointableTypes(config.parallelism(), specs));
@@ -795,6 +843,15 @@ absl::Status CheckResumeConfig(const std::string& saved_text, const ExperimentCo
   }
   std::vector<std::pair<std::string, std::string>> diffs;
   DiffConfigs(*saved, now, "", diffs);
+  // Each tensor-parallel rank's layer files hold its shards (layer_07-model_01-...);
+  // another tp would read shards of the wrong size, whatever allow_config_change says.
+  for (const auto& [path, what] : diffs) {
+    if (path != "parallelism.tp") continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint's layer files are split for another tensor-parallel size (", path, ": ",
+        what, "); resharding across tp is not supported yet: resume with parallelism.tp ",
+        saved->parallelism().tp()));
+  }
   std::vector<std::string> breaking;
   for (const auto& [path, what] : diffs) {
     if (IgnoredOnResume(path)) continue;

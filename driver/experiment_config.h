@@ -60,8 +60,13 @@ absl::Status CheckOneValuePerField(const std::vector<CommandLineOverride>& overr
 // parallelism.partition_method becomes the model's default.
 void ResolveDefaults(ExperimentConfig& config);
 
+// Processes one run starts: pp x dp x tp.
+inline constexpr int64_t kMaxWorldSize = 1 << 16;
+int WorldSizeOf(const driver::ParallelismConfig& par);
+
 // Everything checkable without processes: sizes, the model (registered here,
-// its own fields and shape), pp x dp against `world_size` (0: not known yet),
+// its own fields and shape, tensor parallelism), pp x dp x tp against
+// `world_size` (0: not known yet),
 // the schedule (registered, accepts this micro-batch count and chunking,
 // trains), layers per part, the partition method, optimizer, learning-rate
 // schedule, data source and path, sampling.

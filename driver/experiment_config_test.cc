@@ -172,6 +172,53 @@ TEST(ExperimentConfigTest, PpTimesDpBeyondInt32IsRefused) {
   EXPECT_HAS(Error(c, 0), "parallelism.dp (65536) must be at most 1024");
 }
 
+// Tensor parallelism (issue #38): world = pp x dp x tp; the model must
+// support it and its sizes divide; the planner-based parts refuse it by name.
+TEST(ExperimentConfigTest, TensorParallelRunsAreCheckedBeforeLaunch) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_tp(2);
+  EXPECT_TRUE(ValidateExperimentConfig(c, 4).ok()) << ValidateExperimentConfig(c, 4);
+  EXPECT_EQ(WorldSizeOf(c.parallelism()), 4);
+  EXPECT_HAS(Error(c, 2),
+             "parallelism.pp (2) x parallelism.dp (1) x parallelism.tp (2) = 4 "
+             "ranks, but 2 were started");
+  EXPECT_EQ(ModelRunOf(c).tp, 2);
+
+  ExperimentConfig heads = c;
+  MutableGpt(heads)->set_num_heads(2);
+  heads.mutable_parallelism()->set_tp(4);
+  EXPECT_HAS(Error(heads, 8), "gpt.num_heads (2) must be a multiple of parallelism.tp (4)");
+  ExperimentConfig dropout = c;
+  MutableGpt(dropout)->set_dropout(0.1);
+  EXPECT_HAS(Error(dropout, 4), "gpt.dropout (0.1) must be 0 with parallelism.tp (2) > 1");
+
+  ExperimentConfig too_many = c;
+  too_many.mutable_parallelism()->set_tp(65);
+  EXPECT_HAS(Error(too_many, 0), "parallelism.tp (65) must be at most 64");
+  too_many.mutable_parallelism()->set_tp(64);
+  too_many.mutable_parallelism()->set_dp(1024);
+  MutableGpt(too_many)->set_num_heads(64);  // divides by tp = 64
+  EXPECT_HAS(Error(too_many, 0), "= 131072 ranks; at most 65536 are supported");
+
+  ExperimentConfig auto_schedule = c;
+  auto_schedule.mutable_parallelism()->set_schedule("auto");
+  EXPECT_HAS(Error(auto_schedule, 4),
+             "parallelism.schedule 'auto' does not model tensor parallelism yet");
+  ExperimentConfig capped = c;
+  capped.mutable_parallelism()->set_memory_cap_mib(1024);
+  EXPECT_HAS(Error(capped, 4), "with parallelism.tp (2) set memory_cap_mib to 0");
+
+  // A model whose registration declares no tensor_parallel_loss.
+  ExperimentConfig blocks = c;
+  blocks.clear_model();
+  blocks.mutable_model()->MutableExtension(test_blocks)->set_layers(4);
+  const std::string e = Error(blocks, 4);
+  EXPECT_HAS(e,
+             "parallelism.tp (2) > 1, but model 'test_blocks' does not support tensor "
+             "parallelism");
+  EXPECT_HAS(e, "a model that does: gpt");
+}
+
 TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_schedule("interleaved_1f1b");
@@ -608,6 +655,17 @@ TEST(ResumeConfigTest, DifferencesAreNamedFieldByField) {
   warnings.clear();
   s = CheckResumeConfig(ConfigToText(bert), saved, &warnings);
   EXPECT_NE(s.message().find("model: bert in the checkpoint, gpt now"), std::string::npos) << s;
+
+  // Another tensor-parallel size: the layer files hold other shards, so not
+  // even allow_config_change resumes it.
+  ExperimentConfig tp = saved;
+  tp.mutable_parallelism()->set_tp(2);
+  tp.mutable_checkpoint()->set_allow_config_change(true);
+  warnings.clear();
+  s = CheckResumeConfig(saved_text, tp, &warnings);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("parallelism.tp: 1 in the checkpoint, 2 now"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("resume with parallelism.tp 1"), std::string::npos) << s;
 
   // No config, or one that does not parse: a warning, not a silent pass.
   warnings.clear();

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "driver/experiment_config.h"
 #include "driver/preflight.h"
 #include "driver/run_experiment.h"
 #include "driver/run_observability.h"
@@ -32,6 +33,7 @@ ABSL_FLAG(std::vector<std::string>, set, {},
           "field overrides, comma-separated: --set=optimizer.lr=1e-3,steps=50");
 ABSL_FLAG(std::string, pp, "", "override parallelism.pp (pipeline stages)");
 ABSL_FLAG(std::string, dp, "", "override parallelism.dp (data-parallel replicas)");
+ABSL_FLAG(std::string, tp, "", "override parallelism.tp (tensor-parallel ranks per stage)");
 ABSL_FLAG(std::string, schedule, "", "override parallelism.schedule");
 ABSL_FLAG(std::string, chunks, "", "override parallelism.chunks");
 ABSL_FLAG(std::string, microbatches, "", "override parallelism.num_microbatches");
@@ -81,6 +83,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
   static const auto* table = new std::vector<OverrideFlag>{
       {&FLAGS_pp, "parallelism.pp"},
       {&FLAGS_dp, "parallelism.dp"},
+      {&FLAGS_tp, "parallelism.tp"},
       {&FLAGS_schedule, "parallelism.schedule"},
       {&FLAGS_chunks, "parallelism.chunks"},
       {&FLAGS_microbatches, "parallelism.num_microbatches"},
@@ -196,7 +199,7 @@ int Main(int argc, char** argv, const std::string& default_config) {
       std::exit(2);
     }
     ExportThreadConfig(config->threads());
-    return config->parallelism().pp() * config->parallelism().dp();
+    return WorldSizeOf(config->parallelism());
   });
   // Worker: memory tracking before anything is allocated; glog to the rank's
   // log file (opened once the run directory is known), warnings+ on stderr.

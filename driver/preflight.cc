@@ -113,12 +113,12 @@ std::optional<double> SchedulePeakActivations(const ExperimentConfig& config,
 MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   MemoryEstimate e;
   const auto& par = config.parallelism();
-  const double pp = std::max(1, par.pp()), dp = std::max(1, par.dp());
+  const double pp = std::max(1, par.pp()), dp = std::max(1, par.dp()), tp = std::max(1, par.tp());
   const double m = std::max(1, par.num_microbatches()), v = std::max(1, par.chunks());
   const double b = std::max(1, par.micro_batch_size());
   // Each rank holds its share of the schedule: ~2 actions per micro-batch and
   // chunk (forward, backward) plus their sends and receives.
-  e.schedule_bytes = pp * dp * (pp * v * m * 4) * kBytesPerAction;
+  e.schedule_bytes = pp * dp * tp * (pp * v * m * 4) * kBytesPerAction;
 
   const std::optional<TransformerShape> shape = TransformerShapeOf(config);
   if (!shape.has_value()) return e;  // a model without a shape: its layers are its own
@@ -131,7 +131,12 @@ MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   // last stage.
   const double embedding = (vocab + t) * w;
   e.parameters = layers * per_block + embedding + 2 * w;
-  const double held = e.parameters + (pp > 1 || !shape->tied_embeddings ? vocab * w : 0);
+  // Tensor parallelism splits the blocks' matrices and the vocabulary over the
+  // model group; the rest (position embedding, norms, row-parallel biases) is
+  // whole on each of its tp ranks.
+  const double replicated = t * w + layers * 6 * w + 2 * w;
+  const double held =
+      e.parameters + (pp > 1 || !shape->tied_embeddings ? vocab * w : 0) + (tp - 1) * replicated;
   e.parameter_bytes = dp * held * kFloat;
   e.gradient_bytes = e.parameter_bytes;
   const std::string& opt = config.optimizer().name();
@@ -168,9 +173,12 @@ MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   // names why): every micro-batch of every chunk in flight on every rank.
   const double activations =
       peak.has_value() ? *peak : pp * v * m * (stage.activation_bytes) + pp * stage.recompute_bytes;
-  // The logits (and their softmax) of a micro-batch on the last stage.
+  // The logits (and their softmax) of a micro-batch on the last stage (split
+  // by vocabulary under tensor parallelism).
   const double logits = 2 * b * t * vocab * kFloat;
-  e.activation_bytes = dp * (activations + logits);
+  // Each tensor-parallel rank keeps the blocks' whole inputs and outputs and
+  // its share of what is inside: at most tp times one rank's activations.
+  e.activation_bytes = dp * (tp * activations + logits);
   return e;
 }
 
@@ -199,8 +207,10 @@ absl::Status CheckMemory(const ExperimentConfig& config, int64_t available_bytes
   if (e.total_bytes() <= static_cast<double>(available_bytes)) return absl::OkStatus();
   const auto& par = config.parallelism();
   return Invalid(absl::StrCat("the run needs an estimated ", e.ToString(), " for pp=", par.pp(),
-                              " x dp=", par.dp(), " ranks, num_microbatches=",
-                              par.num_microbatches(), ", micro_batch_size=", par.micro_batch_size(),
+                              " x dp=", par.dp(),
+                              par.tp() > 1 ? absl::StrCat(" x tp=", par.tp()) : "",
+                              " ranks, num_microbatches=", par.num_microbatches(),
+                              ", micro_batch_size=", par.micro_batch_size(),
                               ", but this machine has ", GiB(static_cast<double>(available_bytes)),
                               available_bytes == TotalMemoryBytes() ? " in total" : " available",
                               " of memory (/proc/meminfo); use a smaller model (num_layers, width, "

@@ -35,6 +35,7 @@
 #include "pipeline/runtime/action_log.h"
 #include "pipeline/runtime/action_observer.h"
 #include "pipeline/runtime/mixed_precision.h"
+#include "pipeline/runtime/model_parallel_group.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/launcher.h"
@@ -49,7 +50,8 @@ namespace {
 
 // The named steps of RunExperiment, each on the state the earlier ones built.
 
-// Rendezvous and the pipe x data grid. The World outlives the grid's groups.
+// Rendezvous and the pipe x data x model grid (tensor-parallel peers on
+// neighbouring ranks). The World outlives the grid's groups.
 struct Cluster {
   World world;
   std::unique_ptr<ParallelGrid> grid;
@@ -64,7 +66,9 @@ absl::StatusOr<Cluster> JoinCluster(const driver::ParallelismConfig& par,
   ro.ranks_per_device = par.ranks_per_device();
   Cluster cluster;
   PP_ASSIGN_OR_RETURN(cluster.world, RendezvousFromEnv(ro));
-  PP_ASSIGN_OR_RETURN(ProcessTopology topology, PipeDataParallelTopology(par.pp(), par.dp()));
+  PP_ASSIGN_OR_RETURN(ProcessTopology topology,
+                      par.tp() > 1 ? PipeModelDataParallelTopology(par.pp(), par.tp(), par.dp())
+                                   : PipeDataParallelTopology(par.pp(), par.dp()));
   PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(cluster.world, topology));
   cluster.grid = std::make_unique<ParallelGrid>(std::move(grid));
   return cluster;
@@ -130,13 +134,15 @@ absl::StatusOr<std::string> ResolvePartitionMethod(const ExperimentConfig& confi
 }
 
 // This rank's stage of the model the config names, cut by `partition_method`
-// (ResolvePartitionMethod), its layers told the `device` and dtype they train in.
-absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(const ExperimentConfig& config,
-                                                          const std::vector<LayerSpec>& specs,
-                                                          const std::string& partition_method,
-                                                          int stage, torch::Device device) {
+// (ResolvePartitionMethod), its layers told the `device` and dtype they train
+// in and their tensor-parallel group.
+absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(
+    const ExperimentConfig& config, const std::vector<LayerSpec>& specs,
+    const std::string& partition_method, int stage, torch::Device device,
+    const ModelParallelGroup& model_parallel) {
   const auto& par = config.parallelism();
   PipelineModelOptions mo;
+  mo.layer_environment.model_parallel = model_parallel;
   mo.num_stages = par.pp();
   mo.chunks = par.chunks();
   mo.partition_method = partition_method;
@@ -337,13 +343,19 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, info.specs(*selected.config));
   PP_ASSIGN_OR_RETURN(const std::string partition_method,
                       ResolvePartitionMethod(config, specs, *data.train, grid, timeout));
-  PP_ASSIGN_OR_RETURN(
-      std::unique_ptr<PipelineModel> model,
-      BuildStage(config, specs, partition_method, grid.stage_id(), cluster.world.device));
+  const ModelParallelGroup model_parallel = ModelParallelGroupOf(grid, timeout);
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
+                      BuildStage(config, specs, partition_method, grid.stage_id(),
+                                 cluster.world.device, model_parallel));
+  // Under tensor parallelism the last layer's outputs are this rank's share
+  // (validation refused tp > 1 for a model without tensor_parallel_loss).
+  const LossFn loss = model_parallel.is_parallel()
+                          ? info.tensor_parallel_loss(*selected.config, model_parallel)
+                          : info.loss;
   // A model's sampler may keep the last stage's outputs through the loss.
   const std::unique_ptr<ModelSampler> sampler =
       info.sampler ? info.sampler(*selected.config) : nullptr;
-  const LossFn loss_fn = sampler != nullptr ? sampler->WrapLoss(info.loss) : info.loss;
+  const LossFn loss_fn = sampler != nullptr ? sampler->WrapLoss(loss) : loss;
   PP_ASSIGN_OR_RETURN(TrainerOptions to, MakeTrainerOptions(config, timeout));
   // --device=cuda: weights on cuda:<LOCAL_RANK>; the Trainer moves the
   // micro-batches and keeps p2p and its collectives there (NCCL).

@@ -61,11 +61,12 @@ void RunReport::Header(const std::string& data_description, int64_t tokens_per_s
                        const PipelineModel& model) const {
   if (!active()) return;
   const auto& par = config_->parallelism();
+  const std::string tp = par.tp() > 1 ? absl::StrCat(" x tp=", par.tp()) : "";
   std::cout << absl::StrFormat(
-                   "%s: %s, pp=%d x dp=%d, schedule %s, chunks %d, %d micro-batches of %d; "
+                   "%s: %s, pp=%d x dp=%d%s, schedule %s, chunks %d, %d micro-batches of %d; "
                    "%s; %d tokens/step\n",
-                   config_->name(), model_name_, par.pp(), par.dp(), par.schedule(), par.chunks(),
-                   par.num_microbatches(), par.micro_batch_size(), data_description,
+                   config_->name(), model_name_, par.pp(), par.dp(), tp, par.schedule(),
+                   par.chunks(), par.num_microbatches(), par.micro_batch_size(), data_description,
                    tokens_per_step)
             << model.PartitionReport()
             // What the speed depends on (issue #43): a generic BLAS kernel is
@@ -149,9 +150,11 @@ absl::Status RunReport::Finish(double train_seconds, const std::string& memory_s
   std::cout << memory_summary;
   const auto& par = config_->parallelism();
   PP_RETURN_IF_ERROR(WriteFile(
-      dir_ / "loss.svg", LossCurveSvg(absl::StrCat(config_->name(), ": ", model_name_, " pp=",
-                                                   par.pp(), " dp=", par.dp(), " ", par.schedule()),
-                                      train_curve_, eval_curve_)));
+      dir_ / "loss.svg",
+      LossCurveSvg(
+          absl::StrCat(config_->name(), ": ", model_name_, " pp=", par.pp(), " dp=", par.dp(),
+                       par.tp() > 1 ? absl::StrCat(" tp=", par.tp()) : "", " ", par.schedule()),
+          train_curve_, eval_curve_)));
   if (train_curve_.empty()) return absl::OkStatus();
   std::cout << absl::StrFormat("done: %d steps in %s, loss %.4f -> %.4f%s\nrun directory: %s\n",
                                config_->steps(), FormatDuration(train_seconds),

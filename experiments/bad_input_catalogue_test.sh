@@ -75,6 +75,10 @@ checkpoint.resume '/nonexistent' does not exist|--resume=/nonexistent
 checkpoint.dir '$TMP/file/ckpt' cannot be created|--save_interval=2 --set=checkpoint.dir=$TMP/file/ckpt
 config field 'precision' is given twice, by --set=precision=bf16 and by --precision=fp32|--precision=fp32 --set=precision=bf16
 config field 'steps' is given twice, by --set=steps=2 and by --steps=4|--steps=4 --set=steps=2
+gpt.num_heads (4) must be a multiple of parallelism.tp (3)|--tp=3
+parallelism.tp (0) must be at least 1|--tp=0
+parallelism.pp (2) x parallelism.dp (1) x parallelism.tp (2) = 4 ranks, but 2 were started|--tp=2 --nproc_per_node=2
+parallelism.schedule 'auto' does not model tensor parallelism yet|--tp=2 --schedule=auto
 CASES_END
 )
 

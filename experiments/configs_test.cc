@@ -24,7 +24,7 @@ TEST(ShippedConfigsTest, EveryShippedConfigIsValid) {
     absl::StatusOr<ExperimentConfig> config = LoadExperimentConfig(entry.path().string());
     ASSERT_TRUE(config.ok()) << config.status();
     ResolveDefaults(*config);
-    const int world = config->parallelism().pp() * config->parallelism().dp();
+    const int world = WorldSizeOf(config->parallelism());
     EXPECT_TRUE(ValidateExperimentConfig(*config, world).ok())
         << ValidateExperimentConfig(*config, world);
   }

@@ -9,6 +9,7 @@
 //       .description = "...",
 //       .specs = [](const MyModelConfig& c) { ... },
 //       .loss = MyLoss,
+//       .tensor_parallel_loss = ...,  // optional: declares support for parallelism.tp > 1
 //       .data = [](const MyModelConfig& c, const ModelRun& run) { ... },
 //   });
 //
@@ -40,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "google/protobuf/message.h"
 #include "models/model_config.pb.h"
+#include "pipeline/layers/layer_context.h"
 #include "pipeline/layers/layer_spec.h"
 #include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/runtime/trainer.h"
@@ -54,6 +56,7 @@ struct ModelRun {
   int64_t num_microbatches = 1;
   int64_t dp = 1;
   int64_t pp = 1;      // pipeline stages
+  int64_t tp = 1;      // tensor-parallel ranks per stage (parallelism.tp)
   int64_t chunks = 1;  // model parts per stage (pp x chunks parts in all)
   uint64_t seed = 0;
   // "corpus" (data_path), "synthetic" or "tokens" (pre-tokenized files at
@@ -127,6 +130,14 @@ struct ModelInfo {
   std::function<absl::Status(const google::protobuf::Message&, const ModelRun&)> validate;
   std::function<absl::StatusOr<std::vector<LayerSpec>>(const google::protobuf::Message&)> specs;
   LossFn loss;
+  // Tensor parallelism (parallelism.tp > 1): the loss of this rank's share of
+  // the last layer's outputs (GPT: vocabulary-parallel cross-entropy of its
+  // slice of the logits). Setting it declares that the model supports tp > 1:
+  // its layer factories build their shards from LayerContext::model_parallel
+  // (pipeline/layers/layer_context.h) and `validate` refuses a ModelRun::tp
+  // its sizes cannot split. Null: the driver refuses tp > 1 before launch.
+  std::function<LossFn(const google::protobuf::Message&, const ModelParallelGroup&)>
+      tensor_parallel_loss;
   // InvalidArgument for a data source the model cannot read (naming it).
   std::function<absl::StatusOr<ModelData>(const google::protobuf::Message&, const ModelRun&)> data;
   // Optional: checks the run's data files against the model (e.g. every token
@@ -178,6 +189,7 @@ struct TypedModel {
   std::function<absl::Status(const Config&, const ModelRun&)> validate;
   std::function<absl::StatusOr<std::vector<LayerSpec>>(const Config&)> specs;
   LossFn loss;
+  std::function<LossFn(const Config&, const ModelParallelGroup&)> tensor_parallel_loss;
   std::function<absl::StatusOr<ModelData>(const Config&, const ModelRun&)> data;
   std::function<absl::Status(const Config&, const ModelRun&)> check_data;
   std::function<std::unique_ptr<ModelSampler>(const Config&)> sampler;
@@ -200,6 +212,12 @@ ModelInfo Erase(TypedModel<Config> m, int extension_number) {
   }
   if (m.specs) info.specs = [f = m.specs](const Msg& c) { return f(As<Config>(c)); };
   info.loss = std::move(m.loss);
+  if (m.tensor_parallel_loss) {
+    info.tensor_parallel_loss = [f = m.tensor_parallel_loss](const Msg& c,
+                                                             const ModelParallelGroup& group) {
+      return f(As<Config>(c), group);
+    };
+  }
   if (m.data) {
     info.data = [f = m.data](const Msg& c, const ModelRun& run) { return f(As<Config>(c), run); };
   }

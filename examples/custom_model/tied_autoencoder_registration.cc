@@ -37,6 +37,10 @@ PP_REGISTER_MODEL(
           return TiedAutoencoderSpecs(static_cast<int>(c.blocks()));
         },
         .loss = ReconstructionLoss,
+        // No .tensor_parallel_loss: the layers are dense, so the driver refuses
+        // parallelism.tp > 1 for this model before launch. A model whose
+        // factories build shards from LayerContext::model_parallel declares
+        // support by setting it (docs/tensor_parallelism.md, GPT's registration).
         .data = Data,
     });
 

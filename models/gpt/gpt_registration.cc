@@ -44,6 +44,7 @@ absl::Status ValidateGpt(const GptModelConfig& c, const ModelRun& run) {
   PP_RETURN_IF_ERROR(CheckIntField("gpt.mlp_ratio", c.mlp_ratio(), 1, 64));
   PP_RETURN_IF_ERROR(CheckRealField("gpt.dropout", c.dropout(), '[', 0, 1, ')'));
   PP_RETURN_IF_ERROR(ValidateGptConfig(ToGptConfig(c)));
+  PP_RETURN_IF_ERROR(ValidateGptParallelism(ToGptConfig(c), run.tp, /*sequence_parallel=*/false));
   // A block per model part (the embedding and the head ride along).
   const int64_t parts = run.pp * run.chunks;
   if (parts <= c.num_layers()) return absl::OkStatus();
@@ -135,6 +136,14 @@ PP_REGISTER_MODEL(GptModelConfig, gpt,
                       .validate = ValidateGpt,
                       .specs = [](const GptModelConfig& c) { return MakeGptSpecs(ToGptConfig(c)); },
                       .loss = GptLoss,
+                      // Tensor parallelism: the head's logits are split by
+                      // vocabulary; the loss never gathers them.
+                      .tensor_parallel_loss = [](const GptModelConfig&,
+                                                 const ModelParallelGroup& group) -> LossFn {
+                        return [group](const Activations& outputs, const MicroBatch& batch) {
+                          return GptParallelLoss(outputs, batch, ByteTokenizer::kVocabSize, group);
+                        };
+                      },
                       .data = GptData,
                       .sampler = [](const GptModelConfig& c) -> std::unique_ptr<ModelSampler> {
                         return std::make_unique<GptSampler>(c.context_length());

@@ -5,6 +5,8 @@
 
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "pipeline/runtime/model_parallel_group.h"
+#include "pipeline/tensor_parallel/mappings.h"
 #include "topology/wait_work.h"
 
 namespace pp {
@@ -42,7 +44,20 @@ NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid
       }
       // On the CPU like the other ranks' zeros: one backend (Gloo) for the
       // broadcast even when the last stage computes on a GPU.
-      logits = captured_[0][position].to(torch::kCPU, torch::kFloat).contiguous();
+      torch::Tensor local = captured_[0][position];
+      // Tensor parallelism: each rank of the model group holds its slice of
+      // the (padded) vocabulary; gathered on the group's device, then cut
+      // to the real vocabulary.
+      if (grid->model_parallel_size() > 1) {
+        const ModelParallelGroup group = ModelParallelGroupOf(*grid, timeout);
+        torch::NoGradGuard no_grad;
+        PP_RETURN_IF_ERROR(TorchCall("gathering the sampling logits over the model group", [&] {
+          local =
+              tensor_parallel::AllGather(local.contiguous(), group, /*dim=*/0, "sampling logits")
+                  .slice(0, 0, vocab_size);
+        }));
+      }
+      logits = local.to(torch::kCPU, torch::kFloat).contiguous();
     }
     if (grid->num_stages() > 1) {
       std::vector<at::Tensor> tensors = {logits};

@@ -11,6 +11,7 @@
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/grad_sync.h"
 #include "pipeline/runtime/mixed_precision.h"
+#include "pipeline/runtime/model_parallel_group.h"
 #include "pipeline/schedule/registry.h"
 #include "pipeline/tensor_parallel/linear.h"
 #include "pipeline/tensor_parallel/sharded_module.h"
@@ -383,14 +384,7 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
                                 ? PipeModelDataParallelTopology(config.pp, config.tp, config.dp)
                                 : PipeDataParallelTopology(config.pp, config.dp));
         PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world_of_rank, topology));
-        ModelParallelGroup group;
-        if (config.tp > 1) {
-          group.rank = grid.model_parallel_id();
-          group.size = grid.model_parallel_size();
-          group.group = grid.model_group();
-          group.timeout = config.timeout;
-          group.description = grid.DescribeGroup("model group", grid.model_group_ranks());
-        }
+        const ModelParallelGroup group = ModelParallelGroupOf(grid, config.timeout);
         PP_ASSIGN_OR_RETURN(
             auto model,
             PipelineModel::Create(SpecsOf(config), ModelOptionsOf(config, group), grid.stage_id()));

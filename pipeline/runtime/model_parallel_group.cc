@@ -1,0 +1,17 @@
+#include "pipeline/runtime/model_parallel_group.h"
+
+namespace pp {
+
+ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid,
+                                        std::chrono::milliseconds timeout) {
+  ModelParallelGroup group;
+  if (grid.model_parallel_size() <= 1) return group;
+  group.rank = grid.model_parallel_id();
+  group.size = grid.model_parallel_size();
+  group.group = grid.model_group();
+  group.timeout = timeout;
+  group.description = grid.DescribeGroup("model group", grid.model_group_ranks());
+  return group;
+}
+
+}  // namespace pp

@@ -1,0 +1,23 @@
+// The LayerContext's view of a grid's model (tensor-parallel) axis: the
+// group every tensor-parallel layer of this rank communicates on.
+//
+//   PipelineModelOptions mo;
+//   mo.layer_environment.model_parallel = ModelParallelGroupOf(grid, timeout);
+#ifndef PIPELINE_RUNTIME_MODEL_PARALLEL_GROUP_H_
+#define PIPELINE_RUNTIME_MODEL_PARALLEL_GROUP_H_
+
+#include <chrono>
+
+#include "pipeline/layers/layer_context.h"
+#include "topology/parallel_grid.h"
+
+namespace pp {
+
+// This rank's model group, its rank in it and size, described for errors;
+// the default (size 1, no group) when the grid's model axis is 1.
+ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid,
+                                        std::chrono::milliseconds timeout);
+
+}  // namespace pp
+
+#endif  // PIPELINE_RUNTIME_MODEL_PARALLEL_GROUP_H_
