@@ -372,7 +372,12 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   if (!action_observers.empty()) trainer->set_action_observer(&action_observers);
   // Each rank's dropout stream starts from the config's seed, so a run is
   // repeatable and a resumed one (which restores the saved RNG state) exact.
-  torch::manual_seed(config.seed() * 1000003ULL + static_cast<uint64_t>(grid.global_rank()));
+  // The ranks of a model group share it (the seed depends on the stage and
+  // data index, not the tp index): their dropouts then draw the dense
+  // model's masks (tensor_parallel/dropout.h), the same as at tp = 1.
+  const uint64_t pipe_data_rank =
+      static_cast<uint64_t>(grid.global_rank() / grid.model_parallel_size());
+  torch::manual_seed(config.seed() * 1000003ULL + pipe_data_rank);
 
   const bool rank0 = grid.global_rank() == 0;
   // A launcher restart (--max_restarts) continues from the failed attempt's

@@ -28,7 +28,9 @@ namespace pp {
 // and an output projection. Under tensor parallelism (`group` of size tp) a
 // rank holds num_heads / tp heads: the q/k/v projection is column-parallel
 // (its rows for those heads of each of q, k, v), the output projection
-// row-parallel; the weights are the dense layer's slices.
+// row-parallel; the weights are the dense layer's slices, and the attention
+// dropout keeps its slice of the dense mask (tensor_parallel::ShardedDropout),
+// so a run's results do not depend on tp.
 // Not thread-safe (like any torch::nn::Module).
 class SelfAttentionImpl : public torch::nn::Module, public tensor_parallel::ShardedModule {
  public:
@@ -50,6 +52,7 @@ class SelfAttentionImpl : public torch::nn::Module, public tensor_parallel::Shar
   int64_t width_;
   int64_t num_heads_;  // this rank's heads
   bool parallel_ = false;
+  ModelParallelGroup group_;  // rank and size, for the attention dropout's slice
   tensor_parallel::ColumnParallelLinear qkv_{nullptr};
   torch::Tensor q_bias_;
   torch::Tensor v_bias_;
@@ -108,12 +111,11 @@ absl::Status ValidateTransformerConfig(absl::string_view model,
 
 // What tensor parallelism of size `tp` needs of a transformer, with errors
 // naming `<model>.<field>` and what would divide: heads and the MLP's hidden
-// width split evenly, no dropout (the per-rank RNG streams that make dropout
-// masks independent of tp are not built yet), no sequence parallelism in the
-// models yet.
+// width split evenly, no sequence parallelism in the models yet. (Dropout is
+// fine: SelfAttention keeps its slice of the dense mask.)
 absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
                                             bool sequence_parallel, int64_t num_heads,
-                                            int64_t mlp_hidden, double dropout);
+                                            int64_t mlp_hidden);
 
 }  // namespace pp
 

@@ -19,7 +19,7 @@ absl::Status ValidateGptConfig(const GptConfig& c) {
 
 absl::Status ValidateGptParallelism(const GptConfig& config, int64_t tp, bool sequence_parallel) {
   return ValidateTransformerParallelism("gpt", tp, sequence_parallel, config.num_heads,
-                                        config.mlp_ratio * config.width, config.dropout);
+                                        config.mlp_ratio * config.width);
 }
 
 namespace {
