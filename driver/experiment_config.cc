@@ -843,18 +843,18 @@ absl::Status CheckResumeConfig(const std::string& saved_text, const ExperimentCo
   }
   std::vector<std::pair<std::string, std::string>> diffs;
   DiffConfigs(*saved, now, "", diffs);
-  // Each tensor-parallel rank's layer files hold its shards (layer_07-model_01-...);
-  // another tp would read shards of the wrong size, whatever allow_config_change says.
-  for (const auto& [path, what] : diffs) {
-    if (path != "parallelism.tp") continue;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint's layer files are split for another tensor-parallel size (", path, ": ",
-        what, "); resharding across tp is not supported yet: resume with parallelism.tp ",
-        saved->parallelism().tp()));
-  }
   std::vector<std::string> breaking;
   for (const auto& [path, what] : diffs) {
     if (IgnoredOnResume(path)) continue;
+    if (path == "parallelism.tp") {
+      // Loading merges the ranks' shards and cuts the new ones
+      // (checkpoint/model/model_checkpoint.h); the RNG state carries over.
+      warnings->push_back(absl::StrCat(
+          "resuming at another tensor-parallel size (", path, ": ", what,
+          "): the checkpoint's shards are merged and split again; the run continues as it would "
+          "have, to rounding"));
+      continue;
+    }
     const std::string line = absl::StrCat(path, ": ", what);
     if (BreaksResume(path)) {
       breaking.push_back(line);

@@ -90,12 +90,6 @@ absl::Status Export(const std::string& checkpoint, const std::string& hf_dir) {
   }
   PP_ASSIGN_OR_RETURN(const ExperimentConfig config, ParseExperimentConfig(manifest.config()));
   PP_ASSIGN_OR_RETURN(const SelectedModel selected, SelectModel(config.model()));
-  if (config.parallelism().tp() > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "checkpoint ", dir, " was saved with parallelism.tp = ", config.parallelism().tp(),
-        " (a layer file per tensor-parallel rank); merging the shards for export is not supported "
-        "yet: export a checkpoint of a tp = 1 run"));
-  }
   if (selected.info->name == "llama") {
     const auto& m = static_cast<const LlamaModelConfig&>(*selected.config);
     PP_RETURN_IF_ERROR(ExportLlamaCheckpoint(dir, ToLlamaConfig(m), hf_dir));

@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -228,6 +230,33 @@ absl::StatusOr<std::map<std::string, FileJob>> PlanStageFiles(const SaveRequest&
   return jobs;
 }
 
+// The global name of the parameter a file entry belongs to: "layers.3." +
+// "fc.weight" for "fc.weight" in a model file and "fc.weight.exp_avg" in an
+// optimizer file.
+std::string ParameterOfEntry(const std::string& prefix, const std::string& key,
+                             const std::string& kind) {
+  if (kind != kOptimKind) return prefix + key;
+  const size_t dot = key.rfind('.');
+  return prefix + (dot == std::string::npos ? key : key.substr(0, dot));
+}
+
+std::string PrefixOf(int64_t layer, const std::string& tie_key) {
+  return tie_key.empty() ? absl::StrCat("layers.", layer, ".")
+                         : absl::StrCat("tied.", tie_key, ".");
+}
+
+// Marks the file's tensor-parallel shards in its TensorInfos.
+void RecordShards(const ModelState& model, const FileJob& job, FileInfo& info) {
+  if (model.shard_dims.empty()) return;
+  const std::string prefix = PrefixOf(job.layer, job.tie_key);
+  for (checkpoint::TensorInfo& t : *info.mutable_tensors()) {
+    auto it = model.shard_dims.find(ParameterOfEntry(prefix, t.name(), job.kind));
+    if (it == model.shard_dims.end() || t.shape().empty()) continue;  // whole, or a scalar step
+    t.set_shard_blocks(static_cast<int32_t>(it->second.blocks));
+    t.set_shard_dim(static_cast<int32_t>(it->second.dim));
+  }
+}
+
 absl::StatusOr<std::vector<FileInfo>> WriteMyFiles(const SaveRequest& request,
                                                    const CheckpointRank& rank,
                                                    const std::string& tmp) {
@@ -238,6 +267,7 @@ absl::StatusOr<std::vector<FileInfo>> WriteMyFiles(const SaveRequest& request,
     // Spread the stage's files over its data-parallel ranks.
     if (index++ % rank.data_size != rank.data_rank) continue;
     PP_ASSIGN_OR_RETURN(FileInfo info, WriteTensorFile(tmp, file, job.tensors, /*sync=*/false));
+    RecordShards(*request.model, job, info);
     info.set_kind(job.kind);
     info.set_layer(static_cast<int32_t>(job.layer));
     info.set_tie_key(job.tie_key);
@@ -418,10 +448,18 @@ struct WantedTensor {
   at::Tensor tensor;
 };
 
+// What a planned file holds: a layer's or tie key's model or optimizer states.
+struct FileSource {
+  int64_t layer = -1;
+  std::string tie_key;
+  std::string kind;
+};
+
 // Which file each of our tensors (and optimizer states) lives in.
 struct LoadPlan {
   std::map<std::string, std::vector<WantedTensor>> model_files, optim_files;
   std::map<std::string, std::string> prefix_of_file;  // file -> "layers.7." / "tied.wte."
+  std::map<std::string, FileSource> source_of_file;
 };
 
 absl::StatusOr<LoadPlan> PlanLoad(const ModelState& model, torch::optim::Optimizer* optimizer,
@@ -447,6 +485,8 @@ absl::StatusOr<LoadPlan> PlanLoad(const ModelState& model, torch::optim::Optimiz
     }
     plan.prefix_of_file[mfile] = prefix;
     plan.prefix_of_file[ofile] = prefix;
+    plan.source_of_file[mfile] = {loc.layer, loc.tie_key, kModelKind};
+    plan.source_of_file[ofile] = {loc.layer, loc.tie_key, kOptimKind};
     plan.model_files[mfile].push_back({name, loc.local, tensor});
     if (optimizer_params.count(ParamKey(tensor)) > 0)
       plan.optim_files[ofile].push_back({name, loc.local, tensor});
@@ -454,12 +494,142 @@ absl::StatusOr<LoadPlan> PlanLoad(const ModelState& model, torch::optim::Optimiz
   return plan;
 }
 
+// `whole` made `want` long along `dim`: a vocabulary padded for another
+// tensor-parallel size gets zero rows or loses rows, which must then be zero
+// (padding never trains; anything else is not padding).
+absl::StatusOr<at::Tensor> FitAlong(const at::Tensor& whole, int64_t dim, int64_t want,
+                                    const std::string& what) {
+  const int64_t have = whole.size(dim);
+  if (have == want) return whole;
+  if (have < want) {
+    std::vector<int64_t> pad = whole.sizes().vec();
+    pad[dim] = want - have;
+    return at::cat({whole, at::zeros(pad, whole.options())}, dim);
+  }
+  if (at::count_nonzero(whole.narrow(dim, want, have - want)).item<int64_t>() != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the checkpoint's whole tensor has ", have, " rows along dim ", dim,
+                     ", this model ", want, ", and the rows beyond ", want,
+                     " are not zero (not vocabulary padding)"));
+  }
+  return whole.narrow(dim, 0, want).contiguous();
+}
+
+// Reads the files a plan names. When the checkpoint was saved with another
+// tensor-parallel size (`from`), a planned file (this rank's layout) is made
+// from the checkpoint ranks' files of the same layer and kind: each shard's
+// slices merged by the split the manifest records, fitted to this model's
+// (padded) size, and this rank's slice cut by the model's own split.
+class PlannedFiles {
+ public:
+  PlannedFiles(const LoadPlan& plan, const FilesByPath& by_path, const ModelState& model,
+               const CheckpointRank& rank, int from)
+      : plan_(plan), by_path_(by_path), model_(model), rank_(rank), from_(std::max(1, from)) {
+    for (const auto& [name, t] : model.tensors) live_[name] = t;
+  }
+
+  bool resharding() const { return from_ != rank_.model_size; }
+
+  // Null when the checkpoint has no such file (none of its sources).
+  absl::StatusOr<std::optional<TensorDict>> Read(const std::string& file, LoadReport& report) {
+    if (!resharding()) {
+      auto it = by_path_.find(file);
+      if (it == by_path_.end()) return std::optional<TensorDict>();
+      PP_ASSIGN_OR_RETURN(TensorDict d, ReadTensorFile(report.dir, *it->second));
+      report.bytes_read += it->second->size_bytes();
+      return std::optional<TensorDict>(std::move(d));
+    }
+    const FileSource& src = plan_.source_of_file.at(file);
+    std::vector<std::map<std::string, at::Tensor>> parts;
+    const FileInfo* first = nullptr;
+    std::string first_name;
+    for (int m = 0; m < from_; ++m) {
+      const std::string name = src.tie_key.empty() ? LayerFileName(src.layer, m, from_, src.kind)
+                                                   : TiedFileName(src.tie_key, m, from_, src.kind);
+      auto it = by_path_.find(name);
+      if (it == by_path_.end()) {
+        if (m == 0) return std::optional<TensorDict>();
+        return absl::NotFoundError(absl::StrCat("checkpoint ", report.dir, " has ", first_name,
+                                                " but not ", name, " (tensor-parallel rank ", m,
+                                                " of ", from_, ")"));
+      }
+      PP_ASSIGN_OR_RETURN(TensorDict d, ReadTensorFile(report.dir, *it->second));
+      report.bytes_read += it->second->size_bytes();
+      if (m == 0) {
+        first = it->second;
+        first_name = name;
+      }
+      parts.emplace_back(d.begin(), d.end());
+    }
+    std::map<std::string, tensor_parallel::ShardSpec> saved;
+    for (const checkpoint::TensorInfo& t : first->tensors()) {
+      if (t.shard_blocks() > 0) saved[t.name()] = {t.shard_dim(), t.shard_blocks()};
+    }
+    TensorDict out;
+    const std::string prefix = PrefixOf(src.layer, src.tie_key);
+    for (const auto& [key, tensor] : parts[0]) {
+      const std::string what =
+          absl::StrCat(ParameterOfEntry(prefix, key, src.kind), " (", first_name,
+                       ", resharded from tp ", from_, " to ", rank_.model_size, ")");
+      at::Tensor whole = tensor;
+      std::optional<tensor_parallel::ShardSpec> dim_spec;
+      if (auto s = saved.find(key); s != saved.end()) {
+        std::vector<at::Tensor> pieces;
+        for (int m = 0; m < from_; ++m) {
+          auto piece = parts[m].find(key);
+          if (piece == parts[m].end()) {
+            return absl::NotFoundError(
+                absl::StrCat(what, ": tensor-parallel rank ", m, "'s file has no '", key, "'"));
+          }
+          pieces.push_back(piece->second);
+        }
+        PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("merging the shards of ", what), [&] {
+          whole = tensor_parallel::MergeShards(pieces, s->second);
+        }));
+        dim_spec = s->second;
+      }
+      const std::string param = ParameterOfEntry(prefix, key, src.kind);
+      auto live = live_.find(param);
+      auto spec = model_.shard_dims.find(param);
+      const bool split = spec != model_.shard_dims.end() && rank_.model_size > 1;
+      if (split) dim_spec = spec->second;
+      // Optimizer steps are scalars; a tensor of another rank is the
+      // loader's to report.
+      if (live != live_.end() && whole.dim() > 0 && whole.dim() == live->second.dim() &&
+          dim_spec.has_value() && dim_spec->blocks == 1) {
+        const int64_t d = dim_spec->dim;
+        PP_ASSIGN_OR_RETURN(
+            whole, FitAlong(whole, d, live->second.size(d) * (split ? rank_.model_size : 1), what));
+      }
+      if (split && whole.dim() == live->second.dim()) {
+        PP_RETURN_IF_ERROR(TorchCall(
+            absl::StrCat("cutting tensor-parallel rank ", rank_.model_rank, "'s slice of ", what),
+            [&] {
+              whole =
+                  tensor_parallel::ShardOf(whole, spec->second, rank_.model_rank, rank_.model_size)
+                      .contiguous();
+            }));
+      }
+      out.emplace_back(key, whole);
+    }
+    return std::optional<TensorDict>(std::move(out));
+  }
+
+ private:
+  const LoadPlan& plan_;
+  const FilesByPath& by_path_;
+  const ModelState& model_;
+  const CheckpointRank& rank_;
+  const int from_;
+  std::map<std::string, at::Tensor> live_;
+};
+
 // Copies the model's tensors in from their files. REQUIRES: grad mode off.
-absl::Status LoadModelTensors(const LoadPlan& plan, const FilesByPath& by_path,
-                              const LoadOptions& options, LoadReport& report) {
+absl::Status LoadModelTensors(const LoadPlan& plan, PlannedFiles& files, const LoadOptions& options,
+                              LoadReport& report) {
   for (const auto& [file, wanted] : plan.model_files) {
-    auto it = by_path.find(file);
-    if (it == by_path.end()) {
+    PP_ASSIGN_OR_RETURN(std::optional<TensorDict> loaded, files.Read(file, report));
+    if (!loaded.has_value()) {
       std::vector<std::string> names;
       for (const WantedTensor& w : wanted) names.push_back(w.global);
       if (options.strict) {
@@ -469,9 +639,7 @@ absl::Status LoadModelTensors(const LoadPlan& plan, const FilesByPath& by_path,
       report.missing.insert(report.missing.end(), names.begin(), names.end());
       continue;
     }
-    PP_ASSIGN_OR_RETURN(TensorDict loaded, ReadTensorFile(report.dir, *it->second));
-    report.bytes_read += it->second->size_bytes();
-    std::map<std::string, at::Tensor> in_file(loaded.begin(), loaded.end());
+    std::map<std::string, at::Tensor> in_file(loaded->begin(), loaded->end());
     const std::string file_path = (fs::path(report.dir) / file).string();
     for (const WantedTensor& w : wanted) {
       auto found = in_file.find(w.local);
@@ -508,16 +676,12 @@ absl::Status LoadModelTensors(const LoadPlan& plan, const FilesByPath& by_path,
 
 // Installs the optimizer's state of each planned parameter from its file.
 // REQUIRES: grad mode off; `optimizer` non-null when the plan has optimizer files.
-absl::Status LoadOptimizerStates(const LoadPlan& plan, const FilesByPath& by_path,
+absl::Status LoadOptimizerStates(const LoadPlan& plan, PlannedFiles& files,
                                  torch::optim::Optimizer* optimizer, LoadReport& report) {
   for (const auto& [file, wanted] : plan.optim_files) {
-    auto it = by_path.find(file);
+    PP_ASSIGN_OR_RETURN(std::optional<TensorDict> loaded, files.Read(file, report));
     std::map<std::string, at::Tensor> in_file;
-    if (it != by_path.end()) {
-      PP_ASSIGN_OR_RETURN(TensorDict loaded, ReadTensorFile(report.dir, *it->second));
-      report.bytes_read += it->second->size_bytes();
-      in_file.insert(loaded.begin(), loaded.end());
-    }
+    if (loaded.has_value()) in_file.insert(loaded->begin(), loaded->end());
     const std::string file_path = (fs::path(report.dir) / file).string();
     for (const WantedTensor& w : wanted) {
       std::map<std::string, at::Tensor> entries;
@@ -567,15 +731,16 @@ void ReportFilesBeyondModel(const ModelState& model, const CheckpointRank& rank,
 }
 
 // This rank's own state (RNG, data loader), read only when the checkpoint was
-// written by the same topology.
+// written by the same pipe x data layout. The ranks of a model group hold
+// the same state (they are seeded alike and draw alike: tensor_parallel/
+// dropout.h), so under another tensor-parallel size tp rank 0's serves.
 absl::Status LoadRankState(const FilesByPath& by_path, const CheckpointRank& rank,
                            LoadReport& report) {
   const checkpoint::TopologyInfo& topo = report.manifest.topology();
-  if (topo.pipe() != rank.num_stages || topo.data() != rank.data_size ||
-      topo.model() != rank.model_size) {
-    return absl::OkStatus();
-  }
-  auto it = by_path.find(RankStateFileName(rank.stage, rank.data_rank, rank.model_rank));
+  if (topo.pipe() != rank.num_stages || topo.data() != rank.data_size) return absl::OkStatus();
+  const int saved_model_size = std::max(1, topo.model());
+  const int model_rank = saved_model_size == rank.model_size ? rank.model_rank : 0;
+  auto it = by_path.find(RankStateFileName(rank.stage, rank.data_rank, model_rank));
   if (it == by_path.end()) return absl::OkStatus();
   PP_ASSIGN_OR_RETURN(report.rank_state, ReadTensorFile(report.dir, *it->second));
   report.bytes_read += it->second->size_bytes();
@@ -600,8 +765,9 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
   PP_ASSIGN_OR_RETURN(const LoadPlan plan, PlanLoad(model, optimizer, rank, options));
 
   torch::NoGradGuard no_grad;
-  PP_RETURN_IF_ERROR(LoadModelTensors(plan, by_path, options, report));
-  PP_RETURN_IF_ERROR(LoadOptimizerStates(plan, by_path, optimizer, report));
+  PlannedFiles files(plan, by_path, model, rank, report.manifest.topology().model());
+  PP_RETURN_IF_ERROR(LoadModelTensors(plan, files, options, report));
+  PP_RETURN_IF_ERROR(LoadOptimizerStates(plan, files, optimizer, report));
   if (options.strict && has_optim_files && !report.optimizer_missing.empty()) {
     return absl::NotFoundError(absl::StrCat("checkpoint ", report.dir,
                                             " has no optimizer state for ",

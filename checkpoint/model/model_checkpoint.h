@@ -12,8 +12,12 @@
 //   rank_state-pipe_01-data_00-model_00.pt   per-rank RNG / loader state
 //   manifest.textproto                       see checkpoint/manifest.proto
 //
-// (with "-model_XX" after the layer index when the model-parallel axis is > 1).
+// (with "-model_XX" after the layer index when the model-parallel axis is > 1:
+// each tensor-parallel rank's shards, a whole tensor in every rank's file).
 // Optimizer state travels with its layer, so it reshards with the layers.
+// Loading into another tensor-parallel size merges the checkpoint ranks'
+// slices of a shard (the manifest records how each splits) and cuts this
+// rank's slice; a vocabulary padded for one tp is re-padded for the other.
 // Within a stage the files are spread over the data-parallel ranks; every file
 // has exactly one writer. Saving is collective over the world group (when
 // there is one); loading is local: each rank reads the files of its layers.
@@ -42,6 +46,7 @@
 #include "checkpoint/model/checkpoint_dir.h"
 #include "checkpoint/model/manifest.pb.h"
 #include "checkpoint/model/tensor_file.h"
+#include "pipeline/tensor_parallel/sharded_module.h"
 #include "topology/process_group.h"
 
 namespace pp {
@@ -75,6 +80,10 @@ struct ModelState {
   // Layers of the whole model, -1 when unknown. With it, loading reports
   // checkpoint layers beyond the model as unexpected.
   int64_t num_layers = -1;
+  // The tensors that are tensor-parallel shards (global name -> how they
+  // split); empty on a dense model. Saving records them in the manifest;
+  // loading cuts this rank's slices by them when the checkpoint's tp differs.
+  std::map<std::string, tensor_parallel::ShardSpec> shard_dims;
 };
 
 // The named parameters and buffers of `module` (a StageModule or the
@@ -154,7 +163,9 @@ struct LoadReport {
   int64_t optimizer_states_loaded = 0;
   int64_t bytes_read = 0;
   // This rank's saved rank_state when the checkpoint has one for the same
-  // (stage, data, model) coordinates and the same layout; else empty.
+  // (stage, data) coordinates and pipe x data layout (under another
+  // tensor-parallel size, tp rank 0's: a model group's ranks share it); else
+  // empty.
   TensorDict rank_state;
   bool rank_state_found = false;
 

@@ -12,6 +12,7 @@
 #include "checkpoint/model/checkpoint_dir.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "pipeline/runtime/grad_sync.h"
 #include "pipeline/runtime/optimizer.h"
 #include "topology/rendezvous.h"
 
@@ -51,6 +52,7 @@ ModelState ModelStateOf(const PipelineModel& model) {
     if (!group.stages.empty())
       state.tie_writer_stage[group.key] = static_cast<int>(group.stages.front());
   }
+  state.shard_dims = ModelShardDims(model);
   return state;
 }
 

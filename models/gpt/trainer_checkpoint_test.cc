@@ -4,7 +4,9 @@
 //  - reshard: save at pp=4 -> load at pp=2 (also interleaved, 2 chunks), pp=1
 //    and ToSequential(); save at pp=2 x dp=2 -> load at pp=4 x dp=1; save
 //    under zbv's V placement (pp=2, 2 chunks) -> load under interleaved_1f1b's
-//    looped placement and back; the next step's loss matches.
+//    looped placement and back; save at tp=2 -> load at tp=1, tp=4 (vocabulary
+//    padded) and ToSequential(), save at tp=4 -> load at tp=2 x pp=2; the
+//    next step's loss matches.
 //
 // The resume test runs real worker processes (this binary re-executed with
 // PP_CKPT_WORKER set), since dropout draws from the process-wide generator.
@@ -36,6 +38,7 @@
 #include "gtest/gtest.h"
 #include "models/data/lm_data.h"
 #include "models/gpt/gpt.h"
+#include "pipeline/runtime/model_parallel_group.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/process_topology.h"
 #include "topology/rendezvous.h"
@@ -49,19 +52,22 @@ namespace fs = std::filesystem;
 struct RunSpec {
   int pp = 1;
   int dp = 1;
+  int tp = 1;
   int chunks = 1;
   std::string schedule = "1f1b";
   int global_microbatches = 4;
   double dropout = 0.0;
   Precision precision = Precision::kFp32;
+  int num_heads = 2;
 };
 
-GptConfig TinyGpt(double dropout) {
+// The tokens are below 62: a vocabulary of 62 to 64 fits them.
+GptConfig TinyGpt(double dropout, int num_heads = 2, int64_t vocab = 64) {
   GptConfig c;
-  c.vocab_size = 64;
+  c.vocab_size = vocab;
   c.context_length = 16;
   c.width = 32;
-  c.num_heads = 2;
+  c.num_heads = num_heads;
   c.num_layers = 4;
   c.mlp_ratio = 2;
   c.dropout = dropout;
@@ -73,7 +79,7 @@ GptConfig TinyGpt(double dropout) {
 absl::StatusOr<std::unique_ptr<LmBatchSource>> MakeSource(int global_microbatches) {
   std::vector<int64_t> tokens(4096);
   for (size_t i = 0; i < tokens.size(); ++i)
-    tokens[i] = static_cast<int64_t>((i * 31 + (i / 7) * 3) % 64);
+    tokens[i] = static_cast<int64_t>((i * 31 + (i / 7) * 3) % 62);
   LmDataOptions o;
   o.seq_len = 16;
   o.micro_batch_size = 2;
@@ -91,13 +97,22 @@ struct RankRun {
   std::unique_ptr<Trainer> trainer;
 };
 
+// The tensor-parallel runs' vocabulary: split evenly at tp 2, padded to 64 at tp 4.
+constexpr int64_t kTpVocab = 62;
+
 absl::StatusOr<RankRun> MakeRun(const World& world, const RunSpec& spec) {
   RankRun run;
-  PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(spec.pp, spec.dp));
+  PP_ASSIGN_OR_RETURN(ProcessTopology topo,
+                      spec.tp > 1 ? PipeModelDataParallelTopology(spec.pp, spec.tp, spec.dp)
+                                  : PipeDataParallelTopology(spec.pp, spec.dp));
   PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topo));
   run.grid = std::make_unique<ParallelGrid>(std::move(grid));
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(TinyGpt(spec.dropout)));
+  const int64_t vocab = spec.num_heads == 2 ? 64 : kTpVocab;
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs,
+                      MakeGptSpecs(TinyGpt(spec.dropout, spec.num_heads, vocab)));
   PipelineModelOptions mo;
+  const ModelParallelGroup group = ModelParallelGroupOf(*run.grid, std::chrono::seconds(60));
+  mo.layer_environment.model_parallel = group;
   mo.num_stages = spec.pp;
   mo.chunks = spec.chunks;
   mo.partition_method = "uniform";
@@ -121,8 +136,13 @@ absl::StatusOr<RankRun> MakeRun(const World& world, const RunSpec& spec) {
   to.max_grad_norm = 1.0;
   to.executor.p2p.timeout = std::chrono::seconds(60);
   to.precision = spec.precision;
-  PP_ASSIGN_OR_RETURN(
-      run.trainer, Trainer::Create(run.grid.get(), run.model.get(), GptLoss, run.source.get(), to));
+  const LossFn loss = group.is_parallel()
+                          ? LossFn([vocab, group](const Activations& out, const MicroBatch& batch) {
+                              return GptParallelLoss(out, batch, vocab, group);
+                            })
+                          : LossFn(GptLoss);
+  PP_ASSIGN_OR_RETURN(run.trainer,
+                      Trainer::Create(run.grid.get(), run.model.get(), loss, run.source.get(), to));
   return run;
 }
 
@@ -284,8 +304,9 @@ double TrainSaveStep(const RunSpec& spec, int steps, const std::string& load_fro
                      const std::string& save_root);
 
 // The loss of `step`'s global batch under ToSequential() loaded from `path`.
-double SequentialLoss(const std::string& path, int64_t step, int global_microbatches) {
-  auto specs = MakeGptSpecs(TinyGpt(0.0));
+double SequentialLoss(const std::string& path, int64_t step, int global_microbatches,
+                      int num_heads = 2, int64_t vocab = 64) {
+  auto specs = MakeGptSpecs(TinyGpt(0.0, num_heads, vocab));
   EXPECT_TRUE(specs.ok());
   auto seq =
       BuildSequential(*specs, /*base_seed=*/12345);  // other seed: weights must come from the file
@@ -325,6 +346,49 @@ TEST(ReshardTrainingTest, SavedAtPipe4LoadsAtPipe2InterleavedPipe1AndSequential)
   EXPECT_NEAR(SequentialLoss(ckpt, 2, 4), reference, 1e-6 * std::abs(reference));
 }
 
+// Tensor parallelism: a checkpoint saved at one tp loads at another, the
+// ranks' slices merged by the split the manifest records and cut again (the
+// vocabulary of 62 is padded to 64 at tp 4), and into ToSequential(). Covers
+// 2 -> 1, 2 -> 4, 4 -> 2 (with pp 1 -> 2) and 4 -> 1 (padding dropped).
+TEST(ReshardTrainingTest, SavedAtOneTensorParallelSizeLoadsAtAnother) {
+  const std::string root2 = TestDir("reshard_tp2");
+  const std::string root4 = TestDir("reshard_tp4");
+  fs::remove_all(root2);
+  fs::remove_all(root4);
+  RunSpec tp2;
+  tp2.pp = 2;
+  tp2.tp = 2;
+  tp2.num_heads = 4;
+  const double reference = TrainSaveStep(tp2, 2, "", root2);
+  const std::string ckpt2 = root2 + "/" + CheckpointName(2);
+  absl::StatusOr<checkpoint::Manifest> manifest = ReadManifest(ckpt2);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  int shards = 0;
+  for (const checkpoint::FileInfo& f : manifest->files()) {
+    for (const checkpoint::TensorInfo& t : f.tensors()) shards += t.shard_blocks() > 0;
+  }
+  EXPECT_GT(shards, 0) << "the manifest records no tensor-parallel shard";
+
+  RunSpec tp1 = tp2;
+  tp1.tp = 1;
+  EXPECT_NEAR(TrainSaveStep(tp1, 0, ckpt2, ""), reference, 1e-6 * std::abs(reference));
+  RunSpec tp4 = tp2;
+  tp4.pp = 1;
+  tp4.tp = 4;
+  EXPECT_NEAR(TrainSaveStep(tp4, 0, ckpt2, ""), reference, 1e-6 * std::abs(reference));
+  EXPECT_NEAR(SequentialLoss(ckpt2, 2, 4, 4, kTpVocab), reference, 1e-6 * std::abs(reference));
+
+  // Saved with the padded vocabulary (64 rows at tp 4): 4 -> 2 and 4 -> 1.
+  const double reference4 = TrainSaveStep(tp4, 2, "", root4);
+  const std::string ckpt4 = root4 + "/" + CheckpointName(2);
+  EXPECT_NEAR(TrainSaveStep(tp2, 0, ckpt4, ""), reference4, 1e-6 * std::abs(reference4));
+  RunSpec dense = tp1;
+  dense.pp = 1;
+  EXPECT_NEAR(TrainSaveStep(dense, 0, ckpt4, ""), reference4, 1e-6 * std::abs(reference4));
+  // Both trained the same model from the same start.
+  EXPECT_NEAR(reference4, reference, 1e-5 * std::abs(reference));
+}
+
 // ---------------------------------------------------------------------------
 // Precision (threads; dropout off).
 
@@ -339,7 +403,7 @@ struct PrecisionRun {
 // `steps_after_save` more; returns every step's loss and the final weights.
 PrecisionRun TrainRun(const RunSpec& spec, int steps, const std::string& load_from,
                       const std::string& save_root, int steps_after_save) {
-  const int world = spec.pp * spec.dp;
+  const int world = spec.pp * spec.dp * spec.tp;
   auto port = PickFreePort();
   EXPECT_TRUE(port.ok());
   RendezvousOptions ro;
