@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Tensor parallelism's costs and savings on this machine (issue #38): the same
+# GPT through train_gpt at pp 2 x tp 1 and pp 2 x tp 2, side by side, each
+# recorded in bench/results/tensor_parallel.jsonl (tools/results.py --record).
+#
+#   bench/tensor_parallel.sh [--steps N] [--width W] [--record]
+#
+# Figures per run: stage 0's transformer-block bytes per rank (parameters +
+# gradients + AdamW's two moments, from the checkpoint manifest's tensor
+# shapes of tp rank 0: what that rank holds), the ratio to tp 1; the median
+# step time after 5 warm-up steps; each rank's measured step peak (the
+# driver's memory lines); rank 0's p2p payload bytes; the last loss, and its
+# relative difference from tp 1. On a 2-core machine tp 2 runs 4 processes on
+# 2 cores: its step time says what the collectives cost here, not what a
+# node of GPUs would see.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=30 WIDTH=256 RECORD=0
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --steps) STEPS=$2; shift 2 ;;
+    --width) WIDTH=$2; shift 2 ;;
+    --record) RECORD=1; shift ;;
+    *) echo "unknown argument $1 (--steps N, --width W, --record)" >&2; exit 2 ;;
+  esac
+done
+./bazelw build //experiments:train_gpt >/dev/null 2>&1
+BIN=bazel-bin/experiments/train_gpt
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+SET="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,gpt.width=$WIDTH,gpt.num_heads=8,gpt.num_layers=4,gpt.context_length=128,parallelism.micro_batch_size=4"
+COMMAND="bench/tensor_parallel.sh --steps $STEPS --width $WIDTH"
+for tp in 1 2; do
+  "$BIN" --config=experiments/configs/gpt_small_pp2_tp2.textproto --tp=$tp --steps="$STEPS" \
+    --save_interval="$STEPS" --sample_tokens=0 --data=/usr/share/common-licenses \
+    --output_dir="$TMP/runs" --name="tp$tp" --set="$SET" > "$TMP/tp$tp.log" 2>&1 ||
+    { tail -30 "$TMP/tp$tp.log"; exit 1; }
+done
+python3 - "$TMP" "$STEPS" "$RECORD" "$COMMAND" <<'PY'
+import glob, json, os, re, statistics, subprocess, sys
+tmp, steps, record, command = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+
+def run_figures(tp):
+    log = open(f"{tmp}/tp{tp}.log").read()
+    metrics = [json.loads(l) for d in glob.glob(f"{tmp}/runs/tp{tp}-*") for l in open(f"{d}/metrics.jsonl")]
+    metrics.sort(key=lambda m: m["step"])
+    manifest = open(glob.glob(f"{tmp}/runs/checkpoints/tp{tp}/step_*/manifest.textproto")[0]).read()
+    # Stage 0's blocks are layers 1.. (layer 0: the embedding); files of tp rank 0.
+    suffix = "-model_00" if tp > 1 else ""
+    block_bytes = 0
+    for f in re.finditer(r'files \{(.*?)\n\}', manifest, re.S):
+        body = f.group(1)
+        path = re.search(r'path: "([^"]+)"', body).group(1)
+        m = re.match(r"layer_(\d+)%s-(model|optim)_states\.pt$" % suffix, path)
+        if not m or int(m.group(1)) not in (1, 2):
+            continue
+        for t in re.finditer(r'tensors \{(.*?)\n  \}', body, re.S):
+            shape = [int(x) for x in re.findall(r"shape: (\d+)", t.group(1))]
+            n = 1
+            for s in shape:
+                n *= s
+            copies = 2 if m.group(2) == "model" else 1  # a parameter's gradient is its size
+            block_bytes += 4 * n * copies if shape else 0
+    peaks = [float(x) for x in re.findall(r"rank \d+ stage \d+: step peak ([\d.]+) MiB", log)]
+    p2p = re.search(r"p2p \(rank 0\): (\d+) messages sent \((\d+) payload bytes", log)
+    step_s = [m["step_s"] for m in metrics[5:]]
+    return {
+        "tp": tp,
+        "block_state_bytes_per_rank": block_bytes,
+        "median_step_s": round(statistics.median(step_s), 4),
+        "peak_mib_per_rank": peaks,
+        "p2p_payload_bytes_rank0": int(p2p.group(2)),
+        "last_loss": metrics[-1]["loss"],
+        "steps": len(metrics),
+    }
+
+runs = {tp: run_figures(tp) for tp in (1, 2)}
+runs[2]["block_state_ratio_to_tp1"] = round(
+    runs[2]["block_state_bytes_per_rank"] / runs[1]["block_state_bytes_per_rank"], 4)
+runs[2]["step_time_ratio_to_tp1"] = round(runs[2]["median_step_s"] / runs[1]["median_step_s"], 3)
+runs[2]["last_loss_rel_diff_to_tp1"] = abs(runs[2]["last_loss"] - runs[1]["last_loss"]) / abs(runs[1]["last_loss"])
+for tp, f in runs.items():
+    print(f"tp {tp}: {json.dumps(f)}")
+if record:
+    for tp, f in runs.items():
+        subprocess.run([sys.executable, "tools/results.py", "--record", "bench/results/tensor_parallel.jsonl",
+                        "--bench", "tensor_parallel", "--command", command, "--config", f"pp2_tp{tp}",
+                        "--figures", json.dumps(f)], check=True)
+PY
