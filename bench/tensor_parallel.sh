@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tensor parallelism's costs and savings on this machine (issue #38): the same
-# GPT through train_gpt at pp 2 x tp 1 and pp 2 x tp 2, side by side, each
+# GPT through train_gpt at pp 2 x tp 1, pp 2 x tp 2 and pp 2 x tp 2 with
+# sequence parallelism, side by side, each
 # recorded in bench/results/tensor_parallel.jsonl (tools/results.py --record).
 #
 #   bench/tensor_parallel.sh [--steps N] [--width W] [--record]
@@ -31,21 +32,22 @@ trap 'rm -rf "$TMP"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 SET="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,gpt.width=$WIDTH,gpt.num_heads=8,gpt.num_layers=4,gpt.context_length=128,parallelism.micro_batch_size=4"
 COMMAND="bench/tensor_parallel.sh --steps $STEPS --width $WIDTH"
-for tp in 1 2; do
-  "$BIN" --config=experiments/configs/gpt_small_pp2_tp2.textproto --tp=$tp --steps="$STEPS" \
-    --save_interval="$STEPS" --sample_tokens=0 --data=/usr/share/common-licenses \
-    --output_dir="$TMP/runs" --name="tp$tp" --set="$SET" > "$TMP/tp$tp.log" 2>&1 ||
-    { tail -30 "$TMP/tp$tp.log"; exit 1; }
+for run in tp1:1:false tp2:2:false tp2sp:2:true; do
+  IFS=: read -r name tp sp <<< "$run"
+  "$BIN" --config=experiments/configs/gpt_small_pp2_tp2.textproto --tp="$tp" --steps="$STEPS" \
+    --sequence_parallel="$sp" --save_interval="$STEPS" --sample_tokens=0 \
+    --data=/usr/share/common-licenses --output_dir="$TMP/runs" --name="$name" --set="$SET" \
+    > "$TMP/$name.log" 2>&1 || { tail -30 "$TMP/$name.log"; exit 1; }
 done
 python3 - "$TMP" "$STEPS" "$RECORD" "$COMMAND" <<'PY'
 import glob, json, os, re, statistics, subprocess, sys
 tmp, steps, record, command = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 
-def run_figures(tp):
-    log = open(f"{tmp}/tp{tp}.log").read()
-    metrics = [json.loads(l) for d in glob.glob(f"{tmp}/runs/tp{tp}-*") for l in open(f"{d}/metrics.jsonl")]
+def run_figures(name, tp, sp):
+    log = open(f"{tmp}/{name}.log").read()
+    metrics = [json.loads(l) for d in glob.glob(f"{tmp}/runs/{name}-*") for l in open(f"{d}/metrics.jsonl")]
     metrics.sort(key=lambda m: m["step"])
-    manifest = open(glob.glob(f"{tmp}/runs/checkpoints/tp{tp}/step_*/manifest.textproto")[0]).read()
+    manifest = open(glob.glob(f"{tmp}/runs/checkpoints/{name}/step_*/manifest.textproto")[0]).read()
     # Stage 0's blocks are layers 1.. (layer 0: the embedding); files of tp rank 0.
     suffix = "-model_00" if tp > 1 else ""
     block_bytes = 0
@@ -67,6 +69,7 @@ def run_figures(tp):
     step_s = [m["step_s"] for m in metrics[5:]]
     return {
         "tp": tp,
+        "sequence_parallel": sp,
         "block_state_bytes_per_rank": block_bytes,
         "median_step_s": round(statistics.median(step_s), 4),
         "peak_mib_per_rank": peaks,
@@ -75,16 +78,21 @@ def run_figures(tp):
         "steps": len(metrics),
     }
 
-runs = {tp: run_figures(tp) for tp in (1, 2)}
-runs[2]["block_state_ratio_to_tp1"] = round(
-    runs[2]["block_state_bytes_per_rank"] / runs[1]["block_state_bytes_per_rank"], 4)
-runs[2]["step_time_ratio_to_tp1"] = round(runs[2]["median_step_s"] / runs[1]["median_step_s"], 3)
-runs[2]["last_loss_rel_diff_to_tp1"] = abs(runs[2]["last_loss"] - runs[1]["last_loss"]) / abs(runs[1]["last_loss"])
-for tp, f in runs.items():
-    print(f"tp {tp}: {json.dumps(f)}")
+runs = {"pp2_tp1": run_figures("tp1", 1, False), "pp2_tp2": run_figures("tp2", 2, False),
+        "pp2_tp2_sp": run_figures("tp2sp", 2, True)}
+base = runs["pp2_tp1"]
+for key in ("pp2_tp2", "pp2_tp2_sp"):
+    f = runs[key]
+    f["block_state_ratio_to_tp1"] = round(f["block_state_bytes_per_rank"] / base["block_state_bytes_per_rank"], 4)
+    f["stage0_peak_ratio_to_tp1"] = round(f["peak_mib_per_rank"][0] / base["peak_mib_per_rank"][0], 3)
+    f["step_time_ratio_to_tp1"] = round(f["median_step_s"] / base["median_step_s"], 3)
+    f["p2p_bytes_ratio_to_tp1"] = round(f["p2p_payload_bytes_rank0"] / base["p2p_payload_bytes_rank0"], 3)
+    f["last_loss_rel_diff_to_tp1"] = abs(f["last_loss"] - base["last_loss"]) / abs(base["last_loss"])
+for key, f in runs.items():
+    print(f"{key}: {json.dumps(f)}")
 if record:
-    for tp, f in runs.items():
+    for key, f in runs.items():
         subprocess.run([sys.executable, "tools/results.py", "--record", "bench/results/tensor_parallel.jsonl",
-                        "--bench", "tensor_parallel", "--command", command, "--config", f"pp2_tp{tp}",
+                        "--bench", "tensor_parallel", "--command", command, "--config", key,
                         "--figures", json.dumps(f)], check=True)
 PY

@@ -356,6 +356,7 @@ ModelRun ModelRunOf(const ExperimentConfig& config) {
                   .dp = par.dp(),
                   .pp = par.pp(),
                   .tp = par.tp(),
+                  .sequence_parallel = par.sequence_parallel(),
                   .chunks = par.chunks(),
                   .seed = config.seed(),
                   .data_source = config.data().source(),
@@ -411,6 +412,11 @@ absl::Status CheckWorldSize(const driver::ParallelismConfig& par, int world_size
 // yet refused by name instead of planning for the wrong ranks.
 absl::Status CheckTensorParallel(const ExperimentConfig& config, const ModelInfo& model) {
   const auto& par = config.parallelism();
+  if (par.sequence_parallel() && par.tp() <= 1) {
+    return Invalid(absl::StrCat("parallelism.sequence_parallel needs parallelism.tp > 1 (it is ",
+                                par.tp(),
+                                "): it splits the sequence over the tensor-parallel ranks"));
+  }
   if (par.tp() <= 1) return absl::OkStatus();
   if (!model.tensor_parallel_loss) {
     std::vector<std::string> supported;

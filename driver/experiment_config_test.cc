@@ -200,6 +200,17 @@ TEST(ExperimentConfigTest, TensorParallelRunsAreCheckedBeforeLaunch) {
   MutableGpt(too_many)->set_num_heads(64);  // divides by tp = 64
   EXPECT_HAS(Error(too_many, 0), "= 131072 ranks; at most 65536 are supported");
 
+  ExperimentConfig sp = c;  // sequence parallelism: tp > 1 and a sequence tp divides
+  sp.mutable_parallelism()->set_sequence_parallel(true);
+  EXPECT_TRUE(ValidateExperimentConfig(sp, 4).ok()) << ValidateExperimentConfig(sp, 4);
+  EXPECT_TRUE(ModelRunOf(sp).sequence_parallel);
+  MutableGpt(sp)->set_context_length(63);
+  EXPECT_HAS(Error(sp, 4),
+             "gpt.context_length (63) must be a multiple of parallelism.tp (2) with "
+             "parallelism.sequence_parallel");
+  sp.mutable_parallelism()->set_tp(1);
+  EXPECT_HAS(Error(sp, 2), "parallelism.sequence_parallel needs parallelism.tp > 1 (it is 1)");
+
   ExperimentConfig auto_schedule = c;
   auto_schedule.mutable_parallelism()->set_schedule("auto");
   EXPECT_HAS(Error(auto_schedule, 4),

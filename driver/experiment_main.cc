@@ -34,6 +34,9 @@ ABSL_FLAG(std::vector<std::string>, set, {},
 ABSL_FLAG(std::string, pp, "", "override parallelism.pp (pipeline stages)");
 ABSL_FLAG(std::string, dp, "", "override parallelism.dp (data-parallel replicas)");
 ABSL_FLAG(std::string, tp, "", "override parallelism.tp (tensor-parallel ranks per stage)");
+ABSL_FLAG(std::string, sequence_parallel, "",
+          "override parallelism.sequence_parallel (true: norms, dropout and p2p on sequence "
+          "shards; needs --tp > 1)");
 ABSL_FLAG(std::string, schedule, "", "override parallelism.schedule");
 ABSL_FLAG(std::string, chunks, "", "override parallelism.chunks");
 ABSL_FLAG(std::string, microbatches, "", "override parallelism.num_microbatches");
@@ -84,6 +87,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_pp, "parallelism.pp"},
       {&FLAGS_dp, "parallelism.dp"},
       {&FLAGS_tp, "parallelism.tp"},
+      {&FLAGS_sequence_parallel, "parallelism.sequence_parallel"},
       {&FLAGS_schedule, "parallelism.schedule"},
       {&FLAGS_chunks, "parallelism.chunks"},
       {&FLAGS_microbatches, "parallelism.num_microbatches"},

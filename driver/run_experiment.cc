@@ -292,7 +292,10 @@ absl::Status SampleText(const ExperimentConfig& config, ParallelGrid& grid, Mode
                               .top_k = config.sample_top_k(),
                               .temperature = config.sample_temperature(),
                               .seed = config.seed(),
-                              .prompt = config.sample_prompt()};
+                              .prompt = config.sample_prompt(),
+                              .sequence_multiple = config.parallelism().sequence_parallel()
+                                                       ? config.parallelism().tp()
+                                                       : 1};
   PP_ASSIGN_OR_RETURN(std::string text, sampler.Sample(request, trainer, grid, timeout));
   return report.Sample(text);
 }
@@ -343,7 +346,9 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, info.specs(*selected.config));
   PP_ASSIGN_OR_RETURN(const std::string partition_method,
                       ResolvePartitionMethod(config, specs, *data.train, grid, timeout));
-  const ModelParallelGroup model_parallel = ModelParallelGroupOf(grid, timeout);
+  ModelParallelGroup model_parallel = ModelParallelGroupOf(grid, timeout);
+  model_parallel.sequence_parallel =
+      model_parallel.is_parallel() && config.parallelism().sequence_parallel();
   PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
                       BuildStage(config, specs, partition_method, grid.stage_id(),
                                  cluster.world.device, model_parallel));

@@ -45,6 +45,24 @@ PY
 [[ -n $(sample tp1) && "$(sample tp1)" == "$(sample tp2)" ]] || fail "samples differ: tp1 '$(sample tp1)' tp2 '$(sample tp2)'"
 echo "ok: the same sample at tp 1 and tp 2"
 
+# Sequence parallelism: the same losses and sample; each rank sends its half
+# of the sequence between stages.
+run sp --tp=2 --sequence_parallel=true
+python3 - "$(losses tp1)" "$(losses sp)" <<'PY' || fail "tp 2 + sequence parallel's losses differ from tp 1's"
+import sys
+a = dict(l.split() for l in sys.argv[1].splitlines())
+b = dict(l.split() for l in sys.argv[2].splitlines())
+assert len(a) == 12 and a.keys() == b.keys(), (len(a), sorted(a), sorted(b))
+worst = max(abs(float(a[k]) - float(b[k])) / abs(float(a[k])) for k in a)
+print(f"sequence parallel: largest relative loss difference to tp 1: {worst:.2e} (at most 1e-5)")
+assert worst <= 1e-5, worst
+PY
+[[ "$(sample sp)" == "$(sample tp1)" ]] || fail "sequence parallel's sample '$(sample sp)' differs"
+p2p_bytes() { sed -nE 's/^\[rank 0\] p2p \(rank 0\): [0-9]+ messages sent \(([0-9]+) payload bytes.*/\1/p' "$TMP/$1.log"; }
+[[ -n $(p2p_bytes tp2) && $(( $(p2p_bytes sp) * 2 )) -eq $(p2p_bytes tp2) ]] ||
+  fail "rank 0 sent $(p2p_bytes sp) payload bytes with sequence parallelism, $(p2p_bytes tp2) without"
+echo "ok: sequence parallel: the same sample, rank 0 sent $(p2p_bytes sp) payload bytes (tp 2 alone: $(p2p_bytes tp2))"
+
 CKPT=$TMP/runs/checkpoints/tp2/step_00000008
 for m in 00 01; do
   [[ -f $CKPT/layer_01-model_$m-model_states.pt && -f $CKPT/layer_01-model_$m-optim_states.pt ]] ||

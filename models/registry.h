@@ -55,9 +55,10 @@ struct ModelRun {
   int64_t micro_batch_size = 1;
   int64_t num_microbatches = 1;
   int64_t dp = 1;
-  int64_t pp = 1;      // pipeline stages
-  int64_t tp = 1;      // tensor-parallel ranks per stage (parallelism.tp)
-  int64_t chunks = 1;  // model parts per stage (pp x chunks parts in all)
+  int64_t pp = 1;                  // pipeline stages
+  int64_t tp = 1;                  // tensor-parallel ranks per stage (parallelism.tp)
+  bool sequence_parallel = false;  // parallelism.sequence_parallel
+  int64_t chunks = 1;              // model parts per stage (pp x chunks parts in all)
   uint64_t seed = 0;
   // "corpus" (data_path), "synthetic" or "tokens" (pre-tokenized files at
   // data_path in data_format and data_dtype): the model's data_sources say
@@ -101,6 +102,10 @@ struct SampleRequest {
   double temperature = 1.0;
   uint64_t seed = 0;
   std::string prompt;
+  // Every window the sampler runs must be a multiple of this long (the
+  // tensor-parallel size under sequence parallelism): a causal model pads
+  // the window's end, which leaves the logits before it unchanged.
+  int64_t sequence_multiple = 1;
 };
 
 // Text generated through the trained pipeline at the end of a run. One per

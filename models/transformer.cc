@@ -72,7 +72,7 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
         qkv[0] + q_bias_.view({num_heads_, 1, head_width}), qkv[1],
         qkv[2] + v_bias_.view({num_heads_, 1, head_width}), dropout, causal);
     if (fused.has_value()) {
-      return out_dropout_(proj_(fused->transpose(1, 2).reshape({batch, time, local_width})));
+      return OutDropout(proj_(fused->transpose(1, 2).reshape({batch, time, local_width})));
     }
   }
   // [batch * heads, time, head_width] operands for the batched matmuls: the
@@ -128,7 +128,14 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
                           .view({batch, num_heads_, time, head_width})
                           .transpose(1, 2)
                           .reshape({batch, time, local_width});
-  return out_dropout_(proj_(out));
+  return OutDropout(proj_(out));
+}
+
+torch::Tensor SelfAttentionImpl::OutDropout(const torch::Tensor& y) {
+  // Under sequence parallelism y is this rank's sequence slice.
+  return group_.sequence_parallel ? tensor_parallel::ShardedDropout(y, out_dropout_->options.p(),
+                                                                    is_training(), 1, group_)
+                                  : out_dropout_(y);
 }
 
 std::map<std::string, tensor_parallel::ShardSpec> SelfAttentionImpl::ShardDims() const {
@@ -143,22 +150,36 @@ MlpImpl::MlpImpl(int64_t width, int64_t hidden, double dropout, const ModelParal
   fc_out_ = register_module(
       "fc_out", tensor_parallel::RowParallelLinear(ParallelLinearOptions(hidden, width), group));
   dropout_ = register_module("dropout", torch::nn::Dropout(dropout));
+  group_ = group;
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return dropout_(fc_out_(torch::gelu(fc_in_(x))));
+  const torch::Tensor y = fc_out_(torch::gelu(fc_in_(x)));
+  // Under sequence parallelism y is this rank's sequence slice: its slice of
+  // the dense mask.
+  return group_.sequence_parallel
+             ? tensor_parallel::ShardedDropout(y, dropout_->options.p(), is_training(), 1, group_)
+             : dropout_(y);
 }
 
 torch::Tensor Fp32LayerNormImpl::forward(const torch::Tensor& x) {
-  if (x.scalar_type() == torch::kFloat) return torch::nn::LayerNormImpl::forward(x);
-  return torch::layer_norm(x.to(torch::kFloat), options.normalized_shape(),
-                           weight.defined() ? weight.to(torch::kFloat) : weight,
-                           bias.defined() ? bias.to(torch::kFloat) : bias, options.eps())
+  if (x.scalar_type() == torch::kFloat && !sequence_group_.sequence_parallel) {
+    return torch::nn::LayerNormImpl::forward(x);
+  }
+  auto param = [&](const torch::Tensor& p) {
+    return p.defined()
+               ? tensor_parallel::SequenceParallelReplicated(p, sequence_group_).to(torch::kFloat)
+               : p;
+  };
+  return torch::layer_norm(x.to(torch::kFloat), options.normalized_shape(), param(weight),
+                           param(bias), options.eps())
       .to(x.scalar_type());
 }
 
-Fp32LayerNorm MakeLayerNorm(int64_t width) {
-  return Fp32LayerNorm(torch::nn::LayerNormOptions({width}));
+Fp32LayerNorm MakeLayerNorm(int64_t width, const ModelParallelGroup& group) {
+  Fp32LayerNorm norm(torch::nn::LayerNormOptions({width}));
+  if (group.sequence_parallel) norm->set_sequence_parallel(group);
+  return norm;
 }
 
 int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden) {
@@ -197,7 +218,12 @@ absl::Status ValidateTransformerConfig(absl::string_view model,
 
 absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
                                             bool sequence_parallel, int64_t num_heads,
-                                            int64_t mlp_hidden) {
+                                            int64_t mlp_hidden, int64_t context_length) {
+  if (sequence_parallel && tp <= 1) {
+    return absl::InvalidArgumentError(
+        "parallelism.sequence_parallel needs parallelism.tp > 1: it splits the sequence over the "
+        "tensor-parallel ranks");
+  }
   if (tp <= 1) return absl::OkStatus();
   if (num_heads % tp != 0) {
     return absl::InvalidArgumentError(
@@ -209,10 +235,11 @@ absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
                                                    ") must be a multiple of parallelism.tp (", tp,
                                                    ")"));
   }
-  if (sequence_parallel) {
+  if (sequence_parallel && context_length % tp != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.sequence_parallel is not supported by ", model,
-        " yet (the tensor-parallel layers support it; the model's norms and embeddings do not)"));
+        model, ".context_length (", context_length, ") must be a multiple of parallelism.tp (", tp,
+        ") with parallelism.sequence_parallel: each rank holds a slice of the "
+        "sequence"));
   }
   return absl::OkStatus();
 }

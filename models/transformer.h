@@ -48,6 +48,9 @@ class SelfAttentionImpl : public torch::nn::Module, public tensor_parallel::Shar
   // [time, time] bool, true above the diagonal (the future), cached for the
   // last time and device seen.
   const torch::Tensor& FutureMask(int64_t time, const torch::Device& device);
+  // The output projection's dropout (on this rank's sequence slice under
+  // sequence parallelism).
+  torch::Tensor OutDropout(const torch::Tensor& y);
 
   int64_t width_;
   int64_t num_heads_;  // this rank's heads
@@ -75,6 +78,7 @@ class MlpImpl : public torch::nn::Module {
   tensor_parallel::ColumnParallelLinear fc_in_{nullptr};
   tensor_parallel::RowParallelLinear fc_out_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
+  ModelParallelGroup group_;  // under sequence parallelism, the dropout's slice
 };
 TORCH_MODULE(Mlp);
 
@@ -83,15 +87,23 @@ TORCH_MODULE(Mlp);
 // row), returning the input's dtype. The parameters are LayerNorm's
 // ("weight", "bias"), so checkpoints are unchanged; on fp32 input it is
 // LayerNorm's own forward, bit for bit.
+// Under sequence parallelism (set_sequence_parallel) it normalises this
+// rank's sequence shard and its parameters' gradients are summed over the
+// model group (tensor_parallel::SequenceParallelReplicated).
 class Fp32LayerNormImpl : public torch::nn::LayerNormImpl {
  public:
   using torch::nn::LayerNormImpl::LayerNormImpl;
   torch::Tensor forward(const torch::Tensor& x);
+  void set_sequence_parallel(const ModelParallelGroup& group) { sequence_group_ = group; }
+
+ private:
+  ModelParallelGroup sequence_group_;  // size 1 unless sequence parallel
 };
 TORCH_MODULE(Fp32LayerNorm);
 
-// An Fp32LayerNorm over the last dimension of size `width`.
-Fp32LayerNorm MakeLayerNorm(int64_t width);
+// An Fp32LayerNorm over the last dimension of size `width`, sequence
+// parallel when `group` is.
+Fp32LayerNorm MakeLayerNorm(int64_t width, const ModelParallelGroup& group = {});
 
 // Trainable parameters of one attention + MLP + two LayerNorms, for the
 // partitioners' declared counts.
@@ -111,11 +123,12 @@ absl::Status ValidateTransformerConfig(absl::string_view model,
 
 // What tensor parallelism of size `tp` needs of a transformer, with errors
 // naming `<model>.<field>` and what would divide: heads and the MLP's hidden
-// width split evenly, no sequence parallelism in the models yet. (Dropout is
-// fine: SelfAttention keeps its slice of the dense mask.)
+// width split evenly; under sequence parallelism tp > 1 and the sequence
+// (`<model>.context_length`, every window's length) split evenly. (Dropout is
+// fine: each rank keeps its slice of the dense mask.)
 absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
                                             bool sequence_parallel, int64_t num_heads,
-                                            int64_t mlp_hidden);
+                                            int64_t mlp_hidden, int64_t context_length);
 
 }  // namespace pp
 

@@ -16,6 +16,7 @@
 #include "models/data/lm_data.h"
 #include "models/data/mlm_data.h"
 #include "models/gpt/gpt.h"
+#include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/runtime/equivalence_testing.h"
 #include "pipeline/schedule/registry.h"
@@ -139,13 +140,33 @@ std::vector<Case> AllCases() {
   // learning rate's step where a gradient element cancels (6.5e-6 on
   // fc_out.weight after three steps, past the 1e-6 floor); SGD's update is
   // linear in the gradient, so round-off stays round-off.
-  for (const auto& [schedule, dp] :
-       {std::pair<std::string, int>{"1f1b", 1}, {"interleaved_1f1b", 2}}) {
+  // With sequence parallelism (norms, dropout-free residuals and the p2p
+  // activations on sequence shards): 1F1B at pp 2 with activation
+  // checkpointing of every block, interleaved 1F1B at pp 2 x dp 2.
+  struct TpCase {
+    std::string schedule;
+    int dp;
+    bool sequence_parallel;
+    int ckpt_interval;
+  };
+  for (const TpCase& tc : {TpCase{"1f1b", 1, false, 0}, TpCase{"interleaved_1f1b", 2, false, 0},
+                           TpCase{"1f1b", 1, true, 1}, TpCase{"interleaved_1f1b", 2, true, 0}}) {
+    const std::string& schedule = tc.schedule;
+    const int dp = tc.dp;
     RunConfig c;
     c.schedule = schedule;
     c.pp = 2;
     c.tp = 2;
     c.dp = dp;
+    c.sequence_parallel = tc.sequence_parallel;
+    if (tc.ckpt_interval > 0) {
+      ActivationCheckpointPolicy policy;
+      policy.interval = tc.ckpt_interval;
+      policy.checkpointable_types = "TransformerBlock";
+      absl::StatusOr<LayerRunner> runner = MakeCheckpointingRunner(policy);
+      EXPECT_TRUE(runner.ok()) << runner.status();
+      if (runner.ok()) c.layer_runner = *runner;
+    }
     c.chunks = TakesTwoChunks(schedule) ? 2 : 1;
     c.microbatches = 4;
     c.steps = 3;
@@ -159,13 +180,42 @@ std::vector<Case> AllCases() {
         return GptParallelLoss(outputs, batch, vocab, group);
       };
     };
-    std::string name = absl::StrCat("gpt_tp2_", schedule, "_pp2_dp", dp, "_v", c.chunks);
+    std::string name =
+        absl::StrCat("gpt_tp2_", schedule, "_pp2_dp", dp, "_v", c.chunks,
+                     tc.sequence_parallel ? "_sp" : "", tc.ckpt_interval > 0 ? "_ckpt" : "");
     for (char& ch : name) {
       if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
     }
     cases.push_back({c, name});
   }
   return cases;
+}
+
+// Sequence parallelism's point beside the equivalence above: each tp rank
+// sends its slice of the sequence between stages, so the p2p payload is half
+// of tp = 2 without it (activations and their gradients alike).
+TEST(SequenceParallelTest, EachTensorParallelRankSendsItsSliceOnce) {
+  RunConfig c;
+  c.pp = 2;
+  c.tp = 2;
+  c.steps = 1;
+  c.optimizer.name = "sgd";
+  c.optimizer.lr = 0.1;
+  UseGpt(c);
+  const int64_t vocab = TinyGpt().vocab_size;
+  c.parallel_loss = [vocab](const ModelParallelGroup& group) -> LossFn {
+    return [vocab, group](const Activations& outputs, const MicroBatch& batch) {
+      return GptParallelLoss(outputs, batch, vocab, group);
+    };
+  };
+  absl::StatusOr<RunResult> whole = TrainPipeline(c);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  c.sequence_parallel = true;
+  absl::StatusOr<RunResult> sliced = TrainPipeline(c);
+  ASSERT_TRUE(sliced.ok()) << sliced.status();
+  EXPECT_GT(whole->payload_bytes_sent, 0);
+  EXPECT_EQ(sliced->payload_bytes_sent * 2, whole->payload_bytes_sent);
+  EXPECT_NEAR(sliced->losses[0], whole->losses[0], 1e-6 * std::abs(whole->losses[0]));
 }
 
 class ModelEquivalenceTest : public ::testing::TestWithParam<Case> {};

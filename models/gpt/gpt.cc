@@ -3,6 +3,8 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "pipeline/tensor_parallel/dropout.h"
+#include "pipeline/tensor_parallel/linear.h"
 
 namespace pp {
 
@@ -19,7 +21,7 @@ absl::Status ValidateGptConfig(const GptConfig& c) {
 
 absl::Status ValidateGptParallelism(const GptConfig& config, int64_t tp, bool sequence_parallel) {
   return ValidateTransformerParallelism("gpt", tp, sequence_parallel, config.num_heads,
-                                        config.mlp_ratio * config.width);
+                                        config.mlp_ratio * config.width, config.context_length);
 }
 
 namespace {
@@ -60,16 +62,28 @@ Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatc
               " exceeds gpt.context_length ", pos_embed->weight.size(0));
   torch::Tensor positions =
       torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
-  return {dropout_(tok_embed(ids) + pos_embed(positions))};
+  if (!group_.sequence_parallel) return {dropout_(tok_embed(ids) + pos_embed(positions))};
+  // Sequence parallelism: the token embeddings arrive reduce-scattered to this
+  // rank's slice of the sequence; its positions' rows of the (replicated)
+  // table, whose gradient the group sums; the slice of the dense mask.
+  TORCH_CHECK(time % group_.size == 0, "sequence length ", time,
+              " must be a multiple of the tensor-parallel size ", group_.size,
+              " under sequence parallelism");
+  const int64_t local = time / group_.size;
+  const torch::Tensor table =
+      tensor_parallel::SequenceParallelReplicated(pos_embed->weight, group_);
+  const torch::Tensor x =
+      tok_embed(ids) + torch::embedding(table, positions.narrow(0, group_.rank * local, local));
+  return {tensor_parallel::ShardedDropout(x, dropout_->options.p(), is_training(), 1, group_)};
 }
 
 TransformerBlockImpl::TransformerBlockImpl(const GptConfig& config, const ModelParallelGroup& group)
     : LayerImpl("TransformerBlock") {
   CheckParallelism(config, group);
-  ln1_ = register_module("ln1", MakeLayerNorm(config.width));
+  ln1_ = register_module("ln1", MakeLayerNorm(config.width, group));
   attn_ =
       register_module("attn", SelfAttention(config.width, config.num_heads, config.dropout, group));
-  ln2_ = register_module("ln2", MakeLayerNorm(config.width));
+  ln2_ = register_module("ln2", MakeLayerNorm(config.width, group));
   mlp_ = register_module("mlp",
                          Mlp(config.width, config.mlp_ratio * config.width, config.dropout, group));
 }
@@ -100,8 +114,9 @@ absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config) {
                         .WithParameterCount(TransformerBlockParameterCount(
                             config.width, config.mlp_ratio * config.width)));
   }
-  specs.push_back(LayerSpec("FinalLayerNorm", [width = config.width](const LayerContext&) {
-                    return MakeModuleLayer(MakeLayerNorm(width), "FinalLayerNorm");
+  specs.push_back(LayerSpec("FinalLayerNorm", [width = config.width](const LayerContext& ctx) {
+                    return MakeModuleLayer(MakeLayerNorm(width, ctx.model_parallel),
+                                           "FinalLayerNorm");
                   }).WithParameterCount(2 * config.width));
   // The head reuses the embedding table: count its matmul like the table.
   // Through the embedding's Logits: x @ table^T, and under tensor

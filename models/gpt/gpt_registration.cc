@@ -44,7 +44,7 @@ absl::Status ValidateGpt(const GptModelConfig& c, const ModelRun& run) {
   PP_RETURN_IF_ERROR(CheckIntField("gpt.mlp_ratio", c.mlp_ratio(), 1, 64));
   PP_RETURN_IF_ERROR(CheckRealField("gpt.dropout", c.dropout(), '[', 0, 1, ')'));
   PP_RETURN_IF_ERROR(ValidateGptConfig(ToGptConfig(c)));
-  PP_RETURN_IF_ERROR(ValidateGptParallelism(ToGptConfig(c), run.tp, /*sequence_parallel=*/false));
+  PP_RETURN_IF_ERROR(ValidateGptParallelism(ToGptConfig(c), run.tp, run.sequence_parallel));
   // A block per model part (the embedding and the head ride along).
   const int64_t parts = run.pp * run.chunks;
   if (parts <= c.num_layers()) return absl::OkStatus();
@@ -113,10 +113,10 @@ class GptSampler : public ModelSampler {
                      .temperature = request.temperature,
                      .seed = request.seed,
                      .max_token_id = ByteTokenizer::kNumBytes};
-    PP_ASSIGN_OR_RETURN(
-        std::vector<int64_t> tokens,
-        Generate(ByteTokenizer::Encode(request.prompt), context_length_, so,
-                 sampler_.LogitsFn(&trainer, &grid, ByteTokenizer::kVocabSize, timeout)));
+    PP_ASSIGN_OR_RETURN(std::vector<int64_t> tokens,
+                        Generate(ByteTokenizer::Encode(request.prompt), context_length_, so,
+                                 sampler_.LogitsFn(&trainer, &grid, ByteTokenizer::kVocabSize,
+                                                   timeout, request.sequence_multiple)));
     return ByteTokenizer::Decode(tokens);
   }
 

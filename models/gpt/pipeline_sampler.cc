@@ -29,9 +29,14 @@ absl::StatusOr<MicroBatchData> PipelineSampler::WindowSource::Get(int64_t step, 
 }
 
 NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid,
-                                            int64_t vocab_size, std::chrono::milliseconds timeout) {
+                                            int64_t vocab_size, std::chrono::milliseconds timeout,
+                                            int64_t sequence_multiple) {
   return [=, this](const torch::Tensor& window, int64_t position) -> absl::StatusOr<torch::Tensor> {
-    source_.window = window;
+    const int64_t length = window.size(-1);
+    const int64_t padded = (length + sequence_multiple - 1) / sequence_multiple * sequence_multiple;
+    source_.window = padded == length
+                         ? window
+                         : torch::constant_pad_nd(window, {0, padded - length}, /*value=*/0);
     PP_RETURN_IF_ERROR(trainer->Evaluate(&source_, calls_++).status());
     torch::Tensor logits = torch::zeros({vocab_size});
     // The rank holding the last virtual stage: the last rank when looped,

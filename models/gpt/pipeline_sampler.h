@@ -33,8 +33,11 @@ class PipelineSampler {
 
   // Logits of `position` in `window`, on every rank of the pipe group.
   // Collective over the pipeline: every rank calls it with the same window.
+  // The window runs padded at its end to a multiple of `sequence_multiple`
+  // (sequence parallelism); a causal model's logits before the padding are
+  // those of the window alone.
   NextTokenLogitsFn LogitsFn(Trainer* trainer, ParallelGrid* grid, int64_t vocab_size,
-                             std::chrono::milliseconds timeout);
+                             std::chrono::milliseconds timeout, int64_t sequence_multiple = 1);
 
  private:
   // Serves the current window for every micro-batch index, with dummy labels.

@@ -76,6 +76,9 @@ struct RunConfig {
   // specs' factories get each rank's ModelParallelGroup; > 1 needs a model
   // that shards (ToyParallelSpecs, GPT) and a parallel_loss.
   int tp = 1;
+  // Megatron's sequence parallelism on the model group (tp > 1; the model's
+  // layers must support it, as GPT's do).
+  bool sequence_parallel = false;
   int chunks = 1;
   int microbatches = 4;  // per replica
   int blocks = 6;
