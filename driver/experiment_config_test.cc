@@ -209,7 +209,7 @@ TEST(ExperimentConfigTest, TensorParallelRunsAreCheckedBeforeLaunch) {
              "gpt.context_length (63) must be a multiple of parallelism.tp (2) with "
              "parallelism.sequence_parallel");
   sp.mutable_parallelism()->set_tp(1);
-  EXPECT_HAS(Error(sp, 2), "parallelism.sequence_parallel needs parallelism.tp > 1 (it is 1)");
+  EXPECT_HAS(Error(sp, 2), "parallelism.sequence_parallel needs parallelism.tp > 1");
 
   ExperimentConfig auto_schedule = c;
   auto_schedule.mutable_parallelism()->set_schedule("auto");

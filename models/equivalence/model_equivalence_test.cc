@@ -20,6 +20,7 @@
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/runtime/equivalence_testing.h"
 #include "pipeline/schedule/registry.h"
+#include "pipeline/tensor_parallel/planted_fault.h"
 
 namespace pp {
 namespace {
@@ -216,6 +217,22 @@ TEST(SequenceParallelTest, EachTensorParallelRankSendsItsSliceOnce) {
   EXPECT_GT(whole->payload_bytes_sent, 0);
   EXPECT_EQ(sliced->payload_bytes_sent * 2, whole->payload_bytes_sent);
   EXPECT_NEAR(sliced->losses[0], whole->losses[0], 1e-6 * std::abs(whole->losses[0]));
+
+  // The planted bugs in the communication functions (a missing all-reduce,
+  // which the reduce-scatter is made of; a wrong slice) break it.
+  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  EXPECT_EQ(CompareResults(*sequential, *sliced, kRtol), "");
+  namespace tp_internal = tensor_parallel::internal;
+  for (tp_internal::PlantedFault fault :
+       {tp_internal::PlantedFault::kSkipAllReduce, tp_internal::PlantedFault::kWrongSlice}) {
+    const tp_internal::PlantedFault previous = tp_internal::PlantFault(fault);
+    absl::StatusOr<RunResult> broken = TrainPipeline(c);
+    tp_internal::PlantFault(previous);
+    if (broken.ok()) {
+      EXPECT_NE(CompareResults(*sequential, *broken, kRtol), "") << static_cast<int>(fault);
+    }
+  }
 }
 
 class ModelEquivalenceTest : public ::testing::TestWithParam<Case> {};

@@ -143,7 +143,14 @@ TEST(GptTensorParallelTest, HeadsThatDoNotSplitAreNamed) {
   // (tensor_parallel/dropout.h; //experiments:train_gpt_tp_test trains with it).
   config.dropout = 0.1;
   EXPECT_TRUE(ValidateGptParallelism(config, 2, false).ok());
-  EXPECT_NE(ValidateGptParallelism(config, 2, true).message().find("sequence_parallel"),
+  // Sequence parallelism: the context splits over the group, and needs tp > 1.
+  EXPECT_TRUE(ValidateGptParallelism(config, 2, true).ok());
+  config.context_length = 7;
+  EXPECT_NE(ValidateGptParallelism(config, 2, true)
+                .message()
+                .find("gpt.context_length (7) must be a multiple of parallelism.tp (2)"),
+            std::string::npos);
+  EXPECT_NE(ValidateGptParallelism(config, 1, true).message().find("needs parallelism.tp > 1"),
             std::string::npos);
   EXPECT_TRUE(ValidateGptParallelism(config, 1, false).ok());
 }
