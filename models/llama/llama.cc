@@ -9,6 +9,7 @@
 #include "common/field_checks.h"
 #include "models/gpt/gpt.h"
 #include "models/transformer.h"
+#include "pipeline/tensor_parallel/dropout.h"
 
 namespace pp {
 namespace {
@@ -30,6 +31,47 @@ torch::nn::Linear NoBiasLinear(int64_t in, int64_t out) {
   InitNormal(linear->weight);
   return linear;
 }
+
+// NoBiasLinear's weights, this rank's slice: the parallel layer draws the
+// dense Linear as NoBiasLinear's constructor does, then the dense N(0, 0.02)
+// weight is drawn whole and the layer keeps its slice of it.
+template <typename ParallelLinear>
+ParallelLinear NoBiasParallelLinear(int64_t in, int64_t out, const ModelParallelGroup& group) {
+  ParallelLinear linear(tensor_parallel::ParallelLinearOptions(in, out).Bias(false), group);
+  torch::NoGradGuard no_grad;
+  torch::Tensor full = torch::empty({out, in});
+  InitNormal(full);
+  const auto dims = linear->ShardDims();
+  const auto it = dims.find("weight");
+  linear->weight.copy_(
+      it == dims.end() ? full : tensor_parallel::ShardOf(full, it->second, group.rank, group.size));
+  return linear;
+}
+
+// The untied head under tensor parallelism: this rank's rows of the dense
+// head's (padded) vocabulary, its logits' columns.
+class VocabParallelHeadImpl : public LayerImpl, public tensor_parallel::ShardedModule {
+ public:
+  VocabParallelHeadImpl(int64_t width, int64_t vocab, const ModelParallelGroup& group)
+      : LayerImpl("LmHead"), group_(group) {
+    torch::nn::Linear dense = NoBiasLinear(width, vocab);  // the dense head's draws
+    weight = register_parameter("weight", tensor_parallel::LocalVocabRows(dense->weight, group));
+  }
+  Activations Forward(const Activations& inputs, const MicroBatch&) override {
+    Activations out;
+    for (const torch::Tensor& x : inputs)
+      out.push_back(tensor_parallel::VocabParallelLogits(x, weight, group_));
+    return out;
+  }
+  std::map<std::string, tensor_parallel::ShardSpec> ShardDims() const override {
+    return {{"weight", tensor_parallel::ShardSpec{0, 1}}};
+  }
+
+  torch::Tensor weight;
+
+ private:
+  ModelParallelGroup group_;
+};
 
 }  // namespace
 
@@ -71,6 +113,24 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& c) {
   return CheckRealField("llama.dropout", c.dropout, '[', 0, 1, ')');
 }
 
+absl::Status ValidateLlamaParallelism(const LlamaConfig& c, int64_t tp, bool sequence_parallel) {
+  if (sequence_parallel) {
+    return absl::InvalidArgumentError(
+        "parallelism.sequence_parallel is not supported by llama yet (GPT supports it)");
+  }
+  if (tp <= 1) return absl::OkStatus();
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"num_heads", c.num_heads},
+                                    {"num_kv_heads", c.num_kv_heads},
+                                    {"intermediate_size", c.intermediate_size}}) {
+    if (value % tp != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("llama.", name, " (", value, ") must be a multiple of parallelism.tp (", tp,
+                       "): each tensor-parallel rank holds an equal share"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 RmsNormImpl::RmsNormImpl(int64_t width, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({width}));
 }
@@ -100,16 +160,26 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
   return x * cos.to(x.scalar_type()) + rotated * sin.to(x.scalar_type());
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config)
-    : num_heads_(config.num_heads),
-      num_kv_heads_(config.num_kv_heads),
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config, const ModelParallelGroup& group)
+    : num_heads_(config.num_heads / group.size),
+      num_kv_heads_(config.num_kv_heads / group.size),
       head_dim_(config.width / config.num_heads),
-      rope_theta_(config.rope_theta) {
+      rope_theta_(config.rope_theta),
+      group_(group) {
   TORCH_CHECK(ValidateLlamaConfig(config).ok(), ValidateLlamaConfig(config).ToString());
-  q_proj = register_module("q_proj", NoBiasLinear(config.width, num_heads_ * head_dim_));
-  k_proj = register_module("k_proj", NoBiasLinear(config.width, num_kv_heads_ * head_dim_));
-  v_proj = register_module("v_proj", NoBiasLinear(config.width, num_kv_heads_ * head_dim_));
-  o_proj = register_module("o_proj", NoBiasLinear(num_heads_ * head_dim_, config.width));
+  const absl::Status parallel = ValidateLlamaParallelism(config, group.size, false);
+  TORCH_CHECK(parallel.ok(), parallel.message());
+  using tensor_parallel::ColumnParallelLinear;
+  using tensor_parallel::RowParallelLinear;
+  const int64_t heads = config.num_heads * head_dim_, kv = config.num_kv_heads * head_dim_;
+  q_proj = register_module("q_proj",
+                           NoBiasParallelLinear<ColumnParallelLinear>(config.width, heads, group));
+  k_proj = register_module("k_proj",
+                           NoBiasParallelLinear<ColumnParallelLinear>(config.width, kv, group));
+  v_proj = register_module("v_proj",
+                           NoBiasParallelLinear<ColumnParallelLinear>(config.width, kv, group));
+  o_proj = register_module("o_proj",
+                           NoBiasParallelLinear<RowParallelLinear>(heads, config.width, group));
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
 }
 
@@ -140,27 +210,45 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
       torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
           .triu(/*diagonal=*/1);
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
-  torch::Tensor weights = attn_dropout_(torch::softmax(scores, -1, torch::kFloat).to(q.dtype()));
+  torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.dtype());
+  // Under tensor parallelism this rank's heads' slice of the dense mask.
+  torch::Tensor weights =
+      group_.is_parallel()
+          ? tensor_parallel::ShardedDropout(probs, attn_dropout_->options.p(), is_training(),
+                                            /*dim=*/1, group_)
+          : attn_dropout_(probs);
   torch::Tensor out =
       torch::matmul(weights, v).transpose(1, 2).reshape({batch, time, num_heads_ * head_dim_});
   return o_proj(out);
 }
 
-SwiGluImpl::SwiGluImpl(int64_t width, int64_t hidden) {
-  gate_proj = register_module("gate_proj", NoBiasLinear(width, hidden));
-  up_proj = register_module("up_proj", NoBiasLinear(width, hidden));
-  down_proj = register_module("down_proj", NoBiasLinear(hidden, width));
+SwiGluImpl::SwiGluImpl(int64_t width, int64_t hidden, const ModelParallelGroup& group) {
+  using tensor_parallel::ColumnParallelLinear;
+  using tensor_parallel::RowParallelLinear;
+  gate_proj = register_module("gate_proj",
+                              NoBiasParallelLinear<ColumnParallelLinear>(width, hidden, group));
+  up_proj =
+      register_module("up_proj", NoBiasParallelLinear<ColumnParallelLinear>(width, hidden, group));
+  down_proj =
+      register_module("down_proj", NoBiasParallelLinear<RowParallelLinear>(hidden, width, group));
 }
 
 torch::Tensor SwiGluImpl::forward(const torch::Tensor& x) {
   return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
 }
 
-LlamaEmbeddingImpl::LlamaEmbeddingImpl(const LlamaConfig& config)
-    : LayerImpl("LlamaEmbedding"), context_length_(config.context_length) {
-  tok_embed = register_module("tok_embed", torch::nn::Embedding(config.vocab_size, config.width));
-  InitNormal(tok_embed->weight);
+LlamaEmbeddingImpl::LlamaEmbeddingImpl(const LlamaConfig& config, const ModelParallelGroup& group)
+    : LayerImpl("LlamaEmbedding"), context_length_(config.context_length), group_(group) {
+  // The dense table as the dense model draws it; a rank keeps its rows.
+  torch::nn::Embedding table(config.vocab_size, config.width);
+  InitNormal(table->weight);
+  tok_embed =
+      register_module("tok_embed", tensor_parallel::VocabParallelEmbedding(table->weight, group));
   dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+}
+
+torch::Tensor LlamaEmbeddingImpl::Logits(const torch::Tensor& x) const {
+  return tensor_parallel::VocabParallelLogits(x, tok_embed->weight, group_);
 }
 
 Activations LlamaEmbeddingImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -171,12 +259,13 @@ Activations LlamaEmbeddingImpl::Forward(const Activations& inputs, const MicroBa
   return {dropout_(tok_embed(ids))};
 }
 
-LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config) : LayerImpl("LlamaBlock") {
+LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config, const ModelParallelGroup& group)
+    : LayerImpl("LlamaBlock") {
   input_layernorm = register_module("input_layernorm", RmsNorm(config.width, config.norm_eps));
-  self_attn = register_module("self_attn", LlamaAttention(config));
+  self_attn = register_module("self_attn", LlamaAttention(config, group));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RmsNorm(config.width, config.norm_eps));
-  mlp = register_module("mlp", SwiGlu(config.width, config.intermediate_size));
+  mlp = register_module("mlp", SwiGlu(config.width, config.intermediate_size, group));
   dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
 }
 
@@ -199,8 +288,8 @@ int64_t LlamaBlockParameterCount(const LlamaConfig& c) {
 absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config) {
   if (absl::Status s = ValidateLlamaConfig(config); !s.ok()) return s;
   const int64_t table = config.vocab_size * config.width;
-  LayerFactory embed = [config](const LayerContext&) {
-    return std::make_shared<LlamaEmbeddingImpl>(config);
+  LayerFactory embed = [config](const LayerContext& ctx) {
+    return std::make_shared<LlamaEmbeddingImpl>(config, ctx.model_parallel);
   };
   std::vector<LayerSpec> specs;
   if (config.tie_embeddings) {
@@ -210,8 +299,8 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
     specs.push_back(LayerSpec("LlamaEmbedding", embed).WithParameterCount(table));
   }
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    specs.push_back(LayerSpec("LlamaBlock", [config](const LayerContext&) {
-                      return std::make_shared<LlamaBlockImpl>(config);
+    specs.push_back(LayerSpec("LlamaBlock", [config](const LayerContext& ctx) {
+                      return std::make_shared<LlamaBlockImpl>(config, ctx.model_parallel);
                     }).WithParameterCount(LlamaBlockParameterCount(config)));
   }
   specs.push_back(LayerSpec("FinalRmsNorm", [config](const LayerContext&) {
@@ -219,11 +308,22 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
                   }).WithParameterCount(config.width));
   if (config.tie_embeddings) {
     // The head reuses the embedding table: count its matmul like the table.
-    specs.push_back(TiedLayerSpec("embed", embed, TiedProjection("tok_embed.weight"))
-                        .WithName("LmHead")
-                        .WithParameterCount(table));
+    // Through the embedding's Logits (under tensor parallelism this rank's
+    // vocabulary columns, the input's gradient summed over the group).
+    TiedForwardFn head = [](LayerImpl& shared, const Activations& inputs, const MicroBatch&) {
+      const auto& embedding = dynamic_cast<const LlamaEmbeddingImpl&>(shared);
+      Activations out;
+      for (const torch::Tensor& x : inputs) out.push_back(embedding.Logits(x));
+      return out;
+    };
+    specs.push_back(
+        TiedLayerSpec("embed", embed, head).WithName("LmHead").WithParameterCount(table));
   } else {
-    specs.push_back(LayerSpec("LmHead", [config](const LayerContext&) {
+    specs.push_back(LayerSpec("LmHead", [config](const LayerContext& ctx) -> Layer {
+                      if (ctx.model_parallel.is_parallel()) {
+                        return std::make_shared<VocabParallelHeadImpl>(
+                            config.width, config.vocab_size, ctx.model_parallel);
+                      }
                       return MakeModuleLayer(NoBiasLinear(config.width, config.vocab_size),
                                              "LmHead");
                     }).WithParameterCount(table));
@@ -233,6 +333,11 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
 
 torch::Tensor LlamaLoss(const Activations& outputs, const MicroBatch& batch) {
   return GptLoss(outputs, batch);
+}
+
+torch::Tensor LlamaParallelLoss(const Activations& outputs, const MicroBatch& batch,
+                                int64_t vocab_size, const ModelParallelGroup& group) {
+  return GptParallelLoss(outputs, batch, vocab_size, group);
 }
 
 }  // namespace pp

@@ -19,6 +19,14 @@
 // The first stage reads "input_ids" [b, T]; the last stage outputs logits
 // [b, T, vocab]; the loss is GPT's next-token cross-entropy (LlamaLoss).
 // `type:LlamaBlock` partitions on block boundaries.
+//
+// Tensor parallelism (a factory's LayerContext::model_parallel of size tp):
+// a rank holds num_heads / tp query heads and num_kv_heads / tp kv heads
+// (q/k/v column-parallel, o row-parallel), intermediate_size / tp of the
+// SwiGLU (gate/up column-parallel, down row-parallel), and its rows of the
+// (padded) vocabulary in the embedding and the head, whose logits are this
+// rank's columns (LlamaParallelLoss). Every shard is the slice of the dense
+// layer the same seed draws, so weights do not depend on tp.
 #ifndef MODELS_LLAMA_LLAMA_H_
 #define MODELS_LLAMA_LLAMA_H_
 
@@ -30,7 +38,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "pipeline/layers/layer.h"
+#include "pipeline/layers/layer_context.h"
 #include "pipeline/layers/layer_spec.h"
+#include "pipeline/tensor_parallel/linear.h"
+#include "pipeline/tensor_parallel/vocab_parallel.h"
 
 namespace pp {
 
@@ -52,6 +63,11 @@ struct LlamaConfig {
 // multiple of num_heads with an even head width (rotary pairs), num_kv_heads
 // dividing num_heads, rope_theta > 1, norm_eps > 0, dropout in [0, 1).
 absl::Status ValidateLlamaConfig(const LlamaConfig& config);
+
+// What tensor parallelism of size `tp` needs, naming the field: heads, kv
+// heads and the SwiGLU width split evenly; no sequence parallelism yet.
+absl::Status ValidateLlamaParallelism(const LlamaConfig& config, int64_t tp,
+                                      bool sequence_parallel);
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last dimension, computed in
 // float32 and cast back (as Hugging Face's LlamaRMSNorm does). Parameter
@@ -83,19 +99,20 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
 // back, no biases; query head h reads kv head h / (heads / kv_heads).
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  explicit LlamaAttentionImpl(const LlamaConfig& config);
+  explicit LlamaAttentionImpl(const LlamaConfig& config, const ModelParallelGroup& group = {});
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear q_proj{nullptr};
-  torch::nn::Linear k_proj{nullptr};
-  torch::nn::Linear v_proj{nullptr};
-  torch::nn::Linear o_proj{nullptr};
+  tensor_parallel::ColumnParallelLinear q_proj{nullptr};
+  tensor_parallel::ColumnParallelLinear k_proj{nullptr};
+  tensor_parallel::ColumnParallelLinear v_proj{nullptr};
+  tensor_parallel::RowParallelLinear o_proj{nullptr};
 
  private:
-  int64_t num_heads_;
-  int64_t num_kv_heads_;
+  int64_t num_heads_;     // this rank's
+  int64_t num_kv_heads_;  // this rank's
   int64_t head_dim_;
   double rope_theta_;
+  ModelParallelGroup group_;
   torch::nn::Dropout attn_dropout_{nullptr};
 };
 TORCH_MODULE(LlamaAttention);
@@ -103,32 +120,35 @@ TORCH_MODULE(LlamaAttention);
 // down_proj(silu(gate_proj(x)) * up_proj(x)), no biases.
 class SwiGluImpl : public torch::nn::Module {
  public:
-  SwiGluImpl(int64_t width, int64_t hidden);
+  SwiGluImpl(int64_t width, int64_t hidden, const ModelParallelGroup& group = {});
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear gate_proj{nullptr};
-  torch::nn::Linear up_proj{nullptr};
-  torch::nn::Linear down_proj{nullptr};
+  tensor_parallel::ColumnParallelLinear gate_proj{nullptr};
+  tensor_parallel::ColumnParallelLinear up_proj{nullptr};
+  tensor_parallel::RowParallelLinear down_proj{nullptr};
 };
 TORCH_MODULE(SwiGlu);
 
 // Token embedding (+ dropout). Parameter "tok_embed.weight" [vocab, width].
 class LlamaEmbeddingImpl : public LayerImpl {
  public:
-  explicit LlamaEmbeddingImpl(const LlamaConfig& config);
+  explicit LlamaEmbeddingImpl(const LlamaConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
+  // The tied LM head: this rank's logits of `x` through the token table.
+  torch::Tensor Logits(const torch::Tensor& x) const;
 
-  torch::nn::Embedding tok_embed{nullptr};
+  tensor_parallel::VocabParallelEmbedding tok_embed{nullptr};
 
  private:
   int64_t context_length_;
+  ModelParallelGroup group_;
   torch::nn::Dropout dropout_{nullptr};
 };
 
 // Pre-norm decoder block. Not thread-safe.
 class LlamaBlockImpl : public LayerImpl {
  public:
-  explicit LlamaBlockImpl(const LlamaConfig& config);
+  explicit LlamaBlockImpl(const LlamaConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
 
   RmsNorm input_layernorm{nullptr};
@@ -149,6 +169,11 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
 // Mean next-token cross-entropy of logits `outputs[0]` [b, T, V] against the
 // micro-batch's "labels" [b, T] (the same loss as GptLoss).
 torch::Tensor LlamaLoss(const Activations& outputs, const MicroBatch& batch);
+
+// The same loss from this rank's vocabulary columns of the logits (tensor
+// parallelism; GptParallelLoss).
+torch::Tensor LlamaParallelLoss(const Activations& outputs, const MicroBatch& batch,
+                                int64_t vocab_size, const ModelParallelGroup& group);
 
 }  // namespace pp
 

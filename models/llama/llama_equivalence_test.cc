@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "models/data/lm_data.h"
@@ -83,6 +84,29 @@ std::vector<Case> AllCases() {
     add("interleaved_1f1b", 2, 1, 2, tied);
   }
   add("1f1b", 2, 2, 1, /*tied=*/false);
+  // Tensor parallelism at tp 2 (query heads 4 -> 2, kv heads 2 -> 1, the
+  // SwiGLU and the vocabulary split), covering (pp, tp, dp) = (1,2,1) untied,
+  // (2,2,1) tied under interleaved 1F1B, (2,2,2) untied; SGD with momentum
+  // (model_equivalence_test says why not AdamW).
+  for (const auto& [schedule, pp, dp, chunks, tied] :
+       {std::tuple<std::string, int, int, int, bool>{"1f1b", 1, 1, 1, false},
+        {"interleaved_1f1b", 2, 1, 2, true},
+        {"1f1b", 2, 2, 1, false}}) {
+    add(schedule, pp, dp, chunks, tied);
+    Case& c = cases.back();
+    c.config.tp = 2;
+    c.config.optimizer.name = "sgd";
+    c.config.optimizer.lr = 0.1;
+    c.config.optimizer.momentum = 0.9;
+    c.config.optimizer.weight_decay = 0;
+    const int64_t vocab = TinyLlama(tied).vocab_size;
+    c.config.parallel_loss = [vocab](const ModelParallelGroup& group) -> LossFn {
+      return [vocab, group](const Activations& outputs, const MicroBatch& batch) {
+        return LlamaParallelLoss(outputs, batch, vocab, group);
+      };
+    };
+    c.name = "tp2_" + c.name;
+  }
   return cases;
 }
 

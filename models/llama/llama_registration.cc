@@ -45,6 +45,7 @@ absl::Status ValidateLlama(const LlamaModelConfig& c, const ModelRun& run) {
   PP_RETURN_IF_ERROR(CheckRealField("llama.dropout", c.dropout(), '[', 0, 1, ')'));
   // Divisibility (num_kv_heads | num_heads, even head width), rope_theta, norm_eps.
   PP_RETURN_IF_ERROR(ValidateLlamaConfig(ToLlamaConfig(c)));
+  PP_RETURN_IF_ERROR(ValidateLlamaParallelism(ToLlamaConfig(c), run.tp, run.sequence_parallel));
   // A block per model part (the embedding, norm and head ride along).
   const int64_t parts = run.pp * run.chunks;
   if (parts <= c.num_layers()) return absl::OkStatus();
@@ -161,10 +162,10 @@ class LlamaSampler : public ModelSampler {
                            .max_token_id = vocab.has_value()
                                                ? std::min(vocab->size(), config_.vocab_size())
                                                : config_.vocab_size()};
-    PP_ASSIGN_OR_RETURN(
-        std::vector<int64_t> tokens,
-        Generate(prompt, config_.context_length(), so,
-                 sampler_.LogitsFn(&trainer, &grid, config_.vocab_size(), timeout)));
+    PP_ASSIGN_OR_RETURN(std::vector<int64_t> tokens,
+                        Generate(prompt, config_.context_length(), so,
+                                 sampler_.LogitsFn(&trainer, &grid, config_.vocab_size(), timeout,
+                                                   request.sequence_multiple)));
     if (vocab.has_value()) return vocab->Decode(tokens);
     return absl::StrCat("token ids (no llama.tokenizer to decode them): ",
                         absl::StrJoin(tokens, " "));
@@ -187,6 +188,15 @@ PP_REGISTER_MODEL(
         .validate = ValidateLlama,
         .specs = [](const LlamaModelConfig& c) { return MakeLlamaSpecs(ToLlamaConfig(c)); },
         .loss = LlamaLoss,
+        // Tensor parallelism: heads, kv heads, the SwiGLU and the vocabulary
+        // split; the loss from this rank's vocabulary columns.
+        .tensor_parallel_loss = [](const LlamaModelConfig& c,
+                                   const ModelParallelGroup& group) -> LossFn {
+          return
+              [vocab = c.vocab_size(), group](const Activations& outputs, const MicroBatch& batch) {
+                return LlamaParallelLoss(outputs, batch, vocab, group);
+              };
+        },
         .data = LlamaData,
         .check_data = CheckLlamaData,
         .sampler = [](const LlamaModelConfig& c) -> std::unique_ptr<ModelSampler> {

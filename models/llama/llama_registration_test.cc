@@ -98,6 +98,21 @@ TEST(LlamaRegistrationTest, ValidationNamesTheBadField) {
   deep.pp = 4;
   deep.chunks = 2;
   EXPECT_HAS(Llama().validate(Small(), deep), "only 2 blocks (llama.num_layers)");
+  // Tensor parallelism: declared, and what must divide is named.
+  EXPECT_TRUE(Llama().tensor_parallel_loss != nullptr);
+  ModelRun tp = run;
+  tp.tp = 2;
+  c = Small();
+  c.set_num_kv_heads(1);
+  EXPECT_HAS(Llama().validate(c, tp),
+             "llama.num_kv_heads (1) must be a multiple of parallelism.tp (2)");
+  tp.tp = 8;
+  EXPECT_HAS(Llama().validate(Small(), tp),
+             "llama.num_heads (4) must be a multiple of parallelism.tp (8)");
+  tp.tp = 2;
+  tp.sequence_parallel = true;
+  EXPECT_HAS(Llama().validate(Small(), tp),
+             "parallelism.sequence_parallel is not supported by llama");
 }
 
 TEST(LlamaRegistrationTest, DataIsCheckedBeforeLaunch) {
