@@ -114,11 +114,18 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& c) {
 }
 
 absl::Status ValidateLlamaParallelism(const LlamaConfig& c, int64_t tp, bool sequence_parallel) {
-  if (sequence_parallel) {
+  if (sequence_parallel && tp <= 1) {
     return absl::InvalidArgumentError(
-        "parallelism.sequence_parallel is not supported by llama yet (GPT supports it)");
+        "parallelism.sequence_parallel needs parallelism.tp > 1: it splits the sequence over the "
+        "tensor-parallel ranks");
   }
   if (tp <= 1) return absl::OkStatus();
+  if (sequence_parallel && c.context_length % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama.context_length (", c.context_length, ") must be a multiple of parallelism.tp (", tp,
+        ") with parallelism.sequence_parallel: each rank holds a slice of the "
+        "sequence"));
+  }
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"num_heads", c.num_heads},
                                     {"num_kv_heads", c.num_kv_heads},
                                     {"intermediate_size", c.intermediate_size}}) {
@@ -131,14 +138,15 @@ absl::Status ValidateLlamaParallelism(const LlamaConfig& c, int64_t tp, bool seq
   return absl::OkStatus();
 }
 
-RmsNormImpl::RmsNormImpl(int64_t width, double eps) : eps_(eps) {
+RmsNormImpl::RmsNormImpl(int64_t width, double eps, const ModelParallelGroup& group)
+    : eps_(eps), group_(group) {
   weight = register_parameter("weight", torch::ones({width}));
 }
 
 torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
   torch::Tensor x32 = x.to(torch::kFloat);
   torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return weight * normed.to(x.scalar_type());
+  return tensor_parallel::SequenceParallelReplicated(weight, group_) * normed.to(x.scalar_type());
 }
 
 std::pair<torch::Tensor, torch::Tensor> RotaryTables(int64_t time, int64_t head_dim, double theta,
@@ -167,7 +175,8 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config, const ModelPar
       rope_theta_(config.rope_theta),
       group_(group) {
   TORCH_CHECK(ValidateLlamaConfig(config).ok(), ValidateLlamaConfig(config).ToString());
-  const absl::Status parallel = ValidateLlamaParallelism(config, group.size, false);
+  const absl::Status parallel =
+      ValidateLlamaParallelism(config, group.size, group.sequence_parallel);
   TORCH_CHECK(parallel.ok(), parallel.message());
   using tensor_parallel::ColumnParallelLinear;
   using tensor_parallel::RowParallelLinear;
@@ -186,9 +195,13 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config, const ModelPar
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 3, "attention expects [batch, time, width], got ", x.sizes());
   const int64_t batch = x.size(0);
-  const int64_t time = x.size(1);
+  // Under sequence parallelism x is this rank's sequence slice and each
+  // projection all-gathers the whole sequence (three gathers where a fused
+  // q/k/v projection would need one).
+  torch::Tensor q = q_proj(x);
+  const int64_t time = q.size(1);
   // [b, T, heads * d] -> [b, heads, T, d]
-  torch::Tensor q = q_proj(x).view({batch, time, num_heads_, head_dim_}).transpose(1, 2);
+  q = q.view({batch, time, num_heads_, head_dim_}).transpose(1, 2);
   torch::Tensor k = k_proj(x).view({batch, time, num_kv_heads_, head_dim_}).transpose(1, 2);
   torch::Tensor v = v_proj(x).view({batch, time, num_kv_heads_, head_dim_}).transpose(1, 2);
   auto [cos, sin] = RotaryTables(time, head_dim_, rope_theta_, x.device());
@@ -256,15 +269,23 @@ Activations LlamaEmbeddingImpl::Forward(const Activations& inputs, const MicroBa
   TORCH_CHECK(ids.dim() == 2, "LlamaEmbedding expects input_ids [batch, time], got ", ids.sizes());
   TORCH_CHECK(ids.size(1) <= context_length_, "sequence length ", ids.size(1),
               " exceeds llama.context_length ", context_length_);
+  // Under sequence parallelism the embeddings arrive reduce-scattered to this
+  // rank's sequence slice: its slice of the dense mask.
+  if (group_.sequence_parallel) {
+    return {tensor_parallel::ShardedDropout(tok_embed(ids), dropout_->options.p(), is_training(),
+                                            /*dim=*/1, group_)};
+  }
   return {dropout_(tok_embed(ids))};
 }
 
 LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config, const ModelParallelGroup& group)
     : LayerImpl("LlamaBlock") {
-  input_layernorm = register_module("input_layernorm", RmsNorm(config.width, config.norm_eps));
+  group_ = group;
+  input_layernorm =
+      register_module("input_layernorm", RmsNorm(config.width, config.norm_eps, group));
   self_attn = register_module("self_attn", LlamaAttention(config, group));
   post_attention_layernorm =
-      register_module("post_attention_layernorm", RmsNorm(config.width, config.norm_eps));
+      register_module("post_attention_layernorm", RmsNorm(config.width, config.norm_eps, group));
   mlp = register_module("mlp", SwiGlu(config.width, config.intermediate_size, group));
   dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
 }
@@ -272,9 +293,15 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config, const ModelParallelGro
 Activations LlamaBlockImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
   TORCH_CHECK(inputs.size() == 1, "LlamaBlock expects one activation, got ", inputs.size());
   torch::Tensor x = inputs[0];
-  x = x + dropout_(self_attn(input_layernorm(x)));
-  x = x + dropout_(mlp(post_attention_layernorm(x)));
+  x = x + Dropout(self_attn(input_layernorm(x)));
+  x = x + Dropout(mlp(post_attention_layernorm(x)));
   return {x};
+}
+
+torch::Tensor LlamaBlockImpl::Dropout(const torch::Tensor& y) {
+  return group_.sequence_parallel
+             ? tensor_parallel::ShardedDropout(y, dropout_->options.p(), is_training(), 1, group_)
+             : dropout_(y);
 }
 
 int64_t LlamaBlockParameterCount(const LlamaConfig& c) {
@@ -303,8 +330,9 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
                       return std::make_shared<LlamaBlockImpl>(config, ctx.model_parallel);
                     }).WithParameterCount(LlamaBlockParameterCount(config)));
   }
-  specs.push_back(LayerSpec("FinalRmsNorm", [config](const LayerContext&) {
-                    return MakeModuleLayer(RmsNorm(config.width, config.norm_eps), "FinalRmsNorm");
+  specs.push_back(LayerSpec("FinalRmsNorm", [config](const LayerContext& ctx) {
+                    return MakeModuleLayer(
+                        RmsNorm(config.width, config.norm_eps, ctx.model_parallel), "FinalRmsNorm");
                   }).WithParameterCount(config.width));
   if (config.tie_embeddings) {
     // The head reuses the embedding table: count its matmul like the table.

@@ -65,22 +65,26 @@ struct LlamaConfig {
 absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 
 // What tensor parallelism of size `tp` needs, naming the field: heads, kv
-// heads and the SwiGLU width split evenly; no sequence parallelism yet.
+// heads and the SwiGLU width split evenly; under sequence parallelism tp > 1
+// and context_length split evenly.
 absl::Status ValidateLlamaParallelism(const LlamaConfig& config, int64_t tp,
                                       bool sequence_parallel);
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last dimension, computed in
 // float32 and cast back (as Hugging Face's LlamaRMSNorm does). Parameter
 // "weight" [width], initialised to ones.
+// Under sequence parallelism (`group.sequence_parallel`) it normalises this
+// rank's sequence slice and the weight's gradient is summed over the group.
 class RmsNormImpl : public torch::nn::Module {
  public:
-  RmsNormImpl(int64_t width, double eps);
+  RmsNormImpl(int64_t width, double eps, const ModelParallelGroup& group = {});
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::Tensor weight;
 
  private:
   double eps_;
+  ModelParallelGroup group_;
 };
 TORCH_MODULE(RmsNorm);
 
@@ -157,7 +161,12 @@ class LlamaBlockImpl : public LayerImpl {
   SwiGlu mlp{nullptr};
 
  private:
+  // The residual branches' dropout (this rank's sequence slice of the dense
+  // mask under sequence parallelism).
+  torch::Tensor Dropout(const torch::Tensor& y);
+
   torch::nn::Dropout dropout_{nullptr};
+  ModelParallelGroup group_;
 };
 
 // Trainable parameters of one LlamaBlock, for the partitioners' declared counts.

@@ -86,15 +86,19 @@ std::vector<Case> AllCases() {
   add("1f1b", 2, 2, 1, /*tied=*/false);
   // Tensor parallelism at tp 2 (query heads 4 -> 2, kv heads 2 -> 1, the
   // SwiGLU and the vocabulary split), covering (pp, tp, dp) = (1,2,1) untied,
-  // (2,2,1) tied under interleaved 1F1B, (2,2,2) untied; SGD with momentum
+  // (2,2,1) tied under interleaved 1F1B, (2,2,2) untied, and with sequence
+  // parallelism (2,2,1) untied 1F1B and (2,2,1) tied GPipe; SGD with momentum
   // (model_equivalence_test says why not AdamW).
-  for (const auto& [schedule, pp, dp, chunks, tied] :
-       {std::tuple<std::string, int, int, int, bool>{"1f1b", 1, 1, 1, false},
-        {"interleaved_1f1b", 2, 1, 2, true},
-        {"1f1b", 2, 2, 1, false}}) {
+  for (const auto& [schedule, pp, dp, chunks, tied, sp] :
+       {std::tuple<std::string, int, int, int, bool, bool>{"1f1b", 1, 1, 1, false, false},
+        {"interleaved_1f1b", 2, 1, 2, true, false},
+        {"1f1b", 2, 2, 1, false, false},
+        {"1f1b", 2, 1, 1, false, true},
+        {"gpipe", 2, 1, 1, true, true}}) {
     add(schedule, pp, dp, chunks, tied);
     Case& c = cases.back();
     c.config.tp = 2;
+    c.config.sequence_parallel = sp;
     c.config.optimizer.name = "sgd";
     c.config.optimizer.lr = 0.1;
     c.config.optimizer.momentum = 0.9;
@@ -105,7 +109,7 @@ std::vector<Case> AllCases() {
         return LlamaParallelLoss(outputs, batch, vocab, group);
       };
     };
-    c.name = "tp2_" + c.name;
+    c.name = (sp ? "tp2_sp_" : "tp2_") + c.name;
   }
   return cases;
 }

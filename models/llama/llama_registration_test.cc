@@ -111,8 +111,11 @@ TEST(LlamaRegistrationTest, ValidationNamesTheBadField) {
              "llama.num_heads (4) must be a multiple of parallelism.tp (8)");
   tp.tp = 2;
   tp.sequence_parallel = true;
-  EXPECT_HAS(Llama().validate(Small(), tp),
-             "parallelism.sequence_parallel is not supported by llama");
+  EXPECT_TRUE(Llama().validate(Small(), tp).ok());
+  c = Small();
+  c.set_context_length(7);
+  EXPECT_HAS(Llama().validate(c, tp),
+             "llama.context_length (7) must be a multiple of parallelism.tp (2)");
 }
 
 TEST(LlamaRegistrationTest, DataIsCheckedBeforeLaunch) {
