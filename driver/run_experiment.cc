@@ -346,9 +346,8 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, info.specs(*selected.config));
   PP_ASSIGN_OR_RETURN(const std::string partition_method,
                       ResolvePartitionMethod(config, specs, *data.train, grid, timeout));
-  ModelParallelGroup model_parallel = ModelParallelGroupOf(grid, timeout);
-  model_parallel.sequence_parallel =
-      model_parallel.is_parallel() && config.parallelism().sequence_parallel();
+  const ModelParallelGroup model_parallel =
+      ModelParallelGroupOf(grid, timeout, config.parallelism().sequence_parallel());
   PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
                       BuildStage(config, specs, partition_method, grid.stage_id(),
                                  cluster.world.device, model_parallel));

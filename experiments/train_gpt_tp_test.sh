@@ -29,34 +29,32 @@ run() {  # run NAME FLAGS...: a run that must succeed
 }
 losses() { cat "$TMP"/runs/"$1"-*/metrics.jsonl | sed -E 's/^\{.*"loss":([^,}]*).*"step":([0-9]+).*$/\2 \1/' | sort -n; }
 sample() { sed -n '/sample (top-/,/memory per rank/p' "$TMP/$1.log" | sed '1d;$d'; }
+# close_losses WANT GOT WHAT: the same steps, each loss within 1e-5 relative.
+close_losses() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import sys
+a = dict(l.split() for l in sys.argv[1].splitlines())
+b = dict(l.split() for l in sys.argv[2].splitlines())
+assert a and a.keys() == b.keys(), (sorted(a), sorted(b))
+worst = max(abs(float(a[k]) - float(b[k])) / abs(float(a[k])) for k in a)
+print(f"{sys.argv[3]}: {len(a)} steps, largest relative loss difference {worst:.2e} (at most 1e-5)")
+assert worst <= 1e-5, worst
+PY
+}
 
 run tp1 --tp=1 --save_interval=4
 run tp2 --tp=2 --save_interval=4
 grep -q 'pp=2 x dp=1 x tp=2' "$LOG" || fail "the header does not name tp=2"
-python3 - "$(losses tp1)" "$(losses tp2)" <<'PY' || fail "tp 2's losses differ from tp 1's"
-import sys
-a = dict(l.split() for l in sys.argv[1].splitlines())
-b = dict(l.split() for l in sys.argv[2].splitlines())
-assert len(a) == 12 and a.keys() == b.keys(), (len(a), sorted(a), sorted(b))
-worst = max(abs(float(a[k]) - float(b[k])) / abs(float(a[k])) for k in a)
-print(f"12 steps, largest relative loss difference tp 2 vs tp 1: {worst:.2e} (at most 1e-5)")
-assert worst <= 1e-5, worst
-PY
+[[ $(losses tp1 | wc -l) -eq 12 ]] || fail "tp 1 has $(losses tp1 | wc -l) losses, want 12"
+close_losses "$(losses tp1)" "$(losses tp2)" "tp 2 vs tp 1" || fail "tp 2's losses differ from tp 1's"
 [[ -n $(sample tp1) && "$(sample tp1)" == "$(sample tp2)" ]] || fail "samples differ: tp1 '$(sample tp1)' tp2 '$(sample tp2)'"
 echo "ok: the same sample at tp 1 and tp 2"
 
 # Sequence parallelism: the same losses and sample; each rank sends its half
 # of the sequence between stages.
 run sp --tp=2 --sequence_parallel=true
-python3 - "$(losses tp1)" "$(losses sp)" <<'PY' || fail "tp 2 + sequence parallel's losses differ from tp 1's"
-import sys
-a = dict(l.split() for l in sys.argv[1].splitlines())
-b = dict(l.split() for l in sys.argv[2].splitlines())
-assert len(a) == 12 and a.keys() == b.keys(), (len(a), sorted(a), sorted(b))
-worst = max(abs(float(a[k]) - float(b[k])) / abs(float(a[k])) for k in a)
-print(f"sequence parallel: largest relative loss difference to tp 1: {worst:.2e} (at most 1e-5)")
-assert worst <= 1e-5, worst
-PY
+close_losses "$(losses tp1)" "$(losses sp)" "tp 2 + sequence parallel vs tp 1" ||
+  fail "tp 2 + sequence parallel's losses differ from tp 1's"
 [[ "$(sample sp)" == "$(sample tp1)" ]] || fail "sequence parallel's sample '$(sample sp)' differs"
 p2p_bytes() { sed -nE 's/^\[rank 0\] p2p \(rank 0\): [0-9]+ messages sent \(([0-9]+) payload bytes.*/\1/p' "$TMP/$1.log"; }
 [[ -n $(p2p_bytes tp2) && $(( $(p2p_bytes sp) * 2 )) -eq $(p2p_bytes tp2) ]] ||
@@ -88,15 +86,9 @@ run merged --tp=1 --resume="$CKPT"
 EXTRA_SET=""
 grep -q 'resuming at another tensor-parallel size (parallelism.tp: 2 in the checkpoint, 1 now)' "$LOG" ||
   fail "no warning that the shards are merged"
-python3 - "$want" "$(losses merged)" <<'PY' || fail "steps 9-12 resumed at tp 1 differ from the tp 2 run's"
-import sys
-a = dict(l.split() for l in sys.argv[1].splitlines())
-b = dict(l.split() for l in sys.argv[2].splitlines())
-assert len(a) == 4 and a.keys() == b.keys(), (sorted(a), sorted(b))
-worst = max(abs(float(a[k]) - float(b[k])) / abs(float(a[k])) for k in a)
-print(f"resumed at tp 1 from tp 2's checkpoint: steps 9-12 within {worst:.2e} (at most 1e-5)")
-assert worst <= 1e-5, worst
-PY
+[[ $(echo "$want" | wc -l) -eq 4 ]] || fail "want 4 losses after step 8, got '$want'"
+close_losses "$want" "$(losses merged)" "resumed at tp 1 from tp 2's checkpoint, steps 9-12" ||
+  fail "steps 9-12 resumed at tp 1 differ from the tp 2 run's"
 
 LOG=$TMP/refused.log
 timeout 60 "$BIN" "${COMMON[@]}" --set="$SET" --name=refused --tp=8 > "$LOG" 2>&1

@@ -458,8 +458,13 @@ struct FileSource {
 // Which file each of our tensors (and optimizer states) lives in.
 struct LoadPlan {
   std::map<std::string, std::vector<WantedTensor>> model_files, optim_files;
-  std::map<std::string, std::string> prefix_of_file;  // file -> "layers.7." / "tied.wte."
   std::map<std::string, FileSource> source_of_file;
+
+  // "layers.7." / "tied.wte.": what a planned file's keys are local to.
+  std::string PrefixOfFile(const std::string& file) const {
+    const FileSource& source = source_of_file.at(file);
+    return PrefixOf(source.layer, source.tie_key);
+  }
 };
 
 absl::StatusOr<LoadPlan> PlanLoad(const ModelState& model, torch::optim::Optimizer* optimizer,
@@ -473,18 +478,14 @@ absl::StatusOr<LoadPlan> PlanLoad(const ModelState& model, torch::optim::Optimiz
   }
   for (const auto& [name, tensor] : model.tensors) {
     PP_ASSIGN_OR_RETURN(TensorLocation loc, LocateTensor(name));
-    std::string mfile, ofile, prefix;
+    std::string mfile, ofile;
     if (loc.tie_key.empty()) {
       mfile = LayerFileName(loc.layer, rank.model_rank, rank.model_size, kModelKind);
       ofile = LayerFileName(loc.layer, rank.model_rank, rank.model_size, kOptimKind);
-      prefix = absl::StrCat("layers.", loc.layer, ".");
     } else {
       mfile = TiedFileName(loc.tie_key, rank.model_rank, rank.model_size, kModelKind);
       ofile = TiedFileName(loc.tie_key, rank.model_rank, rank.model_size, kOptimKind);
-      prefix = absl::StrCat("tied.", loc.tie_key, ".");
     }
-    plan.prefix_of_file[mfile] = prefix;
-    plan.prefix_of_file[ofile] = prefix;
     plan.source_of_file[mfile] = {loc.layer, loc.tie_key, kModelKind};
     plan.source_of_file[ofile] = {loc.layer, loc.tie_key, kOptimKind};
     plan.model_files[mfile].push_back({name, loc.local, tensor});
@@ -669,7 +670,7 @@ absl::Status LoadModelTensors(const LoadPlan& plan, PlannedFiles& files, const L
       in_file.erase(found);
     }
     for (const auto& [local, t] : in_file)
-      report.unexpected.push_back(plan.prefix_of_file.at(file) + local);
+      report.unexpected.push_back(plan.PrefixOfFile(file) + local);
   }
   return absl::OkStatus();
 }
@@ -705,7 +706,7 @@ absl::Status LoadOptimizerStates(const LoadPlan& plan, PlannedFiles& files,
       ++report.optimizer_states_loaded;
     }
     for (const auto& [key, t] : in_file)
-      report.unexpected.push_back(plan.prefix_of_file.at(file) + key + " (optimizer)");
+      report.unexpected.push_back(plan.PrefixOfFile(file) + key + " (optimizer)");
   }
   return absl::OkStatus();
 }

@@ -49,6 +49,14 @@ BertConfig TinyBert() {
   return {.vocab_size = 260, .context_length = 16, .width = 16, .num_heads = 2, .num_layers = 4};
 }
 
+// GptParallelLoss over TinyGpt's vocabulary, for RunConfig::parallel_loss.
+LossFn TinyGptParallelLoss(const ModelParallelGroup& group) {
+  return
+      [vocab = TinyGpt().vocab_size, group](const Activations& outputs, const MicroBatch& batch) {
+        return GptParallelLoss(outputs, batch, vocab, group);
+      };
+}
+
 void UseGpt(RunConfig& c) {
   c.specs = [] { return *MakeGptSpecs(TinyGpt()); };
   c.loss = GptLoss;
@@ -175,12 +183,7 @@ std::vector<Case> AllCases() {
     c.optimizer.lr = 0.1;
     c.optimizer.momentum = 0.9;
     UseGpt(c);
-    const int64_t vocab = TinyGpt().vocab_size;
-    c.parallel_loss = [vocab](const ModelParallelGroup& group) -> LossFn {
-      return [vocab, group](const Activations& outputs, const MicroBatch& batch) {
-        return GptParallelLoss(outputs, batch, vocab, group);
-      };
-    };
+    c.parallel_loss = TinyGptParallelLoss;
     std::string name =
         absl::StrCat("gpt_tp2_", schedule, "_pp2_dp", dp, "_v", c.chunks,
                      tc.sequence_parallel ? "_sp" : "", tc.ckpt_interval > 0 ? "_ckpt" : "");
@@ -203,12 +206,7 @@ TEST(SequenceParallelTest, EachTensorParallelRankSendsItsSliceOnce) {
   c.optimizer.name = "sgd";
   c.optimizer.lr = 0.1;
   UseGpt(c);
-  const int64_t vocab = TinyGpt().vocab_size;
-  c.parallel_loss = [vocab](const ModelParallelGroup& group) -> LossFn {
-    return [vocab, group](const Activations& outputs, const MicroBatch& batch) {
-      return GptParallelLoss(outputs, batch, vocab, group);
-    };
-  };
+  c.parallel_loss = TinyGptParallelLoss;
   absl::StatusOr<RunResult> whole = TrainPipeline(c);
   ASSERT_TRUE(whole.ok()) << whole.status();
   c.sequence_parallel = true;

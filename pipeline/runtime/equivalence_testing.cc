@@ -384,8 +384,8 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
                                 ? PipeModelDataParallelTopology(config.pp, config.tp, config.dp)
                                 : PipeDataParallelTopology(config.pp, config.dp));
         PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world_of_rank, topology));
-        ModelParallelGroup group = ModelParallelGroupOf(grid, config.timeout);
-        group.sequence_parallel = config.tp > 1 && config.sequence_parallel;
+        const ModelParallelGroup group =
+            ModelParallelGroupOf(grid, config.timeout, config.sequence_parallel);
         PP_ASSIGN_OR_RETURN(
             auto model,
             PipelineModel::Create(SpecsOf(config), ModelOptionsOf(config, group), grid.stage_id()));

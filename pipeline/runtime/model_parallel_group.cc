@@ -2,8 +2,8 @@
 
 namespace pp {
 
-ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid,
-                                        std::chrono::milliseconds timeout) {
+ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid, std::chrono::milliseconds timeout,
+                                        bool sequence_parallel) {
   ModelParallelGroup group;
   if (grid.model_parallel_size() <= 1) return group;
   group.rank = grid.model_parallel_id();
@@ -11,6 +11,7 @@ ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid,
   group.group = grid.model_group();
   group.timeout = timeout;
   group.description = grid.DescribeGroup("model group", grid.model_group_ranks());
+  group.sequence_parallel = sequence_parallel;
   return group;
 }
 

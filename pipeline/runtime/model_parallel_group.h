@@ -13,10 +13,11 @@
 
 namespace pp {
 
-// This rank's model group, its rank in it and size, described for errors;
-// the default (size 1, no group) when the grid's model axis is 1.
-ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid,
-                                        std::chrono::milliseconds timeout);
+// This rank's model group, its rank in it and size, described for errors,
+// sequence parallel when asked; the default (size 1, no group, no sequence
+// parallelism) when the grid's model axis is 1.
+ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid, std::chrono::milliseconds timeout,
+                                        bool sequence_parallel = false);
 
 }  // namespace pp
 
