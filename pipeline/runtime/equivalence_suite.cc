@@ -122,6 +122,35 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
                   supported});
             }
           }
+          // The distributed optimizer (ZeRO-1, distributed_optimizer.h),
+          // once per schedule and pp, a covering set rather than the
+          // product: dp = 2 AdamW with 100-element buckets (parameters
+          // straddle buckets) and clipping, dp = 4 SGD with momentum and
+          // the default bucket under checkpointing, dp = 2 bf16 AdamW. Each
+          // against the sequential reference, which the pipeline without it
+          // also matches.
+          if (m == *counts.rbegin() && dp == 1) {
+            for (int zero_dp : {2, 4}) {
+              const bool adamw = zero_dp == 2;
+              RunConfig c =
+                  MakeCase(info.name, pp, zero_dp, m, chunks, adamw ? "adamw" : "sgd", !adamw);
+              c.distributed_optimizer = true;
+              if (adamw) {
+                c.bucket_numel = 100;
+                c.max_grad_norm = 0.05;
+              }
+              cases.push_back(EquivalenceCase{c,
+                                              CaseName(info.name, pp, zero_dp, chunks, m,
+                                                       adamw ? "adamw" : "sgd", !adamw, "_zero1"),
+                                              supported});
+            }
+            RunConfig c = MakeCase(info.name, pp, 2, m, chunks, "adamw", false);
+            c.distributed_optimizer = true;
+            c.precision = Precision::kBf16;
+            cases.push_back(EquivalenceCase{
+                c, CaseName(info.name, pp, 2, chunks, m, "adamw", false, "_zero1_bf16"),
+                supported});
+          }
           // The same on GPUs (rank r on cuda:r, NCCL), once per schedule
           // shape: AdamW, with and without checkpointing, m = the largest
           // count. They skip where pp * dp GPUs are not visible; the

@@ -44,6 +44,19 @@
 // grad norms within 3.2e-5 relative. The teeth test
 // (pipeline/runtime:equivalence_test, Bf16DetectsMissingTiedGradientReduction)
 // shows a missing tied reduction falls outside the bound.
+// Distributed optimizer (TrainerOptions::distributed_optimizer, ZeRO-1):
+// each (schedule, pp) at the largest micro-batch count also has three
+// "_zero1" cases, a covering set rather than the product: dp = 2 AdamW with
+// 100-element buckets (parameters straddle buckets) and clipping at 0.05
+// (active), dp = 4 SGD with momentum, the default bucket and checkpointing,
+// and dp = 2 bf16 AdamW (the bf16 bound). Against the sequential reference,
+// within the same 1e-5: the slices' update is the unsharded update element
+// for element; what is summed in another order is the data-parallel sum at
+// dp = 4 (Gloo's reduce vs the reference's rank order: fp32 round-off, 1e-7
+// relative per element) and the gradient norm (squares summed per slice
+// instead of per parameter, in double). The teeth test
+// (equivalence_test, DistributedOptimizerPlantedFaultsAreDetected) plants a
+// bucket reduced twice and a slice left out of the norm.
 // A schedule the runtime cannot execute (CheckRuntimeSupports; the executor
 // supports every action type today, I/W included) must
 // be refused with Unimplemented instead.

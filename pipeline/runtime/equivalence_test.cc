@@ -39,6 +39,28 @@ TEST(EquivalenceExtraTest, ClippingAndLrScheduleMatchSequential) {
   EXPECT_EQ(CompareResults(*sequential, *pipeline, kRtol), "");
 }
 
+// The distributed optimizer's planted bugs (a bucket's gradients summed
+// twice; a slice left out of the norm, so clipping scales by the wrong
+// factor) fall outside the suite's tolerance, where the correct one is
+// inside it.
+TEST(EquivalenceExtraTest, DistributedOptimizerPlantedFaultsAreDetected) {
+  RunConfig c = ClippedConfig();
+  c.distributed_optimizer = true;
+  c.bucket_numel = 100;
+  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  absl::StatusOr<RunResult> right = TrainPipeline(c);
+  ASSERT_TRUE(right.ok()) << right.status();
+  EXPECT_EQ(CompareResults(*sequential, *right, kRtol), "");
+  using Fault = DistributedOptimizerOptions::PlantedFault;
+  for (Fault fault : {Fault::kBucketReducedTwice, Fault::kSliceLeftOutOfNorm}) {
+    c.distributed_optimizer_fault = fault;
+    absl::StatusOr<RunResult> wrong = TrainPipeline(c);
+    ASSERT_TRUE(wrong.ok()) << wrong.status();
+    EXPECT_NE(CompareResults(*sequential, *wrong, kRtol), "") << static_cast<int>(fault);
+  }
+}
+
 // Receives executed exactly where the lowered program puts them (no
 // deferral) train the same.
 TEST(EquivalenceExtraTest, ReceivesInProgramOrderMatchSequential) {

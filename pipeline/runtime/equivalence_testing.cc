@@ -299,6 +299,9 @@ TrainerOptions TrainerOptionsOf(const RunConfig& config, const torch::Device& de
   to.executor.post_receives_ahead = config.post_receives_ahead;
   to.layer_runner = config.layer_runner;
   to.precision = config.precision;
+  to.distributed_optimizer = config.distributed_optimizer;
+  to.bucket_numel = config.bucket_numel;
+  to.distributed_optimizer_fault = config.distributed_optimizer_fault;
   return to;
 }
 
@@ -399,6 +402,12 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
           rank_losses[grid.global_rank()].push_back(r.loss);
           rank_norms[grid.global_rank()].push_back(r.grad_norm);
         }
+        // The distributed optimizer's masters are slices: gathered
+        // whole (collective: before taking the lock).
+        std::optional<DistributedOptimizer::WholeState> whole;
+        if (trainer->distributed_optimizer() != nullptr) {
+          PP_ASSIGN_OR_RETURN(whole, trainer->distributed_optimizer()->GatherWholeState());
+        }
         std::lock_guard<std::mutex> lock(mu);
         const P2PStats p2p = trainer->p2p_stats();
         result.received_posted_ahead += p2p.payloads_posted_ahead + p2p.controls_posted_ahead;
@@ -407,9 +416,10 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         for (const auto& item : model->named_parameters()) {
           auto& slot = rank_params[grid.data_parallel_id()][grid.model_parallel_id()][item.key()];
           // bf16: the fp32 master, what the optimizer updates.
-          torch::Tensor value = trainer->MasterOf(item.value())
-                                    .detach()
-                                    .to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+          torch::Tensor value =
+              (whole ? whole->ValueOf(item.value()) : trainer->MasterOf(item.value()))
+                  .detach()
+                  .to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
           if (slot.defined() && !torch::equal(slot, value)) {
             return absl::InternalError(
                 absl::StrCat("tied copies of ", item.key(), " differ between stages"));

@@ -110,6 +110,12 @@ struct RunConfig {
   // masters, each micro-batch's gradients added into fp32 after its
   // backward, fp32 loss). Parameters are compared as the fp32 masters.
   Precision precision = Precision::kFp32;
+  // TrainerOptions::distributed_optimizer (ZeRO-1 over the data group), its
+  // bucket size and a planted bug (testing).
+  bool distributed_optimizer = false;
+  int64_t bucket_numel = kDefaultBucketNumel;
+  DistributedOptimizerOptions::PlantedFault distributed_optimizer_fault =
+      DistributedOptimizerOptions::PlantedFault::kNone;
   // Where the pipeline's ranks compute: kCuda puts rank r on cuda:r (pp * dp
   // GPUs, NCCL); the sequential reference always runs on the CPU.
   DeviceKind device = DeviceKind::kCpu;

@@ -87,6 +87,30 @@ absl::Status AverageGrads(const std::vector<torch::Tensor>& params,
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::StatusOr<double> ReduceSquaredNorm(double local,
+                                         const c10::intrusive_ptr<c10d::ProcessGroup>& pipe_group,
+                                         const c10::intrusive_ptr<c10d::ProcessGroup>& data_group,
+                                         bool average_over_data, std::chrono::milliseconds timeout,
+                                         torch::Device device) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor sumsq = torch::tensor({local}, torch::kDouble).to(device);
+  std::vector<at::Tensor> one = {sumsq};
+  if (pipe_group && pipe_group->getSize() > 1) {
+    PP_RETURN_IF_ERROR(RunCollective("grad-norm all-reduce", "pipe group", timeout,
+                                     [&] { return pipe_group->allreduce(one); }));
+  }
+  if (data_group && data_group->getSize() > 1) {
+    PP_RETURN_IF_ERROR(RunCollective("grad-norm all-reduce", "data group", timeout,
+                                     [&] { return data_group->allreduce(one); }));
+    if (average_over_data) sumsq.div_(static_cast<double>(data_group->getSize()));
+  }
+  return std::sqrt(sumsq.cpu().item<double>());
+}
+
+}  // namespace
+
 absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_params,
                                       const c10::intrusive_ptr<c10d::ProcessGroup>& pipe_group,
                                       const c10::intrusive_ptr<c10d::ProcessGroup>& data_group,
@@ -99,18 +123,21 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_
     const double n = p.grad().detach().norm().item<double>();
     local += n * n;
   }
-  torch::Tensor sumsq = torch::tensor({local}, torch::kDouble).to(device);
-  std::vector<at::Tensor> one = {sumsq};
-  if (pipe_group && pipe_group->getSize() > 1) {
-    PP_RETURN_IF_ERROR(RunCollective("grad-norm all-reduce", "pipe group", timeout,
-                                     [&] { return pipe_group->allreduce(one); }));
-  }
-  if (data_group && data_group->getSize() > 1) {
-    PP_RETURN_IF_ERROR(RunCollective("grad-norm all-reduce", "data group", timeout,
-                                     [&] { return data_group->allreduce(one); }));
-    sumsq.div_(static_cast<double>(data_group->getSize()));
-  }
-  return std::sqrt(sumsq.cpu().item<double>());
+  return ReduceSquaredNorm(local, pipe_group, data_group, /*average_over_data=*/true, timeout,
+                           device);
+}
+
+absl::StatusOr<double> ShardedGradNorm(double local_sum_of_squares,
+                                       const c10::intrusive_ptr<c10d::ProcessGroup>& pipe_group,
+                                       const c10::intrusive_ptr<c10d::ProcessGroup>& data_group,
+                                       std::chrono::milliseconds timeout, torch::Device device) {
+  return ReduceSquaredNorm(local_sum_of_squares, pipe_group, data_group,
+                           /*average_over_data=*/false, timeout, device);
+}
+
+double ClipCoefficient(double norm, double max_norm) {
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? coef : 1.0;
 }
 
 std::map<std::string, tensor_parallel::ShardSpec> ModelShardDims(const PipelineModel& model) {
@@ -124,7 +151,7 @@ std::map<std::string, tensor_parallel::ShardSpec> ModelShardDims(const PipelineM
 }
 
 void ClipGradsToNorm(const std::vector<torch::Tensor>& params, double norm, double max_norm) {
-  const double coef = max_norm / (norm + 1e-6);
+  const double coef = ClipCoefficient(norm, max_norm);
   if (coef >= 1.0) return;
   torch::NoGradGuard no_grad;
   for (const torch::Tensor& p : params) {

@@ -71,6 +71,19 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<torch::Tensor>& counted_
 // parameter not named here is whole on every tensor-parallel rank.
 std::map<std::string, tensor_parallel::ShardSpec> ModelShardDims(const PipelineModel& model);
 
+// The global norm from this rank's sum of squares: summed over `pipe_group`
+// and over `data_group` (a distributed optimizer's slices are disjoint, so
+// their squares add up), then the square root. Null groups are skipped.
+absl::StatusOr<double> ShardedGradNorm(double local_sum_of_squares,
+                                       const c10::intrusive_ptr<c10d::ProcessGroup>& pipe_group,
+                                       const c10::intrusive_ptr<c10d::ProcessGroup>& data_group,
+                                       std::chrono::milliseconds timeout,
+                                       torch::Device device = torch::kCPU);
+
+// max_norm / (norm + 1e-6) when that is < 1 (clip), else 1: what
+// ClipGradsToNorm multiplies gradients by.
+double ClipCoefficient(double norm, double max_norm);
+
 // Scales all `params`' gradients by max_norm / (norm + 1e-6) when norm >
 // max_norm, like torch::nn::utils::clip_grad_norm_.
 void ClipGradsToNorm(const std::vector<torch::Tensor>& params, double norm, double max_norm);

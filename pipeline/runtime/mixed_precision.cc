@@ -1,5 +1,7 @@
 #include "pipeline/runtime/mixed_precision.h"
 
+#include <glog/logging.h>
+
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -104,7 +106,19 @@ void MasterWeights::AccumulateGrads() {
   }
 }
 
+void MasterWeights::ReleaseValues() {
+  torch::NoGradGuard no_grad;
+  for (torch::Tensor& master : masters_) {
+    // One element expanded to the shape: sizes stay (gradient code reads
+    // them), writes fail loudly (overlapping memory).
+    master.set_data(
+        torch::zeros({}, master.options().requires_grad(false)).expand(master.sizes()));
+  }
+  released_ = true;
+}
+
 void MasterWeights::CopyToModel() {
+  CHECK(!released_) << "MasterWeights::CopyToModel after ReleaseValues";
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(masters_[i]);
 }

@@ -77,10 +77,18 @@ class MasterWeights {
   // after the masters were loaded from a checkpoint).
   void CopyToModel();
 
+  // For a distributed optimizer that keeps its own fp32 slice of the masters
+  // (distributed_optimizer.h): frees the masters' values and keeps only
+  // their .grad (the fp32 gradient accumulators). The masters keep their
+  // shapes but hold one zero element, expanded (a write into one fails);
+  // CopyToModel must not be called any more (CHECK).
+  void ReleaseValues();
+
  private:
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> masters_;
   std::unordered_map<const void*, size_t> index_;
+  bool released_ = false;
 };
 
 }  // namespace pp

@@ -11,8 +11,9 @@
 // shape runs with and without it. AdamW with weight decay throughout (the
 // padding rows of the vocabulary must stay zero). Besides: clipping by the
 // global norm at tp = 2 (a replicated parameter counted once, a sharded one
-// once per shard), bf16's first step, and the planted faults: a missing all-reduce and a
-// wrong slice in the communication functions must each fail the comparison.
+// once per shard), the distributed optimizer at (2,2,2), bf16's first step, and the planted faults:
+// a missing all-reduce and a wrong slice in the communication functions must each fail the
+// comparison.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -160,6 +161,34 @@ TEST(TensorParallelEquivalenceExtra, ClippingMatchesSequential) {
   ASSERT_TRUE(sequential.ok()) << sequential.status();
   ASSERT_GT(sequential->grad_norms[0], c.max_grad_norm);
   EXPECT_EQ(CompareResults(*sequential, *pipeline, kRtol), "");
+}
+
+// The distributed optimizer under tensor parallelism: each tp rank's
+// parameters (its shards and its copy of the replicated ones) are sliced
+// over its data group; the norm sums the slices over data and pipe x model.
+// 1F1B and interleaved 1F1B (two chunks) at pp 2 x tp 2 x dp 2, clipping
+// active, checkpointing on the second.
+TEST(TensorParallelEquivalenceExtra, DistributedOptimizerMatchesSequential) {
+  for (const std::string schedule : {"1f1b", "interleaved_1f1b"}) {
+    SCOPED_TRACE(schedule);
+    RunConfig c = ToyParallel(schedule, {2, 2, 2});
+    c.microbatches = 4;
+    c.chunks = schedule == "1f1b" ? 1 : 2;
+    c.max_grad_norm = 0.05;
+    c.distributed_optimizer = true;
+    c.bucket_numel = 64;
+    if (schedule != "1f1b") {
+      absl::StatusOr<LayerRunner> runner = CheckpointEveryBlock();
+      ASSERT_TRUE(runner.ok()) << runner.status();
+      c.layer_runner = *runner;
+    }
+    absl::StatusOr<RunResult> pipeline = TrainPipeline(c);
+    ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+    absl::StatusOr<RunResult> sequential = TrainSequential(c);
+    ASSERT_TRUE(sequential.ok()) << sequential.status();
+    ASSERT_GT(sequential->grad_norms[0], c.max_grad_norm);
+    EXPECT_EQ(CompareResults(*sequential, *pipeline, kRtol), "");
+  }
 }
 
 // bf16 (mixed_precision.h) at tp = 2 against the bf16 reference. Not to the

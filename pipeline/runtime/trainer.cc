@@ -238,8 +238,49 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   if (t->master_) {
     t->executor_->set_after_backward([master = t->master_.get()] { master->AccumulateGrads(); });
   }
-  t->optimizer_ = MakeOptimizer(options.optimizer, t->master_ ? t->master_->masters() : t->params_);
+  if (options.distributed_optimizer) {
+    PP_RETURN_IF_ERROR(t->MakeDistributedOptimizer());
+  } else {
+    t->optimizer_ =
+        MakeOptimizer(options.optimizer, t->master_ ? t->master_->masters() : t->params_);
+  }
   return t;
+}
+
+absl::Status Trainer::MakeDistributedOptimizer() {
+  std::set<const void*> counted;
+  for (const torch::Tensor& p : counted_params_) counted.insert(p.unsafeGetTensorImpl());
+  // One group per local virtual stage (its REDUCE_GRAD starts it); a module
+  // shared by two chunks of this rank belongs to the first.
+  std::set<const void*> seen;
+  std::vector<std::vector<ShardedParam>> groups;
+  for (int64_t c = 0; c < model_->num_chunks(); ++c) {
+    std::vector<ShardedParam> group;
+    for (const auto& item : model_->chunk_named_parameters(c)) {
+      const torch::Tensor& p = item.value();
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      ShardedParam sharded;
+      sharded.param = p;
+      sharded.holder = MasterOf(p);
+      sharded.counts_in_norm = counted.count(sharded.holder.unsafeGetTensorImpl()) > 0;
+      group.push_back(std::move(sharded));
+    }
+    dist_group_of_stage_[static_cast<int>(model_->chunk(c)->virtual_stage())] =
+        static_cast<int>(groups.size());
+    groups.push_back(std::move(group));
+  }
+  DistributedOptimizerOptions o;
+  o.optimizer = options_.optimizer;
+  o.bucket_numel = options_.bucket_numel;
+  o.timeout = timeout();
+  o.planted_fault = options_.distributed_optimizer_fault;
+  PP_ASSIGN_OR_RETURN(dist_, DistributedOptimizer::Create(
+                                 std::move(groups), grid_->data_group(),
+                                 grid_->DescribeGroup("data group", grid_->data_group_ranks()), o));
+  // The slices keep their own fp32 masters; the full ones keep only their
+  // gradients (the fp32 accumulators).
+  if (master_) master_->ReleaseValues();
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::ReplaceTrainSchedule(const Schedule& schedule) {
@@ -285,6 +326,7 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
         return absl::InternalError(
             absl::StrCat(ActionToString(action), ": this rank holds no such virtual stage"));
       }
+      if (dist_) return dist_->StartReduceScatter(dist_group_of_stage_.at(action.stage));
       std::vector<torch::Tensor> params;
       for (const auto& item : model_->chunk_named_parameters(chunk)) {
         if (reduced_this_step_.insert(item.value().unsafeGetTensorImpl()).second)
@@ -294,33 +336,24 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
       return AverageGrads(params, grid_->data_group(), timeout());
     }
     case ActionType::kOptimizerStep: {
+      if (dist_) PP_RETURN_IF_ERROR(dist_->FinishReduceScatter());
       if (options_.max_grad_norm <= 0 && !options_.report_grad_norm &&
           !options_.skip_nonfinite_updates) {
         return OptimizerStep();
       }
-      // Over the stages, and with tensor parallelism over the stages and
-      // tensor-parallel ranks (pipe x model, CountedParams).
-      const bool tp = grid_->model_parallel_size() > 1;
-      absl::StatusOr<double> norm =
-          GlobalGradNorm(counted_params_, tp ? grid_->model_parallel_group() : grid_->pipe_group(),
-                         grid_->data_group(), timeout(), device());
-      if (!norm.ok()) {
-        return absl::Status(
-            norm.status().code(),
-            absl::StrCat(norm.status().message(), "; ",
-                         tp ? grid_->DescribeGroup("model-parallel group",
-                                                   grid_->model_parallel_group_ranks())
-                            : grid_->DescribeGroup("pipe group", grid_->pipe_group_ranks()),
-                         ", ", grid_->DescribeGroup("data group", grid_->data_group_ranks())));
-      }
-      result.grad_norm = *norm;
+      PP_ASSIGN_OR_RETURN(result.grad_norm, GradNorm());
       if (options_.skip_nonfinite_updates && !std::isfinite(result.grad_norm)) {
         result.update_skipped = true;
         return absl::OkStatus();
       }
       if (options_.max_grad_norm > 0) {
-        ClipGradsToNorm(master_ ? master_->masters() : params_, result.grad_norm,
-                        options_.max_grad_norm);
+        if (dist_) {
+          const double coef = ClipCoefficient(result.grad_norm, options_.max_grad_norm);
+          if (coef < 1.0) dist_->ScaleGrads(coef);
+        } else {
+          ClipGradsToNorm(master_ ? master_->masters() : params_, result.grad_norm,
+                          options_.max_grad_norm);
+        }
       }
       return OptimizerStep();
     }
@@ -329,7 +362,28 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
   }
 }
 
+absl::StatusOr<double> Trainer::GradNorm() {
+  // Over the stages, and with tensor parallelism over the stages and
+  // tensor-parallel ranks (pipe x model, CountedParams).
+  const bool tp = grid_->model_parallel_size() > 1;
+  const c10::intrusive_ptr<c10d::ProcessGroup>& across =
+      tp ? grid_->model_parallel_group() : grid_->pipe_group();
+  absl::StatusOr<double> norm =
+      dist_ ? ShardedGradNorm(dist_->LocalSquaredNorm(), across, grid_->data_group(), timeout(),
+                              device())
+            : GlobalGradNorm(counted_params_, across, grid_->data_group(), timeout(), device());
+  if (norm.ok()) return norm;
+  return absl::Status(
+      norm.status().code(),
+      absl::StrCat(
+          norm.status().message(), "; ",
+          tp ? grid_->DescribeGroup("model-parallel group", grid_->model_parallel_group_ranks())
+             : grid_->DescribeGroup("pipe group", grid_->pipe_group_ranks()),
+          ", ", grid_->DescribeGroup("data group", grid_->data_group_ranks())));
+}
+
 absl::Status Trainer::OptimizerStep() {
+  if (dist_) return dist_->Step();
   return TorchCall("optimizer step", [&] {
     optimizer_->step();
     // The updated fp32 masters, rounded into the bf16 model.
@@ -360,8 +414,13 @@ absl::StatusOr<StepResult> Trainer::Step(const StepObservation& observe) {
   result.learning_rate = LearningRateAt(options_.lr_schedule, options_.optimizer.lr, step_);
   reduced_this_step_.clear();
   PP_RETURN_IF_ERROR(TorchCall("zero grads", [&] {
-    SetLearningRate(*optimizer_, result.learning_rate);
-    optimizer_->zero_grad();
+    if (dist_) {
+      dist_->SetLearningRate(result.learning_rate);
+      dist_->ZeroGrad();
+    } else {
+      SetLearningRate(*optimizer_, result.learning_rate);
+      optimizer_->zero_grad();
+    }
   }));
   model_->train();
   const bool timed = observe.trace || observe.busy_idle;

@@ -18,6 +18,11 @@
 // data-parallel average then work per tensor-parallel rank, and the norm is
 // reduced over pipe x model with a parameter whole on every tp rank counted
 // once and a sharded one once per shard, as in the dense model.
+// Distributed optimizer (TrainerOptions::distributed_optimizer): REDUCE_GRAD
+// reduce-scatters the stage's gradient buckets over the data group (after
+// the tied all-reduce, so each tied gradient is whole before it is sliced),
+// and STEP sums the norm from the slices, clips and updates them, and
+// all-gathers the parameters (distributed_optimizer.h).
 // The step's loss (mean over micro-batches, averaged over data-parallel
 // replicas) is reported on every rank.
 //
@@ -29,6 +34,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -44,6 +50,7 @@
 #include "pipeline/runtime/action_observer.h"
 #include "pipeline/runtime/action_timer.h"
 #include "pipeline/runtime/device_batches.h"
+#include "pipeline/runtime/distributed_optimizer.h"
 #include "pipeline/runtime/grad_sync.h"
 #include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/optimizer.h"
@@ -97,6 +104,19 @@ struct TrainerOptions {
   // Testing only: skip the tied-gradient all-reduce (shows that the
   // equivalence tests detect a missing reduction).
   bool reduce_tied_grads = true;
+  // Megatron-core's distributed optimizer (DeepSpeed's ZeRO stage 1) over
+  // the data group (distributed_optimizer.h): each data-parallel rank keeps
+  // the optimizer state (fp32 masters, AdamW's moments) of a 1/dp slice of
+  // every gradient bucket of its stage; REDUCE_GRAD reduce-scatters the
+  // stage's buckets instead of all-reducing them, STEP updates the slice
+  // (the norm summed from slices) and all-gathers the parameters in the
+  // training dtype. With dp = 1 it is the plain optimizer in other clothes.
+  bool distributed_optimizer = false;
+  // Gradient bucket size of the distributed optimizer, in elements.
+  int64_t bucket_numel = kDefaultBucketNumel;
+  // Testing only: a planted bug of the distributed optimizer.
+  DistributedOptimizerOptions::PlantedFault distributed_optimizer_fault =
+      DistributedOptimizerOptions::PlantedFault::kNone;
 };
 
 struct StepResult {
@@ -165,7 +185,12 @@ class Trainer {
   // Continues from `step` after a checkpoint load: the next Step() reads the
   // source's batch `step` with the scheduled rate of `step`.
   void set_step(int64_t step) { step_ = step; }
-  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  // The optimizer over the whole parameters; with the distributed optimizer
+  // the one over this rank's slices (checkpoints go through
+  // distributed_optimizer() then).
+  torch::optim::Optimizer& optimizer() { return dist_ ? dist_->shard_optimizer() : *optimizer_; }
+  // Null unless TrainerOptions::distributed_optimizer.
+  DistributedOptimizer* distributed_optimizer() { return dist_.get(); }
   // bf16: the fp32 master of a model parameter (what checkpoints hold); fp32:
   // the parameter itself.
   const torch::Tensor& MasterOf(const torch::Tensor& param) const {
@@ -174,7 +199,7 @@ class Trainer {
   // After the masters were written (a checkpoint load): the model's bf16
   // parameters from them. Nothing under fp32.
   void MastersChanged() {
-    if (master_) master_->CopyToModel();
+    if (master_ && !dist_) master_->CopyToModel();
   }
   const LoweredProgram& train_program() const { return train_program_; }
   // Trains the following steps with `schedule` instead of the one named in
@@ -196,6 +221,11 @@ class Trainer {
   Trainer() = default;
   absl::Status Tail(const Action& action, StepResult& result);
   absl::Status OptimizerStep();
+  // The global gradient norm (GlobalGradNorm, or ShardedGradNorm from the
+  // distributed optimizer's slices).
+  absl::StatusOr<double> GradNorm();
+  absl::Status MakeDistributedOptimizer();
+  absl::Status DistributedOptimizerStep(StepResult& result);
   absl::StatusOr<double> ReduceLoss(const StepStats& stats);
   // Busy/idle of every rank (StepResult) from this rank's timer.
   absl::Status GatherBusyIdle(StepResult& result);
@@ -217,7 +247,9 @@ class Trainer {
   std::unique_ptr<ActionTimer> timer_;
   ActionObserver* action_observer_ = nullptr;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::unique_ptr<MasterWeights> master_;    // bf16 only
+  std::unique_ptr<MasterWeights> master_;  // bf16 only
+  std::unique_ptr<DistributedOptimizer> dist_;
+  std::map<int, int> dist_group_of_stage_;   // virtual stage -> distributed optimizer group
   std::set<const void*> reduced_this_step_;  // params averaged over data this step
   std::vector<ActionTiming> last_timings_;
   int64_t step_ = 0;
