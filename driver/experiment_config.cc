@@ -445,6 +445,14 @@ absl::Status CheckTensorParallel(const ExperimentConfig& config, const ModelInfo
   return absl::OkStatus();
 }
 
+// The distributed optimizer's bucket: at least one parameter.
+absl::Status CheckDistributedOptimizer(const driver::ParallelismConfig& par) {
+  if (par.ddp_bucket_size() >= 1) return absl::OkStatus();
+  return Invalid(absl::StrCat("parallelism.ddp_bucket_size (", par.ddp_bucket_size(),
+                              ") must be >= 1 parameter per gradient bucket (default 40000000, "
+                              "Megatron's)"));
+}
+
 // At least one layer per model part.
 absl::Status CheckParts(const driver::ParallelismConfig& par, const std::vector<LayerSpec>& specs) {
   const int64_t parts = static_cast<int64_t>(par.pp()) * par.chunks();
@@ -704,6 +712,7 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_
   // Before the schedule's action lists and the layer specs are built.
   PP_RETURN_IF_ERROR(CheckMemory(config, world_size > 0 ? TotalMemoryBytes() : -1));
   PP_RETURN_IF_ERROR(CheckTensorParallel(config, *model.info));
+  PP_RETURN_IF_ERROR(CheckDistributedOptimizer(config.parallelism()));
   PP_ASSIGN_OR_RETURN(const std::vector<LayerSpec> specs, model.info->specs(*model.config));
   PP_RETURN_IF_ERROR(CheckParts(config.parallelism(), specs));
   PP_RETURN_IF_ERROR(CheckCheckpointableTypes(config.parallelism(), specs));

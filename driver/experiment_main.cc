@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, tp, "", "override parallelism.tp (tensor-parallel ranks p
 ABSL_FLAG(std::string, sequence_parallel, "",
           "override parallelism.sequence_parallel (true: norms, dropout and p2p on sequence "
           "shards; needs --tp > 1)");
+ABSL_FLAG(std::string, distributed_optimizer, "",
+          "override parallelism.distributed_optimizer (true: optimizer state sharded over the "
+          "data-parallel ranks, ZeRO-1)");
 ABSL_FLAG(std::string, schedule, "", "override parallelism.schedule");
 ABSL_FLAG(std::string, chunks, "", "override parallelism.chunks");
 ABSL_FLAG(std::string, microbatches, "", "override parallelism.num_microbatches");
@@ -88,6 +91,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_dp, "parallelism.dp"},
       {&FLAGS_tp, "parallelism.tp"},
       {&FLAGS_sequence_parallel, "parallelism.sequence_parallel"},
+      {&FLAGS_distributed_optimizer, "parallelism.distributed_optimizer"},
       {&FLAGS_schedule, "parallelism.schedule"},
       {&FLAGS_chunks, "parallelism.chunks"},
       {&FLAGS_microbatches, "parallelism.num_microbatches"},

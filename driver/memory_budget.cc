@@ -97,6 +97,17 @@ std::vector<std::string> WhatWouldFit(const ExperimentConfig& config, const Sche
       break;
     }
   }
+  if (par.dp() > 1 && !par.distributed_optimizer()) {
+    ExperimentConfig sharded = config;
+    sharded.mutable_parallelism()->set_distributed_optimizer(true);
+    const std::optional<double> peak = PlannedPeak(sharded, schedule);
+    if (peak.has_value() && *peak <= cap_bytes) {
+      fits.push_back(absl::StrCat(
+          "the distributed optimizer (parallelism.distributed_optimizer=true: optimizer state "
+          "split over the ",
+          par.dp(), " data-parallel ranks; peak ", Mib(*peak), ")"));
+    }
+  }
   fits.push_back(absl::StrCat("a partition with fewer layers on rank ", worst_rank,
                               " (partition_method \"profile:cap_mib=", par.memory_cap_mib(),
                               "\" balances time under a per-stage cap)"));
@@ -226,6 +237,9 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
                          : config.optimizer().momentum() > 0 ? OptimizerKind::kSgdMomentum
                                                              : OptimizerKind::kSgd;
   in.options.fp32_master_weights = bf16;
+  if (config.parallelism().distributed_optimizer()) {
+    in.options.distributed_optimizer_dp = std::max(1, config.parallelism().dp());
+  }
   // A split backward (pipeline/autograd/split_backward.h): I keeps the
   // graph's saved tensors and the output gradients for W, about 1.7 times
   // the stage's activations (regenerated first under checkpointing); F's own

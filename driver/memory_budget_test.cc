@@ -147,6 +147,26 @@ TEST(MemoryBudgetTest, RefusalNamesRankBytesTermsAndWhatFits) {
   EXPECT_TRUE(CheckMemoryCap(c).ok()) << CheckMemoryCap(c);
 }
 
+// dp = 2: a cap between the peaks with and without the distributed
+// optimizer is refused with the distributed optimizer in the "would fit"
+// list, and holds with it.
+TEST(MemoryBudgetTest, CapThatFitsOnlyShardedSaysSo) {
+  ExperimentConfig c = SmallGpt("1f1b");
+  c.mutable_parallelism()->set_dp(2);
+  ExperimentConfig sharded = c;
+  sharded.mutable_parallelism()->set_distributed_optimizer(true);
+  const RankMemoryPlan whole = Plan(c).ranks[0];
+  const RankMemoryPlan sliced = Plan(sharded).ranks[0];
+  EXPECT_DOUBLE_EQ(sliced.optimizer_state, whole.optimizer_state / 2);
+  ASSERT_LT(sliced.peak_bytes, whole.peak_bytes);
+  c.mutable_parallelism()->set_memory_cap_mib((sliced.peak_bytes + whole.peak_bytes) / 2 / kMiB);
+  const absl::Status s = CheckMemoryCap(c);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_HAS(s.message(), "the distributed optimizer (parallelism.distributed_optimizer=true");
+  c.mutable_parallelism()->set_distributed_optimizer(true);
+  EXPECT_TRUE(CheckMemoryCap(c).ok()) << CheckMemoryCap(c);
+}
+
 TEST(MemoryBudgetTest, BadCapIsRefused) {
   ExperimentConfig c = SmallGpt();
   c.mutable_parallelism()->set_memory_cap_mib(-1);

@@ -1,6 +1,7 @@
 #include "checkpoint/model/trainer_checkpoint.h"
 
 #include <cstdlib>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -62,9 +63,17 @@ namespace {
 // (bf16 training): checkpoints hold the master weights, so they load into an
 // fp32 or a bf16 run alike, and the optimizer state (keyed by the masters)
 // matches. Under fp32 the masters are the parameters.
-ModelState MasterStateOf(const PipelineModel& model, const Trainer& trainer) {
+// With the distributed optimizer the masters and the optimizer state are
+// slices: `whole` stands in for them unsharded (gathered to save, scattered
+// after a load), so the files are those of a run without it and load into any
+// layout, with or without it.
+ModelState MasterStateOf(const PipelineModel& model, const Trainer& trainer,
+                         const DistributedOptimizer::WholeState* whole = nullptr) {
   ModelState state = ModelStateOf(model);
-  for (auto& [name, t] : state.tensors) t = trainer.MasterOf(t);
+  for (auto& [name, t] : state.tensors) {
+    torch::Tensor value = whole != nullptr ? whole->ValueOf(t) : torch::Tensor();
+    t = value.defined() ? value : trainer.MasterOf(t);
+  }
   return state;
 }
 
@@ -73,13 +82,17 @@ ModelState MasterStateOf(const PipelineModel& model, const Trainer& trainer) {
 absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptions& options,
                                                    const ParallelGrid& grid,
                                                    const PipelineModel& model, Trainer& trainer) {
-  ModelState state = MasterStateOf(model, trainer);
+  std::optional<DistributedOptimizer::WholeState> whole;
+  if (trainer.distributed_optimizer() != nullptr) {
+    PP_ASSIGN_OR_RETURN(whole, trainer.distributed_optimizer()->GatherWholeState());
+  }
+  ModelState state = MasterStateOf(model, trainer, whole ? &*whole : nullptr);
   SaveRequest request;
   request.root = options.root;
   request.step = trainer.step();
   request.keep_last = options.keep_last;
   request.model = &state;
-  request.optimizer = &trainer.optimizer();
+  request.optimizer = whole ? whole->optimizer.get() : &trainer.optimizer();
   const TrainerOptions& to = trainer.options();
   request.trainer.set_step(trainer.step());
   request.trainer.set_lr_step(trainer.step());
@@ -103,9 +116,20 @@ absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptio
 absl::StatusOr<LoadReport> LoadTrainingCheckpoint(const std::string& path, const ParallelGrid& grid,
                                                   PipelineModel& model, Trainer& trainer,
                                                   const LoadOptions& options) {
-  ModelState state = MasterStateOf(model, trainer);
-  PP_ASSIGN_OR_RETURN(LoadReport report, LoadCheckpoint(path, state, &trainer.optimizer(),
-                                                        CheckpointRankOf(grid), options));
+  std::optional<DistributedOptimizer::WholeState> whole;
+  if (trainer.distributed_optimizer() != nullptr) {
+    whole = trainer.distributed_optimizer()->NewWholeState();
+  }
+  ModelState state = MasterStateOf(model, trainer, whole ? &*whole : nullptr);
+  PP_ASSIGN_OR_RETURN(
+      LoadReport report,
+      LoadCheckpoint(path, state, whole ? whole->optimizer.get() : &trainer.optimizer(),
+                     CheckpointRankOf(grid), options));
+  if (whole) {
+    // This rank's slices of the loaded masters and state, and the model's
+    // parameters from the masters.
+    PP_RETURN_IF_ERROR(trainer.distributed_optimizer()->ScatterWholeState(*whole));
+  }
   // bf16: the loaded fp32 masters, rounded into the model.
   PP_RETURN_IF_ERROR(TorchCall("casting the loaded master weights into the model",
                                [&] { trainer.MastersChanged(); }));

@@ -39,7 +39,8 @@ std::vector<std::pair<std::string, double>> RankMemoryPlan::Terms() const {
                                                        {"optimizer state", optimizer_state},
                                                        {"p2p buffers", p2p_buffers},
                                                        {"recompute", recompute},
-                                                       {"sent messages", sent_messages}};
+                                                       {"sent messages", sent_messages},
+                                                       {"reduce buffers", reduce_buffers}};
   terms.erase(
       std::remove_if(terms.begin(), terms.end(), [](const auto& t) { return t.second <= 0; }),
       terms.end());
@@ -80,6 +81,11 @@ absl::Status CheckMemoryInputs(const Schedule& schedule, const std::vector<Stage
     return absl::InvalidArgumentError(absl::StrCat("memory split I:", options.split.input,
                                                    ",W:", options.split.weight,
                                                    " must be >= 0 and not both 0"));
+  }
+  if (options.distributed_optimizer_dp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("memory plan: distributed_optimizer_dp (",
+                                                   options.distributed_optimizer_dp,
+                                                   ") must be >= 1 (1: no distributed optimizer)"));
   }
   if (static_cast<int>(schedule.stage_to_rank.size()) != num_virtual ||
       static_cast<int>(schedule.ranks.size()) != schedule.num_stages) {
@@ -155,6 +161,10 @@ void PlanFixedBytes(const Schedule& schedule, const std::vector<StageMemory>& st
       out.master_weights = out.parameters;
       out.gradients = 1.5 * out.parameters;
     }
+    // The distributed optimizer keeps 1/dp of both (fp32 training: the
+    // slice's masters are the parameters themselves, no copy).
+    out.optimizer_state /= options.distributed_optimizer_dp;
+    out.master_weights /= options.distributed_optimizer_dp;
   }
   if (options.fp32_master_weights) out.parameters /= 2;
 }
@@ -163,8 +173,10 @@ void PlanFixedBytes(const Schedule& schedule, const std::vector<StageMemory>& st
 // backward frees them (I a part, W the rest; a split backward's pending bytes
 // live from I to W), and records the first step of the highest total.
 // REQUIRES: PlanFixedBytes filled `out`.
+// `tail_bytes`: held in the step's tail after every backward (the
+// distributed optimizer's buffers), beside the messages still unsent.
 absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<StageMemory>& stages,
-                                double input_frees, int r, RankMemoryPlan& out) {
+                                double input_frees, double tail_bytes, int r, RankMemoryPlan& out) {
   const int num_virtual = schedule.num_virtual_stages();
   const double fixed =
       out.parameters + out.master_weights + out.gradients + out.optimizer_state + out.p2p_buffers;
@@ -228,6 +240,14 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
       }
     }
   }
+  if (tail_bytes > 0 && fixed + tail_bytes + sent > out.peak_bytes) {
+    out.peak_bytes = fixed + tail_bytes + sent;
+    out.activations = 0;
+    out.recompute = 0;
+    out.sent_messages = sent;
+    out.reduce_buffers = tail_bytes;
+    out.peak_step = static_cast<int>(schedule.ranks[r].size()) - 1;
+  }
   return absl::OkStatus();
 }
 
@@ -242,7 +262,17 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
   plan.ranks.resize(schedule.num_stages);
   for (int r = 0; r < schedule.num_stages; ++r) {
     PlanFixedBytes(schedule, stages, options, r, plan.ranks[r]);
-    PP_RETURN_IF_ERROR(PlanActivationPeak(schedule, stages, input_frees, r, plan.ranks[r]));
+    // The distributed optimizer's tail: the rank's gradients flattened in
+    // fp32 for the reduce-scatter, and its slice of the reduced ones.
+    double tail_bytes = 0;
+    if (options.distributed_optimizer_dp > 1 && !schedule.forward_only) {
+      for (int s = 0; s < schedule.num_virtual_stages(); ++s) {
+        if (schedule.stage_to_rank[s] == r) tail_bytes += stages[s].parameter_bytes;
+      }
+      tail_bytes *= 1.0 + 1.0 / options.distributed_optimizer_dp;
+    }
+    PP_RETURN_IF_ERROR(
+        PlanActivationPeak(schedule, stages, input_frees, tail_bytes, r, plan.ranks[r]));
   }
   return plan;
 }

@@ -75,6 +75,12 @@ struct MemoryPlanOptions {
   // optimizer state is fp32. Activation and boundary bytes are the caller's
   // (give them in bf16).
   bool fp32_master_weights = false;
+  // The distributed optimizer over this many data-parallel ranks
+  // (pipeline/runtime/distributed_optimizer.h; 1: none): each rank keeps
+  // 1/dp of the optimizer state and of the fp32 masters, and in the step's
+  // tail holds its parameters' gradients flattened in fp32 for the
+  // reduce-scatter plus its slice of the reduced ones (`reduce_buffers`).
+  int distributed_optimizer_dp = 1;
 };
 
 // One rank's prediction: the peak and its terms at the peak.
@@ -88,7 +94,9 @@ struct RankMemoryPlan {
   double activations = 0;    // held at the peak
   double recompute = 0;      // regenerated activations live at the peak
   double sent_messages = 0;  // sent to other ranks, kept until the step's tail
-  int peak_step = -1;        // position in the rank's list where the peak is reached
+  // The distributed optimizer's tail buffers, when they make the peak.
+  double reduce_buffers = 0;
+  int peak_step = -1;  // position in the rank's list where the peak is reached
   // (term name, bytes), biggest first, zero terms left out.
   std::vector<std::pair<std::string, double>> Terms() const;
 };

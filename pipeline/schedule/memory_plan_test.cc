@@ -215,6 +215,34 @@ TEST(MemoryPlanTest, Fp32MasterWeights) {
   EXPECT_EQ(inference->ranks[0].peak_bytes, 500 + 100);
 }
 
+// The distributed optimizer at dp = 4: AdamW's state and the fp32 masters
+// are a quarter; the tail holds the gradients flattened in fp32 (1000) and
+// the slice (250), which makes the peak only when it exceeds the activations.
+TEST(MemoryPlanTest, DistributedOptimizerDividesStateAndAddsTailBuffers) {
+  std::vector<StageMemory> stages(2, StageMemory{1000, 100, 0, 0});
+  MemoryPlanOptions bf16;
+  bf16.fp32_master_weights = true;
+  bf16.distributed_optimizer_dp = 4;
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(Make("1f1b", 2, 4), stages, bf16);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const RankMemoryPlan& r0 = plan->ranks[0];
+  EXPECT_EQ(r0.master_weights, 250);
+  EXPECT_EQ(r0.optimizer_state, 500);
+  const double fixed = 500 + 250 + 1500 + 500;
+  // Tail 1250 > 1F1B's 200 of activations on rank 0.
+  EXPECT_EQ(r0.reduce_buffers, 1250);
+  EXPECT_EQ(r0.activations, 0);
+  EXPECT_EQ(r0.peak_bytes, fixed + 1250);
+  // Activations above the tail's bytes keep the peak where they are.
+  std::vector<StageMemory> heavy(2, StageMemory{1000, 2000, 0, 0});
+  plan = PlanMemory(Make("1f1b", 2, 4), heavy, bf16);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ranks[0].reduce_buffers, 0);
+  EXPECT_EQ(plan->ranks[0].peak_bytes, fixed + 4000);
+  bf16.distributed_optimizer_dp = 0;
+  EXPECT_FALSE(PlanMemory(Make("1f1b", 2, 4), stages, bf16).ok());
+}
+
 // A split backward's weight_pending_bytes live from I to W: ZB-H1's last
 // rank (p = 2) holds one W back (F0 I0 F1 I1 W0 ...), so after I1 both I0's
 // and I1's pending bytes are live. With I freeing all of F's activations
