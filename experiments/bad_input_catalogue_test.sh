@@ -80,6 +80,7 @@ parallelism.tp (0) must be at least 1|--tp=0
 parallelism.pp (2) x parallelism.dp (1) x parallelism.tp (2) = 4 ranks, but 2 were started|--tp=2 --nproc_per_node=2
 parallelism.schedule 'auto' does not model tensor parallelism yet|--tp=2 --schedule=auto
 parallelism.sequence_parallel needs parallelism.tp > 1|--sequence_parallel=true
+parallelism.ddp_bucket_size (-5) must be >= 1|--distributed_optimizer=true --set=parallelism.ddp_bucket_size=-5
 CASES_END
 )
 

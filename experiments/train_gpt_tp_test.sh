@@ -27,20 +27,8 @@ run() {  # run NAME FLAGS...: a run that must succeed
   timeout 300 "$BIN" "${COMMON[@]}" --set="$SET$EXTRA_SET" --name="$name" "$@" > "$LOG" 2>&1 ||
     fail "$name exited $?"
 }
-losses() { cat "$TMP"/runs/"$1"-*/metrics.jsonl | sed -E 's/^\{.*"loss":([^,}]*).*"step":([0-9]+).*$/\2 \1/' | sort -n; }
+source experiments/e2e_testing.sh  # losses, close_losses
 sample() { sed -n '/sample (top-/,/memory per rank/p' "$TMP/$1.log" | sed '1d;$d'; }
-# close_losses WANT GOT WHAT: the same steps, each loss within 1e-5 relative.
-close_losses() {
-  python3 - "$1" "$2" "$3" <<'PY'
-import sys
-a = dict(l.split() for l in sys.argv[1].splitlines())
-b = dict(l.split() for l in sys.argv[2].splitlines())
-assert a and a.keys() == b.keys(), (sorted(a), sorted(b))
-worst = max(abs(float(a[k]) - float(b[k])) / abs(float(a[k])) for k in a)
-print(f"{sys.argv[3]}: {len(a)} steps, largest relative loss difference {worst:.2e} (at most 1e-5)")
-assert worst <= 1e-5, worst
-PY
-}
 
 run tp1 --tp=1 --save_interval=4
 run tp2 --tp=2 --save_interval=4
