@@ -179,10 +179,10 @@ absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Train
   const int world = grid_->world_size();
   std::vector<at::Tensor> mine = {
       torch::tensor({static_cast<int64_t>(grid_->stage_id()), step_start_bytes_, m.current_bytes,
-                     m.peak_bytes, local_max_peak_},
+                     m.peak_bytes, local_max_peak_, trainer.OptimizerStateBytes()},
                     torch::kLong)};
   std::vector<std::vector<at::Tensor>> all(1);
-  for (int r = 0; r < world; ++r) all[0].push_back(torch::empty({5}, torch::kLong));
+  for (int r = 0; r < world; ++r) all[0].push_back(torch::empty({6}, torch::kLong));
   PP_RETURN_IF_ERROR(RunCollective("memory all-gather", grid_->DescribeWorldGroup(), timeout_,
                                    [&] { return grid_->world_group()->allgather(all, mine); }));
   StepMemory memory;
@@ -194,6 +194,7 @@ absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Train
     memory.current_bytes.push_back(a[2]);
     memory.peak_bytes.push_back(a[3]);
     max_peak_[r] = a[4];
+    memory.optimizer_state_bytes.push_back(a[5]);
   }
   if (rank0_) last_memory_ = memory;
   return memory;
@@ -203,6 +204,7 @@ absl::Status RunObservability::Metrics(nlohmann::json& line, const StepMemory& m
   if (!memory.stage.empty()) {  // a gathered step
     line["mem_current_bytes"] = memory.current_bytes;
     line["mem_peak_bytes"] = memory.peak_bytes;
+    line["mem_optimizer_state_bytes"] = memory.optimizer_state_bytes;
   }
   const double wall = NowWallTimeSeconds();
   line["time"] = wall;
@@ -222,6 +224,7 @@ absl::Status RunObservability::Metrics(nlohmann::json& line, const StepMemory& m
       {"bubble", "bubble_fraction"},
       {"mem_peak_bytes", "peak_memory_bytes"},
       {"mem_current_bytes", "current_memory_bytes"},
+      {"mem_optimizer_state_bytes", "optimizer_state_bytes"},
   };
   for (const auto& [key, name] : kPerRank) {
     if (!line.contains(key)) continue;
@@ -329,8 +332,10 @@ absl::StatusOr<std::string> RunObservability::Finish(const Trainer& trainer) {
                               Mib(static_cast<int64_t>(bytes)),
                               max_peak_[r] > 0 ? 100 * (bytes / max_peak_[r] - 1) : 0.0);
       }
-      summary += absl::StrFormat("  rank %d stage %d: step peak %s, current %s%s\n", r, stage,
-                                 Mib(max_peak_[r]), Mib(last_memory_->current_bytes[r]), predicted);
+      summary +=
+          absl::StrFormat("  rank %d stage %d: step peak %s, current %s, optimizer state %s%s\n", r,
+                          stage, Mib(max_peak_[r]), Mib(last_memory_->current_bytes[r]),
+                          Mib(last_memory_->optimizer_state_bytes[r]), predicted);
     }
   }
   if (tb_ != nullptr) PP_RETURN_IF_ERROR(tb_->Close());

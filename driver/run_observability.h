@@ -57,6 +57,8 @@ struct StepMemory {
   std::vector<int64_t> start_bytes;    // live CPU tensor bytes when the step began
   std::vector<int64_t> current_bytes;  // ... when it ended
   std::vector<int64_t> peak_bytes;     // the maximum during the step
+  // The optimizer's state (moments, fp32 masters), from the tensors' storage.
+  std::vector<int64_t> optimizer_state_bytes;
 };
 
 class RunObservability {

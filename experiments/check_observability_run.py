@@ -48,7 +48,8 @@ def check_tensorboard(run, readback):
              "tokens_per_s": "train/tokens_per_s", "step_s": "train/step_time_s",
              "eval_loss": "eval/loss"}
     per_rank = {"bubble": "bubble_fraction", "mem_peak_bytes": "peak_memory_bytes",
-                "mem_current_bytes": "current_memory_bytes"}
+                "mem_current_bytes": "current_memory_bytes",
+                "mem_optimizer_state_bytes": "optimizer_state_bytes"}
     for line in lines:
         step, wall = line["step"], line["time"]
         for key, tag in names.items():
@@ -138,7 +139,8 @@ def check_memory(run, world):
     observed = observed_steps(run)
     for line in metrics(run):
         if line["step"] not in observed:
-            check(not any(k in line for k in ("bubble", "mem_peak_bytes", "mem_current_bytes")),
+            check(not any(k in line for k in ("bubble", "mem_peak_bytes", "mem_current_bytes",
+                                              "mem_optimizer_state_bytes")),
                   "step %d logs, evaluates and traces nothing but gathered figures"
                   % line["step"])
             continue
@@ -149,6 +151,9 @@ def check_memory(run, world):
                   "step %d: %s = %s" % (line["step"], key, line.get(key)))
         check(all(p >= c for p, c in zip(line["mem_peak_bytes"], line["mem_current_bytes"])),
               "step %d: peak below current" % line["step"])
+        check(len(line.get("mem_optimizer_state_bytes", [])) == world,
+              "step %d: mem_optimizer_state_bytes = %s"
+              % (line["step"], line.get("mem_optimizer_state_bytes")))
 
 
 def check_profile(run, world):

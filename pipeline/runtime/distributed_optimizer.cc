@@ -518,10 +518,8 @@ int64_t DistributedOptimizer::StateBytes() const {
     bool in_place = true;
     for (int i : b.params) in_place &= SameTensor(params_[i].holder, params_[i].param);
     if (!in_place) bytes += static_cast<int64_t>(b.master.storage().nbytes());
-    const SliceState s = StateOf(*optimizer_, b.master);
-    for (const auto& [name, t] : s.tensors) bytes += static_cast<int64_t>(t.storage().nbytes());
   }
-  return bytes;
+  return bytes + OptimizerStateBytes(*optimizer_);
 }
 
 int64_t DistributedOptimizer::shard_numel() const {

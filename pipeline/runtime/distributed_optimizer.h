@@ -161,8 +161,9 @@ class DistributedOptimizer {
   // The parameters (holder, param) in the groups' order, each once.
   const std::vector<ShardedParam>& params() const { return params_; }
 
-  // Bytes of this rank's optimizer state: the slices' fp32 masters and the
-  // optimizer's state tensors, from their storage (so measured, not derived).
+  // Bytes of this rank's optimizer state: the slices' fp32 masters (unless
+  // they are views of fp32 parameters) and the optimizer's state tensors,
+  // from their storage (measured, not derived).
   int64_t StateBytes() const;
   // Elements this rank owns (padding included) and in all buckets.
   int64_t shard_numel() const;

@@ -111,8 +111,7 @@ void MasterWeights::ReleaseValues() {
   for (torch::Tensor& master : masters_) {
     // One element expanded to the shape: sizes stay (gradient code reads
     // them), writes fail loudly (overlapping memory).
-    master.set_data(
-        torch::zeros({}, master.options().requires_grad(false)).expand(master.sizes()));
+    master.set_data(torch::zeros({}, master.options().requires_grad(false)).expand(master.sizes()));
   }
   released_ = true;
 }

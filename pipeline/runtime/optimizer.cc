@@ -1,5 +1,7 @@
 #include "pipeline/runtime/optimizer.h"
 
+#include <set>
+
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +53,25 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerConfig& c,
   return std::make_unique<torch::optim::SGD>(
       std::move(params),
       torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+}
+
+int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer) {
+  std::set<const void*> seen;
+  int64_t bytes = 0;
+  auto add = [&](const torch::Tensor& t) {
+    if (!t.defined() || !seen.insert(t.storage().unsafeGetStorageImpl()).second) return;
+    bytes += static_cast<int64_t>(t.storage().nbytes());
+  };
+  for (const auto& [key, state] : optimizer.state()) {
+    if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
+      add(s->exp_avg());
+      add(s->exp_avg_sq());
+      add(s->max_exp_avg_sq());
+    } else if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(state.get())) {
+      add(s->momentum_buffer());
+    }
+  }
+  return bytes;
 }
 
 double LearningRateAt(const LrScheduleConfig& s, double base_lr, int64_t step) {

@@ -42,6 +42,11 @@ absl::Status ValidateLrSchedule(const LrScheduleConfig& config);
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerConfig& config,
                                                        std::vector<torch::Tensor> params);
 
+// Bytes of the state tensors `optimizer` holds (AdamW's moments, SGD's
+// momentum buffers; each storage once), from their storage: measured, not
+// derived from the parameter count.
+int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer);
+
 // The rate for 0-based `step`.
 double LearningRateAt(const LrScheduleConfig& schedule, double base_lr, int64_t step);
 

@@ -362,6 +362,17 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
   }
 }
 
+int64_t Trainer::OptimizerStateBytes() const {
+  if (dist_) return dist_->StateBytes();
+  int64_t bytes = pp::OptimizerStateBytes(*optimizer_);
+  if (master_) {
+    for (const torch::Tensor& m : master_->masters()) {
+      bytes += static_cast<int64_t>(m.storage().nbytes());
+    }
+  }
+  return bytes;
+}
+
 absl::StatusOr<double> Trainer::GradNorm() {
   // Over the stages, and with tensor parallelism over the stages and
   // tensor-parallel ranks (pipe x model, CountedParams).

@@ -189,6 +189,10 @@ class Trainer {
   // the one over this rank's slices (checkpoints go through
   // distributed_optimizer() then).
   torch::optim::Optimizer& optimizer() { return dist_ ? dist_->shard_optimizer() : *optimizer_; }
+  // This rank's optimizer state in bytes, from the tensors' storage: the
+  // optimizer's state tensors and, under bf16, the fp32 masters (with the
+  // distributed optimizer: its slices, DistributedOptimizer::StateBytes).
+  int64_t OptimizerStateBytes() const;
   // Null unless TrainerOptions::distributed_optimizer.
   DistributedOptimizer* distributed_optimizer() { return dist_.get(); }
   // bf16: the fp32 master of a model parameter (what checkpoints hold); fp32:
