@@ -150,6 +150,22 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
             cases.push_back(EquivalenceCase{
                 c, CaseName(info.name, pp, 2, chunks, m, "adamw", false, "_zero1_bf16"),
                 supported});
+            // On GPUs at pp = 2, dp = 2: NCCL's reduce-scatter and all-gather
+            // (4 GPUs), and every rank on one GPU (the host-staged backend's
+            // all-reduce fallback).
+            if (pp == 2) {
+              RunConfig g = MakeCase(info.name, pp, 2, m, chunks, "adamw", false);
+              g.distributed_optimizer = true;
+              g.bucket_numel = 100;
+              g.device = DeviceKind::kCuda;
+              cases.push_back(EquivalenceCase{
+                  g, CaseName(info.name, pp, 2, chunks, m, "adamw", false, "_zero1_cuda"),
+                  supported});
+              g.ranks_per_device = pp * 2;
+              cases.push_back(EquivalenceCase{
+                  g, CaseName(info.name, pp, 2, chunks, m, "adamw", false, "_zero1_cuda_shared"),
+                  supported});
+            }
           }
           // The same on GPUs (rank r on cuda:r, NCCL), once per schedule
           // shape: AdamW, with and without checkpointing, m = the largest

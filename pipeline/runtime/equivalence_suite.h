@@ -49,7 +49,9 @@
 // "_zero1" cases, a covering set rather than the product: dp = 2 AdamW with
 // 100-element buckets (parameters straddle buckets) and clipping at 0.05
 // (active), dp = 4 SGD with momentum, the default bucket and checkpointing,
-// and dp = 2 bf16 AdamW (the bf16 bound). Against the sequential reference,
+// and dp = 2 bf16 AdamW (the bf16 bound); at pp = 2 also "_zero1_cuda" and
+// "_zero1_cuda_shared" (AdamW, dp = 2, skipped without the GPUs, as the
+// other CUDA cases). Against the sequential reference,
 // within the same 1e-5: the slices' update is the unsharded update element
 // for element; what is summed in another order is the data-parallel sum at
 // dp = 4 (Gloo's reduce vs the reference's rank order: fp32 round-off, 1e-7
