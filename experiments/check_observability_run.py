@@ -61,7 +61,7 @@ def check_tensorboard(run, readback):
     with open(os.path.join(run, "sample.txt")) as f:
         sample = f.read()[:-1]  # the file ends with a newline the event does not have
     expected = {"scalars": scalars, "texts": {"sample": [[lines[-1]["step"], sample]]}}
-    check(len(scalars) == 6 + 3 * len(lines[0]["bubble"]),
+    check(len(scalars) == 6 + 4 * len(lines[0]["bubble"]),
           "expected scalar series: %s" % sorted(scalars))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(expected, f)
