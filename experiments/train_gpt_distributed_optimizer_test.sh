@@ -11,6 +11,7 @@
 #     equal the straight run's bit for bit; resumed at dp 1 without it,
 #     within 1e-5;
 #   - the stage-0 rank's measured step peak is below the run's without it;
+#   - schedule auto (measured, synthesised, switched) keeps the losses;
 #   - a bucket size of 0 is refused before any worker starts.
 set -uo pipefail
 BIN=$1
@@ -40,6 +41,13 @@ close_losses "$(losses whole)" "$(losses sharded)" "distributed optimizer vs wit
 python3 -c "import sys; sys.exit(0 if float('$(peak sharded)') < float('$(peak whole)') else 1)" ||
   fail "rank 0's step peak is $(peak sharded) MiB with the distributed optimizer, $(peak whole) MiB without"
 echo "ok: rank 0's step peak $(peak sharded) MiB with the distributed optimizer, $(peak whole) MiB without"
+
+# schedule auto measures, synthesises and switches schedules with the
+# distributed optimizer on; the losses stay the run's without it.
+run auto --dp=2 --microbatches=4 --distributed_optimizer=true --schedule=auto
+grep -q 'schedule auto: ' "$LOG" || fail "schedule auto did not report its choice"
+close_losses "$(losses whole)" "$(losses auto)" "schedule auto with the distributed optimizer vs 1F1B without" ||
+  fail "schedule auto's losses differ"
 
 CKPT=$TMP/runs/checkpoints/sharded/step_00000008
 [[ -f $CKPT/layer_01-model_states.pt && -f $CKPT/layer_01-optim_states.pt ]] ||
