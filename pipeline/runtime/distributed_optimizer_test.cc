@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
 #include "pipeline/runtime/grad_sync.h"
+#include "topology/host_staged_backend.h"
 #include "topology/thread_ranks.h"
 
 namespace pp {
@@ -162,6 +163,52 @@ TEST(DistributedOptimizerTest, EqualsUnshardedOptimizer) {
       }
     }
   }
+}
+
+// The reduce-scatter the backend gives: c10d's own where Gloo has it
+// (LibTorch 2.x), one rooted reduce per owner on LibTorch 1.13's Gloo.
+TEST(DistributedOptimizerTest, PicksTheBackendsReduceScatter) {
+  absl::Status status = RunOnThreadRanks(2, milliseconds(30000), [&](World& world) {
+    DistributedOptimizerOptions options;
+    options.optimizer = Adamw();
+    options.timeout = milliseconds(10000);
+    PP_ASSIGN_OR_RETURN(Sharded s, MakeSharded(world, options));
+    const std::string want =
+        torch_compat::LibTorchMajorVersion() >= 2 ? "reduce_scatter" : "reduce per owner";
+    return Check(s.dist->reduce_scatter_method() == want,
+                 absl::StrCat("method '", s.dist->reduce_scatter_method(), "', want '", want, "'"));
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+// Ranks sharing a GPU use the host-staged backend, which has neither
+// reduce_scatter nor reduce: the all-reduce fallback, still the unsharded
+// update. Run here with the backend staging CPU tensors (LibTorch 2.x).
+TEST(DistributedOptimizerTest, HostStagedBackendFallsBackToAllReduce) {
+  if (!HostStagedBackendAvailable()) GTEST_SKIP() << "this LibTorch has no c10d backends";
+  absl::Status status = RunOnThreadRanks(2, milliseconds(30000), [&](World& world) {
+    // A fresh world per test: its group's CPU path becomes the staged one.
+    PP_RETURN_IF_ERROR(AddHostStagedBackend(world.group, c10::DeviceType::CPU));
+    DistributedOptimizerOptions options;
+    options.optimizer = Adamw();
+    options.bucket_numel = 5;
+    options.timeout = milliseconds(10000);
+    PP_ASSIGN_OR_RETURN(Sharded s, MakeSharded(world, options));
+    PP_RETURN_IF_ERROR(Check(s.dist->reduce_scatter_method() == "all-reduce, own slice kept",
+                             s.dist->reduce_scatter_method()));
+    Reference ref(options.optimizer);
+    for (int step = 0; step < 2; ++step) {
+      double norm2 = 0;
+      PP_RETURN_IF_ERROR(ShardedStep(world, s, step, 0.5, &norm2));
+      ref.Step(2, step, 0.5);
+    }
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      PP_RETURN_IF_ERROR(
+          ExpectClose(s.params[i].detach(), ref.params[i].detach(), absl::StrCat("param ", i)));
+    }
+    return AfterAllRanks(world, "staged_done");
+  });
+  EXPECT_TRUE(status.ok()) << status;
 }
 
 // Each rank keeps 1/dp of the state: AdamW's two moments over the slice
