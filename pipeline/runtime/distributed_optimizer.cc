@@ -114,7 +114,13 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
             "distributed optimizer: a parameter is listed twice (each belongs to one group)");
       }
       const int64_t n = p.param.numel();
-      if (!bucket.params.empty() && bucket.numel + n > options.bucket_numel) close();
+      // A tied parameter waits for REDUCE_TIED: its own buckets, so that it
+      // holds no other parameter back.
+      if (!bucket.params.empty() &&
+          (bucket.numel + n > options.bucket_numel || bucket.deferred != p.tied_across_ranks)) {
+        close();
+      }
+      bucket.deferred = p.tied_across_ranks;
       bucket.params.push_back(static_cast<int>(d->params_.size()));
       bucket.offsets.push_back(bucket.numel);
       bucket.numel += n;
@@ -214,8 +220,12 @@ void DistributedOptimizer::ZeroGrad() {
     p.holder.mutable_grad().reset();
     if (!SameTensor(p.holder, p.param)) p.param.mutable_grad().reset();
   }
-  for (Bucket& b : buckets_) b.master.mutable_grad().reset();
+  for (Bucket& b : buckets_) {
+    b.master.mutable_grad().reset();
+    b.started = false;
+  }
   started_.assign(num_groups_, false);
+  done_stages_.clear();
 }
 
 absl::Status DistributedOptimizer::StartReduceScatter(int group) {
@@ -227,48 +237,66 @@ absl::Status DistributedOptimizer::StartReduceScatter(int group) {
         absl::StrCat("distributed optimizer: group ", group, " reduced twice in one step"));
   }
   started_[group] = true;
-  torch::NoGradGuard no_grad;
   for (Bucket& b : buckets_) {
-    if (b.group != group) continue;
-    PP_RETURN_IF_ERROR(TorchCall("flattening a gradient bucket", [&] {
-      b.flat = torch::zeros({b.padded}, b.master.options().requires_grad(false));
-      for (size_t k = 0; k < b.params.size(); ++k) {
-        const torch::Tensor& grad = params_[b.params[k]].holder.grad();
-        if (!grad.defined()) continue;
-        b.flat.narrow(0, b.offsets[k], grad.numel()).copy_(grad.detach().reshape({-1}));
-      }
-    }));
-    if (size_ == 1) continue;
-    const std::string what = absl::StrCat("gradient reduce-scatter (", method_name_, ")");
-    try {
-      switch (method_) {
-        case Method::kReduceScatter: {
-          std::vector<at::Tensor> out = {torch::empty({b.shard}, b.flat.options())};
-          std::vector<std::vector<at::Tensor>> ins = {{}};
-          for (int r = 0; r < size_; ++r) ins[0].push_back(b.flat.narrow(0, r * b.shard, b.shard));
-          b.works.push_back(group_->reduce_scatter(out, ins));
-          b.input = b.flat;
-          b.flat = out[0];
-          break;
-        }
-        case Method::kReducePerOwner:
-          for (int r = 0; r < size_; ++r) {
-            std::vector<at::Tensor> one = {b.flat.narrow(0, r * b.shard, b.shard)};
-            c10d::ReduceOptions opts;
-            opts.rootRank = r;
-            b.works.push_back(group_->reduce(one, opts));
-          }
-          break;
-        case Method::kAllReduce: {
-          std::vector<at::Tensor> one = {b.flat};
-          b.works.push_back(group_->allreduce(one));
-          break;
-        }
-      }
-    } catch (const c10::Error& e) {
-      return absl::InternalError(absl::StrCat(what, " on ", group_description_,
-                                              " failed to start: ", e.what_without_backtrace()));
+    if (b.group == group && !b.started) PP_RETURN_IF_ERROR(StartBucket(b));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedOptimizer::StageDone(int stage) {
+  done_stages_.insert(stage);
+  for (Bucket& b : buckets_) {
+    if (b.started || b.deferred) continue;
+    bool final = true;
+    for (int i : b.params) {
+      for (int writer : params_[i].writer_stages) final &= done_stages_.count(writer) > 0;
     }
+    if (final) PP_RETURN_IF_ERROR(StartBucket(b));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedOptimizer::StartBucket(Bucket& b) {
+  b.started = true;
+  torch::NoGradGuard no_grad;
+  PP_RETURN_IF_ERROR(TorchCall("flattening a gradient bucket", [&] {
+    b.flat = torch::zeros({b.padded}, b.master.options().requires_grad(false));
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const torch::Tensor& grad = params_[b.params[k]].holder.grad();
+      if (!grad.defined()) continue;
+      b.flat.narrow(0, b.offsets[k], grad.numel()).copy_(grad.detach().reshape({-1}));
+    }
+  }));
+  if (size_ == 1) return absl::OkStatus();
+  const std::string what = absl::StrCat("gradient reduce-scatter (", method_name_, ")");
+  try {
+    switch (method_) {
+      case Method::kReduceScatter: {
+        std::vector<at::Tensor> out = {torch::empty({b.shard}, b.flat.options())};
+        std::vector<std::vector<at::Tensor>> ins = {{}};
+        for (int r = 0; r < size_; ++r) ins[0].push_back(b.flat.narrow(0, r * b.shard, b.shard));
+        b.works.push_back(group_->reduce_scatter(out, ins));
+        b.input = b.flat;
+        b.flat = out[0];
+        break;
+      }
+      case Method::kReducePerOwner:
+        for (int r = 0; r < size_; ++r) {
+          std::vector<at::Tensor> one = {b.flat.narrow(0, r * b.shard, b.shard)};
+          c10d::ReduceOptions opts;
+          opts.rootRank = r;
+          b.works.push_back(group_->reduce(one, opts));
+        }
+        break;
+      case Method::kAllReduce: {
+        std::vector<at::Tensor> one = {b.flat};
+        b.works.push_back(group_->allreduce(one));
+        break;
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(what, " on ", group_description_,
+                                            " failed to start: ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }
@@ -520,6 +548,12 @@ int64_t DistributedOptimizer::StateBytes() const {
     if (!in_place) bytes += static_cast<int64_t>(b.master.storage().nbytes());
   }
   return bytes + OptimizerStateBytes(*optimizer_);
+}
+
+int DistributedOptimizer::started_buckets() const {
+  int n = 0;
+  for (const Bucket& b : buckets_) n += b.started ? 1 : 0;
+  return n;
 }
 
 int64_t DistributedOptimizer::shard_numel() const {

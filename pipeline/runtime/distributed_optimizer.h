@@ -7,7 +7,8 @@
 //   auto dist = DistributedOptimizer::Create(groups, data_group, "data group [0,2]", options);
 //   dist->ZeroGrad();
 //   ... backward; tied gradients all-reduced ...
-//   for (int g ...) dist->StartReduceScatter(g);   // as each group's gradients are final
+//   dist->StageDone(s);          // a stage's last backward ran: start what it finalised
+//   for (int g ...) dist->StartReduceScatter(g);   // the rest (after REDUCE_TIED)
 //   dist->FinishReduceScatter();                    // this rank's slice, averaged over dp
 //   double norm2 = dist->LocalSquaredNorm();        // + reductions: GlobalGradNorm's job
 //   dist->ScaleGrads(coef);                         // clipping
@@ -45,6 +46,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -93,6 +95,13 @@ struct ShardedParam {
   // Counted in the gradient norm (false for a tied copy another stage owns,
   // or a parameter another tensor-parallel rank counts).
   bool counts_in_norm = true;
+  // The local virtual stages whose backward passes write its gradient: once
+  // StageDone has been told of all of them, its bucket may start early.
+  // Empty: only its group's StartReduceScatter starts it.
+  std::vector<int> writer_stages;
+  // Its gradient is summed with copies on other ranks (REDUCE_TIED) before
+  // it is final: never started early.
+  bool tied_across_ranks = false;
 };
 
 class DistributedOptimizer {
@@ -111,9 +120,16 @@ class DistributedOptimizer {
   // Resets every holder's gradient (undefined, as zero_grad does) and the
   // slices' gradients.
   void ZeroGrad();
-  // Starts the reduce-scatter of group `group`'s buckets (their holders'
-  // gradients must be final). Undefined gradients count as zero.
+  // Starts the reduce-scatter of group `group`'s buckets not started yet
+  // (their holders' gradients must be final). Undefined gradients count as
+  // zero.
   absl::Status StartReduceScatter(int group);
+  // Every backward pass of local virtual stage `stage` in this step has run:
+  // starts each bucket whose parameters' writer stages are all done and
+  // none of which is tied across ranks, so its reduce-scatter overlaps the
+  // rest of the schedule. Every data-parallel rank runs the same program, so
+  // they start buckets in the same order.
+  absl::Status StageDone(int stage);
   // Waits for every started reduce-scatter; the slices' gradients are then
   // the data-parallel average. A group never started is an Internal error.
   absl::Status FinishReduceScatter();
@@ -169,6 +185,8 @@ class DistributedOptimizer {
   int64_t shard_numel() const;
   int64_t total_numel() const;
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Buckets whose reduce-scatter has started this step.
+  int started_buckets() const;
   // "reduce_scatter", "reduce per owner" or "all-reduce, own slice kept".
   const std::string& reduce_scatter_method() const { return method_name_; }
   torch::optim::Optimizer& shard_optimizer() { return *optimizer_; }
@@ -188,11 +206,14 @@ class DistributedOptimizer {
     torch::Tensor flat;   // in flight: the flattened gradients (or the slice they reduce into)
     torch::Tensor input;  // in flight: kept alive until the reduction is waited for
     std::vector<WorkPtr> works;
+    bool deferred = false;  // holds a parameter tied across ranks
+    bool started = false;   // this step
   };
 
   DistributedOptimizer() = default;
   absl::Status Probe();
   absl::Status WaitBucket(Bucket& bucket);
+  absl::Status StartBucket(Bucket& bucket);
   // Element range [begin, end) of the bucket this rank owns.
   int64_t SliceBegin(const Bucket& bucket) const { return bucket.shard * rank_; }
   absl::Status AllGather(const torch::Tensor& slice, torch::Tensor& full, const std::string& what);
@@ -209,6 +230,7 @@ class DistributedOptimizer {
   std::string method_name_ = "none (one rank)";
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<bool> started_;  // per group, this step
+  std::set<int> done_stages_;  // this step
 };
 
 }  // namespace pp

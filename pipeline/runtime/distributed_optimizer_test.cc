@@ -319,6 +319,62 @@ TEST(DistributedOptimizerTest, GatherAndScatterReshardAcrossDp) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
+// Early starts: a bucket starts once every stage writing its parameters
+// is done, never one holding a parameter tied across ranks; the group's
+// StartReduceScatter starts the rest; the update is the unsharded one.
+TEST(DistributedOptimizerTest, StageDoneStartsFinalBucketsEarly) {
+  absl::Status status = RunOnThreadRanks(2, milliseconds(30000), [&](World& world) {
+    DistributedOptimizerOptions options;
+    options.optimizer = Adamw();
+    options.bucket_numel = 6;
+    options.timeout = milliseconds(10000);
+    // Group 0 = params 0, 1 (stage 0), group 1 = params 2, 3 (stage 3);
+    // param 1 is also written by stage 3 (a module both chunks use), param
+    // 3 is tied to another rank.
+    std::vector<std::vector<ShardedParam>> groups(2);
+    std::vector<torch::Tensor> values = InitialValues();
+    std::vector<torch::Tensor> params;
+    for (size_t i = 0; i < values.size(); ++i) {
+      ShardedParam p;
+      p.holder = values[i].clone().requires_grad_(true);
+      p.param = p.holder;
+      p.writer_stages = i < 2 ? std::vector<int>{0} : std::vector<int>{3};
+      if (i == 1) p.writer_stages = {0, 3};
+      p.tied_across_ranks = i == 3;
+      params.push_back(p.param);
+      groups[i < 2 ? 0 : 1].push_back(p);
+    }
+    PP_ASSIGN_OR_RETURN(auto dist, DistributedOptimizer::Create(std::move(groups), world.group,
+                                                                "data group", options));
+    // Buckets (<= 6 elements, tied apart): {p0}, {p1}, {p2}, {p3 tied}.
+    PP_RETURN_IF_ERROR(Check(dist->num_buckets() == 4, absl::StrCat(dist->num_buckets())));
+    Reference ref(options.optimizer);
+    for (int step = 0; step < 2; ++step) {
+      dist->ZeroGrad();
+      for (size_t i = 0; i < params.size(); ++i) {
+        torch::Tensor holder = dist->params()[i].holder;
+        holder.mutable_grad() = GradOf(world.rank, i, step, params[i].sizes());
+      }
+      PP_RETURN_IF_ERROR(dist->StageDone(0));  // p0 only: p1 waits for stage 3
+      PP_RETURN_IF_ERROR(Check(dist->started_buckets() == 1, "after stage 0"));
+      PP_RETURN_IF_ERROR(dist->StageDone(3));  // p1 and p2; not the tied p3
+      PP_RETURN_IF_ERROR(Check(dist->started_buckets() == 3, "after stage 3"));
+      PP_RETURN_IF_ERROR(dist->StartReduceScatter(0));
+      PP_RETURN_IF_ERROR(dist->StartReduceScatter(1));
+      PP_RETURN_IF_ERROR(Check(dist->started_buckets() == 4, "after REDUCE_GRAD"));
+      PP_RETURN_IF_ERROR(dist->FinishReduceScatter());
+      PP_RETURN_IF_ERROR(dist->Step());
+      ref.Step(2, step);
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      PP_RETURN_IF_ERROR(
+          ExpectClose(params[i].detach(), ref.params[i].detach(), absl::StrCat("param ", i)));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
 // The planted faults change the result.
 TEST(DistributedOptimizerTest, PlantedFaultsAreVisible) {
   for (PlantedFault fault :

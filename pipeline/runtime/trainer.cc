@@ -170,6 +170,27 @@ absl::Status CheckParametersOn(const PipelineModel& model, const torch::Device& 
 
 }  // namespace
 
+void BackwardProgress::Reset(const LoweredProgram& program, int rank) {
+  total_.clear();
+  for (const Action& action : program.ranks[rank]) {
+    for (const Action& a : Leaves(action)) {
+      if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight) {
+        ++total_[a.stage];
+      }
+    }
+  }
+}
+
+void BackwardProgress::StepStart(const ObservedStep& step) {
+  done_.clear();
+  status_ = absl::OkStatus();
+}
+
+void BackwardProgress::ActionEnd(const ObservedStep& step, const Action& a) {
+  if (a.type != ActionType::kBackward && a.type != ActionType::kBackwardWeight) return;
+  if (++done_[a.stage] == total_[a.stage] && status_.ok()) status_ = dist_->StageDone(a.stage);
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, PipelineModel* model,
                                                          LossFn loss_fn, MicroBatchSource* source,
                                                          TrainerOptions options) {
@@ -250,8 +271,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
 absl::Status Trainer::MakeDistributedOptimizer() {
   std::set<const void*> counted;
   for (const torch::Tensor& p : counted_params_) counted.insert(p.unsafeGetTensorImpl());
-  // One group per local virtual stage (its REDUCE_GRAD starts it); a module
-  // shared by two chunks of this rank belongs to the first.
+  std::set<const void*> tied;  // holders summed with other ranks' copies
+  for (const TiedParams& tie : ties_) {
+    if (!tie.group || tie.group->getSize() == 1) continue;
+    for (const torch::Tensor& p : tie.params) tied.insert(p.unsafeGetTensorImpl());
+  }
+  // Which local stages' backward passes write each parameter's gradient.
+  std::map<const void*, std::vector<int>> writers;
+  for (int64_t c = 0; c < model_->num_chunks(); ++c) {
+    for (const auto& item : model_->chunk_named_parameters(c)) {
+      writers[item.value().unsafeGetTensorImpl()].push_back(
+          static_cast<int>(model_->chunk(c)->virtual_stage()));
+    }
+  }
+  // One group per local virtual stage (its REDUCE_GRAD starts what has not
+  // started early); a module shared by two chunks of this rank belongs to
+  // the first.
   std::set<const void*> seen;
   std::vector<std::vector<ShardedParam>> groups;
   for (int64_t c = 0; c < model_->num_chunks(); ++c) {
@@ -263,6 +298,8 @@ absl::Status Trainer::MakeDistributedOptimizer() {
       sharded.param = p;
       sharded.holder = MasterOf(p);
       sharded.counts_in_norm = counted.count(sharded.holder.unsafeGetTensorImpl()) > 0;
+      sharded.writer_stages = writers.at(p.unsafeGetTensorImpl());
+      sharded.tied_across_ranks = tied.count(sharded.holder.unsafeGetTensorImpl()) > 0;
       group.push_back(std::move(sharded));
     }
     dist_group_of_stage_[static_cast<int>(model_->chunk(c)->virtual_stage())] =
@@ -280,6 +317,8 @@ absl::Status Trainer::MakeDistributedOptimizer() {
   // The slices keep their own fp32 masters; the full ones keep only their
   // gradients (the fp32 accumulators).
   if (master_) master_->ReleaseValues();
+  progress_ = std::make_unique<BackwardProgress>(dist_.get());
+  progress_->Reset(train_program_, grid_->stage_id());
   return absl::OkStatus();
 }
 
@@ -306,6 +345,7 @@ absl::Status Trainer::ReplaceTrainSchedule(const Schedule& schedule) {
   if (!device().is_cpu()) PP_RETURN_IF_ERROR(CheckPairwiseP2POrder(program));
   PP_RETURN_IF_ERROR(executor_->Validate(program));
   train_program_ = std::move(program);
+  if (progress_) progress_->Reset(train_program_, grid_->stage_id());
   return absl::OkStatus();
 }
 
@@ -326,7 +366,10 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
         return absl::InternalError(
             absl::StrCat(ActionToString(action), ": this rank holds no such virtual stage"));
       }
-      if (dist_) return dist_->StartReduceScatter(dist_group_of_stage_.at(action.stage));
+      if (dist_) {
+        PP_RETURN_IF_ERROR(progress_->status());
+        return dist_->StartReduceScatter(dist_group_of_stage_.at(action.stage));
+      }
       std::vector<torch::Tensor> params;
       for (const auto& item : model_->chunk_named_parameters(chunk)) {
         if (reduced_this_step_.insert(item.value().unsafeGetTensorImpl()).second)
@@ -436,7 +479,10 @@ absl::StatusOr<StepResult> Trainer::Step(const StepObservation& observe) {
   model_->train();
   const bool timed = observe.trace || observe.busy_idle;
   // The timer last: it times the action, not the other observers.
-  ActionObservers observers({action_observer_, timed ? timer_.get() : nullptr});
+  // The distributed optimizer's progress first: its ActionEnd runs last,
+  // outside the timed action.
+  ActionObservers observers(std::vector<ActionObserver*>{progress_.get(), action_observer_,
+                                                         timed ? timer_.get() : nullptr});
   executor_->set_observer(observers.empty() ? nullptr : &observers);
   absl::StatusOr<StepStats> stats =
       executor_->Run(train_program_, step_, [&](const Action& a) { return Tail(a, result); });

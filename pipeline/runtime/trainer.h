@@ -148,6 +148,26 @@ struct StepObservation {
   bool busy_idle = false;
 };
 
+// With the distributed optimizer: counts each local stage's backward passes
+// (B and W) during a step and tells the optimizer when a stage's last one
+// has run, so the buckets it finalises start their reduce-scatter then
+// (DistributedOptimizer::StageDone). An error is kept for the step's tail.
+class BackwardProgress : public ActionObserver {
+ public:
+  explicit BackwardProgress(DistributedOptimizer* dist) : dist_(dist) {}
+  // The per-stage totals of `rank`'s list of `program`.
+  void Reset(const LoweredProgram& program, int rank);
+  void StepStart(const ObservedStep& step) override;
+  void ActionEnd(const ObservedStep& step, const Action& action) override;
+  const absl::Status& status() const { return status_; }
+
+ private:
+  DistributedOptimizer* dist_;
+  std::map<int, int> total_;
+  std::map<int, int> done_;
+  absl::Status status_;
+};
+
 class Trainer {
  public:
   // Builds the schedule programs, the tie groups (collective over the
@@ -253,8 +273,9 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<MasterWeights> master_;  // bf16 only
   std::unique_ptr<DistributedOptimizer> dist_;
-  std::map<int, int> dist_group_of_stage_;   // virtual stage -> distributed optimizer group
-  std::set<const void*> reduced_this_step_;  // params averaged over data this step
+  std::map<int, int> dist_group_of_stage_;      // virtual stage -> distributed optimizer group
+  std::unique_ptr<BackwardProgress> progress_;  // with dist_
+  std::set<const void*> reduced_this_step_;     // params averaged over data this step
   std::vector<ActionTiming> last_timings_;
   int64_t step_ = 0;
 };
