@@ -136,9 +136,9 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
       const int64_t begin = d->SliceBegin(b);
       const ShardedParam& first = d->params_[b.params.front()];
       const auto fp32 = torch::dtype(torch::kFloat).device(first.holder.device());
-      bool in_place = true;
-      for (int i : b.params) in_place &= SameTensor(d->params_[i].holder, d->params_[i].param);
-      if (in_place) {
+      b.in_place = true;
+      for (int i : b.params) b.in_place &= SameTensor(d->params_[i].holder, d->params_[i].param);
+      if (b.in_place) {
         // fp32 training: the parameters become views of one buffer per
         // bucket and the slice's master is this rank's part of it, so the
         // masters cost nothing beyond the parameters.
@@ -398,8 +398,7 @@ absl::Status DistributedOptimizer::Step() {
       for (size_t k = 0; k < b.params.size(); ++k) {
         torch::Tensor param = params_[b.params[k]].param;
         torch::Tensor src = full.narrow(0, b.offsets[k], param.numel());
-        // In place (fp32): the buffer already is the parameter.
-        if (src.data_ptr() != param.data_ptr()) param.detach().view({-1}).copy_(src);
+        param.detach().view({-1}).copy_(src);
       }
     }));
   }
@@ -543,9 +542,7 @@ absl::StatusOr<DistributedOptimizer::WholeState> DistributedOptimizer::GatherWho
 int64_t DistributedOptimizer::StateBytes() const {
   int64_t bytes = 0;
   for (const Bucket& b : buckets_) {
-    bool in_place = true;
-    for (int i : b.params) in_place &= SameTensor(params_[i].holder, params_[i].param);
-    if (!in_place) bytes += static_cast<int64_t>(b.master.storage().nbytes());
+    if (!b.in_place) bytes += static_cast<int64_t>(b.master.storage().nbytes());
   }
   return bytes + OptimizerStateBytes(*optimizer_);
 }

@@ -206,6 +206,9 @@ class DistributedOptimizer {
     torch::Tensor flat;   // in flight: the flattened gradients (or the slice they reduce into)
     torch::Tensor input;  // in flight: kept alive until the reduction is waited for
     std::vector<WorkPtr> works;
+    // fp32 training: the parameters are views of one buffer and `master`
+    // is this rank's part of it (no copy).
+    bool in_place = false;
     bool deferred = false;  // holds a parameter tied across ranks
     bool started = false;   // this step
   };
