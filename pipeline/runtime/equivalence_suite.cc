@@ -167,6 +167,34 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
                   supported});
             }
           }
+          // Variable shapes with per-token loss (VarlenToySource: rows and
+          // length drawn per micro-batch, a loss mask), once per schedule at
+          // pp 2 and 4, a covering set: dp 1 AdamW with checkpointing, dp 2
+          // SGD, and at dp 2 bf16 AdamW (pp 2) or the distributed optimizer
+          // (pp 4); each with its own seed.
+          if (m == *counts.rbegin() && pp > 1) {
+            const uint64_t seed = 101 + 10 * pp + dp;
+            RunConfig c =
+                MakeCase(info.name, pp, dp, m, chunks, dp == 1 ? "adamw" : "sgd", dp == 1);
+            c.varlen_seed = seed;
+            cases.push_back(EquivalenceCase{
+                c, CaseName(info.name, pp, dp, chunks, m, c.optimizer.name, dp == 1, "_varlen"),
+                supported});
+            if (dp == 2) {
+              RunConfig v = MakeCase(info.name, pp, dp, m, chunks, "adamw", false);
+              v.varlen_seed = seed + 1000;
+              if (pp == 2) {
+                v.precision = Precision::kBf16;
+              } else {
+                v.distributed_optimizer = true;
+                v.bucket_numel = 100;
+              }
+              cases.push_back(EquivalenceCase{v,
+                                              CaseName(info.name, pp, dp, chunks, m, "adamw", false,
+                                                       pp == 2 ? "_varlen_bf16" : "_varlen_zero1"),
+                                              supported});
+            }
+          }
           // The same on GPUs (rank r on cuda:r, NCCL), once per schedule
           // shape: AdamW, with and without checkpointing, m = the largest
           // count. They skip where pp * dp GPUs are not visible; the

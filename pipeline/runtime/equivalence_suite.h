@@ -59,6 +59,15 @@
 // instead of per parameter, in double). The teeth test
 // (equivalence_test, DistributedOptimizerPlantedFaultsAreDetected) plants a
 // bucket reduced twice and a slice left out of the norm.
+// Variable shapes and per-token loss (VarlenToySource: each micro-batch
+// [rows, length] with rows in [1, 3], length in [1, 9] and a loss mask; the
+// loss the sum over trained tokens over the global batch's count,
+// micro_batch_source.h): each (schedule, pp in {2, 4}, dp in {1, 2}) at the
+// largest micro-batch count has a "_varlen" case (dp 1: AdamW with
+// checkpointing; dp 2: SGD), and at dp 2 "_varlen_bf16" (pp 2) or
+// "_varlen_zero1" (pp 4, the distributed optimizer), each with its own seed;
+// same bounds as their fixed-shape twins. The teeth test (equivalence_test,
+// PerTokenLossPlantedFaultIsDetected) plants the mean of micro-batch means.
 // A schedule the runtime cannot execute (CheckRuntimeSupports; the executor
 // supports every action type today, I/W included) must
 // be refused with Unimplemented instead.

@@ -1,7 +1,11 @@
 // What the equivalence suite (:equivalence_suite, which runs the built-in
 // schedules in :equivalence_suite_test) does not vary: clipping
 // with an LR schedule, receives in program order, and a teeth test.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/runtime/equivalence_testing.h"
@@ -59,6 +63,62 @@ TEST(EquivalenceExtraTest, DistributedOptimizerPlantedFaultsAreDetected) {
     ASSERT_TRUE(wrong.ok()) << wrong.status();
     EXPECT_NE(CompareResults(*sequential, *wrong, kRtol), "") << static_cast<int>(fault);
   }
+}
+
+// Per-token loss (micro_batch_source.h) on variable shapes: the pipeline
+// matches the reference at pp 2 x dp 2 under ZB-V's split backward, and
+// planting the mean of micro-batch means (each micro-batch's sum over its own
+// tokens) moves losses and weights out of the bound. Static p2p shapes
+// cannot carry shapes that vary: the first differing send fails, naming the
+// option.
+TEST(EquivalenceExtraTest, PerTokenLossPlantedFaultIsDetected) {
+  RunConfig c;
+  c.schedule = "zbv";
+  c.pp = 2;
+  c.dp = 2;
+  c.chunks = 2;
+  c.microbatches = 4;
+  c.optimizer.lr = 0.1;
+  c.varlen_seed = 7;
+  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  absl::StatusOr<RunResult> right = TrainPipeline(c);
+  ASSERT_TRUE(right.ok()) << right.status();
+  EXPECT_EQ(CompareResults(*sequential, *right, kRtol), "");
+  c.loss_normalization_fault = LossNormalizationFault::kMicroBatchMean;
+  absl::StatusOr<RunResult> wrong = TrainPipeline(c);
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  EXPECT_NE(CompareResults(*sequential, *wrong, kRtol), "");
+
+  c.loss_normalization_fault = LossNormalizationFault::kNone;
+  c.p2p_static_shapes = true;
+  c.timeout = std::chrono::seconds(3);
+  absl::StatusOr<RunResult> static_shapes = TrainPipeline(c);
+  ASSERT_FALSE(static_shapes.ok());
+  EXPECT_THAT(std::string(static_shapes.status().message()),
+              ::testing::HasSubstr("p2p_static_shapes"));
+}
+
+// A source that marks tokens without naming the global count (or the
+// reverse) is refused at its first micro-batch, naming both.
+TEST(EquivalenceExtraTest, InconsistentPerTokenSourceIsRefused) {
+  class Broken : public MicroBatchSource {
+   public:
+    absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override {
+      absl::StatusOr<MicroBatchData> d = inner_.Get(step, index);
+      if (d.ok()) d->global_loss_tokens = 0;
+      return d;
+    }
+    VarlenToySource inner_{3, 4};
+  };
+  RunConfig c;
+  c.pp = 2;
+  c.microbatches = 4;
+  c.source = [] { return std::make_unique<Broken>(); };
+  c.timeout = std::chrono::seconds(3);  // the other stage waits for the refused one
+  absl::StatusOr<RunResult> run = TrainPipeline(c);
+  ASSERT_FALSE(run.ok());
+  EXPECT_THAT(std::string(run.status().message()), ::testing::HasSubstr("global_loss_tokens = 0"));
 }
 
 // Receives executed exactly where the lowered program puts them (no

@@ -55,7 +55,12 @@ std::vector<LayerSpec> ToySpecs(int blocks) {
 }
 
 torch::Tensor ToyLoss(const Activations& outputs, const MicroBatch& batch) {
-  return torch::nn::functional::cross_entropy(outputs[0], batch.Get("labels"));
+  const torch::Tensor& labels = batch.Get("labels");
+  if (!batch.Has(kLossMaskKey)) return torch::nn::functional::cross_entropy(outputs[0], labels);
+  const torch::Tensor token_losses = torch::nn::functional::cross_entropy(
+      outputs[0].reshape({-1, outputs[0].size(-1)}), labels.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  return ReduceTokenLosses(token_losses.view(labels.sizes()), batch);
 }
 
 namespace {
@@ -129,9 +134,9 @@ std::vector<LayerSpec> ToyParallelSpecs(int blocks) {
 
 LossFn ToyParallelLoss(const ModelParallelGroup& group) {
   return [group](const Activations& outputs, const MicroBatch& batch) {
-    return tensor_parallel::VocabParallelCrossEntropy(outputs[0], batch.Get("labels"), kVocab,
-                                                      group)
-        .mean();
+    return ReduceTokenLosses(
+        tensor_parallel::VocabParallelCrossEntropy(outputs[0], batch.Get("labels"), kVocab, group),
+        batch);
   };
 }
 
@@ -142,6 +147,39 @@ absl::StatusOr<MicroBatchData> ToySource::Get(int64_t step, int64_t index) {
   d.inputs = {torch::randint(kVocab, {kTokens}, gen, torch::kLong)};
   d.batch.id = step * 1000 + index;
   d.batch.tensors["labels"] = torch::randint(kVocab, {kTokens}, gen, torch::kLong);
+  return d;
+}
+
+VarlenToySource::VarlenToySource(uint64_t seed, int64_t global_microbatches)
+    : seed_(seed), global_microbatches_(global_microbatches) {}
+
+MicroBatchData VarlenToySource::Draw(int64_t step, int64_t index) const {
+  torch::Generator gen = at::detail::createCPUGenerator(
+      seed_ * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(1000003 * step + 7919 * index + 17));
+  const int64_t rows = 1 + torch::randint(3, {1}, gen, torch::kLong).item<int64_t>();
+  const int64_t length = 1 + torch::randint(9, {1}, gen, torch::kLong).item<int64_t>();
+  MicroBatchData d;
+  d.inputs = {torch::randint(kVocab, {rows, length}, gen, torch::kLong)};
+  d.batch.id = step * 1000 + index;
+  d.batch.tensors["labels"] = torch::randint(kVocab, {rows, length}, gen, torch::kLong);
+  // About a quarter of the labels untrained; the first always trained, so
+  // every micro-batch has a token (its own mean stays defined).
+  torch::Tensor mask = (torch::rand({rows, length}, gen) >= 0.25).to(torch::kFloat);
+  mask.view({-1})[0] = 1.0;
+  d.batch.tensors[kLossMaskKey] = mask;
+  return d;
+}
+
+absl::StatusOr<MicroBatchData> VarlenToySource::Get(int64_t step, int64_t index) {
+  if (index < 0 || index >= global_microbatches_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("micro-batch index ", index, " outside [0, ", global_microbatches_, ")"));
+  }
+  MicroBatchData d = Draw(step, index);
+  for (int64_t i = 0; i < global_microbatches_; ++i) {
+    d.global_loss_tokens +=
+        static_cast<int64_t>(Draw(step, i).batch.Get(kLossMaskKey).sum().item<double>());
+  }
   return d;
 }
 
@@ -203,7 +241,11 @@ LossFn LossOf(const RunConfig& config, const ModelParallelGroup& group = {}) {
   return config.loss ? config.loss : LossFn(ToyLoss);
 }
 std::unique_ptr<MicroBatchSource> SourceOf(const RunConfig& config) {
-  return config.source ? config.source() : std::make_unique<ToySource>();
+  if (config.source) return config.source();
+  if (config.varlen_seed != 0) {
+    return std::make_unique<VarlenToySource>(config.varlen_seed, config.dp * config.microbatches);
+  }
+  return std::make_unique<ToySource>();
 }
 
 }  // namespace
@@ -228,6 +270,7 @@ absl::StatusOr<RunResult> TrainSequential(const RunConfig& config) {
       SetLearningRate(*optimizer, LearningRateAt(config.lr_schedule, config.optimizer.lr, step));
       optimizer->zero_grad();
       double loss_sum = 0;
+      int64_t global_tokens = 0;
       std::vector<torch::Tensor> replica_sums;
       for (int replica = 0; replica < config.dp; ++replica) {
         for (int j = 0; j < config.microbatches; ++j) {
@@ -236,7 +279,14 @@ absl::StatusOr<RunResult> TrainSequential(const RunConfig& config) {
               CastFloating(model->Forward(CastFloating(d.inputs, dtype), d.batch), torch::kFloat),
               d.batch);
           loss_sum += loss.item<double>();
-          (loss / static_cast<double>(config.microbatches)).backward();
+          // Per-token loss (micro_batch_source.h): the sum over the global
+          // batch's trained tokens over their count, scaled by dp for the
+          // replica average below, as the pipeline scales it.
+          global_tokens = d.global_loss_tokens;
+          (d.global_loss_tokens > 0
+               ? loss * (static_cast<double>(config.dp) / static_cast<double>(global_tokens))
+               : loss / static_cast<double>(config.microbatches))
+              .backward();
           if (master) master->AccumulateGrads();
         }
         if (config.dp > 1) TakeReplicaGrads(params, replica_sums);
@@ -250,7 +300,8 @@ absl::StatusOr<RunResult> TrainSequential(const RunConfig& config) {
       if (config.max_grad_norm > 0) ClipGradsToNorm(params, norm, config.max_grad_norm);
       optimizer->step();
       if (master) master->CopyToModel();
-      result.losses.push_back(loss_sum / total);
+      result.losses.push_back(loss_sum /
+                              static_cast<double>(global_tokens > 0 ? global_tokens : total));
       result.grad_norms.push_back(norm);
     }
     for (const auto& item : model->named_parameters()) {
@@ -302,6 +353,7 @@ TrainerOptions TrainerOptionsOf(const RunConfig& config, const torch::Device& de
   to.distributed_optimizer = config.distributed_optimizer;
   to.bucket_numel = config.bucket_numel;
   to.distributed_optimizer_fault = config.distributed_optimizer_fault;
+  to.executor.loss_normalization_fault = config.loss_normalization_fault;
   return to;
 }
 

@@ -56,6 +56,22 @@ class ToySource : public MicroBatchSource {
   absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override;
 };
 
+// Variable shapes with per-token loss (micro_batch_source.h): micro-batch
+// (step, index) is [rows, length] with rows in [1, 3] and length in [1, 9],
+// tokens, labels and a loss mask (about a quarter untrained) drawn from
+// (seed, step, index); global_loss_tokens sums the masks of the step's
+// `global_microbatches` (dp * m) micro-batches.
+class VarlenToySource : public MicroBatchSource {
+ public:
+  VarlenToySource(uint64_t seed, int64_t global_microbatches);
+  absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override;
+
+ private:
+  MicroBatchData Draw(int64_t step, int64_t index) const;
+  uint64_t seed_;
+  int64_t global_microbatches_;
+};
+
 // Activation checkpointing of every "Block" layer (the toy models' blocks;
 // pipeline/autograd), for RunConfig::layer_runner.
 absl::StatusOr<LayerRunner> CheckpointEveryBlock();
@@ -104,6 +120,11 @@ struct RunConfig {
   // with its group (dense for the reference); replaces `loss` when set.
   std::function<LossFn(const ModelParallelGroup&)> parallel_loss;
   std::function<std::unique_ptr<MicroBatchSource>()> source;  // one per rank
+  // Without `source`: non-zero trains on VarlenToySource(varlen_seed, dp * m)
+  // (variable shapes, per-token loss) instead of ToySource.
+  uint64_t varlen_seed = 0;
+  // Testing only: a planted bug of the per-token loss (stage_executor.h).
+  LossNormalizationFault loss_normalization_fault = LossNormalizationFault::kNone;
   std::string partition_method = "uniform";
   // kBf16: the pipeline with TrainerOptions::precision bf16, the sequential
   // reference with the same recipe (mixed_precision.h: bf16 module, fp32

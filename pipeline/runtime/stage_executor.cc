@@ -103,7 +103,38 @@ absl::StatusOr<const MicroBatchData*> StageExecutor::Data(StepState& st, int mb)
   const int64_t index =
       static_cast<int64_t>(options_.data_parallel_id) * st.program->num_microbatches + mb;
   PP_ASSIGN_OR_RETURN(MicroBatchData data, st.source->Get(st.step, index));
+  // Per-token loss: every micro-batch of the step names the same global
+  // token count, and carries a mask exactly when it names one.
+  const bool masked = data.batch.Has(kLossMaskKey);
+  if (masked != (data.global_loss_tokens > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-batch ", index, " of step ", st.step, masked ? " carries" : " does not carry",
+        " a \"", kLossMaskKey, "\" but names global_loss_tokens = ", data.global_loss_tokens,
+        "; a source with per-token loss sets both (the mask and the global batch's trained "
+        "tokens, > 0), one without sets neither (micro_batch_source.h)"));
+  }
+  if (st.stats.global_loss_tokens != 0 && data.global_loss_tokens != st.stats.global_loss_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-batch ", index, " of step ", st.step, " says the global batch trains on ",
+        data.global_loss_tokens, " tokens, an earlier micro-batch of the step said ",
+        st.stats.global_loss_tokens, "; every micro-batch of a step must name the same count"));
+  }
+  st.stats.global_loss_tokens = data.global_loss_tokens;
   return &st.data.emplace(mb, std::move(data)).first->second;
+}
+
+// The only place the loss is scaled, once, on the last stage: by 1/m (mean
+// of micro-batches), or, with per-token loss, by dp / global_loss_tokens so
+// that the data-parallel average leaves sum / global_loss_tokens.
+torch::Tensor StageExecutor::ScaledLoss(const torch::Tensor& loss, const MicroBatchData& data,
+                                        int num_microbatches) const {
+  if (data.global_loss_tokens == 0) return loss / static_cast<double>(num_microbatches);
+  if (options_.loss_normalization_fault == LossNormalizationFault::kMicroBatchMean) {
+    const double own = data.batch.Get(kLossMaskKey).sum().item<double>();
+    return loss / (std::max(own, 1.0) * num_microbatches);
+  }
+  return loss * (static_cast<double>(options_.data_parallel_size) /
+                 static_cast<double>(data.global_loss_tokens));
 }
 
 absl::Status StageExecutor::Forward(const Action& a, StepState& st) {
@@ -152,8 +183,7 @@ absl::Status StageExecutor::Forward(const Action& a, StepState& st) {
       StashEntry entry;
       entry.inputs = std::move(inputs);
       entry.received = received;
-      // The only place the loss is scaled: by 1/m, once, on the last stage.
-      entry.loss = loss / static_cast<double>(st.program->num_microbatches);
+      entry.loss = ScaledLoss(loss, *data, st.program->num_microbatches);
       st.stash[key] = std::move(entry);
     } else if (received) {
       p2p_.Recycle(std::move(inputs));

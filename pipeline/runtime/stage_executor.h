@@ -9,7 +9,10 @@
 //             handed over locally by stage s-1 on the same rank
 //   F       : outputs = chunk(s).Forward(inputs, batch); stash[(s, mb)]
 //             last stage: loss = loss_fn(outputs, batch) / m (scaled once,
-//             here only), its detached value accumulated
+//             here only), its detached value accumulated; with per-token
+//             loss (kLossMaskKey, micro_batch_source.h) loss_fn's sum times
+//             dp / global_loss_tokens instead, which the data-parallel
+//             average makes sum / global_loss_tokens
 //   B       : autograd from the stashed outputs with the output gradient
 //             (RECV_B or local), or from the scaled loss on the last stage;
 //             frees the stash entry; the input gradient goes to SEND_B or to
@@ -54,6 +57,18 @@ struct StepStats {
   // 0 on ranks without the last stage.
   double loss_sum = 0.0;
   int64_t losses_computed = 0;
+  // Per-token loss: the step's global_loss_tokens (every rank reads the
+  // micro-batches it runs, so every rank knows it); 0: mean of micro-batches.
+  int64_t global_loss_tokens = 0;
+};
+
+// Testing only: a planted bug of the per-token loss normalisation.
+enum class LossNormalizationFault {
+  kNone,
+  // Each micro-batch's sum divided by its own trained tokens, then averaged
+  // over micro-batches and replicas: the mean of micro-batch means that
+  // torchtitan (#2972) and DeepSpeed (#7773) users reported.
+  kMicroBatchMean,
 };
 
 struct StageExecutorOptions {
@@ -61,6 +76,9 @@ struct StageExecutorOptions {
   // Data-parallel replica: micro-batch mb reads global index
   // data_parallel_id * m + mb.
   int data_parallel_id = 0;
+  // Replicas in the data group (per-token loss scales by it; set by the Trainer).
+  int data_parallel_size = 1;
+  LossNormalizationFault loss_normalization_fault = LossNormalizationFault::kNone;
   // Run DeferReceives(program) instead of the program as lowered.
   bool defer_receives = true;
   // Post receives ahead of need (P2P::PostRecvActivations/PostRecvGrads): a
@@ -171,6 +189,8 @@ class StageExecutor {
   absl::Status Execute(const Action& action, StepState& st, const TailFn& tail);
   absl::StatusOr<const MicroBatchData*> Data(StepState& st, int mb);
   absl::Status Forward(const Action& a, StepState& st);
+  torch::Tensor ScaledLoss(const torch::Tensor& loss, const MicroBatchData& data,
+                           int num_microbatches) const;
   // The stash entry a B or I acts on; FailedPrecondition when its F has not
   // run, or its I already has (`what` names the offending action).
   absl::StatusOr<std::map<Key, StashEntry>::iterator> StashBeforeInputGrads(const Action& a,

@@ -248,6 +248,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   }
   eo.p2p.global_ranks = grid->pipe_group_ranks();
   eo.data_parallel_id = grid->data_parallel_id();
+  eo.data_parallel_size = grid->data_parallel_size();
   t->defers_receives_ = eo.defer_receives;
   t->executor_ =
       std::make_unique<StageExecutor>(grid->stage_id(), StageForwards(*model, options.precision),
@@ -458,8 +459,13 @@ absl::StatusOr<double> Trainer::ReduceLoss(const StepStats& stats) {
         "loss all-reduce", grid_->DescribeGroup("data group", grid_->data_group_ranks()), timeout(),
         [&] { return grid_->data_group()->allreduce(one); }));
   }
-  return loss.cpu().item<double>() /
-         static_cast<double>(options_.num_microbatches * grid_->data_parallel_size());
+  // Per-token loss: the sum over every trained token of the global batch over
+  // their count; else the mean of the micro-batches' means.
+  const double count =
+      stats.global_loss_tokens > 0
+          ? static_cast<double>(stats.global_loss_tokens)
+          : static_cast<double>(options_.num_microbatches * grid_->data_parallel_size());
+  return loss.cpu().item<double>() / count;
 }
 
 absl::StatusOr<StepResult> Trainer::Step(const StepObservation& observe) {

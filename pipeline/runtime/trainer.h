@@ -24,7 +24,8 @@
 // and STEP sums the norm from the slices, clips and updates them, and
 // all-gathers the parameters (distributed_optimizer.h).
 // The step's loss (mean over micro-batches, averaged over data-parallel
-// replicas) is reported on every rank.
+// replicas; with per-token loss the sum over the global batch's trained
+// tokens over their count: micro_batch_source.h) is reported on every rank.
 //
 // Every rank of the grid calls every method in the same order (they contain
 // collectives). Errors (timeouts naming the peer rank and action, c10::Error)
@@ -121,7 +122,7 @@ struct TrainerOptions {
 
 struct StepResult {
   int64_t step = 0;
-  double loss = 0.0;       // mean over micro-batches and data-parallel replicas
+  double loss = 0.0;       // mean over micro-batches and data-parallel replicas, or per token
   double grad_norm = 0.0;  // global, before clipping; 0 when not computed
   // skip_nonfinite_updates: the gradient norm was not finite, the optimizer
   // did not step (the parameters are those before the step).
