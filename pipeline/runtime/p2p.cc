@@ -161,16 +161,38 @@ absl::Status P2P::WaitSends() {
   return first_error;
 }
 
+int64_t P2PBufferCapacity(int64_t numel) {
+  if (numel <= 16) return numel;
+  // numel in [2^k, 2^(k+1)): round up to a multiple of 2^(k-3), i.e. to one
+  // of eight steps per octave (at most 1/8 more than asked).
+  int k = 0;
+  while ((numel >> (k + 1)) != 0) ++k;
+  const int64_t step = int64_t{1} << (k - 3);
+  return (numel + step - 1) / step * step;
+}
+
 torch::Tensor P2P::TakeBuffer(c10::ScalarType dtype, const std::vector<int64_t>& shape) {
-  auto it = pool_.find({static_cast<int>(dtype), shape});
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const int64_t capacity = P2PBufferCapacity(numel);
+  torch::Tensor flat;
+  auto it = pool_.find({static_cast<int>(dtype), capacity});
   if (it != pool_.end() && !it->second.empty()) {
-    torch::Tensor t = std::move(it->second.back());
+    flat = std::move(it->second.back());
     it->second.pop_back();
     ++stats_.buffers_reused;
-    return t;
+  } else {
+    ++stats_.buffers_allocated;
+    flat = torch::empty({capacity}, torch::TensorOptions().dtype(dtype).device(options_.device));
   }
-  ++stats_.buffers_allocated;
-  return torch::empty(shape, torch::TensorOptions().dtype(dtype).device(options_.device));
+  // The shape over the buffer's storage as a tensor of its own (not a view,
+  // whose base would keep a second reference and block Recycle).
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * shape[i + 1];
+  }
+  torch::Tensor t = torch::empty({0}, flat.options()).set_(flat.storage(), 0, shape, strides);
+  return t;
 }
 
 void P2P::Recycle(Activations tensors) {
@@ -183,11 +205,16 @@ void P2P::Recycle(Activations tensors) {
         !t.is_contiguous() || t.storage_offset() != 0) {
       continue;
     }
-    torch::Tensor buffer = t.detach();
+    // The whole storage goes back, under its capacity class; a storage of
+    // another size (not one of ours) is dropped.
+    const int64_t capacity =
+        static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size());
+    if (capacity != P2PBufferCapacity(capacity)) continue;
+    torch::Tensor buffer =
+        torch::empty({0}, t.options().requires_grad(false)).set_(t.storage(), 0, {capacity}, {1});
     t.reset();
     if (buffer.storage().use_count() != 1) continue;
-    pool_[{static_cast<int>(buffer.scalar_type()), buffer.sizes().vec()}].push_back(
-        std::move(buffer));
+    pool_[{static_cast<int>(buffer.scalar_type()), capacity}].push_back(std::move(buffer));
   }
 }
 

@@ -62,7 +62,13 @@
 // sender thread's hand-off). Every wait has a timeout and its error names the
 // peer rank and the action being executed.
 //
-// Receive buffers come from a pool keyed by dtype and shape. A received tensor
+// Receive buffers come from a pool keyed by dtype and size class, not shape:
+// a message of n elements takes a flat buffer of P2PBufferCapacity(n)
+// elements (n itself up to 16, else n rounded up to one of eight steps per
+// octave, at most 1/8 more) and views its first n as the message's shape, so
+// variable-length micro-batches reuse buffers instead of allocating one per
+// shape, and the buffers a run allocates are bounded by the classes its
+// sizes span times the receives outstanding at once. A received tensor
 // belongs to the caller until it is handed back with Recycle(); a buffer whose
 // storage is still referenced elsewhere is dropped instead of reused.
 //
@@ -113,6 +119,10 @@
 #include "pipeline/runtime/p2p_wire.h"
 
 namespace pp {
+
+// The elements of the pooled receive buffer a message of `numel` elements
+// takes (see "Receive buffers" above).
+int64_t P2PBufferCapacity(int64_t numel);
 
 // The layout a payload is sent with: requires_grad is true exactly for
 // floating-point tensors that require grad on the sender.
@@ -316,7 +326,8 @@ class P2P {
   std::map<ChannelKey, std::vector<TensorMeta>> learned_sent_;
   std::map<ChannelKey, std::vector<TensorMeta>> learned_received_;
   bool forward_only_ = false;
-  std::map<std::pair<int, std::vector<int64_t>>, std::vector<torch::Tensor>> pool_;
+  // Flat buffers by (dtype, capacity: P2PBufferCapacity).
+  std::map<std::pair<int, int64_t>, std::vector<torch::Tensor>> pool_;
   P2PStats stats_;
   std::map<PostKey, std::deque<PostedRecv>> posted_;
   // Aborted receives' buffers and Works (see the file comment).

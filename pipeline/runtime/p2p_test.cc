@@ -2,6 +2,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <set>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -116,6 +119,58 @@ TEST(P2PTest, HeaderOnlyOnLayoutChangeAndBuffersReused) {
           p2p.stats().buffers_allocated == 2,
           "two buffer shapes allocated: got " + std::to_string(p2p.stats().buffers_allocated)));
       PP_RETURN_IF_ERROR(Check(p2p.stats().buffers_reused == 3, "three reuses"));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_STATUS_OK(s);
+}
+
+// Receive buffers are pooled by size class, not shape: a thousand messages
+// of random [rows, length, 8] shapes allocate one buffer per class their
+// sizes fall in (one message outstanding at a time), never one per shape.
+TEST(P2PTest, VariableShapesReuseBuffersBySizeClass) {
+  EXPECT_EQ(P2PBufferCapacity(7), 7);
+  EXPECT_EQ(P2PBufferCapacity(16), 16);
+  EXPECT_EQ(P2PBufferCapacity(17), 18);
+  EXPECT_EQ(P2PBufferCapacity(1000), 1024);
+  for (int64_t n = 1; n < 5000; ++n) {
+    const int64_t c = P2PBufferCapacity(n);
+    ASSERT_GE(c, n);
+    ASSERT_LE(c, n + n / 8 + 1);
+    ASSERT_EQ(P2PBufferCapacity(c), c) << n;
+  }
+  constexpr int kMessages = 1000;
+  std::vector<std::vector<int64_t>> shapes;
+  std::set<int64_t> classes;
+  std::set<std::vector<int64_t>> distinct;
+  torch::Generator gen = at::detail::createCPUGenerator(5);
+  for (int i = 0; i < kMessages; ++i) {
+    const int64_t rows = 1 + torch::randint(4, {1}, gen, torch::kLong).item<int64_t>();
+    const int64_t length = 1 + torch::randint(64, {1}, gen, torch::kLong).item<int64_t>();
+    shapes.push_back({rows, length, 8});
+    classes.insert(P2PBufferCapacity(rows * length * 8));
+    distinct.insert(shapes.back());
+  }
+  ASSERT_GT(distinct.size(), 2 * classes.size());
+  absl::Status s = RunOnThreadRanks(2, milliseconds(60000), [&](World& world) -> absl::Status {
+    P2P p2p(world.group, P2POptions{milliseconds(20000)});
+    for (int i = 0; i < kMessages; ++i) {
+      if (world.rank == 0) {
+        PP_RETURN_IF_ERROR(
+            p2p.SendActivations(1, 0, 1, {torch::full(shapes[i], float(i))}, "send"));
+      } else {
+        PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "recv"));
+        PP_RETURN_IF_ERROR(Check(got[0].sizes().vec() == shapes[i], "shape"));
+        PP_RETURN_IF_ERROR(Check(torch::equal(got[0], torch::full(shapes[i], float(i))), "value"));
+        p2p.Recycle(std::move(got));
+      }
+    }
+    PP_RETURN_IF_ERROR(p2p.WaitSends());
+    if (world.rank == 1) {
+      PP_RETURN_IF_ERROR(
+          Check(p2p.stats().buffers_allocated == static_cast<int64_t>(classes.size()),
+                "one buffer per size class: " + std::to_string(p2p.stats().buffers_allocated) +
+                    " allocated, " + std::to_string(classes.size()) + " classes"));
     }
     return absl::OkStatus();
   });
