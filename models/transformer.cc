@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/torch_compat_attention.h"
+#include "models/packed_sequence.h"
 #include "pipeline/tensor_parallel/dropout.h"
 
 namespace pp {
@@ -47,7 +48,8 @@ const torch::Tensor& SelfAttentionImpl::FutureMask(int64_t time, const torch::De
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
-                                         const torch::Tensor& key_mask) {
+                                         const torch::Tensor& key_mask,
+                                         const torch::Tensor& document_ids) {
   TORCH_CHECK(x.dim() == 3 && x.size(2) == width_, "attention expects [batch, time, ", width_,
               "], got ", x.sizes());
   const torch::Tensor projected = qkv_(x);
@@ -67,7 +69,8 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
   // (Not under tensor parallelism with dropout: the fused kernel would draw
   // the mask of this rank's heads alone, not its slice of the dense one.)
   const double dropout = is_training() ? attn_dropout_->options.p() : 0.0;
-  if (x.is_cuda() && !key_mask.defined() && !(parallel_ && dropout > 0)) {
+  if (x.is_cuda() && !key_mask.defined() && !document_ids.defined() &&
+      !(parallel_ && dropout > 0)) {
     std::optional<torch::Tensor> fused = torch_compat::ScaledDotProductAttention(
         qkv[0] + q_bias_.view({num_heads_, 1, head_width}), qkv[1],
         qkv[2] + v_bias_.view({num_heads_, 1, head_width}), dropout, causal);
@@ -107,6 +110,10 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
   // In place (no copy of the scores; the matmul's backward does not need
   // them), with the mask built once.
   if (causal) scores.masked_fill_(FutureMask(time, x.device()), kMasked);
+  if (document_ids.defined()) {
+    scores.view({batch, num_heads_, time, time})
+        .masked_fill_(CrossDocumentMask(document_ids, time), kMasked);
+  }
   if (key_mask.defined()) {
     TORCH_CHECK(key_mask.dim() == 2 && key_mask.size(0) == batch && key_mask.size(1) == time,
                 "attention mask must be [", batch, ", ", time, "], got ", key_mask.sizes());

@@ -41,7 +41,11 @@ class SelfAttentionImpl : public torch::nn::Module, public tensor_parallel::Shar
   // `causal`: position t attends to positions <= t only. `key_mask`: optional
   // bool [batch, time], true where a key is a real token (padding is false);
   // queries never attend to masked keys.
-  torch::Tensor forward(const torch::Tensor& x, bool causal, const torch::Tensor& key_mask = {});
+  // key_mask [batch, time]: 0 = a key nobody attends to (padding);
+  // document_ids [batch, time]: packed sequences (packed_sequence.h), each
+  // query attends only to keys of its own document.
+  torch::Tensor forward(const torch::Tensor& x, bool causal, const torch::Tensor& key_mask = {},
+                        const torch::Tensor& document_ids = {});
   std::map<std::string, tensor_parallel::ShardSpec> ShardDims() const override;
 
  private:

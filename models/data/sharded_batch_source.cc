@@ -20,6 +20,7 @@ absl::StatusOr<MicroBatchData> ShardedBatchSource::Get(int64_t step, int64_t ind
   MicroBatchData data;
   data.batch = AtGlobalIndex(step, index);
   data.inputs = {data.batch.Get("input_ids")};
+  if (data.batch.Has(kLossMaskKey)) data.global_loss_tokens = GlobalLossTokens(step);
   return data;
 }
 

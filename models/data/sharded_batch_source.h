@@ -27,6 +27,11 @@ class ShardedBatchSource : public MicroBatchSource {
   // (step, index). Inputs of the first layer are its "input_ids".
   virtual MicroBatch AtGlobalIndex(int64_t step, int64_t index) const = 0;
 
+  // Per-token loss (micro_batch_source.h): a source whose micro-batches carry
+  // a loss mask returns the trained tokens of `step`'s whole global batch;
+  // 0 (the default) for sources without one.
+  virtual int64_t GlobalLossTokens(int64_t step) const { return 0; }
+
   // This rank's micro-batch `microbatch` (in [0, num_microbatches)) of `step`:
   // global index dp_rank * num_microbatches + microbatch.
   MicroBatch Batch(int64_t step, int64_t microbatch) const {
@@ -36,7 +41,9 @@ class ShardedBatchSource : public MicroBatchSource {
   std::vector<MicroBatch> Step(int64_t step) const;
 
   // MicroBatchSource (the runtime's view; `index` is global as above, so
-  // dp_rank is not used): inputs = {input_ids}; OutOfRange for a bad index.
+  // dp_rank is not used): inputs = {input_ids}, global_loss_tokens from
+  // GlobalLossTokens when the batch has a loss mask; OutOfRange for a bad
+  // index.
   absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) final;
 
  private:

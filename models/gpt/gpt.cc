@@ -3,6 +3,8 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "models/packed_sequence.h"
+#include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/tensor_parallel/dropout.h"
 #include "pipeline/tensor_parallel/linear.h"
 
@@ -60,8 +62,13 @@ Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatc
   const int64_t time = ids.size(1);
   TORCH_CHECK(time <= pos_embed->weight.size(0), "sequence length ", time,
               " exceeds gpt.context_length ", pos_embed->weight.size(0));
-  torch::Tensor positions =
-      torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+  // Packed sequences: positions restart at each document ([rows, time]).
+  torch::Tensor positions = PackedPositions(batch, time);
+  const bool packed = positions.defined();
+  if (!packed) {
+    positions =
+        torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+  }
   if (!group_.sequence_parallel) return {dropout_(tok_embed(ids) + pos_embed(positions))};
   // Sequence parallelism: the token embeddings arrive reduce-scattered to this
   // rank's slice of the sequence; its positions' rows of the (replicated)
@@ -73,7 +80,8 @@ Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatc
   const torch::Tensor table =
       tensor_parallel::SequenceParallelReplicated(pos_embed->weight, group_);
   const torch::Tensor x =
-      tok_embed(ids) + torch::embedding(table, positions.narrow(0, group_.rank * local, local));
+      tok_embed(ids) +
+      torch::embedding(table, positions.narrow(packed ? 1 : 0, group_.rank * local, local));
   return {tensor_parallel::ShardedDropout(x, dropout_->options.p(), is_training(), 1, group_)};
 }
 
@@ -91,7 +99,7 @@ TransformerBlockImpl::TransformerBlockImpl(const GptConfig& config, const ModelP
 Activations TransformerBlockImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
   TORCH_CHECK(inputs.size() == 1, "TransformerBlock expects one activation, got ", inputs.size());
   torch::Tensor x = inputs[0];
-  x = x + attn_(ln1_(x), /*causal=*/true);
+  x = x + attn_(ln1_(x), /*causal=*/true, /*key_mask=*/torch::Tensor(), DocumentIds(batch));
   x = x + mlp_(ln2_(x));
   return {x};
 }
@@ -140,8 +148,17 @@ torch::Tensor GptLoss(const Activations& outputs, const MicroBatch& batch) {
   const torch::Tensor& labels = batch.Get("labels");
   TORCH_CHECK(logits.dim() == 3 && labels.sizes() == logits.sizes().slice(0, 2), "GptLoss: logits ",
               logits.sizes(), " do not match labels ", labels.sizes());
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(2)}),
-                                              labels.reshape({-1}));
+  if (!batch.Has(kLossMaskKey)) {
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(2)}),
+                                                labels.reshape({-1}));
+  }
+  // Per-token loss (micro_batch_source.h): the sum over the mask.
+  return ReduceTokenLosses(
+      torch::nn::functional::cross_entropy(
+          logits.reshape({-1, logits.size(2)}), labels.reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone))
+          .view(labels.sizes()),
+      batch);
 }
 
 torch::Tensor GptParallelLoss(const Activations& outputs, const MicroBatch& batch,
@@ -152,7 +169,8 @@ torch::Tensor GptParallelLoss(const Activations& outputs, const MicroBatch& batc
   const torch::Tensor& labels = batch.Get("labels");
   TORCH_CHECK(logits.dim() == 3 && labels.sizes() == logits.sizes().slice(0, 2),
               "GptParallelLoss: logits ", logits.sizes(), " do not match labels ", labels.sizes());
-  return tensor_parallel::VocabParallelCrossEntropy(logits, labels, vocab_size, group).mean();
+  return ReduceTokenLosses(
+      tensor_parallel::VocabParallelCrossEntropy(logits, labels, vocab_size, group), batch);
 }
 
 }  // namespace pp

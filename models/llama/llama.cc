@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/field_checks.h"
 #include "models/gpt/gpt.h"
+#include "models/packed_sequence.h"
 #include "models/transformer.h"
 #include "pipeline/tensor_parallel/dropout.h"
 
@@ -192,7 +193,8 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config, const ModelPar
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
 }
 
-torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& position_ids,
+                                          const torch::Tensor& document_ids) {
   TORCH_CHECK(x.dim() == 3, "attention expects [batch, time, width], got ", x.sizes());
   const int64_t batch = x.size(0);
   // Under sequence parallelism x is this rank's sequence slice and each
@@ -205,6 +207,16 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   torch::Tensor k = k_proj(x).view({batch, time, num_kv_heads_, head_dim_}).transpose(1, 2);
   torch::Tensor v = v_proj(x).view({batch, time, num_kv_heads_, head_dim_}).transpose(1, 2);
   auto [cos, sin] = RotaryTables(time, head_dim_, rope_theta_, x.device());
+  if (position_ids.defined()) {
+    // Each token's row of the tables: [b, 1, T, d] over the heads.
+    TORCH_CHECK(position_ids.dim() == 2 && position_ids.size(1) == time, "\"", kPositionIdsKey,
+                "\" must be [rows, ", time, "], got ", position_ids.sizes());
+    TORCH_CHECK(position_ids.numel() == 0 || position_ids.max().item<int64_t>() < time,
+                "a position id reaches ", position_ids.max().item<int64_t>(),
+                "; positions restart per document and stay below the row's length ", time);
+    cos = torch::embedding(cos, position_ids).unsqueeze(1);
+    sin = torch::embedding(sin, position_ids).unsqueeze(1);
+  }
   q = ApplyRotary(q, cos, sin);
   k = ApplyRotary(k, cos, sin);
   if (num_kv_heads_ != num_heads_) {
@@ -223,6 +235,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
       torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
           .triu(/*diagonal=*/1);
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  if (document_ids.defined()) {
+    scores = scores.masked_fill(CrossDocumentMask(document_ids, time),
+                                -std::numeric_limits<double>::infinity());
+  }
   torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.dtype());
   // Under tensor parallelism this rank's heads' slice of the dense mask.
   torch::Tensor weights =
@@ -293,7 +309,10 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config, const ModelParallelGro
 Activations LlamaBlockImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
   TORCH_CHECK(inputs.size() == 1, "LlamaBlock expects one activation, got ", inputs.size());
   torch::Tensor x = inputs[0];
-  x = x + Dropout(self_attn(input_layernorm(x)));
+  // Under sequence parallelism x is this rank's slice; attention sees the
+  // whole sequence.
+  const int64_t time = group_.sequence_parallel ? x.size(1) * group_.size : x.size(1);
+  x = x + Dropout(self_attn(input_layernorm(x), PackedPositions(batch, time), DocumentIds(batch)));
   x = x + Dropout(mlp(post_attention_layernorm(x)));
   return {x};
 }

@@ -101,10 +101,14 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
 // Causal grouped-query self-attention over x [b, T, width]: q_proj width ->
 // heads * head_dim, k_proj and v_proj width -> kv_heads * head_dim, o_proj
 // back, no biases; query head h reads kv head h / (heads / kv_heads).
+// Packed sequences (models/packed_sequence.h): position_ids [b, T] rotate
+// each token by its position within its document, document_ids [b, T] keep
+// each query within its document (either may be undefined).
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaConfig& config, const ModelParallelGroup& group = {});
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& position_ids = {},
+                        const torch::Tensor& document_ids = {});
 
   tensor_parallel::ColumnParallelLinear q_proj{nullptr};
   tensor_parallel::ColumnParallelLinear k_proj{nullptr};
