@@ -364,7 +364,10 @@ ModelRun ModelRunOf(const ExperimentConfig& config) {
                   .eval_fraction = config.data().eval_fraction(),
                   .data_format = config.data().format(),
                   .data_dtype = config.data().dtype(),
-                  .document_aware = config.data().document_aware()};
+                  .document_aware = config.data().document_aware(),
+                  .packing = config.data().packing(),
+                  .packing_balance = config.data().packing_balance(),
+                  .eos_token = config.data().eos_token()};
 }
 
 absl::Status CheckModelData(const ExperimentConfig& config) {
@@ -603,6 +606,41 @@ absl::Status CheckOptimization(const ExperimentConfig& config) {
   return absl::OkStatus();
 }
 
+// data.packing and what it rules out: fixed p2p shapes (packed micro-batches
+// vary in shape) and the windows' document_aware.
+absl::Status CheckPacking(const ExperimentConfig& config) {
+  const driver::DataConfig& data = config.data();
+  if (data.packing() != "none" && data.packing() != "documents" && data.packing() != "padded") {
+    return Invalid(absl::StrCat("data.packing '", data.packing(),
+                                "' is unknown; valid: none, documents, padded"));
+  }
+  if (data.packing_balance() != "tokens" && data.packing_balance() != "cost") {
+    return Invalid(absl::StrCat("data.packing_balance '", data.packing_balance(),
+                                "' is unknown; valid: tokens, cost"));
+  }
+  if (data.packing() == "none") return absl::OkStatus();
+  if (data.source() == "synthetic") {
+    return Invalid(absl::StrCat("data.packing '", data.packing(),
+                                "' needs documents: data.source corpus or tokens, not synthetic"));
+  }
+  if (config.parallelism().p2p_static_shapes()) {
+    return Invalid(absl::StrCat(
+        "data.packing '", data.packing(),
+        "' makes micro-batches of varying shapes, which parallelism.p2p_static_shapes cannot "
+        "send (each channel keeps its first layout); set p2p_static_shapes: false "
+        "(--p2p_static_shapes=false) or data.packing: none"));
+  }
+  if (data.document_aware()) {
+    return Invalid(absl::StrCat("data.document_aware places windows; with data.packing '",
+                                data.packing(),
+                                "' there are no windows and documents never mix: drop one"));
+  }
+  if (data.eos_token() < 0) {
+    return Invalid(absl::StrCat("data.eos_token (", data.eos_token(), ") must be a token id >= 0"));
+  }
+  return absl::OkStatus();
+}
+
 // The data source the model reads and its path, the held-out fraction, and
 // sampling (for a model with a sampler).
 absl::Status CheckDataAndSampling(const ExperimentConfig& config, const ModelInfo& model) {
@@ -632,6 +670,7 @@ absl::Status CheckDataAndSampling(const ExperimentConfig& config, const ModelInf
     return Invalid(absl::StrCat("data.path '", config.data().path(),
                                 "' does not exist; pass --data=<a text file or folder>"));
   }
+  PP_RETURN_IF_ERROR(CheckPacking(config));
   if (!(config.data().eval_fraction() >= 0 && config.data().eval_fraction() < 0.5)) {
     return Invalid(absl::StrCat("data.eval_fraction (", config.data().eval_fraction(),
                                 ") must be in [0, 0.5)"));

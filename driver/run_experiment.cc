@@ -268,7 +268,11 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
       PP_ASSIGN_OR_RETURN(std::string trace, trainer.LastStepTrace());
       PP_RETURN_IF_ERROR(report.Trace(step, step == trace_step, trace));
     }
-    const double tokens_per_s = static_cast<double>(data.tokens_per_step) / seconds;
+    // Packed data (per-token loss): the tokens the step trained on, which
+    // vary; else the fixed windows' tokens.
+    const double tokens_per_s =
+        static_cast<double>(r.trained_tokens > 0 ? r.trained_tokens : data.tokens_per_step) /
+        seconds;
     PP_RETURN_IF_ERROR(report.Step(step, r, tokens_per_s, seconds, eval_loss, memory, progress));
     // After the step is reported, so the metrics hold every step trained.
     if (config.checkpoint().save_on_signal() && !last) {

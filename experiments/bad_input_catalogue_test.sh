@@ -81,6 +81,10 @@ parallelism.pp (2) x parallelism.dp (1) x parallelism.tp (2) = 4 ranks, but 2 we
 parallelism.schedule 'auto' does not model tensor parallelism yet|--tp=2 --schedule=auto
 parallelism.sequence_parallel needs parallelism.tp > 1|--sequence_parallel=true
 parallelism.ddp_bucket_size (-5) must be >= 1|--distributed_optimizer=true --set=parallelism.ddp_bucket_size=-5
+data.packing 'packed' is unknown; valid: none, documents, padded|--set=data.packing=packed
+data.packing_balance 'flops' is unknown; valid: tokens, cost|--set=data.packing=documents,data.packing_balance=flops
+makes micro-batches of varying shapes, which parallelism.p2p_static_shapes cannot send|--set=data.packing=documents --p2p_static_shapes=true
+data.packing 'documents' needs documents: data.source corpus or tokens, not synthetic|--set=data.packing=documents,data.source=synthetic
 CASES_END
 )
 

@@ -69,6 +69,11 @@ struct ModelRun {
   std::string data_format = "flat";   // tokens: "flat" or "megatron"
   std::string data_dtype = "uint16";  // tokens, flat: "uint16" or "uint32"
   bool document_aware = false;        // tokens: windows inside one document
+  // data.packing: "none", "documents" or "padded" (models/data/packed_data.h),
+  // data.packing_balance "tokens" or "cost", data.eos_token (flat files).
+  std::string packing = "none";
+  std::string packing_balance = "tokens";
+  int64_t eos_token = 0;
 };
 
 // A model's data for one run. Every rank makes its own (the sources must be

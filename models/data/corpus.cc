@@ -116,4 +116,24 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> SplitTrainEval(std::vector
   return {std::move(ids), std::move(eval)};
 }
 
+std::vector<std::string> SplitParagraphs(const std::string& text) {
+  std::vector<std::string> paragraphs;
+  std::string current;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    end = end == std::string::npos ? text.size() : end + 1;
+    const std::string line = text.substr(at, end - at);
+    at = end;
+    if (line.find_first_not_of(" \t\r\n") == std::string::npos) {
+      if (!current.empty()) paragraphs.push_back(std::move(current));
+      current.clear();
+    } else {
+      current += line;
+    }
+  }
+  if (!current.empty()) paragraphs.push_back(std::move(current));
+  return paragraphs;
+}
+
 }  // namespace pp

@@ -52,6 +52,11 @@ struct Corpus {
 // when nothing readable (or only empty text) is found.
 absl::StatusOr<Corpus> LoadCorpus(const std::string& path);
 
+// The paragraphs of a text: the runs of lines between blank lines (each with
+// its line ends; blank lines dropped). The documents a packed corpus run
+// trains on (models/data/packed_data.h).
+std::vector<std::string> SplitParagraphs(const std::string& text);
+
 // Splits token ids into a training part and a held-out tail of
 // `eval_fraction` (in [0, 1)) of the ids; the tail is empty when
 // eval_fraction is 0.

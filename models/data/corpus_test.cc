@@ -97,5 +97,11 @@ TEST(DefaultCorpusTest, DebianCommonLicensesArePresent) {
   EXPECT_NE(corpus->text.find("GNU GENERAL PUBLIC LICENSE"), std::string::npos);
 }
 
+TEST(SplitParagraphsTest, BlankLinesSeparateParagraphs) {
+  EXPECT_EQ(SplitParagraphs("a b\nc\n\n  \nd\n\n\ne"),
+            (std::vector<std::string>{"a b\nc\n", "d\n", "e"}));
+  EXPECT_TRUE(SplitParagraphs("\n \n").empty());
+}
+
 }  // namespace
 }  // namespace pp

@@ -42,6 +42,10 @@ absl::Status CheckOptions(const PackingOptions& o) {
           absl::StrCat("packed data: ", name, " (", value, ") must be positive"));
     }
   }
+  if (o.pieces_per_row < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "packed data: pieces_per_row (", o.pieces_per_row, ") must be >= 0 (0: no limit)"));
+  }
   if (o.cost_linear_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("packed data: cost_linear_tokens (", o.cost_linear_tokens, ") must be >= 0"));
@@ -65,7 +69,9 @@ struct Packing {
 // and every row is in use.
 bool Place(Packing& p, int64_t piece, int64_t inputs, const PackingOptions& o) {
   for (size_t r = 0; r < p.rows.size(); ++r) {
-    if (p.fill[r] + inputs <= o.seq_len) {
+    const bool room =
+        o.pieces_per_row == 0 || static_cast<int64_t>(p.rows[r].size()) < o.pieces_per_row;
+    if (room && p.fill[r] + inputs <= o.seq_len) {
       p.rows[r].push_back(piece);
       p.fill[r] += inputs;
       return true;
@@ -306,6 +312,26 @@ double PackedBatchSource::Cost(int64_t step, int64_t index) const { return At(st
 
 int64_t PackedBatchSource::TrainedTokens(int64_t step, int64_t index) const {
   return At(step, index).trained;
+}
+
+absl::Status ApplyPackingMode(const std::string& mode, const std::string& balance,
+                              PackingOptions& options) {
+  if (balance == "tokens") {
+    options.balance = PackingBalance::kTokens;
+  } else if (balance == "cost") {
+    options.balance = PackingBalance::kCost;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.packing_balance '", balance, "' is unknown; valid: tokens, cost"));
+  }
+  if (mode == "padded") {
+    options.pieces_per_row = 1;
+    options.length_multiple = options.seq_len;
+  } else if (mode != "documents") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.packing '", mode, "' is not a packing; valid: documents, padded"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<PackedBatchSource>> PackTokenFile(const TokenDataOptions& o,

@@ -65,6 +65,10 @@ struct PackingOptions {
   // splits the sequence over the tensor-parallel ranks).
   int64_t length_multiple = 1;
   int64_t pad_token = 0;  // padding's input and label (never trained)
+  // Pieces a row holds at most; 0: as many as fit. 1 with length_multiple =
+  // seq_len is padding every document to the context (the baseline packing
+  // is measured against).
+  int64_t pieces_per_row = 0;
 };
 
 // A document: `length` tokens from offset `start` of the corpus.
@@ -139,6 +143,13 @@ class PackedBatchSource : public ShardedBatchSource {
   mutable std::mutex mu_;
   mutable std::map<int64_t, std::vector<int64_t>> epoch_orders_;  // the last few epochs
 };
+
+// data.packing `mode` ("documents", or "padded": one piece per row, every
+// row padded to seq_len) and data.packing_balance `balance` ("tokens",
+// "cost") applied to `options`, whose sizes the caller sets first.
+// InvalidArgument naming the value and the valid ones.
+absl::Status ApplyPackingMode(const std::string& mode, const std::string& balance,
+                              PackingOptions& options);
 
 // A token file's split (TokenDataOptions: path, format, vocabulary check,
 // eval_fraction and split) as documents for packing: Megatron files by their

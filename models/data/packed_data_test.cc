@@ -249,6 +249,23 @@ TEST(PackedDataTest, CostBalancingNarrowsTheCostSpread) {
   EXPECT_LT(cost, tokens / 2) << "max/min cost: " << cost << " balanced vs " << tokens;
 }
 
+// The padded baseline (data.packing "padded"): one document per row, every
+// row as long as the context.
+TEST(PackedDataTest, PaddedModeHoldsOneDocumentPerFullRow) {
+  PackingOptions o = Options();
+  ASSERT_TRUE(ApplyPackingMode("padded", "tokens", o).ok());
+  auto source = Make(Documents(40, 5), o);
+  ASSERT_NE(source, nullptr);
+  for (int64_t i = 0; i < 3; ++i) {
+    for (const auto& row : source->Layout(0, i)) EXPECT_EQ(row.size(), 1u);
+    EXPECT_EQ(source->AtGlobalIndex(0, i).Get("input_ids").size(1), o.seq_len);
+  }
+  absl::Status bad = ApplyPackingMode("packed", "tokens", o);
+  EXPECT_NE(bad.message().find("data.packing 'packed'"), std::string::npos) << bad;
+  bad = ApplyPackingMode("documents", "flops", o);
+  EXPECT_NE(bad.message().find("data.packing_balance 'flops'"), std::string::npos) << bad;
+}
+
 TEST(PackedDataTest, BadInputIsNamed) {
   PackingOptions o = Options();
   o.seq_len = 0;

@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "models/data/corpus.h"
 #include "models/data/lm_data.h"
+#include "models/data/packed_data.h"
 #include "models/data/synthetic_lm_data.h"
 #include "models/data/tokenizer.h"
 #include "models/gpt/gpt.h"
@@ -78,6 +79,45 @@ absl::StatusOr<ModelData> SyntheticData(const GptModelConfig& c, const ModelRun&
   return data;
 }
 
+// data.packing: the text's paragraphs as byte documents, packed.
+absl::StatusOr<std::unique_ptr<PackedBatchSource>> PackedParagraphs(const GptModelConfig& c,
+                                                                    const ModelRun& run,
+                                                                    const std::string& text,
+                                                                    uint64_t seed) {
+  std::vector<std::vector<int64_t>> documents;
+  for (const std::string& paragraph : SplitParagraphs(text)) {
+    documents.push_back(ByteTokenizer::Encode(paragraph));
+  }
+  PackingOptions o;
+  o.seq_len = c.context_length();
+  o.micro_batch_size = run.micro_batch_size;
+  o.num_microbatches = run.num_microbatches;
+  o.dp_size = run.dp;
+  o.seed = seed;
+  o.cost_linear_tokens = 6 * c.width();
+  o.length_multiple = run.sequence_parallel ? run.tp : 1;
+  PP_RETURN_IF_ERROR(ApplyPackingMode(run.packing, run.packing_balance, o));
+  return PackedBatchSource::FromDocuments(std::move(documents), o);
+}
+
+absl::StatusOr<ModelData> PackedCorpusData(const GptModelConfig& c, const ModelRun& run,
+                                           const Corpus& corpus, const std::string& train_text,
+                                           const std::string& eval_text) {
+  ModelData data;
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<PackedBatchSource> train,
+                      PackedParagraphs(c, run, train_text, run.seed));
+  data.description = absl::StrFormat(
+      "corpus %s (%d files, %d bytes), paragraphs packed (%s, %s): %d micro-batches per epoch",
+      run.data_path, corpus.files.size(), corpus.text.size(), run.packing, run.packing_balance,
+      train->microbatches_per_epoch());
+  data.tokens_per_step = run.dp * run.num_microbatches * run.micro_batch_size * c.context_length();
+  data.train = std::move(train);
+  absl::StatusOr<std::unique_ptr<PackedBatchSource>> eval =
+      PackedParagraphs(c, run, eval_text, run.seed + 1);
+  if (eval.ok()) data.eval = *std::move(eval);
+  return data;
+}
+
 // Next-byte prediction over the corpus; its tail (eval_fraction) held out.
 absl::StatusOr<ModelData> GptData(const GptModelConfig& c, const ModelRun& run) {
   if (run.data_source == "synthetic") return SyntheticData(c, run);
@@ -85,6 +125,7 @@ absl::StatusOr<ModelData> GptData(const GptModelConfig& c, const ModelRun& run) 
   const size_t eval_bytes = static_cast<size_t>(corpus.text.size() * run.eval_fraction);
   const std::string train_text = corpus.text.substr(0, corpus.text.size() - eval_bytes);
   const std::string eval_text = corpus.text.substr(corpus.text.size() - eval_bytes);
+  if (run.packing != "none") return PackedCorpusData(c, run, corpus, train_text, eval_text);
   ModelData data;
   data.description = absl::StrFormat("corpus %s (%d files, %d bytes)", run.data_path,
                                      corpus.files.size(), corpus.text.size());

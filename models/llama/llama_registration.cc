@@ -19,6 +19,7 @@
 #include "common/field_checks.h"
 #include "common/status_macros.h"
 #include "models/data/bpe_vocab.h"
+#include "models/data/packed_data.h"
 #include "models/data/token_data.h"
 #include "models/data/token_file.h"
 #include "models/gpt/pipeline_sampler.h"
@@ -92,10 +93,40 @@ absl::StatusOr<TokenDataOptions> TokenOptions(const LlamaModelConfig& c, const M
                           .document_aware = run.document_aware};
 }
 
+// data.packing: the split's documents packed into rows of context_length.
+absl::StatusOr<std::unique_ptr<PackedBatchSource>> PackedTokens(const LlamaModelConfig& c,
+                                                                const ModelRun& run,
+                                                                TokenSplit split) {
+  PP_ASSIGN_OR_RETURN(TokenDataOptions file, TokenOptions(c, run, split));
+  PackingOptions o;
+  o.seq_len = c.context_length();
+  o.micro_batch_size = run.micro_batch_size;
+  o.num_microbatches = run.num_microbatches;
+  o.dp_size = run.dp;
+  o.seed = file.seed;
+  o.cost_linear_tokens = 6 * c.width();
+  o.length_multiple = run.sequence_parallel ? run.tp : 1;
+  PP_RETURN_IF_ERROR(ApplyPackingMode(run.packing, run.packing_balance, o));
+  return PackTokenFile(file, run.eos_token, o);
+}
+
 // Before launch: the files' layout, every token id below llama.vocab_size
 // (naming the file and offset), a window in each split, and a tokenizer whose
 // vocabulary fits the model's.
 absl::Status CheckLlamaData(const LlamaModelConfig& c, const ModelRun& run) {
+  if (run.packing != "none") {
+    // Packing reads and checks the files itself (and finds the documents).
+    for (TokenSplit split : {TokenSplit::kTrain, TokenSplit::kEval}) {
+      if (split == TokenSplit::kEval && run.eval_fraction == 0) continue;
+      if (absl::StatusOr<std::unique_ptr<PackedBatchSource>> packed = PackedTokens(c, run, split);
+          !packed.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.path (llama.vocab_size ", c.vocab_size(), ", data.packing '",
+                         run.packing, "'): ", packed.status().message()));
+      }
+    }
+    return absl::OkStatus();
+  }
   PP_ASSIGN_OR_RETURN(TokenDataOptions train, TokenOptions(c, run, TokenSplit::kTrain));
   if (absl::Status s = ValidateTokenData(train); !s.ok()) {
     return absl::InvalidArgumentError(
@@ -119,7 +150,24 @@ absl::Status CheckLlamaData(const LlamaModelConfig& c, const ModelRun& run) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ModelData> PackedLlamaData(const LlamaModelConfig& c, const ModelRun& run) {
+  ModelData data;
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<PackedBatchSource> train,
+                      PackedTokens(c, run, TokenSplit::kTrain));
+  data.description = absl::StrFormat(
+      "tokens %s (%s, vocabulary %d), documents packed (%s, %s): %d micro-batches per epoch",
+      run.data_path, run.data_format, c.vocab_size(), run.packing, run.packing_balance,
+      train->microbatches_per_epoch());
+  data.tokens_per_step = run.dp * run.num_microbatches * run.micro_batch_size * c.context_length();
+  data.train = std::move(train);
+  if (run.eval_fraction > 0) {
+    PP_ASSIGN_OR_RETURN(data.eval, PackedTokens(c, run, TokenSplit::kEval));
+  }
+  return data;
+}
+
 absl::StatusOr<ModelData> LlamaData(const LlamaModelConfig& c, const ModelRun& run) {
+  if (run.packing != "none") return PackedLlamaData(c, run);
   PP_ASSIGN_OR_RETURN(TokenDataOptions train_options, TokenOptions(c, run, TokenSplit::kTrain));
   PP_ASSIGN_OR_RETURN(TokenBatchSource train, TokenBatchSource::Create(train_options));
   ModelData data;

@@ -495,6 +495,7 @@ absl::StatusOr<StepResult> Trainer::Step(const StepObservation& observe) {
   executor_->set_observer(nullptr);
   PP_RETURN_IF_ERROR(stats.status());
   PP_ASSIGN_OR_RETURN(result.loss, ReduceLoss(*stats));
+  result.trained_tokens = stats->global_loss_tokens;
   if (observe.busy_idle) PP_RETURN_IF_ERROR(GatherBusyIdle(result));
   last_timings_.clear();
   if (timed) last_timings_ = timer_->TakeTimings();

@@ -124,6 +124,9 @@ struct StepResult {
   int64_t step = 0;
   double loss = 0.0;       // mean over micro-batches and data-parallel replicas, or per token
   double grad_norm = 0.0;  // global, before clipping; 0 when not computed
+  // Per-token loss (micro_batch_source.h): the tokens the global batch
+  // trained on (its global_loss_tokens); else 0.
+  int64_t trained_tokens = 0;
   // skip_nonfinite_updates: the gradient norm was not finite, the optimizer
   // did not step (the parameters are those before the step).
   bool update_skipped = false;
