@@ -312,6 +312,20 @@ absl::Status CheckCosts(const LoweredProgram& program, const SimulationCosts& co
     PP_RETURN_IF_ERROR(check_own(c.send, "rank", rank, "SEND"));
     PP_RETURN_IF_ERROR(check_own(c.recv, "rank", rank, "RECV"));
   }
+  if (!costs.microbatch_multiplier.empty()) {
+    if (static_cast<int>(costs.microbatch_multiplier.size()) != program.num_microbatches) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("microbatch_multiplier has ", costs.microbatch_multiplier.size(),
+                       " entries; the program has ", program.num_microbatches, " micro-batches"));
+    }
+    for (size_t mb = 0; mb < costs.microbatch_multiplier.size(); ++mb) {
+      const double x = costs.microbatch_multiplier[mb];
+      if (!(x >= 0) || !std::isfinite(x)) {
+        return absl::InvalidArgumentError(absl::StrCat("micro-batch ", mb, "'s multiplier is ", x,
+                                                       "; multipliers must be finite and >= 0"));
+      }
+    }
+  }
   if (costs.tie_groups) {
     for (const std::vector<int>& group : *costs.tie_groups) {
       for (int stage : group) {
@@ -407,7 +421,9 @@ double ComputeCost(const SimulationCosts& costs, const Action& a) {
       if (stage != nullptr) own = stage->backward_weight;
       break;
   }
-  return own ? *own : base * StageMultiplier(costs, a.stage);
+  const double mb =
+      costs.microbatch_multiplier.empty() ? 1.0 : costs.microbatch_multiplier[a.microbatch];
+  return (own ? *own : base * StageMultiplier(costs, a.stage)) * mb;
 }
 
 // A per-rank cost: the rank's own `field` when given, else `global`.

@@ -107,6 +107,11 @@ struct SimulationCosts {
   std::vector<double> stage_multiplier;
   // Per virtual stage overrides (keys: stages in [0, p * v)).
   std::map<int, StageCosts> stage_costs;
+  // Per micro-batch multiplier of every compute cost above (F, B, I, W, a
+  // stage's own included): variable-length micro-batches, whose work differs
+  // (e.g. each packed micro-batch's estimated cost over their mean). Empty:
+  // all 1; else one entry >= 0 per micro-batch of the program.
+  std::vector<double> microbatch_multiplier;
   // Tail costs, per action on its rank, after its collective has gathered.
   double reduce_tied = 0;  // REDUCE_TIED (0 on a rank in no tie group)
   double reduce_grad = 0;  // each <s>REDUCE_GRAD (times the stage multiplier)

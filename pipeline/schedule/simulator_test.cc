@@ -44,6 +44,29 @@ TEST(SimulatorTest, OneFOneBFourStagesEightMicrobatches) {
   }
 }
 
+// Variable micro-batches (SimulationCosts::microbatch_multiplier): each
+// micro-batch's computes scale by its multiplier. Multipliers of all 1 are
+// the uniform model; a wrong count is refused.
+TEST(SimulatorTest, PerMicroBatchMultipliersScaleTheirComputes) {
+  SimulationCosts costs;
+  costs.microbatch_multiplier = {1, 1, 1, 1};
+  EXPECT_DOUBLE_EQ(SimulateNamed("gpipe", 2, 4, 1, costs).makespan, 15);
+  costs.microbatch_multiplier = {2, 0.5, 1, 3};
+  const SimulationResult r = SimulateNamed("gpipe", 2, 4, 1, costs);
+  // Stage 0's forwards end at 2, 2.5, 3.5, 6.5; stage 1's last forward
+  // (mb 3) at 9.5, its backwards (in order, 2F each) at 13.5, 14.5, 16.5,
+  // 22.5; stage 0's at 17.5, 18.5, 20.5, and mb 3's waits for 22.5: 28.5.
+  EXPECT_DOUBLE_EQ(r.makespan, 28.5);
+  EXPECT_THAT(r.busy, ElementsAre(19.5, 19.5));
+  costs.microbatch_multiplier = {1, 1};
+  ScheduleOptions options;
+  options.num_stages = 2;
+  options.num_microbatches = 4;
+  absl::StatusOr<SimulationResult> bad = Simulate(*MakeSchedule("gpipe", options), costs);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("microbatch_multiplier has 2"));
+}
+
 TEST(SimulatorTest, GPipeTwoStagesFourMicrobatches) {
   for (bool blocking : {false, true}) {
     SimulationCosts costs;

@@ -73,6 +73,19 @@ absl::Status CheckShape(const SynthesisOptions& o) {
         absl::StrCat("stage_multiplier has ", o.costs.stage_multiplier.size(),
                      " entries; p * v = ", num_virtual, " virtual stages"));
   }
+  if (!o.costs.microbatch_multiplier.empty()) {
+    if (static_cast<int>(o.costs.microbatch_multiplier.size()) != o.num_microbatches) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("microbatch_multiplier has ", o.costs.microbatch_multiplier.size(),
+                       " entries; m = ", o.num_microbatches, " micro-batches"));
+    }
+    for (double x : o.costs.microbatch_multiplier) {
+      if (!(x >= 0) || !std::isfinite(x)) {
+        return absl::InvalidArgumentError(absl::StrCat("a micro-batch multiplier is ", x,
+                                                       "; multipliers must be finite and >= 0"));
+      }
+    }
+  }
   for (const auto& [stage, unused] : o.costs.stage_costs) {
     if (stage < 0 || stage >= num_virtual) {
       return absl::InvalidArgumentError(
@@ -124,6 +137,7 @@ struct Shape {
   std::vector<int> placement;
   std::vector<std::vector<int>> local;  // rank -> local stages
   std::vector<StageCost> cost;
+  std::vector<double> mb_mult;  // per micro-batch multiplier of compute (all 1 by default)
   double comm;
   bool split;
   double input_fraction;
@@ -140,6 +154,8 @@ Shape MakeShape(const SynthesisOptions& o, double cap) {
   s.local.resize(s.p);
   for (int stage = 0; stage < s.num_virtual; ++stage) s.local[s.placement[stage]].push_back(stage);
   s.cost = ResolveStageCosts(o.costs, s.num_virtual);
+  s.mb_mult = o.costs.microbatch_multiplier;
+  if (s.mb_mult.empty()) s.mb_mult.assign(static_cast<size_t>(s.m), 1.0);
   s.comm = o.costs.comm;
   s.split = o.split_backward;
   s.input_fraction = o.costs.memory.InputFraction();
@@ -284,7 +300,7 @@ class ListScheduler {
         const bool owed_w = var_.w_delay_factor > 0 && pending_w_[r] > var_.w_delay_factor * r;
         cls = f_blocked || owed_w ? -1 : 2;
         if (var_.hold_w && cls == 2) {
-          const double w_end = start + sh_.cost[c.stage].weight;
+          const double w_end = start + sh_.cost[c.stage].weight * sh_.mb_mult[c.mb];
           bool delays = false;
           for (const Candidate& o : cands_) {
             if (o.kind != kW && o.allowed && o.ready > start + kEps && o.ready < w_end - kEps) {
@@ -338,20 +354,20 @@ class ListScheduler {
       ++f_done_[r][mb];
       --owed_[r];
       mem_[r] += 1;
-      free_at_[r] = f_end_[s][mb] = start + c.forward;
+      free_at_[r] = f_end_[s][mb] = start + c.forward * sh_.mb_mult[mb];
       ranks_[r].push_back(F(s, mb));
     } else if (choice.kind == kIB) {
       const int mb = next_b_[s]++;
       mem_[r] -= sh_.split ? sh_.input_fraction : 1.0;
       if (sh_.split) ++pending_w_[r];
       if (++b_done_[r][mb] == static_cast<int>(sh_.local[r].size())) --inflight_[r];
-      free_at_[r] = b_end_[s][mb] = start + (sh_.split ? c.input : c.backward);
+      free_at_[r] = b_end_[s][mb] = start + (sh_.split ? c.input : c.backward) * sh_.mb_mult[mb];
       ranks_[r].push_back(sh_.split ? I(s, mb) : B(s, mb));
     } else {
       const int mb = next_w_[s]++;
       mem_[r] -= 1.0 - sh_.input_fraction;
       --pending_w_[r];
-      free_at_[r] = start + c.weight;
+      free_at_[r] = start + c.weight * sh_.mb_mult[mb];
       ranks_[r].push_back(W(s, mb));
     }
   }
@@ -583,25 +599,30 @@ absl::StatusOr<SynthesisResult> SynthesisLowerBound(const SynthesisOptions& o) {
   auto backward = [&](int s) {
     return sh.split ? sh.cost[s].input + sh.cost[s].weight : sh.cost[s].backward;
   };
+  // Variable micro-batches: the rank's work sums every micro-batch's; the
+  // single micro-batch terms take the cheapest, which keeps them bounds.
+  double total = 0;
+  for (double x : sh.mb_mult) total += x;
+  const double least = *std::min_element(sh.mb_mult.begin(), sh.mb_mult.end());
   for (int r = 0; r < sh.p; ++r) {
     const int first = sh.local[r].front();
     double head = 0;
     for (int s = 0; s < first; ++s) {
-      head += sh.cost[s].forward + (sh.placement[s] != sh.placement[s + 1] ? sh.comm : 0);
+      head += least * sh.cost[s].forward + (sh.placement[s] != sh.placement[s + 1] ? sh.comm : 0);
     }
     double work = 0;
-    for (int s : sh.local[r]) work += sh.m * (sh.cost[s].forward + backward(s));
+    for (int s : sh.local[r]) work += total * (sh.cost[s].forward + backward(s));
     out.rank_work_bound = std::max(out.rank_work_bound, head + work);
   }
   // The last of stage 0's m forwards ends at m F_0 or later; its micro-batch
   // then goes through every stage and back (and W of stage 0 after its I).
-  double path = sh.m * sh.cost[0].forward;
+  double path = total * sh.cost[0].forward;
   for (int s = 0; s < sh.num_virtual; ++s) {
-    if (s > 0) path += sh.cost[s].forward;
-    path += sh.split ? sh.cost[s].input : sh.cost[s].backward;
+    if (s > 0) path += least * sh.cost[s].forward;
+    path += least * (sh.split ? sh.cost[s].input : sh.cost[s].backward);
     if (s + 1 < sh.num_virtual && sh.placement[s] != sh.placement[s + 1]) path += 2 * sh.comm;
   }
-  if (sh.split) path += sh.cost[0].weight;
+  if (sh.split) path += least * sh.cost[0].weight;
   out.critical_path_bound = path;
   out.lower_bound = std::max(out.rank_work_bound, out.critical_path_bound);
   return out;

@@ -93,6 +93,30 @@ TEST(SynthesisTest, ValidFitsTheCapAndReportsTheSimulatorsMakespan) {
   }
 }
 
+// Synthesised for the step's actual micro-batches (variable lengths: the
+// compute multipliers of SimulationCosts::microbatch_multiplier), the
+// schedule is sound under them, no slower than 1F1B simulated with the same
+// multipliers, and the bounds stay bounds.
+TEST(SynthesisTest, VariableMicroBatchesAreSynthesisedFor) {
+  SynthesisOptions o = Options(4, 8, 1, SynthesisPlacement::kLooped, "uniform", 0.05, 4);
+  o.costs.microbatch_multiplier = {2.5, 0.4, 1.0, 0.6, 1.8, 0.3, 0.9, 0.5};
+  absl::StatusOr<SynthesisResult> r = Synthesize(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectSound(o, *r);
+  ScheduleOptions so;
+  so.num_stages = 4;
+  so.num_microbatches = 8;
+  absl::StatusOr<SimulationResult> one_f_one_b =
+      SimulateAsExecuted(*MakeSchedule("1f1b", so), o.costs, o.defer_receives);
+  ASSERT_TRUE(one_f_one_b.ok()) << one_f_one_b.status();
+  EXPECT_LE(r->makespan, one_f_one_b->makespan + 1e-9);
+  o.costs.microbatch_multiplier = {1.0, 2.0};
+  absl::StatusOr<SynthesisResult> bad = Synthesize(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("microbatch_multiplier has 2 entries"), std::string::npos)
+      << bad.status();
+}
+
 // With defer_receives the search times what the CPU runtime runs
 // (DeferReceives): a first stage whose I is free and W the whole backward
 // (issue #27's measured embedding stage) leaves Lower()'s unit-cost receive
