@@ -350,6 +350,20 @@ absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const Paralle
   std::vector<double> sums = LocalCostSums(measured_, num_stages_, num_chunks_, grid.stage_id());
   PP_RETURN_IF_ERROR(WorldSum("auto schedule cost all-reduce", grid, trainer, sums));
   PP_ASSIGN_OR_RETURN(SimulationCosts costs, CostsFromSums(sums, num_stages_, num_chunks_));
+  // The measured costs are means over micro-batches; with a cost profile of
+  // the indices, micro-batch j costs that mean times its share.
+  if (microbatch_costs_) {
+    std::vector<double> profile(static_cast<size_t>(num_microbatches_), 0.0);
+    for (int64_t s = kFirstMeasuredStep; s < kFirstMeasuredStep + kMeasuredSteps; ++s) {
+      const std::vector<double> c = microbatch_costs_(s);
+      double mean = 0;
+      for (double x : c) mean += x / static_cast<double>(c.size());
+      for (size_t j = 0; j < profile.size() && j < c.size(); ++j) {
+        profile[j] += mean > 0 ? c[j] / mean / kMeasuredSteps : 1.0 / kMeasuredSteps;
+      }
+    }
+    costs.microbatch_multiplier = profile;
+  }
   PP_ASSIGN_OR_RETURN(AutoScheduleChoice choice,
                       ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_,
                                          memory_cap_, trainer.defers_receives(), fits_bytes_));
@@ -358,6 +372,10 @@ absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const Paralle
     for (const auto& [s, c] : costs.stage_costs) {
       absl::StrAppendFormat(&per_stage, " %d:F=%.2f,I=%.2f,W=%.2f", s, c.forward.value_or(0),
                             c.backward_input.value_or(0), c.backward_weight.value_or(0));
+    }
+    if (!costs.microbatch_multiplier.empty()) {
+      absl::StrAppend(&per_stage, "\nschedule auto: micro-batch cost profile (estimated, mean 1):");
+      for (double x : costs.microbatch_multiplier) absl::StrAppendFormat(&per_stage, " %.2f", x);
     }
     const std::string text =
         absl::StrCat("schedule auto: measured ms per virtual stage (steps ", kFirstMeasuredStep + 1,

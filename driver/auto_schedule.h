@@ -119,6 +119,14 @@ class AutoScheduleRun {
                   std::optional<double> memory_cap = {}, ScheduleFits fits_bytes = {});
 
   bool active() const { return active_; }
+  // Micro-batches whose index says their cost (ModelData::microbatch_costs,
+  // data.packing_order "cost"): the estimated cost of each micro-batch index
+  // of `step` (the same on every rank). The measured steps' profile,
+  // normalised to mean 1, becomes the synthesis's per-micro-batch multipliers
+  // (SimulationCosts::microbatch_multiplier).
+  void set_microbatch_costs(std::function<std::vector<double>(int64_t step)> costs) {
+    microbatch_costs_ = std::move(costs);
+  }
   // Before the first step: a resumed run takes the saved schedule (when it
   // fits this run's shape) and measures nothing.
   absl::Status Start(Trainer& trainer, int64_t first_step);
@@ -157,6 +165,7 @@ class AutoScheduleRun {
   std::string checkpoint_dir_;
   std::optional<double> memory_cap_;
   ScheduleFits fits_bytes_;
+  std::function<std::vector<double>(int64_t step)> microbatch_costs_;
   // The world's mean step time over `steps_ms` (collective).
   absl::StatusOr<double> WorldMeanMs(const std::vector<double>& steps_ms, const ParallelGrid& grid,
                                      const Trainer& trainer) const;

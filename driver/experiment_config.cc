@@ -367,7 +367,8 @@ ModelRun ModelRunOf(const ExperimentConfig& config) {
                   .document_aware = config.data().document_aware(),
                   .packing = config.data().packing(),
                   .packing_balance = config.data().packing_balance(),
-                  .eos_token = config.data().eos_token()};
+                  .eos_token = config.data().eos_token(),
+                  .packing_order = config.data().packing_order()};
 }
 
 absl::Status CheckModelData(const ExperimentConfig& config) {
@@ -617,6 +618,10 @@ absl::Status CheckPacking(const ExperimentConfig& config) {
   if (data.packing_balance() != "tokens" && data.packing_balance() != "cost") {
     return Invalid(absl::StrCat("data.packing_balance '", data.packing_balance(),
                                 "' is unknown; valid: tokens, cost"));
+  }
+  if (data.packing_order() != "seed" && data.packing_order() != "cost") {
+    return Invalid(absl::StrCat("data.packing_order '", data.packing_order(),
+                                "' is unknown; valid: seed, cost"));
   }
   if (data.packing() == "none") return absl::OkStatus();
   if (data.source() == "synthetic") {

@@ -429,6 +429,19 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   AutoScheduleRun auto_schedule(par.schedule() == kAutoSchedule, par.pp(), par.num_microbatches(),
                                 par.chunks(), rank0 ? report.dir().string() : "", ckpt_policy.dir,
                                 synthesis_cap, std::move(fits_bytes));
+  if (data.microbatch_costs) {
+    // The profile every rank synthesises for: the indices' costs averaged
+    // over the data-parallel replicas.
+    auto_schedule.set_microbatch_costs([&data, dp = par.dp()](int64_t step) {
+      std::vector<double> mean;
+      for (int64_t r = 0; r < dp; ++r) {
+        const std::vector<double> c = data.microbatch_costs(step, r);
+        mean.resize(c.size(), 0.0);
+        for (size_t j = 0; j < c.size(); ++j) mean[j] += c[j] / static_cast<double>(dp);
+      }
+      return mean;
+    });
+  }
   PP_RETURN_IF_ERROR(auto_schedule.Start(*trainer, trainer->step()));
   PP_ASSIGN_OR_RETURN(double train_seconds, TrainLoop(config, grid, *model, *trainer, checkpointer,
                                                       data, report, *obs, auto_schedule));

@@ -82,6 +82,7 @@ parallelism.schedule 'auto' does not model tensor parallelism yet|--tp=2 --sched
 parallelism.sequence_parallel needs parallelism.tp > 1|--sequence_parallel=true
 parallelism.ddp_bucket_size (-5) must be >= 1|--distributed_optimizer=true --set=parallelism.ddp_bucket_size=-5
 data.packing 'packed' is unknown; valid: none, documents, padded|--set=data.packing=packed
+data.packing_order 'longest' is unknown; valid: seed, cost|--set=data.packing=documents,data.packing_order=longest
 data.packing_balance 'flops' is unknown; valid: tokens, cost|--set=data.packing=documents,data.packing_balance=flops
 makes micro-batches of varying shapes, which parallelism.p2p_static_shapes cannot send|--set=data.packing=documents --p2p_static_shapes=true
 data.packing 'documents' needs documents: data.source corpus or tokens, not synthetic|--set=data.packing=documents,data.source=synthetic

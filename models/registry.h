@@ -74,6 +74,7 @@ struct ModelRun {
   std::string packing = "none";
   std::string packing_balance = "tokens";
   int64_t eos_token = 0;
+  std::string packing_order = "seed";  // data.packing_order: "seed" or "cost"
 };
 
 // A model's data for one run. Every rank makes its own (the sources must be
@@ -83,6 +84,11 @@ struct ModelData {
   std::unique_ptr<MicroBatchSource> eval;  // null: no evaluation
   int64_t tokens_per_step = 0;             // global (samples, for a non-token model)
   std::string description;                 // for the run's header line
+  // Micro-batches whose index says their cost (data.packing_order "cost"):
+  // the estimated costs of data-parallel rank `dp_rank`'s micro-batches of
+  // `step`, in order (--schedule=auto synthesises for their profile). Null:
+  // every index alike.
+  std::function<std::vector<double>(int64_t step, int64_t dp_rank)> microbatch_costs;
 };
 
 // The shape of a transformer, for the driver's memory estimate before launch

@@ -232,7 +232,19 @@ absl::StatusOr<std::unique_ptr<PackedBatchSource>> PackedBatchSource::FromDocume
 
 const PackedBatchSource::Packed& PackedBatchSource::At(int64_t step, int64_t index) const {
   const int64_t global = options_.dp_size * options_.num_microbatches;
-  const int64_t g = step * global + index;
+  if (!options_.order_by_cost) return InEpochOrder(step * global + index);
+  // The step's micro-batches, heaviest first (ties: epoch order); rank r's
+  // j-th is the (j dp + r)-th of them.
+  std::vector<const Packed*> step_batches;
+  for (int64_t i = 0; i < global; ++i) step_batches.push_back(&InEpochOrder(step * global + i));
+  std::stable_sort(step_batches.begin(), step_batches.end(),
+                   [](const Packed* a, const Packed* b) { return a->cost > b->cost; });
+  const int64_t rank = index / options_.num_microbatches;
+  const int64_t j = index % options_.num_microbatches;
+  return *step_batches[static_cast<size_t>(j * options_.dp_size + rank)];
+}
+
+const PackedBatchSource::Packed& PackedBatchSource::InEpochOrder(int64_t g) const {
   const int64_t k = microbatches_per_epoch();
   const int64_t epoch = g / k;
   std::lock_guard<std::mutex> lock(mu_);
@@ -310,6 +322,14 @@ std::vector<std::vector<DocumentSpan>> PackedBatchSource::Layout(int64_t step,
 
 double PackedBatchSource::Cost(int64_t step, int64_t index) const { return At(step, index).cost; }
 
+std::vector<double> PackedBatchSource::ReplicaCosts(int64_t step, int64_t dp_rank) const {
+  std::vector<double> costs;
+  for (int64_t j = 0; j < options_.num_microbatches; ++j) {
+    costs.push_back(At(step, dp_rank * options_.num_microbatches + j).cost);
+  }
+  return costs;
+}
+
 int64_t PackedBatchSource::TrainedTokens(int64_t step, int64_t index) const {
   return At(step, index).trained;
 }
@@ -331,6 +351,15 @@ absl::Status ApplyPackingMode(const std::string& mode, const std::string& balanc
     return absl::InvalidArgumentError(
         absl::StrCat("data.packing '", mode, "' is not a packing; valid: documents, padded"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyPackingOrder(const std::string& order, PackingOptions& options) {
+  if (order != "seed" && order != "cost") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.packing_order '", order, "' is unknown; valid: seed, cost"));
+  }
+  options.order_by_cost = order == "cost";
   return absl::OkStatus();
 }
 

@@ -24,7 +24,8 @@
 // Epoch e visits every packed micro-batch once, in an order drawn from
 // (seed, e); step s takes global micro-batches [s G, (s + 1) G), G = dp_size x
 // num_microbatches, data-parallel rank r the r-th m of them (as every
-// ShardedBatchSource). A micro-batch is [rows it uses, its longest row rounded
+// ShardedBatchSource), or with order_by_cost the step's G sorted heaviest
+// first and dealt round-robin to the ranks. A micro-batch is [rows it uses, its longest row rounded
 // up to length_multiple]: shapes vary from micro-batch to micro-batch, so
 // runs need p2p's dynamic shapes. The batches depend only on (data, seed,
 // options but dp_rank), not on pp, dp or tp, and a run resumed at step k sees
@@ -65,6 +66,12 @@ struct PackingOptions {
   // splits the sequence over the tensor-parallel ranks).
   int64_t length_multiple = 1;
   int64_t pad_token = 0;  // padding's input and label (never trained)
+  // Within each step, the global batch's micro-batches sorted by estimated
+  // cost, heaviest first, dealt round-robin to the data-parallel ranks: each
+  // rank's micro-batch j is then among the step's j-th heaviest (the ranks'
+  // loads even, and a schedule can be synthesised for the cost profile of
+  // micro-batch indices: --schedule=auto). false: the epoch's order.
+  bool order_by_cost = false;
   // Pieces a row holds at most; 0: as many as fit. 1 with length_multiple =
   // seq_len is padding every document to the context (the baseline packing
   // is measured against).
@@ -113,6 +120,9 @@ class PackedBatchSource : public ShardedBatchSource {
   std::vector<std::vector<DocumentSpan>> Layout(int64_t step, int64_t index) const;
   // Its estimated cost (PackingOptions::cost_linear_tokens) and trained tokens.
   double Cost(int64_t step, int64_t index) const;
+  // The estimated costs of data-parallel rank `dp_rank`'s micro-batches of
+  // `step`, in order.
+  std::vector<double> ReplicaCosts(int64_t step, int64_t dp_rank) const;
   int64_t TrainedTokens(int64_t step, int64_t index) const;
   const PackingOptions& options() const { return options_; }
 
@@ -132,8 +142,10 @@ class PackedBatchSource : public ShardedBatchSource {
         piece_trained_(std::move(piece_trained)),
         packed_(std::move(packed)) {}
 
-  // The packed micro-batch global micro-batch `g` (over all steps) visits.
+  // The packed micro-batch global index `index` of `step` visits.
   const Packed& At(int64_t step, int64_t index) const;
+  // The packed micro-batch of the epoch order's global micro-batch `g`.
+  const Packed& InEpochOrder(int64_t g) const;
 
   PackingCorpus corpus_;
   PackingOptions options_;
@@ -150,6 +162,8 @@ class PackedBatchSource : public ShardedBatchSource {
 // InvalidArgument naming the value and the valid ones.
 absl::Status ApplyPackingMode(const std::string& mode, const std::string& balance,
                               PackingOptions& options);
+// data.packing_order `order` ("seed", "cost": PackingOptions::order_by_cost).
+absl::Status ApplyPackingOrder(const std::string& order, PackingOptions& options);
 
 // A token file's split (TokenDataOptions: path, format, vocabulary check,
 // eval_fraction and split) as documents for packing: Megatron files by their

@@ -266,6 +266,35 @@ TEST(PackedDataTest, PaddedModeHoldsOneDocumentPerFullRow) {
   EXPECT_NE(bad.message().find("data.packing_balance 'flops'"), std::string::npos) << bad;
 }
 
+// order_by_cost: the step's micro-batches are the same set, sorted
+// heaviest first and dealt round-robin to the ranks: every rank's costs fall
+// with the index, and rank 0's j-th is at least rank 1's j-th.
+TEST(PackedDataTest, OrderByCostSortsEachStepAndDealsToRanks) {
+  const auto docs = Documents(120, 17);
+  PackingOptions o = Options();
+  o.dp_size = 2;
+  o.num_microbatches = 4;
+  auto plain = Make(docs, o);
+  o.order_by_cost = true;
+  auto sorted = Make(docs, o);
+  ASSERT_TRUE(plain && sorted);
+  for (int64_t step = 0; step < 5; ++step) {
+    std::multiset<double> a, b;
+    for (int64_t i = 0; i < 8; ++i) {
+      a.insert(plain->Cost(step, i));
+      b.insert(sorted->Cost(step, i));
+    }
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(plain->GlobalLossTokens(step), sorted->GlobalLossTokens(step));
+    const std::vector<double> r0 = sorted->ReplicaCosts(step, 0);
+    const std::vector<double> r1 = sorted->ReplicaCosts(step, 1);
+    for (size_t j = 0; j < r0.size(); ++j) {
+      EXPECT_GE(r0[j], r1[j]);
+      if (j > 0) EXPECT_LE(r0[j], r1[j - 1]);
+    }
+  }
+}
+
 TEST(PackedDataTest, BadInputIsNamed) {
   PackingOptions o = Options();
   o.seq_len = 0;

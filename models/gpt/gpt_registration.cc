@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<PackedBatchSource>> PackedParagraphs(const GptMod
   o.cost_linear_tokens = 6 * c.width();
   o.length_multiple = run.sequence_parallel ? run.tp : 1;
   PP_RETURN_IF_ERROR(ApplyPackingMode(run.packing, run.packing_balance, o));
+  PP_RETURN_IF_ERROR(ApplyPackingOrder(run.packing_order, o));
   return PackedBatchSource::FromDocuments(std::move(documents), o);
 }
 
@@ -111,6 +112,11 @@ absl::StatusOr<ModelData> PackedCorpusData(const GptModelConfig& c, const ModelR
       run.data_path, corpus.files.size(), corpus.text.size(), run.packing, run.packing_balance,
       train->microbatches_per_epoch());
   data.tokens_per_step = run.dp * run.num_microbatches * run.micro_batch_size * c.context_length();
+  if (train->options().order_by_cost) {
+    data.microbatch_costs = [source = train.get()](int64_t step, int64_t dp_rank) {
+      return source->ReplicaCosts(step, dp_rank);
+    };
+  }
   data.train = std::move(train);
   absl::StatusOr<std::unique_ptr<PackedBatchSource>> eval =
       PackedParagraphs(c, run, eval_text, run.seed + 1);

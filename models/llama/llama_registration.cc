@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<PackedBatchSource>> PackedTokens(const LlamaModel
   o.cost_linear_tokens = 6 * c.width();
   o.length_multiple = run.sequence_parallel ? run.tp : 1;
   PP_RETURN_IF_ERROR(ApplyPackingMode(run.packing, run.packing_balance, o));
+  PP_RETURN_IF_ERROR(ApplyPackingOrder(run.packing_order, o));
   return PackTokenFile(file, run.eos_token, o);
 }
 
@@ -159,6 +160,11 @@ absl::StatusOr<ModelData> PackedLlamaData(const LlamaModelConfig& c, const Model
       run.data_path, run.data_format, c.vocab_size(), run.packing, run.packing_balance,
       train->microbatches_per_epoch());
   data.tokens_per_step = run.dp * run.num_microbatches * run.micro_batch_size * c.context_length();
+  if (train->options().order_by_cost) {
+    data.microbatch_costs = [source = train.get()](int64_t step, int64_t dp_rank) {
+      return source->ReplicaCosts(step, dp_rank);
+    };
+  }
   data.train = std::move(train);
   if (run.eval_fraction > 0) {
     PP_ASSIGN_OR_RETURN(data.eval, PackedTokens(c, run, TokenSplit::kEval));
