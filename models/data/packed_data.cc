@@ -408,6 +408,12 @@ absl::StatusOr<std::unique_ptr<PackedBatchSource>> PackTokenFile(const TokenData
       corpus.documents.push_back({bounds[i], bounds[i + 1] - bounds[i]});
   }
   corpus.token = [f](int64_t i) { return f->Token(i); };
+  absl::StatusOr<std::shared_ptr<const std::vector<uint8_t>>> mask = LoadLossMask(o, *f);
+  if (!mask.ok()) return mask.status();
+  if (*mask != nullptr) {
+    corpus.trained = [mask = *mask](int64_t i) { return (*mask)[static_cast<size_t>(i)] != 0; };
+    corpus.name += absl::StrCat(", loss mask ", LossMaskPath(o));
+  }
   return PackedBatchSource::Create(std::move(corpus), options);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <set>
@@ -341,6 +342,13 @@ TEST(PackedDataTest, FlatFilesSplitAfterTheEndOfTextToken) {
             [](const DocumentSpan& a, const DocumentSpan& b) { return a.start < b.start; });
   EXPECT_EQ(pieces, (std::vector<DocumentSpan>{{0, 4}, {4, 3}, {7, 5}}));
   EXPECT_EQ((*source)->GlobalLossTokens(0), 3 + 2 + 4);
+  // A loss mask beside the file (fine-tuning data): only its labels train.
+  std::ofstream(path + ".loss_mask", std::ios::binary)
+      << std::string("\0\0\1\1\0\1\1\0\0\1\1\1", 12);
+  absl::StatusOr<std::unique_ptr<PackedBatchSource>> masked = PackTokenFile(file, 0, o);
+  ASSERT_TRUE(masked.ok()) << masked.status();
+  EXPECT_EQ((*masked)->GlobalLossTokens(0), 2 + 2 + 3);  // labels 1-3, 5-6, 8-11
+  std::remove((path + ".loss_mask").c_str());
   absl::StatusOr<std::unique_ptr<PackedBatchSource>> bad = PackTokenFile(file, 20, o);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("data.eos_token (20)"), std::string::npos) << bad.status();

@@ -1,12 +1,17 @@
 #include "models/data/token_data.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <utility>
 
 #include <torch/torch.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "models/data/counter_rng.h"
+#include "pipeline/runtime/micro_batch_source.h"
 
 namespace pp {
 
@@ -62,7 +67,46 @@ absl::StatusOr<TokenBatchSource> TokenBatchSource::Create(const TokenDataOptions
         ") holds no window of seq_len + 1 = ", o.seq_len + 1,
         " tokens (use more data, a shorter context or another eval_fraction)"));
   }
-  return TokenBatchSource(o, *std::move(file), std::move(segment_starts), std::move(prefix));
+  absl::StatusOr<std::shared_ptr<const std::vector<uint8_t>>> mask = LoadLossMask(o, **file);
+  if (!mask.ok()) return mask.status();
+  return TokenBatchSource(o, *std::move(file), std::move(segment_starts), std::move(prefix),
+                          *std::move(mask));
+}
+
+std::string LossMaskPath(const TokenDataOptions& options) {
+  std::string base = options.path;
+  if (options.format == TokenFormat::kMegatron) {
+    for (const char* ext : {".bin", ".idx"}) {
+      if (absl::EndsWith(base, ext)) base.resize(base.size() - 4);
+    }
+  }
+  return base + ".loss_mask";
+}
+
+absl::StatusOr<std::shared_ptr<const std::vector<uint8_t>>> LoadLossMask(
+    const TokenDataOptions& options, const TokenFile& file) {
+  const std::string path = LossMaskPath(options);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::shared_ptr<const std::vector<uint8_t>>();
+  std::ifstream in(path, std::ios::binary);
+  auto mask = std::make_shared<std::vector<uint8_t>>((std::istreambuf_iterator<char>(in)),
+                                                     std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) {
+    return absl::InvalidArgumentError(absl::StrCat("loss mask ", path, " cannot be read"));
+  }
+  if (static_cast<int64_t>(mask->size()) != file.num_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss mask ", path, " holds ", mask->size(), " bytes but ", file.path(), " holds ",
+        file.num_tokens(), " tokens; it needs one byte (0 or 1) per token"));
+  }
+  for (size_t i = 0; i < mask->size(); ++i) {
+    if ((*mask)[i] > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("loss mask ", path, ": byte ", i, " is ",
+                                                     static_cast<int>((*mask)[i]),
+                                                     "; every byte must be 0 or 1"));
+    }
+  }
+  return std::shared_ptr<const std::vector<uint8_t>>(std::move(mask));
 }
 
 absl::Status ValidateTokenData(const TokenDataOptions& options) {
@@ -97,7 +141,27 @@ MicroBatch TokenBatchSource::AtGlobalIndex(int64_t step, int64_t index) const {
   batch.id = step * options_.dp_size * options_.num_microbatches + index;
   batch.tensors["input_ids"] = inputs;
   batch.tensors["labels"] = labels;
+  if (loss_mask_ != nullptr) {
+    torch::Tensor mask = torch::empty({b, t}, torch::kFloat);
+    auto m = mask.accessor<float, 2>();
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t start = WindowStart(step, index * b + i);
+      for (int64_t j = 0; j < t; ++j) m[i][j] = (*loss_mask_)[start + j + 1];
+    }
+    batch.tensors[kLossMaskKey] = mask;
+  }
   return batch;
+}
+
+int64_t TokenBatchSource::GlobalLossTokens(int64_t step) const {
+  if (loss_mask_ == nullptr) return 0;
+  int64_t total = 0;
+  const int64_t rows = options_.dp_size * options_.num_microbatches * options_.micro_batch_size;
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t start = WindowStart(step, row);
+    for (int64_t j = 0; j < options_.seq_len; ++j) total += (*loss_mask_)[start + j + 1];
+  }
+  return total;
 }
 
 }  // namespace pp

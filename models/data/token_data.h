@@ -14,6 +14,12 @@
 // Document-aware sampling: windows never cross a document boundary (documents
 // shorter than seq_len + 1 are never drawn); every window that fits is equally
 // likely. Otherwise windows run across documents, as nanoGPT samples.
+//
+// Loss masks (fine-tuning data, tools/data/tokens.py finetune): a file
+// LossMaskPath(options) beside the tokens, one byte per token, 1 where the
+// token is a trained label (a response), 0 where not (a prompt). When it is
+// there, micro-batches carry "loss_mask" and the loss is per token over the
+// global batch (pipeline/runtime/micro_batch_source.h).
 #ifndef MODELS_DATA_TOKEN_DATA_H_
 #define MODELS_DATA_TOKEN_DATA_H_
 
@@ -62,17 +68,22 @@ class TokenBatchSource : public ShardedBatchSource {
   int64_t WindowStart(int64_t step, int64_t row) const;
   // Windows the split offers.
   int64_t num_windows() const { return window_prefix_.back(); }
+  // With a loss mask: the trained labels of `step`'s whole global batch.
+  int64_t GlobalLossTokens(int64_t step) const override;
+  bool has_loss_mask() const { return loss_mask_ != nullptr; }
   const TokenFile& file() const { return *file_; }
   const TokenDataOptions& options() const { return options_; }
 
  private:
   TokenBatchSource(TokenDataOptions options, std::shared_ptr<const TokenFile> file,
-                   std::vector<int64_t> segment_starts, std::vector<int64_t> window_prefix)
+                   std::vector<int64_t> segment_starts, std::vector<int64_t> window_prefix,
+                   std::shared_ptr<const std::vector<uint8_t>> loss_mask)
       : ShardedBatchSource(options.dp_rank, options.dp_size, options.num_microbatches),
         options_(std::move(options)),
         file_(std::move(file)),
         segment_starts_(std::move(segment_starts)),
-        window_prefix_(std::move(window_prefix)) {}
+        window_prefix_(std::move(window_prefix)),
+        loss_mask_(std::move(loss_mask)) {}
 
   TokenDataOptions options_;
   std::shared_ptr<const TokenFile> file_;
@@ -81,7 +92,18 @@ class TokenBatchSource : public ShardedBatchSource {
   // window_prefix_[i + 1] - window_prefix_[i] windows.
   std::vector<int64_t> segment_starts_;
   std::vector<int64_t> window_prefix_;
+  std::shared_ptr<const std::vector<uint8_t>> loss_mask_;  // null: every label trained
 };
+
+// Where a token file's loss mask lives: flat PATH -> PATH.loss_mask,
+// Megatron PREFIX(.bin|.idx) -> PREFIX.loss_mask.
+std::string LossMaskPath(const TokenDataOptions& options);
+
+// The mask of `file` (one byte per token, each 0 or 1), or null when there
+// is no mask file. InvalidArgument naming the file for a size other than
+// the file's tokens or a byte other than 0 and 1.
+absl::StatusOr<std::shared_ptr<const std::vector<uint8_t>>> LoadLossMask(
+    const TokenDataOptions& options, const TokenFile& file);
 
 // Create's checks without keeping the source: what a driver calls before launch.
 absl::Status ValidateTokenData(const TokenDataOptions& options);

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/data/token_file.h"
+#include "pipeline/runtime/micro_batch_source.h"
 
 namespace pp {
 namespace {
@@ -286,6 +287,56 @@ TEST(TokenDataTest, WindowsAreShiftedPairsFromTheFile) {
       EXPECT_EQ(labels[row][j].item<int64_t>(), tokens[start + j + 1]);
     }
   }
+}
+
+// A loss mask beside the tokens (PATH.loss_mask, one byte per token): the
+// windows carry it for their labels, the global batch's trained labels are
+// its sum over the step's windows, and a mask of the wrong size or with
+// other bytes than 0 and 1 is refused naming the file.
+TEST(TokenDataTest, LossMaskFileMarksTrainedLabels) {
+  const std::vector<int64_t> tokens = Ramp(500, 300);
+  const std::string path = TempPath("masked.bin");
+  WriteFile(path, Encode(tokens, 2));
+  TokenDataOptions o = Flat(path, 2, 300);
+  EXPECT_EQ(LossMaskPath(o), path + ".loss_mask");
+  std::string mask;
+  for (int64_t i = 0; i < 500; ++i) mask.push_back(static_cast<char>(i % 3 == 0 ? 0 : 1));
+  WriteFile(path + ".loss_mask", mask);
+  absl::StatusOr<TokenBatchSource> source = TokenBatchSource::Create(o);
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_TRUE(source->has_loss_mask());
+  int64_t total = 0;
+  for (int64_t index = 0; index < o.num_microbatches; ++index) {
+    MicroBatch batch = source->AtGlobalIndex(2, index);
+    const torch::Tensor& m = batch.Get(kLossMaskKey);
+    for (int64_t row = 0; row < m.size(0); ++row) {
+      const int64_t start = source->WindowStart(2, index * o.micro_batch_size + row);
+      for (int64_t j = 0; j < m.size(1); ++j) {
+        EXPECT_EQ(m[row][j].item<float>(), (start + j + 1) % 3 == 0 ? 0.0f : 1.0f);
+      }
+    }
+    total += static_cast<int64_t>(m.sum().item<double>());
+  }
+  EXPECT_EQ(source->GlobalLossTokens(2), total);
+  absl::StatusOr<MicroBatchData> data = source->Get(2, 0);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->global_loss_tokens, total);
+
+  WriteFile(path + ".loss_mask", mask.substr(0, 499));
+  absl::StatusOr<TokenBatchSource> short_mask = TokenBatchSource::Create(o);
+  ASSERT_FALSE(short_mask.ok());
+  EXPECT_NE(short_mask.status().message().find("holds 499 bytes but"), std::string::npos)
+      << short_mask.status();
+  mask[7] = 2;
+  WriteFile(path + ".loss_mask", mask);
+  absl::StatusOr<TokenBatchSource> bad_byte = TokenBatchSource::Create(o);
+  ASSERT_FALSE(bad_byte.ok());
+  EXPECT_NE(bad_byte.status().message().find("byte 7 is 2"), std::string::npos)
+      << bad_byte.status();
+  TokenDataOptions megatron = o;
+  megatron.format = TokenFormat::kMegatron;
+  megatron.path = "/data/set.idx";
+  EXPECT_EQ(LossMaskPath(megatron), "/data/set.loss_mask");
 }
 
 TEST(TokenDataTest, SameGlobalBatchForEveryLayoutAndExactResume) {

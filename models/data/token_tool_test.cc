@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "models/data/bpe_vocab.h"
+#include "models/data/packed_data.h"
 #include "models/data/token_data.h"
 #include "models/data/token_file.h"
 
@@ -133,6 +134,69 @@ TEST(TokenToolTest, TrainsATokenizerAndWritesBothFormats) {
   ASSERT_EQ(status, 0);
   EXPECT_EQ(vocab->Decode(ids), tool_text);
   EXPECT_LT(prompt.size(), 20u);  // whole words, not bytes
+}
+
+// Fine-tuning data: `pairs` makes prompt/response pairs from the licence
+// texts' paragraphs, `finetune` writes them with a loss mask, and packing
+// (models/data/packed_data.h) trains exactly the responses: an epoch's
+// trained labels are the mask's ones, in both formats.
+TEST(TokenToolTest, FineTuningPairsCarryALossMask) {
+  int status = 0;
+  SetHomeForTheSharedVenv();
+  const std::string venv = RunCommand(Runfile("tools/python_env.sh") + " hf-interop", &status);
+  ASSERT_EQ(status, 0) << "tools/python_env.sh hf-interop failed";
+  const std::string tool =
+      absl::StrCat(absl::StripSuffix(venv, "\n"), "/bin/python ", Runfile("tools/data/tokens.py"));
+  const std::string dir = testing::TempDir() + "/finetune";
+  std::filesystem::create_directories(dir);
+  const std::string corpus = "/usr/share/common-licenses";
+  std::string out = RunCommand(absl::StrCat(tool, " train --corpus ", corpus,
+                                            " --vocab_size 1000 --out ", dir, "/tok.json 2>&1"),
+                               &status);
+  ASSERT_EQ(status, 0) << out;
+  out = RunCommand(
+      absl::StrCat(tool, " pairs --corpus ", corpus, " --out ", dir, "/pairs.jsonl 2>&1"), &status);
+  ASSERT_EQ(status, 0) << out;
+  for (const char* format : {"flat", "megatron"}) {
+    const std::string path =
+        absl::StrCat(dir, "/", format, std::string(format) == "flat" ? ".bin" : "");
+    out = RunCommand(absl::StrCat(tool, " finetune --tokenizer ", dir, "/tok.json --pairs ", dir,
+                                  "/pairs.jsonl --format ", format, " --out ", path, " 2>&1"),
+                     &status);
+    ASSERT_EQ(status, 0) << out;
+    TokenDataOptions file;
+    file.path = path;
+    file.format = std::string(format) == "flat" ? TokenFormat::kFlat : TokenFormat::kMegatron;
+    file.vocab_size = 1000;
+    ASSERT_TRUE(std::filesystem::exists(LossMaskPath(file))) << LossMaskPath(file);
+    PackingOptions o;
+    o.seq_len = 128;
+    o.micro_batch_size = 2;
+    o.num_microbatches = 1;
+    absl::StatusOr<std::unique_ptr<PackedBatchSource>> packed = PackTokenFile(file, 0, o);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    int64_t trained = 0;
+    for (int64_t g = 0; g < (*packed)->microbatches_per_epoch(); ++g) {
+      trained += (*packed)->TrainedTokens(g, 0);
+    }
+    absl::StatusOr<std::shared_ptr<const TokenFile>> tokens = file.format == TokenFormat::kFlat
+                                                                  ? TokenFile::OpenFlat(path, 2)
+                                                                  : TokenFile::OpenMegatron(path);
+    ASSERT_TRUE(tokens.ok()) << tokens.status();
+    absl::StatusOr<std::shared_ptr<const std::vector<uint8_t>>> mask = LoadLossMask(file, **tokens);
+    ASSERT_TRUE(mask.ok() && *mask != nullptr) << mask.status();
+    int64_t ones = 0;
+    for (uint8_t b : **mask) ones += b;
+    EXPECT_EQ(trained, ones) << format;
+    EXPECT_LT(ones, (*tokens)->num_tokens()) << "the prompts are not trained";
+  }
+  // A line that is not a pair is refused, naming it.
+  out = RunCommand(absl::StrCat("printf '{\"prompt\": \"a\"}\\n' > ", dir, "/bad.jsonl; ", tool,
+                                " finetune --tokenizer ", dir, "/tok.json --pairs ", dir,
+                                "/bad.jsonl --format flat --out ", dir, "/bad.bin 2>&1"),
+                   &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("line 1: want an object with string fields"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
   tokens.py encode --tokenizer tokenizer.json --corpus FILE_OR_DIR... \
                    --format flat|megatron --out PATH [--dtype uint16|uint32]
   tokens.py decode --tokenizer tokenizer.json --ids 17,4,99
+  tokens.py pairs  --corpus FILE_OR_DIR... --out pairs.jsonl
+  tokens.py finetune --tokenizer tokenizer.json --pairs pairs.jsonl \
+                   --format flat|megatron --out PATH [--dtype uint16|uint32]
 
 Runs offline: Hugging Face `tokenizers` trains a byte-level BPE on the given
 text (the licence texts in /usr/share/common-licenses make a small corpus),
@@ -16,6 +19,14 @@ Formats (models/data/token_file.h reads both through mmap):
             train.bin.
   megatron  PATH.bin + PATH.idx, Megatron-LM's indexed dataset: one sequence
             per document, uint16 (dtype code 8) or int32 (code 4) tokens.
+
+Fine-tuning data (finetune): each JSON line {"prompt": ..., "response": ...}
+is one document, prompt then response then "<|endoftext|>", and a loss mask
+beside the tokens (flat PATH.loss_mask, Megatron PREFIX.loss_mask: one byte per
+token, 1 where the token is a trained label: the response and its end, 0 for
+the prompt), which pipe's data readers pick up (models/data/token_data.h).
+`pairs` makes such a file from text on the machine: every paragraph of two or
+more lines, its first line the prompt and the rest the response.
 
 The tool is written from the published layout (magic, version, dtype code,
 counts, lengths, pointers, document indices), not from Megatron's code.
@@ -133,31 +144,124 @@ def encode_documents(tokenizer, files):
         yield tokenizer.encode(read_text(f)).ids + [eot]
 
 
+def token_dtype(args, tokenizer):
+    vocab = tokenizer.get_vocab_size()
+    dtype = args.dtype or ("uint16" if vocab <= 65536 else "uint32")
+    if dtype == "uint16" and vocab > 65536:
+        sys.exit(f"tokens.py: vocabulary {vocab} does not fit uint16; use --dtype uint32")
+    return dtype
+
+
 def encode(args):
     import numpy as np
 
     files = corpus_files(args.corpus)
     tokenizer = load_tokenizer(args.tokenizer)
-    vocab = tokenizer.get_vocab_size()
-    dtype = args.dtype or ("uint16" if vocab <= 65536 else "uint32")
-    if dtype == "uint16" and vocab > 65536:
-        sys.exit(f"tokens.py: vocabulary {vocab} does not fit uint16; use --dtype uint32")
+    dtype = token_dtype(args, tokenizer)
     docs = [np.asarray(d, dtype=np.int64) for d in encode_documents(tokenizer, files)]
-    if args.format == "flat":
-        np.concatenate(docs).astype("<u2" if dtype == "uint16" else "<u4").tofile(args.out)
-        print(f"{args.out}: {sum(len(d) for d in docs)} tokens ({dtype})")
+    write_tokens(docs, args.format, dtype, args.out)
+
+
+def mask_path(out):
+    """Where a loss mask goes: beside a flat file (PATH.loss_mask) or a Megatron
+    prefix (PREFIX.loss_mask), where models/data/token_data.h looks."""
+    return out + ".loss_mask"
+
+
+def paragraphs(text):
+    """Runs of non-blank lines, each a list of its lines."""
+    out, current = [], []
+    for line in text.splitlines():
+        if line.strip():
+            current.append(line)
+        elif current:
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    return out
+
+
+def pairs(args):
+    files = corpus_files(args.corpus)
+    count = 0
+    with open(args.out, "w", encoding="utf-8") as f:
+        for path in files:
+            for lines in paragraphs(read_text(path)):
+                if len(lines) < 2:
+                    continue
+                prompt = lines[0] + "\n"
+                response = "\n".join(lines[1:]) + "\n"
+                f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
+                count += 1
+    if count == 0:
+        sys.exit(f"tokens.py: no paragraph of two or more lines under {' '.join(args.corpus)}")
+    print(f"{args.out}: {count} prompt/response pairs from {len(files)} files")
+
+
+def read_pairs(path):
+    regular_file(path, "--pairs")
+    out = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except (ValueError, UnicodeDecodeError) as e:
+                sys.exit(f"tokens.py: --pairs {path} line {number} is not JSON ({e})")
+            if (not isinstance(record, dict) or not isinstance(record.get("prompt"), str)
+                    or not isinstance(record.get("response"), str)):
+                sys.exit(f"tokens.py: --pairs {path} line {number}: want an object with string "
+                         "fields \"prompt\" and \"response\"")
+            if not record["response"]:
+                sys.exit(f"tokens.py: --pairs {path} line {number}: the response is empty "
+                         "(nothing to train on)")
+            out.append((record["prompt"], record["response"]))
+    if not out:
+        sys.exit(f"tokens.py: --pairs {path} holds no pair")
+    return out
+
+
+def finetune(args):
+    import numpy as np
+
+    records = read_pairs(args.pairs)
+    tokenizer = load_tokenizer(args.tokenizer)
+    dtype = token_dtype(args, tokenizer)
+    eot = tokenizer.token_to_id(EOT)
+    docs, masks = [], []
+    for prompt, response in records:
+        p = tokenizer.encode(prompt).ids
+        r = tokenizer.encode(response).ids + [eot]
+        docs.append(np.asarray(p + r, dtype=np.int64))
+        masks.append(np.concatenate([np.zeros(len(p), np.uint8), np.ones(len(r), np.uint8)]))
+    write_tokens(docs, args.format, dtype, args.out)
+    path = mask_path(args.out)
+    np.concatenate(masks).tofile(path)
+    trained = int(sum(m.sum() for m in masks))
+    total = int(sum(len(m) for m in masks))
+    print(f"{path}: {trained} of {total} tokens trained (the responses)")
+
+
+def write_tokens(docs, fmt, dtype, out):
+    import numpy as np
+
+    if fmt == "flat":
+        np.concatenate(docs).astype("<u2" if dtype == "uint16" else "<u4").tofile(out)
+        print(f"{out}: {sum(len(d) for d in docs)} tokens ({dtype})")
         return
     # Megatron stores uint16 (code 8) or int32 (code 4).
     np_dtype = "<u2" if dtype == "uint16" else "<i4"
     code = _DTYPE_CODES["uint16" if dtype == "uint16" else "int32"]
     size = np.dtype(np_dtype).itemsize
-    with open(args.out + ".bin", "wb") as f:
+    with open(out + ".bin", "wb") as f:
         for d in docs:
             f.write(d.astype(np_dtype).tobytes())
     lengths = np.array([len(d) for d in docs], dtype="<i4")
     pointers = np.concatenate([[0], np.cumsum(lengths.astype(np.int64) * size)[:-1]]).astype("<i8")
     document_indices = np.arange(len(docs) + 1, dtype="<i8")  # one sequence per document
-    with open(args.out + ".idx", "wb") as f:
+    with open(out + ".idx", "wb") as f:
         f.write(_MAGIC)
         f.write(struct.pack("<Q", 1))
         f.write(struct.pack("<B", code))
@@ -166,7 +270,7 @@ def encode(args):
         f.write(lengths.tobytes())
         f.write(pointers.tobytes())
         f.write(document_indices.tobytes())
-    print(f"{args.out}.bin/.idx: {len(docs)} documents, {int(lengths.sum())} tokens (code {code})")
+    print(f"{out}.bin/.idx: {len(docs)} documents, {int(lengths.sum())} tokens (code {code})")
 
 
 def decode(args):
@@ -198,6 +302,17 @@ def main():
     p.add_argument("--dtype", choices=["uint16", "uint32"])
     p.add_argument("--out", required=True)
     p.set_defaults(run=encode)
+    p = sub.add_parser("pairs")
+    p.add_argument("--corpus", nargs="+", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=pairs)
+    p = sub.add_parser("finetune")
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--pairs", required=True)
+    p.add_argument("--format", choices=["flat", "megatron"], required=True)
+    p.add_argument("--dtype", choices=["uint16", "uint32"])
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=finetune)
     p = sub.add_parser("decode")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--ids", required=True)
