@@ -125,6 +125,8 @@ class PackedBatchSource : public ShardedBatchSource {
   std::vector<double> ReplicaCosts(int64_t step, int64_t dp_rank) const;
   int64_t TrainedTokens(int64_t step, int64_t index) const;
   const PackingOptions& options() const { return options_; }
+  // Whether the corpus marks which labels train (a loss mask).
+  bool has_loss_mask() const { return static_cast<bool>(corpus_.trained); }
 
  private:
   struct Packed {

@@ -156,9 +156,9 @@ absl::StatusOr<ModelData> PackedLlamaData(const LlamaModelConfig& c, const Model
   PP_ASSIGN_OR_RETURN(std::unique_ptr<PackedBatchSource> train,
                       PackedTokens(c, run, TokenSplit::kTrain));
   data.description = absl::StrFormat(
-      "tokens %s (%s, vocabulary %d), documents packed (%s, %s): %d micro-batches per epoch",
-      run.data_path, run.data_format, c.vocab_size(), run.packing, run.packing_balance,
-      train->microbatches_per_epoch());
+      "tokens %s (%s, vocabulary %d%s), documents packed (%s, %s): %d micro-batches per epoch",
+      run.data_path, run.data_format, c.vocab_size(), train->has_loss_mask() ? ", loss mask" : "",
+      run.packing, run.packing_balance, train->microbatches_per_epoch());
   data.tokens_per_step = run.dp * run.num_microbatches * run.micro_batch_size * c.context_length();
   if (train->options().order_by_cost) {
     data.microbatch_costs = [source = train.get()](int64_t step, int64_t dp_rank) {
