@@ -177,9 +177,10 @@ absl::StatusOr<ModelData> LlamaData(const LlamaModelConfig& c, const ModelRun& r
   PP_ASSIGN_OR_RETURN(TokenDataOptions train_options, TokenOptions(c, run, TokenSplit::kTrain));
   PP_ASSIGN_OR_RETURN(TokenBatchSource train, TokenBatchSource::Create(train_options));
   ModelData data;
-  data.description = absl::StrFormat("tokens %s (%s, %d tokens, %d documents, vocabulary %d)",
+  data.description = absl::StrFormat("tokens %s (%s, %d tokens, %d documents, vocabulary %d%s)",
                                      run.data_path, run.data_format, train.file().num_tokens(),
-                                     train.file().document_starts().size() - 1, c.vocab_size());
+                                     train.file().document_starts().size() - 1, c.vocab_size(),
+                                     train.has_loss_mask() ? ", loss mask" : "");
   data.tokens_per_step = run.dp * run.num_microbatches * run.micro_batch_size * c.context_length();
   data.train = std::make_unique<TokenBatchSource>(std::move(train));
   if (run.eval_fraction > 0) {
