@@ -1,5 +1,6 @@
 #include "pipeline/runtime/equivalence_testing.h"
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <optional>
@@ -464,6 +465,10 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         const P2PStats p2p = trainer->p2p_stats();
         result.received_posted_ahead += p2p.payloads_posted_ahead + p2p.controls_posted_ahead;
         result.payload_bytes_sent += p2p.payload_bytes_sent;
+        result.buffers_allocated += p2p.buffers_allocated;
+        result.buffers_reused += p2p.buffers_reused;
+        result.max_buffers_allocated_per_rank =
+            std::max(result.max_buffers_allocated_per_rank, p2p.buffers_allocated);
         shard_dims.merge(ModelShardDims(*model));
         for (const auto& item : model->named_parameters()) {
           auto& slot = rank_params[grid.data_parallel_id()][grid.model_parallel_id()][item.key()];

@@ -155,6 +155,11 @@ struct RunResult {
   // Over all ranks: payload tensors and control words received into
   // receives posted ahead (P2PStats).
   int64_t received_posted_ahead = 0;
+  // Over all ranks: p2p receive buffers allocated and reused from the pool,
+  // and the most one rank allocated.
+  int64_t buffers_allocated = 0;
+  int64_t buffers_reused = 0;
+  int64_t max_buffers_allocated_per_rank = 0;
 };
 
 // ToSequential() trained on the same global batches (dp * microbatches
