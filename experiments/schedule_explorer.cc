@@ -67,6 +67,9 @@ ABSL_FLAG(std::string, costs, "F:1,B:2,I:1,W:1,comm:0",
           "STEP, REDUCE_TIED: the tail's optimizer step and tied-gradient all-reduce per rank; "
           "REDUCE_GRAD: one rank's data-parallel gradient reduce (1/v per chunk). Collectives "
           "start on all their ranks at the latest arrival: see --tie_groups, --step_all_reduce");
+ABSL_FLAG(std::string, microbatch_multiplier, "",
+          "X0,X1,...: one multiplier per micro-batch of every compute cost (variable-length "
+          "micro-batches, e.g. each packed micro-batch's cost over their mean); empty: all 1");
 ABSL_FLAG(std::string, stage_costs, "",
           "per virtual stage costs replacing --costs' for that stage, as is (not divided by v): "
           "STAGE:KEY:VALUE[,KEY:VALUE...] with ';' between stages, KEY in F, B, I, W, "
@@ -156,6 +159,8 @@ absl::StatusOr<SimulationCosts> FlagCosts(int num_virtual, int chunks) {
   PP_ASSIGN_OR_RETURN(costs.rank_costs, ParseRankCosts(absl::GetFlag(FLAGS_rank_costs)));
   PP_ASSIGN_OR_RETURN(costs.tie_groups, ParseTieGroups(absl::GetFlag(FLAGS_tie_groups)));
   costs.step_all_reduce = absl::GetFlag(FLAGS_step_all_reduce);
+  PP_ASSIGN_OR_RETURN(costs.microbatch_multiplier,
+                      ParseMicrobatchMultipliers(absl::GetFlag(FLAGS_microbatch_multiplier)));
   return costs;
 }
 
@@ -539,10 +544,12 @@ int Main() {
   }
   // Costs before any schedule: --compare would otherwise print the error in
   // every row and exit 0.
-  for (const absl::Status& bad : {ParseSimulationCosts(absl::GetFlag(FLAGS_costs)).status(),
-                                  ParseStageCosts(absl::GetFlag(FLAGS_stage_costs)).status(),
-                                  ParseRankCosts(absl::GetFlag(FLAGS_rank_costs)).status(),
-                                  ParseMemorySplit(absl::GetFlag(FLAGS_memory_split)).status()}) {
+  for (const absl::Status& bad :
+       {ParseSimulationCosts(absl::GetFlag(FLAGS_costs)).status(),
+        ParseStageCosts(absl::GetFlag(FLAGS_stage_costs)).status(),
+        ParseRankCosts(absl::GetFlag(FLAGS_rank_costs)).status(),
+        ParseMemorySplit(absl::GetFlag(FLAGS_memory_split)).status(),
+        ParseMicrobatchMultipliers(absl::GetFlag(FLAGS_microbatch_multiplier)).status()}) {
     if (!bad.ok()) return Refuse(bad);
   }
   if (absl::GetFlag(FLAGS_list)) {

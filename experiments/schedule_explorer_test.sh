@@ -243,5 +243,12 @@ bad cost "F:1e13"|--synthesize --stage_costs=0:F:1e13
 m % g >= p|--schedule=interleaved_1f1b --stages=4 --microbatches=6 --chunks=2
 --format=xml: expected text|--format=xml
 --placement=w: expected looped or v|--synthesize --placement=w
+micro-batch multiplier "x" in "1,x" is not a finite number >= 0|--microbatch_multiplier=1,x
+microbatch_multiplier has 2 entries; the program has 8 micro-batches|--microbatch_multiplier=1,2
 CASES
+# Per-micro-batch multipliers: GPipe at p 2, m 4, F 1, B 2 with 2, 0.5, 1, 3
+# (the simulator's unit test works the makespan out).
+out=$("$explorer" --schedule=gpipe --stages=2 --microbatches=4 --costs=F:1,B:2 \
+  --microbatch_multiplier=2,0.5,1,3) || fail "multipliers: exit $?"
+grep -q 'makespan 28.5 ' <<<"$out" || fail "multipliers: $out"
 echo PASS

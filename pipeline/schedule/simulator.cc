@@ -163,6 +163,22 @@ absl::StatusOr<std::map<int, RankCosts>> ParseRankCosts(absl::string_view text) 
   return out;
 }
 
+absl::StatusOr<std::vector<double>> ParseMicrobatchMultipliers(absl::string_view text) {
+  std::vector<double> out;
+  if (text.empty()) return out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    double value = 0;
+    if (!absl::SimpleAtod(part, &value) || !std::isfinite(value) || value < 0 ||
+        value > kMaxSimulationCost) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("micro-batch multiplier \"", part, "\" in \"", text,
+                       "\" is not a finite number >= 0 (one per micro-batch, comma-separated)"));
+    }
+    out.push_back(value);
+  }
+  return out;
+}
+
 absl::StatusOr<std::optional<std::vector<std::vector<int>>>> ParseTieGroups(
     absl::string_view text) {
   if (text.empty()) return std::nullopt;

@@ -170,6 +170,10 @@ absl::StatusOr<std::map<int, RankCosts>> ParseRankCosts(absl::string_view text);
 // "" -> nullopt (all ranks, the default). InvalidArgument names the bad part.
 absl::StatusOr<std::optional<std::vector<std::vector<int>>>> ParseTieGroups(absl::string_view text);
 
+// "2.5,0.4,1" -> SimulationCosts::microbatch_multiplier ("" -> empty: all
+// 1). InvalidArgument naming an entry that is not a finite number >= 0.
+absl::StatusOr<std::vector<double>> ParseMicrobatchMultipliers(absl::string_view text);
+
 struct SimulationResult {
   double makespan = 0;
   std::vector<double> busy;    // per rank: sum of compute durations
