@@ -10,7 +10,9 @@ as train_gpt's --chunks=2). Prints, for every traced step, its span and the
 simulated step with that step's own costs (bench_schedules.trace_costs: per
 virtual stage mean F/I/W, per rank SEND, RECV and tail costs) twice: of the
 program as Lower() places receives, and as the CPU runtime executes it
-(DeferReceives); and the replay with every action's own duration
+(DeferReceives), and as executed with each micro-batch's own share of the
+step's compute (--microbatch_multiplier: variable-length micro-batches,
+whose work differs); and the replay with every action's own duration
 (bench_schedules.replay_step: the model's structure). Then per rank the
 step's time by action kind (compute, RECV waits, SENDs, tail, gaps between
 actions) and, with --v=1 logs, per (virtual stage, type) the median wall and
@@ -37,7 +39,19 @@ LOG_LINE = re.compile(r"train step (\d+) end (\d+)(F|B|I|W)\d+ mb \d+ (\d+) us "
                       r"\(thread cpu (\d+) us")
 
 
-def simulate(explorer, schedule, ranks, m, chunks, costs, defer):
+def microbatch_multipliers(events, m):
+    """Each micro-batch's compute (F, B, I, W summed over stages) over the
+    micro-batches' mean: the step's own per-micro-batch multipliers, for
+    variable-length micro-batches."""
+    work = [0.0] * m
+    for e in events:
+        if e.get("cat") in ("F", "B", "I", "W"):
+            work[e["args"]["microbatch"]] += e["dur"]
+    mean = sum(work) / m
+    return [w / mean for w in work] if mean > 0 else [1.0] * m
+
+
+def simulate(explorer, schedule, ranks, m, chunks, costs, defer, multipliers=None):
     base = [explorer, f"--schedule={schedule}", f"--stages={ranks}", f"--microbatches={m}",
             f"--chunks={chunks}", "--format=json"]
     if schedule.startswith("csv:") and chunks == 2:
@@ -47,6 +61,8 @@ def simulate(explorer, schedule, ranks, m, chunks, costs, defer):
     extra, _ = bench_schedules.explorer_args(costs, placement, False)
     if not defer:
         extra = [a for a in extra if a != "--defer_receives"]
+    if multipliers:
+        extra.append("--microbatch_multiplier=" + ",".join(f"{x:.6f}" for x in multipliers))
     out = subprocess.run(base + extra, capture_output=True, text=True, check=True).stdout
     return json.loads(out)["simulation"]["makespan"], placement
 
@@ -89,9 +105,13 @@ def main():
                                       args.microbatches, args.chunks, costs, False)
         deferred, _ = simulate(args.explorer, args.schedule, args.ranks, args.microbatches,
                                args.chunks, costs, True)
+        multipliers = microbatch_multipliers(ev, args.microbatches)
+        varlen, _ = simulate(args.explorer, args.schedule, args.ranks, args.microbatches,
+                             args.chunks, costs, True, multipliers)
         tied = sorted({placement[s] for s in costs["tie_groups"].split(",")})
         replay = bench_schedules.replay_step(ev, tied, False)
         steps.append({"span_s": span, "sim_lowered_s": lowered, "sim_deferred_s": deferred,
+                      "sim_microbatches_s": varlen, "microbatch_multipliers": multipliers,
                       "replay_s": replay})
         for r in sorted({e["tid"] for e in ev}):
             mine = sorted((e for e in ev if e["tid"] == r), key=lambda e: e["ts"])
@@ -115,6 +135,7 @@ def main():
         "schedule": args.schedule, "run": args.run,
         "median_span_ms": 1e3 * statistics.median(s["span_s"] for s in steps),
         "sim_lowered_err": err("sim_lowered_s"), "sim_deferred_err": err("sim_deferred_s"),
+        "sim_microbatches_err": err("sim_microbatches_s"),
         "replay_err": err("replay_s"),
         "per_rank_ms": {r: {k: statistics.median(v) for k, v in kinds.items()}
                         for r, kinds in by_kind.items()},
@@ -127,15 +148,18 @@ def main():
         print(json.dumps(result))
         return
     print(f"{args.schedule} ({args.run}): median traced span {result['median_span_ms']:.0f} ms")
-    print("  step span    simulated as lowered    as executed (deferred)    replay")
+    print("  step span    simulated as lowered    as executed (deferred)    per micro-batch    replay")
     for s in steps:
         print(f"  {1e3 * s['span_s']:8.0f}    {1e3 * s['sim_lowered_s']:8.0f} "
               f"({100 * (s['sim_lowered_s'] / s['span_s'] - 1):+5.1f}%)"
               f"    {1e3 * s['sim_deferred_s']:8.0f} "
               f"({100 * (s['sim_deferred_s'] / s['span_s'] - 1):+5.1f}%)"
+              f"    {1e3 * s['sim_microbatches_s']:8.0f} "
+              f"({100 * (s['sim_microbatches_s'] / s['span_s'] - 1):+5.1f}%)"
               f"    {1e3 * s['replay_s']:8.0f} ({100 * (s['replay_s'] / s['span_s'] - 1):+5.1f}%)")
     print(f"  median error: as lowered {100 * result['sim_lowered_err']:+.1f}%, as executed "
-          f"{100 * result['sim_deferred_err']:+.1f}%, replay {100 * result['replay_err']:+.1f}%")
+          f"{100 * result['sim_deferred_err']:+.1f}%, per micro-batch "
+          f"{100 * result['sim_microbatches_err']:+.1f}%, replay {100 * result['replay_err']:+.1f}%")
     for r, kinds in sorted(result["per_rank_ms"].items()):
         print(f"  rank {r} per step (median ms): " +
               ", ".join(f"{k} {v:.0f}" for k, v in sorted(kinds.items())))

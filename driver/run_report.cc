@@ -101,6 +101,8 @@ absl::Status RunReport::Step(int64_t step, const StepResult& r, double tokens_pe
                          {"tokens_per_s", tokens_per_s},
                          {"step_s", seconds}};
   if (eval_loss.has_value()) line["eval_loss"] = *eval_loss;
+  // Per-token loss (packed or masked data): the labels the step trained.
+  if (r.trained_tokens > 0) line["trained_tokens"] = r.trained_tokens;
   if (!restart_.empty()) {
     line["restart"] = nlohmann::json::parse(restart_);
     restart_.clear();
