@@ -291,7 +291,9 @@ TEST(PackedDataTest, OrderByCostSortsEachStepAndDealsToRanks) {
     const std::vector<double> r1 = sorted->ReplicaCosts(step, 1);
     for (size_t j = 0; j < r0.size(); ++j) {
       EXPECT_GE(r0[j], r1[j]);
-      if (j > 0) EXPECT_LE(r0[j], r1[j - 1]);
+      if (j > 0) {
+        EXPECT_LE(r0[j], r1[j - 1]);
+      }
     }
   }
 }
