@@ -201,8 +201,8 @@ TEST(TensorParallelEquivalenceExtra, VariableShapesMatchSequential) {
     Shape shape;
     bool ckpt;
   };
-  for (const VarlenCase& v : {VarlenCase{"zbv", {2, 2, 2}, false},
-                              VarlenCase{"interleaved_1f1b", {4, 2, 1}, true}}) {
+  for (const VarlenCase& v :
+       {VarlenCase{"zbv", {2, 2, 2}, false}, VarlenCase{"interleaved_1f1b", {4, 2, 1}, true}}) {
     SCOPED_TRACE(v.schedule);
     RunConfig c = ToyParallel(v.schedule, v.shape);
     c.microbatches = 4;
