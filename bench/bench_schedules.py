@@ -216,7 +216,8 @@ def explorer_args(t, stage_to_rank, step_all_reduce):
         f"{s}:" + ",".join(f"{k}:{v:.6f}" for k, v in sorted(c.items()))
         for s, c in sorted(t["stage_costs"].items()) if c)
     ranks = range(t["ranks"])
-    tied_stages = [int(x) for x in t["tie_groups"].split(",")]
+    # "none": an untied model (LLaMA's default), whose REDUCE_TIED syncs nobody.
+    tied_stages = [] if t["tie_groups"] == "none" else [int(x) for x in t["tie_groups"].split(",")]
     tied_ranks = sorted({stage_to_rank[str(s)] for s in tied_stages})
     rank_costs = {r: {} for r in ranks}
     if len(tied_ranks) > 1:

@@ -24,9 +24,9 @@
 # traced step the spread of the micro-batches' compute (F + B summed over
 # both stages, from the traces of 8 steps: max/min and coefficient of
 # variation, median over the steps); and the simulator's error against each
-# traced step's span (bench/trace_vs_simulated.py, as executed), with the
-# stages' mean costs alone and with each micro-batch's own share
-# (--microbatch_multiplier).
+# traced step's span (bench/trace_vs_simulated.py, as executed; --untied for
+# LLaMA, whose embedding and head are not tied), with the stages' mean costs
+# alone and with each micro-batch's own share (--microbatch_multiplier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=16 RECORD=0
@@ -59,17 +59,17 @@ for run in $RUNS; do
   name=${corpus}_${packing}_${balance}
   common="data.packing=$packing,data.packing_balance=$balance,eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,trace_step=3,trace_steps=8"
   if [[ $corpus == paragraphs ]]; then
-    bin=bazel-bin/experiments/train_gpt m=8
+    bin=bazel-bin/experiments/train_gpt m=8 ties=""
     set="$common,gpt.context_length=256,parallelism.micro_batch_size=2"
   else
-    bin=bazel-bin/experiments/train_llama m=4
+    bin=bazel-bin/experiments/train_llama m=4 ties=--untied  # llama_small: tie_embeddings false
     set="$common,data.path=$TMP/$corpus,data.format=megatron,data.eval_fraction=0"
   fi
   "$bin" --steps="$STEPS" --sample_tokens=0 --output_dir="$TMP/runs" --name="$name" \
     --microbatches=$m --set="$set" > "$TMP/$name.log" 2>&1 || { tail -30 "$TMP/$name.log"; exit 1; }
   python3 bench/trace_vs_simulated.py --explorer bazel-bin/experiments/schedule_explorer \
     --run "$(ls -d "$TMP"/runs/"$name"-*)" --schedule 1f1b --ranks 2 --chunks 1 \
-    --microbatches $m --first 3 --count 8 --json > "$TMP/$name.sim.json"
+    --microbatches $m --first 3 --count 8 $ties --json > "$TMP/$name.sim.json"
 done
 "$PY" - "$TMP" "$RECORD" "$COMMAND" "$RUNS" <<'PY'
 import glob, json, statistics, subprocess, sys

@@ -92,6 +92,10 @@ def main():
     ap.add_argument("--first", type=int, default=4, help="first traced step (0-based)")
     ap.add_argument("--count", type=int, default=8)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--untied", action="store_true",
+                    help="the model ties no layers across stages (LLaMA with tie_embeddings "
+                         "false): REDUCE_TIED synchronises nobody; default: GPT's tied "
+                         "embedding and head")
     args = ap.parse_args()
     metrics = [json.loads(l) for l in open(os.path.join(args.run, "metrics.jsonl"))]
     traced = bench_schedules.load_traced_steps(args.run, metrics, args.first, args.count,
@@ -99,6 +103,8 @@ def main():
     steps = []
     by_kind = collections.defaultdict(lambda: collections.defaultdict(list))
     for step_s, costs in traced:
+        if args.untied:
+            costs["tie_groups"] = "none"
         ev = costs["events"]
         span = (max(e["ts"] + e["dur"] for e in ev) - min(e["ts"] for e in ev)) * 1e-6
         lowered, placement = simulate(args.explorer, args.schedule, args.ranks,
@@ -108,7 +114,8 @@ def main():
         multipliers = microbatch_multipliers(ev, args.microbatches)
         varlen, _ = simulate(args.explorer, args.schedule, args.ranks, args.microbatches,
                              args.chunks, costs, True, multipliers)
-        tied = sorted({placement[s] for s in costs["tie_groups"].split(",")})
+        tied = ([] if costs["tie_groups"] == "none" else
+                sorted({placement[s] for s in costs["tie_groups"].split(",")}))
         replay = bench_schedules.replay_step(ev, tied, False)
         steps.append({"span_s": span, "sim_lowered_s": lowered, "sim_deferred_s": deferred,
                       "sim_microbatches_s": varlen, "microbatch_multipliers": multipliers,
