@@ -303,10 +303,11 @@ MicroBatch PackedBatchSource::AtGlobalIndex(int64_t step, int64_t index) const {
 }
 
 int64_t PackedBatchSource::GlobalLossTokens(int64_t step) const {
+  // The step's set of micro-batches, in epoch order: the sum does not depend
+  // on how order_by_cost deals them (which would sort the step per index).
+  const int64_t global = options_.dp_size * options_.num_microbatches;
   int64_t total = 0;
-  for (int64_t i = 0; i < options_.dp_size * options_.num_microbatches; ++i) {
-    total += At(step, i).trained;
-  }
+  for (int64_t i = 0; i < global; ++i) total += InEpochOrder(step * global + i).trained;
   return total;
 }
 
