@@ -1,6 +1,7 @@
 #include "driver/auto_schedule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -156,6 +157,45 @@ absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, i
   return costs;
 }
 
+absl::StatusOr<SimulationCosts> AutoFixedCosts(absl::string_view text, int num_stages,
+                                               int num_chunks) {
+  absl::StatusOr<SimulationCosts> parsed = ParseSimulationCosts(text);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallelism.auto_costs '", text, "': ", parsed.status().message()));
+  }
+  SimulationCosts costs = *parsed;
+  const double f = costs.forward;
+  const double b = costs.backward;
+  double i = costs.backward_input;
+  double w = costs.backward_weight;
+  if (f <= 0 || b <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.auto_costs '", text, "' needs F > 0 and B > 0 (or I and W > 0), got F ", f,
+        " and B ", b, "; e.g. \"F:1,I:1,W:1\""));
+  }
+  if (i <= 0 || w <= 0 || std::abs(i + w - b) > 1e-9 * b) {
+    // B given without its I and W (which keep their defaults): split in
+    // halves, as a measured backward that was not split.
+    i = b / 2;
+    w = b / 2;
+  }
+  const double v = num_chunks;
+  for (int s = 0; s < num_stages * num_chunks; ++s) {
+    StageCosts sc;
+    sc.forward = f / v;
+    sc.backward_input = i / v;
+    sc.backward_weight = w / v;
+    sc.backward = (i + w) / v;
+    costs.stage_costs[s] = sc;
+  }
+  costs.forward = f / v;
+  costs.backward_input = i / v;
+  costs.backward_weight = w / v;
+  costs.backward = (i + w) / v;
+  return costs;
+}
+
 absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& costs, int num_stages,
                                                       int num_microbatches, int num_chunks,
                                                       std::optional<double> memory_cap,
@@ -281,10 +321,21 @@ AutoScheduleRun::AutoScheduleRun(bool active, int num_stages, int num_microbatch
       fits_bytes_(std::move(fits_bytes)) {}
 
 absl::Status AutoScheduleRun::Start(Trainer& trainer, int64_t first_step) {
-  if (!active_ || first_step == 0) return absl::OkStatus();
+  if (!active_) return absl::OkStatus();
+  const bool rank0 = !run_dir_.empty();
+  if (first_step == 0) {
+    if (!fixed_costs_.has_value()) return absl::OkStatus();
+    return ChooseAndSwitch(*fixed_costs_, "schedule auto: the given costs (parallelism.auto_costs)",
+                           rank0, /*trial=*/false, trainer);
+  }
   const fs::path saved = fs::path(checkpoint_dir_) / std::string(kAutoScheduleFile);
   std::error_code ec;
   if (!fs::exists(saved, ec)) {
+    if (fixed_costs_.has_value()) {
+      return ChooseAndSwitch(*fixed_costs_,
+                             "schedule auto: the given costs (parallelism.auto_costs)", rank0,
+                             /*trial=*/false, trainer);
+    }
     LOG(WARNING) << "schedule auto: resuming at step " << first_step << " without " << saved
                  << "; measuring again";
     return absl::OkStatus();
@@ -306,7 +357,12 @@ absl::Status AutoScheduleRun::Start(Trainer& trainer, int64_t first_step) {
   }
   // Another shape (a resharding resume): measure and synthesise anew.
   LOG(WARNING) << "schedule auto: the saved " << saved << " does not fit this run ("
-               << schedule.status().message() << "); measuring again";
+               << schedule.status().message() << "); "
+               << (fixed_costs_ ? "synthesising for the given costs" : "measuring again");
+  if (fixed_costs_.has_value()) {
+    return ChooseAndSwitch(*fixed_costs_, "schedule auto: the given costs (parallelism.auto_costs)",
+                           rank0, /*trial=*/false, trainer);
+  }
   return absl::OkStatus();
 }
 
@@ -364,10 +420,20 @@ absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const Paralle
     }
     costs.microbatch_multiplier = profile;
   }
+  return ChooseAndSwitch(
+      costs,
+      absl::StrCat("schedule auto: measured ms per virtual stage (steps ", kFirstMeasuredStep + 1,
+                   "-", kFirstMeasuredStep + kMeasuredSteps, ")"),
+      grid.global_rank() == 0, /*trial=*/true, trainer);
+}
+
+absl::Status AutoScheduleRun::ChooseAndSwitch(const SimulationCosts& costs,
+                                              const std::string& what_costs, bool rank0, bool trial,
+                                              Trainer& trainer) {
   PP_ASSIGN_OR_RETURN(AutoScheduleChoice choice,
                       ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_,
                                          memory_cap_, trainer.defers_receives(), fits_bytes_));
-  if (grid.global_rank() == 0) {
+  if (rank0) {
     std::string per_stage;
     for (const auto& [s, c] : costs.stage_costs) {
       absl::StrAppendFormat(&per_stage, " %d:F=%.2f,I=%.2f,W=%.2f", s, c.forward.value_or(0),
@@ -377,14 +443,11 @@ absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const Paralle
       absl::StrAppend(&per_stage, "\nschedule auto: micro-batch cost profile (estimated, mean 1):");
       for (double x : costs.microbatch_multiplier) absl::StrAppendFormat(&per_stage, " %.2f", x);
     }
-    const std::string text =
-        absl::StrCat("schedule auto: measured ms per virtual stage (steps ", kFirstMeasuredStep + 1,
-                     "-", kFirstMeasuredStep + kMeasuredSteps, "):", per_stage,
-                     "\nsimulated with these costs:\n", choice.comparison);
+    const std::string text = absl::StrCat(what_costs, ":", per_stage,
+                                          "\nsimulated with these costs:\n", choice.comparison);
     LOG(INFO) << text;
     std::cout << text << std::flush;
   }
-  const bool rank0 = grid.global_rank() == 0;
   Schedule next = choice.chosen;
   next.name = std::string(kAutoSchedule);
   PP_ASSIGN_OR_RETURN(const std::string measurement, AutoMeasurementSchedule(num_chunks_));
@@ -408,7 +471,10 @@ absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const Paralle
                             synthesised
                                 ? std::string("the synthesised schedule")
                                 : absl::StrCat("registered schedule ", choice.chosen_name)));
-  trying_ = true;
+  // Fixed costs are not checked by measurement: the choice stays the same
+  // on every machine.
+  trying_ = trial;
+  decided_ = !trial;
   return absl::OkStatus();
 }
 

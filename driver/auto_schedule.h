@@ -64,6 +64,15 @@ std::vector<double> LocalCostSums(const std::vector<std::vector<ActionTiming>>& 
 absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, int num_stages,
                                               int num_chunks);
 
+// parallelism.auto_costs: costs given instead of measured (reproducible, or
+// another machine's). `text` is the simulator's cost string
+// (ParseSimulationCosts: "F:1,I:1,W:1,comm:0.1"), the costs of one
+// micro-batch through one pipeline rank's share of the model; with v chunks
+// each virtual stage costs 1/v of it. A missing I/W splits B in halves, as a
+// measured unsplit backward. InvalidArgument names the field and the bad part.
+absl::StatusOr<SimulationCosts> AutoFixedCosts(absl::string_view text, int num_stages,
+                                               int num_chunks);
+
 // The smallest simulated gain over the best registered schedule for which
 // auto trains a synthesised schedule: the simulator's error as executed
 // (docs/schedules.md "Where the simulator was wrong": within 3%).
@@ -127,8 +136,13 @@ class AutoScheduleRun {
   void set_microbatch_costs(std::function<std::vector<double>(int64_t step)> costs) {
     microbatch_costs_ = std::move(costs);
   }
+  // parallelism.auto_costs (AutoFixedCosts): Start chooses from these costs
+  // at once, and nothing is measured or tried; the choice is the same on
+  // every machine.
+  void set_fixed_costs(SimulationCosts costs) { fixed_costs_ = std::move(costs); }
   // Before the first step: a resumed run takes the saved schedule (when it
-  // fits this run's shape) and measures nothing.
+  // fits this run's shape) and measures nothing; with fixed costs and no
+  // saved schedule, the schedule is chosen and switched to here.
   absl::Status Start(Trainer& trainer, int64_t first_step);
   // Whether `step` (0-based) is traced for measuring.
   bool Measures(int64_t step) const;
@@ -147,6 +161,11 @@ class AutoScheduleRun {
   static constexpr int64_t kTrialSteps = 2;
 
  private:
+  // Synthesises for `costs`, reports the comparison (rank 0, after
+  // `what_costs`) and switches to the choice; `trial` puts a switch away
+  // from the measurement schedule on trial.
+  absl::Status ChooseAndSwitch(const SimulationCosts& costs, const std::string& what_costs,
+                               bool rank0, bool trial, Trainer& trainer);
   // AfterStep's decisions for `step`, which took `step_ms` on this rank.
   absl::Status Decide(int64_t step, double step_ms, const ParallelGrid& grid, Trainer& trainer);
   // After the trial steps: the synthesised schedule stays when its steps
@@ -166,6 +185,7 @@ class AutoScheduleRun {
   std::optional<double> memory_cap_;
   ScheduleFits fits_bytes_;
   std::function<std::vector<double>(int64_t step)> microbatch_costs_;
+  std::optional<SimulationCosts> fixed_costs_;
   // The world's mean step time over `steps_ms` (collective).
   absl::StatusOr<double> WorldMeanMs(const std::vector<double>& steps_ms, const ParallelGrid& grid,
                                      const Trainer& trainer) const;

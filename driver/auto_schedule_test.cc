@@ -158,6 +158,33 @@ TEST(AutoScheduleTest, ATieKeepsTheMeasurementSchedule) {
   }
 }
 
+// parallelism.auto_costs: one pipeline rank's F/I/W, each chunk's share
+// 1/v of it on every virtual stage; a B alone splits in halves. The choice
+// from them is the same every time (the golden-value suite's auto case).
+TEST(AutoScheduleTest, FixedCostsAreARanksShareOnEveryVirtualStage) {
+  absl::StatusOr<SimulationCosts> costs = AutoFixedCosts("F:2,I:1,W:3", 2, 2);
+  ASSERT_TRUE(costs.ok()) << costs.status();
+  ASSERT_EQ(costs->stage_costs.size(), 4u);
+  for (const auto& [stage, c] : costs->stage_costs) {
+    EXPECT_DOUBLE_EQ(*c.forward, 1.0) << stage;
+    EXPECT_DOUBLE_EQ(*c.backward_input, 0.5) << stage;
+    EXPECT_DOUBLE_EQ(*c.backward_weight, 1.5) << stage;
+    EXPECT_DOUBLE_EQ(*c.backward, 2.0) << stage;
+  }
+  absl::StatusOr<SimulationCosts> b_only = AutoFixedCosts("F:1,B:3", 2, 1);
+  ASSERT_TRUE(b_only.ok()) << b_only.status();
+  EXPECT_DOUBLE_EQ(*b_only->stage_costs.at(1).backward_input, 1.5);
+  EXPECT_DOUBLE_EQ(*b_only->stage_costs.at(1).backward_weight, 1.5);
+  EXPECT_FALSE(AutoFixedCosts("F:1,B:0", 2, 1).ok());
+  EXPECT_FALSE(AutoFixedCosts("nonsense", 2, 1).ok());
+
+  absl::StatusOr<AutoScheduleChoice> first = ChooseAutoSchedule(*costs, 2, 8, 2, {}, true);
+  absl::StatusOr<AutoScheduleChoice> again = ChooseAutoSchedule(*costs, 2, 8, 2, {}, true);
+  ASSERT_TRUE(first.ok() && again.ok());
+  EXPECT_EQ(first->chosen_name, again->chosen_name);
+  EXPECT_EQ(first->comparison, again->comparison);
+}
+
 // Issue #42 class 2: at a byte cap that refuses --schedule=zb_h2, auto
 // trained zb_h2, which fitted the looser activation units. With the byte plan
 // as `fits_bytes`, nothing it refuses is chosen: here it admits 1f1b alone,

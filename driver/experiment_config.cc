@@ -470,12 +470,22 @@ absl::Status CheckParts(const driver::ParallelismConfig& par, const std::vector<
 // execute its lowered program (refused here, before any worker starts,
 // rather than in every rank).
 absl::Status CheckSchedule(const driver::ParallelismConfig& par) {
+  if (!par.auto_costs().empty() && par.schedule() != kAutoSchedule) {
+    return Invalid(absl::StrCat("parallelism.auto_costs ('", par.auto_costs(),
+                                "') is for parallelism.schedule 'auto' (the schedule is '",
+                                par.schedule(), "'); set the schedule to auto or drop the costs"));
+  }
+  if (par.schedule() == kAutoSchedule && !par.auto_costs().empty()) {
+    absl::Status costs = AutoFixedCosts(par.auto_costs(), par.pp(), par.chunks()).status();
+    if (!costs.ok()) return Invalid(std::string(costs.message()));
+  }
   if (par.schedule() == kAutoSchedule) {
     // "auto" trains its first steps under the schedule it measures with.
     absl::StatusOr<std::string> start = AutoMeasurementSchedule(par.chunks());
     if (!start.ok()) return Invalid(std::string(start.status().message()));
     driver::ParallelismConfig measured = par;
     measured.set_schedule(*start);
+    measured.clear_auto_costs();
     absl::Status status = CheckSchedule(measured);
     if (status.ok()) return status;
     return Invalid(absl::StrCat("parallelism.schedule 'auto' measures under '", *start,

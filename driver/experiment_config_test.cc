@@ -360,6 +360,22 @@ TEST(ExperimentConfigTest, OtherBadFieldsAreNamed) {
   EXPECT_HAS(Error(c), "checkpoint.keep_last (-1) must not be negative");
 }
 
+// parallelism.auto_costs: only with schedule auto, and a cost string the
+// synthesiser can use.
+TEST(ExperimentConfigTest, AutoCostsAreCheckedBeforeLaunch) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_auto_costs("F:1,I:1,W:1");
+  EXPECT_HAS(Error(c),
+             "parallelism.auto_costs ('F:1,I:1,W:1') is for parallelism.schedule "
+             "'auto' (the schedule is '1f1b')");
+  c.mutable_parallelism()->set_schedule("auto");
+  EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok()) << ValidateExperimentConfig(c, 2);
+  c.mutable_parallelism()->set_auto_costs("F:1,Q:2");
+  EXPECT_HAS(Error(c), "parallelism.auto_costs 'F:1,Q:2': ");
+  c.mutable_parallelism()->set_auto_costs("F:0,B:2");
+  EXPECT_HAS(Error(c), "parallelism.auto_costs 'F:0,B:2' needs F > 0 and B > 0");
+}
+
 // Found only after the workers had started (issue 29): each is refused by
 // validation now, naming the value and what is valid.
 TEST(ExperimentConfigTest, WhatFailedOnlyInTheWorkersIsRefusedBeforeLaunch) {

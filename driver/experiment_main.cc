@@ -41,6 +41,9 @@ ABSL_FLAG(std::string, distributed_optimizer, "",
           "override parallelism.distributed_optimizer (true: optimizer state sharded over the "
           "data-parallel ranks, ZeRO-1)");
 ABSL_FLAG(std::string, schedule, "", "override parallelism.schedule");
+ABSL_FLAG(std::string, auto_costs, "",
+          "override parallelism.auto_costs (--schedule=auto synthesises for these costs instead "
+          "of measuring, e.g. F:1,I:1,W:1; --set cannot carry its commas)");
 ABSL_FLAG(std::string, chunks, "", "override parallelism.chunks");
 ABSL_FLAG(std::string, microbatches, "", "override parallelism.num_microbatches");
 ABSL_FLAG(std::string, micro_batch_size, "", "override parallelism.micro_batch_size");
@@ -93,6 +96,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_sequence_parallel, "parallelism.sequence_parallel"},
       {&FLAGS_distributed_optimizer, "parallelism.distributed_optimizer"},
       {&FLAGS_schedule, "parallelism.schedule"},
+      {&FLAGS_auto_costs, "parallelism.auto_costs"},
       {&FLAGS_chunks, "parallelism.chunks"},
       {&FLAGS_microbatches, "parallelism.num_microbatches"},
       {&FLAGS_micro_batch_size, "parallelism.micro_batch_size"},
@@ -198,6 +202,7 @@ int Main(int argc, char** argv, const std::string& default_config) {
       s = CheckModelData(*config);
       if (s.ok()) s = CheckCheckpointBeforeLaunch(*config);
       if (s.ok()) s = ProfileStepsFor(*config).status();
+      if (s.ok()) s = CheckPlantedFault();
       if (!s.ok()) config = absl::StatusOr<ExperimentConfig>(s);
     } else if (!s.ok()) {
       config = absl::StatusOr<ExperimentConfig>(s);

@@ -1,6 +1,7 @@
 #include "driver/run_experiment.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -161,8 +162,19 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> BuildStage(
   return PipelineModel::Create(specs, mo, stage);
 }
 
+// PP_PLANTED_FAULT's value, checked (CheckPlantedFault).
+absl::StatusOr<std::string> PlantedFault() {
+  const char* value = std::getenv(kPlantedFaultVariable);
+  const std::string fault = value == nullptr ? "" : value;
+  if (fault.empty() || fault == "grad_norm_order" || fault == "dropped_microbatch") return fault;
+  return absl::InvalidArgumentError(
+      absl::StrCat(kPlantedFaultVariable, "='", fault,
+                   "' is not a planted fault (testing only: grad_norm_order or "
+                   "dropped_microbatch, or unset)"));
+}
+
 // The Trainer's options from the config's parallelism, optimizer, LR schedule
-// and activation checkpointing.
+// and activation checkpointing, and a planted fault (testing only).
 absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config,
                                                   std::chrono::milliseconds timeout) {
   const auto& par = config.parallelism();
@@ -184,6 +196,15 @@ absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config
     policy.interval = par.activation_checkpointing().interval();
     policy.checkpointable_types = par.activation_checkpointing().checkpointable_types();
     PP_ASSIGN_OR_RETURN(to.layer_runner, MakeCheckpointingRunner(policy));
+  }
+  PP_ASSIGN_OR_RETURN(const std::string fault, PlantedFault());
+  if (!fault.empty()) {
+    LOG(WARNING) << "testing only: planted fault " << fault << " (" << kPlantedFaultVariable
+                 << "); this run does not train correctly";
+  }
+  to.reverse_grad_norm_order = fault == "grad_norm_order";
+  if (fault == "dropped_microbatch") {
+    to.executor.loss_normalization_fault = LossNormalizationFault::kDroppedMicroBatch;
   }
   return to;
 }
@@ -308,6 +329,8 @@ absl::Status SampleText(const ExperimentConfig& config, ParallelGrid& grid, Mode
 
 }  // namespace
 
+absl::Status CheckPlantedFault() { return PlantedFault().status(); }
+
 absl::Status CheckCheckpointBeforeLaunch(const ExperimentConfig& config) {
   const CheckpointPolicy policy = MakeCheckpointPolicy(config);
   const bool saves = policy.save_interval > 0 || policy.save_final;
@@ -429,7 +452,12 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   AutoScheduleRun auto_schedule(par.schedule() == kAutoSchedule, par.pp(), par.num_microbatches(),
                                 par.chunks(), rank0 ? report.dir().string() : "", ckpt_policy.dir,
                                 synthesis_cap, std::move(fits_bytes));
-  if (data.microbatch_costs) {
+  if (!par.auto_costs().empty()) {
+    PP_ASSIGN_OR_RETURN(SimulationCosts fixed,
+                        AutoFixedCosts(par.auto_costs(), par.pp(), par.chunks()));
+    auto_schedule.set_fixed_costs(std::move(fixed));
+  }
+  if (data.microbatch_costs && par.auto_costs().empty()) {
     // The profile every rank synthesises for: the indices' costs averaged
     // over the data-parallel replicas.
     auto_schedule.set_microbatch_costs([&data, dp = par.dp()](int64_t step) {

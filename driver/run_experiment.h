@@ -23,6 +23,15 @@ absl::Status RunExperiment(const ExperimentConfig& config);
 // without a rank to blame.
 absl::Status CheckCheckpointBeforeLaunch(const ExperimentConfig& config);
 
+// Testing only: the planted changes the golden-value suite must catch
+// (experiments/golden/README.md), named by the environment variable
+// PP_PLANTED_FAULT: "grad_norm_order" (the gradient norm's squares summed in
+// reverse order) or "dropped_microbatch" (the last micro-batch's gradient
+// left out). Unset or empty: none. InvalidArgument naming the value and the
+// valid ones otherwise; the launcher checks it before any worker starts.
+inline constexpr char kPlantedFaultVariable[] = "PP_PLANTED_FAULT";
+absl::Status CheckPlantedFault();
+
 }  // namespace pp
 
 #endif  // DRIVER_RUN_EXPERIMENT_H_

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "common/torch_compat.h"
 #include "driver/memory_budget.h"
 #include "observability/memory_tracker.h"
 #include "observability/rank_log.h"
@@ -23,6 +24,7 @@
 #include "pipeline/schedule/action.h"
 #include "pipeline/schedule/memory_plan.h"
 #include "pipeline/schedule/simulator.h"
+#include "topology/blas_kernel.h"
 #include "topology/wait_work.h"
 
 namespace pp {
@@ -177,12 +179,13 @@ absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Train
             << " ms; memory peak " << m.peak_bytes << " B, live " << m.current_bytes << " B";
   if (!gather) return StepMemory();
   const int world = grid_->world_size();
-  std::vector<at::Tensor> mine = {
-      torch::tensor({static_cast<int64_t>(grid_->stage_id()), step_start_bytes_, m.current_bytes,
-                     m.peak_bytes, local_max_peak_, trainer.OptimizerStateBytes()},
-                    torch::kLong)};
+  const P2PStats p2p = trainer.p2p_stats();
+  std::vector<at::Tensor> mine = {torch::tensor(
+      {static_cast<int64_t>(grid_->stage_id()), step_start_bytes_, m.current_bytes, m.peak_bytes,
+       local_max_peak_, trainer.OptimizerStateBytes(), p2p.tensor_messages, p2p.payload_bytes_sent},
+      torch::kLong)};
   std::vector<std::vector<at::Tensor>> all(1);
-  for (int r = 0; r < world; ++r) all[0].push_back(torch::empty({6}, torch::kLong));
+  for (int r = 0; r < world; ++r) all[0].push_back(torch::empty({8}, torch::kLong));
   PP_RETURN_IF_ERROR(RunCollective("memory all-gather", grid_->DescribeWorldGroup(), timeout_,
                                    [&] { return grid_->world_group()->allgather(all, mine); }));
   StepMemory memory;
@@ -195,6 +198,8 @@ absl::StatusOr<StepMemory> RunObservability::AfterStep(int64_t step, const Train
     memory.peak_bytes.push_back(a[3]);
     max_peak_[r] = a[4];
     memory.optimizer_state_bytes.push_back(a[5]);
+    memory.p2p_messages_sent.push_back(a[6]);
+    memory.p2p_bytes_sent.push_back(a[7]);
   }
   if (rank0_) last_memory_ = memory;
   return memory;
@@ -205,6 +210,7 @@ absl::Status RunObservability::Metrics(nlohmann::json& line, const StepMemory& m
     line["mem_current_bytes"] = memory.current_bytes;
     line["mem_peak_bytes"] = memory.peak_bytes;
     line["mem_optimizer_state_bytes"] = memory.optimizer_state_bytes;
+    line["p2p_bytes_sent"] = memory.p2p_bytes_sent;
   }
   const double wall = NowWallTimeSeconds();
   line["time"] = wall;
@@ -314,8 +320,32 @@ absl::StatusOr<std::string> RunObservability::Finish(const Trainer& trainer) {
     absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(config_, trained);
     if (!plan.ok()) LOG(WARNING) << "no memory prediction: " << plan.status();
     summary = "memory per rank (CPU tensors; step peak = the largest over the run):\n";
+    nlohmann::json figures;
+    // What the figures depend on beside the config (the golden-value suite
+    // compares exactly only on the same machine facts).
+    const BlasKernel kernel = ThisBlasKernel();
+    nlohmann::json machine;
+    machine["libtorch"] = torch_compat::LibTorchVersion();
+    machine["blas"] = kernel.blas;
+    machine["blas_kernel"] = kernel.core;
+    machine["cpu"] = kernel.cpu.model;
+    machine["cpu_features"] = kernel.cpu.avx512 ? "avx512" : kernel.cpu.avx2 ? "avx2" : "none";
+    figures["machine"] = machine;
+    figures["schedule"] = program.schedule_name;
+    figures["steps"] = trainer.step();
+    figures["ranks"] = nlohmann::json::array();
     for (size_t r = 0; r < max_peak_.size(); ++r) {
       const int stage = last_memory_->stage[r];
+      nlohmann::json rank = {
+          {"rank", r},
+          {"stage", stage},
+          {"peak_bytes", max_peak_[r]},
+          {"current_bytes", last_memory_->current_bytes[r]},
+          {"optimizer_state_bytes", last_memory_->optimizer_state_bytes[r]},
+          {"planner_peak_bytes", nullptr},
+          {"p2p_messages_sent", last_memory_->p2p_messages_sent[r]},
+          {"p2p_bytes_sent", last_memory_->p2p_bytes_sent[r]},
+      };
       std::string predicted;
       if (sim.ok() && stage >= 0 && stage < static_cast<int>(sim->peak_memory.size())) {
         predicted = absl::StrFormat("   simulator: peak activations %g micro-batch x stage",
@@ -328,6 +358,7 @@ absl::StatusOr<std::string> RunObservability::Finish(const Trainer& trainer) {
       } else if (plan.ok() && plan->has_value() && stage >= 0 &&
                  stage < static_cast<int>((*plan)->ranks.size())) {
         const double bytes = (*plan)->ranks[stage].peak_bytes;
+        rank["planner_peak_bytes"] = static_cast<int64_t>(bytes);
         absl::StrAppendFormat(&predicted, "   planner: peak %s (%+.0f%%)",
                               Mib(static_cast<int64_t>(bytes)),
                               max_peak_[r] > 0 ? 100 * (bytes / max_peak_[r] - 1) : 0.0);
@@ -336,6 +367,13 @@ absl::StatusOr<std::string> RunObservability::Finish(const Trainer& trainer) {
           absl::StrFormat("  rank %d stage %d: step peak %s, current %s, optimizer state %s%s\n", r,
                           stage, Mib(max_peak_[r]), Mib(last_memory_->current_bytes[r]),
                           Mib(last_memory_->optimizer_state_bytes[r]), predicted);
+      figures["ranks"].push_back(std::move(rank));
+    }
+    std::ofstream out(fs::path(run_dir_) / kRunSummaryFile);
+    out << figures.dump(1) << "\n";
+    if (!out) {
+      return absl::InternalError(
+          absl::StrCat("cannot write ", (fs::path(run_dir_) / kRunSummaryFile).string()));
     }
   }
   if (tb_ != nullptr) PP_RETURN_IF_ERROR(tb_->Close());

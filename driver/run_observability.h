@@ -59,7 +59,20 @@ struct StepMemory {
   std::vector<int64_t> peak_bytes;     // the maximum during the step
   // The optimizer's state (moments, fp32 masters), from the tensors' storage.
   std::vector<int64_t> optimizer_state_bytes;
+  // p2p messages and activation/gradient payload bytes sent since the
+  // process started (P2PStats::tensor_messages, payload_bytes_sent).
+  std::vector<int64_t> p2p_messages_sent;
+  std::vector<int64_t> p2p_bytes_sent;
 };
+
+// The run directory's machine-readable end-of-run figures, per global rank:
+//   {"machine": {"libtorch", "blas", "blas_kernel", "cpu", "cpu_features"},
+//    "schedule": "1f1b", "steps": 12, "ranks": [{"rank": 0, "stage": 0,
+//    "peak_bytes", "current_bytes", "optimizer_state_bytes",
+//    "planner_peak_bytes" (the byte planner's prediction; null where it has
+//    none, e.g. tp > 1), "p2p_messages_sent", "p2p_bytes_sent"}, ...]}
+// (the p2p counts and memory of the last step that logged: the last step).
+inline constexpr char kRunSummaryFile[] = "summary.json";
 
 class RunObservability {
  public:
@@ -98,7 +111,8 @@ class RunObservability {
   // every rank has written its own), closes TensorBoard, and returns rank 0's
   // end-of-run memory summary (empty elsewhere): per rank the largest step
   // peak and the last current figure, beside the simulator's predicted peak
-  // activations for the schedule.
+  // activations for the schedule. Rank 0 also writes the same per rank as
+  // summary.json in the run directory (kRunSummaryFile).
   absl::StatusOr<std::string> Finish(const Trainer& trainer);
 
  private:

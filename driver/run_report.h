@@ -5,12 +5,14 @@
 //     config.textproto   the resolved config (every field, defaults included)
 //     metrics.jsonl      one line per step: step, loss, eval_loss, lr,
 //                        grad_norm, tokens_per_s, step_s, bubble, mem_peak_bytes,
-//                        mem_current_bytes, mem_optimizer_state_bytes (per
-//                        rank), time; on a restart's first line, restart
+//                        mem_current_bytes, mem_optimizer_state_bytes,
+//                        p2p_bytes_sent (per rank), time; on a restart's first line, restart
 //                        (Restarted)
 //     loss.svg           loss curve, written at the end
 //     trace.json         Chrome trace of one step (chrome://tracing, Perfetto)
 //     sample.txt         GPT: text generated through the pipeline at the end
+//     summary.json       per rank: memory measured and planned, p2p sent;
+//                        the machine facts (run_observability.h)
 //     tb/, logs/, profile/  TensorBoard events, per-rank glog files, operator
 //                        profiles (--profile_steps); see run_observability.h
 //

@@ -62,13 +62,17 @@ struct StepStats {
   int64_t global_loss_tokens = 0;
 };
 
-// Testing only: a planted bug of the per-token loss normalisation.
+// Testing only: a planted bug of the loss normalisation.
 enum class LossNormalizationFault {
   kNone,
   // Each micro-batch's sum divided by its own trained tokens, then averaged
   // over micro-batches and replicas: the mean of micro-batch means that
   // torchtitan (#2972) and DeepSpeed (#7773) users reported.
   kMicroBatchMean,
+  // The step's last micro-batch is computed and its loss reported, but its
+  // gradient is dropped (the golden-value suite's planted change,
+  // experiments/golden/).
+  kDroppedMicroBatch,
 };
 
 struct StageExecutorOptions {

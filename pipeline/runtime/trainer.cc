@@ -426,7 +426,11 @@ absl::StatusOr<double> Trainer::GradNorm() {
   absl::StatusOr<double> norm =
       dist_ ? ShardedGradNorm(dist_->LocalSquaredNorm(), across, grid_->data_group(), timeout(),
                               device())
-            : GlobalGradNorm(counted_params_, across, grid_->data_group(), timeout(), device());
+            : GlobalGradNorm(
+                  options_.reverse_grad_norm_order
+                      ? std::vector<torch::Tensor>(counted_params_.rbegin(), counted_params_.rend())
+                      : counted_params_,
+                  across, grid_->data_group(), timeout(), device());
   if (norm.ok()) return norm;
   return absl::Status(
       norm.status().code(),

@@ -115,6 +115,10 @@ struct TrainerOptions {
   bool distributed_optimizer = false;
   // Gradient bucket size of the distributed optimizer, in elements.
   int64_t bucket_numel = kDefaultBucketNumel;
+  // Testing only: the gradient norm's squares summed in reverse parameter
+  // order (the golden-value suite's planted change, experiments/golden/:
+  // the same norm up to its last bits).
+  bool reverse_grad_norm_order = false;
   // Testing only: a planted bug of the distributed optimizer.
   DistributedOptimizerOptions::PlantedFault distributed_optimizer_fault =
       DistributedOptimizerOptions::PlantedFault::kNone;
