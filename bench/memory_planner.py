@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """memory_planner: the byte planner's predicted peak per rank vs the measured one
 (issue 27), for every registered training schedule at pp = 2 and 4, with and
-without activation checkpointing.
+without activation checkpointing; with --tp 2, at pp = 2 and tp = 2 with and
+without sequence parallelism (every rank of each model group).
 
     ./bazelw build //experiments:train_gpt && cp -L bazel-bin/experiments/train_gpt /tmp/tg
     bench/memory_planner.py --train_gpt /tmp/tg --commit $(git rev-parse --short HEAD) \\
@@ -36,14 +37,16 @@ LINE = re.compile(r"rank (\d+) stage (\d+): step peak ([0-9.]+) MiB, current [0-
                   r"planner: peak ([0-9.]+) MiB \(([+-]\d+)%\)")
 
 
-def run(binary, pp, schedule, chunks, ckpt, steps, out_dir):
+def run(binary, pp, schedule, chunks, ckpt, steps, out_dir, tp=1, sp=False):
     layers = 4 if pp == 2 else 8
     sets = (f"gpt.num_layers={layers},lr_schedule.warmup_steps=1,eval_interval=0,"
             f"sample_tokens=0,parallelism.activation_checkpointing.interval={ckpt}")
     cmd = [binary, "--config=experiments/configs/gpt_small_pp2.textproto", f"--set={sets}",
            f"--pp={pp}", f"--schedule={schedule}", f"--chunks={chunks}",
            f"--microbatches={2 * pp}", f"--steps={steps}", f"--output_dir={out_dir}",
-           f"--name={schedule}_pp{pp}_ckpt{ckpt}"]
+           f"--name={schedule}_pp{pp}_ckpt{ckpt}_tp{tp}{'_sp' if sp else ''}"]
+    if tp > 1:
+        cmd += [f"--tp={tp}", f"--sequence_parallel={'true' if sp else 'false'}"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
@@ -53,8 +56,8 @@ def run(binary, pp, schedule, chunks, ckpt, steps, out_dir):
         ranks.append({"rank": int(m.group(1)), "stage": int(m.group(2)),
                       "measured_mib": float(m.group(3)), "predicted_mib": float(m.group(4)),
                       "error_pct": round(100 * (float(m.group(4)) / float(m.group(3)) - 1), 1)})
-    if len(ranks) != pp:
-        raise SystemExit(f"expected {pp} planner lines in the output of {' '.join(cmd)}")
+    if len(ranks) != pp * tp:
+        raise SystemExit(f"expected {pp * tp} planner lines in the output of {' '.join(cmd)}")
     return " ".join(cmd), ranks
 
 
@@ -64,6 +67,9 @@ def main():
     parser.add_argument("--commit", required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor-parallel ranks: > 1 measures pp = 2 only, each "
+                             "configuration with and without sequence parallelism")
     parser.add_argument("--state", choices=("idle", "loaded"), default="loaded",
                         help="machine.state of the record (memory does not depend on load)")
     args = parser.parse_args()
@@ -71,16 +77,21 @@ def main():
     rows = []
     command = None
     with tempfile.TemporaryDirectory() as out_dir:
-        for pp in (2, 4):
+        layouts = [(pp, False) for pp in (2, 4)] if args.tp == 1 else [(2, False), (2, True)]
+        for pp, sp in layouts:
             for schedule, chunks in SCHEDULES:
                 for ckpt in (0, 1):
                     command, ranks = run(args.train_gpt, pp, schedule, chunks, ckpt, args.steps,
-                                         out_dir)
+                                         out_dir, args.tp, sp)
                     worst = max(abs(r["error_pct"]) for r in ranks)
-                    rows.append({"pp": pp, "schedule": schedule, "chunks": chunks,
-                                 "activation_checkpointing": ckpt, "ranks": ranks,
-                                 "worst_abs_error_pct": worst})
-                    print(f"pp={pp} {schedule:17s} v={chunks} ckpt={ckpt}: " +
+                    row = {"pp": pp, "schedule": schedule, "chunks": chunks,
+                           "activation_checkpointing": ckpt, "ranks": ranks,
+                           "worst_abs_error_pct": worst}
+                    if args.tp > 1:
+                        row.update({"tp": args.tp, "sequence_parallel": sp})
+                    rows.append(row)
+                    print(f"pp={pp} tp={args.tp}{' sp' if sp else ''} {schedule:17s} v={chunks} "
+                          f"ckpt={ckpt}: " +
                           ", ".join(f"r{r['rank']} {r['measured_mib']:.1f} vs "
                                     f"{r['predicted_mib']:.1f} MiB ({r['error_pct']:+.0f}%)"
                                     for r in ranks), flush=True)
@@ -95,11 +106,13 @@ def main():
                                        if l.startswith("model name")), ""),
                     "state": args.state},
         "command": f"bench/memory_planner.py --train_gpt {args.train_gpt} --steps {args.steps} "
+                   f"--tp {args.tp} "
                    f"(per configuration, e.g. {command})",
         "bench": "memory_planner",
         "figures": {"configurations": len(rows), "within_10_pct": within,
                     "worst_abs_error_pct": worst, "rows": rows},
-        "note": f"{within} of {len(rows)} configurations have every rank's predicted peak within "
+        "note": f"tp {args.tp}: " * (args.tp > 1) +
+                f"{within} of {len(rows)} configurations have every rank's predicted peak within "
                 f"10% of the measured step peak (live CPU tensor bytes); worst {worst}%.",
     }
     with open(args.out, "a") as f:

@@ -412,8 +412,7 @@ absl::Status CheckWorldSize(const driver::ParallelismConfig& par, int world_size
 }
 
 // Tensor parallelism: a model that supports it (its sizes are its own
-// `validate`'s to check), and the parts of the driver that do not model it
-// yet refused by name instead of planning for the wrong ranks.
+// `validate`'s to check).
 absl::Status CheckTensorParallel(const ExperimentConfig& config, const ModelInfo& model) {
   const auto& par = config.parallelism();
   if (par.sequence_parallel() && par.tp() <= 1) {
@@ -432,19 +431,6 @@ absl::Status CheckTensorParallel(const ExperimentConfig& config, const ModelInfo
         "' does not support tensor parallelism (its registration sets no tensor_parallel_loss; "
         "models/registry.h); use parallelism.tp 1, or a model that does: ",
         supported.empty() ? std::string("(none linked in)") : absl::StrJoin(supported, ", ")));
-  }
-  if (par.schedule() == kAutoSchedule) {
-    return Invalid(absl::StrCat(
-        "parallelism.schedule 'auto' does not model tensor parallelism yet (its memory plan and "
-        "costs are per pipeline rank without tp); with parallelism.tp (",
-        par.tp(), ") name a schedule: ", absl::StrJoin(RegisteredScheduleNames(), ", ")));
-  }
-  if (par.memory_cap_mib() > 0) {
-    return Invalid(absl::StrCat(
-        "parallelism.memory_cap_mib (", par.memory_cap_mib(),
-        ") is checked by the memory planner, which does not model tensor parallelism yet; with "
-        "parallelism.tp (",
-        par.tp(), ") set memory_cap_mib to 0"));
   }
   return absl::OkStatus();
 }

@@ -211,13 +211,17 @@ TEST(ExperimentConfigTest, TensorParallelRunsAreCheckedBeforeLaunch) {
   sp.mutable_parallelism()->set_tp(1);
   EXPECT_HAS(Error(sp, 2), "parallelism.sequence_parallel needs parallelism.tp > 1");
 
+  // The memory planner prices one rank of a model group, so auto and a
+  // memory cap work with tp (a cap below that rank's peak is refused).
   ExperimentConfig auto_schedule = c;
   auto_schedule.mutable_parallelism()->set_schedule("auto");
-  EXPECT_HAS(Error(auto_schedule, 4),
-             "parallelism.schedule 'auto' does not model tensor parallelism yet");
+  EXPECT_TRUE(ValidateExperimentConfig(auto_schedule, 4).ok())
+      << ValidateExperimentConfig(auto_schedule, 4);
   ExperimentConfig capped = c;
   capped.mutable_parallelism()->set_memory_cap_mib(1024);
-  EXPECT_HAS(Error(capped, 4), "with parallelism.tp (2) set memory_cap_mib to 0");
+  EXPECT_TRUE(ValidateExperimentConfig(capped, 4).ok()) << ValidateExperimentConfig(capped, 4);
+  capped.mutable_parallelism()->set_memory_cap_mib(0.01);
+  EXPECT_HAS(Error(capped, 4), "parallelism.memory_cap_mib=0.01: pipeline rank ");
 
   // A model whose registration declares no tensor_parallel_loss.
   ExperimentConfig blocks = c;

@@ -152,22 +152,33 @@ double CheckpointableLayerCount(const ExperimentConfig& config) {
   return matched;
 }
 
-double BlockParameters(const TransformerShape& shape) {
-  const double w = Clamp1(shape.width), r = Clamp1(shape.mlp_ratio);
-  // q, k, v, projection (4 w^2), MLP (2 r w^2), biases and 2 norms.
-  return (4 + 2 * r) * w * w + (r + 9) * w;
+double BlockParameters(const TransformerShape& shape, int tp) {
+  const double w = Clamp1(shape.width), r = Clamp1(shape.mlp_ratio), n = std::max(1, tp);
+  // q, k, v, projection (4 w^2), MLP (2 r w^2) and the column-parallel
+  // biases (q, k, v, MLP in: (3 + r) w) split over the model group; the
+  // row-parallel biases (projection, MLP out) and 2 norms (6 w) whole.
+  return ((4 + 2 * r) * w * w + (3 + r) * w) / n + 6 * w;
 }
 
 double BlockActivationBytes(const TransformerShape& shape, double micro_batch_size,
-                            double value_bytes) {
+                            double value_bytes, int tp, bool sequence_parallel) {
   const double t = Clamp1(shape.context_length), w = Clamp1(shape.width);
   const double h = Clamp1(shape.num_heads), r = Clamp1(shape.mlp_ratio);
+  const double n = std::max(1, tp);
   // ~(7 + 2r) values per token and width (inputs of each matrix, norms,
   // GELU) plus the attention probabilities (h x t x t per sequence, before
   // and after the softmax, which runs in fp32 in both precisions). The 7 is
   // measured: the GPT's live bytes per block and micro-batch under GPipe
-  // (bench/memory_planner.py).
-  return Clamp1(micro_batch_size) * t * ((7 + 2 * r) * w * value_bytes + 2 * h * t * kFp32);
+  // (bench/memory_planner.py). Under tensor parallelism 4 of the widths stay
+  // whole on each rank (the two norms' outputs, which the column-parallel
+  // layers keep, and their inputs); the rest, and the heads' probabilities,
+  // split. With sequence parallelism the norms' inputs split along the
+  // sequence, and the layers keep the all-gathered outputs whole. Measured
+  // at tp = 2: 5837 and 5427 bytes per token against 5888 and 5376 predicted
+  // (bench/memory_planner.py --tp).
+  const double whole = sequence_parallel && n > 1 ? 2 : 4;
+  const double widths = whole + (7 + 2 * r - whole) / n;
+  return Clamp1(micro_batch_size) * t * (widths * w * value_bytes + 2 * h * t * kFp32 / n);
 }
 
 std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
@@ -181,7 +192,15 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
   const double t = Clamp1(shape->context_length), w = Clamp1(shape->width);
   const double vocab = Clamp1(static_cast<double>(shape->vocab_size));
   const int64_t layers = std::max<int64_t>(1, shape->num_layers);
-  const double block_act = BlockActivationBytes(*shape, b, value_bytes);
+  // One rank of a tensor-parallel model group: the vocabulary split (padded
+  // to a multiple of tp), and under sequence parallelism the residual
+  // stream, the stage's messages and the embedding's output split along the
+  // sequence.
+  const int tp = std::max(1, par.tp());
+  const bool sp = tp > 1 && par.sequence_parallel();
+  const double vocab_rank = std::ceil(vocab / tp);
+  const double stream = b * t * w * value_bytes / (sp ? tp : 1);
+  const double block_act = BlockActivationBytes(*shape, b, value_bytes, tp, sp);
   const int64_t interval = par.activation_checkpointing().interval();
   const double checkpointed_share =
       interval > 0 ? std::min<double>(layers, CheckpointableLayerCount(config)) / layers : 0;
@@ -192,7 +211,7 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
   for (int s = 0; s < n; ++s) {
     StageMemory& m = in.stages[s];
     const double stage_layers = layers / n + (s < layers % n ? 1 : 0);
-    m.parameter_bytes = stage_layers * BlockParameters(*shape) * kFp32;
+    m.parameter_bytes = stage_layers * BlockParameters(*shape, tp) * kFp32;
     const double recomputed = stage_layers * checkpointed_share;
     m.activation_bytes = (stage_layers - recomputed) * block_act;
     double full = stage_layers * block_act;  // every activation, none recomputed
@@ -208,25 +227,26 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
       // block's activations (bench/memory_planner.py, --v=1's action lines).
       // Without checkpointing that gradient is inside the calibrated 7.
       const double ranges = std::ceil(recomputed / interval);
-      m.activation_bytes += (ranges + (s + 1 < n ? 1 : 0) - 1) * b * t * w * value_bytes;
+      m.activation_bytes += (ranges + (s + 1 < n ? 1 : 0) - 1) * stream;
       m.recompute_bytes = std::min<double>(interval, std::ceil(recomputed)) * block_act +
-                          Clamp1(shape->mlp_ratio) * b * t * w * value_bytes;
+                          Clamp1(shape->mlp_ratio) * b * t * w * value_bytes / tp;
     }
     if (s == 0) {
-      m.parameter_bytes += (vocab + t) * w * kFp32;  // token and position embeddings
-      m.activation_bytes += b * t * w * value_bytes;
-      full += b * t * w * value_bytes;
+      m.parameter_bytes += (vocab_rank + t) * w * kFp32;  // token and position embeddings
+      m.activation_bytes += stream;
+      full += stream;
     }
     if (s == n - 1) {
       // The final norm and the head: a copy of the tied embedding when it
       // is on another virtual stage, or a matrix of its own.
       const bool own_head = !shape->tied_embeddings || n > 1;
-      m.parameter_bytes += (2 * w + (own_head ? vocab * w : 0)) * kFp32;
-      // fp32 logits and their log-softmax, kept for the loss's backward.
-      m.activation_bytes += 2 * b * t * vocab * kFp32;
-      full += 2 * b * t * vocab * kFp32;
+      m.parameter_bytes += (2 * w + (own_head ? vocab_rank * w : 0)) * kFp32;
+      // fp32 logits and their log-softmax, kept for the loss's backward
+      // (this rank's vocabulary slice under tensor parallelism).
+      m.activation_bytes += 2 * b * t * vocab_rank * kFp32;
+      full += 2 * b * t * vocab_rank * kFp32;
     } else {
-      m.boundary_bytes = b * t * w * value_bytes;
+      m.boundary_bytes = stream;
     }
     // The first stage has no input gradients to compute: its I leaves the
     // whole backward, and F's activations, to W.

@@ -2,14 +2,13 @@
 // per-rank cap `parallelism.memory_cap_mib`.
 //
 // The prediction is pipeline/schedule/memory_plan.h's planner fed with the
-// config's model shape (models/registry.h TransformerShape): per virtual
-// stage its parameters (blocks spread evenly over the p x v virtual stages,
-// the embedding on the first, the head and its logits on the last),
-// one micro-batch's activations kept for the backward (fewer with activation
-// checkpointing on the layers checkpointable_types matches), the boundary
-// message, and under precision "bf16" the fp32 master weights and bf16
-// activations. The schedule's own action lists decide how many micro-batches
-// each rank holds.
+// config's model shape (models/registry.h TransformerShape), for one rank of
+// a tensor-parallel model group: per virtual stage its parameters (blocks spread evenly over the p
+// x v virtual stages, the embedding on the first, the head and its logits on the last), one
+// micro-batch's activations kept for the backward (fewer with activation checkpointing on the
+// layers checkpointable_types matches), the boundary message, and under precision "bf16" the fp32
+// master weights and bf16 activations. The schedule's own action lists decide how many
+// micro-batches each rank holds.
 //
 //   PP_RETURN_IF_ERROR(pp::CheckMemoryCap(config));  // before launch
 //   auto plan = pp::PlanRunMemory(config, schedule);  // predicted per rank
@@ -36,11 +35,18 @@ std::optional<TransformerShape> TransformerShapeOf(const driver::ExperimentConfi
 // not compile, which config validation reports).
 double CheckpointableLayerCount(const driver::ExperimentConfig& config);
 
-// One transformer block's parameters, and the bytes it keeps per micro-batch
-// for its backward with activations of `value_bytes` (4 fp32, 2 bf16).
-double BlockParameters(const TransformerShape& shape);
+// One transformer block's parameters on one of `tp` tensor-parallel ranks
+// (its matrices and column-parallel biases split, norms and row-parallel
+// biases whole), and the bytes it keeps per micro-batch for its backward with
+// activations of `value_bytes` (4 fp32, 2 bf16): with tp > 1 the attention
+// heads and the MLP's hidden layer are split, the norms' outputs (the
+// column-parallel layers' inputs) and the residual stream whole on every
+// rank, the residual stream split along the sequence too under
+// `sequence_parallel` (the column-parallel layers keep the all-gathered
+// inputs). Measured at tp = 2 (bench/memory_planner.py --tp).
+double BlockParameters(const TransformerShape& shape, int tp = 1);
 double BlockActivationBytes(const TransformerShape& shape, double micro_batch_size,
-                            double value_bytes);
+                            double value_bytes, int tp = 1, bool sequence_parallel = false);
 
 // The schedule a run's memory is planned for: the config's ("auto": its
 // measurement schedule). ResourceExhausted when it has too many actions to
@@ -57,8 +63,9 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const driver::ExperimentConfig&
                                                  int num_virtual_stages);
 
 // The predicted peak per pipeline rank of `config` trained with `schedule`
-// (one data-parallel replica; every replica is the same). nullopt for a model
-// without a transformer shape.
+// (one data-parallel replica and one tensor-parallel rank; every replica,
+// and every rank of a model group, is the same). nullopt for a model without
+// a transformer shape.
 absl::StatusOr<std::optional<MemoryPlan>> PlanRunMemory(const driver::ExperimentConfig& config,
                                                         const Schedule& schedule);
 

@@ -74,6 +74,37 @@ TEST(MemoryBudgetTest, StagesHoldTheirBlocksEmbeddingAndHead) {
   EXPECT_FALSE(in->options.fp32_master_weights);
 }
 
+// tp = 2: each rank holds half of every block's matrices and
+// column-parallel biases, the norms and row-parallel biases whole, half of
+// the vocabulary (embedding, head, logits); 4 of a block's 15 activation
+// widths whole and the attention probabilities halved; with sequence
+// parallelism 2 widths whole, and the messages and the embedding's output
+// half as long.
+TEST(MemoryBudgetTest, TensorParallelRanksHoldTheirShare) {
+  ExperimentConfig tp2 = SmallGpt();
+  tp2.mutable_parallelism()->set_tp(2);
+  std::optional<RunMemoryInputs> in = RunMemoryInputsOf(tp2, 2);
+  ASSERT_TRUE(in.has_value());
+  const double block_params = (12 * 128 * 128 + 7 * 128) / 2.0 + 6 * 128;
+  EXPECT_DOUBLE_EQ(BlockParameters(TransformerShape{64, 128, 4, 4, 4, 260, true}, 2), block_params);
+  EXPECT_DOUBLE_EQ(in->stages[0].parameter_bytes, (2 * block_params + (130 + 64) * 128) * 4);
+  EXPECT_DOUBLE_EQ(in->stages[1].parameter_bytes, (2 * block_params + 256 + 130 * 128) * 4);
+  const double block = 8 * 64 * ((4 + 11 / 2.0) * 128 * 4 + 2 * 4 * 64 * 4 / 2.0);
+  EXPECT_DOUBLE_EQ(in->stages[0].activation_bytes, 2 * block + 8 * 64 * 128 * 4);
+  EXPECT_DOUBLE_EQ(in->stages[1].activation_bytes, 2 * block + 2 * 8 * 64 * 130 * 4);
+  EXPECT_DOUBLE_EQ(in->stages[0].boundary_bytes, 8 * 64 * 128 * 4);
+
+  tp2.mutable_parallelism()->set_sequence_parallel(true);
+  std::optional<RunMemoryInputs> sp = RunMemoryInputsOf(tp2, 2);
+  ASSERT_TRUE(sp.has_value());
+  const double sp_block = 8 * 64 * ((2 + 13 / 2.0) * 128 * 4 + 2 * 4 * 64 * 4 / 2.0);
+  EXPECT_DOUBLE_EQ(sp->stages[0].activation_bytes, 2 * sp_block + 8 * 64 * 128 * 4 / 2.0);
+  EXPECT_DOUBLE_EQ(sp->stages[0].boundary_bytes, 8 * 64 * 128 * 4 / 2.0);
+  EXPECT_DOUBLE_EQ(sp->stages[0].parameter_bytes, in->stages[0].parameter_bytes);
+  // tp = 1 is the formula above it.
+  EXPECT_DOUBLE_EQ(BlockParameters(TransformerShape{64, 128, 4, 4, 4, 260, true}), 198272);
+}
+
 TEST(MemoryBudgetTest, Bf16HalvesActivationsAndAddsMasters) {
   ExperimentConfig bf16 = SmallGpt();
   bf16.set_precision("bf16");

@@ -351,12 +351,8 @@ absl::StatusOr<std::string> RunObservability::Finish(const Trainer& trainer) {
         predicted = absl::StrFormat("   simulator: peak activations %g micro-batch x stage",
                                     sim->peak_memory[stage]);
       }
-      if (config_.parallelism().tp() > 1) {
-        // The planner prices a whole stage; a tensor-parallel rank holds
-        // part of it (docs/tensor_parallelism.md, "Not yet").
-        predicted += "   planner: does not model tp > 1 yet";
-      } else if (plan.ok() && plan->has_value() && stage >= 0 &&
-                 stage < static_cast<int>((*plan)->ranks.size())) {
+      if (plan.ok() && plan->has_value() && stage >= 0 &&
+          stage < static_cast<int>((*plan)->ranks.size())) {
         const double bytes = (*plan)->ranks[stage].peak_bytes;
         rank["planner_peak_bytes"] = static_cast<int64_t>(bytes);
         absl::StrAppendFormat(&predicted, "   planner: peak %s (%+.0f%%)",

@@ -78,7 +78,9 @@ config field 'steps' is given twice, by --set=steps=2 and by --steps=4|--steps=4
 gpt.num_heads (4) must be a multiple of parallelism.tp (3)|--tp=3
 parallelism.tp (0) must be at least 1|--tp=0
 parallelism.pp (2) x parallelism.dp (1) x parallelism.tp (2) = 4 ranks, but 2 were started|--tp=2 --nproc_per_node=2
-parallelism.schedule 'auto' does not model tensor parallelism yet|--tp=2 --schedule=auto
+parallelism.memory_cap_mib=12: pipeline rank 0 is predicted to peak at|--tp=2 --set=parallelism.memory_cap_mib=12
+parallelism.auto_costs ('F:1,I:1,W:1') is for parallelism.schedule 'auto'|--auto_costs=F:1,I:1,W:1
+parallelism.auto_costs 'F:0,B:2' needs F > 0 and B > 0|--schedule=auto --auto_costs=F:0,B:2
 parallelism.sequence_parallel needs parallelism.tp > 1|--sequence_parallel=true
 parallelism.ddp_bucket_size (-5) must be >= 1|--distributed_optimizer=true --set=parallelism.ddp_bucket_size=-5
 data.packing 'packed' is unknown; valid: none, documents, padded|--set=data.packing=packed
