@@ -231,7 +231,7 @@ TEST(ExperimentConfigTest, TensorParallelRunsAreCheckedBeforeLaunch) {
   EXPECT_HAS(e,
              "parallelism.tp (2) > 1, but model 'test_blocks' does not support tensor "
              "parallelism");
-  EXPECT_HAS(e, "a model that does: gpt");
+  EXPECT_HAS(e, "a model that does: bert, gpt");
 }
 
 TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
@@ -472,6 +472,17 @@ TEST(ExperimentConfigTest, WhatFailedOnlyInTheWorkersIsRefusedBeforeLaunch) {
   ResolveDefaults(bert);
   ASSERT_TRUE(ApplyOverride(bert, "bert.context_length=7").ok());
   EXPECT_HAS(Error(bert), "bert.context_length (7) must be at least 8");
+
+  // BERT splits over tp (heads and MLP hidden must divide), without
+  // sequence parallelism.
+  ASSERT_TRUE(ApplyOverride(bert, "bert.context_length=16").ok());
+  bert.mutable_parallelism()->set_tp(2);
+  EXPECT_TRUE(ValidateExperimentConfig(bert, 4).ok()) << ValidateExperimentConfig(bert, 4);
+  bert.mutable_parallelism()->set_tp(3);
+  EXPECT_HAS(Error(bert, 6), "must be a multiple of parallelism.tp (3)");
+  bert.mutable_parallelism()->set_tp(2);
+  bert.mutable_parallelism()->set_sequence_parallel(true);
+  EXPECT_HAS(Error(bert, 4), "bert does not support sequence parallelism yet");
 }
 
 // Every numeric field has a checked range, named in the error: values that

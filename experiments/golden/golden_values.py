@@ -78,7 +78,7 @@ LLAMA_SET = ("llama.width=32,llama.num_layers=4,llama.num_heads=4,llama.num_kv_h
 # schedule once; pp 1, 2 and 4; dp 2 with and without the distributed
 # optimizer; chunks 2 under every interleaved and V schedule; activation
 # checkpointing; bf16 on each model; tp 2 with sequence parallelism (GPT)
-# and without (LLaMA); auto on fixed costs; GPT's tied and LLaMA's untied
+# and without (LLaMA, BERT); auto on fixed costs; GPT's tied and LLaMA's untied
 # and tied heads; BERT's padding mask and masked-LM loss.
 CASES = [
     # name, binary, flags
@@ -100,6 +100,7 @@ CASES = [
     ("gpt_pp2_dp2_distributed_optimizer", "train_gpt",
      ["--dp=2", "--distributed_optimizer=true", "--set_extra=parallelism.ddp_bucket_size=4000"]),
     ("bert_pp2_1f1b", "train_bert", []),
+    ("bert_pp2_tp2", "train_bert", ["--tp=2"]),
     ("bert_pp2_zbv_bf16_checkpointing", "train_bert",
      ["--schedule=zbv", "--chunks=2", "--precision=bf16", "--ckpt_interval=1"]),
     ("llama_pp2_1f1b_untied", "train_llama", []),

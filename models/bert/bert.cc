@@ -24,18 +24,51 @@ absl::Status ValidateBertConfig(const BertConfig& c) {
                                    c.width, c.num_heads, c.dropout);
 }
 
-BertEmbeddingImpl::BertEmbeddingImpl(const BertConfig& config) : LayerImpl("BertEmbedding") {
-  word_embed = register_module("word_embed", torch::nn::Embedding(config.vocab_size, config.width));
-  pos_embed =
-      register_module("pos_embed", torch::nn::Embedding(config.context_length, config.width));
-  type_embed =
-      register_module("type_embed", torch::nn::Embedding(config.type_vocab_size, config.width));
+absl::Status ValidateBertParallelism(const BertConfig& config, int64_t tp, bool sequence_parallel) {
+  if (sequence_parallel) {
+    return absl::InvalidArgumentError(
+        "parallelism.sequence_parallel: bert does not support sequence parallelism yet (its "
+        "post-LayerNorm blocks and MLM transform keep the whole sequence); use it with gpt or "
+        "llama, or set it to false");
+  }
+  return ValidateTransformerParallelism("bert", tp, sequence_parallel, config.num_heads,
+                                        config.mlp_ratio * config.width, config.context_length);
+}
+
+namespace {
+
+void CheckParallelism(const BertConfig& config, const ModelParallelGroup& group) {
+  const absl::Status status = ValidateBertParallelism(config, group.size, group.sequence_parallel);
+  TORCH_CHECK(status.ok(), status.message());
+}
+
+}  // namespace
+
+BertEmbeddingImpl::BertEmbeddingImpl(const BertConfig& config, const ModelParallelGroup& group)
+    : LayerImpl("BertEmbedding"), group_(group) {
+  CheckParallelism(config, group);
+  // The dense word table drawn as the dense model draws it, so that a
+  // tensor-parallel rank's rows are its slice (the same draws in the same
+  // order at every tp); the modules registered in the dense order, which the
+  // gradient norm's sum follows.
+  torch::nn::Embedding table(config.vocab_size, config.width);
+  torch::nn::Embedding pos(config.context_length, config.width);
+  torch::nn::Embedding types(config.type_vocab_size, config.width);
+  {
+    // BERT's N(0, 0.02) initialisation (the word table is also the decoder).
+    torch::NoGradGuard no_grad;
+    for (torch::nn::Embedding* e : {&table, &pos, &types}) (*e)->weight.normal_(0.0, 0.02);
+  }
+  word_embed =
+      register_module("word_embed", tensor_parallel::VocabParallelEmbedding(table->weight, group));
+  pos_embed = register_module("pos_embed", pos);
+  type_embed = register_module("type_embed", types);
   norm_ = register_module("norm", Norm(config.width));
   dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
-  // BERT's N(0, 0.02) initialisation (the word table is also the decoder).
-  torch::NoGradGuard no_grad;
-  for (torch::nn::Embedding* e : {&word_embed, &pos_embed, &type_embed})
-    (*e)->weight.normal_(0.0, 0.02);
+}
+
+torch::Tensor BertEmbeddingImpl::Logits(const torch::Tensor& x) const {
+  return tensor_parallel::VocabParallelLogits(x, word_embed->weight, group_);
 }
 
 Activations BertEmbeddingImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -51,10 +84,14 @@ Activations BertEmbeddingImpl::Forward(const Activations& inputs, const MicroBat
   return {dropout_(norm_(word_embed(ids) + pos_embed(positions) + type_embed(types)))};
 }
 
-EncoderBlockImpl::EncoderBlockImpl(const BertConfig& config) : LayerImpl("EncoderBlock") {
-  attn_ = register_module("attn", SelfAttention(config.width, config.num_heads, config.dropout));
+EncoderBlockImpl::EncoderBlockImpl(const BertConfig& config, const ModelParallelGroup& group)
+    : LayerImpl("EncoderBlock") {
+  CheckParallelism(config, group);
+  attn_ =
+      register_module("attn", SelfAttention(config.width, config.num_heads, config.dropout, group));
   ln1_ = register_module("ln1", Norm(config.width));
-  mlp_ = register_module("mlp", Mlp(config.width, config.mlp_ratio * config.width, config.dropout));
+  mlp_ = register_module("mlp",
+                         Mlp(config.width, config.mlp_ratio * config.width, config.dropout, group));
   ln2_ = register_module("ln2", Norm(config.width));
 }
 
@@ -78,8 +115,15 @@ Activations MlmTransformImpl::Forward(const Activations& inputs, const MicroBatc
   return {norm_(torch::gelu(dense_(inputs[0])))};
 }
 
-MlmBiasImpl::MlmBiasImpl(int64_t vocab_size) : LayerImpl("MlmBias") {
-  bias = register_parameter("bias", torch::zeros({vocab_size}));
+MlmBiasImpl::MlmBiasImpl(int64_t vocab_size, const ModelParallelGroup& group)
+    : LayerImpl("MlmBias"), parallel_(group.is_parallel()) {
+  const tensor_parallel::VocabRange range = tensor_parallel::LocalVocabRange(vocab_size, group);
+  bias = register_parameter("bias", torch::zeros({range.end - range.begin}));
+}
+
+std::map<std::string, tensor_parallel::ShardSpec> MlmBiasImpl::ShardDims() const {
+  if (!parallel_) return {};
+  return {{"bias", tensor_parallel::ShardSpec{0, 1}}};
 }
 
 Activations MlmBiasImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -92,25 +136,34 @@ absl::StatusOr<std::vector<LayerSpec>> MakeBertSpecs(const BertConfig& config) {
   const int64_t w = config.width;
   const int64_t embed_params =
       (config.vocab_size + config.context_length + config.type_vocab_size) * w + 2 * w;
-  LayerFactory embed = [config](const LayerContext&) {
-    return std::make_shared<BertEmbeddingImpl>(config);
+  LayerFactory embed = [config](const LayerContext& ctx) {
+    return std::make_shared<BertEmbeddingImpl>(config, ctx.model_parallel);
   };
   std::vector<LayerSpec> specs;
   specs.push_back(
       TiedLayerSpec("embed", embed).WithName("BertEmbedding").WithParameterCount(embed_params));
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    specs.push_back(LayerSpec("EncoderBlock", [config](const LayerContext&) {
-                      return std::make_shared<EncoderBlockImpl>(config);
+    specs.push_back(LayerSpec("EncoderBlock", [config](const LayerContext& ctx) {
+                      return std::make_shared<EncoderBlockImpl>(config, ctx.model_parallel);
                     }).WithParameterCount(TransformerBlockParameterCount(w, config.mlp_ratio * w)));
   }
   specs.push_back(LayerSpec("MlmTransform", [config](const LayerContext&) {
                     return std::make_shared<MlmTransformImpl>(config);
                   }).WithParameterCount(w * w + w + 2 * w));
-  specs.push_back(TiedLayerSpec("embed", embed, TiedProjection("word_embed.weight"))
+  // x @ word_embedding^T through the embedding's Logits: under tensor
+  // parallelism this rank's vocabulary columns, the input's gradient summed
+  // over the group.
+  TiedForwardFn decoder = [](LayerImpl& shared, const Activations& inputs, const MicroBatch&) {
+    const auto& embedding = dynamic_cast<const BertEmbeddingImpl&>(shared);
+    Activations out;
+    for (const torch::Tensor& x : inputs) out.push_back(embedding.Logits(x));
+    return out;
+  };
+  specs.push_back(TiedLayerSpec("embed", embed, decoder)
                       .WithName("MlmDecoder")
                       .WithParameterCount(config.vocab_size * w));
-  specs.push_back(LayerSpec("MlmBias", [v = config.vocab_size](const LayerContext&) {
-                    return std::make_shared<MlmBiasImpl>(v);
+  specs.push_back(LayerSpec("MlmBias", [v = config.vocab_size](const LayerContext& ctx) {
+                    return std::make_shared<MlmBiasImpl>(v, ctx.model_parallel);
                   }).WithParameterCount(config.vocab_size));
   return specs;
 }
@@ -124,6 +177,21 @@ torch::Tensor BertMlmLoss(const Activations& outputs, const MicroBatch& batch) {
   return torch::nn::functional::cross_entropy(
       logits.reshape({-1, logits.size(2)}), labels.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+torch::Tensor BertParallelLoss(const Activations& outputs, const MicroBatch& batch,
+                               int64_t vocab_size, const ModelParallelGroup& group) {
+  TORCH_CHECK(outputs.size() == 1, "BertParallelLoss expects one output (logits), got ",
+              outputs.size());
+  const torch::Tensor& logits = outputs[0];
+  const torch::Tensor& labels = batch.Get("labels");
+  TORCH_CHECK(logits.dim() == 3 && labels.sizes() == logits.sizes().slice(0, 2),
+              "BertParallelLoss: logits ", logits.sizes(), " do not match labels ", labels.sizes());
+  // Per token, 0 where the label is ignored; the mean over the masked
+  // positions as cross_entropy's (NaN when there are none, as there).
+  const torch::Tensor per_token = tensor_parallel::VocabParallelCrossEntropy(
+      logits, labels, vocab_size, group, /*ignore_index=*/-100);
+  return per_token.sum() / labels.ne(-100).sum().to(per_token.scalar_type());
 }
 
 }  // namespace pp

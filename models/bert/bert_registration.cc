@@ -44,6 +44,7 @@ absl::Status ValidateBert(const BertModelConfig& c, const ModelRun& run) {
   PP_RETURN_IF_ERROR(CheckRealField("bert.dropout", c.dropout(), '[', 0, 1, ')'));
   PP_RETURN_IF_ERROR(CheckRealField("bert.mask_prob", c.mask_prob(), '(', 0, 1, ']'));
   PP_RETURN_IF_ERROR(ValidateBertConfig(ToBertConfig(c)));
+  PP_RETURN_IF_ERROR(ValidateBertParallelism(ToBertConfig(c), run.tp, run.sequence_parallel));
   // A block per model part (the embedding and the head ride along).
   const int64_t parts = run.pp * run.chunks;
   if (parts <= c.num_layers()) return absl::OkStatus();
@@ -93,6 +94,14 @@ PP_REGISTER_MODEL(BertModelConfig, bert,
                       .specs =
                           [](const BertModelConfig& c) { return MakeBertSpecs(ToBertConfig(c)); },
                       .loss = BertMlmLoss,
+                      // Tensor parallelism: the decoder's logits are split by
+                      // vocabulary; the loss never gathers them.
+                      .tensor_parallel_loss = [](const BertModelConfig&,
+                                                 const ModelParallelGroup& group) -> LossFn {
+                        return [group](const Activations& outputs, const MicroBatch& batch) {
+                          return BertParallelLoss(outputs, batch, ByteTokenizer::kVocabSize, group);
+                        };
+                      },
                       .data = BertData,
                       .transformer_shape =
                           [](const BertModelConfig& c) {

@@ -70,6 +70,29 @@ void UseGpt(RunConfig& c) {
   c.partition_method = "type:TransformerBlock";
 }
 
+// BertParallelLoss over TinyBert's vocabulary, for RunConfig::parallel_loss.
+LossFn TinyBertParallelLoss(const ModelParallelGroup& group) {
+  return
+      [vocab = TinyBert().vocab_size, group](const Activations& outputs, const MicroBatch& batch) {
+        return BertParallelLoss(outputs, batch, vocab, group);
+      };
+}
+
+// The planted bugs in the communication functions (a missing all-reduce, a
+// wrong slice) each make `c`'s pipeline differ from `sequential`.
+void ExpectPlantedFaultsDetected(const RunConfig& c, const RunResult& sequential) {
+  namespace tp_internal = tensor_parallel::internal;
+  for (tp_internal::PlantedFault fault :
+       {tp_internal::PlantedFault::kSkipAllReduce, tp_internal::PlantedFault::kWrongSlice}) {
+    const tp_internal::PlantedFault previous = tp_internal::PlantFault(fault);
+    absl::StatusOr<RunResult> broken = TrainPipeline(c);
+    tp_internal::PlantFault(previous);
+    if (broken.ok()) {
+      EXPECT_NE(CompareResults(sequential, *broken, kRtol), "") << static_cast<int>(fault);
+    }
+  }
+}
+
 void UseBert(RunConfig& c) {
   c.specs = [] { return *MakeBertSpecs(TinyBert()); };
   c.loss = BertMlmLoss;
@@ -145,14 +168,21 @@ std::vector<Case> AllCases() {
   // With sequence parallelism (norms, dropout-free residuals and the p2p
   // activations on sequence shards): 1F1B at pp 2 with activation
   // checkpointing of every block, interleaved 1F1B at pp 2 x dp 2.
+  // BERT at tp = 2 (heads, MLP, the padded vocabulary of the tied decoder
+  // and the MLM bias split; no sequence parallelism): 1F1B at pp 2 with
+  // every block checkpointed, zbv (split backward, V placement) at pp 2 x
+  // dp 2.
   struct TpCase {
     std::string schedule;
     int dp;
     bool sequence_parallel;
     int ckpt_interval;
+    std::string model = "gpt";
   };
-  for (const TpCase& tc : {TpCase{"1f1b", 1, false, 0}, TpCase{"interleaved_1f1b", 2, false, 0},
-                           TpCase{"1f1b", 1, true, 1}, TpCase{"interleaved_1f1b", 2, true, 0}}) {
+  for (const TpCase& tc :
+       {TpCase{"1f1b", 1, false, 0}, TpCase{"interleaved_1f1b", 2, false, 0},
+        TpCase{"1f1b", 1, true, 1}, TpCase{"interleaved_1f1b", 2, true, 0},
+        TpCase{"1f1b", 1, false, 1, "bert"}, TpCase{"zbv", 2, false, 0, "bert"}}) {
     const std::string& schedule = tc.schedule;
     const int dp = tc.dp;
     RunConfig c;
@@ -164,7 +194,7 @@ std::vector<Case> AllCases() {
     if (tc.ckpt_interval > 0) {
       ActivationCheckpointPolicy policy;
       policy.interval = tc.ckpt_interval;
-      policy.checkpointable_types = "TransformerBlock";
+      policy.checkpointable_types = tc.model == "gpt" ? "TransformerBlock" : "EncoderBlock";
       absl::StatusOr<LayerRunner> runner = MakeCheckpointingRunner(policy);
       EXPECT_TRUE(runner.ok()) << runner.status();
       if (runner.ok()) c.layer_runner = *runner;
@@ -175,10 +205,15 @@ std::vector<Case> AllCases() {
     c.optimizer.name = "sgd";
     c.optimizer.lr = 0.1;
     c.optimizer.momentum = 0.9;
-    UseGpt(c);
-    c.parallel_loss = TinyGptParallelLoss;
+    if (tc.model == "gpt") {
+      UseGpt(c);
+      c.parallel_loss = TinyGptParallelLoss;
+    } else {
+      UseBert(c);
+      c.parallel_loss = TinyBertParallelLoss;
+    }
     std::string name =
-        absl::StrCat("gpt_tp2_", schedule, "_pp2_dp", dp, "_v", c.chunks,
+        absl::StrCat(tc.model, "_tp2_", schedule, "_pp2_dp", dp, "_v", c.chunks,
                      tc.sequence_parallel ? "_sp" : "", tc.ckpt_interval > 0 ? "_ckpt" : "");
     for (char& ch : name) {
       if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
@@ -214,16 +249,29 @@ TEST(SequenceParallelTest, EachTensorParallelRankSendsItsSliceOnce) {
   absl::StatusOr<RunResult> sequential = TrainSequential(c);
   ASSERT_TRUE(sequential.ok()) << sequential.status();
   EXPECT_EQ(CompareResults(*sequential, *sliced, kRtol), "");
-  namespace tp_internal = tensor_parallel::internal;
-  for (tp_internal::PlantedFault fault :
-       {tp_internal::PlantedFault::kSkipAllReduce, tp_internal::PlantedFault::kWrongSlice}) {
-    const tp_internal::PlantedFault previous = tp_internal::PlantFault(fault);
-    absl::StatusOr<RunResult> broken = TrainPipeline(c);
-    tp_internal::PlantFault(previous);
-    if (broken.ok()) {
-      EXPECT_NE(CompareResults(*sequential, *broken, kRtol), "") << static_cast<int>(fault);
-    }
-  }
+  ExpectPlantedFaultsDetected(c, *sequential);
+}
+
+// BERT at tp = 2 has teeth too: a missing all-reduce (the decoder's input
+// gradient, the row-parallel outputs, the cross-entropy's max and sum) or a
+// wrong slice (its vocabulary rows, the MLM bias) is caught.
+TEST(BertTensorParallelTest, PlantedFaultsAreDetected) {
+  RunConfig c;
+  c.pp = 2;
+  c.tp = 2;
+  c.steps = 2;
+  c.microbatches = 4;
+  c.optimizer.name = "sgd";
+  c.optimizer.lr = 0.1;
+  c.optimizer.momentum = 0.9;
+  UseBert(c);
+  c.parallel_loss = TinyBertParallelLoss;
+  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  absl::StatusOr<RunResult> parallel = TrainPipeline(c);
+  ASSERT_TRUE(parallel.ok()) << parallel.status();
+  EXPECT_EQ(CompareResults(*sequential, *parallel, kRtol), "");
+  ExpectPlantedFaultsDetected(c, *sequential);
 }
 
 class ModelEquivalenceTest : public ::testing::TestWithParam<Case> {};
