@@ -17,7 +17,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -39,6 +41,7 @@
 #include "topology/blas_kernel.h"
 #include "topology/launcher_status.h"
 #include "topology/rendezvous.h"
+#include "topology/restart_rounds.h"
 
 extern char** environ;
 
@@ -68,6 +71,10 @@ ABSL_FLAG(int, max_restarts, 0,
 ABSL_FLAG(absl::Duration, restart_delay, absl::Seconds(1),
           "Launcher: wait between stopping a failed attempt's workers and starting them again "
           "(--max_restarts).");
+ABSL_FLAG(absl::Duration, restart_join_timeout, absl::Minutes(5),
+          "Launcher, --max_restarts with --nnodes > 1: how long each node's launcher waits for "
+          "the others to join a restart round or report its end; a node missing then ends the "
+          "run, named (torchrun's rendezvous join_timeout).");
 ABSL_FLAG(int, intra_op_threads, 0,
           "Launcher: intra-op (at::set_num_threads) threads per worker; 0: PP_INTRA_OP_THREADS, "
           "else OMP_NUM_THREADS, else 1.");
@@ -255,12 +262,18 @@ absl::Status Validate(const LaunchOptions& o) {
         absl::StrCat("--restart_delay=", absl::FormatDuration(o.restart_delay), " must be >= 0"));
   }
   if (o.max_restarts > 0 && o.nnodes > 1) {
-    // Each node's launcher would restart on its own, and a fast node's new
-    // workers could join the old store of a slow one.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_restarts=", o.max_restarts, " with --nnodes=", o.nnodes,
-        " is not supported yet: the nodes' launchers do not agree on a restart through the "
-        "store; use --max_restarts=0 with several nodes"));
+    // The launchers agree on every restart through a store of their own on
+    // the next port (restart_rounds.h).
+    if (o.master_port + 1 > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--master_port=", o.master_port,
+          " with --max_restarts and --nnodes > 1: the "
+          "launchers' restart store takes --master_port + 1, which must be a port (<= 65535)"));
+    }
+    if (o.restart_join_timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--restart_join_timeout=", absl::FormatDuration(o.restart_join_timeout), " must be > 0"));
+    }
   }
   {
     // Every worker would wait for the store there until its timeout (minutes)
@@ -497,16 +510,31 @@ int WaitForSignal(absl::Duration delay) {
 // SIGKILL after the grace period), and ends when every worker has exited.
 class Supervisor {
  public:
-  Supervisor(const LaunchOptions& options, std::vector<Worker>& workers)
-      : options_(options), workers_(workers) {}
+  // `other_node_failure`, when given (several nodes with restarts), says
+  // whether another node's attempt failed; this node then stops its workers.
+  using OtherNodeFailure = std::function<std::optional<std::string>()>;
+  Supervisor(const LaunchOptions& options, std::vector<Worker>& workers,
+             OtherNodeFailure other_node_failure = nullptr)
+      : options_(options), workers_(workers), other_node_failure_(std::move(other_node_failure)) {}
 
   // The launcher's exit status: 0, or the first failure's (with Say()).
   int Run(const absl::Status& spawn_error) {
     if (!spawn_error.ok()) BeginStop(spawn_error.ToString(), 1);
     Clock::time_point all_exited_at{};
+    Clock::time_point next_look{};
     while (true) {
       PollOnce();
       ReapExited();
+      if (other_node_failure_ && !stopping_ && Clock::now() >= next_look) {
+        next_look = Clock::now() + std::chrono::milliseconds(200);
+        if (std::optional<std::string> cause = other_node_failure_(); cause.has_value()) {
+          Say(absl::StrCat("another node's attempt failed (", *cause,
+                           "); stopping this node's workers"));
+          BeginStop(*cause, 1);
+          worker_failed_ = true;
+          stopped_for_other_node_ = true;
+        }
+      }
       const bool any_running = AnyRunning();
       if (stopping_ && !killed_ && any_running && Clock::now() >= kill_at_) {
         Say(absl::StrCat("workers still running ", absl::FormatDuration(options_.grace_period),
@@ -529,6 +557,8 @@ class Supervisor {
   // Whether a worker's failure stopped the attempt (not a signal to the
   // launcher or a worker that could not be started): what a restart is for.
   bool worker_failed() const { return worker_failed_; }
+  // Whether another node's failure stopped this node's workers.
+  bool stopped_for_other_node() const { return stopped_for_other_node_; }
   // The furthest training step any worker reported (-1: none).
   int64_t FurthestStep() const {
     int64_t step = -1;
@@ -657,6 +687,8 @@ class Supervisor {
 
   const LaunchOptions& options_;
   std::vector<Worker>& workers_;
+  OtherNodeFailure other_node_failure_;
+  bool stopped_for_other_node_ = false;
   bool stopping_ = false;
   bool killed_ = false;
   bool worker_failed_ = false;
@@ -721,16 +753,72 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
   }
   WorkerRestart restart{.count = 0, .max_restarts = options.max_restarts, .cause = ""};
   int64_t previous_failed_step = -1;
-  while (true) {
+  // Several nodes with restarts: every node's launcher restarts with the
+  // others, round by round (restart_rounds.h).
+  std::unique_ptr<RestartRounds> rounds;
+  if (options.nnodes > 1 && options.max_restarts > 0) {
+    absl::StatusOr<std::unique_ptr<RestartRounds>> connected =
+        RestartRounds::Connect(options.master_addr, port + 1, options.node_rank, options.nnodes,
+                               options.restart_join_timeout);
+    if (!connected.ok()) {
+      Say(absl::StrCat("FAILED: ", connected.status().message()));
+      return 1;
+    }
+    rounds = *std::move(connected);
+    Say(absl::StrCat("restarts agreed with the other ", options.nnodes - 1,
+                     " node(s) through the launchers' store at ", options.master_addr, ":",
+                     port + 1));
+  }
+  for (int round = 0;; ++round) {
+    if (rounds != nullptr) {
+      if (absl::Status joined = rounds->Join(round); !joined.ok()) {
+        Say(absl::StrCat("FAILED: ", joined.message()));
+        return 1;
+      }
+    }
     std::vector<Worker> workers(options.nproc_per_node);
     const absl::Status spawned =
         SpawnWorkers(options, port, threads, blas_plan, restart, argv, workers);
-    Supervisor supervisor(options, workers);
-    const int result = supervisor.Run(spawned);
+    Supervisor supervisor(
+        options, workers, rounds == nullptr ? Supervisor::OtherNodeFailure() : [&rounds, round] {
+          return rounds->Failure(round);
+        });
+    int result = supervisor.Run(spawned);
+    int64_t failed_step = supervisor.FurthestStep();
+    bool worker_failed = supervisor.worker_failed();
+    std::string cause = supervisor.verdict();
+    if (rounds != nullptr) {
+      // Every node decides from the same facts: each node's outcome.
+      if (result != 0 && worker_failed && !supervisor.stopped_for_other_node()) {
+        rounds->PostFailure(round, supervisor.verdict());
+      }
+      const NodeOutcome mine{.node = options.node_rank,
+                             .ok = result == 0,
+                             .worker_failed = worker_failed,
+                             .stopped_for_other_node = supervisor.stopped_for_other_node(),
+                             .furthest_step = failed_step,
+                             .cause = supervisor.verdict()};
+      absl::StatusOr<std::vector<NodeOutcome>> all = rounds->Finish(round, mine);
+      if (!all.ok()) {
+        Say(absl::StrCat("FAILED: ", all.status().message()));
+        return result != 0 ? result : 1;
+      }
+      bool every_ok = true;
+      worker_failed = true;
+      for (const NodeOutcome& o : *all) {
+        failed_step = std::max(failed_step, o.furthest_step);
+        if (o.ok) continue;
+        every_ok = false;
+        // A node stopped by a signal to its launcher is not restarted.
+        worker_failed = worker_failed && o.worker_failed;
+      }
+      if (every_ok) return 0;
+      cause = RestartRounds::RootCause(*all);
+      if (result == 0) result = 1;
+    }
     if (result == 0) return 0;
-    const int64_t failed_step = supervisor.FurthestStep();
     std::string stop;  // why there is no restart
-    if (!supervisor.worker_failed() || options.max_restarts == 0) {
+    if (!worker_failed || options.max_restarts == 0) {
       stop = "";
     } else if (restart.count >= options.max_restarts) {
       stop = absl::StrCat("no restarts left (", restart.count,
@@ -744,7 +832,7 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
                        ", without progress; not restarting (restarting would fail the same way)");
     } else {
       restart.count += 1;
-      restart.cause = supervisor.verdict();
+      restart.cause = cause;
       previous_failed_step = failed_step;
       Say(absl::StrCat("restart ", restart.count, "/", options.max_restarts, " in ",
                        absl::FormatDuration(options.restart_delay), " after ", restart.cause,
@@ -755,7 +843,7 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
       }
       continue;
     }
-    Say(absl::StrCat("FAILED: ", supervisor.verdict(), stop.empty() ? "" : "; ", stop));
+    Say(absl::StrCat("FAILED: ", cause, stop.empty() ? "" : "; ", stop));
     return result;
   }
 }
@@ -767,6 +855,7 @@ absl::StatusOr<LaunchOptions> LaunchOptionsFromFlags(int experiment_world_size) 
   options.grace_period = absl::GetFlag(FLAGS_launcher_grace_period);
   options.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   options.restart_delay = absl::GetFlag(FLAGS_restart_delay);
+  options.restart_join_timeout = absl::GetFlag(FLAGS_restart_join_timeout);
   options.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
   if (options.nproc_per_node == 0) {
     options.nproc_per_node = 1;

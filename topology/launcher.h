@@ -40,10 +40,16 @@
 // a training driver resumes from its newest checkpoint that verifies. An
 // attempt that fails at the same training step as the one before (the
 // furthest step any worker reported, launcher_status.h) is not restarted.
+// With several nodes every node's launcher restarts with the others, round
+// by round, through a store node 0's launcher hosts on --master_port + 1
+// (topology/restart_rounds.h): a failure on one node stops the workers of
+// all, and a node that does not come back within --restart_join_timeout ends
+// the run, named.
 //
 // Flags (absl, defined here so every experiment has them): --nproc_per_node,
 // --nnodes, --node_rank, --master_addr, --master_port, --launcher_grace_period,
-// --max_restarts, --restart_delay, --intra_op_threads, --blas_threads.
+// --max_restarts, --restart_delay, --restart_join_timeout, --intra_op_threads,
+// --blas_threads.
 //
 // Next: topology/rendezvous.h (what a worker does with the environment).
 #ifndef TOPOLOGY_LAUNCHER_H_
@@ -69,6 +75,7 @@ ABSL_DECLARE_FLAG(std::string, run_id);
 ABSL_DECLARE_FLAG(absl::Duration, launcher_grace_period);
 ABSL_DECLARE_FLAG(int, max_restarts);
 ABSL_DECLARE_FLAG(absl::Duration, restart_delay);
+ABSL_DECLARE_FLAG(absl::Duration, restart_join_timeout);
 ABSL_DECLARE_FLAG(int, intra_op_threads);
 ABSL_DECLARE_FLAG(int, blas_threads);
 
@@ -89,6 +96,9 @@ struct LaunchOptions {
   int max_restarts = 0;
   // Between stopping a failed attempt's workers and starting the next.
   absl::Duration restart_delay = absl::Seconds(1);
+  // Several nodes with restarts: the longest wait for the other nodes'
+  // launchers to join a round or report its end (restart_rounds.h).
+  absl::Duration restart_join_timeout = absl::Minutes(5);
   // Per worker; 0: from the environment, else DefaultWorkerThreads().
   int intra_op_threads = 0;
   int blas_threads = 0;

@@ -1,6 +1,7 @@
 // Runs launcher_test_worker (an experiment binary carrying the launcher) as a
 // real child process and checks what the launcher does with its workers.
 #include "topology/launcher.h"
+#include "topology/restart_rounds.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -461,9 +462,38 @@ TEST(LauncherTest, BadRestartFlagsAreNamed) {
   r = RunLauncher({"--restart_delay=-1s"});
   EXPECT_EQ(ExitCode(r), 2);
   EXPECT_THAT(r.err, HasSubstr("--restart_delay=-1s must be >= 0"));
-  r = RunLauncher({"--nnodes=2", "--node_rank=0", "--master_port=1234", "--max_restarts=1"});
+  // Several nodes agree on restarts through a store on --master_port + 1.
+  r = RunLauncher({"--nnodes=2", "--node_rank=0", "--master_port=65535", "--max_restarts=1"});
   EXPECT_EQ(ExitCode(r), 2);
-  EXPECT_THAT(r.err, HasSubstr("--max_restarts=1 with --nnodes=2 is not supported yet"));
+  EXPECT_THAT(r.err, HasSubstr("the launchers' restart store takes --master_port + 1, which "
+                               "must be a port (<= 65535)"));
+  r = RunLauncher({"--nnodes=2", "--node_rank=0", "--master_port=1234", "--max_restarts=1",
+                   "--restart_join_timeout=0s"});
+  EXPECT_EQ(ExitCode(r), 2);
+  EXPECT_THAT(r.err, HasSubstr("--restart_join_timeout=0 must be > 0"));
+}
+
+// The root cause across nodes, the same on every node: a stopped worker
+// (its peers time out), else a killed one, else the lowest failed node; a
+// node stopped only for another's failure never.
+TEST(RestartRoundsTest, RootCauseIsTheSameOnEveryNode) {
+  std::vector<NodeOutcome> all = {
+      {.node = 0, .ok = false, .worker_failed = true, .cause = "rank 0 exited with status 1"},
+      {.node = 1,
+       .ok = false,
+       .worker_failed = true,
+       .cause = "rank 3 (pid 7) was killed by signal 9 (Killed)"},
+      {.node = 2, .ok = true}};
+  EXPECT_EQ(RestartRounds::RootCause(all),
+            "node 1: rank 3 (pid 7) was killed by signal 9 (Killed)");
+  all[0].cause = "rank 1 (pid 5) was stopped by signal 19 (Stopped) 2.0 s earlier";
+  EXPECT_EQ(RestartRounds::RootCause(all),
+            "node 0: rank 1 (pid 5) was stopped by signal 19 (Stopped) 2.0 s earlier");
+  all[0].stopped_for_other_node = true;
+  EXPECT_EQ(RestartRounds::RootCause(all),
+            "node 1: rank 3 (pid 7) was killed by signal 9 (Killed)");
+  all[1].ok = true;
+  EXPECT_EQ(RestartRounds::RootCause(all), "");
 }
 
 // Issue 29: MASTER_ADDR=999.1.1.1 was reported only after the workers' 120 s
