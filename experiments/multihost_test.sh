@@ -6,7 +6,9 @@
 #   1. its per-step losses equal a one-host run's (metrics.jsonl, every digit);
 #   2. cutting the link mid-run (`ip link set pp0 down` on host A) makes both
 #      launchers exit non-zero within the p2p timeout (+ the launcher's grace
-#      period and slack), each naming the peer it lost by global rank.
+#      period and slack), each naming the peer it lost by global rank;
+#   3. with --max_restarts, a worker killed on host B restarts both hosts
+#      together, and the losses equal an uninterrupted one-host run's.
 # Needs root (CAP_NET_ADMIN) and iproute2. Where network namespaces cannot be
 # made (not root, a container without them) it FAILS saying why: a test that
 # did not run never reports a pass. To leave it out there, say so: run with
@@ -141,4 +143,43 @@ grep -qE 'FAILED: rank 1 \(pipeline stage 1, data-parallel index 0; last action 
   "$TMP/cutB.log" || fail "host B's launcher verdict"
 echo "ok: link down after step 3; hosts exited ${codes[0]} and ${codes[1]} within ${elapsed} s (timeout ${TIMEOUT_S} s, limit ${LIMIT} s)"
 grep -hE 'error|FAILED' "$TMP/cutA.log" "$TMP/cutB.log"
+
+# 3. Restarts across hosts (--max_restarts, topology/restart_rounds.h): host
+#    B's worker killed after the step-5 checkpoint; both launchers restart
+#    together through the store host A's launcher hosts on port + 1, and the
+#    run's losses equal an uninterrupted one-host run's. (A checkpoint dir both
+#    hosts reach, as on shared storage.)
+ip -n "$NS_A" link set pp0 up || fail "link up again after case 2"
+PIDS=()
+RSET="$SET"
+"$BIN" "${COMMON[@]}" --output_dir="$TMP/rone" --steps=12 --save_interval=5 --set="$RSET" \
+  > "$TMP/rone.log" 2>&1 || fail "one-host restart reference exited non-zero"
+node "$NS_A" 0 29502 "$TMP/restartA.log" --output_dir="$TMP/restart" --steps=12 --save_interval=5 \
+  --max_restarts=1 --restart_join_timeout=60s --set="$RSET" &
+PIDS+=($!)
+node "$NS_B" 1 29502 "$TMP/restartB.log" --output_dir="$TMP/restart" --steps=12 --save_interval=5 \
+  --max_restarts=1 --restart_join_timeout=60s --set="$RSET" &
+PIDS+=($!)
+for _ in $(seq 1 600); do
+  grep -q 'step 7/' "$TMP/restartA.log" && break
+  sleep 0.1
+done
+grep -q 'step 7/' "$TMP/restartA.log" || fail "the restart run did not reach step 7"
+victim=""  # the worker of global rank 1 of this run (its store port says which run)
+for p in $(pgrep -f "$(basename "$BIN")"); do
+  env_of=$(tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null)
+  grep -qx "RANK=1" <<< "$env_of" && grep -qx "MASTER_PORT=29502" <<< "$env_of" && victim=$p
+done
+[[ -n $victim ]] || fail "no worker of rank 1 under host B's launcher"
+kill -9 "$victim"
+wait "${PIDS[0]}" || fail "host A exited non-zero after the restart"
+wait "${PIDS[1]}" || fail "host B exited non-zero after the restart"
+for log in restartA restartB; do
+  grep -q "restart 1/1 in 1s after node 1: rank 1 (.*) (pid $victim) was killed by signal 9" "$TMP/$log.log" ||
+    fail "$log: no restart naming node 1's rank 1"
+done
+want=$(losses "$TMP/rone")
+got=$(sed 's/.*"loss":\([^,]*\),.*"step":\([0-9]*\).*/\2 \1/' "$TMP"/restart/mh-*/metrics.jsonl | sort -n | awk '!seen[$1]++ {print $2}')
+[[ $(echo "$want" | wc -l) -eq 12 && "$got" == "$want" ]] || fail "losses after the restart differ: '$got' vs '$want'"
+echo "ok: host B's rank 1 killed after step 7; both hosts restarted together and the 12 losses equal the one-host run's"
 echo PASS

@@ -63,7 +63,8 @@ class RestartRounds {
   std::optional<std::string> Failure(int round);
   // Posts this node's outcome of `round` and returns every node's, by node,
   // once all are there: DeadlineExceeded naming the nodes that did not report
-  // within the timeout.
+  // within the timeout. Node 0 (the store's host) returns only once every
+  // node has read them.
   absl::StatusOr<std::vector<NodeOutcome>> Finish(int round, const NodeOutcome& mine);
 
   // The root cause among `outcomes` that failed, as "node N: <cause>": a
