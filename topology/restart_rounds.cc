@@ -154,12 +154,26 @@ absl::StatusOr<std::vector<NodeOutcome>> RestartRounds::Finish(int round, const 
     return s;
   }
   std::vector<NodeOutcome> all;
+  auto read_key = [round](int n) { return RoundKey(round, absl::StrCat("read/", n)); };
   try {
-    for (int n = 0; n < nnodes_; ++n)
+    for (int n = 0; n < nnodes_; ++n) {
       all.push_back(Decode(n, Text(store_->store->get(outcome_key(n)))));
+    }
+    store_->store->set(read_key(node_rank_), Bytes("1"));
+    store_->store->add(RoundKey(round, "read"), 1);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("node ", node_rank_, ": cannot read restart round ",
                                                round, "'s outcomes: ", e.what()));
+  }
+  // Node 0's launcher hosts the store: it stays until every node has read
+  // the outcomes (a run that ends here would otherwise take the store away
+  // from a node still reading them).
+  if (node_rank_ == 0) {
+    if (absl::Status s =
+            WaitForAll(RoundKey(round, "read"), "read the outcomes of", round, read_key);
+        !s.ok()) {
+      return s;
+    }
   }
   return all;
 }
