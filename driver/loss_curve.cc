@@ -5,27 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/xml_escape.h"
 
 namespace pp {
 namespace {
 
 constexpr double kWidth = 640, kHeight = 400, kLeft = 60, kRight = 20, kTop = 40, kBottom = 50;
-
-std::string Escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '<') {
-      out += "&lt;";
-    } else if (c == '>') {
-      out += "&gt;";
-    } else if (c == '&') {
-      out += "&amp;";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -62,7 +47,7 @@ std::string LossCurveSvg(const std::string& title, const LossPoints& train,
       "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
       static_cast<int>(kWidth), static_cast<int>(kHeight));
   absl::StrAppendFormat(&svg, "<text x=\"%.0f\" y=\"24\" font-size=\"15\">%s</text>\n", kLeft,
-                        Escape(title));
+                        XmlEscape(title));
   // Axes, with the ranges at their ends and a mid grid line.
   absl::StrAppendFormat(&svg,
                         "<path d=\"M%.1f %.1f V%.1f H%.1f\" stroke=\"black\" fill=\"none\"/>\n"

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/xml_escape.h"
 
 namespace pp {
 namespace {
@@ -67,38 +68,6 @@ std::optional<int64_t> AsInteger(const json& v) {
     if (std::floor(d) == d && std::abs(d) < 9e15) return static_cast<int64_t>(d);
   }
   return std::nullopt;
-}
-
-std::string XmlEscape(absl::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      default:
-        // Control characters are not allowed in XML 1.0 text.
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n') {
-          out += ' ';
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
 }
 
 // Pipe's schedule actions have fixed colours (the categories of

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/xml_escape.h"
 
 namespace pp {
 namespace {
@@ -32,26 +33,6 @@ const char* Fill(ActionType type) {
     if (s.type == type) return s.fill;
   }
   return "#9d9d9d";
-}
-
-std::string Escape(absl::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
 }
 
 // A "nice" tick step for an axis of length `span` with about 10 ticks.
@@ -127,7 +108,7 @@ void AppendSvgHeader(const SimulationResult& sim, const SvgOptions& options, con
   absl::StrAppend(
       svg,
       absl::StrFormat("<text x=\"%g\" y=\"22\" font-size=\"15\" font-weight=\"bold\">%s</text>\n",
-                      l.left, Escape(options.title)));
+                      l.left, XmlEscape(options.title)));
   absl::StrAppend(
       svg, absl::StrFormat("<text x=\"%g\" y=\"40\" font-size=\"12\" fill=\"#444\">makespan %g, "
                            "bubble %.1f%%, peak in-flight activations [%s]</text>\n",
@@ -182,7 +163,7 @@ void AppendActionBoxes(const SimulationResult& sim, const SvgLayout& l, int num_
             svg,
             absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"4\" fill=\"#9d9d9d\">"
                             "<title>%s</title></rect>\n",
-                            x, y + l.row_height - 4, w, Escape(e.name)));
+                            x, y + l.row_height - 4, w, XmlEscape(e.name)));
       }
       continue;
     }
@@ -194,8 +175,8 @@ void AppendActionBoxes(const SimulationResult& sim, const SvgLayout& l, int num_
         svg, absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"%s\" "
                              "fill-opacity=\"%g\" stroke=\"white\" stroke-width=\"1\">"
                              "<title>%s [%g, %g)</title></rect>\n",
-                             x, y, w, l.row_height, Fill(a->type), opacity, Escape(e.name), e.start,
-                             e.end));
+                             x, y, w, l.row_height, Fill(a->type), opacity, XmlEscape(e.name),
+                             e.start, e.end));
     std::string label =
         chunks ? absl::StrCat(a->microbatch, ".", chunk) : absl::StrCat(a->microbatch);
     if (w >= 7.0 * label.size()) {
@@ -225,7 +206,7 @@ bool AppendOverlapPairs(const SimulationResult& sim, const SvgLayout& l, std::st
         absl::StrFormat("<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" "
                         "stroke=\"#222\" stroke-width=\"2\"><title>%s</title></rect>\n",
                         l.left + span.first * l.scale, l.RowY(key.first),
-                        (span.second - span.first) * l.scale, l.row_height, Escape(key.second)));
+                        (span.second - span.first) * l.scale, l.row_height, XmlEscape(key.second)));
   }
   return !pairs.empty();
 }
