@@ -276,9 +276,6 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
     // Before the save: a non-finite state is never checkpointed.
     PP_RETURN_IF_ERROR(nonfinite.AfterStep(r, grid, model, trainer.options().executor.p2p.timeout));
     PP_RETURN_IF_ERROR(auto_schedule.AfterStep(step, grid, trainer));
-    PP_ASSIGN_OR_RETURN(std::string saved,
-                        checkpointer.AfterStep(grid, model, trainer, config.steps()));
-    if (!saved.empty() && report.active()) LOG(INFO) << "checkpoint " << saved;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<double> eval_loss;
@@ -295,7 +292,13 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
         static_cast<double>(r.trained_tokens > 0 ? r.trained_tokens : data.tokens_per_step) /
         seconds;
     PP_RETURN_IF_ERROR(report.Step(step, r, tokens_per_s, seconds, eval_loss, memory, progress));
-    // After the step is reported, so the metrics hold every step trained.
+    // Saves after the step is reported, so the metrics hold every step
+    // trained: a failure during a save that still commits (another rank
+    // killed after its files were in) resumes after a step whose loss is
+    // already written.
+    PP_ASSIGN_OR_RETURN(std::string saved,
+                        checkpointer.AfterStep(grid, model, trainer, config.steps()));
+    if (!saved.empty() && report.active()) LOG(INFO) << "checkpoint " << saved;
     if (config.checkpoint().save_on_signal() && !last) {
       const auto& p2p = trainer.options().executor.p2p;
       PP_ASSIGN_OR_RETURN(const bool signalled, AnyRankSignalled(grid, p2p.device, p2p.timeout));
