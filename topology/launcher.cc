@@ -789,7 +789,9 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
     std::string cause = supervisor.verdict();
     if (rounds != nullptr) {
       // Every node decides from the same facts: each node's outcome.
-      if (result != 0 && worker_failed && !supervisor.stopped_for_other_node()) {
+      // Any failure of its own (a worker's, or a signal to this launcher)
+      // stops the other nodes' workers at once, not after their timeouts.
+      if (result != 0 && !supervisor.stopped_for_other_node()) {
         rounds->PostFailure(round, supervisor.verdict());
       }
       const NodeOutcome mine{.node = options.node_rank,
