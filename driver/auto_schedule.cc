@@ -322,23 +322,20 @@ AutoScheduleRun::AutoScheduleRun(bool active, int num_stages, int num_microbatch
 
 absl::Status AutoScheduleRun::Start(Trainer& trainer, int64_t first_step) {
   if (!active_) return absl::OkStatus();
-  const bool rank0 = !run_dir_.empty();
-  if (first_step == 0) {
-    if (!fixed_costs_.has_value()) return absl::OkStatus();
-    return ChooseAndSwitch(*fixed_costs_, "schedule auto: the given costs (parallelism.auto_costs)",
-                           rank0, /*trial=*/false, trainer);
-  }
+  if (first_step > 0 && ResumeSavedSchedule(trainer, first_step)) return absl::OkStatus();
+  // Without given costs the first steps are measured (AfterStep).
+  if (!fixed_costs_.has_value()) return absl::OkStatus();
+  return ChooseAndSwitch(*fixed_costs_, "schedule auto: the given costs (parallelism.auto_costs)",
+                         /*rank0=*/!run_dir_.empty(), /*trial=*/false, trainer);
+}
+
+bool AutoScheduleRun::ResumeSavedSchedule(Trainer& trainer, int64_t first_step) {
   const fs::path saved = fs::path(checkpoint_dir_) / std::string(kAutoScheduleFile);
   std::error_code ec;
   if (!fs::exists(saved, ec)) {
-    if (fixed_costs_.has_value()) {
-      return ChooseAndSwitch(*fixed_costs_,
-                             "schedule auto: the given costs (parallelism.auto_costs)", rank0,
-                             /*trial=*/false, trainer);
-    }
     LOG(WARNING) << "schedule auto: resuming at step " << first_step << " without " << saved
-                 << "; measuring again";
-    return absl::OkStatus();
+                 << "; choosing again";
+    return false;
   }
   absl::StatusOr<Schedule> schedule = LoadCsvScheduleFile(saved.string());
   if (schedule.ok()) {
@@ -351,19 +348,14 @@ absl::Status AutoScheduleRun::Start(Trainer& trainer, int64_t first_step) {
         std::cout << "schedule auto: resumed with the schedule saved in " << saved.string()
                   << std::endl;
       }
-      return absl::OkStatus();
+      return true;
     }
     schedule = replaced;
   }
-  // Another shape (a resharding resume): measure and synthesise anew.
+  // Another shape (a resharding resume): chosen anew.
   LOG(WARNING) << "schedule auto: the saved " << saved << " does not fit this run ("
-               << schedule.status().message() << "); "
-               << (fixed_costs_ ? "synthesising for the given costs" : "measuring again");
-  if (fixed_costs_.has_value()) {
-    return ChooseAndSwitch(*fixed_costs_, "schedule auto: the given costs (parallelism.auto_costs)",
-                           rank0, /*trial=*/false, trainer);
-  }
-  return absl::OkStatus();
+               << schedule.status().message() << "); choosing again";
+  return false;
 }
 
 bool AutoScheduleRun::Measures(int64_t step) const {

@@ -161,6 +161,10 @@ class AutoScheduleRun {
   static constexpr int64_t kTrialSteps = 2;
 
  private:
+  // A resumed run: switches to the schedule saved in the checkpoint dir and
+  // says so; false (with a warning) when there is none or it does not fit
+  // this run's shape.
+  bool ResumeSavedSchedule(Trainer& trainer, int64_t first_step);
   // Synthesises for `costs`, reports the comparison (rank 0, after
   // `what_costs`) and switches to the choice; `trial` puts a switch away
   // from the measurement schedule on trial.

@@ -85,6 +85,14 @@ node() { # node NS NODE_RANK PORT LOG ARGS...
     --master_port="$port" --run_id="mh-$TAG-$port" "$@" > "$log" 2>&1
 }
 losses() { sed 's/.*"loss":\([^,]*\),.*/\1/' "$1"/mh-*/metrics.jsonl; }
+# Waits until LOG ($1) shows step $2 (up to 120 s); false if it never does.
+wait_for_step() {
+  for _ in $(seq 1 600); do
+    grep -q "step $2/" "$1" && return 0
+    sleep 0.2
+  done
+  return 1
+}
 
 # 1. Losses across two hosts equal the one-host run.
 "$BIN" "${COMMON[@]}" --output_dir="$TMP/one" --steps=8 --set="$SET" > "$TMP/one.log" 2>&1 ||
@@ -111,11 +119,7 @@ node "$NS_A" 0 29501 "$TMP/cutA.log" --output_dir="$TMP/cutA" --steps=100000 --s
 PIDS+=($!)
 node "$NS_B" 1 29501 "$TMP/cutB.log" --output_dir="$TMP/cutB" --steps=100000 --set="$SET2" &
 PIDS+=($!)
-for _ in $(seq 1 600); do
-  grep -q 'step 3/' "$TMP/cutA.log" && break
-  sleep 0.2
-done
-grep -q 'step 3/' "$TMP/cutA.log" || fail "the link-cut run did not reach step 3 in 120 s"
+wait_for_step "$TMP/cutA.log" 3 || fail "the link-cut run did not reach step 3 in 120 s"
 ip -n "$NS_A" link set pp0 down || fail "link down"
 cut_at=$(date +%s.%N)
 # Timeout, then the launcher's grace period (5 s) and slack for a loaded machine.
@@ -151,20 +155,15 @@ grep -hE 'error|FAILED' "$TMP/cutA.log" "$TMP/cutB.log"
 #    hosts reach, as on shared storage.)
 ip -n "$NS_A" link set pp0 up || fail "link up again after case 2"
 PIDS=()
-RSET="$SET"
-"$BIN" "${COMMON[@]}" --output_dir="$TMP/rone" --steps=12 --save_interval=5 --set="$RSET" \
+"$BIN" "${COMMON[@]}" --output_dir="$TMP/rone" --steps=12 --save_interval=5 --set="$SET" \
   > "$TMP/rone.log" 2>&1 || fail "one-host restart reference exited non-zero"
 node "$NS_A" 0 29502 "$TMP/restartA.log" --output_dir="$TMP/restart" --steps=12 --save_interval=5 \
-  --max_restarts=1 --restart_join_timeout=60s --set="$RSET" &
+  --max_restarts=1 --restart_join_timeout=60s --set="$SET" &
 PIDS+=($!)
 node "$NS_B" 1 29502 "$TMP/restartB.log" --output_dir="$TMP/restart" --steps=12 --save_interval=5 \
-  --max_restarts=1 --restart_join_timeout=60s --set="$RSET" &
+  --max_restarts=1 --restart_join_timeout=60s --set="$SET" &
 PIDS+=($!)
-for _ in $(seq 1 600); do
-  grep -q 'step 7/' "$TMP/restartA.log" && break
-  sleep 0.1
-done
-grep -q 'step 7/' "$TMP/restartA.log" || fail "the restart run did not reach step 7"
+wait_for_step "$TMP/restartA.log" 7 || fail "the restart run did not reach step 7 in 120 s"
 victim=""  # the worker of global rank 1 of this run (its store port says which run)
 for p in $(pgrep -f "$(basename "$BIN")"); do
   env_of=$(tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null)

@@ -24,10 +24,7 @@ fail() {
   for f in "$TMP"/*.log; do echo "--- $f"; tail -25 "$f"; done
   exit 1
 }
-step_losses() {
-  cat "$TMP"/runs/"$1"-*/metrics.jsonl 2>/dev/null |
-    sed -E 's/^\{.*"loss":([^,}]*).*"step":([0-9]+).*$/\2 \1/' | sort -n
-}
+source experiments/e2e_testing.sh  # losses NAME: "step loss" lines, by step
 # Two consecutive free ports: the workers' store and the launchers' own.
 PORT=$(python3 - <<'PY'
 import socket
@@ -75,7 +72,7 @@ wait_for_step() {  # wait_for_step LOG STEP
 LOG=$TMP/straight.log
 timeout 300 "$BIN" "${COMMON[@]}" --name=straight > "$LOG" 2>&1 || fail "the one-node run failed"
 declare -A WANT
-while read -r step loss; do WANT[$step]=$loss; done < <(step_losses straight)
+while read -r step loss; do WANT[$step]=$loss; done < <(losses straight)
 [[ ${#WANT[@]} -eq $STEPS ]] || fail "the one-node run has ${#WANT[@]} losses, want $STEPS"
 
 # 1. A worker of node 1 killed: both nodes restart together.
@@ -99,8 +96,8 @@ seen=0
 while read -r step loss; do
   [[ ${WANT[$step]} == "$loss" ]] || fail "step $step loss $loss, the one-node run's ${WANT[$step]}"
   seen=$((seen + 1))
-done < <(step_losses killed)
-[[ $(step_losses killed | cut -d' ' -f1 | sort -un | wc -l) -eq $STEPS ]] || fail "not every step has a loss"
+done < <(losses killed)
+[[ $(losses killed | cut -d' ' -f1 | sort -un | wc -l) -eq $STEPS ]] || fail "not every step has a loss"
 files=0
 for f in "$TMP/runs/checkpoints/straight/step_000000$STEPS"/*.pt; do
   cmp -s "$f" "$TMP/runs/checkpoints/killed/step_000000$STEPS/$(basename "$f")" ||
