@@ -24,6 +24,10 @@ COMMON=(--config=experiments/configs/gpt_small_pp2_dp2.textproto --data="$CORPUS
   --output_dir="$TMP/runs" --sample_tokens=0 --steps=$STEPS --save_interval=5)
 SET=eval_interval=0,log_interval=1,gpt.width=16,gpt.num_heads=2,gpt.num_layers=2,gpt.context_length=16,gpt.dropout=0.1,parallelism.micro_batch_size=2
 EXTRA_SET=""  # more --set fields for the next start (the flag may be given once)
+# Every run is bounded well inside the test's own limit, so that a run that
+# hangs fails with its log (exit 124) instead of the whole test timing out
+# silently (CI's loaded 2.11 job did once). A run takes 3-15 s alone.
+RUN_TIMEOUT=90
 fail() { echo "FAIL: $*"; [[ -f ${LOG:-} ]] && tail -40 "$LOG"; exit 1; }
 
 # "step loss" for every metrics line of every run directory of `name`.
@@ -34,7 +38,7 @@ step_losses() {
 
 # The straight run every case is compared with.
 LOG=$TMP/straight.log
-timeout 300 "$BIN" "${COMMON[@]}" --set="$SET" --name=straight > "$LOG" 2>&1 || fail "the straight run failed"
+timeout $RUN_TIMEOUT "$BIN" "${COMMON[@]}" --set="$SET" --name=straight > "$LOG" 2>&1 || fail "the straight run failed"
 declare -A WANT
 while read -r step loss; do WANT[$step]=$loss; done < <(step_losses straight)
 [[ ${#WANT[@]} -eq $STEPS ]] || fail "the straight run has ${#WANT[@]} losses, want $STEPS"
@@ -64,7 +68,7 @@ same_as_straight() {
 start() {
   local name=$1; shift
   LOG=$TMP/$name.log
-  timeout 300 "$BIN" "${COMMON[@]}" --set="$SET$EXTRA_SET" --name="$name" "$@" > "$LOG" 2>&1 &
+  timeout $RUN_TIMEOUT "$BIN" "${COMMON[@]}" --set="$SET$EXTRA_SET" --name="$name" "$@" > "$LOG" 2>&1 &
   LAUNCHER=$!
 }
 # The last step rank 0 finished in the current attempt (0: none yet).
@@ -77,7 +81,7 @@ current_step() {
 wait_for_step() {
   while kill -0 "$LAUNCHER" 2>/dev/null; do
     [[ $(current_step) -ge $1 ]] && return 0
-    sleep 0.02
+    sleep 0.05
   done
   return 1
 }
@@ -107,7 +111,7 @@ worker_pid() {
 wait_for_restarts() {
   while kill -0 "$LAUNCHER" 2>/dev/null; do
     [[ $(grep -c '^\[launcher\] restart ' "$LOG") -ge $1 ]] && return 0
-    sleep 0.02
+    sleep 0.05
   done
   return 1
 }
@@ -132,6 +136,7 @@ start_until_caught() {
 finish() {  # finish WANT_EXIT: waits for the launcher; its exit status must be WANT_EXIT
   wait "$LAUNCHER"
   local code=$?
+  [[ $code -ne 124 ]] || fail "$(basename "$LOG" .log): still running after ${RUN_TIMEOUT} s (timeout killed it)"
   [[ $code -eq $1 ]] || fail "$(basename "$LOG" .log): exit $code, want $1"
 }
 
