@@ -53,6 +53,8 @@ RuntimeCapabilities StageExecutorCapabilities() {
   RuntimeCapabilities capabilities;
   capabilities.split_backward = true;
   capabilities.overlap_f_b = true;  // its halves run back to back (Run)
+  // vocab_parallel: not yet (issue #40); the passes' math is in
+  // pipeline/tensor_parallel/vocab_passes.h.
   return capabilities;
 }
 

@@ -30,12 +30,23 @@ constexpr TypeToken kTypeTokens[] = {
     {ActionType::kReduceGrads, "REDUCE_GRAD"},
     {ActionType::kOptimizerStep, "STEP"},
     {ActionType::kOverlapFB, "OVERLAP_F_B"},
+    {ActionType::kVocabOutputS, "OUT_S"},
+    {ActionType::kVocabOutputT, "OUT_T"},
+    {ActionType::kVocabInputF, "IN_F"},
+    {ActionType::kVocabInputB, "IN_B"},
+    {ActionType::kVocabOutputBroadcast, "OUT_BCAST"},
+    {ActionType::kVocabOutputStats, "OUT_STATS"},
+    {ActionType::kVocabOutputReduce, "OUT_REDUCE"},
+    {ActionType::kVocabInputReduce, "IN_REDUCE"},
+    {ActionType::kVocabInputBroadcast, "IN_BCAST"},
 };
 
 constexpr absl::string_view kGrammar =
     "expected <stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B><microbatch> (e.g. "
-    "1F3, 0RECV_B2), <stage>REDUCE_GRAD, REDUCE_TIED, STEP or "
-    "(<stage>F<mb>;<stage><B|I><mb>)OVERLAP_F_B (e.g. (0F3;3B1)OVERLAP_F_B)";
+    "1F3, 0RECV_B2), <stage>REDUCE_GRAD, REDUCE_TIED, STEP, "
+    "(<stage>F<mb>;<stage><B|I><mb>)OVERLAP_F_B (e.g. (0F3;3B1)OVERLAP_F_B) or a "
+    "vocabulary pass <OUT_S|OUT_T|IN_F|IN_B|OUT_BCAST|OUT_STATS|OUT_REDUCE|IN_REDUCE|"
+    "IN_BCAST><microbatch> (e.g. OUT_S3)";
 
 absl::Status Malformed(absl::string_view text, absl::string_view why) {
   return absl::InvalidArgumentError(
@@ -108,11 +119,25 @@ bool IsTail(ActionType type) {
          type == ActionType::kOptimizerStep;
 }
 
-bool HasStage(ActionType type) {
-  return type != ActionType::kReduceTiedGrads && type != ActionType::kOptimizerStep;
+bool IsVocabCompute(ActionType type) {
+  return type == ActionType::kVocabOutputS || type == ActionType::kVocabOutputT ||
+         type == ActionType::kVocabInputF || type == ActionType::kVocabInputB;
 }
 
-bool HasMicrobatch(ActionType type) { return IsCompute(type) || IsCommunication(type); }
+bool IsVocabCollective(ActionType type) {
+  return type == ActionType::kVocabOutputBroadcast || type == ActionType::kVocabOutputStats ||
+         type == ActionType::kVocabOutputReduce || type == ActionType::kVocabInputReduce ||
+         type == ActionType::kVocabInputBroadcast;
+}
+
+bool HasStage(ActionType type) {
+  return type != ActionType::kReduceTiedGrads && type != ActionType::kOptimizerStep &&
+         !IsVocab(type);
+}
+
+bool HasMicrobatch(ActionType type) {
+  return IsCompute(type) || IsCommunication(type) || IsVocab(type);
+}
 
 bool operator<(const Action& a, const Action& b) {
   return std::make_tuple(a.stage, static_cast<int>(a.type), a.microbatch, a.backward_stage,

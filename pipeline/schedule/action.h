@@ -7,6 +7,10 @@
 //   (0F3;3B1)OVERLAP_F_B                   a forward and a backward (B or I) of
 //                                          two different micro-batches on one
 //                                          rank, paired (DualPipeV)
+//   OUT_S3, OUT_T3, IN_F3, IN_B3           vocabulary passes of a micro-batch,
+//                                          on every rank (no stage); pipe's own,
+//   OUT_BCAST3, OUT_STATS3, OUT_REDUCE3,   and their collectives over all
+//   IN_REDUCE3, IN_BCAST3                  ranks; PyTorch's format has none
 //
 // A schedule (schedule.h) lists compute actions (F, B, I, W) per rank; the
 // lowering pass (lowering.h) adds communication and the step's tail. Parsing
@@ -52,18 +56,46 @@ enum class ActionType {
   // occupying one position of the rank's list. Last, so that the dense
   // per-type tables of the leaf types (F, B, I, W first) keep their layout.
   kOverlapFB,
+  // Vocabulary parallelism (arXiv 2411.05288): the input embedding and the
+  // output layer are split by vocabulary rows over all pipeline ranks, and
+  // each rank runs their passes for every micro-batch. No stage: the action
+  // belongs to every rank's shard of the vocabulary. Listed by schedules
+  // whose Schedule::vocab_parallel is set (vocab_passes.h places them).
+  kVocabOutputS,  // "OUT_S": logits of this rank's rows and their softmax
+                  // statistics (the paper's S pass).
+  kVocabOutputT,  // "OUT_T": softmax, loss, the rows' weight gradient and
+                  // this rank's share of the hidden state's gradient (T).
+  kVocabInputF,   // "IN_F": this rank's rows of the embedding lookup.
+  kVocabInputB,   // "IN_B": the weight gradient of this rank's rows.
+  // Their collectives over all pipeline ranks, inserted by Lower():
+  kVocabOutputBroadcast,  // "OUT_BCAST": the last stage's output (the head's
+                          // input) from its rank to all (after its F).
+  kVocabOutputStats,      // "OUT_STATS": all-gather of every rank's softmax
+                          // statistics (after OUT_S, before OUT_T).
+  kVocabOutputReduce,     // "OUT_REDUCE": sum of the hidden state's gradient
+                          // shares onto the last stage's rank (before its B/I).
+  kVocabInputReduce,      // "IN_REDUCE": sum of the embedding shares onto
+                          // stage 0's rank (before its F).
+  kVocabInputBroadcast,   // "IN_BCAST": the embedding output's gradient from
+                          // stage 0's rank to all (after its B/I, before IN_B).
 };
 
 // The type's token: "F", "SEND_B", "REDUCE_TIED", ...
 absl::string_view ActionTypeName(ActionType type);
 
-bool IsCompute(ActionType type);        // F, B, I, W, OVERLAP_F_B
-bool IsCommunication(ActionType type);  // SEND_*, RECV_*
-bool IsReceive(ActionType type);        // RECV_F, RECV_B
-bool IsTail(ActionType type);           // REDUCE_TIED, REDUCE_GRAD, STEP
+bool IsCompute(ActionType type);          // F, B, I, W, OVERLAP_F_B
+bool IsCommunication(ActionType type);    // SEND_*, RECV_*
+bool IsReceive(ActionType type);          // RECV_F, RECV_B
+bool IsTail(ActionType type);             // REDUCE_TIED, REDUCE_GRAD, STEP
+bool IsVocabCompute(ActionType type);     // OUT_S, OUT_T, IN_F, IN_B
+bool IsVocabCollective(ActionType type);  // OUT_BCAST, OUT_STATS, OUT_REDUCE,
+                                          // IN_REDUCE, IN_BCAST
+inline bool IsVocab(ActionType type) { return IsVocabCompute(type) || IsVocabCollective(type); }
+// Collectives a rank waits in with others: the tail and the vocabulary's.
+inline bool IsCollective(ActionType type) { return IsTail(type) || IsVocabCollective(type); }
 // Whether the string form carries a stage / a micro-batch.
-bool HasStage(ActionType type);       // all but REDUCE_TIED and STEP
-bool HasMicrobatch(ActionType type);  // compute and communication
+bool HasStage(ActionType type);       // all but REDUCE_TIED, STEP and the vocabulary's
+bool HasMicrobatch(ActionType type);  // compute, communication, vocabulary
 
 // One action. `stage` is a virtual stage (chunk c on rank r with p ranks is
 // c * p + r under the looped placement); -1 when the type has none, as is
@@ -98,6 +130,8 @@ inline Action F(int stage, int mb) { return {stage, ActionType::kForward, mb}; }
 inline Action B(int stage, int mb) { return {stage, ActionType::kBackward, mb}; }
 inline Action I(int stage, int mb) { return {stage, ActionType::kBackwardInput, mb}; }
 inline Action W(int stage, int mb) { return {stage, ActionType::kBackwardWeight, mb}; }
+// A vocabulary action of micro-batch mb (no stage): Vocab(kVocabOutputS, 3).
+inline Action Vocab(ActionType type, int mb) { return {-1, type, mb}; }
 
 // The pair "(<forward>;<backward>)OVERLAP_F_B". REQUIRES nothing: whether the
 // halves form a valid pair (an F, then a B or I of another micro-batch) is

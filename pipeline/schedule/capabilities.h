@@ -19,6 +19,10 @@ struct RuntimeCapabilities {
   // OVERLAP_F_B (a forward and a backward of two micro-batches, paired:
   // DualPipeV), executed back to back or overlapped.
   bool overlap_f_b = false;
+  // The vocabulary passes and their collectives (OUT_S, OUT_T, IN_F, IN_B,
+  // OUT_BCAST, ...; vocab_passes.h): the embedding and the head split over
+  // all pipeline ranks.
+  bool vocab_parallel = false;
 };
 
 // OK if a runtime with `capabilities` can execute every rank's program, else

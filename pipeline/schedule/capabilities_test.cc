@@ -43,5 +43,19 @@ TEST(CheckRuntimeSupportsTest, AcceptsSplitBackwardWhenSupported) {
   EXPECT_TRUE(CheckRuntimeSupports(p, caps).ok());
 }
 
+TEST(CheckRuntimeSupportsTest, RefusesVocabularyPassesUnlessSupported) {
+  LoweredProgram p =
+      TwoRankProgram("IN_F0 IN_REDUCE0 0F0 0SEND_F0", "IN_F0 IN_REDUCE0 1RECV_F0 1F0");
+  p.vocab_parallel = true;
+  absl::Status s = CheckRuntimeSupports(p, RuntimeCapabilities{});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(std::string(s.message()).find("IN_F0 on rank 0: vocabulary parallelism"),
+            std::string::npos)
+      << s;
+  RuntimeCapabilities caps;
+  caps.vocab_parallel = true;
+  EXPECT_TRUE(CheckRuntimeSupports(p, caps).ok());
+}
+
 }  // namespace
 }  // namespace pp

@@ -435,7 +435,7 @@ absl::StatusOr<ParsedCells> ParseCells(const RawCsv& csv, const CsvReadOptions& 
                                       "<s>RESHARD, <s>WAIT_REDUCE_GRAD, <s>WAIT_SEND_F<mb> and "
                                       "<s>WAIT_SEND_B<mb> are read and not run"));
       }
-      out.comms |= !IsCompute(action->type);
+      out.comms |= !IsCompute(action->type) && !IsVocabCompute(action->type);
       out.max_stage = std::max(out.max_stage, action->stage);
       if (HasMicrobatch(action->type)) out.max_mb = std::max(out.max_mb, action->microbatch);
       out.actions[r].push_back({*action, &cell});
@@ -603,10 +603,13 @@ BuiltSchedule BuildSchedule(const ParsedCells& cells, const CsvPlacement& placem
     for (const ParsedCell& x : cells.actions[r]) {
       if (IsTail(x.action.type)) continue;  // rebuilt below
       out.program_cells[r].push_back(x.cell);
-      if (!IsCompute(x.action.type)) continue;
+      schedule.vocab_parallel |= IsVocab(x.action.type);
+      if (!IsCompute(x.action.type) && !IsVocabCompute(x.action.type)) continue;
       schedule.ranks[r].push_back(x.action);
       out.compute_cells[r].push_back(x.cell);
-      backward |= x.action.type != ActionType::kForward;
+      backward |= x.action.type != ActionType::kForward &&
+                  x.action.type != ActionType::kVocabInputF &&
+                  x.action.type != ActionType::kVocabOutputS;
     }
   }
   schedule.forward_only = !backward;

@@ -42,6 +42,13 @@
 //     whose row names it (an error names two cells that put one stage on two
 //     ranks). The writer adds the line only when the placement is not looped.
 //
+// Vocabulary parallelism (vocab_passes.h) is pipe's own and PyTorch's reader
+// does not know it: a file with any vocabulary action (OUT_S<mb>, OUT_T<mb>,
+// IN_F<mb>, IN_B<mb> in either form, and the collectives OUT_BCAST<mb>,
+// OUT_STATS<mb>, OUT_REDUCE<mb>, IN_REDUCE<mb>, IN_BCAST<mb> in the compute +
+// comms form; no stage number: every rank runs them) is a vocab_parallel
+// schedule. Every rank's row then holds each pass once per micro-batch.
+//
 // The shape comes from the file: p = rows, virtual stages = the placement's
 // size (looped/v: from the largest stage in any cell), v = stages / p, m =
 // largest micro-batch + 1; forward_only when no cell is a backward.

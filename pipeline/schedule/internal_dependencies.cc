@@ -12,13 +12,21 @@ namespace {
 // TimeComputeOrder's steps: place every compute, find each one's producers,
 // time the per-rank orders, and report the ranks that could not finish.
 
-// Where each compute leaf (type, stage, mb) runs; dense.
+// The index of a vocabulary compute type among OUT_S, OUT_T, IN_F, IN_B.
+int VocabIndex(ActionType type) {
+  return static_cast<int>(type) - static_cast<int>(ActionType::kVocabOutputS);
+}
+
+// Where each compute leaf (type, stage, mb) runs, and each rank's vocabulary
+// passes (type, rank, mb); dense.
 class ComputePlaces {
  public:
   explicit ComputePlaces(const Schedule& schedule)
       : num_virtual_(static_cast<int>(schedule.stage_to_rank.size())),
         m_(schedule.num_microbatches),
-        where_(4 * num_virtual_ * m_, Dependency{-1, -1}) {}
+        p_(static_cast<int>(schedule.ranks.size())),
+        where_(4 * num_virtual_ * m_, Dependency{-1, -1}),
+        vocab_where_(schedule.vocab_parallel ? 4 * p_ * m_ : 0, Dependency{-1, -1}) {}
 
   // Every cell in range and on its rank, every leaf once.
   absl::Status PlaceAll(const Schedule& schedule) {
@@ -26,7 +34,9 @@ class ComputePlaces {
       for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
         PP_RETURN_IF_ERROR(CheckComputeCell(schedule, r, i));
         for (const Action& a : Leaves(schedule.ranks[r][i])) {
-          Dependency& slot = where_[Key(a)];
+          Dependency& slot = IsVocabCompute(a.type)
+                                 ? vocab_where_[VocabKey(a.type, r, a.microbatch)]
+                                 : where_[Key(a)];
           if (slot.rank >= 0) {
             const Dependency& first = slot;
             return ScheduleCellError(schedule, r, i,
@@ -45,21 +55,32 @@ class ComputePlaces {
   // Where `a` runs; rank -1 when no rank runs it. REQUIRES: `a` in range
   // (PlaceAll checked every cell).
   const Dependency& Of(const Action& a) const { return where_[Key(a)]; }
+  // Where `rank` runs its vocabulary pass `type` of `mb`; rank -1 when it
+  // does not. REQUIRES: a vocab_parallel schedule, arguments in range.
+  const Dependency& OfVocab(ActionType type, int rank, int mb) const {
+    return vocab_where_[VocabKey(type, rank, mb)];
+  }
 
  private:
   int Key(const Action& a) const {
     return (static_cast<int>(a.type) * num_virtual_ + a.stage) * m_ + a.microbatch;
   }
+  int VocabKey(ActionType type, int rank, int mb) const {
+    return (VocabIndex(type) * p_ + rank) * m_ + mb;
+  }
 
   int num_virtual_;
   int m_;
+  int p_;
   std::vector<Dependency> where_;
+  std::vector<Dependency> vocab_where_;
 };
 
 // timing.deps[r][i]: the producers of each input of compute i of rank r.
 absl::Status FindDependencies(const Schedule& schedule, const ComputePlaces& places,
                               ComputeTiming& timing) {
   const int num_virtual = static_cast<int>(schedule.stage_to_rank.size());
+  const int p = static_cast<int>(schedule.ranks.size());
   for (int r = 0; r < static_cast<int>(schedule.ranks.size()); ++r) {
     const auto& actions = schedule.ranks[r];
     for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
@@ -80,10 +101,28 @@ absl::Status FindDependencies(const Schedule& schedule, const ComputePlaces& pla
               schedule, r, i,
               absl::StrCat(ActionToString(a), " needs ", names, ", which no rank runs"));
         };
+        // A vocabulary pass of every rank: the collective between them
+        // gathers all ranks' shares.
+        auto need_on_every_rank = [&](ActionType type) -> absl::Status {
+          for (int q = 0; q < p; ++q) {
+            const Dependency& found = places.OfVocab(type, q, a.microbatch);
+            if (found.rank < 0) {
+              return ScheduleCellError(
+                  schedule, r, i,
+                  absl::StrCat(ActionToString(a), " needs ",
+                               ActionToString(Vocab(type, a.microbatch)), " on every rank; rank ",
+                               q, " does not run it"));
+            }
+            timing.deps[r][i].push_back(found);
+          }
+          return absl::OkStatus();
+        };
+        const bool vocab = schedule.vocab_parallel;
         absl::Status status;
         switch (a.type) {
           case ActionType::kForward:
             if (a.stage > 0) status = need({F(a.stage - 1, a.microbatch)});
+            if (a.stage == 0 && vocab) status = need_on_every_rank(ActionType::kVocabInputF);
             break;
           case ActionType::kBackward:
           case ActionType::kBackwardInput:
@@ -91,6 +130,18 @@ absl::Status FindDependencies(const Schedule& schedule, const ComputePlaces& pla
             if (status.ok() && a.stage + 1 < num_virtual) {
               status = need({B(a.stage + 1, a.microbatch), I(a.stage + 1, a.microbatch)});
             }
+            if (status.ok() && a.stage + 1 == num_virtual && vocab) {
+              status = need_on_every_rank(ActionType::kVocabOutputT);
+            }
+            break;
+          case ActionType::kVocabOutputS:
+            status = need({F(num_virtual - 1, a.microbatch)});
+            break;
+          case ActionType::kVocabOutputT:
+            status = need_on_every_rank(ActionType::kVocabOutputS);
+            break;
+          case ActionType::kVocabInputB:
+            status = need({B(0, a.microbatch), I(0, a.microbatch)});
             break;
           case ActionType::kBackwardWeight:
             status = need({I(a.stage, a.microbatch)});
@@ -118,8 +169,11 @@ int CostOf(const Action& action, const DependencyCosts& costs) {
       case ActionType::kBackwardInput:
         total += costs.backward_input;
         break;
-      default:
+      case ActionType::kBackwardWeight:
         total += costs.backward_weight;
+        break;
+      default:  // a vocabulary pass
+        total += costs.vocab;
     }
   }
   return total;

@@ -18,6 +18,7 @@ struct DependencyCosts {
   int backward = 2;
   int backward_input = 1;
   int backward_weight = 1;
+  int vocab = 1;  // each vocabulary pass (OUT_S, OUT_T, IN_F, IN_B)
 };
 
 // A producer of an input: the action at ranks[rank][pos]; `produced` is the

@@ -53,6 +53,17 @@ absl::Status CheckProgram(const LoweredProgram& program) {
   for (int r = 0; r < p; ++r) {
     for (int i = 0; i < static_cast<int>(program.ranks[r].size()); ++i) {
       const Action& a = program.ranks[r][i];
+      if (IsVocab(a.type) && !program.vocab_parallel) {
+        return ProgramError(program, r, i,
+                            "a vocabulary action in a program without vocabulary parallelism");
+      }
+      if (program.forward_only &&
+          (a.type == ActionType::kVocabOutputT || a.type == ActionType::kVocabInputB ||
+           a.type == ActionType::kVocabOutputReduce ||
+           a.type == ActionType::kVocabInputBroadcast)) {
+        return ProgramError(program, r, i,
+                            "a backward vocabulary action in a forward-only program");
+      }
       if (a.type == ActionType::kOverlapFB) {
         absl::Status pair = CheckOverlapPair(ForwardHalf(a), BackwardHalf(a));
         if (!pair.ok()) return ProgramError(program, r, i, pair.message());
@@ -93,6 +104,20 @@ absl::Status CheckProgram(const LoweredProgram& program) {
   return absl::OkStatus();
 }
 
+// The ranks of collective `a` of `rank`: every rank for the vocabulary's,
+// costs.participants' for the tail (null or empty: the rank alone).
+std::vector<int> Participants(const LoweredProgram& program, const ExecutionCosts& costs, int rank,
+                              const Action& a) {
+  std::vector<int> group;
+  if (IsVocabCollective(a.type)) {
+    for (int q = 0; q < program.num_stages; ++q) group.push_back(q);
+  } else if (costs.participants) {
+    group = costs.participants(rank, a);
+  }
+  if (group.empty()) group = {rank};
+  return group;
+}
+
 // Where each unfinished rank of a stuck execution waits (`pos`: each rank's
 // next action), and for whom.
 absl::Status DeadlockError(const LoweredProgram& program, const ExecutionCosts& costs,
@@ -104,12 +129,10 @@ absl::Status DeadlockError(const LoweredProgram& program, const ExecutionCosts& 
     if (pos[r] == static_cast<int>(program.ranks[r].size())) continue;
     if (first < 0) first = r;
     const Action& a = program.ranks[r][pos[r]];
-    if (IsTail(a.type)) {
+    if (IsCollective(a.type)) {
       absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ", ActionToString(a),
                       " waits for the other participants of the collective:");
-      std::vector<int> group;
-      if (costs.participants) group = costs.participants(r, a);
-      for (int q : group) {
+      for (int q : Participants(program, costs, r, a)) {
         if (q == r) continue;
         absl::StrAppend(&waits, " rank ", q, " ");
         if (pos[q] == static_cast<int>(program.ranks[q].size())) {
@@ -159,8 +182,23 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
   };
   std::vector<char> done_table(kDenseTypes * num_virtual * m, 0);
   std::vector<double> sent(kDenseTypes * num_virtual * m, -1);  // arrival time
-  auto mark_done = [&](const Action& a) {
-    if (HasMicrobatch(a.type)) done_table[key(a)] = 1;
+  // Vocabulary actions, per rank: [type - OUT_S][rank][mb].
+  constexpr int kVocabTypes = 9;  // OUT_S ... IN_BCAST
+  auto vocab_key = [&](int rank, const Action& a) {
+    return ((static_cast<int>(a.type) - static_cast<int>(ActionType::kVocabOutputS)) * p + rank) *
+               m +
+           a.microbatch;
+  };
+  std::vector<char> vocab_done(program.vocab_parallel ? kVocabTypes * p * m : 0, 0);
+  auto vocab_has = [&](int rank, ActionType type, int mb) {
+    return vocab_done[vocab_key(rank, Vocab(type, mb))] != 0;
+  };
+  auto mark_done = [&](int rank, const Action& a) {
+    if (IsVocab(a.type)) {
+      vocab_done[vocab_key(rank, a)] = 1;
+    } else if (HasMicrobatch(a.type)) {
+      done_table[key(a)] = 1;
+    }
   };
   std::vector<int> pos(p, 0);
   std::vector<double> clock(p, 0);
@@ -168,10 +206,18 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
     return a.stage >= 0 && a.stage < num_virtual && done_table[key(a)] != 0;
   };
   // Whether the input an action needs is on rank r; empty string if so.
+  const bool vocab = program.vocab_parallel;
+  const int last = num_virtual - 1;
+  auto vocab_missing = [&](int r, ActionType type, int mb) -> std::string {
+    return vocab_has(r, type, mb)
+               ? ""
+               : absl::StrCat("its input (", ActionToString(Vocab(type, mb)), ") is not there");
+  };
   auto missing_input = [&](int r, const Action& a) -> std::string {
     const int s = a.stage, mb = a.microbatch;
     switch (a.type) {
       case ActionType::kForward:
+        if (s == 0 && vocab) return vocab_missing(r, ActionType::kVocabInputReduce, mb);
         if (s == 0 || has(r, {s, ActionType::kRecvForward, mb}) ||
             (program.stage_to_rank[s - 1] == r && has(r, F(s - 1, mb)))) {
           return "";
@@ -181,6 +227,7 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
       case ActionType::kBackward:
       case ActionType::kBackwardInput:
         if (!has(r, F(s, mb))) return absl::StrCat("its forward ", s, "F", mb, " has not run");
+        if (s == last && vocab) return vocab_missing(r, ActionType::kVocabOutputReduce, mb);
         if (s == num_virtual - 1 || has(r, {s, ActionType::kRecvBackward, mb}) ||
             (program.stage_to_rank[s + 1] == r && (has(r, B(s + 1, mb)) || has(r, I(s + 1, mb))))) {
           return "";
@@ -196,6 +243,31 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
                    ? ""
                    : absl::StrCat("it sends the input gradient of ", s, "B", mb, " (or ", s, "I",
                                   mb, "), which has not run");
+      case ActionType::kVocabOutputS:
+        return vocab_missing(r, ActionType::kVocabOutputBroadcast, mb);
+      case ActionType::kVocabOutputT:
+        return vocab_missing(r, ActionType::kVocabOutputStats, mb);
+      case ActionType::kVocabInputB:
+        return vocab_missing(r, ActionType::kVocabInputBroadcast, mb);
+      case ActionType::kVocabOutputStats:
+        return vocab_has(r, ActionType::kVocabOutputS, mb)
+                   ? ""
+                   : absl::StrCat("it gathers the statistics of OUT_S", mb, ", which has not run");
+      case ActionType::kVocabOutputReduce:
+        return vocab_has(r, ActionType::kVocabOutputT, mb)
+                   ? ""
+                   : absl::StrCat("it sums the gradients of OUT_T", mb, ", which has not run");
+      case ActionType::kVocabInputReduce:
+        return vocab_has(r, ActionType::kVocabInputF, mb)
+                   ? ""
+                   : absl::StrCat("it sums the embeddings of IN_F", mb, ", which has not run");
+      case ActionType::kVocabOutputBroadcast:
+        if (program.stage_to_rank[last] != r || has(r, F(last, mb))) return "";
+        return absl::StrCat("it broadcasts the output of ", last, "F", mb, ", which has not run");
+      case ActionType::kVocabInputBroadcast:
+        if (program.stage_to_rank[0] != r || has(r, B(0, mb)) || has(r, I(0, mb))) return "";
+        return absl::StrCat("it broadcasts the input gradient of 0B", mb, " (or 0I", mb,
+                            "), which has not run");
       default:
         return "";
     }
@@ -217,10 +289,8 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
                                 absl::StrCat(ActionToString(leaf), " cannot run: ", missing));
           }
         }
-        if (IsTail(a.type)) {
-          std::vector<int> group;
-          if (costs.participants) group = costs.participants(r, a);
-          if (group.empty()) group = {r};
+        if (IsCollective(a.type)) {
+          const std::vector<int> group = Participants(program, costs, r, a);
           if (std::find(group.begin(), group.end(), r) == group.end()) {
             return ProgramError(
                 program, r, i,
@@ -235,20 +305,34 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
             }
             const bool there = pos[q] < static_cast<int>(program.ranks[q].size()) &&
                                program.ranks[q][pos[q]].type == a.type &&
-                               program.ranks[q][pos[q]].stage == a.stage;
+                               program.ranks[q][pos[q]].stage == a.stage &&
+                               program.ranks[q][pos[q]].microbatch == a.microbatch;
             if (!there) {
               gathered = false;
               break;
             }
           }
           if (!gathered) break;  // waits in the collective
+          for (int q : group) {
+            std::string missing = missing_input(q, program.ranks[q][pos[q]]);
+            if (!missing.empty()) {
+              return ProgramError(program, q, pos[q],
+                                  absl::StrCat(ActionToString(a), " cannot run: ", missing));
+            }
+          }
           double t = 0;
           for (int q : group) t = std::max(t, clock[q]);
           for (int q : group) {
             const int j = pos[q];
+            const Action& own = program.ranks[q][j];
             ex.start[q][j] = t;  // waiting before t is idle
-            clock[q] = t + (costs.tail ? costs.tail(q, program.ranks[q][j]) : 0.0);
+            if (IsVocabCollective(own.type)) {
+              clock[q] = t + (costs.vocab_collective ? costs.vocab_collective(q, own) : 0.0);
+            } else {
+              clock[q] = t + (costs.tail ? costs.tail(q, own) : 0.0);
+            }
             ex.end[q][j] = clock[q];
+            mark_done(q, own);
             ++pos[q];
           }
           progress = true;
@@ -257,8 +341,9 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
         if (!IsCommunication(a.type)) {
           ex.start[r][i] = clock[r];
           for (const Action& leaf : Leaves(a)) {
-            clock[r] += IsCompute(leaf.type) ? costs.compute(leaf) : 0.0;
-            mark_done(leaf);
+            clock[r] +=
+                IsCompute(leaf.type) || IsVocabCompute(leaf.type) ? costs.compute(leaf) : 0.0;
+            mark_done(r, leaf);
           }
           ex.end[r][i] = clock[r];
           ++pos[r];
@@ -280,7 +365,7 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
             clock[r] = std::max(clock[r], arrival) + (costs.recv ? costs.recv(r, a) : 0.0);
             ex.end[r][i] = clock[r];
           }
-          mark_done(a);
+          mark_done(r, a);
           ++pos[r];
           progress = true;
           continue;
@@ -303,8 +388,8 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
         ex.start[r][i] = ex.start[q][j] = t;  // waiting before t is idle
         clock[r] = clock[q] = t + send_time + costs.message_latency + recv_time;
         ex.end[r][i] = ex.end[q][j] = clock[r];
-        mark_done(a);
-        mark_done(b);
+        mark_done(r, a);
+        mark_done(q, b);
         ++pos[r];
         ++pos[q];
         progress = true;

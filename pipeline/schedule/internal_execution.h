@@ -16,8 +16,9 @@ namespace pp {
 namespace internal_schedule {
 
 struct ExecutionCosts {
-  // Duration of a leaf compute action (F, B, I, W); an OVERLAP_F_B takes the
-  // sum of its halves' (run back to back).
+  // Duration of a leaf compute action (F, B, I, W, and the vocabulary passes
+  // OUT_S, OUT_T, IN_F, IN_B); an OVERLAP_F_B takes the sum of its halves'
+  // (run back to back).
   std::function<double(const Action&)> compute;
   // Duration of tail action `a` on `rank` once its collective (if any) has
   // gathered; null: tail actions take no time.
@@ -28,6 +29,9 @@ struct ExecutionCosts {
   // must reach the same action (type and stage), and the function must give
   // every participant the same set. Null, empty or {rank}: local.
   std::function<std::vector<int>(int rank, const Action& a)> participants;
+  // Duration of vocabulary collective `a` on `rank` once every rank is there
+  // (they always involve all ranks); null: none.
+  std::function<double(int rank, const Action& a)> vocab_collective;
   // Time a SEND occupies its rank (the sender's hand-off) before the message
   // leaves; null: none.
   std::function<double(int rank, const Action& a)> send;

@@ -58,12 +58,13 @@ absl::StatusOr<LoweredProgram> GivenProgram(const Schedule& schedule,
   program.num_microbatches = schedule.num_microbatches;
   program.num_chunks = schedule.num_chunks;
   program.forward_only = schedule.forward_only;
+  program.vocab_parallel = schedule.vocab_parallel;
   program.stage_to_rank = schedule.stage_to_rank;
   program.ranks.resize(schedule.given_program.size());
   for (size_t r = 0; r < schedule.given_program.size(); ++r) {
     std::vector<Action> compute;
     for (const Action& a : schedule.given_program[r]) {
-      if (IsCompute(a.type)) compute.push_back(a);
+      if (IsCompute(a.type) || IsVocabCompute(a.type)) compute.push_back(a);
       if (options.include_tail || !IsTail(a.type)) program.ranks[r].push_back(a);
     }
     if (compute != schedule.ranks[r]) {
@@ -126,8 +127,48 @@ class IdleIntervals {
   std::vector<std::vector<std::pair<int, int>>> between_;
 };
 
+// The vocabulary's collectives of a vocab_parallel schedule as events of all
+// ranks (a = -1, b = type, c = micro-batch), each when the last of its
+// producers ends: every consumer depends on all of them, so starts no earlier.
+void AppendVocabCollectives(const Schedule& schedule,
+                            const internal_schedule::ComputeTiming& timing,
+                            std::vector<Event>& events) {
+  const int m = schedule.num_microbatches;
+  const int last = schedule.num_virtual_stages() - 1;
+  // Per micro-batch, the latest end of each collective's producers.
+  std::vector<int> out_bcast(m, 0), out_stats(m, 0), out_reduce(m, 0), in_reduce(m, 0),
+      in_bcast(m, 0);
+  for (int r = 0; r < schedule.num_stages; ++r) {
+    for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
+      const int end = timing.end[r][i];
+      for (const Action& a : Leaves(schedule.ranks[r][i])) {
+        const int mb = a.microbatch;
+        const bool backward =
+            a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput;
+        if (a.type == ActionType::kForward && a.stage == last) out_bcast[mb] = end;
+        if (a.type == ActionType::kVocabOutputS) out_stats[mb] = std::max(out_stats[mb], end);
+        if (a.type == ActionType::kVocabOutputT) out_reduce[mb] = std::max(out_reduce[mb], end);
+        if (a.type == ActionType::kVocabInputF) in_reduce[mb] = std::max(in_reduce[mb], end);
+        if (backward && a.stage == 0) in_bcast[mb] = end;
+      }
+    }
+  }
+  auto add = [&](ActionType type, int mb, int time) {
+    events.push_back({time, 0, -1, static_cast<int>(type), mb});
+  };
+  for (int mb = 0; mb < m; ++mb) {
+    add(ActionType::kVocabInputReduce, mb, in_reduce[mb]);
+    add(ActionType::kVocabOutputBroadcast, mb, out_bcast[mb]);
+    add(ActionType::kVocabOutputStats, mb, out_stats[mb]);
+    if (schedule.forward_only) continue;
+    add(ActionType::kVocabOutputReduce, mb, out_reduce[mb]);
+    add(ActionType::kVocabInputBroadcast, mb, in_bcast[mb]);
+  }
+}
+
 // The global event sequence (rule step 3): every compute at its start, every
-// message between ranks at the earliest time both ends are between computes.
+// message between ranks at the earliest time both ends are between computes,
+// and every vocabulary collective when its last producer ends.
 std::vector<Event> SortedEvents(const Schedule& schedule,
                                 const internal_schedule::ComputeTiming& timing) {
   const IdleIntervals idle(timing, schedule.num_stages);
@@ -135,8 +176,11 @@ std::vector<Event> SortedEvents(const Schedule& schedule,
   for (int r = 0; r < schedule.num_stages; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
       events.push_back({timing.start[r][i], 1, r, i, 0});
+      const bool vocab_consumer = IsVocabCompute(schedule.ranks[r][i].type);
       for (const internal_schedule::Dependency& dep : timing.deps[r][i]) {
         if (dep.rank == r) continue;  // local hand-off
+        // The vocabulary's inputs travel by its collectives.
+        if (vocab_consumer || IsVocabCompute(dep.produced.type)) continue;
         // The leaf that produces the input: for an OVERLAP_F_B, the half
         // whose output is needed (its message follows the whole pair).
         const Action& producer = dep.produced;
@@ -147,6 +191,7 @@ std::vector<Event> SortedEvents(const Schedule& schedule,
       }
     }
   }
+  if (schedule.vocab_parallel) AppendVocabCollectives(schedule, timing, events);
   std::sort(events.begin(), events.end());
   return events;
 }
@@ -160,11 +205,18 @@ LoweredProgram ProgramOfEvents(const Schedule& schedule, const std::vector<Event
   program.num_microbatches = schedule.num_microbatches;
   program.num_chunks = schedule.num_chunks;
   program.forward_only = schedule.forward_only;
+  program.vocab_parallel = schedule.vocab_parallel;
   program.stage_to_rank = schedule.stage_to_rank;
   program.ranks.resize(schedule.num_stages);
   for (const Event& e : events) {
     if (e.kind == 1) {
       program.ranks[e.a].push_back(schedule.ranks[e.a][e.b]);
+      continue;
+    }
+    if (e.a < 0) {  // a vocabulary collective: every rank
+      for (auto& actions : program.ranks) {
+        actions.push_back(Vocab(static_cast<ActionType>(e.b), e.c));
+      }
       continue;
     }
     const int stage = e.a, mb = e.c;
@@ -213,12 +265,12 @@ void AppendStepTail(LoweredProgram& program) {
 
 absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOptions& options) {
   if (options.forward_cost < 1 || options.backward_cost < 1 || options.backward_input_cost < 1 ||
-      options.backward_weight_cost < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lowering costs must be positive integers (the order of a message and "
-                     "its producer relies on it); got F=",
-                     options.forward_cost, " B=", options.backward_cost,
-                     " I=", options.backward_input_cost, " W=", options.backward_weight_cost));
+      options.backward_weight_cost < 1 || options.vocab_cost < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lowering costs must be positive integers (the order of a message and "
+        "its producer relies on it); got F=",
+        options.forward_cost, " B=", options.backward_cost, " I=", options.backward_input_cost,
+        " W=", options.backward_weight_cost, " vocabulary=", options.vocab_cost));
   }
   if (!schedule.given_program.empty()) return GivenProgram(schedule, options);
   internal_schedule::DependencyCosts costs;
@@ -226,6 +278,7 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOpt
   costs.backward = options.backward_cost;
   costs.backward_input = options.backward_input_cost;
   costs.backward_weight = options.backward_weight_cost;
+  costs.vocab = options.vocab_cost;
   absl::StatusOr<internal_schedule::ComputeTiming> timing =
       internal_schedule::TimeComputeOrder(schedule, costs);
   if (!timing.ok()) return timing.status();

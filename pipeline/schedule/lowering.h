@@ -26,6 +26,18 @@
 // there. Every message has exactly one SEND and one RECV, with the same stage
 // pair and micro-batch; between one pair of ranks, messages are sent and
 // received in the same order.
+// Vocabulary parallelism (Schedule::vocab_parallel): every rank's passes
+// OUT_S, OUT_T, IN_F, IN_B stay where the schedule lists them, and Lower()
+// adds their collectives, each on every rank:
+//   OUT_BCAST<mb>   after the last stage's F, before any rank's OUT_S;
+//   OUT_STATS<mb>   after every rank's OUT_S, before any rank's OUT_T;
+//   OUT_REDUCE<mb>  after every rank's OUT_T, before the last stage's B/I;
+//   IN_REDUCE<mb>   after every rank's IN_F, before stage 0's F;
+//   IN_BCAST<mb>    after stage 0's B/I, before any rank's IN_B
+// (forward-only programs: IN_REDUCE, OUT_BCAST, OUT_STATS). A collective is
+// one event of the global sequence below, timed when its last producer ends,
+// so every rank meets the collectives in one order, with no message between
+// two ranks left waiting across one.
 // Training programs (Schedule::forward_only == false) end with the tail:
 // REDUCE_TIED, then <s>REDUCE_GRAD for each local stage in the order its last
 // backward (B or W) appears, then STEP. Forward-only programs have no tail.
@@ -73,6 +85,7 @@ struct LoweringOptions {
   int backward_cost = 2;
   int backward_input_cost = 1;
   int backward_weight_cost = 1;
+  int vocab_cost = 1;  // each vocabulary pass (OUT_S, OUT_T, IN_F, IN_B)
   // Append the tail (REDUCE_TIED, REDUCE_GRAD, STEP) to training programs.
   bool include_tail = true;
 };
@@ -84,6 +97,7 @@ struct LoweredProgram {
   int num_microbatches = 0;  // m
   int num_chunks = 1;        // v
   bool forward_only = false;
+  bool vocab_parallel = false;     // Schedule::vocab_parallel
   std::vector<int> stage_to_rank;  // virtual stage -> rank
   RankActions ranks;               // ranks[r]: rank r's program
 

@@ -26,6 +26,10 @@ constexpr TypeStyle kStyles[] = {
     {ActionType::kBackward, "#f28e2b", "B backward"},
     {ActionType::kBackwardInput, "#e15759", "I input grad"},
     {ActionType::kBackwardWeight, "#59a14f", "W weight grad"},
+    {ActionType::kVocabInputF, "#76b7b2", "IN_F embedding shard"},
+    {ActionType::kVocabOutputS, "#b07aa1", "OUT_S logits shard"},
+    {ActionType::kVocabOutputT, "#ff9da7", "OUT_T softmax, grads"},
+    {ActionType::kVocabInputB, "#edc948", "IN_B embedding grad"},
 };
 
 const char* Fill(ActionType type) {
@@ -76,7 +80,7 @@ SvgLayout MakeSvgLayout(const SimulationResult& sim, const SvgOptions& options) 
 
 // What the timeline holds, which decides the labels and the legend.
 struct TimelineContents {
-  std::set<ActionType> used;        // compute types drawn
+  std::set<ActionType> used;        // compute types drawn (the vocabulary's too)
   bool chunks = false;              // a stage >= num_stages: label micro-batch.chunk
   bool messages_take_time = false;  // a message with a duration: drawn as a grey bar
 };
@@ -86,7 +90,7 @@ TimelineContents ScanTimeline(const SimulationResult& sim, int num_stages) {
   for (const TraceEvent& e : sim.timeline) {
     absl::StatusOr<Action> a = ParseAction(e.name);
     if (!a.ok()) continue;
-    if (IsCompute(a->type)) {
+    if (IsCompute(a->type) || IsVocabCompute(a->type)) {
       c.used.insert(a->type);
       c.chunks |= a->stage >= num_stages;
     } else if (e.end > e.start) {
@@ -157,7 +161,7 @@ void AppendActionBoxes(const SimulationResult& sim, const SvgLayout& l, int num_
     const double y = l.RowY(e.rank);
     const double x = l.left + e.start * l.scale;
     const double w = (e.end - e.start) * l.scale;
-    if (!IsCompute(a->type)) {
+    if (!IsCompute(a->type) && !IsVocabCompute(a->type)) {
       if (w > 0) {
         absl::StrAppend(
             svg,
@@ -168,7 +172,7 @@ void AppendActionBoxes(const SimulationResult& sim, const SvgLayout& l, int num_
       continue;
     }
     if (w <= 0) continue;
-    const int chunk = a->stage / num_stages;
+    const int chunk = a->stage > 0 ? a->stage / num_stages : 0;  // vocabulary passes: -1
     // Later chunks are drawn lighter so that interleaving is visible.
     const double opacity = chunks ? std::max(0.45, 1.0 - 0.3 * chunk) : 1.0;
     absl::StrAppend(
@@ -177,8 +181,8 @@ void AppendActionBoxes(const SimulationResult& sim, const SvgLayout& l, int num_
                              "<title>%s [%g, %g)</title></rect>\n",
                              x, y, w, l.row_height, Fill(a->type), opacity, XmlEscape(e.name),
                              e.start, e.end));
-    std::string label =
-        chunks ? absl::StrCat(a->microbatch, ".", chunk) : absl::StrCat(a->microbatch);
+    std::string label = chunks && a->stage >= 0 ? absl::StrCat(a->microbatch, ".", chunk)
+                                                : absl::StrCat(a->microbatch);
     if (w >= 7.0 * label.size()) {
       absl::StrAppend(svg,
                       absl::StrFormat("<text x=\"%g\" y=\"%g\" font-size=\"12\" fill=\"white\" "

@@ -119,9 +119,28 @@ absl::Status CheckComputeCell(const Schedule& schedule, int rank, int step) {
   const Action& cell = schedule.ranks[rank][step];
   const int num_virtual = schedule.num_virtual_stages();
   const int m = schedule.num_microbatches;
+  if (IsVocabCompute(cell.type)) {
+    if (!schedule.vocab_parallel) {
+      return ScheduleCellError(schedule, rank, step,
+                               "a vocabulary pass in a schedule without vocabulary parallelism "
+                               "(Schedule::vocab_parallel is false)");
+    }
+    if (schedule.forward_only &&
+        (cell.type == ActionType::kVocabOutputT || cell.type == ActionType::kVocabInputB)) {
+      return ScheduleCellError(schedule, rank, step,
+                               "a backward vocabulary pass in a forward-only schedule");
+    }
+    if (cell.microbatch < 0 || cell.microbatch >= m) {
+      return ScheduleCellError(
+          schedule, rank, step,
+          absl::StrCat("micro-batch ", cell.microbatch, " is outside [0, ", m, ")"));
+    }
+    return absl::OkStatus();
+  }
   if (!IsCompute(cell.type)) {
     return ScheduleCellError(schedule, rank, step,
-                             "only compute actions (F, B, I, W, OVERLAP_F_B) belong in a "
+                             "only compute actions (F, B, I, W, OVERLAP_F_B and, with "
+                             "vocabulary parallelism, OUT_S, OUT_T, IN_F, IN_B) belong in a "
                              "schedule; Lower() adds communication and the tail");
   }
   if (cell.type == ActionType::kOverlapFB) {

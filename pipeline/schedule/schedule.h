@@ -40,6 +40,12 @@ struct Schedule {
   int num_chunks = 1;        // v
   // True for evaluation schedules: only F actions, no backward, no tail.
   bool forward_only = false;
+  // Vocabulary parallelism (vocab_passes.h): the embedding and the output
+  // layer are split over all ranks, and every rank's list holds, once per
+  // micro-batch, IN_F and OUT_S and, unless forward_only, IN_B and OUT_T.
+  // Stage 0's F then takes its input from IN_REDUCE, the last stage's B or I
+  // its output gradient from OUT_REDUCE (lowering.h).
+  bool vocab_parallel = false;
   // stage_to_rank[s] for every virtual stage s in [0, p * v).
   std::vector<int> stage_to_rank;
   // ranks[r]: rank r's compute actions (F, B, I, W) in execution order.
@@ -91,7 +97,8 @@ absl::Status ScheduleCellError(const Schedule& schedule, int rank, int step,
 
 // Checks the cell ranks[rank][step] on its own: a compute action whose stage
 // and micro-batch are in range and whose stage is placed on `rank` (both
-// halves of an OVERLAP_F_B, which must be a valid pair: CheckOverlapPair).
+// halves of an OVERLAP_F_B, which must be a valid pair: CheckOverlapPair), or
+// a vocabulary pass of a micro-batch in range in a vocab_parallel schedule.
 absl::Status CheckComputeCell(const Schedule& schedule, int rank, int step);
 
 }  // namespace pp

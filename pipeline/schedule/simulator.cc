@@ -292,7 +292,12 @@ absl::Status CheckCosts(const LoweredProgram& program, const SimulationCosts& co
                                     {"RECV", costs.recv},
                                     {"STEP", costs.step},
                                     {"REDUCE_TIED", costs.reduce_tied},
-                                    {"REDUCE_GRAD", costs.reduce_grad}}) {
+                                    {"REDUCE_GRAD", costs.reduce_grad},
+                                    {"OUT_S", costs.vocab.output_s},
+                                    {"OUT_T", costs.vocab.output_t},
+                                    {"IN_F", costs.vocab.input_f},
+                                    {"IN_B", costs.vocab.input_b},
+                                    {"vocabulary collective", costs.vocab.collective}}) {
     if (!(value >= 0) || !std::isfinite(value)) {
       return absl::InvalidArgumentError(
           absl::StrCat("simulation cost ", name, " is ", value, "; costs must be finite and >= 0"));
@@ -410,6 +415,20 @@ double StageMultiplier(const SimulationCosts& costs, int stage) {
 // A compute leaf's duration: its stage's own cost (B = I + W when only those
 // are given), else the global one times the stage's multiplier.
 double ComputeCost(const SimulationCosts& costs, const Action& a) {
+  const double mb =
+      costs.microbatch_multiplier.empty() ? 1.0 : costs.microbatch_multiplier[a.microbatch];
+  switch (a.type) {
+    case ActionType::kVocabOutputS:
+      return costs.vocab.output_s * mb;
+    case ActionType::kVocabOutputT:
+      return costs.vocab.output_t * mb;
+    case ActionType::kVocabInputF:
+      return costs.vocab.input_f * mb;
+    case ActionType::kVocabInputB:
+      return costs.vocab.input_b * mb;
+    default:
+      break;
+  }
   double base = 0;
   std::optional<double> own;
   auto it = costs.stage_costs.find(a.stage);
@@ -437,8 +456,6 @@ double ComputeCost(const SimulationCosts& costs, const Action& a) {
       if (stage != nullptr) own = stage->backward_weight;
       break;
   }
-  const double mb =
-      costs.microbatch_multiplier.empty() ? 1.0 : costs.microbatch_multiplier[a.microbatch];
   return (own ? *own : base * StageMultiplier(costs, a.stage)) * mb;
 }
 
@@ -497,6 +514,7 @@ internal_schedule::ExecutionCosts MakeExecutionCosts(const LoweredProgram& progr
   exec_costs.tail = [&costs, &tie_root](int rank, const Action& a) {
     return TailCost(costs, tie_root, rank, a);
   };
+  exec_costs.vocab_collective = [&costs](int, const Action&) { return costs.vocab.collective; };
   exec_costs.participants = [&costs, &tie_root, p, has_tied, has_step](int rank, const Action& a) {
     std::vector<int> group;
     for (int q = 0; q < p; ++q) {
@@ -548,6 +566,11 @@ SimulationResult Summarize(const LoweredProgram& program, const internal_schedul
       if (!IsCompute(action.type)) {
         if (with_timeline) {
           result.timeline.push_back({r, ActionToString(action), ex.start[r][i], ex.end[r][i]});
+        }
+        if (IsVocabCompute(action.type)) {
+          result.busy[r] += ex.end[r][i] - ex.start[r][i];
+          if (first_start < 0) first_start = ex.start[r][i];
+          last_end = std::max(last_end, ex.end[r][i]);
         }
         continue;
       }

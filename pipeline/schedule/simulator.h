@@ -133,6 +133,18 @@ struct SimulationCosts {
   // STEP all-reduces the gradient norm over all ranks (global grad-norm
   // clipping) before applying the optimizer: it is a collective of all ranks.
   bool step_all_reduce = false;
+  // Vocabulary parallelism (vocab_passes.h): each rank's passes, per
+  // micro-batch (times its multiplier), and each of their collectives once
+  // all ranks are there (a collective of all ranks: it starts at the latest
+  // arrival). The passes are busy time; the collectives are not.
+  struct VocabCosts {
+    double output_s = 0;    // OUT_S
+    double output_t = 0;    // OUT_T
+    double input_f = 0;     // IN_F
+    double input_b = 0;     // IN_B
+    double collective = 0;  // each OUT_BCAST, OUT_STATS, OUT_REDUCE, IN_REDUCE, IN_BCAST
+  };
+  VocabCosts vocab;
   // false (default): buffered sends: a SEND returns at once and its RECV
   // finishes at max(posted, sent + comm), as when the runtime posts sends as
   // isend and waits for them later; the schedules' published bubble formulas

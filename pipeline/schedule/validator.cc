@@ -60,6 +60,7 @@ class SeenComputes {
     for (int r = 0; r < static_cast<int>(schedule.ranks.size()); ++r) {
       for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
         PP_RETURN_IF_ERROR(CheckComputeCell(schedule, r, i));
+        if (IsVocabCompute(schedule.ranks[r][i].type)) continue;  // CheckVocabularyPasses
         for (const Action& a : Leaves(schedule.ranks[r][i])) {
           if (schedule.forward_only && a.type != ActionType::kForward) {
             return ScheduleCellError(schedule, r, i,
@@ -161,6 +162,53 @@ absl::Status CheckStageMicrobatch(const Schedule& schedule, const SeenComputes& 
   return absl::OkStatus();
 }
 
+// The vocabulary's types a rank runs once per micro-batch: compute (a
+// schedule's) or compute and collectives (a lowered program's).
+std::vector<ActionType> VocabTypes(bool forward_only, bool with_collectives) {
+  std::vector<ActionType> types = {ActionType::kVocabInputF, ActionType::kVocabOutputS};
+  if (!forward_only) {
+    types.insert(types.end(), {ActionType::kVocabOutputT, ActionType::kVocabInputB});
+  }
+  if (with_collectives) {
+    types.insert(types.end(), {ActionType::kVocabInputReduce, ActionType::kVocabOutputBroadcast,
+                               ActionType::kVocabOutputStats});
+    if (!forward_only) {
+      types.insert(types.end(), {ActionType::kVocabOutputReduce, ActionType::kVocabInputBroadcast});
+    }
+  }
+  return types;
+}
+
+// Every rank runs each vocabulary action of `types` exactly once per
+// micro-batch (none without vocabulary parallelism); `where` names the list.
+absl::Status CheckVocabularyCounts(const RankActions& ranks, int m, bool vocab_parallel,
+                                   const std::vector<ActionType>& types, absl::string_view where) {
+  constexpr int kVocabTypes = 9;
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+    std::vector<int> counts(kVocabTypes * m, 0);
+    auto count = [&](ActionType type, int mb) -> int& {
+      return counts[(static_cast<int>(type) - static_cast<int>(ActionType::kVocabOutputS)) * m +
+                    mb];
+    };
+    for (const Action& a : ranks[r]) {
+      if (IsVocab(a.type) && a.microbatch >= 0 && a.microbatch < m) ++count(a.type, a.microbatch);
+    }
+    for (ActionType type : types) {
+      for (int mb = 0; mb < m; ++mb) {
+        const int n = count(type, mb);
+        const int want = vocab_parallel ? 1 : 0;
+        if (n != want) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": rank ", r, " runs ", ActionToString(Vocab(type, mb)), " ", n,
+              " times; with vocabulary parallelism every rank runs it once, without it none does\n",
+              FormatGrid(ranks)));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateSchedule(const Schedule& schedule) {
@@ -172,6 +220,10 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
       PP_RETURN_IF_ERROR(CheckStageMicrobatch(schedule, seen, s, mb));
     }
   }
+  PP_RETURN_IF_ERROR(
+      CheckVocabularyCounts(schedule.ranks, schedule.num_microbatches, schedule.vocab_parallel,
+                            VocabTypes(schedule.forward_only, /*with_collectives=*/false),
+                            absl::StrCat("schedule \"", schedule.name, "\"")));
   // Cross-rank progress (data dependencies), then the lowered program.
   PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
   return ValidateLoweredProgram(program);
@@ -197,6 +249,10 @@ absl::Status ValidateLoweredProgram(const LoweredProgram& program) {
       for (const Action& a : Leaves(action)) ++count(a.type, a.stage, a.microbatch);
     }
   }
+  PP_RETURN_IF_ERROR(
+      CheckVocabularyCounts(program.ranks, m, program.vocab_parallel,
+                            VocabTypes(program.forward_only, /*with_collectives=*/true),
+                            absl::StrCat("lowered program of \"", program.schedule_name, "\"")));
   for (int s = 0; s < num_virtual; ++s) {
     for (int mb = 0; mb < m; ++mb) {
       const int fwd = count(ActionType::kForward, s, mb);

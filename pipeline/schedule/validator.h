@@ -19,6 +19,8 @@ namespace pp {
 //    schedules have no backward at all;
 //  - on one rank: F before its own B/I, I before its W, F on stage s before F
 //    on s + 1, B/I on s + 1 before B/I on s;
+//  - with vocabulary parallelism, every rank runs IN_F and OUT_S and, unless
+//    forward_only, OUT_T and IN_B once per micro-batch (none without it);
 //  - across ranks the per-rank orders can all make progress (data
 //    dependencies), and the lowered program (Lower with default options)
 //    passes ValidateLoweredProgram.
@@ -27,7 +29,11 @@ absl::Status ValidateSchedule(const Schedule& schedule);
 // Executes the program with blocking (rendezvous) send/recv, unit-free: every
 // SEND must meet its RECV, every compute must find its input (received, or
 // handed over locally by the previous stage on the same rank), every send must
-// send something already computed, and no rank may wait forever (deadlock).
+// send something already computed, and no rank may wait forever (deadlock):
+// a collective (the tail's, the vocabulary's) waits until each of its ranks
+// is at the same collective, so ranks that order two collectives differently
+// are a deadlock. With vocabulary parallelism every rank runs each of the
+// vocabulary's passes and collectives once per micro-batch.
 absl::Status ValidateLoweredProgram(const LoweredProgram& program);
 
 }  // namespace pp
