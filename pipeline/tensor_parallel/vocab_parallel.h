@@ -6,13 +6,10 @@
 // over the vocabulary (two all-reduces of one number per token) and the
 // target's logit (one more).
 //
-// The vocabulary is padded to a multiple of the group's size (Megatron does
-// the same): rows past `vocab_size` are zero, never looked up, and their
-// logits are left out of the softmax, so the loss and every gradient equal the
-// unpadded dense model's.
-//
-// The group is any ModelParallelGroup: the tensor-parallel group here, and the
-// pipe group for vocabulary parallelism across pipeline stages.
+// The vocabulary's split over the group (padding, each rank's rows) and the
+// formulas are in vocab_passes.h, which also offers them as plain passes with
+// the collectives left to the caller, for vocabulary parallelism across
+// pipeline stages.
 #ifndef PIPELINE_TENSOR_PARALLEL_VOCAB_PARALLEL_H_
 #define PIPELINE_TENSOR_PARALLEL_VOCAB_PARALLEL_H_
 
@@ -24,23 +21,10 @@
 
 #include "pipeline/layers/layer_context.h"
 #include "pipeline/tensor_parallel/sharded_module.h"
+#include "pipeline/tensor_parallel/vocab_passes.h"
 
 namespace pp {
 namespace tensor_parallel {
-
-// `vocab_size` rounded up to a multiple of `parts`.
-int64_t PaddedVocabSize(int64_t vocab_size, int64_t parts);
-
-// The rows [begin, end) of the padded vocabulary rank `group.rank` holds.
-struct VocabRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-};
-VocabRange LocalVocabRange(int64_t vocab_size, const ModelParallelGroup& group);
-
-// This rank's rows of `full_table` ([vocab_size, dim], drawn by the model as
-// its dense embedding draws it), padded with zero rows to PaddedVocabSize.
-torch::Tensor LocalVocabRows(const torch::Tensor& full_table, const ModelParallelGroup& group);
 
 // Token ids [..] -> embeddings [.., dim]: each rank looks up the ids in its
 // rows (zeros elsewhere) and the group sums them; under sequence parallelism
