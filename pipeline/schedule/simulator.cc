@@ -17,7 +17,9 @@ namespace pp {
 
 namespace {
 
-constexpr char kGlobalKeys[] = "F, B, I, W, comm, SEND, RECV, STEP, REDUCE_TIED, REDUCE_GRAD";
+constexpr char kGlobalKeys[] =
+    "F, B, I, W, comm, SEND, RECV, STEP, REDUCE_TIED, REDUCE_GRAD, OUT_S, OUT_T, IN_F, IN_B, "
+    "VOCAB_COMM";
 constexpr char kStageKeys[] = "F, B, I, W, REDUCE_GRAD";
 constexpr char kRankKeys[] = "STEP, REDUCE_TIED, SEND, RECV";
 
@@ -100,6 +102,16 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
       costs.reduce_tied = value;
     } else if (key == "REDUCE_GRAD") {
       costs.reduce_grad = value;
+    } else if (key == "OUT_S") {
+      costs.vocab.output_s = value;
+    } else if (key == "OUT_T") {
+      costs.vocab.output_t = value;
+    } else if (key == "IN_F") {
+      costs.vocab.input_f = value;
+    } else if (key == "IN_B") {
+      costs.vocab.input_b = value;
+    } else if (key == "VOCAB_COMM") {
+      costs.vocab.collective = value;
     } else {
       return UnknownKey(key, text, kGlobalKeys);
     }

@@ -161,7 +161,8 @@ struct SimulationCosts {
 inline constexpr double kMaxSimulationCost = 1e12;
 
 // "F:1,B:2,W:0,comm:0" (keys F, B, I, W, comm, SEND, RECV, STEP,
-// REDUCE_TIED, REDUCE_GRAD, in any order; missing keys keep their defaults, except that a
+// REDUCE_TIED, REDUCE_GRAD, and the vocabulary's OUT_S, OUT_T, IN_F, IN_B,
+// VOCAB_COMM (each collective), in any order; missing keys keep their defaults, except that a
 // missing B is I + W, so "F:1,I:1,W:2" means B = 3). InvalidArgument names a
 // bad key or value.
 absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text);

@@ -678,7 +678,12 @@ std::vector<Schedule> ScheduleStarts(const SynthesisOptions& o, const Shape& sh)
   for (const std::string& name : RegisteredScheduleNames()) {
     if (absl::StartsWith(name, "synth")) continue;
     absl::StatusOr<Schedule> made = MakeSchedule(name, so);
-    if (!made.ok() || made->forward_only || made->stage_to_rank != sh.placement) continue;
+    // Vocabulary passes are placed after synthesis (AddVocabularyPasses), not
+    // searched over.
+    if (!made.ok() || made->forward_only || made->vocab_parallel ||
+        made->stage_to_rank != sh.placement) {
+      continue;
+    }
     registered.push_back(*std::move(made));
   }
   return registered;
