@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "pipeline/tensor_parallel/mappings.h"
 
 namespace pp {
 namespace {
@@ -53,8 +54,9 @@ RuntimeCapabilities StageExecutorCapabilities() {
   RuntimeCapabilities capabilities;
   capabilities.split_backward = true;
   capabilities.overlap_f_b = true;  // its halves run back to back (Run)
-  // vocab_parallel: not yet (issue #40); the passes' math is in
-  // pipeline/tensor_parallel/vocab_passes.h.
+  // vocab_parallel: the executor runs the passes given its VocabularyLayers
+  // (set_vocabulary), but no Trainer or model provides them yet (issue #40),
+  // so experiments refuse vocabulary schedules.
   return capabilities;
 }
 
@@ -80,7 +82,14 @@ absl::Status StageExecutor::Validate(const LoweredProgram& program) const {
           " parts"));
     }
   }
-  PP_RETURN_IF_ERROR(CheckRuntimeSupports(program, StageExecutorCapabilities()));
+  RuntimeCapabilities capabilities = StageExecutorCapabilities();
+  capabilities.vocab_parallel = vocab_ != nullptr;
+  PP_RETURN_IF_ERROR(CheckRuntimeSupports(program, capabilities));
+  if (program.vocab_parallel && vocab_->pipe().size != program.num_stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the vocabulary is split over ", vocab_->pipe().size, " ranks but schedule '",
+                     program.schedule_name, "' has ", program.num_stages));
+  }
   for (const Action& action : program.ranks[rank_]) {
     for (const Action& leaf : Leaves(action)) {
       if (HasStage(leaf.type) && !IsTail(leaf.type) && stages_.count(leaf.stage) == 0) {
@@ -148,7 +157,16 @@ absl::Status StageExecutor::Forward(const Action& a, StepState& st) {
   Activations inputs;
   bool received = false;
   int64_t id = data->batch.id;
-  if (s == 0) {
+  const bool vocab = st.program->vocab_parallel;
+  if (s == 0 && vocab) {
+    auto it = st.vocab_embedded.find(mb);
+    if (it == st.vocab_embedded.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(Name(a), " on rank ", rank_, ": F of stage 0 before its IN_REDUCE"));
+    }
+    inputs = {it->second};
+    st.vocab_embedded.erase(it);
+  } else if (s == 0) {
     inputs = data->inputs;
   } else {
     auto it = st.inbox.find(key);
@@ -167,13 +185,13 @@ absl::Status StageExecutor::Forward(const Action& a, StepState& st) {
     }
   }
   Activations outputs = stages_.at(s)(inputs, data->batch);
-  if (s == last) {
-    if (id != data->batch.id) {
-      return absl::InternalError(
-          absl::StrCat(Name(a), " on rank ", rank_, ": activations belong to micro-batch id ", id,
-                       " but the labels to id ", data->batch.id,
-                       "; refusing to compute a loss from mismatched batches"));
-    }
+  if (s == last && id != data->batch.id) {
+    return absl::InternalError(
+        absl::StrCat(Name(a), " on rank ", rank_, ": activations belong to micro-batch id ", id,
+                     " but the labels to id ", data->batch.id,
+                     "; refusing to compute a loss from mismatched batches"));
+  }
+  if (s == last && !vocab) {
     torch::Tensor loss = loss_fn_(outputs, data->batch);
     if (loss.numel() != 1) {
       return absl::InvalidArgumentError(absl::StrCat("the loss function returned ", loss.numel(),
@@ -196,7 +214,17 @@ absl::Status StageExecutor::Forward(const Action& a, StepState& st) {
     }
     return absl::OkStatus();
   }
-  if (IsLocal(st, s + 1)) {
+  if (s == last) {
+    // Vocabulary parallelism: the head reads this stage's output (OUT_BCAST).
+    if (outputs.size() != 1 || !outputs[0].is_floating_point()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Name(a),
+                       ": with vocabulary parallelism the last stage returns one "
+                       "floating tensor (the hidden states the head reads), got ",
+                       outputs.size(), " tensors"));
+    }
+    st.vocab_hidden[mb] = outputs[0].detach().to(vocab_->head().scalar_type()).contiguous();
+  } else if (IsLocal(st, s + 1)) {
     st.inbox[{s + 1, mb}] = {HandOver(outputs), false};
     st.inbox_ids[{s + 1, mb}] = id;
   } else {
@@ -204,7 +232,7 @@ absl::Status StageExecutor::Forward(const Action& a, StepState& st) {
     st.outbox_ids[key] = id;
   }
   if (!st.forward_only) {
-    st.out_layouts[key] = LayoutOf(outputs);
+    if (s != last) st.out_layouts[key] = LayoutOf(outputs);
     StashEntry entry;
     entry.inputs = std::move(inputs);
     entry.outputs = std::move(outputs);
@@ -224,7 +252,23 @@ absl::Status StageExecutor::Roots(const Action& a, StepState& st, StashEntry& en
                                   bool& grads_received) {
   const Key key{a.stage, a.microbatch};
   grads_received = false;
-  if (a.stage == st.program->num_virtual_stages() - 1) {
+  const bool last = a.stage == st.program->num_virtual_stages() - 1;
+  if (last && st.program->vocab_parallel) {
+    auto g = st.vocab_hidden_grad.find(a.microbatch);
+    if (g == st.vocab_hidden_grad.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(Name(a), " on rank ", rank_, ": the last stage's backward before its ",
+                       "OUT_REDUCE (no gradient of the head's input)"));
+    }
+    for (const torch::Tensor& out : entry.outputs) {
+      if (!(out.is_floating_point() && out.requires_grad())) continue;
+      roots.push_back(out);
+      root_grads.push_back(g->second.to(out.scalar_type()));
+    }
+    st.vocab_hidden_grad.erase(g);
+    return absl::OkStatus();
+  }
+  if (last) {
     roots.push_back(entry.loss);
     root_grads.push_back(torch::ones_like(entry.loss));
     return absl::OkStatus();
@@ -247,6 +291,16 @@ absl::Status StageExecutor::Roots(const Action& a, StepState& st, StashEntry& en
     roots.push_back(out);
     root_grads.push_back(grads[next++]);
   }
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::KeepEmbeddingGrad(const Action& a, StepState& st,
+                                              Activations input_grads) {
+  if (input_grads.size() != 1) {
+    return absl::InternalError(absl::StrCat(Name(a), ": stage 0 has ", input_grads.size(),
+                                            " input gradients; the embedding gives it one input"));
+  }
+  st.vocab_input_grad[a.microbatch] = input_grads[0].contiguous();
   return absl::OkStatus();
 }
 
@@ -291,14 +345,18 @@ absl::Status StageExecutor::Backward(const Action& a, StepState& st) {
   entry.loss = torch::Tensor();
   if (grads_received) p2p_.Recycle(std::move(grads));
   st.out_layouts.erase(key);
-  if (s > 0) {
+  if (s > 0 || st.program->vocab_parallel) {
     Activations input_grads;
     for (const torch::Tensor& in : entry.inputs) {
       if (!(in.is_floating_point() && in.requires_grad())) continue;
       torch::Tensor g = in.grad();
       input_grads.push_back(g.defined() ? g : torch::zeros_like(in));
     }
-    HandInputGrads(st, s, mb, std::move(input_grads));
+    if (s > 0) {
+      HandInputGrads(st, s, mb, std::move(input_grads));
+    } else {
+      PP_RETURN_IF_ERROR(KeepEmbeddingGrad(a, st, std::move(input_grads)));
+    }
   }
   if (entry.received) {
     for (torch::Tensor& in : entry.inputs) {
@@ -345,7 +403,11 @@ absl::Status StageExecutor::BackwardInput(const Action& a, StepState& st) {
   // received buffers are recycled only after W.
   if (grads_received) entry.output_grads = std::move(grads);
   st.out_layouts.erase(key);
-  if (s > 0) HandInputGrads(st, s, mb, std::move(input_grads));
+  if (s > 0) {
+    HandInputGrads(st, s, mb, std::move(input_grads));
+  } else if (st.program->vocab_parallel) {
+    PP_RETURN_IF_ERROR(KeepEmbeddingGrad(a, st, std::move(input_grads)));
+  }
   return absl::OkStatus();
 }
 
@@ -471,8 +533,139 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
       // Run() executes the halves one by one (each observed on its own).
       for (const Action& half : Leaves(a)) PP_RETURN_IF_ERROR(Execute(half, st, tail));
       return absl::OkStatus();
+    case ActionType::kVocabOutputS:
+    case ActionType::kVocabOutputT:
+    case ActionType::kVocabInputF:
+    case ActionType::kVocabInputB:
+    case ActionType::kVocabOutputBroadcast:
+    case ActionType::kVocabOutputStats:
+    case ActionType::kVocabOutputReduce:
+    case ActionType::kVocabInputReduce:
+    case ActionType::kVocabInputBroadcast:
+      return ExecuteVocabulary(a, st);
   }
   return absl::InternalError(absl::StrCat("unknown action type in ", Name(a)));
+}
+
+absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
+  const LoweredProgram& program = *st.program;
+  const int mb = a.microbatch;
+  const std::string what = absl::StrCat(Name(a), " on rank ", rank_);
+  const ModelParallelGroup& pipe = vocab_->pipe();
+  const int first_rank = program.stage_to_rank[0];
+  const int last_rank = program.stage_to_rank[program.num_virtual_stages() - 1];
+  PP_ASSIGN_OR_RETURN(const MicroBatchData* data, Data(st, mb));
+  if (data->inputs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the micro-batch has no token ids (inputs[0])"));
+  }
+  const torch::Tensor& ids = data->inputs[0];
+  // A [ids.., D] buffer of the vocabulary's dtype: what a broadcast receives.
+  auto hidden_like_ids = [&] {
+    std::vector<int64_t> shape = ids.sizes().vec();
+    shape.push_back(vocab_->dim());
+    return torch::zeros(shape, vocab_->head().options().requires_grad(false));
+  };
+  // This micro-batch's entry of `from`, removed; undefined when absent.
+  auto take = [&](std::map<int, torch::Tensor>& from) {
+    auto it = from.find(mb);
+    if (it == from.end()) return torch::Tensor();
+    torch::Tensor t = std::move(it->second);
+    from.erase(it);
+    return t;
+  };
+  auto missing = [&](const char* needs) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": ", needs, " has not run"));
+  };
+  switch (a.type) {
+    case ActionType::kVocabInputF:
+      st.vocab_embedded[mb] = vocab_->Embed(ids).contiguous();
+      return absl::OkStatus();
+    case ActionType::kVocabInputReduce: {
+      torch::Tensor share = take(st.vocab_embedded);
+      if (!share.defined()) return missing("its IN_F");
+      tensor_parallel::AllReduceInPlace(share, pipe, tensor_parallel::ReduceOp::kSum,
+                                        absl::StrCat("the embedding of micro-batch ", mb));
+      if (rank_ == first_rank) {
+        if (!st.forward_only) share.requires_grad_(true);
+        st.vocab_embedded[mb] = share;
+      }
+      return absl::OkStatus();
+    }
+    case ActionType::kVocabOutputBroadcast: {
+      torch::Tensor hidden = rank_ == last_rank ? take(st.vocab_hidden) : hidden_like_ids();
+      if (!hidden.defined()) return missing("the last stage's F");
+      tensor_parallel::Broadcast(hidden, pipe, last_rank,
+                                 absl::StrCat("the head's input of micro-batch ", mb));
+      st.vocab_hidden[mb] = hidden;
+      return absl::OkStatus();
+    }
+    case ActionType::kVocabOutputS: {
+      torch::Tensor hidden = take(st.vocab_hidden);
+      if (!hidden.defined()) return missing("its OUT_BCAST");
+      st.vocab_stats[mb] =
+          vocab_->OutputS(mb, hidden, data->batch.Get(vocab_labels_key_)).unsqueeze(0);
+      return absl::OkStatus();
+    }
+    case ActionType::kVocabOutputStats: {
+      torch::Tensor stats = take(st.vocab_stats);
+      if (!stats.defined()) return missing("its OUT_S");
+      torch::Tensor gathered = tensor_parallel::AllGather(
+          stats, pipe, 0, absl::StrCat("the softmax statistics of micro-batch ", mb));
+      const torch::Tensor loss = vocab_->Combine(mb, gathered);
+      if (rank_ == last_rank) {
+        const torch::Tensor labels = data->batch.Get(vocab_labels_key_);
+        const double counted = (labels != vocab_->ignore_index()).sum().item<double>();
+        st.stats.loss_sum += loss.sum().item<double>() / std::max(counted, 1.0);
+        st.stats.losses_computed += 1;
+      }
+      return absl::OkStatus();
+    }
+    case ActionType::kVocabOutputT: {
+      if (data->global_loss_tokens > 0) {
+        return absl::UnimplementedError(
+            absl::StrCat(what,
+                         ": per-token loss (a loss mask) with vocabulary parallelism is "
+                         "not implemented; the loss is each micro-batch's mean"));
+      }
+      const torch::Tensor labels = data->batch.Get(vocab_labels_key_);
+      const torch::Tensor counted = labels != vocab_->ignore_index();
+      const double n = std::max(counted.sum().item<double>(), 1.0);
+      torch::Tensor scale = counted.to(torch::kFloat32) / (n * program.num_microbatches);
+      if (options_.loss_normalization_fault == LossNormalizationFault::kDroppedMicroBatch &&
+          mb == program.num_microbatches - 1) {
+        scale.zero_();
+      }
+      st.vocab_hidden_grad[mb] = vocab_->OutputT(mb, scale).contiguous();
+      return absl::OkStatus();
+    }
+    case ActionType::kVocabOutputReduce: {
+      torch::Tensor share = take(st.vocab_hidden_grad);
+      if (!share.defined()) return missing("its OUT_T");
+      tensor_parallel::AllReduceInPlace(
+          share, pipe, tensor_parallel::ReduceOp::kSum,
+          absl::StrCat("the head input's gradient of micro-batch ", mb));
+      if (rank_ == last_rank) st.vocab_hidden_grad[mb] = share;
+      return absl::OkStatus();
+    }
+    case ActionType::kVocabInputBroadcast: {
+      torch::Tensor grad = rank_ == first_rank ? take(st.vocab_input_grad) : hidden_like_ids();
+      if (!grad.defined()) return missing("stage 0's backward");
+      grad = grad.to(vocab_->embedding().scalar_type()).contiguous();
+      tensor_parallel::Broadcast(grad, pipe, first_rank,
+                                 absl::StrCat("the embedding's gradient of micro-batch ", mb));
+      st.vocab_input_grad[mb] = grad;
+      return absl::OkStatus();
+    }
+    case ActionType::kVocabInputB: {
+      torch::Tensor grad = take(st.vocab_input_grad);
+      if (!grad.defined()) return missing("its IN_BCAST");
+      vocab_->EmbedBackward(ids, grad);
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InternalError(absl::StrCat(what, ": not a vocabulary action"));
+  }
 }
 
 absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int64_t step,
@@ -564,6 +757,7 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
   // none that a later pass would take for its own).
   if (!status.ok()) p2p_.AbortPostedReceives();
   if (status.ok()) status = p2p_.WaitSends();
+  if (!status.ok() && vocab_ != nullptr) vocab_->Clear();
   if (status.ok() && !st.stash.empty()) {
     status = absl::InternalError(absl::StrCat("program of rank ", rank_, " left ", st.stash.size(),
                                               " stashed micro-batches without backward"));

@@ -45,6 +45,7 @@
 #include "pipeline/runtime/action_observer.h"
 #include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/runtime/p2p.h"
+#include "pipeline/runtime/vocab_layers.h"
 #include "pipeline/schedule/action.h"
 #include "pipeline/schedule/capabilities.h"
 #include "pipeline/schedule/defer_receives.h"
@@ -146,6 +147,23 @@ class StageExecutor {
     after_backward_ = std::move(after_backward);
   }
 
+  // Vocabulary parallelism (Schedule::vocab_parallel): this rank's shards of
+  // the embedding and the head (borrowed). A program with vocabulary passes
+  // runs only with them set. Then stage 0's F takes the summed embedding
+  // (IN_REDUCE) as its input instead of the micro-batch's token ids (still
+  // inputs[0]: every rank looks them up), the last stage's F outputs the
+  // hidden states the head reads (OUT_BCAST) and computes no loss, its
+  // backward starts from their gradient (OUT_REDUCE), and stage 0's input
+  // gradient goes to IN_BCAST. The loss is each micro-batch's mean
+  // cross-entropy over the tokens whose `labels_key` entry is not the
+  // ignore index, scaled by 1/m; StepStats counts it on the last stage's
+  // rank. Collectives run on the pipe group with `vocabulary->pipe()`'s
+  // timeout.
+  void set_vocabulary(VocabularyLayers* vocabulary, std::string labels_key = "labels") {
+    vocab_ = vocabulary;
+    vocab_labels_key_ = std::move(labels_key);
+  }
+
   P2P& p2p() { return p2p_; }
   const P2P& p2p() const { return p2p_; }
 
@@ -177,6 +195,12 @@ class StageExecutor {
     std::map<Key, Activations> grad_outbox;                  // input grads waiting for SEND_B
     std::map<Key, StashEntry> stash;
     StepStats stats;
+    // Vocabulary parallelism, by micro-batch: IN_F's share, then on stage
+    // 0's rank the sum (its F's input); the last stage's output (OUT_BCAST);
+    // OUT_S's statistics; OUT_T's share of the output gradient, then on the
+    // last stage's rank the sum; stage 0's input gradient (IN_BCAST).
+    std::map<int, torch::Tensor> vocab_embedded, vocab_hidden, vocab_stats, vocab_hidden_grad,
+        vocab_input_grad;
   };
 
   // post_receives_ahead: the step's receives per channel, in program order,
@@ -191,6 +215,8 @@ class StageExecutor {
   absl::Status PostReady(StepState& st, std::map<ChannelId, Channel>& channels);
 
   absl::Status Execute(const Action& action, StepState& st, const TailFn& tail);
+  // The vocabulary passes and their collectives.
+  absl::Status ExecuteVocabulary(const Action& action, StepState& st);
   absl::StatusOr<const MicroBatchData*> Data(StepState& st, int mb);
   absl::Status Forward(const Action& a, StepState& st);
   torch::Tensor ScaledLoss(const torch::Tensor& loss, const MicroBatchData& data,
@@ -211,6 +237,8 @@ class StageExecutor {
   absl::Status Roots(const Action& a, StepState& st, StashEntry& entry,
                      std::vector<torch::Tensor>& roots, std::vector<torch::Tensor>& root_grads,
                      Activations& grads, bool& grads_received);
+  // Vocabulary parallelism: stage 0's input gradient, kept for IN_BCAST.
+  absl::Status KeepEmbeddingGrad(const Action& a, StepState& st, Activations input_grads);
   // Hands input gradients to stage s - 1 (locally or via SEND_B).
   void HandInputGrads(StepState& st, int stage, int mb, Activations input_grads);
   bool IsLocal(const StepState& st, int stage) const;
@@ -223,6 +251,8 @@ class StageExecutor {
   StageExecutorOptions options_;
   P2P p2p_;
   ActionObserver* observer_ = nullptr;
+  VocabularyLayers* vocab_ = nullptr;
+  std::string vocab_labels_key_ = "labels";
   std::function<void()> after_backward_;
   absl::Status status_holder_;  // an action's error, carried out of TorchCall
 };

@@ -144,6 +144,26 @@ void AllReduceInPlace(torch::Tensor& x, const ModelParallelGroup& group, ReduceO
        [&] { return group.group->allreduce(tensors, options); });
 }
 
+void Broadcast(torch::Tensor& x, const ModelParallelGroup& group, int64_t root,
+               const std::string& what) {
+  if (!group.is_parallel()) return;
+  TORCH_CHECK(root >= 0 && root < group.size, what, ": broadcast root ", root, " outside [0, ",
+              group.size, ")");
+  TORCH_CHECK(x.is_contiguous(), what, ": broadcast needs a contiguous tensor");
+  if (IsReducedPrecision(x)) {  // Gloo has no bf16/fp16; the cast is exact both ways
+    torch::Tensor wide = x.to(torch::kFloat32);
+    Broadcast(wide, group, root, what);
+    x.copy_(wide);
+    return;
+  }
+  std::vector<torch::Tensor> tensors = {x};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  options.timeout = group.timeout;
+  Wait(group, absl::StrCat("broadcast of ", what),
+       [&] { return group.group->broadcast(tensors, options); });
+}
+
 torch::Tensor AllGather(const torch::Tensor& x, const ModelParallelGroup& group, int64_t dim,
                         const std::string& what) {
   if (!group.is_parallel()) return x;

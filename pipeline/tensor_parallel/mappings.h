@@ -60,6 +60,10 @@ enum class ReduceOp { kSum, kMax };
 // In place on a contiguous tensor.
 void AllReduceInPlace(torch::Tensor& x, const ModelParallelGroup& group, ReduceOp op,
                       const std::string& what);
+// In place on a contiguous tensor: every rank gets group rank `root`'s `x`
+// (the others' `x` give the shape and dtype to receive into).
+void Broadcast(torch::Tensor& x, const ModelParallelGroup& group, int64_t root,
+               const std::string& what);
 // The group's tensors concatenated along `dim`, in group-rank order.
 torch::Tensor AllGather(const torch::Tensor& x, const ModelParallelGroup& group, int64_t dim,
                         const std::string& what);

@@ -1,0 +1,81 @@
+// This rank's shards of the vocabulary layers of a vocabulary-parallel run
+// (issue #40; pipeline/schedule/vocab_passes.h places their passes): rows
+// [range) of the input embedding and of the output projection, one tensor
+// when they are tied. The StageExecutor calls one method per vocabulary pass
+// and runs the collectives between them over the pipe group; the math is
+// pipeline/tensor_parallel/vocab_passes.h.
+//
+//   IN_F   Embed(ids)                  -> share (summed onto stage 0: its input)
+//   OUT_S  OutputS(mb, hidden, labels) -> stats (all-gathered)
+//          Combine(mb, gathered)       -> per-token loss, same on every rank
+//   OUT_T  OutputT(mb, grad_scale)     -> share of d loss / d hidden (summed
+//                                         onto the last stage: its output
+//                                         gradient); the head rows' gradient
+//   IN_B   EmbedBackward(ids, grad)    -> the embedding rows' gradient
+//
+// Gradients accumulate into the shards' .grad (as autograd would), so the
+// optimizer, clipping and the data-parallel reduce treat the shards like any
+// parameter. Not thread-safe; one per rank.
+#ifndef PIPELINE_RUNTIME_VOCAB_LAYERS_H_
+#define PIPELINE_RUNTIME_VOCAB_LAYERS_H_
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pipeline/layers/layer_context.h"
+#include "pipeline/tensor_parallel/vocab_passes.h"
+
+namespace pp {
+
+class VocabularyLayers {
+ public:
+  // `embedding` and `head`: the dense tables [vocab_size, D]; this rank keeps
+  // its rows of each (LocalVocabRows over `pipe`, padded). `tied`: the head
+  // is the embedding (one shard serves both; `head` is ignored).
+  VocabularyLayers(const torch::Tensor& embedding, const torch::Tensor& head, bool tied,
+                   ModelParallelGroup pipe, int64_t ignore_index = -100);
+
+  torch::Tensor Embed(const torch::Tensor& ids) const;
+  void EmbedBackward(const torch::Tensor& ids, const torch::Tensor& grad_output);
+  torch::Tensor OutputS(int mb, const torch::Tensor& hidden, const torch::Tensor& labels);
+  // `gathered`: every rank's stats [p, N, 3]. The per-token loss [N..].
+  torch::Tensor Combine(int mb, const torch::Tensor& gathered);
+  // `grad_scale` [N..]: d step loss / d token loss. Ends micro-batch mb.
+  torch::Tensor OutputT(int mb, const torch::Tensor& grad_scale);
+  // Drops every micro-batch's state (a failed step).
+  void Clear() { pending_.clear(); }
+
+  // The parameters: {embedding} when tied, else {embedding, head}.
+  std::vector<torch::Tensor> parameters() const;
+  const torch::Tensor& embedding() const { return embedding_; }
+  const torch::Tensor& head() const { return tied_ ? embedding_ : head_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  int64_t ignore_index() const { return ignore_index_; }
+  int64_t dim() const { return embedding_.size(1); }
+  const ModelParallelGroup& pipe() const { return pipe_; }
+  tensor_parallel::VocabRange range() const { return range_; }
+
+ private:
+  struct Pending {
+    tensor_parallel::OutputSResult s;
+    torch::Tensor hidden, labels;
+    tensor_parallel::CombinedOutputStats combined;
+    bool combined_set = false;
+  };
+  static void Accumulate(const torch::Tensor& param, const torch::Tensor& grad);
+
+  int64_t vocab_size_;
+  bool tied_;
+  ModelParallelGroup pipe_;
+  int64_t ignore_index_;
+  tensor_parallel::VocabRange range_;
+  torch::Tensor embedding_, head_;
+  std::map<int, Pending> pending_;  // by micro-batch, from OUT_S to OUT_T
+};
+
+}  // namespace pp
+
+#endif  // PIPELINE_RUNTIME_VOCAB_LAYERS_H_
