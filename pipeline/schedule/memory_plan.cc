@@ -40,7 +40,8 @@ std::vector<std::pair<std::string, double>> RankMemoryPlan::Terms() const {
                                                        {"p2p buffers", p2p_buffers},
                                                        {"recompute", recompute},
                                                        {"sent messages", sent_messages},
-                                                       {"reduce buffers", reduce_buffers}};
+                                                       {"reduce buffers", reduce_buffers},
+                                                       {"vocabulary passes", vocab_pending}};
   terms.erase(
       std::remove_if(terms.begin(), terms.end(), [](const auto& t) { return t.second <= 0; }),
       terms.end());
@@ -81,6 +82,19 @@ absl::Status CheckMemoryInputs(const Schedule& schedule, const std::vector<Stage
     return absl::InvalidArgumentError(absl::StrCat("memory split I:", options.split.input,
                                                    ",W:", options.split.weight,
                                                    " must be >= 0 and not both 0"));
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"vocab.parameter_bytes", options.vocab.parameter_bytes},
+        {"vocab.pending_bytes", options.vocab.pending_bytes}}) {
+    if (!std::isfinite(value) || value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("memory plan: ", name, " is ", value, "; must be finite and >= 0"));
+    }
+    if (value > 0 && !schedule.vocab_parallel) {
+      return absl::InvalidArgumentError(absl::StrCat("memory plan: ", name, " given for schedule '",
+                                                     schedule.name,
+                                                     "', which has no vocabulary passes"));
+    }
   }
   if (options.distributed_optimizer_dp < 1) {
     return absl::InvalidArgumentError(absl::StrCat("memory plan: distributed_optimizer_dp (",
@@ -153,6 +167,7 @@ void PlanFixedBytes(const Schedule& schedule, const std::vector<StageMemory>& st
     if (schedule.stage_to_rank[s] != r) continue;
     out.parameters += stages[s].parameter_bytes;
   }
+  out.parameters += options.vocab.parameter_bytes;  // every rank's rows (0 without)
   out.p2p_buffers = ReceiveBufferPeak(schedule, stages, r);
   if (!schedule.forward_only) {
     out.gradients = out.parameters;
@@ -176,7 +191,8 @@ void PlanFixedBytes(const Schedule& schedule, const std::vector<StageMemory>& st
 // `tail_bytes`: held in the step's tail after every backward (the
 // distributed optimizer's buffers), beside the messages still unsent.
 absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<StageMemory>& stages,
-                                double input_frees, double tail_bytes, int r, RankMemoryPlan& out) {
+                                const VocabMemory& vocab, double input_frees, double tail_bytes,
+                                int r, RankMemoryPlan& out) {
   const int num_virtual = schedule.num_virtual_stages();
   const double fixed =
       out.parameters + out.master_weights + out.gradients + out.optimizer_state + out.p2p_buffers;
@@ -184,12 +200,15 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
   double held = 0;
   // Messages this rank sent to another rank, kept until the step's tail.
   double sent = 0;
+  double vocab_held = 0;  // OUT_S results waiting for their OUT_T
   auto consider = [&](double activations, double recompute, int step) {
-    if (fixed + activations + recompute + sent > out.peak_bytes || out.peak_step < 0) {
-      out.peak_bytes = fixed + activations + recompute + sent;
+    const double total = fixed + activations + recompute + sent + vocab_held;
+    if (total > out.peak_bytes || out.peak_step < 0) {
+      out.peak_bytes = total;
       out.activations = activations;
       out.recompute = recompute;
       out.sent_messages = sent;
+      out.vocab_pending = vocab_held;
       out.peak_step = step;
     }
   };
@@ -202,8 +221,18 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
   };
   for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
     for (const Action& a : Leaves(schedule.ranks[r][i])) {
-      // A lowered program's sends, receives and tail (REDUCE_TIED names no
-      // stage) hold nothing the plan counts.
+      if (a.type == ActionType::kVocabOutputS) {
+        vocab_held += vocab.pending_bytes;
+        consider(held, 0, i);
+        if (schedule.forward_only) vocab_held -= vocab.pending_bytes;  // no OUT_T
+        continue;
+      }
+      if (a.type == ActionType::kVocabOutputT) {
+        vocab_held -= vocab.pending_bytes;
+        continue;
+      }
+      // A lowered program's sends, receives, collectives and tail
+      // (REDUCE_TIED names no stage) hold nothing the plan counts.
       if (!IsCompute(a.type)) continue;
       if (a.stage < 0 || a.stage >= num_virtual) {
         return absl::InvalidArgumentError(absl::StrCat("memory plan: rank ", r, " step ", i, " (",
@@ -269,10 +298,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
       for (int s = 0; s < schedule.num_virtual_stages(); ++s) {
         if (schedule.stage_to_rank[s] == r) tail_bytes += stages[s].parameter_bytes;
       }
+      tail_bytes += options.vocab.parameter_bytes;
       tail_bytes *= 1.0 + 1.0 / options.distributed_optimizer_dp;
     }
-    PP_RETURN_IF_ERROR(
-        PlanActivationPeak(schedule, stages, input_frees, tail_bytes, r, plan.ranks[r]));
+    PP_RETURN_IF_ERROR(PlanActivationPeak(schedule, stages, options.vocab, input_frees, tail_bytes,
+                                          r, plan.ranks[r]));
   }
   return plan;
 }

@@ -31,6 +31,12 @@
 //
 // Tied parameters: a stage holding a tied copy counts its bytes (every rank
 // with a copy holds it, as the runtime does); give them in parameter_bytes.
+//
+// Vocabulary parallelism (Schedule::vocab_parallel, vocab_passes.h): every
+// rank holds its rows of the embedding and the head (VocabMemory, counted
+// with the parameters, their gradients and optimizer state; leave them out of
+// the first and last stages' parameter_bytes), and each micro-batch's OUT_S
+// result until its OUT_T.
 #ifndef PIPELINE_SCHEDULE_MEMORY_PLAN_H_
 #define PIPELINE_SCHEDULE_MEMORY_PLAN_H_
 
@@ -65,6 +71,15 @@ struct StageMemory {
   double weight_pending_bytes = 0;
 };
 
+// What a rank holds for the vocabulary passes.
+struct VocabMemory {
+  double parameter_bytes = 0;  // its rows of the embedding and of the head (once if tied)
+  // One micro-batch's OUT_S result kept until its OUT_T: the exps of its
+  // logits (fp32, tokens x vocabulary / p), the head's input (tokens x
+  // width), the statistics.
+  double pending_bytes = 0;
+};
+
 struct MemoryPlanOptions {
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   MemorySplit split;  // how I and W free activations (simulator.h)
@@ -81,6 +96,8 @@ struct MemoryPlanOptions {
   // tail holds its parameters' gradients flattened in fp32 for the
   // reduce-scatter plus its slice of the reduced ones (`reduce_buffers`).
   int distributed_optimizer_dp = 1;
+  // Only with a vocab_parallel schedule (else all 0).
+  VocabMemory vocab;
 };
 
 // One rank's prediction: the peak and its terms at the peak.
@@ -96,7 +113,8 @@ struct RankMemoryPlan {
   double sent_messages = 0;  // sent to other ranks, kept until the step's tail
   // The distributed optimizer's tail buffers, when they make the peak.
   double reduce_buffers = 0;
-  int peak_step = -1;  // position in the rank's list where the peak is reached
+  double vocab_pending = 0;  // OUT_S results held for OUT_T at the peak
+  int peak_step = -1;        // position in the rank's list where the peak is reached
   // (term name, bytes), biggest first, zero terms left out.
   std::vector<std::pair<std::string, double>> Terms() const;
 };

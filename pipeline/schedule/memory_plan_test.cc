@@ -7,6 +7,7 @@
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
 #include "pipeline/schedule/simulator.h"
+#include "pipeline/schedule/vocab_passes.h"
 
 namespace pp {
 namespace {
@@ -281,6 +282,39 @@ TEST(MemoryPlanTest, BadInputNamesIt) {
   absl::StatusOr<MemoryPlan> bad = PlanMemory(Make("1f1b", 2, 4), negative);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("stage 1 activation_bytes is -1"), std::string::npos);
+}
+
+// Vocabulary parallelism: every rank holds its rows (5 bytes: + 5 gradients
+// + 10 AdamW state) and, between a micro-batch's OUT_S and OUT_T, their
+// result (1000 bytes, larger than anything else, so the peak is there).
+TEST(MemoryPlanTest, VocabularyRowsOnEveryRankAndOutputsHeldFromSToT) {
+  const Schedule vocab = Make("1f1b_vocab", 2, 4);
+  const std::vector<double> plain = Peaks(vocab, Uniform(2));
+  MemoryPlanOptions options;
+  options.vocab = {5, 1000};
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(vocab, Uniform(2), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (int r = 0; r < 2; ++r) {
+    const RankMemoryPlan& rank = plan->ranks[r];
+    EXPECT_EQ(rank.parameters, 15) << "rank " << r;
+    EXPECT_EQ(rank.optimizer_state, 30) << "rank " << r;
+    EXPECT_EQ(rank.vocab_pending, 1000) << "rank " << r;  // one micro-batch at a time
+    EXPECT_GT(rank.peak_bytes, plain[r] + 20 + 1000 - 300) << "rank " << r;
+    EXPECT_LE(rank.peak_bytes, plain[r] + 20 + 1000) << "rank " << r;
+    EXPECT_EQ(rank.Terms().front().first, "vocabulary passes");
+  }
+  // Forward only: OUT_S's result is dropped at once (no OUT_T).
+  absl::StatusOr<Schedule> eval = AddVocabularyPasses(Make("inference", 2, 4));
+  ASSERT_TRUE(eval.ok());
+  plan = PlanMemory(*eval, Uniform(2), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ranks[1].vocab_pending, 1000);
+  // Vocabulary bytes for a schedule without the passes are a caller's error.
+  absl::StatusOr<MemoryPlan> wrong = PlanMemory(Make("1f1b", 2, 4), Uniform(2), options);
+  EXPECT_FALSE(wrong.ok());
+  EXPECT_NE(std::string(wrong.status().message()).find("has no vocabulary passes"),
+            std::string::npos)
+      << wrong.status();
 }
 
 }  // namespace
