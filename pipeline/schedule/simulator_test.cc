@@ -244,8 +244,16 @@ TEST(SimulationCostsTest, ParsesAndRejects) {
   // Issue #42 class 8: finite costs whose sums overflowed gave makespan inf.
   EXPECT_THAT(std::string(ParseSimulationCosts("F:1e308,B:1e308").status().message()),
               HasSubstr("bad cost \"F:1e308\" in \"F:1e308,B:1e308\": expected KEY:VALUE with "
-                        "KEY in F, B, I, W, comm, SEND, RECV, STEP, REDUCE_TIED, REDUCE_GRAD and "
-                        "VALUE a number in [0, 1e+12]"));
+                        "KEY in F, B, I, W, comm, SEND, RECV, STEP, REDUCE_TIED, REDUCE_GRAD, "
+                        "OUT_S, OUT_T, IN_F, IN_B, VOCAB_COMM and VALUE a number in [0, 1e+12]"));
+  // The vocabulary passes' costs.
+  c = ParseSimulationCosts("OUT_S:0.5,OUT_T:1,IN_F:0.1,IN_B:0.2,VOCAB_COMM:0.05");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->vocab.output_s, 0.5);
+  EXPECT_DOUBLE_EQ(c->vocab.output_t, 1);
+  EXPECT_DOUBLE_EQ(c->vocab.input_f, 0.1);
+  EXPECT_DOUBLE_EQ(c->vocab.input_b, 0.2);
+  EXPECT_DOUBLE_EQ(c->vocab.collective, 0.05);
   EXPECT_FALSE(ParseStageCosts("0:F:1e13").ok());
   EXPECT_FALSE(ParseRankCosts("0:STEP:1e13").ok());
   EXPECT_TRUE(ParseSimulationCosts("F:1e12").ok());
