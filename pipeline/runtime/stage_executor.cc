@@ -613,6 +613,7 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
       torch::Tensor gathered = tensor_parallel::AllGather(
           stats, pipe, 0, absl::StrCat("the softmax statistics of micro-batch ", mb));
       const torch::Tensor loss = vocab_->Combine(mb, gathered);
+      if (st.forward_only) vocab_->Drop(mb);  // evaluation: no OUT_T
       if (rank_ == last_rank) {
         const torch::Tensor labels = data->batch.Get(vocab_labels_key_);
         const double counted = (labels != vocab_->ignore_index()).sum().item<double>();

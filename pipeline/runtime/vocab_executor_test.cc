@@ -4,7 +4,8 @@
 // dense model's autograd. Covering set: 1f1b_vocab at p 2 and 4 (tied and
 // untied), zbv_vocab at p 2 (V placement, split backward I/W) with a
 // vocabulary that leaves padding rows; planted: a missing sum of the shares
-// (the IN_REDUCE/OUT_REDUCE all-reduces) and a shard off by one row.
+// (the IN_REDUCE/OUT_REDUCE all-reduces) and a shard off by one row; an
+// evaluation program reports the dense loss.
 #include <chrono>
 #include <map>
 #include <string>
@@ -18,6 +19,7 @@
 #include "pipeline/runtime/vocab_layers.h"
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/vocab_passes.h"
 #include "pipeline/tensor_parallel/planted_fault.h"
 #include "topology/thread_ranks.h"
 
@@ -184,6 +186,42 @@ TEST(VocabExecutorTest, GradientsAndLossEqualTheDenseModel) {
     absl::Status s = RunCase(c);
     EXPECT_TRUE(s.ok()) << s;
   }
+}
+
+// Evaluation: an inference program with the passes (IN_F, OUT_S and their
+// collectives, no backward) reports the dense loss and keeps nothing.
+TEST(VocabExecutorTest, ForwardOnlyReportsTheDenseLoss) {
+  const int p = 2, m = 3;
+  const int64_t vocab_size = 11;
+  const Dense dense = MakeDense(vocab_size, p, /*tied=*/true);
+  const DenseResult want = DenseStep(dense, vocab_size, m, /*tied=*/true);
+  absl::Status s = RunOnThreadRanks(p, std::chrono::milliseconds(20000), [&](World& world) {
+    absl::StatusOr<Schedule> base = MakeSchedule("inference", {p, m, 1, 0});
+    PP_RETURN_IF_ERROR(base.status());
+    PP_ASSIGN_OR_RETURN(Schedule schedule, AddVocabularyPasses(*base));
+    PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+    VocabularyLayers vocab(dense.embedding, dense.head, true,
+                           ModelParallelGroup{world.rank, world.size, world.group}, kIgnore);
+    torch::Tensor w = dense.blocks[world.rank];
+    std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>> fns = {
+        {world.rank,
+         [w](const Activations& in, const MicroBatch&) { return Activations{Block(in[0], w)}; }}};
+    Source source(vocab_size);
+    StageExecutor exec(world.rank, fns, LossFn(), &source, world.group, StageExecutorOptions{});
+    exec.set_vocabulary(&vocab);
+    PP_ASSIGN_OR_RETURN(StepStats stats,
+                        exec.Run(program, 0, [](const Action&) { return absl::OkStatus(); }));
+    if (vocab.pending() != 0) {
+      return absl::InternalError(absl::StrCat(vocab.pending(), " micro-batches left pending"));
+    }
+    if (world.rank == p - 1 &&
+        (stats.losses_computed != m || std::abs(stats.loss_sum / m - want.loss) > 1e-5)) {
+      return absl::InternalError(absl::StrCat("evaluation loss ", stats.loss_sum / m, " over ",
+                                              stats.losses_computed, "; dense ", want.loss));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(VocabExecutorTest, PlantedFaultsAreCaught) {

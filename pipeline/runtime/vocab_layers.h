@@ -45,8 +45,12 @@ class VocabularyLayers {
   torch::Tensor Combine(int mb, const torch::Tensor& gathered);
   // `grad_scale` [N..]: d step loss / d token loss. Ends micro-batch mb.
   torch::Tensor OutputT(int mb, const torch::Tensor& grad_scale);
+  // Ends micro-batch mb without OUT_T (evaluation: the loss is all it needs).
+  void Drop(int mb) { pending_.erase(mb); }
   // Drops every micro-batch's state (a failed step).
   void Clear() { pending_.clear(); }
+  // Micro-batches between OUT_S and their end (OUT_T or Drop).
+  int pending() const { return static_cast<int>(pending_.size()); }
 
   // The parameters: {embedding} when tied, else {embedding, head}.
   std::vector<torch::Tensor> parameters() const;
