@@ -15,6 +15,7 @@
 #include "models/bert/bert.h"
 #include "models/data/lm_data.h"
 #include "models/data/mlm_data.h"
+#include "models/equivalence/suite_text.h"
 #include "models/gpt/gpt.h"
 #include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/partition/partitioner.h"
@@ -32,15 +33,6 @@ using testing_runtime::TrainPipeline;
 using testing_runtime::TrainSequential;
 
 constexpr double kRtol = 1e-5;
-
-std::string Text() {
-  std::string text;
-  for (int i = 0; i < 60; ++i) {
-    text += absl::StrCat("Stage ", i % 7, " sends activations to stage ", (i + 1) % 7,
-                         ". Bubbles waste time! ");
-  }
-  return text;
-}
 
 GptConfig TinyGpt() {
   return {.vocab_size = 260, .context_length = 8, .width = 16, .num_heads = 2, .num_layers = 4};
@@ -62,7 +54,7 @@ void UseGpt(RunConfig& c) {
   c.loss = GptLoss;
   const int dp = c.dp, m = c.microbatches;
   c.source = [dp, m]() -> std::unique_ptr<MicroBatchSource> {
-    std::string text = Text();
+    std::string text = EquivalenceSuiteText();
     return std::make_unique<LmBatchSource>(*LmBatchSource::Create(
         std::vector<int64_t>(text.begin(), text.end()),
         {.seq_len = 8, .micro_batch_size = 2, .num_microbatches = m, .dp_size = dp, .seed = 11}));
@@ -99,7 +91,7 @@ void UseBert(RunConfig& c) {
   const int dp = c.dp, m = c.microbatches;
   c.source = [dp, m]() -> std::unique_ptr<MicroBatchSource> {
     return std::make_unique<MlmBatchSource>(*MlmBatchSource::Create(
-        Text(),
+        EquivalenceSuiteText(),
         {.seq_len = 16, .micro_batch_size = 2, .num_microbatches = m, .dp_size = dp, .seed = 12}));
   };
   c.partition_method = "type:EncoderBlock";

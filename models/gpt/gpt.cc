@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "models/packed_sequence.h"
 #include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/tensor_parallel/dropout.h"
@@ -33,23 +34,43 @@ void CheckParallelism(const GptConfig& config, const ModelParallelGroup& group) 
   TORCH_CHECK(status.ok(), status.message());
 }
 
+// The dense token table and the position table, drawn as the dense model
+// draws them (so tp shards and vocabulary-parallel shards are its rows):
+// LibTorch's Embedding init, then GPT-2's N(0, 0.02) rather than N(0, 1),
+// which would make the tied LM head's initial logits huge.
+struct GptTables {
+  torch::Tensor tokens;
+  torch::nn::Embedding positions{nullptr};
+};
+GptTables DrawGptTables(const GptConfig& config) {
+  torch::nn::Embedding table(config.vocab_size, config.width);
+  GptTables tables;
+  tables.positions = torch::nn::Embedding(config.context_length, config.width);
+  torch::NoGradGuard no_grad;
+  table->weight.normal_(0.0, 0.02);
+  tables.positions->weight.normal_(0.0, 0.02);
+  tables.tokens = table->weight;
+  return tables;
+}
+
+// The positions of a micro-batch of `time` tokens: restarting at each
+// document of a packed one ([rows, time]), else 0..time-1 ([time]).
+torch::Tensor Positions(const MicroBatch& batch, int64_t time, const torch::Device& device) {
+  torch::Tensor positions = PackedPositions(batch, time);
+  if (positions.defined()) return positions;
+  return torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(device));
+}
+
 }  // namespace
 
 GptEmbeddingImpl::GptEmbeddingImpl(const GptConfig& config, const ModelParallelGroup& group)
     : LayerImpl("GptEmbedding"), group_(group) {
   CheckParallelism(config, group);
-  // The dense table drawn as the dense model draws it (so tp shards are its
-  // rows): LibTorch's Embedding init, then GPT-2's N(0, 0.02) rather than
-  // N(0, 1), which would make the tied LM head's initial logits huge.
-  torch::nn::Embedding table(config.vocab_size, config.width);
-  pos_embed =
-      register_module("pos_embed", torch::nn::Embedding(config.context_length, config.width));
+  GptTables tables = DrawGptTables(config);
+  pos_embed = register_module("pos_embed", tables.positions);
   dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
-  torch::NoGradGuard no_grad;
-  table->weight.normal_(0.0, 0.02);
-  pos_embed->weight.normal_(0.0, 0.02);
   tok_embed =
-      register_module("tok_embed", tensor_parallel::VocabParallelEmbedding(table->weight, group));
+      register_module("tok_embed", tensor_parallel::VocabParallelEmbedding(tables.tokens, group));
 }
 
 torch::Tensor GptEmbeddingImpl::Logits(const torch::Tensor& x) const {
@@ -62,13 +83,8 @@ Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatc
   const int64_t time = ids.size(1);
   TORCH_CHECK(time <= pos_embed->weight.size(0), "sequence length ", time,
               " exceeds gpt.context_length ", pos_embed->weight.size(0));
-  // Packed sequences: positions restart at each document ([rows, time]).
-  torch::Tensor positions = PackedPositions(batch, time);
-  const bool packed = positions.defined();
-  if (!packed) {
-    positions =
-        torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
-  }
+  const torch::Tensor positions = Positions(batch, time, ids.device());
+  const bool packed = positions.dim() == 2;
   if (!group_.sequence_parallel) return {dropout_(tok_embed(ids) + pos_embed(positions))};
   // Sequence parallelism: the token embeddings arrive reduce-scattered to this
   // rank's slice of the sequence; its positions' rows of the (replicated)
@@ -83,6 +99,27 @@ Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatc
       tok_embed(ids) +
       torch::embedding(table, positions.narrow(packed ? 1 : 0, group_.rank * local, local));
   return {tensor_parallel::ShardedDropout(x, dropout_->options.p(), is_training(), 1, group_)};
+}
+
+GptPositionEmbeddingImpl::GptPositionEmbeddingImpl(const GptConfig& config,
+                                                   const ModelParallelGroup& group)
+    : LayerImpl("GptPositionEmbedding") {
+  TORCH_CHECK(!group.is_parallel(), "GPT's vocabulary-parallel form runs with tp = 1, not ",
+              group.size);
+  // Drawn as GptEmbedding draws it (the token table is drawn and dropped),
+  // so this layer starts as the dense model's position table.
+  pos_embed = register_module("pos_embed", DrawGptTables(config).positions);
+  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+}
+
+Activations GptPositionEmbeddingImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
+  TORCH_CHECK(inputs.size() == 1 && inputs[0].dim() == 3 && inputs[0].is_floating_point(),
+              "GptPositionEmbedding expects the token embeddings [batch, time, width]");
+  const torch::Tensor& tokens = inputs[0];
+  const int64_t time = tokens.size(1);
+  TORCH_CHECK(time <= pos_embed->weight.size(0), "sequence length ", time,
+              " exceeds gpt.context_length ", pos_embed->weight.size(0));
+  return {dropout_(tokens + pos_embed(Positions(batch, time, tokens.device())))};
 }
 
 TransformerBlockImpl::TransformerBlockImpl(const GptConfig& config, const ModelParallelGroup& group)
@@ -104,15 +141,10 @@ Activations TransformerBlockImpl::Forward(const Activations& inputs, const Micro
   return {x};
 }
 
-absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config) {
-  if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
-  const int64_t embed_params = (config.vocab_size + config.context_length) * config.width;
-  LayerFactory embed = [config](const LayerContext& ctx) {
-    return std::make_shared<GptEmbeddingImpl>(config, ctx.model_parallel);
-  };
-  std::vector<LayerSpec> specs;
-  specs.push_back(
-      TiedLayerSpec("embed", embed).WithName("GptEmbedding").WithParameterCount(embed_params));
+namespace {
+
+// The blocks and the final norm (both spec lists end with them).
+void AppendGptBody(const GptConfig& config, std::vector<LayerSpec>& specs) {
   for (int64_t i = 0; i < config.num_layers; ++i) {
     specs.push_back(LayerSpec("TransformerBlock",
                               [config](const LayerContext& ctx) {
@@ -126,6 +158,20 @@ absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config) {
                     return MakeModuleLayer(MakeLayerNorm(width, ctx.model_parallel),
                                            "FinalLayerNorm");
                   }).WithParameterCount(2 * config.width));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config) {
+  if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
+  const int64_t embed_params = (config.vocab_size + config.context_length) * config.width;
+  LayerFactory embed = [config](const LayerContext& ctx) {
+    return std::make_shared<GptEmbeddingImpl>(config, ctx.model_parallel);
+  };
+  std::vector<LayerSpec> specs;
+  specs.push_back(
+      TiedLayerSpec("embed", embed).WithName("GptEmbedding").WithParameterCount(embed_params));
+  AppendGptBody(config, specs);
   // The head reuses the embedding table: count its matmul like the table.
   // Through the embedding's Logits: x @ table^T, and under tensor
   // parallelism this rank's vocabulary columns with the input's gradient
@@ -140,6 +186,27 @@ absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config) {
                       .WithName("LmHead")
                       .WithParameterCount(config.vocab_size * config.width));
   return specs;
+}
+
+absl::StatusOr<VocabularySplit> MakeGptVocabularySplit(const GptConfig& config) {
+  VocabularySplit split;
+  PP_ASSIGN_OR_RETURN(split.dense, MakeGptSpecs(config));
+  split.body.push_back(LayerSpec("GptPositionEmbedding", [config](const LayerContext& ctx) {
+                         return std::make_shared<GptPositionEmbeddingImpl>(config,
+                                                                           ctx.model_parallel);
+                       }).WithParameterCount(config.context_length * config.width));
+  AppendGptBody(config, split.body);
+  split.embedding_layer = 0;
+  split.embedding_table = [](LayerImpl& layer) {
+    return dynamic_cast<GptEmbeddingImpl&>(layer).tok_embed->weight;
+  };
+  split.embedding_name = "tied.embed.tok_embed.weight";
+  // The body's first layer is what remains of the tied embedding module.
+  split.dense_name = [](const std::string& name) {
+    const std::string first = "layers.0.";
+    return name.rfind(first, 0) == 0 ? "tied.embed." + name.substr(first.size()) : name;
+  };
+  return split;
 }
 
 torch::Tensor GptLoss(const Activations& outputs, const MicroBatch& batch) {

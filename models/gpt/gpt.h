@@ -32,6 +32,7 @@
 #include "pipeline/layers/layer.h"
 #include "pipeline/layers/layer_context.h"
 #include "pipeline/layers/layer_spec.h"
+#include "pipeline/layers/vocab_split.h"
 #include "pipeline/tensor_parallel/vocab_parallel.h"
 
 namespace pp {
@@ -73,6 +74,21 @@ class GptEmbeddingImpl : public LayerImpl {
   torch::nn::Dropout dropout_{nullptr};
 };
 
+// Vocabulary parallelism's first layer (MakeGptVocabularySplit): the token
+// embeddings [b, T, width] (summed from every pipe rank's rows) plus the
+// position embeddings, then dropout. Parameter "pos_embed.weight", drawn as
+// GptEmbedding draws it. Dense only (tp = 1). Not thread-safe.
+class GptPositionEmbeddingImpl : public LayerImpl {
+ public:
+  explicit GptPositionEmbeddingImpl(const GptConfig& config, const ModelParallelGroup& group = {});
+  Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
+
+  torch::nn::Embedding pos_embed{nullptr};
+
+ private:
+  torch::nn::Dropout dropout_{nullptr};
+};
+
 // x + attn(ln1(x)) with a causal mask, then x + mlp(ln2(x)). Not thread-safe.
 class TransformerBlockImpl : public LayerImpl {
  public:
@@ -91,6 +107,13 @@ class TransformerBlockImpl : public LayerImpl {
 // A factory given a model-parallel group of size tp builds its shard; one
 // whose group config cannot split (ValidateGptParallelism) throws naming why.
 absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config);
+
+// GPT under vocabulary parallelism (pipeline/layers/vocab_split.h): the
+// stages hold GptPositionEmbedding, the blocks and the final norm (the last
+// stage returns the normed hidden states); the token table, which is also the
+// head, is split by rows over the pipe group. Names map back to the dense
+// model's ("layers.0.pos_embed.weight" is "tied.embed.pos_embed.weight").
+absl::StatusOr<VocabularySplit> MakeGptVocabularySplit(const GptConfig& config);
 
 // Mean next-token cross-entropy of logits `outputs[0]` [b, T, V] against the
 // micro-batch's "labels" [b, T].

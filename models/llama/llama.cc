@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/field_checks.h"
+#include "common/status_macros.h"
 #include "models/gpt/gpt.h"
 #include "models/packed_sequence.h"
 #include "models/transformer.h"
@@ -376,6 +377,58 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
                     }).WithParameterCount(table));
   }
   return specs;
+}
+
+namespace {
+
+// Vocabulary parallelism's first layer: the embedding's dropout of the token
+// embeddings [b, T, width] summed from every pipe rank's rows.
+class LlamaEmbeddingDropoutImpl : public LayerImpl {
+ public:
+  explicit LlamaEmbeddingDropoutImpl(const LlamaConfig& config)
+      : LayerImpl("LlamaEmbeddingDropout"), context_length_(config.context_length) {
+    dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+  }
+  Activations Forward(const Activations& inputs, const MicroBatch&) override {
+    TORCH_CHECK(inputs.size() == 1 && inputs[0].dim() == 3 && inputs[0].is_floating_point(),
+                "LlamaEmbeddingDropout expects the token embeddings [batch, time, width]");
+    TORCH_CHECK(inputs[0].size(1) <= context_length_, "sequence length ", inputs[0].size(1),
+                " exceeds llama.context_length ", context_length_);
+    return {dropout_(inputs[0])};
+  }
+
+ private:
+  int64_t context_length_;
+  torch::nn::Dropout dropout_{nullptr};
+};
+
+}  // namespace
+
+absl::StatusOr<VocabularySplit> MakeLlamaVocabularySplit(const LlamaConfig& config) {
+  VocabularySplit split;
+  PP_ASSIGN_OR_RETURN(split.dense, MakeLlamaSpecs(config));
+  split.body.push_back(LayerSpec("LlamaEmbeddingDropout", [config](const LayerContext& ctx) {
+                         TORCH_CHECK(!ctx.model_parallel.is_parallel(),
+                                     "LLaMA's vocabulary-parallel form runs with tp = 1, not ",
+                                     ctx.model_parallel.size);
+                         return std::make_shared<LlamaEmbeddingDropoutImpl>(config);
+                       }).WithParameterCount(0));
+  // The blocks and the final norm, as the dense list has them.
+  const int64_t last = static_cast<int64_t>(split.dense.size()) - 1;
+  for (int64_t i = 1; i < last; ++i) split.body.push_back(split.dense[i]);
+  split.embedding_layer = 0;
+  split.embedding_table = [](LayerImpl& layer) {
+    return dynamic_cast<LlamaEmbeddingImpl&>(layer).tok_embed->weight;
+  };
+  if (config.tie_embeddings) {
+    split.embedding_name = "tied.embed.tok_embed.weight";
+  } else {
+    split.embedding_name = "layers.0.tok_embed.weight";
+    split.head_layer = last;
+    split.head_table = [](LayerImpl& layer) { return layer.named_parameters()["weight"]; };
+    split.head_name = absl::StrCat("layers.", last, ".weight");
+  }
+  return split;
 }
 
 torch::Tensor LlamaLoss(const Activations& outputs, const MicroBatch& batch) {

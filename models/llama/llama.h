@@ -40,6 +40,7 @@
 #include "pipeline/layers/layer.h"
 #include "pipeline/layers/layer_context.h"
 #include "pipeline/layers/layer_spec.h"
+#include "pipeline/layers/vocab_split.h"
 #include "pipeline/tensor_parallel/linear.h"
 #include "pipeline/tensor_parallel/vocab_parallel.h"
 
@@ -178,6 +179,13 @@ int64_t LlamaBlockParameterCount(const LlamaConfig& config);
 
 // The spec list above, num_layers + 3 specs, with declared parameter counts.
 absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config);
+
+// LLaMA under vocabulary parallelism (pipeline/layers/vocab_split.h): the
+// stages hold the embedding's dropout ("LlamaEmbeddingDropout", layer 0), the
+// blocks and the final norm; the token table and the head (one table when
+// tied, two when untied) are split by rows over the pipe group. Dense only
+// (tp = 1).
+absl::StatusOr<VocabularySplit> MakeLlamaVocabularySplit(const LlamaConfig& config);
 
 // Mean next-token cross-entropy of logits `outputs[0]` [b, T, V] against the
 // micro-batch's "labels" [b, T] (the same loss as GptLoss).

@@ -355,6 +355,7 @@ TrainerOptions TrainerOptionsOf(const RunConfig& config, const torch::Device& de
   to.bucket_numel = config.bucket_numel;
   to.distributed_optimizer_fault = config.distributed_optimizer_fault;
   to.executor.loss_normalization_fault = config.loss_normalization_fault;
+  to.executor.p2p.timeout = config.timeout;
   return to;
 }
 
@@ -432,6 +433,13 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   std::map<std::string, tensor_parallel::ShardSpec> shard_dims;
   std::vector<std::vector<double>> rank_losses(world);
   std::vector<std::vector<double>> rank_norms(world);
+  std::optional<VocabularySplit> split;
+  if (config.vocabulary) split = config.vocabulary();
+  // Vocabulary parallelism: [data-parallel id][pipe rank]: the rows of each
+  // table.
+  std::vector<std::vector<std::map<std::string, torch::Tensor>>> vocab_shards(
+      config.dp, std::vector<std::map<std::string, torch::Tensor>>(config.pp));
+  int64_t vocab_size = 0;
   absl::Status status = RunOnThreadRanks(
       world, config.device, config.ranks_per_device, config.timeout,
       [&](World& world_of_rank) -> absl::Status {
@@ -442,14 +450,20 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world_of_rank, topology));
         const ModelParallelGroup group =
             ModelParallelGroupOf(grid, config.timeout, config.sequence_parallel);
-        PP_ASSIGN_OR_RETURN(
-            auto model,
-            PipelineModel::Create(SpecsOf(config), ModelOptionsOf(config, group), grid.stage_id()));
+        PP_ASSIGN_OR_RETURN(auto model,
+                            PipelineModel::Create(split ? split->body : SpecsOf(config),
+                                                  ModelOptionsOf(config, group), grid.stage_id()));
         model->to(world_of_rank.device);
         std::unique_ptr<MicroBatchSource> source = SourceOf(config);
-        PP_ASSIGN_OR_RETURN(auto trainer,
-                            Trainer::Create(&grid, model.get(), LossOf(config, group), source.get(),
-                                            TrainerOptionsOf(config, world_of_rank.device)));
+        TrainerOptions options = TrainerOptionsOf(config, world_of_rank.device);
+        std::unique_ptr<VocabularyLayers> vocabulary;
+        if (split) {
+          PP_ASSIGN_OR_RETURN(
+              vocabulary, MakeVocabularyLayers(*split, kSeed, PipeGroupOf(grid, config.timeout)));
+          options.vocabulary = vocabulary.get();
+        }
+        PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), LossOf(config, group),
+                                                          source.get(), options));
         for (int step = 0; step < config.steps; ++step) {
           PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
           rank_losses[grid.global_rank()].push_back(r.loss);
@@ -470,8 +484,18 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         result.max_buffers_allocated_per_rank =
             std::max(result.max_buffers_allocated_per_rank, p2p.buffers_allocated);
         shard_dims.merge(ModelShardDims(*model));
+        if (vocabulary) {
+          vocab_size = vocabulary->vocab_size();
+          auto copy = [&](const torch::Tensor& t) {
+            return trainer->MasterOf(t).detach().to(torch::kCPU, false, /*copy=*/true);
+          };
+          auto& mine = vocab_shards[grid.data_parallel_id()][grid.stage_id()];
+          mine[split->embedding_name] = copy(vocabulary->embedding());
+          if (!split->tied()) mine[split->head_name] = copy(vocabulary->head());
+        }
         for (const auto& item : model->named_parameters()) {
-          auto& slot = rank_params[grid.data_parallel_id()][grid.model_parallel_id()][item.key()];
+          const std::string name = split ? split->DenseName(item.key()) : item.key();
+          auto& slot = rank_params[grid.data_parallel_id()][grid.model_parallel_id()][name];
           // bf16: the fp32 master, what the optimizer updates.
           torch::Tensor value =
               (whole ? whole->ValueOf(item.value()) : trainer->MasterOf(item.value()))
@@ -479,7 +503,7 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
                   .to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
           if (slot.defined() && !torch::equal(slot, value)) {
             return absl::InternalError(
-                absl::StrCat("tied copies of ", item.key(), " differ between stages"));
+                absl::StrCat("tied copies of ", name, " differ between stages"));
           }
           slot = value;
         }
@@ -495,6 +519,24 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   }
   result.losses = rank_losses[0];
   result.grad_norms = rank_norms[0];
+  if (split) {
+    // Every replica holds the same rows; replica 0's become the dense tables.
+    for (int d = 1; d < config.dp; ++d) {
+      for (int s = 0; s < config.pp; ++s) {
+        for (const auto& [name, value] : vocab_shards[0][s]) {
+          if (!torch::equal(vocab_shards[d][s].at(name), value)) {
+            return absl::InternalError(absl::StrCat("data-parallel replica ", d, " differs in ",
+                                                    name, "'s rows on pipe rank ", s));
+          }
+        }
+      }
+    }
+    for (const auto& [name, unused] : vocab_shards[0][0]) {
+      std::vector<torch::Tensor> shards;
+      for (int s = 0; s < config.pp; ++s) shards.push_back(vocab_shards[0][s].at(name));
+      PP_ASSIGN_OR_RETURN(rank_params[0][0][name], MergeVocabularyShards(shards, vocab_size));
+    }
+  }
   if (config.tp == 1) {
     result.params = rank_params[0][0];
     return result;

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/layers/layer_spec.h"
+#include "pipeline/layers/vocab_split.h"
 #include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/runtime/trainer.h"
@@ -137,6 +138,12 @@ struct RunConfig {
   int64_t bucket_numel = kDefaultBucketNumel;
   DistributedOptimizerOptions::PlantedFault distributed_optimizer_fault =
       DistributedOptimizerOptions::PlantedFault::kNone;
+  // Vocabulary parallelism (TrainerOptions::vocabulary): the pipeline trains
+  // the split's body with its tables split over the pipe group, the
+  // reference trains `specs` (which must be the split's dense model).
+  // Parameters are compared under the dense names, the tables merged from
+  // every pipe rank (their padding rows must still be zero).
+  std::function<VocabularySplit()> vocabulary;
   // Where the pipeline's ranks compute: kCuda puts rank r on cuda:r (pp * dp
   // GPUs, NCCL); the sequential reference always runs on the CPU.
   DeviceKind device = DeviceKind::kCpu;

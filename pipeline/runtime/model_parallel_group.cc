@@ -15,4 +15,15 @@ ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid, std::chrono::m
   return group;
 }
 
+ModelParallelGroup PipeGroupOf(const ParallelGrid& grid, std::chrono::milliseconds timeout) {
+  ModelParallelGroup group;
+  if (grid.num_stages() <= 1) return group;
+  group.rank = grid.stage_id();
+  group.size = grid.num_stages();
+  group.group = grid.pipe_group();
+  group.timeout = timeout;
+  group.description = grid.DescribeGroup("pipe group", grid.pipe_group_ranks());
+  return group;
+}
+
 }  // namespace pp

@@ -19,6 +19,11 @@ namespace pp {
 ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid, std::chrono::milliseconds timeout,
                                         bool sequence_parallel = false);
 
+// This rank's pipe group (its stage among num_stages peers) in the same form:
+// vocabulary parallelism splits the vocabulary over it (vocab_layers.h).
+// With one stage: size 1, no group.
+ModelParallelGroup PipeGroupOf(const ParallelGrid& grid, std::chrono::milliseconds timeout);
+
 }  // namespace pp
 
 #endif  // PIPELINE_RUNTIME_MODEL_PARALLEL_GROUP_H_

@@ -638,6 +638,8 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
         scale.zero_();
       }
       st.vocab_hidden_grad[mb] = vocab_->OutputT(mb, scale).contiguous();
+      // The head rows' gradient is final for this micro-batch, as after a B.
+      if (after_backward_) after_backward_();
       return absl::OkStatus();
     }
     case ActionType::kVocabOutputReduce: {
@@ -662,6 +664,7 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
       torch::Tensor grad = take(st.vocab_input_grad);
       if (!grad.defined()) return missing("its IN_BCAST");
       vocab_->EmbedBackward(ids, grad);
+      if (after_backward_) after_backward_();
       return absl::OkStatus();
     }
     default:

@@ -139,10 +139,11 @@ class StageExecutor {
   // a step reads no clock and waits for no device).
   void set_observer(ActionObserver* observer) { observer_ = observer; }
   ActionObserver* observer() const { return observer_; }
-  // Called after every backward compute action (B, I and W) of a training
-  // program, once its gradients are in the parameters' .grad: the Trainer's
-  // bf16 mode moves them into fp32 buffers there (mixed_precision.h), so no
-  // two micro-batches are summed in bf16. Unset: nothing is called.
+  // Called after every backward compute action (B, I and W; the vocabulary
+  // passes' OUT_T and IN_B) of a training program, once its gradients are in
+  // the parameters' .grad: the Trainer's bf16 mode moves them into fp32
+  // buffers there (mixed_precision.h), so no two micro-batches are summed in
+  // bf16. Unset: nothing is called.
   void set_after_backward(std::function<void()> after_backward) {
     after_backward_ = std::move(after_backward);
   }

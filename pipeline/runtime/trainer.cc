@@ -11,14 +11,29 @@
 #include "pipeline/runtime/nccl_order.h"
 #include "pipeline/schedule/chrome_trace.h"
 #include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/vocab_passes.h"
 #include "topology/wait_work.h"
 
 namespace pp {
 namespace {
 
+// The schedule a run with (`vocab`) or without vocabulary parallelism trains:
+// `schedule` with the vocabulary passes added where it has none; refused
+// when it has them but the run has no vocabulary layers.
+absl::StatusOr<Schedule> WithVocabulary(Schedule schedule, bool vocab) {
+  if (vocab && !schedule.vocab_parallel) return AddVocabularyPasses(schedule);
+  if (!vocab && schedule.vocab_parallel) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule '", schedule.name,
+                     "' has vocabulary passes but the run has no vocabulary layers "
+                     "(TrainerOptions::vocabulary: the model's VocabularySplit)"));
+  }
+  return schedule;
+}
+
 // `placement`: the model's; an evaluation schedule is re-placed onto it.
 absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const ScheduleOptions& options,
-                                           bool want_forward_only,
+                                           bool want_forward_only, bool vocab,
                                            const std::vector<int>* placement = nullptr) {
   PP_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(name, options));
   if (placement != nullptr && schedule.forward_only && schedule.stage_to_rank != *placement) {
@@ -41,6 +56,7 @@ absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const Schedu
         "; expected ",
         want_forward_only ? "a forward-only (evaluation) schedule" : "a training schedule"));
   }
+  PP_ASSIGN_OR_RETURN(schedule, WithVocabulary(std::move(schedule), vocab));
   return Lower(schedule);
 }
 
@@ -62,6 +78,24 @@ absl::Status CheckTrainerInputs(ParallelGrid* grid, PipelineModel* model, const 
   if (options.num_microbatches < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_microbatches (", options.num_microbatches, ") must be >= 1"));
+  }
+  if (options.vocabulary != nullptr) {
+    if (grid->model_parallel_size() > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "vocabulary parallelism with tensor parallelism (tp = ", grid->model_parallel_size(),
+          ") is not implemented yet; use tp = 1"));
+    }
+    if (options.distributed_optimizer) {
+      return absl::UnimplementedError(
+          "vocabulary parallelism with the distributed optimizer is not implemented yet");
+    }
+    if (options.vocabulary->pipe().size != grid->num_stages() ||
+        options.vocabulary->pipe().rank != grid->stage_id()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the vocabulary layers are rank ", options.vocabulary->pipe().rank, " of ",
+          options.vocabulary->pipe().size, " but this rank is stage ", grid->stage_id(), " of ",
+          grid->num_stages(), "; split them over the grid's pipe group"));
+    }
   }
   return absl::OkStatus();
 }
@@ -203,7 +237,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   so.num_stages = grid->num_stages();
   so.num_microbatches = options.num_microbatches;
   so.num_chunks = static_cast<int>(model->num_chunks());
-  PP_ASSIGN_OR_RETURN(t->train_program_, MakeProgram(options.schedule, so, false));
+  const bool vocab = options.vocabulary != nullptr;
+  PP_ASSIGN_OR_RETURN(t->train_program_, MakeProgram(options.schedule, so, false, vocab));
   if (t->train_program_.stage_to_rank != model->placement()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule '", options.schedule, "' places virtual stages on ranks [",
@@ -212,12 +247,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
         "]; build the PipelineModel with PipelineModelOptions::stage_to_rank = the schedule's"));
   }
   PP_ASSIGN_OR_RETURN(t->eval_program_,
-                      MakeProgram(options.eval_schedule, so, true, &model->placement()));
+                      MakeProgram(options.eval_schedule, so, true, vocab, &model->placement()));
 
   if (options.layer_runner) model->set_layer_runner(options.layer_runner);
   t->params_ = model->parameters();
   PP_ASSIGN_OR_RETURN(t->ties_, MakeTies(*grid, *model));
   t->counted_params_ = CountedParams(t->params_, t->ties_, *model, *grid);
+  if (vocab) {
+    // Each pipe rank's rows are its own: every shard counts in the norm.
+    for (const torch::Tensor& p : options.vocabulary->parameters()) {
+      t->params_.push_back(p);
+      t->counted_params_.push_back(p);
+    }
+  }
   PP_RETURN_IF_ERROR(BroadcastTiedParams(t->ties_, options.executor.p2p.timeout));
   if (options.precision == Precision::kBf16) {
     PP_RETURN_IF_ERROR(CheckFp32ForBf16(t->params_));
@@ -253,6 +295,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   t->executor_ =
       std::make_unique<StageExecutor>(grid->stage_id(), StageForwards(*model, options.precision),
                                       std::move(loss_fn), run_source, grid->pipe_group(), eo);
+  if (vocab) t->executor_->set_vocabulary(options.vocabulary, options.vocabulary_labels_key);
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->train_program_));
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->eval_program_));
   t->timer_ =
@@ -337,7 +380,9 @@ absl::Status Trainer::ReplaceTrainSchedule(const Schedule& schedule) {
                      " v=", schedule.num_chunks, " but this run has p=", grid_->num_stages(),
                      " m=", options_.num_microbatches, " v=", chunks));
   }
-  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+  PP_ASSIGN_OR_RETURN(Schedule with_vocab,
+                      WithVocabulary(schedule, options_.vocabulary != nullptr));
+  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(with_vocab));
   if (program.stage_to_rank != model_->placement()) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": it places virtual stages on ranks [", absl::StrJoin(program.stage_to_rank, ","),
@@ -381,6 +426,13 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
     }
     case ActionType::kOptimizerStep: {
       if (dist_) PP_RETURN_IF_ERROR(dist_->FinishReduceScatter());
+      if (options_.vocabulary != nullptr) {
+        // The vocabulary shards belong to no stage: averaged over the data
+        // group here, after every pass of the step has written them.
+        std::vector<torch::Tensor> shards = options_.vocabulary->parameters();
+        if (master_) shards = master_->MastersOf(shards);
+        PP_RETURN_IF_ERROR(AverageGrads(shards, grid_->data_group(), timeout()));
+      }
       if (options_.max_grad_norm <= 0 && !options_.report_grad_norm &&
           !options_.skip_nonfinite_updates) {
         return OptimizerStep();

@@ -57,6 +57,7 @@
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/p2p.h"
 #include "pipeline/runtime/stage_executor.h"
+#include "pipeline/runtime/vocab_layers.h"
 #include "pipeline/schedule/lowering.h"
 #include "topology/parallel_grid.h"
 
@@ -122,6 +123,17 @@ struct TrainerOptions {
   // Testing only: a planted bug of the distributed optimizer.
   DistributedOptimizerOptions::PlantedFault distributed_optimizer_fault =
       DistributedOptimizerOptions::PlantedFault::kNone;
+  // Vocabulary parallelism (issue #40): this rank's shards of the embedding
+  // and the head, split over the pipe group (borrowed; MakeVocabularyLayers
+  // from the model's VocabularySplit); the model is the split's body. Create
+  // adds the vocabulary passes to a schedule that has none
+  // (AddVocabularyPasses; a *_vocab schedule keeps its own placement), the
+  // shards train with the stages' parameters (data-parallel average, global
+  // norm, bf16 masters) and the loss is computed by the passes from
+  // `vocabulary_labels_key`. Not yet with tensor parallelism, the distributed
+  // optimizer or per-token loss (refused, named).
+  VocabularyLayers* vocabulary = nullptr;
+  std::string vocabulary_labels_key = "labels";
 };
 
 struct StepResult {
@@ -243,6 +255,8 @@ class Trainer {
   // are untouched.
   absl::Status ReplaceTrainSchedule(const Schedule& schedule);
   const LoweredProgram& eval_program() const { return eval_program_; }
+  // TrainerOptions::vocabulary (null without vocabulary parallelism).
+  VocabularyLayers* vocabulary() const { return options_.vocabulary; }
   const TrainerOptions& options() const { return options_; }
   // Whether the executor runs DeferReceives(program): executor.defer_receives
   // on CPU, never on a device. What a simulation of this Trainer's steps

@@ -2,6 +2,10 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/torch_status.h"
+
 namespace pp {
 
 VocabularyLayers::VocabularyLayers(const torch::Tensor& embedding, const torch::Tensor& head,
@@ -23,8 +27,9 @@ std::vector<torch::Tensor> VocabularyLayers::parameters() const {
   return {embedding_, head_};
 }
 
-void VocabularyLayers::Accumulate(const torch::Tensor& param, const torch::Tensor& grad) {
-  torch::Tensor& g = const_cast<torch::Tensor&>(param).mutable_grad();
+void VocabularyLayers::Accumulate(torch::Tensor param, const torch::Tensor& grad) {
+  // A handle of the parameter: its .grad is the parameter's.
+  torch::Tensor& g = param.mutable_grad();
   if (g.defined()) {
     g.add_(grad);
   } else {
@@ -75,6 +80,76 @@ torch::Tensor VocabularyLayers::OutputT(int mb, const torch::Tensor& grad_scale)
       tensor_parallel::OutputT(p.s, p.combined, grad_scale, p.hidden, head());
   Accumulate(head(), grads.grad_weight);
   return grads.grad_hidden_partial;
+}
+
+namespace {
+
+absl::StatusOr<torch::Tensor> DenseTable(const VocabularySplit& split, int64_t index,
+                                         const std::function<torch::Tensor(LayerImpl&)>& table,
+                                         uint64_t base_seed, const char* what) {
+  const int64_t layers = static_cast<int64_t>(split.dense.size());
+  if (index < 0 || index >= layers) {
+    return absl::InvalidArgumentError(absl::StrCat("the vocabulary split's ", what, " layer ",
+                                                   index, " is not a layer of the dense model (0..",
+                                                   layers - 1, ")"));
+  }
+  torch::Tensor out;
+  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("building the dense ", what), [&] {
+    Layer layer = BuildSpecLayer(split.dense[index], index, base_seed);
+    out = table(*layer).detach().clone();
+  }));
+  if (out.dim() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("the vocabulary split's ", what,
+                                                   " table must be [vocab, dim], got ",
+                                                   c10::str(out.sizes())));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<VocabularyLayers>> MakeVocabularyLayers(const VocabularySplit& split,
+                                                                       uint64_t base_seed,
+                                                                       ModelParallelGroup pipe,
+                                                                       int64_t ignore_index) {
+  if (!split.embedding_table) {
+    return absl::InvalidArgumentError("a vocabulary split needs its embedding_table");
+  }
+  PP_ASSIGN_OR_RETURN(
+      torch::Tensor embedding,
+      DenseTable(split, split.embedding_layer, split.embedding_table, base_seed, "embedding"));
+  torch::Tensor head;
+  if (!split.tied()) {
+    PP_ASSIGN_OR_RETURN(head,
+                        DenseTable(split, split.head_layer, split.head_table, base_seed, "head"));
+    if (head.sizes() != embedding.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the vocabulary split's head table is ", c10::str(head.sizes()),
+          " but its embedding table is ", c10::str(embedding.sizes()), "; they must match"));
+    }
+  }
+  std::unique_ptr<VocabularyLayers> layers;
+  PP_RETURN_IF_ERROR(TorchCall("sharding the vocabulary", [&] {
+    layers = std::make_unique<VocabularyLayers>(embedding, head, split.tied(), std::move(pipe),
+                                                ignore_index);
+  }));
+  return layers;
+}
+
+absl::StatusOr<torch::Tensor> MergeVocabularyShards(const std::vector<torch::Tensor>& shards,
+                                                    int64_t vocab_size) {
+  if (shards.empty()) return absl::InvalidArgumentError("no vocabulary shards to merge");
+  torch::Tensor merged = torch::cat(shards, 0);
+  if (merged.size(0) < vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the shards hold ", merged.size(0), " rows, fewer than the vocabulary's ", vocab_size));
+  }
+  torch::Tensor padding = merged.narrow(0, vocab_size, merged.size(0) - vocab_size);
+  if (padding.numel() > 0 && !torch::equal(padding, torch::zeros_like(padding))) {
+    return absl::InternalError(absl::StrCat("the vocabulary's padding rows past ", vocab_size,
+                                            " trained (they must stay zero)"));
+  }
+  return merged.narrow(0, 0, vocab_size).contiguous();
 }
 
 }  // namespace pp

@@ -21,11 +21,15 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "absl/status/statusor.h"
 #include "pipeline/layers/layer_context.h"
+#include "pipeline/layers/vocab_split.h"
 #include "pipeline/tensor_parallel/vocab_passes.h"
 
 namespace pp {
@@ -69,7 +73,7 @@ class VocabularyLayers {
     tensor_parallel::CombinedOutputStats combined;
     bool combined_set = false;
   };
-  static void Accumulate(const torch::Tensor& param, const torch::Tensor& grad);
+  static void Accumulate(torch::Tensor param, const torch::Tensor& grad);
 
   int64_t vocab_size_;
   bool tied_;
@@ -79,6 +83,22 @@ class VocabularyLayers {
   torch::Tensor embedding_, head_;
   std::map<int, Pending> pending_;  // by micro-batch, from OUT_S to OUT_T
 };
+
+// This rank's shards of `split`'s tables as the dense model starts them: the
+// dense layers holding them built as PipelineModel builds layer i (seed
+// base_seed + i, dense), their rows over `pipe` kept. InvalidArgument for a
+// split without an embedding table, a layer index outside the dense model or
+// tables of the wrong shape (named).
+absl::StatusOr<std::unique_ptr<VocabularyLayers>> MakeVocabularyLayers(const VocabularySplit& split,
+                                                                       uint64_t base_seed,
+                                                                       ModelParallelGroup pipe,
+                                                                       int64_t ignore_index = -100);
+
+// The dense tables from every pipe rank's shard, in rank order, cut to
+// `vocab_size` rows (the padding must still be zero: InternalError
+// otherwise). `shards[r]`: pipe rank r's rows.
+absl::StatusOr<torch::Tensor> MergeVocabularyShards(const std::vector<torch::Tensor>& shards,
+                                                    int64_t vocab_size);
 
 }  // namespace pp
 

@@ -18,6 +18,7 @@ std::atomic<PlantedFault>& Fault() {
 }
 
 PlantedFault PlantFault(PlantedFault fault) { return Fault().exchange(fault); }
+PlantedFault CurrentFault() { return Fault(); }
 
 }  // namespace internal
 
@@ -170,6 +171,9 @@ torch::Tensor AllGather(const torch::Tensor& x, const ModelParallelGroup& group,
   dim = NormalDim(x, dim);
   if (IsReducedPrecision(x)) {
     return AllGather(x.to(torch::kFloat32), group, dim, what).to(x.scalar_type());
+  }
+  if (internal::Fault() == internal::PlantedFault::kSkipAllGather) {
+    return torch::cat(std::vector<torch::Tensor>(group.size, x), dim);
   }
   std::vector<torch::Tensor> input = {x.contiguous()};
   std::vector<std::vector<torch::Tensor>> output(1);

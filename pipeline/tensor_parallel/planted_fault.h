@@ -14,10 +14,17 @@ enum class PlantedFault {
   kSkipAllReduce,
   // Every slice takes the next rank's part instead of its own.
   kWrongSlice,
+  // Every all-gather of mappings.h returns this rank's part in every slot, as
+  // if the peers' were never received (vocabulary parallelism: the softmax's
+  // max and sum over the vocabulary stay local).
+  kSkipAllGather,
+  // LocalVocabRows on ranks > 0 starts one row early (a shard off by one row).
+  kShiftedVocabRows,
 };
 
 // Process-wide; the previous fault is returned so a test can restore it.
 PlantedFault PlantFault(PlantedFault fault);
+PlantedFault CurrentFault();
 
 }  // namespace internal
 }  // namespace tensor_parallel

@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "pipeline/tensor_parallel/planted_fault.h"
+
 namespace pp {
 namespace tensor_parallel {
 namespace {
@@ -47,7 +49,13 @@ torch::Tensor LocalVocabRows(const torch::Tensor& full_table, const ModelParalle
   torch::Tensor rows = torch::zeros({range.end - range.begin, full_table.size(1)},
                                     full_table.options().requires_grad(false));
   const int64_t real = RealColumns(vocab, range.begin, range.end - range.begin);
-  if (real > 0) rows.narrow(0, 0, real).copy_(full_table.detach().narrow(0, range.begin, real));
+  // Planted (tests only): ranks > 0 read their rows one row early.
+  const int64_t shift =
+      group.rank > 0 && internal::CurrentFault() == internal::PlantedFault::kShiftedVocabRows ? -1
+                                                                                              : 0;
+  if (real > 0) {
+    rows.narrow(0, 0, real).copy_(full_table.detach().narrow(0, range.begin + shift, real));
+  }
   return rows;
 }
 
@@ -185,7 +193,11 @@ OutputGrads OutputT(const OutputSResult& s, const CombinedOutputStats& combined,
           .to(hidden.scalar_type());
 
   OutputGrads g;
-  g.grad_hidden_partial = torch::matmul(grad_logits, weight).reshape(hidden_sizes);
+  // The share in fp32 whatever the weight's dtype: the shares are summed
+  // before the sum is rounded once to the hidden states' dtype, as the dense
+  // head's one matrix product accumulates in fp32 and rounds once.
+  g.grad_hidden_partial = torch::matmul(grad_logits.to(torch::kFloat32), weight.to(torch::kFloat32))
+                              .reshape(hidden_sizes);
   g.grad_weight = torch::matmul(grad_logits.t(), hidden.reshape({tokens, -1}));
   return g;
 }

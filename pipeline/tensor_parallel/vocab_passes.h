@@ -124,8 +124,8 @@ CombinedOutputStats CombineOutputStats(const torch::Tensor& gathered, const torc
                                        int64_t ignore_index = -100);
 
 struct OutputGrads {
-  // [N.., D]: this rank's term of d loss / d hidden; the caller sums the
-  // ranks' terms (all-reduce).
+  // [N.., D] in fp32: this rank's term of d loss / d hidden; the caller sums
+  // the ranks' terms (all-reduce) and rounds the sum to the hidden dtype.
   torch::Tensor grad_hidden_partial;
   // [rows, D]: d loss / d weight for this rank's rows; padding rows are 0.
   torch::Tensor grad_weight;
