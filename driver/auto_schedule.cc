@@ -234,7 +234,9 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
     if (name == "inference" || absl::StartsWith(name, "synth")) continue;
     absl::StatusOr<Schedule> schedule =
         MakeSchedule(name, {num_stages, num_microbatches, num_chunks, 0});
-    if (!schedule.ok() || schedule->forward_only ||
+    // A schedule with vocabulary passes is its base's with the passes added
+    // (the Trainer adds them to the choice under parallelism.vocab_parallel).
+    if (!schedule.ok() || schedule->forward_only || schedule->vocab_parallel ||
         schedule->stage_to_rank != syn.schedule.stage_to_rank) {
       continue;
     }

@@ -35,6 +35,7 @@
 #include "pipeline/schedule/csv.h"
 #include "pipeline/schedule/lowering.h"
 #include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/vocab_passes.h"
 #include "topology/device.h"
 #include "topology/host_staged_backend.h"
 #include "topology/transport_thread.h"
@@ -379,7 +380,13 @@ absl::Status CheckModelData(const ExperimentConfig& config) {
 
 absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(SelectedModel model, SelectModel(config.model()));
-  return model.info->specs(*model.config);
+  if (!config.parallelism().vocab_parallel()) return model.info->specs(*model.config);
+  if (!model.info->vocabulary_split) {
+    return Invalid(absl::StrCat("model '", model.info->name,
+                                "' has no vocabulary_split for parallelism.vocab_parallel"));
+  }
+  PP_ASSIGN_OR_RETURN(VocabularySplit split, model.info->vocabulary_split(*model.config));
+  return split.body;
 }
 
 namespace {
@@ -431,6 +438,44 @@ absl::Status CheckTensorParallel(const ExperimentConfig& config, const ModelInfo
         "' does not support tensor parallelism (its registration sets no tensor_parallel_loss; "
         "models/registry.h); use parallelism.tp 1, or a model that does: ",
         supported.empty() ? std::string("(none linked in)") : absl::StrJoin(supported, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+// Vocabulary parallelism: a model that supports it, and none of what it
+// cannot do yet (each refused by name).
+absl::Status CheckVocabParallel(const ExperimentConfig& config, const ModelInfo& model) {
+  const auto& par = config.parallelism();
+  if (!par.vocab_parallel()) return absl::OkStatus();
+  if (!model.vocabulary_split) {
+    std::vector<std::string> supported;
+    for (const ModelInfo* m : RegisteredModels()) {
+      if (m->vocabulary_split) supported.push_back(m->name);
+    }
+    return Invalid(absl::StrCat(
+        "parallelism.vocab_parallel is set, but model '", model.name,
+        "' does not support vocabulary parallelism (its registration sets no vocabulary_split; "
+        "models/registry.h); use a model that does: ",
+        supported.empty() ? std::string("(none linked in)") : absl::StrJoin(supported, ", ")));
+  }
+  const auto& ckpt = config.checkpoint();
+  const std::vector<std::pair<bool, std::string>> not_yet = {
+      {par.tp() > 1, absl::StrCat("parallelism.tp = ", par.tp(), " (use 1)")},
+      {par.distributed_optimizer(), "parallelism.distributed_optimizer (use false)"},
+      {par.device() != "cpu", absl::StrCat("parallelism.device '", par.device(), "' (use cpu)")},
+      {ckpt.save_interval() > 0 || ckpt.save_on_signal() || !ckpt.resume().empty(),
+       "checkpoints (set checkpoint.save_interval 0, no checkpoint.save_on_signal and no "
+       "checkpoint.resume)"},
+      {config.sample_tokens() > 0, "sampling (set sample_tokens 0)"},
+      {config.data().packing() != "none",
+       absl::StrCat("data.packing '", config.data().packing(), "' (its per-token loss; use none)")},
+      {par.partition_method() == "profile",
+       "parallelism.partition_method 'profile' (it times the dense layers; name a method)"},
+  };
+  for (const auto& [refused, what] : not_yet) {
+    if (refused) {
+      return Invalid(absl::StrCat("parallelism.vocab_parallel does not yet work with ", what));
+    }
   }
   return absl::OkStatus();
 }
@@ -502,12 +547,32 @@ absl::Status CheckSchedule(const driver::ParallelismConfig& par) {
                                 "' is forward-only (evaluation); choose a training schedule: ",
                                 absl::StrJoin(names, ", ")));
   }
+  // The driver gives the executor its vocabulary layers when the run splits
+  // the vocabulary; the Trainer places the passes into a schedule without.
+  RuntimeCapabilities capabilities = StageExecutorCapabilities();
+  if (par.vocab_parallel()) {
+    capabilities.vocab_parallel = true;
+    if (!schedule->vocab_parallel) {
+      absl::StatusOr<Schedule> with = AddVocabularyPasses(*schedule);
+      if (!with.ok()) {
+        return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
+                                    "' takes no vocabulary passes (parallelism.vocab_parallel): ",
+                                    with.status().message()));
+      }
+      schedule = std::move(with);
+    }
+  } else if (schedule->vocab_parallel) {
+    return Invalid(absl::StrCat(
+        "parallelism.schedule '", par.schedule(),
+        "' has vocabulary passes; set parallelism.vocab_parallel=true (with a model that "
+        "supports it) or choose a schedule without them"));
+  }
   absl::StatusOr<LoweredProgram> program = Lower(*schedule);
   if (!program.ok()) {
     return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
                                 "' does not lower: ", program.status().message()));
   }
-  absl::Status supported = CheckRuntimeSupports(*program, StageExecutorCapabilities());
+  absl::Status supported = CheckRuntimeSupports(*program, capabilities);
   if (!supported.ok()) {
     return Invalid(absl::StrCat("parallelism.schedule: ", supported.message()));
   }
@@ -753,7 +818,8 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_
   PP_RETURN_IF_ERROR(CheckMemory(config, world_size > 0 ? TotalMemoryBytes() : -1));
   PP_RETURN_IF_ERROR(CheckTensorParallel(config, *model.info));
   PP_RETURN_IF_ERROR(CheckDistributedOptimizer(config.parallelism()));
-  PP_ASSIGN_OR_RETURN(const std::vector<LayerSpec> specs, model.info->specs(*model.config));
+  PP_RETURN_IF_ERROR(CheckVocabParallel(config, *model.info));
+  PP_ASSIGN_OR_RETURN(const std::vector<LayerSpec> specs, MakeExperimentSpecs(config));
   PP_RETURN_IF_ERROR(CheckParts(config.parallelism(), specs));
   PP_RETURN_IF_ERROR(CheckCheckpointableTypes(config.parallelism(), specs));
   PP_RETURN_IF_ERROR(CheckSchedule(config.parallelism()));

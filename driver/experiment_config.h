@@ -84,7 +84,9 @@ ModelRun ModelRunOf(const ExperimentConfig& config);
 // check_data, e.g. token ids against its vocabulary); OK when it has none.
 // The launcher calls it once before any worker starts.
 absl::Status CheckModelData(const ExperimentConfig& config);
-// The layer specs of the config's model.
+// The layer specs the config's pipeline stages hold: the model's, or under
+// parallelism.vocab_parallel its split's body (without the token table and
+// the head, which the vocabulary layers hold).
 absl::StatusOr<std::vector<LayerSpec>> MakeExperimentSpecs(const ExperimentConfig& config);
 
 // Protobuf text of the whole config.

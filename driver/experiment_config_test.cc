@@ -234,6 +234,39 @@ TEST(ExperimentConfigTest, TensorParallelRunsAreCheckedBeforeLaunch) {
   EXPECT_HAS(e, "a model that does: bert, gpt");
 }
 
+// parallelism.vocab_parallel: GPT's split validates under 1F1B (the passes
+// placed) and under zbv_vocab; a vocabulary schedule without it, a model
+// without a vocabulary split and what it cannot do yet are refused by name.
+TEST(ExperimentConfigTest, VocabParallel) {
+  ExperimentConfig c = Gpt();
+  c.set_sample_tokens(0);
+  c.mutable_parallelism()->set_vocab_parallel(true);
+  EXPECT_TRUE(ValidateExperimentConfig(c, 2).ok()) << ValidateExperimentConfig(c, 2);
+  ExperimentConfig v = c;
+  v.mutable_parallelism()->set_schedule("zbv_vocab");
+  v.mutable_parallelism()->set_chunks(2);
+  EXPECT_TRUE(ValidateExperimentConfig(v, 2).ok()) << ValidateExperimentConfig(v, 2);
+  v.mutable_parallelism()->set_vocab_parallel(false);
+  EXPECT_HAS(Error(v, 2), "parallelism.schedule 'zbv_vocab' has vocabulary passes");
+
+  ExperimentConfig sampling = c;
+  sampling.set_sample_tokens(10);
+  EXPECT_HAS(Error(sampling, 2),
+             "parallelism.vocab_parallel does not yet work with sampling (set sample_tokens 0)");
+  ExperimentConfig sharded = c;
+  sharded.mutable_parallelism()->set_dp(2);
+  sharded.mutable_parallelism()->set_distributed_optimizer(true);
+  EXPECT_HAS(Error(sharded, 4),
+             "parallelism.vocab_parallel does not yet work with parallelism.distributed_optimizer");
+
+  ExperimentConfig blocks = c;
+  blocks.clear_model();
+  blocks.mutable_model()->MutableExtension(test_blocks)->set_layers(4);
+  const std::string e = Error(blocks, 2);
+  EXPECT_HAS(e, "model 'test_blocks' does not support vocabulary parallelism");
+  EXPECT_HAS(e, "a model that does: gpt");
+}
+
 TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_schedule("interleaved_1f1b");

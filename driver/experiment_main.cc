@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, sequence_parallel, "",
 ABSL_FLAG(std::string, distributed_optimizer, "",
           "override parallelism.distributed_optimizer (true: optimizer state sharded over the "
           "data-parallel ranks, ZeRO-1)");
+ABSL_FLAG(std::string, vocab_parallel, "",
+          "override parallelism.vocab_parallel (true: the token embedding and the LM head split "
+          "by vocabulary over every pipeline rank, their passes in the schedule)");
 ABSL_FLAG(std::string, schedule, "", "override parallelism.schedule");
 ABSL_FLAG(std::string, auto_costs, "",
           "override parallelism.auto_costs (--schedule=auto synthesises for these costs instead "
@@ -95,6 +98,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_tp, "parallelism.tp"},
       {&FLAGS_sequence_parallel, "parallelism.sequence_parallel"},
       {&FLAGS_distributed_optimizer, "parallelism.distributed_optimizer"},
+      {&FLAGS_vocab_parallel, "parallelism.vocab_parallel"},
       {&FLAGS_schedule, "parallelism.schedule"},
       {&FLAGS_auto_costs, "parallelism.auto_costs"},
       {&FLAGS_chunks, "parallelism.chunks"},

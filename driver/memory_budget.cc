@@ -66,7 +66,8 @@ std::vector<std::string> WhatWouldFit(const ExperimentConfig& config, const Sche
     if (name == schedule.name || name == "inference" || absl::StartsWith(name, "synth")) continue;
     absl::StatusOr<Schedule> other =
         MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0});
-    if (!other.ok() || other->forward_only) continue;
+    // A schedule with vocabulary passes is its base's with the passes added.
+    if (!other.ok() || other->forward_only || other->vocab_parallel) continue;
     const std::optional<double> peak = PlannedPeak(config, *other);
     if (peak.has_value() && *peak <= cap_bytes) {
       fits.push_back(absl::StrCat("schedule '", name, "' (fewer micro-batches in flight; peak ",

@@ -38,6 +38,7 @@
 #include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/model_parallel_group.h"
 #include "pipeline/runtime/trainer.h"
+#include "pipeline/runtime/vocab_layers.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/launcher.h"
 #include "topology/launcher_status.h"
@@ -375,7 +376,15 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("model '", info.name, "' made no training MicroBatchSource"));
   }
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, info.specs(*selected.config));
+  // Vocabulary parallelism: the stages hold the split's body; every rank
+  // holds its rows of the tables (drawn as the dense model draws them).
+  std::unique_ptr<VocabularyLayers> vocabulary;
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeExperimentSpecs(config));
+  if (config.parallelism().vocab_parallel()) {
+    PP_ASSIGN_OR_RETURN(const VocabularySplit split, info.vocabulary_split(*selected.config));
+    PP_ASSIGN_OR_RETURN(vocabulary,
+                        MakeVocabularyLayers(split, config.seed(), PipeGroupOf(grid, timeout)));
+  }
   PP_ASSIGN_OR_RETURN(const std::string partition_method,
                       ResolvePartitionMethod(config, specs, *data.train, grid, timeout));
   const ModelParallelGroup model_parallel =
@@ -393,6 +402,7 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
       info.sampler ? info.sampler(*selected.config) : nullptr;
   const LossFn loss_fn = sampler != nullptr ? sampler->WrapLoss(loss) : loss;
   PP_ASSIGN_OR_RETURN(TrainerOptions to, MakeTrainerOptions(config, timeout));
+  to.vocabulary = vocabulary.get();
   // --device=cuda: weights on cuda:<LOCAL_RANK>; the Trainer moves the
   // micro-batches and keeps p2p and its collectives there (NCCL).
   to.executor.p2p.device = cluster.world.device;

@@ -61,9 +61,9 @@ void RunReport::Header(const std::string& data_description, int64_t tokens_per_s
                        const PipelineModel& model) const {
   if (!active()) return;
   const auto& par = config_->parallelism();
-  const std::string tp =
-      absl::StrCat(par.tp() > 1 ? absl::StrCat(" x tp=", par.tp()) : "",
-                   par.distributed_optimizer() ? " (distributed optimizer)" : "");
+  const std::string tp = absl::StrCat(par.tp() > 1 ? absl::StrCat(" x tp=", par.tp()) : "",
+                                      par.distributed_optimizer() ? " (distributed optimizer)" : "",
+                                      par.vocab_parallel() ? " (vocabulary parallel)" : "");
   std::cout << absl::StrFormat(
                    "%s: %s, pp=%d x dp=%d%s, schedule %s, chunks %d, %d micro-batches of %d; "
                    "%s; %d tokens/step\n",

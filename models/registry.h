@@ -10,6 +10,7 @@
 //       .specs = [](const MyModelConfig& c) { ... },
 //       .loss = MyLoss,
 //       .tensor_parallel_loss = ...,  // optional: declares support for parallelism.tp > 1
+//       .vocabulary_split = ...,      // optional: for parallelism.vocab_parallel
 //       .data = [](const MyModelConfig& c, const ModelRun& run) { ... },
 //   });
 //
@@ -43,6 +44,7 @@
 #include "models/model_config.pb.h"
 #include "pipeline/layers/layer_context.h"
 #include "pipeline/layers/layer_spec.h"
+#include "pipeline/layers/vocab_split.h"
 #include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/runtime/trainer.h"
 #include "topology/parallel_grid.h"
@@ -154,6 +156,12 @@ struct ModelInfo {
   // its sizes cannot split. Null: the driver refuses tp > 1 before launch.
   std::function<LossFn(const google::protobuf::Message&, const ModelParallelGroup&)>
       tensor_parallel_loss;
+  // Vocabulary parallelism (parallelism.vocab_parallel): the model without
+  // its token table and head, and where those come from
+  // (pipeline/layers/vocab_split.h). Setting it declares that the model
+  // supports it; its loss is then the vocabulary passes' cross-entropy over
+  // the micro-batch's "labels". Null: the driver refuses vocab_parallel.
+  std::function<absl::StatusOr<VocabularySplit>(const google::protobuf::Message&)> vocabulary_split;
   // InvalidArgument for a data source the model cannot read (naming it).
   std::function<absl::StatusOr<ModelData>(const google::protobuf::Message&, const ModelRun&)> data;
   // Optional: checks the run's data files against the model (e.g. every token
@@ -206,6 +214,7 @@ struct TypedModel {
   std::function<absl::StatusOr<std::vector<LayerSpec>>(const Config&)> specs;
   LossFn loss;
   std::function<LossFn(const Config&, const ModelParallelGroup&)> tensor_parallel_loss;
+  std::function<absl::StatusOr<VocabularySplit>(const Config&)> vocabulary_split;
   std::function<absl::StatusOr<ModelData>(const Config&, const ModelRun&)> data;
   std::function<absl::Status(const Config&, const ModelRun&)> check_data;
   std::function<std::unique_ptr<ModelSampler>(const Config&)> sampler;
@@ -233,6 +242,9 @@ ModelInfo Erase(TypedModel<Config> m, int extension_number) {
                                                              const ModelParallelGroup& group) {
       return f(As<Config>(c), group);
     };
+  }
+  if (m.vocabulary_split) {
+    info.vocabulary_split = [f = m.vocabulary_split](const Msg& c) { return f(As<Config>(c)); };
   }
   if (m.data) {
     info.data = [f = m.data](const Msg& c, const ModelRun& run) { return f(As<Config>(c), run); };

@@ -191,6 +191,12 @@ PP_REGISTER_MODEL(GptModelConfig, gpt,
                           return GptParallelLoss(outputs, batch, ByteTokenizer::kVocabSize, group);
                         };
                       },
+                      // Vocabulary parallelism: the tied table split over
+                      // the pipeline's ranks.
+                      .vocabulary_split =
+                          [](const GptModelConfig& c) {
+                            return MakeGptVocabularySplit(ToGptConfig(c));
+                          },
                       .data = GptData,
                       .sampler = [](const GptModelConfig& c) -> std::unique_ptr<ModelSampler> {
                         return std::make_unique<GptSampler>(c.context_length());

@@ -252,6 +252,10 @@ PP_REGISTER_MODEL(
                 return LlamaParallelLoss(outputs, batch, vocab, group);
               };
         },
+        // Vocabulary parallelism: the token table and the head (one table
+        // when tied) split over the pipeline's ranks.
+        .vocabulary_split =
+            [](const LlamaModelConfig& c) { return MakeLlamaVocabularySplit(ToLlamaConfig(c)); },
         .data = LlamaData,
         .check_data = CheckLlamaData,
         .sampler = [](const LlamaModelConfig& c) -> std::unique_ptr<ModelSampler> {

@@ -54,9 +54,8 @@ RuntimeCapabilities StageExecutorCapabilities() {
   RuntimeCapabilities capabilities;
   capabilities.split_backward = true;
   capabilities.overlap_f_b = true;  // its halves run back to back (Run)
-  // vocab_parallel: the executor runs the passes given its VocabularyLayers
-  // (set_vocabulary), but no Trainer or model provides them yet (issue #40),
-  // so experiments refuse vocabulary schedules.
+  // vocab_parallel: only with VocabularyLayers (set_vocabulary; a run with
+  // parallelism.vocab_parallel gives them), so not by default.
   return capabilities;
 }
 
