@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Vocabulary parallelism on this machine (issue #40): LLaMA with a 32768-token
+# vocabulary (synthetic uniform token ids: the timing and memory do not depend
+# on the text) and an untied head, through train_llama, each schedule with and
+# without parallelism.vocab_parallel:
+#   pp 2: 1f1b and 1f1b + passes, zbv and zbv_vocab (chunks 2);
+#   pp 4: 1f1b and 1f1b + passes.
+# Each run is one record in bench/results/vocab_parallel.jsonl
+# (tools/results.py --record).
+#
+#   bench/vocab_parallel.sh [--steps N] [--width W] [--record]
+#
+# Figures per run: the median step time and tokens/s after 5 warm-up steps;
+# each rank's compute time per step (its compute actions in the traces of 10
+# steps, median per rank; the max/min ratio is the balance); each rank's
+# measured step peak and the memory planner's prediction; the last loss and
+# its relative difference from the run without vocabulary parallelism under
+# the same schedule. One thread per rank: at pp 4 four ranks share 2 cores,
+# so step times there say what the passes cost under contention, and the
+# per-rank compute times carry the balance.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=20 WIDTH=256 VOCAB=32768 RECORD=0
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --steps) STEPS=$2; shift 2 ;;
+    --width) WIDTH=$2; shift 2 ;;
+    --record) RECORD=1; shift ;;
+    *) echo "unknown argument $1 (--steps N, --width W, --record)" >&2; exit 2 ;;
+  esac
+done
+[[ $STEPS -ge 16 ]] || { echo "--steps must be at least 16 (5 warm-up, 10 traced)" >&2; exit 2; }
+./bazelw build //experiments:train_llama >/dev/null 2>&1
+BIN=bazel-bin/experiments/train_llama
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+python3 - "$TMP/tokens.bin" "$VOCAB" <<'PY'
+import random, struct, sys
+rng = random.Random(40)
+ids = [rng.randrange(int(sys.argv[2])) for _ in range(200000)]
+open(sys.argv[1], "wb").write(struct.pack(f"<{len(ids)}H", *ids))
+PY
+SET="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,llama.vocab_size=$VOCAB,llama.width=$WIDTH,llama.tokenizer=,llama.context_length=64,parallelism.micro_batch_size=2,data.path=$TMP/tokens.bin,data.eval_fraction=0,trace_step=6,trace_steps=10"
+COMMAND="bench/vocab_parallel.sh --steps $STEPS --width $WIDTH"
+RUNS="pp2_1f1b:2:1:1f1b:false pp2_1f1b_vocab:2:1:1f1b:true pp2_zbv:2:2:zbv:false pp2_zbv_vocab:2:2:zbv_vocab:true pp4_1f1b:4:1:1f1b:false pp4_1f1b_vocab:4:1:1f1b:true"
+for run in $RUNS; do
+  IFS=: read -r name pp chunks schedule vocab <<< "$run"
+  "$BIN" --pp="$pp" --chunks="$chunks" --schedule="$schedule" --vocab_parallel="$vocab" \
+    --microbatches=8 --steps="$STEPS" --sample_tokens=0 \
+    --output_dir="$TMP/runs" --name="$name" --set="$SET" > "$TMP/$name.log" 2>&1 ||
+    { tail -30 "$TMP/$name.log"; exit 1; }
+done
+python3 - "$TMP" "$RECORD" "$COMMAND" "$RUNS" "$VOCAB" "$WIDTH" <<'PY'
+import glob, json, re, statistics, subprocess, sys
+tmp, record, command, runs = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4].split()
+vocab, width = int(sys.argv[5]), int(sys.argv[6])
+COMPUTE = re.compile(r"^(\d+(F|B|I|W)\d+|(OUT_S|OUT_T|IN_F|IN_B)\d+)$")
+
+def figures(name, pp, chunks, schedule, vocab_parallel):
+    log = open(f"{tmp}/{name}.log").read()
+    run_dir = glob.glob(f"{tmp}/runs/{name}-*")[0]
+    metrics = sorted((json.loads(l) for l in open(f"{run_dir}/metrics.jsonl")), key=lambda m: m["step"])
+    steps = [m for m in metrics if "step_s" in m and m["step"] > 5]
+    lines = re.findall(r"rank (\d+) stage \d+: step peak ([\d.]+) MiB.*?planner: peak ([\d.]+) MiB", log)
+    compute = {}
+    for path in glob.glob(f"{run_dir}/traces/step_*.json"):
+        per_rank = {}
+        for e in json.load(open(path))["traceEvents"]:
+            if e.get("ph") == "X" and COMPUTE.match(e["name"]):
+                per_rank[e["tid"]] = per_rank.get(e["tid"], 0) + e["dur"]
+        for r, us in per_rank.items():
+            compute.setdefault(r, []).append(us / 1000)
+    busy = [round(statistics.median(compute[r]), 1) for r in sorted(compute)]
+    step_s = statistics.median(m["step_s"] for m in steps)
+    tokens = metrics[-1].get("tokens_per_step") or 8 * 2 * 64
+    return {
+        "pp": int(pp), "chunks": int(chunks), "schedule": schedule,
+        "vocab_parallel": vocab_parallel == "true", "vocab_size": vocab, "width": width,
+        "step_s_median": round(step_s, 4), "tokens_per_s": round(tokens / step_s, 1),
+        "compute_ms_per_rank": busy,
+        "compute_max_over_min": round(max(busy) / min(busy), 3) if busy else None,
+        "peak_mib_per_rank": [float(p) for _, p, _ in lines],
+        "planned_peak_mib_per_rank": [float(p) for _, _, p in lines],
+        "last_loss": metrics[-1]["loss"],
+    }
+
+results = {}
+for run in runs:
+    name, pp, chunks, schedule, vocab_parallel = run.split(":")
+    results[name] = figures(name, pp, chunks, schedule, vocab_parallel)
+for name, f in results.items():
+    if f["vocab_parallel"]:
+        base = results[name.replace("_vocab", "")]
+        f["speedup_vs_same_schedule"] = round(base["step_s_median"] / f["step_s_median"], 3)
+        f["last_loss_rel_diff"] = abs(f["last_loss"] / base["last_loss"] - 1)
+    print(name, json.dumps(f))
+if record:
+    for name, f in results.items():
+        subprocess.run(["python3", "tools/results.py", "--record", "bench/results/vocab_parallel.jsonl",
+                        "--bench", "vocab_parallel", "--command", command, "--config", name,
+                        "--figures", json.dumps(f)], check=True)
+PY
