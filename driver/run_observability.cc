@@ -314,15 +314,7 @@ absl::StatusOr<std::string> RunObservability::Finish(const Trainer& trainer) {
     absl::StatusOr<SimulationResult> sim = SimulateProgram(program, {});
     // The byte planner's prediction for the schedule trained last (config
     // validation checks it against parallelism.memory_cap_mib before launch).
-    Schedule trained;
-    trained.name = program.schedule_name;
-    trained.num_stages = program.num_stages;
-    trained.num_microbatches = program.num_microbatches;
-    trained.num_chunks = program.num_chunks;
-    trained.forward_only = program.forward_only;
-    trained.vocab_parallel = program.vocab_parallel;
-    trained.stage_to_rank = program.stage_to_rank;
-    trained.ranks = program.ranks;
+    const Schedule trained = ScheduleOf(program);
     absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(config_, trained);
     if (!plan.ok()) LOG(WARNING) << "no memory prediction: " << plan.status();
     summary = "memory per rank (CPU tensors; step peak = the largest over the run):\n";

@@ -91,6 +91,14 @@ bool IsVocabCompute(ActionType type);     // OUT_S, OUT_T, IN_F, IN_B
 bool IsVocabCollective(ActionType type);  // OUT_BCAST, OUT_STATS, OUT_REDUCE,
                                           // IN_REDUCE, IN_BCAST
 inline bool IsVocab(ActionType type) { return IsVocabCompute(type) || IsVocabCollective(type); }
+// The vocabulary types in declaration order, OUT_S = 0 ... IN_BCAST = 8, for
+// tables indexed by type (IsVocab(type) must hold).
+constexpr int kNumVocabTypes = 9;
+constexpr int VocabTypeIndex(ActionType type) {
+  return static_cast<int>(type) - static_cast<int>(ActionType::kVocabOutputS);
+}
+static_assert(VocabTypeIndex(ActionType::kVocabInputBroadcast) == kNumVocabTypes - 1,
+              "the vocabulary types are OUT_S ... IN_BCAST, in this order");
 // Collectives a rank waits in with others: the tail and the vocabulary's.
 inline bool IsCollective(ActionType type) { return IsTail(type) || IsVocabCollective(type); }
 // Whether the string form carries a stage / a micro-batch.

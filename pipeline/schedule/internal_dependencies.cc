@@ -12,11 +12,6 @@ namespace {
 // TimeComputeOrder's steps: place every compute, find each one's producers,
 // time the per-rank orders, and report the ranks that could not finish.
 
-// The index of a vocabulary compute type among OUT_S, OUT_T, IN_F, IN_B.
-int VocabIndex(ActionType type) {
-  return static_cast<int>(type) - static_cast<int>(ActionType::kVocabOutputS);
-}
-
 // Where each compute leaf (type, stage, mb) runs, and each rank's vocabulary
 // passes (type, rank, mb); dense.
 class ComputePlaces {
@@ -66,7 +61,7 @@ class ComputePlaces {
     return (static_cast<int>(a.type) * num_virtual_ + a.stage) * m_ + a.microbatch;
   }
   int VocabKey(ActionType type, int rank, int mb) const {
-    return (VocabIndex(type) * p_ + rank) * m_ + mb;
+    return (VocabTypeIndex(type) * p_ + rank) * m_ + mb;
   }
 
   int num_virtual_;

@@ -183,13 +183,10 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
   std::vector<char> done_table(kDenseTypes * num_virtual * m, 0);
   std::vector<double> sent(kDenseTypes * num_virtual * m, -1);  // arrival time
   // Vocabulary actions, per rank: [type - OUT_S][rank][mb].
-  constexpr int kVocabTypes = 9;  // OUT_S ... IN_BCAST
   auto vocab_key = [&](int rank, const Action& a) {
-    return ((static_cast<int>(a.type) - static_cast<int>(ActionType::kVocabOutputS)) * p + rank) *
-               m +
-           a.microbatch;
+    return (VocabTypeIndex(a.type) * p + rank) * m + a.microbatch;
   };
-  std::vector<char> vocab_done(program.vocab_parallel ? kVocabTypes * p * m : 0, 0);
+  std::vector<char> vocab_done(program.vocab_parallel ? kNumVocabTypes * p * m : 0, 0);
   auto vocab_has = [&](int rank, ActionType type, int mb) {
     return vocab_done[vocab_key(rank, Vocab(type, mb))] != 0;
   };

@@ -52,14 +52,7 @@ absl::StatusOr<LoweredProgram> GivenProgram(const Schedule& schedule,
         "schedule \"", schedule.name, "\": given_program has ", schedule.given_program.size(),
         " rank lists, ranks has ", schedule.ranks.size()));
   }
-  LoweredProgram program;
-  program.schedule_name = schedule.name;
-  program.num_stages = schedule.num_stages;
-  program.num_microbatches = schedule.num_microbatches;
-  program.num_chunks = schedule.num_chunks;
-  program.forward_only = schedule.forward_only;
-  program.vocab_parallel = schedule.vocab_parallel;
-  program.stage_to_rank = schedule.stage_to_rank;
+  LoweredProgram program = EmptyProgramOf(schedule);
   program.ranks.resize(schedule.given_program.size());
   for (size_t r = 0; r < schedule.given_program.size(); ++r) {
     std::vector<Action> compute;
@@ -199,14 +192,7 @@ std::vector<Event> SortedEvents(const Schedule& schedule,
 // Each rank's program in event order: its computes, and each message as a
 // send on the producer's rank and a receive on the consumer's.
 LoweredProgram ProgramOfEvents(const Schedule& schedule, const std::vector<Event>& events) {
-  LoweredProgram program;
-  program.schedule_name = schedule.name;
-  program.num_stages = schedule.num_stages;
-  program.num_microbatches = schedule.num_microbatches;
-  program.num_chunks = schedule.num_chunks;
-  program.forward_only = schedule.forward_only;
-  program.vocab_parallel = schedule.vocab_parallel;
-  program.stage_to_rank = schedule.stage_to_rank;
+  LoweredProgram program = EmptyProgramOf(schedule);
   program.ranks.resize(schedule.num_stages);
   for (const Event& e : events) {
     if (e.kind == 1) {
@@ -286,6 +272,31 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOpt
   LoweredProgram program = ProgramOfEvents(schedule, SortedEvents(schedule, *timing));
   if (!schedule.forward_only && options.include_tail) AppendStepTail(program);
   return program;
+}
+
+LoweredProgram EmptyProgramOf(const Schedule& schedule) {
+  LoweredProgram program;
+  program.schedule_name = schedule.name;
+  program.num_stages = schedule.num_stages;
+  program.num_microbatches = schedule.num_microbatches;
+  program.num_chunks = schedule.num_chunks;
+  program.forward_only = schedule.forward_only;
+  program.vocab_parallel = schedule.vocab_parallel;
+  program.stage_to_rank = schedule.stage_to_rank;
+  return program;
+}
+
+Schedule ScheduleOf(const LoweredProgram& program) {
+  Schedule schedule;
+  schedule.name = program.schedule_name;
+  schedule.num_stages = program.num_stages;
+  schedule.num_microbatches = program.num_microbatches;
+  schedule.num_chunks = program.num_chunks;
+  schedule.forward_only = program.forward_only;
+  schedule.vocab_parallel = program.vocab_parallel;
+  schedule.stage_to_rank = program.stage_to_rank;
+  schedule.ranks = program.ranks;
+  return schedule;
 }
 
 }  // namespace pp

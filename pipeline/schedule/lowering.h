@@ -115,6 +115,13 @@ struct LoweredProgram {
 // input that is never produced, e.g. B before its F, or a cycle across ranks).
 absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOptions& options = {});
 
+// `schedule`'s facts (name, sizes, forward_only, vocab_parallel, placement)
+// in a program without actions; and back: a schedule of `program`'s facts
+// whose ranks are the program's action lists (what the memory planner and
+// the simulator read of a lowered program).
+LoweredProgram EmptyProgramOf(const Schedule& schedule);
+Schedule ScheduleOf(const LoweredProgram& program);
+
 }  // namespace pp
 
 #endif  // PIPELINE_SCHEDULE_LOWERING_H_

@@ -183,12 +183,10 @@ std::vector<ActionType> VocabTypes(bool forward_only, bool with_collectives) {
 // micro-batch (none without vocabulary parallelism); `where` names the list.
 absl::Status CheckVocabularyCounts(const RankActions& ranks, int m, bool vocab_parallel,
                                    const std::vector<ActionType>& types, absl::string_view where) {
-  constexpr int kVocabTypes = 9;
   for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
-    std::vector<int> counts(kVocabTypes * m, 0);
+    std::vector<int> counts(kNumVocabTypes * m, 0);
     auto count = [&](ActionType type, int mb) -> int& {
-      return counts[(static_cast<int>(type) - static_cast<int>(ActionType::kVocabOutputS)) * m +
-                    mb];
+      return counts[VocabTypeIndex(type) * m + mb];
     };
     for (const Action& a : ranks[r]) {
       if (IsVocab(a.type) && a.microbatch >= 0 && a.microbatch < m) ++count(a.type, a.microbatch);
