@@ -77,11 +77,22 @@ ModelState MasterStateOf(const PipelineModel& model, const Trainer& trainer,
   return state;
 }
 
+// The vocabulary layers' shards (TrainerOptions::vocabulary) live outside the
+// model's layer files: a checkpoint without them would resume wrong.
+absl::Status CheckNoVocabularyLayers(const Trainer& trainer, const char* what) {
+  if (trainer.vocabulary() == nullptr) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      what,
+      " a vocabulary-parallel run (TrainerOptions::vocabulary) is not implemented yet: "
+      "the tables' shards and their optimizer state are not in the model's layer files"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptions& options,
                                                    const ParallelGrid& grid,
                                                    const PipelineModel& model, Trainer& trainer) {
+  PP_RETURN_IF_ERROR(CheckNoVocabularyLayers(trainer, "saving a checkpoint of"));
   std::optional<DistributedOptimizer::WholeState> whole;
   if (trainer.distributed_optimizer() != nullptr) {
     PP_ASSIGN_OR_RETURN(whole, trainer.distributed_optimizer()->GatherWholeState());
@@ -116,6 +127,7 @@ absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptio
 absl::StatusOr<LoadReport> LoadTrainingCheckpoint(const std::string& path, const ParallelGrid& grid,
                                                   PipelineModel& model, Trainer& trainer,
                                                   const LoadOptions& options) {
+  PP_RETURN_IF_ERROR(CheckNoVocabularyLayers(trainer, "loading a checkpoint into"));
   std::optional<DistributedOptimizer::WholeState> whole;
   if (trainer.distributed_optimizer() != nullptr) {
     whole = trainer.distributed_optimizer()->NewWholeState();

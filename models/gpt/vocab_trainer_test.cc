@@ -1,0 +1,105 @@
+// GPT under vocabulary parallelism beside the Trainer's other parts: what
+// the Trainer and the checkpoints refuse, by name, instead of running wrong.
+// (The training itself: //models/equivalence:vocab_equivalence_test.)
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "checkpoint/model/trainer_checkpoint.h"
+#include "common/status_macros.h"
+#include "gtest/gtest.h"
+#include "models/data/lm_data.h"
+#include "models/gpt/gpt.h"
+#include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/model_parallel_group.h"
+#include "pipeline/runtime/trainer.h"
+#include "pipeline/runtime/vocab_layers.h"
+#include "topology/thread_ranks.h"
+
+namespace pp {
+namespace {
+
+constexpr std::chrono::seconds kTimeout{30};
+
+GptConfig TinyGpt() {
+  return {.vocab_size = 64, .context_length = 8, .width = 16, .num_heads = 2, .num_layers = 2};
+}
+
+std::unique_ptr<LmBatchSource> Source() {
+  std::vector<int64_t> tokens;
+  for (int i = 0; i < 400; ++i) tokens.push_back((i * 7) % 64);
+  return std::make_unique<LmBatchSource>(*LmBatchSource::Create(
+      tokens, {.seq_len = 8, .micro_batch_size = 2, .num_microbatches = 2, .dp_size = 1}));
+}
+
+// Two stages, the table split over them; `check` gets each rank's Trainer
+// after one step.
+absl::Status WithVocabTrainer(
+    const std::function<absl::Status(ParallelGrid&, PipelineModel&, Trainer&)>& check) {
+  return RunOnGrid(2, 1, kTimeout, [&](ParallelGrid& grid) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(VocabularySplit split, MakeGptVocabularySplit(TinyGpt()));
+    PipelineModelOptions mo;
+    mo.num_stages = 2;
+    mo.partition_method = "type:TransformerBlock";
+    PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(split.body, mo, grid.stage_id()));
+    PP_ASSIGN_OR_RETURN(auto vocabulary,
+                        MakeVocabularyLayers(split, mo.base_seed, PipeGroupOf(grid, kTimeout)));
+    std::unique_ptr<LmBatchSource> source = Source();
+    TrainerOptions to;
+    to.num_microbatches = 2;
+    to.executor.p2p.timeout = kTimeout;
+    to.vocabulary = vocabulary.get();
+    PP_ASSIGN_OR_RETURN(auto trainer,
+                        Trainer::Create(&grid, model.get(), GptLoss, source.get(), to));
+    PP_RETURN_IF_ERROR(trainer->Step().status());
+    return check(grid, *model, *trainer);
+  });
+}
+
+// A checkpoint of the model's layer files alone would resume with fresh
+// tables: saving and loading are refused, naming why.
+TEST(VocabTrainerTest, CheckpointsAreRefusedNotIncomplete) {
+  const std::string root =
+      (std::filesystem::path(testing::TempDir()) / "vocab_checkpoint").string();
+  absl::Status s =
+      WithVocabTrainer([&](ParallelGrid& grid, PipelineModel& model, Trainer& trainer) {
+        TrainingCheckpointOptions options;
+        options.root = root;
+        absl::StatusOr<std::string> saved = SaveTrainingCheckpoint(options, grid, model, trainer);
+        EXPECT_EQ(saved.status().code(), absl::StatusCode::kUnimplemented) << saved.status();
+        EXPECT_NE(saved.status().message().find("vocabulary-parallel run"), std::string::npos);
+        absl::StatusOr<LoadReport> loaded = LoadTrainingCheckpoint(root, grid, model, trainer);
+        EXPECT_EQ(loaded.status().code(), absl::StatusCode::kUnimplemented) << loaded.status();
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// A schedule with vocabulary passes needs the vocabulary layers.
+TEST(VocabTrainerTest, VocabularyScheduleWithoutLayersIsRefused) {
+  absl::Status s = RunOnGrid(2, 1, kTimeout, [&](ParallelGrid& grid) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(VocabularySplit split, MakeGptVocabularySplit(TinyGpt()));
+    PipelineModelOptions mo;
+    mo.num_stages = 2;
+    PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(split.body, mo, grid.stage_id()));
+    std::unique_ptr<LmBatchSource> source = Source();
+    TrainerOptions to;
+    to.schedule = "1f1b_vocab";
+    to.num_microbatches = 2;
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create(&grid, model.get(), GptLoss, source.get(), to);
+    EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument) << trainer.status();
+    EXPECT_NE(trainer.status().message().find(
+                  "has vocabulary passes but the run has no vocabulary layers"),
+              std::string::npos)
+        << trainer.status();
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+}  // namespace
+}  // namespace pp
