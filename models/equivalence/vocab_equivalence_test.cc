@@ -138,7 +138,9 @@ TEST_P(VocabEquivalenceTest, PipelineEqualsSequential) {
   // The tables were trained and merged back under their dense names.
   const VocabularySplit split = c.config.vocabulary();
   ASSERT_EQ(pipeline->params.count(split.embedding_name), 1u);
-  if (!split.tied()) ASSERT_EQ(pipeline->params.count(split.head_name), 1u);
+  if (!split.tied()) {
+    ASSERT_EQ(pipeline->params.count(split.head_name), 1u);
+  }
   EXPECT_LT(pipeline->losses.back(), pipeline->losses.front());
 }
 
