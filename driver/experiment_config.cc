@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <regex>
@@ -418,6 +419,16 @@ absl::Status CheckWorldSize(const driver::ParallelismConfig& par, int world_size
       ranks, " / --nnodes"));
 }
 
+// The linked-in models for which `supports` holds, for a refusal's "use a
+// model that does: ..." ("(none linked in)" when none).
+std::string ModelsWhere(const std::function<bool(const ModelInfo&)>& supports) {
+  std::vector<std::string> names;
+  for (const ModelInfo* m : RegisteredModels()) {
+    if (supports(*m)) names.push_back(m->name);
+  }
+  return names.empty() ? std::string("(none linked in)") : absl::StrJoin(names, ", ");
+}
+
 // Tensor parallelism: a model that supports it (its sizes are its own
 // `validate`'s to check).
 absl::Status CheckTensorParallel(const ExperimentConfig& config, const ModelInfo& model) {
@@ -429,15 +440,11 @@ absl::Status CheckTensorParallel(const ExperimentConfig& config, const ModelInfo
   }
   if (par.tp() <= 1) return absl::OkStatus();
   if (!model.tensor_parallel_loss) {
-    std::vector<std::string> supported;
-    for (const ModelInfo* m : RegisteredModels()) {
-      if (m->tensor_parallel_loss) supported.push_back(m->name);
-    }
     return Invalid(absl::StrCat(
         "parallelism.tp (", par.tp(), ") > 1, but model '", model.name,
         "' does not support tensor parallelism (its registration sets no tensor_parallel_loss; "
         "models/registry.h); use parallelism.tp 1, or a model that does: ",
-        supported.empty() ? std::string("(none linked in)") : absl::StrJoin(supported, ", ")));
+        ModelsWhere([](const ModelInfo& m) { return bool(m.tensor_parallel_loss); })));
   }
   return absl::OkStatus();
 }
@@ -448,15 +455,11 @@ absl::Status CheckVocabParallel(const ExperimentConfig& config, const ModelInfo&
   const auto& par = config.parallelism();
   if (!par.vocab_parallel()) return absl::OkStatus();
   if (!model.vocabulary_split) {
-    std::vector<std::string> supported;
-    for (const ModelInfo* m : RegisteredModels()) {
-      if (m->vocabulary_split) supported.push_back(m->name);
-    }
     return Invalid(absl::StrCat(
         "parallelism.vocab_parallel is set, but model '", model.name,
         "' does not support vocabulary parallelism (its registration sets no vocabulary_split; "
         "models/registry.h); use a model that does: ",
-        supported.empty() ? std::string("(none linked in)") : absl::StrJoin(supported, ", ")));
+        ModelsWhere([](const ModelInfo& m) { return bool(m.vocabulary_split); })));
   }
   const auto& ckpt = config.checkpoint();
   const std::vector<std::pair<bool, std::string>> not_yet = {

@@ -355,7 +355,6 @@ TrainerOptions TrainerOptionsOf(const RunConfig& config, const torch::Device& de
   to.bucket_numel = config.bucket_numel;
   to.distributed_optimizer_fault = config.distributed_optimizer_fault;
   to.executor.loss_normalization_fault = config.loss_normalization_fault;
-  to.executor.p2p.timeout = config.timeout;
   return to;
 }
 
