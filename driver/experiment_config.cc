@@ -461,14 +461,10 @@ absl::Status CheckVocabParallel(const ExperimentConfig& config, const ModelInfo&
         "models/registry.h); use a model that does: ",
         ModelsWhere([](const ModelInfo& m) { return bool(m.vocabulary_split); })));
   }
-  const auto& ckpt = config.checkpoint();
   const std::vector<std::pair<bool, std::string>> not_yet = {
       {par.tp() > 1, absl::StrCat("parallelism.tp = ", par.tp(), " (use 1)")},
       {par.distributed_optimizer(), "parallelism.distributed_optimizer (use false)"},
       {par.device() != "cpu", absl::StrCat("parallelism.device '", par.device(), "' (use cpu)")},
-      {ckpt.save_interval() > 0 || ckpt.save_on_signal() || !ckpt.resume().empty(),
-       "checkpoints (set checkpoint.save_interval 0, no checkpoint.save_on_signal and no "
-       "checkpoint.resume)"},
       {config.sample_tokens() > 0, "sampling (set sample_tokens 0)"},
       {config.data().packing() != "none",
        absl::StrCat("data.packing '", config.data().packing(), "' (its per-token loss; use none)")},

@@ -8,7 +8,11 @@
 #      resuming at step 4 (the data source resumes exactly mid-epoch: each
 #      step draws 8 of ~2000 windows); losses identical;
 #   3. the loss decreases over 30 steps and the sample is decoded with a
-#      byte-level tokenizer.json.
+#      byte-level tokenizer.json;
+#   4. vocabulary parallelism with the untied head (two tables): the
+#      checkpoint holds both whole (layer 0's embedding, the last layer's
+#      head, as a run without it writes them); resumed with it, the losses
+#      equal its straight run's; resumed without it, within 1e-5.
 set -euo pipefail
 BIN=$1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -83,4 +87,29 @@ grep -q "sample (top-5, 12 " "$TMP/log" || { cat "$TMP/log"; echo "FAIL: no samp
 SAMPLE=$(cat "$TMP"/runs/learn-*/sample.txt)
 [[ $SAMPLE == ab* && $SAMPLE != *"token ids"* ]] ||
   { echo "FAIL: sample '$SAMPLE' not decoded from the prompt 'ab'"; exit 1; }
+
+# 4. Vocabulary parallelism's checkpoints (LLaMA: embedding and head untied).
+V=(--set="$SET" --sample_tokens=0 --vocab_parallel=true)
+run "${V[@]}" --steps=6 --name=vocab_straight
+run "${V[@]}" --steps=4 --save_interval=4 --name=vocab_resumed
+CKPT=$(ls -d "$TMP"/runs/checkpoints/vocab_resumed/step_00000004)
+for f in layer_00-model_states.pt layer_00-optim_states.pt layer_04-model_states.pt layer_04-optim_states.pt; do
+  [[ -f $CKPT/$f ]] || { ls "$CKPT"; echo "FAIL: no $f (a table, whole) in the checkpoint"; exit 1; }
+done
+run "${V[@]}" --steps=6 --resume=auto --name=vocab_resumed
+STRAIGHT=$(losses "$TMP"/runs/vocab_straight-*)
+RESUMED=$(for d in $(ls -d "$TMP"/runs/vocab_resumed-* | sort); do losses "$d"; done)
+[[ "$STRAIGHT" == "$RESUMED" ]] ||
+  { echo "FAIL: vocabulary-parallel resume '$(echo $RESUMED)' differs from '$(echo $STRAIGHT)'"; exit 1; }
+echo "ok: vocabulary parallelism (untied head) resumes exactly"
+run --set="$SET,checkpoint.resume_other_runs=true" --sample_tokens=0 --steps=6 --resume="$CKPT" --name=vocab_dense
+python3 - "$(echo "$STRAIGHT" | tail -2)" "$(losses "$TMP"/runs/vocab_dense-*)" <<'PY' ||
+import sys
+want, got = ([float(x) for x in a.split()] for a in sys.argv[1:])
+assert len(want) == len(got) == 2, (want, got)
+worst = max(abs(a - b) / abs(a) for a, b in zip(want, got))
+print(f"resumed without vocabulary parallelism, steps 5-6: largest relative difference {worst:.2e}")
+assert worst <= 1e-5, worst
+PY
+  { echo "FAIL: resumed without vocabulary parallelism, the losses differ"; exit 1; }
 echo PASS

@@ -9,9 +9,11 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <typeinfo>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/util/Type.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -49,13 +51,17 @@ std::string ModelSuffix(int model_rank, int model_size) {
   return model_size > 1 ? absl::StrFormat("-model_%02d", model_rank) : "";
 }
 
-// The optimizer's state of one parameter as suffix -> tensor.
-absl::StatusOr<TensorDict> OptimizerStateOf(const torch::optim::Optimizer& optimizer,
-                                            const at::Tensor& param, const std::string& name) {
+}  // namespace
+
+absl::StatusOr<TensorDict> OptimizerStateTensors(const torch::optim::Optimizer& optimizer,
+                                                 const at::Tensor& param, const std::string& name) {
   TensorDict out;
   auto it = optimizer.state().find(ParamKey(param));
   if (it == optimizer.state().end()) return out;  // No step taken yet.
   const torch::optim::OptimizerParamState* state = it->second.get();
+  if (state == nullptr) {
+    return absl::InternalError(absl::StrCat("the optimizer's state of ", name, " is empty"));
+  }
   auto adam_like = [&](int64_t step, const at::Tensor& m, const at::Tensor& v,
                        const at::Tensor& vmax) {
     out.emplace_back("step", at::scalar_tensor(step, at::kLong));
@@ -70,18 +76,17 @@ absl::StatusOr<TensorDict> OptimizerStateOf(const torch::optim::Optimizer& optim
   } else if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
     if (s->momentum_buffer().defined()) out.emplace_back("momentum_buffer", s->momentum_buffer());
   } else {
-    return absl::UnimplementedError(
-        absl::StrCat("cannot checkpoint the optimizer state of ", name,
-                     ": only Adam, AdamW and SGD states are supported"));
+    return absl::UnimplementedError(absl::StrCat(
+        "cannot checkpoint the optimizer state of ", name, " (a ",
+        c10::demangle(typeid(*state).name()), "): only Adam, AdamW and SGD states are supported"));
   }
   return out;
 }
 
-// Installs the state `entries` (suffix -> tensor) for `param`.
-absl::Status SetOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
-                               const std::string& name,
-                               const std::map<std::string, at::Tensor>& entries,
-                               const std::string& file) {
+absl::Status SetOptimizerStateTensors(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                                      const std::string& name,
+                                      const std::map<std::string, at::Tensor>& entries,
+                                      const std::string& file) {
   auto get = [&](const std::string& suffix) -> at::Tensor {
     auto it = entries.find(suffix);
     if (it == entries.end()) return at::Tensor();
@@ -128,8 +133,6 @@ absl::Status SetOptimizerState(torch::optim::Optimizer& optimizer, const at::Ten
   optimizer.state()[ParamKey(param)] = std::move(state);
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::Status AgreeOnCheckpointStatus(const CheckpointRank& rank, const absl::Status& local,
                                      const std::string& phase) {
@@ -217,7 +220,8 @@ absl::StatusOr<std::map<std::string, FileJob>> PlanStageFiles(const SaveRequest&
     job.tie_key = loc.tie_key;
     job.tensors.emplace_back(loc.local, tensor);
     if (request.optimizer != nullptr) {
-      PP_ASSIGN_OR_RETURN(TensorDict state, OptimizerStateOf(*request.optimizer, tensor, name));
+      PP_ASSIGN_OR_RETURN(TensorDict state,
+                          OptimizerStateTensors(*request.optimizer, tensor, name));
       if (state.empty()) continue;
       FileJob& ojob = jobs[optim_file];
       ojob.kind = kOptimKind;
@@ -702,7 +706,8 @@ absl::Status LoadOptimizerStates(const LoadPlan& plan, PlannedFiles& files,
         report.optimizer_missing.push_back(w.global);
         continue;
       }
-      PP_RETURN_IF_ERROR(SetOptimizerState(*optimizer, w.tensor, w.global, entries, file_path));
+      PP_RETURN_IF_ERROR(
+          SetOptimizerStateTensors(*optimizer, w.tensor, w.global, entries, file_path));
       ++report.optimizer_states_loaded;
     }
     for (const auto& [key, t] : in_file)

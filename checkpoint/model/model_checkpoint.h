@@ -99,6 +99,21 @@ struct TensorLocation {
 // InvalidArgument naming `name` unless it is "layers.<i>.<local>" or "tied.<key>.<local>".
 absl::StatusOr<TensorLocation> LocateTensor(const std::string& name);
 
+// The optimizer's state of `param` (named `name` in errors) as the
+// checkpoint's entries, suffix -> tensor ("step", "exp_avg", "exp_avg_sq",
+// "max_exp_avg_sq" for Adam and AdamW; "momentum_buffer" for SGD); empty
+// before its first step. The tensors are the optimizer's own (not copies).
+// Unimplemented for other optimizers.
+absl::StatusOr<TensorDict> OptimizerStateTensors(const torch::optim::Optimizer& optimizer,
+                                                 const at::Tensor& param, const std::string& name);
+// Installs `entries` (as OptimizerStateTensors gives them; copied onto
+// param's device) as `param`'s state. DataLoss naming `file` for a missing
+// entry or a moment of another shape than `param`.
+absl::Status SetOptimizerStateTensors(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                                      const std::string& name,
+                                      const std::map<std::string, at::Tensor>& entries,
+                                      const std::string& file);
+
 // File name of a layer's or tie key's model ("model") or optimizer ("optim") states.
 std::string LayerFileName(int64_t layer, int model_rank, int model_size, const std::string& kind);
 std::string TiedFileName(const std::string& key, int model_rank, int model_size,

@@ -1,9 +1,13 @@
 #include "checkpoint/model/trainer_checkpoint.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
@@ -12,9 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/model/checkpoint_dir.h"
 #include "common/status_macros.h"
+#include "common/torch_compat.h"
 #include "common/torch_status.h"
 #include "pipeline/runtime/grad_sync.h"
 #include "pipeline/runtime/optimizer.h"
+#include "pipeline/runtime/vocab_layers.h"
 #include "topology/rendezvous.h"
 
 namespace pp {
@@ -77,14 +83,204 @@ ModelState MasterStateOf(const PipelineModel& model, const Trainer& trainer,
   return state;
 }
 
-// The vocabulary layers' shards (TrainerOptions::vocabulary) live outside the
-// model's layer files: a checkpoint without them would resume wrong.
-absl::Status CheckNoVocabularyLayers(const Trainer& trainer, const char* what) {
-  if (trainer.vocabulary() == nullptr) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      what,
-      " a vocabulary-parallel run (TrainerOptions::vocabulary) is not implemented yet: "
-      "the tables' shards and their optimizer state are not in the model's layer files"));
+// --- Vocabulary parallelism (TrainerOptions::vocabulary) ---------------------
+// A vocabulary-parallel run's checkpoint is the dense model's
+// (VocabularyDenseLayout): the body's tensors under their dense names, each
+// table whole, gathered from the pipe ranks' rows, with its optimizer state
+// gathered the same way. Pipe rank 0 writes the tables. So it loads into a
+// run without vocabulary parallelism or with another pp (each rank cuts its
+// rows), and a dense run's checkpoint loads into a vocabulary-parallel run.
+
+struct VocabularyTable {
+  std::string name;     // dense name
+  torch::Tensor shard;  // the Trainer's master of this rank's rows
+  torch::Tensor whole;  // [vocab, D]
+};
+
+// What a vocabulary-parallel rank saves or loads: the dense-named state, an
+// optimizer holding its optimizer state, the tables.
+struct VocabularyView {
+  ModelState state;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::vector<VocabularyTable> tables;
+  bool writes_tables = false;
+};
+
+// The layout's tables (the same order on every rank) and the body's masters
+// under their dense names; the tables' files are pipe rank 0's.
+absl::StatusOr<VocabularyView> VocabularyViewOf(const ParallelGrid& grid,
+                                                const PipelineModel& model,
+                                                const Trainer& trainer) {
+  const VocabularyLayers& vocabulary = *trainer.vocabulary();
+  const VocabularyDenseLayout& layout = vocabulary.dense_layout();
+  if (!layout.known()) {
+    return absl::FailedPreconditionError(
+        "the run's vocabulary layers have no dense layout (build them with "
+        "MakeVocabularyLayers): a checkpoint has no names to write their tables under");
+  }
+  VocabularyView view;
+  view.writes_tables = grid.stage_id() == 0;
+  view.tables.push_back({layout.embedding_name, trainer.MasterOf(vocabulary.embedding()), {}});
+  if (!layout.head_name.empty()) {
+    view.tables.push_back({layout.head_name, trainer.MasterOf(vocabulary.head()), {}});
+  }
+  ModelState body = MasterStateOf(model, trainer);
+  view.state.num_layers = layout.num_layers;
+  view.state.tie_writer_stage = body.tie_writer_stage;
+  for (const auto& [name, spec] : body.shard_dims) {
+    view.state.shard_dims[layout.DenseName(name)] = spec;
+  }
+  // A table's file is written by one rank: no body tensor of another rank
+  // may live in it.
+  std::set<std::pair<int64_t, std::string>> table_files;
+  for (const VocabularyTable& table : view.tables) {
+    PP_ASSIGN_OR_RETURN(TensorLocation loc, LocateTensor(table.name));
+    table_files.insert({loc.tie_key.empty() ? loc.layer : -1, loc.tie_key});
+    if (!loc.tie_key.empty()) view.state.tie_writer_stage[loc.tie_key] = 0;
+  }
+  for (const auto& [name, t] : body.tensors) {
+    const std::string dense = layout.DenseName(name);
+    PP_ASSIGN_OR_RETURN(TensorLocation loc, LocateTensor(dense));
+    if (!view.writes_tables &&
+        table_files.count({loc.tie_key.empty() ? loc.layer : -1, loc.tie_key}) > 0) {
+      return absl::InternalError(absl::StrCat(
+          "the body's ", dense, " (", name, ") shares a vocabulary table's file but lives on pipe ",
+          "rank ", grid.stage_id(), "; the tables' files are pipe rank 0's"));
+    }
+    view.state.tensors.emplace_back(dense, t);
+  }
+  return view;
+}
+
+// Gathers the tables and their optimizer state; pipe rank 0 adds them to
+// the state it saves. Collective over the pipe group.
+absl::StatusOr<VocabularyView> GatherVocabularyView(const ParallelGrid& grid,
+                                                    const PipelineModel& model, Trainer& trainer) {
+  PP_ASSIGN_OR_RETURN(VocabularyView view, VocabularyViewOf(grid, model, trainer));
+  const VocabularyLayers& vocabulary = *trainer.vocabulary();
+  torch::optim::Optimizer& optimizer = trainer.optimizer();
+  // The body's optimizer state, shared (the states' copies hold the same tensors).
+  view.optimizer = MakeOptimizer(trainer.options().optimizer, {});
+  for (const auto& [name, t] : view.state.tensors) {
+    auto it = optimizer.state().find(torch_compat::OptimizerStateKeyOf(t));
+    if (it != optimizer.state().end()) {
+      view.optimizer->state()[torch_compat::OptimizerStateKeyOf(t)] = it->second->clone();
+    }
+  }
+  for (VocabularyTable& table : view.tables) {
+    PP_ASSIGN_OR_RETURN(table.whole, vocabulary.GatherRows(table.shard, table.name));
+    PP_ASSIGN_OR_RETURN(TensorDict entries,
+                        OptimizerStateTensors(optimizer, table.shard, table.name));
+    std::map<std::string, at::Tensor> whole_entries;
+    for (const auto& [suffix, t] : entries) {
+      if (t.dim() > 0 && t.sizes() == table.shard.sizes()) {
+        PP_ASSIGN_OR_RETURN(whole_entries[suffix],
+                            vocabulary.GatherRows(t, absl::StrCat(table.name, ".", suffix)));
+      } else {
+        whole_entries[suffix] = t;
+      }
+    }
+    if (!whole_entries.empty()) {
+      PP_RETURN_IF_ERROR(SetOptimizerStateTensors(*view.optimizer, table.whole, table.name,
+                                                  whole_entries, "the gathered vocabulary rows"));
+    }
+    if (view.writes_tables) view.state.tensors.emplace_back(table.name, table.whole);
+  }
+  return view;
+}
+
+// Loads `path` into the vocabulary-parallel trainer: the body as any run
+// loads, the tables whole (pipe rank 0 with its files; the other ranks read
+// the tables alone), then each rank's rows of them and of their state.
+absl::StatusOr<LoadReport> LoadVocabularyCheckpoint(const std::string& path,
+                                                    const ParallelGrid& grid,
+                                                    const PipelineModel& model, Trainer& trainer,
+                                                    const LoadOptions& options) {
+  PP_ASSIGN_OR_RETURN(VocabularyView view, VocabularyViewOf(grid, model, trainer));
+  const VocabularyLayers& vocabulary = *trainer.vocabulary();
+  torch::optim::Optimizer& optimizer = trainer.optimizer();
+  const CheckpointRank rank = CheckpointRankOf(grid);
+  std::set<torch_compat::OptimizerStateKey> trained;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params())
+      trained.insert(torch_compat::OptimizerStateKeyOf(p));
+  }
+  std::vector<torch::Tensor> body_params;
+  for (const auto& [name, t] : view.state.tensors) {
+    if (trained.count(torch_compat::OptimizerStateKeyOf(t)) > 0) body_params.push_back(t);
+  }
+  ModelState tables_alone;
+  tables_alone.num_layers = view.state.num_layers;
+  std::vector<torch::Tensor> wholes;
+  for (VocabularyTable& table : view.tables) {
+    table.whole = torch::zeros({vocabulary.vocab_size(), table.shard.size(1)},
+                               table.shard.options().requires_grad(false));
+    (view.writes_tables ? view.state : tables_alone).tensors.emplace_back(table.name, table.whole);
+    wholes.push_back(table.whole);
+  }
+  std::vector<torch::Tensor> params = body_params;
+  if (view.writes_tables) params.insert(params.end(), wholes.begin(), wholes.end());
+  view.optimizer = MakeOptimizer(trainer.options().optimizer, params);
+  PP_ASSIGN_OR_RETURN(LoadReport report,
+                      LoadCheckpoint(path, view.state, view.optimizer.get(), rank, options));
+  std::unique_ptr<torch::optim::Optimizer> tables_optimizer;
+  if (!view.writes_tables) {
+    // The tables' files hold tensors of pipe rank 0 (GPT's positions beside
+    // its token table): read them loosely, then check the tables came.
+    tables_optimizer = MakeOptimizer(trainer.options().optimizer, wholes);
+    LoadOptions loose = options;
+    loose.strict = false;
+    PP_ASSIGN_OR_RETURN(LoadReport t,
+                        LoadCheckpoint(path, tables_alone, tables_optimizer.get(), rank, loose));
+    const bool expect_state = options.load_optimizer && report.optimizer_states_loaded > 0;
+    for (const VocabularyTable& table : view.tables) {
+      const auto has = [&](const std::vector<std::string>& list) {
+        return std::any_of(list.begin(), list.end(), [&](const std::string& line) {
+          return line == table.name || line.rfind(table.name + ":", 0) == 0;
+        });
+      };
+      if (options.strict && (has(t.missing) || has(t.shape_mismatches))) {
+        return absl::NotFoundError(absl::StrCat("checkpoint ", t.dir, " has no ", table.name,
+                                                " of shape ", c10::str(table.whole.sizes()),
+                                                " (the vocabulary table): ", t.Summary()));
+      }
+      if (options.strict && expect_state && has(t.optimizer_missing)) {
+        return absl::NotFoundError(
+            absl::StrCat("checkpoint ", t.dir, " has no optimizer state for ", table.name));
+      }
+    }
+    report.missing.insert(report.missing.end(), t.missing.begin(), t.missing.end());
+    report.shape_mismatches.insert(report.shape_mismatches.end(), t.shape_mismatches.begin(),
+                                   t.shape_mismatches.end());
+    report.tensors_loaded += t.tensors_loaded;
+    report.optimizer_states_loaded += t.optimizer_states_loaded;
+    report.bytes_read += t.bytes_read;
+  }
+  torch::optim::Optimizer& loaded = tables_optimizer ? *tables_optimizer : *view.optimizer;
+  // The body's state moves into the Trainer's optimizer (the same tensors).
+  for (const torch::Tensor& p : body_params) {
+    auto it = view.optimizer->state().find(torch_compat::OptimizerStateKeyOf(p));
+    if (it != view.optimizer->state().end()) {
+      optimizer.state()[torch_compat::OptimizerStateKeyOf(p)] = std::move(it->second);
+      view.optimizer->state().erase(it);
+    }
+  }
+  // Each rank's rows of the tables and of their state.
+  for (const VocabularyTable& table : view.tables) {
+    PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("cutting this rank's rows of ", table.name), [&] {
+      torch::NoGradGuard no_grad;
+      table.shard.copy_(vocabulary.LocalRows(table.whole));
+    }));
+    PP_ASSIGN_OR_RETURN(TensorDict entries, OptimizerStateTensors(loaded, table.whole, table.name));
+    if (entries.empty()) continue;
+    std::map<std::string, at::Tensor> rows;
+    for (const auto& [suffix, t] : entries) {
+      rows[suffix] = t.dim() > 0 && t.sizes() == table.whole.sizes() ? vocabulary.LocalRows(t) : t;
+    }
+    PP_RETURN_IF_ERROR(
+        SetOptimizerStateTensors(optimizer, table.shard, table.name, rows, report.dir));
+  }
+  return report;
 }
 
 }  // namespace
@@ -92,18 +288,25 @@ absl::Status CheckNoVocabularyLayers(const Trainer& trainer, const char* what) {
 absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptions& options,
                                                    const ParallelGrid& grid,
                                                    const PipelineModel& model, Trainer& trainer) {
-  PP_RETURN_IF_ERROR(CheckNoVocabularyLayers(trainer, "saving a checkpoint of"));
   std::optional<DistributedOptimizer::WholeState> whole;
-  if (trainer.distributed_optimizer() != nullptr) {
+  std::optional<VocabularyView> vocabulary;
+  if (trainer.vocabulary() != nullptr) {
+    // The Trainer refuses the two together.
+    CHECK(trainer.distributed_optimizer() == nullptr);
+    PP_ASSIGN_OR_RETURN(vocabulary, GatherVocabularyView(grid, model, trainer));
+  } else if (trainer.distributed_optimizer() != nullptr) {
     PP_ASSIGN_OR_RETURN(whole, trainer.distributed_optimizer()->GatherWholeState());
   }
-  ModelState state = MasterStateOf(model, trainer, whole ? &*whole : nullptr);
+  ModelState state = vocabulary ? std::move(vocabulary->state)
+                                : MasterStateOf(model, trainer, whole ? &*whole : nullptr);
   SaveRequest request;
   request.root = options.root;
   request.step = trainer.step();
   request.keep_last = options.keep_last;
   request.model = &state;
-  request.optimizer = whole ? whole->optimizer.get() : &trainer.optimizer();
+  request.optimizer = vocabulary ? vocabulary->optimizer.get()
+                      : whole    ? whole->optimizer.get()
+                                 : &trainer.optimizer();
   const TrainerOptions& to = trainer.options();
   request.trainer.set_step(trainer.step());
   request.trainer.set_lr_step(trainer.step());
@@ -127,16 +330,21 @@ absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptio
 absl::StatusOr<LoadReport> LoadTrainingCheckpoint(const std::string& path, const ParallelGrid& grid,
                                                   PipelineModel& model, Trainer& trainer,
                                                   const LoadOptions& options) {
-  PP_RETURN_IF_ERROR(CheckNoVocabularyLayers(trainer, "loading a checkpoint into"));
   std::optional<DistributedOptimizer::WholeState> whole;
-  if (trainer.distributed_optimizer() != nullptr) {
-    whole = trainer.distributed_optimizer()->NewWholeState();
+  LoadReport report;
+  if (trainer.vocabulary() != nullptr) {
+    // The Trainer refuses the two together.
+    CHECK(trainer.distributed_optimizer() == nullptr);
+    PP_ASSIGN_OR_RETURN(report, LoadVocabularyCheckpoint(path, grid, model, trainer, options));
+  } else {
+    if (trainer.distributed_optimizer() != nullptr) {
+      whole = trainer.distributed_optimizer()->NewWholeState();
+    }
+    ModelState state = MasterStateOf(model, trainer, whole ? &*whole : nullptr);
+    PP_ASSIGN_OR_RETURN(
+        report, LoadCheckpoint(path, state, whole ? whole->optimizer.get() : &trainer.optimizer(),
+                               CheckpointRankOf(grid), options));
   }
-  ModelState state = MasterStateOf(model, trainer, whole ? &*whole : nullptr);
-  PP_ASSIGN_OR_RETURN(
-      LoadReport report,
-      LoadCheckpoint(path, state, whole ? whole->optimizer.get() : &trainer.optimizer(),
-                     CheckpointRankOf(grid), options));
   if (whole) {
     // This rank's slices of the loaded masters and state, and the model's
     // parameters from the masters.

@@ -13,7 +13,9 @@
 // Saving is collective over grid.world_group(); loading is local. Loading
 // under another layout (pipe/data degree, schedule, chunks) restores weights,
 // optimizer state and step; RNG states only come back under the same layout
-// (the report says whether they did).
+// (the report says whether they did). A vocabulary-parallel Trainer
+// (TrainerOptions::vocabulary) saves the dense model's files, the tables
+// gathered whole, and loads any layout's (its rows cut from them).
 //
 // Next: checkpoint/model_checkpoint.h (the files), checkpoint/README.md.
 #ifndef CHECKPOINT_MODEL_TRAINER_CHECKPOINT_H_

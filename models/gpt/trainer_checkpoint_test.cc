@@ -8,7 +8,10 @@
 //    padded) and ToSequential(), save at tp=4 -> load at tp=2 x pp=2; the
 //    next step's loss matches;
 //  - the distributed optimizer (ZeRO-1): exact resume (fp32 and bf16), and
-//    dp 4 -> 2 -> 1 with it on, off, on continues an uninterrupted run.
+//    dp 4 -> 2 -> 1 with it on, off, on continues an uninterrupted run;
+//  - vocabulary parallelism: exact resume (fp32 and bf16); its checkpoint is
+//    the dense model's (tables whole), so it loads into a run without it, at
+//    another pp and into ToSequential(), and a dense run's loads into it.
 //
 // The resume test runs real worker processes (this binary re-executed with
 // PP_CKPT_WORKER set), since dropout draws from the process-wide generator.
@@ -42,6 +45,7 @@
 #include "models/data/lm_data.h"
 #include "models/gpt/gpt.h"
 #include "pipeline/runtime/model_parallel_group.h"
+#include "pipeline/runtime/vocab_layers.h"
 #include "pipeline/schedule/registry.h"
 #include "topology/process_topology.h"
 #include "topology/rendezvous.h"
@@ -63,6 +67,8 @@ struct RunSpec {
   Precision precision = Precision::kFp32;
   int num_heads = 2;
   bool distributed_optimizer = false;
+  // The tables split over the pipe ranks (MakeGptVocabularySplit).
+  bool vocab_parallel = false;
 };
 
 // The tokens are below 62: a vocabulary of 62 to 64 fits them.
@@ -98,6 +104,7 @@ struct RankRun {
   std::unique_ptr<ParallelGrid> grid;
   std::unique_ptr<PipelineModel> model;
   std::unique_ptr<LmBatchSource> source;
+  std::unique_ptr<VocabularyLayers> vocabulary;  // before the Trainer that uses it
   std::unique_ptr<Trainer> trainer;
 };
 
@@ -112,8 +119,13 @@ absl::StatusOr<RankRun> MakeRun(const World& world, const RunSpec& spec) {
   PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topo));
   run.grid = std::make_unique<ParallelGrid>(std::move(grid));
   const int64_t vocab = spec.num_heads == 2 ? 64 : kTpVocab;
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs,
-                      MakeGptSpecs(TinyGpt(spec.dropout, spec.num_heads, vocab)));
+  const GptConfig config = TinyGpt(spec.dropout, spec.num_heads, vocab);
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(config));
+  std::optional<VocabularySplit> split;
+  if (spec.vocab_parallel) {
+    PP_ASSIGN_OR_RETURN(split, MakeGptVocabularySplit(config));
+    specs = split->body;
+  }
   PipelineModelOptions mo;
   const ModelParallelGroup group = ModelParallelGroupOf(*run.grid, std::chrono::seconds(60));
   mo.layer_environment.model_parallel = group;
@@ -129,6 +141,12 @@ absl::StatusOr<RankRun> MakeRun(const World& world, const RunSpec& spec) {
   PP_ASSIGN_OR_RETURN(run.model, PipelineModel::Create(specs, mo, run.grid->stage_id()));
   PP_ASSIGN_OR_RETURN(run.source, MakeSource(spec.global_microbatches));
   TrainerOptions to;
+  if (split) {
+    PP_ASSIGN_OR_RETURN(run.vocabulary,
+                        MakeVocabularyLayers(*split, mo.base_seed,
+                                             PipeGroupOf(*run.grid, std::chrono::seconds(60))));
+    to.vocabulary = run.vocabulary.get();
+  }
   to.schedule = spec.schedule;
   to.num_microbatches = spec.global_microbatches / spec.dp;
   to.optimizer.name = "adamw";
@@ -448,15 +466,28 @@ PrecisionRun TrainRun(const RunSpec& spec, int steps, const std::string& load_fr
         if (run.trainer->distributed_optimizer() != nullptr) {
           PP_ASSIGN_OR_RETURN(whole, run.trainer->distributed_optimizer()->GatherWholeState());
         }
+        // Vocabulary parallelism: the dense model's names, the tables whole
+        // (gathered: collective, before the lock).
+        std::map<std::string, torch::Tensor> tables;
+        if (run.vocabulary != nullptr) {
+          const VocabularyDenseLayout& layout = run.vocabulary->dense_layout();
+          PP_ASSIGN_OR_RETURN(tables[layout.embedding_name],
+                              run.vocabulary->GatherRows(
+                                  run.trainer->MasterOf(run.vocabulary->embedding()), "table"));
+        }
         std::lock_guard<std::mutex> lock(mu);
         if (w.rank == 0) out.losses = losses;
         for (const auto& item : run.model->named_parameters()) {
-          out.weights[item.key()] =
+          const std::string name = run.vocabulary != nullptr
+                                       ? run.vocabulary->dense_layout().DenseName(item.key())
+                                       : item.key();
+          out.weights[name] =
               (whole ? whole->ValueOf(item.value()) : run.trainer->MasterOf(item.value()))
                   .detach()
                   .clone();
-          out.model_dtypes[item.key()] = item.value().scalar_type();
+          out.model_dtypes[name] = item.value().scalar_type();
         }
+        for (const auto& [name, t] : tables) out.weights[name] = t.clone();
         return absl::OkStatus();
       });
   for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
@@ -588,27 +619,36 @@ TEST(ReshardTrainingTest, SavedAtPipe2Data2LoadsAtPipe4Data1) {
   EXPECT_NEAR(TrainSaveStep(to, 0, root, ""), reference, 1e-6 * std::abs(reference));
 }
 
+// 4 steps straight against 2 steps, a save under `name` and 2 more after a
+// load, at `spec`: the losses and the final weights bit for bit. Returns the
+// weights after the save and after the resume.
+std::pair<PrecisionRun, PrecisionRun> ExpectResumesBitwise(const RunSpec& spec,
+                                                           const std::string& name) {
+  const std::string root = TestDir(name);
+  fs::remove_all(root);
+  const PrecisionRun straight = TrainRun(spec, 4, "", "");
+  PrecisionRun first = TrainRun(spec, 2, "", root);
+  PrecisionRun second = TrainRun(spec, 2, root + "/" + CheckpointName(2), "");
+  EXPECT_EQ(straight.losses.size(), 4u);
+  if (straight.losses.size() != 4u) return {first, second};
+  EXPECT_EQ(first.losses,
+            std::vector<double>(straight.losses.begin(), straight.losses.begin() + 2));
+  EXPECT_EQ(second.losses, std::vector<double>(straight.losses.begin() + 2, straight.losses.end()));
+  EXPECT_EQ(FirstDifference(straight.weights, second.weights), "");
+  return {std::move(first), std::move(second)};
+}
+
 // The distributed optimizer's checkpoints hold the unsharded state (gathered
 // from the slices): the same layout resumes bit for bit, fp32 and bf16.
 TEST(DistributedOptimizerCheckpointTest, ResumesBitwise) {
   for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
     SCOPED_TRACE(PrecisionName(precision));
-    const std::string root = TestDir(absl::StrCat("zero1_resume_", PrecisionName(precision)));
-    fs::remove_all(root);
     RunSpec spec;
     spec.pp = 2;
     spec.dp = 2;
     spec.precision = precision;
     spec.distributed_optimizer = true;
-    const PrecisionRun straight = TrainRun(spec, 4, "", "");
-    const PrecisionRun first = TrainRun(spec, 2, "", root);
-    const PrecisionRun second = TrainRun(spec, 2, root + "/" + CheckpointName(2), "");
-    ASSERT_EQ(straight.losses.size(), 4u);
-    EXPECT_EQ(first.losses,
-              std::vector<double>(straight.losses.begin(), straight.losses.begin() + 2));
-    EXPECT_EQ(second.losses,
-              std::vector<double>(straight.losses.begin() + 2, straight.losses.end()));
-    EXPECT_EQ(FirstDifference(straight.weights, second.weights), "");
+    ExpectResumesBitwise(spec, absl::StrCat("zero1_resume_", PrecisionName(precision)));
   }
 }
 
@@ -643,6 +683,62 @@ TEST(DistributedOptimizerCheckpointTest, ReshardsAcrossDataParallelAndOnOff) {
   for (const auto& [name, t] : straight.weights) {
     EXPECT_TRUE(torch::allclose(c.weights.at(name), t, 1e-4, 1e-6)) << name;
   }
+}
+
+// Vocabulary parallelism's checkpoints hold the tables whole with their
+// optimizer state: the same layout resumes bit for bit (fp32 and bf16; the
+// RNG and every moment come back).
+TEST(VocabularyCheckpointTest, ResumesBitwise) {
+  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(PrecisionName(precision));
+    RunSpec spec;
+    spec.pp = 2;
+    spec.precision = precision;
+    spec.vocab_parallel = true;
+    const auto [first, second] =
+        ExpectResumesBitwise(spec, absl::StrCat("vocab_resume_", PrecisionName(precision)));
+    // The table trained after the resume: its whole value moved.
+    ASSERT_EQ(first.weights.count("tied.embed.tok_embed.weight"), 1u);
+    EXPECT_FALSE(torch::equal(first.weights.at("tied.embed.tok_embed.weight"),
+                              second.weights.at("tied.embed.tok_embed.weight")));
+  }
+}
+
+// A vocabulary-parallel checkpoint is the dense model's: saved at pp 2, it
+// loads into a pp 2 run without vocabulary parallelism (its weights exactly
+// the saved ones, the table included), into a pp 4 run with it (the rows
+// cut four ways) and into ToSequential(); each next step's loss is the
+// saved run's. And a dense run's checkpoint loads into a vocabulary-parallel
+// run, exactly.
+TEST(VocabularyCheckpointTest, IsTheDenseModelsCheckpoint) {
+  const std::string root = TestDir("vocab_reshard");
+  fs::remove_all(root);
+  RunSpec vocab2;
+  vocab2.pp = 2;
+  vocab2.vocab_parallel = true;
+  RunSpec dense2 = vocab2;
+  dense2.vocab_parallel = false;
+  RunSpec vocab4 = vocab2;
+  vocab4.pp = 4;
+  const PrecisionRun saved = TrainRun(vocab2, 2, "", root + "/vocab", 1);
+  ASSERT_EQ(saved.losses.size(), 3u);
+  const double reference = saved.losses.back();
+  const std::string ckpt = root + "/vocab/" + CheckpointName(2);
+  const PrecisionRun dense = TrainRun(dense2, 0, ckpt, root + "/dense", 1);
+  ASSERT_EQ(dense.losses.size(), 1u);
+  // The sharded head rounds its logits' sums differently from the dense one.
+  EXPECT_NEAR(dense.losses[0], reference, 1e-5 * std::abs(reference));
+  const PrecisionRun resharded = TrainRun(vocab4, 0, ckpt, "", 1);
+  ASSERT_EQ(resharded.losses.size(), 1u);
+  EXPECT_NEAR(resharded.losses[0], reference, 1e-5 * std::abs(reference));
+  EXPECT_NEAR(SequentialLoss(ckpt, 2, 4), reference, 1e-5 * std::abs(reference));
+  // Loading is exact both ways: what a load gives is what was saved.
+  const PrecisionRun dense_loaded = TrainRun(dense2, 0, ckpt, "", 0);
+  const PrecisionRun vocab_saved_at_2 = TrainRun(vocab2, 0, ckpt, "", 0);
+  EXPECT_EQ(FirstDifference(vocab_saved_at_2.weights, dense_loaded.weights), "");
+  const std::string dense_ckpt = root + "/dense/" + CheckpointName(2);
+  const PrecisionRun vocab_from_dense = TrainRun(vocab4, 0, dense_ckpt, "", 0);
+  EXPECT_EQ(FirstDifference(dense_loaded.weights, vocab_from_dense.weights), "");
 }
 
 TEST(TrainingCheckpointerTest, PeriodicSavesPruningAndAutoResume) {

@@ -1,6 +1,9 @@
 // GPT under vocabulary parallelism beside the Trainer's other parts: what
-// the Trainer and the checkpoints refuse, by name, instead of running wrong.
-// (The training itself: //models/equivalence:vocab_equivalence_test.)
+// the Trainer and the checkpoints refuse, by name, instead of running wrong,
+// and what a checkpoint's table file holds. (The training itself:
+// //models/equivalence:vocab_equivalence_test; resuming and resharding:
+// //models/gpt:trainer_checkpoint_test.)
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -8,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include "checkpoint/model/checkpoint_dir.h"
+#include "checkpoint/model/tensor_file.h"
 #include "checkpoint/model/trainer_checkpoint.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
@@ -36,8 +41,10 @@ std::unique_ptr<LmBatchSource> Source() {
 }
 
 // Two stages, the table split over them; `check` gets each rank's Trainer
-// after one step.
+// after one step. `dense_names`: the layers know the split's dense names
+// (MakeVocabularyLayers), else they are built from the tables alone.
 absl::Status WithVocabTrainer(
+    bool dense_names,
     const std::function<absl::Status(ParallelGrid&, PipelineModel&, Trainer&)>& check) {
   return RunOnGrid(2, 1, kTimeout, [&](ParallelGrid& grid) -> absl::Status {
     PP_ASSIGN_OR_RETURN(VocabularySplit split, MakeGptVocabularySplit(TinyGpt()));
@@ -47,6 +54,11 @@ absl::Status WithVocabTrainer(
     PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(split.body, mo, grid.stage_id()));
     PP_ASSIGN_OR_RETURN(auto vocabulary,
                         MakeVocabularyLayers(split, mo.base_seed, PipeGroupOf(grid, kTimeout)));
+    if (!dense_names) {
+      // A table of zeros: only the names matter here.
+      vocabulary = std::make_unique<VocabularyLayers>(torch::zeros({64, 16}), torch::Tensor(),
+                                                      /*tied=*/true, PipeGroupOf(grid, kTimeout));
+    }
     std::unique_ptr<LmBatchSource> source = Source();
     TrainerOptions to;
     to.num_microbatches = 2;
@@ -59,23 +71,52 @@ absl::Status WithVocabTrainer(
   });
 }
 
-// A checkpoint of the model's layer files alone would resume with fresh
-// tables: saving and loading are refused, naming why.
-TEST(VocabTrainerTest, CheckpointsAreRefusedNotIncomplete) {
+// A checkpoint holds the tables under the dense model's names: vocabulary
+// layers that do not know them (built from tables, not from a split) are
+// refused, by name, rather than saved under made-up names.
+TEST(VocabTrainerTest, CheckpointsNeedTheDenseNames) {
   const std::string root =
       (std::filesystem::path(testing::TempDir()) / "vocab_checkpoint").string();
-  absl::Status s =
-      WithVocabTrainer([&](ParallelGrid& grid, PipelineModel& model, Trainer& trainer) {
+  absl::Status s = WithVocabTrainer(
+      /*dense_names=*/false, [&](ParallelGrid& grid, PipelineModel& model, Trainer& trainer) {
         TrainingCheckpointOptions options;
         options.root = root;
         absl::StatusOr<std::string> saved = SaveTrainingCheckpoint(options, grid, model, trainer);
-        EXPECT_EQ(saved.status().code(), absl::StatusCode::kUnimplemented) << saved.status();
-        EXPECT_NE(saved.status().message().find("vocabulary-parallel run"), std::string::npos);
+        EXPECT_EQ(saved.status().code(), absl::StatusCode::kFailedPrecondition) << saved.status();
+        EXPECT_NE(saved.status().message().find("have no dense layout"), std::string::npos)
+            << saved.status();
         absl::StatusOr<LoadReport> loaded = LoadTrainingCheckpoint(root, grid, model, trainer);
-        EXPECT_EQ(loaded.status().code(), absl::StatusCode::kUnimplemented) << loaded.status();
+        EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition) << loaded.status();
         return absl::OkStatus();
       });
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// Saved with the dense names, the table's file holds the whole table once,
+// written by pipe rank 0 beside the positions it shares a module with.
+TEST(VocabTrainerTest, CheckpointHoldsTheWholeTableOnce) {
+  const std::string root =
+      (std::filesystem::path(testing::TempDir()) / "vocab_checkpoint_whole").string();
+  std::filesystem::remove_all(root);
+  absl::Status s = WithVocabTrainer(
+      /*dense_names=*/true, [&](ParallelGrid& grid, PipelineModel& model, Trainer& trainer) {
+        TrainingCheckpointOptions options;
+        options.root = root;
+        return SaveTrainingCheckpoint(options, grid, model, trainer).status();
+      });
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<TensorDict> tied = ReadTensorFileUnchecked(root + "/" + CheckpointName(1) + "/" +
+                                                            TiedFileName("embed", 0, 1, "model"));
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  std::vector<std::string> names;
+  for (const auto& [name, t] : *tied) {
+    names.push_back(name);
+    if (name == "tok_embed.weight") {
+      EXPECT_EQ(t.sizes(), (std::vector<int64_t>{64, 16}));
+    }
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"pos_embed.weight", "tok_embed.weight"}));
 }
 
 // A schedule with vocabulary passes needs the vocabulary layers.

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "pipeline/tensor_parallel/mappings.h"
 
 namespace pp {
 
@@ -82,6 +83,27 @@ torch::Tensor VocabularyLayers::OutputT(int mb, const torch::Tensor& grad_scale)
   return grads.grad_hidden_partial;
 }
 
+absl::StatusOr<torch::Tensor> VocabularyLayers::GatherRows(const torch::Tensor& rows,
+                                                           const std::string& what) const {
+  const int64_t local = range_.end - range_.begin;
+  if (rows.dim() < 1 || rows.size(0) != local) {
+    return absl::InvalidArgumentError(absl::StrCat("gathering ", what, ": this rank holds ", local,
+                                                   " vocabulary rows, the tensor has shape ",
+                                                   c10::str(rows.sizes())));
+  }
+  torch::Tensor gathered;
+  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("gathering ", what, " over the pipe group"), [&] {
+    torch::NoGradGuard no_grad;
+    gathered = tensor_parallel::AllGather(rows.detach(), pipe_, 0, what);
+  }));
+  return MergeVocabularyShards({gathered}, vocab_size_);
+}
+
+torch::Tensor VocabularyLayers::LocalRows(const torch::Tensor& full) const {
+  torch::NoGradGuard no_grad;
+  return tensor_parallel::LocalVocabRows(full, pipe_);
+}
+
 namespace {
 
 absl::StatusOr<torch::Tensor> DenseTable(const VocabularySplit& split, int64_t index,
@@ -133,6 +155,10 @@ absl::StatusOr<std::unique_ptr<VocabularyLayers>> MakeVocabularyLayers(const Voc
     layers = std::make_unique<VocabularyLayers>(embedding, head, split.tied(), std::move(pipe),
                                                 ignore_index);
   }));
+  layers->set_dense_layout({.embedding_name = split.embedding_name,
+                            .head_name = split.tied() ? "" : split.head_name,
+                            .dense_name = split.dense_name,
+                            .num_layers = static_cast<int64_t>(split.dense.size())});
   return layers;
 }
 

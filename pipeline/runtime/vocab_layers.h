@@ -16,10 +16,16 @@
 // Gradients accumulate into the shards' .grad (as autograd would), so the
 // optimizer, clipping and the data-parallel reduce treat the shards like any
 // parameter. Not thread-safe; one per rank.
+//
+// Checkpoints (checkpoint/model/trainer_checkpoint.h) hold the tables whole,
+// under the dense model's names (dense_layout()): GatherRows and LocalRows move
+// a table-shaped tensor (the table, its master, an optimizer moment) between
+// this rank's rows and the dense rows.
 #ifndef PIPELINE_RUNTIME_VOCAB_LAYERS_H_
 #define PIPELINE_RUNTIME_VOCAB_LAYERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,6 +39,21 @@
 #include "pipeline/tensor_parallel/vocab_passes.h"
 
 namespace pp {
+
+// Where the split's tensors live in the dense model (VocabularySplit's names):
+// what a checkpoint of a vocabulary-parallel run is written as.
+struct VocabularyDenseLayout {
+  std::string embedding_name;  // e.g. "tied.embed.tok_embed.weight"
+  std::string head_name;       // an untied head's; empty when tied
+  // A body parameter's dense name (null: the same name).
+  std::function<std::string(const std::string&)> dense_name;
+  int64_t num_layers = -1;  // of the dense model
+
+  bool known() const { return !embedding_name.empty() && num_layers > 0; }
+  std::string DenseName(const std::string& body_name) const {
+    return dense_name ? dense_name(body_name) : body_name;
+  }
+};
 
 class VocabularyLayers {
  public:
@@ -66,6 +87,19 @@ class VocabularyLayers {
   const ModelParallelGroup& pipe() const { return pipe_; }
   tensor_parallel::VocabRange range() const { return range_; }
 
+  // Set by MakeVocabularyLayers; unknown for layers built from tables alone.
+  const VocabularyDenseLayout& dense_layout() const { return dense_layout_; }
+  void set_dense_layout(VocabularyDenseLayout layout) { dense_layout_ = std::move(layout); }
+
+  // The dense rows [vocab_size, ..] from every pipe rank's `rows` (this
+  // rank's rows of a table-shaped tensor, padding included); the padding
+  // must be zero. Collective over the pipe group, in the same order on every
+  // rank.
+  absl::StatusOr<torch::Tensor> GatherRows(const torch::Tensor& rows,
+                                           const std::string& what) const;
+  // This rank's rows of dense `full` [vocab_size, ..], padded with zeros.
+  torch::Tensor LocalRows(const torch::Tensor& full) const;
+
  private:
   struct Pending {
     tensor_parallel::OutputSResult s;
@@ -81,6 +115,7 @@ class VocabularyLayers {
   int64_t ignore_index_;
   tensor_parallel::VocabRange range_;
   torch::Tensor embedding_, head_;
+  VocabularyDenseLayout dense_layout_;
   std::map<int, Pending> pending_;  // by micro-batch, from OUT_S to OUT_T
 };
 
@@ -88,7 +123,8 @@ class VocabularyLayers {
 // dense layers holding them built as PipelineModel builds layer i (seed
 // base_seed + i, dense), their rows over `pipe` kept. InvalidArgument for a
 // split without an embedding table, a layer index outside the dense model or
-// tables of the wrong shape (named).
+// tables of the wrong shape (named). The layers know the split's dense names
+// (dense_layout()).
 absl::StatusOr<std::unique_ptr<VocabularyLayers>> MakeVocabularyLayers(const VocabularySplit& split,
                                                                        uint64_t base_seed,
                                                                        ModelParallelGroup pipe,
