@@ -16,6 +16,7 @@
 #include "models/registry.h"
 #include "pipeline/layers/layer_spec.h"
 #include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/vocab_passes.h"
 
 namespace pp {
 
@@ -68,6 +69,10 @@ std::vector<std::string> WhatWouldFit(const ExperimentConfig& config, const Sche
         MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0});
     // A schedule with vocabulary passes is its base's with the passes added.
     if (!other.ok() || other->forward_only || other->vocab_parallel) continue;
+    if (par.vocab_parallel()) {
+      other = AddVocabularyPasses(*other);
+      if (!other.ok()) continue;
+    }
     const std::optional<double> peak = PlannedPeak(config, *other);
     if (peak.has_value() && *peak <= cap_bytes) {
       fits.push_back(absl::StrCat("schedule '", name, "' (fewer micro-batches in flight; peak ",
@@ -126,7 +131,11 @@ absl::StatusOr<Schedule> PlannedSchedule(const ExperimentConfig& config) {
         absl::StrCat("the schedule has ", actions, " compute actions, too many to plan"));
   }
   PP_ASSIGN_OR_RETURN(const std::string name, StartingSchedule(par.schedule(), par.chunks()));
-  return MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0});
+  PP_ASSIGN_OR_RETURN(Schedule schedule,
+                      MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0}));
+  // The Trainer places the vocabulary passes into a schedule without them.
+  if (par.vocab_parallel() && !schedule.vocab_parallel) return AddVocabularyPasses(schedule);
+  return schedule;
 }
 
 std::optional<TransformerShape> TransformerShapeOf(const ExperimentConfig& config) {
@@ -200,6 +209,9 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
   const int tp = std::max(1, par.tp());
   const bool sp = tp > 1 && par.sequence_parallel();
   const double vocab_rank = std::ceil(vocab / tp);
+  // Vocabulary parallelism: the tables leave the first and last stages, and
+  // every pipe rank holds its rows of each (VocabMemory).
+  const bool vocab_parallel = par.vocab_parallel();
   const double stream = b * t * w * value_bytes / (sp ? tp : 1);
   const double block_act = BlockActivationBytes(*shape, b, value_bytes, tp, sp);
   const int64_t interval = par.activation_checkpointing().interval();
@@ -233,11 +245,16 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
                           Clamp1(shape->mlp_ratio) * b * t * w * value_bytes / tp;
     }
     if (s == 0) {
-      m.parameter_bytes += (vocab_rank + t) * w * kFp32;  // token and position embeddings
+      // Token (unless split over the pipe) and position embeddings; the
+      // stage's input (the embedding's output, or the vocabulary passes' sum).
+      m.parameter_bytes += ((vocab_parallel ? 0 : vocab_rank) + t) * w * kFp32;
       m.activation_bytes += stream;
       full += stream;
     }
-    if (s == n - 1) {
+    if (s == n - 1 && vocab_parallel) {
+      // The final norm; its output goes to every rank's OUT_S.
+      m.parameter_bytes += 2 * w * kFp32;
+    } else if (s == n - 1) {
       // The final norm and the head: a copy of the tied embedding when it
       // is on another virtual stage, or a matrix of its own.
       const bool own_head = !shape->tied_embeddings || n > 1;
@@ -258,6 +275,13 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
                          : config.optimizer().momentum() > 0 ? OptimizerKind::kSgdMomentum
                                                              : OptimizerKind::kSgd;
   in.options.fp32_master_weights = bf16;
+  if (vocab_parallel) {
+    const double rows = std::ceil(vocab / std::max(1, par.pp()));
+    in.options.vocab.parameter_bytes = (shape->tied_embeddings ? 1 : 2) * rows * w * kFp32;
+    // OUT_S keeps, until OUT_T, its logits' exps (fp32), the head's input
+    // and three statistics per token.
+    in.options.vocab.pending_bytes = b * t * (rows * kFp32 + w * value_bytes + 3 * kFp32);
+  }
   if (config.parallelism().distributed_optimizer()) {
     in.options.distributed_optimizer_dp = std::max(1, config.parallelism().dp());
   }

@@ -105,6 +105,36 @@ TEST(MemoryBudgetTest, TensorParallelRanksHoldTheirShare) {
   EXPECT_DOUBLE_EQ(BlockParameters(TransformerShape{64, 128, 4, 4, 4, 260, true}), 198272);
 }
 
+// Vocabulary parallelism: the first stage keeps the position embedding, the
+// last the final norm; every rank holds its 130 rows of the tied table and,
+// per micro-batch between OUT_S and OUT_T, its logits' exps (130 per token,
+// fp32), the head's input and 3 statistics. The planned schedule carries the
+// passes, and the two ranks' planned parameters differ only by the positions
+// and the norm.
+TEST(MemoryBudgetTest, VocabularyParallelPutsTheTablesOnEveryRank) {
+  ExperimentConfig vocab = SmallGpt();
+  vocab.mutable_parallelism()->set_vocab_parallel(true);
+  std::optional<RunMemoryInputs> in = RunMemoryInputsOf(vocab, 2);
+  ASSERT_TRUE(in.has_value());
+  EXPECT_DOUBLE_EQ(in->stages[0].parameter_bytes, (2 * 198272.0 + 64 * 128) * 4);
+  EXPECT_DOUBLE_EQ(in->stages[1].parameter_bytes, (2 * 198272.0 + 256) * 4);
+  const double block = 8 * 64 * (15 * 128 * 4 + 2 * 4 * 64 * 4.0);
+  EXPECT_DOUBLE_EQ(in->stages[1].activation_bytes, 2 * block);
+  EXPECT_DOUBLE_EQ(in->options.vocab.parameter_bytes, 130 * 128 * 4);
+  EXPECT_DOUBLE_EQ(in->options.vocab.pending_bytes, 8 * 64 * (130 * 4 + 128 * 4 + 12));
+
+  absl::StatusOr<Schedule> schedule = PlannedSchedule(vocab);
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  EXPECT_TRUE(schedule->vocab_parallel);
+  absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(vocab, *schedule);
+  ASSERT_TRUE(plan.ok() && plan->has_value()) << plan.status();
+  const MemoryPlan& p = **plan;
+  ASSERT_EQ(p.ranks.size(), 2u);
+  EXPECT_DOUBLE_EQ(p.ranks[0].parameters - p.ranks[1].parameters, (64 * 128 - 2 * 128) * 4);
+  EXPECT_DOUBLE_EQ(p.ranks[1].parameters, (2 * 198272.0 + 256 + 130 * 128) * 4);
+  EXPECT_GT(p.ranks[0].vocab_pending + p.ranks[1].vocab_pending, 0);
+}
+
 TEST(MemoryBudgetTest, Bf16HalvesActivationsAndAddsMasters) {
   ExperimentConfig bf16 = SmallGpt();
   bf16.set_precision("bf16");
