@@ -89,6 +89,33 @@ def load_traced_steps(run_dir, metrics, first, count, chunks, ranks):
     return traced
 
 
+# Vocabulary parallelism's passes (one cost each, every rank alike) and its
+# collectives over all pipe ranks (one cost, VOCAB_COMM), by trace category.
+VOCAB_PASSES = ("OUT_S", "OUT_T", "IN_F", "IN_B")
+VOCAB_COLLECTIVES = ("OUT_BCAST", "OUT_STATS", "OUT_REDUCE", "IN_REDUCE", "IN_BCAST")
+
+
+def vocab_costs(events):
+    """The vocabulary passes' mean durations and VOCAB_COMM, the mean over
+    the collectives of each rank's end minus the latest start among the
+    ranks (its own cost, the waiting left to the simulator), in seconds;
+    empty without vocabulary passes."""
+    passes, collectives = {}, {}
+    for e in events:
+        if e.get("cat") in VOCAB_PASSES:
+            passes.setdefault(e["cat"], []).append(e["dur"] * 1e-6)
+        elif e.get("cat") in VOCAB_COLLECTIVES:
+            collectives.setdefault((e["cat"], e["args"]["microbatch"]), []).append(e)
+    out = {k: statistics.mean(v) for k, v in passes.items()}
+    own = []
+    for evs in collectives.values():
+        latest = max(e["ts"] for e in evs)
+        own += [max(0.0, e["ts"] + e["dur"] - latest) * 1e-6 for e in evs]
+    if own:
+        out["VOCAB_COMM"] = statistics.mean(own)
+    return out
+
+
 def trace_costs(events, chunks, ranks):
     """Simulator inputs from one traced step's "X" events (tid = rank, cat =
     action type, args.stage = virtual stage), in seconds."""
@@ -130,7 +157,8 @@ def trace_costs(events, chunks, ranks):
     # The GPT ties its embedding (stage 0) and head (last stage): REDUCE_TIED
     # is a collective of their ranks (one rank under V placement).
     return {"stage_costs": stage_costs, "tail": tail, "sends": sends, "recvs": recv_costs,
-            "tie_groups": f"0,{num_stages - 1}", "ranks": ranks, "events": events}
+            "tie_groups": f"0,{num_stages - 1}", "ranks": ranks, "events": events,
+            "vocab": vocab_costs(events)}
 
 
 def message_of(recv):
@@ -145,8 +173,9 @@ def replay_step(events, tied_ranks, step_all_reduce):
     instead of per-stage means (in seconds): each rank runs its traced actions
     in order; a compute or SEND takes its duration; a RECV completes at
     max(its rank's clock, its SEND's replayed end) + its own cost (as in
-    trace_costs); REDUCE_TIED (over tied_ranks) and STEP (over all ranks with
-    step_all_reduce) start at the latest arrival and take each rank's end
+    trace_costs); REDUCE_TIED (over tied_ranks), STEP (over all ranks with
+    step_all_reduce) and each vocabulary collective (over all ranks, per kind
+    and micro-batch) start at the latest arrival and take each rank's end
     minus the latest traced start. A replay that matches the measured step
     says the model's structure is right, so that what the mean-cost
     prediction misses is the variation of the durations."""
@@ -156,13 +185,20 @@ def replay_step(events, tied_ranks, step_all_reduce):
                 for e in events if e["cat"] in ("SEND_F", "SEND_B")}
     groups = {"REDUCE_TIED": tied_ranks if len(tied_ranks) > 1 else [],
               "STEP": ranks if step_all_reduce else []}
-    own = {}  # (rank, collective) -> cost after the gathering
-    for cat, group in groups.items():
-        starts = [e["ts"] for e in events if e["cat"] == cat and e["tid"] in group]
-        for e in events:
-            if e["cat"] == cat:
-                own[(e["tid"], cat)] = (max(0, e["ts"] + e["dur"] - max(starts))
-                                        if e["tid"] in group else e["dur"])
+    groups.update({c: ranks for c in VOCAB_COLLECTIVES})
+
+    def collective_key(e):  # a collective: its kind and, for the vocabulary's, its micro-batch
+        return (e["cat"], e["args"]["microbatch"]) if e["cat"] in VOCAB_COLLECTIVES else e["cat"]
+
+    own = {}  # (rank, collective key) -> cost after the gathering
+    latest = {}
+    for e in events:
+        if e["cat"] in groups and e["tid"] in groups[e["cat"]]:
+            latest[collective_key(e)] = max(latest.get(collective_key(e), e["ts"]), e["ts"])
+    for e in events:
+        if e["cat"] in groups:
+            own[(e["tid"], collective_key(e))] = (max(0, e["ts"] + e["dur"] - latest[collective_key(e)])
+                                       if e["tid"] in groups[e["cat"]] else e["dur"])
     t0 = min(e["ts"] for e in events)
     clock = {r: prog[r][0]["ts"] - t0 for r in ranks}
     pos = {r: 0 for r in ranks}
@@ -185,17 +221,17 @@ def replay_step(events, tied_ranks, step_all_reduce):
                     clock[r] = max(clock[r], sent[key]) + max(0, cost)
                 elif cat in groups and r in groups[cat]:
                     group = groups[cat]
-                    if not all(pos[q] < len(prog[q]) and prog[q][pos[q]]["cat"] == cat
+                    if not all(pos[q] < len(prog[q]) and collective_key(prog[q][pos[q]]) == collective_key(e)
                                for q in group):
                         break
                     t = max(clock[q] for q in group)
                     for q in group:
-                        clock[q] = t + own[(q, cat)]
+                        clock[q] = t + own[(q, collective_key(e))]
                         pos[q] += 1
                     progress = True
                     continue
                 elif cat in groups:
-                    clock[r] += own[(r, cat)]
+                    clock[r] += own[(r, collective_key(e))]
                 else:
                     clock[r] += e["dur"]
                 pos[r] += 1
@@ -243,6 +279,9 @@ def explorer_args(t, stage_to_rank, step_all_reduce):
                          for r, c in sorted(rank_costs.items()) if c)
     out = [f"--stage_costs={stage_part}", f"--rank_costs={rank_part}",
            f"--tie_groups={t['tie_groups']}", "--defer_receives"]
+    if t.get("vocab"):
+        # Every other key of --costs keeps its default; the stage costs replace F, B, I, W.
+        out.append("--costs=" + ",".join(f"{k}:{v:.6f}" for k, v in sorted(t["vocab"].items())))
     if step_all_reduce:
         out.append("--step_all_reduce")
     return out, rank_costs

@@ -4,7 +4,8 @@ step traced from the simulator itself (schedule_explorer --format=chrome, the
 same event layout as train_gpt's trace.json) with known costs must give back
 those costs and the same makespan when bench_schedules derives the explorer's
 flags from it. Would fail if an estimator (per-stage compute, collective tail
-costs, SEND/RECV costs, REDUCE_GRAD per stage), a flag or the replay
+costs, SEND/RECV costs, REDUCE_GRAD per stage, the vocabulary passes and
+their collectives), a flag or the replay
 (bench_schedules.replay_step) were wrong or ignored.
 
     python3 bench/bench_schedules_test.py path/to/schedule_explorer
@@ -30,10 +31,11 @@ def explore(schedule, stages, m, chunks, extra):
     return [e for e in chrome["traceEvents"] if e.get("ph") == "X"], sim["makespan"]
 
 
-def check(schedule, stages, m, chunks, stage_costs, rank_costs, step_all_reduce):
+def check(schedule, stages, m, chunks, stage_costs, rank_costs, step_all_reduce, vocab=""):
     # Costs in ms: the chrome trace's ts/dur are in us, 1000 per unit.
     last = stages * chunks - 1
-    extra = ["--costs=F:1,B:2,I:1,W:1,comm:0", f"--stage_costs={stage_costs}",
+    extra = ["--costs=F:1,B:2,I:1,W:1,comm:0" + ("," + vocab if vocab else ""),
+             f"--stage_costs={stage_costs}",
              f"--rank_costs={rank_costs}", f"--tie_groups=0,{last}", "--defer_receives"]
     if step_all_reduce:
         extra.append("--step_all_reduce")
@@ -59,6 +61,10 @@ def check(schedule, stages, m, chunks, stage_costs, rank_costs, step_all_reduce)
             key, value = item.split(":")
             got = rank_out[int(rank)].get(key, 0) * 1000
             assert abs(got - float(value)) < 1e-6, (name, rank, key, got, value)
+    for item in vocab.split(",") if vocab else []:
+        key, value = item.split(":")
+        got = costs["vocab"][key] * 1000
+        assert abs(got - float(value)) < 1e-6, (name, key, got, value)
     print(f"ok {name}: makespan {makespan_ms:g}")
 
 
@@ -76,4 +82,18 @@ if "zbv" in subprocess.run([EXPLORER, "--list"], capture_output=True, text=True)
     check("zbv", 2, 4, 2, "0:F:0.5,I:0.1,W:0.6;1:F:0.6,I:0.7,W:0.4;2:F:0.7,I:0.8,W:0.5;"
           "3:F:0.9,I:1,W:0.6",
           "0:STEP:0.5,REDUCE_TIED:0.3,SEND:0.05,RECV:0.02;1:STEP:0.8,SEND:0.07,RECV:0.03", True)
+# Vocabulary parallelism: its passes' costs and its collectives (barriers of
+# every rank, each with its own cost after the last rank arrives), under
+# 1F1B with the passes placed and under ZB-V's.
+listed = subprocess.run([EXPLORER, "--list"], capture_output=True, text=True).stdout
+if "1f1b_vocab" in listed:
+    check("1f1b_vocab", 2, 4, 1, "0:F:1,B:2;1:F:1.5,B:2.5",
+          "0:STEP:0.5,REDUCE_TIED:0.3,SEND:0.05,RECV:0.02;1:STEP:0.8,REDUCE_TIED:0.4,SEND:0.07,"
+          "RECV:0.03", True,
+          "OUT_S:0.5,OUT_T:1,IN_F:0.2,IN_B:0.3,VOCAB_COMM:0.05")
+if "zbv_vocab" in listed:
+    check("zbv_vocab", 2, 4, 2, "0:F:0.5,I:0.1,W:0.6;1:F:0.6,I:0.7,W:0.4;2:F:0.7,I:0.8,W:0.5;"
+          "3:F:0.9,I:1,W:0.6",
+          "0:STEP:0.5,REDUCE_TIED:0.3,SEND:0.05,RECV:0.02;1:STEP:0.8,SEND:0.07,RECV:0.03", True,
+          "OUT_S:0.4,OUT_T:0.9,IN_F:0.1,IN_B:0.2,VOCAB_COMM:0.03")
 print("PASS")

@@ -8,7 +8,8 @@
 S is a registered name or csv:FILE (V placement assumed for csv at 2 chunks,
 as train_gpt's --chunks=2). Prints, for every traced step, its span and the
 simulated step with that step's own costs (bench_schedules.trace_costs: per
-virtual stage mean F/I/W, per rank SEND, RECV and tail costs) twice: of the
+virtual stage mean F/I/W, per rank SEND, RECV and tail costs, the vocabulary
+passes' and collectives' costs; STEP a collective when the run clips) twice: of the
 program as Lower() places receives, and as the CPU runtime executes it
 (DeferReceives), and as executed with each micro-batch's own share of the
 step's compute (--microbatch_multiplier: variable-length micro-batches,
@@ -51,14 +52,15 @@ def microbatch_multipliers(events, m):
     return [w / mean for w in work] if mean > 0 else [1.0] * m
 
 
-def simulate(explorer, schedule, ranks, m, chunks, costs, defer, multipliers=None):
+def simulate(explorer, schedule, ranks, m, chunks, costs, defer, multipliers=None,
+             step_all_reduce=False):
     base = [explorer, f"--schedule={schedule}", f"--stages={ranks}", f"--microbatches={m}",
             f"--chunks={chunks}", "--format=json"]
     if schedule.startswith("csv:") and chunks == 2:
         base.append("--stage_to_rank=v")
     placement = json.loads(subprocess.run(base, capture_output=True, text=True,
                                           check=True).stdout)["stage_to_rank"]
-    extra, _ = bench_schedules.explorer_args(costs, placement, False)
+    extra, _ = bench_schedules.explorer_args(costs, placement, step_all_reduce)
     if not defer:
         extra = [a for a in extra if a != "--defer_receives"]
     if multipliers:
@@ -98,6 +100,9 @@ def main():
                          "embedding and head")
     args = ap.parse_args()
     metrics = [json.loads(l) for l in open(os.path.join(args.run, "metrics.jsonl"))]
+    # A run that clips computes the global gradient norm: its STEP is a
+    # collective of every rank (as bench_schedules.run_train detects it).
+    step_all_reduce = any("grad_norm" in m for m in metrics)
     traced = bench_schedules.load_traced_steps(args.run, metrics, args.first, args.count,
                                                args.chunks, args.ranks)
     steps = []
@@ -108,15 +113,16 @@ def main():
         ev = costs["events"]
         span = (max(e["ts"] + e["dur"] for e in ev) - min(e["ts"] for e in ev)) * 1e-6
         lowered, placement = simulate(args.explorer, args.schedule, args.ranks,
-                                      args.microbatches, args.chunks, costs, False)
+                                      args.microbatches, args.chunks, costs, False,
+                                      step_all_reduce=step_all_reduce)
         deferred, _ = simulate(args.explorer, args.schedule, args.ranks, args.microbatches,
-                               args.chunks, costs, True)
+                               args.chunks, costs, True, step_all_reduce=step_all_reduce)
         multipliers = microbatch_multipliers(ev, args.microbatches)
         varlen, _ = simulate(args.explorer, args.schedule, args.ranks, args.microbatches,
-                             args.chunks, costs, True, multipliers)
+                             args.chunks, costs, True, multipliers, step_all_reduce)
         tied = ([] if costs["tie_groups"] == "none" else
                 sorted({placement[s] for s in costs["tie_groups"].split(",")}))
-        replay = bench_schedules.replay_step(ev, tied, False)
+        replay = bench_schedules.replay_step(ev, tied, step_all_reduce)
         steps.append({"span_s": span, "sim_lowered_s": lowered, "sim_deferred_s": deferred,
                       "sim_microbatches_s": varlen, "microbatch_multipliers": multipliers,
                       "replay_s": replay})
@@ -125,9 +131,10 @@ def main():
             kinds = collections.Counter()
             for e in mine:
                 c = e["cat"]
-                kind = ("compute" if c in ("F", "B", "I", "W") else
+                kind = ("compute" if c in ("F", "B", "I", "W") + bench_schedules.VOCAB_PASSES else
                         "recv" if c.startswith("RECV") else
-                        "send" if c.startswith("SEND") else "tail")
+                        "send" if c.startswith("SEND") else
+                        "vocab_comm" if c in bench_schedules.VOCAB_COLLECTIVES else "tail")
                 kinds[kind] += e["dur"] / 1e3
             kinds["gaps"] = (mine[-1]["ts"] + mine[-1]["dur"] - mine[0]["ts"]) / 1e3 - sum(
                 e["dur"] for e in mine) / 1e3

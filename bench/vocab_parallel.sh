@@ -3,7 +3,10 @@
 # vocabulary (synthetic uniform token ids: the timing and memory do not depend
 # on the text) and an untied head, through train_llama, each schedule with and
 # without parallelism.vocab_parallel:
-#   pp 2: 1f1b and 1f1b + passes, zbv and zbv_vocab (chunks 2);
+#   pp 2: 1f1b and 1f1b + passes, zbv and zbv_vocab (chunks 2); and, without
+#   it, the other registered schedules zb_h1 and interleaved_1f1b and 1f1b
+#   over the partition `profile` finds (the best a partition can do about
+#   the head);
 #   pp 4: 1f1b and 1f1b + passes.
 # Each run is one record in bench/results/vocab_parallel.jsonl
 # (tools/results.py --record).
@@ -15,7 +18,11 @@
 # steps, median per rank; the max/min ratio is the balance); each rank's
 # measured step peak and the memory planner's prediction; the last loss and
 # its relative difference from the run without vocabulary parallelism under
-# the same schedule. One thread per rank: at pp 4 four ranks share 2 cores,
+# the same schedule; the simulator's error on the traced steps
+# (bench/trace_vs_simulated.py: each step simulated with its own measured
+# costs, the vocabulary passes and collectives included, against its span).
+# A run with vocabulary parallelism also records its tokens/s over the best
+# run without it at the same pp. One thread per rank: at pp 4 four ranks share 2 cores,
 # so step times there say what the passes cost under contention, and the
 # per-rank compute times carry the balance.
 set -euo pipefail
@@ -30,8 +37,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $STEPS -ge 16 ]] || { echo "--steps must be at least 16 (5 warm-up, 10 traced)" >&2; exit 2; }
-./bazelw build //experiments:train_llama >/dev/null 2>&1
+./bazelw build //experiments:train_llama //experiments:schedule_explorer >/dev/null 2>&1
 BIN=bazel-bin/experiments/train_llama
+EXPLORER=bazel-bin/experiments/schedule_explorer
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -43,21 +51,41 @@ open(sys.argv[1], "wb").write(struct.pack(f"<{len(ids)}H", *ids))
 PY
 SET="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,llama.vocab_size=$VOCAB,llama.width=$WIDTH,llama.tokenizer=,llama.context_length=64,parallelism.micro_batch_size=2,data.path=$TMP/tokens.bin,data.eval_fraction=0,trace_step=6,trace_steps=10"
 COMMAND="bench/vocab_parallel.sh --steps $STEPS --width $WIDTH"
-RUNS="pp2_1f1b:2:1:1f1b:false pp2_1f1b_vocab:2:1:1f1b:true pp2_zbv:2:2:zbv:false pp2_zbv_vocab:2:2:zbv_vocab:true pp4_1f1b:4:1:1f1b:false pp4_1f1b_vocab:4:1:1f1b:true"
+# name:pp:chunks:schedule:vocab_parallel:partition_method
+RUNS="pp2_1f1b:2:1:1f1b:false:type:LlamaBlock pp2_1f1b_vocab:2:1:1f1b:true:type:LlamaBlock
+pp2_zbv:2:2:zbv:false:type:LlamaBlock pp2_zbv_vocab:2:2:zbv_vocab:true:type:LlamaBlock
+pp2_zb_h1:2:1:zb_h1:false:type:LlamaBlock pp2_interleaved_1f1b:2:2:interleaved_1f1b:false:type:LlamaBlock
+pp2_1f1b_profile:2:1:1f1b:false:profile
+pp4_1f1b:4:1:1f1b:false:type:LlamaBlock pp4_1f1b_vocab:4:1:1f1b:true:type:LlamaBlock"
 for run in $RUNS; do
-  IFS=: read -r name pp chunks schedule vocab <<< "$run"
+  IFS=: read -r name pp chunks schedule vocab partition <<< "$run"
   "$BIN" --pp="$pp" --chunks="$chunks" --schedule="$schedule" --vocab_parallel="$vocab" \
     --microbatches=8 --steps="$STEPS" --sample_tokens=0 \
-    --output_dir="$TMP/runs" --name="$name" --set="$SET" > "$TMP/$name.log" 2>&1 ||
-    { tail -30 "$TMP/$name.log"; exit 1; }
+    --output_dir="$TMP/runs" --name="$name" --set="$SET,parallelism.partition_method=$partition" \
+    > "$TMP/$name.log" 2>&1 || { tail -30 "$TMP/$name.log"; exit 1; }
 done
-python3 - "$TMP" "$RECORD" "$COMMAND" "$RUNS" "$VOCAB" "$WIDTH" <<'PY'
+python3 - "$TMP" "$RECORD" "$COMMAND" "$RUNS" "$VOCAB" "$WIDTH" "$EXPLORER" <<'PY'
 import glob, json, re, statistics, subprocess, sys
 tmp, record, command, runs = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4].split()
-vocab, width = int(sys.argv[5]), int(sys.argv[6])
+vocab, width, explorer = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
 COMPUTE = re.compile(r"^(\d+(F|B|I|W)\d+|(OUT_S|OUT_T|IN_F|IN_B)\d+)$")
 
-def figures(name, pp, chunks, schedule, vocab_parallel):
+def simulated(run_dir, pp, chunks, schedule, vocab_parallel):
+    """trace_vs_simulated's median errors over the traced steps (LLaMA's head is untied)."""
+    if vocab_parallel == "true" and not schedule.endswith("_vocab"):
+        schedule += "_vocab"  # the Trainer placed the passes as the registered one does
+    out = subprocess.run(["python3", "bench/trace_vs_simulated.py", "--explorer", explorer,
+                          "--run", run_dir, "--schedule", schedule, "--ranks", pp,
+                          "--chunks", chunks, "--microbatches", "8", "--first", "6",
+                          "--count", "10", "--untied", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    r = json.loads(out)
+    return {"simulated_schedule": schedule,
+            "sim_err_median": round(r["sim_deferred_err"], 4),
+            "replay_err_median": round(r["replay_err"], 4)}
+
+
+def figures(name, pp, chunks, schedule, vocab_parallel, partition):
     log = open(f"{tmp}/{name}.log").read()
     run_dir = glob.glob(f"{tmp}/runs/{name}-*")[0]
     metrics = sorted((json.loads(l) for l in open(f"{run_dir}/metrics.jsonl")), key=lambda m: m["step"])
@@ -75,7 +103,7 @@ def figures(name, pp, chunks, schedule, vocab_parallel):
     step_s = statistics.median(m["step_s"] for m in steps)
     tokens = metrics[-1].get("tokens_per_step") or 8 * 2 * 64
     return {
-        "pp": int(pp), "chunks": int(chunks), "schedule": schedule,
+        "pp": int(pp), "chunks": int(chunks), "schedule": schedule, "partition_method": partition,
         "vocab_parallel": vocab_parallel == "true", "vocab_size": vocab, "width": width,
         "step_s_median": round(step_s, 4), "tokens_per_s": round(tokens / step_s, 1),
         "compute_ms_per_rank": busy,
@@ -83,17 +111,22 @@ def figures(name, pp, chunks, schedule, vocab_parallel):
         "peak_mib_per_rank": [float(p) for _, p, _ in lines],
         "planned_peak_mib_per_rank": [float(p) for _, _, p in lines],
         "last_loss": metrics[-1]["loss"],
+        **simulated(run_dir, pp, chunks, schedule, vocab_parallel),
     }
 
 results = {}
 for run in runs:
-    name, pp, chunks, schedule, vocab_parallel = run.split(":")
-    results[name] = figures(name, pp, chunks, schedule, vocab_parallel)
+    name, pp, chunks, schedule, vocab_parallel, partition = run.split(":", 5)
+    results[name] = figures(name, pp, chunks, schedule, vocab_parallel, partition)
 for name, f in results.items():
     if f["vocab_parallel"]:
         base = results[name.replace("_vocab", "")]
         f["speedup_vs_same_schedule"] = round(base["step_s_median"] / f["step_s_median"], 3)
         f["last_loss_rel_diff"] = abs(f["last_loss"] / base["last_loss"] - 1)
+        best = max((n for n, g in results.items() if g["pp"] == f["pp"] and not g["vocab_parallel"]),
+                   key=lambda n: results[n]["tokens_per_s"])
+        f["best_without"] = best
+        f["speedup_vs_best_without"] = round(f["tokens_per_s"] / results[best]["tokens_per_s"], 3)
     print(name, json.dumps(f))
 if record:
     for name, f in results.items():
