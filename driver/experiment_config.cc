@@ -466,8 +466,6 @@ absl::Status CheckVocabParallel(const ExperimentConfig& config, const ModelInfo&
       {par.distributed_optimizer(), "parallelism.distributed_optimizer (use false)"},
       {par.device() != "cpu", absl::StrCat("parallelism.device '", par.device(), "' (use cpu)")},
       {config.sample_tokens() > 0, "sampling (set sample_tokens 0)"},
-      {config.data().packing() != "none",
-       absl::StrCat("data.packing '", config.data().packing(), "' (its per-token loss; use none)")},
       {par.partition_method() == "profile",
        "parallelism.partition_method 'profile' (it times the dense layers; name a method)"},
   };

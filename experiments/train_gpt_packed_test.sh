@@ -2,8 +2,9 @@
 # train_gpt on packed documents (issue #41, data.packing) through the
 # launcher, on a corpus of paragraphs of 1 to 12 lines:
 #   - the same global batches under every layout: pp 2 (8 micro-batches),
-#     pp 1 x dp 2 (4 each) and pp 2 x tp 2 with sequence parallelism (rows
-#     padded to even lengths) train to losses within 1e-5 of each other;
+#     pp 1 x dp 2 (4 each), pp 2 x tp 2 with sequence parallelism (rows
+#     padded to even lengths) and pp 2 with vocabulary parallelism train to
+#     losses within 1e-5 of each other;
 #   - resume continues mid-epoch with the same packing: resumed at step 4,
 #     steps 5-12 equal the straight run's bit for bit;
 #   - cost balancing and the padded baseline run and say so in the header.
@@ -31,6 +32,9 @@ run dp2 --set="$SET" --pp=1 --dp=2 --microbatches=4
 close_losses "$(losses pp2)" "$(losses dp2)" "packed, pp 1 x dp 2 vs pp 2" || fail "pp 1 x dp 2 differs"
 run tp2 --set="$SET" --pp=2 --tp=2 --sequence_parallel=true --microbatches=8
 close_losses "$(losses pp2)" "$(losses tp2)" "packed, pp 2 x tp 2 + SP vs pp 2" || fail "tp 2 differs"
+run vocab --set="$SET" --pp=2 --vocab_parallel=true --microbatches=8
+close_losses "$(losses pp2)" "$(losses vocab)" "packed, pp 2 with vocabulary parallelism vs pp 2" ||
+  fail "vocabulary parallelism differs"
 
 CKPT=$TMP/runs/checkpoints/pp2/step_00000004
 run resumed --set="$SET" --pp=2 --microbatches=8 --resume="$CKPT"

@@ -6,9 +6,10 @@
 // schedule at pp 2 (two chunks where the schedule takes them), at dp 2 with
 // 1F1B and ZB-V, at tp 2 with sequence parallelism; LLaMA (rotary positions
 // per document, grouped-query attention) with 1F1B, interleaved 1F1B at dp 2
-// and ZB-V. The teeth: a document that attends across its boundary, GPT's
+// and ZB-V; vocabulary parallelism (GPT under zbv_vocab at dp 2, LLaMA under
+// 1f1b_vocab). The teeth: a document that attends across its boundary, GPT's
 // positions that do not restart, and the loss as a mean of micro-batch means
-// each move the result out of the bound.
+// (also through the vocabulary passes) each move the result out of the bound.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -121,6 +122,21 @@ void UseLlama(RunConfig& c) {
   UsePacked(c);
 }
 
+// The model under vocabulary parallelism, SGD with momentum as the
+// vocabulary suite trains it (the head input's gradient is a sum of every
+// rank's share; SGD keeps that round-off linear).
+RunConfig Vocab(RunConfig c, bool llama) {
+  llama ? UseLlama(c) : UseGpt(c);
+  c.vocabulary = [llama] {
+    return llama ? *MakeLlamaVocabularySplit(PackedLlama()) : *MakeGptVocabularySplit(PackedGpt());
+  };
+  c.optimizer.name = "sgd";
+  c.optimizer.lr = 0.1;
+  c.optimizer.momentum = 0.9;
+  c.optimizer.weight_decay = 0;
+  return c;
+}
+
 bool TakesTwoChunks(const std::string& schedule) {
   ScheduleOptions o;
   o.num_stages = 2;
@@ -166,7 +182,8 @@ std::vector<Case> AllCases() {
     o.num_microbatches = 4;
     o.num_chunks = c.chunks;
     absl::StatusOr<Schedule> s = MakeSchedule(info.name, o);
-    if (!s.ok() || s->forward_only) continue;
+    // The vocabulary schedules are covered below, with the tables split.
+    if (!s.ok() || s->forward_only || s->vocab_parallel) continue;
     UseGpt(c);
     cases.push_back({c, Name(absl::StrCat("gpt_", info.name, "_pp2_dp1_v", c.chunks))});
   }
@@ -200,6 +217,14 @@ std::vector<Case> AllCases() {
     RunConfig c = Base(schedule, dp);
     UseLlama(c);
     cases.push_back({c, Name(absl::StrCat("llama_", schedule, "_pp2_dp", dp, "_v", c.chunks))});
+  }
+  // Vocabulary parallelism (the tables split over the pipe ranks, the loss
+  // per token through its passes): GPT under zbv_vocab at dp 2, LLaMA under
+  // 1f1b_vocab.
+  for (const bool llama : {false, true}) {
+    RunConfig c = Vocab(Base(llama ? "1f1b_vocab" : "zbv_vocab", llama ? 1 : 2), llama);
+    cases.push_back(
+        {c, llama ? "llama_vocab_1f1b_vocab_pp2_dp1_v1" : "gpt_vocab_zbv_vocab_pp2_dp2_v2"});
   }
   return cases;
 }
@@ -255,6 +280,18 @@ TEST(PackedTeethTest, BoundariesPositionsAndNormalisationEachMatter) {
     ASSERT_TRUE(run.ok()) << run.status();
     EXPECT_NE(CompareResults(*sequential, *run, kRtol), "") << (llama ? "llama" : "gpt");
   }
+}
+
+// Under vocabulary parallelism the passes carry the per-token loss: taking
+// each micro-batch's mean there instead moves the result out of the bound.
+TEST(PackedTeethTest, VocabularyPassesNormalisePerToken) {
+  RunConfig c = Vocab(Base("1f1b_vocab", 1), /*llama=*/false);
+  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  c.loss_normalization_fault = LossNormalizationFault::kMicroBatchMean;
+  absl::StatusOr<RunResult> run = TrainPipeline(c);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_NE(CompareResults(*sequential, *run, kRtol), "");
 }
 
 }  // namespace

@@ -30,6 +30,19 @@ Activations HandOver(const Activations& outputs) {
 
 std::string Name(const Action& a) { return ActionToString(a); }
 
+// Each token's weight in a micro-batch's loss under vocabulary parallelism,
+// as the dense loss reduces its per-token losses (ReduceTokenLosses): 1/n
+// over the n counted tokens (labels not ignored), or with per-token loss the
+// mask (the step divides by the global batch's trained tokens).
+torch::Tensor VocabTokenWeights(const MicroBatchData& data, const std::string& labels_key,
+                                int64_t ignore_index) {
+  const torch::Tensor counted = (data.batch.Get(labels_key) != ignore_index).to(torch::kFloat32);
+  if (data.global_loss_tokens > 0) {
+    return counted * data.batch.Get(kLossMaskKey).to(torch::kFloat32);
+  }
+  return counted / std::max(counted.sum().item<double>(), 1.0);
+}
+
 }  // namespace
 
 StageExecutor::StageExecutor(
@@ -614,24 +627,22 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
       const torch::Tensor loss = vocab_->Combine(mb, gathered);
       if (st.forward_only) vocab_->Drop(mb);  // evaluation: no OUT_T
       if (rank_ == last_rank) {
-        const torch::Tensor labels = data->batch.Get(vocab_labels_key_);
-        const double counted = (labels != vocab_->ignore_index()).sum().item<double>();
-        st.stats.loss_sum += loss.sum().item<double>() / std::max(counted, 1.0);
+        // As the dense loss reduces (ReduceTokenLosses): the mean over the
+        // counted tokens, or with per-token loss the sum over the mask (the
+        // Trainer divides by the global batch's trained tokens).
+        const torch::Tensor weights =
+            VocabTokenWeights(*data, vocab_labels_key_, vocab_->ignore_index());
+        st.stats.loss_sum += (loss * weights).sum().item<double>();
         st.stats.losses_computed += 1;
       }
       return absl::OkStatus();
     }
     case ActionType::kVocabOutputT: {
-      if (data->global_loss_tokens > 0) {
-        return absl::UnimplementedError(
-            absl::StrCat(what,
-                         ": per-token loss (a loss mask) with vocabulary parallelism is "
-                         "not implemented; the loss is each micro-batch's mean"));
-      }
-      const torch::Tensor labels = data->batch.Get(vocab_labels_key_);
-      const torch::Tensor counted = labels != vocab_->ignore_index();
-      const double n = std::max(counted.sum().item<double>(), 1.0);
-      torch::Tensor scale = counted.to(torch::kFloat32) / (n * program.num_microbatches);
+      // d step loss / d token loss, scaled as ScaledLoss scales the dense
+      // loss (1/m, or dp / global_loss_tokens with per-token loss).
+      torch::Tensor scale =
+          ScaledLoss(VocabTokenWeights(*data, vocab_labels_key_, vocab_->ignore_index()), *data,
+                     program.num_microbatches);
       if (options_.loss_normalization_fault == LossNormalizationFault::kDroppedMicroBatch &&
           mb == program.num_microbatches - 1) {
         scale.zero_();
