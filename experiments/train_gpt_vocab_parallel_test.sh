@@ -11,6 +11,8 @@
 #   - checkpoints: the vocabulary run's are the dense model's (the table
 #     whole): resumed with it, steps 6-10 equal the straight run's bit for
 #     bit; resumed without it, within 1e-5; hf_convert exports it;
+#   - sampling: greedy text from the gathered logits equals the run's
+#     without it;
 #   - refused before launch, by name: a vocabulary schedule without
 #     vocab_parallel, vocab_parallel with tp 2, and for a model without a
 #     vocabulary split (BERT is not linked here: the message names the models
@@ -72,6 +74,20 @@ close_losses "$want" "$(losses resumed_dense)" "resumed without vocabulary paral
   { LOG=$TMP/export.log; fail "hf_convert export of the vocabulary run's checkpoint failed"; }
 [[ -s $TMP/hf_vocab/model.safetensors ]] || fail "the export wrote no model.safetensors"
 echo "ok: hf_convert exports the vocabulary run's checkpoint"
+
+sample() {  # sample NAME FLAGS...: 4 steps, then 24 tokens of greedy text
+  local name=$1; shift
+  LOG=$TMP/$name.log
+  timeout 300 "$BIN" --data="$CORPUS" --output_dir="$TMP/runs" --steps=4 --pp=2 --sample_tokens=24 \
+    --set="$SET" --name="$name" --microbatches=4 "$@" > "$LOG" 2>&1 || fail "$name exited $?"
+}
+sample dense_sample
+sample vocab_sample --vocab_parallel=true
+DENSE_SAMPLE=$(cat "$TMP"/runs/dense_sample-*/sample.txt)
+VOCAB_SAMPLE=$(cat "$TMP"/runs/vocab_sample-*/sample.txt)
+[[ -n $DENSE_SAMPLE && "$VOCAB_SAMPLE" == "$DENSE_SAMPLE" ]] ||
+  fail "the vocabulary-parallel sample '$VOCAB_SAMPLE' differs from the dense run's '$DENSE_SAMPLE'"
+echo "ok: sampling with vocabulary parallelism gives the dense run's text: '$VOCAB_SAMPLE'"
 
 refused vocab_schedule "has vocabulary passes; set parallelism.vocab_parallel=true" \
   --microbatches=4 --schedule=1f1b_vocab

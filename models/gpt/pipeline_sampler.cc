@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/runtime/model_parallel_group.h"
+#include "pipeline/runtime/vocab_layers.h"
 #include "pipeline/tensor_parallel/mappings.h"
 #include "topology/wait_work.h"
 
@@ -38,6 +39,16 @@ NextTokenLogitsFn PipelineSampler::LogitsFn(Trainer* trainer, ParallelGrid* grid
                          ? window
                          : torch::constant_pad_nd(window, {0, padded - length}, /*value=*/0);
     PP_RETURN_IF_ERROR(trainer->Evaluate(&source_, calls_++).status());
+    // Vocabulary parallelism: every rank holds the head's input (its OUT_S
+    // read it) and its rows of the head; the logits are gathered on all.
+    if (const VocabularyLayers* vocabulary = trainer->vocabulary()) {
+      const torch::Tensor& hidden = vocabulary->last_hidden();
+      if (!hidden.defined() || hidden.dim() != 3 || position >= hidden.size(1)) {
+        return absl::InternalError("the vocabulary passes left no head input for sampling");
+      }
+      PP_ASSIGN_OR_RETURN(torch::Tensor logits, vocabulary->GatherLogits(hidden[0][position]));
+      return logits.slice(0, 0, vocab_size).to(torch::kCPU).contiguous();
+    }
     torch::Tensor logits = torch::zeros({vocab_size});
     // The rank holding the last virtual stage: the last rank when looped,
     // rank 0 under V placement (zbv).

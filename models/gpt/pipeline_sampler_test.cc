@@ -1,5 +1,6 @@
 #include "models/gpt/pipeline_sampler.h"
 
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "models/gpt/gpt.h"
 #include "models/gpt/sample.h"
 #include "pipeline/pipeline_model.h"
+#include "pipeline/runtime/model_parallel_group.h"
+#include "pipeline/runtime/vocab_layers.h"
 #include "topology/thread_ranks.h"
 
 namespace pp {
@@ -35,8 +38,11 @@ std::vector<int64_t> SequentialSample(const SampleOptions& options) {
   });
 }
 
-// Every rank's generation through a pp-stage pipeline (forward-only schedule).
-std::vector<std::vector<int64_t>> PipelineSample(int pp, const SampleOptions& options) {
+// Every rank's generation through a pp-stage pipeline (its evaluation
+// program); `vocab`: the table split over the pipe ranks (the logits
+// gathered from every rank's rows).
+std::vector<std::vector<int64_t>> PipelineSample(int pp, const SampleOptions& options,
+                                                 bool vocab = false) {
   std::mutex mu;
   std::vector<std::vector<int64_t>> per_rank(pp);
   const std::chrono::milliseconds timeout(std::chrono::seconds(30));
@@ -45,8 +51,14 @@ std::vector<std::vector<int64_t>> PipelineSample(int pp, const SampleOptions& op
     mo.num_stages = pp;
     mo.partition_method = "type:TransformerBlock";
     mo.base_seed = kSeed;
-    PP_ASSIGN_OR_RETURN(auto model,
-                        PipelineModel::Create(*MakeGptSpecs(Tiny()), mo, grid.stage_id()));
+    PP_ASSIGN_OR_RETURN(const VocabularySplit split, MakeGptVocabularySplit(Tiny()));
+    PP_ASSIGN_OR_RETURN(
+        auto model, PipelineModel::Create(vocab ? split.body : split.dense, mo, grid.stage_id()));
+    std::unique_ptr<VocabularyLayers> vocabulary;
+    if (vocab) {
+      PP_ASSIGN_OR_RETURN(vocabulary,
+                          MakeVocabularyLayers(split, kSeed, PipeGroupOf(grid, timeout)));
+    }
     std::string text(200, 'a');
     PP_ASSIGN_OR_RETURN(
         LmBatchSource source,
@@ -57,6 +69,7 @@ std::vector<std::vector<int64_t>> PipelineSample(int pp, const SampleOptions& op
     to.schedule = "1f1b";
     to.num_microbatches = 2;
     to.executor.p2p.timeout = timeout;
+    to.vocabulary = vocabulary.get();
     PP_ASSIGN_OR_RETURN(
         auto trainer, Trainer::Create(&grid, model.get(), sampler.WrapLoss(GptLoss), &source, to));
     PP_ASSIGN_OR_RETURN(
@@ -78,6 +91,9 @@ TEST(PipelineSamplerTest, GreedyAndTopKThroughTwoStagesEqualTheSequentialModel) 
     ASSERT_EQ(want.size(), 15u);
     for (int64_t token : want) EXPECT_LT(token, 256);
     for (const std::vector<int64_t>& got : PipelineSample(2, options)) EXPECT_EQ(got, want);
+    for (const std::vector<int64_t>& got : PipelineSample(2, options, /*vocab=*/true)) {
+      EXPECT_EQ(got, want) << "vocabulary parallel";
+    }
   }
 }
 

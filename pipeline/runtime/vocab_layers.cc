@@ -54,6 +54,7 @@ torch::Tensor VocabularyLayers::OutputS(int mb, const torch::Tensor& hidden,
   torch::NoGradGuard no_grad;
   Pending& p = pending_[mb];
   p.hidden = hidden;
+  last_hidden_ = hidden;
   p.labels = labels;
   p.s = tensor_parallel::OutputS(hidden, head(), labels, vocab_size_, range_, ignore_index_);
   return p.s.stats;
@@ -97,6 +98,19 @@ absl::StatusOr<torch::Tensor> VocabularyLayers::GatherRows(const torch::Tensor& 
     gathered = tensor_parallel::AllGather(rows.detach(), pipe_, 0, what);
   }));
   return MergeVocabularyShards({gathered}, vocab_size_);
+}
+
+absl::StatusOr<torch::Tensor> VocabularyLayers::GatherLogits(const torch::Tensor& hidden) const {
+  if (hidden.dim() != 1 || hidden.size(0) != dim()) {
+    return absl::InvalidArgumentError(absl::StrCat("the head's input of one token must be [", dim(),
+                                                   "], got ", c10::str(hidden.sizes())));
+  }
+  torch::Tensor rows;
+  PP_RETURN_IF_ERROR(TorchCall("this rank's logits", [&] {
+    torch::NoGradGuard no_grad;
+    rows = torch::mv(head().detach().to(torch::kFloat32), hidden.detach().to(torch::kFloat32));
+  }));
+  return GatherRows(rows, "the sampling logits");
 }
 
 torch::Tensor VocabularyLayers::LocalRows(const torch::Tensor& full) const {

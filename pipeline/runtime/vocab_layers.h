@@ -100,6 +100,14 @@ class VocabularyLayers {
   // This rank's rows of dense `full` [vocab_size, ..], padded with zeros.
   torch::Tensor LocalRows(const torch::Tensor& full) const;
 
+  // The head's input of the latest OUT_S (undefined before one): a sampler
+  // reads the next token's logits from it after an evaluation pass.
+  const torch::Tensor& last_hidden() const { return last_hidden_; }
+  // The full logits [vocab_size] (fp32) of one token's head input [D] on
+  // every pipe rank: each rank's rows, gathered. Collective over the pipe
+  // group.
+  absl::StatusOr<torch::Tensor> GatherLogits(const torch::Tensor& hidden) const;
+
  private:
   struct Pending {
     tensor_parallel::OutputSResult s;
@@ -116,6 +124,7 @@ class VocabularyLayers {
   tensor_parallel::VocabRange range_;
   torch::Tensor embedding_, head_;
   VocabularyDenseLayout dense_layout_;
+  torch::Tensor last_hidden_;
   std::map<int, Pending> pending_;  // by micro-batch, from OUT_S to OUT_T
 };
 
