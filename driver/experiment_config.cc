@@ -465,8 +465,6 @@ absl::Status CheckVocabParallel(const ExperimentConfig& config, const ModelInfo&
       {par.tp() > 1, absl::StrCat("parallelism.tp = ", par.tp(), " (use 1)")},
       {par.distributed_optimizer(), "parallelism.distributed_optimizer (use false)"},
       {par.device() != "cpu", absl::StrCat("parallelism.device '", par.device(), "' (use cpu)")},
-      {par.partition_method() == "profile",
-       "parallelism.partition_method 'profile' (it times the dense layers; name a method)"},
   };
   for (const auto& [refused, what] : not_yet) {
     if (refused) {

@@ -82,10 +82,15 @@ absl::StatusOr<Cluster> JoinCluster(const driver::ParallelismConfig& par,
 // over the world group; every rank then cuts by `explicit:<bounds>`. The
 // broadcast carries rank 0's success, so a failed profile fails every rank
 // with rank 0's reason instead of leaving them to time out.
+// Under vocabulary parallelism `specs` is the split's body, whose first layer
+// takes the token embeddings: rank 0 profiles on its share of them
+// (`vocabulary`'s rows of the sample's ids; the shape and dtype the layer
+// gets, and the passes themselves cost every rank alike).
 absl::StatusOr<std::string> ResolvePartitionMethod(const ExperimentConfig& config,
                                                    const std::vector<LayerSpec>& specs,
                                                    MicroBatchSource& train, ParallelGrid& grid,
-                                                   std::chrono::milliseconds timeout) {
+                                                   std::chrono::milliseconds timeout,
+                                                   const VocabularyLayers* vocabulary) {
   const auto& par = config.parallelism();
   const std::string& method = par.partition_method();
   if (method.substr(0, method.find(':')) != "profile") return method;
@@ -96,6 +101,11 @@ absl::StatusOr<std::string> ResolvePartitionMethod(const ExperimentConfig& confi
   if (grid.global_rank() == 0) {
     absl::StatusOr<Bounds> bounds = [&]() -> absl::StatusOr<Bounds> {
       PP_ASSIGN_OR_RETURN(MicroBatchData sample, train.Get(0, 0));
+      if (vocabulary != nullptr) {
+        PP_RETURN_IF_ERROR(TorchCall("embedding the profile's sample", [&] {
+          sample.inputs = {vocabulary->Embed(sample.inputs.at(0))};
+        }));
+      }
       PartitionRequest request;
       request.specs = &specs;
       request.num_parts = parts;
@@ -385,8 +395,9 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
     PP_ASSIGN_OR_RETURN(vocabulary,
                         MakeVocabularyLayers(split, config.seed(), PipeGroupOf(grid, timeout)));
   }
-  PP_ASSIGN_OR_RETURN(const std::string partition_method,
-                      ResolvePartitionMethod(config, specs, *data.train, grid, timeout));
+  PP_ASSIGN_OR_RETURN(
+      const std::string partition_method,
+      ResolvePartitionMethod(config, specs, *data.train, grid, timeout, vocabulary.get()));
   const ModelParallelGroup model_parallel =
       ModelParallelGroupOf(grid, timeout, config.parallelism().sequence_parallel());
   PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,

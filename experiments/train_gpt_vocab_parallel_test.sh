@@ -5,6 +5,7 @@
 #   - pp 2, 1F1B with the passes placed (AddVocabularyPasses): every step's
 #     loss within 1e-5 relative of the same run without it (the runtime's
 #     vocab_equivalence_test proves the maths case by case);
+#   - the same over the partition `profile` finds for the body;
 #   - pp 2 x dp 2 under zbv_vocab (V placement, split backward) against
 #     1F1B at dp 2 without it, and schedule auto (measured, synthesised,
 #     switched, passes added to its choice) against the same;
@@ -49,6 +50,14 @@ grep -q 'pp=2 x dp=1 (vocabulary parallel)' "$LOG" || fail "the header does not 
 [[ $(losses dense | wc -l) -eq 10 ]] || fail "the dense run has $(losses dense | wc -l) losses, want 10"
 close_losses "$(losses dense)" "$(losses vocab)" "vocabulary parallel vs dense, pp 2 1F1B" ||
   fail "vocabulary parallelism changes the losses"
+
+# partition_method profile times the body's layers (rank 0 on its share of
+# the sample's embeddings); the losses stay the dense run's.
+run profile --microbatches=4 --vocab_parallel=true --partition=profile
+cat "$TMP"/runs/profile-*/logs/rank_*.log "$LOG" | grep -q "partition 'profile' measured by rank 0" ||
+  fail "rank 0 did not profile the partition"
+close_losses "$(losses dense)" "$(losses profile)" "vocabulary parallel over the profile partition vs dense" ||
+  fail "the profile-partitioned vocabulary run's losses differ"
 
 run dense_dp2 --dp=2 --microbatches=4
 run zbv_vocab --dp=2 --microbatches=4 --vocab_parallel=true --schedule=zbv_vocab --chunks=2
