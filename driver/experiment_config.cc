@@ -463,7 +463,6 @@ absl::Status CheckVocabParallel(const ExperimentConfig& config, const ModelInfo&
   }
   const std::vector<std::pair<bool, std::string>> not_yet = {
       {par.tp() > 1, absl::StrCat("parallelism.tp = ", par.tp(), " (use 1)")},
-      {par.distributed_optimizer(), "parallelism.distributed_optimizer (use false)"},
       {par.device() != "cpu", absl::StrCat("parallelism.device '", par.device(), "' (use cpu)")},
   };
   for (const auto& [refused, what] : not_yet) {

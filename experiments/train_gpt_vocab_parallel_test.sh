@@ -7,8 +7,9 @@
 #     vocab_equivalence_test proves the maths case by case);
 #   - the same over the partition `profile` finds for the body;
 #   - pp 2 x dp 2 under zbv_vocab (V placement, split backward) against
-#     1F1B at dp 2 without it, and schedule auto (measured, synthesised,
-#     switched, passes added to its choice) against the same;
+#     1F1B at dp 2 without it, and the same with the distributed optimizer
+#     and with schedule auto (measured, synthesised, switched, passes added
+#     to its choice);
 #   - checkpoints: the vocabulary run's are the dense model's (the table
 #     whole): resumed with it, steps 6-10 equal the straight run's bit for
 #     bit; resumed without it, within 1e-5; hf_convert exports it;
@@ -63,6 +64,9 @@ run dense_dp2 --dp=2 --microbatches=4
 run zbv_vocab --dp=2 --microbatches=4 --vocab_parallel=true --schedule=zbv_vocab --chunks=2
 close_losses "$(losses dense_dp2)" "$(losses zbv_vocab)" "zbv_vocab at pp 2 x dp 2 vs dense 1F1B" ||
   fail "zbv_vocab's losses differ"
+run zero1 --dp=2 --microbatches=4 --vocab_parallel=true --distributed_optimizer=true
+close_losses "$(losses dense_dp2)" "$(losses zero1)" "with the distributed optimizer at pp 2 x dp 2 vs dense 1F1B" ||
+  fail "vocabulary parallelism with the distributed optimizer differs"
 run auto --dp=2 --microbatches=4 --vocab_parallel=true --schedule=auto
 grep -q 'schedule auto: ' "$LOG" || fail "schedule auto did not report its choice"
 close_losses "$(losses dense_dp2)" "$(losses auto)" "schedule auto with vocabulary parallelism vs dense 1F1B" ||

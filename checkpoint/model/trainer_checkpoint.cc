@@ -90,6 +90,8 @@ ModelState MasterStateOf(const PipelineModel& model, const Trainer& trainer,
 // gathered the same way. Pipe rank 0 writes the tables. So it loads into a
 // run without vocabulary parallelism or with another pp (each rank cuts its
 // rows), and a dense run's checkpoint loads into a vocabulary-parallel run.
+// With the distributed optimizer `whole` stands for the masters and the
+// optimizer state (its slices gathered over the data group, as above).
 
 struct VocabularyTable {
   std::string name;     // dense name
@@ -109,8 +111,11 @@ struct VocabularyView {
 // The layout's tables (the same order on every rank) and the body's masters
 // under their dense names; the tables' files are pipe rank 0's.
 absl::StatusOr<VocabularyView> VocabularyViewOf(const ParallelGrid& grid,
-                                                const PipelineModel& model,
-                                                const Trainer& trainer) {
+                                                const PipelineModel& model, const Trainer& trainer,
+                                                const DistributedOptimizer::WholeState* whole) {
+  const auto master = [&](const torch::Tensor& param) {
+    return whole != nullptr ? whole->ValueOf(param) : trainer.MasterOf(param);
+  };
   const VocabularyLayers& vocabulary = *trainer.vocabulary();
   const VocabularyDenseLayout& layout = vocabulary.dense_layout();
   if (!layout.known()) {
@@ -120,11 +125,11 @@ absl::StatusOr<VocabularyView> VocabularyViewOf(const ParallelGrid& grid,
   }
   VocabularyView view;
   view.writes_tables = grid.stage_id() == 0;
-  view.tables.push_back({layout.embedding_name, trainer.MasterOf(vocabulary.embedding()), {}});
+  view.tables.push_back({layout.embedding_name, master(vocabulary.embedding()), {}});
   if (!layout.head_name.empty()) {
-    view.tables.push_back({layout.head_name, trainer.MasterOf(vocabulary.head()), {}});
+    view.tables.push_back({layout.head_name, master(vocabulary.head()), {}});
   }
-  ModelState body = MasterStateOf(model, trainer);
+  ModelState body = MasterStateOf(model, trainer, whole);
   view.state.num_layers = layout.num_layers;
   view.state.tie_writer_stage = body.tie_writer_stage;
   for (const auto& [name, spec] : body.shard_dims) {
@@ -155,10 +160,12 @@ absl::StatusOr<VocabularyView> VocabularyViewOf(const ParallelGrid& grid,
 // Gathers the tables and their optimizer state; pipe rank 0 adds them to
 // the state it saves. Collective over the pipe group.
 absl::StatusOr<VocabularyView> GatherVocabularyView(const ParallelGrid& grid,
-                                                    const PipelineModel& model, Trainer& trainer) {
-  PP_ASSIGN_OR_RETURN(VocabularyView view, VocabularyViewOf(grid, model, trainer));
+                                                    const PipelineModel& model, Trainer& trainer,
+                                                    const DistributedOptimizer::WholeState* whole) {
+  PP_ASSIGN_OR_RETURN(VocabularyView view, VocabularyViewOf(grid, model, trainer, whole));
   const VocabularyLayers& vocabulary = *trainer.vocabulary();
-  torch::optim::Optimizer& optimizer = trainer.optimizer();
+  const torch::optim::Optimizer& optimizer =
+      whole != nullptr ? *whole->optimizer : trainer.optimizer();
   // The body's optimizer state, shared (the states' copies hold the same tensors).
   view.optimizer = MakeOptimizer(trainer.options().optimizer, {});
   for (const auto& [name, t] : view.state.tensors) {
@@ -195,10 +202,11 @@ absl::StatusOr<VocabularyView> GatherVocabularyView(const ParallelGrid& grid,
 absl::StatusOr<LoadReport> LoadVocabularyCheckpoint(const std::string& path,
                                                     const ParallelGrid& grid,
                                                     const PipelineModel& model, Trainer& trainer,
-                                                    const LoadOptions& options) {
-  PP_ASSIGN_OR_RETURN(VocabularyView view, VocabularyViewOf(grid, model, trainer));
+                                                    const LoadOptions& options,
+                                                    DistributedOptimizer::WholeState* whole) {
+  PP_ASSIGN_OR_RETURN(VocabularyView view, VocabularyViewOf(grid, model, trainer, whole));
   const VocabularyLayers& vocabulary = *trainer.vocabulary();
-  torch::optim::Optimizer& optimizer = trainer.optimizer();
+  torch::optim::Optimizer& optimizer = whole != nullptr ? *whole->optimizer : trainer.optimizer();
   const CheckpointRank rank = CheckpointRankOf(grid);
   std::set<torch_compat::OptimizerStateKey> trained;
   for (const auto& group : optimizer.param_groups()) {
@@ -289,13 +297,13 @@ absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptio
                                                    const ParallelGrid& grid,
                                                    const PipelineModel& model, Trainer& trainer) {
   std::optional<DistributedOptimizer::WholeState> whole;
+  if (trainer.distributed_optimizer() != nullptr) {
+    PP_ASSIGN_OR_RETURN(whole, trainer.distributed_optimizer()->GatherWholeState());
+  }
   std::optional<VocabularyView> vocabulary;
   if (trainer.vocabulary() != nullptr) {
-    // The Trainer refuses the two together.
-    CHECK(trainer.distributed_optimizer() == nullptr);
-    PP_ASSIGN_OR_RETURN(vocabulary, GatherVocabularyView(grid, model, trainer));
-  } else if (trainer.distributed_optimizer() != nullptr) {
-    PP_ASSIGN_OR_RETURN(whole, trainer.distributed_optimizer()->GatherWholeState());
+    PP_ASSIGN_OR_RETURN(vocabulary,
+                        GatherVocabularyView(grid, model, trainer, whole ? &*whole : nullptr));
   }
   ModelState state = vocabulary ? std::move(vocabulary->state)
                                 : MasterStateOf(model, trainer, whole ? &*whole : nullptr);
@@ -331,15 +339,14 @@ absl::StatusOr<LoadReport> LoadTrainingCheckpoint(const std::string& path, const
                                                   PipelineModel& model, Trainer& trainer,
                                                   const LoadOptions& options) {
   std::optional<DistributedOptimizer::WholeState> whole;
+  if (trainer.distributed_optimizer() != nullptr) {
+    whole = trainer.distributed_optimizer()->NewWholeState();
+  }
   LoadReport report;
   if (trainer.vocabulary() != nullptr) {
-    // The Trainer refuses the two together.
-    CHECK(trainer.distributed_optimizer() == nullptr);
-    PP_ASSIGN_OR_RETURN(report, LoadVocabularyCheckpoint(path, grid, model, trainer, options));
+    PP_ASSIGN_OR_RETURN(report, LoadVocabularyCheckpoint(path, grid, model, trainer, options,
+                                                         whole ? &*whole : nullptr));
   } else {
-    if (trainer.distributed_optimizer() != nullptr) {
-      whole = trainer.distributed_optimizer()->NewWholeState();
-    }
     ModelState state = MasterStateOf(model, trainer, whole ? &*whole : nullptr);
     PP_ASSIGN_OR_RETURN(
         report, LoadCheckpoint(path, state, whole ? whole->optimizer.get() : &trainer.optimizer(),

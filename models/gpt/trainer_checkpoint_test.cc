@@ -9,9 +9,10 @@
 //    next step's loss matches;
 //  - the distributed optimizer (ZeRO-1): exact resume (fp32 and bf16), and
 //    dp 4 -> 2 -> 1 with it on, off, on continues an uninterrupted run;
-//  - vocabulary parallelism: exact resume (fp32 and bf16); its checkpoint is
-//    the dense model's (tables whole), so it loads into a run without it, at
-//    another pp and into ToSequential(), and a dense run's loads into it.
+//  - vocabulary parallelism: exact resume (fp32, bf16, with the distributed
+//    optimizer); its checkpoint is the dense model's (tables whole), so it
+//    loads into a run without it, at another pp and into ToSequential(), and
+//    a dense run's loads into it.
 //
 // The resume test runs real worker processes (this binary re-executed with
 // PP_CKPT_WORKER set), since dropout draws from the process-wide generator.
@@ -702,6 +703,26 @@ TEST(VocabularyCheckpointTest, ResumesBitwise) {
     EXPECT_FALSE(torch::equal(first.weights.at("tied.embed.tok_embed.weight"),
                               second.weights.at("tied.embed.tok_embed.weight")));
   }
+}
+
+// With the distributed optimizer too (the shards' slices and state gathered
+// over the data group, then the rows over the pipe): the same layout resumes
+// bit for bit, and the checkpoint loads exactly into a run with neither.
+TEST(VocabularyCheckpointTest, WithTheDistributedOptimizer) {
+  RunSpec spec;
+  spec.pp = 2;
+  spec.dp = 2;
+  spec.vocab_parallel = true;
+  spec.distributed_optimizer = true;
+  const auto [first, second] = ExpectResumesBitwise(spec, "vocab_zero1_resume");
+  RunSpec plain = spec;
+  plain.vocab_parallel = false;
+  plain.distributed_optimizer = false;
+  const PrecisionRun loaded =
+      TrainRun(plain, 0, TestDir("vocab_zero1_resume") + "/" + CheckpointName(2), "", 0);
+  const PrecisionRun reloaded =
+      TrainRun(spec, 0, TestDir("vocab_zero1_resume") + "/" + CheckpointName(2), "", 0);
+  EXPECT_EQ(FirstDifference(reloaded.weights, loaded.weights), "");
 }
 
 // A vocabulary-parallel checkpoint is the dense model's: saved at pp 2, it

@@ -247,8 +247,11 @@ absl::Status DistributedOptimizer::StageDone(int stage) {
   done_stages_.insert(stage);
   for (Bucket& b : buckets_) {
     if (b.started || b.deferred) continue;
+    // A parameter without writer stages waits for its group's
+    // StartReduceScatter (ShardedParam::writer_stages).
     bool final = true;
     for (int i : b.params) {
+      final &= !params_[i].writer_stages.empty();
       for (int writer : params_[i].writer_stages) final &= done_stages_.count(writer) > 0;
     }
     if (final) PP_RETURN_IF_ERROR(StartBucket(b));

@@ -17,6 +17,9 @@
 namespace pp {
 namespace {
 
+// The vocabulary passes' stage in the IR (they belong to no virtual stage).
+constexpr int kVocabularyStage = -1;
+
 // The schedule a run with (`vocab`) or without vocabulary parallelism trains:
 // `schedule` with the vocabulary passes added where it has none; refused
 // when it has them but the run has no vocabulary layers.
@@ -84,10 +87,6 @@ absl::Status CheckTrainerInputs(ParallelGrid* grid, PipelineModel* model, const 
       return absl::UnimplementedError(absl::StrCat(
           "vocabulary parallelism with tensor parallelism (tp = ", grid->model_parallel_size(),
           ") is not implemented yet; use tp = 1"));
-    }
-    if (options.distributed_optimizer) {
-      return absl::UnimplementedError(
-          "vocabulary parallelism with the distributed optimizer is not implemented yet");
     }
     if (options.vocabulary->pipe().size != grid->num_stages() ||
         options.vocabulary->pipe().rank != grid->stage_id()) {
@@ -350,6 +349,20 @@ absl::Status Trainer::MakeDistributedOptimizer() {
         static_cast<int>(groups.size());
     groups.push_back(std::move(group));
   }
+  if (options_.vocabulary != nullptr) {
+    // The vocabulary shards, a group of their own under the passes' stage
+    // (-1, as their actions name it): written until the step's last pass,
+    // so reduce-scattered at STEP.
+    std::vector<ShardedParam> group;
+    for (const torch::Tensor& p : options_.vocabulary->parameters()) {
+      ShardedParam sharded;
+      sharded.param = p;
+      sharded.holder = MasterOf(p);
+      group.push_back(std::move(sharded));
+    }
+    dist_group_of_stage_[kVocabularyStage] = static_cast<int>(groups.size());
+    groups.push_back(std::move(group));
+  }
   DistributedOptimizerOptions o;
   o.optimizer = options_.optimizer;
   o.bucket_numel = options_.bucket_numel;
@@ -425,8 +438,11 @@ absl::Status Trainer::Tail(const Action& action, StepResult& result) {
       return AverageGrads(params, grid_->data_group(), timeout());
     }
     case ActionType::kOptimizerStep: {
+      if (dist_ && options_.vocabulary != nullptr) {
+        PP_RETURN_IF_ERROR(dist_->StartReduceScatter(dist_group_of_stage_.at(kVocabularyStage)));
+      }
       if (dist_) PP_RETURN_IF_ERROR(dist_->FinishReduceScatter());
-      if (options_.vocabulary != nullptr) {
+      if (options_.vocabulary != nullptr && !dist_) {
         // The vocabulary shards belong to no stage: averaged over the data
         // group here, after every pass of the step has written them.
         std::vector<torch::Tensor> shards = options_.vocabulary->parameters();

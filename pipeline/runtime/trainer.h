@@ -128,10 +128,11 @@ struct TrainerOptions {
   // from the model's VocabularySplit); the model is the split's body. Create
   // adds the vocabulary passes to a schedule that has none
   // (AddVocabularyPasses; a *_vocab schedule keeps its own placement), the
-  // shards train with the stages' parameters (data-parallel average, global
-  // norm, bf16 masters) and the loss is computed by the passes from
-  // `vocabulary_labels_key`. Not yet with tensor parallelism, the distributed
-  // optimizer or per-token loss (refused, named).
+  // shards train with the stages' parameters (data-parallel average or the
+  // distributed optimizer's reduce-scatter at STEP, global norm, bf16
+  // masters) and the loss is computed by the passes from
+  // `vocabulary_labels_key` (per token with a loss mask). Not yet with
+  // tensor parallelism (refused, named).
   VocabularyLayers* vocabulary = nullptr;
   std::string vocabulary_labels_key = "labels";
 };
@@ -295,7 +296,8 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<MasterWeights> master_;  // bf16 only
   std::unique_ptr<DistributedOptimizer> dist_;
-  std::map<int, int> dist_group_of_stage_;      // virtual stage -> distributed optimizer group
+  // Virtual stage -> distributed optimizer group (-1: the vocabulary shards).
+  std::map<int, int> dist_group_of_stage_;
   std::unique_ptr<BackwardProgress> progress_;  // with dist_
   std::set<const void*> reduced_this_step_;     // params averaged over data this step
   std::vector<ActionTiming> last_timings_;
