@@ -231,6 +231,22 @@ absl::StatusOr<LoadReport> LoadVocabularyCheckpoint(const std::string& path,
   view.optimizer = MakeOptimizer(trainer.options().optimizer, params);
   PP_ASSIGN_OR_RETURN(LoadReport report,
                       LoadCheckpoint(path, view.state, view.optimizer.get(), rank, options));
+  // Whether a load report names a table as missing or of another shape
+  // (possible when loading is not strict): such a table keeps its values.
+  const auto absent = [](const LoadReport& r, const std::string& name) {
+    for (const std::vector<std::string>* list : {&r.missing, &r.shape_mismatches}) {
+      for (const std::string& line : *list) {
+        if (line == name || line.rfind(name + ":", 0) == 0) return true;
+      }
+    }
+    return false;
+  };
+  std::set<std::string> not_loaded;
+  if (view.writes_tables) {
+    for (const VocabularyTable& table : view.tables) {
+      if (absent(report, table.name)) not_loaded.insert(table.name);
+    }
+  }
   std::unique_ptr<torch::optim::Optimizer> tables_optimizer;
   if (!view.writes_tables) {
     // The tables' files hold tensors of pipe rank 0 (GPT's positions beside
@@ -242,17 +258,17 @@ absl::StatusOr<LoadReport> LoadVocabularyCheckpoint(const std::string& path,
                         LoadCheckpoint(path, tables_alone, tables_optimizer.get(), rank, loose));
     const bool expect_state = options.load_optimizer && report.optimizer_states_loaded > 0;
     for (const VocabularyTable& table : view.tables) {
-      const auto has = [&](const std::vector<std::string>& list) {
-        return std::any_of(list.begin(), list.end(), [&](const std::string& line) {
-          return line == table.name || line.rfind(table.name + ":", 0) == 0;
-        });
-      };
-      if (options.strict && (has(t.missing) || has(t.shape_mismatches))) {
-        return absl::NotFoundError(absl::StrCat("checkpoint ", t.dir, " has no ", table.name,
-                                                " of shape ", c10::str(table.whole.sizes()),
-                                                " (the vocabulary table): ", t.Summary()));
+      if (absent(t, table.name)) {
+        if (options.strict) {
+          return absl::NotFoundError(absl::StrCat("checkpoint ", t.dir, " has no ", table.name,
+                                                  " of shape ", c10::str(table.whole.sizes()),
+                                                  " (the vocabulary table): ", t.Summary()));
+        }
+        not_loaded.insert(table.name);
       }
-      if (options.strict && expect_state && has(t.optimizer_missing)) {
+      const bool no_state = std::find(t.optimizer_missing.begin(), t.optimizer_missing.end(),
+                                      table.name) != t.optimizer_missing.end();
+      if (options.strict && expect_state && no_state) {
         return absl::NotFoundError(
             absl::StrCat("checkpoint ", t.dir, " has no optimizer state for ", table.name));
       }
@@ -275,6 +291,7 @@ absl::StatusOr<LoadReport> LoadVocabularyCheckpoint(const std::string& path,
   }
   // Each rank's rows of the tables and of their state.
   for (const VocabularyTable& table : view.tables) {
+    if (not_loaded.count(table.name) > 0) continue;
     PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("cutting this rank's rows of ", table.name), [&] {
       torch::NoGradGuard no_grad;
       table.shard.copy_(vocabulary.LocalRows(table.whole));
