@@ -55,8 +55,10 @@ close_losses "$(losses dense)" "$(losses vocab)" "vocabulary parallel vs dense, 
 # partition_method profile times the body's layers (rank 0 on its share of
 # the sample's embeddings); the losses stay the dense run's.
 run profile --microbatches=4 --vocab_parallel=true --partition=profile
-cat "$TMP"/runs/profile-*/logs/rank_*.log "$LOG" | grep -q "partition 'profile' measured by rank 0" ||
-  fail "rank 0 did not profile the partition"
+# (grep on the files, not on a pipe: grep -q's early exit would fail cat
+# under pipefail.)
+grep -qs "partition 'profile' measured by rank 0" "$LOG" "$TMP"/runs/profile-*/logs/* ||
+  fail "rank 0 did not profile the partition: $(ls "$TMP"/runs/profile-*/logs 2>&1 | tr '\n' ' ')"
 close_losses "$(losses dense)" "$(losses profile)" "vocabulary parallel over the profile partition vs dense" ||
   fail "the profile-partitioned vocabulary run's losses differ"
 

@@ -54,7 +54,7 @@ torch::Tensor VocabularyLayers::OutputS(int mb, const torch::Tensor& hidden,
   torch::NoGradGuard no_grad;
   Pending& p = pending_[mb];
   p.hidden = hidden;
-  last_hidden_ = hidden;
+  last_hidden_ = hidden.detach();  // not the last stage's graph
   p.labels = labels;
   p.s = tensor_parallel::OutputS(hidden, head(), labels, vocab_size_, range_, ignore_index_);
   return p.s.stats;
