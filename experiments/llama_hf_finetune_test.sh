@@ -5,6 +5,8 @@
 #   - the run resumes from the import at step 0, and its first loss is the
 #     imported model's (equal to a second fine-tune's, different from a fresh
 #     init's);
+#   - the import also trains at pp 2 x tp 2: the first two losses equal the
+#     tp 1 run's within 1e-5;
 #   - the loss is finite and falls;
 #   - the fine-tuned checkpoint exports back (hf_convert export) and
 #     transformers loads it: its loss on the training tokens is below the
@@ -43,6 +45,19 @@ run --steps=20 --resume="$TMP/imported" --save_interval=20 --name=ft
 grep -q 'resumed at step 0' "$TMP/log" || { cat "$TMP/log"; echo "FAIL: did not start from the import"; exit 1; }
 run --steps=1 --resume="$TMP/imported" --name=again
 run --steps=1 --name=fresh
+# The import at tp 2 (pp 2 x tp 2): each rank cuts its shards (grouped kv
+# heads, the padded vocabulary) from the imported files; its first two
+# steps' losses are the tp 1 fine-tune's within 1e-5.
+run --steps=2 --resume="$TMP/imported" --tp=2 --name=tp2
+python3 - "$(losses "$TMP"/runs/ft-* | head -2)" "$(losses "$TMP"/runs/tp2-*)" <<'PY' ||
+import sys
+want, got = ([float(x) for x in a.split()] for a in sys.argv[1:])
+assert len(want) == len(got) == 2, (want, got)
+worst = max(abs(a - b) / abs(a) for a, b in zip(want, got))
+print(f"imported at tp 2 vs tp 1, steps 1-2: largest relative difference {worst:.2e}")
+assert worst <= 1e-5, worst
+PY
+  { echo "FAIL: the import trained at tp 2 differs from tp 1"; exit 1; }
 FT=$(losses "$TMP"/runs/ft-*)
 FIRST=$(echo "$FT" | head -1)
 AGAIN=$(losses "$TMP"/runs/again-*)
