@@ -38,8 +38,10 @@ SET="$MODEL_SET,eval_interval=0,lr_schedule.name=constant,lr_schedule.warmup_ste
 SET+=",optimizer.lr=3e-3,parallelism.micro_batch_size=2,llama.tokenizer="
 COMMON=(--config=experiments/configs/llama_small_pp2.textproto --data="$TMP/tokens.bin"
   --output_dir="$TMP/runs" --sample_tokens=0 --set="$SET")
+source experiments/e2e_testing.sh  # close_losses
 run() { "$TRAIN" "${COMMON[@]}" "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_llama $* exited non-zero"; exit 1; }; }
-losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$1"/metrics.jsonl; }
+losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$1"/metrics.jsonl; }  # one run directory's
+numbered() { awk '{print NR, $1}'; }  # "i loss" lines, as close_losses compares them
 
 run --steps=20 --resume="$TMP/imported" --save_interval=20 --name=ft
 grep -q 'resumed at step 0' "$TMP/log" || { cat "$TMP/log"; echo "FAIL: did not start from the import"; exit 1; }
@@ -49,15 +51,8 @@ run --steps=1 --name=fresh
 # heads, the padded vocabulary) from the imported files; its first two
 # steps' losses are the tp 1 fine-tune's within 1e-5.
 run --steps=2 --resume="$TMP/imported" --tp=2 --name=tp2
-python3 - "$(losses "$TMP"/runs/ft-* | head -2)" "$(losses "$TMP"/runs/tp2-*)" <<'PY' ||
-import sys
-want, got = ([float(x) for x in a.split()] for a in sys.argv[1:])
-assert len(want) == len(got) == 2, (want, got)
-worst = max(abs(a - b) / abs(a) for a, b in zip(want, got))
-print(f"imported at tp 2 vs tp 1, steps 1-2: largest relative difference {worst:.2e}")
-assert worst <= 1e-5, worst
-PY
-  { echo "FAIL: the import trained at tp 2 differs from tp 1"; exit 1; }
+close_losses "$(losses "$TMP"/runs/ft-* | head -2 | numbered)" "$(losses "$TMP"/runs/tp2-* | numbered)" \
+  "imported at tp 2 vs tp 1, steps 1-2" || { echo "FAIL: the import trained at tp 2 differs from tp 1"; exit 1; }
 FT=$(losses "$TMP"/runs/ft-*)
 FIRST=$(echo "$FT" | head -1)
 AGAIN=$(losses "$TMP"/runs/again-*)
