@@ -503,8 +503,8 @@ TEST(ExperimentConfigTest, WhatFailedOnlyInTheWorkersIsRefusedBeforeLaunch) {
   ASSERT_TRUE(ApplyOverride(bert, "bert.context_length=7").ok());
   EXPECT_HAS(Error(bert), "bert.context_length (7) must be at least 8");
 
-  // BERT splits over tp (heads and MLP hidden must divide), without
-  // sequence parallelism.
+  // BERT splits over tp (heads and MLP hidden must divide), with sequence
+  // parallelism when the context length divides too.
   ASSERT_TRUE(ApplyOverride(bert, "bert.context_length=16").ok());
   bert.mutable_parallelism()->set_tp(2);
   EXPECT_TRUE(ValidateExperimentConfig(bert, 4).ok()) << ValidateExperimentConfig(bert, 4);
@@ -512,7 +512,9 @@ TEST(ExperimentConfigTest, WhatFailedOnlyInTheWorkersIsRefusedBeforeLaunch) {
   EXPECT_HAS(Error(bert, 6), "must be a multiple of parallelism.tp (3)");
   bert.mutable_parallelism()->set_tp(2);
   bert.mutable_parallelism()->set_sequence_parallel(true);
-  EXPECT_HAS(Error(bert, 4), "bert does not support sequence parallelism yet");
+  EXPECT_TRUE(ValidateExperimentConfig(bert, 4).ok()) << ValidateExperimentConfig(bert, 4);
+  ASSERT_TRUE(ApplyOverride(bert, "bert.context_length=17").ok());
+  EXPECT_HAS(Error(bert, 4), "bert.context_length (17) must be a multiple of parallelism.tp (2)");
 }
 
 // Every numeric field has a checked range, named in the error: values that

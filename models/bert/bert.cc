@@ -4,11 +4,17 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "pipeline/tensor_parallel/dropout.h"
+#include "pipeline/tensor_parallel/linear.h"
 
 namespace pp {
 namespace {
 
-Fp32LayerNorm Norm(int64_t width) { return MakeLayerNorm(width); }
+// Sequence parallel when the group is: the norm sees this rank's slice of the
+// sequence and its weights' gradients are summed over the group.
+Fp32LayerNorm Norm(int64_t width, const ModelParallelGroup& group) {
+  return MakeLayerNorm(width, group);
+}
 
 }  // namespace
 
@@ -25,12 +31,6 @@ absl::Status ValidateBertConfig(const BertConfig& c) {
 }
 
 absl::Status ValidateBertParallelism(const BertConfig& config, int64_t tp, bool sequence_parallel) {
-  if (sequence_parallel) {
-    return absl::InvalidArgumentError(
-        "parallelism.sequence_parallel: bert does not support sequence parallelism yet (its "
-        "post-LayerNorm blocks and MLM transform keep the whole sequence); use it with gpt or "
-        "llama, or set it to false");
-  }
   return ValidateTransformerParallelism("bert", tp, sequence_parallel, config.num_heads,
                                         config.mlp_ratio * config.width, config.context_length);
 }
@@ -63,7 +63,7 @@ BertEmbeddingImpl::BertEmbeddingImpl(const BertConfig& config, const ModelParall
       register_module("word_embed", tensor_parallel::VocabParallelEmbedding(table->weight, group));
   pos_embed = register_module("pos_embed", pos);
   type_embed = register_module("type_embed", types);
-  norm_ = register_module("norm", Norm(config.width));
+  norm_ = register_module("norm", Norm(config.width, group));
   dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
 }
 
@@ -81,7 +81,25 @@ Activations BertEmbeddingImpl::Forward(const Activations& inputs, const MicroBat
       torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
   torch::Tensor types =
       batch.Has("token_type_ids") ? batch.Get("token_type_ids") : torch::zeros_like(ids);
-  return {dropout_(norm_(word_embed(ids) + pos_embed(positions) + type_embed(types)))};
+  if (!group_.sequence_parallel) {
+    return {dropout_(norm_(word_embed(ids) + pos_embed(positions) + type_embed(types)))};
+  }
+  // Sequence parallelism: the word embeddings arrive reduce-scattered to this
+  // rank's slice of the sequence; that slice's rows of the (replicated)
+  // position and type tables, whose gradients the group sums; the dense
+  // model's dropout noise, sliced.
+  TORCH_CHECK(time % group_.size == 0, "sequence length ", time,
+              " must be a multiple of the tensor-parallel size ", group_.size,
+              " under sequence parallelism");
+  const int64_t local = time / group_.size, begin = group_.rank * local;
+  const torch::Tensor x =
+      word_embed(ids) +
+      torch::embedding(tensor_parallel::SequenceParallelReplicated(pos_embed->weight, group_),
+                       positions.narrow(0, begin, local)) +
+      torch::embedding(tensor_parallel::SequenceParallelReplicated(type_embed->weight, group_),
+                       types.narrow(1, begin, local));
+  return {
+      tensor_parallel::ShardedDropout(norm_(x), dropout_->options.p(), is_training(), 1, group_)};
 }
 
 EncoderBlockImpl::EncoderBlockImpl(const BertConfig& config, const ModelParallelGroup& group)
@@ -89,10 +107,10 @@ EncoderBlockImpl::EncoderBlockImpl(const BertConfig& config, const ModelParallel
   CheckParallelism(config, group);
   attn_ =
       register_module("attn", SelfAttention(config.width, config.num_heads, config.dropout, group));
-  ln1_ = register_module("ln1", Norm(config.width));
+  ln1_ = register_module("ln1", Norm(config.width, group));
   mlp_ = register_module("mlp",
                          Mlp(config.width, config.mlp_ratio * config.width, config.dropout, group));
-  ln2_ = register_module("ln2", Norm(config.width));
+  ln2_ = register_module("ln2", Norm(config.width, group));
 }
 
 Activations EncoderBlockImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -105,14 +123,21 @@ Activations EncoderBlockImpl::Forward(const Activations& inputs, const MicroBatc
   return {x};
 }
 
-MlmTransformImpl::MlmTransformImpl(const BertConfig& config) : LayerImpl("MlmTransform") {
+MlmTransformImpl::MlmTransformImpl(const BertConfig& config, const ModelParallelGroup& group)
+    : LayerImpl("MlmTransform"), group_(group) {
   dense_ = register_module("dense", torch::nn::Linear(config.width, config.width));
-  norm_ = register_module("norm", Norm(config.width));
+  norm_ = register_module("norm", Norm(config.width, group));
 }
 
 Activations MlmTransformImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
   TORCH_CHECK(inputs.size() == 1, "MlmTransform expects one activation, got ", inputs.size());
-  return {norm_(torch::gelu(dense_(inputs[0])))};
+  // Replicated on every tensor-parallel rank; under sequence parallelism each
+  // rank transforms its slice of the sequence and the group sums the
+  // weights' gradients.
+  const torch::Tensor y = torch::nn::functional::linear(
+      inputs[0], tensor_parallel::SequenceParallelReplicated(dense_->weight, group_),
+      tensor_parallel::SequenceParallelReplicated(dense_->bias, group_));
+  return {norm_(torch::gelu(y))};
 }
 
 MlmBiasImpl::MlmBiasImpl(int64_t vocab_size, const ModelParallelGroup& group)
@@ -147,8 +172,8 @@ absl::StatusOr<std::vector<LayerSpec>> MakeBertSpecs(const BertConfig& config) {
                       return std::make_shared<EncoderBlockImpl>(config, ctx.model_parallel);
                     }).WithParameterCount(TransformerBlockParameterCount(w, config.mlp_ratio * w)));
   }
-  specs.push_back(LayerSpec("MlmTransform", [config](const LayerContext&) {
-                    return std::make_shared<MlmTransformImpl>(config);
+  specs.push_back(LayerSpec("MlmTransform", [config](const LayerContext& ctx) {
+                    return std::make_shared<MlmTransformImpl>(config, ctx.model_parallel);
                   }).WithParameterCount(w * w + w + 2 * w));
   // x @ word_embedding^T through the embedding's Logits: under tensor
   // parallelism this rank's vocabulary columns, the input's gradient summed

@@ -52,8 +52,8 @@ struct BertConfig {
 absl::Status ValidateBertConfig(const BertConfig& config);
 
 // What tensor parallelism of size `tp` needs of `config`: heads and the MLP's
-// hidden width divisible by tp (ValidateTransformerParallelism); sequence
-// parallelism refused. InvalidArgument naming the field.
+// hidden width divisible by tp, and under sequence parallelism the context
+// length (ValidateTransformerParallelism). InvalidArgument naming the field.
 absl::Status ValidateBertParallelism(const BertConfig& config, int64_t tp, bool sequence_parallel);
 
 // Parameters "word_embed.weight", "pos_embed.weight", "type_embed.weight",
@@ -92,15 +92,18 @@ class EncoderBlockImpl : public LayerImpl {
   Fp32LayerNorm ln2_{nullptr};
 };
 
-// The MLM head's transform: LayerNorm(GELU(dense(x))).
+// The MLM head's transform: LayerNorm(GELU(dense(x))), replicated on every
+// tensor-parallel rank (on its slice of the sequence under sequence
+// parallelism).
 class MlmTransformImpl : public LayerImpl {
  public:
-  explicit MlmTransformImpl(const BertConfig& config);
+  explicit MlmTransformImpl(const BertConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
 
  private:
   torch::nn::Linear dense_{nullptr};
   Fp32LayerNorm norm_{nullptr};
+  ModelParallelGroup group_;
 };
 
 // logits + bias, bias [vocab] initialised to zero (this rank's slice of the

@@ -85,6 +85,13 @@ void ExpectPlantedFaultsDetected(const RunConfig& c, const RunResult& sequential
   }
 }
 
+// The tensor-parallel cases' optimizer (why SGD: AllCases' tp comment).
+void UseSgdMomentum(RunConfig& c) {
+  c.optimizer.name = "sgd";
+  c.optimizer.lr = 0.1;
+  c.optimizer.momentum = 0.9;
+}
+
 void UseBert(RunConfig& c) {
   c.specs = [] { return *MakeBertSpecs(TinyBert()); };
   c.loss = BertMlmLoss;
@@ -161,9 +168,10 @@ std::vector<Case> AllCases() {
   // activations on sequence shards): 1F1B at pp 2 with activation
   // checkpointing of every block, interleaved 1F1B at pp 2 x dp 2.
   // BERT at tp = 2 (heads, MLP, the padded vocabulary of the tied decoder
-  // and the MLM bias split; no sequence parallelism): 1F1B at pp 2 with
-  // every block checkpointed, zbv (split backward, V placement) at pp 2 x
-  // dp 2.
+  // and the MLM bias split): 1F1B at pp 2 with every block checkpointed,
+  // zbv (split backward, V placement) at pp 2 x dp 2; with sequence
+  // parallelism (the embedding's norm, the post-norms and the MLM transform
+  // on sequence shards) interleaved 1F1B at pp 2 x dp 2.
   struct TpCase {
     std::string schedule;
     int dp;
@@ -171,10 +179,10 @@ std::vector<Case> AllCases() {
     int ckpt_interval;
     std::string model = "gpt";
   };
-  for (const TpCase& tc :
-       {TpCase{"1f1b", 1, false, 0}, TpCase{"interleaved_1f1b", 2, false, 0},
-        TpCase{"1f1b", 1, true, 1}, TpCase{"interleaved_1f1b", 2, true, 0},
-        TpCase{"1f1b", 1, false, 1, "bert"}, TpCase{"zbv", 2, false, 0, "bert"}}) {
+  for (const TpCase& tc : {TpCase{"1f1b", 1, false, 0}, TpCase{"interleaved_1f1b", 2, false, 0},
+                           TpCase{"1f1b", 1, true, 1}, TpCase{"interleaved_1f1b", 2, true, 0},
+                           TpCase{"1f1b", 1, false, 1, "bert"}, TpCase{"zbv", 2, false, 0, "bert"},
+                           TpCase{"interleaved_1f1b", 2, true, 0, "bert"}}) {
     const std::string& schedule = tc.schedule;
     const int dp = tc.dp;
     RunConfig c;
@@ -194,9 +202,7 @@ std::vector<Case> AllCases() {
     c.chunks = TakesTwoChunks(schedule) ? 2 : 1;
     c.microbatches = 4;
     c.steps = 3;
-    c.optimizer.name = "sgd";
-    c.optimizer.lr = 0.1;
-    c.optimizer.momentum = 0.9;
+    UseSgdMomentum(c);
     if (tc.model == "gpt") {
       UseGpt(c);
       c.parallel_loss = TinyGptParallelLoss;
@@ -247,23 +253,27 @@ TEST(SequenceParallelTest, EachTensorParallelRankSendsItsSliceOnce) {
 // BERT at tp = 2 has teeth too: a missing all-reduce (the decoder's input
 // gradient, the row-parallel outputs, the cross-entropy's max and sum) or a
 // wrong slice (its vocabulary rows, the MLM bias) is caught.
+// With sequence parallelism as well (its all-gathers and reduce-scatters are
+// made of the same all-reduce and slices).
 TEST(BertTensorParallelTest, PlantedFaultsAreDetected) {
-  RunConfig c;
-  c.pp = 2;
-  c.tp = 2;
-  c.steps = 2;
-  c.microbatches = 4;
-  c.optimizer.name = "sgd";
-  c.optimizer.lr = 0.1;
-  c.optimizer.momentum = 0.9;
-  UseBert(c);
-  c.parallel_loss = TinyBertParallelLoss;
-  absl::StatusOr<RunResult> sequential = TrainSequential(c);
-  ASSERT_TRUE(sequential.ok()) << sequential.status();
-  absl::StatusOr<RunResult> parallel = TrainPipeline(c);
-  ASSERT_TRUE(parallel.ok()) << parallel.status();
-  EXPECT_EQ(CompareResults(*sequential, *parallel, kRtol), "");
-  ExpectPlantedFaultsDetected(c, *sequential);
+  for (const bool sequence_parallel : {false, true}) {
+    SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "tp only");
+    RunConfig c;
+    c.pp = 2;
+    c.tp = 2;
+    c.sequence_parallel = sequence_parallel;
+    c.steps = 2;
+    c.microbatches = 4;
+    UseSgdMomentum(c);
+    UseBert(c);
+    c.parallel_loss = TinyBertParallelLoss;
+    absl::StatusOr<RunResult> sequential = TrainSequential(c);
+    ASSERT_TRUE(sequential.ok()) << sequential.status();
+    absl::StatusOr<RunResult> parallel = TrainPipeline(c);
+    ASSERT_TRUE(parallel.ok()) << parallel.status();
+    EXPECT_EQ(CompareResults(*sequential, *parallel, kRtol), "");
+    ExpectPlantedFaultsDetected(c, *sequential);
+  }
 }
 
 class ModelEquivalenceTest : public ::testing::TestWithParam<Case> {};
