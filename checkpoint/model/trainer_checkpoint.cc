@@ -95,7 +95,7 @@ ModelState MasterStateOf(const PipelineModel& model, const Trainer& trainer,
 
 struct VocabularyTable {
   std::string name;     // dense name
-  torch::Tensor shard;  // the Trainer's master of this rank's rows
+  torch::Tensor shard;  // this rank's rows: the Trainer's master, or `whole` state's value
   torch::Tensor whole;  // [vocab, D]
 };
 

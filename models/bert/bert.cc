@@ -8,15 +8,6 @@
 #include "pipeline/tensor_parallel/linear.h"
 
 namespace pp {
-namespace {
-
-// Sequence parallel when the group is: the norm sees this rank's slice of the
-// sequence and its weights' gradients are summed over the group.
-Fp32LayerNorm Norm(int64_t width, const ModelParallelGroup& group) {
-  return MakeLayerNorm(width, group);
-}
-
-}  // namespace
 
 absl::Status ValidateBertConfig(const BertConfig& c) {
   return ValidateTransformerConfig("bert",
@@ -63,7 +54,7 @@ BertEmbeddingImpl::BertEmbeddingImpl(const BertConfig& config, const ModelParall
       register_module("word_embed", tensor_parallel::VocabParallelEmbedding(table->weight, group));
   pos_embed = register_module("pos_embed", pos);
   type_embed = register_module("type_embed", types);
-  norm_ = register_module("norm", Norm(config.width, group));
+  norm_ = register_module("norm", MakeLayerNorm(config.width, group));
   dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
 }
 
@@ -107,10 +98,10 @@ EncoderBlockImpl::EncoderBlockImpl(const BertConfig& config, const ModelParallel
   CheckParallelism(config, group);
   attn_ =
       register_module("attn", SelfAttention(config.width, config.num_heads, config.dropout, group));
-  ln1_ = register_module("ln1", Norm(config.width, group));
+  ln1_ = register_module("ln1", MakeLayerNorm(config.width, group));
   mlp_ = register_module("mlp",
                          Mlp(config.width, config.mlp_ratio * config.width, config.dropout, group));
-  ln2_ = register_module("ln2", Norm(config.width, group));
+  ln2_ = register_module("ln2", MakeLayerNorm(config.width, group));
 }
 
 Activations EncoderBlockImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -126,7 +117,7 @@ Activations EncoderBlockImpl::Forward(const Activations& inputs, const MicroBatc
 MlmTransformImpl::MlmTransformImpl(const BertConfig& config, const ModelParallelGroup& group)
     : LayerImpl("MlmTransform"), group_(group) {
   dense_ = register_module("dense", torch::nn::Linear(config.width, config.width));
-  norm_ = register_module("norm", Norm(config.width, group));
+  norm_ = register_module("norm", MakeLayerNorm(config.width, group));
 }
 
 Activations MlmTransformImpl::Forward(const Activations& inputs, const MicroBatch& batch) {

@@ -475,6 +475,11 @@ PrecisionRun TrainRun(const RunSpec& spec, int steps, const std::string& load_fr
           PP_ASSIGN_OR_RETURN(tables[layout.embedding_name],
                               run.vocabulary->GatherRows(
                                   run.trainer->MasterOf(run.vocabulary->embedding()), "table"));
+          if (!layout.head_name.empty()) {  // an untied head
+            PP_ASSIGN_OR_RETURN(
+                tables[layout.head_name],
+                run.vocabulary->GatherRows(run.trainer->MasterOf(run.vocabulary->head()), "head"));
+          }
         }
         std::lock_guard<std::mutex> lock(mu);
         if (w.rank == 0) out.losses = losses;
