@@ -12,7 +12,11 @@
 #   4. vocabulary parallelism with the untied head (two tables): the
 #      checkpoint holds both whole (layer 0's embedding, the last layer's
 #      head, as a run without it writes them); resumed with it, the losses
-#      equal its straight run's; resumed without it, within 1e-5.
+#      equal its straight run's; resumed without it, within 1e-5;
+#   5. multi-query attention (one kv head) at pp 2 x tp 2, the kv head held
+#      by both ranks: losses within 1e-5 of tp 1's; its checkpoint resumes at
+#      tp 1 and at tp 4 (the kv head on 4 ranks), continuing tp 1's losses
+#      (pp stays 2: dropout's streams are per stage).
 set -euo pipefail
 BIN=$1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -108,4 +112,20 @@ run --set="$SET,checkpoint.resume_other_runs=true" --sample_tokens=0 --steps=6 -
 close_losses "$(echo "$STRAIGHT" | tail -2 | numbered)" "$(losses "$TMP"/runs/vocab_dense-* | numbered)" \
   "resumed without vocabulary parallelism, steps 5-6" ||
   { echo "FAIL: resumed without vocabulary parallelism, the losses differ"; exit 1; }
+
+# 5. One kv head under tensor parallelism (replicated on the model group).
+MQA=(--set="${SET/llama.num_kv_heads=2/llama.num_kv_heads=1},checkpoint.resume_other_runs=true" --sample_tokens=0)
+run "${MQA[@]}" --steps=6 --name=mqa_tp1
+run "${MQA[@]}" --steps=4 --tp=2 --save_interval=4 --name=mqa_tp2
+TP1=$(losses "$TMP"/runs/mqa_tp1-*)
+close_losses "$(echo "$TP1" | head -4 | numbered)" "$(losses "$TMP"/runs/mqa_tp2-* | numbered)" \
+  "one kv head at tp 2 vs tp 1, steps 1-4" || { echo "FAIL: one kv head at tp 2 differs from tp 1"; exit 1; }
+CKPT=$(ls -d "$TMP"/runs/checkpoints/mqa_tp2/step_00000004)
+for to in --tp=1 --tp=4; do
+  run "${MQA[@]}" --steps=6 --resume="$CKPT" "$to" --name=mqa_from_tp2
+  grep -q 'resumed at step 4' "$TMP/log" || { cat "$TMP/log"; echo "FAIL: $to did not resume at step 4"; exit 1; }
+  close_losses "$(echo "$TP1" | tail -2 | numbered)" "$(losses "$(ls -td "$TMP"/runs/mqa_from_tp2-* | head -1)" | numbered)" \
+    "one kv head, tp 2 checkpoint resumed with $to, steps 5-6" ||
+    { echo "FAIL: the tp 2 checkpoint resumed with $to differs"; exit 1; }
+done
 echo PASS

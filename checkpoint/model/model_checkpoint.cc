@@ -258,6 +258,7 @@ void RecordShards(const ModelState& model, const FileJob& job, FileInfo& info) {
     if (it == model.shard_dims.end() || t.shape().empty()) continue;  // whole, or a scalar step
     t.set_shard_blocks(static_cast<int32_t>(it->second.blocks));
     t.set_shard_dim(static_cast<int32_t>(it->second.dim));
+    if (it->second.replicas > 1) t.set_shard_replicas(static_cast<int32_t>(it->second.replicas));
   }
 }
 
@@ -568,7 +569,9 @@ class PlannedFiles {
     }
     std::map<std::string, tensor_parallel::ShardSpec> saved;
     for (const checkpoint::TensorInfo& t : first->tensors()) {
-      if (t.shard_blocks() > 0) saved[t.name()] = {t.shard_dim(), t.shard_blocks()};
+      if (t.shard_blocks() > 0) {
+        saved[t.name()] = {t.shard_dim(), t.shard_blocks(), std::max(1, t.shard_replicas())};
+      }
     }
     TensorDict out;
     const std::string prefix = PrefixOf(src.layer, src.tie_key);
@@ -603,8 +606,8 @@ class PlannedFiles {
       if (live != live_.end() && whole.dim() > 0 && whole.dim() == live->second.dim() &&
           dim_spec.has_value() && dim_spec->blocks == 1) {
         const int64_t d = dim_spec->dim;
-        PP_ASSIGN_OR_RETURN(
-            whole, FitAlong(whole, d, live->second.size(d) * (split ? rank_.model_size : 1), what));
+        const int64_t slices = split ? rank_.model_size / dim_spec->replicas : 1;
+        PP_ASSIGN_OR_RETURN(whole, FitAlong(whole, d, live->second.size(d) * slices, what));
       }
       if (split && whole.dim() == live->second.dim()) {
         PP_RETURN_IF_ERROR(TorchCall(

@@ -38,8 +38,10 @@ torch::nn::Linear NoBiasLinear(int64_t in, int64_t out) {
 // dense Linear as NoBiasLinear's constructor does, then the dense N(0, 0.02)
 // weight is drawn whole and the layer keeps its slice of it.
 template <typename ParallelLinear>
-ParallelLinear NoBiasParallelLinear(int64_t in, int64_t out, const ModelParallelGroup& group) {
-  ParallelLinear linear(tensor_parallel::ParallelLinearOptions(in, out).Bias(false), group);
+ParallelLinear NoBiasParallelLinear(int64_t in, int64_t out, const ModelParallelGroup& group,
+                                    int64_t replicas = 1) {
+  ParallelLinear linear(
+      tensor_parallel::ParallelLinearOptions(in, out).Bias(false).Replicas(replicas), group);
   torch::NoGradGuard no_grad;
   torch::Tensor full = torch::empty({out, in});
   InitNormal(full);
@@ -128,8 +130,15 @@ absl::Status ValidateLlamaParallelism(const LlamaConfig& c, int64_t tp, bool seq
         ") with parallelism.sequence_parallel: each rank holds a slice of the "
         "sequence"));
   }
+  // Fewer kv heads than ranks: each rank holds the one its query heads use,
+  // shared with tp / num_kv_heads neighbours (LlamaKvReplicas).
+  if (c.num_kv_heads % tp != 0 && tp % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama.num_kv_heads (", c.num_kv_heads, ") must be a multiple of parallelism.tp (", tp,
+        "), each rank holding an equal share, or divide it, each kv head held by tp / "
+        "num_kv_heads ranks"));
+  }
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"num_heads", c.num_heads},
-                                    {"num_kv_heads", c.num_kv_heads},
                                     {"intermediate_size", c.intermediate_size}}) {
     if (value % tp != 0) {
       return absl::InvalidArgumentError(
@@ -170,9 +179,13 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
   return x * cos.to(x.scalar_type()) + rotated * sin.to(x.scalar_type());
 }
 
+int64_t LlamaKvReplicas(const LlamaConfig& config, int64_t tp) {
+  return tp > config.num_kv_heads ? tp / config.num_kv_heads : 1;
+}
+
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config, const ModelParallelGroup& group)
     : num_heads_(config.num_heads / group.size),
-      num_kv_heads_(config.num_kv_heads / group.size),
+      num_kv_heads_(config.num_kv_heads * LlamaKvReplicas(config, group.size) / group.size),
       head_dim_(config.width / config.num_heads),
       rope_theta_(config.rope_theta),
       group_(group) {
@@ -185,10 +198,11 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config, const ModelPar
   const int64_t heads = config.num_heads * head_dim_, kv = config.num_kv_heads * head_dim_;
   q_proj = register_module("q_proj",
                            NoBiasParallelLinear<ColumnParallelLinear>(config.width, heads, group));
-  k_proj = register_module("k_proj",
-                           NoBiasParallelLinear<ColumnParallelLinear>(config.width, kv, group));
-  v_proj = register_module("v_proj",
-                           NoBiasParallelLinear<ColumnParallelLinear>(config.width, kv, group));
+  const int64_t replicas = LlamaKvReplicas(config, group.size);
+  k_proj = register_module(
+      "k_proj", NoBiasParallelLinear<ColumnParallelLinear>(config.width, kv, group, replicas));
+  v_proj = register_module(
+      "v_proj", NoBiasParallelLinear<ColumnParallelLinear>(config.width, kv, group, replicas));
   o_proj = register_module("o_proj",
                            NoBiasParallelLinear<RowParallelLinear>(heads, config.width, group));
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(config.dropout));

@@ -65,11 +65,17 @@ struct LlamaConfig {
 // dividing num_heads, rope_theta > 1, norm_eps > 0, dropout in [0, 1).
 absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 
-// What tensor parallelism of size `tp` needs, naming the field: heads, kv
-// heads and the SwiGLU width split evenly; under sequence parallelism tp > 1
-// and context_length split evenly.
+// What tensor parallelism of size `tp` needs, naming the field: heads and
+// the SwiGLU width split evenly, kv heads split evenly or divide tp; under
+// sequence parallelism tp > 1 and context_length split evenly.
 absl::Status ValidateLlamaParallelism(const LlamaConfig& config, int64_t tp,
                                       bool sequence_parallel);
+
+// How many neighbouring tensor-parallel ranks hold each kv head: 1 when tp
+// divides num_kv_heads, else tp / num_kv_heads (each rank holds the kv head
+// of its query heads; the holders' gradients are summed). REQUIRES:
+// ValidateLlamaParallelism(config, tp, ...) is OK.
+int64_t LlamaKvReplicas(const LlamaConfig& config, int64_t tp);
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last dimension, computed in
 // float32 and cast back (as Hugging Face's LlamaRMSNorm does). Parameter

@@ -13,6 +13,7 @@
 #include "models/llama/llama.h"
 #include "pipeline/runtime/equivalence_testing.h"
 #include "pipeline/schedule/registry.h"
+#include "pipeline/tensor_parallel/planted_fault.h"
 
 namespace pp {
 namespace {
@@ -34,12 +35,12 @@ std::vector<int64_t> Tokens() {
   return std::vector<int64_t>(text.begin(), text.end());
 }
 
-LlamaConfig TinyLlama(bool tied) {
+LlamaConfig TinyLlama(bool tied, int64_t kv_heads = 2) {
   return {.vocab_size = 300,
           .context_length = 8,
           .width = 16,
           .num_heads = 4,
-          .num_kv_heads = 2,
+          .num_kv_heads = kv_heads,
           .num_layers = 4,
           .intermediate_size = 24,
           .rope_theta = 500.0,
@@ -52,9 +53,26 @@ struct Case {
   std::string name;
 };
 
+// A tensor-parallel case's optimizer and vocabulary-parallel loss (SGD with
+// momentum: model_equivalence_test says why not AdamW).
+void MakeTensorParallel(RunConfig& c, int tp, bool sequence_parallel, int64_t vocab) {
+  c.tp = tp;
+  c.sequence_parallel = sequence_parallel;
+  c.optimizer.name = "sgd";
+  c.optimizer.lr = 0.1;
+  c.optimizer.momentum = 0.9;
+  c.optimizer.weight_decay = 0;
+  c.parallel_loss = [vocab](const ModelParallelGroup& group) -> LossFn {
+    return [vocab, group](const Activations& outputs, const MicroBatch& batch) {
+      return LlamaParallelLoss(outputs, batch, vocab, group);
+    };
+  };
+}
+
 std::vector<Case> AllCases() {
   std::vector<Case> cases;
-  auto add = [&](const std::string& schedule, int pp, int dp, int chunks, bool tied) {
+  auto add = [&](const std::string& schedule, int pp, int dp, int chunks, bool tied,
+                 int64_t kv_heads = 2) {
     RunConfig c;
     c.schedule = schedule;
     c.pp = pp;
@@ -65,7 +83,7 @@ std::vector<Case> AllCases() {
     c.optimizer.name = "adamw";
     c.optimizer.lr = 0.01;
     c.optimizer.weight_decay = 0.01;
-    c.specs = [tied] { return *MakeLlamaSpecs(TinyLlama(tied)); };
+    c.specs = [tied, kv_heads] { return *MakeLlamaSpecs(TinyLlama(tied, kv_heads)); };
     c.loss = LlamaLoss;
     c.source = [dp, m = c.microbatches]() -> std::unique_ptr<MicroBatchSource> {
       return std::make_unique<LmBatchSource>(*LmBatchSource::Create(
@@ -97,19 +115,20 @@ std::vector<Case> AllCases() {
         {"gpipe", 2, 1, 1, true, true}}) {
     add(schedule, pp, dp, chunks, tied);
     Case& c = cases.back();
-    c.config.tp = 2;
-    c.config.sequence_parallel = sp;
-    c.config.optimizer.name = "sgd";
-    c.config.optimizer.lr = 0.1;
-    c.config.optimizer.momentum = 0.9;
-    c.config.optimizer.weight_decay = 0;
-    const int64_t vocab = TinyLlama(tied).vocab_size;
-    c.config.parallel_loss = [vocab](const ModelParallelGroup& group) -> LossFn {
-      return [vocab, group](const Activations& outputs, const MicroBatch& batch) {
-        return LlamaParallelLoss(outputs, batch, vocab, group);
-      };
-    };
+    MakeTensorParallel(c.config, 2, sp, TinyLlama(tied).vocab_size);
     c.name = (sp ? "tp2_sp_" : "tp2_") + c.name;
+  }
+  // Fewer kv heads than tp: each kv head held by tp / kv_heads ranks, their
+  // gradients summed. Multi-query attention (1 kv head) at (1,2,1) with
+  // sequence parallelism; 2 kv heads at tp 4 (one query head per rank) at
+  // (2,4,1) under zbv, whose W passes run the sums.
+  for (const auto& [schedule, pp, tp, chunks, kv_heads, sp] :
+       {std::tuple<std::string, int, int, int, int64_t, bool>{"1f1b", 1, 2, 1, 1, true},
+        {"zbv", 2, 4, 2, 2, false}}) {
+    add(schedule, pp, 1, chunks, /*tied=*/false, kv_heads);
+    Case& c = cases.back();
+    MakeTensorParallel(c.config, tp, sp, TinyLlama(false).vocab_size);
+    c.name = absl::StrCat("tp", tp, sp ? "_sp" : "", "_kv", kv_heads, "_", c.name);
   }
   return cases;
 }
@@ -128,6 +147,27 @@ TEST_P(LlamaEquivalenceTest, PipelineEqualsSequential) {
   for (const auto& [name, value] : pipeline->params) tied_params += name.rfind("tied.", 0) == 0;
   EXPECT_EQ(tied_params, GetParam().tied ? 1 : 0);
   EXPECT_LT(pipeline->losses.back(), pipeline->losses.front());
+}
+
+// Without summing the replicated kv heads' gradients (each holder learning
+// only from its own query heads) the pipeline leaves the sequential run.
+TEST(LlamaTensorParallelTest, AMissingReplicaGradientSumIsDetected) {
+  RunConfig c = AllCases().front().config;
+  c.specs = [] { return *MakeLlamaSpecs(TinyLlama(/*tied=*/false, /*kv_heads=*/1)); };
+  c.steps = 2;
+  MakeTensorParallel(c, 2, /*sequence_parallel=*/false, TinyLlama(false).vocab_size);
+  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  absl::StatusOr<RunResult> parallel = TrainPipeline(c);
+  ASSERT_TRUE(parallel.ok()) << parallel.status();
+  EXPECT_EQ(CompareResults(*sequential, *parallel, kRtol), "");
+  namespace tp_internal = tensor_parallel::internal;
+  const tp_internal::PlantedFault previous =
+      tp_internal::PlantFault(tp_internal::PlantedFault::kSkipReplicaGradientSum);
+  absl::StatusOr<RunResult> broken = TrainPipeline(c);
+  tp_internal::PlantFault(previous);
+  ASSERT_TRUE(broken.ok()) << broken.status();
+  EXPECT_NE(CompareResults(*sequential, *broken, kRtol), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, LlamaEquivalenceTest, ::testing::ValuesIn(AllCases()),

@@ -103,9 +103,15 @@ TEST(LlamaRegistrationTest, ValidationNamesTheBadField) {
   ModelRun tp = run;
   tp.tp = 2;
   c = Small();
-  c.set_num_kv_heads(1);
+  c.set_num_kv_heads(1);  // one kv head, held by both ranks
+  EXPECT_TRUE(Llama().validate(c, tp).ok()) << Llama().validate(c, tp);
+  c.set_num_heads(6);
+  c.set_num_kv_heads(3);
+  c.set_width(48);
+  tp.tp = 2;
   EXPECT_HAS(Llama().validate(c, tp),
-             "llama.num_kv_heads (1) must be a multiple of parallelism.tp (2)");
+             "llama.num_kv_heads (3) must be a multiple of parallelism.tp (2), each rank holding "
+             "an equal share, or divide it");
   tp.tp = 8;
   EXPECT_HAS(Llama().validate(Small(), tp),
              "llama.num_heads (4) must be a multiple of parallelism.tp (8)");

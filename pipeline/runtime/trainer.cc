@@ -132,9 +132,10 @@ absl::StatusOr<std::vector<TiedParams>> MakeTies(ParallelGrid& grid, PipelineMod
 // `params` less the tied copies whose owner is another stage (the gradient
 // norm counts each tied parameter once) and, on tensor-parallel ranks other
 // than 0, less the parameters every tensor-parallel rank holds whole (norm
-// weights, a row-parallel layer's bias): the norm is reduced over pipe x
-// model, so a replicated parameter counts once and a sharded one once per
-// shard, as the dense model's norm does.
+// weights, a row-parallel layer's bias) and the slices a lower rank holds too
+// (ShardSpec::replicas): the norm is reduced over pipe x model, so a
+// replicated parameter counts once and a sharded one once per slice, as the
+// dense model's norm does.
 std::vector<torch::Tensor> CountedParams(const std::vector<torch::Tensor>& params,
                                          const std::vector<TiedParams>& ties,
                                          const PipelineModel& model, const ParallelGrid& grid) {
@@ -146,7 +147,11 @@ std::vector<torch::Tensor> CountedParams(const std::vector<torch::Tensor>& param
   if (grid.model_parallel_size() > 1 && grid.model_parallel_id() != 0) {
     const std::map<std::string, tensor_parallel::ShardSpec> sharded = ModelShardDims(model);
     for (const auto& item : model.named_parameters()) {
-      if (sharded.count(item.key()) == 0) non_owner.insert(item.value().unsafeGetTensorImpl());
+      auto it = sharded.find(item.key());
+      // A slice several ranks hold counts on the first of them.
+      if (it == sharded.end() || grid.model_parallel_id() % it->second.replicas != 0) {
+        non_owner.insert(item.value().unsafeGetTensorImpl());
+      }
     }
   }
   std::vector<torch::Tensor> counted;

@@ -26,16 +26,22 @@ void CheckDivides(int64_t features, const char* which, const ModelParallelGroup&
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(const ParallelLinearOptions& options,
                                                    ModelParallelGroup group)
     : options_(options), group_(std::move(group)) {
-  TORCH_CHECK(options.output_blocks > 0 &&
-                  options.out_features % (options.output_blocks * group_.size) == 0,
-              "a column-parallel layer's out_features (", options.out_features,
-              ") must be a multiple of the tensor-parallel size ", group_.size,
-              options.output_blocks > 1 ? " times its output blocks " : "",
-              options.output_blocks > 1 ? std::to_string(options.output_blocks) : "",
-              " to split a linear layer across ", DescribeModelParallel(group_));
+  TORCH_CHECK(options.replicas > 0 && group_.size % options.replicas == 0,
+              "a column-parallel layer's replicas (", options.replicas,
+              ") must divide the tensor-parallel size ", group_.size);
+  TORCH_CHECK(options.replicas == 1 || !options.gather_output,
+              "a column-parallel layer with replicated slices cannot gather its output");
+  const int64_t slices = group_.size / options.replicas;
+  TORCH_CHECK(
+      options.output_blocks > 0 && options.out_features % (options.output_blocks * slices) == 0,
+      "a column-parallel layer's out_features (", options.out_features, ") must be a multiple of ",
+      slices == group_.size ? "the tensor-parallel size " : "the number of slices ", slices,
+      options.output_blocks > 1 ? " times its output blocks " : "",
+      options.output_blocks > 1 ? std::to_string(options.output_blocks) : "",
+      " to split a linear layer across ", DescribeModelParallel(group_));
   torch::nn::Linear dense = DenseLinear(options);
   torch::NoGradGuard no_grad;
-  const ShardSpec spec{0, options.output_blocks};
+  const ShardSpec spec = Spec();
   weight = register_parameter(
       "weight", ShardOf(dense->weight, spec, group_.rank, group_.size).contiguous().clone());
   if (options.bias) {
@@ -44,19 +50,24 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(const ParallelLinearOptions& 
   }
 }
 
+ShardSpec ColumnParallelLinearImpl::Spec() const {
+  return ShardSpec{0, options_.output_blocks, options_.replicas};
+}
+
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
   const torch::Tensor input =
       group_.sequence_parallel ? GatherFromSequenceParallelRegion(x, group_, options_.sequence_dim)
                                : CopyToTensorParallelRegion(x, group_);
-  torch::Tensor y = torch::linear(input, weight, bias);
+  const torch::Tensor b =
+      bias.defined() ? CopyToReplicaGroup(bias, group_, options_.replicas) : bias;
+  torch::Tensor y = torch::linear(input, CopyToReplicaGroup(weight, group_, options_.replicas), b);
   return options_.gather_output ? GatherFromTensorParallelRegion(y, group_) : y;
 }
 
 std::map<std::string, ShardSpec> ColumnParallelLinearImpl::ShardDims() const {
   if (!group_.is_parallel()) return {};
-  const ShardSpec spec{0, options_.output_blocks};
-  std::map<std::string, ShardSpec> dims = {{"weight", spec}};
-  if (bias.defined()) dims["bias"] = spec;
+  std::map<std::string, ShardSpec> dims = {{"weight", Spec()}};
+  if (bias.defined()) dims["bias"] = Spec();
   return dims;
 }
 

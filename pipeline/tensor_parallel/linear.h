@@ -54,6 +54,12 @@ struct ParallelLinearOptions {
   // q/k/v projection: 3), and each rank holds its slice of every block, so
   // that rank r's outputs are its heads' q, k and v.
   int64_t output_blocks = 1;
+  // Column-parallel: this many neighbouring ranks hold the same slice of the
+  // output features, so the layer splits into tp / replicas slices (LLaMA's
+  // k and v projections when tp exceeds the kv heads: each rank holds the kv
+  // head of its query heads). Their weight gradients are summed
+  // (CopyToReplicaGroup).
+  int64_t replicas = 1;
 
   ParallelLinearOptions& Bias(bool b) {
     bias = b;
@@ -71,10 +77,15 @@ struct ParallelLinearOptions {
     output_blocks = b;
     return *this;
   }
+  ParallelLinearOptions& Replicas(int64_t r) {
+    replicas = r;
+    return *this;
+  }
 };
 
 // Y = X A^T + b with A split by rows (output features) across the group.
-// REQUIRES (checked at construction): out_features % (output_blocks * tp) == 0.
+// REQUIRES (checked at construction): replicas divides tp and out_features %
+// (output_blocks * tp / replicas) == 0.
 class ColumnParallelLinearImpl : public torch::nn::Module, public ShardedModule {
  public:
   ColumnParallelLinearImpl(const ParallelLinearOptions& options, ModelParallelGroup group);
@@ -83,10 +94,12 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public ShardedModule 
 
   const ParallelLinearOptions& options() const { return options_; }
   const ModelParallelGroup& group() const { return group_; }
-  torch::Tensor weight;  // [out / tp, in]
-  torch::Tensor bias;    // [out / tp], undefined without bias
+  torch::Tensor weight;  // [out * replicas / tp, in]
+  torch::Tensor bias;    // [out * replicas / tp], undefined without bias
 
  private:
+  ShardSpec Spec() const;
+
   ParallelLinearOptions options_;
   ModelParallelGroup group_;
 };

@@ -136,6 +136,74 @@ TEST(ParallelLinearTest, BlockedColumnsHoldEachRanksSliceOfEveryBlock) {
   EXPECT_TRUE(torch::equal(ShardOf(dense->weight, ShardSpec{0, 3}, 1, 2), shards[1]));
 }
 
+// k projection of 2 kv heads (2 features each) at tp = 4: ranks 0-1 hold
+// head 0, ranks 2-3 head 1. Each rank's output feeds its own query heads
+// (here: its own upstream gradient), so the dense gradient of head h is the
+// sum over its two holders: each holder's weight gradient must equal it, the
+// input's gradient the dense one; without the replica sum
+// (kSkipReplicaGradientSum) the weight gradients are each rank's part only.
+constexpr int64_t kReplicaTp = 4, kKvHeads = 2, kKvFeatures = 4;
+
+TEST(ParallelLinearTest, ReplicatedColumnsSumTheirHoldersGradients) {
+  constexpr int64_t kTp = kReplicaTp, kHeads = kKvHeads, kFeatures = kKvFeatures;
+  const torch::Tensor input = Seeded(7, [] { return torch::randn({kBatch, kSeq, kIn}); });
+  std::vector<torch::Tensor> upstream;
+  for (int64_t r = 0; r < kTp; ++r) {
+    upstream.push_back(Seeded(20 + r, [] {
+      return torch::randn({kBatch, kSeq, kKvFeatures / 2});
+    }));
+  }
+  torch::nn::Linear dense = Seeded(5, [] { return torch::nn::Linear(kIn, kKvFeatures); });
+  torch::Tensor x = input.clone().requires_grad_(true);
+  torch::Tensor y = dense(x);
+  torch::Tensor loss = torch::zeros({});
+  for (int64_t r = 0; r < kTp; ++r) loss = loss + (y.narrow(2, r / 2 * 2, 2) * upstream[r]).sum();
+  loss.backward();
+
+  for (const bool planted : {false, true}) {
+    std::vector<torch::Tensor> shards(kTp);
+    ExpectOk(RunOnTensorParallelRanks(kTp, false, [&](const ModelParallelGroup& g) {
+      ColumnParallelLinear k = Seeded(5, [&] {
+        return ColumnParallelLinear(ParallelLinearOptions(kIn, kFeatures).Replicas(kTp / kHeads),
+                                    g);
+      });
+      EXPECT_EQ(k->ShardDims().at("weight"), (ShardSpec{0, 1, 2}));
+      const int64_t head = g.rank / 2;
+      EXPECT_TRUE(torch::equal(k->weight, dense->weight.narrow(0, head * 2, 2)));
+      shards[g.rank] = k->weight.detach().clone();
+      (void)AllGather(torch::zeros({1}), g, 0, "a barrier");
+      if (planted && g.rank == 0) {
+        internal::PlantFault(internal::PlantedFault::kSkipReplicaGradientSum);
+      }
+      (void)AllGather(torch::zeros({1}), g, 0, "a barrier");
+      torch::Tensor px = input.clone().requires_grad_(true);
+      (k(px) * upstream[g.rank]).sum().backward();
+      (void)AllGather(torch::zeros({1}), g, 0, "a barrier");
+      if (g.rank == 0) internal::PlantFault(internal::PlantedFault::kNone);
+      const double weight_diff =
+          RelativeDiff(k->weight.grad(), dense->weight.grad().narrow(0, head * 2, 2));
+      const double bias_diff =
+          RelativeDiff(k->bias.grad(), dense->bias.grad().narrow(0, head * 2, 2));
+      EXPECT_LE(RelativeDiff(px.grad(), x.grad()), 1e-6) << "input gradient";
+      if (planted) {
+        EXPECT_GT(weight_diff, 1e-2) << "weight gradient without the replica sum";
+        EXPECT_GT(bias_diff, 1e-2) << "bias gradient without the replica sum";
+      } else {
+        EXPECT_LE(weight_diff, 1e-6) << "weight gradient";
+        EXPECT_LE(bias_diff, 1e-6) << "bias gradient";
+      }
+    }));
+    EXPECT_TRUE(torch::equal(MergeShards(shards, ShardSpec{0, 1, 2}), dense->weight));
+    EXPECT_TRUE(torch::equal(ShardOf(dense->weight, ShardSpec{0, 1, 2}, 3, kTp), shards[3]));
+  }
+  const absl::Status refused = RunOnTensorParallelRanks(4, false, [](const ModelParallelGroup& g) {
+    ColumnParallelLinear(ParallelLinearOptions(kIn, 4).Replicas(3), g);
+  });
+  EXPECT_NE(refused.message().find("replicas (3) must divide the tensor-parallel size 4"),
+            std::string::npos)
+      << refused;
+}
+
 // A missing all-reduce in the row-parallel layer: the output is no longer the
 // dense layer's (what the equivalence suite's planted bug relies on).
 TEST(ParallelLinearTest, AMissingAllReduceIsVisible) {

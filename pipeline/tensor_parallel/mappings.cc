@@ -110,7 +110,39 @@ torch::Tensor Run(const torch::Tensor& x, const ModelParallelGroup& group, int64
   return Mapping<kForward, kBackward>::apply(x, group, NormalDim(x, dim), what);
 }
 
+struct ReplicaGroupCopy : public torch::autograd::Function<ReplicaGroupCopy> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& param,
+                               const ModelParallelGroup& group, int64_t replicas) {
+    SaveGroup(ctx, group, /*dim=*/0);
+    ctx->saved_data["replicas"] = replicas;
+    return param;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const ModelParallelGroup& group = SavedGroup(ctx);
+    const int64_t replicas = ctx->saved_data["replicas"].toInt();
+    torch::Tensor grad = grads[0];
+    if (grad.defined() && internal::Fault() != internal::PlantedFault::kSkipReplicaGradientSum) {
+      std::vector<int64_t> shape = {group.size / replicas};
+      shape.insert(shape.end(), grad.sizes().begin(), grad.sizes().end());
+      torch::Tensor slots = torch::zeros(shape, grad.options());
+      slots[group.rank / replicas].copy_(grad);
+      AllReduceInPlace(slots, group, ReduceOp::kSum,
+                       "the gradient of a slice held by several ranks (backward)");
+      grad = slots[group.rank / replicas];
+    }
+    return {grad, torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor CopyToReplicaGroup(const torch::Tensor& param, const ModelParallelGroup& group,
+                                 int64_t replicas) {
+  TORCH_CHECK(replicas > 0 && group.size % replicas == 0, "a slice held by ", replicas,
+              " ranks each does not fit a tensor-parallel group of ", group.size);
+  if (replicas == 1) return param;
+  return ReplicaGroupCopy::apply(param, group, replicas);
+}
 
 torch::Tensor LocalSlice(const torch::Tensor& x, const ModelParallelGroup& group, int64_t dim,
                          const std::string& what) {

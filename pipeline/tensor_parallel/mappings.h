@@ -10,6 +10,8 @@
 //   ScatterToSequenceParallelRegion keep this rank's slice  all-gather
 //   GatherFromSequenceParallelRegion all-gather             reduce-scatter
 //   ReduceScatterToSequenceParallelRegion reduce-scatter    all-gather
+//   CopyToReplicaGroup              identity                all-reduce over the
+//                                                           ranks holding the same slice
 //
 // "Slice" and "gather" act on one dimension: the last for the tensor-parallel
 // ones (hidden or vocabulary columns), `dim` for the sequence-parallel ones
@@ -53,6 +55,16 @@ torch::Tensor GatherFromSequenceParallelRegion(const torch::Tensor& x,
                                                const ModelParallelGroup& group, int64_t dim);
 torch::Tensor ReduceScatterToSequenceParallelRegion(const torch::Tensor& x,
                                                     const ModelParallelGroup& group, int64_t dim);
+
+// A parameter slice held by `replicas` neighbouring ranks (ShardSpec's
+// replicas: LLaMA's kv heads at tp > num_kv_heads). Each of them computes
+// the part of the slice's gradient that its own outputs need (a kv head's,
+// for its own query heads); the backward sums them, so every holder gets the
+// whole gradient and the copies stay equal. Carried by one all-reduce over
+// the group of tp / replicas slices (zeros where a rank holds none), which
+// needs no sub-groups. REQUIRES: replicas divides the group's size.
+torch::Tensor CopyToReplicaGroup(const torch::Tensor& param, const ModelParallelGroup& group,
+                                 int64_t replicas);
 
 // The plain collectives the functions above are made of (no autograd), for
 // the vocabulary-parallel cross-entropy and the runtime's grad reductions.

@@ -20,6 +20,9 @@ enum class PlantedFault {
   kSkipAllGather,
   // LocalVocabRows on ranks > 0 starts one row early (a shard off by one row).
   kShiftedVocabRows,
+  // CopyToReplicaGroup's backward keeps each rank's own part of the gradient
+  // (a replicated kv head learns only from its own rank's query heads).
+  kSkipReplicaGradientSum,
 };
 
 // Process-wide; the previous fault is returned so a test can restore it.

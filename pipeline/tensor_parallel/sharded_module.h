@@ -22,12 +22,17 @@ namespace tensor_parallel {
 
 // How a parameter is split: along `dim`, the whole is `blocks` equal blocks
 // (a fused q/k/v projection: 3) and rank r holds slice r of every block, in
-// block order. blocks == 1 is a plain split.
+// block order. blocks == 1 is a plain split. With `replicas` > 1 the whole
+// splits into only tp / replicas slices and each is held by that many
+// neighbouring ranks: rank r holds slice r / replicas (LLaMA's kv heads when
+// tp exceeds their number). Those ranks' gradients are summed, so their
+// copies stay equal; the norm and checkpoints count the first of them.
 struct ShardSpec {
   int64_t dim = 0;
   int64_t blocks = 1;
+  int64_t replicas = 1;
   bool operator==(const ShardSpec& other) const {
-    return dim == other.dim && blocks == other.blocks;
+    return dim == other.dim && blocks == other.blocks && replicas == other.replicas;
   }
 };
 
@@ -45,9 +50,10 @@ class ShardedModule {
 // ("fc1.weight" -> {0, 1}), found by walking root's submodules.
 std::map<std::string, ShardSpec> CollectShardDims(const torch::nn::Module& root);
 
-// This rank's slice (`rank` of `parts`) of `whole` under `spec`, and the
-// whole put back together from every rank's slice (checkpoints, Hugging Face
-// export). REQUIRES: the dimension divides by blocks * parts.
+// This rank's slice (`rank` of `parts` ranks) of `whole` under `spec`, and
+// the whole put back together from every rank's slice, in rank order
+// (checkpoints, Hugging Face export). REQUIRES: parts divides by replicas and
+// the dimension by blocks * parts / replicas.
 torch::Tensor ShardOf(const torch::Tensor& whole, const ShardSpec& spec, int64_t rank,
                       int64_t parts);
 torch::Tensor MergeShards(const std::vector<torch::Tensor>& shards, const ShardSpec& spec);
