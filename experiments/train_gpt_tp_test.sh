@@ -5,7 +5,8 @@
 #   - every step's loss within 1e-5 relative of tp 1's (the row-parallel
 #     layers sum two half-products, so the last bits differ; the runtime's
 #     equivalence suite proves the exact maths schedule by schedule), and
-#     the same sampled text;
+#     the same sampled text; rank 0 sends half tp 1's p2p bytes, with
+#     sequence parallelism (its slice) and without (its part of the whole);
 #   - checkpoints hold a layer file per tensor-parallel rank (-model_00/01);
 #     resuming one at tp 2 gives the straight run's losses bit for bit, at
 #     tp 1 (the shards merged, the RNG state carried over) within 1e-5;
@@ -45,9 +46,13 @@ close_losses "$(losses tp1)" "$(losses sp)" "tp 2 + sequence parallel vs tp 1" |
   fail "tp 2 + sequence parallel's losses differ from tp 1's"
 [[ "$(sample sp)" == "$(sample tp1)" ]] || fail "sequence parallel's sample '$(sample sp)' differs"
 p2p_bytes() { sed -nE 's/^\[rank 0\] p2p \(rank 0\): [0-9]+ messages sent \(([0-9]+) payload bytes.*/\1/p' "$TMP/$1.log"; }
-[[ -n $(p2p_bytes tp2) && $(( $(p2p_bytes sp) * 2 )) -eq $(p2p_bytes tp2) ]] ||
-  fail "rank 0 sent $(p2p_bytes sp) payload bytes with sequence parallelism, $(p2p_bytes tp2) without"
-echo "ok: sequence parallel: the same sample, rank 0 sent $(p2p_bytes sp) payload bytes (tp 2 alone: $(p2p_bytes tp2))"
+# Each rank of a model group sends half of what a tp 1 rank sends: its
+# sequence slice under sequence parallelism, without it its half of the
+# whole activation (Megatron's scatter/gather; the peers all-gather).
+[[ -n $(p2p_bytes tp1) && $(( $(p2p_bytes tp2) * 2 )) -eq $(p2p_bytes tp1) &&
+  $(p2p_bytes sp) -eq $(p2p_bytes tp2) ]] ||
+  fail "rank 0 sent $(p2p_bytes tp1) payload bytes at tp 1, $(p2p_bytes tp2) at tp 2, $(p2p_bytes sp) with sequence parallelism"
+echo "ok: sequence parallel: the same sample; rank 0 sent $(p2p_bytes sp) payload bytes with it, $(p2p_bytes tp2) without, $(p2p_bytes tp1) at tp 1"
 
 CKPT=$TMP/runs/checkpoints/tp2/step_00000008
 for m in 00 01; do

@@ -221,9 +221,11 @@ std::vector<Case> AllCases() {
   return cases;
 }
 
-// Sequence parallelism's point beside the equivalence above: each tp rank
-// sends its slice of the sequence between stages, so the p2p payload is half
-// of tp = 2 without it (activations and their gradients alike).
+// What crosses stages at tp = 2 (activations and their gradients alike):
+// each rank of a model group sends half of what a rank sends when it sends
+// the whole activation (p2p_scatter_gather off): under sequence parallelism
+// its slice of the sequence, without it its part of the whole (Megatron's
+// scatter/gather, the receiving group all-gathers). The same losses.
 TEST(SequenceParallelTest, EachTensorParallelRankSendsItsSliceOnce) {
   RunConfig c;
   c.pp = 2;
@@ -233,14 +235,35 @@ TEST(SequenceParallelTest, EachTensorParallelRankSendsItsSliceOnce) {
   c.optimizer.lr = 0.1;
   UseGpt(c);
   c.parallel_loss = TinyGptParallelLoss;
+  c.p2p_scatter_gather = false;
   absl::StatusOr<RunResult> whole = TrainPipeline(c);
   ASSERT_TRUE(whole.ok()) << whole.status();
+  c.p2p_scatter_gather = true;
+  absl::StatusOr<RunResult> parts = TrainPipeline(c);
+  ASSERT_TRUE(parts.ok()) << parts.status();
   c.sequence_parallel = true;
   absl::StatusOr<RunResult> sliced = TrainPipeline(c);
   ASSERT_TRUE(sliced.ok()) << sliced.status();
   EXPECT_GT(whole->payload_bytes_sent, 0);
+  EXPECT_EQ(parts->payload_bytes_sent * 2, whole->payload_bytes_sent);
   EXPECT_EQ(sliced->payload_bytes_sent * 2, whole->payload_bytes_sent);
+  EXPECT_EQ(parts->losses, whole->losses);
   EXPECT_NEAR(sliced->losses[0], whole->losses[0], 1e-6 * std::abs(whole->losses[0]));
+  {
+    // Each rank sending its neighbour's part breaks the run without
+    // sequence parallelism and leaves it alone with it (nothing is split).
+    namespace tp_internal = tensor_parallel::internal;
+    const tp_internal::PlantedFault previous =
+        tp_internal::PlantFault(tp_internal::PlantedFault::kWrongPayloadPart);
+    c.sequence_parallel = false;
+    absl::StatusOr<RunResult> wrong_parts = TrainPipeline(c);
+    c.sequence_parallel = true;
+    absl::StatusOr<RunResult> wrong_sliced = TrainPipeline(c);
+    tp_internal::PlantFault(previous);
+    ASSERT_TRUE(wrong_parts.ok() && wrong_sliced.ok());
+    EXPECT_NE(CompareResults(*whole, *wrong_parts, kRtol), "");
+    EXPECT_EQ(wrong_sliced->losses, sliced->losses);
+  }
 
   // The planted bugs in the communication functions (a missing all-reduce,
   // which the reduce-scatter is made of; a wrong slice) break it.

@@ -348,6 +348,7 @@ TrainerOptions TrainerOptionsOf(const RunConfig& config, const torch::Device& de
   to.reduce_tied_grads = config.reduce_tied_grads;
   to.executor.defer_receives = config.defer_receives;
   to.executor.p2p.static_shapes = config.p2p_static_shapes;
+  to.p2p_scatter_gather = config.p2p_scatter_gather;
   to.executor.post_receives_ahead = config.post_receives_ahead;
   to.layer_runner = config.layer_runner;
   to.precision = config.precision;

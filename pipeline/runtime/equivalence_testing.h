@@ -96,6 +96,8 @@ struct RunConfig {
   // Megatron's sequence parallelism on the model group (tp > 1; the model's
   // layers must support it, as GPT's do).
   bool sequence_parallel = false;
+  // TrainerOptions::p2p_scatter_gather (tp > 1 without sequence parallelism).
+  bool p2p_scatter_gather = true;
   int chunks = 1;
   int microbatches = 4;  // per replica
   int blocks = 6;

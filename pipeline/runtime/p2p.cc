@@ -11,6 +11,8 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
+#include "pipeline/tensor_parallel/mappings.h"
+#include "pipeline/tensor_parallel/planted_fault.h"
 
 namespace pp {
 namespace {
@@ -272,9 +274,65 @@ absl::Status P2P::SendActivations(int peer, int src_stage, int dst_stage,
     PP_RETURN_IF_ERROR(PostSend(control.to(options_.device), peer, tag, what));
     if (header.defined()) PP_RETURN_IF_ERROR(PostSend(header.to(options_.device), peer, tag, what));
   }
+  return PostPayload(tensors, peer, tag, what);
+}
+
+bool P2P::SplitsPayload(c10::ScalarType dtype) const {
+  return options_.split_payloads_over.is_parallel() && !streams_.active() &&
+         c10::isFloatingType(dtype);
+}
+
+std::vector<int64_t> P2P::WireShape(const TensorMeta& meta) const {
+  if (!SplitsPayload(meta.dtype)) return meta.shape;
+  int64_t numel = 1;
+  for (int64_t d : meta.shape) numel *= d;
+  const int64_t parts = options_.split_payloads_over.size;
+  return {(numel + parts - 1) / parts};
+}
+
+torch::Tensor P2P::PartToSend(const torch::Tensor& tensor) const {
+  if (!SplitsPayload(tensor.scalar_type()) || tensor.numel() == 0) return tensor;
+  const ModelParallelGroup& group = options_.split_payloads_over;
+  torch::Tensor flat = tensor.detach().reshape({-1});
+  const int64_t part = (flat.numel() + group.size - 1) / group.size;
+  if (part * group.size != flat.numel()) {
+    flat = torch::cat({flat, torch::zeros({part * group.size - flat.numel()}, flat.options())});
+  }
+  const int64_t rank = tensor_parallel::internal::CurrentFault() ==
+                               tensor_parallel::internal::PlantedFault::kWrongPayloadPart
+                           ? (group.rank + 1) % group.size
+                           : group.rank;
+  return flat.narrow(0, rank * part, part);
+}
+
+absl::StatusOr<torch::Tensor> P2P::Assemble(torch::Tensor part, const TensorMeta& meta,
+                                            const std::string& what) {
+  if (!SplitsPayload(meta.dtype)) return part;
+  torch::Tensor whole;
+  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(what, ": all-gather of a p2p payload's parts over ",
+                                            options_.split_payloads_over.description),
+                               [&] {
+                                 // Into a pooled buffer, as a whole payload arrives, so that
+                                 // Recycle() takes it back.
+                                 whole = TakeBuffer(meta.dtype, meta.shape);
+                                 if (whole.numel() == 0) return;
+                                 const torch::Tensor parts =
+                                     tensor_parallel::AllGather(part, options_.split_payloads_over,
+                                                                0, "a p2p payload's parts");
+                                 whole.view({-1}).copy_(parts.narrow(0, 0, whole.numel()));
+                               }));
+  Recycle({std::move(part)});
+  return whole;
+}
+
+absl::Status P2P::PostPayload(const Activations& tensors, int peer, int tag,
+                              const std::string& what) {
   for (const torch::Tensor& t : tensors) {
-    PP_RETURN_IF_ERROR(PostSend(t, peer, tag, what));
-    stats_.payload_bytes_sent += static_cast<int64_t>(t.nbytes());
+    torch::Tensor wire;
+    PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(what, ": this rank's part of a payload"),
+                                 [&] { wire = PartToSend(t); }));
+    PP_RETURN_IF_ERROR(PostSend(wire, peer, tag, what));
+    stats_.payload_bytes_sent += static_cast<int64_t>(wire.nbytes());
   }
   return absl::OkStatus();
 }
@@ -361,8 +419,9 @@ absl::StatusOr<Activations> P2P::RecvActivations(int peer, int src_stage, int ds
     torch::Tensor t;
     PP_RETURN_IF_ERROR(TorchCall(
         absl::StrCat(what, ": buffer ", meta.DebugString(), " for ", PeerName(peer), "'s payload"),
-        [&] { t = TakeBuffer(meta.dtype, meta.shape); }));
+        [&] { t = TakeBuffer(meta.dtype, WireShape(meta)); }));
     PP_RETURN_IF_ERROR(RecvInto(t, peer, tag, what));
+    PP_ASSIGN_OR_RETURN(t, Assemble(std::move(t), meta, what));
     if (meta.requires_grad && c10::isFloatingType(meta.dtype)) t.requires_grad_(true);
     out.push_back(std::move(t));
   }
@@ -419,7 +478,7 @@ absl::Status P2P::AdvancePosts(std::deque<PostedRecv>& queue) {
       torch::Tensor t;
       PP_RETURN_IF_ERROR(TorchCall(absl::StrCat(r.what, ": buffer ", meta.DebugString(), " for ",
                                                 PeerName(r.peer), "'s payload"),
-                                   [&] { t = TakeBuffer(meta.dtype, meta.shape); }));
+                                   [&] { t = TakeBuffer(meta.dtype, WireShape(meta)); }));
       r.buffers.push_back(t);
       PP_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Work> work, PostRecv(t, r.peer, r.tag, r.what));
       r.works.push_back(std::move(work));
@@ -495,8 +554,13 @@ absl::StatusOr<Activations> P2P::WaitPosted(Kind kind, int peer, int src_stage, 
           torch::Tensor t;
           s = TorchCall(absl::StrCat(what, ": buffer ", meta.DebugString(), " for ", PeerName(peer),
                                      "'s payload"),
-                        [&] { t = TakeBuffer(meta.dtype, meta.shape); });
+                        [&] { t = TakeBuffer(meta.dtype, WireShape(meta)); });
           if (s.ok()) s = RecvInto(t, peer, r.tag, what);
+          if (s.ok()) {
+            absl::StatusOr<torch::Tensor> whole = Assemble(std::move(t), meta, what);
+            s = whole.status();
+            if (s.ok()) t = *std::move(whole);
+          }
           if (!s.ok()) break;
           if (meta.requires_grad && c10::isFloatingType(meta.dtype)) t.requires_grad_(true);
           out.push_back(std::move(t));
@@ -507,16 +571,22 @@ absl::StatusOr<Activations> P2P::WaitPosted(Kind kind, int peer, int src_stage, 
     }
   } else if (s.ok()) {
     for (size_t i = 0; s.ok() && i < r.works.size(); ++i) s = WaitRecv(r.works[i], peer, what);
-    if (s.ok()) {
-      for (size_t i = 0; i < r.buffers.size(); ++i) {
-        torch::Tensor t = std::move(r.buffers[i]);
-        const TensorMeta* meta = nullptr;
-        if (kind == Kind::kActivation) meta = &r.layout[i];
-        if (meta != nullptr && meta->requires_grad && c10::isFloatingType(meta->dtype)) {
-          t.requires_grad_(true);
-        }
-        out.push_back(std::move(t));
+    // The buffers' layouts: a gradient message holds only the sent tensors
+    // that required grad.
+    std::vector<const TensorMeta*> metas;
+    for (const TensorMeta& meta : r.layout) {
+      if (kind == Kind::kActivation || meta.requires_grad) metas.push_back(&meta);
+    }
+    for (size_t i = 0; s.ok() && i < r.buffers.size(); ++i) {
+      absl::StatusOr<torch::Tensor> whole = Assemble(std::move(r.buffers[i]), *metas[i], what);
+      s = whole.status();
+      if (!s.ok()) break;
+      torch::Tensor t = *std::move(whole);
+      if (kind == Kind::kActivation && metas[i]->requires_grad &&
+          c10::isFloatingType(metas[i]->dtype)) {
+        t.requires_grad_(true);
       }
+      out.push_back(std::move(t));
     }
   }
   if (!s.ok()) {
@@ -561,11 +631,7 @@ absl::Status P2P::SendGrads(int peer, int src_stage, int dst_stage, const Activa
                             const std::string& what) {
   PP_RETURN_IF_ERROR(ReapCompletedSends());
   PP_ASSIGN_OR_RETURN(const int tag, Tag(Kind::kGradient, src_stage, dst_stage));
-  for (const torch::Tensor& g : grads) {
-    PP_RETURN_IF_ERROR(PostSend(g, peer, tag, what));
-    stats_.payload_bytes_sent += static_cast<int64_t>(g.nbytes());
-  }
-  return absl::OkStatus();
+  return PostPayload(grads, peer, tag, what);
 }
 
 absl::StatusOr<Activations> P2P::RecvGrads(int peer, int src_stage, int dst_stage,
@@ -579,8 +645,9 @@ absl::StatusOr<Activations> P2P::RecvGrads(int peer, int src_stage, int dst_stag
   Activations grads;
   for (const TensorMeta& meta : sent_layout) {
     if (!meta.requires_grad) continue;
-    torch::Tensor g = TakeBuffer(meta.dtype, meta.shape);
+    torch::Tensor g = TakeBuffer(meta.dtype, WireShape(meta));
     PP_RETURN_IF_ERROR(RecvInto(g, peer, tag, what));
+    PP_ASSIGN_OR_RETURN(g, Assemble(std::move(g), meta, what));
     grads.push_back(std::move(g));
   }
   return grads;

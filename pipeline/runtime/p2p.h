@@ -115,6 +115,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "pipeline/layers/layer.h"
+#include "pipeline/layers/layer_context.h"
 #include "pipeline/runtime/device_streams.h"
 #include "pipeline/runtime/p2p_wire.h"
 
@@ -143,6 +144,19 @@ struct P2POptions {
   // errors name the peer as the launcher and the logs do ("global rank 2
   // (stage 1)"); empty: errors give group ranks.
   std::vector<int> global_ranks;
+  // Megatron's scatter/gather between stages (scatter_gather_tensors_in_
+  // pipeline): the ranks of this tensor-parallel model group send equal
+  // floating-point payloads (tensor parallelism without sequence
+  // parallelism: a stage's output is whole on every rank of its group), so
+  // each sends only its part, 1/tp of the flat tensor (padded to a multiple
+  // of tp), to its peer of the same model rank, and the receiving group
+  // all-gathers the parts: the bytes crossing stages drop by tp for the
+  // all-gather's inside the group. Activations and gradients alike; layouts
+  // and headers still describe the whole tensors, integer tensors go whole.
+  // A group of size 1 (the default) sends whole payloads. On the CPU only:
+  // on a device every payload goes whole (the gather would have to wait for
+  // the receive stream).
+  ModelParallelGroup split_payloads_over;
 };
 
 // Counters, for tests and the benchmark.
@@ -313,6 +327,18 @@ class P2P {
   // "global rank G (stage P)" with P2POptions::global_ranks, else "rank P".
   std::string PeerName(int peer) const;
   absl::Status PostSend(torch::Tensor tensor, int peer, int tag, const std::string& what);
+  // P2POptions::split_payloads_over: whether a tensor of `dtype` travels as
+  // parts; the shape a receive buffer of `meta` takes; this rank's part of a
+  // tensor to send; the whole put together from the group's received parts
+  // (`part` goes back to the pool).
+  bool SplitsPayload(c10::ScalarType dtype) const;
+  std::vector<int64_t> WireShape(const TensorMeta& meta) const;
+  torch::Tensor PartToSend(const torch::Tensor& tensor) const;
+  absl::StatusOr<torch::Tensor> Assemble(torch::Tensor part, const TensorMeta& meta,
+                                         const std::string& what);
+  // Sends the payload tensors of a message (whole or as parts) and counts
+  // their bytes.
+  absl::Status PostPayload(const Activations& tensors, int peer, int tag, const std::string& what);
   absl::Status RecvInto(torch::Tensor& tensor, int peer, int tag, const std::string& what);
   torch::Tensor TakeBuffer(c10::ScalarType dtype, const std::vector<int64_t>& shape);
   absl::Status ReapCompletedSends();

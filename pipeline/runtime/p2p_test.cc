@@ -9,7 +9,11 @@
 #include <gtest/gtest.h>
 
 #include "common/status_macros.h"
+#include "pipeline/runtime/model_parallel_group.h"
+#include "pipeline/tensor_parallel/planted_fault.h"
 #include "topology/device.h"
+#include "topology/parallel_grid.h"
+#include "topology/process_topology.h"
 #include "topology/thread_ranks.h"
 
 namespace pp {
@@ -498,6 +502,80 @@ TEST(P2PPostAheadTest, PostedReceivesKeepChannelOrderInEveryMode) {
       return p2p.WaitSends();
     });
     EXPECT_STATUS_OK(s);
+  }
+}
+
+// Megatron's scatter/gather (P2POptions::split_payloads_over): pp 2 x tp 2,
+// each model group's ranks holding equal tensors. Each rank sends half of a
+// float activation of 15 elements (8, the last part padded) and its int mask
+// whole; the receiving group gathers the whole activation back (requires
+// grad), and the gradients travel back the same way. In each activation
+// mode, with receives posted ahead and not, 2 messages per channel; with
+// the planted wrong part (each rank sends its neighbour's) the whole comes
+// back permuted.
+TEST(P2PSplitPayloadTest, ModelGroupsSendTheirPartsAndGatherTheWhole) {
+  namespace tp_internal = tensor_parallel::internal;
+  for (const bool planted : {false, true}) {
+    for (Mode mode : {Mode::kDynamic, Mode::kStatic}) {
+      for (const bool ahead : {false, true}) {
+        if (planted && (mode == Mode::kStatic || ahead)) continue;
+        SCOPED_TRACE(std::string(ModeName(mode)) + (ahead ? ", posted ahead" : "") +
+                     (planted ? ", planted wrong part" : ""));
+        const tp_internal::PlantedFault previous =
+            tp_internal::PlantFault(planted ? tp_internal::PlantedFault::kWrongPayloadPart
+                                            : tp_internal::PlantedFault::kNone);
+        absl::Status s =
+            RunOnThreadRanks(4, milliseconds(20000), [&](World& world) -> absl::Status {
+              PP_ASSIGN_OR_RETURN(ProcessTopology topology, PipeModelDataParallelTopology(2, 2, 1));
+              PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topology));
+              P2POptions options = OptionsFor(mode, milliseconds(20000));
+              options.split_payloads_over = ModelParallelGroupOf(grid, milliseconds(20000));
+              P2P p2p(grid.pipe_group(), options);
+              const torch::Tensor x = torch::arange(15, torch::kFloat).reshape({3, 5});
+              const torch::Tensor mask = torch::tensor({1, 0, 1}, torch::kLong);
+              const std::vector<TensorMeta> layout = {{torch::kFloat, {3, 5}, true},
+                                                      {torch::kLong, {3}, false}};
+              for (int i = 0; i < 2; ++i) {
+                const std::string m = "message " + std::to_string(i);
+                if (grid.stage_id() == 0) {
+                  if (ahead) PP_RETURN_IF_ERROR(p2p.PostRecvGrads(1, 0, 1, layout, "0RECV_B"));
+                  torch::Tensor sent = (x + i).requires_grad_(true);
+                  PP_RETURN_IF_ERROR(p2p.SendActivations(1, 0, 1, {sent, mask}, "0SEND_F"));
+                  if (planted) break;
+                  PP_ASSIGN_OR_RETURN(Activations g, p2p.RecvGrads(1, 0, 1, layout, "0RECV_B"));
+                  PP_RETURN_IF_ERROR(Check(
+                      g.size() == 1 && g[0].sizes() == x.sizes() && torch::equal(g[0], -x - i),
+                      m + ": the gradient, whole"));
+                } else {
+                  if (ahead) PP_RETURN_IF_ERROR(p2p.PostRecvActivations(0, 0, 1, "1RECV_F"));
+                  PP_ASSIGN_OR_RETURN(Activations got, p2p.RecvActivations(0, 0, 1, "1RECV_F"));
+                  PP_RETURN_IF_ERROR(
+                      Check(got.size() == 2 && got[0].requires_grad() && torch::equal(got[1], mask),
+                            m + ": layout"));
+                  if (planted) {
+                    PP_RETURN_IF_ERROR(Check(!torch::equal(got[0].detach(), x + i),
+                                             m + ": a wrong part went unnoticed"));
+                    break;
+                  }
+                  PP_RETURN_IF_ERROR(
+                      Check(torch::equal(got[0].detach(), x + i), m + ": the activation, whole"));
+                  PP_RETURN_IF_ERROR(p2p.SendGrads(0, 0, 1, {-x - i}, "1SEND_B"));
+                }
+              }
+              // 8 of 15 floats (the last part padded) and the mask's 3 longs
+              // per activation; 8 floats per gradient.
+              const int64_t want = planted                ? (grid.stage_id() == 0 ? 32 + 24 : 0)
+                                   : grid.stage_id() == 0 ? 2 * (32 + 24)
+                                                          : 2 * 32;
+              PP_RETURN_IF_ERROR(
+                  Check(p2p.stats().payload_bytes_sent == want,
+                        "payload bytes " + std::to_string(p2p.stats().payload_bytes_sent)));
+              return p2p.WaitSends();
+            });
+        tp_internal::PlantFault(previous);
+        EXPECT_STATUS_OK(s);
+      }
+    }
   }
 }
 

@@ -293,6 +293,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
     run_source = t->device_source_.get();
   }
   eo.p2p.global_ranks = grid->pipe_group_ranks();
+  const ModelParallelGroup& model_group = model->options().layer_environment.model_parallel;
+  if (options.p2p_scatter_gather && model_group.is_parallel() && !model_group.sequence_parallel) {
+    eo.p2p.split_payloads_over = model_group;
+  }
   eo.data_parallel_id = grid->data_parallel_id();
   eo.data_parallel_size = grid->data_parallel_size();
   t->defers_receives_ = eo.defer_receives;

@@ -90,8 +90,15 @@ struct TrainerOptions {
   //     (executor.defer_receives is ignored) and Create refuses a program
   //     whose transfers NCCL cannot pair (nccl_order.h).
   // Create sets what the grid decides: executor.data_parallel_id and
-  // executor.p2p.global_ranks.
+  // executor.p2p.global_ranks, and executor.p2p.split_payloads_over (below).
   StageExecutorOptions executor;
+  // Megatron's scatter_gather_tensors_in_pipeline: with tensor parallelism
+  // and without sequence parallelism, a stage's outputs and their gradients
+  // are whole on every rank of its model group, so each rank sends 1/tp of
+  // them and the receiving group all-gathers (P2POptions::
+  // split_payloads_over). Under sequence parallelism each rank's outputs are
+  // its own slice and go whole. Off: every rank sends the whole tensor.
+  bool p2p_scatter_gather = true;
   // kBf16: Megatron's recipe (mixed_precision.h). Create takes the model in
   // fp32 (as built or loaded), keeps an fp32 master copy of every parameter
   // for the optimizer and turns the model's parameters into bf16; floating

@@ -23,6 +23,9 @@ enum class PlantedFault {
   // CopyToReplicaGroup's backward keeps each rank's own part of the gradient
   // (a replicated kv head learns only from its own rank's query heads).
   kSkipReplicaGradientSum,
+  // p2p's scatter/gather between stages (P2POptions::split_payloads_over):
+  // each rank sends the next rank's part of a payload instead of its own.
+  kWrongPayloadPart,
 };
 
 // Process-wide; the previous fault is returned so a test can restore it.
