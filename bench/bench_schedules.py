@@ -84,7 +84,8 @@ def load_traced_steps(run_dir, metrics, first, count, chunks, ranks):
         trace = json.load(open(path))
         events = trace["traceEvents"] if isinstance(trace, dict) else trace
         step_s = next(s["step_s"] for s in metrics if s["step"] == k + 1)
-        traced.append((step_s, trace_costs([e for e in events if e.get("ph") == "X"], chunks,
+        traced.append((step_s, trace_costs([e for e in events if e.get("ph") == "X" and
+                                            e.get("pid", 0) == 0], chunks,
                                            ranks)))
     return traced
 

@@ -103,7 +103,7 @@ def trace_breakdown(run_dir):
     for path in files:
         trace = json.loads(path.read_text())
         events = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace)
-                  if e.get("ph") == "X"]
+                  if e.get("ph") == "X" and e.get("pid", 0) == 0]  # actions, not background
         for rank in sorted({e["tid"] for e in events}):
             mine = [e for e in events if e["tid"] == rank]
             sums = {g: 0.0 for g in ("compute", "send", "recv", "tail")}

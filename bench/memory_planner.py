@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """memory_planner: the byte planner's predicted peak per rank vs the measured one
 (issue 27), for every registered training schedule at pp = 2 and 4, with and
-without activation checkpointing; with --tp 2, at pp = 2 and tp = 2 with and
-without sequence parallelism (every rank of each model group).
+without activation checkpointing; with --tp 2, at tp = 2 and pp = 2 and 4
+(--tp_pp picks), with and without sequence parallelism (every rank of each
+model group).
 
     ./bazelw build //experiments:train_gpt && cp -L bazel-bin/experiments/train_gpt /tmp/tg
     bench/memory_planner.py --train_gpt /tmp/tg --commit $(git rev-parse --short HEAD) \\
@@ -68,8 +69,10 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True)
     parser.add_argument("--tp", type=int, default=1,
-                        help="tensor-parallel ranks: > 1 measures pp = 2 only, each "
-                             "configuration with and without sequence parallelism")
+                        help="tensor-parallel ranks: > 1 measures each configuration with and "
+                             "without sequence parallelism")
+    parser.add_argument("--tp_pp", default="2,4",
+                        help="with --tp > 1: the pipeline sizes to measure (comma-separated)")
     parser.add_argument("--state", choices=("idle", "loaded"), default="loaded",
                         help="machine.state of the record (memory does not depend on load)")
     args = parser.parse_args()
@@ -77,7 +80,9 @@ def main():
     rows = []
     command = None
     with tempfile.TemporaryDirectory() as out_dir:
-        layouts = [(pp, False) for pp in (2, 4)] if args.tp == 1 else [(2, False), (2, True)]
+        tp_pps = [int(p) for p in args.tp_pp.split(",")]
+        layouts = ([(pp, False) for pp in (2, 4)] if args.tp == 1 else
+                   [(pp, sp) for pp in tp_pps for sp in (False, True)])
         for pp, sp in layouts:
             for schedule, chunks in SCHEDULES:
                 for ckpt in (0, 1):
@@ -106,7 +111,7 @@ def main():
                                        if l.startswith("model name")), ""),
                     "state": args.state},
         "command": f"bench/memory_planner.py --train_gpt {args.train_gpt} --steps {args.steps} "
-                   f"--tp {args.tp} "
+                   f"--tp {args.tp} " + (f"--tp_pp {args.tp_pp} " if args.tp > 1 else "") +
                    f"(per configuration, e.g. {command})",
         "bench": "memory_planner",
         "figures": {"configurations": len(rows), "within_10_pct": within,

@@ -95,7 +95,8 @@ def check_logs(run, console, world):
         bad = [l for l in log if not (LINE.match(l) and LINE.match(l).group(1) == str(r))]
         check(not bad, "%s: lines without the rank prefix: %s" % (path, bad[:3]))
         check(any("stage=%d" % (r % 2) in l for l in log[:1]), "%s: stage label" % path)
-        actions = [e["name"] for e in trace if e.get("ph") == "X" and e.get("tid") == r]
+        actions = [e["name"] for e in trace
+                   if e.get("ph") == "X" and e.get("pid", 0) == 0 and e.get("tid") == r]
         check(len(actions) >= 8, "rank %d: only %d actions in trace.json" % (r, len(actions)))
         text = "\n".join(log)
         for name in actions:

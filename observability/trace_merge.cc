@@ -20,6 +20,7 @@ using nlohmann::json;
 
 // The action track sits on top of each rank's lane.
 constexpr int kActionTid = 0;
+constexpr int kBackgroundTid = 1;
 
 absl::StatusOr<json> ParseTrace(absl::string_view text, absl::string_view what) {
   json trace;
@@ -48,7 +49,10 @@ struct Span {
 
 // Everything known about one rank's lane.
 struct Lane {
-  std::vector<json> actions;    // on kActionTid, ts shifted, sorted by start
+  std::vector<json> actions;  // on kActionTid, ts shifted, sorted by start
+  // The action trace's background events (pid 1: a distributed optimizer's
+  // reduce-scatters), on kBackgroundTid, ts shifted.
+  std::vector<json> background;
   std::vector<json> operators;  // original tids, mapped when written
   std::map<uint64_t, int> thread_tids;
   Span action_span{std::numeric_limits<double>::max(), std::numeric_limits<double>::lowest()};
@@ -146,6 +150,10 @@ absl::Status AddActionTrace(absl::string_view action_trace, const TraceMergeOpti
     Lane& lane = lanes[e["tid"].get<int>()];
     json action = e;
     action["ts"] = e["ts"].get<double>() + options.action_time_offset_us;
+    if (e.value("pid", 0) != 0) {
+      lane.background.push_back(std::move(action));
+      continue;
+    }
     Extend(lane.action_span, action["ts"].get<double>(), End(action));
     lane.actions.push_back(std::move(action));
   }
@@ -170,7 +178,14 @@ absl::Status WriteLane(int rank, Lane& lane, const TraceMergeOptions& options, j
   out.push_back(Metadata("process_sort_index", rank, -1, {{"sort_index", rank}}));
   out.push_back(Metadata("thread_name", rank, kActionTid, {{"name", "pipe actions"}}));
   out.push_back(Metadata("thread_sort_index", rank, kActionTid, {{"sort_index", kActionTid}}));
-  int next_tid = kActionTid + 1;
+  if (!lane.background.empty()) {
+    out.push_back(
+        Metadata("thread_name", rank, kBackgroundTid, {{"name", "background collectives"}}));
+    out.push_back(
+        Metadata("thread_sort_index", rank, kBackgroundTid, {{"sort_index", kBackgroundTid}}));
+  }
+  // Operators' tracks follow (their first is kBackgroundTid without one).
+  int next_tid = lane.background.empty() ? kActionTid + 1 : kBackgroundTid + 1;
   for (auto& [thread, tid] : lane.thread_tids) {
     tid = next_tid++;
     out.push_back(Metadata("thread_name", rank, tid,
@@ -189,6 +204,11 @@ absl::Status WriteLane(int rank, Lane& lane, const TraceMergeOptions& options, j
     action["pid"] = rank;
     action["tid"] = kActionTid;
     out.push_back(action);
+  }
+  for (json& event : lane.background) {
+    event["pid"] = rank;
+    event["tid"] = kBackgroundTid;
+    out.push_back(std::move(event));
   }
   for (json& op : lane.operators) {
     op["pid"] = rank;

@@ -164,6 +164,31 @@ TEST(TraceMergeTest, RanksAreLanesWithActionsAboveTheirOperators) {
   EXPECT_EQ((*Find(m, 1, "aten::relu"))["pid"], 1);
 }
 
+// A distributed optimizer's background reduce-scatter (pid 1 of the action
+// trace, tid = rank) gets a track of its own under the rank's actions; the
+// operators' tracks follow it.
+TEST(TraceMergeTest, BackgroundCollectivesHaveTheirOwnTrack) {
+  json actions = json::parse(PipeActionTrace({{0, "0F0", 0, 100}, {0, "0B0", 100, 300}}, 0));
+  actions["traceEvents"].push_back({{"name", "gradient reduce-scatter, stage 0 bucket 0"},
+                                    {"cat", "background"},
+                                    {"ph", "X"},
+                                    {"pid", 1},
+                                    {"tid", 0},
+                                    {"ts", 150},
+                                    {"dur", 400}});
+  auto merged = MergeTraces({OperatorTrace(0, {{"aten::mm", 7, 10, 50}})}, actions.dump());
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  const Merged m = Parse(*merged);
+  EXPECT_EQ(m.thread_names.at({0, 0}), "pipe actions");
+  EXPECT_EQ(m.thread_names.at({0, 1}), "background collectives");
+  EXPECT_EQ(m.thread_names.at({0, 2}), "operators (LibTorch thread 7)");
+  const json* window = Find(m, 0, "gradient reduce-scatter, stage 0 bucket 0");
+  ASSERT_NE(window, nullptr);
+  EXPECT_EQ((*window)["tid"], 1);
+  EXPECT_EQ((*Find(m, 0, "aten::mm"))["args"]["pipe_action"], "0F0");
+  EXPECT_EQ(m.process_names.size(), 1u);  // no lane of its own
+}
+
 TEST(TraceMergeTest, OperatorsOnlyAndActionsOnly) {
   auto ops_only = MergeTraces({OperatorTrace(2, {{"aten::mm", 1, 10, 5}})}, "");
   ASSERT_TRUE(ops_only.ok()) << ops_only.status();

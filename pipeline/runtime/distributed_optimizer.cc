@@ -1,6 +1,8 @@
 #include "pipeline/runtime/distributed_optimizer.h"
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -259,8 +261,38 @@ absl::Status DistributedOptimizer::StageDone(int stage) {
   return absl::OkStatus();
 }
 
+namespace {
+
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Raises `latest` to now when `work` completes, from the backend's thread;
+// false if the backend has no futures.
+bool RecordCompletion(const WorkPtr& work, const std::shared_ptr<std::atomic<int64_t>>& latest) {
+  try {
+    work->getFuture()->addCallback([latest](c10::ivalue::Future&) {
+      const int64_t now = NowUs();
+      int64_t seen = latest->load();
+      while (seen < now && !latest->compare_exchange_weak(seen, now)) {
+      }
+    });
+    return true;
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
 absl::Status DistributedOptimizer::StartBucket(Bucket& b) {
   b.started = true;
+  b.start_us = NowUs();
+  b.end_us = -1;
+  b.completion_us = std::make_shared<std::atomic<int64_t>>(-1);
+  b.end_at_wait = false;
   torch::NoGradGuard no_grad;
   PP_RETURN_IF_ERROR(TorchCall("flattening a gradient bucket", [&] {
     b.flat = torch::zeros({b.padded}, b.master.options().requires_grad(false));
@@ -301,6 +333,9 @@ absl::Status DistributedOptimizer::StartBucket(Bucket& b) {
     return absl::InternalError(absl::StrCat(what, " on ", group_description_,
                                             " failed to start: ", e.what_without_backtrace()));
   }
+  for (const WorkPtr& work : b.works) {
+    if (!RecordCompletion(work, b.completion_us)) b.end_at_wait = true;
+  }
   return absl::OkStatus();
 }
 
@@ -309,9 +344,31 @@ absl::Status DistributedOptimizer::WaitBucket(Bucket& b) {
     PP_RETURN_IF_ERROR(WaitWork(work, absl::StrCat("gradient reduce-scatter (", method_name_, ")"),
                                 group_description_, options_.timeout));
   }
+  const bool waited = !b.works.empty();
   b.works.clear();
   b.input = torch::Tensor();
+  if (waited) {
+    // A callback still running when wait() returns has not stored its time.
+    const int64_t completed = b.completion_us->load();
+    if (b.end_at_wait || completed < 0) {
+      b.end_us = NowUs();
+      b.end_at_wait = true;
+    } else {
+      b.end_us = completed;
+    }
+  }
   return absl::OkStatus();
+}
+
+std::vector<DistributedOptimizer::ReductionWindow> DistributedOptimizer::ReductionWindows() const {
+  std::vector<ReductionWindow> windows;
+  std::map<int, int> index_in_group;
+  for (const Bucket& b : buckets_) {
+    const int index = index_in_group[b.group]++;
+    if (!b.started || b.end_us < 0) continue;
+    windows.push_back({b.group, index, b.start_us, b.end_us, b.end_at_wait});
+  }
+  return windows;
 }
 
 absl::Status DistributedOptimizer::FinishReduceScatter() {

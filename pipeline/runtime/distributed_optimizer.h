@@ -43,6 +43,7 @@
 #ifndef PIPELINE_RUNTIME_DISTRIBUTED_OPTIMIZER_H_
 #define PIPELINE_RUNTIME_DISTRIBUTED_OPTIMIZER_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -189,6 +190,22 @@ class DistributedOptimizer {
   int started_buckets() const;
   // "reduce_scatter", "reduce per owner" or "all-reduce, own slice kept".
   const std::string& reduce_scatter_method() const { return method_name_; }
+
+  // When a bucket's gradient reduction ran this step, in steady_clock
+  // microseconds (ActionTiming's clock): from posting its collectives to
+  // the last one's completion as the backend's thread reports it (c10d's
+  // Work future), so an early reduction's window shows how much of it
+  // overlapped the rank's remaining compute; a backend without futures
+  // reports the end of the wait for it instead (`end_at_wait`). `bucket`
+  // counts within its group. Valid after FinishReduceScatter; empty at dp 1.
+  struct ReductionWindow {
+    int group = 0;
+    int bucket = 0;
+    int64_t start_us = 0;
+    int64_t end_us = 0;
+    bool end_at_wait = false;
+  };
+  std::vector<ReductionWindow> ReductionWindows() const;
   torch::optim::Optimizer& shard_optimizer() { return *optimizer_; }
 
  private:
@@ -206,6 +223,12 @@ class DistributedOptimizer {
     torch::Tensor flat;   // in flight: the flattened gradients (or the slice they reduce into)
     torch::Tensor input;  // in flight: kept alive until the reduction is waited for
     std::vector<WorkPtr> works;
+    // This step's reduction window (ReductionWindow); completion_us is -1
+    // until the backend reports the last completion, written from its thread.
+    int64_t start_us = -1;
+    std::shared_ptr<std::atomic<int64_t>> completion_us;
+    int64_t end_us = -1;
+    bool end_at_wait = false;
     // fp32 training: the parameters are views of one buffer and `master`
     // is this rank's part of it (no copy).
     bool in_place = false;

@@ -621,11 +621,35 @@ absl::StatusOr<double> Trainer::Evaluate(MicroBatchSource* source, int64_t step)
   return ReduceLoss(*stats);
 }
 
+namespace {
+
+// Trace table rows that are reduction windows, not actions (no ActionType
+// is negative): ended as the backend reported, or at the wait for it.
+constexpr int64_t kReductionWindowRow = -1;
+constexpr int64_t kReductionWindowEndedAtWaitRow = -2;
+
+// "gradient reduce-scatter, stage 1 bucket 0" (the vocabulary's shards are a
+// group of their own: kVocabularyStage), "(end: the wait)" when the backend
+// reported no completion time.
+std::string ReductionWindowName(int stage, int64_t bucket, bool ended_at_wait) {
+  return absl::StrCat(
+      "gradient reduce-scatter, ",
+      stage == kVocabularyStage ? std::string("vocabulary") : absl::StrCat("stage ", stage),
+      " bucket ", bucket, ended_at_wait ? " (end: the wait)" : "");
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> Trainer::LastStepTrace() {
-  // Encode (stage, type, mb, start, end) per action; all-gather the counts,
-  // then the padded event tables.
+  // Encode (stage, type, mb, start, end) per action, and per reduction
+  // window of the distributed optimizer (stage, kReductionWindowRow, bucket,
+  // start, end); all-gather the counts, then the padded event tables.
   const int world = grid_->world_size();
-  const int64_t n = static_cast<int64_t>(last_timings_.size());
+  std::vector<DistributedOptimizer::ReductionWindow> windows;
+  if (dist_) windows = dist_->ReductionWindows();
+  std::map<int, int> stage_of_group;
+  for (const auto& [stage, group] : dist_group_of_stage_) stage_of_group[group] = stage;
+  const int64_t n = static_cast<int64_t>(last_timings_.size() + windows.size());
   std::vector<std::vector<at::Tensor>> counts(1);
   const auto on_device = torch::dtype(torch::kLong).device(device());
   for (int r = 0; r < world; ++r) counts[0].push_back(torch::empty({1}, on_device));
@@ -637,13 +661,21 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
   int64_t max_n = 1;
   for (int r = 0; r < world; ++r) max_n = std::max(max_n, counts[0][r].item<int64_t>());
   torch::Tensor table = torch::zeros({max_n, 5}, torch::kLong);
-  for (int64_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < last_timings_.size(); ++i) {
     const ActionTiming& t = last_timings_[i];
     table[i][0] = t.action.stage;
     table[i][1] = static_cast<int64_t>(t.action.type);
     table[i][2] = t.action.microbatch;
     table[i][3] = t.start_us;
     table[i][4] = t.end_us;
+  }
+  for (size_t k = 0; k < windows.size(); ++k) {
+    const int64_t i = static_cast<int64_t>(last_timings_.size() + k);
+    table[i][0] = stage_of_group.at(windows[k].group);
+    table[i][1] = windows[k].end_at_wait ? kReductionWindowEndedAtWaitRow : kReductionWindowRow;
+    table[i][2] = windows[k].bucket;
+    table[i][3] = windows[k].start_us;
+    table[i][4] = windows[k].end_us;
   }
   std::vector<std::vector<at::Tensor>> tables(1);
   for (int r = 0; r < world; ++r) tables[0].push_back(torch::empty({max_n, 5}, on_device));
@@ -661,10 +693,20 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
     const int64_t cnt = counts[0][r].item<int64_t>();
     auto acc = tables[0][r].accessor<int64_t, 2>();
     for (int64_t i = 0; i < cnt; ++i) {
+      const double start = static_cast<double>(acc[i][3] - t0);
+      const double end = static_cast<double>(acc[i][4] - t0);
+      if (acc[i][1] == kReductionWindowRow || acc[i][1] == kReductionWindowEndedAtWaitRow) {
+        TraceEvent e{r,
+                     ReductionWindowName(static_cast<int>(acc[i][0]), acc[i][2],
+                                         acc[i][1] == kReductionWindowEndedAtWaitRow),
+                     start, end};
+        e.background = true;
+        events.push_back(std::move(e));
+        continue;
+      }
       Action a{static_cast<int>(acc[i][0]), static_cast<ActionType>(acc[i][1]),
                static_cast<int>(acc[i][2])};
-      events.push_back(TraceEvent{r, ActionToString(a), static_cast<double>(acc[i][3] - t0),
-                                  static_cast<double>(acc[i][4] - t0)});
+      events.push_back(TraceEvent{r, ActionToString(a), start, end});
     }
   }
   ChromeTraceOptions options;

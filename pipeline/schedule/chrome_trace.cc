@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <set>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -17,28 +18,41 @@ std::string ChromeTraceJson(const std::vector<TraceEvent>& events,
                           {"ph", "M"},
                           {"pid", 0},
                           {"args", {{"name", options.process_name}}}});
-  std::set<int> ranks;
-  for (const TraceEvent& e : events) ranks.insert(e.rank);
-  for (int rank : ranks) {
+  std::set<std::pair<int, int>> tracks;  // (pid, rank)
+  bool any_background = false;
+  for (const TraceEvent& e : events) {
+    tracks.insert({e.background ? 1 : 0, e.rank});
+    any_background |= e.background;
+  }
+  if (any_background) {
+    trace_events.push_back({{"name", "process_name"},
+                            {"ph", "M"},
+                            {"pid", 1},
+                            {"args", {{"name", "background collectives"}}}});
+  }
+  for (const auto& [pid, rank] : tracks) {
     trace_events.push_back({{"name", "thread_name"},
                             {"ph", "M"},
-                            {"pid", 0},
+                            {"pid", pid},
                             {"tid", rank},
                             {"args", {{"name", absl::StrCat("rank ", rank)}}}});
     trace_events.push_back({{"name", "thread_sort_index"},
                             {"ph", "M"},
-                            {"pid", 0},
+                            {"pid", pid},
                             {"tid", rank},
                             {"args", {{"sort_index", rank}}}});
   }
   for (const TraceEvent& e : events) {
-    absl::StatusOr<Action> action = ParseAction(e.name);
-    std::string category = action.ok() ? std::string(ActionTypeName(action->type)) : "other";
+    absl::StatusOr<Action> action =
+        e.background ? absl::StatusOr<Action>(absl::NotFoundError("")) : ParseAction(e.name);
+    std::string category = e.background  ? "background"
+                           : action.ok() ? std::string(ActionTypeName(action->type))
+                                         : "other";
     nlohmann::json event = {
         {"name", e.name},
         {"cat", category},
         {"ph", "X"},
-        {"pid", 0},
+        {"pid", e.background ? 1 : 0},
         {"tid", e.rank},
         {"ts", e.start * options.microseconds_per_unit},
         {"dur", (e.end - e.start) * options.microseconds_per_unit},

@@ -22,6 +22,11 @@ struct TraceEvent {
   // The OVERLAP_F_B ("(0F3;3B1)OVERLAP_F_B") this action is a half of, if
   // any: Chrome traces show it in the event's args, SVGs outline the pair.
   std::string overlap;
+  // Not an action of the rank's thread but work its communication backend
+  // ran in the background (a distributed optimizer's early reduce-scatter):
+  // shown in a process of its own, "background collectives", one track per
+  // rank (pid 1; the actions are pid 0), category "background".
+  bool background = false;
 };
 
 struct ChromeTraceOptions {
@@ -33,8 +38,9 @@ struct ChromeTraceOptions {
 };
 
 // A JSON object {"traceEvents": [...], "displayTimeUnit": "ms"} with one
-// complete ("X") event per TraceEvent (tid = rank, cat = the action type when
-// the name parses as an action, else "other") and thread names "rank N".
+// complete ("X") event per TraceEvent (pid 0, tid = rank, cat = the action
+// type when the name parses as an action, else "other"; background events in
+// pid 1) and thread names "rank N".
 std::string ChromeTraceJson(const std::vector<TraceEvent>& events,
                             const ChromeTraceOptions& options = {});
 

@@ -2,7 +2,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -40,6 +42,26 @@ TEST(ChromeTraceTest, OneCompleteEventPerActionWithRankThreads) {
   }
   EXPECT_EQ(complete, 4);
   EXPECT_EQ(thread_names, 2);
+}
+
+// Background work (an early reduce-scatter) goes to process 1, "background
+// collectives", one thread per rank; the actions stay in process 0.
+TEST(ChromeTraceTest, BackgroundEventsHaveAProcessOfTheirOwn) {
+  TraceEvent window{1, "gradient reduce-scatter, stage 1 bucket 0", 0.5, 3};
+  window.background = true;
+  nlohmann::json trace =
+      nlohmann::json::parse(ChromeTraceJson({{1, "1B0", 0, 1}, window}, ChromeTraceOptions{}));
+  std::map<int, std::string> process_names;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["name"] == "process_name") process_names[e["pid"]] = e["args"]["name"];
+    if (e["ph"] != "X") continue;
+    const bool background = e["name"] == window.name;
+    EXPECT_EQ(e["pid"], background ? 1 : 0) << e;
+    EXPECT_EQ(e["tid"], 1) << e;
+    EXPECT_EQ(e["cat"], background ? "background" : "B") << e;
+  }
+  EXPECT_EQ(process_names.at(1), "background collectives");
+  EXPECT_EQ(process_names.size(), 2u);
 }
 
 TEST(ChromeTraceTest, WritesAFileAndReportsUnwritablePaths) {
