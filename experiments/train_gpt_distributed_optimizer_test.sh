@@ -7,9 +7,10 @@
 #     slice instead of per parameter, so clipping's factor may differ in the
 #     last bits; the runtime's equivalence suite proves the maths schedule by
 #     schedule);
-#   - its checkpoints are the unsharded files: resumed with it, steps 9-12
-#     equal the straight run's bit for bit; resumed at dp 1 without it,
-#     within 1e-5;
+#   - its checkpoints hold the weights whole and each data rank's own part
+#     of the optimizer state: resumed with it, steps 9-12 equal the straight
+#     run's bit for bit; resumed at dp 1 without it (the parts put
+#     together), within 1e-5;
 #   - the stage-0 rank's measured step peak is below the run's without it;
 #   - schedule auto (measured, synthesised, switched) keeps the losses;
 #   - a bucket size of 0 is refused before any worker starts.
@@ -50,8 +51,15 @@ close_losses "$(losses whole)" "$(losses auto)" "schedule auto with the distribu
   fail "schedule auto's losses differ"
 
 CKPT=$TMP/runs/checkpoints/sharded/step_00000008
-[[ -f $CKPT/layer_01-model_states.pt && -f $CKPT/layer_01-optim_states.pt ]] ||
-  fail "no unsharded layer_01 files in $(ls "$CKPT" | tr '\n' ' ')"
+# The weights whole, the optimizer state in each data rank's own parts
+# (nothing of it unsharded): every data rank wrote some.
+[[ -f $CKPT/layer_01-model_states.pt && ! -e $CKPT/layer_01-optim_states.pt ]] ||
+  fail "layer_01's files are not whole weights and per-rank optimizer parts: $(ls "$CKPT" | tr '\n' ' ')"
+for d in 00 01; do
+  ls "$CKPT"/*-data_$d-optim_states.pt > /dev/null 2>&1 ||
+    fail "data rank $d wrote no optimizer part: $(ls "$CKPT" | tr '\n' ' ')"
+done
+grep -q 'sliced: true' "$CKPT/manifest.textproto" || fail "the manifest records no slices"
 run resumed --dp=2 --microbatches=4 --distributed_optimizer=true --resume="$CKPT"
 grep -q 'resumed at step 8' "$LOG" || fail "did not resume at step 8"
 want=$(losses sharded | awk '$1 > 8')

@@ -20,6 +20,8 @@
 #include <torch/optim/sgd.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <glog/logging.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -194,6 +196,10 @@ struct FileJob {
   int64_t layer = -1;
   std::string tie_key;
   TensorDict tensors;
+  // A data-parallel rank's own part of the optimizer state: written by every
+  // data rank (not spread), each entry a slice: entry -> (offset, whole shape).
+  bool data_slice = false;
+  std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> slices;
 };
 
 // The model and optimizer files of this rank's stage (all data-parallel ranks
@@ -229,6 +235,26 @@ absl::StatusOr<std::map<std::string, FileJob>> PlanStageFiles(const SaveRequest&
       ojob.tie_key = loc.tie_key;
       for (auto& [suffix, t] : state)
         ojob.tensors.emplace_back(absl::StrCat(loc.local, ".", suffix), t);
+    }
+    auto slice = request.optimizer_slices.find(name);
+    if (request.slices_optimizer != nullptr && slice != request.optimizer_slices.end() &&
+        slice->second.value.defined()) {
+      PP_ASSIGN_OR_RETURN(TensorDict state, OptimizerStateTensors(*request.slices_optimizer,
+                                                                  slice->second.value, name));
+      if (state.empty()) continue;
+      FileJob& sjob = jobs[DataSliceFileName(optim_file, rank.data_rank)];
+      sjob.kind = kOptimKind;
+      sjob.layer = loc.layer;
+      sjob.tie_key = loc.tie_key;
+      sjob.data_slice = true;
+      for (auto& [suffix, t] : state) {
+        const std::string entry = absl::StrCat(loc.local, ".", suffix);
+        // The step is a scalar every part holds; the rest are slices.
+        if (t.dim() == 1 && t.numel() == slice->second.value.numel()) {
+          sjob.slices[entry] = {slice->second.offset, tensor.sizes().vec()};
+        }
+        sjob.tensors.emplace_back(entry, t);
+      }
     }
   }
   return jobs;
@@ -269,10 +295,18 @@ absl::StatusOr<std::vector<FileInfo>> WriteMyFiles(const SaveRequest& request,
   std::vector<FileInfo> written;
   int index = 0;
   for (const auto& [file, job] : jobs) {
-    // Spread the stage's files over its data-parallel ranks.
-    if (index++ % rank.data_size != rank.data_rank) continue;
+    // Spread the stage's files over its data-parallel ranks; each writes its
+    // own parts of a distributed optimizer's state.
+    if (!job.data_slice && index++ % rank.data_size != rank.data_rank) continue;
     PP_ASSIGN_OR_RETURN(FileInfo info, WriteTensorFile(tmp, file, job.tensors, /*sync=*/false));
     RecordShards(*request.model, job, info);
+    for (checkpoint::TensorInfo& t : *info.mutable_tensors()) {
+      auto slice = job.slices.find(t.name());
+      if (slice == job.slices.end()) continue;
+      t.set_sliced(true);
+      t.set_slice_offset(slice->second.first);
+      for (int64_t d : slice->second.second) t.add_slice_of(d);
+    }
     info.set_kind(job.kind);
     info.set_layer(static_cast<int32_t>(job.layer));
     info.set_tie_key(job.tie_key);
@@ -340,6 +374,13 @@ absl::StatusOr<TensorLocation> LocateTensor(const std::string& name) {
 std::string LayerFileName(int64_t layer, int model_rank, int model_size, const std::string& kind) {
   return absl::StrFormat("layer_%02d%s-%s_states.pt", layer, ModelSuffix(model_rank, model_size),
                          kind);
+}
+
+std::string DataSliceFileName(const std::string& optim_file, int data_rank) {
+  const std::string tail = absl::StrCat("-", kOptimKind, "_states.pt");
+  CHECK(absl::EndsWith(optim_file, tail)) << optim_file << " is not an optimizer file";
+  return absl::StrFormat("%s-data_%02d%s", optim_file.substr(0, optim_file.size() - tail.size()),
+                         data_rank, tail);
 }
 
 std::string TiedFileName(const std::string& key, int model_rank, int model_size,
@@ -529,8 +570,13 @@ absl::StatusOr<at::Tensor> FitAlong(const at::Tensor& whole, int64_t dim, int64_
 class PlannedFiles {
  public:
   PlannedFiles(const LoadPlan& plan, const FilesByPath& by_path, const ModelState& model,
-               const CheckpointRank& rank, int from)
-      : plan_(plan), by_path_(by_path), model_(model), rank_(rank), from_(std::max(1, from)) {
+               const CheckpointRank& rank, int from, int data_from)
+      : plan_(plan),
+        by_path_(by_path),
+        model_(model),
+        rank_(rank),
+        from_(std::max(1, from)),
+        data_from_(std::max(1, data_from)) {
     for (const auto& [name, t] : model.tensors) live_[name] = t;
   }
 
@@ -539,11 +585,9 @@ class PlannedFiles {
   // Null when the checkpoint has no such file (none of its sources).
   absl::StatusOr<std::optional<TensorDict>> Read(const std::string& file, LoadReport& report) {
     if (!resharding()) {
-      auto it = by_path_.find(file);
-      if (it == by_path_.end()) return std::optional<TensorDict>();
-      PP_ASSIGN_OR_RETURN(TensorDict d, ReadTensorFile(report.dir, *it->second));
-      report.bytes_read += it->second->size_bytes();
-      return std::optional<TensorDict>(std::move(d));
+      PP_ASSIGN_OR_RETURN(std::optional<FileRead> read, ReadFile(file, report));
+      if (!read.has_value()) return std::optional<TensorDict>();
+      return std::optional<TensorDict>(std::move(read->tensors));
     }
     const FileSource& src = plan_.source_of_file.at(file);
     std::vector<std::map<std::string, at::Tensor>> parts;
@@ -552,20 +596,18 @@ class PlannedFiles {
     for (int m = 0; m < from_; ++m) {
       const std::string name = src.tie_key.empty() ? LayerFileName(src.layer, m, from_, src.kind)
                                                    : TiedFileName(src.tie_key, m, from_, src.kind);
-      auto it = by_path_.find(name);
-      if (it == by_path_.end()) {
+      PP_ASSIGN_OR_RETURN(std::optional<FileRead> read, ReadFile(name, report));
+      if (!read.has_value()) {
         if (m == 0) return std::optional<TensorDict>();
         return absl::NotFoundError(absl::StrCat("checkpoint ", report.dir, " has ", first_name,
                                                 " but not ", name, " (tensor-parallel rank ", m,
                                                 " of ", from_, ")"));
       }
-      PP_ASSIGN_OR_RETURN(TensorDict d, ReadTensorFile(report.dir, *it->second));
-      report.bytes_read += it->second->size_bytes();
       if (m == 0) {
-        first = it->second;
+        first = read->info;
         first_name = name;
       }
-      parts.emplace_back(d.begin(), d.end());
+      parts.emplace_back(read->tensors.begin(), read->tensors.end());
     }
     std::map<std::string, tensor_parallel::ShardSpec> saved;
     for (const checkpoint::TensorInfo& t : first->tensors()) {
@@ -624,11 +666,87 @@ class PlannedFiles {
   }
 
  private:
+  struct FileRead {
+    TensorDict tensors;
+    const FileInfo* info;  // the (first part's) manifest entry: its shard specs
+  };
+
+  // `name` as written, or put together from the data-parallel ranks' parts
+  // of it (SaveRequest::optimizer_slices); null if the checkpoint has
+  // neither.
+  absl::StatusOr<std::optional<FileRead>> ReadFile(const std::string& name, LoadReport& report) {
+    auto it = by_path_.find(name);
+    if (it != by_path_.end()) {
+      PP_ASSIGN_OR_RETURN(TensorDict d, ReadTensorFile(report.dir, *it->second));
+      report.bytes_read += it->second->size_bytes();
+      return std::optional<FileRead>(FileRead{std::move(d), it->second});
+    }
+    if (!absl::EndsWith(name, absl::StrCat("-", kOptimKind, "_states.pt"))) {
+      return std::optional<FileRead>();
+    }
+    std::map<std::string, at::Tensor> whole;
+    std::map<std::string, int64_t> covered;
+    std::map<std::string, std::vector<int64_t>> shapes;
+    std::vector<std::string> read_files;
+    const FileInfo* first = nullptr;
+    for (int d = 0; d < data_from_; ++d) {
+      const std::string part = DataSliceFileName(name, d);
+      auto p = by_path_.find(part);
+      if (p == by_path_.end()) continue;  // that rank owns nothing of this layer
+      PP_ASSIGN_OR_RETURN(TensorDict tensors, ReadTensorFile(report.dir, *p->second));
+      report.bytes_read += p->second->size_bytes();
+      read_files.push_back(part);
+      if (first == nullptr) first = p->second;
+      std::map<std::string, const checkpoint::TensorInfo*> infos;
+      for (const checkpoint::TensorInfo& t : p->second->tensors()) infos[t.name()] = &t;
+      for (auto& [key, t] : tensors) {
+        auto info = infos.find(key);
+        if (info == infos.end() || !info->second->sliced()) {
+          whole.emplace(key, t);  // the step, the same in every part
+          continue;
+        }
+        const checkpoint::TensorInfo& ti = *info->second;
+        const std::vector<int64_t> shape(ti.slice_of().begin(), ti.slice_of().end());
+        int64_t numel = 1;
+        for (int64_t n : shape) numel *= n;
+        at::Tensor& out = whole[key];
+        if (!out.defined()) {
+          out = at::zeros({numel}, t.options());
+          shapes[key] = shape;
+        }
+        if (t.dim() != 1 || ti.slice_offset() < 0 || ti.slice_offset() + t.numel() > numel ||
+            shapes[key] != shape) {
+          return absl::DataLossError(absl::StrCat(
+              "checkpoint ", report.dir, ": ", part, "'s '", key, "' (", t.numel(),
+              " elements from ", ti.slice_offset(), ") is not a part of a tensor of ", numel));
+        }
+        out.narrow(0, ti.slice_offset(), t.numel()).copy_(t);
+        covered[key] += t.numel();
+      }
+    }
+    if (first == nullptr) return std::optional<FileRead>();
+    TensorDict assembled;
+    for (auto& [key, t] : whole) {
+      if (auto s = shapes.find(key); s != shapes.end()) {
+        if (covered[key] != t.numel()) {
+          return absl::DataLossError(
+              absl::StrCat("checkpoint ", report.dir, ": the data-parallel parts of '", key,
+                           "' in ", absl::StrJoin(read_files, ", "), " hold ", covered[key],
+                           " of its ", t.numel(), " elements (a part missing?)"));
+        }
+        t = t.view(s->second);
+      }
+      assembled.emplace_back(key, t);
+    }
+    return std::optional<FileRead>(FileRead{std::move(assembled), first});
+  }
+
   const LoadPlan& plan_;
   const FilesByPath& by_path_;
   const ModelState& model_;
   const CheckpointRank& rank_;
   const int from_;
+  const int data_from_;
   std::map<std::string, at::Tensor> live_;
 };
 
@@ -774,7 +892,8 @@ absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, ModelState& m
   PP_ASSIGN_OR_RETURN(const LoadPlan plan, PlanLoad(model, optimizer, rank, options));
 
   torch::NoGradGuard no_grad;
-  PlannedFiles files(plan, by_path, model, rank, report.manifest.topology().model());
+  PlannedFiles files(plan, by_path, model, rank, report.manifest.topology().model(),
+                     report.manifest.topology().data());
   PP_RETURN_IF_ERROR(LoadModelTensors(plan, files, options, report));
   PP_RETURN_IF_ERROR(LoadOptimizerStates(plan, files, optimizer, report));
   if (options.strict && has_optim_files && !report.optimizer_missing.empty()) {

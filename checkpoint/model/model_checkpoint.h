@@ -116,6 +116,10 @@ absl::Status SetOptimizerStateTensors(torch::optim::Optimizer& optimizer, const 
 
 // File name of a layer's or tie key's model ("model") or optimizer ("optim") states.
 std::string LayerFileName(int64_t layer, int model_rank, int model_size, const std::string& kind);
+// Data-parallel rank `data_rank`'s part of an optimizer file
+// ("layer_03-model_01-optim_states.pt" -> "layer_03-model_01-data_02-optim_states.pt";
+// SaveRequest::optimizer_slices).
+std::string DataSliceFileName(const std::string& optim_file, int data_rank);
 std::string TiedFileName(const std::string& key, int model_rank, int model_size,
                          const std::string& kind);
 std::string RankStateFileName(int stage, int data_rank, int model_rank);
@@ -130,6 +134,22 @@ struct SaveRequest {
   // Optional. Its parameters must be tensors of `model` (matched by identity);
   // Adam, AdamW and SGD state is saved.
   const torch::optim::Optimizer* optimizer = nullptr;
+  // Optional, instead of `optimizer`: a distributed optimizer's state, of
+  // which each data-parallel rank writes its own part (Megatron's sharded
+  // optimizer checkpoint). Per tensor name of `model`: the range of its
+  // flattened elements this rank owns, from `offset`, and `value` (1-D), a
+  // parameter of `slices_optimizer`, which holds that part's state. Every
+  // data-parallel rank writes a file per layer of its stage
+  // (DataSliceFileName; none where it owns nothing of the layer), its
+  // entries recorded as slices; a load puts every data rank's parts
+  // together, so the checkpoint loads at any dp, with or without the
+  // distributed optimizer.
+  struct OptimizerSlice {
+    int64_t offset = 0;
+    at::Tensor value;
+  };
+  std::map<std::string, OptimizerSlice> optimizer_slices;
+  const torch::optim::Optimizer* slices_optimizer = nullptr;
   // Step, LR schedule position, data position, seed (rank 0's is written).
   checkpoint::TrainerInfo trainer;
   // Per-rank tensors needed to continue exactly (RNG states, loader state):

@@ -13,8 +13,10 @@
 #include <set>
 #include <string>
 
+#include <google/protobuf/text_format.h>
 #include <torch/torch.h>
 
+#include "common/torch_compat.h"
 #include "gtest/gtest.h"
 #include "topology/device.h"
 #include "topology/rendezvous.h"
@@ -133,7 +135,12 @@ class ReshardTest : public ::testing::Test {
 
   // Saves at pipe=2 x data=2 from 4 thread ranks; stage 0 holds layers 0-2
   // and the tie, stage 1 layers 3-5 and the tie.
-  std::vector<absl::Status> SaveFromThreads(int64_t step, int failing_rank = -1) {
+  // `slices`: as a distributed optimizer saves, each data-parallel rank
+  // writes its own part of the optimizer state (SaveRequest::
+  // optimizer_slices): data rank 0 the first half of every parameter's
+  // flattened elements (rounded up), rank 1 the rest.
+  std::vector<absl::Status> SaveFromThreads(int64_t step, int failing_rank = -1,
+                                            bool slices = false) {
     auto port = PickFreePort();
     EXPECT_TRUE(port.ok());
     RendezvousOptions options;
@@ -155,6 +162,34 @@ class ReshardTest : public ::testing::Test {
       request.step = step;
       request.model = &mine;
       request.optimizer = optimizer_.get();
+      std::vector<at::Tensor> parts;
+      std::vector<std::pair<at::Tensor, at::Tensor>> part_of;  // (part, whole param)
+      if (slices) {
+        request.optimizer = nullptr;
+        for (const auto& [name, param] : mine.tensors) {
+          const int64_t n = param.numel(), half = (n + 1) / 2;
+          const int64_t offset = rank.data_rank == 0 ? 0 : half;
+          const int64_t len = rank.data_rank == 0 ? half : n - half;
+          if (len == 0) continue;
+          at::Tensor part = param.detach().reshape({-1}).narrow(0, offset, len).clone();
+          request.optimizer_slices[name] = {offset, part};
+          parts.push_back(part);
+          part_of.push_back({part, param});
+        }
+      }
+      torch::optim::AdamW slices_optimizer(parts, torch::optim::AdamWOptions(1e-2));
+      for (const auto& [part, param] : part_of) {
+        auto found = optimizer_->state().find(torch_compat::OptimizerStateKeyOf(param));
+        if (found == optimizer_->state().end()) continue;  // a buffer
+        const auto& whole = static_cast<const torch::optim::AdamWParamState&>(*found->second);
+        auto state = std::make_unique<torch::optim::AdamWParamState>();
+        const int64_t from = rank.data_rank == 0 ? 0 : (param.numel() + 1) / 2;
+        state->step(whole.step())
+            .exp_avg(whole.exp_avg().reshape({-1}).narrow(0, from, part.numel()).clone())
+            .exp_avg_sq(whole.exp_avg_sq().reshape({-1}).narrow(0, from, part.numel()).clone());
+        slices_optimizer.state()[torch_compat::OptimizerStateKeyOf(part)] = std::move(state);
+      }
+      if (slices) request.slices_optimizer = &slices_optimizer;
       request.trainer.set_lr_step(step);
       request.trainer.set_data_position(step * 16);
       request.rank_state = {{"cpu_rng", at::full({4}, world.rank, at::kByte)}};
@@ -226,6 +261,62 @@ TEST_F(ReshardTest, SavedAtPipe2Data2LoadsAtPipe4Pipe1AndSequential) {
     LoadAndCheck(bounds[s], bounds[s + 1], s == 0 || s == 3, rank);
   }
   LoadAndCheck(0, kLayers, true, CheckpointRank());  // pipe=1, or ToSequential()
+}
+
+// A distributed optimizer's checkpoint: each data rank's parts of the state
+// in files of its own ("layer_03-data_01-optim_states.pt", entries recorded as
+// slices), the weights whole. Loads put the parts together at pipe 4 and 1
+// as if the state had been saved whole; a missing part is named.
+TEST_F(ReshardTest, OptimizerPartsPerDataRankLoadAnywhere) {
+  auto status = SaveFromThreads(10, /*failing_rank=*/-1, /*slices=*/true);
+  for (int r = 0; r < 4; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(status[r].ok());
+  const std::string dir = (fs::path(root_) / CheckpointName(10)).string();
+  auto manifest = ReadManifest(dir);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  std::set<std::string> paths;
+  int sliced = 0;
+  for (const auto& f : manifest->files()) {
+    paths.insert(f.path());
+    for (const auto& t : f.tensors()) sliced += t.sliced();
+  }
+  EXPECT_TRUE(paths.count("layer_03-model_states.pt"));
+  EXPECT_FALSE(paths.count("layer_03-optim_states.pt"));
+  EXPECT_TRUE(paths.count("layer_03-data_00-optim_states.pt"));
+  EXPECT_TRUE(paths.count("layer_03-data_01-optim_states.pt"));
+  EXPECT_TRUE(paths.count("tied_emb-data_01-optim_states.pt"));
+  EXPECT_GT(sliced, 0);
+
+  const int bounds[] = {0, 2, 3, 5, 6};
+  for (int s = 0; s < 4; ++s) {
+    CheckpointRank rank;
+    rank.stage = s;
+    rank.num_stages = 4;
+    rank.rank = s;
+    LoadAndCheck(bounds[s], bounds[s + 1], s == 0 || s == 3, rank);
+  }
+  LoadAndCheck(0, kLayers, true, CheckpointRank());
+
+  // A manifest without data rank 1's part of layer 3 (as if it were lost):
+  // the state put together is incomplete, and the load says which.
+  checkpoint::Manifest without = *manifest;
+  without.clear_files();
+  for (const auto& f : manifest->files()) {
+    if (f.path() != "layer_03-data_01-optim_states.pt") *without.add_files() = f;
+  }
+  std::string text;
+  ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(without, &text));
+  std::ofstream(fs::path(dir) / kManifestFileName) << text;  // no checksum line: read as is
+  ToyStage piece(0, kLayers, true, /*seed=*/1000);
+  ModelState state = ModelStateOfModule(piece, kLayers);
+  torch::optim::AdamW optimizer(piece.parameters(), torch::optim::AdamWOptions(1e-2));
+  auto report = LoadCheckpoint(root_, state, &optimizer, CheckpointRank());
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kDataLoss) << report.status();
+  EXPECT_NE(report.status().message().find("the data-parallel parts of"), std::string::npos)
+      << report.status();
+  EXPECT_NE(report.status().message().find("layer_03-data_00-optim_states.pt"), std::string::npos)
+      << report.status();
 }
 
 TEST_F(ReshardTest, RankStateComesBackOnlyUnderTheSameLayout) {

@@ -70,9 +70,10 @@ namespace {
 // fp32 or a bf16 run alike, and the optimizer state (keyed by the masters)
 // matches. Under fp32 the masters are the parameters.
 // With the distributed optimizer the masters and the optimizer state are
-// slices: `whole` stands in for them unsharded (gathered to save, scattered
-// after a load), so the files are those of a run without it and load into any
-// layout, with or without it.
+// slices: `whole` stands in for them unsharded (the masters gathered to save,
+// whose state each data rank writes in parts of its own; after a load the
+// whole state scattered), so the files load into any layout, with or
+// without it.
 ModelState MasterStateOf(const PipelineModel& model, const Trainer& trainer,
                          const DistributedOptimizer::WholeState* whole = nullptr) {
   ModelState state = ModelStateOf(model);
@@ -314,8 +315,18 @@ absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptio
                                                    const ParallelGrid& grid,
                                                    const PipelineModel& model, Trainer& trainer) {
   std::optional<DistributedOptimizer::WholeState> whole;
-  if (trainer.distributed_optimizer() != nullptr) {
-    PP_ASSIGN_OR_RETURN(whole, trainer.distributed_optimizer()->GatherWholeState());
+  // The distributed optimizer's state: each data-parallel rank writes its own
+  // part (the masters are gathered for the model's files). A
+  // vocabulary-parallel run gathers it whole (its tables' rows are cut by
+  // pipe rank, their state with them).
+  std::optional<DistributedOptimizer::OwnedState> owned;
+  if (DistributedOptimizer* dist = trainer.distributed_optimizer(); dist != nullptr) {
+    if (trainer.vocabulary() != nullptr) {
+      PP_ASSIGN_OR_RETURN(whole, dist->GatherWholeState());
+    } else {
+      PP_ASSIGN_OR_RETURN(whole, dist->GatherWholeValues());
+      PP_ASSIGN_OR_RETURN(owned, dist->LocalOwnedState());
+    }
   }
   std::optional<VocabularyView> vocabulary;
   if (trainer.vocabulary() != nullptr) {
@@ -330,8 +341,18 @@ absl::StatusOr<std::string> SaveTrainingCheckpoint(const TrainingCheckpointOptio
   request.keep_last = options.keep_last;
   request.model = &state;
   request.optimizer = vocabulary ? vocabulary->optimizer.get()
+                      : owned    ? nullptr
                       : whole    ? whole->optimizer.get()
                                  : &trainer.optimizer();
+  if (owned) {
+    request.slices_optimizer = owned->optimizer.get();
+    for (const auto& [name, param] : ModelStateOf(model).tensors) {
+      auto index = whole->index.find(param.unsafeGetTensorImpl());
+      if (index == whole->index.end()) continue;
+      const DistributedOptimizer::OwnedPart& part = owned->parts[index->second];
+      if (part.value.defined()) request.optimizer_slices[name] = {part.offset, part.value};
+    }
+  }
   const TrainerOptions& to = trainer.options();
   request.trainer.set_step(trainer.step());
   request.trainer.set_lr_step(trainer.step());

@@ -467,6 +467,11 @@ absl::Status DistributedOptimizer::Step() {
 
 absl::Status DistributedOptimizer::GatherFullState(const std::vector<torch::Tensor>& values,
                                                    torch::optim::Optimizer& full) {
+  return Gather(values, full, /*with_state=*/true);
+}
+
+absl::Status DistributedOptimizer::Gather(const std::vector<torch::Tensor>& values,
+                                          torch::optim::Optimizer& full, bool with_state) {
   if (values.size() != params_.size()) {
     return absl::InternalError(absl::StrCat("GatherFullState: ", values.size(), " values for ",
                                             params_.size(), " parameters"));
@@ -485,6 +490,15 @@ absl::Status DistributedOptimizer::GatherFullState(const std::vector<torch::Tens
     };
     torch::Tensor all_values;
     PP_RETURN_IF_ERROR(gather(b.master, "master all-gather (checkpoint)", all_values));
+    if (!with_state) {
+      PP_RETURN_IF_ERROR(TorchCall("unflattening the masters", [&] {
+        for (size_t k = 0; k < b.params.size(); ++k) {
+          const torch::Tensor& value = values[b.params[k]];
+          value.detach().view({-1}).copy_(all_values.narrow(0, b.offsets[k], value.numel()));
+        }
+      }));
+      continue;
+    }
     const SliceState state = StateOf(*optimizer_, b.master);
     std::vector<torch::Tensor> all_state(state.tensors.size());
     for (size_t s = 0; s < state.tensors.size(); ++s) {
@@ -593,9 +607,55 @@ DistributedOptimizer::WholeState DistributedOptimizer::NewWholeState() const {
   return state;
 }
 
+absl::StatusOr<DistributedOptimizer::OwnedState> DistributedOptimizer::LocalOwnedState() const {
+  OwnedState owned;
+  owned.parts.resize(params_.size());
+  torch::NoGradGuard no_grad;
+  const std::vector<std::string> names = StateNames(options_.optimizer);
+  std::vector<std::pair<torch::Tensor, SliceState>> states;
+  PP_RETURN_IF_ERROR(TorchCall("this rank's part of the optimizer state", [&] {
+    for (const Bucket& b : buckets_) {
+      const int64_t begin = SliceBegin(b), end = begin + b.shard;
+      const SliceState state = StateOf(*optimizer_, b.master);
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const int64_t first = b.offsets[k];
+        const int64_t last = first + params_[b.params[k]].holder.numel();
+        const int64_t from = std::max(begin, first), to = std::min(end, last);
+        if (from >= to) continue;  // another rank's
+        OwnedPart& part = owned.parts[b.params[k]];
+        part.offset = from - first;
+        // Copies: the checkpoint holds them while the run goes on.
+        part.value = b.master.detach().narrow(0, from - begin, to - from).clone();
+        if (!state.present) continue;
+        SliceState one;
+        one.present = true;
+        one.step = state.step;
+        for (size_t s = 0; s < state.tensors.size(); ++s) {
+          one.tensors.push_back(
+              {names.at(s), state.tensors[s].second.narrow(0, from - begin, to - from).clone()});
+        }
+        states.push_back({part.value, std::move(one)});
+      }
+    }
+  }));
+  std::vector<torch::Tensor> values;
+  for (const OwnedPart& part : owned.parts) {
+    if (part.value.defined()) values.push_back(part.value);
+  }
+  owned.optimizer = MakeOptimizer(options_.optimizer, values);
+  for (const auto& [value, state] : states) SetState(*owned.optimizer, value, state);
+  return owned;
+}
+
 absl::StatusOr<DistributedOptimizer::WholeState> DistributedOptimizer::GatherWholeState() {
   WholeState state = NewWholeState();
   PP_RETURN_IF_ERROR(GatherFullState(state.values, *state.optimizer));
+  return state;
+}
+
+absl::StatusOr<DistributedOptimizer::WholeState> DistributedOptimizer::GatherWholeValues() {
+  WholeState state = NewWholeState();
+  PP_RETURN_IF_ERROR(Gather(state.values, *state.optimizer, /*with_state=*/false));
   return state;
 }
 

@@ -170,10 +170,31 @@ class DistributedOptimizer {
   WholeState NewWholeState() const;
   // GatherFullState into a NewWholeState(). Collective.
   absl::StatusOr<WholeState> GatherWholeState();
+  // The same with the masters only (its optimizer holds no state): what a
+  // checkpoint of per-rank state parts (LocalOwnedState) writes as the
+  // model's files. Collective.
+  absl::StatusOr<WholeState> GatherWholeValues();
   // ScatterFullState from `state`. Not collective.
   absl::Status ScatterWholeState(const WholeState& state) {
     return ScatterFullState(state.values, *state.optimizer);
   }
+
+  // Checkpoints written per rank (Megatron's sharded distributed-optimizer
+  // checkpoint): this rank's own part of each parameter, without any
+  // collective. parts[i] is the range [offset, offset + value.numel()) of
+  // parameter i's flattened elements that this rank owns, `value` its fp32
+  // master values (1-D; undefined if the rank owns none of it), and
+  // `optimizer` (MakeOptimizer over the defined values) their state, as an
+  // unsharded optimizer holds it (AdamW's step included).
+  struct OwnedPart {
+    int64_t offset = 0;
+    torch::Tensor value;
+  };
+  struct OwnedState {
+    std::vector<OwnedPart> parts;  // params() order
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+  };
+  absl::StatusOr<OwnedState> LocalOwnedState() const;
 
   // The parameters (holder, param) in the groups' order, each once.
   const std::vector<ShardedParam>& params() const { return params_; }
@@ -239,6 +260,9 @@ class DistributedOptimizer {
   DistributedOptimizer() = default;
   absl::Status Probe();
   absl::Status WaitBucket(Bucket& bucket);
+  // GatherFullState, with the optimizer's state or the masters only.
+  absl::Status Gather(const std::vector<torch::Tensor>& values, torch::optim::Optimizer& full,
+                      bool with_state);
   absl::Status StartBucket(Bucket& bucket);
   // Element range [begin, end) of the bucket this rank owns.
   int64_t SliceBegin(const Bucket& bucket) const { return bucket.shard * rank_; }
