@@ -218,6 +218,20 @@ class ReshardTest : public ::testing::Test {
     ExpectSameTensors(state, ModelStateOfModule(*ref_after_, kLayers));
   }
 
+  // LoadAndCheck at pipe=4 (stages [0,2) [2,3) [3,5) [5,6), the tie on the
+  // first and last) and at pipe=1 (or ToSequential()).
+  void LoadAtPipe4AndPipe1() {
+    const int bounds[] = {0, 2, 3, 5, 6};
+    for (int s = 0; s < 4; ++s) {
+      CheckpointRank rank;
+      rank.stage = s;
+      rank.num_stages = 4;
+      rank.rank = s;
+      LoadAndCheck(bounds[s], bounds[s + 1], s == 0 || s == 3, rank);
+    }
+    LoadAndCheck(0, kLayers, true, CheckpointRank());
+  }
+
   std::string root_;
   std::shared_ptr<ToyStage> full_;
   ModelState full_state_;
@@ -251,16 +265,7 @@ TEST_F(ReshardTest, SavedAtPipe2Data2LoadsAtPipe4Pipe1AndSequential) {
     }
   }
 
-  // pipe=4: stages [0,2) [2,3) [3,5) [5,6), tie on the first and last.
-  const int bounds[] = {0, 2, 3, 5, 6};
-  for (int s = 0; s < 4; ++s) {
-    CheckpointRank rank;
-    rank.stage = s;
-    rank.num_stages = 4;
-    rank.rank = s;
-    LoadAndCheck(bounds[s], bounds[s + 1], s == 0 || s == 3, rank);
-  }
-  LoadAndCheck(0, kLayers, true, CheckpointRank());  // pipe=1, or ToSequential()
+  LoadAtPipe4AndPipe1();
 }
 
 // A distributed optimizer's checkpoint: each data rank's parts of the state
@@ -287,15 +292,7 @@ TEST_F(ReshardTest, OptimizerPartsPerDataRankLoadAnywhere) {
   EXPECT_TRUE(paths.count("tied_emb-data_01-optim_states.pt"));
   EXPECT_GT(sliced, 0);
 
-  const int bounds[] = {0, 2, 3, 5, 6};
-  for (int s = 0; s < 4; ++s) {
-    CheckpointRank rank;
-    rank.stage = s;
-    rank.num_stages = 4;
-    rank.rank = s;
-    LoadAndCheck(bounds[s], bounds[s + 1], s == 0 || s == 3, rank);
-  }
-  LoadAndCheck(0, kLayers, true, CheckpointRank());
+  LoadAtPipe4AndPipe1();
 
   // A manifest without data rank 1's part of layer 3 (as if it were lost):
   // the state put together is incomplete, and the load says which.
