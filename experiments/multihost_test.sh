@@ -20,22 +20,12 @@ BIN=$(realpath "$1")
 export PATH=$PATH:/usr/sbin:/sbin
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
+source experiments/e2e_testing.sh  # skip_test
 TIMEOUT_S=10  # parallelism.timeout_seconds for the link-cut run
 cannot_run() {
   local why="$* (the multi-host test needs root and network namespaces)"
   if [[ ${PP_SKIP_MULTIHOST:-} == 1 ]]; then
-    echo "SKIPPED, NOT RUN: $why; opted out with PP_SKIP_MULTIHOST=1"
-    if [[ -n ${XML_OUTPUT_FILE:-} ]]; then
-      cat > "$XML_OUTPUT_FILE" << XML
-<?xml version="1.0" encoding="UTF-8"?>
-<testsuites tests="1" failures="0" errors="0" skipped="1">
-  <testsuite name="multihost_test" tests="1" failures="0" errors="0" skipped="1">
-    <testcase name="multihost" classname="multihost_test"><skipped message="${why//[\"<>&]/}"/></testcase>
-  </testsuite>
-</testsuites>
-XML
-    fi
-    exit 0
+    skip_test multihost "$why; opted out with PP_SKIP_MULTIHOST=1"
   fi
   echo "CANNOT RUN: $why."
   echo "A test that did not run does not pass. Run it where network namespaces work (as root," \
