@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "pipeline/schedule/csv.h"
 #include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/vocab_passes.h"
 #include "topology/wait_work.h"
 
 namespace pp {
@@ -29,6 +30,29 @@ namespace fs = std::filesystem;
 constexpr int kStageSlots = 8;
 // Slots per pipeline rank: (SEND, count), (RECV, count).
 constexpr int kRankSlots = 4;
+// Vocabulary parallelism's slots, after the ranks': (sum, count) of OUT_S,
+// OUT_T, IN_F and IN_B over every rank, then (each rank's smallest
+// vocabulary collective, count).
+constexpr int kVocabSlots = 10;
+
+int VocabSlot(ActionType type) {
+  switch (type) {
+    case ActionType::kVocabOutputS:
+      return 0;
+    case ActionType::kVocabOutputT:
+      return 1;
+    case ActionType::kVocabInputF:
+      return 2;
+    case ActionType::kVocabInputB:
+      return 3;
+    default:
+      return -1;
+  }
+}
+
+int CostVectorSize(int num_stages, int num_chunks) {
+  return num_stages * num_chunks * kStageSlots + num_stages * kRankSlots + kVocabSlots;
+}
 
 int ComputeSlot(ActionType type) {
   switch (type) {
@@ -75,9 +99,9 @@ absl::StatusOr<std::string> StartingSchedule(const std::string& schedule, int ch
 std::vector<double> LocalCostSums(const std::vector<std::vector<ActionTiming>>& timings,
                                   int num_stages, int num_chunks, int pipe_rank) {
   const int stages = num_stages * num_chunks;
-  std::vector<double> sums(static_cast<size_t>(stages * kStageSlots + num_stages * kRankSlots),
-                           0.0);
-  std::vector<double> sends, recvs;
+  std::vector<double> sums(static_cast<size_t>(CostVectorSize(num_stages, num_chunks)), 0.0);
+  const size_t vocab = static_cast<size_t>(stages * kStageSlots + num_stages * kRankSlots);
+  std::vector<double> sends, recvs, vocab_collectives;
   for (const std::vector<ActionTiming>& step : timings) {
     for (const ActionTiming& t : step) {
       const double ms = static_cast<double>(t.end_us - t.start_us) / 1000.0;
@@ -89,8 +113,19 @@ std::vector<double> LocalCostSums(const std::vector<std::vector<ActionTiming>>& 
         sends.push_back(ms);
       } else if (IsRecv(t.action.type)) {
         recvs.push_back(ms);
+      } else if (const int v = VocabSlot(t.action.type); v >= 0) {
+        sums[vocab + 2 * v] += ms;
+        sums[vocab + 2 * v + 1] += 1;
+      } else if (IsVocabCollective(t.action.type)) {
+        vocab_collectives.push_back(ms);
       }
     }
+  }
+  if (!vocab_collectives.empty()) {
+    // As a RECV: the smallest is the collective's own cost; the waits in
+    // the others are the simulator's to reproduce.
+    sums[vocab + 8] = *std::min_element(vocab_collectives.begin(), vocab_collectives.end());
+    sums[vocab + 9] = 1;
   }
   const size_t base = static_cast<size_t>(stages * kStageSlots + pipe_rank * kRankSlots);
   if (!sends.empty()) {
@@ -110,10 +145,10 @@ std::vector<double> LocalCostSums(const std::vector<std::vector<ActionTiming>>& 
 absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, int num_stages,
                                               int num_chunks) {
   const int stages = num_stages * num_chunks;
-  if (sums.size() != static_cast<size_t>(stages * kStageSlots + num_stages * kRankSlots)) {
+  if (sums.size() != static_cast<size_t>(CostVectorSize(num_stages, num_chunks))) {
     return absl::InvalidArgumentError(absl::StrCat("measured cost vector has ", sums.size(),
                                                    " entries, expected ",
-                                                   stages * kStageSlots + num_stages * kRankSlots));
+                                                   CostVectorSize(num_stages, num_chunks)));
   }
   SimulationCosts costs;
   costs.comm = 0;
@@ -154,6 +189,12 @@ absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, i
     if (sums[base + 3] > 0) rc.recv = sums[base + 2] / sums[base + 3];
     if (rc.send || rc.recv) costs.rank_costs[r] = rc;
   }
+  const int vocab = stages * kStageSlots + num_stages * kRankSlots;
+  costs.vocab.output_s = Mean(sums, vocab + 0);
+  costs.vocab.output_t = Mean(sums, vocab + 2);
+  costs.vocab.input_f = Mean(sums, vocab + 4);
+  costs.vocab.input_b = Mean(sums, vocab + 6);
+  costs.vocab.collective = Mean(sums, vocab + 8);
   return costs;
 }
 
@@ -200,7 +241,8 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
                                                       int num_microbatches, int num_chunks,
                                                       std::optional<double> memory_cap,
                                                       bool defer_receives,
-                                                      const ScheduleFits& fits_bytes) {
+                                                      const ScheduleFits& fits_bytes,
+                                                      bool vocabulary_passes) {
   SynthesisOptions o;
   o.defer_receives = defer_receives;
   o.memory_cap = memory_cap;
@@ -213,6 +255,21 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
   AutoScheduleChoice choice;
   PP_ASSIGN_OR_RETURN(choice.synthesis, Synthesize(o));
   const SynthesisResult& syn = choice.synthesis;
+  // Under vocabulary parallelism every candidate is simulated as it will
+  // run: with the passes the Trainer adds (AddVocabularyPasses) and their
+  // measured costs. The synthesiser orders the stages' actions only.
+  auto as_run = [&](const Schedule& s) -> absl::StatusOr<SimulationResult> {
+    if (!vocabulary_passes) return SimulateAsExecuted(s, costs, defer_receives);
+    PP_ASSIGN_OR_RETURN(Schedule with_passes, AddVocabularyPasses(s));
+    return SimulateAsExecuted(with_passes, costs, defer_receives);
+  };
+  double synthesis_makespan = syn.makespan;
+  double synthesis_bubble = syn.simulation.bubble_fraction;
+  if (vocabulary_passes) {
+    PP_ASSIGN_OR_RETURN(const SimulationResult with_passes, as_run(syn.schedule));
+    synthesis_makespan = with_passes.makespan;
+    synthesis_bubble = with_passes.bubble_fraction;
+  }
   auto peak = [](const SimulationResult& r) {
     return r.peak_memory.empty() ? 0.0
                                  : *std::max_element(r.peak_memory.begin(), r.peak_memory.end());
@@ -221,9 +278,10 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
   absl::StrAppendFormat(&out, "%-18s %12s %8s %22s\n", "schedule", "step (ms)", "bubble",
                         "peak act. (x stage)");
   const bool synthesis_fits = !fits_bytes || fits_bytes(syn.schedule);
-  absl::StrAppendFormat(&out, "%-18s %12.2f %7.1f%% %22.3g   lower bound %.2f ms%s\n", "auto",
-                        syn.makespan, 100 * syn.simulation.bubble_fraction, syn.peak_memory,
-                        syn.lower_bound, synthesis_fits ? "" : "   over the byte cap");
+  absl::StrAppendFormat(&out, "%-18s %12.2f %7.1f%% %22.3g   lower bound %.2f ms%s%s\n", "auto",
+                        synthesis_makespan, 100 * synthesis_bubble, syn.peak_memory,
+                        syn.lower_bound, vocabulary_passes ? " (without the passes)" : "",
+                        synthesis_fits ? "" : "   over the byte cap");
   std::optional<Schedule> best;
   std::string best_name;
   double best_makespan = 0;
@@ -240,7 +298,7 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
         schedule->stage_to_rank != syn.schedule.stage_to_rank) {
       continue;
     }
-    absl::StatusOr<SimulationResult> sim = SimulateAsExecuted(*schedule, costs, defer_receives);
+    absl::StatusOr<SimulationResult> sim = as_run(*schedule);
     if (!sim.ok()) continue;
     const double p = peak(*sim);
     const bool fits_units = p <= syn.memory_cap + 1e-9;
@@ -278,7 +336,8 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
     choice.chosen_name = best_name;
     absl::StrAppendFormat(&out, "chosen: %s (the synthesised schedule is over the byte cap)\n",
                           best_name);
-  } else if (best.has_value() && syn.makespan >= best_makespan * (1 - kAutoMinSimulatedGain)) {
+  } else if (best.has_value() &&
+             synthesis_makespan >= best_makespan * (1 - kAutoMinSimulatedGain)) {
     choice.chosen = *std::move(best);
     choice.chosen_name = best_name;
     absl::StrAppendFormat(&out,
@@ -424,14 +483,22 @@ absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const Paralle
 absl::Status AutoScheduleRun::ChooseAndSwitch(const SimulationCosts& costs,
                                               const std::string& what_costs, bool rank0, bool trial,
                                               Trainer& trainer) {
-  PP_ASSIGN_OR_RETURN(AutoScheduleChoice choice,
-                      ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_,
-                                         memory_cap_, trainer.defers_receives(), fits_bytes_));
+  PP_ASSIGN_OR_RETURN(
+      AutoScheduleChoice choice,
+      ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_, memory_cap_,
+                         trainer.defers_receives(), fits_bytes_, trainer.vocabulary() != nullptr));
   if (rank0) {
     std::string per_stage;
     for (const auto& [s, c] : costs.stage_costs) {
       absl::StrAppendFormat(&per_stage, " %d:F=%.2f,I=%.2f,W=%.2f", s, c.forward.value_or(0),
                             c.backward_input.value_or(0), c.backward_weight.value_or(0));
+    }
+    if (trainer.vocabulary() != nullptr) {
+      absl::StrAppendFormat(&per_stage,
+                            "\nschedule auto: vocabulary passes OUT_S=%.2f,OUT_T=%.2f,IN_F=%.2f,"
+                            "IN_B=%.2f, their collectives %.2f",
+                            costs.vocab.output_s, costs.vocab.output_t, costs.vocab.input_f,
+                            costs.vocab.input_b, costs.vocab.collective);
     }
     if (!costs.microbatch_multiplier.empty()) {
       absl::StrAppend(&per_stage, "\nschedule auto: micro-batch cost profile (estimated, mean 1):");

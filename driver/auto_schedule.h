@@ -52,14 +52,17 @@ absl::StatusOr<std::string> StartingSchedule(const std::string& schedule, int ch
 // One rank's measured costs as a flat vector that sums over ranks: per
 // virtual stage (p * v of them) the sums and counts of F, B, I and W
 // durations in milliseconds, then per pipeline rank its median SEND and its
-// smallest RECV duration with a count each. `timings` holds this rank's
-// traced steps.
+// smallest RECV duration with a count each, then the vocabulary passes'
+// (OUT_S, OUT_T, IN_F, IN_B) sums and counts and the smallest vocabulary
+// collective with a count. `timings` holds this rank's traced steps.
 std::vector<double> LocalCostSums(const std::vector<std::vector<ActionTiming>>& timings,
                                   int num_stages, int num_chunks, int pipe_rank);
 
 // The simulator's costs from the sum over all ranks of LocalCostSums: mean
-// F/B/I/W per virtual stage (B = I + W where only I and W were timed), and
-// per rank SEND and RECV costs. InvalidArgument when a virtual stage has no
+// F/B/I/W per virtual stage (B = I + W where only I and W were timed), per
+// rank SEND and RECV costs, and the vocabulary passes' mean costs and their
+// collectives' (SimulationCosts::vocab; zero without vocabulary
+// parallelism). InvalidArgument when a virtual stage has no
 // forward or no backward timed.
 absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, int num_stages,
                                               int num_chunks);
@@ -110,12 +113,18 @@ struct AutoScheduleChoice {
 // trained zb_h2 at a cap that refuses --schedule=zb_h2). When it refuses
 // every candidate, the run stays on its measurement schedule, which the
 // launcher checked.
+//
+// `vocabulary_passes` (parallelism.vocab_parallel): every candidate is
+// simulated with the vocabulary passes the Trainer adds to it
+// (AddVocabularyPasses) and `costs.vocab`; the chosen schedule is returned
+// without them.
 using ScheduleFits = std::function<bool(const Schedule&)>;
 absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& costs, int num_stages,
                                                       int num_microbatches, int num_chunks,
                                                       std::optional<double> memory_cap,
                                                       bool defer_receives,
-                                                      const ScheduleFits& fits_bytes = {});
+                                                      const ScheduleFits& fits_bytes = {},
+                                                      bool vocabulary_passes = false);
 
 // The run loop's side of "auto" (inactive for any other schedule).
 class AutoScheduleRun {

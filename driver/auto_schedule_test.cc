@@ -68,6 +68,39 @@ TEST(AutoScheduleTest, CostsFromTwoRanksTimings) {
   EXPECT_FALSE(CostsFromSums({1.0, 2.0}, 2, 1).ok());
 }
 
+// Vocabulary parallelism's passes and collectives: each pass's mean over
+// every rank's timings, and the collectives' cost as the mean of each
+// rank's smallest (the others wait for the latest rank).
+TEST(AutoScheduleTest, VocabularyPassCostsFromTimings) {
+  const std::vector<std::vector<ActionTiming>> rank0 = {
+      {Timed(ActionType::kForward, 0, 0, 1000), Timed(ActionType::kBackward, 0, 1000, 3000),
+       Timed(ActionType::kVocabOutputS, -1, 3000, 3500),
+       Timed(ActionType::kVocabOutputStats, -1, 3500, 3700),
+       Timed(ActionType::kVocabOutputT, -1, 3700, 4700),
+       Timed(ActionType::kVocabOutputReduce, -1, 4700, 4750),
+       Timed(ActionType::kVocabInputF, -1, 4750, 4850)}};
+  const std::vector<std::vector<ActionTiming>> rank1 = {
+      {Timed(ActionType::kForward, 1, 0, 1000), Timed(ActionType::kBackward, 1, 1000, 3000),
+       Timed(ActionType::kVocabOutputS, -1, 3000, 4500),
+       Timed(ActionType::kVocabOutputStats, -1, 4500, 4650),
+       Timed(ActionType::kVocabInputB, -1, 4650, 4950)}};
+  absl::StatusOr<SimulationCosts> costs =
+      CostsFromSums(Add(LocalCostSums(rank0, 2, 1, 0), LocalCostSums(rank1, 2, 1, 1)), 2, 1);
+  ASSERT_TRUE(costs.ok()) << costs.status();
+  EXPECT_DOUBLE_EQ(costs->vocab.output_s, 1.0);  // (0.5 + 1.5) / 2
+  EXPECT_DOUBLE_EQ(costs->vocab.output_t, 1.0);
+  EXPECT_DOUBLE_EQ(costs->vocab.input_f, 0.1);
+  EXPECT_DOUBLE_EQ(costs->vocab.input_b, 0.3);
+  EXPECT_DOUBLE_EQ(costs->vocab.collective, 0.1);  // (0.05 + 0.15) / 2
+  // Without vocabulary parallelism the costs have none.
+  absl::StatusOr<SimulationCosts> dense =
+      CostsFromSums(Add(LocalCostSums({{rank0[0][0], rank0[0][1]}}, 2, 1, 0),
+                        LocalCostSums({{rank1[0][0], rank1[0][1]}}, 2, 1, 1)),
+                    2, 1);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(dense->vocab.output_s + dense->vocab.output_t + dense->vocab.collective, 0.0);
+}
+
 TEST(AutoScheduleTest, StartingSchedule) {
   EXPECT_EQ(*StartingSchedule("1f1b", 1), "1f1b");
   EXPECT_EQ(*StartingSchedule("auto", 1), "zb_h1");
@@ -85,6 +118,41 @@ SimulationCosts FiwCosts(double f, double i, double w) {
   costs.backward_weight = w;
   costs.backward = i + w;
   return costs;
+}
+
+// With vocabulary passes every candidate is simulated as it will run: the
+// passes' time is in every schedule's step (at least m OUT_S + OUT_T per
+// rank), and the chosen schedule comes back without them (the Trainer adds
+// them).
+TEST(AutoScheduleTest, VocabularyPassesAreInEveryCandidatesStep) {
+  SimulationCosts costs = FiwCosts(1, 1, 1);
+  costs.vocab.output_s = 0.5;
+  costs.vocab.output_t = 0.7;
+  costs.vocab.input_f = 0.1;
+  costs.vocab.input_b = 0.2;
+  costs.vocab.collective = 0.05;
+  const int p = 2, m = 4;
+  absl::StatusOr<AutoScheduleChoice> without =
+      ChooseAutoSchedule(costs, p, m, 1, {}, /*defer_receives=*/true);
+  absl::StatusOr<AutoScheduleChoice> with =
+      ChooseAutoSchedule(costs, p, m, 1, {}, /*defer_receives=*/true, {},
+                         /*vocabulary_passes=*/true);
+  ASSERT_TRUE(without.ok() && with.ok());
+  auto step_of = [](const std::string& table, const std::string& name) {
+    for (absl::string_view line : absl::StrSplit(table, '\n')) {
+      std::vector<absl::string_view> cells = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      double ms = 0;
+      if (cells.size() > 1 && cells[0] == name && absl::SimpleAtod(cells[1], &ms)) return ms;
+    }
+    return -1.0;
+  };
+  for (const std::string name : {"auto", "1f1b", "zb_h1"}) {
+    const double a = step_of(without->comparison, name), b = step_of(with->comparison, name);
+    ASSERT_GT(a, 0) << name << "\n" << without->comparison;
+    EXPECT_GE(b, a + m * (0.5 + 0.7) - 1e-9) << name << "\n" << with->comparison;
+  }
+  EXPECT_FALSE(with->chosen.vocab_parallel);
+  EXPECT_TRUE(ValidateSchedule(with->chosen).ok());
 }
 
 // A heavier last stage (a large LM head): the chosen schedule validates, is

@@ -71,6 +71,10 @@ close_losses "$(losses dense_dp2)" "$(losses zero1)" "with the distributed optim
   fail "vocabulary parallelism with the distributed optimizer differs"
 run auto --dp=2 --microbatches=4 --vocab_parallel=true --schedule=auto
 grep -q 'schedule auto: ' "$LOG" || fail "schedule auto did not report its choice"
+# The passes were measured and every candidate simulated with them.
+grep -Eq 'schedule auto: vocabulary passes OUT_S=[0-9.]+,OUT_T=[0-9.]+,IN_F=[0-9.]+,IN_B=[0-9.]+' "$LOG" &&
+  grep -q 'lower bound .* (without the passes)' "$LOG" ||
+  fail "schedule auto did not cost the vocabulary passes"
 close_losses "$(losses dense_dp2)" "$(losses auto)" "schedule auto with vocabulary parallelism vs dense 1F1B" ||
   fail "schedule auto's losses differ"
 
