@@ -290,7 +290,7 @@ bool RecordCompletion(const WorkPtr& work, const std::shared_ptr<std::atomic<int
 absl::Status DistributedOptimizer::StartBucket(Bucket& b) {
   b.started = true;
   b.start_us = NowUs();
-  b.end_us = -1;
+  b.waited_us = -1;
   b.completion_us = std::make_shared<std::atomic<int64_t>>(-1);
   b.end_at_wait = false;
   torch::NoGradGuard no_grad;
@@ -347,16 +347,7 @@ absl::Status DistributedOptimizer::WaitBucket(Bucket& b) {
   const bool waited = !b.works.empty();
   b.works.clear();
   b.input = torch::Tensor();
-  if (waited) {
-    // A callback still running when wait() returns has not stored its time.
-    const int64_t completed = b.completion_us->load();
-    if (b.end_at_wait || completed < 0) {
-      b.end_us = NowUs();
-      b.end_at_wait = true;
-    } else {
-      b.end_us = completed;
-    }
-  }
+  if (waited) b.waited_us = NowUs();
   return absl::OkStatus();
 }
 
@@ -365,8 +356,10 @@ std::vector<DistributedOptimizer::ReductionWindow> DistributedOptimizer::Reducti
   std::map<int, int> index_in_group;
   for (const Bucket& b : buckets_) {
     const int index = index_in_group[b.group]++;
-    if (!b.started || b.end_us < 0) continue;
-    windows.push_back({b.group, index, b.start_us, b.end_us, b.end_at_wait});
+    if (!b.started || b.waited_us < 0) continue;
+    const int64_t completed = b.completion_us->load();
+    const bool at_wait = b.end_at_wait || completed < 0;
+    windows.push_back({b.group, index, b.start_us, at_wait ? b.waited_us : completed, at_wait});
   }
   return windows;
 }

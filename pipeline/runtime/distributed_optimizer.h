@@ -218,7 +218,9 @@ class DistributedOptimizer {
   // Work future), so an early reduction's window shows how much of it
   // overlapped the rank's remaining compute; a backend without futures
   // reports the end of the wait for it instead (`end_at_wait`). `bucket`
-  // counts within its group. Valid after FinishReduceScatter; empty at dp 1.
+  // counts within its group. Read after the step (FinishReduceScatter and
+  // whatever followed): the backend's callbacks run just after its waits
+  // return. Empty at dp 1.
   struct ReductionWindow {
     int group = 0;
     int bucket = 0;
@@ -244,11 +246,14 @@ class DistributedOptimizer {
     torch::Tensor flat;   // in flight: the flattened gradients (or the slice they reduce into)
     torch::Tensor input;  // in flight: kept alive until the reduction is waited for
     std::vector<WorkPtr> works;
-    // This step's reduction window (ReductionWindow); completion_us is -1
-    // until the backend reports the last completion, written from its thread.
+    // This step's reduction window (ReductionWindow): completion_us is -1
+    // until the backend reports a completion, written from its thread (a
+    // Work's wait() may return before its future's callbacks ran, so it is
+    // read when the windows are, after the step); waited_us is when the
+    // wait for it returned.
     int64_t start_us = -1;
     std::shared_ptr<std::atomic<int64_t>> completion_us;
-    int64_t end_us = -1;
+    int64_t waited_us = -1;
     bool end_at_wait = false;
     // fp32 training: the parameters are views of one buffer and `master`
     // is this rank's part of it (no copy).
