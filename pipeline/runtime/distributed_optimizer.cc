@@ -4,6 +4,7 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -357,7 +358,14 @@ std::vector<DistributedOptimizer::ReductionWindow> DistributedOptimizer::Reducti
   for (const Bucket& b : buckets_) {
     const int index = index_in_group[b.group]++;
     if (!b.started || b.waited_us < 0) continue;
-    const int64_t completed = b.completion_us->load();
+    // The works are complete; their futures' callbacks run in the backend's
+    // thread right after, which a loaded machine may delay: give them up to
+    // a second before falling back to the wait's end.
+    int64_t completed = b.completion_us->load();
+    for (int ms = 0; completed < 0 && !b.end_at_wait && ms < 1000; ++ms) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      completed = b.completion_us->load();
+    }
     const bool at_wait = b.end_at_wait || completed < 0;
     windows.push_back({b.group, index, b.start_us, at_wait ? b.waited_us : completed, at_wait});
   }
