@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status_macros.h"
+#include "common/torch_compat.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/equivalence_testing.h"
 #include "pipeline/schedule/registry.h"
@@ -178,11 +179,14 @@ TEST(TrainerTest, TraceShowsTheReduceScattersInTheBackground) {
       if (e["ph"] != "X") continue;
       const double start = e["ts"].get<double>(), end = start + e["dur"].get<double>();
       if (e["pid"] == 1) {
-        // Gloo reports completions (Work futures): no window ends at the wait.
+        // LibTorch 1.13's Gloo reports completions (Work futures): no window
+        // ends at the wait there. (Under 2.11 CI saw none reported, and its
+        // windows say so.)
         const std::string name = e["name"].get<std::string>();
+        const bool at_wait = name.find("(end: the wait)") != std::string::npos;
         PP_RETURN_IF_ERROR(Check(e["cat"] == "background" &&
                                      name.rfind("gradient reduce-scatter, stage ", 0) == 0 &&
-                                     name.find("(end: the wait)") == std::string::npos,
+                                     (!at_wait || torch_compat::LibTorchMajorVersion() >= 2),
                                  "a background event: " + e.dump()));
         windows[e["tid"].get<int>()].push_back({start, end});
       } else {
