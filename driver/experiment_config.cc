@@ -24,7 +24,7 @@
 #include "common/field_checks.h"
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
-#include "driver/auto_schedule.h"
+#include "pipeline/auto_schedule/auto_schedule.h"
 #include "driver/memory_budget.h"
 #include "driver/preflight.h"
 #include "models/registry.h"

@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "driver/auto_schedule.h"
+#include "pipeline/auto_schedule/auto_schedule.h"
 #include "models/registry.h"
 #include "pipeline/layers/layer_spec.h"
 #include "pipeline/schedule/registry.h"

@@ -20,9 +20,7 @@
 #include "checkpoint/model/trainer_checkpoint.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"
-#include "driver/auto_schedule.h"
 #include "driver/memory_budget.h"
-#include "driver/nonfinite_guard.h"
 #include "driver/preflight.h"
 #include "driver/progress.h"
 #include "driver/run_observability.h"
@@ -30,6 +28,7 @@
 #include "driver/save_on_signal.h"
 #include "driver/worker_status_observer.h"
 #include "models/registry.h"
+#include "pipeline/auto_schedule/auto_schedule.h"
 #include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/pipeline_model.h"
@@ -37,6 +36,7 @@
 #include "pipeline/runtime/action_observer.h"
 #include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/model_parallel_group.h"
+#include "pipeline/runtime/nonfinite_guard.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/runtime/vocab_layers.h"
 #include "pipeline/schedule/registry.h"
@@ -266,7 +266,8 @@ absl::StatusOr<double> TrainLoop(const ExperimentConfig& config, const ParallelG
                                  AutoScheduleRun& auto_schedule) {
   Progress progress(config.steps(), config.log_interval());
   const int64_t trace_step = std::min(config.trace_step(), config.steps() - 1);
-  NonFiniteGuard nonfinite(config.nonfinite());
+  NonFiniteGuard nonfinite({.skip = config.nonfinite().policy() == "skip",
+                            .max_skipped_steps = config.nonfinite().max_skipped_steps()});
   for (int64_t step = trainer.step(); step < config.steps(); ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const bool last = step + 1 == config.steps();

@@ -30,7 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "driver/experiment_config.h"
-#include "driver/loss_curve.h"
+#include "observability/loss_curve.h"
 #include "driver/progress.h"
 #include "driver/run_observability.h"
 #include "pipeline/pipeline_model.h"

@@ -52,6 +52,7 @@ LAYERS = [
     "pipeline/schedule",
     "pipeline/autograd",
     "pipeline/runtime",
+    "pipeline/auto_schedule",
     "checkpoint/model",
     "models",
     "checkpoint/hf",

@@ -22,7 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "checkpoint/model/file_io.h"
+#include "common/file_io.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "google/protobuf/text_format.h"

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "checkpoint/model/file_io.h"
+#include "common/file_io.h"
 
 namespace pp {
 namespace {

@@ -28,7 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "checkpoint/model/file_io.h"
+#include "common/file_io.h"
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
 #include "common/torch_status.h"

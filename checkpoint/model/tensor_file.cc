@@ -27,7 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/model/file_io.h"
+#include "common/file_io.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "common/torch_status.h"

@@ -16,8 +16,8 @@
 // directory and the checkpoint directory; a resumed run reuses that file instead of measuring
 // again. Training continues through the switch: every schedule trains like sequential training, so
 // the losses are 1F1B's up to round-off.
-#ifndef DRIVER_AUTO_SCHEDULE_H_
-#define DRIVER_AUTO_SCHEDULE_H_
+#ifndef PIPELINE_AUTO_SCHEDULE_AUTO_SCHEDULE_H_
+#define PIPELINE_AUTO_SCHEDULE_AUTO_SCHEDULE_H_
 
 #include <chrono>
 #include <cstdint>
@@ -216,4 +216,4 @@ class AutoScheduleRun {
 
 }  // namespace pp
 
-#endif  // DRIVER_AUTO_SCHEDULE_H_
+#endif  // PIPELINE_AUTO_SCHEDULE_AUTO_SCHEDULE_H_

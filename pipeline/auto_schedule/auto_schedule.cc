@@ -1,4 +1,4 @@
-#include "driver/auto_schedule.h"
+#include "pipeline/auto_schedule/auto_schedule.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/model/file_io.h"
+#include "common/file_io.h"
 #include "common/status_macros.h"
 #include "pipeline/schedule/csv.h"
 #include "pipeline/schedule/registry.h"

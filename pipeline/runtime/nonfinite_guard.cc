@@ -1,4 +1,4 @@
-#include "driver/nonfinite_guard.h"
+#include "pipeline/runtime/nonfinite_guard.h"
 
 #include <cmath>
 #include <vector>
@@ -117,25 +117,24 @@ absl::Status NonFiniteGuard::AfterStep(const StepResult& result, const ParallelG
       "step ", step, ": ", loss_ok ? "" : "loss ", loss_ok ? "" : Describe(result.loss),
       !loss_ok && !norm_ok ? ", " : "", norm_ok ? "" : "gradient norm ",
       norm_ok ? "" : Describe(result.grad_norm), " is not finite; ", where);
-  if (config_.policy() == "skip" && result.update_skipped) {
+  if (options_.skip && result.update_skipped) {
     ++skipped_;
     ++skipped_in_a_row_;
     if (grid.global_rank() == 0) {
       LOG(WARNING) << what << "; update skipped (nonfinite.policy=skip, " << skipped_in_a_row_
                    << " in a row, " << skipped_ << " in all)";
     }
-    if (skipped_in_a_row_ < config_.max_skipped_steps()) return absl::OkStatus();
+    if (skipped_in_a_row_ < options_.max_skipped_steps) return absl::OkStatus();
     return absl::FailedPreconditionError(
         absl::StrCat(what, "; ", skipped_in_a_row_,
                      " steps in a row had no finite gradient (nonfinite.max_skipped_steps = ",
-                     config_.max_skipped_steps(),
+                     options_.max_skipped_steps,
                      "): training has diverged (lower optimizer.lr "
                      "or clip with optimizer.max_grad_norm)"));
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      what,
-      config_.policy() == "skip" ? "; the update was applied (the gradient norm was finite)" : "",
-      ". Stopped before saving (nonfinite.policy=", config_.policy(),
+      what, options_.skip ? "; the update was applied (the gradient norm was finite)" : "",
+      ". Stopped before saving (nonfinite.policy=", options_.skip ? "skip" : "fail",
       "); lower optimizer.lr, clip with optimizer.max_grad_norm, or set nonfinite.policy=skip"));
 }
 

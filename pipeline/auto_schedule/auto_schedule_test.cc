@@ -1,4 +1,4 @@
-#include "driver/auto_schedule.h"
+#include "pipeline/auto_schedule/auto_schedule.h"
 
 #include <algorithm>
 #include <limits>

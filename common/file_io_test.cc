@@ -1,5 +1,4 @@
-#include "checkpoint/model/file_io.h"
-#include "checkpoint/model/test_files.h"
+#include "common/file_io.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -13,7 +12,15 @@ namespace pp {
 namespace {
 
 namespace fs = std::filesystem;
-using checkpoint::test_files::FreshDir;
+
+// An empty directory `name` under $TEST_TMPDIR (or /tmp).
+std::string FreshDir(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const fs::path dir = fs::path(root != nullptr ? root : "/tmp") / ("file_io_test_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
 
 TEST(FileIoTest, WriteSyncedThenReadWholeFileRoundTrips) {
   std::string path = FreshDir("roundtrip") + "/f.bin";

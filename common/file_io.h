@@ -1,10 +1,10 @@
-// Plain file I/O of model checkpoints, errors as absl::Status naming the path:
+// Plain file I/O (model checkpoints, saved schedules), errors as absl::Status naming the path:
 // whole-file write with fsync, whole-file read, fsync of a file or directory,
 // atomic replacement (temporary file, fsync, rename, fsync of the parent),
 // recursive removal, and a read-only copy-on-write mapping of a file.
 // Knows nothing about tensors or checkpoint layout.
-#ifndef CHECKPOINT_MODEL_FILE_IO_H_
-#define CHECKPOINT_MODEL_FILE_IO_H_
+#ifndef COMMON_FILE_IO_H_
+#define COMMON_FILE_IO_H_
 
 #include <cstddef>
 #include <memory>
@@ -58,4 +58,4 @@ class MappedFile {
 
 }  // namespace pp
 
-#endif  // CHECKPOINT_MODEL_FILE_IO_H_
+#endif  // COMMON_FILE_IO_H_

@@ -7,21 +7,20 @@
 // the step's checkpoint is saved, so a non-finite state is never saved and
 // keep_last never prunes the newest finite checkpoint in favour of one.
 //
-//   NonFiniteGuard guard(config.nonfinite());
+//   NonFiniteGuard guard({.skip = ..., .max_skipped_steps = ...});
 //   PP_ASSIGN_OR_RETURN(StepResult r, trainer.Step());
 //   PP_RETURN_IF_ERROR(guard.AfterStep(r, grid, model, timeout));
 //   ... checkpointer.AfterStep(...)
 //
 // Next: pipeline/runtime/trainer.h (StepResult, skip_nonfinite_updates).
-#ifndef DRIVER_NONFINITE_GUARD_H_
-#define DRIVER_NONFINITE_GUARD_H_
+#ifndef PIPELINE_RUNTIME_NONFINITE_GUARD_H_
+#define PIPELINE_RUNTIME_NONFINITE_GUARD_H_
 
 #include <chrono>
 #include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
-#include "driver/config.pb.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/trainer.h"
 #include "topology/parallel_grid.h"
@@ -40,10 +39,20 @@ std::string FirstNonFiniteTensor(const PipelineModel& model, bool weights_only =
 absl::Status CheckWeightsFinite(const ParallelGrid& grid, const PipelineModel& model, int64_t step,
                                 std::chrono::milliseconds timeout);
 
+// What to do with a non-finite step (the driver fills it from the run's
+// nonfinite section; its messages name those fields).
+struct NonFiniteOptions {
+  // false ("fail"): stop at the first non-finite step. true ("skip"): a step
+  // whose update the Trainer skipped (TrainerOptions::skip_nonfinite_updates)
+  // is counted, and max_skipped_steps of them in a row stop the run.
+  bool skip = false;
+  int64_t max_skipped_steps = 10;
+};
+
 // One per run and rank; not thread-safe.
 class NonFiniteGuard {
  public:
-  explicit NonFiniteGuard(const driver::NonFiniteConfig& config) : config_(config) {}
+  explicit NonFiniteGuard(const NonFiniteOptions& options) : options_(options) {}
 
   // Every rank calls it after each Trainer::Step with its result. The loss
   // and the gradient norm are reduced over all ranks, so every rank takes the
@@ -58,11 +67,11 @@ class NonFiniteGuard {
   int64_t skipped_steps() const { return skipped_; }
 
  private:
-  driver::NonFiniteConfig config_;
+  NonFiniteOptions options_;
   int64_t skipped_ = 0;
   int64_t skipped_in_a_row_ = 0;
 };
 
 }  // namespace pp
 
-#endif  // DRIVER_NONFINITE_GUARD_H_
+#endif  // PIPELINE_RUNTIME_NONFINITE_GUARD_H_

@@ -1,4 +1,4 @@
-#include "checkpoint/model/file_io.h"
+#include "common/file_io.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
