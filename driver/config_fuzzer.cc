@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_split.h"
 #include "driver/experiment_config.h"
+#include "driver/resume_config.h"
 #include "google/protobuf/stubs/logging.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -3,31 +3,24 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <limits>
-#include <map>
 #include <regex>
-#include <sstream>
 
 #include <glog/logging.h>
-#include <google/protobuf/descriptor.h>
-#include <google/protobuf/io/tokenizer.h>
-#include <google/protobuf/text_format.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/field_checks.h"
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
-#include "pipeline/auto_schedule/auto_schedule.h"
 #include "driver/memory_budget.h"
 #include "driver/preflight.h"
 #include "models/registry.h"
+#include "pipeline/auto_schedule/auto_options.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/optimizer.h"
@@ -44,81 +37,6 @@
 
 namespace pp {
 namespace {
-
-namespace gpb = google::protobuf;
-
-// Collects parser errors as "line L:C: message".
-class ErrorCollector : public gpb::io::ErrorCollector {
- public:
-  void AddError(int line, gpb::io::ColumnNumber column, const std::string& message) override {
-    absl::StrAppend(&errors_, errors_.empty() ? "" : "; ", "line ", line + 1, ":", column + 1, ": ",
-                    message);
-  }
-  const std::string& errors() const { return errors_; }
-
- private:
-  std::string errors_;
-};
-
-std::vector<std::string> FieldNames(const gpb::Descriptor* d) {
-  std::vector<std::string> names;
-  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
-  return names;
-}
-
-void FillDefaults(gpb::Message& message) {
-  const gpb::Reflection* r = message.GetReflection();
-  const gpb::Descriptor* d = message.GetDescriptor();
-  for (int i = 0; i < d->field_count(); ++i) {
-    const gpb::FieldDescriptor* f = d->field(i);
-    if (f->is_repeated()) continue;
-    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
-      FillDefaults(*r->MutableMessage(&message, f));
-      continue;
-    }
-    if (r->HasField(message, f)) continue;
-    switch (f->cpp_type()) {
-      case gpb::FieldDescriptor::CPPTYPE_INT32:
-        r->SetInt32(&message, f, f->default_value_int32());
-        break;
-      case gpb::FieldDescriptor::CPPTYPE_INT64:
-        r->SetInt64(&message, f, f->default_value_int64());
-        break;
-      case gpb::FieldDescriptor::CPPTYPE_UINT32:
-        r->SetUInt32(&message, f, f->default_value_uint32());
-        break;
-      case gpb::FieldDescriptor::CPPTYPE_UINT64:
-        r->SetUInt64(&message, f, f->default_value_uint64());
-        break;
-      case gpb::FieldDescriptor::CPPTYPE_DOUBLE:
-        r->SetDouble(&message, f, f->default_value_double());
-        break;
-      case gpb::FieldDescriptor::CPPTYPE_FLOAT:
-        r->SetFloat(&message, f, f->default_value_float());
-        break;
-      case gpb::FieldDescriptor::CPPTYPE_BOOL:
-        r->SetBool(&message, f, f->default_value_bool());
-        break;
-      case gpb::FieldDescriptor::CPPTYPE_STRING:
-        r->SetString(&message, f, f->default_value_string());
-        break;
-      case gpb::FieldDescriptor::CPPTYPE_ENUM:
-        r->SetEnum(&message, f, f->default_value_enum());
-        break;
-      default:
-        break;
-    }
-  }
-  // The model's own message (an extension of ModelConfig) gets its defaults too.
-  std::vector<const gpb::FieldDescriptor*> set;
-  r->ListFields(message, &set);
-  for (const gpb::FieldDescriptor* f : set) {
-    if (f->is_extension() && !f->is_repeated() &&
-        f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
-      FillDefaults(*r->MutableMessage(&message, f));
-    }
-  }
-}
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
@@ -224,126 +142,6 @@ absl::Status CheckRanges(const ExperimentConfig& config) {
 }
 
 }  // namespace
-
-absl::StatusOr<ExperimentConfig> ParseExperimentConfig(const std::string& text) {
-  ExperimentConfig config;
-  gpb::TextFormat::Parser parser;
-  ErrorCollector errors;
-  parser.RecordErrorsTo(&errors);
-  if (!parser.ParseFromString(text, &config)) {
-    return Invalid(absl::StrCat(
-        "config does not parse as ExperimentConfig (driver/config.proto): ", errors.errors(),
-        " (models linked into this binary: ", absl::StrJoin(RegisteredModelNames(), ", "), ")"));
-  }
-  return config;
-}
-
-absl::StatusOr<ExperimentConfig> LoadExperimentConfig(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config '", path, "' is not a regular file (",
-        std::filesystem::is_directory(path, ec) ? "a directory" : "a FIFO, device or socket",
-        "); pass --config=experiments/configs/<name>.textproto"));
-  }
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        "cannot read config '", path, "'; pass --config=experiments/configs/<name>.textproto"));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  absl::StatusOr<ExperimentConfig> config = ParseExperimentConfig(buffer.str());
-  if (!config.ok()) return Invalid(absl::StrCat(path, ": ", config.status().message()));
-  return config;
-}
-
-absl::Status ApplyOverride(ExperimentConfig& config, absl::string_view assignment) {
-  const size_t eq = assignment.find('=');
-  if (eq == absl::string_view::npos || eq == 0) {
-    return Invalid(absl::StrCat("override '", assignment,
-                                "' must look like field.path=value, e.g. optimizer.lr=1e-3"));
-  }
-  const std::string path(assignment.substr(0, eq));
-  const std::string value(assignment.substr(eq + 1));
-  const std::vector<std::string> parts = absl::StrSplit(path, '.');
-  const gpb::Descriptor* d = ExperimentConfig::descriptor();
-  std::string text_open, text_close;
-  size_t first = 0;
-  // "gpt.width=256": a registered model's name stands for its message,
-  // model { [pp.gpt] { width: 256 } }.
-  if (const ModelInfo* model = FindModel(parts[0]);
-      model != nullptr && d->FindFieldByName(parts[0]) == nullptr && parts.size() > 1) {
-    const gpb::FieldDescriptor* extension = ModelExtension(*model);
-    if (extension == nullptr)
-      return absl::InternalError(absl::StrCat("model '", parts[0], "' has no extension"));
-    absl::StrAppend(&text_open, "model { [", extension->full_name(), "] { ");
-    text_close = " } }";
-    d = extension->message_type();
-    first = 1;
-  }
-  for (size_t i = first; i < parts.size(); ++i) {
-    const gpb::FieldDescriptor* f = d->FindFieldByName(parts[i]);
-    if (f == nullptr) {
-      const std::string models =
-          i == 0 ? absl::StrCat("; or a model's field: <model>.<field> with <model> one of ",
-                                absl::StrJoin(RegisteredModelNames(), ", "))
-                 : "";
-      return Invalid(absl::StrCat("unknown config field '", path, "': ", d->full_name(),
-                                  " has no field '", parts[i],
-                                  "' (valid: ", absl::StrJoin(FieldNames(d), ", "), models, ")"));
-    }
-    const bool last = i + 1 == parts.size();
-    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
-      if (last) {
-        return Invalid(absl::StrCat("config field '", path,
-                                    "' is a message; set one of its fields (",
-                                    absl::StrJoin(FieldNames(f->message_type()), ", "), ")"));
-      }
-      absl::StrAppend(&text_open, parts[i], " { ");
-      text_close += " }";
-      d = f->message_type();
-      continue;
-    }
-    if (!last)
-      return Invalid(
-          absl::StrCat("config field '", parts[i], "' in '", path, "' is not a message"));
-    std::string literal = value;
-    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_STRING)
-      literal = absl::StrCat("\"", absl::CEscape(value), "\"");
-    absl::StrAppend(&text_open, parts[i], ": ", literal);
-  }
-  gpb::TextFormat::Parser parser;
-  ErrorCollector errors;
-  parser.RecordErrorsTo(&errors);
-  // Merging keeps the other fields.
-  if (!parser.MergeFromString(text_open + text_close, &config)) {
-    return Invalid(absl::StrCat("cannot set ", path, " to '", value, "': ", errors.errors()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckOneValuePerField(const std::vector<CommandLineOverride>& overrides) {
-  std::map<std::string, const CommandLineOverride*> by_field;
-  for (const CommandLineOverride& o : overrides) {
-    const std::string field = o.assignment.substr(0, o.assignment.find('='));
-    const auto [it, inserted] = by_field.emplace(field, &o);
-    if (inserted) continue;
-    return Invalid(absl::StrCat("config field '", field, "' is given twice, by ", it->second->flag,
-                                " and by ", o.flag, "; only one would be taken, so give it once"));
-  }
-  return absl::OkStatus();
-}
-
-void ResolveDefaults(ExperimentConfig& config) {
-  // The partition method the model is cut by unless the config names one
-  // (GPT and BERT: their block type).
-  if (absl::StatusOr<SelectedModel> model = SelectModel(config.model());
-      model.ok() && !config.parallelism().has_partition_method()) {
-    config.mutable_parallelism()->set_partition_method(model->info->default_partition_method);
-  }
-  FillDefaults(config);
-}
 
 int WorldSizeOf(const driver::ParallelismConfig& par) {
   const int64_t ranks = static_cast<int64_t>(par.pp()) * par.dp() * par.tp();
@@ -845,152 +643,6 @@ LrScheduleConfig ToLrScheduleConfig(const ExperimentConfig& config) {
   lr.total_steps = config.steps();
   lr.min_lr = config.lr_schedule().min_lr();
   return lr;
-}
-
-std::string ConfigToText(const ExperimentConfig& config) {
-  std::string text;
-  gpb::TextFormat::PrintToString(config, &text);
-  return text;
-}
-
-namespace {
-
-// Field paths whose difference does not change the training.
-bool IgnoredOnResume(const std::string& path) {
-  for (const char* prefix :
-       {"name", "output_dir", "log_interval", "eval_interval", "eval_batches", "sample_",
-        "trace_step", "checkpoint.", "parallelism.timeout_seconds"}) {
-    if (absl::StartsWith(path, prefix)) return true;
-  }
-  return false;
-}
-
-// Differences that make the continuation another training run.
-bool BreaksResume(const std::string& path) {
-  const std::string first = path.substr(0, path.find('.'));
-  return first == "model" || FindModel(first) != nullptr || path == "seed" ||
-         path == "optimizer.name";
-}
-
-// "path: A in the checkpoint, B now" for every leaf field that differs.
-// The model's message (an extension of ModelConfig) is named by the model
-// ("gpt.num_heads"); another model is reported as `model`.
-void DiffModels(const gpb::Message& saved, const gpb::Message& now,
-                std::vector<std::pair<std::string, std::string>>& out);
-
-void DiffConfigs(const gpb::Message& saved, const gpb::Message& now, const std::string& prefix,
-                 std::vector<std::pair<std::string, std::string>>& out) {
-  const gpb::Descriptor* d = now.GetDescriptor();
-  const gpb::Reflection* rs = saved.GetReflection();
-  const gpb::Reflection* rn = now.GetReflection();
-  if (d == ModelConfig::descriptor()) return DiffModels(saved, now, out);
-  for (int i = 0; i < d->field_count(); ++i) {
-    const gpb::FieldDescriptor* f = d->field(i);
-    const std::string path = prefix + f->name();
-    if (f->is_repeated()) {
-      std::string a, b;
-      for (int k = 0; k < rs->FieldSize(saved, f); ++k) {
-        std::string v;
-        gpb::TextFormat::PrintFieldValueToString(saved, f, k, &v);
-        absl::StrAppend(&a, k ? ", " : "", v);
-      }
-      for (int k = 0; k < rn->FieldSize(now, f); ++k) {
-        std::string v;
-        gpb::TextFormat::PrintFieldValueToString(now, f, k, &v);
-        absl::StrAppend(&b, k ? ", " : "", v);
-      }
-      if (a != b)
-        out.emplace_back(path, absl::StrCat("[", a, "] in the checkpoint, [", b, "] now"));
-      continue;
-    }
-    if (f->cpp_type() == gpb::FieldDescriptor::CPPTYPE_MESSAGE) {
-      DiffConfigs(rs->GetMessage(saved, f), rn->GetMessage(now, f), path + ".", out);
-      continue;
-    }
-    std::string a, b;
-    gpb::TextFormat::PrintFieldValueToString(saved, f, -1, &a);
-    gpb::TextFormat::PrintFieldValueToString(now, f, -1, &b);
-    if (a != b) out.emplace_back(path, absl::StrCat(a, " in the checkpoint, ", b, " now"));
-  }
-}
-
-void DiffModels(const gpb::Message& saved, const gpb::Message& now,
-                std::vector<std::pair<std::string, std::string>>& out) {
-  std::vector<const gpb::FieldDescriptor*> a, b;
-  saved.GetReflection()->ListFields(saved, &a);
-  now.GetReflection()->ListFields(now, &b);
-  // Models by their registered names ("bert"), else their extensions.
-  const auto names = [](const std::vector<const gpb::FieldDescriptor*>& fields) {
-    std::vector<std::string> n;
-    for (const gpb::FieldDescriptor* f : fields) {
-      const ModelInfo* model = FindModelByExtension(f->number());
-      n.push_back(model != nullptr ? model->name : absl::StrCat("[", f->full_name(), "]"));
-    }
-    return n.empty() ? std::string("(none)") : absl::StrJoin(n, " and ");
-  };
-  if (a.empty() && b.empty()) return;  // neither names a model: nothing to compare
-  if (a.size() != 1 || b.size() != 1 || a[0] != b[0]) {
-    out.emplace_back("model", absl::StrCat(names(a), " in the checkpoint, ", names(b), " now"));
-    return;
-  }
-  if (a[0]->cpp_type() != gpb::FieldDescriptor::CPPTYPE_MESSAGE || a[0]->is_repeated()) return;
-  const ModelInfo* model = FindModelByExtension(a[0]->number());
-  DiffConfigs(saved.GetReflection()->GetMessage(saved, a[0]),
-              now.GetReflection()->GetMessage(now, b[0]),
-              (model != nullptr ? model->name : std::string("model")) + ".", out);
-}
-
-}  // namespace
-
-absl::Status CheckResumeConfig(const std::string& saved_text, const ExperimentConfig& now,
-                               std::vector<std::string>* warnings) {
-  if (saved_text.empty()) {
-    warnings->push_back(
-        "the checkpoint records no experiment config; its settings cannot be compared");
-    return absl::OkStatus();
-  }
-  absl::StatusOr<ExperimentConfig> saved = ParseExperimentConfig(saved_text);
-  if (!saved.ok()) {
-    warnings->push_back(absl::StrCat("the checkpoint's experiment config does not parse here (",
-                                     saved.status().message(), "); it cannot be compared"));
-    return absl::OkStatus();
-  }
-  std::vector<std::pair<std::string, std::string>> diffs;
-  DiffConfigs(*saved, now, "", diffs);
-  std::vector<std::string> breaking;
-  for (const auto& [path, what] : diffs) {
-    if (IgnoredOnResume(path)) continue;
-    if (path == "parallelism.tp") {
-      // Loading merges the ranks' shards and cuts the new ones
-      // (checkpoint/model/model_checkpoint.h); the RNG state carries over.
-      warnings->push_back(absl::StrCat(
-          "resuming at another tensor-parallel size (", path, ": ", what,
-          "): the checkpoint's shards are merged and split again; the run continues as it would "
-          "have, to rounding"));
-      continue;
-    }
-    const std::string line = absl::StrCat(path, ": ", what);
-    if (BreaksResume(path)) {
-      breaking.push_back(line);
-    } else {
-      warnings->push_back(
-          absl::StrCat("resuming with a changed setting (the run will not equal "
-                       "an uninterrupted one): ",
-                       line));
-    }
-  }
-  if (breaking.empty()) return absl::OkStatus();
-  if (now.checkpoint().allow_config_change()) {
-    for (const std::string& line : breaking) {
-      warnings->push_back(absl::StrCat(
-          "resuming with a changed model/seed/optimizer (checkpoint.allow_config_change): ", line));
-    }
-    return absl::OkStatus();
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the checkpoint was written by a different run: ", absl::StrJoin(breaking, "; "),
-      ". Resume with the checkpoint's settings, or set checkpoint.allow_config_change=true "
-      "(--set=checkpoint.allow_config_change=true) to continue anyway"));
 }
 
 }  // namespace pp

@@ -1,4 +1,5 @@
 #include "driver/experiment_config.h"
+#include "driver/resume_config.h"
 
 #include <filesystem>
 #include <fstream>

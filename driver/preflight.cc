@@ -20,7 +20,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
-#include "pipeline/auto_schedule/auto_schedule.h"
 #include "driver/memory_budget.h"
 #include "models/data/corpus.h"
 #include "models/registry.h"

@@ -23,6 +23,7 @@
 #include "driver/memory_budget.h"
 #include "driver/preflight.h"
 #include "driver/progress.h"
+#include "driver/resume_config.h"
 #include "driver/run_observability.h"
 #include "driver/run_report.h"
 #include "driver/save_on_signal.h"

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "pipeline/auto_schedule/auto_options.h"
 #include "pipeline/runtime/action_timer.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/schedule/simulator.h"
@@ -36,18 +37,6 @@
 #include "topology/parallel_grid.h"
 
 namespace pp {
-
-inline constexpr absl::string_view kAutoSchedule = "auto";
-// The file a synthesised schedule is saved as (run and checkpoint directory).
-inline constexpr absl::string_view kAutoScheduleFile = "auto_schedule.csv";
-
-// The registered schedule an auto run starts and measures with; InvalidArgument
-// naming the valid chunk counts for any other.
-absl::StatusOr<std::string> AutoMeasurementSchedule(int chunks);
-
-// The schedule to build a run's model and Trainer with: `schedule` itself, or
-// for "auto" its measurement schedule.
-absl::StatusOr<std::string> StartingSchedule(const std::string& schedule, int chunks);
 
 // One rank's measured costs as a flat vector that sums over ranks: per
 // virtual stage (p * v of them) the sums and counts of F, B, I and W
@@ -66,15 +55,6 @@ std::vector<double> LocalCostSums(const std::vector<std::vector<ActionTiming>>& 
 // forward or no backward timed.
 absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, int num_stages,
                                               int num_chunks);
-
-// parallelism.auto_costs: costs given instead of measured (reproducible, or
-// another machine's). `text` is the simulator's cost string
-// (ParseSimulationCosts: "F:1,I:1,W:1,comm:0.1"), the costs of one
-// micro-batch through one pipeline rank's share of the model; with v chunks
-// each virtual stage costs 1/v of it. A missing I/W splits B in halves, as a
-// measured unsplit backward. InvalidArgument names the field and the bad part.
-absl::StatusOr<SimulationCosts> AutoFixedCosts(absl::string_view text, int num_stages,
-                                               int num_chunks);
 
 // The smallest simulated gain over the best registered schedule for which
 // auto trains a synthesised schedule: the simulator's error as executed
