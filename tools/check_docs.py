@@ -40,12 +40,14 @@ Debian's python3 only.
 
 import argparse
 import glob
+import io
 import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+import tokenize as py_tokenize  # tokenize() below splits shell commands
 
 ABSL_BUILTIN_FLAGS = {
     "help", "helpfull", "helpshort", "helppackage", "helpon", "helpmatch", "version",
@@ -466,7 +468,7 @@ def path_regex(root):
 
 
 def paths_in(text, regex):
-    """(path, is checkable) for each repo-relative path in a piece of text."""
+    """The repo-relative paths a piece of text names (patterns and placeholders skipped)."""
     found = []
     if regex is None:
         return found
@@ -555,24 +557,22 @@ def c_comments(text):
 def python_comments(text):
     """`#` comments and docstrings (a string that is a statement of its own), or None
     where the file does not tokenize as Python."""
-    import io
-    import tokenize
     out = []
-    previous = tokenize.NEWLINE
+    tk = py_tokenize
+    statement_start = (tk.NEWLINE, tk.INDENT, tk.DEDENT, tk.NL)
+    previous = tk.NEWLINE
     try:
-        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            if tok.type == tokenize.COMMENT:
+        for tok in tk.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tk.COMMENT:
                 out.append((tok.start[0], tok.string[1:]))
-            elif tok.type == tokenize.STRING and previous in (
-                    tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.NL):
+            elif tok.type == tk.STRING and previous in statement_start:
                 for k, part in enumerate(tok.string.split("\n")):
                     out.append((tok.start[0] + k, part))
-            if tok.type not in (tokenize.COMMENT, tokenize.NL):
+            if tok.type not in (tk.COMMENT, tk.NL):
                 previous = tok.type
-            elif tok.type == tokenize.NL and previous in (tokenize.NEWLINE, tokenize.INDENT,
-                                                           tokenize.DEDENT, tokenize.NL):
-                previous = tokenize.NL
-    except (tokenize.TokenError, IndentationError, SyntaxError):
+            elif tok.type == tk.NL and previous in statement_start:
+                previous = tk.NL
+    except (tk.TokenError, IndentationError, SyntaxError):
         return None
     return out
 
@@ -584,17 +584,21 @@ def hash_comments(text):
         if number == 1 and line.startswith("#!"):
             continue
         quote = None
-        for k, c in enumerate(line):
+        k = 0
+        while k < len(line):
+            c = line[k]
+            if c == "\\" and quote != "'":
+                k += 2  # an escaped character, outside quotes or in double quotes
+                continue
             if quote:
                 if c == quote:
                     quote = None
-                elif c == "\\" and quote == '"':
-                    continue
             elif c in "\"'":
                 quote = c
             elif c == "#" and (k == 0 or line[k - 1] in " \t;|&("):
                 out.append((number, line[k + 1:]))
                 break
+            k += 1
     return out
 
 

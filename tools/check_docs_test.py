@@ -219,7 +219,8 @@ class CheckDocsTest(unittest.TestCase):
                                  "char c = '/'; int n = 1'000;  // tool/main.cc\n"
                                  'auto r = R"(tool/gone3.h)";\n')
         self.write("tool/run.py", 'X = "tool/gone.py"\nY = ("tool/gone2.py"\n     "x")\n')
-        self.write("tool/run.sh", '#!/bin/bash\nls tool/gone  "a # tool/gone2"\n')
+        self.write("tool/run.sh", '#!/bin/bash\nls tool/gone  "a # tool/gone2"\n'
+                                  'echo "a \\" # tool/gone3" \\# tool/gone4\n')
         code, _, err = self.check(CLEAN)
         self.assertEqual(code, 0, err)
 
