@@ -1,7 +1,7 @@
 """The PyTorch side of the GPU kit's throughput table (issue #31): the peer GPT
 trained the way a PyTorch user writes it, on one device, timed per step.
 
-The model is experiments/peer_gpt_kernels.py's PeerGpt (byte vocabulary 256,
+The model is bench/peer_gpt_kernels.py's PeerGpt (byte vocabulary 256,
 pre-LayerNorm nn.TransformerEncoderLayer blocks, 4x GELU MLP, no dropout,
 causal mask, learned positions, LM head tied to the token embedding), the
 model bench/gpu_pp1.cc trains with pipe's engine at pp = 1. A step is

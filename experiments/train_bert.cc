@@ -1,5 +1,5 @@
 // bazel run //experiments:train_bert -- [--config=experiments/configs/<name>.textproto] [overrides]
-// Trains the reference BERT (masked LM) across pipeline stages; see experiments/configs/README.md.
+// Trains the reference BERT (masked LM) across pipeline stages; see docs/training.md.
 #include "driver/experiment_main.h"
 
 int main(int argc, char** argv) {

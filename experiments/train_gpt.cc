@@ -1,5 +1,5 @@
 // bazel run //experiments:train_gpt -- [--config=experiments/configs/<name>.textproto] [overrides]
-// Trains the reference GPT across pipeline stages; see experiments/configs/README.md.
+// Trains the reference GPT across pipeline stages; see docs/training.md.
 #include "driver/experiment_main.h"
 
 int main(int argc, char** argv) {

@@ -1,7 +1,7 @@
 // bazel run //experiments:train_llama -- [--config=experiments/configs/<name>.textproto]
 // [overrides] Trains the LLaMA-style decoder over token files across pipeline stages;
 // tools/data/make_llama_data.sh makes llama_small_pp2's data. See
-// experiments/configs/README.md.
+// docs/training.md.
 #include "driver/experiment_main.h"
 
 int main(int argc, char** argv) {

@@ -8,7 +8,7 @@
 //   PP_RETURN_IF_ERROR(writer->AddText("sample", step, text));
 //   PP_RETURN_IF_ERROR(writer->Close());
 //
-// How the run directory uses it: observability/README.md.
+// How the run directory uses it: docs/observability.md.
 #ifndef OBSERVABILITY_TENSORBOARD_WRITER_H_
 #define OBSERVABILITY_TENSORBOARD_WRITER_H_
 

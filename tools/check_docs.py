@@ -6,19 +6,32 @@
   - every `--flag` given to one of pipe's binaries in a command (a code block line or an
     inline code span: `./bazelw run //experiments:train_gpt -- --steps=4`,
     `train_gpt --pp=4`, `bazel-bin/.../bench_gpt_kernels --reps=8`,
-    `experiments/bench_vs_deepspeed.sh --reps 4`) is a flag of that binary: the
+    `bench/bench_vs_deepspeed.sh --reps 4`) is a flag of that binary: the
     ABSL_FLAG definitions in the sources it is built from (`bazel query deps()`), plus
     Abseil's own (--helpfull, --flagfile, ...); for a shell or Python binary, the
     options its scripts parse (argparse `add_argument("--x"`, shell `--x)` cases);
   - every `--set=a.b=v,c=w` names fields of ExperimentConfig (the .proto files);
   - flags of `./bazelw`/`bazel` themselves (before `--`) are Bazel's and are skipped;
   - every relative link and image resolves (the file exists; for `#anchor`, a heading
-    with that anchor exists in the target Markdown file).
+    with that anchor exists in the target Markdown file);
+  - every repo-relative path named in those docs, or in a comment of a source file
+    (C++ and .proto `//` and `/* */` comments; `#` comments of Python, shell, BUILD and
+    .bzl files; Python docstrings), exists as a file or folder. A path counts when it
+    starts with a top-level folder of the repo (`pipeline/runtime/trainer.h`,
+    `bench/results/`, `.ci/run`), so a user's files (`runs/<name>/`, `/ckpt`, `~/tb`)
+    are not read as paths. A path without an extension may name a source's stem, as
+    comments name a target by its package path (`driver/auto_schedule` for
+    auto_schedule.{h,cc}). A generated protobuf source (`x.pb.h`) stands for its
+    `x.proto`. Skipped: anything after a `/` (`bazel-bin/x/y`, `//pkg:x`, URLs),
+    patterns and placeholders (`*`, `{a,b}`, `<name>`, `$VAR`, `...`), a link's target
+    (the link check's), and any line that carries the marker `check_docs: example path`
+    (a file the reader makes, e.g. a new result file in a how-to).
 
 Each problem is printed as FILE:LINE: what, and the exit status is 1 if there is any.
 
   tools/check_docs.py [--bazel=./bazelw] [FILES...]     default: README.md, docs/**/*.md,
-                                                        every other README.md in the tree
+                                                        every other README.md in the tree,
+                                                        and (paths only) every source file
   tools/check_docs.py --workspace_json=F FILES...       targets and binary sources from F
                                                         (what --dump_workspace=F wrote)
 
@@ -27,12 +40,14 @@ Debian's python3 only.
 
 import argparse
 import glob
+import io
 import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+import tokenize as py_tokenize  # tokenize() below splits shell commands
 
 ABSL_BUILTIN_FLAGS = {
     "help", "helpfull", "helpshort", "helppackage", "helpon", "helpmatch", "version",
@@ -427,6 +442,204 @@ def query_workspace(bazel, labels):
     return Workspace(existing, binaries)
 
 
+# --------------------------------------------------------------------------- paths
+
+
+SOURCE_EXTENSIONS = (".cc", ".h", ".cpp", ".proto", ".bzl", ".py", ".sh")
+SOURCE_NAMES = ("BUILD", "BUILD.bazel", "WORKSPACE")
+EXAMPLE_MARKER = "check_docs: example path"
+PATH_CHARS = r"[A-Za-z0-9_.+/-]"
+
+
+def top_folders(root):
+    """The repo's top-level folders: what a repo-relative path starts with."""
+    return sorted(n for n in os.listdir(root)
+                  if os.path.isdir(os.path.join(root, n)) and not os.path.islink(
+                      os.path.join(root, n)) and n != ".git" and not n.startswith("bazel-"))
+
+
+def path_regex(root):
+    tops = "|".join(re.escape(t) for t in sorted(top_folders(root), key=len, reverse=True))
+    if not tops:
+        return None
+    # Not after a path, URL or label character: `bazel-bin/docs/x`, `https://h/docs`,
+    # `//tools:x`, `$HOME/docs`, `~/tools` are someone else's paths.
+    return re.compile(r"(?<![A-Za-z0-9_.+/@:~$\\-])(?:%s)/%s*" % (tops, PATH_CHARS))
+
+
+def paths_in(text, regex):
+    """The repo-relative paths a piece of text names (patterns and placeholders skipped)."""
+    found = []
+    if regex is None:
+        return found
+    for m in regex.finditer(text):
+        path = m.group(0)
+        end = m.end()
+        following = text[end:end + 1]
+        if following and following in "*{<$[":
+            continue  # a glob or placeholder: `tools/*.py`, `runs/{a,b}`, `docs/<x>.md`
+        if "..." in path or "*" in path:
+            continue
+        path = path.rstrip(".,;:)")
+        if "//" in path:
+            continue
+        found.append(path)
+    return found
+
+
+def path_exists(root, path):
+    rel = path.rstrip("/")
+    for generated, source in ((".pb.h", ".proto"), (".pb.cc", ".proto"), ("_pb2.py", ".proto")):
+        if rel.endswith(generated):
+            rel = rel[:-len(generated)] + source
+    full = os.path.join(root, rel)
+    if os.path.exists(full):
+        return True
+    # A target named by its package path: a source file of that stem.
+    return "." not in os.path.basename(rel) and bool(glob.glob(glob.escape(full) + ".*"))
+
+
+def comment_lines(path, text):
+    """(line number, comment text) of a source file's comments (and Python docstrings)."""
+    base = os.path.basename(path)
+    if base.endswith((".cc", ".h", ".cpp", ".proto")):
+        return c_comments(text)
+    if base.endswith(".py") or base.endswith(".bzl") or base in SOURCE_NAMES:
+        found = python_comments(text)
+        if found is not None:
+            return found
+    return hash_comments(text)
+
+
+def c_comments(text):
+    """`//` and `/* */` comments, outside string and character literals."""
+    out = []
+    i, line, n = 0, 1, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+            i += 1
+        elif text.startswith("//", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            out.append((line, text[i + 2:end]))
+            i = end
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = n if end < 0 else end
+            for k, part in enumerate(text[i + 2:end].split("\n")):
+                out.append((line + k, part))
+            line += text.count("\n", i, end)
+            i = end + 2
+        elif text.startswith('R"', i) and (i == 0 or not re.match(r"\w", text[i - 1])):
+            m = re.match(r'R"([^(\s]*)\(', text[i:])
+            if not m:
+                i += 1
+                continue
+            close = text.find(")%s\"" % m.group(1), i)
+            close = n if close < 0 else close
+            line += text.count("\n", i, close)
+            i = close + 1
+        elif c in "\"'":
+            if c == "'" and i > 0 and re.match(r"[0-9A-Fa-f]", text[i - 1]):
+                i += 1  # a digit separator: 1'000'000
+                continue
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+        else:
+            i += 1
+    return out
+
+
+def python_comments(text):
+    """`#` comments and docstrings (a string that is a statement of its own), or None
+    where the file does not tokenize as Python."""
+    out = []
+    tk = py_tokenize
+    statement_start = (tk.NEWLINE, tk.INDENT, tk.DEDENT, tk.NL)
+    previous = tk.NEWLINE
+    try:
+        for tok in tk.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tk.COMMENT:
+                out.append((tok.start[0], tok.string[1:]))
+            elif tok.type == tk.STRING and previous in statement_start:
+                for k, part in enumerate(tok.string.split("\n")):
+                    out.append((tok.start[0] + k, part))
+            if tok.type not in (tk.COMMENT, tk.NL):
+                previous = tok.type
+            elif tok.type == tk.NL and previous in statement_start:
+                previous = tk.NL
+    except (tk.TokenError, IndentationError, SyntaxError):
+        return None
+    return out
+
+
+def hash_comments(text):
+    """`#` comments of a shell script: a `#` at a word's start, outside quotes."""
+    out = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if number == 1 and line.startswith("#!"):
+            continue
+        quote = None
+        k = 0
+        while k < len(line):
+            c = line[k]
+            if c == "\\" and quote != "'":
+                k += 2  # an escaped character, outside quotes or in double quotes
+                continue
+            if quote:
+                if c == quote:
+                    quote = None
+            elif c in "\"'":
+                quote = c
+            elif c == "#" and (k == 0 or line[k - 1] in " \t;|&("):
+                out.append((number, line[k + 1:]))
+                break
+            k += 1
+    return out
+
+
+def source_files(root):
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(("bazel-", ".git"))
+                             and not os.path.islink(os.path.join(dirpath, d)))
+        files.extend(os.path.join(dirpath, name) for name in sorted(filenames)
+                     if is_source(name))
+    return files
+
+
+def is_source(path):
+    base = os.path.basename(path)
+    return base.endswith(SOURCE_EXTENSIONS) or base in SOURCE_NAMES
+
+
+def check_paths(rel, lines, root, regex):
+    """Problems for the paths named in (line number, text) pairs that do not exist."""
+    problems = []
+    marked = set(n for n, t in lines if EXAMPLE_MARKER in t)
+    for number, text in lines:
+        if number in marked:
+            continue
+        for path in paths_in(text, regex):
+            STATS["paths"] += 1
+            if not path_exists(root, path):
+                problems.append(Problem(rel, number, "path %s does not exist" % path))
+    return problems
+
+
+def check_source(path, root, regex):
+    rel = os.path.relpath(path, root)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    marked = set(n for n, line in enumerate(text.split("\n"), 1) if EXAMPLE_MARKER in line)
+    lines = [(n, t) for n, t in comment_lines(path, text) if n not in marked]
+    return check_paths(rel, lines, root, regex)
+
+
 # --------------------------------------------------------------------------- checks
 
 
@@ -450,15 +663,19 @@ def collect_labels(files):
     return labels
 
 
-STATS = {"targets": 0, "flags": 0, "links": 0}
+STATS = {"targets": 0, "flags": 0, "links": 0, "paths": 0, "sources": 0}
 
 
-def check_file(path, root, workspace, messages, flag_cache):
+def check_file(path, root, workspace, messages, flag_cache, regex=None):
     problems = []
     rel = os.path.relpath(path, root)
     with open(path, encoding="utf-8") as f:
         text = f.read()
     parts = scan_markdown(text)
+    marked = set(n for n, line in enumerate(text.split("\n"), 1) if EXAMPLE_MARKER in line)
+    # A link's target is the link check's (relative to the file's folder), not a path.
+    problems.extend(check_paths(rel, [(n, LINK_RE.sub("", t) if k == "prose" else t)
+                                      for n, k, t in parts if n not in marked], root, regex))
     for number, kind, part in parts:
         for label in labels_in(part):
             STATS["targets"] += 1
@@ -543,12 +760,20 @@ def check_link(rel, number, path, root, target, image):
     return []
 
 
-def run(files, root, workspace):
+def run(files, root, workspace, sources=()):
     messages = parse_protos(root)
+    regex = path_regex(root)
     cache = {}
     problems = []
     for path in files:
-        problems.extend(check_file(path, root, workspace, messages, cache))
+        if is_source(path):
+            STATS["sources"] += 1
+            problems.extend(check_source(path, root, regex))
+        else:
+            problems.extend(check_file(path, root, workspace, messages, cache, regex))
+    for path in sources:
+        STATS["sources"] += 1
+        problems.extend(check_source(path, root, regex))
     return problems
 
 
@@ -563,16 +788,18 @@ def main(argv=None):
     root = os.path.abspath(args.root or os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
     files = [os.path.abspath(f) for f in args.files] or default_files(root)
+    sources = [] if args.files else source_files(root)
     if args.workspace_json:
         with open(args.workspace_json) as f:
             workspace = Workspace.from_json(json.load(f))
     else:
         os.chdir(root)
-        workspace = query_workspace(args.bazel, collect_labels(files))
+        workspace = query_workspace(args.bazel, collect_labels(
+            [f for f in files if not is_source(f)]))
         if args.dump_workspace:
             with open(args.dump_workspace, "w") as f:
                 json.dump(workspace.to_json(), f, indent=1, sort_keys=True)
-    problems = run(files, root, workspace)
+    problems = run(files, root, workspace, sources)
     for p in problems:
         print(p, file=sys.stderr)
     if problems:
@@ -580,8 +807,9 @@ def main(argv=None):
             len(problems), len({p.path for p in problems})), file=sys.stderr)
         return 1
     print("check_docs: %d file(s): every target (%d named), flag (%d given to pipe's binaries), "
-          "link and image (%d) resolves" % (len(files), STATS["targets"], STATS["flags"],
-                                            STATS["links"]))
+          "link and image (%d) resolves; every path (%d, in the docs and the comments of %d "
+          "source files) exists" % (len(files), STATS["targets"], STATS["flags"],
+                                   STATS["links"], STATS["paths"], STATS["sources"]))
     return 0
 
 

@@ -13,6 +13,17 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_docs  # noqa: E402
 
+# Paths that exist, and forms that are not read as paths.
+PATHS = textwrap.dedent("""    # Paths
+
+    `tool/main.cc`, tool/bench_x.py, `tool/`, docs/pic.png, `tool/config.pb.h`
+    (generated from tool/config.proto), `tool/lib` (a target: tool/lib.h). Not paths:
+    `runs/gpt-<time>/`, `tool/*.cc`, `tool/{a,b}.cc`, `tool/<name>.cc`, `tool/.../x`,
+    `bazel-bin/tool/gone`, https://example.com/tool/gone.md, `//tool:main.cc`,
+    `~/tool/gone`, `$HOME/tool/gone`, `/tool/gone`, [a link](../tool/main.cc).
+    A result you make: `tool/mine.jsonl` <!-- check_docs: example path -->
+    """)
+
 FILES = {
     "tool/main.cc": 'ABSL_FLAG(int, steps, 400, "steps");\nABSL_FLAG(std::string, set, "", "x");\n'
                     'ABSL_FLAG(bool, p2p_static_shapes, false,\n          "static");\n',
@@ -33,6 +44,11 @@ FILES = {
         message GptConfig { optional int64 num_layers = 1; }
         """),
     "docs/pic.png": "png",
+    "docs/paths.md": PATHS,
+    "tool/lib.h": "// What the library is for; see tool/main.cc and docs/guide.md.\n"
+                  "const char* kPath = \"tool/not_a_comment.cc\";  // tool/bench_x.sh\n",
+    "tool/run.py": '"""Reads tool/config.proto."""\nX = "tool/gone.txt"  # tool/lib\n',
+    "tool/run.sh": '#!/bin/bash\necho "# tool/gone.sh"  # tool/\n',
     "docs/guide.md": "# Guide\n\n## Running `train` fast\n\nBack to [the README](../README.md#two-commands).\n",
 }
 
@@ -69,6 +85,7 @@ CLEAN = textwrap.dedent("""\
     """)
 
 
+
 class CheckDocsTest(unittest.TestCase):
 
     def setUp(self):
@@ -83,10 +100,12 @@ class CheckDocsTest(unittest.TestCase):
         with open(self.ws, "w") as f:
             json.dump(WORKSPACE, f)
 
-    def check(self, readme):
+    def check(self, readme, sources=("tool/lib.h", "tool/run.py", "tool/run.sh")):
         with open(os.path.join(self.root, "README.md"), "w") as f:
             f.write(readme)
-        files = [os.path.join(self.root, "README.md"), os.path.join(self.root, "docs/guide.md")]
+        files = [os.path.join(self.root, "README.md"), os.path.join(self.root, "docs/guide.md"),
+                 os.path.join(self.root, "docs/paths.md")]
+        files += [os.path.join(self.root, s) for s in sources]
         proc = subprocess.run(
             [sys.executable, check_docs.__file__, "--root=" + self.root,
              "--workspace_json=" + self.ws] + files,
@@ -103,7 +122,7 @@ class CheckDocsTest(unittest.TestCase):
     def test_clean_docs_pass(self):
         code, out, err = self.check(CLEAN)
         self.assertEqual(code, 0, err)
-        self.assertIn("2 file(s)", out)
+        self.assertIn("6 file(s)", out)
 
     def test_a_broken_target_fails_naming_file_and_line(self):
         self.assert_fails("\nSee `//tool:gone`.\n",
@@ -162,6 +181,52 @@ class CheckDocsTest(unittest.TestCase):
 
     def test_code_is_not_read_as_links(self):
         code, _, err = self.check(CLEAN + "\n`[x](nope.md)`\n\n```\n[y](nope.md)\n```\n")
+        self.assertEqual(code, 0, err)
+
+    def test_a_missing_path_in_a_doc_fails(self):
+        self.assert_fails("\nSee `tool/gone.cc`.\n", "README.md:22: path tool/gone.cc does not exist")
+        self.assert_fails("\nSee docs/gone/, then\ntool/sub/x.h.\n",
+                          "README.md:22: path docs/gone/ does not exist",
+                          "README.md:23: path tool/sub/x.h does not exist")
+        self.assert_fails("\n```\npython3 tool/gone.py --x\n```\n",
+                          "README.md:23: path tool/gone.py does not exist")
+        # A generated source stands for its .proto, a stem for its sources.
+        self.assert_fails("\n`tool/other.pb.h`\n", "path tool/other.pb.h does not exist")
+        self.assert_fails("\n`tool/gone_lib`\n", "path tool/gone_lib does not exist")
+
+    def write(self, rel, text):
+        with open(os.path.join(self.root, rel), "w") as f:
+            f.write(text)
+
+    def test_a_missing_path_in_a_comment_fails(self):
+        self.write("tool/lib.h", "int x;  // see tool/gone.h\n/* and\n   tool/gone2.cc */\n")
+        self.write("tool/run.py", '"""Usage: python3 tool/gone.py"""\n# tool/gone3.py\n'
+                                  'def f():\n    """tool/gone4.py"""\n')
+        self.write("tool/run.sh", "#!/bin/bash\nx=1  # tool/gone.sh\n")
+        code, _, err = self.check(CLEAN)
+        self.assertEqual(code, 1, err)
+        for m in ("tool/lib.h:1: path tool/gone.h does not exist",
+                  "tool/lib.h:3: path tool/gone2.cc does not exist",
+                  "tool/run.py:1: path tool/gone.py does not exist",
+                  "tool/run.py:2: path tool/gone3.py does not exist",
+                  "tool/run.py:4: path tool/gone4.py does not exist",
+                  "tool/run.sh:2: path tool/gone.sh does not exist"):
+            self.assertIn(m, err)
+        self.assertEqual(err.count(" does not exist"), 6, err)
+
+    def test_code_outside_comments_is_not_read(self):
+        self.write("tool/lib.h", 'const char* k = "tool/gone.h // tool/gone2.h";\n'
+                                 "char c = '/'; int n = 1'000;  // tool/main.cc\n"
+                                 'auto r = R"(tool/gone3.h)";\n')
+        self.write("tool/run.py", 'X = "tool/gone.py"\nY = ("tool/gone2.py"\n     "x")\n')
+        self.write("tool/run.sh", '#!/bin/bash\nls tool/gone  "a # tool/gone2"\n'
+                                  'echo "a \\" # tool/gone3" \\# tool/gone4\n')
+        code, _, err = self.check(CLEAN)
+        self.assertEqual(code, 0, err)
+
+    def test_the_marker_skips_a_line(self):
+        self.write("tool/lib.h", "// tool/mine.cc (check_docs: example path)\n")
+        code, _, err = self.check(CLEAN + "\n`tool/mine.md`  <!-- check_docs: example path -->\n")
         self.assertEqual(code, 0, err)
 
     def test_anchors(self):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # python_env.sh: makes (once) and prints the path of one of pipe's Python
-# virtual environments, pinned by tools/python_envs/NAME.txt.
+# virtual environments, pinned by tools/python_envs/<name>.txt.
 #
 #   tools/python_env.sh torch-newest               # the venv's path
 #   tools/python_env.sh --torch_dir torch-newest   # its torch/ folder (a LibTorch)

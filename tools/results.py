@@ -73,6 +73,8 @@ def validate_record(record, where):
     """Errors (strings naming `where` and the field) of one record; [] when valid.
 
     Required: date (UTC, ISO 8601), commit, machine.nproc, machine.loadavg, command.
+    Optional `note`: free text, the run's reading in words (the dated paragraphs the
+    docs once carried live here, on the record they describe), never empty.
     A record converted from the README's prose (`"history": true`) may give null for
     a commit or load average the prose did not record; a new measurement may not.
     """
@@ -110,6 +112,11 @@ def validate_record(record, where):
                       (where, command))
     if "figures" in record and not isinstance(record["figures"], dict):
         errors.append("%s: figures must be an object of name -> value" % where)
+    if "note" in record:
+        note = record["note"]
+        if not isinstance(note, str) or not note.strip():
+            errors.append("%s: note %r must be text (what the run showed, in words); leave it "
+                          "out when there is none" % (where, note))
     return errors
 
 

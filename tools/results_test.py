@@ -84,6 +84,15 @@ class ResultsTest(unittest.TestCase):
         r["machine"]["nproc"] = 0
         self.assertIn("positive integer", results.validate_record(r, "w")[0])
 
+    def test_a_note_is_optional_free_text(self):
+        self.assertEqual(results.validate_record(record(note="Quiet machine: pipe 1.13x."), "w"),
+                         [])
+        for bad in ("", "  ", ["a", "b"], {"text": "x"}, 3):
+            errors = results.validate_record(record(note=bad), "bench/results/x.jsonl:3")
+            self.assertEqual(len(errors), 1, (bad, errors))
+            self.assertIn("bench/results/x.jsonl:3: note", errors[0])
+            self.assertIn("must be text", errors[0])
+
     def test_only_history_records_may_lack_commit_and_load(self):
         r = record(commit=None)
         r["machine"]["loadavg"] = None

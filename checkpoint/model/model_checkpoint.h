@@ -10,7 +10,7 @@
 //   tied_wte-model_states.pt   {"weight": T}          (saved once, by the lowest stage holding it)
 //   tied_wte-optim_states.pt
 //   rank_state-pipe_01-data_00-model_00.pt   per-rank RNG / loader state
-//   manifest.textproto                       see checkpoint/manifest.proto
+//   manifest.textproto                       see checkpoint/model/manifest.proto
 //
 // (with "-model_XX" after the layer index when the model-parallel axis is > 1:
 // each tensor-parallel rank's shards, a whole tensor in every rank's file).

@@ -17,7 +17,7 @@
 // (TrainerOptions::vocabulary) saves the dense model's files, the tables
 // gathered whole, and loads any layout's (its rows cut from them).
 //
-// Next: checkpoint/model_checkpoint.h (the files), checkpoint/README.md.
+// Next: checkpoint/model/model_checkpoint.h (the files), docs/checkpoints.md.
 #ifndef CHECKPOINT_MODEL_TRAINER_CHECKPOINT_H_
 #define CHECKPOINT_MODEL_TRAINER_CHECKPOINT_H_
 

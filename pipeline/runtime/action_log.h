@@ -11,7 +11,7 @@
 // end's pipe rank.) Compute actions also log what they cost the executor's
 // thread: with one intra-op and one BLAS thread every kernel of an action runs
 // there, so the differences are the action's own cost even on a loaded
-// machine, where the wall clock is not (experiments/action_costs.py reads
+// machine, where the wall clock is not (tools/action_costs.py reads
 // them; check_observability_run.py the communication lines' durations).
 // Every end line carries, once the CPU memory tracker is installed
 // (observability/memory_tracker.h), the process's live CPU tensor bytes after

@@ -14,7 +14,7 @@
 // Why fp32 accumulation: m micro-batches summed in bf16 (8 significant bits)
 // lose the small contributions once the sum is large; fp32 keeps 24 bits.
 // The loss, LayerNorm/RMSNorm and attention softmax run in fp32 too (the
-// models and the Trainer cast around them); see pipeline/runtime/README.md
+// models and the Trainer cast around them); see docs/runtime.md
 // and docs/training.md "Mixed precision (bf16)" for the table of which op
 // runs in which dtype.
 #ifndef PIPELINE_RUNTIME_MIXED_PRECISION_H_

@@ -14,7 +14,7 @@
 //
 // Tensor parallelism: with a grid whose model axis is > 1, build the model
 // with PipelineModelOptions::layer_environment.model_parallel = this rank's
-// model group (pipeline/tensor_parallel/README.md). p2p, tie groups and the
+// model group (docs/tensor_parallelism.md). p2p, tie groups and the
 // data-parallel average then work per tensor-parallel rank, and the norm is
 // reduced over pipe x model with a parameter whole on every tp rank counted
 // once and a sharded one once per shard, as in the dense model.

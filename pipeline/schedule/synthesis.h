@@ -29,7 +29,7 @@
 // cbc, highs) would need a time-indexed MIP whose size grows with
 // p * m * v * horizon; at the grid's sizes (p = 8, m = 32) it would not close
 // in seconds, and at p = 4, m = 4 the heuristic already meets the lower bound.
-// See pipeline/schedule/README.md.
+// See docs/schedules.md ("Synthesis: the method").
 #ifndef PIPELINE_SCHEDULE_SYNTHESIS_H_
 #define PIPELINE_SCHEDULE_SYNTHESIS_H_
 

@@ -1,6 +1,6 @@
 """rules_proto shim: forwards to the native proto rules.
 
-pipe does not use them (see tools/pp_proto.bzl, which runs the system protoc);
+pipe does not use them (see tools/pp.bzl, whose proto rule runs the system protoc);
 only Bazel's own tools load this file.
 """
 
