@@ -20,7 +20,7 @@
     starts with a top-level folder of the repo (`pipeline/runtime/trainer.h`,
     `bench/results/`, `.ci/run`), so a user's files (`runs/<name>/`, `/ckpt`, `~/tb`)
     are not read as paths. A path without an extension may name a source's stem, as
-    comments name a target by its package path (`driver/auto_schedule` for
+    comments name a target by its package path (`pipeline/auto_schedule/auto_schedule` for
     auto_schedule.{h,cc}). A generated protobuf source (`x.pb.h`) stands for its
     `x.proto`. Skipped: anything after a `/` (`bazel-bin/x/y`, `//pkg:x`, URLs),
     patterns and placeholders (`*`, `{a,b}`, `<name>`, `$VAR`, `...`), a link's target
