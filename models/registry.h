@@ -39,9 +39,10 @@
 // model's package, and linking the registration is all it takes for the
 // parser to know it.
 //
-// Registering a name or extension twice aborts at start-up (static
-// initialization) naming both. The registry is filled during static
-// initialization and read-only afterwards, so lookups are thread-safe.
+// Registering a name, an extension or a Hugging Face model_type twice aborts
+// at start-up (static initialization) naming both. The registry is filled
+// during static initialization and read-only afterwards, so lookups are
+// thread-safe.
 #ifndef MODELS_REGISTRY_H_
 #define MODELS_REGISTRY_H_
 
