@@ -214,7 +214,7 @@ class Gpt(nn.Module):
 
 
 def load_hf(gpt, folder, layers, width):
-    """A GPT2LMHeadModel folder's tensors into `gpt` (pipe's gpt2_hf.cc mapping)."""
+    """A GPT2LMHeadModel folder's tensors into `gpt` (pipe's models/gpt/gpt_hf.cc mapping)."""
     from safetensors.torch import load_file
     t = load_file(os.path.join(folder, "model.safetensors"))
     get = lambda name: t.get(name, t.get("transformer." + name))  # noqa: E731

@@ -34,6 +34,12 @@ void RegisterModel(ModelInfo info) {
         << "models '" << name << "' and '" << info.name << "' both extend pp.ModelConfig with "
         << "field number " << info.extension_number << "; give one another number";
   }
+  for (const std::string& type : info.hf.model_types) {
+    const ModelInfo* other = FindModelByHfType(type);
+    CHECK(other == nullptr) << "models '" << other->name << "' and '" << info.name
+                            << "' both import Hugging Face model_type '" << type
+                            << "'; a model_type belongs to one model";
+  }
   std::string name = info.name;
   registry.emplace(std::move(name), std::move(info));
 }
@@ -58,6 +64,15 @@ const ModelInfo* FindModel(const std::string& name) {
 const ModelInfo* FindModelByExtension(int extension_number) {
   for (const auto& [name, info] : Registry()) {
     if (info.extension_number == extension_number) return &info;
+  }
+  return nullptr;
+}
+
+const ModelInfo* FindModelByHfType(const std::string& model_type) {
+  for (const auto& [name, info] : Registry()) {
+    for (const std::string& type : info.hf.model_types) {
+      if (type == model_type) return &info;
+    }
   }
   return nullptr;
 }

@@ -12,10 +12,25 @@
 //       .tensor_parallel_loss = ...,  // optional: declares support for parallelism.tp > 1
 //       .vocabulary_split = ...,      // optional: for parallelism.vocab_parallel
 //       .data = [](const MyModelConfig& c, const ModelRun& run) { ... },
+//       .hf = {...},                  // optional: Hugging Face import/export
 //   });
 //
 // and a run's config selects it with `model { [pp.my_model] { ... } }`. The
 // driver (driver/) looks the model up here and knows no model by name.
+//
+// Hugging Face conversion (`.hf`, an HfConversion) is part of the
+// registration too, like a transformers model class's from_pretrained /
+// save_pretrained or torchtitan's state_dict_adapter: the model's package
+// keeps its converter (models/gpt/gpt_hf.h, models/llama/llama_hf.h; the
+// folder and safetensors pieces are checkpoint/hf/), declares the
+// config.json `model_type`s it reads, and hf_convert (driver/hf_convert_main.h)
+// finds it by the pipe name or the model_type without knowing either:
+//
+//   .hf = {.model_types = {"my_hf_type"},
+//          .import_folder = [](const std::string& hf_dir, const std::string& root)
+//              -> absl::StatusOr<MyModelConfig> { ... },  // folder -> step 0 under root
+//          .export_checkpoint = [](const std::string& checkpoint, const MyModelConfig& c,
+//                                  const std::string& hf_dir) { ... }},  // -> folder
 //
 // Why proto2 extensions (not google.protobuf.Any): the config stays plain
 // protobuf text with the model's fields and their defaults typed and
@@ -24,9 +39,10 @@
 // model's package, and linking the registration is all it takes for the
 // parser to know it.
 //
-// Registering a name or extension twice aborts at start-up (static
-// initialization) naming both. The registry is filled during static
-// initialization and read-only afterwards, so lookups are thread-safe.
+// Registering a name, an extension or a Hugging Face model_type twice aborts
+// at start-up (static initialization) naming both. The registry is filled
+// during static initialization and read-only afterwards, so lookups are
+// thread-safe.
 #ifndef MODELS_REGISTRY_H_
 #define MODELS_REGISTRY_H_
 
@@ -134,6 +150,35 @@ class ModelSampler {
                                              std::chrono::milliseconds timeout) = 0;
 };
 
+// A model's Hugging Face conversion: between a transformers-style folder
+// (config.json + model.safetensors, checkpoint/hf/hf_folder.h) and a
+// layer-wise pipe checkpoint, which loads at any pp/dp/tp layout. Either
+// function may be null (the model converts one way only); hf_convert names
+// the models that convert each way.
+struct HfConversion {
+  // The config.json `model_type`s import reads ("gpt2"); hf_convert accepts
+  // them for --model beside the pipe name and picks the model from a folder's
+  // config.json by them. A model_type belongs to one model (registering it
+  // twice aborts at start-up).
+  std::vector<std::string> model_types;
+  // Reads the folder `hf_dir` and saves it as step 0 of a pipe checkpoint
+  // under `root` (which must hold no checkpoint; hf_folder.h's
+  // ImportHfToCheckpoint does both). Returns the model's config message (of
+  // the registration's type) with the fields the folder decides set, and only
+  // those: hf_convert prints them as the --set overrides a run resuming from
+  // `root` needs. InvalidArgument naming the config.json field the model
+  // cannot take.
+  std::function<absl::StatusOr<std::unique_ptr<google::protobuf::Message>>(
+      const std::string& hf_dir, const std::string& root)>
+      import_folder;
+  // Writes the pipe checkpoint `checkpoint` (a step directory) of a run of
+  // this model with `config` (the config the checkpoint records) to the
+  // folder `hf_dir`, created.
+  std::function<absl::Status(const std::string& checkpoint, const google::protobuf::Message& config,
+                             const std::string& hf_dir)>
+      export_checkpoint;
+};
+
 // A registered model, its functions taking its own config message (the
 // extension's value, every default filled in).
 struct ModelInfo {
@@ -172,9 +217,12 @@ struct ModelInfo {
   // Optional: null for a model without sampling or memory estimate.
   std::function<std::unique_ptr<ModelSampler>(const google::protobuf::Message&)> sampler;
   std::function<TransformerShape(const google::protobuf::Message&)> transformer_shape;
+  // Optional: Hugging Face import and export (HfConversion above).
+  HfConversion hf;
 };
 
-// Adds a model; aborts if its name or extension number is taken or empty.
+// Adds a model; aborts if its name, extension number or one of its
+// hf.model_types is taken, or its name is empty.
 // Use PP_REGISTER_MODEL.
 void RegisterModel(ModelInfo info);
 
@@ -184,6 +232,8 @@ std::vector<std::string> RegisteredModelNames();
 // Null when no model of that name (or extension number) is linked in.
 const ModelInfo* FindModel(const std::string& name);
 const ModelInfo* FindModelByExtension(int extension_number);
+// The model whose HfConversion declares `model_type`; null when none.
+const ModelInfo* FindModelByHfType(const std::string& model_type);
 
 // The model a config's `model` section selects and its message: exactly one
 // extension set. InvalidArgument names what is set and the registered models.
@@ -203,6 +253,17 @@ const Config& As(const google::protobuf::Message& message) {
   return static_cast<const Config&>(message);
 }
 
+// HfConversion taking the model's own config message.
+template <typename Config>
+struct TypedHfConversion {
+  std::vector<std::string> model_types;
+  std::function<absl::StatusOr<Config>(const std::string& hf_dir, const std::string& root)>
+      import_folder;
+  std::function<absl::Status(const std::string& checkpoint, const Config& config,
+                             const std::string& hf_dir)>
+      export_checkpoint;
+};
+
 // The typed form PP_REGISTER_MODEL takes.
 template <typename Config>
 struct TypedModel {
@@ -219,6 +280,7 @@ struct TypedModel {
   std::function<absl::Status(const Config&, const ModelRun&)> check_data;
   std::function<std::unique_ptr<ModelSampler>(const Config&)> sampler;
   std::function<TransformerShape(const Config&)> transformer_shape;
+  TypedHfConversion<Config> hf;
 };
 
 template <typename Config>
@@ -257,6 +319,23 @@ ModelInfo Erase(TypedModel<Config> m, int extension_number) {
   if (m.sampler) info.sampler = [f = m.sampler](const Msg& c) { return f(As<Config>(c)); };
   if (m.transformer_shape) {
     info.transformer_shape = [f = m.transformer_shape](const Msg& c) { return f(As<Config>(c)); };
+  }
+  info.hf.model_types = std::move(m.hf.model_types);
+  if (m.hf.import_folder) {
+    info.hf.import_folder = [f = m.hf.import_folder](
+                                const std::string& hf_dir,
+                                const std::string& root) -> absl::StatusOr<std::unique_ptr<Msg>> {
+      absl::StatusOr<Config> config = f(hf_dir, root);
+      if (!config.ok()) return config.status();
+      return std::make_unique<Config>(*std::move(config));
+    };
+  }
+  if (m.hf.export_checkpoint) {
+    info.hf.export_checkpoint = [f = m.hf.export_checkpoint](const std::string& checkpoint,
+                                                             const Msg& c,
+                                                             const std::string& hf_dir) {
+      return f(checkpoint, As<Config>(c), hf_dir);
+    };
   }
   return info;
 }

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""The Python side of checkpoint/hf's interop test, run with the real clients
+"""The transformers side of the models' Hugging Face interop tests
+(checkpoint/hf/hf_interop_testing.h: //models/gpt:gpt_hf_interop_test,
+//models/llama:llama_hf_interop_test), run with the real clients
 (transformers, safetensors, torch from tools/python_envs/hf-interop.txt).
 
   hf_check.py load llama|gpt2 DIR CASE.safetensors

@@ -120,17 +120,25 @@ absl::Status SaveWholeModelCheckpoint(const torch::nn::Module& module, int64_t n
   return SaveCheckpoint(request, CheckpointRank()).status();
 }
 
-absl::Status ExportCheckpointToHf(const std::string& checkpoint,
-                                  const std::vector<LayerSpec>& specs,
-                                  const std::string& config_json, const ToHfFn& to_hf,
-                                  const std::string& hf_dir) {
+absl::StatusOr<std::map<std::string, torch::Tensor>> LoadCheckpointParameters(
+    const std::string& checkpoint, const std::vector<LayerSpec>& specs) {
   absl::StatusOr<StageModule> model = BuildSequential(specs, 0);
   if (!model.ok()) return model.status();
   const auto num_layers = static_cast<int64_t>(specs.size());
   if (absl::Status s = LoadWholeModelCheckpoint(checkpoint, num_layers, **model); !s.ok()) {
     return s;
   }
-  absl::StatusOr<SafetensorsFile> tensors = to_hf(ModuleParameters(**model));
+  return ModuleParameters(**model);
+}
+
+absl::Status ExportCheckpointToHf(const std::string& checkpoint,
+                                  const std::vector<LayerSpec>& specs,
+                                  const std::string& config_json, const ToHfFn& to_hf,
+                                  const std::string& hf_dir) {
+  absl::StatusOr<std::map<std::string, torch::Tensor>> parameters =
+      LoadCheckpointParameters(checkpoint, specs);
+  if (!parameters.ok()) return parameters.status();
+  absl::StatusOr<SafetensorsFile> tensors = to_hf(*parameters);
   if (!tensors.ok()) return tensors.status();
   return WriteHfFolder(hf_dir, {config_json, *std::move(tensors)});
 }

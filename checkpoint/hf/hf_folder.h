@@ -1,6 +1,10 @@
-// What every Hugging Face model mapping here shares: the folder (config.json +
+// What every model's Hugging Face converter shares: the folder (config.json +
 // model.safetensors), a module's parameters by global name, and pipe
-// checkpoints of a whole (ToSequential) model. Thread-compatible.
+// checkpoints of a whole (ToSequential) model. A converter (a model's own
+// package: models/gpt/gpt_hf.h, models/llama/llama_hf.h,
+// examples/custom_model/tied_autoencoder_hf.h) supplies config.json and the
+// name mapping; ExportCheckpointToHf and ImportHfToCheckpoint do the rest.
+// Thread-compatible.
 #ifndef CHECKPOINT_HF_HF_FOLDER_H_
 #define CHECKPOINT_HF_HF_FOLDER_H_
 
@@ -44,6 +48,13 @@ absl::Status LoadWholeModelCheckpoint(const std::string& checkpoint, int64_t num
 // hold no checkpoint and no live run's lock (FailedPrecondition naming it).
 absl::Status SaveWholeModelCheckpoint(const torch::nn::Module& module, int64_t num_layers,
                                       const std::string& root, const std::string& imported_from);
+
+// The parameters (global name -> tensor) of the pipe checkpoint `checkpoint`
+// (a step directory or a root) of the model `specs` build, loaded strictly
+// into one whole model: what an export writes, and what a test compares a
+// folder with.
+absl::StatusOr<std::map<std::string, torch::Tensor>> LoadCheckpointParameters(
+    const std::string& checkpoint, const std::vector<LayerSpec>& specs);
 
 // A model's name mapping, for the two helpers below.
 using ToHfFn =

@@ -18,6 +18,7 @@
 #include "models/data/tokenizer.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/gpt_config.pb.h"
+#include "models/gpt/gpt_hf.h"
 #include "models/gpt/pipeline_sampler.h"
 #include "models/gpt/sample.h"
 #include "models/registry.h"
@@ -172,6 +173,25 @@ class GptSampler : public ModelSampler {
   PipelineSampler sampler_;
 };
 
+// Hugging Face GPT2LMHeadModel folders (gpt_hf.h). An import's overrides are
+// the shape fields the folder decides; the vocabulary is the byte tokenizer's.
+absl::StatusOr<GptModelConfig> ImportGpt2Folder(const std::string& hf_dir,
+                                                const std::string& root) {
+  PP_ASSIGN_OR_RETURN(const GptConfig config, ImportGpt2Hf(hf_dir, root));
+  GptModelConfig m;
+  m.set_context_length(config.context_length);
+  m.set_width(config.width);
+  m.set_num_heads(config.num_heads);
+  m.set_num_layers(config.num_layers);
+  m.set_mlp_ratio(config.mlp_ratio);
+  return m;
+}
+
+absl::Status ExportGpt2Folder(const std::string& checkpoint, const GptModelConfig& c,
+                              const std::string& hf_dir) {
+  return ExportGptCheckpoint(checkpoint, ToGptConfig(c), hf_dir);
+}
+
 }  // namespace
 
 PP_REGISTER_MODEL(GptModelConfig, gpt,
@@ -206,6 +226,10 @@ PP_REGISTER_MODEL(GptModelConfig, gpt,
                             return TransformerShape{c.context_length(), c.width(), c.num_heads(),
                                                     c.num_layers(), c.mlp_ratio()};
                           },
+                      // hf_convert import --model=gpt2 (or gpt), and export.
+                      .hf = {.model_types = {"gpt2"},
+                             .import_folder = ImportGpt2Folder,
+                             .export_checkpoint = ExportGpt2Folder},
                   });
 
 }  // namespace pp

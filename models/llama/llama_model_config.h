@@ -1,7 +1,7 @@
 // The one conversion between the config message [pp.llama]
 // (llama_config.proto) and the model's C++ LlamaConfig, both ways: the
-// registration builds the model from the message, the Hugging Face converter
-// (experiments/hf_convert) turns an imported config.json into the message.
+// registration builds the model from the message, and its Hugging Face import
+// (llama_hf.h) turns an imported config.json into the message.
 #ifndef MODELS_LLAMA_LLAMA_MODEL_CONFIG_H_
 #define MODELS_LLAMA_LLAMA_MODEL_CONFIG_H_
 

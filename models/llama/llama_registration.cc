@@ -26,6 +26,7 @@
 #include "models/gpt/sample.h"
 #include "models/llama/llama.h"
 #include "models/llama/llama_config.pb.h"
+#include "models/llama/llama_hf.h"
 #include "models/llama/llama_model_config.h"
 #include "models/registry.h"
 
@@ -231,6 +232,19 @@ class LlamaSampler : public ModelSampler {
   PipelineSampler sampler_;
 };
 
+// Hugging Face LlamaForCausalLM folders (llama_hf.h). An import's overrides
+// are every shape field (ToLlamaModelConfig).
+absl::StatusOr<LlamaModelConfig> ImportLlamaFolder(const std::string& hf_dir,
+                                                   const std::string& root) {
+  PP_ASSIGN_OR_RETURN(const LlamaConfig config, ImportLlamaHf(hf_dir, root));
+  return ToLlamaModelConfig(config);
+}
+
+absl::Status ExportLlamaFolder(const std::string& checkpoint, const LlamaModelConfig& c,
+                               const std::string& hf_dir) {
+  return ExportLlamaCheckpoint(checkpoint, ToLlamaConfig(c), hf_dir);
+}
+
 }  // namespace
 
 PP_REGISTER_MODEL(
@@ -271,6 +285,10 @@ PP_REGISTER_MODEL(
                                       c.num_layers(),     ratio,     c.vocab_size(),
                                       c.tie_embeddings()};
             },
+        // hf_convert import --model=llama, and export.
+        .hf = {.model_types = {"llama"},
+               .import_folder = ImportLlamaFolder,
+               .export_checkpoint = ExportLlamaFolder},
     });
 
 }  // namespace pp

@@ -14,8 +14,8 @@
 //
 // A pipe checkpoint is layer-wise (checkpoint/model/), so an import saved at
 // one layout loads at any pp/dp layout. Thread-compatible free functions.
-#ifndef CHECKPOINT_HF_LLAMA_HF_H_
-#define CHECKPOINT_HF_LLAMA_HF_H_
+#ifndef MODELS_LLAMA_LLAMA_HF_H_
+#define MODELS_LLAMA_LLAMA_HF_H_
 
 #include <map>
 #include <string>
@@ -64,4 +64,4 @@ absl::StatusOr<LlamaConfig> ImportLlamaHf(const std::string& hf_dir, const std::
 
 }  // namespace pp
 
-#endif  // CHECKPOINT_HF_LLAMA_HF_H_
+#endif  // MODELS_LLAMA_LLAMA_HF_H_

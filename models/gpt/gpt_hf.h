@@ -14,8 +14,8 @@
 // GPT-2's, which changes nothing (q . b_k is the same for every key of a
 // query, and softmax ignores a per-row constant). pipe's MLP uses exact GELU,
 // so the config says activation_function "gelu" (not GPT-2's "gelu_new").
-#ifndef CHECKPOINT_HF_GPT2_HF_H_
-#define CHECKPOINT_HF_GPT2_HF_H_
+#ifndef MODELS_GPT_GPT_HF_H_
+#define MODELS_GPT_GPT_HF_H_
 
 #include <string>
 
@@ -45,4 +45,4 @@ absl::StatusOr<GptConfig> ImportGpt2Hf(const std::string& hf_dir, const std::str
 
 }  // namespace pp
 
-#endif  // CHECKPOINT_HF_GPT2_HF_H_
+#endif  // MODELS_GPT_GPT_HF_H_

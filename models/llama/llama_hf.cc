@@ -1,4 +1,4 @@
-#include "checkpoint/hf/llama_hf.h"
+#include "models/llama/llama_hf.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

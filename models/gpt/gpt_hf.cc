@@ -1,4 +1,4 @@
-#include "checkpoint/hf/gpt2_hf.h"
+#include "models/gpt/gpt_hf.h"
 
 #include <map>
 #include <vector>

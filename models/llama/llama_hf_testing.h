@@ -1,0 +1,27 @@
+// The tiny LLaMA the Hugging Face converter's tests share: the shape
+// checkpoint/hf/hf_check.py's transformers model has (GQA 4/2, vocabulary
+// 300, context 16). Test-only.
+#ifndef MODELS_LLAMA_LLAMA_HF_TESTING_H_
+#define MODELS_LLAMA_LLAMA_HF_TESTING_H_
+
+#include "models/llama/llama.h"
+
+namespace pp {
+namespace hf_testing {
+
+inline LlamaConfig TinyLlama(bool tied) {
+  return {.vocab_size = 300,
+          .context_length = 16,
+          .width = 32,
+          .num_heads = 4,
+          .num_kv_heads = 2,
+          .num_layers = 2,
+          .intermediate_size = 48,
+          .rope_theta = 5000.0,
+          .tie_embeddings = tied};
+}
+
+}  // namespace hf_testing
+}  // namespace pp
+
+#endif  // MODELS_LLAMA_LLAMA_HF_TESTING_H_
