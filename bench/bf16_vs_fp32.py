@@ -20,7 +20,6 @@ over the measured steps.
 """
 
 import argparse
-import datetime
 import glob
 import json
 import os
@@ -29,8 +28,9 @@ import statistics
 import subprocess
 import tempfile
 
-PEER = ("gpt.width=256,gpt.num_layers=8,gpt.num_heads=4,gpt.context_length=128,gpt.mlp_ratio=4,"
-        "optimizer.max_grad_norm=0,lr_schedule.name=constant,eval_interval=0,sample_tokens=0,"
+import bench_common as bc
+
+PEER = (bc.PEER_GPT_SHAPE + ",optimizer.max_grad_norm=0,lr_schedule.name=constant,eval_interval=0,sample_tokens=0,"
         "log_interval=1")
 SCHEDULES = {"1f1b": 1, "zbv": 2}
 PRECISIONS = ["fp32", "bf16"]
@@ -83,21 +83,20 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("bf16_vs_fp32-%Y%m%dT%H%MZ")
-    with tempfile.TemporaryDirectory() as tmp, open(args.out, "a") as out:
+    run_id = bc.utc_now().strftime("bf16_vs_fp32-%Y%m%dT%H%MZ")
+    with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
             for schedule in SCHEDULES:
                 order = PRECISIONS if pair % 2 == 0 else list(reversed(PRECISIONS))
                 for precision in order:
                     name = f"{precision}_{schedule}_{pair}"
-                    start = datetime.datetime.now(datetime.timezone.utc)
+                    start = bc.utc_now()
                     cmd, l0, l1, figures = run(args.train_gpt, precision, schedule, args.steps,
                                                tmp, name)
                     record = {
                         "schema": "pipe-result/1",
-                        "date": start.isoformat(timespec="seconds").replace("+00:00", "Z"),
-                        "date_end": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                            timespec="seconds").replace("+00:00", "Z"),
+                        "date": bc.utc_seconds(start),
+                        "date_end": bc.utc_seconds(),
                         "commit": args.commit,
                         "machine": {"nproc": os.cpu_count(),
                                     "loadavg": f"{l0[0]:.1f}-{l1[0]:.1f}",
@@ -105,8 +104,7 @@ def main():
                         "command": " ".join(cmd), "bench": "bf16_vs_fp32", "run": run_id,
                         "config": f"{schedule}_{precision}", "figures": figures,
                     }
-                    out.write(json.dumps(record) + "\n")
-                    out.flush()
+                    bc.append_record(args.out, record)
                     print(f"{schedule} {precision}: median step {figures['median_step_s']:.3f} s, "
                           f"{figures['p2p_payload_bytes_per_step_rank0']:.0f} p2p B/step "
                           f"(load {l0[0]:.1f})", flush=True)

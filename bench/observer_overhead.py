@@ -23,7 +23,6 @@ average before and after, the command, the figures.
 """
 
 import argparse
-import datetime
 import glob
 import json
 import os
@@ -31,12 +30,12 @@ import statistics
 import subprocess
 import tempfile
 
-PEER = ("gpt.width=256,gpt.num_layers=8,gpt.num_heads=4,gpt.context_length=128,gpt.mlp_ratio=4,"
-        "optimizer.max_grad_norm=0,lr_schedule.name=constant,eval_interval=0,sample_tokens=0")
+import bench_common as bc
+
+PEER = (bc.PEER_GPT_SHAPE + ",optimizer.max_grad_norm=0,lr_schedule.name=constant,eval_interval=0,sample_tokens=0")
 LOG_INTERVAL = {"observers_off": 1000, "every_step_observed": 1}
 SCHEDULES = {"1f1b": 1, "zbv": 2}
-CPU_MODEL = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                  if line.startswith("model name")), "")
+CPU_MODEL = bc.cpu_model()
 
 
 def run(binary, variant, schedule, steps, out_dir, name):
@@ -73,7 +72,7 @@ def main():
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     nproc = os.cpu_count()
-    with tempfile.TemporaryDirectory() as tmp, open(args.out, "a") as out:
+    with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
             for schedule in SCHEDULES:
                 order = list(LOG_INTERVAL)
@@ -85,8 +84,7 @@ def main():
                                                name)
                     # pipe-result/1 (bench/results/README.md).
                     record = {
-                        "date": datetime.datetime.now(datetime.timezone.utc).strftime(
-                            "%Y-%m-%dT%H:%M:%SZ"),
+                        "date": bc.utc_seconds(),
                         "bench": "observer_overhead", "variant": variant,
                         "schedule": schedule, "pair": pair, "commit": args.commit,
                         "load_before": [round(x, 2) for x in l0],
@@ -96,8 +94,7 @@ def main():
                                     "loadavg": f"{l0[0]:.2f} (before) .. {l1[0]:.2f} (after)",
                                     "cpu_model": CPU_MODEL},
                     }
-                    out.write(json.dumps(record) + "\n")
-                    out.flush()
+                    bc.append_record(args.out, record)
                     print(f"{schedule} pair {pair} {variant}: median step "
                           f"{figures['median_step_s']:.4f} s (load {l0[0]:.1f})", flush=True)
 
