@@ -13,7 +13,6 @@
 //
 //   ./bazelw run -c opt //bench:bench_gpt_pp1 -- --steps=8
 //   ./bazelw run -c opt //bench:bench_gpt_pp1 -- --steps=8 --adamw=per_parameter
-#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -28,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_common.h"
+#include "bench/peer_gpt.h"
 #include "common/status_macros.h"
 #include "models/data/synthetic_lm_data.h"
 #include "models/gpt/gpt.h"
@@ -41,11 +41,6 @@
 #include "topology/process_topology.h"
 #include "topology/rendezvous.h"
 
-ABSL_FLAG(int, width, 256, "GPT width.");
-ABSL_FLAG(int, layers, 8, "Transformer blocks.");
-ABSL_FLAG(int, heads, 4, "Attention heads.");
-ABSL_FLAG(int, context, 128, "Sequence length.");
-ABSL_FLAG(int, micro_batch_size, 4, "Sequences per micro-batch.");
 ABSL_FLAG(int, microbatches, 8, "Micro-batches per step.");
 ABSL_FLAG(int, steps, 8, "Timed steps of each (after one warm-up step each).");
 ABSL_FLAG(int, blas, 1, "OpenBLAS threads (intra-op threads: --threads, default 1).");
@@ -55,14 +50,6 @@ ABSL_FLAG(std::string, adamw, "multi_tensor",
 
 namespace pp {
 namespace {
-
-constexpr uint64_t kSeed = 1234;
-
-double ThreadCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 OptimizerConfig AdamW() {
   OptimizerConfig c;
@@ -78,24 +65,14 @@ struct Timing {
 absl::Status Run() {
   const int intra = SetBenchThreads(1);
   SetBlasThreads(absl::GetFlag(FLAGS_blas));
-  GptConfig config;
-  config.vocab_size = 256;
-  config.width = absl::GetFlag(FLAGS_width);
-  config.num_layers = absl::GetFlag(FLAGS_layers);
-  config.num_heads = absl::GetFlag(FLAGS_heads);
-  config.context_length = absl::GetFlag(FLAGS_context);
   const int m = absl::GetFlag(FLAGS_microbatches);
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(config));
-  SyntheticLmOptions data;
-  data.lm.seq_len = config.context_length;
-  data.lm.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
-  data.lm.num_microbatches = m;
-  data.lm.seed = kSeed;
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(PeerGptConfig()));
+  const SyntheticLmOptions data = PeerGptData(m);
   PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource loop_source, SyntheticLmBatchSource::Create(data));
   PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource engine_source, SyntheticLmBatchSource::Create(data));
 
   // The hand-written loop: what a LibTorch user writes without pipe.
-  PP_ASSIGN_OR_RETURN(StageModule loop_model, BuildSequential(specs, kSeed));
+  PP_ASSIGN_OR_RETURN(StageModule loop_model, BuildSequential(specs, kPeerGptSeed));
   const std::string adamw = absl::GetFlag(FLAGS_adamw);
   if (adamw != "multi_tensor" && adamw != "per_parameter") {
     return absl::InvalidArgumentError(
@@ -140,7 +117,7 @@ absl::Status Run() {
   PipelineModelOptions mo;
   mo.num_stages = 1;
   mo.partition_method = "uniform";
-  mo.base_seed = kSeed;
+  mo.base_seed = kPeerGptSeed;
   PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
                       PipelineModel::Create(specs, mo, grid.stage_id()));
   TrainerOptions to;

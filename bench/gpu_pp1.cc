@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_common.h"
+#include "bench/peer_gpt.h"
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
 #include "models/data/synthetic_lm_data.h"
@@ -44,19 +45,12 @@
 #include "topology/rendezvous.h"
 
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda (cuda:0).");
-ABSL_FLAG(int, width, 256, "GPT width.");
-ABSL_FLAG(int, layers, 8, "Transformer blocks.");
-ABSL_FLAG(int, heads, 4, "Attention heads.");
-ABSL_FLAG(int, context, 128, "Sequence length.");
-ABSL_FLAG(int, micro_batch_size, 4, "Sequences per micro-batch.");
 ABSL_FLAG(int, microbatches, 8, "Micro-batches per step.");
 ABSL_FLAG(int, steps, 20, "Timed steps (after --warmup untimed ones).");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first (allocator, cuBLAS handles).");
 
 namespace pp {
 namespace {
-
-constexpr uint64_t kSeed = 1234;
 
 absl::Status Run() {
   const int intra = SetBenchThreads(0);
@@ -70,19 +64,9 @@ absl::Status Run() {
   // Refuses a missing device before any model is built.
   PP_RETURN_IF_ERROR(DeviceForLocalRank(kind, 0).status());
 
-  GptConfig config;
-  config.vocab_size = 256;
-  config.width = absl::GetFlag(FLAGS_width);
-  config.num_layers = absl::GetFlag(FLAGS_layers);
-  config.num_heads = absl::GetFlag(FLAGS_heads);
-  config.context_length = absl::GetFlag(FLAGS_context);
   const int m = absl::GetFlag(FLAGS_microbatches);
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(config));
-  SyntheticLmOptions data;
-  data.lm.seq_len = config.context_length;
-  data.lm.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
-  data.lm.num_microbatches = m;
-  data.lm.seed = kSeed;
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(PeerGptConfig()));
+  const SyntheticLmOptions data = PeerGptData(m);
   PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource source, SyntheticLmBatchSource::Create(data));
 
   DistEnv env;
@@ -98,7 +82,7 @@ absl::Status Run() {
   PipelineModelOptions mo;
   mo.num_stages = 1;
   mo.partition_method = "uniform";
-  mo.base_seed = kSeed;
+  mo.base_seed = kPeerGptSeed;
   PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
                       PipelineModel::Create(specs, mo, grid.stage_id()));
   model->to(world.device);
