@@ -52,6 +52,39 @@ ABSL_FLAG(int, warmup, 3, "Untimed steps first (allocator, cuBLAS handles).");
 namespace pp {
 namespace {
 
+// The table line and the JSON line of the timed steps.
+void Report(const torch::Device& device, int m, int steps, int intra,
+            const std::vector<double>& seconds, const std::vector<double>& losses) {
+  const SyntheticLmOptions data = PeerGptData(m);
+  const double tokens = static_cast<double>(m) * data.lm.micro_batch_size * data.lm.seq_len;
+  const double median = Median(seconds);
+  std::printf(
+      "pipe engine pp=1 on %s: GPT width %d, %d blocks, m=%d x %lld x %lld tokens, %d steps\n",
+      device.str().c_str(), absl::GetFlag(FLAGS_width), absl::GetFlag(FLAGS_layers), m,
+      static_cast<long long>(data.lm.micro_batch_size), static_cast<long long>(data.lm.seq_len),
+      steps);
+  std::printf("  median step %.4f s (min %.4f)  %.1f tokens/s  loss %.4f -> %.4f\n", median,
+              Min(seconds), tokens / median, losses.front(), losses.back());
+  nlohmann::json j = {{"bench", "gpu_pp1"},
+                      {"system", "pipe"},
+                      {"device", device.str()},
+                      {"torch", torch_compat::LibTorchVersion()},
+                      {"width", absl::GetFlag(FLAGS_width)},
+                      {"layers", absl::GetFlag(FLAGS_layers)},
+                      {"heads", absl::GetFlag(FLAGS_heads)},
+                      {"context", absl::GetFlag(FLAGS_context)},
+                      {"micro_batch_size", absl::GetFlag(FLAGS_micro_batch_size)},
+                      {"microbatches", m},
+                      {"tokens_per_step", tokens},
+                      {"step_s", seconds},
+                      {"median_step_s", median},
+                      {"tokens_per_s", tokens / median},
+                      {"loss_first", losses.front()},
+                      {"loss_last", losses.back()},
+                      {"intra_op_threads", intra}};
+  std::printf("%s\n", j.dump().c_str());
+}
+
 absl::Status Run() {
   const int intra = SetBenchThreads(0);
   const int steps = absl::GetFlag(FLAGS_steps);
@@ -108,33 +141,7 @@ absl::Status Run() {
     losses.push_back(r.loss);
     if (s >= warmup) seconds.push_back(wall);
   }
-  const double tokens = static_cast<double>(m) * data.lm.micro_batch_size * data.lm.seq_len;
-  const double median = Median(seconds);
-  std::printf(
-      "pipe engine pp=1 on %s: GPT width %d, %d blocks, m=%d x %lld x %lld tokens, %d steps\n",
-      world.device.str().c_str(), absl::GetFlag(FLAGS_width), absl::GetFlag(FLAGS_layers), m,
-      static_cast<long long>(data.lm.micro_batch_size), static_cast<long long>(data.lm.seq_len),
-      steps);
-  std::printf("  median step %.4f s (min %.4f)  %.1f tokens/s  loss %.4f -> %.4f\n", median,
-              Min(seconds), tokens / median, losses.front(), losses.back());
-  nlohmann::json j = {{"bench", "gpu_pp1"},
-                      {"system", "pipe"},
-                      {"device", world.device.str()},
-                      {"torch", torch_compat::LibTorchVersion()},
-                      {"width", absl::GetFlag(FLAGS_width)},
-                      {"layers", absl::GetFlag(FLAGS_layers)},
-                      {"heads", absl::GetFlag(FLAGS_heads)},
-                      {"context", absl::GetFlag(FLAGS_context)},
-                      {"micro_batch_size", absl::GetFlag(FLAGS_micro_batch_size)},
-                      {"microbatches", m},
-                      {"tokens_per_step", tokens},
-                      {"step_s", seconds},
-                      {"median_step_s", median},
-                      {"tokens_per_s", tokens / median},
-                      {"loss_first", losses.front()},
-                      {"loss_last", losses.back()},
-                      {"intra_op_threads", intra}};
-  std::printf("%s\n", j.dump().c_str());
+  Report(world.device, m, steps, intra, seconds, losses);
   ::unlink(store.c_str());
   return absl::OkStatus();
 }
