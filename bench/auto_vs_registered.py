@@ -32,12 +32,9 @@ named in `loss_reference`). One pipe-result/1 record per configuration.
 """
 
 import argparse
-import glob
-import json
 import os
 import re
 import statistics
-import subprocess
 import tempfile
 
 import bench_common as bc
@@ -83,15 +80,9 @@ def run(binary, cfg, schedule, chunks, steps, out_dir, name):
     cmd = [binary, "--config=experiments/configs/gpt_small_pp2.textproto",
            f"--set={sets},trace_step={steps + 1}", *shape, f"--schedule={schedule}",
            f"--chunks={chunks}", f"--steps={steps}", f"--output_dir={out_dir}", f"--name={name}"]
-    l0 = bc.loadavg_line()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     start = bc.utc_now()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    l1 = bc.loadavg_line()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    rundir = sorted(glob.glob(os.path.join(out_dir, name + "-*")))[-1]
-    lines = [json.loads(l) for l in open(os.path.join(rundir, "metrics.jsonl"))]
+    proc, rundir, lines, l0, l1 = bc.run_train_gpt(cmd, out_dir, name, 1800, 3000,
+                                                   load=bc.loadavg_line)
     lines = [l for l in lines if "step_s" in l]
     measured = [l["step_s"] for l in lines if l["step"] >= 5]
     result = {

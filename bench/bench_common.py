@@ -9,6 +9,7 @@ it too. The trace -> simulator inputs are trace_costs.py's, the PyTorch peer
 GPT is peer_gpt.py's.
 """
 import datetime
+import glob
 import json
 import os
 import re
@@ -130,6 +131,24 @@ def run_for_result(what, command, env, timeout):
         raise RuntimeError(f"{what} failed ({proc.returncode}): {' '.join(command)}\n"
                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1])
+
+
+def run_train_gpt(cmd, out_dir, name, timeout, tail=3000, load=os.getloadavg):
+    """Runs train_gpt's command line `cmd` (OMP_NUM_THREADS=1), whose run
+    folder is out_dir/name-<time>. Returns its output (CompletedProcess), the
+    run folder, its metrics.jsonl lines and load() just before and after the
+    run; SystemExit with the last `tail` characters of its output when it
+    fails."""
+    load_before = load()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    load_after = load()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-tail:]}{proc.stderr[-tail:]}")
+    rundir = sorted(glob.glob(os.path.join(out_dir, name + "-*")))[-1]
+    with open(os.path.join(rundir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
+    return proc, rundir, metrics, load_before, load_after
 
 
 def pipe_command(args, flags, out):

@@ -20,12 +20,9 @@ over the measured steps.
 """
 
 import argparse
-import glob
-import json
 import os
 import re
 import statistics
-import subprocess
 import tempfile
 
 import bench_common as bc
@@ -42,17 +39,10 @@ def run(binary, precision, schedule, steps, out_dir, name):
            "--pp=2", f"--schedule={schedule}", f"--chunks={SCHEDULES[schedule]}",
            f"--precision={precision}", f"--steps={steps}", f"--output_dir={out_dir}",
            f"--name={name}"]
-    load_before = os.getloadavg()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    load_after = os.getloadavg()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    proc, _, lines, load_before, load_after = bc.run_train_gpt(cmd, out_dir, name, 1800, 2000)
     m = re.search(r"p2p \(rank 0\): \d+ messages sent \((\d+) payload bytes", proc.stdout)
     if m is None:
         raise SystemExit(f"no p2p line in the output of {' '.join(cmd)}")
-    rundir = sorted(glob.glob(os.path.join(out_dir, name + "-*")))[-1]
-    lines = [json.loads(l) for l in open(os.path.join(rundir, "metrics.jsonl"))]
     measured = [l for l in lines if l["step"] >= 2]
     peak = transient = None
     for l in measured:

@@ -23,11 +23,8 @@ average before and after, the command, the figures.
 """
 
 import argparse
-import glob
-import json
 import os
 import statistics
-import subprocess
 import tempfile
 
 import bench_common as bc
@@ -43,14 +40,7 @@ def run(binary, variant, schedule, steps, out_dir, name):
            f"--set={PEER},log_interval={LOG_INTERVAL[variant]},trace_step={steps - 1}", "--microbatches=8", "--micro_batch_size=4",
            "--pp=2", f"--schedule={schedule}", f"--chunks={SCHEDULES[schedule]}",
            f"--steps={steps}", f"--output_dir={out_dir}", f"--name={name}"]
-    load_before = os.getloadavg()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
-    load_after = os.getloadavg()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    rundir = sorted(glob.glob(os.path.join(out_dir, name + "-*")))[-1]
-    lines = [json.loads(l) for l in open(os.path.join(rundir, "metrics.jsonl"))]
+    _, _, lines, load_before, load_after = bc.run_train_gpt(cmd, out_dir, name, 1200, 2000)
     # 1-based steps 3 .. steps-1: unobserved in "observers_off", observed
     # (not traced) in "every_step_observed".
     middle = [l["step_s"] for l in lines if 3 <= l["step"] <= steps - 1]
