@@ -177,28 +177,16 @@ absl::Status Run() {
   };
 
   // pipe's engine, pp = 1 (one rank, 1F1B degenerates to F, B per micro-batch).
-  DistEnv env;
-  env.rank = 0;
-  env.world_size = 1;
-  RendezvousOptions ro;
   const std::string store = absl::StrCat("/tmp/bench_gpt_pp1_", getpid(), "_store");
-  ro.file_store_path = store;
-  PP_ASSIGN_OR_RETURN(World world, Rendezvous(env, ro));
-  PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(1, 1));
-  PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topo));
-  PipelineModelOptions mo;
-  mo.num_stages = 1;
-  mo.partition_method = "uniform";
-  mo.base_seed = kPeerGptSeed;
-  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
-                      PipelineModel::Create(specs, mo, grid.stage_id()));
+  PP_ASSIGN_OR_RETURN(PeerGptEngine engine, MakePeerGptEngine(specs, store, DeviceKind::kCpu));
+  std::unique_ptr<PipelineModel>& model = engine.model;
   TrainerOptions to;
   to.schedule = "1f1b";
   to.num_microbatches = m;
   to.optimizer = AdamW();
   to.report_grad_norm = false;  // the loop computes none either
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                      Trainer::Create(&grid, model.get(), GptLoss, &engine_source, to));
+                      Trainer::Create(&engine.grid, model.get(), GptLoss, &engine_source, to));
 
   Results results;
   const int steps = absl::GetFlag(FLAGS_steps);

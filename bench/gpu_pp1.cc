@@ -102,22 +102,10 @@ absl::Status Run() {
   const SyntheticLmOptions data = PeerGptData(m);
   PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource source, SyntheticLmBatchSource::Create(data));
 
-  DistEnv env;
-  env.rank = 0;
-  env.world_size = 1;
-  RendezvousOptions ro;
   const std::string store = absl::StrCat("/tmp/gpu_pp1_", getpid(), "_store");
-  ro.file_store_path = store;
-  ro.device = kind;
-  PP_ASSIGN_OR_RETURN(World world, Rendezvous(env, ro));
-  PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(1, 1));
-  PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topo));
-  PipelineModelOptions mo;
-  mo.num_stages = 1;
-  mo.partition_method = "uniform";
-  mo.base_seed = kPeerGptSeed;
-  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
-                      PipelineModel::Create(specs, mo, grid.stage_id()));
+  PP_ASSIGN_OR_RETURN(PeerGptEngine engine, MakePeerGptEngine(specs, store, kind));
+  const World& world = engine.world;
+  std::unique_ptr<PipelineModel>& model = engine.model;
   model->to(world.device);
   TrainerOptions to;
   to.schedule = "1f1b";
@@ -127,7 +115,7 @@ absl::Status Run() {
   to.report_grad_norm = false;  // the reference computes none either
   to.executor.p2p.device = world.device;
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                      Trainer::Create(&grid, model.get(), GptLoss, &source, to));
+                      Trainer::Create(&engine.grid, model.get(), GptLoss, &source, to));
 
   std::vector<double> seconds;
   std::vector<double> losses;

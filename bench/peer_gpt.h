@@ -10,10 +10,19 @@
 #define BENCH_PEER_GPT_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
 #include "models/data/synthetic_lm_data.h"
 #include "models/gpt/gpt.h"
+#include "pipeline/layers/layer_spec.h"
+#include "pipeline/pipeline_model.h"
+#include "topology/device.h"
+#include "topology/parallel_grid.h"
+#include "topology/rendezvous.h"
 
 ABSL_DECLARE_FLAG(int, width);
 ABSL_DECLARE_FLAG(int, layers);
@@ -33,6 +42,18 @@ GptConfig PeerGptConfig();
 // Its synthetic data: sequences of --context tokens, --micro_batch_size of
 // them per micro-batch, `num_microbatches` per step, seed kPeerGptSeed.
 SyntheticLmOptions PeerGptData(int num_microbatches);
+
+// pipe's engine at pp = 1 for the peer GPT, less its Trainer: a one-rank
+// world (file store at `store_path`, computing on `device`), its grid, and
+// the model of `specs` as one stage (partition "uniform", seed kPeerGptSeed)
+// on the CPU. Members are destroyed model first, world last.
+struct PeerGptEngine {
+  World world;
+  ParallelGrid grid;
+  std::unique_ptr<PipelineModel> model;
+};
+absl::StatusOr<PeerGptEngine> MakePeerGptEngine(const std::vector<LayerSpec>& specs,
+                                                const std::string& store_path, DeviceKind device);
 
 }  // namespace pp
 
