@@ -32,18 +32,15 @@ named in `loss_reference`). One pipe-result/1 record per configuration.
 """
 
 import argparse
-import datetime
-import glob
-import json
 import os
 import re
 import statistics
-import subprocess
 import tempfile
 
+import bench_common as bc
+
 COMMON = "optimizer.max_grad_norm=0,lr_schedule.name=constant,eval_interval=0,sample_tokens=0,log_interval=1"
-PEER = ("gpt.width=256,gpt.num_layers=8,gpt.num_heads=4,gpt.context_length=128,gpt.mlp_ratio=4,"
-        + COMMON)
+PEER = bc.PEER_GPT_SHAPE + "," + COMMON
 PEER_ARGS = ["--microbatches=8", "--micro_batch_size=4", "--pp=2"]
 
 # name -> (--set, shape flags without --chunks, chunks, note)
@@ -78,30 +75,19 @@ CONFIGS = {
 ROW = re.compile(r"^(\S+)\s+([\d.]+)\s+([\d.]+)%\s+(\S+)(.*)$")
 
 
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return f.read().strip()
-
-
 def run(binary, cfg, schedule, chunks, steps, out_dir, name):
     sets, shape, _, _ = CONFIGS[cfg]
     cmd = [binary, "--config=experiments/configs/gpt_small_pp2.textproto",
            f"--set={sets},trace_step={steps + 1}", *shape, f"--schedule={schedule}",
            f"--chunks={chunks}", f"--steps={steps}", f"--output_dir={out_dir}", f"--name={name}"]
-    l0 = loadavg()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    start = datetime.datetime.now(datetime.timezone.utc)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    l1 = loadavg()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    rundir = sorted(glob.glob(os.path.join(out_dir, name + "-*")))[-1]
-    lines = [json.loads(l) for l in open(os.path.join(rundir, "metrics.jsonl"))]
+    start = bc.utc_now()
+    proc, rundir, lines, l0, l1 = bc.run_train_gpt(cmd, out_dir, name, 1800, 3000,
+                                                   load=bc.loadavg_line)
     lines = [l for l in lines if "step_s" in l]
     measured = [l["step_s"] for l in lines if l["step"] >= 5]
     result = {
         "schedule": schedule, "chunks": chunks,
-        "start": start.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "start": bc.utc_seconds(start),
         "loadavg_before": l0, "loadavg_after": l1,
         "median_step_s": statistics.median(measured),
         "step_s": [l["step_s"] for l in lines],
@@ -167,6 +153,68 @@ def max_rel_diff(a, b):
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
+def measure_config(args, cfg, tmp):
+    """auto's first run, the best registered schedule its table names, and
+    every side's runs (auto, best and 1f1b alternating, pair after pair)."""
+    chunks = CONFIGS[cfg][2]
+    runs = {}
+    first = run(args.train_gpt, cfg, "auto", chunks, args.steps, tmp, f"{cfg}_auto_0")
+    runs["auto"] = [first]
+    best = best_registered(first["table"])
+    sides = {"auto": ("auto", chunks), "best": (best, chunks)}
+    if best != "1f1b" and not args.no_1f1b:
+        sides["1f1b"] = ("1f1b", 1)
+    print(f"{cfg}: best registered under the cap per auto's table: {best}", flush=True)
+    print(f"  auto pair 0: median {first['median_step_s']:.3f} s "
+          f"(load {first['loadavg_before'].split()[0]})", flush=True)
+    for pair in range(args.pairs):
+        order = list(sides)
+        if pair % 2 == 1:
+            order.reverse()
+        for side in order:
+            if pair == 0 and side == "auto":
+                continue
+            sched, ch = sides[side]
+            r = run(args.train_gpt, cfg, sched, ch, args.steps, tmp, f"{cfg}_{side}_{pair}")
+            runs.setdefault(side, []).append(r)
+            print(f"  {side} ({sched}) pair {pair}: median {r['median_step_s']:.3f} s "
+                  f"(load {r['loadavg_before'].split()[0]} -> "
+                  f"{r['loadavg_after'].split()[0]})", flush=True)
+    return first, best, runs
+
+
+def config_figures(args, first, best, runs):
+    """One configuration's figures (see the module comment)."""
+    med = {s: statistics.median(r["median_step_s"] for r in rs) for s, rs in runs.items()}
+    pair_speed = [b["median_step_s"] / a["median_step_s"]
+                  for a, b in zip(runs["auto"], runs["best"])]
+    ref = runs["1f1b"][0] if "1f1b" in runs else runs["best"][0]
+    loss_diff = max(max_rel_diff(r["loss"], ref["loss"]) for r in runs["auto"])
+    return {
+        "best_registered": best,
+        "simulated": first["table"],
+        "measured_costs_ms": first["measured_costs"],
+        "median_step_s": med,
+        "speed_auto_vs_best": med["best"] / med["auto"],
+        "speed_auto_vs_best_per_pair": pair_speed,
+        "speed_auto_vs_best_median_of_pairs": statistics.median(pair_speed),
+        "goal_speed_ge_0_99": med["best"] / med["auto"] >= 0.99,
+        "loss_reference": ref["schedule"],
+        f"loss_max_rel_diff_auto_vs_{ref['schedule']}": loss_diff,
+        "losses_equal_1e-4": loss_diff <= 1e-4,
+        **({"speed_auto_vs_1f1b": med.get("1f1b", med["best"]) / med["auto"]}
+           if "1f1b" in med or best == "1f1b" else {}),
+        "steps_measured": f"5..{args.steps}",
+        "runs": {s: [{k: v for k, v in r.items() if k != "table" and
+                      not (r is first and k == "measured_costs")}
+                     for r in rs] for s, rs in runs.items()},
+        # per auto run: its simulated step and the best registered's, from its own table
+        "auto_runs_simulated_ms": [
+            {row["schedule"]: row["sim_step_ms"] for row in r["table"]["rows"]
+             if row["schedule"] in ("auto", best, "1f1b")} for r in runs["auto"]],
+    }
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train_gpt", required=True)
@@ -178,74 +226,24 @@ def main():
                     help="only auto and the best registered (losses then checked against it)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("auto_vs_registered-%Y%m%dT%H%MZ")
-    cpu_model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                      if l.startswith("model name")), "")
+    run_id = bc.utc_now().strftime("auto_vs_registered-%Y%m%dT%H%MZ")
+    cpu_model = bc.cpu_model()
     bench_cmd = (f"bench/auto_vs_registered.py --train_gpt {args.train_gpt} --commit {args.commit} "
                  f"--pairs {args.pairs} --steps {args.steps} --configs {args.configs} --out {args.out}"
                  + (" --no_1f1b" if args.no_1f1b else ""))
     with tempfile.TemporaryDirectory() as tmp:
         for cfg in args.configs.split(","):
-            chunks = CONFIGS[cfg][2]
-            start = datetime.datetime.now(datetime.timezone.utc)
-            runs = {}
-            first = run(args.train_gpt, cfg, "auto", chunks, args.steps, tmp, f"{cfg}_auto_0")
-            runs["auto"] = [first]
-            best = best_registered(first["table"])
-            sides = {"auto": ("auto", chunks), "best": (best, chunks)}
-            if best != "1f1b" and not args.no_1f1b:
-                sides["1f1b"] = ("1f1b", 1)
-            print(f"{cfg}: best registered under the cap per auto's table: {best}", flush=True)
-            print(f"  auto pair 0: median {first['median_step_s']:.3f} s "
-                  f"(load {first['loadavg_before'].split()[0]})", flush=True)
-            for pair in range(args.pairs):
-                order = list(sides)
-                if pair % 2 == 1:
-                    order.reverse()
-                for side in order:
-                    if pair == 0 and side == "auto":
-                        continue
-                    sched, ch = sides[side]
-                    r = run(args.train_gpt, cfg, sched, ch, args.steps, tmp, f"{cfg}_{side}_{pair}")
-                    runs.setdefault(side, []).append(r)
-                    print(f"  {side} ({sched}) pair {pair}: median {r['median_step_s']:.3f} s "
-                          f"(load {r['loadavg_before'].split()[0]} -> "
-                          f"{r['loadavg_after'].split()[0]})", flush=True)
-            med = {s: statistics.median(r["median_step_s"] for r in rs) for s, rs in runs.items()}
-            pair_speed = [b["median_step_s"] / a["median_step_s"]
-                          for a, b in zip(runs["auto"], runs["best"])]
-            ref = runs["1f1b"][0] if "1f1b" in runs else runs["best"][0]
-            loss_diff = max(max_rel_diff(r["loss"], ref["loss"]) for r in runs["auto"])
+            start = bc.utc_now()
+            first, best, runs = measure_config(args, cfg, tmp)
+            figures = config_figures(args, first, best, runs)
+            med, pair_speed = figures["median_step_s"], figures["speed_auto_vs_best_per_pair"]
+            loss_diff = figures[f"loss_max_rel_diff_auto_vs_{figures['loss_reference']}"]
             loads = [float(x.split()[0]) for rs in runs.values() for r in rs
                      for x in (r["loadavg_before"], r["loadavg_after"])]
-            figures = {
-                "best_registered": best,
-                "simulated": first["table"],
-                "measured_costs_ms": first["measured_costs"],
-                "median_step_s": med,
-                "speed_auto_vs_best": med["best"] / med["auto"],
-                "speed_auto_vs_best_per_pair": pair_speed,
-                "speed_auto_vs_best_median_of_pairs": statistics.median(pair_speed),
-                "goal_speed_ge_0_99": med["best"] / med["auto"] >= 0.99,
-                "loss_reference": ref["schedule"],
-                f"loss_max_rel_diff_auto_vs_{ref['schedule']}": loss_diff,
-                "losses_equal_1e-4": loss_diff <= 1e-4,
-                **({"speed_auto_vs_1f1b": med.get("1f1b", med["best"]) / med["auto"]}
-                   if "1f1b" in med or best == "1f1b" else {}),
-                "steps_measured": f"5..{args.steps}",
-                "runs": {s: [{k: v for k, v in r.items() if k != "table" and
-                              not (r is first and k == "measured_costs")}
-                             for r in rs] for s, rs in runs.items()},
-                # per auto run: its simulated step and the best registered's, from its own table
-                "auto_runs_simulated_ms": [
-                    {row["schedule"]: row["sim_step_ms"] for row in r["table"]["rows"]
-                     if row["schedule"] in ("auto", best, "1f1b")} for r in runs["auto"]],
-            }
             record = {
                 "schema": "pipe-result/1",
-                "date": start.isoformat(timespec="seconds").replace("+00:00", "Z"),
-                "date_end": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                    timespec="seconds").replace("+00:00", "Z"),
+                "date": bc.utc_seconds(start),
+                "date_end": bc.utc_seconds(),
                 "commit": args.commit,
                 "machine": {"nproc": os.cpu_count(), "cpu_model": cpu_model,
                             "loadavg": f"{min(loads):.1f}-{max(loads):.1f}",
@@ -253,8 +251,7 @@ def main():
                 "command": bench_cmd, "bench": "auto_vs_registered", "run": run_id,
                 "config": cfg, "note": CONFIGS[cfg][3], "figures": figures,
             }
-            with open(args.out, "a") as out:
-                out.write(json.dumps(record) + "\n")
+            bc.append_record(args.out, record)
             print(f"{cfg}: auto {med['auto']:.3f} s, best ({best}) {med['best']:.3f} s, "
                   f"speed auto/best {figures['speed_auto_vs_best']:.3f} "
                   f"(pairs {', '.join(f'{x:.3f}' for x in pair_speed)}); "

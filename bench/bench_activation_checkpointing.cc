@@ -213,6 +213,60 @@ void RunStep(const BenchModel& model, Config& config, bool measure) {
   config.peak_bytes = std::max(config.peak_bytes, TrackingCpuAllocator::peak() - before);
 }
 
+// The table (one row per interval, ratios to interval 0) and the JSON line.
+void Report(const BenchModel& model, const std::vector<Config>& configs, int64_t steps) {
+  const Config* off = nullptr;
+  for (const Config& config : configs) {
+    if (config.interval == 0) off = &config;
+  }
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::printf("activation checkpointing, %s, %d threads, %lld steps each\n",
+              model.description.c_str(), at::get_num_threads(), static_cast<long long>(steps));
+  std::printf("%-9s %-8s %-11s %-7s %-14s %-7s %-8s %-7s %-8s %-7s %-8s\n", "interval", "ckpt",
+              "activ. MiB", "vs off", "step peak MiB", "vs off", "wall ms", "vs off", "cpu min",
+              "vs off", "fwd min");
+  nlohmann::json json;
+  json["bench"] = "activation_checkpointing";
+  json["model"] = model.description;
+  json["threads"] = at::get_num_threads();
+  for (const Config& config : configs) {
+    const double ms = Median(config.step_ms);
+    auto ratio = [&](double value, double base) { return off ? value / base : 0.0; };
+    const double held_ratio = off ? ratio(config.held_bytes, off->held_bytes) : 0.0;
+    const double peak_ratio = off ? ratio(config.peak_bytes, off->peak_bytes) : 0.0;
+    const double time_ratio = off ? ratio(ms, Median(off->step_ms)) : 0.0;
+    const double cpu_ms = Min(config.step_cpu_ms);
+    const double cpu_ratio = off ? ratio(cpu_ms, Min(off->step_cpu_ms)) : 0.0;
+    const double cpu_median = Median(config.step_cpu_ms);
+    const double forward_ms = Min(config.forward_cpu_ms);
+    std::printf("%-9lld %-8s %-11.1f %-7.2f %-14.1f %-7.2f %-8.1f %-7.2f %-8.1f %-7.2f %-8.1f\n",
+                static_cast<long long>(config.interval),
+                absl::StrCat(config.checkpointed_runs, " runs").c_str(), config.held_bytes / kMiB,
+                held_ratio, config.peak_bytes / kMiB, peak_ratio, ms, time_ratio, cpu_ms, cpu_ratio,
+                forward_ms);
+    json["configs"].push_back({{"interval", config.interval},
+                               {"checkpointed_runs", config.checkpointed_runs},
+                               {"activation_bytes", config.held_bytes},
+                               {"step_peak_bytes", config.peak_bytes},
+                               {"step_ms_median", ms},
+                               {"activation_ratio_vs_off", held_ratio},
+                               {"step_peak_ratio_vs_off", peak_ratio},
+                               {"step_time_ratio_vs_off", time_ratio},
+                               {"step_cpu_ms_min", cpu_ms},
+                               {"step_cpu_ms_median", cpu_median},
+                               {"step_cpu_ratio_vs_off", cpu_ratio},
+                               {"forward_cpu_ms_min", forward_ms}});
+  }
+  if (off != nullptr) {
+    const double bound = 1.0 + Min(off->forward_cpu_ms) / Min(off->step_cpu_ms);
+    std::printf(
+        "recomputing every layer once costs at least %.2fx (1 + forward/step at interval 0)\n",
+        bound);
+    json["recompute_bound_ratio"] = bound;
+  }
+  std::printf("%s\n", json.dump().c_str());
+}
+
 int Main() {
   SetBenchThreads(0);
   if (absl::GetFlag(FLAGS_keep_freed_memory)) {
@@ -255,56 +309,7 @@ int Main() {
     for (Config& config : configs) RunStep(*model, config, /*measure=*/s >= warmup);
   }
 
-  const Config* off = nullptr;
-  for (const Config& config : configs) {
-    if (config.interval == 0) off = &config;
-  }
-  constexpr double kMiB = 1024.0 * 1024.0;
-  std::printf("activation checkpointing, %s, %d threads, %lld steps each\n",
-              model->description.c_str(), at::get_num_threads(), static_cast<long long>(steps));
-  std::printf("%-9s %-8s %-11s %-7s %-14s %-7s %-8s %-7s %-8s %-7s %-8s\n", "interval", "ckpt",
-              "activ. MiB", "vs off", "step peak MiB", "vs off", "wall ms", "vs off", "cpu min",
-              "vs off", "fwd min");
-  nlohmann::json json;
-  json["bench"] = "activation_checkpointing";
-  json["model"] = model->description;
-  json["threads"] = at::get_num_threads();
-  for (const Config& config : configs) {
-    const double ms = Median(config.step_ms);
-    auto ratio = [&](double value, double base) { return off ? value / base : 0.0; };
-    const double held_ratio = off ? ratio(config.held_bytes, off->held_bytes) : 0.0;
-    const double peak_ratio = off ? ratio(config.peak_bytes, off->peak_bytes) : 0.0;
-    const double time_ratio = off ? ratio(ms, Median(off->step_ms)) : 0.0;
-    const double cpu_ms = Min(config.step_cpu_ms);
-    const double cpu_ratio = off ? ratio(cpu_ms, Min(off->step_cpu_ms)) : 0.0;
-    const double cpu_median = Median(config.step_cpu_ms);
-    const double forward_ms = Min(config.forward_cpu_ms);
-    std::printf("%-9lld %-8s %-11.1f %-7.2f %-14.1f %-7.2f %-8.1f %-7.2f %-8.1f %-7.2f %-8.1f\n",
-                static_cast<long long>(config.interval),
-                absl::StrCat(config.checkpointed_runs, " runs").c_str(), config.held_bytes / kMiB,
-                held_ratio, config.peak_bytes / kMiB, peak_ratio, ms, time_ratio, cpu_ms, cpu_ratio,
-                forward_ms);
-    json["configs"].push_back({{"interval", config.interval},
-                               {"checkpointed_runs", config.checkpointed_runs},
-                               {"activation_bytes", config.held_bytes},
-                               {"step_peak_bytes", config.peak_bytes},
-                               {"step_ms_median", ms},
-                               {"activation_ratio_vs_off", held_ratio},
-                               {"step_peak_ratio_vs_off", peak_ratio},
-                               {"step_time_ratio_vs_off", time_ratio},
-                               {"step_cpu_ms_min", cpu_ms},
-                               {"step_cpu_ms_median", cpu_median},
-                               {"step_cpu_ratio_vs_off", cpu_ratio},
-                               {"forward_cpu_ms_min", forward_ms}});
-  }
-  if (off != nullptr) {
-    const double bound = 1.0 + Min(off->forward_cpu_ms) / Min(off->step_cpu_ms);
-    std::printf(
-        "recomputing every layer once costs at least %.2fx (1 + forward/step at interval 0)\n",
-        bound);
-    json["recompute_bound_ratio"] = bound;
-  }
-  std::printf("%s\n", json.dump().c_str());
+  Report(*model, configs, steps);
   return 0;
 }
 

@@ -72,6 +72,45 @@ double RawRead(const std::string& path) {
   return Seconds(t0, Clock::now());
 }
 
+// The table (checkpoint save and load against the raw disk) and the JSON line.
+void Report(const GptConfig& config, int64_t params, int files, int64_t bytes, int repeats,
+            const std::string& dir, const std::vector<double>& save_s,
+            const std::vector<double>& load_s, const std::vector<double>& raw_write_s,
+            const std::vector<double>& raw_read_s) {
+  const double mb = static_cast<double>(bytes) / 1e6;
+  const double save = mb / Median(save_s), load = mb / Median(load_s);
+  const double raw_w = mb / Median(raw_write_s), raw_r = mb / Median(raw_read_s);
+  std::printf(
+      "bench_checkpoint: GPT %lld layers, width %lld, vocab %lld, context %lld: %.1fM "
+      "parameters%s\n",
+      static_cast<long long>(config.num_layers), static_cast<long long>(config.width),
+      static_cast<long long>(config.vocab_size), static_cast<long long>(config.context_length),
+      params / 1e6, absl::GetFlag(FLAGS_optimizer) ? " + AdamW state" : "");
+  std::printf("checkpoint: %d files, %.1f MB, median of %d runs, dir %s\n", files, mb, repeats,
+              dir.c_str());
+  std::printf("%-28s %10s %10s %10s\n", "operation", "seconds", "MB/s", "vs raw");
+  std::printf("%-28s %10.3f %10.0f %10s\n", "raw write + fsync (1 file)", Median(raw_write_s),
+              raw_w, "1.00");
+  std::printf("%-28s %10.3f %10.0f %10.2f\n", "checkpoint save", Median(save_s), save,
+              save / raw_w);
+  std::printf("%-28s %10.3f %10.0f %10s\n", "raw read (page cache)", Median(raw_read_s), raw_r,
+              "1.00");
+  std::printf("%-28s %10.3f %10.0f %10.2f\n", "checkpoint load", Median(load_s), load,
+              load / raw_r);
+  nlohmann::json j = {{"bench", "checkpoint"},
+                      {"params", params},
+                      {"files", files},
+                      {"bytes", bytes},
+                      {"save_mb_s", save},
+                      {"load_mb_s", load},
+                      {"raw_write_mb_s", raw_w},
+                      {"raw_read_mb_s", raw_r},
+                      {"save_vs_raw", save / raw_w},
+                      {"load_vs_raw", load / raw_r},
+                      {"repeats", repeats}};
+  std::printf("%s\n", j.dump().c_str());
+}
+
 int Main() {
   SetBenchThreads(1);
   GptConfig config;
@@ -139,38 +178,7 @@ int Main() {
   }
   fs::remove_all(dir);
 
-  const double mb = static_cast<double>(bytes) / 1e6;
-  const double save = mb / Median(save_s), load = mb / Median(load_s);
-  const double raw_w = mb / Median(raw_write_s), raw_r = mb / Median(raw_read_s);
-  std::printf(
-      "bench_checkpoint: GPT %lld layers, width %lld, vocab %lld, context %lld: %.1fM "
-      "parameters%s\n",
-      static_cast<long long>(config.num_layers), static_cast<long long>(config.width),
-      static_cast<long long>(config.vocab_size), static_cast<long long>(config.context_length),
-      params / 1e6, absl::GetFlag(FLAGS_optimizer) ? " + AdamW state" : "");
-  std::printf("checkpoint: %d files, %.1f MB, median of %d runs, dir %s\n", files, mb, repeats,
-              dir.c_str());
-  std::printf("%-28s %10s %10s %10s\n", "operation", "seconds", "MB/s", "vs raw");
-  std::printf("%-28s %10.3f %10.0f %10s\n", "raw write + fsync (1 file)", Median(raw_write_s),
-              raw_w, "1.00");
-  std::printf("%-28s %10.3f %10.0f %10.2f\n", "checkpoint save", Median(save_s), save,
-              save / raw_w);
-  std::printf("%-28s %10.3f %10.0f %10s\n", "raw read (page cache)", Median(raw_read_s), raw_r,
-              "1.00");
-  std::printf("%-28s %10.3f %10.0f %10.2f\n", "checkpoint load", Median(load_s), load,
-              load / raw_r);
-  nlohmann::json j = {{"bench", "checkpoint"},
-                      {"params", params},
-                      {"files", files},
-                      {"bytes", bytes},
-                      {"save_mb_s", save},
-                      {"load_mb_s", load},
-                      {"raw_write_mb_s", raw_w},
-                      {"raw_read_mb_s", raw_r},
-                      {"save_vs_raw", save / raw_w},
-                      {"load_vs_raw", load / raw_r},
-                      {"repeats", repeats}};
-  std::printf("%s\n", j.dump().c_str());
+  Report(config, params, files, bytes, repeats, dir, save_s, load_s, raw_write_s, raw_read_s);
   return 0;
 }
 

@@ -1,5 +1,7 @@
 #include "bench/bench_common.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -21,6 +23,12 @@ int SetBenchThreads(int default_threads) {
 
 double Seconds(BenchClock::time_point a, BenchClock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 double Median(std::vector<double> v) {

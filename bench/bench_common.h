@@ -1,5 +1,6 @@
-// What the bench_* mains share: the --threads flag and its setup, timing and
-// summary statistics, and turning a run's Status into an exit code.
+// What the bench_* mains share: the --threads flag and its setup, timing (wall
+// and thread CPU) and summary statistics, and turning a run's Status into an
+// exit code. The peer GPT they train is bench/peer_gpt.h's.
 #ifndef BENCH_BENCH_COMMON_H_
 #define BENCH_BENCH_COMMON_H_
 
@@ -22,6 +23,10 @@ using BenchClock = std::chrono::steady_clock;
 int SetBenchThreads(int default_threads);
 
 double Seconds(BenchClock::time_point a, BenchClock::time_point b);
+
+// This thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID): with one
+// intra-op and one BLAS thread, the kernels' cost even on a loaded machine.
+double ThreadCpuSeconds();
 
 // Upper median (v[n/2] after sorting); 0 for an empty list. Same for the rest.
 double Median(std::vector<double> v);

@@ -1,5 +1,8 @@
 #include "bench/bench_common.h"
 
+#include <chrono>
+#include <thread>
+
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
@@ -25,6 +28,14 @@ TEST(BenchCommonTest, ThreadsFlagWinsOverTheDefault) {
   absl::SetFlag(&FLAGS_threads, 2);
   EXPECT_EQ(SetBenchThreads(1), 2);
   absl::SetFlag(&FLAGS_threads, 0);
+}
+
+TEST(BenchCommonTest, ThreadCpuSecondsCountsNoSleep) {
+  const double before = ThreadCpuSeconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double after = ThreadCpuSeconds();
+  EXPECT_GE(after, before);
+  EXPECT_LT(after - before, 0.05);  // a sleeping thread uses (almost) no CPU
 }
 
 TEST(BenchCommonTest, ExitCode) {

@@ -8,7 +8,6 @@
 //
 //   bazel-bin/bench/bench_gpt_kernels --reps=30
 #include <malloc.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -23,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "bench/bench_common.h"
+#include "bench/peer_gpt.h"
 #include "common/status_macros.h"
 #include "models/data/synthetic_lm_data.h"
 #include "models/gpt/gpt.h"
@@ -31,11 +31,6 @@
 #include "pipeline/pipeline_model.h"
 #include "topology/launcher.h"
 
-ABSL_FLAG(int, width, 256, "GPT width.");
-ABSL_FLAG(int, layers, 8, "Transformer blocks.");
-ABSL_FLAG(int, heads, 4, "Attention heads.");
-ABSL_FLAG(int, context, 128, "Sequence length.");
-ABSL_FLAG(int, micro_batch_size, 4, "Sequences per micro-batch.");
 ABSL_FLAG(int, reps, 30, "Timed micro-batches (after 3 warm-up ones).");
 ABSL_FLAG(int, blas, 1, "OpenBLAS threads (intra-op threads: --threads, default 1).");
 ABSL_FLAG(int, stages, 1,
@@ -55,12 +50,6 @@ ABSL_FLAG(bool, keep_freed_memory, true,
 
 namespace pp {
 namespace {
-
-double ThreadCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 void ForwardBackward(StageModule& model, const MicroBatch& batch) {
   Activations out = model->Forward({}, batch);
@@ -134,7 +123,7 @@ absl::Status RunStages(const std::vector<LayerSpec>& specs, SyntheticLmBatchSour
   PipelineModelOptions mo;
   mo.num_stages = p;
   mo.partition_method = absl::GetFlag(FLAGS_partition);
-  mo.base_seed = 1234;
+  mo.base_seed = kPeerGptSeed;
   for (int s = 0; s < p; ++s) {
     PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> m, PipelineModel::Create(specs, mo, s));
     stages.push_back(std::move(m));
@@ -206,18 +195,9 @@ absl::Status Run() {
   }
   const int intra = SetBenchThreads(1);
   SetBlasThreads(absl::GetFlag(FLAGS_blas));
-  GptConfig config;
-  config.vocab_size = 256;
-  config.width = absl::GetFlag(FLAGS_width);
-  config.num_layers = absl::GetFlag(FLAGS_layers);
-  config.num_heads = absl::GetFlag(FLAGS_heads);
-  config.context_length = absl::GetFlag(FLAGS_context);
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(config));
-  PP_ASSIGN_OR_RETURN(StageModule model, BuildSequential(specs, 1234));
-  SyntheticLmOptions data;
-  data.lm.seq_len = config.context_length;
-  data.lm.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
-  data.lm.num_microbatches = 1;
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(PeerGptConfig()));
+  PP_ASSIGN_OR_RETURN(StageModule model, BuildSequential(specs, kPeerGptSeed));
+  const SyntheticLmOptions data = PeerGptData(1);
   PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource source, SyntheticLmBatchSource::Create(data));
   const int reps = absl::GetFlag(FLAGS_reps);
   if (absl::GetFlag(FLAGS_stages) > 1) return RunStages(specs, source, reps);

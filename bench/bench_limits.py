@@ -11,7 +11,7 @@ What stops pipe's pp = 2 from going faster on 2 cores, measured, not assumed:
   copy         bench_memcpy (large memcpy, GB/s) alone and as two processes
                copying in the same window: the memory system's share per core.
   pp2 runs     pipe pp = 2 (by default 1f1b and zbv with 2 chunks, the flags
-               of bench_vs_deepspeed.py's pipe runs): tokens/s, and every
+               of bench_vs_deepspeed.py's pipe runs, bench_common.PEER_GPT): tokens/s, and every
                thread's CPU and run-queue wait from /proc/<pid>/task/<tid>/
                schedstat (ns) at the start and the end of the timed steps,
                grouped by what the thread runs (compute = the worker's main
@@ -52,9 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench_vs_deepspeed import PEER_GPT  # noqa: E402  (the same model and flags)
+from bench_common import PEER_GPT, load_average  # the peer GPT, as its peers run it
 
 GROUPS = ("compute", "gloo_transport", "c10d_gloo_workers", "c10d_store", "blas",
           "intra_op_pool", "launcher", "other")
@@ -68,10 +66,6 @@ def merged_set(base, overrides):
         key, _, value = part.partition("=")
         fields[key] = value
     return ",".join(f"{k}={v}" for k, v in fields.items())
-
-
-def load_average():
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def children(pid):
@@ -297,7 +291,33 @@ def rounded(x, digits=4):
     return None if x is None else round(x, digits)
 
 
-def main():
+def threads_summary(runs):
+    groups = sorted({g for x in runs for g in x["groups"]})
+    return {g: {k: rounded(median([x["groups"][g][k] for x in runs if g in x["groups"]]), 5)
+                for k in ("cpu_s", "wait_s")} | {
+                    "threads": max(x["groups"].get(g, {}).get("threads", 0) for x in runs)}
+            for g in groups}
+
+
+def run_summary(runs):
+    tps = median([x["tokens_per_s"] for x in runs])
+    return {"tokens_per_s": rounded(tps, 1),
+            "runs_tokens_per_s": [round(x["tokens_per_s"], 1) for x in runs],
+            "step_s": rounded(median([x["step_s"] for x in runs])),
+            "cpu_s_per_step": rounded(median([x["cpu_s_per_step"] for x in runs])),
+            "cores_busy": rounded(median([x["cores_busy"] for x in runs])),
+            "thread_groups_per_step": threads_summary(runs),
+            "per_rank_cpu_s": [
+                {g: rounded(median([x["per_rank_cpu_s"][i].get(g, 0.0) for x in runs]), 5)
+                 for g in runs[0]["per_rank_cpu_s"][i]}
+                for i in range(len(runs[0]["per_rank_cpu_s"]))],
+            "compute_share": [rounded(median([x["compute_share"][i] for x in runs]))
+                              for i in range(len(runs[0]["compute_share"]))],
+            "labelled_by": runs[0]["labelled_by"], "threads": runs[0]["threads"]}
+
+
+def parse_args():
+    """The arguments and the pp = 2 runs, (name, flags) each."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train_gpt", required=True, help="pipe's train_gpt binary")
     parser.add_argument("--bench_memcpy", required=True)
@@ -345,6 +365,12 @@ def main():
             parser.error(f"--pp2={v} must look like name='flags' (name a unique word)")
         pp2.append((name, flags))
 
+    return args, pp2
+
+
+def measure(args, pp2):
+    """Every configuration once per repetition: the repetitions' figures and
+    the load average at the start and the end."""
     reps = []
     load = {"start": load_average()}
     with tempfile.TemporaryDirectory(prefix="bench_limits_") as workdir:
@@ -370,6 +396,12 @@ def main():
                   f"  load {load_average()}", file=sys.stderr, flush=True)
     load["end"] = load_average()
 
+    return reps, load
+
+
+def summarize(args, pp2, reps, load):
+    """The JSON result (medians over the repetitions, bounds, fractions) and
+    the unrounded figures the table prints."""
     m, p = args.microbatches, 2
     single = median([r["single"]["tokens_per_s"] for r in reps])
     pair_sum = median([sum(x["tokens_per_s"] for x in r["two_singles"]) for r in reps])
@@ -377,29 +409,6 @@ def main():
     copy_pair = median([sum(r["copy_pair"]) for r in reps])
     ceiling = pair_sum
     bound_1f1b = ceiling * m / (m + p - 1)
-
-    def threads_summary(runs):
-        groups = sorted({g for x in runs for g in x["groups"]})
-        return {g: {k: rounded(median([x["groups"][g][k] for x in runs if g in x["groups"]]), 5)
-                    for k in ("cpu_s", "wait_s")} | {
-                        "threads": max(x["groups"].get(g, {}).get("threads", 0) for x in runs)}
-                for g in groups}
-
-    def run_summary(runs):
-        tps = median([x["tokens_per_s"] for x in runs])
-        return {"tokens_per_s": rounded(tps, 1),
-                "runs_tokens_per_s": [round(x["tokens_per_s"], 1) for x in runs],
-                "step_s": rounded(median([x["step_s"] for x in runs])),
-                "cpu_s_per_step": rounded(median([x["cpu_s_per_step"] for x in runs])),
-                "cores_busy": rounded(median([x["cores_busy"] for x in runs])),
-                "thread_groups_per_step": threads_summary(runs),
-                "per_rank_cpu_s": [
-                    {g: rounded(median([x["per_rank_cpu_s"][i].get(g, 0.0) for x in runs]), 5)
-                     for g in runs[0]["per_rank_cpu_s"][i]}
-                    for i in range(len(runs[0]["per_rank_cpu_s"]))],
-                "compute_share": [rounded(median([x["compute_share"][i] for x in runs]))
-                                  for i in range(len(runs[0]["compute_share"]))],
-                "labelled_by": runs[0]["labelled_by"], "threads": runs[0]["threads"]}
 
     result = {
         "bench": "limits", "reps": args.reps, "steps": args.steps, "warmup": args.warmup,
@@ -462,6 +471,17 @@ def main():
             fractions[name]["vs_deepspeed"] = rounded(result["pp2"][name]["tokens_per_s"] / ds)
     result["fractions"] = fractions
 
+    figures = {"single": single, "pair_sum": pair_sum, "copy_alone": copy_alone,
+               "copy_pair": copy_pair, "ceiling": ceiling, "bound_1f1b": bound_1f1b}
+    return result, figures
+
+
+def print_table(args, pp2, result, load, figures):
+    single, pair_sum = figures["single"], figures["pair_sum"]
+    copy_alone, copy_pair = figures["copy_alone"], figures["copy_pair"]
+    ceiling, bound_1f1b = figures["ceiling"], figures["bound_1f1b"]
+    fractions = result["fractions"]
+
     def line(label, value, note=""):
         print(f"{label:<44} {value:>14}  {note}", file=sys.stderr)
 
@@ -494,6 +514,13 @@ def main():
         f = fractions["deepspeed"]
         line("DeepSpeed pp=2 1F1B tok/s (given)", f"{f['tokens_per_s']:.0f}",
              f"{f['of_ceiling']:.3f} of ceiling, {f['of_1f1b_bound']:.3f} of 1F1B bound")
+
+
+def main():
+    args, pp2 = parse_args()
+    reps, load = measure(args, pp2)
+    result, figures = summarize(args, pp2, reps, load)
+    print_table(args, pp2, result, load, figures)
     print(json.dumps(result), flush=True)
 
 

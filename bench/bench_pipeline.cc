@@ -374,20 +374,18 @@ absl::StatusOr<nlohmann::json> RunRole(const char* self, const std::string& role
   return nlohmann::json::parse(ss.str());
 }
 
-absl::Status RunBenchmark(const char* self) {
-  const int steps = absl::GetFlag(FLAGS_steps);
-  const int m = absl::GetFlag(FLAGS_microbatches);
-  const double samples = static_cast<double>(m) * absl::GetFlag(FLAGS_rows);
-  const std::string tmp = absl::StrCat("/tmp/bench_pipeline_", getpid());
+// Part (a), the engine's overhead: the hand-written loop and the engine at
+// pp = 1 with one thread, interleaved steps; then, unless --overhead_only,
+// the loop with BLAS on both cores.
+struct Overhead {
+  double loop1 = 0, engine1 = 0;
+  // Interference from other processes only ever adds time: the fastest step
+  // of each is the least disturbed estimate of its cost.
+  double loop1_min = 0, engine1_min = 0;
+  double loop2 = 0;
+};
 
-  // (a) Overhead at pp = 1, one thread, interleaved steps. OpenBLAS must be
-  // told too: it sized its pool from the core count when it was loaded.
-  SetBenchThreads(1);
-  SetBlasThreads(1);
-  HandLoop loop;
-  Engine engine;
-  PP_ASSIGN_OR_RETURN(World world1, LocalWorld(0, 1, tmp + "_store"));
-  PP_RETURN_IF_ERROR(MakeEngine(world1, 1, engine));
+absl::StatusOr<Overhead> MeasureOverhead(HandLoop& loop, Engine& engine, int steps) {
   loop.source().Prefetch(0, steps + 1);
   loop.source().Prefetch(100, steps + 1);
   engine.source.Prefetch(0, steps + 1);
@@ -403,18 +401,12 @@ absl::Status RunBenchmark(const char* self) {
       engine_times.push_back(te);
     }
   }
-  const double loop1 = Median(loop_times), engine1 = Median(engine_times);
-  // Interference from other processes only ever adds time: the fastest step
-  // of each is the least disturbed estimate of its cost.
-  const double loop1_min = *std::min_element(loop_times.begin(), loop_times.end());
-  const double engine1_min = *std::min_element(engine_times.begin(), engine_times.end());
-  if (absl::GetFlag(FLAGS_overhead_only)) {
-    std::printf(
-        "(a) loop %.4f s, engine pp=1 %.4f s: engine = %.3fx loop throughput (fastest steps: "
-        "%.3fx)\n",
-        loop1, engine1, loop1 / engine1, loop1_min / engine1_min);
-    return absl::OkStatus();
-  }
+  Overhead o;
+  o.loop1 = Median(loop_times);
+  o.engine1 = Median(engine_times);
+  o.loop1_min = *std::min_element(loop_times.begin(), loop_times.end());
+  o.engine1_min = *std::min_element(engine_times.begin(), engine_times.end());
+  if (absl::GetFlag(FLAGS_overhead_only)) return o;
 
   // Sequential on both cores: BLAS with 2 threads (one intra-op thread, so
   // the two pools do not oversubscribe the cores).
@@ -424,23 +416,178 @@ absl::Status RunBenchmark(const char* self) {
     const double t = loop.Step(100 + s);
     if (s > 0) loop2_times.push_back(t);
   }
-  const double loop2 = Median(loop2_times);
+  o.loop2 = Median(loop2_times);
   SetBlasThreads(1);
+  return o;
+}
 
-  // (d) first: the message cost model (c) uses.
+// Part (d): the Gloo ping-pong's one-way times and the message cost fitted to
+// them.
+struct PingPong {
+  nlohmann::json result;
+  std::vector<MessageSample> samples;
+  MessageCost message;
+};
+
+absl::StatusOr<PingPong> MeasurePingPong(const char* self, const std::string& tmp) {
+  PingPong out;
   PP_ASSIGN_OR_RETURN(
-      nlohmann::json pingpong,
+      out.result,
       RunRole(self, "pingpong", tmp + "_pingpong.json",
               {absl::StrCat("--pingpong_bytes=",
                             absl::StrJoin(absl::GetFlag(FLAGS_pingpong_bytes), ",")),
                absl::StrCat("--pingpong_reps=", absl::GetFlag(FLAGS_pingpong_reps)),
                absl::StrCat("--pingpong_p2p_bytes=", absl::GetFlag(FLAGS_pingpong_p2p_bytes))}));
-  std::vector<MessageSample> pingpong_samples;
-  for (size_t i = 0; i < pingpong["bytes"].size(); ++i) {
-    pingpong_samples.push_back(
-        {pingpong["bytes"][i].get<double>(), pingpong["one_way_s"][i].get<double>()});
+  for (size_t i = 0; i < out.result["bytes"].size(); ++i) {
+    out.samples.push_back(
+        {out.result["bytes"][i].get<double>(), out.result["one_way_s"][i].get<double>()});
   }
-  PP_ASSIGN_OR_RETURN(MessageCost message, FitMessageCost(pingpong_samples));
+  PP_ASSIGN_OR_RETURN(out.message, FitMessageCost(out.samples));
+  return out;
+}
+
+// Part (c): the simulator with pp2's measured per-stage costs.
+struct Prediction {
+  double f0 = 0, f1 = 0, b0 = 0, b1 = 0;  // measured per-micro-batch costs
+  double bound = 0;                       // compute only, messages free, no tail
+  double with_messages = 0;               // the schedule with the fitted message cost
+  double tail = 0;                        // measured
+  double predicted = 0;                   // with_messages + tail
+};
+
+absl::StatusOr<Prediction> Predict(const nlohmann::json& pp2, const MessageCost& message, int m) {
+  ScheduleOptions so;
+  so.num_stages = 2;
+  so.num_microbatches = m;
+  PP_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(absl::GetFlag(FLAGS_schedule), so));
+  PP_ASSIGN_OR_RETURN(LoweredProgram lowered, Lower(schedule));
+  // The program the runtime executes (receives deferred to their consumers).
+  const LoweredProgram program = DeferReceives(lowered);
+  Prediction p;
+  p.f0 = pp2["cost"]["0F"].get<double>();
+  p.f1 = pp2["cost"]["1F"].get<double>();
+  p.b0 = pp2["cost"]["0B"].get<double>();
+  p.b1 = pp2["cost"]["1B"].get<double>();
+  SimulationCosts costs;
+  costs.forward = (p.f0 + p.f1) / 2;
+  costs.backward = (p.b0 + p.b1) / 2;
+  costs.stage_multiplier = {(p.f0 + p.b0) / (costs.forward + costs.backward),
+                            (p.f1 + p.b1) / (costs.forward + costs.backward)};
+  PP_ASSIGN_OR_RETURN(SimulationResult sim, SimulateProgram(program, costs));
+  p.bound = sim.makespan;
+  // The prediction: every SEND/RECV pair moves (dynamic-shape mode) a control
+  // word and the activation, or its gradient, each costing the fitted model;
+  // then the measured tail.
+  const double payload_bytes = 4.0 * absl::GetFlag(FLAGS_rows) * absl::GetFlag(FLAGS_hidden);
+  costs.message = message;
+  costs.message_bytes = {payload_bytes, 8.0 * P2P::kControlWords};
+  PP_ASSIGN_OR_RETURN(SimulationResult with_messages, SimulateProgram(program, costs));
+  p.with_messages = with_messages.makespan;
+  p.tail = pp2["tail_seconds"].get<double>();
+  p.predicted = p.with_messages + p.tail;
+  return p;
+}
+
+// The table of parts (a) to (d) and the JSON line.
+void Report(const Overhead& o, const PingPong& pingpong, const nlohmann::json& pp2, double pp2_time,
+            const Prediction& p, int m, int steps) {
+  const double samples = static_cast<double>(m) * absl::GetFlag(FLAGS_rows);
+  const MessageCost& message = pingpong.message;
+  const double overhead_ratio = o.loop1 / o.engine1;  // engine throughput / loop throughput
+  const double speedup1 = o.loop1 / pp2_time, speedup2 = o.loop2 / pp2_time;
+  const double vs_bound = p.bound / pp2_time;
+  const double prediction_error = (p.predicted - pp2_time) / pp2_time;
+
+  std::printf(
+      "\nbench_pipeline: %d x Linear(%d,%d)+ReLU, %d rows/micro-batch, m=%d, SGD, median of %d "
+      "steps\n",
+      absl::GetFlag(FLAGS_blocks), absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_hidden),
+      absl::GetFlag(FLAGS_rows), m, steps);
+  std::printf("%-46s %10s %12s %s\n", "run", "step (s)", "samples/s", "ratio");
+  auto row = [&](const std::string& name, double t, const std::string& ratio) {
+    std::printf("%-46s %10.4f %12.1f %s\n", name.c_str(), t, samples / t, ratio.c_str());
+  };
+  row("hand-written loop, 1 thread", o.loop1, "");
+  row("hand-written loop, 2 BLAS threads", o.loop2, "");
+  row("(a) pipe engine pp=1, 1 thread", o.engine1,
+      absl::StrFormat("%.3fx loop; fastest steps %.3fx (target >= 0.98)", overhead_ratio,
+                      o.loop1_min / o.engine1_min));
+  row(absl::StrCat("(b) pipe engine pp=2 ", absl::GetFlag(FLAGS_schedule), ", 2 procs x 1 thread"),
+      pp2_time,
+      absl::StrFormat("%.2fx loop-1t, %.2fx loop-2t (target >= 1.7)", speedup1, speedup2));
+  row("    simulator bound for measured F/B costs", p.bound,
+      absl::StrFormat("measured = %.3fx bound (target >= 0.97)", vs_bound));
+  std::printf(
+      "(c) predicted step %.4f s (schedule %.4f s with fitted messages + measured tail %.4f s) "
+      "vs measured %.4f s: %+.1f%% (target within 5%%)\n",
+      p.predicted, p.with_messages, p.tail, pp2_time, 100 * prediction_error);
+  std::printf("(d) Gloo ping-pong one-way: latency %.1f us + %.3f ns/byte (%.2f GB/s):",
+              1e6 * message.latency, 1e9 * message.per_byte,
+              message.per_byte > 0 ? 1e-9 / message.per_byte : 0.0);
+  for (const MessageSample& m : pingpong.samples) {
+    std::printf(" %.0fB %.1fus (fit %.1f)", m.bytes, 1e6 * m.seconds, 1e6 * message.Of(m.bytes));
+  }
+  std::printf("\n");
+  for (const auto& [name, r] : pingpong.result["p2p"].items()) {
+    std::printf(
+        "    P2P round trip, %s sends: one-way %.1f us for %d bytes; per message: posting %.1f "
+        "us\n",
+        name.c_str(), 1e6 * r["one_way_s"].get<double>(), r["bytes"].get<int>(),
+        1e6 * r["post_s_per_message"].get<double>());
+  }
+  std::printf("    measured per-micro-batch costs: F0 %.4f F1 %.4f B0 %.4f B1 %.4f s; trace: %s\n",
+              p.f0, p.f1, p.b0, p.b1, absl::GetFlag(FLAGS_trace_file).c_str());
+  nlohmann::json j;
+  j["bench"] = "pipeline";
+  j["blocks"] = absl::GetFlag(FLAGS_blocks);
+  j["hidden"] = absl::GetFlag(FLAGS_hidden);
+  j["rows"] = absl::GetFlag(FLAGS_rows);
+  j["microbatches"] = m;
+  j["loop_1t_s"] = o.loop1;
+  j["loop_2t_s"] = o.loop2;
+  j["engine_pp1_s"] = o.engine1;
+  j["overhead_ratio"] = overhead_ratio;
+  j["overhead_ratio_fastest"] = o.loop1_min / o.engine1_min;
+  j["pp2_s"] = pp2_time;
+  j["pp2_speedup_vs_loop_1t"] = speedup1;
+  j["pp2_speedup_vs_loop_2t"] = speedup2;
+  j["sim_bound_pp2_s"] = p.bound;
+  j["sim_pp2_s"] = p.predicted;
+  j["tail_s"] = p.tail;
+  j["message_latency_s"] = message.latency;
+  j["message_s_per_byte"] = message.per_byte;
+  j["pingpong"] = pingpong.result;
+  j["pp2_vs_sim_bound"] = vs_bound;
+  j["sim_error"] = prediction_error;
+  j["costs"] = pp2["cost"];
+  std::printf("%s\n", j.dump().c_str());
+}
+
+absl::Status RunBenchmark(const char* self) {
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int m = absl::GetFlag(FLAGS_microbatches);
+  const std::string tmp = absl::StrCat("/tmp/bench_pipeline_", getpid());
+
+  // (a) Overhead at pp = 1, one thread, interleaved steps. OpenBLAS must be
+  // told too: it sized its pool from the core count when it was loaded.
+  SetBenchThreads(1);
+  SetBlasThreads(1);
+  HandLoop loop;
+  Engine engine;
+  PP_ASSIGN_OR_RETURN(World world1, LocalWorld(0, 1, tmp + "_store"));
+  PP_RETURN_IF_ERROR(MakeEngine(world1, 1, engine));
+  PP_ASSIGN_OR_RETURN(Overhead overhead, MeasureOverhead(loop, engine, steps));
+  if (absl::GetFlag(FLAGS_overhead_only)) {
+    std::printf(
+        "(a) loop %.4f s, engine pp=1 %.4f s: engine = %.3fx loop throughput (fastest steps: "
+        "%.3fx)\n",
+        overhead.loop1, overhead.engine1, overhead.loop1 / overhead.engine1,
+        overhead.loop1_min / overhead.engine1_min);
+    return absl::OkStatus();
+  }
+
+  // (d) first: the message cost model (c) uses.
+  PP_ASSIGN_OR_RETURN(PingPong pingpong, MeasurePingPong(self, tmp));
 
   // (b) pp = 2 through the launcher.
   PP_ASSIGN_OR_RETURN(nlohmann::json pp2,
@@ -454,101 +601,8 @@ absl::Status RunBenchmark(const char* self) {
   const double pp2_time = Median(pp2["step_seconds"].get<std::vector<double>>());
 
   // (c) Simulator with the measured per-stage costs.
-  ScheduleOptions so;
-  so.num_stages = 2;
-  so.num_microbatches = m;
-  PP_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(absl::GetFlag(FLAGS_schedule), so));
-  PP_ASSIGN_OR_RETURN(LoweredProgram lowered, Lower(schedule));
-  // The program the runtime executes (receives deferred to their consumers).
-  const LoweredProgram program = DeferReceives(lowered);
-  const double f0 = pp2["cost"]["0F"].get<double>(), f1 = pp2["cost"]["1F"].get<double>();
-  const double b0 = pp2["cost"]["0B"].get<double>(), b1 = pp2["cost"]["1B"].get<double>();
-  SimulationCosts costs;
-  costs.forward = (f0 + f1) / 2;
-  costs.backward = (b0 + b1) / 2;
-  costs.stage_multiplier = {(f0 + b0) / (costs.forward + costs.backward),
-                            (f1 + b1) / (costs.forward + costs.backward)};
-  PP_ASSIGN_OR_RETURN(SimulationResult sim, SimulateProgram(program, costs));
-  // The bound: compute only, messages free, no tail.
-  const double bound = sim.makespan;
-  // The prediction: every SEND/RECV pair moves (dynamic-shape mode) a control
-  // word and the activation, or its gradient, each costing the fitted model;
-  // then the measured tail.
-  const double payload_bytes = 4.0 * absl::GetFlag(FLAGS_rows) * absl::GetFlag(FLAGS_hidden);
-  costs.message = message;
-  costs.message_bytes = {payload_bytes, 8.0 * P2P::kControlWords};
-  PP_ASSIGN_OR_RETURN(SimulationResult with_messages, SimulateProgram(program, costs));
-  const double tail = pp2["tail_seconds"].get<double>();
-  const double predicted = with_messages.makespan + tail;
-
-  const double overhead_ratio = loop1 / engine1;  // engine throughput / loop throughput
-  const double speedup1 = loop1 / pp2_time, speedup2 = loop2 / pp2_time;
-  const double vs_bound = bound / pp2_time;
-  const double prediction_error = (predicted - pp2_time) / pp2_time;
-
-  std::printf(
-      "\nbench_pipeline: %d x Linear(%d,%d)+ReLU, %d rows/micro-batch, m=%d, SGD, median of %d "
-      "steps\n",
-      absl::GetFlag(FLAGS_blocks), absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_hidden),
-      absl::GetFlag(FLAGS_rows), m, steps);
-  std::printf("%-46s %10s %12s %s\n", "run", "step (s)", "samples/s", "ratio");
-  auto row = [&](const std::string& name, double t, const std::string& ratio) {
-    std::printf("%-46s %10.4f %12.1f %s\n", name.c_str(), t, samples / t, ratio.c_str());
-  };
-  row("hand-written loop, 1 thread", loop1, "");
-  row("hand-written loop, 2 BLAS threads", loop2, "");
-  row("(a) pipe engine pp=1, 1 thread", engine1,
-      absl::StrFormat("%.3fx loop; fastest steps %.3fx (target >= 0.98)", overhead_ratio,
-                      loop1_min / engine1_min));
-  row(absl::StrCat("(b) pipe engine pp=2 ", absl::GetFlag(FLAGS_schedule), ", 2 procs x 1 thread"),
-      pp2_time,
-      absl::StrFormat("%.2fx loop-1t, %.2fx loop-2t (target >= 1.7)", speedup1, speedup2));
-  row("    simulator bound for measured F/B costs", bound,
-      absl::StrFormat("measured = %.3fx bound (target >= 0.97)", vs_bound));
-  std::printf(
-      "(c) predicted step %.4f s (schedule %.4f s with fitted messages + measured tail %.4f s) "
-      "vs measured %.4f s: %+.1f%% (target within 5%%)\n",
-      predicted, with_messages.makespan, tail, pp2_time, 100 * prediction_error);
-  std::printf("(d) Gloo ping-pong one-way: latency %.1f us + %.3f ns/byte (%.2f GB/s):",
-              1e6 * message.latency, 1e9 * message.per_byte,
-              message.per_byte > 0 ? 1e-9 / message.per_byte : 0.0);
-  for (const MessageSample& m : pingpong_samples) {
-    std::printf(" %.0fB %.1fus (fit %.1f)", m.bytes, 1e6 * m.seconds, 1e6 * message.Of(m.bytes));
-  }
-  std::printf("\n");
-  for (const auto& [name, r] : pingpong["p2p"].items()) {
-    std::printf(
-        "    P2P round trip, %s sends: one-way %.1f us for %d bytes; per message: posting %.1f "
-        "us\n",
-        name.c_str(), 1e6 * r["one_way_s"].get<double>(), r["bytes"].get<int>(),
-        1e6 * r["post_s_per_message"].get<double>());
-  }
-  std::printf("    measured per-micro-batch costs: F0 %.4f F1 %.4f B0 %.4f B1 %.4f s; trace: %s\n",
-              f0, f1, b0, b1, absl::GetFlag(FLAGS_trace_file).c_str());
-  nlohmann::json j;
-  j["bench"] = "pipeline";
-  j["blocks"] = absl::GetFlag(FLAGS_blocks);
-  j["hidden"] = absl::GetFlag(FLAGS_hidden);
-  j["rows"] = absl::GetFlag(FLAGS_rows);
-  j["microbatches"] = m;
-  j["loop_1t_s"] = loop1;
-  j["loop_2t_s"] = loop2;
-  j["engine_pp1_s"] = engine1;
-  j["overhead_ratio"] = overhead_ratio;
-  j["overhead_ratio_fastest"] = loop1_min / engine1_min;
-  j["pp2_s"] = pp2_time;
-  j["pp2_speedup_vs_loop_1t"] = speedup1;
-  j["pp2_speedup_vs_loop_2t"] = speedup2;
-  j["sim_bound_pp2_s"] = bound;
-  j["sim_pp2_s"] = predicted;
-  j["tail_s"] = tail;
-  j["message_latency_s"] = message.latency;
-  j["message_s_per_byte"] = message.per_byte;
-  j["pingpong"] = pingpong;
-  j["pp2_vs_sim_bound"] = vs_bound;
-  j["sim_error"] = prediction_error;
-  j["costs"] = pp2["cost"];
-  std::printf("%s\n", j.dump().c_str());
+  PP_ASSIGN_OR_RETURN(Prediction prediction, Predict(pp2, pingpong.message, m));
+  Report(overhead, pingpong, pp2, pp2_time, prediction, m, steps);
   ::unlink((tmp + "_store").c_str());
   return absl::OkStatus();
 }

@@ -1,22 +1,20 @@
 #!/usr/bin/env python3
-"""bench_schedules' trace -> simulator inputs, checked by a round trip: a
-step traced from the simulator itself (schedule_explorer --format=chrome, the
-same event layout as train_gpt's trace.json) with known costs must give back
-those costs and the same makespan when bench_schedules derives the explorer's
-flags from it. Would fail if an estimator (per-stage compute, collective tail
-costs, SEND/RECV costs, REDUCE_GRAD per stage, the vocabulary passes and
-their collectives), a flag or the replay
-(bench_schedules.replay_step) were wrong or ignored.
+"""bench_schedules' trace -> simulator inputs (trace_costs.py), checked by a
+round trip: a step traced from the simulator itself (schedule_explorer
+--format=chrome, the same event layout as train_gpt's trace.json) with known
+costs must give back those costs and the same makespan when trace_costs
+derives the explorer's flags from it. Would fail if an estimator (per-stage
+compute, collective tail costs, SEND/RECV costs, REDUCE_GRAD per stage, the
+vocabulary passes and their collectives), a flag or the replay
+(trace_costs.replay_step) were wrong or ignored.
 
     python3 bench/bench_schedules_test.py path/to/schedule_explorer
 """
 import json
-import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_schedules  # noqa: E402
+import trace_costs
 
 EXPLORER = sys.argv[1]
 
@@ -40,8 +38,8 @@ def check(schedule, stages, m, chunks, stage_costs, rank_costs, step_all_reduce,
     if step_all_reduce:
         extra.append("--step_all_reduce")
     events, makespan_ms = explore(schedule, stages, m, chunks, extra)
-    costs = bench_schedules.trace_costs(events, chunks, stages)
-    predicted, errors, replay_errors, (stage_out, rank_out) = bench_schedules.simulate_steps(
+    costs = trace_costs.trace_costs(events, chunks, stages)
+    predicted, errors, replay_errors, (stage_out, rank_out) = trace_costs.simulate_steps(
         EXPLORER, schedule, stages, m, chunks, [(makespan_ms / 1000, costs)], step_all_reduce)
     name = f"{schedule} p={stages} m={m} v={chunks}"
     assert abs(predicted[0] * 1000 - makespan_ms) < 1e-6, (name, predicted, makespan_ms)

@@ -2,7 +2,7 @@
 
 Two benchmarks in one rotation (--mode peer, overhead or both):
 
-  peer      the peer GPT (bench_vs_deepspeed.py's model: width 256, 8 blocks,
+  peer      the peer GPT (bench_common.py's PEER_GPT: width 256, 8 blocks,
             sequence 128, 8 micro-batches of 4), pp = 2: tokens/s per schedule,
             and each system's single process on its own kernels, 1 thread:
             pipe pp = 1 (Debian's LibTorch 1.13 + OpenBLAS), PyTorch 2.15's wheel
@@ -15,7 +15,7 @@ Two benchmarks in one rotation (--mode peer, overhead or both):
             part, and the 2-chunk schedules cut pp = 2 into 4 parts.
 
 pipe's pipeline runs (both modes) trace every timed step: each is simulated
-with its own measured costs (bench_vs_deepspeed.simulate_pipe: simulator
+with its own measured costs (bench_common.simulate_pipe: simulator
 error per step), and the traces say where each rank's step went (compute
 actions, sends, receives, tail, executor between actions: trace_*_ms).
 
@@ -41,7 +41,6 @@ Use bench/bench_side_by_side.sh (it makes the virtual environments and builds
 train_gpt and schedule_explorer).
 """
 import argparse
-import datetime
 import json
 import os
 import resource
@@ -52,11 +51,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_common as bc
+import results  # tools/results.py (the record format), on PYTHONPATH: bench_side_by_side.sh
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tools"))
-import bench_vs_deepspeed as bvd  # noqa: E402  (pipe's and DeepSpeed's runs, shared)
-import results  # noqa: E402  (tools/results.py: the record format)
 
 PIPE_DEFAULT = ["1f1b=--schedule=1f1b", "interleaved_1f1b=--schedule=interleaved_1f1b --chunks=2",
                 "zbv=--schedule=zbv --chunks=2"]
@@ -162,38 +160,38 @@ def configurations(args):
 
 def run_one(config, args, model_args, workdir):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    model = [f"--{k}={getattr(model_args, k)}" for k in bvd.MODEL_DEFAULTS]
+    model = [f"--{k}={getattr(model_args, k)}" for k in bc.MODEL_DEFAULTS]
     common = [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--seed={args.seed}"]
     system = config["system"]
     if system == "pipe":
         # model_args.stages is 1 for the single process.
         flags = "--intra_op_threads=1 --blas_threads=1" if config["single"] else config["flags"]
-        result = bvd.run_pipe(model_args, flags, workdir)
+        result = bc.run_pipe(model_args, flags, workdir)
         if not config["single"]:
             result.update(trace_breakdown(result["run_dir"]))
         return result
     if system == "deepspeed" and not config["single"]:
-        return bvd.run_deepspeed(model_args)
+        return bc.run_deepspeed(model_args)
     python = args.torch_python if system == "pytorch" else str(Path(args.deepspeed).parent /
                                                                   "python")
     if config["single"]:
         command = [python, str(HERE / "torch_gpt_reference.py"), "--threads=1"] + model + common
     else:
         command = [python, str(HERE / "torch_pipelining_gpt.py"), f"--schedule={config['schedule']}",
-                   f"--pp={args.stages}", f"--master_port={bvd.free_port()}"] + model + common
+                   f"--pp={args.stages}", f"--master_port={bc.free_port()}"] + model + common
     started = time.time()
-    result = bvd.run_for_result(config["name"], command, env, args.timeout)
+    result = bc.run_for_result(config["name"], command, env, args.timeout)
     result["wall_s"] = time.time() - started
     result.setdefault("threads", [result.get("intra_op_threads")])
     return result
 
 
 def utc_now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return bc.utc_seconds()
 
 
 def load_1min():
-    return round(os.getloadavg()[0], 2)
+    return bc.load_average()[0]
 
 
 def label(config):
@@ -282,13 +280,7 @@ def make_record(args, run_id, config_key, kind, figures, started, loads, command
     return record
 
 
-def append(path, record):
-    if path:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-
-
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train_gpt", required=True, help="pipe's train_gpt binary")
     parser.add_argument("--explorer", default="", help="schedule_explorer: simulate pipe's peer runs")
@@ -301,7 +293,7 @@ def main():
     parser.add_argument("--stages", type=int, default=2, help="pp")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
-    bvd.add_model_arguments(parser)  # the peer mode's model (default: the peer GPT)
+    bc.add_model_arguments(parser)  # the peer mode's model (default: the peer GPT)
     parser.add_argument("--pipe", action="append", default=[],
                         help="name='train_gpt flags': a pipe configuration (default: "
                              + "; ".join(PIPE_DEFAULT) + ")")
@@ -322,9 +314,65 @@ def main():
     parser.add_argument("--loaded_above", type=float, default=2.5,
                         help="1-minute load above which a run is recorded as loaded")
     args = parser.parse_args()
-    for value, name in ((args.reps, "--reps"), (args.steps, "--steps"), (args.stages, "--stages")):
-        if value < 1:
-            parser.error(f"{name}={value} must be >= 1")
+    bc.require_positive(parser, args, "reps", "steps", "stages")
+    return args
+
+
+def run_figures(c, args, mode, values, rep, workdir):
+    """Runs configuration `c` once; its run record's figures, the run's result
+    and the 1-minute load at its start and end."""
+    simulate = c["system"] == "pipe" and not c["single"]
+    model_args = argparse.Namespace(**{
+        **vars(args), **values, "explorer": args.explorer if simulate else "",
+        "stages": 1 if c["single"] else args.stages})
+    load_start = load_1min()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = run_one(c, args, model_args, workdir)
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load_end = load_1min()
+    pp = 1 if c["single"] else args.stages
+    actions, messages = work_per_rank(c["schedule"], pp, values["microbatches"])
+    if c["single"]:
+        actions = 2 * values["microbatches"]
+    step = statistics.median(r["step_s"])
+    figures = {"mode": mode, "system": c["system"], "schedule": c["schedule"],
+               "label": label(c), "rep": rep + 1, "pp": pp, **values,
+               "tokens_per_s": round(r["tokens_per_s"], 1),
+               "median_step_s": round(step, 5),
+               "step_s": [round(x, 5) for x in r["step_s"]],
+               "loss_first": r["loss_first"], "loss_last": r["loss_last"],
+               "threads": r["threads"], "wall_s": round(r["wall_s"], 1),
+               "load_1min_start": load_start, "load_1min_end": load_end,
+               # CPU of the whole run (start-up included), every
+               # process of it: system time shows transport
+               # threads spinning (topology/transport_thread.h).
+               "run_cpu_user_s": round(cpu_after.ru_utime - cpu_before.ru_utime, 2),
+               "run_cpu_sys_s": round(cpu_after.ru_stime - cpu_before.ru_stime, 2)}
+    if actions:
+        figures["actions_per_rank"] = actions
+        figures["us_per_action"] = round(1e6 * step / actions, 2)
+    if messages:
+        figures["messages_per_rank"] = messages
+        figures["us_per_message"] = round(1e6 * step / messages, 2)
+    for key in ("cpu_s_per_step", "simulated_step_s", "simulated_error",
+                "simulated_error_max", "replay_error", "torch"):
+        if r.get(key) is not None:
+            figures[key] = r[key]
+    figures.update({k: v for k, v in r.items() if k.startswith("trace_")})
+    return figures, r, load_start, load_end
+
+
+def print_summary_row(mode, name, s):
+    def cell(key, width, fmt="{:.2f}x"):
+        return f"{fmt.format(s[key]) if key in s else '':>{width}}"
+    print(f"{mode:>13} {name:>24} {s['tokens_per_s']:9.1f} {s['median_step_s']:8.4f} "
+          f"{cell('us_per_action', 8, '{:.1f}')} {cell('vs_own_single', 9)} "
+          f"{cell('vs_pytorch_same', 10)} {cell('vs_pytorch_best', 10)} "
+          f"{cell('vs_deepspeed', 7)}", file=sys.stderr)
+
+
+def main():
+    args = parse_args()
     command = os.environ.get("PIPE_BENCH_COMMAND") or " ".join(
         shlex.quote(a) for a in sys.argv)
     modes = configurations(args)
@@ -334,57 +382,23 @@ def main():
     with tempfile.TemporaryDirectory(prefix="bench_side_by_side") as workdir:
         for rep in range(args.reps):
             for mode, model, configs in modes:
-                values = {**{k: getattr(args, k) for k in bvd.MODEL_DEFAULTS}, **model}
+                values = {**{k: getattr(args, k) for k in bc.MODEL_DEFAULTS}, **model}
                 for c in configs:
-                    simulate = c["system"] == "pipe" and not c["single"]
-                    model_args = argparse.Namespace(**{
-                        **vars(args), **values, "explorer": args.explorer if simulate else "",
-                        "stages": 1 if c["single"] else args.stages})
-                    started, load_start = utc_now(), load_1min()
-                    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    r = run_one(c, args, model_args, workdir)
-                    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    load_end = load_1min()
+                    started = utc_now()
+                    figures, r, load_start, load_end = run_figures(c, args, mode, values, rep,
+                                                                   workdir)
                     loads_all += [load_start, load_end]
-                    pp = 1 if c["single"] else args.stages
-                    actions, messages = work_per_rank(c["schedule"], pp, values["microbatches"])
-                    if c["single"]:
-                        actions = 2 * values["microbatches"]
-                    step = statistics.median(r["step_s"])
-                    figures = {"mode": mode, "system": c["system"], "schedule": c["schedule"],
-                               "label": label(c), "rep": rep + 1, "pp": pp, **values,
-                               "tokens_per_s": round(r["tokens_per_s"], 1),
-                               "median_step_s": round(step, 5),
-                               "step_s": [round(x, 5) for x in r["step_s"]],
-                               "loss_first": r["loss_first"], "loss_last": r["loss_last"],
-                               "threads": r["threads"], "wall_s": round(r["wall_s"], 1),
-                               "load_1min_start": load_start, "load_1min_end": load_end,
-                               # CPU of the whole run (start-up included), every
-                               # process of it: system time shows transport
-                               # threads spinning (topology/transport_thread.h).
-                               "run_cpu_user_s": round(cpu_after.ru_utime - cpu_before.ru_utime, 2),
-                               "run_cpu_sys_s": round(cpu_after.ru_stime - cpu_before.ru_stime, 2)}
-                    if actions:
-                        figures["actions_per_rank"] = actions
-                        figures["us_per_action"] = round(1e6 * step / actions, 2)
-                    if messages:
-                        figures["messages_per_rank"] = messages
-                        figures["us_per_message"] = round(1e6 * step / messages, 2)
-                    for key in ("cpu_s_per_step", "simulated_step_s", "simulated_error",
-                                "simulated_error_max", "replay_error", "torch"):
-                        if r.get(key) is not None:
-                            figures[key] = r[key]
-                    figures.update({k: v for k, v in r.items() if k.startswith("trace_")})
                     runs[mode][c["name"]].append(figures)
-                    append(args.results, make_record(args, run_id, f"{mode}/{c['name']}", "run",
-                                                     figures, started, [load_start, load_end],
-                                                     command))
+                    bc.append_record(args.results, make_record(
+                        args, run_id, f"{mode}/{c['name']}", "run", figures, started,
+                        [load_start, load_end], command))
                     per_action = (f"  {figures['us_per_action']:8.1f} us/action"
-                                  if actions else "")
+                                  if "us_per_action" in figures else "")
                     sim = (f"  simulated {100 * r['simulated_error']:+.1f}%"
                            if "simulated_error" in r else "")
                     print(f"rep {rep + 1}/{args.reps} {mode:>13} {c['name']:>24}: "
-                          f"{r['tokens_per_s']:8.1f} tokens/s  step {step:.4f} s{per_action}"
+                          f"{r['tokens_per_s']:8.1f} tokens/s  step "
+                          f"{statistics.median(r['step_s']):.4f} s{per_action}"
                           f"{sim}  loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}  "
                           f"load {load_start}-{load_end}", file=sys.stderr, flush=True)
     summary = {"bench": "bench_side_by_side", "run": run_id, "configs": {}}
@@ -394,15 +408,9 @@ def main():
     for mode, _, configs in modes:
         for name, s in summarize(mode, configs, runs[mode], args):
             summary["configs"][f"{mode}/{name}"] = s
-            append(args.results, make_record(args, run_id, f"{mode}/{name}", "summary", s, run_id,
-                                             loads_all, command))
-
-            def cell(key, width, fmt="{:.2f}x"):
-                return f"{fmt.format(s[key]) if key in s else '':>{width}}"
-            print(f"{mode:>13} {name:>24} {s['tokens_per_s']:9.1f} {s['median_step_s']:8.4f} "
-                  f"{cell('us_per_action', 8, '{:.1f}')} {cell('vs_own_single', 9)} "
-                  f"{cell('vs_pytorch_same', 10)} {cell('vs_pytorch_best', 10)} "
-                  f"{cell('vs_deepspeed', 7)}", file=sys.stderr)
+            bc.append_record(args.results, make_record(args, run_id, f"{mode}/{name}", "summary",
+                                                       s, run_id, loads_all, command))
+            print_summary_row(mode, name, s)
     print(json.dumps(summary), flush=True)
 
 

@@ -15,7 +15,9 @@ ds_venv="$(bench/deepspeed_env.sh)"
 torch_venv="$(tools/python_env.sh torch-newest)"
 ./bazelw build //experiments:train_gpt //experiments:schedule_explorer >&2
 bin="$(./bazelw info bazel-bin 2>/dev/null)"
-PIPE_BENCH_COMMAND="bench/bench_side_by_side.sh $*" exec "$ds_venv/bin/python" \
+# tools/ on the path: bench_side_by_side.py writes its records with tools/results.py.
+PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" PIPE_BENCH_COMMAND="bench/bench_side_by_side.sh $*" \
+  exec "$ds_venv/bin/python" \
   bench/bench_side_by_side.py --train_gpt="$bin/experiments/train_gpt" \
   --explorer="$bin/experiments/schedule_explorer" --deepspeed="$ds_venv/bin/deepspeed" \
   --torch_python="$torch_venv/bin/python" "$@"

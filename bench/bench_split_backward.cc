@@ -24,9 +24,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/record_function.h>
@@ -150,6 +152,95 @@ struct Samples {
   }
 };
 
+// The stage's forward: sets its input (a leaf that requires grad) and returns
+// the backward's root and its gradient (undefined: ones, for the loss).
+using StageForward = std::function<std::pair<torch::Tensor, torch::Tensor>(torch::Tensor&)>;
+
+// One forward, then the whole backward (B), timed; added to `full` (and the
+// operator table) when `measure`.
+void TimeFullBackward(const StageForward& forward, bool measure, bool op_table, Samples& full,
+                      OpTable& full_ops) {
+  torch::Tensor input;
+  auto [root, root_grad] = forward(input);
+  if (measure && op_table) current_table = &full_ops;
+  const auto t0 = BenchClock::now();
+  const double c0 = CpuMs();
+  torch::autograd::backward({root}, {root_grad});
+  const double b_wall = WallMs(t0), b_cpu = CpuMs() - c0;
+  current_table = nullptr;
+  if (measure) {
+    full.Add(b_wall, b_cpu);
+    if (op_table) ChargeOutside(full_ops, b_cpu);
+  }
+}
+
+// One forward, then the backward split into its input (I) and weight (W)
+// halves, each timed.
+void TimeSplitBackward(const StageForward& forward, bool measure, bool op_table,
+                       Samples& input_half, Samples& weight_half, Samples& split,
+                       OpTable& split_ops) {
+  torch::Tensor input;
+  auto [root, root_grad] = forward(input);
+  if (measure && op_table) current_table = &split_ops;
+  const auto t0 = BenchClock::now();
+  const double c0 = CpuMs();
+  BackwardInputResult r = BackwardInput({root}, {root_grad}, {input});
+  root = torch::Tensor();
+  const double i_wall = WallMs(t0), i_cpu = CpuMs() - c0;
+  const auto t1 = BenchClock::now();
+  const double c1 = CpuMs();
+  r.weight.Run();
+  const double w_wall = WallMs(t1), w_cpu = CpuMs() - c1;
+  current_table = nullptr;
+  if (measure) {
+    input_half.Add(i_wall, i_cpu);
+    weight_half.Add(w_wall, w_cpu);
+    split.Add(i_wall + w_wall, i_cpu + w_cpu);
+    if (op_table) ChargeOutside(split_ops, i_cpu + w_cpu);
+  }
+}
+
+// The table (B, I, W, I+W and their ratio), the operator table with
+// --op_table, and the JSON line.
+void Report(const GptConfig& config, int64_t batch, int threads, int64_t steps, bool last,
+            const Samples& full, const Samples& input_half, const Samples& weight_half,
+            const Samples& split, const OpTable& full_ops, const OpTable& split_ops) {
+  const double ratio_wall = Median(split.wall) / Median(full.wall);
+  const double ratio_cpu = Min(split.cpu) / Min(full.cpu);
+  const double ratio_cpu_median = Median(split.cpu) / Median(full.cpu);
+  std::printf(
+      "split backward, GPT %s (%s), width %lld, context %lld, batch %lld, checkpoint %s, "
+      "%d threads, %lld reps, thread cpu\n",
+      last ? "last stage of pp=2" : "one block",
+      last ? "last blocks + norm + tied head + loss" : "a middle virtual stage",
+      static_cast<long long>(config.width), static_cast<long long>(config.context_length),
+      static_cast<long long>(batch), absl::GetFlag(FLAGS_checkpoint) ? "every layer" : "off",
+      threads, static_cast<long long>(steps));
+  std::printf("%-8s %-14s %-14s %-14s\n", "", "wall median ms", "cpu median ms", "cpu min ms");
+  auto row = [](const char* name, const Samples& x) {
+    std::printf("%-8s %-14.2f %-14.3f %-14.3f\n", name, Median(x.wall), Median(x.cpu), Min(x.cpu));
+  };
+  row("B", full);
+  row("I", input_half);
+  row("W", weight_half);
+  row("I+W", split);
+  std::printf("(I+W)/B  %-14.3f %-14.3f %-14.3f (target <= 1.15)\n", ratio_wall, ratio_cpu_median,
+              ratio_cpu);
+  if (absl::GetFlag(FLAGS_op_table)) PrintOpTable(full_ops, split_ops, steps);
+  nlohmann::json json;
+  json["bench"] = "split_backward";
+  json["checkpoint"] = absl::GetFlag(FLAGS_checkpoint);
+  json["threads"] = threads;
+  json["b_ms"] = Median(full.wall);
+  json["i_ms"] = Median(input_half.wall);
+  json["w_ms"] = Median(weight_half.wall);
+  json["iw_over_b_wall"] = ratio_wall;
+  json["stage"] = absl::GetFlag(FLAGS_stage);
+  json["iw_over_b_cpu_median"] = ratio_cpu_median;
+  json["iw_over_b_cpu_min"] = ratio_cpu;
+  std::printf("%s\n", json.dump().c_str());
+}
+
 absl::Status Run() {
   const int threads = SetBenchThreads(1);
   // Keep freed memory mapped (like a caching allocator), so that both
@@ -216,81 +307,16 @@ absl::Status Run() {
   const int64_t steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
   for (int64_t s = 0; s < warmup + steps; ++s) {
     const bool measure = s >= warmup;
-    {
-      torch::Tensor input;
-      auto [root, root_grad] = forward(input);
-      if (measure && op_table) current_table = &full_ops;
-      const auto t0 = BenchClock::now();
-      const double c0 = CpuMs();
-      torch::autograd::backward({root}, {root_grad});
-      const double b_wall = WallMs(t0), b_cpu = CpuMs() - c0;
-      current_table = nullptr;
-      if (measure) {
-        full.Add(b_wall, b_cpu);
-        if (op_table) ChargeOutside(full_ops, b_cpu);
-      }
-    }
+    TimeFullBackward(forward, measure, op_table, full, full_ops);
     // Both variants start from no .grad (AccumulateGrad then takes the
     // gradient instead of adding it).
     for (torch::Tensor& p : params) p.mutable_grad().reset();
-    {
-      torch::Tensor input;
-      auto [root, root_grad] = forward(input);
-      if (measure && op_table) current_table = &split_ops;
-      const auto t0 = BenchClock::now();
-      const double c0 = CpuMs();
-      BackwardInputResult r = BackwardInput({root}, {root_grad}, {input});
-      root = torch::Tensor();
-      const double i_wall = WallMs(t0), i_cpu = CpuMs() - c0;
-      const auto t1 = BenchClock::now();
-      const double c1 = CpuMs();
-      r.weight.Run();
-      const double w_wall = WallMs(t1), w_cpu = CpuMs() - c1;
-      current_table = nullptr;
-      if (measure) {
-        input_half.Add(i_wall, i_cpu);
-        weight_half.Add(w_wall, w_cpu);
-        split.Add(i_wall + w_wall, i_cpu + w_cpu);
-        if (op_table) ChargeOutside(split_ops, i_cpu + w_cpu);
-      }
-    }
+    TimeSplitBackward(forward, measure, op_table, input_half, weight_half, split, split_ops);
     for (torch::Tensor& p : params) p.mutable_grad().reset();
   }
   if (op_table) at::removeCallback(op_callback);
-  const double ratio_wall = Median(split.wall) / Median(full.wall);
-  const double ratio_cpu = Min(split.cpu) / Min(full.cpu);
-  const double ratio_cpu_median = Median(split.cpu) / Median(full.cpu);
-  std::printf(
-      "split backward, GPT %s (%s), width %lld, context %lld, batch %lld, checkpoint %s, "
-      "%d threads, %lld reps, thread cpu\n",
-      last ? "last stage of pp=2" : "one block",
-      last ? "last blocks + norm + tied head + loss" : "a middle virtual stage",
-      static_cast<long long>(config.width), static_cast<long long>(config.context_length),
-      static_cast<long long>(batch), absl::GetFlag(FLAGS_checkpoint) ? "every layer" : "off",
-      threads, static_cast<long long>(steps));
-  std::printf("%-8s %-14s %-14s %-14s\n", "", "wall median ms", "cpu median ms", "cpu min ms");
-  auto row = [](const char* name, const Samples& x) {
-    std::printf("%-8s %-14.2f %-14.3f %-14.3f\n", name, Median(x.wall), Median(x.cpu), Min(x.cpu));
-  };
-  row("B", full);
-  row("I", input_half);
-  row("W", weight_half);
-  row("I+W", split);
-  std::printf("(I+W)/B  %-14.3f %-14.3f %-14.3f (target <= 1.15)\n", ratio_wall, ratio_cpu_median,
-              ratio_cpu);
-  if (op_table) PrintOpTable(full_ops, split_ops, steps);
-  nlohmann::json json;
-  json["bench"] = "split_backward";
-  json["checkpoint"] = absl::GetFlag(FLAGS_checkpoint);
-  json["threads"] = threads;
-  json["b_ms"] = Median(full.wall);
-  json["i_ms"] = Median(input_half.wall);
-  json["w_ms"] = Median(weight_half.wall);
-  json["iw_over_b_wall"] = ratio_wall;
-  json["stage"] = which;
-  json["iw_over_b_cpu_median"] = ratio_cpu_median;
-  json["iw_over_b_cpu_min"] = ratio_cpu;
-  std::printf("%s\n", json.dump().c_str());
+  Report(config, batch, threads, steps, last, full, input_half, weight_half, split, full_ops,
+         split_ops);
   return absl::OkStatus();
 }
 

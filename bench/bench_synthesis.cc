@@ -103,6 +103,111 @@ std::string Shell(const std::string& command) {
   return out;
 }
 
+// The best schedule of one case: its simulated makespan and name; for a
+// synthesised one also its lower bound and the evaluations spent.
+struct Candidate {
+  double makespan = std::numeric_limits<double>::infinity();
+  std::string name;
+  double lower_bound = 0;
+  int evaluations = 0;
+};
+
+// The best registered schedule (1 or 2 chunks) within the memory cap.
+Candidate BestRegistered(int p, int m, const std::string& shape, double comm, double cap_share) {
+  Candidate best;
+  best.name = "none";
+  for (const std::string& name : RegisteredScheduleNames()) {
+    if (name.rfind("synth", 0) == 0) continue;
+    for (int v : {1, 2}) {
+      absl::StatusOr<Schedule> s = MakeSchedule(name, {p, m, v, 0});
+      if (!s.ok() || s->forward_only) continue;
+      absl::StatusOr<SimulationResult> sim = Simulate(*s, CaseCosts(shape, comm, p, v));
+      if (!sim.ok()) continue;
+      if (MaxOf(sim->peak_memory) / v > cap_share + 1e-9) continue;
+      if (sim->makespan < best.makespan - 1e-12) {
+        best.makespan = sim->makespan;
+        best.name = absl::StrCat(name, " v=", v);
+      }
+    }
+  }
+  return best;
+}
+
+// The best of three synthesised placements (looped v=1, looped v=2, V).
+Candidate BestSynthesized(int p, int m, const std::string& shape, double comm, double cap_share) {
+  Candidate best;
+  for (auto [v, placement] :
+       std::vector<std::pair<int, SynthesisPlacement>>{{1, SynthesisPlacement::kLooped},
+                                                       {2, SynthesisPlacement::kLooped},
+                                                       {2, SynthesisPlacement::kV}}) {
+    SynthesisOptions o;
+    o.num_stages = p;
+    o.num_microbatches = m;
+    o.num_chunks = v;
+    o.placement = placement;
+    o.costs = CaseCosts(shape, comm, p, v);
+    o.memory_cap = cap_share * v;
+    o.max_evaluations = absl::GetFlag(FLAGS_max_evaluations);
+    o.seed = absl::GetFlag(FLAGS_seed);
+    absl::StatusOr<SynthesisResult> r = Synthesize(o);
+    if (!r.ok()) {
+      std::cerr << "p=" << p << " m=" << m << " v=" << v << ": " << r.status() << "\n";
+      continue;
+    }
+    best.evaluations += r->evaluations;
+    if (r->makespan < best.makespan - 1e-12) {
+      best.makespan = r->makespan;
+      best.lower_bound = r->lower_bound;
+      best.name = absl::StrCat(placement == SynthesisPlacement::kV ? "V" : "looped", " v=", v,
+                               " from ", r->start);
+    }
+  }
+  return best;
+}
+
+// Appends the run's record (date, commit, machine, command, summary, cases)
+// to --out; 1 when it cannot be written.
+int AppendRecord(int argc, char** argv, const nlohmann::json& summary,
+                 const nlohmann::json& cases) {
+  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  const std::string dir = workspace != nullptr ? workspace : ".";
+  char date[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::vector<std::string> args(argv, argv + argc);
+  std::ifstream loadavg("/proc/loadavg");
+  std::string load;
+  std::getline(loadavg, load);
+  nlohmann::json record = {
+      {"date", date},
+      {"commit", Shell(absl::StrCat("git -C '", dir, "' rev-parse HEAD 2>/dev/null"))},
+      {"dirty",
+       !Shell(absl::StrCat("git -C '", dir, "' status --porcelain -uno 2>/dev/null")).empty()},
+      {"machine",
+       {{"nproc", sysconf(_SC_NPROCESSORS_ONLN)},
+        {"loadavg", load},
+        {"hostname", Shell("hostname")}}},
+      {"command", absl::StrJoin(args, " ")},
+      {"max_evaluations", absl::GetFlag(FLAGS_max_evaluations)},
+      {"seed", absl::GetFlag(FLAGS_seed)},
+      {"summary", summary},
+      {"cases", cases}};
+  std::string path = absl::GetFlag(FLAGS_out);
+  if (!path.empty()) {
+    if (!std::filesystem::path(path).is_absolute() && workspace != nullptr) {
+      path = (std::filesystem::path(workspace) / path).string();
+    }
+    std::ofstream file(path, std::ios::app);
+    file << record.dump() << "\n";
+    if (!file) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "appended to %s\n", path.c_str());
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::vector<int> stages;
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_stages), ',')) {
@@ -124,53 +229,13 @@ int Main(int argc, char** argv) {
         for (double comm : {0.0, 0.1}) {
           for (double factor : {1.0, 1.5, 2.0}) {
             const double cap_share = factor * std::min(p, m);
-            // Best registered under the cap.
-            double best = std::numeric_limits<double>::infinity();
-            std::string best_name = "none";
-            for (const std::string& name : RegisteredScheduleNames()) {
-              if (name.rfind("synth", 0) == 0) continue;
-              for (int v : {1, 2}) {
-                absl::StatusOr<Schedule> s = MakeSchedule(name, {p, m, v, 0});
-                if (!s.ok() || s->forward_only) continue;
-                absl::StatusOr<SimulationResult> sim = Simulate(*s, CaseCosts(shape, comm, p, v));
-                if (!sim.ok()) continue;
-                if (MaxOf(sim->peak_memory) / v > cap_share + 1e-9) continue;
-                if (sim->makespan < best - 1e-12) {
-                  best = sim->makespan;
-                  best_name = absl::StrCat(name, " v=", v);
-                }
-              }
-            }
-            // Synthesised: the best of three placements.
-            double synth = std::numeric_limits<double>::infinity(), bound = 0;
-            std::string synth_name;
-            int evaluations = 0;
-            for (auto [v, placement] :
-                 std::vector<std::pair<int, SynthesisPlacement>>{{1, SynthesisPlacement::kLooped},
-                                                                 {2, SynthesisPlacement::kLooped},
-                                                                 {2, SynthesisPlacement::kV}}) {
-              SynthesisOptions o;
-              o.num_stages = p;
-              o.num_microbatches = m;
-              o.num_chunks = v;
-              o.placement = placement;
-              o.costs = CaseCosts(shape, comm, p, v);
-              o.memory_cap = cap_share * v;
-              o.max_evaluations = absl::GetFlag(FLAGS_max_evaluations);
-              o.seed = absl::GetFlag(FLAGS_seed);
-              absl::StatusOr<SynthesisResult> r = Synthesize(o);
-              if (!r.ok()) {
-                std::cerr << "p=" << p << " m=" << m << " v=" << v << ": " << r.status() << "\n";
-                continue;
-              }
-              evaluations += r->evaluations;
-              if (r->makespan < synth - 1e-12) {
-                synth = r->makespan;
-                bound = r->lower_bound;
-                synth_name = absl::StrCat(placement == SynthesisPlacement::kV ? "V" : "looped",
-                                          " v=", v, " from ", r->start);
-              }
-            }
+            const Candidate registered = BestRegistered(p, m, shape, comm, cap_share);
+            const Candidate synthesized = BestSynthesized(p, m, shape, comm, cap_share);
+            const double best = registered.makespan, synth = synthesized.makespan;
+            const double bound = synthesized.lower_bound;
+            const std::string& best_name = registered.name;
+            const std::string& synth_name = synthesized.name;
+            const int evaluations = synthesized.evaluations;
             ++total;
             never_worse += synth <= best + 1e-9;
             const double gain = best / synth - 1;
@@ -218,42 +283,7 @@ int Main(int argc, char** argv) {
                             {"at_lower_bound", at_bound}};
   std::printf("%s\n", summary.dump(2).c_str());
 
-  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
-  const std::string dir = workspace != nullptr ? workspace : ".";
-  char date[32];
-  std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  std::vector<std::string> args(argv, argv + argc);
-  std::ifstream loadavg("/proc/loadavg");
-  std::string load;
-  std::getline(loadavg, load);
-  nlohmann::json record = {
-      {"date", date},
-      {"commit", Shell(absl::StrCat("git -C '", dir, "' rev-parse HEAD 2>/dev/null"))},
-      {"dirty",
-       !Shell(absl::StrCat("git -C '", dir, "' status --porcelain -uno 2>/dev/null")).empty()},
-      {"machine",
-       {{"nproc", sysconf(_SC_NPROCESSORS_ONLN)},
-        {"loadavg", load},
-        {"hostname", Shell("hostname")}}},
-      {"command", absl::StrJoin(args, " ")},
-      {"max_evaluations", absl::GetFlag(FLAGS_max_evaluations)},
-      {"seed", absl::GetFlag(FLAGS_seed)},
-      {"summary", summary},
-      {"cases", cases}};
-  std::string path = absl::GetFlag(FLAGS_out);
-  if (!path.empty()) {
-    if (!std::filesystem::path(path).is_absolute() && workspace != nullptr) {
-      path = (std::filesystem::path(workspace) / path).string();
-    }
-    std::ofstream file(path, std::ios::app);
-    file << record.dump() << "\n";
-    if (!file) {
-      std::fprintf(stderr, "cannot write %s\n", path.c_str());
-      return 1;
-    }
-    std::fprintf(stderr, "appended to %s\n", path.c_str());
-  }
+  if (AppendRecord(argc, argv, summary, cases) != 0) return 1;
   return never_worse == total ? 0 : 1;
 }
 

@@ -20,17 +20,14 @@ over the measured steps.
 """
 
 import argparse
-import datetime
-import glob
-import json
 import os
 import re
 import statistics
-import subprocess
 import tempfile
 
-PEER = ("gpt.width=256,gpt.num_layers=8,gpt.num_heads=4,gpt.context_length=128,gpt.mlp_ratio=4,"
-        "optimizer.max_grad_norm=0,lr_schedule.name=constant,eval_interval=0,sample_tokens=0,"
+import bench_common as bc
+
+PEER = (bc.PEER_GPT_SHAPE + ",optimizer.max_grad_norm=0,lr_schedule.name=constant,eval_interval=0,sample_tokens=0,"
         "log_interval=1")
 SCHEDULES = {"1f1b": 1, "zbv": 2}
 PRECISIONS = ["fp32", "bf16"]
@@ -42,17 +39,10 @@ def run(binary, precision, schedule, steps, out_dir, name):
            "--pp=2", f"--schedule={schedule}", f"--chunks={SCHEDULES[schedule]}",
            f"--precision={precision}", f"--steps={steps}", f"--output_dir={out_dir}",
            f"--name={name}"]
-    load_before = os.getloadavg()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    load_after = os.getloadavg()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    proc, _, lines, load_before, load_after = bc.run_train_gpt(cmd, out_dir, name, 1800, 2000)
     m = re.search(r"p2p \(rank 0\): \d+ messages sent \((\d+) payload bytes", proc.stdout)
     if m is None:
         raise SystemExit(f"no p2p line in the output of {' '.join(cmd)}")
-    rundir = sorted(glob.glob(os.path.join(out_dir, name + "-*")))[-1]
-    lines = [json.loads(l) for l in open(os.path.join(rundir, "metrics.jsonl"))]
     measured = [l for l in lines if l["step"] >= 2]
     peak = transient = None
     for l in measured:
@@ -83,21 +73,20 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("bf16_vs_fp32-%Y%m%dT%H%MZ")
-    with tempfile.TemporaryDirectory() as tmp, open(args.out, "a") as out:
+    run_id = bc.utc_now().strftime("bf16_vs_fp32-%Y%m%dT%H%MZ")
+    with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
             for schedule in SCHEDULES:
                 order = PRECISIONS if pair % 2 == 0 else list(reversed(PRECISIONS))
                 for precision in order:
                     name = f"{precision}_{schedule}_{pair}"
-                    start = datetime.datetime.now(datetime.timezone.utc)
+                    start = bc.utc_now()
                     cmd, l0, l1, figures = run(args.train_gpt, precision, schedule, args.steps,
                                                tmp, name)
                     record = {
                         "schema": "pipe-result/1",
-                        "date": start.isoformat(timespec="seconds").replace("+00:00", "Z"),
-                        "date_end": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                            timespec="seconds").replace("+00:00", "Z"),
+                        "date": bc.utc_seconds(start),
+                        "date_end": bc.utc_seconds(),
                         "commit": args.commit,
                         "machine": {"nproc": os.cpu_count(),
                                     "loadavg": f"{l0[0]:.1f}-{l1[0]:.1f}",
@@ -105,8 +94,7 @@ def main():
                         "command": " ".join(cmd), "bench": "bf16_vs_fp32", "run": run_id,
                         "config": f"{schedule}_{precision}", "figures": figures,
                     }
-                    out.write(json.dumps(record) + "\n")
-                    out.flush()
+                    bc.append_record(args.out, record)
                     print(f"{schedule} {precision}: median step {figures['median_step_s']:.3f} s, "
                           f"{figures['p2p_payload_bytes_per_step_rank0']:.0f} p2p B/step "
                           f"(load {l0[0]:.1f})", flush=True)

@@ -18,32 +18,23 @@
 # rank); the last loss and its relative difference from the run without it.
 # On a 2-core machine dp 4 x pp 2 runs 8 processes on 2 cores: step and tail
 # times say what the collectives cost here, not on a node of GPUs.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-STEPS=30 WIDTH=256 RECORD=0
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --steps) STEPS=$2; shift 2 ;;
-    --width) WIDTH=$2; shift 2 ;;
-    --record) RECORD=1; shift ;;
-    *) echo "unknown argument $1 (--steps N, --width W, --record)" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=bench/bench_args.sh
+source "$(dirname "$0")/bench_args.sh"
+STEPS=30 WIDTH=256
+bench_parse_args "steps width record" "$@"
 [[ $STEPS -ge 20 ]] || { echo "--steps must be at least 20 (5 warm-up, 10 traced)" >&2; exit 2; }
-./bazelw build //experiments:train_gpt >/dev/null 2>&1
+bench_build //experiments:train_gpt
 BIN=bazel-bin/experiments/train_gpt
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 SET="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,gpt.width=$WIDTH,gpt.num_heads=8,gpt.num_layers=4,gpt.context_length=128,parallelism.micro_batch_size=4,trace_step=6,trace_steps=10"
 COMMAND="bench/distributed_optimizer.sh --steps $STEPS --width $WIDTH"
 RUNS="dp2:2:false:fp32 dp2_zero1:2:true:fp32 dp4:4:false:fp32 dp4_zero1:4:true:fp32 dp2_bf16:2:false:bf16 dp2_zero1_bf16:2:true:bf16"
 for run in $RUNS; do
   IFS=: read -r name dp zero1 precision <<< "$run"
-  "$BIN" --pp=2 --dp="$dp" --microbatches=4 --distributed_optimizer="$zero1" --precision="$precision" \
-    --steps="$STEPS" --sample_tokens=0 --data=/usr/share/common-licenses \
-    --output_dir="$TMP/runs" --name="$name" --set="$SET" > "$TMP/$name.log" 2>&1 ||
-    { tail -30 "$TMP/$name.log"; exit 1; }
+  bench_run "$name" "$BIN" --pp=2 --dp="$dp" --microbatches=4 --distributed_optimizer="$zero1" \
+    --precision="$precision" --steps="$STEPS" --sample_tokens=0 --data=/usr/share/common-licenses \
+    --output_dir="$TMP/runs" --name="$name" --set="$SET"
 done
 python3 - "$TMP" "$RECORD" "$COMMAND" "$RUNS" <<'PY'
 import glob, json, re, statistics, subprocess, sys

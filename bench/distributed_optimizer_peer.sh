@@ -19,35 +19,27 @@
 # ratio. The models differ in detail (pipe's GPT and the peer's
 # nn.TransformerEncoderLayer), so compare ratios across systems, times only
 # within one.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-REPS=2 STEPS=20 RECORD=0
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --reps) REPS=$2; shift 2 ;;
-    --steps) STEPS=$2; shift 2 ;;
-    --record) RECORD=1; shift ;;
-    *) echo "unknown argument $1 (--reps N, --steps N, --record)" >&2; exit 2 ;;
-  esac
-done
-./bazelw build //experiments:train_gpt >/dev/null 2>&1
+# shellcheck source=bench/bench_args.sh
+source "$(dirname "$0")/bench_args.sh"
+REPS=2 STEPS=20
+bench_parse_args "reps steps record" "$@"
+bench_build //experiments:train_gpt
 BIN=bazel-bin/experiments/train_gpt
 VENV=$(tools/python_env.sh torch-newest)
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 SET="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,gpt.width=256,gpt.num_heads=8,gpt.num_layers=4,gpt.context_length=128,parallelism.micro_batch_size=4"
 for rep in $(seq 1 "$REPS"); do
   for zero1 in false true; do
-    "$BIN" --pp=1 --dp=2 --microbatches=4 --distributed_optimizer=$zero1 --steps="$STEPS" \
-      --sample_tokens=0 --data=/usr/share/common-licenses --output_dir="$TMP/runs" \
-      --name="pipe_${zero1}_$rep" --set="$SET" > "$TMP/pipe_${zero1}_$rep.log" 2>&1 ||
-      { tail -30 "$TMP/pipe_${zero1}_$rep.log"; exit 1; }
+    bench_run "pipe_${zero1}_$rep" "$BIN" --pp=1 --dp=2 --microbatches=4 \
+      --distributed_optimizer=$zero1 --steps="$STEPS" --sample_tokens=0 \
+      --data=/usr/share/common-licenses --output_dir="$TMP/runs" --name="pipe_${zero1}_$rep" \
+      --set="$SET"
   done
   for mode in adamw zero1; do
-    "$VENV/bin/python" bench/torch_zero1_peer.py --dp=2 --mode=$mode --width=256 --layers=4 \
-      --heads=8 --context=128 --micro_batch_size=4 --microbatches=4 --steps=$((STEPS - 5)) \
-      > "$TMP/peer_${mode}_$rep.log" 2>&1 || { tail -30 "$TMP/peer_${mode}_$rep.log"; exit 1; }
+    bench_run "peer_${mode}_$rep" "$VENV/bin/python" bench/torch_zero1_peer.py --dp=2 \
+      --mode=$mode --width=256 --layers=4 --heads=8 --context=128 --micro_batch_size=4 \
+      --microbatches=4 --steps=$((STEPS - 5))
   done
 done
 python3 - "$TMP" "$REPS" "$RECORD" "bench/distributed_optimizer_peer.sh --reps $REPS --steps $STEPS" <<'PY'

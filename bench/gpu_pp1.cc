@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_common.h"
+#include "bench/peer_gpt.h"
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
 #include "models/data/synthetic_lm_data.h"
@@ -44,11 +45,6 @@
 #include "topology/rendezvous.h"
 
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda (cuda:0).");
-ABSL_FLAG(int, width, 256, "GPT width.");
-ABSL_FLAG(int, layers, 8, "Transformer blocks.");
-ABSL_FLAG(int, heads, 4, "Attention heads.");
-ABSL_FLAG(int, context, 128, "Sequence length.");
-ABSL_FLAG(int, micro_batch_size, 4, "Sequences per micro-batch.");
 ABSL_FLAG(int, microbatches, 8, "Micro-batches per step.");
 ABSL_FLAG(int, steps, 20, "Timed steps (after --warmup untimed ones).");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first (allocator, cuBLAS handles).");
@@ -56,86 +52,22 @@ ABSL_FLAG(int, warmup, 3, "Untimed steps first (allocator, cuBLAS handles).");
 namespace pp {
 namespace {
 
-constexpr uint64_t kSeed = 1234;
-
-absl::Status Run() {
-  const int intra = SetBenchThreads(0);
-  const int steps = absl::GetFlag(FLAGS_steps);
-  const int warmup = absl::GetFlag(FLAGS_warmup);
-  if (steps < 1 || warmup < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--steps (", steps, ") must be >= 1 and --warmup (", warmup, ") >= 0"));
-  }
-  PP_ASSIGN_OR_RETURN(DeviceKind kind, ParseDeviceKind(absl::GetFlag(FLAGS_device)));
-  // Refuses a missing device before any model is built.
-  PP_RETURN_IF_ERROR(DeviceForLocalRank(kind, 0).status());
-
-  GptConfig config;
-  config.vocab_size = 256;
-  config.width = absl::GetFlag(FLAGS_width);
-  config.num_layers = absl::GetFlag(FLAGS_layers);
-  config.num_heads = absl::GetFlag(FLAGS_heads);
-  config.context_length = absl::GetFlag(FLAGS_context);
-  const int m = absl::GetFlag(FLAGS_microbatches);
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(config));
-  SyntheticLmOptions data;
-  data.lm.seq_len = config.context_length;
-  data.lm.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
-  data.lm.num_microbatches = m;
-  data.lm.seed = kSeed;
-  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource source, SyntheticLmBatchSource::Create(data));
-
-  DistEnv env;
-  env.rank = 0;
-  env.world_size = 1;
-  RendezvousOptions ro;
-  const std::string store = absl::StrCat("/tmp/gpu_pp1_", getpid(), "_store");
-  ro.file_store_path = store;
-  ro.device = kind;
-  PP_ASSIGN_OR_RETURN(World world, Rendezvous(env, ro));
-  PP_ASSIGN_OR_RETURN(ProcessTopology topo, PipeDataParallelTopology(1, 1));
-  PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topo));
-  PipelineModelOptions mo;
-  mo.num_stages = 1;
-  mo.partition_method = "uniform";
-  mo.base_seed = kSeed;
-  PP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model,
-                      PipelineModel::Create(specs, mo, grid.stage_id()));
-  model->to(world.device);
-  TrainerOptions to;
-  to.schedule = "1f1b";
-  to.num_microbatches = m;
-  to.optimizer.name = "adamw";
-  to.optimizer.lr = 1e-3;
-  to.report_grad_norm = false;  // the reference computes none either
-  to.executor.p2p.device = world.device;
-  PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                      Trainer::Create(&grid, model.get(), GptLoss, &source, to));
-
-  std::vector<double> seconds;
-  std::vector<double> losses;
-  for (int s = 0; s < warmup + steps; ++s) {
-    PP_RETURN_IF_ERROR(WaitForDevice(world.device, std::chrono::minutes(2), "before a step"));
-    const auto t0 = BenchClock::now();
-    // No observation: untraced, so no per-action device waits.
-    PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
-    PP_RETURN_IF_ERROR(WaitForDevice(world.device, std::chrono::minutes(2), "a step's kernels"));
-    const double wall = Seconds(t0, BenchClock::now());
-    losses.push_back(r.loss);
-    if (s >= warmup) seconds.push_back(wall);
-  }
+// The table line and the JSON line of the timed steps.
+void Report(const torch::Device& device, int m, int steps, int intra,
+            const std::vector<double>& seconds, const std::vector<double>& losses) {
+  const SyntheticLmOptions data = PeerGptData(m);
   const double tokens = static_cast<double>(m) * data.lm.micro_batch_size * data.lm.seq_len;
   const double median = Median(seconds);
   std::printf(
       "pipe engine pp=1 on %s: GPT width %d, %d blocks, m=%d x %lld x %lld tokens, %d steps\n",
-      world.device.str().c_str(), absl::GetFlag(FLAGS_width), absl::GetFlag(FLAGS_layers), m,
+      device.str().c_str(), absl::GetFlag(FLAGS_width), absl::GetFlag(FLAGS_layers), m,
       static_cast<long long>(data.lm.micro_batch_size), static_cast<long long>(data.lm.seq_len),
       steps);
   std::printf("  median step %.4f s (min %.4f)  %.1f tokens/s  loss %.4f -> %.4f\n", median,
               Min(seconds), tokens / median, losses.front(), losses.back());
   nlohmann::json j = {{"bench", "gpu_pp1"},
                       {"system", "pipe"},
-                      {"device", world.device.str()},
+                      {"device", device.str()},
                       {"torch", torch_compat::LibTorchVersion()},
                       {"width", absl::GetFlag(FLAGS_width)},
                       {"layers", absl::GetFlag(FLAGS_layers)},
@@ -151,6 +83,53 @@ absl::Status Run() {
                       {"loss_last", losses.back()},
                       {"intra_op_threads", intra}};
   std::printf("%s\n", j.dump().c_str());
+}
+
+absl::Status Run() {
+  const int intra = SetBenchThreads(0);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  if (steps < 1 || warmup < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--steps (", steps, ") must be >= 1 and --warmup (", warmup, ") >= 0"));
+  }
+  PP_ASSIGN_OR_RETURN(DeviceKind kind, ParseDeviceKind(absl::GetFlag(FLAGS_device)));
+  // Refuses a missing device before any model is built.
+  PP_RETURN_IF_ERROR(DeviceForLocalRank(kind, 0).status());
+
+  const int m = absl::GetFlag(FLAGS_microbatches);
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(PeerGptConfig()));
+  const SyntheticLmOptions data = PeerGptData(m);
+  PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource source, SyntheticLmBatchSource::Create(data));
+
+  const std::string store = absl::StrCat("/tmp/gpu_pp1_", getpid(), "_store");
+  PP_ASSIGN_OR_RETURN(PeerGptEngine engine, MakePeerGptEngine(specs, store, kind));
+  const World& world = engine.world;
+  std::unique_ptr<PipelineModel>& model = engine.model;
+  model->to(world.device);
+  TrainerOptions to;
+  to.schedule = "1f1b";
+  to.num_microbatches = m;
+  to.optimizer.name = "adamw";
+  to.optimizer.lr = 1e-3;
+  to.report_grad_norm = false;  // the reference computes none either
+  to.executor.p2p.device = world.device;
+  PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(&engine.grid, model.get(), GptLoss, &source, to));
+
+  std::vector<double> seconds;
+  std::vector<double> losses;
+  for (int s = 0; s < warmup + steps; ++s) {
+    PP_RETURN_IF_ERROR(WaitForDevice(world.device, std::chrono::minutes(2), "before a step"));
+    const auto t0 = BenchClock::now();
+    // No observation: untraced, so no per-action device waits.
+    PP_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
+    PP_RETURN_IF_ERROR(WaitForDevice(world.device, std::chrono::minutes(2), "a step's kernels"));
+    const double wall = Seconds(t0, BenchClock::now());
+    losses.push_back(r.loss);
+    if (s >= warmup) seconds.push_back(wall);
+  }
+  Report(world.device, m, steps, intra, seconds, losses);
   ::unlink(store.c_str());
   return absl::OkStatus();
 }

@@ -24,12 +24,12 @@ rank of every configuration.
 """
 
 import argparse
-import datetime
-import json
 import os
 import re
 import subprocess
 import tempfile
+
+import bench_common as bc
 
 # (schedule, chunks): every registered training schedule.
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("zb_h2", 1), ("interleaved_1f1b", 2),
@@ -76,7 +76,7 @@ def main():
     parser.add_argument("--state", choices=("idle", "loaded"), default="loaded",
                         help="machine.state of the record (memory does not depend on load)")
     args = parser.parse_args()
-    start = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+    start = bc.utc_now().strftime("%Y-%m-%dT%H:%MZ")
     rows = []
     command = None
     with tempfile.TemporaryDirectory() as out_dir:
@@ -104,11 +104,10 @@ def main():
     within = sum(1 for r in rows if r["worst_abs_error_pct"] <= 10)
     record = {
         "schema": "pipe-result/1", "date": start,
-        "date_end": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+        "date_end": bc.utc_now().strftime("%Y-%m-%dT%H:%MZ"),
         "commit": args.commit,
-        "machine": {"nproc": os.cpu_count(), "loadavg": open("/proc/loadavg").read().split()[0],
-                    "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                                       if l.startswith("model name")), ""),
+        "machine": {"nproc": os.cpu_count(), "loadavg": bc.loadavg_line().split()[0],
+                    "cpu_model": bc.cpu_model(),
                     "state": args.state},
         "command": f"bench/memory_planner.py --train_gpt {args.train_gpt} --steps {args.steps} "
                    f"--tp {args.tp} " + (f"--tp_pp {args.tp_pp} " if args.tp > 1 else "") +
@@ -120,8 +119,7 @@ def main():
                 f"{within} of {len(rows)} configurations have every rank's predicted peak within "
                 f"10% of the measured step peak (live CPU tensor bytes); worst {worst}%.",
     }
-    with open(args.out, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    bc.append_record(args.out, record)
     print(record["note"])
 
 

@@ -23,20 +23,16 @@ average before and after, the command, the figures.
 """
 
 import argparse
-import datetime
-import glob
-import json
 import os
 import statistics
-import subprocess
 import tempfile
 
-PEER = ("gpt.width=256,gpt.num_layers=8,gpt.num_heads=4,gpt.context_length=128,gpt.mlp_ratio=4,"
-        "optimizer.max_grad_norm=0,lr_schedule.name=constant,eval_interval=0,sample_tokens=0")
+import bench_common as bc
+
+PEER = (bc.PEER_GPT_SHAPE + ",optimizer.max_grad_norm=0,lr_schedule.name=constant,eval_interval=0,sample_tokens=0")
 LOG_INTERVAL = {"observers_off": 1000, "every_step_observed": 1}
 SCHEDULES = {"1f1b": 1, "zbv": 2}
-CPU_MODEL = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                  if line.startswith("model name")), "")
+CPU_MODEL = bc.cpu_model()
 
 
 def run(binary, variant, schedule, steps, out_dir, name):
@@ -44,14 +40,7 @@ def run(binary, variant, schedule, steps, out_dir, name):
            f"--set={PEER},log_interval={LOG_INTERVAL[variant]},trace_step={steps - 1}", "--microbatches=8", "--micro_batch_size=4",
            "--pp=2", f"--schedule={schedule}", f"--chunks={SCHEDULES[schedule]}",
            f"--steps={steps}", f"--output_dir={out_dir}", f"--name={name}"]
-    load_before = os.getloadavg()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
-    load_after = os.getloadavg()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    rundir = sorted(glob.glob(os.path.join(out_dir, name + "-*")))[-1]
-    lines = [json.loads(l) for l in open(os.path.join(rundir, "metrics.jsonl"))]
+    _, _, lines, load_before, load_after = bc.run_train_gpt(cmd, out_dir, name, 1200, 2000)
     # 1-based steps 3 .. steps-1: unobserved in "observers_off", observed
     # (not traced) in "every_step_observed".
     middle = [l["step_s"] for l in lines if 3 <= l["step"] <= steps - 1]
@@ -73,7 +62,7 @@ def main():
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     nproc = os.cpu_count()
-    with tempfile.TemporaryDirectory() as tmp, open(args.out, "a") as out:
+    with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
             for schedule in SCHEDULES:
                 order = list(LOG_INTERVAL)
@@ -85,8 +74,7 @@ def main():
                                                name)
                     # pipe-result/1 (bench/results/README.md).
                     record = {
-                        "date": datetime.datetime.now(datetime.timezone.utc).strftime(
-                            "%Y-%m-%dT%H:%M:%SZ"),
+                        "date": bc.utc_seconds(),
                         "bench": "observer_overhead", "variant": variant,
                         "schedule": schedule, "pair": pair, "commit": args.commit,
                         "load_before": [round(x, 2) for x in l0],
@@ -96,8 +84,7 @@ def main():
                                     "loadavg": f"{l0[0]:.2f} (before) .. {l1[0]:.2f} (after)",
                                     "cpu_model": CPU_MODEL},
                     }
-                    out.write(json.dumps(record) + "\n")
-                    out.flush()
+                    bc.append_record(args.out, record)
                     print(f"{schedule} pair {pair} {variant}: median step "
                           f"{figures['median_step_s']:.4f} s (load {l0[0]:.1f})", flush=True)
 

@@ -27,23 +27,15 @@
 # traced step's span (bench/trace_vs_simulated.py, as executed; --untied for
 # LLaMA, whose embedding and head are not tied), with the stages' mean costs
 # alone and with each micro-batch's own share (--microbatch_multiplier).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-STEPS=16 RECORD=0
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --steps) STEPS=$2; shift 2 ;;
-    --record) RECORD=1; shift ;;
-    *) echo "unknown argument $1 (--steps N, --record)" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=bench/bench_args.sh
+source "$(dirname "$0")/bench_args.sh"
+STEPS=16
+bench_parse_args "steps record" "$@"
 [[ $STEPS -ge 12 ]] || { echo "--steps must be at least 12 (3 warm-up, 8 traced)" >&2; exit 2; }
-./bazelw build //experiments:train_llama //experiments:train_gpt //experiments:schedule_explorer \
-  >/dev/null 2>&1
+bench_build //experiments:train_llama //experiments:train_gpt //experiments:schedule_explorer
 tools/data/make_llama_data.sh >/dev/null
 PY=$(tools/python_env.sh hf-interop)/bin/python
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TOK=data/llama_small/tokenizer.json
 # shellcheck disable=SC2046  # one argument per file
@@ -65,8 +57,8 @@ for run in $RUNS; do
     bin=bazel-bin/experiments/train_llama m=4 ties=--untied  # llama_small: tie_embeddings false
     set="$common,data.path=$TMP/$corpus,data.format=megatron,data.eval_fraction=0"
   fi
-  "$bin" --steps="$STEPS" --sample_tokens=0 --output_dir="$TMP/runs" --name="$name" \
-    --microbatches=$m --set="$set" > "$TMP/$name.log" 2>&1 || { tail -30 "$TMP/$name.log"; exit 1; }
+  bench_run "$name" "$bin" --steps="$STEPS" --sample_tokens=0 --output_dir="$TMP/runs" \
+    --name="$name" --microbatches=$m --set="$set"
   python3 bench/trace_vs_simulated.py --explorer bazel-bin/experiments/schedule_explorer \
     --run "$(ls -d "$TMP"/runs/"$name"-*)" --schedule 1f1b --ranks 2 --chunks 1 \
     --microbatches $m --first 3 --count 8 $ties --json > "$TMP/$name.sim.json"

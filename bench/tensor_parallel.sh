@@ -14,30 +14,21 @@
 # relative difference from tp 1. On a 2-core machine tp 2 runs 4 processes on
 # 2 cores: its step time says what the collectives cost here, not what a
 # node of GPUs would see.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-STEPS=30 WIDTH=256 RECORD=0
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --steps) STEPS=$2; shift 2 ;;
-    --width) WIDTH=$2; shift 2 ;;
-    --record) RECORD=1; shift ;;
-    *) echo "unknown argument $1 (--steps N, --width W, --record)" >&2; exit 2 ;;
-  esac
-done
-./bazelw build //experiments:train_gpt >/dev/null 2>&1
+# shellcheck source=bench/bench_args.sh
+source "$(dirname "$0")/bench_args.sh"
+STEPS=30 WIDTH=256
+bench_parse_args "steps width record" "$@"
+bench_build //experiments:train_gpt
 BIN=bazel-bin/experiments/train_gpt
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 SET="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,gpt.width=$WIDTH,gpt.num_heads=8,gpt.num_layers=4,gpt.context_length=128,parallelism.micro_batch_size=4"
 COMMAND="bench/tensor_parallel.sh --steps $STEPS --width $WIDTH"
 for run in tp1:1:false tp2:2:false tp2sp:2:true; do
   IFS=: read -r name tp sp <<< "$run"
-  "$BIN" --config=experiments/configs/gpt_small_pp2_tp2.textproto --tp="$tp" --steps="$STEPS" \
-    --sequence_parallel="$sp" --save_interval="$STEPS" --sample_tokens=0 \
-    --data=/usr/share/common-licenses --output_dir="$TMP/runs" --name="$name" --set="$SET" \
-    > "$TMP/$name.log" 2>&1 || { tail -30 "$TMP/$name.log"; exit 1; }
+  bench_run "$name" "$BIN" --config=experiments/configs/gpt_small_pp2_tp2.textproto --tp="$tp" \
+    --steps="$STEPS" --sequence_parallel="$sp" --save_interval="$STEPS" --sample_tokens=0 \
+    --data=/usr/share/common-licenses --output_dir="$TMP/runs" --name="$name" --set="$SET"
 done
 python3 - "$TMP" "$STEPS" "$RECORD" "$COMMAND" <<'PY'
 import glob, json, os, re, statistics, subprocess, sys

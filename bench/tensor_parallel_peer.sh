@@ -26,23 +26,15 @@
 #
 # One record per system and configuration in
 # bench/results/tensor_parallel_peer.jsonl (--record).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-REPS=2 STEPS=20 RECORD=0
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --reps) REPS=$2; shift 2 ;;
-    --steps) STEPS=$2; shift 2 ;;
-    --record) RECORD=1; shift ;;
-    *) echo "unknown argument $1 (--reps N, --steps N, --record)" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=bench/bench_args.sh
+source "$(dirname "$0")/bench_args.sh"
+REPS=2 STEPS=20
+bench_parse_args "reps steps record" "$@"
 ((STEPS > 6)) || { echo "--steps must be above 6 (5 warm-up steps)" >&2; exit 2; }
-./bazelw build //experiments:train_gpt >/dev/null 2>&1
+bench_build //experiments:train_gpt
 BIN=bazel-bin/experiments/train_gpt
 VENV=$(tools/python_env.sh hf-interop)
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 SET="eval_interval=0,log_interval=1,data.source=synthetic,lr_schedule.name=constant"
 SET+=",lr_schedule.warmup_steps=0,gpt.width=256,gpt.num_heads=8,gpt.num_layers=4"
@@ -58,16 +50,14 @@ for rep in $(seq 1 "$REPS"); do
   fi
   for sp in false true; do
     name="pipe_${sp}_$rep"
-    "$BIN" --config=experiments/configs/gpt_small_pp2_tp2.textproto --pp=2 --tp=2 \
-      --sequence_parallel=$sp --steps="$STEPS" --save_interval=0 --sample_tokens=0 \
-      --output_dir="$TMP/runs" --name="$name" --set="$SET" "${profile[@]}" > "$TMP/$name.log" 2>&1 ||
-      { tail -30 "$TMP/$name.log"; exit 1; }
+    bench_run "$name" "$BIN" --config=experiments/configs/gpt_small_pp2_tp2.textproto --pp=2 \
+      --tp=2 --sequence_parallel=$sp --steps="$STEPS" --save_interval=0 --sample_tokens=0 \
+      --output_dir="$TMP/runs" --name="$name" --set="$SET" "${profile[@]}"
     name="peer_${sp}_$rep"
     flag=()
     [[ $sp == true ]] && flag=(--sequence_parallel)
-    "$VENV/bin/python" bench/torch_tp_gpt.py "${PEER[@]}" "${flag[@]}" "${peer_profile[@]}" \
-      --master_port=$((29800 + RANDOM % 1000)) > "$TMP/$name.log" 2>&1 ||
-      { tail -30 "$TMP/$name.log"; exit 1; }
+    bench_run "$name" "$VENV/bin/python" bench/torch_tp_gpt.py "${PEER[@]}" "${flag[@]}" \
+      "${peer_profile[@]}" --master_port=$((29800 + RANDOM % 1000))
   done
 done
 python3 - "$TMP" "$REPS" "$RECORD" "bench/tensor_parallel_peer.sh --reps $REPS --steps $STEPS" <<'PY'

@@ -1,7 +1,7 @@
 """The PyTorch side of the GPU kit's throughput table (issue #31): the peer GPT
 trained the way a PyTorch user writes it, on one device, timed per step.
 
-The model is bench/peer_gpt_kernels.py's PeerGpt (byte vocabulary 256,
+The model is bench/peer_gpt.py's PeerGpt (byte vocabulary 256,
 pre-LayerNorm nn.TransformerEncoderLayer blocks, 4x GELU MLP, no dropout,
 causal mask, learned positions, LM head tied to the token embedding), the
 model bench/gpu_pp1.cc trains with pipe's engine at pp = 1. A step is
@@ -14,12 +14,11 @@ on them).
 
   python3 torch_gpt_reference.py --device=cuda --steps=20 --micro_batch_size=16
 
-Prints a line and one JSON line last. Needs peer_gpt_kernels.py beside it or
-on PYTHONPATH (tools/gpu/bundle.sh copies both into the bundle's py/).
+Prints a line and one JSON line last. Needs peer_gpt.py beside it or on
+PYTHONPATH (tools/gpu/bundle.sh copies both into the bundle's py/).
 """
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -27,9 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))
-from peer_gpt_kernels import PeerGpt, add_training_arguments, batch  # noqa: E402
+from peer_gpt import PeerGpt, add_training_arguments, batch
 
 
 def main(argv):

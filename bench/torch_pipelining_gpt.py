@@ -2,7 +2,7 @@
 training the peer GPT (issue #30): pipe's other side-by-side peer, beside
 DeepSpeed's (bench/deepspeed_gpt.py).
 
-The model is bench/peer_gpt_kernels.py's PeerGpt (byte vocabulary 256,
+The model is bench/peer_gpt.py's PeerGpt (byte vocabulary 256,
 pre-LayerNorm nn.TransformerEncoderLayer blocks, 4x GELU MLP, no dropout,
 causal mask, learned positions, final LayerNorm, LM head tied to the token
 embedding), built whole on every rank from one seed, so every rank's slice
@@ -47,8 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_gpt_kernels import PeerGpt, add_training_arguments, batch  # noqa: E402  (shared)
+from peer_gpt import PeerGpt, add_training_arguments, batch
 
 VOCAB = 256
 

@@ -347,6 +347,7 @@ class StageModule(nn.Module):
 
 
 def train(args):
+    # A little over 80 lines: the step closure shares the mesh, groups, stage and tied tables.
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.parallel import loss_parallel
@@ -428,6 +429,13 @@ def train(args):
         optimizer.step()
         return total / args.microbatches, norm
 
+    report(args, *run_steps(args, one_step))
+
+
+def run_steps(args, one_step):
+    """Runs every step (one_step(step) -> (loss, grad norm)), the last one
+    profiled with --profile_step: the losses, the norms, the timed steps'
+    seconds and the profiled step's collective times (None unprofiled)."""
     seconds, losses, norms, comm = [], [], [], None
     for step in range(args.warmup + args.steps):
         dist.barrier()
@@ -445,6 +453,13 @@ def train(args):
         norms.append(norm)
         if step >= args.warmup:
             seconds.append(elapsed)
+    return losses, norms, seconds, comm
+
+
+def report(args, losses, norms, seconds, comm):
+    """Rank 0 prints the RESULT line: the last stage's losses and norms, every
+    rank's collective times; then the ranks leave the process group."""
+    pp, tp, rank = args.pp, args.tp, dist.get_rank()
     figures = torch.tensor([losses, norms], dtype=torch.float64)
     dist.broadcast(figures, src=(pp - 1) * tp)  # the last stage's tp rank 0 knows the loss
     comms = [None] * dist.get_world_size()

@@ -1,5 +1,5 @@
 """PyTorch's ZeRO-1 on Gloo (issue #39's peer): the peer GPT
-(bench/peer_gpt_kernels.py's PeerGpt) trained data-parallel with
+(bench/peer_gpt.py's PeerGpt) trained data-parallel with
 DistributedDataParallel over --dp ranks, once with torch.optim.AdamW on every
 rank and once with torch.distributed.optim.ZeroRedundancyOptimizer(AdamW),
 which keeps each parameter's AdamW state on one rank only and broadcasts the
@@ -29,8 +29,7 @@ import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_gpt_kernels import PeerGpt, add_training_arguments, batch  # noqa: E402
+from peer_gpt import PeerGpt, add_training_arguments, batch
 
 VOCAB = 256
 

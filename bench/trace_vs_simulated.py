@@ -7,14 +7,14 @@
 
 S is a registered name or csv:FILE (V placement assumed for csv at 2 chunks,
 as train_gpt's --chunks=2). Prints, for every traced step, its span and the
-simulated step with that step's own costs (bench_schedules.trace_costs: per
+simulated step with that step's own costs (trace_costs.trace_costs: per
 virtual stage mean F/I/W, per rank SEND, RECV and tail costs, the vocabulary
 passes' and collectives' costs; STEP a collective when the run clips) twice: of the
 program as Lower() places receives, and as the CPU runtime executes it
 (DeferReceives), and as executed with each micro-batch's own share of the
 step's compute (--microbatch_multiplier: variable-length micro-batches,
 whose work differs); and the replay with every action's own duration
-(bench_schedules.replay_step: the model's structure). Then per rank the
+(trace_costs.replay_step: the model's structure). Then per rank the
 step's time by action kind (compute, RECV waits, SENDs, tail, gaps between
 actions) and, with --v=1 logs, per (virtual stage, type) the median wall and
 thread CPU of the actions over the traced steps: where two schedules of the
@@ -31,10 +31,8 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_schedules  # noqa: E402
+import trace_costs
 
 LOG_LINE = re.compile(r"train step (\d+) end (\d+)(F|B|I|W)\d+ mb \d+ (\d+) us "
                       r"\(thread cpu (\d+) us")
@@ -60,7 +58,7 @@ def simulate(explorer, schedule, ranks, m, chunks, costs, defer, multipliers=Non
         base.append("--stage_to_rank=v")
     placement = json.loads(subprocess.run(base, capture_output=True, text=True,
                                           check=True).stdout)["stage_to_rank"]
-    extra, _ = bench_schedules.explorer_args(costs, placement, step_all_reduce)
+    extra, _ = trace_costs.explorer_args(costs, placement, step_all_reduce)
     if not defer:
         extra = [a for a in extra if a != "--defer_receives"]
     if multipliers:
@@ -82,7 +80,7 @@ def action_cpu(run_dir, first, count):
     return out
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--explorer", required=True)
@@ -99,11 +97,17 @@ def main():
                          "false): REDUCE_TIED synchronises nobody; default: GPT's tied "
                          "embedding and head")
     args = ap.parse_args()
+    return args
+
+
+def simulate_traced(args):
+    """Per traced step its span, simulations and replay; per rank and kind of
+    action the step's time (ms), a list over the steps."""
     metrics = [json.loads(l) for l in open(os.path.join(args.run, "metrics.jsonl"))]
     # A run that clips computes the global gradient norm: its STEP is a
     # collective of every rank (as bench_schedules.run_train detects it).
     step_all_reduce = any("grad_norm" in m for m in metrics)
-    traced = bench_schedules.load_traced_steps(args.run, metrics, args.first, args.count,
+    traced = trace_costs.load_traced_steps(args.run, metrics, args.first, args.count,
                                                args.chunks, args.ranks)
     steps = []
     by_kind = collections.defaultdict(lambda: collections.defaultdict(list))
@@ -122,7 +126,7 @@ def main():
                              args.chunks, costs, True, multipliers, step_all_reduce)
         tied = ([] if costs["tie_groups"] == "none" else
                 sorted({placement[s] for s in costs["tie_groups"].split(",")}))
-        replay = bench_schedules.replay_step(ev, tied, step_all_reduce)
+        replay = trace_costs.replay_step(ev, tied, step_all_reduce)
         steps.append({"span_s": span, "sim_lowered_s": lowered, "sim_deferred_s": deferred,
                       "sim_microbatches_s": varlen, "microbatch_multipliers": multipliers,
                       "replay_s": replay})
@@ -131,15 +135,44 @@ def main():
             kinds = collections.Counter()
             for e in mine:
                 c = e["cat"]
-                kind = ("compute" if c in ("F", "B", "I", "W") + bench_schedules.VOCAB_PASSES else
+                kind = ("compute" if c in ("F", "B", "I", "W") + trace_costs.VOCAB_PASSES else
                         "recv" if c.startswith("RECV") else
                         "send" if c.startswith("SEND") else
-                        "vocab_comm" if c in bench_schedules.VOCAB_COLLECTIVES else "tail")
+                        "vocab_comm" if c in trace_costs.VOCAB_COLLECTIVES else "tail")
                 kinds[kind] += e["dur"] / 1e3
             kinds["gaps"] = (mine[-1]["ts"] + mine[-1]["dur"] - mine[0]["ts"]) / 1e3 - sum(
                 e["dur"] for e in mine) / 1e3
             for k, v in kinds.items():
                 by_kind[r][k].append(v)
+    return steps, by_kind
+
+
+def print_report(args, result, cpu):
+    print(f"{args.schedule} ({args.run}): median traced span {result['median_span_ms']:.0f} ms")
+    print("  step span    simulated as lowered    as executed (deferred)    per micro-batch    replay")
+    for s in result["steps"]:
+        print(f"  {1e3 * s['span_s']:8.0f}    {1e3 * s['sim_lowered_s']:8.0f} "
+              f"({100 * (s['sim_lowered_s'] / s['span_s'] - 1):+5.1f}%)"
+              f"    {1e3 * s['sim_deferred_s']:8.0f} "
+              f"({100 * (s['sim_deferred_s'] / s['span_s'] - 1):+5.1f}%)"
+              f"    {1e3 * s['sim_microbatches_s']:8.0f} "
+              f"({100 * (s['sim_microbatches_s'] / s['span_s'] - 1):+5.1f}%)"
+              f"    {1e3 * s['replay_s']:8.0f} ({100 * (s['replay_s'] / s['span_s'] - 1):+5.1f}%)")
+    print(f"  median error: as lowered {100 * result['sim_lowered_err']:+.1f}%, as executed "
+          f"{100 * result['sim_deferred_err']:+.1f}%, per micro-batch "
+          f"{100 * result['sim_microbatches_err']:+.1f}%, replay {100 * result['replay_err']:+.1f}%")
+    for r, kinds in sorted(result["per_rank_ms"].items()):
+        print(f"  rank {r} per step (median ms): " +
+              ", ".join(f"{k} {v:.0f}" for k, v in sorted(kinds.items())))
+    if cpu:
+        print("  per action (median ms, wall / thread CPU): " +
+              ", ".join(f"{a} {x['wall']:.1f}/{x['cpu']:.1f}"
+                        for a, x in result["actions_ms"].items()))
+
+
+def main():
+    args = parse_args()
+    steps, by_kind = simulate_traced(args)
 
     def err(key):
         return statistics.median(s[key] / s["span_s"] - 1 for s in steps)
@@ -161,26 +194,7 @@ def main():
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{args.schedule} ({args.run}): median traced span {result['median_span_ms']:.0f} ms")
-    print("  step span    simulated as lowered    as executed (deferred)    per micro-batch    replay")
-    for s in steps:
-        print(f"  {1e3 * s['span_s']:8.0f}    {1e3 * s['sim_lowered_s']:8.0f} "
-              f"({100 * (s['sim_lowered_s'] / s['span_s'] - 1):+5.1f}%)"
-              f"    {1e3 * s['sim_deferred_s']:8.0f} "
-              f"({100 * (s['sim_deferred_s'] / s['span_s'] - 1):+5.1f}%)"
-              f"    {1e3 * s['sim_microbatches_s']:8.0f} "
-              f"({100 * (s['sim_microbatches_s'] / s['span_s'] - 1):+5.1f}%)"
-              f"    {1e3 * s['replay_s']:8.0f} ({100 * (s['replay_s'] / s['span_s'] - 1):+5.1f}%)")
-    print(f"  median error: as lowered {100 * result['sim_lowered_err']:+.1f}%, as executed "
-          f"{100 * result['sim_deferred_err']:+.1f}%, per micro-batch "
-          f"{100 * result['sim_microbatches_err']:+.1f}%, replay {100 * result['replay_err']:+.1f}%")
-    for r, kinds in sorted(result["per_rank_ms"].items()):
-        print(f"  rank {r} per step (median ms): " +
-              ", ".join(f"{k} {v:.0f}" for k, v in sorted(kinds.items())))
-    if cpu:
-        print("  per action (median ms, wall / thread CPU): " +
-              ", ".join(f"{a} {x['wall']:.1f}/{x['cpu']:.1f}"
-                        for a, x in result["actions_ms"].items()))
+    print_report(args, result, cpu)
 
 
 if __name__ == "__main__":

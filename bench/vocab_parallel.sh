@@ -25,23 +25,15 @@
 # run without it at the same pp. One thread per rank: at pp 4 four ranks share 2 cores,
 # so step times there say what the passes cost under contention, and the
 # per-rank compute times carry the balance.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-STEPS=20 WIDTH=256 VOCAB=32768 RECORD=0
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --steps) STEPS=$2; shift 2 ;;
-    --width) WIDTH=$2; shift 2 ;;
-    --record) RECORD=1; shift ;;
-    *) echo "unknown argument $1 (--steps N, --width W, --record)" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=bench/bench_args.sh
+source "$(dirname "$0")/bench_args.sh"
+STEPS=20 WIDTH=256 VOCAB=32768
+bench_parse_args "steps width record" "$@"
 [[ $STEPS -ge 16 ]] || { echo "--steps must be at least 16 (5 warm-up, 10 traced)" >&2; exit 2; }
-./bazelw build //experiments:train_llama //experiments:schedule_explorer >/dev/null 2>&1
+bench_build //experiments:train_llama //experiments:schedule_explorer
 BIN=bazel-bin/experiments/train_llama
 EXPLORER=bazel-bin/experiments/schedule_explorer
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 python3 - "$TMP/tokens.bin" "$VOCAB" <<'PY'
 import random, struct, sys
@@ -59,10 +51,9 @@ pp2_1f1b_profile:2:1:1f1b:false:profile
 pp4_1f1b:4:1:1f1b:false:type:LlamaBlock pp4_1f1b_vocab:4:1:1f1b:true:type:LlamaBlock"
 for run in $RUNS; do
   IFS=: read -r name pp chunks schedule vocab partition <<< "$run"
-  "$BIN" --pp="$pp" --chunks="$chunks" --schedule="$schedule" --vocab_parallel="$vocab" \
-    --microbatches=8 --steps="$STEPS" --sample_tokens=0 \
-    --output_dir="$TMP/runs" --name="$name" --set="$SET,parallelism.partition_method=$partition" \
-    > "$TMP/$name.log" 2>&1 || { tail -30 "$TMP/$name.log"; exit 1; }
+  bench_run "$name" "$BIN" --pp="$pp" --chunks="$chunks" --schedule="$schedule" \
+    --vocab_parallel="$vocab" --microbatches=8 --steps="$STEPS" --sample_tokens=0 \
+    --output_dir="$TMP/runs" --name="$name" --set="$SET,parallelism.partition_method=$partition"
 done
 python3 - "$TMP" "$RECORD" "$COMMAND" "$RUNS" "$VOCAB" "$WIDTH" "$EXPLORER" <<'PY'
 import glob, json, re, statistics, subprocess, sys

@@ -114,7 +114,7 @@ while read -r label rest; do
   [[ $label == //* && ! -x $out/bin/${label##*:} ]] && continue
   echo "$label${rest:+ $rest}"
 done < tools/gpu/cuda_tests.txt > "$out/cuda_tests.txt"
-cp tools/gpu/kit_summary.py bench/torch_gpt_reference.py bench/peer_gpt_kernels.py "$out/py/"
+cp tools/gpu/kit_summary.py bench/torch_gpt_reference.py bench/peer_gpt.py "$out/py/"
 # Tests run in the bundle root as in a runfiles root: experiment_config_test
 # reads experiments/configs/ and driver/testdata/ (its data dependencies);
 # train_gpt uses a config too. Every bundled test's package testdata/ goes
