@@ -138,10 +138,10 @@ absl::StatusOr<Schedule> PlannedSchedule(const ExperimentConfig& config) {
   return schedule;
 }
 
-std::optional<TransformerShape> TransformerShapeOf(const ExperimentConfig& config) {
+std::optional<ModelMemory> ModelMemoryOf(const ExperimentConfig& config) {
   absl::StatusOr<SelectedModel> model = SelectModel(config.model());
-  if (!model.ok() || !model->info->transformer_shape) return std::nullopt;
-  return model->info->transformer_shape(*model->config);
+  if (!model.ok() || !model->info->memory) return std::nullopt;
+  return model->info->memory(*model->config);
 }
 
 double CheckpointableLayerCount(const ExperimentConfig& config) {
@@ -162,46 +162,17 @@ double CheckpointableLayerCount(const ExperimentConfig& config) {
   return matched;
 }
 
-double BlockParameters(const TransformerShape& shape, int tp) {
-  const double w = Clamp1(shape.width), r = Clamp1(shape.mlp_ratio), n = std::max(1, tp);
-  // q, k, v, projection (4 w^2), MLP (2 r w^2) and the column-parallel
-  // biases (q, k, v, MLP in: (3 + r) w) split over the model group; the
-  // row-parallel biases (projection, MLP out) and 2 norms (6 w) whole.
-  return ((4 + 2 * r) * w * w + (3 + r) * w) / n + 6 * w;
-}
-
-double BlockActivationBytes(const TransformerShape& shape, double micro_batch_size,
-                            double value_bytes, int tp, bool sequence_parallel) {
-  const double t = Clamp1(shape.context_length), w = Clamp1(shape.width);
-  const double h = Clamp1(shape.num_heads), r = Clamp1(shape.mlp_ratio);
-  const double n = std::max(1, tp);
-  // ~(7 + 2r) values per token and width (inputs of each matrix, norms,
-  // GELU) plus the attention probabilities (h x t x t per sequence, before
-  // and after the softmax, which runs in fp32 in both precisions). The 7 is
-  // measured: the GPT's live bytes per block and micro-batch under GPipe
-  // (bench/memory_planner.py). Under tensor parallelism 4 of the widths stay
-  // whole on each rank (the two norms' outputs, which the column-parallel
-  // layers keep, and their inputs); the rest, and the heads' probabilities,
-  // split. With sequence parallelism the norms' inputs split along the
-  // sequence, and the layers keep the all-gathered outputs whole. Measured
-  // at tp = 2: 5837 and 5427 bytes per token against 5888 and 5376 predicted
-  // (bench/memory_planner.py --tp).
-  const double whole = sequence_parallel && n > 1 ? 2 : 4;
-  const double widths = whole + (7 + 2 * r - whole) / n;
-  return Clamp1(micro_batch_size) * t * (widths * w * value_bytes + 2 * h * t * kFp32 / n);
-}
-
 std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
                                                  int num_virtual_stages) {
-  const std::optional<TransformerShape> shape = TransformerShapeOf(config);
-  if (!shape.has_value() || num_virtual_stages < 1) return std::nullopt;
+  const std::optional<ModelMemory> model = ModelMemoryOf(config);
+  if (!model.has_value() || num_virtual_stages < 1) return std::nullopt;
   const auto& par = config.parallelism();
   const bool bf16 = config.precision() == "bf16";
   const double value_bytes = bf16 ? 2 : kFp32;
   const double b = Clamp1(par.micro_batch_size());
-  const double t = Clamp1(shape->context_length), w = Clamp1(shape->width);
-  const double vocab = Clamp1(static_cast<double>(shape->vocab_size));
-  const int64_t layers = std::max<int64_t>(1, shape->num_layers);
+  const double t = Clamp1(model->context_length), w = Clamp1(model->width);
+  const double vocab = Clamp1(static_cast<double>(model->vocab_size));
+  const int64_t layers = std::max<int64_t>(1, model->num_blocks);
   // One rank of a tensor-parallel model group: the vocabulary split (padded
   // to a multiple of tp), and under sequence parallelism the residual
   // stream, the stage's messages and the embedding's output split along the
@@ -213,7 +184,8 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
   // every pipe rank holds its rows of each (VocabMemory).
   const bool vocab_parallel = par.vocab_parallel();
   const double stream = b * t * w * value_bytes / (sp ? tp : 1);
-  const double block_act = BlockActivationBytes(*shape, b, value_bytes, tp, sp);
+  const double block_act = model->block_activation_bytes(
+      {.micro_batch_size = b, .value_bytes = value_bytes, .tp = tp, .sequence_parallel = sp});
   const int64_t interval = par.activation_checkpointing().interval();
   const double checkpointed_share =
       interval > 0 ? std::min<double>(layers, CheckpointableLayerCount(config)) / layers : 0;
@@ -224,7 +196,7 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
   for (int s = 0; s < n; ++s) {
     StageMemory& m = in.stages[s];
     const double stage_layers = layers / n + (s < layers % n ? 1 : 0);
-    m.parameter_bytes = stage_layers * BlockParameters(*shape, tp) * kFp32;
+    m.parameter_bytes = stage_layers * model->block_parameters(tp) * kFp32;
     const double recomputed = stage_layers * checkpointed_share;
     m.activation_bytes = (stage_layers - recomputed) * block_act;
     double full = stage_layers * block_act;  // every activation, none recomputed
@@ -242,7 +214,7 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
       const double ranges = std::ceil(recomputed / interval);
       m.activation_bytes += (ranges + (s + 1 < n ? 1 : 0) - 1) * stream;
       m.recompute_bytes = std::min<double>(interval, std::ceil(recomputed)) * block_act +
-                          Clamp1(shape->mlp_ratio) * b * t * w * value_bytes / tp;
+                          model->recompute_widths * b * t * w * value_bytes / tp;
     }
     if (s == 0) {
       // Token (unless split over the pipe) and position embeddings; the
@@ -257,7 +229,7 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
     } else if (s == n - 1) {
       // The final norm and the head: a copy of the tied embedding when it
       // is on another virtual stage, or a matrix of its own.
-      const bool own_head = !shape->tied_embeddings || n > 1;
+      const bool own_head = !model->tied_embeddings || n > 1;
       m.parameter_bytes += (2 * w + (own_head ? vocab_rank * w : 0)) * kFp32;
       // fp32 logits and their log-softmax, kept for the loss's backward
       // (this rank's vocabulary slice under tensor parallelism).
@@ -277,7 +249,7 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
   in.options.fp32_master_weights = bf16;
   if (vocab_parallel) {
     const double rows = std::ceil(vocab / std::max(1, par.pp()));
-    in.options.vocab.parameter_bytes = (shape->tied_embeddings ? 1 : 2) * rows * w * kFp32;
+    in.options.vocab.parameter_bytes = (model->tied_embeddings ? 1 : 2) * rows * w * kFp32;
     // OUT_S keeps, until OUT_T, its logits' exps (fp32), the head's input
     // and three statistics per token.
     in.options.vocab.pending_bytes = b * t * (rows * kFp32 + w * value_bytes + 3 * kFp32);
@@ -320,7 +292,8 @@ absl::Status CheckMemoryCap(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(const std::optional<MemoryPlan> plan, PlanRunMemory(config, *schedule));
   if (!plan.has_value()) {
     LOG(WARNING) << "parallelism.memory_cap_mib=" << cap_mib
-                 << ": this model has no transformer shape (models/registry.h), so its memory "
+                 << ": this model gives no memory arithmetic (ModelInfo::memory, "
+                    "models/registry.h), so its memory "
                     "is not predicted and the cap is not checked";
     return absl::OkStatus();
   }

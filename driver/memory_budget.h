@@ -2,7 +2,7 @@
 // per-rank cap `parallelism.memory_cap_mib`.
 //
 // The prediction is pipeline/schedule/memory_plan.h's planner fed with the
-// config's model shape (models/registry.h TransformerShape), for one rank of
+// model's own memory arithmetic (models/model_memory.h), for one rank of
 // a tensor-parallel model group: per virtual stage its parameters (blocks spread evenly over the p
 // x v virtual stages, the embedding on the first, the head and its logits on the last), one
 // micro-batch's activations kept for the backward (fewer with activation checkpointing on the
@@ -27,26 +27,13 @@
 
 namespace pp {
 
-// The config's model shape, when the model is registered with one.
-std::optional<TransformerShape> TransformerShapeOf(const driver::ExperimentConfig& config);
+// The model's memory arithmetic, when its registration gives one.
+std::optional<ModelMemory> ModelMemoryOf(const driver::ExperimentConfig& config);
 
 // How many of the model's layers activation checkpointing may recompute:
 // those checkpointable_types matches (all when it is empty; none when it does
 // not compile, which config validation reports).
 double CheckpointableLayerCount(const driver::ExperimentConfig& config);
-
-// One transformer block's parameters on one of `tp` tensor-parallel ranks
-// (its matrices and column-parallel biases split, norms and row-parallel
-// biases whole), and the bytes it keeps per micro-batch for its backward with
-// activations of `value_bytes` (4 fp32, 2 bf16): with tp > 1 the attention
-// heads and the MLP's hidden layer are split, the norms' outputs (the
-// column-parallel layers' inputs) and the residual stream whole on every
-// rank, the residual stream split along the sequence too under
-// `sequence_parallel` (the column-parallel layers keep the all-gathered
-// inputs). Measured at tp = 2 (bench/memory_planner.py --tp).
-double BlockParameters(const TransformerShape& shape, int tp = 1);
-double BlockActivationBytes(const TransformerShape& shape, double micro_batch_size,
-                            double value_bytes, int tp = 1, bool sequence_parallel = false);
 
 // The schedule a run's memory is planned for: the config's ("auto": its
 // measurement schedule). ResourceExhausted when it has too many actions to
@@ -54,7 +41,7 @@ double BlockActivationBytes(const TransformerShape& shape, double micro_batch_si
 absl::StatusOr<Schedule> PlannedSchedule(const driver::ExperimentConfig& config);
 
 // The planner's inputs for `config` with `num_virtual_stages` (p x v); nullopt
-// for a model without a transformer shape (its layers are its own).
+// for a model without a memory arithmetic (its layers are its own).
 struct RunMemoryInputs {
   std::vector<StageMemory> stages;
   MemoryPlanOptions options;

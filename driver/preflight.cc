@@ -119,23 +119,24 @@ MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   // chunk (forward, backward) plus their sends and receives.
   e.schedule_bytes = pp * dp * tp * (pp * v * m * 4) * kBytesPerAction;
 
-  const std::optional<TransformerShape> shape = TransformerShapeOf(config);
-  if (!shape.has_value()) return e;  // a model without a shape: its layers are its own
-  const double t = std::max<double>(1, shape->context_length);
-  const double w = std::max<double>(1, shape->width);
-  const double layers = std::max<double>(1, shape->num_layers);
-  const double per_block = BlockParameters(*shape);
-  const double vocab = std::max<double>(1, shape->vocab_size);
+  const std::optional<ModelMemory> model = ModelMemoryOf(config);
+  if (!model.has_value()) return e;  // a model without its memory arithmetic: no estimate
+  const double t = std::max<double>(1, model->context_length);
+  const double w = std::max<double>(1, model->width);
+  const double layers = std::max<double>(1, model->num_blocks);
+  const double per_block = model->block_parameters(1);
+  const double vocab = std::max<double>(1, model->vocab_size);
   // Token and position embeddings; the tied head is a second copy on the
   // last stage.
   const double embedding = (vocab + t) * w;
   e.parameters = layers * per_block + embedding + 2 * w;
   // Tensor parallelism splits the blocks' matrices and the vocabulary over the
-  // model group; the rest (position embedding, norms, row-parallel biases) is
-  // whole on each of its tp ranks.
-  const double replicated = t * w + layers * 6 * w + 2 * w;
-  const double held =
-      e.parameters + (pp > 1 || !shape->tied_embeddings ? vocab * w : 0) + (tp - 1) * replicated;
+  // model group; the rest (position embedding, final norm, and what of each
+  // block its model keeps whole: tp ranks hold tp x block_parameters(tp) of
+  // it in all) is on each of its tp ranks.
+  const double held = e.parameters + (pp > 1 || !model->tied_embeddings ? vocab * w : 0) +
+                      (tp - 1) * (t * w + 2 * w) +
+                      layers * (tp * model->block_parameters(tp) - per_block);
   e.parameter_bytes = dp * held * kFloat;
   e.gradient_bytes = e.parameter_bytes;
   const std::string& opt = config.optimizer().name();
@@ -143,7 +144,8 @@ MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   e.optimizer_bytes = moments * e.parameter_bytes;
 
   // Activations kept for backward, per micro-batch and block (fp32).
-  const double per_block_act = BlockActivationBytes(*shape, b, kFloat);
+  const double per_block_act =
+      model->block_activation_bytes({.micro_batch_size = b, .value_bytes = kFloat});
   // Recomputation applies to the blocks checkpointable_types matches (none
   // matching: no recomputation at all; issue 29, finding 8).
   const int64_t interval = par.activation_checkpointing().interval();
@@ -375,9 +377,9 @@ absl::Status CheckNoRepeatedFlags(const std::vector<std::string>& args) {
 absl::Status Preflight(const ExperimentConfig& config, const std::vector<std::string>& args) {
   if (absl::Status s = CheckNoRepeatedFlags(args); !s.ok()) return s;
   if (absl::Status s = CheckMemory(config); !s.ok()) return s;
-  if (const std::optional<TransformerShape> shape = TransformerShapeOf(config);
-      shape.has_value() && config.data().source() == "corpus") {
-    const int64_t context = shape->context_length;
+  if (const std::optional<ModelMemory> model = ModelMemoryOf(config);
+      model.has_value() && config.data().source() == "corpus") {
+    const int64_t context = model->context_length;
     if (absl::Status s =
             CheckDataPath(config.data().path(), context, config.data().eval_fraction());
         !s.ok()) {

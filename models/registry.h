@@ -58,6 +58,7 @@
 #include "absl/status/statusor.h"
 #include "google/protobuf/message.h"
 #include "models/model_config.pb.h"
+#include "models/model_memory.h"
 #include "pipeline/layers/layer_context.h"
 #include "pipeline/layers/layer_spec.h"
 #include "pipeline/layers/vocab_split.h"
@@ -107,21 +108,6 @@ struct ModelData {
   // `step`, in order (--schedule=auto synthesises for their profile). Null:
   // every index alike.
   std::function<std::vector<double>(int64_t step, int64_t dp_rank)> microbatch_costs;
-};
-
-// The shape of a transformer, for the driver's memory estimate before launch
-// and its corpus check (windows of context_length).
-struct TransformerShape {
-  int64_t context_length = 0;
-  int64_t width = 0;
-  int64_t num_heads = 1;
-  int64_t num_layers = 0;
-  int64_t mlp_ratio = 4;
-  // Byte-level models: 256 bytes and 4 special ids (models/data/tokenizer.h).
-  int64_t vocab_size = 260;
-  // The head shares the token embedding (a second copy on the last stage
-  // when they are on different ranks); untied: a matrix of its own.
-  bool tied_embeddings = true;
 };
 
 // What the run asks of a sampler (ExperimentConfig's sample_* fields).
@@ -214,9 +200,13 @@ struct ModelInfo {
   // calls it, not config validation, so a config whose data is made later
   // still validates.
   std::function<absl::Status(const google::protobuf::Message&, const ModelRun&)> check_data;
-  // Optional: null for a model without sampling or memory estimate.
+  // Optional: null for a model without sampling.
   std::function<std::unique_ptr<ModelSampler>(const google::protobuf::Message&)> sampler;
-  std::function<TransformerShape(const google::protobuf::Message&)> transformer_shape;
+  // Optional: the model's memory arithmetic (models/model_memory.h;
+  // TransformerMemory for a transformer), for the driver's fit estimate before
+  // launch, the per-rank byte planner and parallelism.memory_cap_mib. Null: no
+  // estimate (the run says so) and no memory cap.
+  std::function<ModelMemory(const google::protobuf::Message&)> memory;
   // Optional: Hugging Face import and export (HfConversion above).
   HfConversion hf;
 };
@@ -279,7 +269,7 @@ struct TypedModel {
   std::function<absl::StatusOr<ModelData>(const Config&, const ModelRun&)> data;
   std::function<absl::Status(const Config&, const ModelRun&)> check_data;
   std::function<std::unique_ptr<ModelSampler>(const Config&)> sampler;
-  std::function<TransformerShape(const Config&)> transformer_shape;
+  std::function<ModelMemory(const Config&)> memory;
   TypedHfConversion<Config> hf;
 };
 
@@ -317,9 +307,7 @@ ModelInfo Erase(TypedModel<Config> m, int extension_number) {
     };
   }
   if (m.sampler) info.sampler = [f = m.sampler](const Msg& c) { return f(As<Config>(c)); };
-  if (m.transformer_shape) {
-    info.transformer_shape = [f = m.transformer_shape](const Msg& c) { return f(As<Config>(c)); };
-  }
+  if (m.memory) info.memory = [f = m.memory](const Msg& c) { return f(As<Config>(c)); };
   info.hf.model_types = std::move(m.hf.model_types);
   if (m.hf.import_folder) {
     info.hf.import_folder = [f = m.hf.import_folder](

@@ -103,10 +103,13 @@ PP_REGISTER_MODEL(BertModelConfig, bert,
                         };
                       },
                       .data = BertData,
-                      .transformer_shape =
+                      .memory =
                           [](const BertModelConfig& c) {
-                            return TransformerShape{c.context_length(), c.width(), c.num_heads(),
-                                                    c.num_layers(), c.mlp_ratio()};
+                            return TransformerMemory({.context_length = c.context_length(),
+                                                      .width = c.width(),
+                                                      .num_heads = c.num_heads(),
+                                                      .num_layers = c.num_layers(),
+                                                      .mlp_ratio = c.mlp_ratio()});
                           },
                   });
 

@@ -221,10 +221,13 @@ PP_REGISTER_MODEL(GptModelConfig, gpt,
                       .sampler = [](const GptModelConfig& c) -> std::unique_ptr<ModelSampler> {
                         return std::make_unique<GptSampler>(c.context_length());
                       },
-                      .transformer_shape =
+                      .memory =
                           [](const GptModelConfig& c) {
-                            return TransformerShape{c.context_length(), c.width(), c.num_heads(),
-                                                    c.num_layers(), c.mlp_ratio()};
+                            return TransformerMemory({.context_length = c.context_length(),
+                                                      .width = c.width(),
+                                                      .num_heads = c.num_heads(),
+                                                      .num_layers = c.num_layers(),
+                                                      .mlp_ratio = c.mlp_ratio()});
                           },
                       // hf_convert import --model=gpt2 (or gpt), and export.
                       .hf = {.model_types = {"gpt2"},

@@ -277,13 +277,17 @@ PP_REGISTER_MODEL(
         },
         // SwiGLU's three width x intermediate matrices as GPT's two of width x
         // (mlp_ratio x width), for the memory estimate.
-        .transformer_shape =
+        .memory =
             [](const LlamaModelConfig& c) {
               const int64_t ratio = std::max<int64_t>(
                   1, (3 * c.intermediate_size() + 2 * c.width() - 1) / (2 * c.width()));
-              return TransformerShape{c.context_length(), c.width(), c.num_heads(),
-                                      c.num_layers(),     ratio,     c.vocab_size(),
-                                      c.tie_embeddings()};
+              return TransformerMemory({.context_length = c.context_length(),
+                                        .width = c.width(),
+                                        .num_heads = c.num_heads(),
+                                        .num_layers = c.num_layers(),
+                                        .mlp_ratio = ratio,
+                                        .vocab_size = c.vocab_size(),
+                                        .tied_embeddings = c.tie_embeddings()});
             },
         // hf_convert import --model=llama, and export.
         .hf = {.model_types = {"llama"},
