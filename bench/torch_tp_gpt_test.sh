@@ -34,7 +34,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 home="$(getent passwd "$(id -u)" | cut -d: -f6)"
 
-source experiments/e2e_testing.sh  # skip_test
+source driver/e2e/e2e_testing.sh  # skip_test
 fail() { echo "FAIL: $*"; exit 1; }
 
 if ! venv="$(HOME="$home" "$PYENV" hf-interop 2> "$TMP/venv.log")"; then

@@ -200,7 +200,7 @@ def labels_in(text):
 
 def label_exists(label, existing, root):
     """A label exists when bazel query returned it; a pattern (`//pkg/...`, `//pkg:all`)
-    when it matched a target; a file label (`//experiments:defs.bzl` in a load()) when
+    when it matched a target; a file label (`//driver:defs.bzl` in a load()) when
     the file is there."""
     if label.endswith("/..."):
         prefix = label[:-len("...")]

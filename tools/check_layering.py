@@ -58,6 +58,7 @@ LAYERS = [
     "models",
     "driver",
     "experiments",
+    "driver/e2e",
     "bench",
     "examples",
     "",

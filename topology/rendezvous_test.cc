@@ -351,7 +351,7 @@ TEST(RendezvousTest, LoopbackAddresses) {
 
 // Gloo advertises the address it binds; across hosts it must be the one on the
 // route to the store's host, never the loopback address this host's name may
-// resolve to (//experiments:multihost_test runs it across network namespaces).
+// resolve to (//driver/e2e:multihost_test runs it across network namespaces).
 TEST(RendezvousTest, LocalAddressTowardsIsTheRoutesSource) {
   absl::StatusOr<std::string> loop = LocalAddressTowards("127.0.0.1");
   ASSERT_TRUE(loop.ok()) << loop.status();

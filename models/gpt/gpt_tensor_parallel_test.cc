@@ -140,7 +140,7 @@ TEST(GptTensorParallelTest, HeadsThatDoNotSplitAreNamed) {
             std::string::npos);
   config.num_heads = 4;
   // Dropout is fine: each rank keeps its slice of the dense mask
-  // (tensor_parallel/dropout.h; //experiments:train_gpt_tp_test trains with it).
+  // (tensor_parallel/dropout.h; //driver/e2e:train_gpt_tp_test trains with it).
   config.dropout = 0.1;
   EXPECT_TRUE(ValidateGptParallelism(config, 2, false).ok());
   // Sequence parallelism: the context splits over the group, and needs tp > 1.

@@ -18,7 +18,7 @@ set -uo pipefail
 BIN=$1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
-source experiments/e2e_testing.sh  # losses, close_losses
+source driver/e2e/e2e_testing.sh  # losses, close_losses
 CORPUS=$TMP/corpus.txt
 for i in $(seq 1 200); do echo "Replica $((i % 5)) keeps a slice of the moments; the rest it gathers."; done > "$CORPUS"
 COMMON=(--data="$CORPUS" --output_dir="$TMP/runs" --steps=12 --pp=2 --sample_tokens=0)

@@ -28,7 +28,7 @@ run() {  # run NAME FLAGS...: a run that must succeed
   timeout 300 "$BIN" "${COMMON[@]}" --set="$SET$EXTRA_SET" --name="$name" "$@" > "$LOG" 2>&1 ||
     fail "$name exited $?"
 }
-source experiments/e2e_testing.sh  # losses, close_losses
+source driver/e2e/e2e_testing.sh  # losses, close_losses
 sample() { sed -n '/sample (top-/,/memory per rank/p' "$TMP/$1.log" | sed '1d;$d'; }
 
 run tp1 --tp=1 --save_interval=4

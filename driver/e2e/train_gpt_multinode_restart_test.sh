@@ -24,7 +24,7 @@ fail() {
   for f in "$TMP"/*.log; do echo "--- $f"; tail -25 "$f"; done
   exit 1
 }
-source experiments/e2e_testing.sh  # losses NAME: "step loss" lines, by step
+source driver/e2e/e2e_testing.sh  # losses NAME: "step loss" lines, by step
 # Two consecutive free ports: the workers' store and the launchers' own.
 PORT=$(python3 - <<'PY'
 import socket

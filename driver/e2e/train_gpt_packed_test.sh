@@ -12,7 +12,7 @@ set -uo pipefail
 BIN=$1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
-source experiments/e2e_testing.sh  # losses, close_losses
+source driver/e2e/e2e_testing.sh  # losses, close_losses
 CORPUS=$TMP/corpus.txt
 awk 'BEGIN { srand(7); for (p = 0; p < 150; p++) { n = 1 + int(rand() * 12);
   for (l = 0; l < n; l++) printf "Paragraph %d line %d packs whole documents.\n", p, l; printf "\n" } }' > "$CORPUS"

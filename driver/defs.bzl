@@ -5,7 +5,7 @@ alwayslink). This macro links it with `deps`, typically alwayslink targets that
 register schedules (PP_REGISTER_SCHEDULE) or partitioners, which the binary then
 offers by name (--schedule=..., --partition=..., --list) like the built-in ones:
 
-    load("//experiments:defs.bzl", "pp_experiment_binary")
+    load("//driver:defs.bzl", "pp_experiment_binary")
 
     pp_experiment_binary(
         name = "train_gpt_with_my_schedule",

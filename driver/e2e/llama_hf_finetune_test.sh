@@ -38,7 +38,7 @@ SET="$MODEL_SET,eval_interval=0,lr_schedule.name=constant,lr_schedule.warmup_ste
 SET+=",optimizer.lr=3e-3,parallelism.micro_batch_size=2,llama.tokenizer="
 COMMON=(--config=experiments/configs/llama_small_pp2.textproto --data="$TMP/tokens.bin"
   --output_dir="$TMP/runs" --sample_tokens=0 --set="$SET")
-source experiments/e2e_testing.sh  # close_losses
+source driver/e2e/e2e_testing.sh  # close_losses
 run() { "$TRAIN" "${COMMON[@]}" "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_llama $* exited non-zero"; exit 1; }; }
 losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$1"/metrics.jsonl; }  # one run directory's
 numbered() { awk '{print NR, $1}'; }  # "i loss" lines, as close_losses compares them

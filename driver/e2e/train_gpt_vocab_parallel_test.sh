@@ -23,7 +23,7 @@ set -uo pipefail
 BIN=$1 CONVERT=$2
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
-source experiments/e2e_testing.sh  # losses, close_losses
+source driver/e2e/e2e_testing.sh  # losses, close_losses
 CORPUS=$TMP/corpus.txt
 for i in $(seq 1 200); do echo "Rank $((i % 5)) keeps rows of the vocabulary; the head is everyone's."; done > "$CORPUS"
 COMMON=(--data="$CORPUS" --output_dir="$TMP/runs" --steps=10 --pp=2 --sample_tokens=0)

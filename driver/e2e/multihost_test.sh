@@ -20,7 +20,7 @@ BIN=$(realpath "$1")
 export PATH=$PATH:/usr/sbin:/sbin
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
-source experiments/e2e_testing.sh  # skip_test
+source driver/e2e/e2e_testing.sh  # skip_test
 TIMEOUT_S=10  # parallelism.timeout_seconds for the link-cut run
 cannot_run() {
   local why="$* (the multi-host test needs root and network namespaces)"

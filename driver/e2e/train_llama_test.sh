@@ -52,7 +52,7 @@ SET+=",llama.width=32,llama.num_layers=2,llama.num_heads=4,llama.num_kv_heads=2"
 SET+=",llama.intermediate_size=48,llama.vocab_size=300,llama.context_length=16,llama.dropout=0.1"
 SET+=",llama.tokenizer=$TMP/tokenizer.json,parallelism.micro_batch_size=2"
 COMMON=(--config=experiments/configs/llama_small_pp2.textproto --output_dir="$TMP/runs")
-source experiments/e2e_testing.sh  # close_losses
+source driver/e2e/e2e_testing.sh  # close_losses
 run() { "$BIN" "${COMMON[@]}" --data="$TMP/tokens.bin" "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_llama $* exited non-zero"; exit 1; }; }
 losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$1"/metrics.jsonl; }  # one run directory's
 numbered() { awk '{print NR, $1}'; }  # "i loss" lines, as close_losses compares them
