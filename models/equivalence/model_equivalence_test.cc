@@ -104,6 +104,17 @@ void UseBert(RunConfig& c) {
   c.partition_method = "type:EncoderBlock";
 }
 
+// A model under test: its name in the cases' names, how a run uses it, the
+// type name of its blocks and its tensor-parallel loss.
+struct TinyModel {
+  std::string name;
+  void (*use)(RunConfig&);
+  std::string block_type;
+  LossFn (*parallel_loss)(const ModelParallelGroup&);
+};
+const TinyModel kTinyGpt{"gpt", UseGpt, "TransformerBlock", TinyGptParallelLoss};
+const TinyModel kTinyBert{"bert", UseBert, "EncoderBlock", TinyBertParallelLoss};
+
 struct Case {
   RunConfig config;
   std::string name;
@@ -132,7 +143,7 @@ bool IsRunnableTraining(const std::string& schedule, int chunks) {
 
 std::vector<Case> AllCases() {
   std::vector<Case> cases;
-  for (const std::string model : {"gpt", "bert"}) {
+  for (const TinyModel* model : {&kTinyGpt, &kTinyBert}) {
     auto add = [&](const std::string& schedule, int dp) {
       RunConfig c;
       c.schedule = schedule;
@@ -145,8 +156,8 @@ std::vector<Case> AllCases() {
       c.optimizer.name = "adamw";
       c.optimizer.lr = 0.01;
       c.optimizer.weight_decay = 0.01;
-      model == "gpt" ? UseGpt(c) : UseBert(c);
-      std::string name = absl::StrCat(model, "_", schedule, "_pp2_dp", dp, "_v", c.chunks);
+      model->use(c);
+      std::string name = absl::StrCat(model->name, "_", schedule, "_pp2_dp", dp, "_v", c.chunks);
       for (char& ch : name) {
         if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
       }
@@ -177,12 +188,13 @@ std::vector<Case> AllCases() {
     int dp;
     bool sequence_parallel;
     int ckpt_interval;
-    std::string model = "gpt";
+    const TinyModel* model = &kTinyGpt;
   };
-  for (const TpCase& tc : {TpCase{"1f1b", 1, false, 0}, TpCase{"interleaved_1f1b", 2, false, 0},
-                           TpCase{"1f1b", 1, true, 1}, TpCase{"interleaved_1f1b", 2, true, 0},
-                           TpCase{"1f1b", 1, false, 1, "bert"}, TpCase{"zbv", 2, false, 0, "bert"},
-                           TpCase{"interleaved_1f1b", 2, true, 0, "bert"}}) {
+  for (const TpCase& tc :
+       {TpCase{"1f1b", 1, false, 0}, TpCase{"interleaved_1f1b", 2, false, 0},
+        TpCase{"1f1b", 1, true, 1}, TpCase{"interleaved_1f1b", 2, true, 0},
+        TpCase{"1f1b", 1, false, 1, &kTinyBert}, TpCase{"zbv", 2, false, 0, &kTinyBert},
+        TpCase{"interleaved_1f1b", 2, true, 0, &kTinyBert}}) {
     const std::string& schedule = tc.schedule;
     const int dp = tc.dp;
     RunConfig c;
@@ -194,7 +206,7 @@ std::vector<Case> AllCases() {
     if (tc.ckpt_interval > 0) {
       ActivationCheckpointPolicy policy;
       policy.interval = tc.ckpt_interval;
-      policy.checkpointable_types = tc.model == "gpt" ? "TransformerBlock" : "EncoderBlock";
+      policy.checkpointable_types = tc.model->block_type;
       absl::StatusOr<LayerRunner> runner = MakeCheckpointingRunner(policy);
       EXPECT_TRUE(runner.ok()) << runner.status();
       if (runner.ok()) c.layer_runner = *runner;
@@ -203,15 +215,10 @@ std::vector<Case> AllCases() {
     c.microbatches = 4;
     c.steps = 3;
     UseSgdMomentum(c);
-    if (tc.model == "gpt") {
-      UseGpt(c);
-      c.parallel_loss = TinyGptParallelLoss;
-    } else {
-      UseBert(c);
-      c.parallel_loss = TinyBertParallelLoss;
-    }
+    tc.model->use(c);
+    c.parallel_loss = tc.model->parallel_loss;
     std::string name =
-        absl::StrCat(tc.model, "_tp2_", schedule, "_pp2_dp", dp, "_v", c.chunks,
+        absl::StrCat(tc.model->name, "_tp2_", schedule, "_pp2_dp", dp, "_v", c.chunks,
                      tc.sequence_parallel ? "_sp" : "", tc.ckpt_interval > 0 ? "_ckpt" : "");
     for (char& ch : name) {
       if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';

@@ -59,7 +59,31 @@ LlamaConfig VocabLlama() {
           .tie_embeddings = false};
 }
 
-RunConfig VocabCase(const std::string& model, const std::string& schedule, int pp, int dp) {
+// A model under test: its name in the cases' names and what a run of its
+// vocabulary-parallel form uses.
+struct VocabModel {
+  std::string name;
+  void (*use)(RunConfig&);
+};
+
+void UseVocabGpt(RunConfig& c) {
+  c.specs = [] { return *MakeGptSpecs(VocabGpt()); };
+  c.vocabulary = [] { return *MakeGptVocabularySplit(VocabGpt()); };
+  c.loss = GptLoss;
+  c.partition_method = "type:TransformerBlock";
+}
+
+void UseVocabLlama(RunConfig& c) {
+  c.specs = [] { return *MakeLlamaSpecs(VocabLlama()); };
+  c.vocabulary = [] { return *MakeLlamaVocabularySplit(VocabLlama()); };
+  c.loss = LlamaLoss;
+  c.partition_method = "type:LlamaBlock";
+}
+
+const VocabModel kGpt{"gpt", UseVocabGpt};
+const VocabModel kUntiedLlama{"llama_untied", UseVocabLlama};
+
+RunConfig VocabCase(const VocabModel& model, const std::string& schedule, int pp, int dp) {
   RunConfig c;
   c.schedule = schedule;
   c.pp = pp;
@@ -76,17 +100,7 @@ RunConfig VocabCase(const std::string& model, const std::string& schedule, int p
   c.optimizer.lr = 0.1;
   c.optimizer.momentum = 0.9;
   c.max_grad_norm = 1.0;
-  if (model == "gpt") {
-    c.specs = [] { return *MakeGptSpecs(VocabGpt()); };
-    c.vocabulary = [] { return *MakeGptVocabularySplit(VocabGpt()); };
-    c.loss = GptLoss;
-    c.partition_method = "type:TransformerBlock";
-  } else {
-    c.specs = [] { return *MakeLlamaSpecs(VocabLlama()); };
-    c.vocabulary = [] { return *MakeLlamaVocabularySplit(VocabLlama()); };
-    c.loss = LlamaLoss;
-    c.partition_method = "type:LlamaBlock";
-  }
+  model.use(c);
   c.source = [dp, m = c.microbatches]() -> std::unique_ptr<MicroBatchSource> {
     const std::string text = EquivalenceSuiteText();
     return std::make_unique<LmBatchSource>(*LmBatchSource::Create(
@@ -96,7 +110,7 @@ RunConfig VocabCase(const std::string& model, const std::string& schedule, int p
   return c;
 }
 RunConfig GptCase(const std::string& schedule, int pp, int dp) {
-  return VocabCase("gpt", schedule, pp, dp);
+  return VocabCase(kGpt, schedule, pp, dp);
 }
 
 struct Case {
@@ -123,16 +137,16 @@ std::vector<Case> Cases() {
     cases.push_back({c, "gpt_1f1b_plus_passes_pp4_ckpt"});
   }
   cases.push_back({GptCase("zbv_vocab", 4, 1), "gpt_zbv_vocab_pp4"});
-  cases.push_back({VocabCase("llama", "1f1b_vocab", 2, 2), "llama_untied_1f1b_vocab_pp2_dp2"});
-  cases.push_back({VocabCase("llama", "zbv_vocab", 4, 1), "llama_untied_zbv_vocab_pp4"});
+  cases.push_back({VocabCase(kUntiedLlama, "1f1b_vocab", 2, 2), "llama_untied_1f1b_vocab_pp2_dp2"});
+  cases.push_back({VocabCase(kUntiedLlama, "zbv_vocab", 4, 1), "llama_untied_zbv_vocab_pp4"});
   // The distributed optimizer: the shards are a group of their own,
   // reduce-scattered at STEP (small buckets: several per stage).
-  for (const std::string model : {"gpt", "llama"}) {
-    RunConfig c = VocabCase(model, model == "gpt" ? "zbv_vocab" : "1f1b_vocab", 2, 2);
+  for (const auto& [model, schedule] :
+       {std::pair{&kGpt, "zbv_vocab"}, std::pair{&kUntiedLlama, "1f1b_vocab"}}) {
+    RunConfig c = VocabCase(*model, schedule, 2, 2);
     c.distributed_optimizer = true;
     c.bucket_numel = 500;
-    cases.push_back(
-        {c, model + (model == "gpt" ? "_zbv_vocab" : "_untied_1f1b_vocab") + "_pp2_dp2_zero1"});
+    cases.push_back({c, absl::StrCat(model->name, "_", schedule, "_pp2_dp2_zero1")});
   }
   return cases;
 }
