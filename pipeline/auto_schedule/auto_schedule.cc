@@ -35,20 +35,8 @@ constexpr int kRankSlots = 4;
 // vocabulary collective, count).
 constexpr int kVocabSlots = 10;
 
-int VocabSlot(ActionType type) {
-  switch (type) {
-    case ActionType::kVocabOutputS:
-      return 0;
-    case ActionType::kVocabOutputT:
-      return 1;
-    case ActionType::kVocabInputF:
-      return 2;
-    case ActionType::kVocabInputB:
-      return 3;
-    default:
-      return -1;
-  }
-}
+// OUT_S, OUT_T, IN_F and IN_B are the first four vocabulary types.
+int VocabSlot(ActionType type) { return IsVocabCompute(type) ? VocabTypeIndex(type) : -1; }
 
 int CostVectorSize(int num_stages, int num_chunks) {
   return num_stages * num_chunks * kStageSlots + num_stages * kRankSlots + kVocabSlots;
