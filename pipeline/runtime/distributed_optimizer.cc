@@ -271,7 +271,8 @@ int64_t NowUs() {
 }
 
 // Raises `latest` to now when `work` completes, from the backend's thread;
-// false if the backend has no futures.
+// false if the work has no future (LibTorch 2.x Gloo's reduce_scatter:
+// "Work::getFuture not implemented").
 bool RecordCompletion(const WorkPtr& work, const std::shared_ptr<std::atomic<int64_t>>& latest) {
   try {
     work->getFuture()->addCallback([latest](c10::ivalue::Future&) {
