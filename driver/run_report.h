@@ -30,9 +30,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "driver/experiment_config.h"
-#include "observability/loss_curve.h"
 #include "driver/progress.h"
 #include "driver/run_observability.h"
+#include "observability/loss_curve.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/trainer.h"
 

@@ -22,8 +22,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "common/file_io.h"
 #include "common/crc32c.h"
+#include "common/file_io.h"
 #include "common/status_macros.h"
 #include "google/protobuf/text_format.h"
 
