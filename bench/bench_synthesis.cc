@@ -1,4 +1,4 @@
-// bench_synthesis: the synthesiser (pipeline/schedule/synthesis.h) against
+// bench_synthesis: the synthesiser (pipeline/schedule/schedules/synthesis.h) against
 // every registered schedule over a grid of simulated cases (issue #27):
 //   p in {2, 4, 8}; m in {p, 2p, 4p};
 //   costs: uniform, W half of I, the last 1/p of the model 1.5x heavier, the
@@ -36,9 +36,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "pipeline/schedule/registry.h"
-#include "pipeline/schedule/simulator.h"
-#include "pipeline/schedule/synthesis.h"
+#include "pipeline/schedule/analysis/simulator.h"
+#include "pipeline/schedule/schedules/registry.h"
+#include "pipeline/schedule/schedules/synthesis.h"
 
 ABSL_FLAG(std::string, out, "",
           "append the JSON record to this file (relative to the workspace under bazel run)");

@@ -25,11 +25,11 @@
 #include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/stage_executor.h"
-#include "pipeline/schedule/capabilities.h"
-#include "pipeline/schedule/csv.h"
-#include "pipeline/schedule/lowering.h"
-#include "pipeline/schedule/registry.h"
-#include "pipeline/schedule/vocab_passes.h"
+#include "pipeline/schedule/formats/csv.h"
+#include "pipeline/schedule/ir/capabilities.h"
+#include "pipeline/schedule/ir/lowering.h"
+#include "pipeline/schedule/ir/vocab_passes.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "topology/device.h"
 #include "topology/host_staged_backend.h"
 #include "topology/transport_thread.h"
@@ -314,7 +314,7 @@ absl::Status CheckSchedule(const driver::ParallelismConfig& par) {
                                 "' first: ", status.message()));
   }
   const std::vector<std::string> names = RegisteredScheduleNames();
-  // "csv:FILE" is a schedule file (pipeline/schedule/csv.h); MakeSchedule reads it.
+  // "csv:FILE" is a schedule file (pipeline/schedule/formats/csv.h); MakeSchedule reads it.
   if (!absl::StartsWith(par.schedule(), kCsvSchedulePrefix) &&
       std::find(names.begin(), names.end(), par.schedule()) == names.end()) {
     return Invalid(

@@ -17,7 +17,7 @@
 #include "models/gpt/gpt_config.pb.h"
 #include "models/registry.h"
 #include "pipeline/layers/layer.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "topology/device.h"
 #include "topology/host_staged_backend.h"
 #include "topology/worker_resources.h"
@@ -277,7 +277,7 @@ TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
 
 // Config validation runs the runtime's capability check (a schedule it cannot
 // execute would be refused before any worker starts; the refusal itself is
-// tested in pipeline/schedule:capabilities_test). I/W schedules pass it, and a
+// tested in //pipeline/schedule/ir:capabilities_test). I/W schedules pass it, and a
 // schedule's own option rules (zbv: two chunks) still apply.
 TEST(ExperimentConfigTest, SplitBackwardSchedulesPassTheCapabilityCheck) {
   ExperimentConfig c = Gpt();

@@ -23,7 +23,7 @@
 #include "driver/save_on_signal.h"
 #include "driver/workspace_path.h"
 #include "observability/rank_log.h"
-#include "pipeline/schedule/csv.h"
+#include "pipeline/schedule/formats/csv.h"
 #include "topology/launcher.h"
 
 ABSL_FLAG(std::string, config, "",

@@ -15,8 +15,8 @@
 #include "models/registry.h"
 #include "pipeline/auto_schedule/auto_options.h"
 #include "pipeline/layers/layer_spec.h"
-#include "pipeline/schedule/registry.h"
-#include "pipeline/schedule/vocab_passes.h"
+#include "pipeline/schedule/ir/vocab_passes.h"
+#include "pipeline/schedule/schedules/registry.h"
 
 namespace pp {
 

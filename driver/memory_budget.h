@@ -1,7 +1,7 @@
 // A run's memory per pipeline rank in bytes, predicted before launch, and the
 // per-rank cap `parallelism.memory_cap_mib`.
 //
-// The prediction is pipeline/schedule/memory_plan.h's planner fed with the
+// The prediction is pipeline/schedule/analysis/memory_plan.h's planner fed with the
 // model's own memory arithmetic (models/model_memory.h), for one rank of
 // a tensor-parallel model group: per virtual stage its parameters (blocks spread evenly over the p
 // x v virtual stages, the embedding on the first, the head and its logits on the last), one
@@ -22,8 +22,8 @@
 #include "absl/status/statusor.h"
 #include "driver/config.pb.h"
 #include "models/registry.h"
-#include "pipeline/schedule/memory_plan.h"
-#include "pipeline/schedule/schedule.h"
+#include "pipeline/schedule/analysis/memory_plan.h"
+#include "pipeline/schedule/ir/schedule.h"
 
 namespace pp {
 
@@ -71,7 +71,7 @@ absl::StatusOr<bool> FitsMemoryCap(const driver::ExperimentConfig& config,
                                    const Schedule& schedule);
 
 // parallelism.memory_cap_mib in the synthesiser's units (one virtual stage's
-// activations of one micro-batch, pipeline/schedule/synthesis.h): per rank
+// activations of one micro-batch, pipeline/schedule/schedules/synthesis.h): per rank
 // (cap - its fixed bytes - its largest recompute range) / the largest
 // per-micro-batch activation bytes of a virtual stage, the smallest over
 // ranks. nullopt when there is no cap or the model has no transformer shape.

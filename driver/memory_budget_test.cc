@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "models/gpt/gpt_config.pb.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 
 namespace pp {
 namespace {

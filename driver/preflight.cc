@@ -24,8 +24,8 @@
 #include "models/data/corpus.h"
 #include "models/registry.h"
 #include "pipeline/layers/layer_spec.h"
-#include "pipeline/schedule/memory_plan.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/analysis/memory_plan.h"
+#include "pipeline/schedule/schedules/registry.h"
 
 namespace pp {
 namespace {
@@ -166,7 +166,7 @@ MemoryEstimate EstimateMemory(const ExperimentConfig& config) {
   }
   // The micro-batches in flight come from the schedule itself (a registered
   // one or a CSV file): each rank's peak by liveness, as the simulator's
-  // memory model walks its actions (pipeline/schedule/memory_plan.h). So
+  // memory model walks its actions (pipeline/schedule/analysis/memory_plan.h). So
   // looped_bfs, which runs every forward of a chunk first, counts all of its
   // micro-batches, like GPipe, whatever it is called.
   const std::optional<double> peak = SchedulePeakActivations(config, stage);

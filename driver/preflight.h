@@ -32,7 +32,7 @@ namespace pp {
 // Bytes a whole run needs on this machine (every rank of pp x dp; assumes all
 // ranks share the machine). An estimate: fp32, the transformer's matrices and
 // embeddings, and the activations each rank holds at its peak under the
-// config's own schedule (registered or CSV: pipeline/schedule/memory_plan.h
+// config's own schedule (registered or CSV: pipeline/schedule/analysis/memory_plan.h
 // walks its actions, so GPipe and looped_bfs keep all m micro-batches, 1F1B
 // p - r), fewer with activation checkpointing on the layers its
 // checkpointable_types matches (none matching: no recomputation).

@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "models/gpt/gpt_config.pb.h"
-#include "pipeline/schedule/csv.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/formats/csv.h"
+#include "pipeline/schedule/schedules/registry.h"
 
 namespace pp {
 namespace {

@@ -40,7 +40,7 @@
 #include "pipeline/runtime/nonfinite_guard.h"
 #include "pipeline/runtime/trainer.h"
 #include "pipeline/runtime/vocab_layers.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "topology/launcher.h"
 #include "topology/launcher_status.h"
 #include "topology/parallel_grid.h"

@@ -21,9 +21,9 @@
 #include "observability/memory_tracker.h"
 #include "observability/rank_log.h"
 #include "observability/trace_merge.h"
-#include "pipeline/schedule/action.h"
-#include "pipeline/schedule/memory_plan.h"
-#include "pipeline/schedule/simulator.h"
+#include "pipeline/schedule/analysis/memory_plan.h"
+#include "pipeline/schedule/analysis/simulator.h"
+#include "pipeline/schedule/ir/action.h"
 #include "topology/blas_kernel.h"
 #include "topology/wait_work.h"
 

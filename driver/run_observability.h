@@ -32,7 +32,7 @@
 #include "observability/operator_profiler.h"
 #include "observability/tensorboard_writer.h"
 #include "pipeline/runtime/trainer.h"
-#include "pipeline/schedule/chrome_trace.h"
+#include "pipeline/schedule/ir/chrome_trace.h"
 #include "topology/parallel_grid.h"
 
 namespace pp {

@@ -1,6 +1,6 @@
 // schedule_explorer: make, validate, lower, simulate and draw any registered
 // schedule, or compare several side by side. Thin main: all logic lives in
-// //pipeline/schedule.
+// pipeline/schedule/.
 //
 //   bazel run //experiments:schedule_explorer -- --schedule=1f1b --stages=4
 //       --microbatches=8 [--chunks=2] [--group=4] [--costs=F:1,B:2,W:0,comm:0]
@@ -37,21 +37,21 @@
 #include "absl/strings/str_split.h"
 #include "common/field_checks.h"
 #include "common/status_macros.h"
-#include "pipeline/schedule/chrome_trace.h"
-#include "pipeline/schedule/csv.h"
-#include "pipeline/schedule/defer_receives.h"
-#include "pipeline/schedule/lowering.h"
-#include "pipeline/schedule/memory_plan.h"
-#include "pipeline/schedule/registry.h"
-#include "pipeline/schedule/render.h"
-#include "pipeline/schedule/simulator.h"
-#include "pipeline/schedule/synthesis.h"
-#include "pipeline/schedule/validator.h"
+#include "pipeline/schedule/analysis/memory_plan.h"
+#include "pipeline/schedule/analysis/simulator.h"
+#include "pipeline/schedule/analysis/validator.h"
+#include "pipeline/schedule/formats/csv.h"
+#include "pipeline/schedule/formats/render.h"
+#include "pipeline/schedule/ir/chrome_trace.h"
+#include "pipeline/schedule/ir/defer_receives.h"
+#include "pipeline/schedule/ir/lowering.h"
+#include "pipeline/schedule/schedules/registry.h"
+#include "pipeline/schedule/schedules/synthesis.h"
 
 ABSL_FLAG(std::string, schedule, "1f1b",
           "registered schedule name (see --list), or csv:FILE: a schedule file in PyTorch's "
           "CSV layout (either form; its shape comes from the file, not --stages/--microbatches/"
-          "--chunks; see pipeline/schedule/csv.h)");
+          "--chunks; see pipeline/schedule/formats/csv.h)");
 ABSL_FLAG(std::string, stage_to_rank, "",
           "placement of a csv:FILE schedule: looped, v, or a rank per virtual stage (0,1,1,0); "
           "empty: the file's '# stage_to_rank:' line, else looped");
@@ -105,11 +105,12 @@ ABSL_FLAG(bool, defer_receives, false,
           "lower, then move each receive to just before its consumer (DeferReceives), "
           "as the runtime executes it by default");
 ABSL_FLAG(bool, list, false, "list the registered schedules and exit");
-ABSL_FLAG(bool, synthesize, false,
-          "synthesise a schedule (pipeline/schedule/synthesis.h) for --costs/--stage_costs/"
-          "--memory_split under --memory_cap with --chunks and --placement, print it with its "
-          "lower bound (or write it in --format); with --compare, next to those registered "
-          "schedules (all: every one) under the same cap");
+ABSL_FLAG(
+    bool, synthesize, false,
+    "synthesise a schedule (pipeline/schedule/schedules/synthesis.h) for --costs/--stage_costs/"
+    "--memory_split under --memory_cap with --chunks and --placement, print it with its "
+    "lower bound (or write it in --format); with --compare, next to those registered "
+    "schedules (all: every one) under the same cap");
 ABSL_FLAG(double, memory_cap, 0,
           "--synthesize: per rank cap on peak memory in one rank's share of the model's "
           "activations for one micro-batch (the 'peak memory (x stage)' column; v chunks: "
@@ -117,7 +118,7 @@ ABSL_FLAG(double, memory_cap, 0,
 ABSL_FLAG(std::string, placement, "looped",
           "--synthesize: looped (any --chunks) or v (--chunks=2, rank r holds r and 2p-1-r)");
 ABSL_FLAG(std::string, stage_bytes, "",
-          "MiB per virtual stage for the byte planner (pipeline/schedule/memory_plan.h): "
+          "MiB per virtual stage for the byte planner (pipeline/schedule/analysis/memory_plan.h): "
           "params:P,act:A,boundary:B[,recompute:R,pending:W] (parameters as fp32, one "
           "micro-batch's activations kept for the backward, its p2p message, what a "
           "checkpointed backward regenerates, what a split backward's I leaves for W). Adds "

@@ -6,7 +6,7 @@
 // Inputs:
 //  - per-rank operator traces: OperatorProfiler::ChromeTraceJson
 //    (operator_profiler.h), timestamps in steady_clock microseconds;
-//  - pipe's action trace: the format of pipeline/schedule/chrome_trace.h
+//  - pipe's action trace: the format of pipeline/schedule/ir/chrome_trace.h
 //    (complete "X" events, tid = global rank, name = the action, "1F3").
 // No LibTorch here, so any package may merge.
 #ifndef OBSERVABILITY_TRACE_MERGE_H_

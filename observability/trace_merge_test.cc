@@ -29,7 +29,7 @@ struct Timed {
   double end_us;
 };
 
-// pipe's action trace, in the format pipeline/schedule/chrome_trace.h writes
+// pipe's action trace, in the format pipeline/schedule/ir/chrome_trace.h writes
 // (a process "pipeline", one thread per rank, complete events with tid = rank,
 // cat = the action type, args stage/microbatch), with timestamps relative to
 // `t0` as Trainer::LastStepTrace writes them. Spelled out here because

@@ -71,7 +71,7 @@ std::optional<int64_t> AsInteger(const json& v) {
 }
 
 // Pipe's schedule actions have fixed colours (the categories of
-// pipeline/schedule/chrome_trace.h); everything else one per name.
+// pipeline/schedule/ir/chrome_trace.h); everything else one per name.
 std::string ColorOf(const TraceBox& box) {
   const std::string& c = box.category;
   if (c == "F") return "#4c78a8";

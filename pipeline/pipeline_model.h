@@ -96,7 +96,7 @@ struct PipelineModelOptions {
   // Virtual stage -> stage (the schedule's Schedule::stage_to_rank). Empty:
   // looped (virtual stage c * num_stages + s on stage s). Otherwise
   // num_stages * chunks entries, each stage holding exactly `chunks` of them,
-  // e.g. V placement for zbv (pipeline/schedule/schedule.h VPlacement). Chunk
+  // e.g. V placement for zbv (pipeline/schedule/ir/schedule.h VPlacement). Chunk
   // c of a stage is the c-th of its virtual stages in ascending order.
   std::vector<int> stage_to_rank;
   // Layer i is built right after seeding with base_seed + i.

@@ -49,7 +49,11 @@ LAYERS = [
     "pipeline/tensor_parallel",
     "pipeline/partition",
     "pipeline",
-    "pipeline/schedule",
+    "pipeline/schedule",  # its subpackages, bottom to top:
+    "pipeline/schedule/ir",
+    "pipeline/schedule/analysis",
+    "pipeline/schedule/formats",
+    "pipeline/schedule/schedules",
     "pipeline/autograd",
     "pipeline/runtime",
     "pipeline/auto_schedule",

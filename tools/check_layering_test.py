@@ -25,7 +25,7 @@ CLEAN = graph(
     ("//driver:run_experiment", "//pipeline/runtime:trainer"),
     ("//models/gpt:gpt", "//models/data:lm_data"),  # same layer (models), no cycle
     ("//models/gpt:gpt", "//pipeline/layers:layer_spec"),
-    ("//pipeline/runtime:trainer", "//pipeline/schedule:lowering"),
+    ("//pipeline/runtime:trainer", "//pipeline/schedule/ir:lowering"),
     ("//pipeline/runtime:trainer", "//pipeline:pipeline_model"),
     ("//pipeline:pipeline_model", "//pipeline/partition:all"),
     ("//pipeline/partition:all", "//pipeline/layers:layer_spec"),
@@ -132,9 +132,22 @@ class CheckTest(unittest.TestCase):
         self.assertIn("up-edge: //pipeline/schedule/examples -> //checkpoint/model", problems[0])
         self.assertIn("layer //pipeline/schedule", problems[0])
 
+    def test_schedule_subpackages_go_up_from_ir_to_schedules(self):
+        # ir < analysis < formats < schedules (docs/schedules.md, the reference part).
+        self.assertEqual(self.problems(graph(
+            ("//pipeline/schedule/schedules:registry", "//pipeline/schedule/formats:csv"),
+            ("//pipeline/schedule/formats:csv", "//pipeline/schedule/analysis:validator"),
+            ("//pipeline/schedule/analysis:validator", "//pipeline/schedule/ir:lowering"))), [])
+        problems = self.problems(graph(
+            ("//pipeline/schedule/analysis:x", "//pipeline/schedule/schedules:all_schedules")))
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("up-edge: //pipeline/schedule/analysis -> //pipeline/schedule/schedules",
+                      problems[0])
+
     def test_researcher_package_may_use_pipe(self):
-        self.assertEqual(self.problems(graph(("//mylab/sched:s", "//pipeline/schedule:registry"),
-                                             ("//mylab/sched:s", "//driver:run_experiment"))), [])
+        self.assertEqual(self.problems(graph(
+            ("//mylab/sched:s", "//pipeline/schedule/schedules:registry"),
+            ("//mylab/sched:s", "//driver:run_experiment"))), [])
 
     def test_pipe_may_not_depend_on_a_researcher_package(self):
         problems = self.problems(graph(("//models:m", "//mylab:thing")))

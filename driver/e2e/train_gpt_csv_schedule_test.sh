@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# train_gpt --schedule=csv:FILE (pipeline/schedule/csv.h): a schedule written
+# train_gpt --schedule=csv:FILE (pipeline/schedule/formats/csv.h): a schedule written
 # by hand as a CSV file trains with the same per-step losses as the registered
 # schedule it spells out, in both CSV forms:
 #   - 1F1B for pp=2, m=4 written by hand (compute-only, idle cells, comments)

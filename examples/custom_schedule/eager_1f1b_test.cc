@@ -4,8 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "pipeline/schedule/registry.h"
-#include "pipeline/schedule/simulator.h"
+#include "pipeline/schedule/analysis/simulator.h"
+#include "pipeline/schedule/schedules/registry.h"
 
 namespace pp {
 namespace {

@@ -20,7 +20,7 @@
 #include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/partition/partitioner.h"
 #include "pipeline/runtime/equivalence_testing.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "pipeline/tensor_parallel/planted_fault.h"
 
 namespace pp {

@@ -24,7 +24,7 @@
 #include "models/llama/llama.h"
 #include "models/packed_sequence.h"
 #include "pipeline/runtime/equivalence_testing.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 
 namespace pp {
 namespace {

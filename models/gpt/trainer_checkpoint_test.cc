@@ -47,7 +47,7 @@
 #include "models/gpt/gpt.h"
 #include "pipeline/runtime/model_parallel_group.h"
 #include "pipeline/runtime/vocab_layers.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "topology/process_topology.h"
 #include "topology/rendezvous.h"
 #include "topology/thread_ranks.h"

@@ -12,7 +12,7 @@
 #include "models/data/lm_data.h"
 #include "models/llama/llama.h"
 #include "pipeline/runtime/equivalence_testing.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "pipeline/tensor_parallel/planted_fault.h"
 
 namespace pp {

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "pipeline/schedule/simulator.h"
+#include "pipeline/schedule/analysis/simulator.h"
 
 namespace pp {
 

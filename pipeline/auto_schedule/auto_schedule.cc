@@ -16,9 +16,9 @@
 #include "absl/strings/str_format.h"
 #include "common/file_io.h"
 #include "common/status_macros.h"
-#include "pipeline/schedule/csv.h"
-#include "pipeline/schedule/registry.h"
-#include "pipeline/schedule/vocab_passes.h"
+#include "pipeline/schedule/formats/csv.h"
+#include "pipeline/schedule/ir/vocab_passes.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "topology/wait_work.h"
 
 namespace pp {

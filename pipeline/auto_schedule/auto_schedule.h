@@ -32,8 +32,8 @@
 #include "pipeline/auto_schedule/auto_options.h"
 #include "pipeline/runtime/action_timer.h"
 #include "pipeline/runtime/trainer.h"
-#include "pipeline/schedule/simulator.h"
-#include "pipeline/schedule/synthesis.h"
+#include "pipeline/schedule/analysis/simulator.h"
+#include "pipeline/schedule/schedules/synthesis.h"
 #include "topology/parallel_grid.h"
 
 namespace pp {

@@ -9,8 +9,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
-#include "pipeline/schedule/registry.h"
-#include "pipeline/schedule/validator.h"
+#include "pipeline/schedule/analysis/validator.h"
+#include "pipeline/schedule/schedules/registry.h"
 
 namespace pp {
 namespace {

@@ -35,7 +35,7 @@
 // weight-only subgraphs, the captured gradients at the join nodes, and the
 // stage inputs when a join node saved them. Everything else of the graph
 // (element-wise nodes, attention's softmax, ...) is freed when I drops the
-// outputs. The simulator's memory model (pipeline/schedule/simulator.h)
+// outputs. The simulator's memory model (pipeline/schedule/analysis/simulator.h)
 // charges this as the part W frees.
 //
 // Errors are LibTorch's (c10::Error), like torch::autograd::backward: call

@@ -1,7 +1,7 @@
 // A model under vocabulary parallelism (issue #40): its token embedding table
 // and its output projection leave the pipeline's stages and are split by rows
 // over every pipeline rank (pipeline/runtime/vocab_layers.h runs them; the
-// schedule places their passes: pipeline/schedule/vocab_passes.h). The stages
+// schedule places their passes: pipeline/schedule/ir/vocab_passes.h). The stages
 // keep everything else. A model that supports it describes the split:
 //
 //   VocabularySplit split;

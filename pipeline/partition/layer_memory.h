@@ -1,7 +1,7 @@
 // Per-layer memory, measured once with LibTorch: each layer's parameter bytes
 // and the bytes one forward on a sample micro-batch leaves allocated (what
 // autograd saves for the backward plus the layer's outputs), for the memory
-// planner (pipeline/schedule/memory_plan.h) and the `profile` partitioner's
+// planner (pipeline/schedule/analysis/memory_plan.h) and the `profile` partitioner's
 // memory cap.
 //
 // How: the layers run one at a time, as `profile` runs them, each on the

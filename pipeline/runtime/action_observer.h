@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "pipeline/schedule/action.h"
-#include "pipeline/schedule/lowering.h"
+#include "pipeline/schedule/ir/action.h"
+#include "pipeline/schedule/ir/lowering.h"
 
 namespace pp {
 

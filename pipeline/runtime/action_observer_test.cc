@@ -12,7 +12,7 @@
 #include "pipeline/runtime/action_log.h"
 #include "pipeline/runtime/action_timer.h"
 #include "pipeline/runtime/stage_executor.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "topology/thread_ranks.h"
 
 namespace pp {

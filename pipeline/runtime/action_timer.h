@@ -23,7 +23,7 @@
 
 #include "absl/status/status.h"
 #include "pipeline/runtime/action_observer.h"
-#include "pipeline/schedule/action.h"
+#include "pipeline/schedule/ir/action.h"
 
 namespace pp {
 

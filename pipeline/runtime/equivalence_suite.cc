@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/runtime/stage_executor.h"
-#include "pipeline/schedule/capabilities.h"
-#include "pipeline/schedule/lowering.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/ir/capabilities.h"
+#include "pipeline/schedule/ir/lowering.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "topology/device.h"
 #include "topology/thread_ranks.h"
 

@@ -13,7 +13,7 @@
 #include "pipeline/runtime/grad_sync.h"
 #include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/model_parallel_group.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "pipeline/tensor_parallel/linear.h"
 #include "pipeline/tensor_parallel/sharded_module.h"
 #include "pipeline/tensor_parallel/vocab_parallel.h"

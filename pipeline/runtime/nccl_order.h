@@ -20,7 +20,7 @@
 #define PIPELINE_RUNTIME_NCCL_ORDER_H_
 
 #include "absl/status/status.h"
-#include "pipeline/schedule/lowering.h"
+#include "pipeline/schedule/ir/lowering.h"
 
 namespace pp {
 

@@ -3,10 +3,10 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "pipeline/schedule/action.h"
-#include "pipeline/schedule/defer_receives.h"
-#include "pipeline/schedule/lowering.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/ir/action.h"
+#include "pipeline/schedule/ir/defer_receives.h"
+#include "pipeline/schedule/ir/lowering.h"
+#include "pipeline/schedule/schedules/registry.h"
 
 namespace pp {
 namespace {

@@ -1,4 +1,4 @@
-// StageExecutor: runs one rank's lowered program (pipeline/schedule/lowering.h)
+// StageExecutor: runs one rank's lowered program (pipeline/schedule/ir/lowering.h)
 // for one step. It knows no schedule by name: it executes RECV_F, F, SEND_F,
 // RECV_B, B, SEND_B in the order given, stashing what backward needs keyed by
 // (virtual stage, micro-batch), and hands the step's tail (REDUCE_TIED,
@@ -46,10 +46,10 @@
 #include "pipeline/runtime/micro_batch_source.h"
 #include "pipeline/runtime/p2p.h"
 #include "pipeline/runtime/vocab_layers.h"
-#include "pipeline/schedule/action.h"
-#include "pipeline/schedule/capabilities.h"
-#include "pipeline/schedule/defer_receives.h"
-#include "pipeline/schedule/lowering.h"
+#include "pipeline/schedule/ir/action.h"
+#include "pipeline/schedule/ir/capabilities.h"
+#include "pipeline/schedule/ir/defer_receives.h"
+#include "pipeline/schedule/ir/lowering.h"
 
 namespace pp {
 

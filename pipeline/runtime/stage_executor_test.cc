@@ -6,7 +6,7 @@
 
 #include "common/status_macros.h"
 #include "pipeline/runtime/action_timer.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "topology/thread_ranks.h"
 
 namespace pp {

@@ -9,9 +9,9 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/runtime/nccl_order.h"
-#include "pipeline/schedule/chrome_trace.h"
-#include "pipeline/schedule/registry.h"
-#include "pipeline/schedule/vocab_passes.h"
+#include "pipeline/schedule/ir/chrome_trace.h"
+#include "pipeline/schedule/ir/vocab_passes.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "topology/wait_work.h"
 
 namespace pp {

@@ -58,7 +58,7 @@
 #include "pipeline/runtime/p2p.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/runtime/vocab_layers.h"
-#include "pipeline/schedule/lowering.h"
+#include "pipeline/schedule/ir/lowering.h"
 #include "topology/parallel_grid.h"
 
 namespace pp {

@@ -14,7 +14,7 @@
 #include "common/torch_compat.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/runtime/equivalence_testing.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "topology/thread_ranks.h"
 
 namespace pp {

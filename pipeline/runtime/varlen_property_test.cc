@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "pipeline/runtime/equivalence_testing.h"
 #include "pipeline/runtime/p2p.h"
-#include "pipeline/schedule/registry.h"
+#include "pipeline/schedule/schedules/registry.h"
 
 namespace pp {
 namespace testing_runtime {

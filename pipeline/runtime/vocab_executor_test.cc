@@ -17,9 +17,9 @@
 #include "common/status_macros.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/runtime/vocab_layers.h"
-#include "pipeline/schedule/lowering.h"
-#include "pipeline/schedule/registry.h"
-#include "pipeline/schedule/vocab_passes.h"
+#include "pipeline/schedule/ir/lowering.h"
+#include "pipeline/schedule/ir/vocab_passes.h"
+#include "pipeline/schedule/schedules/registry.h"
 #include "pipeline/tensor_parallel/planted_fault.h"
 #include "topology/thread_ranks.h"
 

@@ -1,5 +1,5 @@
 // This rank's shards of the vocabulary layers of a vocabulary-parallel run
-// (issue #40; pipeline/schedule/vocab_passes.h places their passes): rows
+// (issue #40; pipeline/schedule/ir/vocab_passes.h places their passes): rows
 // [range) of the input embedding and of the output projection, one tensor
 // when they are tied. The StageExecutor calls one method per vocabulary pass
 // and runs the collectives between them over the pipe group; the math is
