@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace pp {
@@ -37,6 +38,17 @@ absl::StatusOr<bool> HfBoolField(const nlohmann::json& config, const char* field
 // A string; absent or null gives `fallback`.
 absl::StatusOr<std::string> HfStringField(const nlohmann::json& config, const char* field,
                                           const std::string& fallback);
+
+// InvalidArgument "config.json: FIELD (VALUE) RULE", the form of every
+// refusal of a field's value.
+absl::Status HfFieldError(absl::string_view field, const nlohmann::json& value,
+                          absl::string_view rule);
+
+// `json_text` parsed as a config.json object whose "model_type" is
+// `model_type`; InvalidArgument for anything else (not JSON, not an object,
+// another model type).
+absl::StatusOr<nlohmann::json> ParseHfConfig(const std::string& json_text,
+                                             absl::string_view model_type);
 
 }  // namespace pp
 

@@ -70,13 +70,7 @@ std::string TiedAutoencoderHfConfigJson(int64_t blocks) {
 }
 
 absl::StatusOr<int64_t> TiedAutoencoderBlocksFromHfJson(const std::string& json_text) {
-  const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
-  PP_ASSIGN_OR_RETURN(const std::string model_type, pp::HfStringField(j, "model_type", ""));
-  if (model_type != kHfModelType) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: model_type (\"", model_type,
-                                                   "\") must be \"", kHfModelType, "\""));
-  }
+  PP_ASSIGN_OR_RETURN(const nlohmann::json j, pp::ParseHfConfig(json_text, kHfModelType));
   // The sizes are this package's constants: a folder of another shape is refused.
   PP_RETURN_IF_ERROR(pp::HfIntField(j, "features", kFeatures, kFeatures).status());
   PP_RETURN_IF_ERROR(pp::HfIntField(j, "code", kCode, kCode).status());

@@ -125,14 +125,7 @@ std::string Gpt2HfConfigJson(const GptConfig& c) {
 }
 
 absl::StatusOr<GptConfig> GptConfigFromHfJson(const std::string& json_text) {
-  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
-  auto bad = [](const std::string& field, const nlohmann::json& value, const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: ", field, " (", value.dump(), ") ", why));
-  };
-  PP_ASSIGN_OR_RETURN(const std::string model_type, HfStringField(j, "model_type", ""));
-  if (model_type != "gpt2") return bad("model_type", model_type, "must be \"gpt2\"");
+  PP_ASSIGN_OR_RETURN(const nlohmann::json j, ParseHfConfig(json_text, "gpt2"));
   GptConfig c;
   for (auto [field, target] : {std::pair<const char*, int64_t*>{"vocab_size", &c.vocab_size},
                                {"n_positions", &c.context_length},
@@ -143,23 +136,24 @@ absl::StatusOr<GptConfig> GptConfigFromHfJson(const std::string& json_text) {
   }
   PP_ASSIGN_OR_RETURN(const int64_t inner, HfIntField(j, "n_inner", 1, kMaxHfDim, 4 * c.width));
   if (inner % c.width != 0) {
-    return bad("n_inner", inner, "must be a multiple of n_embd (pipe's mlp_ratio)");
+    return HfFieldError("n_inner", inner, "must be a multiple of n_embd (pipe's mlp_ratio)");
   }
   c.mlp_ratio = inner / c.width;
   PP_ASSIGN_OR_RETURN(const std::string act, HfStringField(j, "activation_function", "gelu_new"));
   if (act != "gelu") {
-    return bad("activation_function", act, "must be \"gelu\" (pipe's GPT uses exact GELU)");
+    return HfFieldError("activation_function", act,
+                        "must be \"gelu\" (pipe's GPT uses exact GELU)");
   }
   PP_ASSIGN_OR_RETURN(const double eps,
                       HfRealField(j, "layer_norm_epsilon", 1e-5, /*positive=*/true));
-  if (eps != 1e-5) return bad("layer_norm_epsilon", eps, "must be 1e-05");
+  if (eps != 1e-5) return HfFieldError("layer_norm_epsilon", eps, "must be 1e-05");
   for (const char* field : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"}) {
     PP_ASSIGN_OR_RETURN(const bool set, HfBoolField(j, field, false));
-    if (set) return bad(field, set, "must be false");
+    if (set) return HfFieldError(field, set, "must be false");
   }
   for (const char* field : {"scale_attn_weights", "tie_word_embeddings"}) {
     PP_ASSIGN_OR_RETURN(const bool set, HfBoolField(j, field, true));
-    if (!set) return bad(field, set, "must be true");
+    if (!set) return HfFieldError(field, set, "must be true");
   }
   if (absl::Status s = ValidateGptConfig(c); !s.ok()) return s;
   return c;

@@ -67,14 +67,7 @@ std::string LlamaHfConfigJson(const LlamaConfig& c) {
 }
 
 absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const std::string& json_text) {
-  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
-  auto bad = [](const std::string& field, const nlohmann::json& value, const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: ", field, " (", value.dump(), ") ", why));
-  };
-  PP_ASSIGN_OR_RETURN(const std::string model_type, HfStringField(j, "model_type", ""));
-  if (model_type != "llama") return bad("model_type", model_type, "must be \"llama\"");
+  PP_ASSIGN_OR_RETURN(const nlohmann::json j, ParseHfConfig(json_text, "llama"));
   LlamaConfig c;
   for (auto [field, target] : {std::pair<const char*, int64_t*>{"vocab_size", &c.vocab_size},
                                {"hidden_size", &c.width},
@@ -89,7 +82,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const std::string& json_text) 
   PP_ASSIGN_OR_RETURN(const int64_t head_dim,
                       HfIntField(j, "head_dim", 1, kMaxHfDim, c.width / c.num_heads));
   if (head_dim * c.num_heads != c.width) {
-    return bad("head_dim", head_dim, "must be hidden_size / num_attention_heads here");
+    return HfFieldError("head_dim", head_dim, "must be hidden_size / num_attention_heads here");
   }
   PP_ASSIGN_OR_RETURN(c.norm_eps, HfRealField(j, "rms_norm_eps", 1e-6, /*positive=*/true));
   PP_ASSIGN_OR_RETURN(c.rope_theta, HfRealField(j, "rope_theta", 10000.0, /*positive=*/true));
@@ -97,19 +90,19 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const std::string& json_text) 
     const auto& rope = j["rope_parameters"];
     PP_ASSIGN_OR_RETURN(const std::string rope_type, HfStringField(rope, "rope_type", "default"));
     if (rope_type != "default") {
-      return bad("rope_parameters.rope_type", rope_type, "is not implemented (default)");
+      return HfFieldError("rope_parameters.rope_type", rope_type, "is not implemented (default)");
     }
     PP_ASSIGN_OR_RETURN(c.rope_theta,
                         HfRealField(rope, "rope_theta", c.rope_theta, /*positive=*/true));
   }
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    return bad("rope_scaling", j["rope_scaling"], "is not implemented (null only)");
+    return HfFieldError("rope_scaling", j["rope_scaling"], "is not implemented (null only)");
   }
   PP_ASSIGN_OR_RETURN(const std::string act, HfStringField(j, "hidden_act", "silu"));
-  if (act != "silu") return bad("hidden_act", act, "must be \"silu\"");
+  if (act != "silu") return HfFieldError("hidden_act", act, "must be \"silu\"");
   for (const char* field : {"attention_bias", "mlp_bias"}) {
     PP_ASSIGN_OR_RETURN(const bool bias, HfBoolField(j, field, false));
-    if (bias) return bad(field, bias, "must be false");
+    if (bias) return HfFieldError(field, bias, "must be false");
   }
   PP_ASSIGN_OR_RETURN(c.tie_embeddings, HfBoolField(j, "tie_word_embeddings", false));
   c.dropout = 0.0;
