@@ -756,14 +756,19 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
   // Several nodes with restarts: every node's launcher restarts with the
   // others, round by round (restart_rounds.h).
   std::unique_ptr<RestartRounds> rounds;
+  // A signal that arrives while the other nodes are awaited ends the wait
+  // (Ctrl-C must not wait out --restart_join_timeout).
+  int awaiting_signal = 0;
+  auto end_of_rounds = [&](const absl::Status& status, int failed_result) {
+    Say(absl::StrCat(awaiting_signal != 0 ? "" : "FAILED: ", status.message()));
+    return awaiting_signal != 0 ? 128 + awaiting_signal : failed_result;
+  };
   if (options.nnodes > 1 && options.max_restarts > 0) {
-    absl::StatusOr<std::unique_ptr<RestartRounds>> connected =
-        RestartRounds::Connect(options.master_addr, port + 1, options.node_rank, options.nnodes,
-                               options.restart_join_timeout);
-    if (!connected.ok()) {
-      Say(absl::StrCat("FAILED: ", connected.status().message()));
-      return 1;
-    }
+    absl::StatusOr<std::unique_ptr<RestartRounds>> connected = RestartRounds::Connect(
+        options.master_addr, port + 1, options.node_rank, options.nnodes,
+        options.restart_join_timeout,
+        [&awaiting_signal] { return awaiting_signal = WaitForSignal(absl::ZeroDuration()); });
+    if (!connected.ok()) return end_of_rounds(connected.status(), 1);
     rounds = *std::move(connected);
     Say(absl::StrCat("restarts agreed with the other ", options.nnodes - 1,
                      " node(s) through the launchers' store at ", options.master_addr, ":",
@@ -771,10 +776,7 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
   }
   for (int round = 0;; ++round) {
     if (rounds != nullptr) {
-      if (absl::Status joined = rounds->Join(round); !joined.ok()) {
-        Say(absl::StrCat("FAILED: ", joined.message()));
-        return 1;
-      }
+      if (absl::Status joined = rounds->Join(round); !joined.ok()) return end_of_rounds(joined, 1);
     }
     std::vector<Worker> workers(options.nproc_per_node);
     const absl::Status spawned =
@@ -801,10 +803,7 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
                              .furthest_step = failed_step,
                              .cause = supervisor.verdict()};
       absl::StatusOr<std::vector<NodeOutcome>> all = rounds->Finish(round, mine);
-      if (!all.ok()) {
-        Say(absl::StrCat("FAILED: ", all.status().message()));
-        return result != 0 ? result : 1;
-      }
+      if (!all.ok()) return end_of_rounds(all.status(), result != 0 ? result : 1);
       bool every_ok = true;
       worker_failed = true;
       for (const NodeOutcome& o : *all) {

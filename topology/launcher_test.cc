@@ -473,6 +473,35 @@ TEST(LauncherTest, BadRestartFlagsAreNamed) {
   EXPECT_THAT(r.err, HasSubstr("--restart_join_timeout=0 must be > 0"));
 }
 
+// Ctrl-C while a launcher awaits the other nodes (restart rounds) ends it at
+// once with the signal's exit status, naming whom it waited for, instead of
+// after --restart_join_timeout: node 0 awaiting node 1's join, and node 1
+// awaiting node 0's launcher (its restart store).
+TEST(LauncherTest, InterruptWhileAwaitingOtherNodesStopsAtOnce) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  const std::string port_flag = absl::StrCat("--master_port=", *port);
+  auto interrupt_after_2s = [](pid_t launcher) {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    kill(launcher, SIGINT);
+  };
+  for (const std::string node : {"0", "1"}) {
+    Result r =
+        RunLauncher({"--nnodes=2", absl::StrCat("--node_rank=", node), "--nproc_per_node=1",
+                     port_flag, "--max_restarts=1", "--restart_join_timeout=300s", "--mode=ok"},
+                    60, interrupt_after_2s);
+    ASSERT_FALSE(r.timed_out) << "node " << node << ": " << r.err;
+    EXPECT_EQ(ExitCode(r), 128 + SIGINT) << "node " << node << ": " << r.err;
+    EXPECT_LT(r.seconds, 30) << "node " << node << ": " << r.err;
+    EXPECT_THAT(r.err,
+                HasSubstr(node == "0" ? "received Interrupt while waiting for node(s) 1 to join "
+                                        "restart round 0; stopping"
+                                      : "received Interrupt while waiting for node 0's launcher"))
+        << "node " << node;
+    EXPECT_THAT(r.out, Not(HasSubstr("hello from rank"))) << "node " << node;
+  }
+}
+
 // The root cause across nodes, the same on every node: a stopped worker
 // (its peers time out), else a killed one, else the lowest failed node; a
 // node stopped only for another's failure never.

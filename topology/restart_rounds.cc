@@ -1,5 +1,7 @@
 #include "topology/restart_rounds.h"
 
+#include <string.h>
+
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -55,43 +57,74 @@ RestartRounds::~RestartRounds() = default;
 absl::StatusOr<std::unique_ptr<RestartRounds>> RestartRounds::Connect(const std::string& host,
                                                                       int port, int node_rank,
                                                                       int nnodes,
-                                                                      absl::Duration timeout) {
+                                                                      absl::Duration timeout,
+                                                                      SignalCheck signals) {
   std::unique_ptr<RestartRounds> rounds(new RestartRounds());
   rounds->node_rank_ = node_rank;
   rounds->nnodes_ = nnodes;
   rounds->timeout_ = timeout;
+  rounds->signals_ = std::move(signals);
   const auto ms = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
-  try {
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<std::uint16_t>(port);
-    o.isServer = node_rank == 0;
-    o.numWorkers = nnodes;
-    o.waitWorkers = false;
-    o.timeout = ms;
-    rounds->store_ = std::make_unique<Store>();
-    rounds->store_->store = c10::make_intrusive<c10d::TCPStore>(host, o);
-    rounds->store_->store->setTimeout(ms);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("node ", node_rank, ": the launchers' restart store at ", host, ":", port,
-                     node_rank == 0 ? " (hosted by this node 0)" : " (node 0's launcher hosts it)",
-                     " cannot be reached within ", absl::FormatDuration(timeout), ": ", e.what()));
+  // A client retries in attempts of at most a second, so that a signal is
+  // seen while node 0's launcher is still awaited.
+  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Duration attempt = node_rank == 0 ? timeout : std::min(timeout, absl::Seconds(1));
+  for (;;) {
+    try {
+      c10d::TCPStoreOptions o;
+      o.port = static_cast<std::uint16_t>(port);
+      o.isServer = node_rank == 0;
+      o.numWorkers = nnodes;
+      o.waitWorkers = false;
+      o.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(attempt));
+      rounds->store_ = std::make_unique<Store>();
+      rounds->store_->store = c10::make_intrusive<c10d::TCPStore>(host, o);
+      rounds->store_->store->setTimeout(ms);
+      return rounds;
+    } catch (const std::exception& e) {
+      if (absl::Status s = rounds->Interrupted(
+              absl::StrCat("node 0's launcher (the restart store at ", host, ":", port, ")"));
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Now() + attempt <= deadline) continue;
+      return absl::UnavailableError(absl::StrCat(
+          "node ", node_rank, ": the launchers' restart store at ", host, ":", port,
+          node_rank == 0 ? " (hosted by this node 0)" : " (node 0's launcher hosts it)",
+          " cannot be reached within ", absl::FormatDuration(timeout), ": ", e.what()));
+    }
   }
-  return rounds;
+}
+
+absl::Status RestartRounds::Interrupted(const std::string& awaited) const {
+  const int signo = signals_ ? signals_() : 0;
+  if (signo == 0) return absl::OkStatus();
+  return absl::CancelledError(
+      absl::StrCat("received ", strsignal(signo), " while waiting for ", awaited, "; stopping"));
 }
 
 absl::Status RestartRounds::WaitForAll(const std::string& count_key, const std::string& what,
                                        int round, const std::function<std::string(int)>& node_key) {
   const absl::Time deadline = absl::Now() + timeout_;
   try {
+    auto missing = [&] {
+      std::vector<int> nodes;
+      for (int n = 0; n < nnodes_; ++n) {
+        if (!store_->store->check({node_key(n)})) nodes.push_back(n);
+      }
+      return nodes;
+    };
     while (store_->store->add(count_key, 0) < nnodes_) {
-      if (absl::Now() >= deadline) {
-        std::vector<std::string> missing;
-        for (int n = 0; n < nnodes_; ++n) {
-          if (!store_->store->check({node_key(n)})) missing.push_back(absl::StrCat(n));
+      if (signals_) {
+        if (absl::Status s = Interrupted(absl::StrCat("node(s) ", absl::StrJoin(missing(), ", "),
+                                                      " to ", what, " restart round ", round));
+            !s.ok()) {
+          return s;
         }
+      }
+      if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(
-            absl::StrCat("node(s) ", absl::StrJoin(missing, ", "), " did not ", what,
+            absl::StrCat("node(s) ", absl::StrJoin(missing(), ", "), " did not ", what,
                          " restart round ", round, " within ", absl::FormatDuration(timeout_),
                          " (--restart_join_timeout); ending the run"));
       }

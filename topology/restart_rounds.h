@@ -43,13 +43,20 @@ struct NodeOutcome {
 
 class RestartRounds {
  public:
+  // Returns the signal that arrived for the launcher (SIGINT, SIGTERM,
+  // SIGHUP), 0 when none did; called between the waits' polls.
+  using SignalCheck = std::function<int()>;
+
   // Node 0 hosts the store on `host`:`port` (its launcher's address as the
   // workers see it); every node connects, retrying up to `timeout`, which also
   // bounds every wait for the other nodes. Unavailable naming the address when
-  // the store cannot be reached.
+  // the store cannot be reached. Every wait, the connection's included, ends
+  // early with Cancelled naming the signal and the awaited nodes when
+  // `signals` reports one (a Ctrl-C while another node is awaited).
   static absl::StatusOr<std::unique_ptr<RestartRounds>> Connect(const std::string& host, int port,
                                                                 int node_rank, int nnodes,
-                                                                absl::Duration timeout);
+                                                                absl::Duration timeout,
+                                                                SignalCheck signals = nullptr);
   ~RestartRounds();
 
   // Joins `round` and waits until every node has: DeadlineExceeded naming the
@@ -79,12 +86,16 @@ class RestartRounds {
   // `node_key(n)` is missing.
   absl::Status WaitForAll(const std::string& count_key, const std::string& what, int round,
                           const std::function<std::string(int)>& node_key);
+  // Cancelled "received <signal> while waiting for <awaited>; stopping" when
+  // signals_ reports one.
+  absl::Status Interrupted(const std::string& awaited) const;
 
   struct Store;  // the c10d store, kept out of this header
   std::unique_ptr<Store> store_;
   int node_rank_ = 0;
   int nnodes_ = 1;
   absl::Duration timeout_;
+  SignalCheck signals_;
 };
 
 }  // namespace pp
