@@ -1,6 +1,13 @@
 // Benchmark: what activation checkpointing buys and costs.
 //
 //   bazel run //bench:bench_activation_checkpointing -- --layers=16
+//   bazel run //bench:bench_activation_checkpointing -- --model=gpt \
+//       --model_config='num_layers: 8 width: 256' --model_batch=16
+//
+// --model=mlp is the bench's own stack of residual MLP blocks; any other name
+// is a registered model (models/registry.h), built sequentially from its
+// config message (defaults, then --model_config in text format) with a
+// micro-batch of its own data (--data_source, --data_path) and its loss.
 //
 // For each checkpoint interval (0 = off) it trains the same model for a few
 // forward+backward steps and reports (1) activation memory: bytes allocated
@@ -40,11 +47,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_common.h"
 #include "common/status_macros.h"
 #include "common/torch_compat.h"
-#include "models/gpt/gpt.h"
+#include "google/protobuf/text_format.h"
+#include "models/model_config.pb.h"
+#include "models/registry.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/layers/layer.h"
@@ -52,19 +62,21 @@
 #include "pipeline/pipeline_model.h"
 #include "pipeline/testing/mlp_block.h"
 
-ABSL_FLAG(
-    std::string, model, "mlp",
-    "mlp (a deep stack of residual MLP blocks) or gpt (models/gpt, sequential, --gpt_* flags)");
+ABSL_FLAG(std::string, model, "mlp",
+          "mlp (a deep stack of residual MLP blocks) or a registered model's name, built "
+          "sequentially (--model_config, --model_batch, --data_source, --data_path)");
 ABSL_FLAG(int64_t, layers, 16, "number of MLP blocks");
 ABSL_FLAG(int64_t, width, 512, "MLP block width");
 ABSL_FLAG(int64_t, hidden, 2048, "MLP block hidden width");
 ABSL_FLAG(int64_t, batch, 128, "rows per step");
 ABSL_FLAG(double, dropout, 0.0, "dropout inside each MLP block (training mode)");
-ABSL_FLAG(int64_t, gpt_layers, 8, "--model=gpt: transformer blocks");
-ABSL_FLAG(int64_t, gpt_width, 256, "--model=gpt: width");
-ABSL_FLAG(int64_t, gpt_heads, 4, "--model=gpt: attention heads");
-ABSL_FLAG(int64_t, gpt_context, 128, "--model=gpt: sequence length");
-ABSL_FLAG(int64_t, gpt_batch, 16, "--model=gpt: sequences per step");
+ABSL_FLAG(std::string, model_config, "",
+          "a registered model: its config message's fields in text format, over its defaults "
+          "(e.g. 'num_layers: 8 width: 256', as inside [pp.gpt] { ... } of a run's config)");
+ABSL_FLAG(int64_t, model_batch, 16, "a registered model: samples per step (one micro-batch)");
+ABSL_FLAG(std::string, data_source, "synthetic",
+          "a registered model: its data source (one of the model's data_sources)");
+ABSL_FLAG(std::string, data_path, "", "a registered model: its data file or folder, if any");
 ABSL_FLAG(std::string, intervals, "0,1,2", "checkpoint intervals to compare; 0 = off");
 ABSL_FLAG(int64_t, steps, 15, "measured steps per configuration");
 ABSL_FLAG(int64_t, warmup, 2, "unmeasured steps per configuration");
@@ -133,40 +145,48 @@ BenchModel MakeMlpModel() {
   return model;
 }
 
-// GPT (models/gpt) built sequentially: its layers in order (tied embedding at
-// both ends), random token ids as input, next-token labels, the LM loss. The
-// StageModule is kept alive with the layers, since a tied layer only refers to
-// the shared embedding that the StageModule owns.
-absl::StatusOr<BenchModel> MakeGptModel() {
-  GptConfig config;
-  config.num_layers = absl::GetFlag(FLAGS_gpt_layers);
-  config.width = absl::GetFlag(FLAGS_gpt_width);
-  config.num_heads = absl::GetFlag(FLAGS_gpt_heads);
-  config.context_length = absl::GetFlag(FLAGS_gpt_context);
-  config.dropout = absl::GetFlag(FLAGS_dropout);
-  const int64_t batch = absl::GetFlag(FLAGS_gpt_batch);
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(config));
+// A registered model built sequentially: its layers in order (a tied
+// embedding at both ends), micro-batch 0 of step 0 of its own data, its loss.
+// The StageModule is kept alive with the layers, since a tied layer only
+// refers to the shared module that the StageModule owns.
+absl::StatusOr<BenchModel> MakeRegisteredModel(const ModelInfo& info) {
+  ModelConfig model_config;
+  const google::protobuf::FieldDescriptor* extension = ModelExtension(info);
+  google::protobuf::Message* config =
+      model_config.GetReflection()->MutableMessage(&model_config, extension);
+  const std::string text = absl::GetFlag(FLAGS_model_config);
+  if (!google::protobuf::TextFormat::MergeFromString(text, config)) {
+    return absl::InvalidArgumentError(absl::StrCat("--model_config='", text, "' is not a ",
+                                                   config->GetTypeName(), " in text format"));
+  }
+  ModelRun run;
+  run.micro_batch_size = absl::GetFlag(FLAGS_model_batch);
+  run.data_source = absl::GetFlag(FLAGS_data_source);
+  run.data_path = absl::GetFlag(FLAGS_data_path);
+  if (info.validate) PP_RETURN_IF_ERROR(info.validate(*config, run));
+  if (!info.data) {
+    return absl::InvalidArgumentError(absl::StrCat("--model=", info.name, " has no data"));
+  }
+  PP_ASSIGN_OR_RETURN(ModelData data, info.data(*config, run));
+  PP_ASSIGN_OR_RETURN(MicroBatchData micro_batch, data.train->Get(/*step=*/0, /*index=*/0));
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, info.specs(*config));
   PP_ASSIGN_OR_RETURN(StageModule sequential, BuildSequential(specs, /*base_seed=*/0));
   BenchModel model;
-  model.description = absl::StrCat("gpt layers=", config.num_layers, " width=", config.width,
-                                   " heads=", config.num_heads, " context=", config.context_length,
-                                   " batch=", batch, " dropout=", config.dropout);
+  model.description = absl::StrCat(info.name, " ", config->ShortDebugString(),
+                                   " batch=", run.micro_batch_size, " (", data.description, ")");
   model.owner = sequential.ptr();
   model.layers = sequential->layers();
-  torch::manual_seed(0);
-  torch::Tensor tokens =
-      torch::randint(config.vocab_size, {batch, config.context_length + 1}, torch::kLong);
-  model.inputs = {tokens.slice(1, 0, config.context_length).contiguous()};
-  model.batch.id = 0;
-  model.batch.tensors["labels"] = tokens.slice(1, 1).contiguous();
-  model.loss = GptLoss;
+  model.inputs = std::move(micro_batch.inputs);
+  model.batch = std::move(micro_batch.batch);
+  model.loss = info.loss;
   return model;
 }
 
 absl::StatusOr<BenchModel> MakeModel(const std::string& name) {
   if (name == "mlp") return MakeMlpModel();
-  if (name == "gpt") return MakeGptModel();
-  return absl::InvalidArgumentError(absl::StrCat("--model=", name, " is unknown; valid: mlp, gpt"));
+  if (const ModelInfo* info = FindModel(name); info != nullptr) return MakeRegisteredModel(*info);
+  return absl::InvalidArgumentError(absl::StrCat("--model=", name, " is unknown; valid: mlp, ",
+                                                 absl::StrJoin(RegisteredModelNames(), ", ")));
 }
 
 struct Config {

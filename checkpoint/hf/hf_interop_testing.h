@@ -10,7 +10,8 @@
 //   MakeAndImport: a random transformers model (save_pretrained) imported into
 //     a pipe checkpoint and loaded by a fresh pipe model gives transformers'
 //     logits within 1e-4.
-// `arch` is hf_check.py's name for the transformers class ("llama", "gpt2").
+// hf_check.py names no model: transformers picks the class from the folder's
+// config.json, and MakeAndImport takes the model package's reference script.
 // Test-only.
 #ifndef CHECKPOINT_HF_HF_INTEROP_TESTING_H_
 #define CHECKPOINT_HF_HF_INTEROP_TESTING_H_
@@ -75,22 +76,19 @@ inline std::string Python() {
   return absl::StrCat(absl::StripSuffix(venv, "\n"), "/bin/python");
 }
 
-// Runs hf_check.py; "" when it exits 0, else its output.
-inline std::string Check(const std::string& mode, const std::string& arch, const std::string& dir,
-                         const std::string& case_path) {
+// Runs hf_check.py with `args`; "" when it exits 0, else its output.
+inline std::string Check(const std::string& args) {
   static const std::string python = Python();
   int status = 0;
-  const std::string out =
-      RunCommand(absl::StrCat(python, " ", Runfile("checkpoint/hf/hf_check.py"), " ", mode, " ",
-                              arch, " ", dir, " ", case_path, " 2>&1"),
-                 &status);
-  std::cerr << mode << " " << arch << ": " << out;
+  const std::string out = RunCommand(
+      absl::StrCat(python, " ", Runfile("checkpoint/hf/hf_check.py"), " ", args, " 2>&1"), &status);
+  std::cerr << "hf_check.py " << args << ": " << out;
   return status == 0 ? "" : out;
 }
 
 // Exports `model` with `export_fn(dir)`, writes its logits on random ids, and
 // has transformers load the folder and compare.
-inline void ExportAndLoad(StageModule& model, const std::string& arch, const std::string& name,
+inline void ExportAndLoad(StageModule& model, const std::string& name,
                           const std::function<absl::Status(const std::string&)>& export_fn) {
   {
     // Norm weights start at one and biases at zero: random ones make a
@@ -107,19 +105,20 @@ inline void ExportAndLoad(StageModule& model, const std::string& arch, const std
   expected.tensors = {{"input_ids", ids}, {"logits", Logits(model, ids)}};
   const std::string case_path = TempPath("case_" + name + ".safetensors");
   ASSERT_TRUE(WriteSafetensors(case_path, expected).ok());
-  EXPECT_EQ(Check("load", arch, dir, case_path), "") << name;
+  EXPECT_EQ(Check(absl::StrCat("load ", dir, " ", case_path)), "") << name;
 }
 
-// transformers makes and saves a model and its logits; `import_fn(dir, root)`
-// writes a pipe checkpoint and returns the specs to build; a fresh pipe model
-// loads the checkpoint and must match.
-inline void MakeAndImport(const std::string& arch,
+// transformers makes and saves a model with the script `reference` (a
+// runfile path in the model's package, e.g. models/llama/llama_hf_reference.py)
+// and its logits; `import_fn(dir, root)` writes a pipe checkpoint and returns
+// the specs to build; a fresh pipe model loads the checkpoint and must match.
+inline void MakeAndImport(const std::string& reference, const std::string& name,
                           const std::function<absl::StatusOr<std::vector<LayerSpec>>(
                               const std::string&, const std::string&)>& import_fn) {
-  const std::string dir = TempPath("made_" + arch);
-  const std::string case_path = TempPath("made_" + arch + ".safetensors");
-  ASSERT_EQ(Check("make", arch, dir, case_path), "");
-  const std::string root = TempPath("imported_" + arch);
+  const std::string dir = TempPath("made_" + name);
+  const std::string case_path = TempPath("made_" + name + ".safetensors");
+  ASSERT_EQ(Check(absl::StrCat("make ", Runfile(reference), " ", dir, " ", case_path)), "");
+  const std::string root = TempPath("imported_" + name);
   absl::StatusOr<std::vector<LayerSpec>> specs = import_fn(dir, root);
   ASSERT_TRUE(specs.ok()) << specs.status();
   StageModule model = *BuildSequential(*specs, 9);
@@ -134,8 +133,8 @@ inline void MakeAndImport(const std::string& arch,
   ASSERT_TRUE(want.ok()) << want.status();
   const torch::Tensor logits = Logits(model, want->tensors.at(0).second);
   const double diff = (logits - want->tensors.at(1).second).abs().max().item<double>();
-  EXPECT_LT(diff, 1e-4) << arch;
-  std::cerr << arch << ": max |pipe - transformers| = " << diff << "\n";
+  EXPECT_LT(diff, 1e-4) << name;
+  std::cerr << name << ": max |pipe - transformers| = " << diff << "\n";
 }
 
 }  // namespace hf_testing

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A randomly initialised transformers LlamaForCausalLM (GQA, untied head;
-# checkpoint/hf/hf_check.py make, save_pretrained) imported with hf_convert
+# models/llama/llama_hf_reference.py through checkpoint/hf/hf_check.py make, save_pretrained) imported with hf_convert
 # and fine-tuned by train_llama at pp=2 (real processes) on a token file:
 #   - the run resumes from the import at step 0, and its first loss is the
 #     imported model's (equal to a second fine-tune's, different from a fresh
@@ -12,14 +12,14 @@
 #     transformers loads it: its loss on the training tokens is below the
 #     original model's.
 set -euo pipefail
-TRAIN=$1 CONVERT=$2 HF_CHECK=$3 PYENV=$4
+TRAIN=$1 CONVERT=$2 HF_CHECK=$3 PYENV=$4 LLAMA_REFERENCE=$5
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 # Bazel runs tests without HOME; the venv lives under the user's ~/.cache.
 [[ -n ${HOME:-} ]] || export HOME=$(getent passwd "$(id -u)" | cut -d: -f6)
 PY="$("$PYENV" hf-interop)/bin/python"
 
-"$PY" "$HF_CHECK" make llama "$TMP/hf" "$TMP/case.safetensors"
+"$PY" "$HF_CHECK" make "$LLAMA_REFERENCE" "$TMP/hf" "$TMP/case.safetensors"
 "$CONVERT" import --model=llama --hf_dir="$TMP/hf" --checkpoint="$TMP/imported" > "$TMP/import.log"
 cat "$TMP/import.log"
 MODEL_SET=$(sed -n 's/^--set=//p' "$TMP/import.log")

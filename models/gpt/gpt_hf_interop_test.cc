@@ -24,14 +24,14 @@ TEST(GptHfInteropTest, PipeExportsLoadInTransformersWithTheSameLogits) {
   const GptConfig gpt = {
       .vocab_size = 300, .context_length = 16, .width = 32, .num_heads = 4, .num_layers = 2};
   StageModule model = *BuildSequential(*MakeGptSpecs(gpt), 3);
-  ExportAndLoad(model, "gpt2", "gpt2",
+  ExportAndLoad(model, "gpt2",
                 [&](const std::string& dir) { return ExportGptModule(*model, gpt, dir); });
 }
 
 // GPT-2's random key bias is dropped on import (pipe has none): the logits
 // still match, since softmax ignores it.
 TEST(GptHfInteropTest, TransformersModelsImportIntoPipeWithTheSameLogits) {
-  MakeAndImport("gpt2",
+  MakeAndImport("models/gpt/gpt2_hf_reference.py", "gpt2",
                 [](const std::string& dir,
                    const std::string& root) -> absl::StatusOr<std::vector<LayerSpec>> {
                   absl::StatusOr<GptConfig> config = ImportGpt2Hf(dir, root);

@@ -27,13 +27,13 @@ TEST(LlamaHfInteropTest, PipeExportsLoadInTransformersWithTheSameLogits) {
   for (bool tied : {false, true}) {
     const LlamaConfig config = TinyLlama(tied);
     StageModule model = *BuildSequential(*MakeLlamaSpecs(config), 3);
-    ExportAndLoad(model, "llama", absl::StrCat("llama_", tied),
+    ExportAndLoad(model, absl::StrCat("llama_", tied),
                   [&](const std::string& dir) { return ExportLlamaModule(*model, config, dir); });
   }
 }
 
 TEST(LlamaHfInteropTest, TransformersModelsImportIntoPipeWithTheSameLogits) {
-  MakeAndImport("llama",
+  MakeAndImport("models/llama/llama_hf_reference.py", "llama",
                 [](const std::string& dir,
                    const std::string& root) -> absl::StatusOr<std::vector<LayerSpec>> {
                   absl::StatusOr<LlamaConfig> config = ImportLlamaHf(dir, root);
