@@ -259,8 +259,14 @@ absl::Status CheckVocabParallel(const ExperimentConfig& config, const ModelInfo&
         "models/registry.h); use a model that does: ",
         ModelsWhere([](const ModelInfo& m) { return bool(m.vocabulary_split); })));
   }
+  // With tp > 1 the vocabulary is split over pipe x tensor; sequence
+  // parallelism would split the body's hidden states along the sequence,
+  // which the vocabulary passes read and feed whole (docs/vocab_parallelism.md).
   const std::vector<std::pair<bool, std::string>> not_yet = {
-      {par.tp() > 1, absl::StrCat("parallelism.tp = ", par.tp(), " (use 1)")},
+      {par.sequence_parallel(),
+       absl::StrCat("parallelism.sequence_parallel (tp = ", par.tp(),
+                    "; the vocabulary passes read and feed the body's hidden states whole: "
+                    "set sequence_parallel=false)")},
       {par.device() != "cpu", absl::StrCat("parallelism.device '", par.device(), "' (use cpu)")},
   };
   for (const auto& [refused, what] : not_yet) {

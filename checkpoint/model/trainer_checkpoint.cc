@@ -87,10 +87,13 @@ ModelState MasterStateOf(const PipelineModel& model, const Trainer& trainer,
 // --- Vocabulary parallelism (TrainerOptions::vocabulary) ---------------------
 // A vocabulary-parallel run's checkpoint is the dense model's
 // (VocabularyDenseLayout): the body's tensors under their dense names, each
-// table whole, gathered from the pipe ranks' rows, with its optimizer state
-// gathered the same way. Pipe rank 0 writes the tables. So it loads into a
-// run without vocabulary parallelism or with another pp (each rank cuts its
-// rows), and a dense run's checkpoint loads into a vocabulary-parallel run.
+// table whole, gathered from the vocabulary ranks' rows (pipe, or pipe x
+// tensor), with its optimizer state gathered the same way. Pipe rank 0
+// writes the tables (under tensor parallelism each of its tensor ranks, into
+// its own model-rank file, as a tensor every tensor rank holds whole). So it
+// loads into a run without vocabulary parallelism or with another pp or tp
+// (each rank cuts its rows), and a dense run's checkpoint loads into a
+// vocabulary-parallel run.
 // With the distributed optimizer `whole` stands for the masters and the
 // optimizer state (its slices gathered over the data group, as above).
 
@@ -159,7 +162,7 @@ absl::StatusOr<VocabularyView> VocabularyViewOf(const ParallelGrid& grid,
 }
 
 // Gathers the tables and their optimizer state; pipe rank 0 adds them to
-// the state it saves. Collective over the pipe group.
+// the state it saves. Collective over the vocabulary group.
 absl::StatusOr<VocabularyView> GatherVocabularyView(const ParallelGrid& grid,
                                                     const PipelineModel& model, Trainer& trainer,
                                                     const DistributedOptimizer::WholeState* whole) {

@@ -104,8 +104,11 @@ Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatc
 GptPositionEmbeddingImpl::GptPositionEmbeddingImpl(const GptConfig& config,
                                                    const ModelParallelGroup& group)
     : LayerImpl("GptPositionEmbedding") {
-  TORCH_CHECK(!group.is_parallel(), "GPT's vocabulary-parallel form runs with tp = 1, not ",
-              group.size);
+  // Under tensor parallelism the position table is whole on every rank, as
+  // the hidden states are; sequence parallelism would split them.
+  TORCH_CHECK(!group.sequence_parallel,
+              "GPT's vocabulary-parallel form runs without sequence parallelism (tp = ", group.size,
+              " with sequence_parallel)");
   // Drawn as GptEmbedding draws it (the token table is drawn and dropped),
   // so this layer starts as the dense model's position table.
   pos_embed = register_module("pos_embed", DrawGptTables(config).positions);

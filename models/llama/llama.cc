@@ -422,9 +422,10 @@ absl::StatusOr<VocabularySplit> MakeLlamaVocabularySplit(const LlamaConfig& conf
   VocabularySplit split;
   PP_ASSIGN_OR_RETURN(split.dense, MakeLlamaSpecs(config));
   split.body.push_back(LayerSpec("LlamaEmbeddingDropout", [config](const LayerContext& ctx) {
-                         TORCH_CHECK(!ctx.model_parallel.is_parallel(),
-                                     "LLaMA's vocabulary-parallel form runs with tp = 1, not ",
-                                     ctx.model_parallel.size);
+                         TORCH_CHECK(!ctx.model_parallel.sequence_parallel,
+                                     "LLaMA's vocabulary-parallel form runs without sequence "
+                                     "parallelism (tp = ",
+                                     ctx.model_parallel.size, " with sequence_parallel)");
                          return std::make_shared<LlamaEmbeddingDropoutImpl>(config);
                        }).WithParameterCount(0));
   // The blocks and the final norm, as the dense list has them.

@@ -24,6 +24,12 @@ ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid, std::chrono::m
 // With one stage: size 1, no group.
 ModelParallelGroup PipeGroupOf(const ParallelGrid& grid, std::chrono::milliseconds timeout);
 
+// The ranks vocabulary parallelism splits the vocabulary over: this rank's
+// replica, pipe x model (the grid's model-parallel group, whose rank is
+// stage * tp + tensor rank, so the rows run pipe-major), or PipeGroupOf when
+// tp is 1. With one rank: size 1, no group.
+ModelParallelGroup VocabularyGroupOf(const ParallelGrid& grid, std::chrono::milliseconds timeout);
+
 }  // namespace pp
 
 #endif  // PIPELINE_RUNTIME_MODEL_PARALLEL_GROUP_H_
