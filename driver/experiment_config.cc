@@ -259,14 +259,9 @@ absl::Status CheckVocabParallel(const ExperimentConfig& config, const ModelInfo&
         "models/registry.h); use a model that does: ",
         ModelsWhere([](const ModelInfo& m) { return bool(m.vocabulary_split); })));
   }
-  // With tp > 1 the vocabulary is split over pipe x tensor; sequence
-  // parallelism would split the body's hidden states along the sequence,
-  // which the vocabulary passes read and feed whole (docs/vocab_parallelism.md).
+  // With tp > 1 the vocabulary is split over pipe x tensor, with or without
+  // sequence parallelism (docs/vocab_parallelism.md).
   const std::vector<std::pair<bool, std::string>> not_yet = {
-      {par.sequence_parallel(),
-       absl::StrCat("parallelism.sequence_parallel (tp = ", par.tp(),
-                    "; the vocabulary passes read and feed the body's hidden states whole: "
-                    "set sequence_parallel=false)")},
       {par.device() != "cpu", absl::StrCat("parallelism.device '", par.device(), "' (use cpu)")},
   };
   for (const auto& [refused, what] : not_yet) {

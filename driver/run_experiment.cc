@@ -395,10 +395,12 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeExperimentSpecs(config));
   if (config.parallelism().vocab_parallel()) {
     PP_ASSIGN_OR_RETURN(const VocabularySplit split, info.vocabulary_split(*selected.config));
-    PP_ASSIGN_OR_RETURN(vocabulary,
-                        MakeVocabularyLayers(split, config.seed(), VocabularyGroupOf(grid, timeout),
-                                             /*ignore_index=*/-100,
-                                             /*tensor_size=*/grid.model_parallel_size()));
+    PP_ASSIGN_OR_RETURN(
+        vocabulary, MakeVocabularyLayers(
+                        split, config.seed(),
+                        VocabularyGroupOf(grid, timeout, config.parallelism().sequence_parallel()),
+                        /*ignore_index=*/-100,
+                        /*tensor_size=*/grid.model_parallel_size()));
   }
   PP_ASSIGN_OR_RETURN(
       const std::string partition_method,

@@ -19,9 +19,9 @@
 #     tensor (a quarter of the rows per rank), every step's loss within 1e-5
 #     of the tp 1 vocabulary run's; its checkpoint (the table whole) resumed
 #     at tp 1, and the tp 1 run's resumed at tp 2, within 1e-5 of the
-#     straight run;
+#     straight run; the same with sequence parallelism;
 #   - refused before launch, by name: a vocabulary schedule without
-#     vocab_parallel, vocab_parallel with sequence parallelism, and for a model without a
+#     vocab_parallel, and for a model without a
 #     vocabulary split (BERT is not linked here: the message names the models
 #     that support it).
 set -uo pipefail
@@ -110,6 +110,9 @@ for m in 00 01; do
   [[ -f $CKPT_TP/tied_embed-model_$m-model_states.pt ]] ||
     fail "no tied_embed file of tensor-parallel rank $m in $(ls "$CKPT_TP" | tr '\n' ' ')"
 done
+run vocab_sp --microbatches=4 --vocab_parallel=true --tp=2 --sequence_parallel=true
+close_losses "$(losses vocab)" "$(losses vocab_sp)" "vocabulary parallel at pp 2 x tp 2 + sequence parallel vs tp 1" ||
+  fail "vocabulary parallelism with sequence parallelism changes the losses"
 run resumed_tp1 --microbatches=4 --vocab_parallel=true --resume="$CKPT_TP"
 close_losses "$want" "$(losses resumed_tp1)" "tp 2's checkpoint resumed at tp 1, steps 6-10" ||
   fail "steps 6-10 resumed at tp 1 from the tp 2 vocabulary checkpoint differ"
@@ -133,6 +136,4 @@ echo "ok: sampling with vocabulary parallelism gives the dense run's text: '$VOC
 
 refused vocab_schedule "has vocabulary passes; set parallelism.vocab_parallel=true" \
   --microbatches=4 --schedule=1f1b_vocab
-refused with_sp "parallelism.vocab_parallel does not yet work with parallelism.sequence_parallel (tp = 2" \
-  --microbatches=4 --vocab_parallel=true --tp=2 --sequence_parallel=true
 echo PASS

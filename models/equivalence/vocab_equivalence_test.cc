@@ -18,11 +18,11 @@
 // of the rows per rank at pp 2 x tp 2), a covering set of its own: GPT tied
 // under 1f1b_vocab at dp 2 and under zbv_vocab; LLaMA untied under
 // 1f1b_vocab with every block checkpointed and under zbv_vocab. Each of
-// {model, schedule} meets the other; dp 2 and checkpointing once each.
+// {model, schedule} meets the other; dp 2 and checkpointing once each. With
+// sequence parallelism: GPT under 1f1b_vocab, LLaMA untied under zbv_vocab.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -176,6 +176,13 @@ std::vector<Case> Cases() {
   }
   cases.push_back(
       {TensorParallelCase(kUntiedLlama, "zbv_vocab", 1), "llama_untied_zbv_vocab_pp2_tp2"});
+  // Sequence parallelism: the body's hidden states split along the sequence.
+  for (const auto& [model, schedule] :
+       {std::pair{&kGpt, "1f1b_vocab"}, std::pair{&kUntiedLlama, "zbv_vocab"}}) {
+    RunConfig c = TensorParallelCase(*model, schedule, 1);
+    c.sequence_parallel = true;
+    cases.push_back({c, absl::StrCat(model->name, "_", schedule, "_pp2_tp2_sp")});
+  }
   return cases;
 }
 
@@ -298,7 +305,9 @@ TEST(VocabPlantedFaultTest, EachIsCaught) {
 // Composed with tensor parallelism (pp 2 x tp 2), the tensor dimension's own
 // planted bugs are caught: the softmax statistics gathered over the pipe
 // group only (each tensor rank's loss misses the other tensor ranks' rows),
-// and a shard off by one row on tensor rank 1 of stage 0 (vocabulary rank 1).
+// a shard off by one row on tensor rank 1 of stage 0 (vocabulary rank 1),
+// and with sequence parallelism each tensor rank taking the next one's slice
+// of the sequence.
 TEST(VocabPlantedFaultTest, TensorParallelFaultsAreCaught) {
   const RunConfig c = TensorParallelCase(kGpt, "1f1b_vocab", 1);
   absl::StatusOr<RunResult> sequential = TrainSequential(c);
@@ -311,21 +320,10 @@ TEST(VocabPlantedFaultTest, TensorParallelFaultsAreCaught) {
                                           tp_internal::PlantedFault::kShiftedVocabRows}) {
     ExpectCaught(c, *sequential, fault, /*ranks_may_disagree=*/true);
   }
-}
-
-// A run with vocabulary layers refuses what it cannot do, by name: sequence
-// parallelism splits the hidden states the vocabulary passes read whole.
-TEST(VocabTrainerTest, RefusesSequenceParallelism) {
-  RunConfig c = GptCase("1f1b_vocab", 2, 1);
-  c.tp = 2;
-  c.sequence_parallel = true;
-  c.timeout = std::chrono::seconds(2);  // the peers of the refusing ranks wait
-  absl::StatusOr<RunResult> run = TrainPipeline(c);
-  ASSERT_FALSE(run.ok());
-  EXPECT_NE(run.status().message().find(
-                "GPT's vocabulary-parallel form runs without sequence parallelism"),
-            std::string::npos)
-      << run.status();
+  RunConfig sp = c;
+  sp.sequence_parallel = true;
+  ExpectCaught(sp, *sequential, tp_internal::PlantedFault::kWrongVocabSequenceSlice,
+               /*ranks_may_disagree=*/true);
 }
 
 }  // namespace

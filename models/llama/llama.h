@@ -190,7 +190,7 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
 // stages hold the embedding's dropout ("LlamaEmbeddingDropout", layer 0), the
 // blocks and the final norm; the token table and the head (one table when
 // tied, two when untied) are split by rows over the pipe group (pipe x model
-// under tensor parallelism; not with sequence parallelism).
+// under tensor parallelism, with or without sequence parallelism).
 absl::StatusOr<VocabularySplit> MakeLlamaVocabularySplit(const LlamaConfig& config);
 
 // Mean next-token cross-entropy of logits `outputs[0]` [b, T, V] against the

@@ -461,8 +461,9 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         if (split) {
           PP_ASSIGN_OR_RETURN(
               vocabulary,
-              MakeVocabularyLayers(*split, kSeed, VocabularyGroupOf(grid, config.timeout),
-                                   /*ignore_index=*/-100, /*tensor_size=*/config.tp));
+              MakeVocabularyLayers(
+                  *split, kSeed, VocabularyGroupOf(grid, config.timeout, config.sequence_parallel),
+                  /*ignore_index=*/-100, /*tensor_size=*/config.tp));
           options.vocabulary = vocabulary.get();
         }
         PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), LossOf(config, group),

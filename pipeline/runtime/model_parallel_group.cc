@@ -29,7 +29,8 @@ ModelParallelGroup PipeGroupOf(const ParallelGrid& grid, std::chrono::millisecon
   return group;
 }
 
-ModelParallelGroup VocabularyGroupOf(const ParallelGrid& grid, std::chrono::milliseconds timeout) {
+ModelParallelGroup VocabularyGroupOf(const ParallelGrid& grid, std::chrono::milliseconds timeout,
+                                     bool sequence_parallel) {
   if (grid.model_parallel_size() <= 1) return PipeGroupOf(grid, timeout);
   ModelParallelGroup group;
   // The c10d group's rank: this rank's place among the members (ascending
@@ -41,6 +42,7 @@ ModelParallelGroup VocabularyGroupOf(const ParallelGrid& grid, std::chrono::mill
   group.timeout = timeout;
   group.description =
       grid.DescribeGroup("model-parallel group (pipe x model)", grid.model_parallel_group_ranks());
+  group.sequence_parallel = sequence_parallel;
   return group;
 }
 

@@ -592,6 +592,30 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
   auto missing = [&](const char* needs) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": ", needs, " has not run"));
   };
+  // This micro-batch's [ids.., D] tensor of `from` on pipe rank `holder`
+  // (its stage's tensor ranks hold the same values, or under sequence
+  // parallelism a slice each), whole on every rank of the group: a broadcast
+  // from the stage's tensor rank 0, or the slices written into zeros and
+  // summed (exact: one term per element is nonzero).
+  auto whole_on_every_rank = [&](std::map<int, torch::Tensor>& from, int holder,
+                                 torch::ScalarType dtype, const char* needs,
+                                 const std::string& what_mb) -> absl::StatusOr<torch::Tensor> {
+    torch::Tensor held;
+    if (rank_ == holder) {
+      held = take(from);
+      if (!held.defined()) return missing(needs);
+    }
+    if (vocab_->sequence_parallel()) {
+      torch::Tensor whole = hidden_like_ids().to(dtype);
+      if (held.defined()) vocab_->SequenceSlice(whole).copy_(held);
+      tensor_parallel::AllReduceInPlace(whole, group, tensor_parallel::ReduceOp::kSum, what_mb);
+      return whole;
+    }
+    torch::Tensor whole =
+        held.defined() ? held.to(dtype).contiguous() : hidden_like_ids().to(dtype);
+    tensor_parallel::Broadcast(whole, group, vocab_->RootOf(holder), what_mb);
+    return whole;
+  };
   switch (a.type) {
     case ActionType::kVocabInputF:
       st.vocab_embedded[mb] = vocab_->Embed(ids).contiguous();
@@ -602,17 +626,19 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
       tensor_parallel::AllReduceInPlace(share, group, tensor_parallel::ReduceOp::kSum,
                                         absl::StrCat("the embedding of micro-batch ", mb));
       if (rank_ == first_rank) {
+        // Sequence parallelism: stage 0's layers take this rank's slice.
+        if (vocab_->sequence_parallel()) share = vocab_->SequenceSlice(share).contiguous();
         if (!st.forward_only) share.requires_grad_(true);
         st.vocab_embedded[mb] = share;
       }
       return absl::OkStatus();
     }
     case ActionType::kVocabOutputBroadcast: {
-      torch::Tensor hidden = rank_ == last_rank ? take(st.vocab_hidden) : hidden_like_ids();
-      if (!hidden.defined()) return missing("the last stage's F");
-      tensor_parallel::Broadcast(hidden, group, vocab_->RootOf(last_rank),
-                                 absl::StrCat("the head's input of micro-batch ", mb));
-      st.vocab_hidden[mb] = hidden;
+      PP_ASSIGN_OR_RETURN(
+          st.vocab_hidden[mb],
+          whole_on_every_rank(st.vocab_hidden, last_rank, vocab_->head().scalar_type(),
+                              "the last stage's F",
+                              absl::StrCat("the head's input of micro-batch ", mb)));
       return absl::OkStatus();
     }
     case ActionType::kVocabOutputS: {
@@ -670,16 +696,18 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
       tensor_parallel::AllReduceInPlace(
           share, group, tensor_parallel::ReduceOp::kSum,
           absl::StrCat("the head input's gradient of micro-batch ", mb));
-      if (rank_ == last_rank) st.vocab_hidden_grad[mb] = share;
+      if (rank_ == last_rank) {
+        st.vocab_hidden_grad[mb] =
+            vocab_->sequence_parallel() ? vocab_->SequenceSlice(share).contiguous() : share;
+      }
       return absl::OkStatus();
     }
     case ActionType::kVocabInputBroadcast: {
-      torch::Tensor grad = rank_ == first_rank ? take(st.vocab_input_grad) : hidden_like_ids();
-      if (!grad.defined()) return missing("stage 0's backward");
-      grad = grad.to(vocab_->embedding().scalar_type()).contiguous();
-      tensor_parallel::Broadcast(grad, group, vocab_->RootOf(first_rank),
-                                 absl::StrCat("the embedding's gradient of micro-batch ", mb));
-      st.vocab_input_grad[mb] = grad;
+      PP_ASSIGN_OR_RETURN(
+          st.vocab_input_grad[mb],
+          whole_on_every_rank(st.vocab_input_grad, first_rank, vocab_->embedding().scalar_type(),
+                              "stage 0's backward",
+                              absl::StrCat("the embedding's gradient of micro-batch ", mb)));
       return absl::OkStatus();
     }
     case ActionType::kVocabInputB: {

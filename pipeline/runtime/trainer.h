@@ -140,8 +140,9 @@ struct TrainerOptions {
   // distributed optimizer's reduce-scatter at STEP, global norm, bf16
   // masters) and the loss is computed by the passes from
   // `vocabulary_labels_key` (per token with a loss mask). Under tensor
-  // parallelism the body's hidden states are whole on every tensor rank
-  // (sequence parallelism is the model's to refuse: its split's body).
+  // parallelism the body's hidden states are whole on every tensor rank, or
+  // with sequence parallelism (the vocabulary group's flag) each rank's
+  // slice of the sequence.
   VocabularyLayers* vocabulary = nullptr;
   std::string vocabulary_labels_key = "labels";
 };

@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/tensor_parallel/mappings.h"
+#include "pipeline/tensor_parallel/planted_fault.h"
 
 namespace pp {
 
@@ -115,6 +116,19 @@ absl::StatusOr<torch::Tensor> VocabularyLayers::GatherLogits(const torch::Tensor
     rows = torch::mv(head().detach().to(torch::kFloat32), hidden.detach().to(torch::kFloat32));
   }));
   return GatherRows(rows, "the sampling logits");
+}
+
+torch::Tensor VocabularyLayers::SequenceSlice(const torch::Tensor& full) const {
+  TORCH_CHECK(full.dim() > kSequenceDim && full.size(kSequenceDim) % tensor_size_ == 0,
+              "under sequence parallelism the sequence length (dimension ", kSequenceDim, " of ",
+              full.sizes(), ") must be a multiple of the tensor-parallel size ", tensor_size_);
+  const int64_t local = full.size(kSequenceDim) / tensor_size_;
+  // Planted (tests only): the next tensor rank's slice.
+  const int64_t rank = tensor_parallel::internal::CurrentFault() ==
+                               tensor_parallel::internal::PlantedFault::kWrongVocabSequenceSlice
+                           ? (tensor_rank() + 1) % tensor_size_
+                           : tensor_rank();
+  return full.narrow(kSequenceDim, rank * local, local);
 }
 
 torch::Tensor VocabularyLayers::LocalRows(const torch::Tensor& full) const {

@@ -10,7 +10,12 @@
 // rank is stage * tensor_size + tensor rank, so each of the p * t ranks holds
 // 1/(p t) of the rows, pipe-major. The statistics and sums then run over all
 // p * t ranks in one collective each: the same formulas, exact, with no
-// second stage over the tensor group.
+// second stage over the tensor group. Under sequence parallelism the body's
+// hidden states are split along the sequence over a stage's tensor ranks;
+// the passes read and feed them whole, so the executor cuts this rank's
+// slice (SequenceSlice) of the summed embedding and of the head input's
+// gradient, and sums the slices, placed in zeros, of the last stage's output
+// and of stage 0's input gradient (exact: one term per element is nonzero).
 //
 //   IN_F   Embed(ids)                  -> share (summed onto stage 0: its input)
 //   OUT_S  OutputS(mb, hidden, labels) -> stats (all-gathered)
@@ -101,6 +106,15 @@ class VocabularyLayers {
   // The group rank that holds stage `stage`'s tensor rank 0: where a
   // broadcast of a stage's tensor (the same on its tensor ranks) starts.
   int64_t RootOf(int64_t stage) const { return stage * tensor_size_; }
+  int64_t tensor_rank() const { return group_.rank % tensor_size_; }
+  // Megatron's sequence parallelism in the body (group().sequence_parallel
+  // with tensor_size > 1): its hidden states are split along the sequence
+  // (dimension kSequenceDim of [batch, time, D]) over a stage's tensor ranks.
+  bool sequence_parallel() const { return group_.sequence_parallel && tensor_size_ > 1; }
+  static constexpr int64_t kSequenceDim = 1;
+  // This tensor rank's slice along kSequenceDim of `full` [batch, time, ..]
+  // (a view). REQUIRES: time is a multiple of tensor_size (checked).
+  torch::Tensor SequenceSlice(const torch::Tensor& full) const;
   tensor_parallel::VocabRange range() const { return range_; }
 
   // Set by MakeVocabularyLayers; unknown for layers built from tables alone.

@@ -30,6 +30,9 @@ enum class PlantedFault {
   // softmax statistics are all-gathered over the pipe group only, as at
   // tp = 1, so each tensor rank's loss misses the other tensor ranks' rows.
   kVocabStatsOverPipeOnly,
+  // Vocabulary parallelism with sequence parallelism (vocab_layers.cc): each
+  // tensor rank takes the next tensor rank's slice of the sequence.
+  kWrongVocabSequenceSlice,
 };
 
 // Process-wide; the previous fault is returned so a test can restore it.
