@@ -21,7 +21,9 @@
 #     at tp 1, and the tp 1 run's resumed at tp 2, within 1e-5 of the
 #     straight run; the same with sequence parallelism;
 #   - refused before launch, by name: a vocabulary schedule without
-#     vocab_parallel, and for a model without a
+#     vocab_parallel, the tp 2 vocabulary checkpoint resumed at tp 2 without
+#     vocab_parallel (the table whole where that layout reads a row shard),
+#     and for a model without a
 #     vocabulary split (BERT is not linked here: the message names the models
 #     that support it).
 set -uo pipefail
@@ -136,4 +138,6 @@ echo "ok: sampling with vocabulary parallelism gives the dense run's text: '$VOC
 
 refused vocab_schedule "has vocabulary passes; set parallelism.vocab_parallel=true" \
   --microbatches=4 --schedule=1f1b_vocab
+refused same_tp_dense "resuming it with vocab_parallel=false at the same tp is not supported yet" \
+  --microbatches=4 --tp=2 --resume="$CKPT_TP"
 echo PASS
