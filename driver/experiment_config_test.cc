@@ -731,28 +731,6 @@ TEST(ResumeConfigTest, DifferencesAreNamedFieldByField) {
   s = CheckResumeConfig(ConfigToText(bert), saved, &warnings);
   EXPECT_NE(s.message().find("model: bert in the checkpoint, gpt now"), std::string::npos) << s;
 
-  // Vocabulary parallelism toggled at the same tp > 1: refused, naming both
-  // layouts (the table is whole in one, a row shard in the other); at
-  // another tp it loads.
-  ExperimentConfig vocab_tp2 = saved;
-  vocab_tp2.mutable_parallelism()->set_tp(2);
-  vocab_tp2.mutable_parallelism()->set_vocab_parallel(true);
-  ExperimentConfig dense_tp2 = vocab_tp2;
-  dense_tp2.mutable_parallelism()->set_vocab_parallel(false);
-  warnings.clear();
-  s = CheckResumeConfig(ConfigToText(vocab_tp2), dense_tp2, &warnings);
-  EXPECT_NE(s.message().find("written with parallelism.vocab_parallel=true at parallelism.tp=2; "
-                             "resuming it with vocab_parallel=false at the same tp is not "
-                             "supported yet"),
-            std::string::npos)
-      << s;
-  warnings.clear();
-  EXPECT_FALSE(CheckResumeConfig(ConfigToText(dense_tp2), vocab_tp2, &warnings).ok());
-  ExperimentConfig vocab_tp1 = vocab_tp2;
-  vocab_tp1.mutable_parallelism()->set_tp(1);
-  warnings.clear();
-  EXPECT_TRUE(CheckResumeConfig(ConfigToText(vocab_tp2), vocab_tp1, &warnings).ok()) << s;
-
   // Another tensor-parallel size: the shards are merged and split again, a
   // warning saying so.
   ExperimentConfig tp = saved;

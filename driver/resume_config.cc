@@ -115,24 +115,6 @@ absl::Status CheckResumeConfig(const std::string& saved_text, const ExperimentCo
                                      saved.status().message(), "); it cannot be compared"));
     return absl::OkStatus();
   }
-  // Vocabulary parallelism at tp > 1 writes each table whole into every
-  // tensor rank's file, where a run without it at the same tp reads (and
-  // writes) its rank's row shard; at another tp the loader merges and cuts,
-  // so only the same tp with the other layout is refused.
-  const auto& was = saved->parallelism();
-  const auto& is = now.parallelism();
-  if (was.vocab_parallel() != is.vocab_parallel() && was.tp() == is.tp() && is.tp() > 1) {
-    const auto text = [](bool b) { return b ? "true" : "false"; };
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint was written with parallelism.vocab_parallel=", text(was.vocab_parallel()),
-        " at parallelism.tp=", was.tp(),
-        "; resuming it with vocab_parallel=", text(is.vocab_parallel()),
-        " at the same tp is not supported yet (one layout holds the token table whole in each "
-        "tensor rank's file, the other a row shard): resume with vocab_parallel=",
-        text(was.vocab_parallel()),
-        ", or at another parallelism.tp (e.g. 1), which merges and cuts "
-        "the table"));
-  }
   std::vector<std::pair<std::string, std::string>> diffs;
   DiffConfigs(*saved, now, "", diffs);
   std::vector<std::string> breaking;

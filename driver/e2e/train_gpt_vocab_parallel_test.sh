@@ -17,13 +17,12 @@
 #     without it;
 #   - composed with tensor parallelism: pp 2 x tp 2, the table over pipe x
 #     tensor (a quarter of the rows per rank), every step's loss within 1e-5
-#     of the tp 1 vocabulary run's; its checkpoint (the table whole) resumed
-#     at tp 1, and the tp 1 run's resumed at tp 2, within 1e-5 of the
-#     straight run; the same with sequence parallelism;
+#     of the tp 1 vocabulary run's; the same with sequence parallelism; its
+#     checkpoint (the table written as tp 2 writes it, a row shard per tensor
+#     rank) resumed exactly at tp 2, within 1e-5 at tp 1 and at tp 2 without
+#     vocab_parallel; the tp 1 run's resumed at tp 2 within 1e-5;
 #   - refused before launch, by name: a vocabulary schedule without
-#     vocab_parallel, the tp 2 vocabulary checkpoint resumed at tp 2 without
-#     vocab_parallel (the table whole where that layout reads a row shard),
-#     and for a model without a
+#     vocab_parallel, and for a model without a
 #     vocabulary split (BERT is not linked here: the message names the models
 #     that support it).
 set -uo pipefail
@@ -112,6 +111,14 @@ for m in 00 01; do
   [[ -f $CKPT_TP/tied_embed-model_$m-model_states.pt ]] ||
     fail "no tied_embed file of tensor-parallel rank $m in $(ls "$CKPT_TP" | tr '\n' ' ')"
 done
+run resumed_vocab_tp2 --microbatches=4 --vocab_parallel=true --tp=2 --resume="$CKPT_TP"
+want_tp2=$(losses vocab_tp2 | awk '$1 > 5')
+[[ "$(losses resumed_vocab_tp2)" == "$want_tp2" ]] ||
+  fail "resumed at tp 2: '$(losses resumed_vocab_tp2 | tr '\n' ' ')' differ from '$(echo $want_tp2)'"
+echo "ok: resumed at pp 2 x tp 2 with vocabulary parallelism, steps 6-10 equal the straight run's bit for bit"
+run resumed_dense_tp2 --microbatches=4 --tp=2 --resume="$CKPT_TP"
+close_losses "$want" "$(losses resumed_dense_tp2)" "tp 2's vocabulary checkpoint resumed at tp 2 without it, steps 6-10" ||
+  fail "steps 6-10 resumed at tp 2 without vocabulary parallelism differ"
 run vocab_sp --microbatches=4 --vocab_parallel=true --tp=2 --sequence_parallel=true
 close_losses "$(losses vocab)" "$(losses vocab_sp)" "vocabulary parallel at pp 2 x tp 2 + sequence parallel vs tp 1" ||
   fail "vocabulary parallelism with sequence parallelism changes the losses"
@@ -138,6 +145,4 @@ echo "ok: sampling with vocabulary parallelism gives the dense run's text: '$VOC
 
 refused vocab_schedule "has vocabulary passes; set parallelism.vocab_parallel=true" \
   --microbatches=4 --schedule=1f1b_vocab
-refused same_tp_dense "resuming it with vocab_parallel=false at the same tp is not supported yet" \
-  --microbatches=4 --tp=2 --resume="$CKPT_TP"
 echo PASS
