@@ -181,7 +181,7 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
   const bool sp = tp > 1 && par.sequence_parallel();
   const double vocab_rank = std::ceil(vocab / tp);
   // Vocabulary parallelism: the tables leave the first and last stages, and
-  // every pipe rank holds its rows of each (VocabMemory).
+  // every pipe x tensor rank holds its rows of each (VocabMemory).
   const bool vocab_parallel = par.vocab_parallel();
   const double stream = b * t * w * value_bytes / (sp ? tp : 1);
   const double block_act = model->block_activation_bytes(
@@ -248,7 +248,8 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
                                                              : OptimizerKind::kSgd;
   in.options.fp32_master_weights = bf16;
   if (vocab_parallel) {
-    const double rows = std::ceil(vocab / std::max(1, par.pp()));
+    // Rows per rank: split over pipe x tensor.
+    const double rows = std::ceil(vocab / (std::max(1, par.pp()) * tp));
     in.options.vocab.parameter_bytes = (model->tied_embeddings ? 1 : 2) * rows * w * kFp32;
     // OUT_S keeps, until OUT_T, its logits' exps (fp32), the head's input
     // and three statistics per token.

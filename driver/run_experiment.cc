@@ -389,13 +389,18 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
         absl::StrCat("model '", info.name, "' made no training MicroBatchSource"));
   }
   // Vocabulary parallelism: the stages hold the split's body; every rank
-  // holds its rows of the tables (drawn as the dense model draws them).
+  // holds its rows of the tables (drawn as the dense model draws them),
+  // split over the replica's pipe x tensor ranks.
   std::unique_ptr<VocabularyLayers> vocabulary;
   PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeExperimentSpecs(config));
   if (config.parallelism().vocab_parallel()) {
     PP_ASSIGN_OR_RETURN(const VocabularySplit split, info.vocabulary_split(*selected.config));
-    PP_ASSIGN_OR_RETURN(vocabulary,
-                        MakeVocabularyLayers(split, config.seed(), PipeGroupOf(grid, timeout)));
+    PP_ASSIGN_OR_RETURN(
+        vocabulary, MakeVocabularyLayers(
+                        split, config.seed(),
+                        VocabularyGroupOf(grid, timeout, config.parallelism().sequence_parallel()),
+                        /*ignore_index=*/-100,
+                        /*tensor_size=*/grid.model_parallel_size()));
   }
   PP_ASSIGN_OR_RETURN(
       const std::string partition_method,

@@ -19,8 +19,11 @@
 #include "common/torch_compat.h"
 #include "common/torch_status.h"
 #include "pipeline/runtime/grad_sync.h"
+#include "pipeline/runtime/model_parallel_group.h"
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/vocab_layers.h"
+#include "pipeline/tensor_parallel/mappings.h"
+#include "pipeline/tensor_parallel/vocab_passes.h"
 #include "topology/rendezvous.h"
 
 namespace pp {
@@ -87,10 +90,12 @@ ModelState MasterStateOf(const PipelineModel& model, const Trainer& trainer,
 // --- Vocabulary parallelism (TrainerOptions::vocabulary) ---------------------
 // A vocabulary-parallel run's checkpoint is the dense model's
 // (VocabularyDenseLayout): the body's tensors under their dense names, each
-// table whole, gathered from the pipe ranks' rows, with its optimizer state
-// gathered the same way. Pipe rank 0 writes the tables. So it loads into a
-// run without vocabulary parallelism or with another pp (each rank cuts its
-// rows), and a dense run's checkpoint loads into a vocabulary-parallel run.
+// table whole, gathered from the vocabulary ranks' rows (pipe, or pipe x
+// tensor), with its optimizer state gathered the same way. Pipe rank 0
+// writes the tables (under tensor parallelism each of its tensor ranks its
+// row shard: TensorParallelRows). So it loads into a run without vocabulary
+// parallelism or with another pp or tp (each rank cuts its rows), and a
+// dense run's checkpoint loads into a vocabulary-parallel run.
 // With the distributed optimizer `whole` stands for the masters and the
 // optimizer state (its slices gathered over the data group, as above).
 
@@ -98,7 +103,42 @@ struct VocabularyTable {
   std::string name;     // dense name
   torch::Tensor shard;  // this rank's rows: the Trainer's master, or `whole` state's value
   torch::Tensor whole;  // [vocab, D]
+  // What the files hold: `whole`, or under tensor parallelism this tensor
+  // rank's row shard of it, as a run without vocabulary parallelism holds
+  // its VocabParallelEmbedding's (TensorParallelRows).
+  torch::Tensor stored;
 };
+
+// Under tensor parallelism a table is written as the tensor-parallel layout
+// writes its vocabulary-parallel embedding: each tensor rank its rows
+// (padded to a multiple of tp) under ShardSpec{0, 1}, so the checkpoint loads
+// at the same tp with or without vocabulary parallelism, and at another tp
+// by the loader's merge and cut. The functions below take the grid's model
+// group as `model` (size 1 at tp 1, where the files hold the tables whole).
+constexpr tensor_parallel::ShardSpec kTableShardSpec{0, 1};
+
+// The tensor-parallel rows of a table-shaped `whole` [vocab, ..]; `whole`
+// itself at tp 1.
+torch::Tensor TensorParallelRows(const torch::Tensor& whole, const ModelParallelGroup& model) {
+  if (!model.is_parallel()) return whole;
+  torch::NoGradGuard no_grad;
+  return tensor_parallel::LocalVocabRows(whole, model);
+}
+
+// The whole table [vocab_size, ..] from every tensor rank's `stored` rows
+// (TensorParallelRows); `stored` itself at tp 1. Collective over the model
+// group.
+absl::StatusOr<torch::Tensor> TensorParallelWhole(const torch::Tensor& stored,
+                                                  const ModelParallelGroup& model,
+                                                  int64_t vocab_size, const std::string& what) {
+  if (!model.is_parallel()) return stored;
+  torch::Tensor gathered;
+  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("gathering ", what, " over the model group"), [&] {
+    torch::NoGradGuard no_grad;
+    gathered = tensor_parallel::AllGather(stored.detach().contiguous(), model, 0, what);
+  }));
+  return MergeVocabularyShards({gathered}, vocab_size);
+}
 
 // What a vocabulary-parallel rank saves or loads: the dense-named state, an
 // optimizer holding its optimizer state, the tables.
@@ -143,6 +183,7 @@ absl::StatusOr<VocabularyView> VocabularyViewOf(const ParallelGrid& grid,
     PP_ASSIGN_OR_RETURN(TensorLocation loc, LocateTensor(table.name));
     table_files.insert({loc.tie_key.empty() ? loc.layer : -1, loc.tie_key});
     if (!loc.tie_key.empty()) view.state.tie_writer_stage[loc.tie_key] = 0;
+    if (grid.model_parallel_size() > 1) view.state.shard_dims[table.name] = kTableShardSpec;
   }
   for (const auto& [name, t] : body.tensors) {
     const std::string dense = layout.DenseName(name);
@@ -159,7 +200,7 @@ absl::StatusOr<VocabularyView> VocabularyViewOf(const ParallelGrid& grid,
 }
 
 // Gathers the tables and their optimizer state; pipe rank 0 adds them to
-// the state it saves. Collective over the pipe group.
+// the state it saves. Collective over the vocabulary group.
 absl::StatusOr<VocabularyView> GatherVocabularyView(const ParallelGrid& grid,
                                                     const PipelineModel& model, Trainer& trainer,
                                                     const DistributedOptimizer::WholeState* whole) {
@@ -175,24 +216,27 @@ absl::StatusOr<VocabularyView> GatherVocabularyView(const ParallelGrid& grid,
       view.optimizer->state()[torch_compat::OptimizerStateKeyOf(t)] = it->second->clone();
     }
   }
+  const ModelParallelGroup model_group = ModelParallelGroupOf(grid, vocabulary.group().timeout);
   for (VocabularyTable& table : view.tables) {
     PP_ASSIGN_OR_RETURN(table.whole, vocabulary.GatherRows(table.shard, table.name));
+    table.stored = TensorParallelRows(table.whole, model_group);
     PP_ASSIGN_OR_RETURN(TensorDict entries,
                         OptimizerStateTensors(optimizer, table.shard, table.name));
-    std::map<std::string, at::Tensor> whole_entries;
+    std::map<std::string, at::Tensor> stored_entries;
     for (const auto& [suffix, t] : entries) {
       if (t.dim() > 0 && t.sizes() == table.shard.sizes()) {
-        PP_ASSIGN_OR_RETURN(whole_entries[suffix],
+        PP_ASSIGN_OR_RETURN(torch::Tensor whole_entry,
                             vocabulary.GatherRows(t, absl::StrCat(table.name, ".", suffix)));
+        stored_entries[suffix] = TensorParallelRows(whole_entry, model_group);
       } else {
-        whole_entries[suffix] = t;
+        stored_entries[suffix] = t;
       }
     }
-    if (!whole_entries.empty()) {
-      PP_RETURN_IF_ERROR(SetOptimizerStateTensors(*view.optimizer, table.whole, table.name,
-                                                  whole_entries, "the gathered vocabulary rows"));
+    if (!stored_entries.empty()) {
+      PP_RETURN_IF_ERROR(SetOptimizerStateTensors(*view.optimizer, table.stored, table.name,
+                                                  stored_entries, "the gathered vocabulary rows"));
     }
-    if (view.writes_tables) view.state.tensors.emplace_back(table.name, table.whole);
+    if (view.writes_tables) view.state.tensors.emplace_back(table.name, table.stored);
   }
   return view;
 }
@@ -220,12 +264,15 @@ absl::StatusOr<LoadReport> LoadVocabularyCheckpoint(const std::string& path,
   }
   ModelState tables_alone;
   tables_alone.num_layers = view.state.num_layers;
-  std::vector<torch::Tensor> wholes;
+  const ModelParallelGroup model_group = ModelParallelGroupOf(grid, vocabulary.group().timeout);
+  std::vector<torch::Tensor> wholes;  // what the files hold: TensorParallelRows
   for (VocabularyTable& table : view.tables) {
     table.whole = torch::zeros({vocabulary.vocab_size(), table.shard.size(1)},
                                table.shard.options().requires_grad(false));
-    (view.writes_tables ? view.state : tables_alone).tensors.emplace_back(table.name, table.whole);
-    wholes.push_back(table.whole);
+    table.stored = TensorParallelRows(table.whole, model_group).clone();
+    (view.writes_tables ? view.state : tables_alone).tensors.emplace_back(table.name, table.stored);
+    if (model_group.is_parallel()) tables_alone.shard_dims[table.name] = kTableShardSpec;
+    wholes.push_back(table.stored);
   }
   std::vector<torch::Tensor> params = body_params;
   if (view.writes_tables) params.insert(params.end(), wholes.begin(), wholes.end());
@@ -290,18 +337,29 @@ absl::StatusOr<LoadReport> LoadVocabularyCheckpoint(const std::string& path,
       view.optimizer->state().erase(it);
     }
   }
-  // Each rank's rows of the tables and of their state.
-  for (const VocabularyTable& table : view.tables) {
+  // Each rank's rows of the tables and of their state (under tensor
+  // parallelism from the whole, gathered from the tensor ranks' rows).
+  for (VocabularyTable& table : view.tables) {
     if (not_loaded.count(table.name) > 0) continue;
+    PP_ASSIGN_OR_RETURN(table.whole, TensorParallelWhole(table.stored, model_group,
+                                                         vocabulary.vocab_size(), table.name));
     PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("cutting this rank's rows of ", table.name), [&] {
       torch::NoGradGuard no_grad;
       table.shard.copy_(vocabulary.LocalRows(table.whole));
     }));
-    PP_ASSIGN_OR_RETURN(TensorDict entries, OptimizerStateTensors(loaded, table.whole, table.name));
+    PP_ASSIGN_OR_RETURN(TensorDict entries,
+                        OptimizerStateTensors(loaded, table.stored, table.name));
     if (entries.empty()) continue;
     std::map<std::string, at::Tensor> rows;
     for (const auto& [suffix, t] : entries) {
-      rows[suffix] = t.dim() > 0 && t.sizes() == table.whole.sizes() ? vocabulary.LocalRows(t) : t;
+      if (t.dim() > 0 && t.sizes() == table.stored.sizes()) {
+        PP_ASSIGN_OR_RETURN(torch::Tensor whole_entry,
+                            TensorParallelWhole(t, model_group, vocabulary.vocab_size(),
+                                                absl::StrCat(table.name, ".", suffix)));
+        rows[suffix] = vocabulary.LocalRows(whole_entry);
+      } else {
+        rows[suffix] = t;
+      }
     }
     PP_RETURN_IF_ERROR(
         SetOptimizerStateTensors(optimizer, table.shard, table.name, rows, report.dir));

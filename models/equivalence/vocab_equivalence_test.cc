@@ -13,6 +13,13 @@
 // optimizer at pp 2 x dp 2 (GPT under zbv_vocab, LLaMA untied under
 // 1f1b_vocab). The vocabulary (130 ids) leaves padding rows at pp 4 and puts
 // the text's letters and its punctuation on different ranks.
+//
+// Composed with tensor parallelism (the tables split over pipe x tensor, 1/4
+// of the rows per rank at pp 2 x tp 2), a covering set of its own: GPT tied
+// under 1f1b_vocab at dp 2 and under zbv_vocab; LLaMA untied under
+// 1f1b_vocab with every block checkpointed and under zbv_vocab. Each of
+// {model, schedule} meets the other; dp 2 and checkpointing once each. With
+// sequence parallelism: GPT under 1f1b_vocab, LLaMA untied under zbv_vocab.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -122,18 +129,30 @@ struct Case {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
+// Every layer of type `block` checkpointed (activation checkpointing).
+void CheckpointEveryBlock(RunConfig& c, const std::string& block) {
+  ActivationCheckpointPolicy policy;
+  policy.interval = 1;
+  policy.checkpointable_types = block;
+  absl::StatusOr<LayerRunner> runner = MakeCheckpointingRunner(policy);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  if (runner.ok()) c.layer_runner = *runner;
+}
+
+// pp 2 x tp 2: the vocabulary over pipe x tensor.
+RunConfig TensorParallelCase(const VocabModel& model, const std::string& schedule, int dp) {
+  RunConfig c = VocabCase(model, schedule, 2, dp);
+  c.tp = 2;
+  return c;
+}
+
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   cases.push_back({GptCase("1f1b_vocab", 2, 1), "gpt_1f1b_vocab_pp2"});
   cases.push_back({GptCase("zbv_vocab", 2, 2), "gpt_zbv_vocab_pp2_dp2"});
   {
     RunConfig c = GptCase("1f1b", 4, 1);
-    ActivationCheckpointPolicy policy;
-    policy.interval = 1;
-    policy.checkpointable_types = "TransformerBlock";
-    absl::StatusOr<LayerRunner> runner = MakeCheckpointingRunner(policy);
-    EXPECT_TRUE(runner.ok()) << runner.status();
-    if (runner.ok()) c.layer_runner = *runner;
+    CheckpointEveryBlock(c, "TransformerBlock");
     cases.push_back({c, "gpt_1f1b_plus_passes_pp4_ckpt"});
   }
   cases.push_back({GptCase("zbv_vocab", 4, 1), "gpt_zbv_vocab_pp4"});
@@ -147,6 +166,22 @@ std::vector<Case> Cases() {
     c.distributed_optimizer = true;
     c.bucket_numel = 500;
     cases.push_back({c, absl::StrCat(model->name, "_", schedule, "_pp2_dp2_zero1")});
+  }
+  cases.push_back({TensorParallelCase(kGpt, "1f1b_vocab", 2), "gpt_1f1b_vocab_pp2_tp2_dp2"});
+  cases.push_back({TensorParallelCase(kGpt, "zbv_vocab", 1), "gpt_zbv_vocab_pp2_tp2"});
+  {
+    RunConfig c = TensorParallelCase(kUntiedLlama, "1f1b_vocab", 1);
+    CheckpointEveryBlock(c, "LlamaBlock");
+    cases.push_back({c, "llama_untied_1f1b_vocab_pp2_tp2_ckpt"});
+  }
+  cases.push_back(
+      {TensorParallelCase(kUntiedLlama, "zbv_vocab", 1), "llama_untied_zbv_vocab_pp2_tp2"});
+  // Sequence parallelism: the body's hidden states split along the sequence.
+  for (const auto& [model, schedule] :
+       {std::pair{&kGpt, "1f1b_vocab"}, std::pair{&kUntiedLlama, "zbv_vocab"}}) {
+    RunConfig c = TensorParallelCase(*model, schedule, 1);
+    c.sequence_parallel = true;
+    cases.push_back({c, absl::StrCat(model->name, "_", schedule, "_pp2_tp2_sp")});
   }
   return cases;
 }
@@ -233,6 +268,24 @@ TEST(VocabBf16Test, AsCloseToFp32AsTheDenseBf16Model) {
   EXPECT_GT(broken_off.param, 2 * dense_off.param);
 }
 
+// Trains `c` with `fault` planted and expects it caught: the run differs from
+// `sequential`, or (only where `ranks_may_disagree`) its ranks disagree on
+// the loss, which TrainPipeline refuses.
+void ExpectCaught(const RunConfig& c, const RunResult& sequential,
+                  tensor_parallel::internal::PlantedFault fault, bool ranks_may_disagree) {
+  namespace tp_internal = tensor_parallel::internal;
+  const tp_internal::PlantedFault previous = tp_internal::PlantFault(fault);
+  absl::StatusOr<RunResult> broken = TrainPipeline(c);
+  tp_internal::PlantFault(previous);
+  if (broken.ok()) {
+    EXPECT_NE(CompareResults(sequential, *broken, kRtol), "") << static_cast<int>(fault);
+  } else {
+    EXPECT_TRUE(ranks_may_disagree) << static_cast<int>(fault) << ": " << broken.status();
+    EXPECT_NE(broken.status().message().find("reports a different loss"), std::string::npos)
+        << static_cast<int>(fault) << ": " << broken.status();
+  }
+}
+
 // Each planted bug makes the pipeline differ from the sequential model: the
 // sums of the embedding's and the head input's shares skipped (IN_REDUCE,
 // OUT_REDUCE), the softmax statistics never gathered (each rank's max and sum
@@ -245,25 +298,32 @@ TEST(VocabPlantedFaultTest, EachIsCaught) {
   for (tp_internal::PlantedFault fault :
        {tp_internal::PlantedFault::kSkipAllReduce, tp_internal::PlantedFault::kSkipAllGather,
         tp_internal::PlantedFault::kShiftedVocabRows}) {
-    const tp_internal::PlantedFault previous = tp_internal::PlantFault(fault);
-    absl::StatusOr<RunResult> broken = TrainPipeline(c);
-    tp_internal::PlantFault(previous);
-    ASSERT_TRUE(broken.ok()) << static_cast<int>(fault) << ": " << broken.status();
-    EXPECT_NE(CompareResults(*sequential, *broken, kRtol), "") << static_cast<int>(fault);
+    ExpectCaught(c, *sequential, fault, /*ranks_may_disagree=*/false);
   }
 }
 
-// A run with vocabulary layers refuses what it cannot do yet, by name.
-TEST(VocabTrainerTest, RefusesTensorParallelism) {
-  RunConfig c = GptCase("1f1b_vocab", 2, 1);
-  c.tp = 2;
-  absl::StatusOr<RunResult> run = TrainPipeline(c);
-  ASSERT_FALSE(run.ok());
-  // GPT's vocabulary-parallel body refuses it as its layers are built (the
-  // Trainer would too: "vocabulary parallelism with tensor parallelism").
-  EXPECT_NE(run.status().message().find("GPT's vocabulary-parallel form runs with tp = 1, not 2"),
-            std::string::npos)
-      << run.status();
+// Composed with tensor parallelism (pp 2 x tp 2), the tensor dimension's own
+// planted bugs are caught: the softmax statistics gathered over the pipe
+// group only (each tensor rank's loss misses the other tensor ranks' rows),
+// a shard off by one row on tensor rank 1 of stage 0 (vocabulary rank 1),
+// and with sequence parallelism each tensor rank taking the next one's slice
+// of the sequence.
+TEST(VocabPlantedFaultTest, TensorParallelFaultsAreCaught) {
+  const RunConfig c = TensorParallelCase(kGpt, "1f1b_vocab", 1);
+  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  absl::StatusOr<RunResult> clean = TrainPipeline(c);
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  ASSERT_EQ(CompareResults(*sequential, *clean, kRtol), "");
+  namespace tp_internal = tensor_parallel::internal;
+  for (tp_internal::PlantedFault fault : {tp_internal::PlantedFault::kVocabStatsOverPipeOnly,
+                                          tp_internal::PlantedFault::kShiftedVocabRows}) {
+    ExpectCaught(c, *sequential, fault, /*ranks_may_disagree=*/true);
+  }
+  RunConfig sp = c;
+  sp.sequence_parallel = true;
+  ExpectCaught(sp, *sequential, tp_internal::PlantedFault::kWrongVocabSequenceSlice,
+               /*ranks_may_disagree=*/true);
 }
 
 }  // namespace

@@ -103,9 +103,8 @@ Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatc
 
 GptPositionEmbeddingImpl::GptPositionEmbeddingImpl(const GptConfig& config,
                                                    const ModelParallelGroup& group)
-    : LayerImpl("GptPositionEmbedding") {
-  TORCH_CHECK(!group.is_parallel(), "GPT's vocabulary-parallel form runs with tp = 1, not ",
-              group.size);
+    : LayerImpl("GptPositionEmbedding"), group_(group) {
+  CheckParallelism(config, group);
   // Drawn as GptEmbedding draws it (the token table is drawn and dropped),
   // so this layer starts as the dense model's position table.
   pos_embed = register_module("pos_embed", DrawGptTables(config).positions);
@@ -116,10 +115,22 @@ Activations GptPositionEmbeddingImpl::Forward(const Activations& inputs, const M
   TORCH_CHECK(inputs.size() == 1 && inputs[0].dim() == 3 && inputs[0].is_floating_point(),
               "GptPositionEmbedding expects the token embeddings [batch, time, width]");
   const torch::Tensor& tokens = inputs[0];
-  const int64_t time = tokens.size(1);
+  const int64_t local = tokens.size(1);
+  const int64_t time = group_.sequence_parallel ? local * group_.size : local;
   TORCH_CHECK(time <= pos_embed->weight.size(0), "sequence length ", time,
               " exceeds gpt.context_length ", pos_embed->weight.size(0));
-  return {dropout_(tokens + pos_embed(Positions(batch, time, tokens.device())))};
+  const torch::Tensor positions = Positions(batch, time, tokens.device());
+  if (!group_.sequence_parallel) return {dropout_(tokens + pos_embed(positions))};
+  // Sequence parallelism: the tokens are this rank's slice of the sequence;
+  // its positions' rows of the (replicated) table, whose gradient the group
+  // sums, as GptEmbedding does.
+  const torch::Tensor table =
+      tensor_parallel::SequenceParallelReplicated(pos_embed->weight, group_);
+  const bool packed = positions.dim() == 2;
+  const torch::Tensor x =
+      tokens +
+      torch::embedding(table, positions.narrow(packed ? 1 : 0, group_.rank * local, local));
+  return {tensor_parallel::ShardedDropout(x, dropout_->options.p(), is_training(), 1, group_)};
 }
 
 TransformerBlockImpl::TransformerBlockImpl(const GptConfig& config, const ModelParallelGroup& group)

@@ -77,7 +77,9 @@ class GptEmbeddingImpl : public LayerImpl {
 // Vocabulary parallelism's first layer (MakeGptVocabularySplit): the token
 // embeddings [b, T, width] (summed from every pipe rank's rows) plus the
 // position embeddings, then dropout. Parameter "pos_embed.weight", drawn as
-// GptEmbedding draws it. Dense only (tp = 1). Not thread-safe.
+// GptEmbedding draws it. Dense, or whole on every tensor-parallel rank; under
+// sequence parallelism the input is this rank's slice of the sequence and it
+// adds its positions' rows. Not thread-safe.
 class GptPositionEmbeddingImpl : public LayerImpl {
  public:
   explicit GptPositionEmbeddingImpl(const GptConfig& config, const ModelParallelGroup& group = {});
@@ -86,6 +88,7 @@ class GptPositionEmbeddingImpl : public LayerImpl {
   torch::nn::Embedding pos_embed{nullptr};
 
  private:
+  ModelParallelGroup group_;
   torch::nn::Dropout dropout_{nullptr};
 };
 
@@ -111,7 +114,8 @@ absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config);
 // GPT under vocabulary parallelism (pipeline/layers/vocab_split.h): the
 // stages hold GptPositionEmbedding, the blocks and the final norm (the last
 // stage returns the normed hidden states); the token table, which is also the
-// head, is split by rows over the pipe group. Names map back to the dense
+// head, is split by rows over the pipe group (pipe x model under tensor
+// parallelism, with or without sequence parallelism). Names map back to the dense
 // model's ("layers.0.pos_embed.weight" is "tied.embed.pos_embed.weight").
 absl::StatusOr<VocabularySplit> MakeGptVocabularySplit(const GptConfig& config);
 

@@ -396,23 +396,29 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
 namespace {
 
 // Vocabulary parallelism's first layer: the embedding's dropout of the token
-// embeddings [b, T, width] summed from every pipe rank's rows.
+// embeddings [b, T, width] summed from every pipe rank's rows (under sequence
+// parallelism this rank's slice of the sequence, whose dropout draws the
+// dense mask's slice, as LlamaEmbedding's does).
 class LlamaEmbeddingDropoutImpl : public LayerImpl {
  public:
-  explicit LlamaEmbeddingDropoutImpl(const LlamaConfig& config)
-      : LayerImpl("LlamaEmbeddingDropout"), context_length_(config.context_length) {
+  LlamaEmbeddingDropoutImpl(const LlamaConfig& config, const ModelParallelGroup& group)
+      : LayerImpl("LlamaEmbeddingDropout"), context_length_(config.context_length), group_(group) {
     dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
   }
   Activations Forward(const Activations& inputs, const MicroBatch&) override {
     TORCH_CHECK(inputs.size() == 1 && inputs[0].dim() == 3 && inputs[0].is_floating_point(),
                 "LlamaEmbeddingDropout expects the token embeddings [batch, time, width]");
-    TORCH_CHECK(inputs[0].size(1) <= context_length_, "sequence length ", inputs[0].size(1),
-                " exceeds llama.context_length ", context_length_);
-    return {dropout_(inputs[0])};
+    const int64_t time = inputs[0].size(1) * (group_.sequence_parallel ? group_.size : 1);
+    TORCH_CHECK(time <= context_length_, "sequence length ", time, " exceeds llama.context_length ",
+                context_length_);
+    if (!group_.sequence_parallel) return {dropout_(inputs[0])};
+    return {tensor_parallel::ShardedDropout(inputs[0], dropout_->options.p(), is_training(), 1,
+                                            group_)};
   }
 
  private:
   int64_t context_length_;
+  ModelParallelGroup group_;
   torch::nn::Dropout dropout_{nullptr};
 };
 
@@ -422,10 +428,8 @@ absl::StatusOr<VocabularySplit> MakeLlamaVocabularySplit(const LlamaConfig& conf
   VocabularySplit split;
   PP_ASSIGN_OR_RETURN(split.dense, MakeLlamaSpecs(config));
   split.body.push_back(LayerSpec("LlamaEmbeddingDropout", [config](const LayerContext& ctx) {
-                         TORCH_CHECK(!ctx.model_parallel.is_parallel(),
-                                     "LLaMA's vocabulary-parallel form runs with tp = 1, not ",
-                                     ctx.model_parallel.size);
-                         return std::make_shared<LlamaEmbeddingDropoutImpl>(config);
+                         return std::make_shared<LlamaEmbeddingDropoutImpl>(config,
+                                                                            ctx.model_parallel);
                        }).WithParameterCount(0));
   // The blocks and the final norm, as the dense list has them.
   const int64_t last = static_cast<int64_t>(split.dense.size()) - 1;

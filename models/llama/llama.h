@@ -189,8 +189,8 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
 // LLaMA under vocabulary parallelism (pipeline/layers/vocab_split.h): the
 // stages hold the embedding's dropout ("LlamaEmbeddingDropout", layer 0), the
 // blocks and the final norm; the token table and the head (one table when
-// tied, two when untied) are split by rows over the pipe group. Dense only
-// (tp = 1).
+// tied, two when untied) are split by rows over the pipe group (pipe x model
+// under tensor parallelism, with or without sequence parallelism).
 absl::StatusOr<VocabularySplit> MakeLlamaVocabularySplit(const LlamaConfig& config);
 
 // Mean next-token cross-entropy of logits `outputs[0]` [b, T, V] against the

@@ -435,10 +435,11 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   std::vector<std::vector<double>> rank_norms(world);
   std::optional<VocabularySplit> split;
   if (config.vocabulary) split = config.vocabulary();
-  // Vocabulary parallelism: [data-parallel id][pipe rank]: the rows of each
-  // table.
+  // Vocabulary parallelism: [data-parallel id][vocabulary rank: stage * tp +
+  // tensor rank]: the rows of each table.
   std::vector<std::vector<std::map<std::string, torch::Tensor>>> vocab_shards(
-      config.dp, std::vector<std::map<std::string, torch::Tensor>>(config.pp));
+      config.dp, std::vector<std::map<std::string, torch::Tensor>>(config.pp * config.tp));
+  std::map<std::string, torch::Tensor> vocab_tables;  // merged, dense names
   int64_t vocab_size = 0;
   absl::Status status = RunOnThreadRanks(
       world, config.device, config.ranks_per_device, config.timeout,
@@ -459,7 +460,10 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         std::unique_ptr<VocabularyLayers> vocabulary;
         if (split) {
           PP_ASSIGN_OR_RETURN(
-              vocabulary, MakeVocabularyLayers(*split, kSeed, PipeGroupOf(grid, config.timeout)));
+              vocabulary,
+              MakeVocabularyLayers(
+                  *split, kSeed, VocabularyGroupOf(grid, config.timeout, config.sequence_parallel),
+                  /*ignore_index=*/-100, /*tensor_size=*/config.tp));
           options.vocabulary = vocabulary.get();
         }
         PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), LossOf(config, group),
@@ -489,7 +493,7 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
           auto copy = [&](const torch::Tensor& t) {
             return trainer->MasterOf(t).detach().to(torch::kCPU, false, /*copy=*/true);
           };
-          auto& mine = vocab_shards[grid.data_parallel_id()][grid.stage_id()];
+          auto& mine = vocab_shards[grid.data_parallel_id()][vocabulary->group().rank];
           mine[split->embedding_name] = copy(vocabulary->embedding());
           if (!split->tied()) mine[split->head_name] = copy(vocabulary->head());
         }
@@ -521,24 +525,26 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
   result.grad_norms = rank_norms[0];
   if (split) {
     // Every replica holds the same rows; replica 0's become the dense tables.
+    const int ranks = config.pp * config.tp;
     for (int d = 1; d < config.dp; ++d) {
-      for (int s = 0; s < config.pp; ++s) {
+      for (int s = 0; s < ranks; ++s) {
         for (const auto& [name, value] : vocab_shards[0][s]) {
           if (!torch::equal(vocab_shards[d][s].at(name), value)) {
             return absl::InternalError(absl::StrCat("data-parallel replica ", d, " differs in ",
-                                                    name, "'s rows on pipe rank ", s));
+                                                    name, "'s rows on vocabulary rank ", s));
           }
         }
       }
     }
     for (const auto& [name, unused] : vocab_shards[0][0]) {
       std::vector<torch::Tensor> shards;
-      for (int s = 0; s < config.pp; ++s) shards.push_back(vocab_shards[0][s].at(name));
-      PP_ASSIGN_OR_RETURN(rank_params[0][0][name], MergeVocabularyShards(shards, vocab_size));
+      for (int s = 0; s < ranks; ++s) shards.push_back(vocab_shards[0][s].at(name));
+      PP_ASSIGN_OR_RETURN(vocab_tables[name], MergeVocabularyShards(shards, vocab_size));
     }
   }
   if (config.tp == 1) {
     result.params = rank_params[0][0];
+    result.params.insert(vocab_tables.begin(), vocab_tables.end());
     return result;
   }
   std::map<std::string, std::vector<int64_t>> dense_shapes;
@@ -565,6 +571,7 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
     PP_ASSIGN_OR_RETURN(result.params[name],
                         MergeTensorParallel(name, values, shard_dims, shape->second));
   }
+  result.params.insert(vocab_tables.begin(), vocab_tables.end());
   return result;
 }
 

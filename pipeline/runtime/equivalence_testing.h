@@ -141,10 +141,11 @@ struct RunConfig {
   DistributedOptimizerOptions::PlantedFault distributed_optimizer_fault =
       DistributedOptimizerOptions::PlantedFault::kNone;
   // Vocabulary parallelism (TrainerOptions::vocabulary): the pipeline trains
-  // the split's body with its tables split over the pipe group, the
-  // reference trains `specs` (which must be the split's dense model).
-  // Parameters are compared under the dense names, the tables merged from
-  // every pipe rank (their padding rows must still be zero).
+  // the split's body with its tables split over the pipe group (pipe x
+  // model when tp > 1: VocabularyGroupOf), the reference trains `specs`
+  // (which must be the split's dense model). Parameters are compared under
+  // the dense names, the tables merged from every vocabulary rank (their
+  // padding rows must still be zero).
   std::function<VocabularySplit()> vocabulary;
   // Where the pipeline's ranks compute: kCuda puts rank r on cuda:r (pp * dp
   // GPUs, NCCL); the sequential reference always runs on the CPU.

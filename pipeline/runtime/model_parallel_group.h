@@ -24,6 +24,14 @@ ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid, std::chrono::m
 // With one stage: size 1, no group.
 ModelParallelGroup PipeGroupOf(const ParallelGrid& grid, std::chrono::milliseconds timeout);
 
+// The ranks vocabulary parallelism splits the vocabulary over: this rank's
+// replica, pipe x model (the grid's model-parallel group, whose rank is
+// stage * tp + tensor rank, so the rows run pipe-major), or PipeGroupOf when
+// tp is 1. With one rank: size 1, no group. `sequence_parallel` (tp > 1):
+// the body's hidden states are split along the sequence (vocab_layers.h).
+ModelParallelGroup VocabularyGroupOf(const ParallelGrid& grid, std::chrono::milliseconds timeout,
+                                     bool sequence_parallel = false);
+
 }  // namespace pp
 
 #endif  // PIPELINE_RUNTIME_MODEL_PARALLEL_GROUP_H_

@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/tensor_parallel/mappings.h"
+#include "pipeline/tensor_parallel/planted_fault.h"
 
 namespace pp {
 namespace {
@@ -97,10 +98,10 @@ absl::Status StageExecutor::Validate(const LoweredProgram& program) const {
   RuntimeCapabilities capabilities = StageExecutorCapabilities();
   capabilities.vocab_parallel = vocab_ != nullptr;
   PP_RETURN_IF_ERROR(CheckRuntimeSupports(program, capabilities));
-  if (program.vocab_parallel && vocab_->pipe().size != program.num_stages) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the vocabulary is split over ", vocab_->pipe().size, " ranks but schedule '",
-                     program.schedule_name, "' has ", program.num_stages));
+  if (program.vocab_parallel && vocab_->num_stages() != program.num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the vocabulary is split over ", vocab_->num_stages(), " stages (", vocab_->group().size,
+        " ranks) but schedule '", program.schedule_name, "' has ", program.num_stages));
   }
   for (const Action& action : program.ranks[rank_]) {
     for (const Action& leaf : Leaves(action)) {
@@ -563,7 +564,9 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
   const LoweredProgram& program = *st.program;
   const int mb = a.microbatch;
   const std::string what = absl::StrCat(Name(a), " on rank ", rank_);
-  const ModelParallelGroup& pipe = vocab_->pipe();
+  // The vocabulary group: pipe, or pipe x model (its broadcasts start at a
+  // stage's tensor rank 0: RootOf).
+  const ModelParallelGroup& group = vocab_->group();
   const int first_rank = program.stage_to_rank[0];
   const int last_rank = program.stage_to_rank[program.num_virtual_stages() - 1];
   PP_ASSIGN_OR_RETURN(const MicroBatchData* data, Data(st, mb));
@@ -589,6 +592,30 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
   auto missing = [&](const char* needs) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": ", needs, " has not run"));
   };
+  // This micro-batch's [ids.., D] tensor of `from` on pipe rank `holder`
+  // (its stage's tensor ranks hold the same values, or under sequence
+  // parallelism a slice each), whole on every rank of the group: a broadcast
+  // from the stage's tensor rank 0, or the slices written into zeros and
+  // summed (exact: one term per element is nonzero).
+  auto whole_on_every_rank = [&](std::map<int, torch::Tensor>& from, int holder,
+                                 torch::ScalarType dtype, const char* needs,
+                                 const std::string& what_mb) -> absl::StatusOr<torch::Tensor> {
+    torch::Tensor held;
+    if (rank_ == holder) {
+      held = take(from);
+      if (!held.defined()) return missing(needs);
+    }
+    if (vocab_->sequence_parallel()) {
+      torch::Tensor whole = hidden_like_ids().to(dtype);
+      if (held.defined()) vocab_->SequenceSlice(whole).copy_(held);
+      tensor_parallel::AllReduceInPlace(whole, group, tensor_parallel::ReduceOp::kSum, what_mb);
+      return whole;
+    }
+    torch::Tensor whole =
+        held.defined() ? held.to(dtype).contiguous() : hidden_like_ids().to(dtype);
+    tensor_parallel::Broadcast(whole, group, vocab_->RootOf(holder), what_mb);
+    return whole;
+  };
   switch (a.type) {
     case ActionType::kVocabInputF:
       st.vocab_embedded[mb] = vocab_->Embed(ids).contiguous();
@@ -596,20 +623,22 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
     case ActionType::kVocabInputReduce: {
       torch::Tensor share = take(st.vocab_embedded);
       if (!share.defined()) return missing("its IN_F");
-      tensor_parallel::AllReduceInPlace(share, pipe, tensor_parallel::ReduceOp::kSum,
+      tensor_parallel::AllReduceInPlace(share, group, tensor_parallel::ReduceOp::kSum,
                                         absl::StrCat("the embedding of micro-batch ", mb));
       if (rank_ == first_rank) {
+        // Sequence parallelism: stage 0's layers take this rank's slice.
+        if (vocab_->sequence_parallel()) share = vocab_->SequenceSlice(share).contiguous();
         if (!st.forward_only) share.requires_grad_(true);
         st.vocab_embedded[mb] = share;
       }
       return absl::OkStatus();
     }
     case ActionType::kVocabOutputBroadcast: {
-      torch::Tensor hidden = rank_ == last_rank ? take(st.vocab_hidden) : hidden_like_ids();
-      if (!hidden.defined()) return missing("the last stage's F");
-      tensor_parallel::Broadcast(hidden, pipe, last_rank,
-                                 absl::StrCat("the head's input of micro-batch ", mb));
-      st.vocab_hidden[mb] = hidden;
+      PP_ASSIGN_OR_RETURN(
+          st.vocab_hidden[mb],
+          whole_on_every_rank(st.vocab_hidden, last_rank, vocab_->head().scalar_type(),
+                              "the last stage's F",
+                              absl::StrCat("the head's input of micro-batch ", mb)));
       return absl::OkStatus();
     }
     case ActionType::kVocabOutputS: {
@@ -622,8 +651,17 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
     case ActionType::kVocabOutputStats: {
       torch::Tensor stats = take(st.vocab_stats);
       if (!stats.defined()) return missing("its OUT_S");
+      ModelParallelGroup over = group;
+      if (tensor_parallel::internal::CurrentFault() ==
+              tensor_parallel::internal::PlantedFault::kVocabStatsOverPipeOnly &&
+          vocab_->tensor_size() > 1 && pipe_group_) {
+        // Planted (tests only): the pipe group alone, as at tp = 1.
+        over.group = pipe_group_;
+        over.rank = rank_;
+        over.size = pipe_group_->getSize();
+      }
       torch::Tensor gathered = tensor_parallel::AllGather(
-          stats, pipe, 0, absl::StrCat("the softmax statistics of micro-batch ", mb));
+          stats, over, 0, absl::StrCat("the softmax statistics of micro-batch ", mb));
       const torch::Tensor loss = vocab_->Combine(mb, gathered);
       if (st.forward_only) vocab_->Drop(mb);  // evaluation: no OUT_T
       if (rank_ == last_rank) {
@@ -656,18 +694,20 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
       torch::Tensor share = take(st.vocab_hidden_grad);
       if (!share.defined()) return missing("its OUT_T");
       tensor_parallel::AllReduceInPlace(
-          share, pipe, tensor_parallel::ReduceOp::kSum,
+          share, group, tensor_parallel::ReduceOp::kSum,
           absl::StrCat("the head input's gradient of micro-batch ", mb));
-      if (rank_ == last_rank) st.vocab_hidden_grad[mb] = share;
+      if (rank_ == last_rank) {
+        st.vocab_hidden_grad[mb] =
+            vocab_->sequence_parallel() ? vocab_->SequenceSlice(share).contiguous() : share;
+      }
       return absl::OkStatus();
     }
     case ActionType::kVocabInputBroadcast: {
-      torch::Tensor grad = rank_ == first_rank ? take(st.vocab_input_grad) : hidden_like_ids();
-      if (!grad.defined()) return missing("stage 0's backward");
-      grad = grad.to(vocab_->embedding().scalar_type()).contiguous();
-      tensor_parallel::Broadcast(grad, pipe, first_rank,
-                                 absl::StrCat("the embedding's gradient of micro-batch ", mb));
-      st.vocab_input_grad[mb] = grad;
+      PP_ASSIGN_OR_RETURN(
+          st.vocab_input_grad[mb],
+          whole_on_every_rank(st.vocab_input_grad, first_rank, vocab_->embedding().scalar_type(),
+                              "stage 0's backward",
+                              absl::StrCat("the embedding's gradient of micro-batch ", mb)));
       return absl::OkStatus();
     }
     case ActionType::kVocabInputB: {

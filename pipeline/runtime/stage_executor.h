@@ -158,8 +158,13 @@ class StageExecutor {
   // gradient goes to IN_BCAST. The loss is each micro-batch's mean
   // cross-entropy over the tokens whose `labels_key` entry is not the
   // ignore index, scaled by 1/m; StepStats counts it on the last stage's
-  // rank. Collectives run on the pipe group with `vocabulary->pipe()`'s
-  // timeout.
+  // rank. Collectives run on `vocabulary->group()` (the pipe group, or pipe
+  // x model under tensor parallelism: every tensor rank of a stage runs the
+  // stage's passes; a broadcast starts at the stage's tensor rank 0, whose
+  // hidden states and input gradient its tensor peers hold too; under
+  // sequence parallelism the stage's slices are summed instead and each
+  // tensor rank takes its slice: VocabularyLayers::sequence_parallel) with
+  // its timeout.
   void set_vocabulary(VocabularyLayers* vocabulary, std::string labels_key = "labels") {
     vocab_ = vocabulary;
     vocab_labels_key_ = std::move(labels_key);

@@ -83,17 +83,20 @@ absl::Status CheckTrainerInputs(ParallelGrid* grid, PipelineModel* model, const 
         absl::StrCat("num_microbatches (", options.num_microbatches, ") must be >= 1"));
   }
   if (options.vocabulary != nullptr) {
-    if (grid->model_parallel_size() > 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          "vocabulary parallelism with tensor parallelism (tp = ", grid->model_parallel_size(),
-          ") is not implemented yet; use tp = 1"));
-    }
-    if (options.vocabulary->pipe().size != grid->num_stages() ||
-        options.vocabulary->pipe().rank != grid->stage_id()) {
+    // Split over the replica's pipe x model ranks, pipe-major
+    // (VocabularyGroupOf).
+    const VocabularyLayers& v = *options.vocabulary;
+    const int64_t tp = grid->model_parallel_size();
+    const int64_t want_rank =
+        static_cast<int64_t>(grid->stage_id()) * tp + grid->model_parallel_id();
+    if (v.tensor_size() != tp || v.group().size != grid->num_stages() * tp ||
+        v.group().rank != want_rank) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the vocabulary layers are rank ", options.vocabulary->pipe().rank, " of ",
-          options.vocabulary->pipe().size, " but this rank is stage ", grid->stage_id(), " of ",
-          grid->num_stages(), "; split them over the grid's pipe group"));
+          "the vocabulary layers are rank ", v.group().rank, " of ", v.group().size, " (",
+          v.tensor_size(), " tensor-parallel ranks per stage) but this rank is stage ",
+          grid->stage_id(), " of ", grid->num_stages(), ", tensor-parallel rank ",
+          grid->model_parallel_id(), " of ", tp, " (vocabulary rank ", want_rank,
+          "); split them over VocabularyGroupOf(grid)"));
     }
   }
   return absl::OkStatus();
@@ -258,7 +261,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   PP_ASSIGN_OR_RETURN(t->ties_, MakeTies(*grid, *model));
   t->counted_params_ = CountedParams(t->params_, t->ties_, *model, *grid);
   if (vocab) {
-    // Each pipe rank's rows are its own: every shard counts in the norm.
+    // Each rank's rows are its own (over pipe x model, which the norm is
+    // reduced over): every shard counts in the norm.
     for (const torch::Tensor& p : options.vocabulary->parameters()) {
       t->params_.push_back(p);
       t->counted_params_.push_back(p);

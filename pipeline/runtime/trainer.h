@@ -131,15 +131,18 @@ struct TrainerOptions {
   DistributedOptimizerOptions::PlantedFault distributed_optimizer_fault =
       DistributedOptimizerOptions::PlantedFault::kNone;
   // Vocabulary parallelism (issue #40): this rank's shards of the embedding
-  // and the head, split over the pipe group (borrowed; MakeVocabularyLayers
-  // from the model's VocabularySplit); the model is the split's body. Create
+  // and the head, split over the pipe group, or pipe x model under tensor
+  // parallelism (borrowed; MakeVocabularyLayers over VocabularyGroupOf from
+  // the model's VocabularySplit); the model is the split's body. Create
   // adds the vocabulary passes to a schedule that has none
   // (AddVocabularyPasses; a *_vocab schedule keeps its own placement), the
   // shards train with the stages' parameters (data-parallel average or the
   // distributed optimizer's reduce-scatter at STEP, global norm, bf16
   // masters) and the loss is computed by the passes from
-  // `vocabulary_labels_key` (per token with a loss mask). Not yet with
-  // tensor parallelism (refused, named).
+  // `vocabulary_labels_key` (per token with a loss mask). Under tensor
+  // parallelism the body's hidden states are whole on every tensor rank, or
+  // with sequence parallelism (the vocabulary group's flag) each rank's
+  // slice of the sequence.
   VocabularyLayers* vocabulary = nullptr;
   std::string vocabulary_labels_key = "labels";
 };

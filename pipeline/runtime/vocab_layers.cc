@@ -6,21 +6,26 @@
 #include "common/status_macros.h"
 #include "common/torch_status.h"
 #include "pipeline/tensor_parallel/mappings.h"
+#include "pipeline/tensor_parallel/planted_fault.h"
 
 namespace pp {
 
 VocabularyLayers::VocabularyLayers(const torch::Tensor& embedding, const torch::Tensor& head,
-                                   bool tied, ModelParallelGroup pipe, int64_t ignore_index)
+                                   bool tied, ModelParallelGroup group, int64_t ignore_index,
+                                   int64_t tensor_size)
     : vocab_size_(embedding.size(0)),
       tied_(tied),
-      pipe_(std::move(pipe)),
+      group_(std::move(group)),
       ignore_index_(ignore_index),
-      range_(tensor_parallel::LocalVocabRange(vocab_size_, pipe_)) {
+      tensor_size_(tensor_size),
+      range_(tensor_parallel::LocalVocabRange(vocab_size_, group_)) {
+  TORCH_CHECK(tensor_size_ >= 1 && group_.size % tensor_size_ == 0, "the vocabulary group of ",
+              group_.size, " ranks is not stages x ", tensor_size_, " tensor-parallel ranks");
   TORCH_CHECK(tied || (head.dim() == 2 && head.sizes() == embedding.sizes()),
               "an untied head must be [vocab, dim] like the embedding ", embedding.sizes(),
               ", got ", head.sizes());
-  embedding_ = tensor_parallel::LocalVocabRows(embedding, pipe_).requires_grad_(true);
-  if (!tied) head_ = tensor_parallel::LocalVocabRows(head, pipe_).requires_grad_(true);
+  embedding_ = tensor_parallel::LocalVocabRows(embedding, group_).requires_grad_(true);
+  if (!tied) head_ = tensor_parallel::LocalVocabRows(head, group_).requires_grad_(true);
 }
 
 std::vector<torch::Tensor> VocabularyLayers::parameters() const {
@@ -93,9 +98,9 @@ absl::StatusOr<torch::Tensor> VocabularyLayers::GatherRows(const torch::Tensor& 
                                                    c10::str(rows.sizes())));
   }
   torch::Tensor gathered;
-  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("gathering ", what, " over the pipe group"), [&] {
+  PP_RETURN_IF_ERROR(TorchCall(absl::StrCat("gathering ", what, " over the vocabulary group"), [&] {
     torch::NoGradGuard no_grad;
-    gathered = tensor_parallel::AllGather(rows.detach(), pipe_, 0, what);
+    gathered = tensor_parallel::AllGather(rows.detach(), group_, 0, what);
   }));
   return MergeVocabularyShards({gathered}, vocab_size_);
 }
@@ -113,9 +118,22 @@ absl::StatusOr<torch::Tensor> VocabularyLayers::GatherLogits(const torch::Tensor
   return GatherRows(rows, "the sampling logits");
 }
 
+torch::Tensor VocabularyLayers::SequenceSlice(const torch::Tensor& full) const {
+  TORCH_CHECK(full.dim() > kSequenceDim && full.size(kSequenceDim) % tensor_size_ == 0,
+              "under sequence parallelism the sequence length (dimension ", kSequenceDim, " of ",
+              full.sizes(), ") must be a multiple of the tensor-parallel size ", tensor_size_);
+  const int64_t local = full.size(kSequenceDim) / tensor_size_;
+  // Planted (tests only): the next tensor rank's slice.
+  const int64_t rank = tensor_parallel::internal::CurrentFault() ==
+                               tensor_parallel::internal::PlantedFault::kWrongVocabSequenceSlice
+                           ? (tensor_rank() + 1) % tensor_size_
+                           : tensor_rank();
+  return full.narrow(kSequenceDim, rank * local, local);
+}
+
 torch::Tensor VocabularyLayers::LocalRows(const torch::Tensor& full) const {
   torch::NoGradGuard no_grad;
-  return tensor_parallel::LocalVocabRows(full, pipe_);
+  return tensor_parallel::LocalVocabRows(full, group_);
 }
 
 namespace {
@@ -146,8 +164,9 @@ absl::StatusOr<torch::Tensor> DenseTable(const VocabularySplit& split, int64_t i
 
 absl::StatusOr<std::unique_ptr<VocabularyLayers>> MakeVocabularyLayers(const VocabularySplit& split,
                                                                        uint64_t base_seed,
-                                                                       ModelParallelGroup pipe,
-                                                                       int64_t ignore_index) {
+                                                                       ModelParallelGroup group,
+                                                                       int64_t ignore_index,
+                                                                       int64_t tensor_size) {
   if (!split.embedding_table) {
     return absl::InvalidArgumentError("a vocabulary split needs its embedding_table");
   }
@@ -166,8 +185,8 @@ absl::StatusOr<std::unique_ptr<VocabularyLayers>> MakeVocabularyLayers(const Voc
   }
   std::unique_ptr<VocabularyLayers> layers;
   PP_RETURN_IF_ERROR(TorchCall("sharding the vocabulary", [&] {
-    layers = std::make_unique<VocabularyLayers>(embedding, head, split.tied(), std::move(pipe),
-                                                ignore_index);
+    layers = std::make_unique<VocabularyLayers>(embedding, head, split.tied(), std::move(group),
+                                                ignore_index, tensor_size);
   }));
   layers->set_dense_layout({.embedding_name = split.embedding_name,
                             .head_name = split.tied() ? "" : split.head_name,

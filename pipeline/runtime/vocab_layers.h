@@ -2,8 +2,20 @@
 // (issue #40; pipeline/schedule/ir/vocab_passes.h places their passes): rows
 // [range) of the input embedding and of the output projection, one tensor
 // when they are tied. The StageExecutor calls one method per vocabulary pass
-// and runs the collectives between them over the pipe group; the math is
-// pipeline/tensor_parallel/vocab_passes.h.
+// and runs the collectives between them over the vocabulary group; the math
+// is pipeline/tensor_parallel/vocab_passes.h.
+//
+// The vocabulary group is one data-parallel replica's ranks: the pipe group
+// at tp = 1; under tensor parallelism pipe x model (VocabularyGroupOf), whose
+// rank is stage * tensor_size + tensor rank, so each of the p * t ranks holds
+// 1/(p t) of the rows, pipe-major. The statistics and sums then run over all
+// p * t ranks in one collective each: the same formulas, exact, with no
+// second stage over the tensor group. Under sequence parallelism the body's
+// hidden states are split along the sequence over a stage's tensor ranks;
+// the passes read and feed them whole, so the executor cuts this rank's
+// slice (SequenceSlice) of the summed embedding and of the head input's
+// gradient, and sums the slices, placed in zeros, of the last stage's output
+// and of stage 0's input gradient (exact: one term per element is nonzero).
 //
 //   IN_F   Embed(ids)                  -> share (summed onto stage 0: its input)
 //   OUT_S  OutputS(mb, hidden, labels) -> stats (all-gathered)
@@ -58,10 +70,13 @@ struct VocabularyDenseLayout {
 class VocabularyLayers {
  public:
   // `embedding` and `head`: the dense tables [vocab_size, D]; this rank keeps
-  // its rows of each (LocalVocabRows over `pipe`, padded). `tied`: the head
+  // its rows of each (LocalVocabRows over `group`, padded). `tied`: the head
   // is the embedding (one shard serves both; `head` is ignored).
+  // `tensor_size`: the tensor-parallel ranks per stage in `group` (group
+  // rank = stage * tensor_size + tensor rank).
+  // REQUIRES: group.size is a multiple of tensor_size.
   VocabularyLayers(const torch::Tensor& embedding, const torch::Tensor& head, bool tied,
-                   ModelParallelGroup pipe, int64_t ignore_index = -100);
+                   ModelParallelGroup group, int64_t ignore_index = -100, int64_t tensor_size = 1);
 
   torch::Tensor Embed(const torch::Tensor& ids) const;
   void EmbedBackward(const torch::Tensor& ids, const torch::Tensor& grad_output);
@@ -84,16 +99,31 @@ class VocabularyLayers {
   int64_t vocab_size() const { return vocab_size_; }
   int64_t ignore_index() const { return ignore_index_; }
   int64_t dim() const { return embedding_.size(1); }
-  const ModelParallelGroup& pipe() const { return pipe_; }
+  // The ranks the rows are split over (pipe, or pipe x model).
+  const ModelParallelGroup& group() const { return group_; }
+  int64_t tensor_size() const { return tensor_size_; }
+  int64_t num_stages() const { return group_.size / tensor_size_; }
+  // The group rank that holds stage `stage`'s tensor rank 0: where a
+  // broadcast of a stage's tensor (the same on its tensor ranks) starts.
+  int64_t RootOf(int64_t stage) const { return stage * tensor_size_; }
+  int64_t tensor_rank() const { return group_.rank % tensor_size_; }
+  // Megatron's sequence parallelism in the body (group().sequence_parallel
+  // with tensor_size > 1): its hidden states are split along the sequence
+  // (dimension kSequenceDim of [batch, time, D]) over a stage's tensor ranks.
+  bool sequence_parallel() const { return group_.sequence_parallel && tensor_size_ > 1; }
+  static constexpr int64_t kSequenceDim = 1;
+  // This tensor rank's slice along kSequenceDim of `full` [batch, time, ..]
+  // (a view). REQUIRES: time is a multiple of tensor_size (checked).
+  torch::Tensor SequenceSlice(const torch::Tensor& full) const;
   tensor_parallel::VocabRange range() const { return range_; }
 
   // Set by MakeVocabularyLayers; unknown for layers built from tables alone.
   const VocabularyDenseLayout& dense_layout() const { return dense_layout_; }
   void set_dense_layout(VocabularyDenseLayout layout) { dense_layout_ = std::move(layout); }
 
-  // The dense rows [vocab_size, ..] from every pipe rank's `rows` (this
+  // The dense rows [vocab_size, ..] from every group rank's `rows` (this
   // rank's rows of a table-shaped tensor, padding included); the padding
-  // must be zero. Collective over the pipe group, in the same order on every
+  // must be zero. Collective over the group, in the same order on every
   // rank.
   absl::StatusOr<torch::Tensor> GatherRows(const torch::Tensor& rows,
                                            const std::string& what) const;
@@ -104,8 +134,7 @@ class VocabularyLayers {
   // reads the next token's logits from it after an evaluation pass.
   const torch::Tensor& last_hidden() const { return last_hidden_; }
   // The full logits [vocab_size] (fp32) of one token's head input [D] on
-  // every pipe rank: each rank's rows, gathered. Collective over the pipe
-  // group.
+  // every group rank: each rank's rows, gathered. Collective over the group.
   absl::StatusOr<torch::Tensor> GatherLogits(const torch::Tensor& hidden) const;
 
  private:
@@ -119,8 +148,9 @@ class VocabularyLayers {
 
   int64_t vocab_size_;
   bool tied_;
-  ModelParallelGroup pipe_;
+  ModelParallelGroup group_;
   int64_t ignore_index_;
+  int64_t tensor_size_;
   tensor_parallel::VocabRange range_;
   torch::Tensor embedding_, head_;
   VocabularyDenseLayout dense_layout_;
@@ -130,18 +160,20 @@ class VocabularyLayers {
 
 // This rank's shards of `split`'s tables as the dense model starts them: the
 // dense layers holding them built as PipelineModel builds layer i (seed
-// base_seed + i, dense), their rows over `pipe` kept. InvalidArgument for a
+// base_seed + i, dense), their rows over `group` kept (`tensor_size`: as
+// VocabularyLayers takes it). InvalidArgument for a
 // split without an embedding table, a layer index outside the dense model or
 // tables of the wrong shape (named). The layers know the split's dense names
 // (dense_layout()).
 absl::StatusOr<std::unique_ptr<VocabularyLayers>> MakeVocabularyLayers(const VocabularySplit& split,
                                                                        uint64_t base_seed,
-                                                                       ModelParallelGroup pipe,
-                                                                       int64_t ignore_index = -100);
+                                                                       ModelParallelGroup group,
+                                                                       int64_t ignore_index = -100,
+                                                                       int64_t tensor_size = 1);
 
-// The dense tables from every pipe rank's shard, in rank order, cut to
+// The dense tables from every group rank's shard, in rank order, cut to
 // `vocab_size` rows (the padding must still be zero: InternalError
-// otherwise). `shards[r]`: pipe rank r's rows.
+// otherwise). `shards[r]`: group rank r's rows.
 absl::StatusOr<torch::Tensor> MergeVocabularyShards(const std::vector<torch::Tensor>& shards,
                                                     int64_t vocab_size);
 

@@ -26,6 +26,13 @@ enum class PlantedFault {
   // p2p's scatter/gather between stages (P2POptions::split_payloads_over):
   // each rank sends the next rank's part of a payload instead of its own.
   kWrongPayloadPart,
+  // Vocabulary parallelism with tensor parallelism (stage_executor.cc): the
+  // softmax statistics are all-gathered over the pipe group only, as at
+  // tp = 1, so each tensor rank's loss misses the other tensor ranks' rows.
+  kVocabStatsOverPipeOnly,
+  // Vocabulary parallelism with sequence parallelism (vocab_layers.cc): each
+  // tensor rank takes the next tensor rank's slice of the sequence.
+  kWrongVocabSequenceSlice,
 };
 
 // Process-wide; the previous fault is returned so a test can restore it.
