@@ -138,25 +138,25 @@ BenchModel MakeMlpModel() {
 // StageModule is kept alive with the layers, since a tied layer only refers to
 // the shared embedding that the StageModule owns.
 absl::StatusOr<BenchModel> MakeGptModel() {
-  GptConfig config;
-  config.num_layers = absl::GetFlag(FLAGS_gpt_layers);
-  config.width = absl::GetFlag(FLAGS_gpt_width);
-  config.num_heads = absl::GetFlag(FLAGS_gpt_heads);
-  config.context_length = absl::GetFlag(FLAGS_gpt_context);
-  config.dropout = absl::GetFlag(FLAGS_dropout);
+  GptModelConfig config;
+  config.set_num_layers(absl::GetFlag(FLAGS_gpt_layers));
+  config.set_width(absl::GetFlag(FLAGS_gpt_width));
+  config.set_num_heads(absl::GetFlag(FLAGS_gpt_heads));
+  config.set_context_length(absl::GetFlag(FLAGS_gpt_context));
+  config.set_dropout(absl::GetFlag(FLAGS_dropout));
   const int64_t batch = absl::GetFlag(FLAGS_gpt_batch);
   PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(config));
   PP_ASSIGN_OR_RETURN(StageModule sequential, BuildSequential(specs, /*base_seed=*/0));
   BenchModel model;
-  model.description = absl::StrCat("gpt layers=", config.num_layers, " width=", config.width,
-                                   " heads=", config.num_heads, " context=", config.context_length,
-                                   " batch=", batch, " dropout=", config.dropout);
+  model.description = absl::StrCat(
+      "gpt layers=", config.num_layers(), " width=", config.width(), " heads=", config.num_heads(),
+      " context=", config.context_length(), " batch=", batch, " dropout=", config.dropout());
   model.owner = sequential.ptr();
   model.layers = sequential->layers();
   torch::manual_seed(0);
   torch::Tensor tokens =
-      torch::randint(config.vocab_size, {batch, config.context_length + 1}, torch::kLong);
-  model.inputs = {tokens.slice(1, 0, config.context_length).contiguous()};
+      torch::randint(config.vocab_size(), {batch, config.context_length() + 1}, torch::kLong);
+  model.inputs = {tokens.slice(1, 0, config.context_length()).contiguous()};
   model.batch.id = 0;
   model.batch.tensors["labels"] = tokens.slice(1, 1).contiguous();
   model.loss = GptLoss;

@@ -203,9 +203,11 @@ torch::Tensor InputIds(const Activations& inputs, const MicroBatch& batch) {
   return ids;
 }
 
-absl::Status ValidateTransformerConfig(absl::string_view model,
-                                       std::initializer_list<std::pair<const char*, int64_t>> sizes,
-                                       int64_t width, int64_t num_heads, double dropout) {
+namespace internal_transformer {
+
+absl::Status ValidateConfig(absl::string_view model,
+                            std::initializer_list<std::pair<const char*, int64_t>> sizes,
+                            int64_t width, int64_t num_heads, double dropout) {
   for (const auto& [name, value] : sizes) {
     if (value <= 0)
       return absl::InvalidArgumentError(
@@ -223,9 +225,8 @@ absl::Status ValidateTransformerConfig(absl::string_view model,
   return absl::OkStatus();
 }
 
-absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
-                                            bool sequence_parallel, int64_t num_heads,
-                                            int64_t mlp_hidden, int64_t context_length) {
+absl::Status ValidateParallelism(absl::string_view model, int64_t tp, bool sequence_parallel,
+                                 int64_t num_heads, int64_t mlp_hidden, int64_t context_length) {
   if (sequence_parallel && tp <= 1) {
     return absl::InvalidArgumentError(
         "parallelism.sequence_parallel needs parallelism.tp > 1: it splits the sequence over the "
@@ -251,4 +252,5 @@ absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
   return absl::OkStatus();
 }
 
+}  // namespace internal_transformer
 }  // namespace pp

@@ -119,20 +119,53 @@ int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden);
 // Throws c10::Error when neither is there or the ids are not integers.
 torch::Tensor InputIds(const Activations& inputs, const MicroBatch& batch);
 
-// The checks GPT and BERT configs share, with errors naming `<model>.<field>`:
-// every size in `sizes` positive, width a multiple of num_heads, dropout in [0, 1).
-absl::Status ValidateTransformerConfig(absl::string_view model,
-                                       std::initializer_list<std::pair<const char*, int64_t>> sizes,
-                                       int64_t width, int64_t num_heads, double dropout);
+namespace internal_transformer {
 
-// What tensor parallelism of size `tp` needs of a transformer, with errors
+absl::Status ValidateConfig(absl::string_view model,
+                            std::initializer_list<std::pair<const char*, int64_t>> sizes,
+                            int64_t width, int64_t num_heads, double dropout);
+absl::Status ValidateParallelism(absl::string_view model, int64_t tp, bool sequence_parallel,
+                                 int64_t num_heads, int64_t mlp_hidden, int64_t context_length);
+
+}  // namespace internal_transformer
+
+// The checks GPT's and BERT's configs share. `Config` is either's message
+// (models/gpt/gpt_config.proto, models/bert/bert_config.proto), which name
+// the fields read here alike; errors name `<model>.<field>`: every size
+// positive, width a multiple of num_heads, dropout in [0, 1).
+template <typename Config>
+absl::Status ValidateTransformerConfig(absl::string_view model, const Config& c) {
+  return internal_transformer::ValidateConfig(model,
+                                              {{"vocab_size", c.vocab_size()},
+                                               {"context_length", c.context_length()},
+                                               {"width", c.width()},
+                                               {"num_heads", c.num_heads()},
+                                               {"num_layers", c.num_layers()},
+                                               {"mlp_ratio", c.mlp_ratio()}},
+                                              c.width(), c.num_heads(), c.dropout());
+}
+
+// What tensor parallelism of size `tp` needs of such a config, with errors
 // naming `<model>.<field>` and what would divide: heads and the MLP's hidden
-// width split evenly; under sequence parallelism tp > 1 and the sequence
-// (`<model>.context_length`, every window's length) split evenly. (Dropout is
-// fine: each rank keeps its slice of the dense mask.)
-absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
-                                            bool sequence_parallel, int64_t num_heads,
-                                            int64_t mlp_hidden, int64_t context_length);
+// width (mlp_ratio x width) split evenly; under sequence parallelism tp > 1
+// and the sequence (`<model>.context_length`, every window's length) split
+// evenly. (Dropout is fine: each rank keeps its slice of the dense mask.)
+template <typename Config>
+absl::Status ValidateTransformerParallelism(absl::string_view model, const Config& c, int64_t tp,
+                                            bool sequence_parallel) {
+  return internal_transformer::ValidateParallelism(model, tp, sequence_parallel, c.num_heads(),
+                                                   c.mlp_ratio() * c.width(), c.context_length());
+}
+
+// For a layer's constructor: throws c10::Error with
+// ValidateTransformerParallelism's message when `group` cannot split `c`.
+template <typename Config>
+void CheckTransformerParallelism(absl::string_view model, const Config& c,
+                                 const ModelParallelGroup& group) {
+  const absl::Status status =
+      ValidateTransformerParallelism(model, c, group.size, group.sequence_parallel);
+  TORCH_CHECK(status.ok(), status.message());
+}
 
 }  // namespace pp
 
