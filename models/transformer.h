@@ -6,6 +6,7 @@
 #ifndef MODELS_TRANSFORMER_H_
 #define MODELS_TRANSFORMER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -15,7 +16,10 @@
 #include <torch/torch.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/field_checks.h"
+#include "common/status_macros.h"
 #include "pipeline/layers/layer.h"
 #include "pipeline/layers/layer_context.h"
 #include "pipeline/tensor_parallel/linear.h"
@@ -155,6 +159,36 @@ absl::Status ValidateTransformerParallelism(absl::string_view model, const Confi
                                             bool sequence_parallel) {
   return internal_transformer::ValidateParallelism(model, tp, sequence_parallel, c.num_heads(),
                                                    c.mlp_ratio() * c.width(), c.context_length());
+}
+
+// What a run's config is held to before launch (a registration's validate)
+// beyond ValidateTransformerConfig: upper bounds, and the lower bounds of the
+// fields whose floor the model's data decides.
+struct TransformerFieldBounds {
+  int64_t min_context_length = 1;
+  absl::string_view context_length_why;  // where the floor comes from
+  int64_t min_vocab_size = 1;
+  absl::string_view vocab_size_why;
+};
+
+// GPT's and BERT's shared fields in their ranges (common/field_checks.h),
+// errors naming `<model>.<field>`: context_length in [min, 65536], width in
+// [1, 65536], num_heads in [1, width], num_layers in [1, 100000], mlp_ratio in
+// [1, 64], dropout in [0, 1), vocab_size in [min, 2^24].
+template <typename Config>
+absl::Status CheckTransformerFields(absl::string_view model, const Config& c,
+                                    const TransformerFieldBounds& bounds) {
+  const auto name = [model](absl::string_view field) { return absl::StrCat(model, ".", field); };
+  PP_RETURN_IF_ERROR(CheckIntField(name("context_length"), c.context_length(),
+                                   bounds.min_context_length, 65536, bounds.context_length_why));
+  PP_RETURN_IF_ERROR(CheckIntField(name("width"), c.width(), 1, 65536));
+  PP_RETURN_IF_ERROR(CheckIntField(name("num_heads"), c.num_heads(), 1,
+                                   std::max<int64_t>(1, c.width()), "at most width"));
+  PP_RETURN_IF_ERROR(CheckIntField(name("num_layers"), c.num_layers(), 1, 100000));
+  PP_RETURN_IF_ERROR(CheckIntField(name("mlp_ratio"), c.mlp_ratio(), 1, 64));
+  PP_RETURN_IF_ERROR(CheckRealField(name("dropout"), c.dropout(), '[', 0, 1, ')'));
+  return CheckIntField(name("vocab_size"), c.vocab_size(), bounds.min_vocab_size, int64_t{1} << 24,
+                       bounds.vocab_size_why);
 }
 
 // For a layer's constructor: throws c10::Error with

@@ -22,29 +22,18 @@ namespace {
 
 absl::Status ValidateBert(const BertModelConfig& c, const ModelRun& run) {
   // A masked-LM sample is [CLS] A [SEP] B [SEP] (models/data/mlm_data.h); a
-  // shorter context failed in every worker after launch.
-  PP_RETURN_IF_ERROR(CheckIntField("bert.context_length", c.context_length(), 8, 65536,
-                                   "[CLS] A [SEP] B [SEP] samples need 8"));
-  PP_RETURN_IF_ERROR(CheckIntField("bert.width", c.width(), 1, 65536));
-  PP_RETURN_IF_ERROR(CheckIntField("bert.num_heads", c.num_heads(), 1,
-                                   std::max<int64_t>(1, c.width()), "at most width"));
-  PP_RETURN_IF_ERROR(CheckIntField("bert.num_layers", c.num_layers(), 1, 100000));
-  PP_RETURN_IF_ERROR(CheckIntField("bert.mlp_ratio", c.mlp_ratio(), 1, 64));
-  PP_RETURN_IF_ERROR(CheckRealField("bert.dropout", c.dropout(), '[', 0, 1, ')'));
+  // shorter context failed in every worker after launch. The data is
+  // byte-tokenized: every id it holds needs a row.
+  PP_RETURN_IF_ERROR(CheckTransformerFields(
+      "bert", c,
+      {.min_context_length = 8,
+       .context_length_why = "[CLS] A [SEP] B [SEP] samples need 8",
+       .min_vocab_size = ByteTokenizer::kVocabSize,
+       .vocab_size_why = "each of the byte tokenizer's 260 ids needs a row"}));
   PP_RETURN_IF_ERROR(CheckRealField("bert.mask_prob", c.mask_prob(), '(', 0, 1, ']'));
-  // The data is byte-tokenized: every id it holds needs a row.
-  PP_RETURN_IF_ERROR(CheckIntField("bert.vocab_size", c.vocab_size(), ByteTokenizer::kVocabSize,
-                                   int64_t{1} << 24,
-                                   "each of the byte tokenizer's 260 ids needs a row"));
   PP_RETURN_IF_ERROR(ValidateBertModelConfig(c));
   PP_RETURN_IF_ERROR(ValidateBertParallelism(c, run.tp, run.sequence_parallel));
-  // A block per model part (the embedding and the head ride along).
-  const int64_t parts = run.pp * run.chunks;
-  if (parts <= c.num_layers()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parallelism.pp (", run.pp, ") x parallelism.chunks (", run.chunks, ") = ", parts,
-      " model parts, but the model has only ", c.num_layers(),
-      " blocks (bert.num_layers); use at most ", c.num_layers(), " parts or more layers"));
+  return CheckBlocksPerPart(run, c.num_layers(), "bert.num_layers");
 }
 
 MlmDataOptions MlmOptions(const BertModelConfig& c, const ModelRun& run, uint64_t seed) {

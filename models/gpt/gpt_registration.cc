@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/field_checks.h"
 #include "common/status_macros.h"
 #include "models/data/corpus.h"
 #include "models/data/lm_data.h"
@@ -27,26 +26,14 @@ namespace pp {
 namespace {
 
 absl::Status ValidateGpt(const GptModelConfig& c, const ModelRun& run) {
-  PP_RETURN_IF_ERROR(CheckIntField("gpt.context_length", c.context_length(), 1, 65536));
-  PP_RETURN_IF_ERROR(CheckIntField("gpt.width", c.width(), 1, 65536));
-  PP_RETURN_IF_ERROR(CheckIntField("gpt.num_heads", c.num_heads(), 1,
-                                   std::max<int64_t>(1, c.width()), "at most width"));
-  PP_RETURN_IF_ERROR(CheckIntField("gpt.num_layers", c.num_layers(), 1, 100000));
-  PP_RETURN_IF_ERROR(CheckIntField("gpt.mlp_ratio", c.mlp_ratio(), 1, 64));
-  PP_RETURN_IF_ERROR(CheckRealField("gpt.dropout", c.dropout(), '[', 0, 1, ')'));
   // The data is byte-tokenized: every id it holds needs a row.
-  PP_RETURN_IF_ERROR(CheckIntField("gpt.vocab_size", c.vocab_size(), ByteTokenizer::kVocabSize,
-                                   int64_t{1} << 24,
-                                   "each of the byte tokenizer's 260 ids needs a row"));
+  PP_RETURN_IF_ERROR(CheckTransformerFields(
+      "gpt", c,
+      {.min_vocab_size = ByteTokenizer::kVocabSize,
+       .vocab_size_why = "each of the byte tokenizer's 260 ids needs a row"}));
   PP_RETURN_IF_ERROR(ValidateGptModelConfig(c));
   PP_RETURN_IF_ERROR(ValidateGptParallelism(c, run.tp, run.sequence_parallel));
-  // A block per model part (the embedding and the head ride along).
-  const int64_t parts = run.pp * run.chunks;
-  if (parts <= c.num_layers()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parallelism.pp (", run.pp, ") x parallelism.chunks (", run.chunks, ") = ", parts,
-      " model parts, but the model has only ", c.num_layers(),
-      " blocks (gpt.num_layers); use at most ", c.num_layers(), " parts or more layers"));
+  return CheckBlocksPerPart(run, c.num_layers(), "gpt.num_layers");
 }
 
 LmDataOptions LmOptions(const GptModelConfig& c, const ModelRun& run, uint64_t seed) {

@@ -47,13 +47,7 @@ absl::Status ValidateLlama(const LlamaModelConfig& c, const ModelRun& run) {
   // Divisibility (num_kv_heads | num_heads, even head width), rope_theta, norm_eps.
   PP_RETURN_IF_ERROR(ValidateLlamaModelConfig(c));
   PP_RETURN_IF_ERROR(ValidateLlamaParallelism(c, run.tp, run.sequence_parallel));
-  // A block per model part (the embedding, norm and head ride along).
-  const int64_t parts = run.pp * run.chunks;
-  if (parts <= c.num_layers()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parallelism.pp (", run.pp, ") x parallelism.chunks (", run.chunks, ") = ", parts,
-      " model parts, but the model has only ", c.num_layers(),
-      " blocks (llama.num_layers); use at most ", c.num_layers(), " parts or more layers"));
+  return CheckBlocksPerPart(run, c.num_layers(), "llama.num_layers");
 }
 
 // llama.tokenizer: relative paths are taken from the workspace under `bazel
