@@ -203,6 +203,28 @@ torch::Tensor InputIds(const Activations& inputs, const MicroBatch& batch) {
   return ids;
 }
 
+torch::Tensor EmbeddingInputIds(const Activations& inputs, const MicroBatch& batch,
+                                absl::string_view layer, absl::string_view model,
+                                int64_t context_length) {
+  torch::Tensor ids = InputIds(inputs, batch);
+  TORCH_CHECK(ids.dim() == 2, layer, " expects input_ids [batch, time], got ", ids.sizes());
+  CheckSequenceLength(ids.size(1), model, context_length);
+  return ids;
+}
+
+void CheckSequenceLength(int64_t time, absl::string_view model, int64_t context_length) {
+  TORCH_CHECK(time <= context_length, "sequence length ", time, " exceeds ", model,
+              ".context_length ", context_length);
+}
+
+std::pair<int64_t, int64_t> SequenceSlice(int64_t time, const ModelParallelGroup& group) {
+  TORCH_CHECK(time % group.size == 0, "sequence length ", time,
+              " must be a multiple of the tensor-parallel size ", group.size,
+              " under sequence parallelism");
+  const int64_t local = time / group.size;
+  return {group.rank * local, local};
+}
+
 namespace internal_transformer {
 
 absl::Status ValidateConfig(absl::string_view model,

@@ -123,6 +123,22 @@ int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden);
 // Throws c10::Error when neither is there or the ids are not integers.
 torch::Tensor InputIds(const Activations& inputs, const MicroBatch& batch);
 
+// InputIds checked for an embedding layer of a model with `context_length`
+// positions: [batch, time] (else c10::Error naming `layer`) and
+// CheckSequenceLength.
+torch::Tensor EmbeddingInputIds(const Activations& inputs, const MicroBatch& batch,
+                                absl::string_view layer, absl::string_view model,
+                                int64_t context_length);
+
+// Throws c10::Error naming `<model>.context_length` when a sequence of `time`
+// tokens is longer than the model's `context_length` positions.
+void CheckSequenceLength(int64_t time, absl::string_view model, int64_t context_length);
+
+// Under sequence parallelism, this rank's slice of a sequence of `time`
+// tokens: {first token, tokens}. Throws c10::Error unless the group's size
+// divides `time`.
+std::pair<int64_t, int64_t> SequenceSlice(int64_t time, const ModelParallelGroup& group);
+
 namespace internal_transformer {
 
 absl::Status ValidateConfig(absl::string_view model,

@@ -46,11 +46,9 @@ torch::Tensor BertEmbeddingImpl::Logits(const torch::Tensor& x) const {
 }
 
 Activations BertEmbeddingImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
-  const torch::Tensor ids = InputIds(inputs, batch);
-  TORCH_CHECK(ids.dim() == 2, "BertEmbedding expects input_ids [batch, time], got ", ids.sizes());
+  const torch::Tensor ids =
+      EmbeddingInputIds(inputs, batch, "BertEmbedding", "bert", pos_embed->weight.size(0));
   const int64_t time = ids.size(1);
-  TORCH_CHECK(time <= pos_embed->weight.size(0), "sequence length ", time,
-              " exceeds bert.context_length ", pos_embed->weight.size(0));
   torch::Tensor positions =
       torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
   torch::Tensor types =
@@ -62,10 +60,7 @@ Activations BertEmbeddingImpl::Forward(const Activations& inputs, const MicroBat
   // rank's slice of the sequence; that slice's rows of the (replicated)
   // position and type tables, whose gradients the group sums; the dense
   // model's dropout noise, sliced.
-  TORCH_CHECK(time % group_.size == 0, "sequence length ", time,
-              " must be a multiple of the tensor-parallel size ", group_.size,
-              " under sequence parallelism");
-  const int64_t local = time / group_.size, begin = group_.rank * local;
+  const auto [begin, local] = SequenceSlice(time, group_);
   const torch::Tensor x =
       word_embed(ids) +
       torch::embedding(tensor_parallel::SequenceParallelReplicated(pos_embed->weight, group_),

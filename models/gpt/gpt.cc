@@ -66,26 +66,20 @@ torch::Tensor GptEmbeddingImpl::Logits(const torch::Tensor& x) const {
 }
 
 Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
-  const torch::Tensor ids = InputIds(inputs, batch);
-  TORCH_CHECK(ids.dim() == 2, "GptEmbedding expects input_ids [batch, time], got ", ids.sizes());
+  const torch::Tensor ids =
+      EmbeddingInputIds(inputs, batch, "GptEmbedding", "gpt", pos_embed->weight.size(0));
   const int64_t time = ids.size(1);
-  TORCH_CHECK(time <= pos_embed->weight.size(0), "sequence length ", time,
-              " exceeds gpt.context_length ", pos_embed->weight.size(0));
   const torch::Tensor positions = Positions(batch, time, ids.device());
   const bool packed = positions.dim() == 2;
   if (!group_.sequence_parallel) return {dropout_(tok_embed(ids) + pos_embed(positions))};
   // Sequence parallelism: the token embeddings arrive reduce-scattered to this
   // rank's slice of the sequence; its positions' rows of the (replicated)
   // table, whose gradient the group sums; the slice of the dense mask.
-  TORCH_CHECK(time % group_.size == 0, "sequence length ", time,
-              " must be a multiple of the tensor-parallel size ", group_.size,
-              " under sequence parallelism");
-  const int64_t local = time / group_.size;
+  const auto [begin, local] = SequenceSlice(time, group_);
   const torch::Tensor table =
       tensor_parallel::SequenceParallelReplicated(pos_embed->weight, group_);
   const torch::Tensor x =
-      tok_embed(ids) +
-      torch::embedding(table, positions.narrow(packed ? 1 : 0, group_.rank * local, local));
+      tok_embed(ids) + torch::embedding(table, positions.narrow(packed ? 1 : 0, begin, local));
   return {tensor_parallel::ShardedDropout(x, dropout_->options.p(), is_training(), 1, group_)};
 }
 
@@ -105,8 +99,7 @@ Activations GptPositionEmbeddingImpl::Forward(const Activations& inputs, const M
               "GptPositionEmbedding expects the token embeddings [batch, time, width]");
   const torch::Tensor& tokens = inputs[0];
   const int64_t time = tokens.size(1);
-  TORCH_CHECK(time <= pos_embed->weight.size(0), "sequence length ", time,
-              " exceeds gpt.context_length ", pos_embed->weight.size(0));
+  CheckSequenceLength(time, "gpt", pos_embed->weight.size(0));
   return {dropout_(tokens + pos_embed(Positions(batch, time, tokens.device())))};
 }
 

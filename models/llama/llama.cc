@@ -300,10 +300,8 @@ torch::Tensor LlamaEmbeddingImpl::Logits(const torch::Tensor& x) const {
 }
 
 Activations LlamaEmbeddingImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
-  const torch::Tensor ids = InputIds(inputs, batch);
-  TORCH_CHECK(ids.dim() == 2, "LlamaEmbedding expects input_ids [batch, time], got ", ids.sizes());
-  TORCH_CHECK(ids.size(1) <= context_length_, "sequence length ", ids.size(1),
-              " exceeds llama.context_length ", context_length_);
+  const torch::Tensor ids =
+      EmbeddingInputIds(inputs, batch, "LlamaEmbedding", "llama", context_length_);
   // Under sequence parallelism the embeddings arrive reduce-scattered to this
   // rank's sequence slice: its slice of the dense mask.
   if (group_.sequence_parallel) {
@@ -411,8 +409,7 @@ class LlamaEmbeddingDropoutImpl : public LayerImpl {
   Activations Forward(const Activations& inputs, const MicroBatch&) override {
     TORCH_CHECK(inputs.size() == 1 && inputs[0].dim() == 3 && inputs[0].is_floating_point(),
                 "LlamaEmbeddingDropout expects the token embeddings [batch, time, width]");
-    TORCH_CHECK(inputs[0].size(1) <= context_length_, "sequence length ", inputs[0].size(1),
-                " exceeds llama.context_length ", context_length_);
+    CheckSequenceLength(inputs[0].size(1), "llama", context_length_);
     return {dropout_(inputs[0])};
   }
 
