@@ -73,7 +73,7 @@ double RawRead(const std::string& path) {
 }
 
 // The table (checkpoint save and load against the raw disk) and the JSON line.
-void Report(const GptConfig& config, int64_t params, int files, int64_t bytes, int repeats,
+void Report(const GptModelConfig& config, int64_t params, int files, int64_t bytes, int repeats,
             const std::string& dir, const std::vector<double>& save_s,
             const std::vector<double>& load_s, const std::vector<double>& raw_write_s,
             const std::vector<double>& raw_read_s) {
@@ -83,8 +83,8 @@ void Report(const GptConfig& config, int64_t params, int files, int64_t bytes, i
   std::printf(
       "bench_checkpoint: GPT %lld layers, width %lld, vocab %lld, context %lld: %.1fM "
       "parameters%s\n",
-      static_cast<long long>(config.num_layers), static_cast<long long>(config.width),
-      static_cast<long long>(config.vocab_size), static_cast<long long>(config.context_length),
+      static_cast<long long>(config.num_layers()), static_cast<long long>(config.width()),
+      static_cast<long long>(config.vocab_size()), static_cast<long long>(config.context_length()),
       params / 1e6, absl::GetFlag(FLAGS_optimizer) ? " + AdamW state" : "");
   std::printf("checkpoint: %d files, %.1f MB, median of %d runs, dir %s\n", files, mb, repeats,
               dir.c_str());
@@ -113,12 +113,12 @@ void Report(const GptConfig& config, int64_t params, int files, int64_t bytes, i
 
 int Main() {
   SetBenchThreads(1);
-  GptConfig config;
-  config.num_layers = absl::GetFlag(FLAGS_layers);
-  config.width = absl::GetFlag(FLAGS_width);
-  config.num_heads = absl::GetFlag(FLAGS_heads);
-  config.vocab_size = absl::GetFlag(FLAGS_vocab);
-  config.context_length = absl::GetFlag(FLAGS_context);
+  GptModelConfig config;
+  config.set_num_layers(absl::GetFlag(FLAGS_layers));
+  config.set_width(absl::GetFlag(FLAGS_width));
+  config.set_num_heads(absl::GetFlag(FLAGS_heads));
+  config.set_vocab_size(absl::GetFlag(FLAGS_vocab));
+  config.set_context_length(absl::GetFlag(FLAGS_context));
   auto specs = MakeGptSpecs(config);
   if (!specs.ok()) {
     std::fprintf(stderr, "%s\n", specs.status().ToString().c_str());

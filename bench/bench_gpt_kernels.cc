@@ -195,7 +195,7 @@ absl::Status Run() {
   }
   const int intra = SetBenchThreads(1);
   SetBlasThreads(absl::GetFlag(FLAGS_blas));
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(PeerGptConfig()));
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(PeerGptModelConfig()));
   PP_ASSIGN_OR_RETURN(StageModule model, BuildSequential(specs, kPeerGptSeed));
   const SyntheticLmOptions data = PeerGptData(1);
   PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource source, SyntheticLmBatchSource::Create(data));

@@ -152,7 +152,7 @@ absl::Status Run() {
   const int intra = SetBenchThreads(1);
   SetBlasThreads(absl::GetFlag(FLAGS_blas));
   const int m = absl::GetFlag(FLAGS_microbatches);
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(PeerGptConfig()));
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(PeerGptModelConfig()));
   const SyntheticLmOptions data = PeerGptData(m);
   PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource loop_source, SyntheticLmBatchSource::Create(data));
   PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource engine_source, SyntheticLmBatchSource::Create(data));

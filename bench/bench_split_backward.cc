@@ -202,7 +202,7 @@ void TimeSplitBackward(const StageForward& forward, bool measure, bool op_table,
 
 // The table (B, I, W, I+W and their ratio), the operator table with
 // --op_table, and the JSON line.
-void Report(const GptConfig& config, int64_t batch, int threads, int64_t steps, bool last,
+void Report(const GptModelConfig& config, int64_t batch, int threads, int64_t steps, bool last,
             const Samples& full, const Samples& input_half, const Samples& weight_half,
             const Samples& split, const OpTable& full_ops, const OpTable& split_ops) {
   const double ratio_wall = Median(split.wall) / Median(full.wall);
@@ -213,7 +213,7 @@ void Report(const GptConfig& config, int64_t batch, int threads, int64_t steps, 
       "%d threads, %lld reps, thread cpu\n",
       last ? "last stage of pp=2" : "one block",
       last ? "last blocks + norm + tied head + loss" : "a middle virtual stage",
-      static_cast<long long>(config.width), static_cast<long long>(config.context_length),
+      static_cast<long long>(config.width()), static_cast<long long>(config.context_length()),
       static_cast<long long>(batch), absl::GetFlag(FLAGS_checkpoint) ? "every layer" : "off",
       threads, static_cast<long long>(steps));
   std::printf("%-8s %-14s %-14s %-14s\n", "", "wall median ms", "cpu median ms", "cpu min ms");
@@ -247,12 +247,12 @@ absl::Status Run() {
   // variants time compute rather than page faults of re-mapped buffers.
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  GptConfig config;
-  config.num_layers = absl::GetFlag(FLAGS_gpt_layers);
-  config.width = absl::GetFlag(FLAGS_gpt_width);
-  config.num_heads = absl::GetFlag(FLAGS_gpt_heads);
-  config.context_length = absl::GetFlag(FLAGS_gpt_context);
-  config.dropout = 0.0;
+  GptModelConfig config;
+  config.set_num_layers(absl::GetFlag(FLAGS_gpt_layers));
+  config.set_width(absl::GetFlag(FLAGS_gpt_width));
+  config.set_num_heads(absl::GetFlag(FLAGS_gpt_heads));
+  config.set_context_length(absl::GetFlag(FLAGS_gpt_context));
+  config.set_dropout(0.0);
   const int64_t batch = absl::GetFlag(FLAGS_gpt_batch);
   PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(config));
   PP_ASSIGN_OR_RETURN(StageModule sequential, BuildSequential(specs, /*base_seed=*/0));
@@ -265,7 +265,7 @@ absl::Status Run() {
         absl::StrCat("--stage=", which, ": valid are \"last\" and \"block\""));
   }
   const bool last = which == "last";
-  const size_t first = 1 + static_cast<size_t>(config.num_layers / 2);
+  const size_t first = 1 + static_cast<size_t>(config.num_layers() / 2);
   std::vector<Layer> head(layers.begin(), layers.begin() + first);
   std::vector<Layer> stage(layers.begin() + first,
                            last ? layers.end() : layers.begin() + first + 1);
@@ -277,14 +277,14 @@ absl::Status Run() {
   }
   torch::manual_seed(0);
   torch::Tensor tokens =
-      torch::randint(config.vocab_size, {batch, config.context_length + 1}, torch::kLong);
+      torch::randint(config.vocab_size(), {batch, config.context_length() + 1}, torch::kLong);
   MicroBatch mb;
   mb.id = 0;
   mb.tensors["labels"] = tokens.slice(1, 1).contiguous();
   torch::Tensor hidden;
   {
     torch::NoGradGuard no_grad;
-    hidden = RunLayers(head, {tokens.slice(1, 0, config.context_length).contiguous()}, mb)[0];
+    hidden = RunLayers(head, {tokens.slice(1, 0, config.context_length()).contiguous()}, mb)[0];
   }
   const torch::Tensor output_grad = torch::randn_like(hidden) * 1e-3;
   std::vector<torch::Tensor> params = sequential->parameters();

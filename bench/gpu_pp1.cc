@@ -98,7 +98,7 @@ absl::Status Run() {
   PP_RETURN_IF_ERROR(DeviceForLocalRank(kind, 0).status());
 
   const int m = absl::GetFlag(FLAGS_microbatches);
-  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(PeerGptConfig()));
+  PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(PeerGptModelConfig()));
   const SyntheticLmOptions data = PeerGptData(m);
   PP_ASSIGN_OR_RETURN(SyntheticLmBatchSource source, SyntheticLmBatchSource::Create(data));
 

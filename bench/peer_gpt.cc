@@ -14,13 +14,13 @@ ABSL_FLAG(int, micro_batch_size, 4, "Sequences per micro-batch.");
 
 namespace pp {
 
-GptConfig PeerGptConfig() {
-  GptConfig config;
-  config.vocab_size = 256;
-  config.width = absl::GetFlag(FLAGS_width);
-  config.num_layers = absl::GetFlag(FLAGS_layers);
-  config.num_heads = absl::GetFlag(FLAGS_heads);
-  config.context_length = absl::GetFlag(FLAGS_context);
+GptModelConfig PeerGptModelConfig() {
+  GptModelConfig config;
+  config.set_vocab_size(256);
+  config.set_width(absl::GetFlag(FLAGS_width));
+  config.set_num_layers(absl::GetFlag(FLAGS_layers));
+  config.set_num_heads(absl::GetFlag(FLAGS_heads));
+  config.set_context_length(absl::GetFlag(FLAGS_context));
   return config;
 }
 

@@ -37,7 +37,7 @@ namespace pp {
 inline constexpr uint64_t kPeerGptSeed = 1234;
 
 // The GPT of the size flags: vocabulary 256 (bytes), MLP 4x, no dropout.
-GptConfig PeerGptConfig();
+GptModelConfig PeerGptModelConfig();
 
 // Its synthetic data: sequences of --context tokens, --micro_batch_size of
 // them per micro-batch, `num_microbatches` per step, seed kPeerGptSeed.

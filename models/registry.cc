@@ -82,6 +82,16 @@ const gpb::FieldDescriptor* ModelExtension(const ModelInfo& model) {
                                                                       model.extension_number);
 }
 
+absl::Status CheckBlocksPerPart(const ModelRun& run, int64_t num_blocks,
+                                absl::string_view num_blocks_field) {
+  const int64_t parts = run.pp * run.chunks;
+  if (parts <= num_blocks) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("parallelism.pp (", run.pp, ") x parallelism.chunks (", run.chunks,
+                   ") = ", parts, " model parts, but the model has only ", num_blocks, " blocks (",
+                   num_blocks_field, "); use at most ", num_blocks, " parts or more layers"));
+}
+
 absl::StatusOr<SelectedModel> SelectModel(const ModelConfig& config) {
   std::vector<const gpb::FieldDescriptor*> set;
   config.GetReflection()->ListFields(config, &set);

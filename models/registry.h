@@ -96,6 +96,13 @@ struct ModelRun {
   std::string packing_order = "seed";  // data.packing_order: "seed" or "cost"
 };
 
+// A block per model part: a run cuts the model into pp x chunks parts (the
+// embedding and the head ride along with the first and last blocks).
+// InvalidArgument naming `num_blocks_field` (e.g. "gpt.num_layers") when the
+// model has fewer than `num_blocks`.
+absl::Status CheckBlocksPerPart(const ModelRun& run, int64_t num_blocks,
+                                absl::string_view num_blocks_field);
+
 // A model's data for one run. Every rank makes its own (the sources must be
 // deterministic in (step, index); see micro_batch_source.h).
 struct ModelData {

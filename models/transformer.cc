@@ -203,9 +203,33 @@ torch::Tensor InputIds(const Activations& inputs, const MicroBatch& batch) {
   return ids;
 }
 
-absl::Status ValidateTransformerConfig(absl::string_view model,
-                                       std::initializer_list<std::pair<const char*, int64_t>> sizes,
-                                       int64_t width, int64_t num_heads, double dropout) {
+torch::Tensor EmbeddingInputIds(const Activations& inputs, const MicroBatch& batch,
+                                absl::string_view layer, absl::string_view model,
+                                int64_t context_length) {
+  torch::Tensor ids = InputIds(inputs, batch);
+  TORCH_CHECK(ids.dim() == 2, layer, " expects input_ids [batch, time], got ", ids.sizes());
+  CheckSequenceLength(ids.size(1), model, context_length);
+  return ids;
+}
+
+void CheckSequenceLength(int64_t time, absl::string_view model, int64_t context_length) {
+  TORCH_CHECK(time <= context_length, "sequence length ", time, " exceeds ", model,
+              ".context_length ", context_length);
+}
+
+std::pair<int64_t, int64_t> SequenceSlice(int64_t time, const ModelParallelGroup& group) {
+  TORCH_CHECK(time % group.size == 0, "sequence length ", time,
+              " must be a multiple of the tensor-parallel size ", group.size,
+              " under sequence parallelism");
+  const int64_t local = time / group.size;
+  return {group.rank * local, local};
+}
+
+namespace internal_transformer {
+
+absl::Status ValidateConfig(absl::string_view model,
+                            std::initializer_list<std::pair<const char*, int64_t>> sizes,
+                            int64_t width, int64_t num_heads, double dropout) {
   for (const auto& [name, value] : sizes) {
     if (value <= 0)
       return absl::InvalidArgumentError(
@@ -223,9 +247,8 @@ absl::Status ValidateTransformerConfig(absl::string_view model,
   return absl::OkStatus();
 }
 
-absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
-                                            bool sequence_parallel, int64_t num_heads,
-                                            int64_t mlp_hidden, int64_t context_length) {
+absl::Status ValidateParallelism(absl::string_view model, int64_t tp, bool sequence_parallel,
+                                 int64_t num_heads, int64_t mlp_hidden, int64_t context_length) {
   if (sequence_parallel && tp <= 1) {
     return absl::InvalidArgumentError(
         "parallelism.sequence_parallel needs parallelism.tp > 1: it splits the sequence over the "
@@ -251,4 +274,5 @@ absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
   return absl::OkStatus();
 }
 
+}  // namespace internal_transformer
 }  // namespace pp

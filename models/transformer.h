@@ -6,6 +6,7 @@
 #ifndef MODELS_TRANSFORMER_H_
 #define MODELS_TRANSFORMER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -15,7 +16,10 @@
 #include <torch/torch.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/field_checks.h"
+#include "common/status_macros.h"
 #include "pipeline/layers/layer.h"
 #include "pipeline/layers/layer_context.h"
 #include "pipeline/tensor_parallel/linear.h"
@@ -119,20 +123,99 @@ int64_t TransformerBlockParameterCount(int64_t width, int64_t hidden);
 // Throws c10::Error when neither is there or the ids are not integers.
 torch::Tensor InputIds(const Activations& inputs, const MicroBatch& batch);
 
-// The checks GPT and BERT configs share, with errors naming `<model>.<field>`:
-// every size in `sizes` positive, width a multiple of num_heads, dropout in [0, 1).
-absl::Status ValidateTransformerConfig(absl::string_view model,
-                                       std::initializer_list<std::pair<const char*, int64_t>> sizes,
-                                       int64_t width, int64_t num_heads, double dropout);
+// InputIds checked for an embedding layer of a model with `context_length`
+// positions: [batch, time] (else c10::Error naming `layer`) and
+// CheckSequenceLength.
+torch::Tensor EmbeddingInputIds(const Activations& inputs, const MicroBatch& batch,
+                                absl::string_view layer, absl::string_view model,
+                                int64_t context_length);
 
-// What tensor parallelism of size `tp` needs of a transformer, with errors
+// Throws c10::Error naming `<model>.context_length` when a sequence of `time`
+// tokens is longer than the model's `context_length` positions.
+void CheckSequenceLength(int64_t time, absl::string_view model, int64_t context_length);
+
+// Under sequence parallelism, this rank's slice of a sequence of `time`
+// tokens: {first token, tokens}. Throws c10::Error unless the group's size
+// divides `time`.
+std::pair<int64_t, int64_t> SequenceSlice(int64_t time, const ModelParallelGroup& group);
+
+namespace internal_transformer {
+
+absl::Status ValidateConfig(absl::string_view model,
+                            std::initializer_list<std::pair<const char*, int64_t>> sizes,
+                            int64_t width, int64_t num_heads, double dropout);
+absl::Status ValidateParallelism(absl::string_view model, int64_t tp, bool sequence_parallel,
+                                 int64_t num_heads, int64_t mlp_hidden, int64_t context_length);
+
+}  // namespace internal_transformer
+
+// The checks GPT's and BERT's configs share. `Config` is either's message
+// (models/gpt/gpt_config.proto, models/bert/bert_config.proto), which name
+// the fields read here alike; errors name `<model>.<field>`: every size
+// positive, width a multiple of num_heads, dropout in [0, 1).
+template <typename Config>
+absl::Status ValidateTransformerConfig(absl::string_view model, const Config& c) {
+  return internal_transformer::ValidateConfig(model,
+                                              {{"vocab_size", c.vocab_size()},
+                                               {"context_length", c.context_length()},
+                                               {"width", c.width()},
+                                               {"num_heads", c.num_heads()},
+                                               {"num_layers", c.num_layers()},
+                                               {"mlp_ratio", c.mlp_ratio()}},
+                                              c.width(), c.num_heads(), c.dropout());
+}
+
+// What tensor parallelism of size `tp` needs of such a config, with errors
 // naming `<model>.<field>` and what would divide: heads and the MLP's hidden
-// width split evenly; under sequence parallelism tp > 1 and the sequence
-// (`<model>.context_length`, every window's length) split evenly. (Dropout is
-// fine: each rank keeps its slice of the dense mask.)
-absl::Status ValidateTransformerParallelism(absl::string_view model, int64_t tp,
-                                            bool sequence_parallel, int64_t num_heads,
-                                            int64_t mlp_hidden, int64_t context_length);
+// width (mlp_ratio x width) split evenly; under sequence parallelism tp > 1
+// and the sequence (`<model>.context_length`, every window's length) split
+// evenly. (Dropout is fine: each rank keeps its slice of the dense mask.)
+template <typename Config>
+absl::Status ValidateTransformerParallelism(absl::string_view model, const Config& c, int64_t tp,
+                                            bool sequence_parallel) {
+  return internal_transformer::ValidateParallelism(model, tp, sequence_parallel, c.num_heads(),
+                                                   c.mlp_ratio() * c.width(), c.context_length());
+}
+
+// What a run's config is held to before launch (a registration's validate)
+// beyond ValidateTransformerConfig: upper bounds, and the lower bounds of the
+// fields whose floor the model's data decides.
+struct TransformerFieldBounds {
+  int64_t min_context_length = 1;
+  absl::string_view context_length_why;  // where the floor comes from
+  int64_t min_vocab_size = 1;
+  absl::string_view vocab_size_why;
+};
+
+// GPT's and BERT's shared fields in their ranges (common/field_checks.h),
+// errors naming `<model>.<field>`: context_length in [min, 65536], width in
+// [1, 65536], num_heads in [1, width], num_layers in [1, 100000], mlp_ratio in
+// [1, 64], dropout in [0, 1), vocab_size in [min, 2^24].
+template <typename Config>
+absl::Status CheckTransformerFields(absl::string_view model, const Config& c,
+                                    const TransformerFieldBounds& bounds) {
+  const auto name = [model](absl::string_view field) { return absl::StrCat(model, ".", field); };
+  PP_RETURN_IF_ERROR(CheckIntField(name("context_length"), c.context_length(),
+                                   bounds.min_context_length, 65536, bounds.context_length_why));
+  PP_RETURN_IF_ERROR(CheckIntField(name("width"), c.width(), 1, 65536));
+  PP_RETURN_IF_ERROR(CheckIntField(name("num_heads"), c.num_heads(), 1,
+                                   std::max<int64_t>(1, c.width()), "at most width"));
+  PP_RETURN_IF_ERROR(CheckIntField(name("num_layers"), c.num_layers(), 1, 100000));
+  PP_RETURN_IF_ERROR(CheckIntField(name("mlp_ratio"), c.mlp_ratio(), 1, 64));
+  PP_RETURN_IF_ERROR(CheckRealField(name("dropout"), c.dropout(), '[', 0, 1, ')'));
+  return CheckIntField(name("vocab_size"), c.vocab_size(), bounds.min_vocab_size, int64_t{1} << 24,
+                       bounds.vocab_size_why);
+}
+
+// For a layer's constructor: throws c10::Error with
+// ValidateTransformerParallelism's message when `group` cannot split `c`.
+template <typename Config>
+void CheckTransformerParallelism(absl::string_view model, const Config& c,
+                                 const ModelParallelGroup& group) {
+  const absl::Status status =
+      ValidateTransformerParallelism(model, c, group.size, group.sequence_parallel);
+  TORCH_CHECK(status.ok(), status.message());
+}
 
 }  // namespace pp
 

@@ -38,10 +38,10 @@ FILES = {
         }
         message ExperimentConfig {
           optional OptimizerConfig optimizer = 1;
-          oneof model { GptConfig gpt = 2; }
+          oneof model { GptModelConfig gpt = 2; }
           optional int64 steps = 3;
         }
-        message GptConfig { optional int64 num_layers = 1; }
+        message GptModelConfig { optional int64 num_layers = 1; }
         """),
     "docs/pic.png": "png",
     "docs/paths.md": PATHS,

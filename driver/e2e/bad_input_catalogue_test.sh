@@ -39,6 +39,7 @@ optimizer.beta1 (1) must be finite and in [0, 1)|--set=optimizer.beta1=1
 optimizer.beta2 (1.57) must be finite and in [0, 1)|--set=optimizer.beta2=1.57
 log_interval (0) must be at least 1|--set=log_interval=0
 gpt.num_layers (100000000) must be at most 100000|--set=gpt.num_layers=100000000
+gpt.vocab_size (100) must be at least 260 and at most 16777216 (each of the byte tokenizer's 260 ids needs a row)|--set=gpt.vocab_size=100
 parallelism.num_microbatches (1000000000) must be at most 65536|--microbatches=1000000000
 the run needs an estimated|--set=gpt.num_layers=50000,gpt.width=8192,gpt.num_heads=64 --partition=uniform
 config 'experiments/configs' is not a regular file (a directory)|--config=experiments/configs

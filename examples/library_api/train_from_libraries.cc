@@ -50,32 +50,39 @@ constexpr int kStages = 2;
 constexpr int kMicroBatches = 4;
 constexpr int64_t kBatch = 2;
 
-GptConfig ExampleGpt() {
-  return GptConfig{
-      .vocab_size = 32, .context_length = 16, .width = 32, .num_heads = 2, .num_layers = 4};
+// The hyperparameters are the model's config message (models/gpt/gpt_config.proto),
+// the one a driver run reads from `model { [pp.gpt] { ... } }`.
+GptModelConfig ExampleGpt() {
+  GptModelConfig gpt;
+  gpt.set_vocab_size(32);
+  gpt.set_context_length(16);
+  gpt.set_width(32);
+  gpt.set_num_heads(2);
+  gpt.set_num_layers(4);
+  return gpt;
 }
 
 // Token sequences that count upwards modulo the vocabulary from a start drawn
 // from (step, index): a GPT learns the rule within a few dozen steps.
 class CountingSource : public MicroBatchSource {
  public:
-  explicit CountingSource(const GptConfig& gpt) : gpt_(gpt) {}
+  explicit CountingSource(const GptModelConfig& gpt) : gpt_(gpt) {}
 
   absl::StatusOr<MicroBatchData> Get(int64_t step, int64_t index) override {
     torch::Generator gen =
         at::detail::createCPUGenerator(static_cast<uint64_t>(step * 1000 + index + 1));
-    const torch::Tensor starts = torch::randint(gpt_.vocab_size, {kBatch, 1}, gen, torch::kLong);
+    const torch::Tensor starts = torch::randint(gpt_.vocab_size(), {kBatch, 1}, gen, torch::kLong);
     const torch::Tensor tokens =
-        (starts + torch::arange(gpt_.context_length + 1, torch::kLong)) % gpt_.vocab_size;
+        (starts + torch::arange(gpt_.context_length() + 1, torch::kLong)) % gpt_.vocab_size();
     MicroBatchData data;
-    data.inputs = {tokens.slice(1, 0, gpt_.context_length)};
+    data.inputs = {tokens.slice(1, 0, gpt_.context_length())};
     data.batch.id = step * kMicroBatches + index;
-    data.batch.tensors["labels"] = tokens.slice(1, 1, gpt_.context_length + 1);
+    data.batch.tensors["labels"] = tokens.slice(1, 1, gpt_.context_length() + 1);
     return data;
   }
 
  private:
-  GptConfig gpt_;
+  GptModelConfig gpt_;
 };
 
 // This rank's stage of the GPT, cut by `partition` into kStages parts.
@@ -112,7 +119,7 @@ absl::Status Run() {
   PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topology));
   const bool printer = grid.global_rank() == 0;
 
-  const GptConfig gpt = ExampleGpt();
+  const GptModelConfig gpt = ExampleGpt();
   PP_ASSIGN_OR_RETURN(const std::vector<LayerSpec> specs, MakeGptSpecs(gpt));
   PartitionRequest request{.specs = &specs, .num_parts = kStages, .base_seed = 1234};
   PP_ASSIGN_OR_RETURN(const Bounds bounds, Partition(absl::GetFlag(FLAGS_partition), request));

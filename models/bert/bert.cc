@@ -9,42 +9,25 @@
 
 namespace pp {
 
-absl::Status ValidateBertConfig(const BertConfig& c) {
-  return ValidateTransformerConfig("bert",
-                                   {{"vocab_size", c.vocab_size},
-                                    {"context_length", c.context_length},
-                                    {"width", c.width},
-                                    {"num_heads", c.num_heads},
-                                    {"num_layers", c.num_layers},
-                                    {"mlp_ratio", c.mlp_ratio},
-                                    {"type_vocab_size", c.type_vocab_size}},
-                                   c.width, c.num_heads, c.dropout);
+absl::Status ValidateBertModelConfig(const BertModelConfig& config) {
+  return ValidateTransformerConfig("bert", config);
 }
 
-absl::Status ValidateBertParallelism(const BertConfig& config, int64_t tp, bool sequence_parallel) {
-  return ValidateTransformerParallelism("bert", tp, sequence_parallel, config.num_heads,
-                                        config.mlp_ratio * config.width, config.context_length);
+absl::Status ValidateBertParallelism(const BertModelConfig& config, int64_t tp,
+                                     bool sequence_parallel) {
+  return ValidateTransformerParallelism("bert", config, tp, sequence_parallel);
 }
 
-namespace {
-
-void CheckParallelism(const BertConfig& config, const ModelParallelGroup& group) {
-  const absl::Status status = ValidateBertParallelism(config, group.size, group.sequence_parallel);
-  TORCH_CHECK(status.ok(), status.message());
-}
-
-}  // namespace
-
-BertEmbeddingImpl::BertEmbeddingImpl(const BertConfig& config, const ModelParallelGroup& group)
+BertEmbeddingImpl::BertEmbeddingImpl(const BertModelConfig& config, const ModelParallelGroup& group)
     : LayerImpl("BertEmbedding"), group_(group) {
-  CheckParallelism(config, group);
+  CheckTransformerParallelism("bert", config, group);
   // The dense word table drawn as the dense model draws it, so that a
   // tensor-parallel rank's rows are its slice (the same draws in the same
   // order at every tp); the modules registered in the dense order, which the
   // gradient norm's sum follows.
-  torch::nn::Embedding table(config.vocab_size, config.width);
-  torch::nn::Embedding pos(config.context_length, config.width);
-  torch::nn::Embedding types(config.type_vocab_size, config.width);
+  torch::nn::Embedding table(config.vocab_size(), config.width());
+  torch::nn::Embedding pos(config.context_length(), config.width());
+  torch::nn::Embedding types(kBertTypeVocabSize, config.width());
   {
     // BERT's N(0, 0.02) initialisation (the word table is also the decoder).
     torch::NoGradGuard no_grad;
@@ -54,8 +37,8 @@ BertEmbeddingImpl::BertEmbeddingImpl(const BertConfig& config, const ModelParall
       register_module("word_embed", tensor_parallel::VocabParallelEmbedding(table->weight, group));
   pos_embed = register_module("pos_embed", pos);
   type_embed = register_module("type_embed", types);
-  norm_ = register_module("norm", MakeLayerNorm(config.width, group));
-  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+  norm_ = register_module("norm", MakeLayerNorm(config.width(), group));
+  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout()));
 }
 
 torch::Tensor BertEmbeddingImpl::Logits(const torch::Tensor& x) const {
@@ -63,11 +46,9 @@ torch::Tensor BertEmbeddingImpl::Logits(const torch::Tensor& x) const {
 }
 
 Activations BertEmbeddingImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
-  const torch::Tensor ids = InputIds(inputs, batch);
-  TORCH_CHECK(ids.dim() == 2, "BertEmbedding expects input_ids [batch, time], got ", ids.sizes());
+  const torch::Tensor ids =
+      EmbeddingInputIds(inputs, batch, "BertEmbedding", "bert", pos_embed->weight.size(0));
   const int64_t time = ids.size(1);
-  TORCH_CHECK(time <= pos_embed->weight.size(0), "sequence length ", time,
-              " exceeds bert.context_length ", pos_embed->weight.size(0));
   torch::Tensor positions =
       torch::arange(time, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
   torch::Tensor types =
@@ -79,10 +60,7 @@ Activations BertEmbeddingImpl::Forward(const Activations& inputs, const MicroBat
   // rank's slice of the sequence; that slice's rows of the (replicated)
   // position and type tables, whose gradients the group sums; the dense
   // model's dropout noise, sliced.
-  TORCH_CHECK(time % group_.size == 0, "sequence length ", time,
-              " must be a multiple of the tensor-parallel size ", group_.size,
-              " under sequence parallelism");
-  const int64_t local = time / group_.size, begin = group_.rank * local;
+  const auto [begin, local] = SequenceSlice(time, group_);
   const torch::Tensor x =
       word_embed(ids) +
       torch::embedding(tensor_parallel::SequenceParallelReplicated(pos_embed->weight, group_),
@@ -93,15 +71,15 @@ Activations BertEmbeddingImpl::Forward(const Activations& inputs, const MicroBat
       tensor_parallel::ShardedDropout(norm_(x), dropout_->options.p(), is_training(), 1, group_)};
 }
 
-EncoderBlockImpl::EncoderBlockImpl(const BertConfig& config, const ModelParallelGroup& group)
+EncoderBlockImpl::EncoderBlockImpl(const BertModelConfig& config, const ModelParallelGroup& group)
     : LayerImpl("EncoderBlock") {
-  CheckParallelism(config, group);
-  attn_ =
-      register_module("attn", SelfAttention(config.width, config.num_heads, config.dropout, group));
-  ln1_ = register_module("ln1", MakeLayerNorm(config.width, group));
-  mlp_ = register_module("mlp",
-                         Mlp(config.width, config.mlp_ratio * config.width, config.dropout, group));
-  ln2_ = register_module("ln2", MakeLayerNorm(config.width, group));
+  CheckTransformerParallelism("bert", config, group);
+  attn_ = register_module(
+      "attn", SelfAttention(config.width(), config.num_heads(), config.dropout(), group));
+  ln1_ = register_module("ln1", MakeLayerNorm(config.width(), group));
+  mlp_ = register_module(
+      "mlp", Mlp(config.width(), config.mlp_ratio() * config.width(), config.dropout(), group));
+  ln2_ = register_module("ln2", MakeLayerNorm(config.width(), group));
 }
 
 Activations EncoderBlockImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -114,10 +92,10 @@ Activations EncoderBlockImpl::Forward(const Activations& inputs, const MicroBatc
   return {x};
 }
 
-MlmTransformImpl::MlmTransformImpl(const BertConfig& config, const ModelParallelGroup& group)
+MlmTransformImpl::MlmTransformImpl(const BertModelConfig& config, const ModelParallelGroup& group)
     : LayerImpl("MlmTransform"), group_(group) {
-  dense_ = register_module("dense", torch::nn::Linear(config.width, config.width));
-  norm_ = register_module("norm", MakeLayerNorm(config.width, group));
+  dense_ = register_module("dense", torch::nn::Linear(config.width(), config.width()));
+  norm_ = register_module("norm", MakeLayerNorm(config.width(), group));
 }
 
 Activations MlmTransformImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -147,21 +125,22 @@ Activations MlmBiasImpl::Forward(const Activations& inputs, const MicroBatch& ba
   return {inputs[0] + bias};
 }
 
-absl::StatusOr<std::vector<LayerSpec>> MakeBertSpecs(const BertConfig& config) {
-  if (absl::Status s = ValidateBertConfig(config); !s.ok()) return s;
-  const int64_t w = config.width;
+absl::StatusOr<std::vector<LayerSpec>> MakeBertSpecs(const BertModelConfig& config) {
+  if (absl::Status s = ValidateBertModelConfig(config); !s.ok()) return s;
+  const int64_t w = config.width();
   const int64_t embed_params =
-      (config.vocab_size + config.context_length + config.type_vocab_size) * w + 2 * w;
+      (config.vocab_size() + config.context_length() + kBertTypeVocabSize) * w + 2 * w;
   LayerFactory embed = [config](const LayerContext& ctx) {
     return std::make_shared<BertEmbeddingImpl>(config, ctx.model_parallel);
   };
   std::vector<LayerSpec> specs;
   specs.push_back(
       TiedLayerSpec("embed", embed).WithName("BertEmbedding").WithParameterCount(embed_params));
-  for (int64_t i = 0; i < config.num_layers; ++i) {
-    specs.push_back(LayerSpec("EncoderBlock", [config](const LayerContext& ctx) {
-                      return std::make_shared<EncoderBlockImpl>(config, ctx.model_parallel);
-                    }).WithParameterCount(TransformerBlockParameterCount(w, config.mlp_ratio * w)));
+  for (int64_t i = 0; i < config.num_layers(); ++i) {
+    specs.push_back(
+        LayerSpec("EncoderBlock", [config](const LayerContext& ctx) {
+          return std::make_shared<EncoderBlockImpl>(config, ctx.model_parallel);
+        }).WithParameterCount(TransformerBlockParameterCount(w, config.mlp_ratio() * w)));
   }
   specs.push_back(LayerSpec("MlmTransform", [config](const LayerContext& ctx) {
                     return std::make_shared<MlmTransformImpl>(config, ctx.model_parallel);
@@ -177,10 +156,10 @@ absl::StatusOr<std::vector<LayerSpec>> MakeBertSpecs(const BertConfig& config) {
   };
   specs.push_back(TiedLayerSpec("embed", embed, decoder)
                       .WithName("MlmDecoder")
-                      .WithParameterCount(config.vocab_size * w));
-  specs.push_back(LayerSpec("MlmBias", [v = config.vocab_size](const LayerContext& ctx) {
+                      .WithParameterCount(config.vocab_size() * w));
+  specs.push_back(LayerSpec("MlmBias", [v = config.vocab_size()](const LayerContext& ctx) {
                     return std::make_shared<MlmBiasImpl>(v, ctx.model_parallel);
-                  }).WithParameterCount(config.vocab_size));
+                  }).WithParameterCount(config.vocab_size()));
   return specs;
 }
 

@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "models/bert/bert_config.pb.h"
 #include "models/transformer.h"
 #include "pipeline/layers/layer.h"
 #include "pipeline/layers/layer_spec.h"
@@ -37,24 +38,18 @@
 
 namespace pp {
 
-struct BertConfig {
-  int64_t vocab_size = 260;  // ByteTokenizer::kVocabSize
-  int64_t context_length = 128;
-  int64_t width = 128;
-  int64_t num_heads = 4;
-  int64_t num_layers = 4;
-  int64_t mlp_ratio = 4;
-  int64_t type_vocab_size = 2;
-  double dropout = 0.0;
-};
+// Token types: segment A (0) and segment B (1) of a masked-LM sample
+// (models/data/mlm_data.h), as in BERT.
+inline constexpr int64_t kBertTypeVocabSize = 2;
 
 // InvalidArgument naming the bad field.
-absl::Status ValidateBertConfig(const BertConfig& config);
+absl::Status ValidateBertModelConfig(const BertModelConfig& config);
 
 // What tensor parallelism of size `tp` needs of `config`: heads and the MLP's
 // hidden width divisible by tp, and under sequence parallelism the context
 // length (ValidateTransformerParallelism). InvalidArgument naming the field.
-absl::Status ValidateBertParallelism(const BertConfig& config, int64_t tp, bool sequence_parallel);
+absl::Status ValidateBertParallelism(const BertModelConfig& config, int64_t tp,
+                                     bool sequence_parallel);
 
 // Parameters "word_embed.weight", "pos_embed.weight", "type_embed.weight",
 // "norm.{weight,bias}" ("word_embed.weight": this rank's rows of the padded
@@ -62,7 +57,7 @@ absl::Status ValidateBertParallelism(const BertConfig& config, int64_t tp, bool 
 // micro-batch has no "token_type_ids". Not thread-safe.
 class BertEmbeddingImpl : public LayerImpl {
  public:
-  explicit BertEmbeddingImpl(const BertConfig& config, const ModelParallelGroup& group = {});
+  explicit BertEmbeddingImpl(const BertModelConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
   // The tied MLM decoder: this rank's logits of hidden states `x` through the
   // word table (the input's gradient all-reduced over the group).
@@ -82,7 +77,7 @@ class BertEmbeddingImpl : public LayerImpl {
 // micro-batch's "attention_mask" [b, T] (true = real token), when present.
 class EncoderBlockImpl : public LayerImpl {
  public:
-  explicit EncoderBlockImpl(const BertConfig& config, const ModelParallelGroup& group = {});
+  explicit EncoderBlockImpl(const BertModelConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
 
  private:
@@ -97,7 +92,7 @@ class EncoderBlockImpl : public LayerImpl {
 // parallelism).
 class MlmTransformImpl : public LayerImpl {
  public:
-  explicit MlmTransformImpl(const BertConfig& config, const ModelParallelGroup& group = {});
+  explicit MlmTransformImpl(const BertModelConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
 
  private:
@@ -121,7 +116,7 @@ class MlmBiasImpl : public LayerImpl, public tensor_parallel::ShardedModule {
 };
 
 // num_layers + 4 specs with declared parameter counts.
-absl::StatusOr<std::vector<LayerSpec>> MakeBertSpecs(const BertConfig& config);
+absl::StatusOr<std::vector<LayerSpec>> MakeBertSpecs(const BertModelConfig& config);
 
 // Mean cross-entropy of logits `outputs[0]` [b, T, V] over the positions whose
 // "labels" are not kIgnoreLabel (-100).

@@ -20,38 +20,20 @@
 namespace pp {
 namespace {
 
-// The one conversion from the config message to the model's C++ config.
-BertConfig ToBertConfig(const BertModelConfig& c) {
-  return BertConfig{.vocab_size = ByteTokenizer::kVocabSize,
-                    .context_length = c.context_length(),
-                    .width = c.width(),
-                    .num_heads = c.num_heads(),
-                    .num_layers = c.num_layers(),
-                    .mlp_ratio = c.mlp_ratio(),
-                    .dropout = c.dropout()};
-}
-
 absl::Status ValidateBert(const BertModelConfig& c, const ModelRun& run) {
   // A masked-LM sample is [CLS] A [SEP] B [SEP] (models/data/mlm_data.h); a
-  // shorter context failed in every worker after launch.
-  PP_RETURN_IF_ERROR(CheckIntField("bert.context_length", c.context_length(), 8, 65536,
-                                   "[CLS] A [SEP] B [SEP] samples need 8"));
-  PP_RETURN_IF_ERROR(CheckIntField("bert.width", c.width(), 1, 65536));
-  PP_RETURN_IF_ERROR(CheckIntField("bert.num_heads", c.num_heads(), 1,
-                                   std::max<int64_t>(1, c.width()), "at most width"));
-  PP_RETURN_IF_ERROR(CheckIntField("bert.num_layers", c.num_layers(), 1, 100000));
-  PP_RETURN_IF_ERROR(CheckIntField("bert.mlp_ratio", c.mlp_ratio(), 1, 64));
-  PP_RETURN_IF_ERROR(CheckRealField("bert.dropout", c.dropout(), '[', 0, 1, ')'));
+  // shorter context failed in every worker after launch. The data is
+  // byte-tokenized: every id it holds needs a row.
+  PP_RETURN_IF_ERROR(CheckTransformerFields(
+      "bert", c,
+      {.min_context_length = 8,
+       .context_length_why = "[CLS] A [SEP] B [SEP] samples need 8",
+       .min_vocab_size = ByteTokenizer::kVocabSize,
+       .vocab_size_why = "each of the byte tokenizer's 260 ids needs a row"}));
   PP_RETURN_IF_ERROR(CheckRealField("bert.mask_prob", c.mask_prob(), '(', 0, 1, ']'));
-  PP_RETURN_IF_ERROR(ValidateBertConfig(ToBertConfig(c)));
-  PP_RETURN_IF_ERROR(ValidateBertParallelism(ToBertConfig(c), run.tp, run.sequence_parallel));
-  // A block per model part (the embedding and the head ride along).
-  const int64_t parts = run.pp * run.chunks;
-  if (parts <= c.num_layers()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parallelism.pp (", run.pp, ") x parallelism.chunks (", run.chunks, ") = ", parts,
-      " model parts, but the model has only ", c.num_layers(),
-      " blocks (bert.num_layers); use at most ", c.num_layers(), " parts or more layers"));
+  PP_RETURN_IF_ERROR(ValidateBertModelConfig(c));
+  PP_RETURN_IF_ERROR(ValidateBertParallelism(c, run.tp, run.sequence_parallel));
+  return CheckBlocksPerPart(run, c.num_layers(), "bert.num_layers");
 }
 
 MlmDataOptions MlmOptions(const BertModelConfig& c, const ModelRun& run, uint64_t seed) {
@@ -91,15 +73,15 @@ PP_REGISTER_MODEL(BertModelConfig, bert,
                       .description = "byte-level BERT, masked LM (padding-masked encoder)",
                       .default_partition_method = "type:TransformerBlock",
                       .validate = ValidateBert,
-                      .specs =
-                          [](const BertModelConfig& c) { return MakeBertSpecs(ToBertConfig(c)); },
+                      .specs = MakeBertSpecs,
                       .loss = BertMlmLoss,
                       // Tensor parallelism: the decoder's logits are split by
                       // vocabulary; the loss never gathers them.
-                      .tensor_parallel_loss = [](const BertModelConfig&,
+                      .tensor_parallel_loss = [](const BertModelConfig& c,
                                                  const ModelParallelGroup& group) -> LossFn {
-                        return [group](const Activations& outputs, const MicroBatch& batch) {
-                          return BertParallelLoss(outputs, batch, ByteTokenizer::kVocabSize, group);
+                        return [vocab = c.vocab_size(), group](const Activations& outputs,
+                                                               const MicroBatch& batch) {
+                          return BertParallelLoss(outputs, batch, vocab, group);
                         };
                       },
                       .data = BertData,
@@ -109,7 +91,8 @@ PP_REGISTER_MODEL(BertModelConfig, bert,
                                                       .width = c.width(),
                                                       .num_heads = c.num_heads(),
                                                       .num_layers = c.num_layers(),
-                                                      .mlp_ratio = c.mlp_ratio()});
+                                                      .mlp_ratio = c.mlp_ratio(),
+                                                      .vocab_size = c.vocab_size()});
                           },
                   });
 

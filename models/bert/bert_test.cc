@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "models/config_testing.h"
 #include "models/data/mlm_data.h"
 #include "models/data/tokenizer.h"
 #include "pipeline/pipeline_model.h"
@@ -17,9 +18,9 @@ Activations RunModel(StageModule& model, const MicroBatch& batch) {
   return model->Forward({}, batch);
 }
 
-BertConfig Tiny() {
-  return BertConfig{
-      .vocab_size = 260, .context_length = 32, .width = 32, .num_heads = 4, .num_layers = 2};
+BertModelConfig Tiny() {
+  return ParseModelConfig<BertModelConfig>(
+      "vocab_size: 260 context_length: 32 width: 32 num_heads: 4 num_layers: 2");
 }
 
 std::string Text() {
@@ -123,14 +124,14 @@ TEST(BertTest, LearnsMaskedTokens) {
 }
 
 TEST(BertConfigTest, BadConfigsNameTheField) {
-  BertConfig c = Tiny();
-  c.width = 30;
+  BertModelConfig c = Tiny();
+  c.set_width(30);
   EXPECT_NE(MakeBertSpecs(c).status().message().find(
                 "bert.width (30) must be a multiple of bert.num_heads (4)"),
             std::string::npos);
   c = Tiny();
-  c.type_vocab_size = 0;
-  EXPECT_NE(ValidateBertConfig(c).message().find("bert.type_vocab_size (0)"), std::string::npos);
+  c.set_vocab_size(0);
+  EXPECT_NE(ValidateBertModelConfig(c).message().find("bert.vocab_size (0)"), std::string::npos);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/bert/bert.h"
+#include "models/config_testing.h"
 #include "models/data/lm_data.h"
 #include "models/data/mlm_data.h"
 #include "models/equivalence/suite_text.h"
@@ -34,17 +35,19 @@ using testing_runtime::TrainSequential;
 
 constexpr double kRtol = 1e-5;
 
-GptConfig TinyGpt() {
-  return {.vocab_size = 260, .context_length = 8, .width = 16, .num_heads = 2, .num_layers = 4};
+GptModelConfig TinyGpt() {
+  return ParseModelConfig<GptModelConfig>(
+      "vocab_size: 260 context_length: 8 width: 16 num_heads: 2 num_layers: 4");
 }
-BertConfig TinyBert() {
-  return {.vocab_size = 260, .context_length = 16, .width = 16, .num_heads = 2, .num_layers = 4};
+BertModelConfig TinyBert() {
+  return ParseModelConfig<BertModelConfig>(
+      "vocab_size: 260 context_length: 16 width: 16 num_heads: 2 num_layers: 4");
 }
 
 // GptParallelLoss over TinyGpt's vocabulary, for RunConfig::parallel_loss.
 LossFn TinyGptParallelLoss(const ModelParallelGroup& group) {
   return
-      [vocab = TinyGpt().vocab_size, group](const Activations& outputs, const MicroBatch& batch) {
+      [vocab = TinyGpt().vocab_size(), group](const Activations& outputs, const MicroBatch& batch) {
         return GptParallelLoss(outputs, batch, vocab, group);
       };
 }
@@ -64,10 +67,10 @@ void UseGpt(RunConfig& c) {
 
 // BertParallelLoss over TinyBert's vocabulary, for RunConfig::parallel_loss.
 LossFn TinyBertParallelLoss(const ModelParallelGroup& group) {
-  return
-      [vocab = TinyBert().vocab_size, group](const Activations& outputs, const MicroBatch& batch) {
-        return BertParallelLoss(outputs, batch, vocab, group);
-      };
+  return [vocab = TinyBert().vocab_size(), group](const Activations& outputs,
+                                                  const MicroBatch& batch) {
+    return BertParallelLoss(outputs, batch, vocab, group);
+  };
 }
 
 // The planted bugs in the communication functions (a missing all-reduce, a

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "models/config_testing.h"
 #include "models/data/packed_data.h"
 #include "models/gpt/gpt.h"
 #include "models/llama/llama.h"
@@ -91,21 +92,19 @@ void UsePacked(RunConfig& c, int64_t length_multiple = 1, const std::string& dro
   };
 }
 
-GptConfig PackedGpt() {
-  return {
-      .vocab_size = 260, .context_length = kContext, .width = 16, .num_heads = 2, .num_layers = 4};
+GptModelConfig PackedGpt() {
+  GptModelConfig c =
+      ParseModelConfig<GptModelConfig>("vocab_size: 260 width: 16 num_heads: 2 num_layers: 4");
+  c.set_context_length(kContext);
+  return c;
 }
 
-LlamaConfig PackedLlama() {
-  return {.vocab_size = 260,
-          .context_length = kContext,
-          .width = 16,
-          .num_heads = 4,
-          .num_kv_heads = 2,
-          .num_layers = 4,
-          .intermediate_size = 24,
-          .rope_theta = 500.0,
-          .tie_embeddings = true};
+LlamaModelConfig PackedLlama() {
+  LlamaModelConfig c = ParseModelConfig<LlamaModelConfig>(
+      "vocab_size: 260 width: 16 num_heads: 4 num_kv_heads: 2 num_layers: 4 "
+      "intermediate_size: 24 rope_theta: 500.0 tie_embeddings: true");
+  c.set_context_length(kContext);
+  return c;
 }
 
 void UseGpt(RunConfig& c) {
@@ -207,7 +206,7 @@ std::vector<Case> AllCases() {
     UsePacked(c, /*length_multiple=*/2);
     c.parallel_loss = [](const ModelParallelGroup& group) -> LossFn {
       return [group](const Activations& outputs, const MicroBatch& batch) {
-        return GptParallelLoss(outputs, batch, PackedGpt().vocab_size, group);
+        return GptParallelLoss(outputs, batch, PackedGpt().vocab_size(), group);
       };
     };
     cases.push_back({c, "gpt_tp2_sp_1f1b_pp2_dp1_v1"});

@@ -30,6 +30,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "models/config_testing.h"
 #include "models/data/lm_data.h"
 #include "models/equivalence/suite_text.h"
 #include "models/gpt/gpt.h"
@@ -49,21 +50,16 @@ using testing_runtime::TrainSequential;
 
 constexpr double kRtol = 1e-5;
 
-GptConfig VocabGpt() {
-  return {.vocab_size = 130, .context_length = 8, .width = 16, .num_heads = 2, .num_layers = 6};
+GptModelConfig VocabGpt() {
+  return ParseModelConfig<GptModelConfig>(
+      "vocab_size: 130 context_length: 8 width: 16 num_heads: 2 num_layers: 6");
 }
 
 // An untied head (two tables) and grouped-query attention.
-LlamaConfig VocabLlama() {
-  return {.vocab_size = 130,
-          .context_length = 8,
-          .width = 16,
-          .num_heads = 4,
-          .num_kv_heads = 2,
-          .num_layers = 6,
-          .intermediate_size = 24,
-          .rope_theta = 500.0,
-          .tie_embeddings = false};
+LlamaModelConfig VocabLlama() {
+  return ParseModelConfig<LlamaModelConfig>(
+      "vocab_size: 130 context_length: 8 width: 16 num_heads: 4 num_kv_heads: 2 num_layers: 6 "
+      "intermediate_size: 24 rope_theta: 500.0 tie_embeddings: false");
 }
 
 // A model under test: its name in the cases' names and what a run of its

@@ -11,28 +11,16 @@
 
 namespace pp {
 
-absl::Status ValidateGptConfig(const GptConfig& c) {
-  return ValidateTransformerConfig("gpt",
-                                   {{"vocab_size", c.vocab_size},
-                                    {"context_length", c.context_length},
-                                    {"width", c.width},
-                                    {"num_heads", c.num_heads},
-                                    {"num_layers", c.num_layers},
-                                    {"mlp_ratio", c.mlp_ratio}},
-                                   c.width, c.num_heads, c.dropout);
+absl::Status ValidateGptModelConfig(const GptModelConfig& config) {
+  return ValidateTransformerConfig("gpt", config);
 }
 
-absl::Status ValidateGptParallelism(const GptConfig& config, int64_t tp, bool sequence_parallel) {
-  return ValidateTransformerParallelism("gpt", tp, sequence_parallel, config.num_heads,
-                                        config.mlp_ratio * config.width, config.context_length);
+absl::Status ValidateGptParallelism(const GptModelConfig& config, int64_t tp,
+                                    bool sequence_parallel) {
+  return ValidateTransformerParallelism("gpt", config, tp, sequence_parallel);
 }
 
 namespace {
-
-void CheckParallelism(const GptConfig& config, const ModelParallelGroup& group) {
-  const absl::Status status = ValidateGptParallelism(config, group.size, group.sequence_parallel);
-  TORCH_CHECK(status.ok(), status.message());
-}
 
 // The dense token table and the position table, drawn as the dense model
 // draws them (so tp shards and vocabulary-parallel shards are its rows):
@@ -42,10 +30,10 @@ struct GptTables {
   torch::Tensor tokens;
   torch::nn::Embedding positions{nullptr};
 };
-GptTables DrawGptTables(const GptConfig& config) {
-  torch::nn::Embedding table(config.vocab_size, config.width);
+GptTables DrawGptTables(const GptModelConfig& config) {
+  torch::nn::Embedding table(config.vocab_size(), config.width());
   GptTables tables;
-  tables.positions = torch::nn::Embedding(config.context_length, config.width);
+  tables.positions = torch::nn::Embedding(config.context_length(), config.width());
   torch::NoGradGuard no_grad;
   table->weight.normal_(0.0, 0.02);
   tables.positions->weight.normal_(0.0, 0.02);
@@ -63,12 +51,12 @@ torch::Tensor Positions(const MicroBatch& batch, int64_t time, const torch::Devi
 
 }  // namespace
 
-GptEmbeddingImpl::GptEmbeddingImpl(const GptConfig& config, const ModelParallelGroup& group)
+GptEmbeddingImpl::GptEmbeddingImpl(const GptModelConfig& config, const ModelParallelGroup& group)
     : LayerImpl("GptEmbedding"), group_(group) {
-  CheckParallelism(config, group);
+  CheckTransformerParallelism("gpt", config, group);
   GptTables tables = DrawGptTables(config);
   pos_embed = register_module("pos_embed", tables.positions);
-  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout()));
   tok_embed =
       register_module("tok_embed", tensor_parallel::VocabParallelEmbedding(tables.tokens, group));
 }
@@ -78,37 +66,31 @@ torch::Tensor GptEmbeddingImpl::Logits(const torch::Tensor& x) const {
 }
 
 Activations GptEmbeddingImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
-  const torch::Tensor ids = InputIds(inputs, batch);
-  TORCH_CHECK(ids.dim() == 2, "GptEmbedding expects input_ids [batch, time], got ", ids.sizes());
+  const torch::Tensor ids =
+      EmbeddingInputIds(inputs, batch, "GptEmbedding", "gpt", pos_embed->weight.size(0));
   const int64_t time = ids.size(1);
-  TORCH_CHECK(time <= pos_embed->weight.size(0), "sequence length ", time,
-              " exceeds gpt.context_length ", pos_embed->weight.size(0));
   const torch::Tensor positions = Positions(batch, time, ids.device());
   const bool packed = positions.dim() == 2;
   if (!group_.sequence_parallel) return {dropout_(tok_embed(ids) + pos_embed(positions))};
   // Sequence parallelism: the token embeddings arrive reduce-scattered to this
   // rank's slice of the sequence; its positions' rows of the (replicated)
   // table, whose gradient the group sums; the slice of the dense mask.
-  TORCH_CHECK(time % group_.size == 0, "sequence length ", time,
-              " must be a multiple of the tensor-parallel size ", group_.size,
-              " under sequence parallelism");
-  const int64_t local = time / group_.size;
+  const auto [begin, local] = SequenceSlice(time, group_);
   const torch::Tensor table =
       tensor_parallel::SequenceParallelReplicated(pos_embed->weight, group_);
   const torch::Tensor x =
-      tok_embed(ids) +
-      torch::embedding(table, positions.narrow(packed ? 1 : 0, group_.rank * local, local));
+      tok_embed(ids) + torch::embedding(table, positions.narrow(packed ? 1 : 0, begin, local));
   return {tensor_parallel::ShardedDropout(x, dropout_->options.p(), is_training(), 1, group_)};
 }
 
-GptPositionEmbeddingImpl::GptPositionEmbeddingImpl(const GptConfig& config,
+GptPositionEmbeddingImpl::GptPositionEmbeddingImpl(const GptModelConfig& config,
                                                    const ModelParallelGroup& group)
     : LayerImpl("GptPositionEmbedding"), group_(group) {
-  CheckParallelism(config, group);
+  CheckTransformerParallelism("gpt", config, group);
   // Drawn as GptEmbedding draws it (the token table is drawn and dropped),
   // so this layer starts as the dense model's position table.
   pos_embed = register_module("pos_embed", DrawGptTables(config).positions);
-  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout()));
 }
 
 Activations GptPositionEmbeddingImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -117,8 +99,7 @@ Activations GptPositionEmbeddingImpl::Forward(const Activations& inputs, const M
   const torch::Tensor& tokens = inputs[0];
   const int64_t local = tokens.size(1);
   const int64_t time = group_.sequence_parallel ? local * group_.size : local;
-  TORCH_CHECK(time <= pos_embed->weight.size(0), "sequence length ", time,
-              " exceeds gpt.context_length ", pos_embed->weight.size(0));
+  CheckSequenceLength(time, "gpt", pos_embed->weight.size(0));
   const torch::Tensor positions = Positions(batch, time, tokens.device());
   if (!group_.sequence_parallel) return {dropout_(tokens + pos_embed(positions))};
   // Sequence parallelism: the tokens are this rank's slice of the sequence;
@@ -133,15 +114,16 @@ Activations GptPositionEmbeddingImpl::Forward(const Activations& inputs, const M
   return {tensor_parallel::ShardedDropout(x, dropout_->options.p(), is_training(), 1, group_)};
 }
 
-TransformerBlockImpl::TransformerBlockImpl(const GptConfig& config, const ModelParallelGroup& group)
+TransformerBlockImpl::TransformerBlockImpl(const GptModelConfig& config,
+                                           const ModelParallelGroup& group)
     : LayerImpl("TransformerBlock") {
-  CheckParallelism(config, group);
-  ln1_ = register_module("ln1", MakeLayerNorm(config.width, group));
-  attn_ =
-      register_module("attn", SelfAttention(config.width, config.num_heads, config.dropout, group));
-  ln2_ = register_module("ln2", MakeLayerNorm(config.width, group));
-  mlp_ = register_module("mlp",
-                         Mlp(config.width, config.mlp_ratio * config.width, config.dropout, group));
+  CheckTransformerParallelism("gpt", config, group);
+  ln1_ = register_module("ln1", MakeLayerNorm(config.width(), group));
+  attn_ = register_module(
+      "attn", SelfAttention(config.width(), config.num_heads(), config.dropout(), group));
+  ln2_ = register_module("ln2", MakeLayerNorm(config.width(), group));
+  mlp_ = register_module(
+      "mlp", Mlp(config.width(), config.mlp_ratio() * config.width(), config.dropout(), group));
 }
 
 Activations TransformerBlockImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -155,27 +137,27 @@ Activations TransformerBlockImpl::Forward(const Activations& inputs, const Micro
 namespace {
 
 // The blocks and the final norm (both spec lists end with them).
-void AppendGptBody(const GptConfig& config, std::vector<LayerSpec>& specs) {
-  for (int64_t i = 0; i < config.num_layers; ++i) {
+void AppendGptBody(const GptModelConfig& config, std::vector<LayerSpec>& specs) {
+  for (int64_t i = 0; i < config.num_layers(); ++i) {
     specs.push_back(LayerSpec("TransformerBlock",
                               [config](const LayerContext& ctx) {
                                 return std::make_shared<TransformerBlockImpl>(config,
                                                                               ctx.model_parallel);
                               })
                         .WithParameterCount(TransformerBlockParameterCount(
-                            config.width, config.mlp_ratio * config.width)));
+                            config.width(), config.mlp_ratio() * config.width())));
   }
-  specs.push_back(LayerSpec("FinalLayerNorm", [width = config.width](const LayerContext& ctx) {
+  specs.push_back(LayerSpec("FinalLayerNorm", [width = config.width()](const LayerContext& ctx) {
                     return MakeModuleLayer(MakeLayerNorm(width, ctx.model_parallel),
                                            "FinalLayerNorm");
-                  }).WithParameterCount(2 * config.width));
+                  }).WithParameterCount(2 * config.width()));
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config) {
-  if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
-  const int64_t embed_params = (config.vocab_size + config.context_length) * config.width;
+absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptModelConfig& config) {
+  if (absl::Status s = ValidateGptModelConfig(config); !s.ok()) return s;
+  const int64_t embed_params = (config.vocab_size() + config.context_length()) * config.width();
   LayerFactory embed = [config](const LayerContext& ctx) {
     return std::make_shared<GptEmbeddingImpl>(config, ctx.model_parallel);
   };
@@ -195,17 +177,17 @@ absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config) {
   };
   specs.push_back(TiedLayerSpec("embed", embed, head)
                       .WithName("LmHead")
-                      .WithParameterCount(config.vocab_size * config.width));
+                      .WithParameterCount(config.vocab_size() * config.width()));
   return specs;
 }
 
-absl::StatusOr<VocabularySplit> MakeGptVocabularySplit(const GptConfig& config) {
+absl::StatusOr<VocabularySplit> MakeGptVocabularySplit(const GptModelConfig& config) {
   VocabularySplit split;
   PP_ASSIGN_OR_RETURN(split.dense, MakeGptSpecs(config));
   split.body.push_back(LayerSpec("GptPositionEmbedding", [config](const LayerContext& ctx) {
                          return std::make_shared<GptPositionEmbeddingImpl>(config,
                                                                            ctx.model_parallel);
-                       }).WithParameterCount(config.context_length * config.width));
+                       }).WithParameterCount(config.context_length() * config.width()));
   AppendGptBody(config, split.body);
   split.embedding_layer = 0;
   split.embedding_table = [](LayerImpl& layer) {

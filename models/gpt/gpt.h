@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "models/gpt/gpt_config.pb.h"
 #include "models/transformer.h"
 #include "pipeline/layers/layer.h"
 #include "pipeline/layers/layer_context.h"
@@ -37,30 +38,21 @@
 
 namespace pp {
 
-struct GptConfig {
-  int64_t vocab_size = 260;  // ByteTokenizer::kVocabSize
-  int64_t context_length = 128;
-  int64_t width = 128;
-  int64_t num_heads = 4;
-  int64_t num_layers = 4;
-  int64_t mlp_ratio = 4;
-  double dropout = 0.0;
-};
-
 // InvalidArgument naming the bad field: sizes must be positive, width a
 // multiple of num_heads, dropout in [0, 1).
-absl::Status ValidateGptConfig(const GptConfig& config);
+absl::Status ValidateGptModelConfig(const GptModelConfig& config);
 
 // What tensor parallelism of size `tp` needs of `config`
 // (ValidateTransformerParallelism).
-absl::Status ValidateGptParallelism(const GptConfig& config, int64_t tp, bool sequence_parallel);
+absl::Status ValidateGptParallelism(const GptModelConfig& config, int64_t tp,
+                                    bool sequence_parallel);
 
 // Token + position embeddings (+ dropout). Parameters "tok_embed.weight"
 // [vocab, width] (this rank's rows under tensor parallelism) and
 // "pos_embed.weight" [context, width]. Not thread-safe.
 class GptEmbeddingImpl : public LayerImpl {
  public:
-  explicit GptEmbeddingImpl(const GptConfig& config, const ModelParallelGroup& group = {});
+  explicit GptEmbeddingImpl(const GptModelConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
   // The tied LM head: this rank's logits of hidden states `x` through the
   // token table (the input's gradient all-reduced over the group).
@@ -82,7 +74,8 @@ class GptEmbeddingImpl : public LayerImpl {
 // adds its positions' rows. Not thread-safe.
 class GptPositionEmbeddingImpl : public LayerImpl {
  public:
-  explicit GptPositionEmbeddingImpl(const GptConfig& config, const ModelParallelGroup& group = {});
+  explicit GptPositionEmbeddingImpl(const GptModelConfig& config,
+                                    const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
 
   torch::nn::Embedding pos_embed{nullptr};
@@ -95,7 +88,7 @@ class GptPositionEmbeddingImpl : public LayerImpl {
 // x + attn(ln1(x)) with a causal mask, then x + mlp(ln2(x)). Not thread-safe.
 class TransformerBlockImpl : public LayerImpl {
  public:
-  explicit TransformerBlockImpl(const GptConfig& config, const ModelParallelGroup& group = {});
+  explicit TransformerBlockImpl(const GptModelConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
 
  private:
@@ -109,7 +102,7 @@ class TransformerBlockImpl : public LayerImpl {
 // counts. Reused by benchmarks (activation checkpointing) that need a GPT.
 // A factory given a model-parallel group of size tp builds its shard; one
 // whose group config cannot split (ValidateGptParallelism) throws naming why.
-absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config);
+absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptModelConfig& config);
 
 // GPT under vocabulary parallelism (pipeline/layers/vocab_split.h): the
 // stages hold GptPositionEmbedding, the blocks and the final norm (the last
@@ -117,7 +110,7 @@ absl::StatusOr<std::vector<LayerSpec>> MakeGptSpecs(const GptConfig& config);
 // head, is split by rows over the pipe group (pipe x model under tensor
 // parallelism, with or without sequence parallelism). Names map back to the dense
 // model's ("layers.0.pos_embed.weight" is "tied.embed.pos_embed.weight").
-absl::StatusOr<VocabularySplit> MakeGptVocabularySplit(const GptConfig& config);
+absl::StatusOr<VocabularySplit> MakeGptVocabularySplit(const GptModelConfig& config);
 
 // Mean next-token cross-entropy of logits `outputs[0]` [b, T, V] against the
 // micro-batch's "labels" [b, T].

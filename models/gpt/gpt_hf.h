@@ -27,21 +27,23 @@
 
 namespace pp {
 
-std::string Gpt2HfConfigJson(const GptConfig& config);
+std::string Gpt2HfConfigJson(const GptModelConfig& config);
 // InvalidArgument naming the field for what models/gpt does not implement.
-absl::StatusOr<GptConfig> GptConfigFromHfJson(const std::string& json_text);
+absl::StatusOr<GptModelConfig> GptConfigFromHfJson(const std::string& json_text);
 
 // Writes a ToSequential/BuildSequential GPT's parameters to `hf_dir`.
-absl::Status ExportGptModule(const torch::nn::Module& module, const GptConfig& config,
+absl::Status ExportGptModule(const torch::nn::Module& module, const GptModelConfig& config,
                              const std::string& hf_dir);
 // A pipe checkpoint of a GPT with `config` -> `hf_dir`.
-absl::Status ExportGptCheckpoint(const std::string& checkpoint, const GptConfig& config,
+absl::Status ExportGptCheckpoint(const std::string& checkpoint, const GptModelConfig& config,
                                  const std::string& hf_dir);
 // Copies the folder's tensors into a GPT `module` built with `config`.
-absl::Status LoadGpt2HfIntoModule(const std::string& hf_dir, const GptConfig& config,
+absl::Status LoadGpt2HfIntoModule(const std::string& hf_dir, const GptModelConfig& config,
                                   torch::nn::Module& module);
-// The folder -> step 0 of a layer-wise pipe checkpoint under `root`.
-absl::StatusOr<GptConfig> ImportGpt2Hf(const std::string& hf_dir, const std::string& root);
+// The folder -> step 0 of a layer-wise pipe checkpoint under `root`; returns
+// the folder's config with the fields it decides set (the shape and
+// vocab_size, not dropout): the registration's import overrides.
+absl::StatusOr<GptModelConfig> ImportGpt2Hf(const std::string& hf_dir, const std::string& root);
 
 }  // namespace pp
 

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "checkpoint/hf/hf_interop_testing.h"
+#include "models/config_testing.h"
 #include "models/gpt/gpt_hf.h"
 #include "pipeline/pipeline_model.h"
 
@@ -21,8 +22,8 @@ using hf_testing::ExportAndLoad;
 using hf_testing::MakeAndImport;
 
 TEST(GptHfInteropTest, PipeExportsLoadInTransformersWithTheSameLogits) {
-  const GptConfig gpt = {
-      .vocab_size = 300, .context_length = 16, .width = 32, .num_heads = 4, .num_layers = 2};
+  const GptModelConfig gpt = ParseModelConfig<GptModelConfig>(
+      "vocab_size: 300 context_length: 16 width: 32 num_heads: 4 num_layers: 2");
   StageModule model = *BuildSequential(*MakeGptSpecs(gpt), 3);
   ExportAndLoad(model, "gpt2",
                 [&](const std::string& dir) { return ExportGptModule(*model, gpt, dir); });
@@ -34,7 +35,7 @@ TEST(GptHfInteropTest, TransformersModelsImportIntoPipeWithTheSameLogits) {
   MakeAndImport("models/gpt/gpt2_hf_reference.py", "gpt2",
                 [](const std::string& dir,
                    const std::string& root) -> absl::StatusOr<std::vector<LayerSpec>> {
-                  absl::StatusOr<GptConfig> config = ImportGpt2Hf(dir, root);
+                  absl::StatusOr<GptModelConfig> config = ImportGpt2Hf(dir, root);
                   if (!config.ok()) return config.status();
                   return MakeGptSpecs(*config);
                 });

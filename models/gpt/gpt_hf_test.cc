@@ -2,6 +2,7 @@
 // same logits, and unsupported or malformed config.json fields are refused
 // naming the field.
 #include "models/gpt/gpt_hf.h"
+#include "models/config_testing.h"
 
 #include <string>
 #include <vector>
@@ -21,8 +22,8 @@ using hf_testing::Logits;
 using hf_testing::TempPath;
 
 TEST(Gpt2HfTest, ExportImportRoundTripGivesTheSameLogits) {
-  const GptConfig config = {
-      .vocab_size = 300, .context_length = 16, .width = 32, .num_heads = 4, .num_layers = 2};
+  const GptModelConfig config = ParseModelConfig<GptModelConfig>(
+      "vocab_size: 300 context_length: 16 width: 32 num_heads: 4 num_layers: 2");
   StageModule model = *BuildSequential(*MakeGptSpecs(config), 77);
   const std::string dir = TempPath("gpt2");
   ASSERT_TRUE(ExportGptModule(*model, config, dir).ok());
@@ -34,9 +35,9 @@ TEST(Gpt2HfTest, ExportImportRoundTripGivesTheSameLogits) {
       EXPECT_EQ(tensor.sizes(), (std::vector<int64_t>{32, 96}));
     }
   }
-  absl::StatusOr<GptConfig> imported = ImportGpt2Hf(dir, TempPath("gpt2_ck"));
+  absl::StatusOr<GptModelConfig> imported = ImportGpt2Hf(dir, TempPath("gpt2_ck"));
   ASSERT_TRUE(imported.ok()) << imported.status();
-  EXPECT_EQ(imported->mlp_ratio, 4);
+  EXPECT_EQ(imported->mlp_ratio(), 4);
   StageModule fresh = *BuildSequential(*MakeGptSpecs(*imported), 5);
   ModelState state = ModelStateOfModule(*fresh);
   LoadOptions options;
@@ -62,8 +63,8 @@ TEST(GptHfConfigTest, EveryFieldOfTheWrongTypeOrRangeIsNamed) {
   auto refusal = [](const std::string& text) {
     return std::string(GptConfigFromHfJson(text).status().message());
   };
-  const GptConfig gpt = {
-      .vocab_size = 300, .context_length = 16, .width = 32, .num_heads = 4, .num_layers = 2};
+  const GptModelConfig gpt = ParseModelConfig<GptModelConfig>(
+      "vocab_size: 300 context_length: 16 width: 32 num_heads: 4 num_layers: 2");
   const nlohmann::json good = nlohmann::json::parse(Gpt2HfConfigJson(gpt));
   hf_testing::ExpectConfigFieldsChecked(refusal, good,
                                         {"n_inner", "layer_norm_epsilon", "scale_attn_weights"},

@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/field_checks.h"
 #include "common/status_macros.h"
 #include "models/data/corpus.h"
 #include "models/data/lm_data.h"
@@ -26,34 +25,15 @@
 namespace pp {
 namespace {
 
-// The one conversion from the config message to the model's C++ config.
-GptConfig ToGptConfig(const GptModelConfig& c) {
-  return GptConfig{.vocab_size = ByteTokenizer::kVocabSize,
-                   .context_length = c.context_length(),
-                   .width = c.width(),
-                   .num_heads = c.num_heads(),
-                   .num_layers = c.num_layers(),
-                   .mlp_ratio = c.mlp_ratio(),
-                   .dropout = c.dropout()};
-}
-
 absl::Status ValidateGpt(const GptModelConfig& c, const ModelRun& run) {
-  PP_RETURN_IF_ERROR(CheckIntField("gpt.context_length", c.context_length(), 1, 65536));
-  PP_RETURN_IF_ERROR(CheckIntField("gpt.width", c.width(), 1, 65536));
-  PP_RETURN_IF_ERROR(CheckIntField("gpt.num_heads", c.num_heads(), 1,
-                                   std::max<int64_t>(1, c.width()), "at most width"));
-  PP_RETURN_IF_ERROR(CheckIntField("gpt.num_layers", c.num_layers(), 1, 100000));
-  PP_RETURN_IF_ERROR(CheckIntField("gpt.mlp_ratio", c.mlp_ratio(), 1, 64));
-  PP_RETURN_IF_ERROR(CheckRealField("gpt.dropout", c.dropout(), '[', 0, 1, ')'));
-  PP_RETURN_IF_ERROR(ValidateGptConfig(ToGptConfig(c)));
-  PP_RETURN_IF_ERROR(ValidateGptParallelism(ToGptConfig(c), run.tp, run.sequence_parallel));
-  // A block per model part (the embedding and the head ride along).
-  const int64_t parts = run.pp * run.chunks;
-  if (parts <= c.num_layers()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parallelism.pp (", run.pp, ") x parallelism.chunks (", run.chunks, ") = ", parts,
-      " model parts, but the model has only ", c.num_layers(),
-      " blocks (gpt.num_layers); use at most ", c.num_layers(), " parts or more layers"));
+  // The data is byte-tokenized: every id it holds needs a row.
+  PP_RETURN_IF_ERROR(CheckTransformerFields(
+      "gpt", c,
+      {.min_vocab_size = ByteTokenizer::kVocabSize,
+       .vocab_size_why = "each of the byte tokenizer's 260 ids needs a row"}));
+  PP_RETURN_IF_ERROR(ValidateGptModelConfig(c));
+  PP_RETURN_IF_ERROR(ValidateGptParallelism(c, run.tp, run.sequence_parallel));
+  return CheckBlocksPerPart(run, c.num_layers(), "gpt.num_layers");
 }
 
 LmDataOptions LmOptions(const GptModelConfig& c, const ModelRun& run, uint64_t seed) {
@@ -149,7 +129,7 @@ absl::StatusOr<ModelData> GptData(const GptModelConfig& c, const ModelRun& run) 
 // Bytes from the prompt, each a forward-only pass of the pipeline.
 class GptSampler : public ModelSampler {
  public:
-  explicit GptSampler(int64_t context_length) : context_length_(context_length) {}
+  explicit GptSampler(const GptModelConfig& config) : config_(config) {}
 
   LossFn WrapLoss(LossFn loss) override { return sampler_.WrapLoss(std::move(loss)); }
 
@@ -161,36 +141,18 @@ class GptSampler : public ModelSampler {
                      .temperature = request.temperature,
                      .seed = request.seed,
                      .max_token_id = ByteTokenizer::kNumBytes};
-    PP_ASSIGN_OR_RETURN(std::vector<int64_t> tokens,
-                        Generate(ByteTokenizer::Encode(request.prompt), context_length_, so,
-                                 sampler_.LogitsFn(&trainer, &grid, ByteTokenizer::kVocabSize,
-                                                   timeout, request.sequence_multiple)));
+    PP_ASSIGN_OR_RETURN(
+        std::vector<int64_t> tokens,
+        Generate(ByteTokenizer::Encode(request.prompt), config_.context_length(), so,
+                 sampler_.LogitsFn(&trainer, &grid, config_.vocab_size(), timeout,
+                                   request.sequence_multiple)));
     return ByteTokenizer::Decode(tokens);
   }
 
  private:
-  int64_t context_length_;
+  GptModelConfig config_;
   PipelineSampler sampler_;
 };
-
-// Hugging Face GPT2LMHeadModel folders (gpt_hf.h). An import's overrides are
-// the shape fields the folder decides; the vocabulary is the byte tokenizer's.
-absl::StatusOr<GptModelConfig> ImportGpt2Folder(const std::string& hf_dir,
-                                                const std::string& root) {
-  PP_ASSIGN_OR_RETURN(const GptConfig config, ImportGpt2Hf(hf_dir, root));
-  GptModelConfig m;
-  m.set_context_length(config.context_length);
-  m.set_width(config.width);
-  m.set_num_heads(config.num_heads);
-  m.set_num_layers(config.num_layers);
-  m.set_mlp_ratio(config.mlp_ratio);
-  return m;
-}
-
-absl::Status ExportGpt2Folder(const std::string& checkpoint, const GptModelConfig& c,
-                              const std::string& hf_dir) {
-  return ExportGptCheckpoint(checkpoint, ToGptConfig(c), hf_dir);
-}
 
 }  // namespace
 
@@ -201,25 +163,23 @@ PP_REGISTER_MODEL(GptModelConfig, gpt,
                       .default_partition_method = "type:TransformerBlock",
                       .data_sources = {"corpus", "synthetic"},
                       .validate = ValidateGpt,
-                      .specs = [](const GptModelConfig& c) { return MakeGptSpecs(ToGptConfig(c)); },
+                      .specs = MakeGptSpecs,
                       .loss = GptLoss,
                       // Tensor parallelism: the head's logits are split by
                       // vocabulary; the loss never gathers them.
-                      .tensor_parallel_loss = [](const GptModelConfig&,
+                      .tensor_parallel_loss = [](const GptModelConfig& c,
                                                  const ModelParallelGroup& group) -> LossFn {
-                        return [group](const Activations& outputs, const MicroBatch& batch) {
-                          return GptParallelLoss(outputs, batch, ByteTokenizer::kVocabSize, group);
+                        return [vocab = c.vocab_size(), group](const Activations& outputs,
+                                                               const MicroBatch& batch) {
+                          return GptParallelLoss(outputs, batch, vocab, group);
                         };
                       },
                       // Vocabulary parallelism: the tied table split over
                       // the pipeline's ranks.
-                      .vocabulary_split =
-                          [](const GptModelConfig& c) {
-                            return MakeGptVocabularySplit(ToGptConfig(c));
-                          },
+                      .vocabulary_split = MakeGptVocabularySplit,
                       .data = GptData,
                       .sampler = [](const GptModelConfig& c) -> std::unique_ptr<ModelSampler> {
-                        return std::make_unique<GptSampler>(c.context_length());
+                        return std::make_unique<GptSampler>(c);
                       },
                       .memory =
                           [](const GptModelConfig& c) {
@@ -227,12 +187,15 @@ PP_REGISTER_MODEL(GptModelConfig, gpt,
                                                       .width = c.width(),
                                                       .num_heads = c.num_heads(),
                                                       .num_layers = c.num_layers(),
-                                                      .mlp_ratio = c.mlp_ratio()});
+                                                      .mlp_ratio = c.mlp_ratio(),
+                                                      .vocab_size = c.vocab_size()});
                           },
-                      // hf_convert import --model=gpt2 (or gpt), and export.
+                      // hf_convert import --model=gpt2 (or gpt), and export
+                      // (gpt_hf.h). An import's overrides are the fields the
+                      // folder decides: the shape and the vocabulary.
                       .hf = {.model_types = {"gpt2"},
-                             .import_folder = ImportGpt2Folder,
-                             .export_checkpoint = ExportGpt2Folder},
+                             .import_folder = ImportGpt2Hf,
+                             .export_checkpoint = ExportGptCheckpoint},
                   });
 
 }  // namespace pp

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "models/config_testing.h"
 #include "models/gpt/gpt.h"
 #include "pipeline/pipeline_model.h"
 #include "pipeline/tensor_parallel/planted_fault.h"
@@ -20,25 +21,19 @@ namespace {
 
 using tensor_parallel::ShardSpec;
 
-GptConfig Small() {
-  GptConfig c;
-  c.vocab_size = 37;
-  c.context_length = 8;
-  c.width = 16;
-  c.num_heads = 4;
-  c.num_layers = 2;
-  c.mlp_ratio = 4;
-  return c;
+GptModelConfig Small() {
+  return ParseModelConfig<GptModelConfig>(
+      "vocab_size: 37 context_length: 8 width: 16 num_heads: 4 num_layers: 2 mlp_ratio: 4");
 }
 
-MicroBatch Batch(const GptConfig& c) {
+MicroBatch Batch(const GptModelConfig& c) {
   MicroBatch batch;
   batch.id = 0;
   batch.tensors["input_ids"] = tensor_parallel::Seeded(5, [&] {
-    return torch::randint(c.vocab_size, {3, c.context_length});
+    return torch::randint(c.vocab_size(), {3, c.context_length()});
   });
   batch.tensors["labels"] = tensor_parallel::Seeded(6, [&] {
-    return torch::randint(c.vocab_size, {3, c.context_length});
+    return torch::randint(c.vocab_size(), {3, c.context_length()});
   });
   return batch;
 }
@@ -108,7 +103,7 @@ void CompareOnTwoRanks(const std::vector<LayerSpec>& specs, const MicroBatch& ba
 
 // The small GPT at tp = 2 against its dense self: the mismatch count.
 int MismatchesAtTwoRanks() {
-  const GptConfig config = Small();
+  const GptModelConfig config = Small();
   absl::StatusOr<std::vector<LayerSpec>> specs = MakeGptSpecs(config);
   EXPECT_TRUE(specs.ok()) << specs.status();
   if (!specs.ok()) return -1;
@@ -132,20 +127,20 @@ TEST(GptTensorParallelTest, AMissingAllReduceIsCaught) {
 }
 
 TEST(GptTensorParallelTest, HeadsThatDoNotSplitAreNamed) {
-  GptConfig config = Small();
-  config.num_heads = 2;
+  GptModelConfig config = Small();
+  config.set_num_heads(2);
   EXPECT_NE(ValidateGptParallelism(config, 4, false)
                 .message()
                 .find("gpt.num_heads (2) must be a multiple of parallelism.tp (4)"),
             std::string::npos);
-  config.num_heads = 4;
+  config.set_num_heads(4);
   // Dropout is fine: each rank keeps its slice of the dense mask
   // (tensor_parallel/dropout.h; //driver/e2e:train_gpt_tp_test trains with it).
-  config.dropout = 0.1;
+  config.set_dropout(0.1);
   EXPECT_TRUE(ValidateGptParallelism(config, 2, false).ok());
   // Sequence parallelism: the context splits over the group, and needs tp > 1.
   EXPECT_TRUE(ValidateGptParallelism(config, 2, true).ok());
-  config.context_length = 7;
+  config.set_context_length(7);
   EXPECT_NE(ValidateGptParallelism(config, 2, true)
                 .message()
                 .find("gpt.context_length (7) must be a multiple of parallelism.tp (2)"),

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "models/config_testing.h"
 #include "models/data/lm_data.h"
 #include "pipeline/pipeline_model.h"
 
@@ -18,9 +19,9 @@ Activations RunModel(StageModule& model, const MicroBatch& batch) {
   return model->Forward({}, batch);
 }
 
-GptConfig Tiny() {
-  return GptConfig{
-      .vocab_size = 260, .context_length = 16, .width = 32, .num_heads = 4, .num_layers = 2};
+GptModelConfig Tiny() {
+  return ParseModelConfig<GptModelConfig>(
+      "vocab_size: 260 context_length: 16 width: 32 num_heads: 4 num_layers: 2");
 }
 
 MicroBatch Batch(torch::Tensor ids) {
@@ -82,8 +83,8 @@ TEST(GptTest, AttentionIsCausal) {
 // this way saw NaN from baddbmm in 19 of 20 tries). The logits, the loss and
 // the gradients must be finite.
 TEST(GptTest, TinyContextAttentionIgnoresGarbageInFreedMemory) {
-  GptConfig config = Tiny();
-  config.context_length = 3;  // 3^2 x head width 8 = 72 < 400
+  GptModelConfig config = Tiny();
+  config.set_context_length(3);  // 3^2 x head width 8 = 72 < 400
   torch::manual_seed(0);
   StageModule model = *BuildSequential(*MakeGptSpecs(config), 1234);
   MicroBatch batch = Batch(torch::randint(0, 256, {2, 3}, torch::kLong));
@@ -152,19 +153,19 @@ TEST(GptTest, LearnsAGeneratedCorpus) {
 }
 
 TEST(GptConfigTest, BadConfigsNameTheField) {
-  GptConfig c = Tiny();
-  c.num_heads = 5;
+  GptModelConfig c = Tiny();
+  c.set_num_heads(5);
   absl::Status s = MakeGptSpecs(c).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("gpt.width (32) must be a multiple of gpt.num_heads (5)"),
             std::string::npos)
       << s;
   c = Tiny();
-  c.num_layers = 0;
-  EXPECT_NE(ValidateGptConfig(c).message().find("gpt.num_layers (0)"), std::string::npos);
+  c.set_num_layers(0);
+  EXPECT_NE(ValidateGptModelConfig(c).message().find("gpt.num_layers (0)"), std::string::npos);
   c = Tiny();
-  c.dropout = 1.0;
-  EXPECT_NE(ValidateGptConfig(c).message().find("gpt.dropout (1)"), std::string::npos);
+  c.set_dropout(1.0);
+  EXPECT_NE(ValidateGptModelConfig(c).message().find("gpt.dropout (1)"), std::string::npos);
 }
 
 TEST(GptTest, LongerThanContextFails) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "common/status_macros.h"
+#include "models/config_testing.h"
 #include "models/data/lm_data.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/sample.h"
@@ -21,8 +22,9 @@ namespace {
 
 constexpr uint64_t kSeed = 77;
 
-GptConfig Tiny() {
-  return {.vocab_size = 260, .context_length = 8, .width = 16, .num_heads = 2, .num_layers = 4};
+GptModelConfig Tiny() {
+  return ParseModelConfig<GptModelConfig>(
+      "vocab_size: 260 context_length: 8 width: 16 num_heads: 2 num_layers: 4");
 }
 
 std::vector<int64_t> Prompt() { return {'T', 'h', 'e'}; }

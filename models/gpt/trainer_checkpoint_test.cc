@@ -73,15 +73,15 @@ struct RunSpec {
 };
 
 // The tokens are below 62: a vocabulary of 62 to 64 fits them.
-GptConfig TinyGpt(double dropout, int num_heads = 2, int64_t vocab = 64) {
-  GptConfig c;
-  c.vocab_size = vocab;
-  c.context_length = 16;
-  c.width = 32;
-  c.num_heads = num_heads;
-  c.num_layers = 4;
-  c.mlp_ratio = 2;
-  c.dropout = dropout;
+GptModelConfig TinyGpt(double dropout, int num_heads = 2, int64_t vocab = 64) {
+  GptModelConfig c;
+  c.set_vocab_size(vocab);
+  c.set_context_length(16);
+  c.set_width(32);
+  c.set_num_heads(num_heads);
+  c.set_num_layers(4);
+  c.set_mlp_ratio(2);
+  c.set_dropout(dropout);
   return c;
 }
 
@@ -120,7 +120,7 @@ absl::StatusOr<RankRun> MakeRun(const World& world, const RunSpec& spec) {
   PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world, topo));
   run.grid = std::make_unique<ParallelGrid>(std::move(grid));
   const int64_t vocab = spec.num_heads == 2 ? 64 : kTpVocab;
-  const GptConfig config = TinyGpt(spec.dropout, spec.num_heads, vocab);
+  const GptModelConfig config = TinyGpt(spec.dropout, spec.num_heads, vocab);
   PP_ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, MakeGptSpecs(config));
   std::optional<VocabularySplit> split;
   if (spec.vocab_parallel) {

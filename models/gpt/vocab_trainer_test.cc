@@ -16,6 +16,7 @@
 #include "checkpoint/model/trainer_checkpoint.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
+#include "models/config_testing.h"
 #include "models/data/lm_data.h"
 #include "models/gpt/gpt.h"
 #include "pipeline/pipeline_model.h"
@@ -29,8 +30,9 @@ namespace {
 
 constexpr std::chrono::seconds kTimeout{30};
 
-GptConfig TinyGpt() {
-  return {.vocab_size = 64, .context_length = 8, .width = 16, .num_heads = 2, .num_layers = 2};
+GptModelConfig TinyGpt() {
+  return ParseModelConfig<GptModelConfig>(
+      "vocab_size: 64 context_length: 8 width: 16 num_heads: 2 num_layers: 2");
 }
 
 std::unique_ptr<LmBatchSource> Source() {

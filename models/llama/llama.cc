@@ -79,67 +79,69 @@ class VocabParallelHeadImpl : public LayerImpl, public tensor_parallel::ShardedM
 
 }  // namespace
 
-absl::Status ValidateLlamaConfig(const LlamaConfig& c) {
-  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
-                                    {"context_length", c.context_length},
-                                    {"width", c.width},
-                                    {"num_heads", c.num_heads},
-                                    {"num_kv_heads", c.num_kv_heads},
-                                    {"num_layers", c.num_layers},
-                                    {"intermediate_size", c.intermediate_size}}) {
+absl::Status ValidateLlamaModelConfig(const LlamaModelConfig& c) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size()},
+                                    {"context_length", c.context_length()},
+                                    {"width", c.width()},
+                                    {"num_heads", c.num_heads()},
+                                    {"num_kv_heads", c.num_kv_heads()},
+                                    {"num_layers", c.num_layers()},
+                                    {"intermediate_size", c.intermediate_size()}}) {
     if (value <= 0) return Invalid(name, value, "must be positive");
   }
-  if (c.width % c.num_heads != 0) {
-    return Invalid("width", c.width,
-                   absl::StrCat("must be a multiple of llama.num_heads (", c.num_heads, ")"));
+  if (c.width() % c.num_heads() != 0) {
+    return Invalid("width", c.width(),
+                   absl::StrCat("must be a multiple of llama.num_heads (", c.num_heads(), ")"));
   }
-  if ((c.width / c.num_heads) % 2 != 0) {
-    return Invalid("width", c.width,
-                   absl::StrCat("/ llama.num_heads (", c.num_heads,
+  if ((c.width() / c.num_heads()) % 2 != 0) {
+    return Invalid("width", c.width(),
+                   absl::StrCat("/ llama.num_heads (", c.num_heads(),
                                 ") must be even: rotary embeddings rotate pairs of dimensions"));
   }
-  if (c.num_heads % c.num_kv_heads != 0) {
-    return Invalid("num_kv_heads", c.num_kv_heads,
-                   absl::StrCat("must divide llama.num_heads (", c.num_heads, ")"));
+  if (c.num_heads() % c.num_kv_heads() != 0) {
+    return Invalid("num_kv_heads", c.num_kv_heads(),
+                   absl::StrCat("must divide llama.num_heads (", c.num_heads(), ")"));
   }
   // Finite and bounded (issue #42, class 5): norm_eps = 1e300 or inf trained
   // at a constant loss of ln(vocab), the norm swamping every activation.
-  if (absl::Status s = CheckRealField("llama.rope_theta", c.rope_theta, '(', 1, 1e12, ']',
+  if (absl::Status s = CheckRealField("llama.rope_theta", c.rope_theta(), '(', 1, 1e12, ']',
                                       "the base of the rotary frequencies");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckRealField("llama.norm_eps", c.norm_eps, '(', 0, 1, ']',
+  if (absl::Status s = CheckRealField("llama.norm_eps", c.norm_eps(), '(', 0, 1, ']',
                                       "a larger epsilon swamps the activations it normalises");
       !s.ok()) {
     return s;
   }
-  return CheckRealField("llama.dropout", c.dropout, '[', 0, 1, ')');
+  return CheckRealField("llama.dropout", c.dropout(), '[', 0, 1, ')');
 }
 
-absl::Status ValidateLlamaParallelism(const LlamaConfig& c, int64_t tp, bool sequence_parallel) {
+absl::Status ValidateLlamaParallelism(const LlamaModelConfig& c, int64_t tp,
+                                      bool sequence_parallel) {
   if (sequence_parallel && tp <= 1) {
     return absl::InvalidArgumentError(
         "parallelism.sequence_parallel needs parallelism.tp > 1: it splits the sequence over the "
         "tensor-parallel ranks");
   }
   if (tp <= 1) return absl::OkStatus();
-  if (sequence_parallel && c.context_length % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "llama.context_length (", c.context_length, ") must be a multiple of parallelism.tp (", tp,
-        ") with parallelism.sequence_parallel: each rank holds a slice of the "
-        "sequence"));
+  if (sequence_parallel && c.context_length() % tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama.context_length (", c.context_length(),
+                     ") must be a multiple of parallelism.tp (", tp,
+                     ") with parallelism.sequence_parallel: each rank holds a slice of the "
+                     "sequence"));
   }
   // Fewer kv heads than ranks: each rank holds the one its query heads use,
   // shared with tp / num_kv_heads neighbours (LlamaKvReplicas).
-  if (c.num_kv_heads % tp != 0 && tp % c.num_kv_heads != 0) {
+  if (c.num_kv_heads() % tp != 0 && tp % c.num_kv_heads() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama.num_kv_heads (", c.num_kv_heads, ") must be a multiple of parallelism.tp (", tp,
+        "llama.num_kv_heads (", c.num_kv_heads(), ") must be a multiple of parallelism.tp (", tp,
         "), each rank holding an equal share, or divide it, each kv head held by tp / "
         "num_kv_heads ranks"));
   }
-  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"num_heads", c.num_heads},
-                                    {"intermediate_size", c.intermediate_size}}) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"num_heads", c.num_heads()},
+                                    {"intermediate_size", c.intermediate_size()}}) {
     if (value % tp != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("llama.", name, " (", value, ") must be a multiple of parallelism.tp (", tp,
@@ -179,33 +181,34 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
   return x * cos.to(x.scalar_type()) + rotated * sin.to(x.scalar_type());
 }
 
-int64_t LlamaKvReplicas(const LlamaConfig& config, int64_t tp) {
-  return tp > config.num_kv_heads ? tp / config.num_kv_heads : 1;
+int64_t LlamaKvReplicas(const LlamaModelConfig& config, int64_t tp) {
+  return tp > config.num_kv_heads() ? tp / config.num_kv_heads() : 1;
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config, const ModelParallelGroup& group)
-    : num_heads_(config.num_heads / group.size),
-      num_kv_heads_(config.num_kv_heads * LlamaKvReplicas(config, group.size) / group.size),
-      head_dim_(config.width / config.num_heads),
-      rope_theta_(config.rope_theta),
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaModelConfig& config,
+                                       const ModelParallelGroup& group)
+    : num_heads_(config.num_heads() / group.size),
+      num_kv_heads_(config.num_kv_heads() * LlamaKvReplicas(config, group.size) / group.size),
+      head_dim_(config.width() / config.num_heads()),
+      rope_theta_(config.rope_theta()),
       group_(group) {
-  TORCH_CHECK(ValidateLlamaConfig(config).ok(), ValidateLlamaConfig(config).ToString());
+  TORCH_CHECK(ValidateLlamaModelConfig(config).ok(), ValidateLlamaModelConfig(config).ToString());
   const absl::Status parallel =
       ValidateLlamaParallelism(config, group.size, group.sequence_parallel);
   TORCH_CHECK(parallel.ok(), parallel.message());
   using tensor_parallel::ColumnParallelLinear;
   using tensor_parallel::RowParallelLinear;
-  const int64_t heads = config.num_heads * head_dim_, kv = config.num_kv_heads * head_dim_;
-  q_proj = register_module("q_proj",
-                           NoBiasParallelLinear<ColumnParallelLinear>(config.width, heads, group));
+  const int64_t heads = config.num_heads() * head_dim_, kv = config.num_kv_heads() * head_dim_;
+  q_proj = register_module(
+      "q_proj", NoBiasParallelLinear<ColumnParallelLinear>(config.width(), heads, group));
   const int64_t replicas = LlamaKvReplicas(config, group.size);
   k_proj = register_module(
-      "k_proj", NoBiasParallelLinear<ColumnParallelLinear>(config.width, kv, group, replicas));
+      "k_proj", NoBiasParallelLinear<ColumnParallelLinear>(config.width(), kv, group, replicas));
   v_proj = register_module(
-      "v_proj", NoBiasParallelLinear<ColumnParallelLinear>(config.width, kv, group, replicas));
+      "v_proj", NoBiasParallelLinear<ColumnParallelLinear>(config.width(), kv, group, replicas));
   o_proj = register_module("o_proj",
-                           NoBiasParallelLinear<RowParallelLinear>(heads, config.width, group));
-  attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
+                           NoBiasParallelLinear<RowParallelLinear>(heads, config.width(), group));
+  attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(config.dropout()));
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& position_ids,
@@ -281,14 +284,15 @@ torch::Tensor SwiGluImpl::forward(const torch::Tensor& x) {
   return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
 }
 
-LlamaEmbeddingImpl::LlamaEmbeddingImpl(const LlamaConfig& config, const ModelParallelGroup& group)
-    : LayerImpl("LlamaEmbedding"), context_length_(config.context_length), group_(group) {
+LlamaEmbeddingImpl::LlamaEmbeddingImpl(const LlamaModelConfig& config,
+                                       const ModelParallelGroup& group)
+    : LayerImpl("LlamaEmbedding"), context_length_(config.context_length()), group_(group) {
   // The dense table as the dense model draws it; a rank keeps its rows.
-  torch::nn::Embedding table(config.vocab_size, config.width);
+  torch::nn::Embedding table(config.vocab_size(), config.width());
   InitNormal(table->weight);
   tok_embed =
       register_module("tok_embed", tensor_parallel::VocabParallelEmbedding(table->weight, group));
-  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout()));
 }
 
 torch::Tensor LlamaEmbeddingImpl::Logits(const torch::Tensor& x) const {
@@ -296,10 +300,8 @@ torch::Tensor LlamaEmbeddingImpl::Logits(const torch::Tensor& x) const {
 }
 
 Activations LlamaEmbeddingImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
-  const torch::Tensor ids = InputIds(inputs, batch);
-  TORCH_CHECK(ids.dim() == 2, "LlamaEmbedding expects input_ids [batch, time], got ", ids.sizes());
-  TORCH_CHECK(ids.size(1) <= context_length_, "sequence length ", ids.size(1),
-              " exceeds llama.context_length ", context_length_);
+  const torch::Tensor ids =
+      EmbeddingInputIds(inputs, batch, "LlamaEmbedding", "llama", context_length_);
   // Under sequence parallelism the embeddings arrive reduce-scattered to this
   // rank's sequence slice: its slice of the dense mask.
   if (group_.sequence_parallel) {
@@ -309,16 +311,16 @@ Activations LlamaEmbeddingImpl::Forward(const Activations& inputs, const MicroBa
   return {dropout_(tok_embed(ids))};
 }
 
-LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config, const ModelParallelGroup& group)
+LlamaBlockImpl::LlamaBlockImpl(const LlamaModelConfig& config, const ModelParallelGroup& group)
     : LayerImpl("LlamaBlock") {
   group_ = group;
   input_layernorm =
-      register_module("input_layernorm", RmsNorm(config.width, config.norm_eps, group));
+      register_module("input_layernorm", RmsNorm(config.width(), config.norm_eps(), group));
   self_attn = register_module("self_attn", LlamaAttention(config, group));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", RmsNorm(config.width, config.norm_eps, group));
-  mlp = register_module("mlp", SwiGlu(config.width, config.intermediate_size, group));
-  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+  post_attention_layernorm = register_module("post_attention_layernorm",
+                                             RmsNorm(config.width(), config.norm_eps(), group));
+  mlp = register_module("mlp", SwiGlu(config.width(), config.intermediate_size(), group));
+  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout()));
 }
 
 Activations LlamaBlockImpl::Forward(const Activations& inputs, const MicroBatch& batch) {
@@ -338,37 +340,38 @@ torch::Tensor LlamaBlockImpl::Dropout(const torch::Tensor& y) {
              : dropout_(y);
 }
 
-int64_t LlamaBlockParameterCount(const LlamaConfig& c) {
-  const int64_t head_dim = c.width / c.num_heads;
-  const int64_t attention = c.width * c.num_heads * head_dim * 2 +    // q, o
-                            c.width * c.num_kv_heads * head_dim * 2;  // k, v
-  const int64_t mlp = 3 * c.width * c.intermediate_size;
-  return attention + mlp + 2 * c.width;
+int64_t LlamaBlockParameterCount(const LlamaModelConfig& c) {
+  const int64_t head_dim = c.width() / c.num_heads();
+  const int64_t attention = c.width() * c.num_heads() * head_dim * 2 +    // q, o
+                            c.width() * c.num_kv_heads() * head_dim * 2;  // k, v
+  const int64_t mlp = 3 * c.width() * c.intermediate_size();
+  return attention + mlp + 2 * c.width();
 }
 
-absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config) {
-  if (absl::Status s = ValidateLlamaConfig(config); !s.ok()) return s;
-  const int64_t table = config.vocab_size * config.width;
+absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaModelConfig& config) {
+  if (absl::Status s = ValidateLlamaModelConfig(config); !s.ok()) return s;
+  const int64_t table = config.vocab_size() * config.width();
   LayerFactory embed = [config](const LayerContext& ctx) {
     return std::make_shared<LlamaEmbeddingImpl>(config, ctx.model_parallel);
   };
   std::vector<LayerSpec> specs;
-  if (config.tie_embeddings) {
+  if (config.tie_embeddings()) {
     specs.push_back(
         TiedLayerSpec("embed", embed).WithName("LlamaEmbedding").WithParameterCount(table));
   } else {
     specs.push_back(LayerSpec("LlamaEmbedding", embed).WithParameterCount(table));
   }
-  for (int64_t i = 0; i < config.num_layers; ++i) {
+  for (int64_t i = 0; i < config.num_layers(); ++i) {
     specs.push_back(LayerSpec("LlamaBlock", [config](const LayerContext& ctx) {
                       return std::make_shared<LlamaBlockImpl>(config, ctx.model_parallel);
                     }).WithParameterCount(LlamaBlockParameterCount(config)));
   }
   specs.push_back(LayerSpec("FinalRmsNorm", [config](const LayerContext& ctx) {
                     return MakeModuleLayer(
-                        RmsNorm(config.width, config.norm_eps, ctx.model_parallel), "FinalRmsNorm");
-                  }).WithParameterCount(config.width));
-  if (config.tie_embeddings) {
+                        RmsNorm(config.width(), config.norm_eps(), ctx.model_parallel),
+                        "FinalRmsNorm");
+                  }).WithParameterCount(config.width()));
+  if (config.tie_embeddings()) {
     // The head reuses the embedding table: count its matmul like the table.
     // Through the embedding's Logits (under tensor parallelism this rank's
     // vocabulary columns, the input's gradient summed over the group).
@@ -384,9 +387,9 @@ absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config)
     specs.push_back(LayerSpec("LmHead", [config](const LayerContext& ctx) -> Layer {
                       if (ctx.model_parallel.is_parallel()) {
                         return std::make_shared<VocabParallelHeadImpl>(
-                            config.width, config.vocab_size, ctx.model_parallel);
+                            config.width(), config.vocab_size(), ctx.model_parallel);
                       }
-                      return MakeModuleLayer(NoBiasLinear(config.width, config.vocab_size),
+                      return MakeModuleLayer(NoBiasLinear(config.width(), config.vocab_size()),
                                              "LmHead");
                     }).WithParameterCount(table));
   }
@@ -401,16 +404,17 @@ namespace {
 // dense mask's slice, as LlamaEmbedding's does).
 class LlamaEmbeddingDropoutImpl : public LayerImpl {
  public:
-  LlamaEmbeddingDropoutImpl(const LlamaConfig& config, const ModelParallelGroup& group)
-      : LayerImpl("LlamaEmbeddingDropout"), context_length_(config.context_length), group_(group) {
-    dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+  LlamaEmbeddingDropoutImpl(const LlamaModelConfig& config, const ModelParallelGroup& group)
+      : LayerImpl("LlamaEmbeddingDropout"),
+        context_length_(config.context_length()),
+        group_(group) {
+    dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout()));
   }
   Activations Forward(const Activations& inputs, const MicroBatch&) override {
     TORCH_CHECK(inputs.size() == 1 && inputs[0].dim() == 3 && inputs[0].is_floating_point(),
                 "LlamaEmbeddingDropout expects the token embeddings [batch, time, width]");
     const int64_t time = inputs[0].size(1) * (group_.sequence_parallel ? group_.size : 1);
-    TORCH_CHECK(time <= context_length_, "sequence length ", time, " exceeds llama.context_length ",
-                context_length_);
+    CheckSequenceLength(time, "llama", context_length_);
     if (!group_.sequence_parallel) return {dropout_(inputs[0])};
     return {tensor_parallel::ShardedDropout(inputs[0], dropout_->options.p(), is_training(), 1,
                                             group_)};
@@ -424,7 +428,7 @@ class LlamaEmbeddingDropoutImpl : public LayerImpl {
 
 }  // namespace
 
-absl::StatusOr<VocabularySplit> MakeLlamaVocabularySplit(const LlamaConfig& config) {
+absl::StatusOr<VocabularySplit> MakeLlamaVocabularySplit(const LlamaModelConfig& config) {
   VocabularySplit split;
   PP_ASSIGN_OR_RETURN(split.dense, MakeLlamaSpecs(config));
   split.body.push_back(LayerSpec("LlamaEmbeddingDropout", [config](const LayerContext& ctx) {
@@ -438,7 +442,7 @@ absl::StatusOr<VocabularySplit> MakeLlamaVocabularySplit(const LlamaConfig& conf
   split.embedding_table = [](LayerImpl& layer) {
     return dynamic_cast<LlamaEmbeddingImpl&>(layer).tok_embed->weight;
   };
-  if (config.tie_embeddings) {
+  if (config.tie_embeddings()) {
     split.embedding_name = "tied.embed.tok_embed.weight";
   } else {
     split.embedding_name = "layers.0.tok_embed.weight";

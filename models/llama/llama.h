@@ -37,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "models/llama/llama_config.pb.h"
 #include "pipeline/layers/layer.h"
 #include "pipeline/layers/layer_context.h"
 #include "pipeline/layers/layer_spec.h"
@@ -46,36 +47,22 @@
 
 namespace pp {
 
-struct LlamaConfig {
-  int64_t vocab_size = 260;
-  int64_t context_length = 128;  // longest sequence a forward accepts
-  int64_t width = 128;
-  int64_t num_heads = 4;
-  int64_t num_kv_heads = 4;  // grouped-query attention: divides num_heads
-  int64_t num_layers = 4;
-  int64_t intermediate_size = 344;  // SwiGLU hidden width
-  double rope_theta = 10000.0;
-  double norm_eps = 1e-5;
-  double dropout = 0.0;  // on attention weights, block outputs and embeddings
-  bool tie_embeddings = false;
-};
-
 // InvalidArgument naming the bad field and value: sizes positive, width a
 // multiple of num_heads with an even head width (rotary pairs), num_kv_heads
 // dividing num_heads, rope_theta > 1, norm_eps > 0, dropout in [0, 1).
-absl::Status ValidateLlamaConfig(const LlamaConfig& config);
+absl::Status ValidateLlamaModelConfig(const LlamaModelConfig& config);
 
 // What tensor parallelism of size `tp` needs, naming the field: heads and
 // the SwiGLU width split evenly, kv heads split evenly or divide tp; under
 // sequence parallelism tp > 1 and context_length split evenly.
-absl::Status ValidateLlamaParallelism(const LlamaConfig& config, int64_t tp,
+absl::Status ValidateLlamaParallelism(const LlamaModelConfig& config, int64_t tp,
                                       bool sequence_parallel);
 
 // How many neighbouring tensor-parallel ranks hold each kv head: 1 when tp
 // divides num_kv_heads, else tp / num_kv_heads (each rank holds the kv head
 // of its query heads; the holders' gradients are summed). REQUIRES:
 // ValidateLlamaParallelism(config, tp, ...) is OK.
-int64_t LlamaKvReplicas(const LlamaConfig& config, int64_t tp);
+int64_t LlamaKvReplicas(const LlamaModelConfig& config, int64_t tp);
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last dimension, computed in
 // float32 and cast back (as Hugging Face's LlamaRMSNorm does). Parameter
@@ -113,7 +100,7 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
 // each query within its document (either may be undefined).
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  explicit LlamaAttentionImpl(const LlamaConfig& config, const ModelParallelGroup& group = {});
+  explicit LlamaAttentionImpl(const LlamaModelConfig& config, const ModelParallelGroup& group = {});
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& position_ids = {},
                         const torch::Tensor& document_ids = {});
 
@@ -147,7 +134,7 @@ TORCH_MODULE(SwiGlu);
 // Token embedding (+ dropout). Parameter "tok_embed.weight" [vocab, width].
 class LlamaEmbeddingImpl : public LayerImpl {
  public:
-  explicit LlamaEmbeddingImpl(const LlamaConfig& config, const ModelParallelGroup& group = {});
+  explicit LlamaEmbeddingImpl(const LlamaModelConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
   // The tied LM head: this rank's logits of `x` through the token table.
   torch::Tensor Logits(const torch::Tensor& x) const;
@@ -163,7 +150,7 @@ class LlamaEmbeddingImpl : public LayerImpl {
 // Pre-norm decoder block. Not thread-safe.
 class LlamaBlockImpl : public LayerImpl {
  public:
-  explicit LlamaBlockImpl(const LlamaConfig& config, const ModelParallelGroup& group = {});
+  explicit LlamaBlockImpl(const LlamaModelConfig& config, const ModelParallelGroup& group = {});
   Activations Forward(const Activations& inputs, const MicroBatch& batch) override;
 
   RmsNorm input_layernorm{nullptr};
@@ -181,17 +168,17 @@ class LlamaBlockImpl : public LayerImpl {
 };
 
 // Trainable parameters of one LlamaBlock, for the partitioners' declared counts.
-int64_t LlamaBlockParameterCount(const LlamaConfig& config);
+int64_t LlamaBlockParameterCount(const LlamaModelConfig& config);
 
 // The spec list above, num_layers + 3 specs, with declared parameter counts.
-absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaConfig& config);
+absl::StatusOr<std::vector<LayerSpec>> MakeLlamaSpecs(const LlamaModelConfig& config);
 
 // LLaMA under vocabulary parallelism (pipeline/layers/vocab_split.h): the
 // stages hold the embedding's dropout ("LlamaEmbeddingDropout", layer 0), the
 // blocks and the final norm; the token table and the head (one table when
 // tied, two when untied) are split by rows over the pipe group (pipe x model
 // under tensor parallelism, with or without sequence parallelism).
-absl::StatusOr<VocabularySplit> MakeLlamaVocabularySplit(const LlamaConfig& config);
+absl::StatusOr<VocabularySplit> MakeLlamaVocabularySplit(const LlamaModelConfig& config);
 
 // Mean next-token cross-entropy of logits `outputs[0]` [b, T, V] against the
 // micro-batch's "labels" [b, T] (the same loss as GptLoss).

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "models/config_testing.h"
 #include "models/data/lm_data.h"
 #include "models/llama/llama.h"
 #include "pipeline/runtime/equivalence_testing.h"
@@ -35,16 +36,13 @@ std::vector<int64_t> Tokens() {
   return std::vector<int64_t>(text.begin(), text.end());
 }
 
-LlamaConfig TinyLlama(bool tied, int64_t kv_heads = 2) {
-  return {.vocab_size = 300,
-          .context_length = 8,
-          .width = 16,
-          .num_heads = 4,
-          .num_kv_heads = kv_heads,
-          .num_layers = 4,
-          .intermediate_size = 24,
-          .rope_theta = 500.0,
-          .tie_embeddings = tied};
+LlamaModelConfig TinyLlama(bool tied, int64_t kv_heads = 2) {
+  LlamaModelConfig c = ParseModelConfig<LlamaModelConfig>(
+      "vocab_size: 300 context_length: 8 width: 16 num_heads: 4 num_layers: 4 "
+      "intermediate_size: 24 rope_theta: 500.0");
+  c.set_num_kv_heads(kv_heads);
+  c.set_tie_embeddings(tied);
+  return c;
 }
 
 struct Case {
@@ -115,7 +113,7 @@ std::vector<Case> AllCases() {
         {"gpipe", 2, 1, 1, true, true}}) {
     add(schedule, pp, dp, chunks, tied);
     Case& c = cases.back();
-    MakeTensorParallel(c.config, 2, sp, TinyLlama(tied).vocab_size);
+    MakeTensorParallel(c.config, 2, sp, TinyLlama(tied).vocab_size());
     c.name = (sp ? "tp2_sp_" : "tp2_") + c.name;
   }
   // Fewer kv heads than tp: each kv head held by tp / kv_heads ranks, their
@@ -127,7 +125,7 @@ std::vector<Case> AllCases() {
         {"zbv", 2, 4, 2, 2, false}}) {
     add(schedule, pp, 1, chunks, /*tied=*/false, kv_heads);
     Case& c = cases.back();
-    MakeTensorParallel(c.config, tp, sp, TinyLlama(false).vocab_size);
+    MakeTensorParallel(c.config, tp, sp, TinyLlama(false).vocab_size());
     c.name = absl::StrCat("tp", tp, sp ? "_sp" : "", "_kv", kv_heads, "_", c.name);
   }
   return cases;
@@ -155,7 +153,7 @@ TEST(LlamaTensorParallelTest, AMissingReplicaGradientSumIsDetected) {
   RunConfig c = AllCases().front().config;
   c.specs = [] { return *MakeLlamaSpecs(TinyLlama(/*tied=*/false, /*kv_heads=*/1)); };
   c.steps = 2;
-  MakeTensorParallel(c, 2, /*sequence_parallel=*/false, TinyLlama(false).vocab_size);
+  MakeTensorParallel(c, 2, /*sequence_parallel=*/false, TinyLlama(false).vocab_size());
   absl::StatusOr<RunResult> sequential = TrainSequential(c);
   ASSERT_TRUE(sequential.ok()) << sequential.status();
   absl::StatusOr<RunResult> parallel = TrainPipeline(c);

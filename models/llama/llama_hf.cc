@@ -18,83 +18,89 @@ constexpr const char* kBlockNames[] = {
     "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
 
 // (pipe name, HF name) for every tensor of `config`'s model.
-std::vector<std::pair<std::string, std::string>> NamePairs(const LlamaConfig& config) {
+std::vector<std::pair<std::string, std::string>> NamePairs(const LlamaModelConfig& config) {
   std::vector<std::pair<std::string, std::string>> pairs;
   pairs.emplace_back(
-      config.tie_embeddings ? "tied.embed.tok_embed.weight" : "layers.0.tok_embed.weight",
+      config.tie_embeddings() ? "tied.embed.tok_embed.weight" : "layers.0.tok_embed.weight",
       "model.embed_tokens.weight");
-  for (int64_t i = 0; i < config.num_layers; ++i) {
+  for (int64_t i = 0; i < config.num_layers(); ++i) {
     for (const char* name : kBlockNames) {
       pairs.emplace_back(absl::StrCat("layers.", i + 1, ".", name),
                          absl::StrCat("model.layers.", i, ".", name));
     }
   }
-  pairs.emplace_back(absl::StrCat("layers.", config.num_layers + 1, ".weight"),
+  pairs.emplace_back(absl::StrCat("layers.", config.num_layers() + 1, ".weight"),
                      "model.norm.weight");
-  if (!config.tie_embeddings) {
-    pairs.emplace_back(absl::StrCat("layers.", config.num_layers + 2, ".weight"), "lm_head.weight");
+  if (!config.tie_embeddings()) {
+    pairs.emplace_back(absl::StrCat("layers.", config.num_layers() + 2, ".weight"),
+                       "lm_head.weight");
   }
   return pairs;
 }
 
 }  // namespace
 
-std::string LlamaHfConfigJson(const LlamaConfig& c) {
+std::string LlamaHfConfigJson(const LlamaModelConfig& c) {
   nlohmann::ordered_json j = {
       {"architectures", {"LlamaForCausalLM"}},
       {"model_type", "llama"},
-      {"vocab_size", c.vocab_size},
-      {"hidden_size", c.width},
-      {"intermediate_size", c.intermediate_size},
-      {"num_hidden_layers", c.num_layers},
-      {"num_attention_heads", c.num_heads},
-      {"num_key_value_heads", c.num_kv_heads},
-      {"head_dim", c.width / c.num_heads},
-      {"max_position_embeddings", c.context_length},
-      {"rms_norm_eps", c.norm_eps},
+      {"vocab_size", c.vocab_size()},
+      {"hidden_size", c.width()},
+      {"intermediate_size", c.intermediate_size()},
+      {"num_hidden_layers", c.num_layers()},
+      {"num_attention_heads", c.num_heads()},
+      {"num_key_value_heads", c.num_kv_heads()},
+      {"head_dim", c.width() / c.num_heads()},
+      {"max_position_embeddings", c.context_length()},
+      {"rms_norm_eps", c.norm_eps()},
       // Both spellings: transformers 5 reads rope_parameters, older releases
       // rope_theta.
-      {"rope_theta", c.rope_theta},
-      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},
+      {"rope_theta", c.rope_theta()},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta()}}},
       {"hidden_act", "silu"},
       {"attention_bias", false},
       {"mlp_bias", false},
-      {"attention_dropout", c.dropout},
-      {"tie_word_embeddings", c.tie_embeddings},
+      {"attention_dropout", c.dropout()},
+      {"tie_word_embeddings", c.tie_embeddings()},
       {"torch_dtype", "float32"},
   };
   return j.dump(2);
 }
 
-absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const std::string& json_text) {
+absl::StatusOr<LlamaModelConfig> LlamaConfigFromHfJson(const std::string& json_text) {
   PP_ASSIGN_OR_RETURN(const nlohmann::json j, ParseHfConfig(json_text, "llama"));
-  LlamaConfig c;
-  for (auto [field, target] : {std::pair<const char*, int64_t*>{"vocab_size", &c.vocab_size},
-                               {"hidden_size", &c.width},
-                               {"intermediate_size", &c.intermediate_size},
-                               {"num_hidden_layers", &c.num_layers},
-                               {"num_attention_heads", &c.num_heads},
-                               {"max_position_embeddings", &c.context_length}}) {
-    PP_ASSIGN_OR_RETURN(*target, HfIntField(j, field, 1, kMaxHfDim));
+  LlamaModelConfig c;
+  for (auto [field, set] : {std::pair<const char*, void (LlamaModelConfig::*)(int64_t)>{
+                                "vocab_size", &LlamaModelConfig::set_vocab_size},
+                            {"hidden_size", &LlamaModelConfig::set_width},
+                            {"intermediate_size", &LlamaModelConfig::set_intermediate_size},
+                            {"num_hidden_layers", &LlamaModelConfig::set_num_layers},
+                            {"num_attention_heads", &LlamaModelConfig::set_num_heads},
+                            {"max_position_embeddings", &LlamaModelConfig::set_context_length}}) {
+    PP_ASSIGN_OR_RETURN(const int64_t value, HfIntField(j, field, 1, kMaxHfDim));
+    (c.*set)(value);
   }
-  PP_ASSIGN_OR_RETURN(c.num_kv_heads,
-                      HfIntField(j, "num_key_value_heads", 1, kMaxHfDim, c.num_heads));
+  PP_ASSIGN_OR_RETURN(const int64_t kv_heads,
+                      HfIntField(j, "num_key_value_heads", 1, kMaxHfDim, c.num_heads()));
+  c.set_num_kv_heads(kv_heads);
   PP_ASSIGN_OR_RETURN(const int64_t head_dim,
-                      HfIntField(j, "head_dim", 1, kMaxHfDim, c.width / c.num_heads));
-  if (head_dim * c.num_heads != c.width) {
+                      HfIntField(j, "head_dim", 1, kMaxHfDim, c.width() / c.num_heads()));
+  if (head_dim * c.num_heads() != c.width()) {
     return HfFieldError("head_dim", head_dim, "must be hidden_size / num_attention_heads here");
   }
-  PP_ASSIGN_OR_RETURN(c.norm_eps, HfRealField(j, "rms_norm_eps", 1e-6, /*positive=*/true));
-  PP_ASSIGN_OR_RETURN(c.rope_theta, HfRealField(j, "rope_theta", 10000.0, /*positive=*/true));
+  PP_ASSIGN_OR_RETURN(const double norm_eps,
+                      HfRealField(j, "rms_norm_eps", 1e-6, /*positive=*/true));
+  c.set_norm_eps(norm_eps);
+  PP_ASSIGN_OR_RETURN(double rope_theta, HfRealField(j, "rope_theta", 10000.0, /*positive=*/true));
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
     const auto& rope = j["rope_parameters"];
     PP_ASSIGN_OR_RETURN(const std::string rope_type, HfStringField(rope, "rope_type", "default"));
     if (rope_type != "default") {
       return HfFieldError("rope_parameters.rope_type", rope_type, "is not implemented (default)");
     }
-    PP_ASSIGN_OR_RETURN(c.rope_theta,
-                        HfRealField(rope, "rope_theta", c.rope_theta, /*positive=*/true));
+    PP_ASSIGN_OR_RETURN(rope_theta, HfRealField(rope, "rope_theta", rope_theta, /*positive=*/true));
   }
+  c.set_rope_theta(rope_theta);
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     return HfFieldError("rope_scaling", j["rope_scaling"], "is not implemented (null only)");
   }
@@ -104,13 +110,14 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const std::string& json_text) 
     PP_ASSIGN_OR_RETURN(const bool bias, HfBoolField(j, field, false));
     if (bias) return HfFieldError(field, bias, "must be false");
   }
-  PP_ASSIGN_OR_RETURN(c.tie_embeddings, HfBoolField(j, "tie_word_embeddings", false));
-  c.dropout = 0.0;
-  if (absl::Status s = ValidateLlamaConfig(c); !s.ok()) return s;
+  PP_ASSIGN_OR_RETURN(const bool tied, HfBoolField(j, "tie_word_embeddings", false));
+  c.set_tie_embeddings(tied);
+  c.set_dropout(0.0);
+  if (absl::Status s = ValidateLlamaModelConfig(c); !s.ok()) return s;
   return c;
 }
 
-absl::StatusOr<SafetensorsFile> LlamaToHfTensors(const LlamaConfig& config,
+absl::StatusOr<SafetensorsFile> LlamaToHfTensors(const LlamaModelConfig& config,
                                                  const std::map<std::string, torch::Tensor>& pipe) {
   SafetensorsFile out;
   out.metadata["format"] = "pt";
@@ -130,8 +137,8 @@ absl::StatusOr<SafetensorsFile> LlamaToHfTensors(const LlamaConfig& config,
   return out;
 }
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> LlamaFromHfTensors(const LlamaConfig& config,
-                                                                        const SafetensorsFile& hf) {
+absl::StatusOr<std::map<std::string, torch::Tensor>> LlamaFromHfTensors(
+    const LlamaModelConfig& config, const SafetensorsFile& hf) {
   std::map<std::string, torch::Tensor> by_name(hf.tensors.begin(), hf.tensors.end());
   std::map<std::string, torch::Tensor> out;
   for (const auto& [pipe_name, hf_name] : NamePairs(config)) {
@@ -146,7 +153,7 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> LlamaFromHfTensors(const Ll
   for (const auto& [name, tensor] : by_name) {
     // A tied checkpoint may still carry the head's copy; rotary buffers are
     // recomputed.
-    const bool tied_copy = config.tie_embeddings && name == "lm_head.weight";
+    const bool tied_copy = config.tie_embeddings() && name == "lm_head.weight";
     if (!tied_copy && !absl::EndsWith(name, "rotary_emb.inv_freq")) {
       return absl::InvalidArgumentError(
           absl::StrCat("model.safetensors tensor ", name, " has no place in pipe's LLaMA"));
@@ -155,14 +162,14 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> LlamaFromHfTensors(const Ll
   return out;
 }
 
-absl::Status ExportLlamaModule(const torch::nn::Module& module, const LlamaConfig& config,
+absl::Status ExportLlamaModule(const torch::nn::Module& module, const LlamaModelConfig& config,
                                const std::string& hf_dir) {
   absl::StatusOr<SafetensorsFile> tensors = LlamaToHfTensors(config, ModuleParameters(module));
   if (!tensors.ok()) return tensors.status();
   return WriteHfFolder(hf_dir, {LlamaHfConfigJson(config), *std::move(tensors)});
 }
 
-absl::Status ExportLlamaCheckpoint(const std::string& checkpoint, const LlamaConfig& config,
+absl::Status ExportLlamaCheckpoint(const std::string& checkpoint, const LlamaModelConfig& config,
                                    const std::string& hf_dir) {
   absl::StatusOr<std::vector<LayerSpec>> specs = MakeLlamaSpecs(config);
   if (!specs.ok()) return specs.status();
@@ -174,7 +181,7 @@ absl::Status ExportLlamaCheckpoint(const std::string& checkpoint, const LlamaCon
       hf_dir);
 }
 
-absl::Status LoadLlamaHfIntoModule(const std::string& hf_dir, const LlamaConfig& config,
+absl::Status LoadLlamaHfIntoModule(const std::string& hf_dir, const LlamaModelConfig& config,
                                    torch::nn::Module& module) {
   absl::StatusOr<HfFolder> folder = ReadHfFolder(hf_dir);
   if (!folder.ok()) return folder.status();
@@ -184,10 +191,10 @@ absl::Status LoadLlamaHfIntoModule(const std::string& hf_dir, const LlamaConfig&
   return CopyIntoModule(*tensors, hf_dir, module);
 }
 
-absl::StatusOr<LlamaConfig> ImportLlamaHf(const std::string& hf_dir, const std::string& root) {
+absl::StatusOr<LlamaModelConfig> ImportLlamaHf(const std::string& hf_dir, const std::string& root) {
   absl::StatusOr<HfFolder> folder = ReadHfFolder(hf_dir);
   if (!folder.ok()) return folder.status();
-  absl::StatusOr<LlamaConfig> config = LlamaConfigFromHfJson(folder->config_json);
+  absl::StatusOr<LlamaModelConfig> config = LlamaConfigFromHfJson(folder->config_json);
   if (!config.ok()) return config.status();
   absl::StatusOr<std::vector<LayerSpec>> specs = MakeLlamaSpecs(*config);
   if (!specs.ok()) return specs.status();

@@ -30,37 +30,38 @@
 namespace pp {
 
 // config.json text for LlamaForCausalLM.
-std::string LlamaHfConfigJson(const LlamaConfig& config);
+std::string LlamaHfConfigJson(const LlamaModelConfig& config);
 
-// The LlamaConfig of a config.json. InvalidArgument naming the field for what
+// The LlamaModelConfig of a config.json. InvalidArgument naming the field for what
 // models/llama does not implement (attention or MLP biases, an activation
 // other than silu, rope scaling) or a missing field.
-absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const std::string& json_text);
+absl::StatusOr<LlamaModelConfig> LlamaConfigFromHfJson(const std::string& json_text);
 
 // pipe global name -> HF name for every tensor of the model; InvalidArgument
 // naming a tensor that has no HF counterpart or a missing one.
-absl::StatusOr<SafetensorsFile> LlamaToHfTensors(const LlamaConfig& config,
+absl::StatusOr<SafetensorsFile> LlamaToHfTensors(const LlamaModelConfig& config,
                                                  const std::map<std::string, torch::Tensor>& pipe);
 // The inverse (extra HF tensors such as rotary inv_freq buffers are ignored).
-absl::StatusOr<std::map<std::string, torch::Tensor>> LlamaFromHfTensors(const LlamaConfig& config,
-                                                                        const SafetensorsFile& hf);
+absl::StatusOr<std::map<std::string, torch::Tensor>> LlamaFromHfTensors(
+    const LlamaModelConfig& config, const SafetensorsFile& hf);
 
 // Writes `module`'s parameters (a ToSequential/BuildSequential LLaMA) to the
 // folder `hf_dir` (created).
-absl::Status ExportLlamaModule(const torch::nn::Module& module, const LlamaConfig& config,
+absl::Status ExportLlamaModule(const torch::nn::Module& module, const LlamaModelConfig& config,
                                const std::string& hf_dir);
 // Loads a pipe checkpoint (a step directory or a root with `latest`) of a
 // LLaMA with `config` and exports it.
-absl::Status ExportLlamaCheckpoint(const std::string& checkpoint, const LlamaConfig& config,
+absl::Status ExportLlamaCheckpoint(const std::string& checkpoint, const LlamaModelConfig& config,
                                    const std::string& hf_dir);
 
 // Copies the folder's tensors into `module` (built from the folder's config,
 // checked against `config`'s shapes).
-absl::Status LoadLlamaHfIntoModule(const std::string& hf_dir, const LlamaConfig& config,
+absl::Status LoadLlamaHfIntoModule(const std::string& hf_dir, const LlamaModelConfig& config,
                                    torch::nn::Module& module);
 // Reads the folder and saves it as step 0 of a pipe checkpoint under `root`;
-// returns the folder's LlamaConfig.
-absl::StatusOr<LlamaConfig> ImportLlamaHf(const std::string& hf_dir, const std::string& root);
+// returns the folder's config with every field but the tokenizer set (the
+// registration's import overrides).
+absl::StatusOr<LlamaModelConfig> ImportLlamaHf(const std::string& hf_dir, const std::string& root);
 
 }  // namespace pp
 

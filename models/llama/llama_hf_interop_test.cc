@@ -25,7 +25,7 @@ using hf_testing::TinyLlama;
 
 TEST(LlamaHfInteropTest, PipeExportsLoadInTransformersWithTheSameLogits) {
   for (bool tied : {false, true}) {
-    const LlamaConfig config = TinyLlama(tied);
+    const LlamaModelConfig config = TinyLlama(tied);
     StageModule model = *BuildSequential(*MakeLlamaSpecs(config), 3);
     ExportAndLoad(model, absl::StrCat("llama_", tied),
                   [&](const std::string& dir) { return ExportLlamaModule(*model, config, dir); });
@@ -36,10 +36,10 @@ TEST(LlamaHfInteropTest, TransformersModelsImportIntoPipeWithTheSameLogits) {
   MakeAndImport("models/llama/llama_hf_reference.py", "llama",
                 [](const std::string& dir,
                    const std::string& root) -> absl::StatusOr<std::vector<LayerSpec>> {
-                  absl::StatusOr<LlamaConfig> config = ImportLlamaHf(dir, root);
+                  absl::StatusOr<LlamaModelConfig> config = ImportLlamaHf(dir, root);
                   if (!config.ok()) return config.status();
-                  EXPECT_EQ(config->num_kv_heads, 2);
-                  EXPECT_EQ(config->rope_theta, 5000.0);
+                  EXPECT_EQ(config->num_kv_heads(), 2);
+                  EXPECT_EQ(config->rope_theta(), 5000.0);
                   return MakeLlamaSpecs(*config);
                 });
 }

@@ -32,7 +32,7 @@ using hf_testing::TinyLlama;
 
 TEST(LlamaHfTest, ExportImportRoundTripGivesTheSameLogits) {
   for (bool tied : {false, true}) {
-    const LlamaConfig config = TinyLlama(tied);
+    const LlamaModelConfig config = TinyLlama(tied);
     StageModule model = *BuildSequential(*MakeLlamaSpecs(config), 77);
     const std::string dir = TempPath(absl::StrCat("hf_", tied));
     ASSERT_TRUE(ExportLlamaModule(*model, config, dir).ok());
@@ -41,11 +41,12 @@ TEST(LlamaHfTest, ExportImportRoundTripGivesTheSameLogits) {
     EXPECT_EQ(hf->tensors.size(), 1u + 2u * 9u + 1u + (tied ? 0u : 1u));
     EXPECT_EQ(hf->tensors[0].first, "model.embed_tokens.weight");
     // Through a pipe checkpoint: import saves one, a fresh model loads it.
-    absl::StatusOr<LlamaConfig> imported = ImportLlamaHf(dir, TempPath(absl::StrCat("ck_", tied)));
+    absl::StatusOr<LlamaModelConfig> imported =
+        ImportLlamaHf(dir, TempPath(absl::StrCat("ck_", tied)));
     ASSERT_TRUE(imported.ok()) << imported.status();
-    EXPECT_EQ(imported->num_kv_heads, 2);
-    EXPECT_EQ(imported->rope_theta, 5000.0);
-    EXPECT_EQ(imported->tie_embeddings, tied);
+    EXPECT_EQ(imported->num_kv_heads(), 2);
+    EXPECT_EQ(imported->rope_theta(), 5000.0);
+    EXPECT_EQ(imported->tie_embeddings(), tied);
     StageModule fresh = *BuildSequential(*MakeLlamaSpecs(*imported), 5);
     ModelState state = ModelStateOfModule(*fresh);
     LoadOptions options;
@@ -89,7 +90,7 @@ TEST(LlamaHfTest, UnsupportedConfigsNameTheField) {
 
 // A tiny LLaMA (seed 77) exported as the Hugging Face folder TempPath(name).
 std::string ExportedTinyLlama(bool tied, const std::string& name) {
-  const LlamaConfig config = TinyLlama(tied);
+  const LlamaModelConfig config = TinyLlama(tied);
   StageModule model = *BuildSequential(*MakeLlamaSpecs(config), 77);
   const std::string dir = TempPath(name);
   EXPECT_TRUE(ExportLlamaModule(*model, config, dir).ok());

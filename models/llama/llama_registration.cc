@@ -27,7 +27,6 @@
 #include "models/llama/llama.h"
 #include "models/llama/llama_config.pb.h"
 #include "models/llama/llama_hf.h"
-#include "models/llama/llama_model_config.h"
 #include "models/registry.h"
 
 namespace pp {
@@ -46,15 +45,9 @@ absl::Status ValidateLlama(const LlamaModelConfig& c, const ModelRun& run) {
   PP_RETURN_IF_ERROR(CheckIntField("llama.vocab_size", c.vocab_size(), 1, int64_t{1} << 24));
   PP_RETURN_IF_ERROR(CheckRealField("llama.dropout", c.dropout(), '[', 0, 1, ')'));
   // Divisibility (num_kv_heads | num_heads, even head width), rope_theta, norm_eps.
-  PP_RETURN_IF_ERROR(ValidateLlamaConfig(ToLlamaConfig(c)));
-  PP_RETURN_IF_ERROR(ValidateLlamaParallelism(ToLlamaConfig(c), run.tp, run.sequence_parallel));
-  // A block per model part (the embedding, norm and head ride along).
-  const int64_t parts = run.pp * run.chunks;
-  if (parts <= c.num_layers()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parallelism.pp (", run.pp, ") x parallelism.chunks (", run.chunks, ") = ", parts,
-      " model parts, but the model has only ", c.num_layers(),
-      " blocks (llama.num_layers); use at most ", c.num_layers(), " parts or more layers"));
+  PP_RETURN_IF_ERROR(ValidateLlamaModelConfig(c));
+  PP_RETURN_IF_ERROR(ValidateLlamaParallelism(c, run.tp, run.sequence_parallel));
+  return CheckBlocksPerPart(run, c.num_layers(), "llama.num_layers");
 }
 
 // llama.tokenizer: relative paths are taken from the workspace under `bazel
@@ -232,19 +225,6 @@ class LlamaSampler : public ModelSampler {
   PipelineSampler sampler_;
 };
 
-// Hugging Face LlamaForCausalLM folders (llama_hf.h). An import's overrides
-// are every shape field (ToLlamaModelConfig).
-absl::StatusOr<LlamaModelConfig> ImportLlamaFolder(const std::string& hf_dir,
-                                                   const std::string& root) {
-  PP_ASSIGN_OR_RETURN(const LlamaConfig config, ImportLlamaHf(hf_dir, root));
-  return ToLlamaModelConfig(config);
-}
-
-absl::Status ExportLlamaFolder(const std::string& checkpoint, const LlamaModelConfig& c,
-                               const std::string& hf_dir) {
-  return ExportLlamaCheckpoint(checkpoint, ToLlamaConfig(c), hf_dir);
-}
-
 }  // namespace
 
 PP_REGISTER_MODEL(
@@ -255,7 +235,7 @@ PP_REGISTER_MODEL(
         .default_partition_method = "type:LlamaBlock",
         .data_sources = {"tokens"},
         .validate = ValidateLlama,
-        .specs = [](const LlamaModelConfig& c) { return MakeLlamaSpecs(ToLlamaConfig(c)); },
+        .specs = MakeLlamaSpecs,
         .loss = LlamaLoss,
         // Tensor parallelism: heads, kv heads, the SwiGLU and the vocabulary
         // split; the loss from this rank's vocabulary columns.
@@ -268,8 +248,7 @@ PP_REGISTER_MODEL(
         },
         // Vocabulary parallelism: the token table and the head (one table
         // when tied) split over the pipeline's ranks.
-        .vocabulary_split =
-            [](const LlamaModelConfig& c) { return MakeLlamaVocabularySplit(ToLlamaConfig(c)); },
+        .vocabulary_split = MakeLlamaVocabularySplit,
         .data = LlamaData,
         .check_data = CheckLlamaData,
         .sampler = [](const LlamaModelConfig& c) -> std::unique_ptr<ModelSampler> {
@@ -289,10 +268,11 @@ PP_REGISTER_MODEL(
                                         .vocab_size = c.vocab_size(),
                                         .tied_embeddings = c.tie_embeddings()});
             },
-        // hf_convert import --model=llama, and export.
+        // hf_convert import --model=llama, and export (llama_hf.h). An
+        // import's overrides are every shape field.
         .hf = {.model_types = {"llama"},
-               .import_folder = ImportLlamaFolder,
-               .export_checkpoint = ExportLlamaFolder},
+               .import_folder = ImportLlamaHf,
+               .export_checkpoint = ExportLlamaCheckpoint},
     });
 
 }  // namespace pp

@@ -6,19 +6,16 @@
 
 #include <gtest/gtest.h>
 
+#include "models/config_testing.h"
 #include "pipeline/pipeline_model.h"
 
 namespace pp {
 namespace {
 
-LlamaConfig Tiny() {
-  return LlamaConfig{.vocab_size = 300,
-                     .context_length = 16,
-                     .width = 32,
-                     .num_heads = 4,
-                     .num_kv_heads = 2,
-                     .num_layers = 2,
-                     .intermediate_size = 48};
+LlamaModelConfig Tiny() {
+  return ParseModelConfig<LlamaModelConfig>(
+      "vocab_size: 300 context_length: 16 width: 32 num_heads: 4 num_kv_heads: 2 num_layers: 2 "
+      "intermediate_size: 48");
 }
 
 MicroBatch Batch(torch::Tensor ids) {
@@ -48,8 +45,8 @@ TEST(LlamaSpecsTest, UntiedLayoutAndDeclaredCounts) {
 }
 
 TEST(LlamaSpecsTest, TiedHeadProjectsThroughTheTokenTable) {
-  LlamaConfig c = Tiny();
-  c.tie_embeddings = true;
+  LlamaModelConfig c = Tiny();
+  c.set_tie_embeddings(true);
   absl::StatusOr<std::vector<LayerSpec>> specs = MakeLlamaSpecs(c);
   ASSERT_TRUE(specs.ok()) << specs.status();
   EXPECT_EQ(specs->front().tie_key(), "embed");
@@ -87,9 +84,9 @@ TEST(LlamaTest, LogitsShapeInitialLossAndCausality) {
 
 TEST(LlamaAttentionTest, GroupedQueryEqualsMultiHeadWithRepeatedKvWeights) {
   torch::manual_seed(1);
-  LlamaConfig gqa = Tiny();  // 4 heads, 2 kv heads, head_dim 8
-  LlamaConfig mha = gqa;
-  mha.num_kv_heads = 4;
+  LlamaModelConfig gqa = Tiny();  // 4 heads, 2 kv heads, head_dim 8
+  LlamaModelConfig mha = gqa;
+  mha.set_num_kv_heads(4);
   LlamaAttention grouped(gqa);
   LlamaAttention full(mha);
   {
@@ -156,29 +153,31 @@ TEST(RmsNormTest, HandComputed) {
 }
 
 TEST(LlamaConfigTest, BadConfigsNameTheFieldAndValue) {
-  auto message = [](LlamaConfig c) { return std::string(ValidateLlamaConfig(c).message()); };
-  LlamaConfig c = Tiny();
-  c.num_kv_heads = 3;
+  auto message = [](LlamaModelConfig c) {
+    return std::string(ValidateLlamaModelConfig(c).message());
+  };
+  LlamaModelConfig c = Tiny();
+  c.set_num_kv_heads(3);
   EXPECT_EQ(MakeLlamaSpecs(c).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(message(c), "llama.num_kv_heads (3) must divide llama.num_heads (4)");
   c = Tiny();
-  c.num_heads = 5;
+  c.set_num_heads(5);
   EXPECT_EQ(message(c), "llama.width (32) must be a multiple of llama.num_heads (5)");
   c = Tiny();
-  c.num_heads = 32;
-  c.num_kv_heads = 1;
+  c.set_num_heads(32);
+  c.set_num_kv_heads(1);
   EXPECT_NE(message(c).find("llama.width (32) / llama.num_heads (32) must be even"),
             std::string::npos);
   c = Tiny();
-  c.intermediate_size = 0;
+  c.set_intermediate_size(0);
   EXPECT_EQ(message(c), "llama.intermediate_size (0) must be positive");
   c = Tiny();
-  c.rope_theta = 0.5;
+  c.set_rope_theta(0.5);
   EXPECT_EQ(message(c),
             "llama.rope_theta (0.5) must be finite and in (1, 1e+12] (the base of the rotary "
             "frequencies)");
   c = Tiny();
-  c.dropout = 1.0;
+  c.set_dropout(1.0);
   EXPECT_EQ(message(c), "llama.dropout (1) must be finite and in [0, 1)");
   // Issue #42 class 5: non-finite and absurd reals trained silently (norm_eps
   // inf or 1e300 at a constant loss); every real field is checked finite and
@@ -187,26 +186,26 @@ TEST(LlamaConfigTest, BadConfigsNameTheFieldAndValue) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (const double bad : {inf, -inf, nan, 1e300}) {
     c = Tiny();
-    c.norm_eps = bad;
+    c.set_norm_eps(bad);
     EXPECT_NE(message(c).find("llama.norm_eps ("), std::string::npos) << bad;
     c = Tiny();
-    c.rope_theta = bad;
+    c.set_rope_theta(bad);
     EXPECT_NE(message(c).find("llama.rope_theta ("), std::string::npos) << bad;
     c = Tiny();
-    c.dropout = bad;
+    c.set_dropout(bad);
     EXPECT_NE(message(c).find("llama.dropout ("), std::string::npos) << bad;
   }
   c = Tiny();
-  c.norm_eps = 1e300;
+  c.set_norm_eps(1e300);
   EXPECT_EQ(message(c),
             "llama.norm_eps (1e+300) must be finite and in (0, 1] (a larger epsilon swamps the "
             "activations it normalises)");
-  EXPECT_TRUE(ValidateLlamaConfig(Tiny()).ok());
+  EXPECT_TRUE(ValidateLlamaModelConfig(Tiny()).ok());
 }
 
 TEST(LlamaTest, DropoutOnlyInTraining) {
-  LlamaConfig c = Tiny();
-  c.dropout = 0.5;
+  LlamaModelConfig c = Tiny();
+  c.set_dropout(0.5);
   StageModule model = *BuildSequential(*MakeLlamaSpecs(c), 1234);
   MicroBatch batch = Batch(torch::randint(0, 300, {2, 8}, torch::kLong));
   model->eval();
