@@ -1,8 +1,8 @@
 // Benchmark: what activation checkpointing buys and costs.
 //
 //   bazel run //bench:bench_activation_checkpointing -- --layers=16
-//   bazel run //bench:bench_activation_checkpointing -- --model=gpt \
-//       --model_config='num_layers: 8 width: 256' --model_batch=16
+//   bazel run //bench:bench_activation_checkpointing -- --model=gpt
+//       --model_config='num_layers: 8 width: 256' --model_batch=16  (one line)
 //
 // --model=mlp is the bench's own stack of residual MLP blocks; any other name
 // is a registered model (models/registry.h), built sequentially from its

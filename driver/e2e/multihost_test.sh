@@ -17,10 +17,8 @@
 # state) or filter it out with --test_tag_filters=-requires-netns.
 set -uo pipefail
 BIN=$(realpath "$1")
+source driver/e2e/e2e_testing.sh  # TMP, write_corpus, must_run, skip_test
 export PATH=$PATH:/usr/sbin:/sbin
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-TMP=${TEST_TMPDIR:-$(mktemp -d)}
-source driver/e2e/e2e_testing.sh  # skip_test
 TIMEOUT_S=10  # parallelism.timeout_seconds for the link-cut run
 cannot_run() {
   local why="$* (the multi-host test needs root and network namespaces)"
@@ -63,7 +61,7 @@ for ns in "$NS_A" "$NS_B"; do
 done
 
 CORPUS=$TMP/corpus.txt
-for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage. The bubble shrinks."; done > "$CORPUS"
+write_corpus "$CORPUS"
 SET=eval_interval=0,log_interval=1,lr_schedule.warmup_steps=1,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2
 COMMON=(--config="$PWD/experiments/configs/gpt_small_pp2.textproto" --data="$CORPUS" --sample_tokens=0 --name=mh)
 # One rank per host; GLOO_SOCKET_IFNAME is left unset on purpose: the

@@ -7,14 +7,13 @@
 # straight run's losses. A shape auto cannot synthesise is refused before launch.
 set -euo pipefail
 BIN=$1
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-TMP=${TEST_TMPDIR:-$(mktemp -d)}
+source driver/e2e/e2e_testing.sh  # TMP, write_corpus, must_run
 CORPUS=$TMP/corpus.txt
-for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage. The bubble shrinks."; done > "$CORPUS"
+write_corpus "$CORPUS"
 SET=eval_interval=0,lr_schedule.name=constant,lr_schedule.warmup_steps=0,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2
 BASE=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs" --sample_tokens=0 --microbatches=4)
 COMMON=("${BASE[@]}" --set=$SET)
-run() { "$BIN" "${COMMON[@]}" "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_gpt $* exited non-zero"; exit 1; }; }
+run() { must_run "$TMP/log" "$BIN" "${COMMON[@]}" "$@"; }
 losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$1"/metrics.jsonl; }
 close() {  # two loss lists equal to 1e-4 relative, line by line
   paste <(echo "$1") <(echo "$2") | awk '{d=$1-$2; if (d<0) d=-d; s=$1<0?-$1:$1; if (d>1e-4*s+1e-6) {print "differ: " $0; bad=1}} END {exit bad}'

@@ -9,16 +9,15 @@
 #     receives are the program that runs) against --schedule=zbv.
 set -euo pipefail
 BIN=$1
+source driver/e2e/e2e_testing.sh  # TMP, write_corpus, must_run
 EXPLORER=$2
 HAND_1F1B=$3
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-TMP=${TEST_TMPDIR:-$(mktemp -d)}
 CORPUS=$TMP/corpus.txt
-for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage. The bubble shrinks."; done > "$CORPUS"
+write_corpus "$CORPUS"
 COMMON=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs" --sample_tokens=0
   --steps=4 --pp=2
   --set=eval_interval=0,lr_schedule.warmup_steps=1,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2)
-run() { "$BIN" "${COMMON[@]}" --microbatches=4 "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_gpt $* exited non-zero"; exit 1; }; }
+run() { must_run "$TMP/log" "$BIN" "${COMMON[@]}" --microbatches=4 "$@"; }
 losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$1"/metrics.jsonl; }
 same() {
   local a b

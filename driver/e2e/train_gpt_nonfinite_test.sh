@@ -8,10 +8,9 @@
 # max_skipped_steps in a row.
 set -uo pipefail
 BIN=$1
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-TMP=${TEST_TMPDIR:-$(mktemp -d)}
+source driver/e2e/e2e_testing.sh  # TMP, write_corpus, must_run
 CORPUS=$TMP/corpus.txt
-for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage."; done > "$CORPUS"
+write_corpus "$CORPUS" ''
 SET=optimizer.name=sgd,optimizer.max_grad_norm=0,lr_schedule.name=constant,lr_schedule.warmup_steps=0,eval_interval=0,log_interval=1,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2
 fail() { echo "FAIL: $*"; cat "$TMP/log"; exit 1; }
 run() {  # run POLICY: trains 20 steps, saving every step, keeping 1

@@ -10,14 +10,13 @@
 # without a control word; without the mode none does.
 set -euo pipefail
 BIN=$1
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-TMP=${TEST_TMPDIR:-$(mktemp -d)}
+source driver/e2e/e2e_testing.sh  # TMP, write_corpus, must_run
 CORPUS=$TMP/corpus.txt
-for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage. The bubble shrinks."; done > "$CORPUS"
+write_corpus "$CORPUS"
 COMMON=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs" --sample_tokens=3
   --pp=2 --microbatches=4 --eval_interval=2
   --set=lr_schedule.name=constant,lr_schedule.warmup_steps=0,eval_batches=1,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2)
-run() { "$BIN" "${COMMON[@]}" "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_gpt $* exited non-zero"; exit 1; }; }
+run() { must_run "$TMP/log" "$BIN" "${COMMON[@]}" "$@"; }
 losses() { for d in $(ls -d "$TMP"/runs/"$1"-* | sort); do sed -E 's/.*"loss":([^,}]*).*/\1/' "$d"/metrics.jsonl; done; }
 eval_losses() { for d in $(ls -d "$TMP"/runs/"$1"-* | sort); do grep -o '"eval_loss":[^,}]*' "$d"/metrics.jsonl; done; }
 counters() {

@@ -6,10 +6,9 @@
 # argument is refused before launch.
 set -euo pipefail
 BIN=$1
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-TMP=${TEST_TMPDIR:-$(mktemp -d)}
+source driver/e2e/e2e_testing.sh  # TMP, write_corpus, must_run
 CORPUS=$TMP/corpus.txt
-for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage."; done > "$CORPUS"
+write_corpus "$CORPUS" ''
 COMMON=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --steps=2
   --sample_tokens=0 --eval_interval=0
   --set=lr_schedule.warmup_steps=1,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2)

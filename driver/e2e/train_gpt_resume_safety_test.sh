@@ -7,10 +7,9 @@
 # another run (name), is refused naming the fields or the runs.
 set -uo pipefail
 BIN=$1
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-TMP=${TEST_TMPDIR:-$(mktemp -d)}
+source driver/e2e/e2e_testing.sh  # TMP, write_corpus, must_run
 CORPUS=$TMP/corpus.txt
-for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage."; done > "$CORPUS"
+write_corpus "$CORPUS" ''
 COMMON=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs"
   --sample_tokens=0 --name=r --save_interval=2)
 SET=eval_interval=0,lr_schedule.name=constant,lr_schedule.warmup_steps=0,gpt.width=32,gpt.num_heads=4,gpt.context_length=32,parallelism.micro_batch_size=2

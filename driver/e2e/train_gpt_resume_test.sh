@@ -5,13 +5,12 @@
 # learning rate, since the schedule's length is --steps).
 set -euo pipefail
 BIN=$1
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-TMP=${TEST_TMPDIR:-$(mktemp -d)}
+source driver/e2e/e2e_testing.sh  # TMP, write_corpus, must_run
 CORPUS=$TMP/corpus.txt
-for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage. The bubble shrinks."; done > "$CORPUS"
+write_corpus "$CORPUS"
 COMMON=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs" --sample_tokens=0
   --set=eval_interval=0,lr_schedule.name=constant,lr_schedule.warmup_steps=0,gpt.dropout=0.1,gpt.width=32,gpt.context_length=32,parallelism.micro_batch_size=2)
-run() { "$BIN" "${COMMON[@]}" "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_gpt $* exited non-zero"; exit 1; }; }
+run() { must_run "$TMP/log" "$BIN" "${COMMON[@]}" "$@"; }
 losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$1"/metrics.jsonl; }
 
 run --steps=6 --name=straight

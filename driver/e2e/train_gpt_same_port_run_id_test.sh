@@ -7,11 +7,10 @@
 # with exit 0. In 1 of 8 tries B used to kill A. Repeated TRIES times.
 set -uo pipefail
 BIN=$1
+source driver/e2e/e2e_testing.sh  # TMP, write_corpus, must_run
 TRIES=${2:-3}
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-TMP=${TEST_TMPDIR:-$(mktemp -d)}
 CORPUS=$TMP/corpus.txt
-for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage."; done > "$CORPUS"
+write_corpus "$CORPUS" ''
 STEPS=100
 COMMON=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --sample_tokens=0
   --set=eval_interval=0,log_interval=1,lr_schedule.name=constant,lr_schedule.warmup_steps=0,gpt.width=32,gpt.num_heads=4,gpt.context_length=32,parallelism.micro_batch_size=2)

@@ -8,10 +8,9 @@
 # --profile_steps refused before any worker starts.
 set -euo pipefail
 BIN=$1 CHECK=$2 READBACK=$3 TRACE_SVG=$4
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-TMP=${TEST_TMPDIR:-$(mktemp -d)}
+source driver/e2e/e2e_testing.sh  # TMP, write_corpus, must_run
 CORPUS=$TMP/corpus.txt
-for i in $(seq 1 300); do echo "Pipeline stage $((i % 5)) sends activations to the next stage. The bubble shrinks."; done > "$CORPUS"
+write_corpus "$CORPUS"
 SMALL="--set=eval_interval=3,lr_schedule.warmup_steps=1,gpt.width=32,gpt.context_length=32"
 
 run() {  # run NAME LOG ARGS...
