@@ -82,8 +82,9 @@ absl::StatusOr<std::unique_ptr<RestartRounds>> RestartRounds::Connect(const std:
       rounds->store_->store->setTimeout(ms);
       return rounds;
     } catch (const std::exception& e) {
-      if (absl::Status s = rounds->Interrupted(
-              absl::StrCat("node 0's launcher (the restart store at ", host, ":", port, ")"));
+      if (absl::Status s = rounds->Interrupted([&] {
+            return absl::StrCat("node 0's launcher (the restart store at ", host, ":", port, ")");
+          });
           !s.ok()) {
         return s;
       }
@@ -96,11 +97,11 @@ absl::StatusOr<std::unique_ptr<RestartRounds>> RestartRounds::Connect(const std:
   }
 }
 
-absl::Status RestartRounds::Interrupted(const std::string& awaited) const {
+absl::Status RestartRounds::Interrupted(const std::function<std::string()>& awaited) const {
   const int signo = signals_ ? signals_() : 0;
   if (signo == 0) return absl::OkStatus();
   return absl::CancelledError(
-      absl::StrCat("received ", strsignal(signo), " while waiting for ", awaited, "; stopping"));
+      absl::StrCat("received ", strsignal(signo), " while waiting for ", awaited(), "; stopping"));
 }
 
 absl::Status RestartRounds::WaitForAll(const std::string& count_key, const std::string& what,
@@ -115,12 +116,12 @@ absl::Status RestartRounds::WaitForAll(const std::string& count_key, const std::
       return nodes;
     };
     while (store_->store->add(count_key, 0) < nnodes_) {
-      if (signals_) {
-        if (absl::Status s = Interrupted(absl::StrCat("node(s) ", absl::StrJoin(missing(), ", "),
-                                                      " to ", what, " restart round ", round));
-            !s.ok()) {
-          return s;
-        }
+      if (absl::Status s = Interrupted([&] {
+            return absl::StrCat("node(s) ", absl::StrJoin(missing(), ", "), " to ", what,
+                                " restart round ", round);
+          });
+          !s.ok()) {
+        return s;
       }
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(

@@ -86,9 +86,10 @@ class RestartRounds {
   // `node_key(n)` is missing.
   absl::Status WaitForAll(const std::string& count_key, const std::string& what, int round,
                           const std::function<std::string(int)>& node_key);
-  // Cancelled "received <signal> while waiting for <awaited>; stopping" when
-  // signals_ reports one.
-  absl::Status Interrupted(const std::string& awaited) const;
+  // Cancelled "received <signal> while waiting for <awaited()>; stopping"
+  // when signals_ reports one (`awaited` runs only then: it may read the
+  // store).
+  absl::Status Interrupted(const std::function<std::string()>& awaited) const;
 
   struct Store;  // the c10d store, kept out of this header
   std::unique_ptr<Store> store_;
