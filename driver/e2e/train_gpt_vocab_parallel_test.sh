@@ -20,7 +20,8 @@
 #     of the tp 1 vocabulary run's; the same with sequence parallelism; its
 #     checkpoint (the table written as tp 2 writes it, a row shard per tensor
 #     rank) resumed exactly at tp 2, within 1e-5 at tp 1 and at tp 2 without
-#     vocab_parallel; the tp 1 run's resumed at tp 2 within 1e-5;
+#     vocab_parallel; the tp 1 run's resumed at tp 2 within 1e-5; schedule
+#     auto over the profile partition at tp 2 within 1e-5 of the tp 1 run;
 #   - refused before launch, by name: a vocabulary schedule without
 #     vocab_parallel, and for a model without a
 #     vocabulary split (BERT is not linked here: the message names the models
@@ -122,6 +123,16 @@ close_losses "$want" "$(losses resumed_dense_tp2)" "tp 2's vocabulary checkpoint
 run vocab_sp --microbatches=4 --vocab_parallel=true --tp=2 --sequence_parallel=true
 close_losses "$(losses vocab)" "$(losses vocab_sp)" "vocabulary parallel at pp 2 x tp 2 + sequence parallel vs tp 1" ||
   fail "vocabulary parallelism with sequence parallelism changes the losses"
+# Schedule auto and the profile partitioner at pp 2 x tp 2: tensor rank 0 of
+# stage 0 profiles the body, every rank measures the passes, and the losses
+# stay the tp 1 vocabulary run's.
+run vocab_tp2_auto --microbatches=4 --vocab_parallel=true --tp=2 --schedule=auto --partition=profile
+grep -qs "partition 'profile' measured by rank 0" "$LOG" "$TMP"/runs/vocab_tp2_auto-*/logs/* ||
+  fail "rank 0 did not profile the partition at tp 2"
+grep -Eq 'schedule auto: vocabulary passes OUT_S=[0-9.]+,OUT_T=[0-9.]+,IN_F=[0-9.]+,IN_B=[0-9.]+' "$LOG" ||
+  fail "schedule auto did not cost the vocabulary passes at tp 2"
+close_losses "$(losses vocab)" "$(losses vocab_tp2_auto)" "schedule auto over the profile partition at pp 2 x tp 2 vs tp 1" ||
+  fail "schedule auto with the profile partition at tp 2 changes the losses"
 run resumed_tp1 --microbatches=4 --vocab_parallel=true --resume="$CKPT_TP"
 close_losses "$want" "$(losses resumed_tp1)" "tp 2's checkpoint resumed at tp 1, steps 6-10" ||
   fail "steps 6-10 resumed at tp 1 from the tp 2 vocabulary checkpoint differ"
