@@ -12,7 +12,9 @@
 #   4. vocabulary parallelism with the untied head (two tables): the
 #      checkpoint holds both whole (layer 0's embedding, the last layer's
 #      head, as a run without it writes them); resumed with it, the losses
-#      equal its straight run's; resumed without it, within 1e-5;
+#      equal its straight run's; resumed without it, within 1e-5; at
+#      pp 2 x tp 2 within 1e-5 of tp 1, its checkpoint resumed at tp 4 with
+#      it and at tp 1 without it, continuing tp 1's losses;
 #   5. multi-query attention (one kv head) at pp 2 x tp 2, the kv head held
 #      by both ranks: losses within 1e-5 of tp 1's; its checkpoint resumes at
 #      tp 1 and at tp 4 (the kv head on 4 ranks), continuing tp 1's losses
@@ -112,6 +114,27 @@ run --set="$SET,checkpoint.resume_other_runs=true" --sample_tokens=0 --steps=6 -
 close_losses "$(echo "$STRAIGHT" | tail -2 | numbered)" "$(losses "$TMP"/runs/vocab_dense-* | numbered)" \
   "resumed without vocabulary parallelism, steps 5-6" ||
   { echo "FAIL: resumed without vocabulary parallelism, the losses differ"; exit 1; }
+
+# ... and over pipe x tensor: at pp 2 x tp 2 each rank holds a quarter of
+# both tables' rows; its checkpoint (each table written as tp 2 writes it, a
+# row shard per tensor rank) resumes at pp 2 x tp 4 with vocabulary
+# parallelism (an eighth of the rows per rank, the 2 kv heads replicated) and
+# at tp 1 without it.
+run "${V[@]}" --steps=4 --tp=2 --save_interval=4 --name=vocab_tp2
+close_losses "$(echo "$STRAIGHT" | head -4 | numbered)" "$(losses "$TMP"/runs/vocab_tp2-* | numbered)" \
+  "vocabulary parallel (untied head) at pp 2 x tp 2 vs tp 1, steps 1-4" ||
+  { echo "FAIL: vocabulary parallelism at tp 2 differs from tp 1"; exit 1; }
+CKPT=$(ls -d "$TMP"/runs/checkpoints/vocab_tp2/step_00000004)
+for to in "--tp=4 --vocab_parallel=true" "--tp=1 --vocab_parallel=false"; do
+  # shellcheck disable=SC2086  # two flags
+  run --set="$SET,checkpoint.resume_other_runs=true" --sample_tokens=0 --steps=6 --resume="$CKPT" $to \
+    --name=vocab_from_tp2
+  grep -q 'resumed at step 4' "$TMP/log" || { cat "$TMP/log"; echo "FAIL: $to did not resume at step 4"; exit 1; }
+  close_losses "$(echo "$STRAIGHT" | tail -2 | numbered)" \
+    "$(losses "$(ls -td "$TMP"/runs/vocab_from_tp2-* | head -1)" | numbered)" \
+    "the untied vocabulary's tp 2 checkpoint resumed with $to, steps 5-6" ||
+    { echo "FAIL: the tp 2 vocabulary checkpoint resumed with $to differs"; exit 1; }
+done
 
 # 5. One kv head under tensor parallelism (replicated on the model group).
 MQA=(--set="${SET/llama.num_kv_heads=2/llama.num_kv_heads=1},checkpoint.resume_other_runs=true" --sample_tokens=0)
