@@ -16,6 +16,13 @@ which tokens they are).
   PY=$(tools/python_env.sh torch-newest)/bin/python
   $PY bench/torch_llama_reference.py --threads=1 --steps=8
 
+On a GPU (the GPU kit's LLaMA bench, issue #43: tools/gpu/run_on_device.sh), with
+--device=cuda --precision=bf16: attention through F.scaled_dot_product_attention,
+forward and loss under torch.autocast(bfloat16) with fp32 weights, and
+torch.optim.AdamW(fused=True): how a PyTorch user trains in bf16 eagerly. Each
+timed step ends with torch.cuda.synchronize(). Its pipe side is bench/gpu_pp1
+--model=llama.
+
 Prints a line and one JSON line last. Besides wall time per step it reports the
 process's CPU time per step (time.process_time), which with one thread is the
 step's own work even when other processes load the machine.
@@ -85,6 +92,9 @@ class Attention(nn.Module):
                 b, self.heads, t, self.head_dim)
             v = v.unsqueeze(2).expand(b, self.kv_heads, group, t, self.head_dim).reshape(
                 b, self.heads, t, self.head_dim)
+        if x.is_cuda:  # fused attention, as pipe's LLaMA runs it on a GPU
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
         future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
@@ -172,7 +182,17 @@ def main(argv):
                     help="also time each kind of layer alone (forward + backward, CPU ms)")
     ap.add_argument("--threads", type=int, default=1,
                     help="intra-op threads (torch.set_num_threads); 0 = PyTorch's default")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                    help="bf16: forward and loss under torch.autocast(bfloat16)")
+    ap.add_argument("--fused_adamw", type=int, default=None,
+                    help="torch.optim.AdamW(fused=...): 1 or 0; default 1 on cuda, 0 on cpu")
     args = ap.parse_args(argv)
+    if args.device not in ("cpu", "cuda"):
+        ap.error(f"--device={args.device} is not known; valid: cpu, cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device=cuda, but torch sees no CUDA device")
+    fused = (args.device == "cuda") if args.fused_adamw is None else bool(args.fused_adamw)
     if args.steps < 1 or args.warmup < 0:
         ap.error(f"--steps ({args.steps}) must be >= 1 and --warmup ({args.warmup}) >= 0")
     if args.heads % args.kv_heads or args.width % args.heads:
@@ -183,25 +203,32 @@ def main(argv):
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     model = Llama(args.vocab, args.width, args.layers, args.heads, args.kv_heads, args.intermediate)
+    model.to(args.device)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01,
+                                  **({"fused": True} if fused else {}))
+    autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
     seconds, cpu_seconds, losses = [], [], []
     for s in range(args.warmup + args.steps):
+        sync()
         t0, c0 = time.perf_counter(), time.process_time()
         optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros(())
+        total = torch.zeros((), device=args.device)
         for _ in range(args.microbatches):
             rows = torch.randint(0, args.vocab, (args.micro_batch_size, args.context + 1),
-                                 generator=gen)
+                                 generator=gen).to(args.device, non_blocking=True)
             ids, labels = rows[:, :-1], rows[:, 1:]
-            logits = model(ids)
-            loss = F.cross_entropy(logits.reshape(-1, args.vocab), labels.reshape(-1))
+            with autocast:
+                logits = model(ids)
+                loss = F.cross_entropy(logits.reshape(-1, args.vocab).float(), labels.reshape(-1))
             (loss / args.microbatches).backward()
             total += loss.detach() / args.microbatches
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         loss_value = float(total)
+        sync()
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
         losses.append(loss_value)
         if s >= args.warmup:
@@ -216,6 +243,8 @@ def main(argv):
           f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     print(json.dumps({
         "bench": "torch_llama_reference", "system": "pytorch", "torch": torch.__version__,
+        "model": "llama", "device": args.device, "precision": args.precision,
+        "fused_adamw": fused,
         "vocab": args.vocab, "width": args.width, "layers": args.layers, "heads": args.heads,
         "kv_heads": args.kv_heads, "intermediate": args.intermediate, "context": args.context,
         "micro_batch_size": args.micro_batch_size, "microbatches": args.microbatches,

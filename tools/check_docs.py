@@ -602,11 +602,17 @@ def hash_comments(text):
     return out
 
 
+# Git-ignored outputs at the root (.gitignore): the GPU kit's bundle copies
+# READMEs and sources whose links point outside it; runs and data are made.
+GENERATED_DIRS = ("gpu_bundle", "gpu_bundle_packed", "runs", "data")
+
+
 def source_files(root):
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(("bazel-", ".git"))
-                             and not os.path.islink(os.path.join(dirpath, d)))
+                             and not os.path.islink(os.path.join(dirpath, d))
+                             and not (dirpath == root and d in GENERATED_DIRS))
         files.extend(os.path.join(dirpath, name) for name in sorted(filenames)
                      if is_source(name))
     return files
@@ -648,7 +654,8 @@ def default_files(root):
     files += sorted(glob.glob(os.path.join(root, "docs", "**", "*.md"), recursive=True))
     for path in sorted(glob.glob(os.path.join(root, "**", "README.md"), recursive=True)):
         rel = os.path.relpath(path, root)
-        if rel.startswith("bazel-") or rel.startswith("third_party/") or rel == "README.md":
+        if (rel.startswith("bazel-") or rel.startswith("third_party/") or rel == "README.md"
+                or rel.split(os.sep)[0] in GENERATED_DIRS):
             continue
         files.append(path)
     return [f for f in files if os.path.isfile(f)]

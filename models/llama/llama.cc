@@ -3,11 +3,13 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/field_checks.h"
 #include "common/status_macros.h"
+#include "common/torch_compat_attention.h"
 #include "models/gpt/gpt.h"
 #include "models/packed_sequence.h"
 #include "models/transformer.h"
@@ -246,6 +248,20 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
     v = v.unsqueeze(2)
             .expand({batch, num_kv_heads_, group, time, head_dim_})
             .reshape({batch, num_heads_, time, head_dim_});
+  }
+  // On a GPU without packed documents: LibTorch's fused attention (2.x), as
+  // GPT's SelfAttention and PyTorch's Llama implementations run it; it never
+  // materialises the [T, T] scores. The CPU keeps the explicit path below,
+  // which every CPU test and reference is pinned to. (Not under tensor
+  // parallelism with dropout: the fused kernel would draw the mask of this
+  // rank's heads alone, not its slice of the dense one.)
+  const double dropout = is_training() ? attn_dropout_->options.p() : 0.0;
+  if (x.is_cuda() && !document_ids.defined() && !(group_.is_parallel() && dropout > 0)) {
+    std::optional<torch::Tensor> fused =
+        torch_compat::ScaledDotProductAttention(q, k, v, dropout, /*causal=*/true);
+    if (fused.has_value()) {
+      return o_proj(fused->transpose(1, 2).reshape({batch, time, num_heads_ * head_dim_}));
+    }
   }
   torch::Tensor scores =
       torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));

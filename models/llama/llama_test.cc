@@ -113,6 +113,28 @@ TEST(LlamaAttentionTest, GroupedQueryEqualsMultiHeadWithRepeatedKvWeights) {
   EXPECT_FALSE(torch::allclose(grouped(x), full(x), 1e-5, 1e-6));
 }
 
+// On a GPU (LibTorch 2.x) the attention runs LibTorch's fused kernel; on the
+// CPU the explicit path. Both are the same function: outputs and gradients
+// agree (the GPU kit runs this with TF32 off, tools/gpu/cuda_tests.txt).
+TEST(LlamaAttentionTest, FusedOnCudaEqualsTheExplicitPath) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(2);
+  LlamaAttention attention(Tiny());  // grouped: 4 heads, 2 kv heads
+  torch::Tensor x = torch::randn({2, 7, 32}, torch::requires_grad());
+  torch::Tensor cpu = attention(x);
+  cpu.pow(2).sum().backward();
+  const torch::Tensor cpu_x_grad = x.grad().clone();
+  const torch::Tensor cpu_q_grad = attention->q_proj->weight.grad().clone();
+  attention->zero_grad();
+  attention->to(torch::kCUDA);
+  torch::Tensor xc = x.detach().to(torch::kCUDA).requires_grad_();
+  torch::Tensor gpu = attention(xc);
+  gpu.pow(2).sum().backward();
+  EXPECT_TRUE(torch::allclose(gpu.cpu(), cpu, 1e-4, 1e-5)) << (gpu.cpu() - cpu).abs().max();
+  EXPECT_TRUE(torch::allclose(xc.grad().cpu(), cpu_x_grad, 1e-4, 1e-5));
+  EXPECT_TRUE(torch::allclose(attention->q_proj->weight.grad().cpu(), cpu_q_grad, 1e-4, 1e-5));
+}
+
 TEST(RotaryTest, HandComputedRotation) {
   // head_dim 4, theta 100: frequencies 1 and 100^(-1/2) = 0.1; dimension i
   // pairs with i + 2 (rotate-half layout).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the GPU kit's bundle: everything a lent GPU machine (no Bazel, no
 # network, no Debian packages; PyTorch 2.11.0+cu130 as `python3`) needs to run
-# pipe's CUDA test cases, train_gpt and the GPU bench, in one git-ignored
+# pipe's CUDA test cases, train_gpt, train_llama and the GPU bench, in one git-ignored
 # folder that travels with a device call (64 MiB per call, the repository
 # included). docs/gpus_and_libtorch.md "The GPU kit" says how to use it.
 #
@@ -17,7 +17,7 @@
 # stages whose binary is missing).
 #
 # 1. ./bazelw build --config=cuda the binaries of tools/gpu/cuda_tests.txt,
-#    //experiments:train_gpt and //bench:gpu_pp1 (the CI's cuda build makes
+#    //experiments:train_gpt, //experiments:train_llama and //bench:gpu_pp1 (the CI's cuda build makes
 #    these cache hits).
 # 2. Copies them into <out>/bin (stripped), and into <out>/lib every shared
 #    library they load that the GPU machine's image does not have: pipe's own
@@ -56,10 +56,11 @@ readonly pinned_torch="2.11.0+cu130"
 
 mapfile -t test_labels < <(grep -v '^\s*\(#\|$\)' tools/gpu/cuda_tests.txt | awk '{print $1}')
 labels=()
-for label in "${test_labels[@]}" //experiments:train_gpt //bench:gpu_pp1; do
+readonly binaries=(//experiments:train_gpt //experiments:train_llama //bench:gpu_pp1)
+for label in "${test_labels[@]}" "${binaries[@]}"; do
   [[ -z $only || $only == *,$label,* ]] && labels+=("$label")
 done
-((${#labels[@]})) || { echo "bundle.sh: --only names none of: ${test_labels[*]} //experiments:train_gpt //bench:gpu_pp1" >&2; exit 2; }
+((${#labels[@]})) || { echo "bundle.sh: --only names none of: ${test_labels[*]} ${binaries[*]}" >&2; exit 2; }
 if ((build)); then
   ./bazelw build --config=cuda "${labels[@]}"
 fi
@@ -114,7 +115,8 @@ while read -r label rest; do
   [[ $label == //* && ! -x $out/bin/${label##*:} ]] && continue
   echo "$label${rest:+ $rest}"
 done < tools/gpu/cuda_tests.txt > "$out/cuda_tests.txt"
-cp tools/gpu/kit_summary.py bench/torch_gpt_reference.py bench/peer_gpt.py "$out/py/"
+cp tools/gpu/kit_summary.py bench/torch_gpt_reference.py bench/torch_llama_reference.py \
+  bench/peer_gpt.py "$out/py/"
 # Tests run in the bundle root as in a runfiles root: experiment_config_test
 # reads experiments/configs/ and driver/testdata/ (its data dependencies);
 # train_gpt uses a config too. Every bundled test's package testdata/ goes

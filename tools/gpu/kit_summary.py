@@ -115,6 +115,39 @@ def _json_lines(path, system):
     return out
 
 
+def model_flops_per_token(config):
+    """Training FLOPs per token of the benched model (forward + backward: 6 per
+    weight of every matrix product, the LM head included, plus 12 * layers *
+    width * context for attention's scores and weighted sum, PaLM's count,
+    causal masking not discounted); None for a model it does not know."""
+    try:
+        width, layers, context, vocab = (int(config[k]) for k in ("width", "layers", "context", "vocab"))
+        if config.get("model") == "llama":
+            head_dim = width // int(config["heads"])
+            per_layer = (2 * width * width + 2 * width * int(config["kv_heads"]) * head_dim
+                         + 3 * width * int(config["intermediate"]))
+        elif config.get("model", "gpt") == "gpt":
+            per_layer = 12 * width * width  # q, k, v, out and the 4x MLP
+        else:
+            return None
+    except (KeyError, TypeError, ValueError):
+        return None
+    return 6 * (layers * per_layer + width * vocab) + 12 * layers * width * context
+
+
+# Dense peak FLOP/s per GPU by name and precision (NVIDIA's data sheets, SXM
+# parts; fp32 without TF32, which the kit keeps off).
+PEAK_FLOPS = {"H100": {"bf16": 989.4e12, "fp32": 66.9e12},
+              "H200": {"bf16": 989.4e12, "fp32": 66.9e12}}
+
+
+def peak_flops(gpu, precision):
+    for name, peaks in PEAK_FLOPS.items():
+        if name in (gpu or ""):
+            return peaks.get(precision)
+    return None
+
+
 def bench(pipe_log, torch_log, target, name=None):
     rec = {"kind": "bench", "target_ratio": float(target)}
     if name:
@@ -126,9 +159,12 @@ def bench(pipe_log, torch_log, target, name=None):
     # Each side's best round (the median step of a round), as rounds alternate.
     best_pipe = max(pipe, key=lambda r: r["tokens_per_s"])
     best_ref = max(ref, key=lambda r: r["tokens_per_s"])
-    keys = ("device", "width", "layers", "heads", "context", "micro_batch_size", "microbatches",
-            "tokens_per_step")
-    rec["config"] = {k: best_pipe.get(k) for k in keys}
+    keys = ("device", "model", "precision", "vocab", "width", "layers", "heads", "kv_heads",
+            "intermediate", "context", "micro_batch_size", "microbatches", "tokens_per_step",
+            "parameters")
+    rec["config"] = {k: best_pipe.get(k) for k in keys if k in best_pipe}
+    rec["model_flops_per_token"] = model_flops_per_token(best_pipe)
+    rec["pytorch_fused_adamw"] = best_ref.get("fused_adamw")
     rec["pipe_tokens_per_s"] = [r["tokens_per_s"] for r in pipe]
     rec["pytorch_tokens_per_s"] = [r["tokens_per_s"] for r in ref]
     rec["pipe_median_step_s"] = best_pipe["median_step_s"]
@@ -147,6 +183,15 @@ def assemble(records_path, header_path, out_path):
     summary["tests"] = [r for r in records if r["kind"] == "tests"]
     for kind in ("train", "compare", "bench"):
         summary[kind] = [r for r in records if r["kind"] == kind]
+    # Model FLOPs utilisation of each side, where the GPU's peak is known.
+    gpu = summary.get("machine", {}).get("gpu", "")
+    for r in summary["bench"]:
+        peak = peak_flops(gpu, (r.get("config") or {}).get("precision", "fp32"))
+        flops = r.get("model_flops_per_token")
+        if peak and flops and r.get("ok"):
+            r["peak_flops"] = peak
+            r["pipe_mfu"] = flops * max(r["pipe_tokens_per_s"]) / peak
+            r["pytorch_mfu"] = flops * max(r["pytorch_tokens_per_s"]) / peak
     for r in records:
         if r["kind"] == "stage":
             summary.setdefault("stages", []).append(r)

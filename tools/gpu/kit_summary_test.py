@@ -103,6 +103,33 @@ class KitSummaryTest(unittest.TestCase):
         self.assertFalse(s["ok"])
         self.assertEqual(s["train"], [good])
 
+    def test_llama_flops_per_token_and_mfu(self):
+        # TinyLlama 1.1B's shape: 22 layers of width 2048, 32 heads of 64, 4 kv
+        # heads, SwiGLU 5632, vocabulary 32000, context 2048.
+        config = {"model": "llama", "width": 2048, "layers": 22, "heads": 32, "kv_heads": 4,
+                  "intermediate": 5632, "vocab": 32000, "context": 2048}
+        per_layer = 2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632
+        want = 6 * (22 * per_layer + 2048 * 32000) + 12 * 22 * 2048 * 2048
+        self.assertEqual(kit_summary.model_flops_per_token(config), want)
+        self.assertIsNone(kit_summary.model_flops_per_token({**config, "model": "bert"}))
+        self.assertIsNone(kit_summary.model_flops_per_token({"model": "llama"}))
+        line = lambda system, rate: json.dumps(dict(config, bench="b", system=system,
+                                                    precision="bf16", tokens_per_s=rate,
+                                                    median_step_s=1.0 / rate))
+        r = kit_summary.bench(self.write("p", line("pipe", 3e4)), self.write("t", line("pytorch", 2e4)), "1.0")
+        records = self.write("r.jsonl", json.dumps(r) + "\n")
+        out = os.path.join(self.dir, "s.json")
+        for gpu, mfu in (("NVIDIA H200, 570.1, 143771 MiB", want * 3e4 / 989.4e12), ("", None)):
+            kit_summary.assemble(records, self.write("h.json", json.dumps({"machine": {"gpu": gpu}})), out)
+            with open(out) as f:
+                b = json.load(f)["bench"][0]
+            self.assertEqual(b["ratio"], 1.5)
+            if mfu is None:
+                self.assertNotIn("pipe_mfu", b)  # a GPU of unknown peak: no utilisation
+            else:
+                self.assertAlmostEqual(b["pipe_mfu"], mfu)
+                self.assertAlmostEqual(b["pytorch_mfu"], mfu / 1.5)
+
 
 if __name__ == "__main__":
     unittest.main()

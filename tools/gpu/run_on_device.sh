@@ -5,7 +5,8 @@
 # no network.
 #
 #   gpu_bundle/run_on_device.sh [--device=cuda|cpu] [--out=DIR] [--budget_s=420]
-#       [--train_steps=300] [--compare_steps=20] [--bench_steps=20] [--stages=tests,train,compare,bench]
+#       [--train_steps=300] [--compare_steps=20] [--bench_steps=20]
+#       [--stages=tests,train,compare,bench,llama]
 #       [--stage_scale=1]
 #   gpu_bundle/run_on_device.sh --print_library_path
 #
@@ -23,6 +24,13 @@
 #             same GPT in PyTorch) on <device>, alternating rounds, for the
 #             kit's small GPT and a wide one; tokens/s ratio against the 0.95
 #             target.
+# 6. llama:   (issue #43) bf16 LLaMA at pp = 1: bin/gpu_pp1 --model=llama
+#             against py/torch_llama_reference.py (autocast bf16, fused
+#             AdamW, fused attention), alternating rounds; on cuda TinyLlama
+#             1.1B's shape at context 2048, with each side's model FLOPs
+#             utilisation in summary.json; then train_llama at pp = 2 with
+#             both ranks on the GPU (--ranks_per_device=2) beside it. Not in
+#             the default --stages (its own device call: about 3 minutes).
 # Writes <out>/summary.json (kit_summary.py assemble), <out>/logs.tar.gz
 # (every log, gtest XML and metrics file) and <out>/run_on_device.log. <out>
 # is --out, else $OUT (the device machine sets it), else ./gpu_kit_out. Each
@@ -42,6 +50,7 @@ train_steps=300
 compare_steps=20
 bench_steps=20
 stages=tests,train,compare,bench
+llama_steps=10
 scale=1
 print_library_path=0
 for arg in "$@"; do
@@ -53,23 +62,25 @@ for arg in "$@"; do
     --compare_steps=*) compare_steps=${arg#--compare_steps=} ;;
     --bench_steps=*) bench_steps=${arg#--bench_steps=} ;;
     --stages=*) stages=${arg#--stages=} ;;
+    --llama_steps=*) llama_steps=${arg#--llama_steps=} ;;
     --stage_scale=*) scale=${arg#--stage_scale=} ;;
     --print_library_path) print_library_path=1 ;;
     *)
       echo "run_on_device: unknown argument '$arg'; valid: --device=cuda|cpu, --out=DIR, --budget_s=N," \
-        "--train_steps=N, --compare_steps=N, --bench_steps=N, --stages=tests,train,compare,bench," \
+        "--train_steps=N, --compare_steps=N, --bench_steps=N, --llama_steps=N," \
+        "--stages=tests,train,compare,bench,llama," \
         "--stage_scale=N (multiplies every stage's own limit; the rehearsal on a slow CPU)," \
         "--print_library_path" >&2
       exit 2
       ;;
   esac
 done
-for n in "$budget_s" "$train_steps" "$compare_steps" "$bench_steps" "$scale"; do
+for n in "$budget_s" "$train_steps" "$compare_steps" "$bench_steps" "$llama_steps" "$scale"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "run_on_device: '$n' is not a positive whole number" >&2; exit 2; }
 done
 for s in ${stages//,/ }; do
-  [[ $s =~ ^(tests|train|compare|bench)$ ]] ||
-    { echo "run_on_device: stage '$s' is not known; valid: tests, train, compare, bench" >&2; exit 2; }
+  [[ $s =~ ^(tests|train|compare|bench|llama)$ ]] ||
+    { echo "run_on_device: stage '$s' is not known; valid: tests, train, compare, bench, llama" >&2; exit 2; }
 done
 
 # --- 1. PyTorch version and library path -----------------------------------
@@ -240,32 +251,80 @@ fi
 # --- 5. bench -----------------------------------------------------------------
 # Two GPTs: the kit's small one (launch-bound on a GPU: it measures the host
 # side of a step) and a wider one whose kernels dominate. Rounds alternate.
-bench() {  # bench NAME ROUNDS ARGS...
-  local name=$1 rounds=$2 round
-  shift 2
+# bench NAME ROUNDS MODEL TARGET LIMIT STEPS ARGS...: gpu_pp1 --model=MODEL and
+# the PyTorch reference of MODEL (gpt or llama), the same ARGS, alternating.
+bench() {
+  local name=$1 rounds=$2 model=$3 target=$4 limit=$5 steps=$6 round
+  shift 6
   for ((round = 1; round <= rounds; round++)); do
-    run_limited "gpu_pp1 $name round $round" "$(stage_limit 60)" "$work/logs/bench_${name}_pipe_$round.log" \
-      "${pipe_env[@]}" "$HERE/bin/gpu_pp1" --device="$device" --steps="$bench_steps" "$@"
-    run_limited "torch reference $name round $round" "$(stage_limit 60)" \
+    run_limited "gpu_pp1 $name round $round" "$(stage_limit "$limit")" "$work/logs/bench_${name}_pipe_$round.log" \
+      "${pipe_env[@]}" "$HERE/bin/gpu_pp1" --model="$model" --device="$device" --steps="$steps" "$@"
+    run_limited "torch reference $name round $round" "$(stage_limit "$limit")" \
       "$work/logs/bench_${name}_torch_$round.log" env NVIDIA_TF32_OVERRIDE=0 "$PYTHON" \
-      "$HERE/py/torch_gpt_reference.py" --device="$device" --steps="$bench_steps" "$@"
+      "$HERE/py/torch_${model}_reference.py" --device="$device" --steps="$steps" "$@"
   done
   cat "$work"/logs/bench_"${name}"_pipe_*.log > "$work/logs/bench_${name}_pipe.log"
   cat "$work"/logs/bench_"${name}"_torch_*.log > "$work/logs/bench_${name}_torch.log"
-  record bench "$work/logs/bench_${name}_pipe.log" "$work/logs/bench_${name}_torch.log" 0.95 "$name"
+  record bench "$work/logs/bench_${name}_pipe.log" "$work/logs/bench_${name}_torch.log" "$target" "$name"
   say "bench $name: $(tail -n1 "$records" | cut -c1-400)"
 }
 if stage_wanted bench; then
   # The same intra-op threads on both sides (on a GPU they only launch).
   if [[ $device == cuda ]]; then
-    bench small 3 --micro_batch_size=16 --threads=4
-    bench wide 3 --width=1024 --layers=8 --heads=16 --context=512 --micro_batch_size=8 \
-      --microbatches=4 --threads=4
+    bench small 3 gpt 0.95 60 "$bench_steps" --micro_batch_size=16 --threads=4
+    bench wide 3 gpt 0.95 60 "$bench_steps" --width=1024 --layers=8 --heads=16 --context=512 \
+      --micro_batch_size=8 --microbatches=4 --threads=4
   else
-    bench small 2 --micro_batch_size=4 --threads=1
-    bench wide 1 --width=512 --layers=2 --heads=8 --context=128 --micro_batch_size=2 \
-      --microbatches=2 --threads=1
+    bench small 2 gpt 0.95 60 "$bench_steps" --micro_batch_size=4 --threads=1
+    bench wide 1 gpt 0.95 60 "$bench_steps" --width=512 --layers=2 --heads=8 --context=128 \
+      --micro_batch_size=2 --microbatches=2 --threads=1
   fi
+fi
+
+# --- 6. llama -------------------------------------------------------------------
+# Issue #43's GPU measurement: bf16 LLaMA at pp = 1, pipe against PyTorch eager
+# (target 1.0x, model FLOPs utilisation of each in summary.json), then pp = 2
+# with both ranks on the GPU. On cuda TinyLlama 1.1B's shape; on the CPU (the
+# rehearsal) a small one with the same plumbing.
+if stage_wanted llama; then
+  if [[ $device == cuda ]]; then
+    llama=(--vocab=32000 --width=2048 --layers=22 --heads=32 --kv_heads=4 --intermediate=5632
+      --context=2048 --micro_batch_size=4 --microbatches=4 --threads=4)
+    llama_rounds=2 llama_limit=150
+  else
+    llama=(--vocab=2048 --width=128 --layers=2 --heads=4 --kv_heads=2 --intermediate=344
+      --context=64 --micro_batch_size=2 --microbatches=2 --threads=1)
+    llama_rounds=1 llama_limit=60
+  fi
+  bench llama_bf16 "$llama_rounds" llama 1.0 "$llama_limit" "$llama_steps" --precision=bf16 \
+    --warmup=3 "${llama[@]}"
+  # pp = 2, both ranks on the device (host-staged groups on cuda), through
+  # train_llama over a synthetic uint16 token file of the same vocabulary.
+  declare -A flag=()
+  for a in "${llama[@]}"; do flag[${a%%=*}]=${a#*=}; done
+  "$PYTHON" - "$work/llama_tokens.bin" "${flag[--vocab]}" <<'PY'
+import random, struct, sys
+rng = random.Random(43)
+ids = [rng.randrange(int(sys.argv[2])) for _ in range(1 << 19)]
+open(sys.argv[1], "wb").write(struct.pack(f"<{len(ids)}H", *ids))
+PY
+  name=llama_bf16_pp2_shared
+  t0=$(date +%s)
+  limit=$(stage_limit "$llama_limit")
+  [[ -x $HERE/bin/train_llama ]] || limit=0  # a partial bundle (bundle.sh --only)
+  shared=()
+  [[ $device == cuda ]] && shared=(--ranks_per_device=2)
+  run_limited "$name" "$limit" "$work/logs/$name.log" "${pipe_env[@]}" "$HERE/bin/train_llama" \
+    --config="$HERE/experiments/configs/llama_small_pp2.textproto" --pp=2 --device="$device" \
+    "${shared[@]}" --precision=bf16 --steps=$((llama_steps + 12)) --data="$work/llama_tokens.bin" \
+    --output_dir="$work/$name" --name="$name" --sample_tokens=0 --eval_interval=0 \
+    --microbatches="${flag[--microbatches]}" \
+    --set=llama.vocab_size=${flag[--vocab]},llama.width=${flag[--width]},llama.num_layers=${flag[--layers]},llama.num_heads=${flag[--heads]},llama.num_kv_heads=${flag[--kv_heads]},llama.intermediate_size=${flag[--intermediate]},llama.context_length=${flag[--context]},llama.tokenizer=,parallelism.micro_batch_size=${flag[--micro_batch_size]},data.eval_fraction=0,log_interval=1,lr_schedule.warmup_steps=2
+  rc=$?
+  metrics=$(ls "$work/$name"/*/metrics.jsonl 2>/dev/null | head -n1)
+  [[ -n $metrics ]] && cp "$metrics" "$work/logs/$name.metrics.jsonl"
+  record train "$name" "${metrics:-/missing}" "$rc" $(($(date +%s) - t0)) "$limit"
+  say "$name: $(tail -n1 "$records")"
 fi
 
 ok=$("$PYTHON" -c 'import json,sys; rs=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]; print(int(bool(rs) and all(r.get("ok") for r in rs)))' "$records")
