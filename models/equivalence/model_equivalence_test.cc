@@ -3,6 +3,7 @@
 // takes them) and with data parallelism, they give the losses, grad norms and
 // final weights of ToSequential() trained on the same batches. The harness also
 // fails when the tied embedding's copies on the first and last stage differ.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -10,6 +11,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "models/bert/bert.h"
@@ -281,6 +283,56 @@ TEST(SequenceParallelTest, EachTensorParallelRankSendsItsSliceOnce) {
   ASSERT_TRUE(sequential.ok()) << sequential.status();
   EXPECT_EQ(CompareResults(*sequential, *sliced, kRtol), "");
   ExpectPlantedFaultsDetected(c, *sequential);
+}
+
+// Under sequence parallelism the gradients of the parameters whole on every
+// tensor rank (GPT's norms, row-parallel biases and position table) are
+// summed over the model group once per step, one flat all-reduce per rank
+// whatever the number of micro-batches (sequence_parallel_grads.h): with the
+// plain optimizer, and with the distributed optimizer at dp 2 with buckets
+// small enough that those of sharded parameters start early, while those
+// holding a replicated one wait for the sum. Skipping the sum, or keeping
+// only one parameter's, breaks the run.
+TEST(SequenceParallelTest, ReplicatedGradientsSummedOncePerStep) {
+  namespace tp_internal = tensor_parallel::internal;
+  for (const bool distributed : {false, true}) {
+    SCOPED_TRACE(distributed ? "distributed optimizer, dp 2" : "dp 1");
+    RunConfig c;
+    c.pp = 2;
+    c.tp = 2;
+    c.dp = distributed ? 2 : 1;
+    c.sequence_parallel = true;
+    c.steps = 2;
+    c.microbatches = 4;
+    c.distributed_optimizer = distributed;
+    c.bucket_numel = 300;
+    UseSgdMomentum(c);
+    UseGpt(c);
+    c.parallel_loss = TinyGptParallelLoss;
+    absl::StatusOr<RunResult> sequential = TrainSequential(c);
+    ASSERT_TRUE(sequential.ok()) << sequential.status();
+    absl::StatusOr<RunResult> parallel = TrainPipeline(c);
+    ASSERT_TRUE(parallel.ok()) << parallel.status();
+    EXPECT_EQ(CompareResults(*sequential, *parallel, kRtol), "");
+    EXPECT_EQ(parallel->sequence_parallel_reductions,
+              std::vector<int64_t>(c.pp * c.tp * c.dp, c.steps));
+    for (tp_internal::PlantedFault fault :
+         {tp_internal::PlantedFault::kSkipSequenceParallelGradSum,
+          tp_internal::PlantedFault::kSumOneSequenceParallelGrad}) {
+      const tp_internal::PlantedFault previous = tp_internal::PlantFault(fault);
+      absl::StatusOr<RunResult> broken = TrainPipeline(c);
+      tp_internal::PlantFault(previous);
+      // Caught either way: the run differs, or the tensor ranks' copies of a
+      // replicated parameter differ, which TrainPipeline refuses.
+      if (broken.ok()) {
+        EXPECT_NE(CompareResults(*sequential, *broken, kRtol), "") << static_cast<int>(fault);
+      } else {
+        EXPECT_THAT(std::string(broken.status().message()),
+                    ::testing::HasSubstr("whole on every tensor-parallel rank but differs"))
+            << broken.status();
+      }
+    }
+  }
 }
 
 // BERT at tp = 2 has teeth too: a missing all-reduce (the decoder's input

@@ -488,6 +488,11 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         result.max_buffers_allocated_per_rank =
             std::max(result.max_buffers_allocated_per_rank, p2p.buffers_allocated);
         shard_dims.merge(ModelShardDims(*model));
+        if (group.sequence_parallel_grads) {
+          result.sequence_parallel_reductions.resize(world);
+          result.sequence_parallel_reductions[grid.global_rank()] =
+              group.sequence_parallel_grads->reductions();
+        }
         if (vocabulary) {
           vocab_size = vocabulary->vocab_size();
           auto copy = [&](const torch::Tensor& t) {

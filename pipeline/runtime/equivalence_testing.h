@@ -170,6 +170,10 @@ struct RunResult {
   int64_t buffers_allocated = 0;
   int64_t buffers_reused = 0;
   int64_t max_buffers_allocated_per_rank = 0;
+  // Per global rank (sequence parallelism): the flat all-reduces that summed
+  // the replicated parameters' gradients over the model group
+  // (SequenceParallelGrads::reductions: one per step); empty without it.
+  std::vector<int64_t> sequence_parallel_reductions;
 };
 
 // ToSequential() trained on the same global batches (dp * microbatches
