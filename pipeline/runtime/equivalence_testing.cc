@@ -449,8 +449,9 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
                                 ? PipeModelDataParallelTopology(config.pp, config.tp, config.dp)
                                 : PipeDataParallelTopology(config.pp, config.dp));
         PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world_of_rank, topology));
-        const ModelParallelGroup group =
+        ModelParallelGroup group =
             ModelParallelGroupOf(grid, config.timeout, config.sequence_parallel);
+        if (config.sequence_parallel_sum_per_backward) group.sequence_parallel_grads = nullptr;
         PP_ASSIGN_OR_RETURN(auto model,
                             PipelineModel::Create(split ? split->body : SpecsOf(config),
                                                   ModelOptionsOf(config, group), grid.stage_id()));

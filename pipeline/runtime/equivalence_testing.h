@@ -96,6 +96,10 @@ struct RunConfig {
   // Megatron's sequence parallelism on the model group (tp > 1; the model's
   // layers must support it, as GPT's do).
   bool sequence_parallel = false;
+  // Testing: the model group without SequenceParallelGrads, so the replicated
+  // parameters' gradients are summed in every backward (as before the Trainer
+  // summed them once per step; sequence_parallel_grads.h).
+  bool sequence_parallel_sum_per_backward = false;
   // TrainerOptions::p2p_scatter_gather (tp > 1 without sequence parallelism).
   bool p2p_scatter_gather = true;
   int chunks = 1;
