@@ -14,7 +14,9 @@
 // anything reads a gradient) sums them with one all-reduce of one flat buffer
 // (SumGrads). Until it is armed (set_deferred), SequenceParallelReplicated
 // sums each backward's part itself (CopyToTensorParallelRegion): a model used
-// outside the Trainer still gets whole gradients.
+// outside a Trainer still gets whole gradients. Arming lasts: once a Trainer
+// armed its group, a backward run outside that Trainer's steps leaves the
+// gradients partial too (no one sums them).
 //
 // Thread-safe (the parameters are recorded under a mutex). Not copyable; a
 // ModelParallelGroup shares one through a shared_ptr.
