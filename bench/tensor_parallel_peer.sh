@@ -24,6 +24,12 @@
 #
 #   bench/tensor_parallel_peer.sh [--reps N] [--steps N] [--record]
 #
+# PIPE_BASELINE=<a train_gpt binary, e.g. built at an earlier commit> also
+# runs it in each round right after pipe, with the same flags (config
+# pipe_baseline_pp2_tp2[_sp], speed_vs_baseline on pipe's): a before/after
+# comparison that alternates on the same machine, which a loaded machine
+# needs. PIPE_BASELINE_COMMIT names its commit in the records.
+#
 # One record per system and configuration in
 # bench/results/tensor_parallel_peer.jsonl (--record).
 # shellcheck source=bench/bench_args.sh
@@ -53,6 +59,12 @@ for rep in $(seq 1 "$REPS"); do
     bench_run "$name" "$BIN" --config=experiments/configs/gpt_small_pp2_tp2.textproto --pp=2 \
       --tp=2 --sequence_parallel=$sp --steps="$STEPS" --save_interval=0 --sample_tokens=0 \
       --output_dir="$TMP/runs" --name="$name" --set="$SET" "${profile[@]}"
+    if [[ -n ${PIPE_BASELINE:-} ]]; then
+      name="pipe_baseline_${sp}_$rep"
+      bench_run "$name" "$PIPE_BASELINE" --config=experiments/configs/gpt_small_pp2_tp2.textproto \
+        --pp=2 --tp=2 --sequence_parallel=$sp --steps="$STEPS" --save_interval=0 \
+        --sample_tokens=0 --output_dir="$TMP/runs" --name="$name" --set="$SET" "${profile[@]}"
+    fi
     name="peer_${sp}_$rep"
     flag=()
     [[ $sp == true ]] && flag=(--sequence_parallel)
@@ -60,9 +72,14 @@ for rep in $(seq 1 "$REPS"); do
       "${peer_profile[@]}" --master_port=$((29800 + RANDOM % 1000))
   done
 done
-python3 - "$TMP" "$REPS" "$RECORD" "bench/tensor_parallel_peer.sh --reps $REPS --steps $STEPS" <<'PY'
+COMMAND="bench/tensor_parallel_peer.sh --reps $REPS --steps $STEPS"
+[[ -n ${PIPE_BASELINE:-} ]] &&
+  COMMAND="PIPE_BASELINE=<train_gpt of ${PIPE_BASELINE_COMMIT:-an earlier build}> $COMMAND"
+python3 - "$TMP" "$REPS" "$RECORD" "$COMMAND" "${PIPE_BASELINE:+1}" \
+  "${PIPE_BASELINE_COMMIT:-}" <<'PY'
 import collections, glob, json, re, statistics, subprocess, sys
 tmp, reps, record, command = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+baseline, baseline_commit = sys.argv[5] == "1", sys.argv[6]
 
 MAPPING = re.compile(r"^torch::autograd::CppNode<pp::tensor_parallel::.*Mapping<\(.*?Op\)(\d), \(.*?Op\)(\d)> >$")
 BACKWARD_OPS = {"1": "all_reduce", "3": "all_gather", "4": "reduce_scatter"}  # mappings.cc's Op
@@ -118,8 +135,8 @@ def pipe_collectives(run_dir):
         out[str(pid)] = rank
     return out
 
-def pipe(sp, rep):
-    d = glob.glob(f"{tmp}/runs/pipe_{sp}_{rep}-*")[0]
+def pipe(sp, rep, prefix="pipe"):
+    d = glob.glob(f"{tmp}/runs/{prefix}_{sp}_{rep}-*")[0]
     m = sorted((json.loads(l) for l in open(f"{d}/metrics.jsonl")), key=lambda x: x["step"])
     comm = pipe_collectives(d) if rep == reps else None
     return statistics.median(x["step_s"] for x in m[5:]), m[-1]["loss"], comm
@@ -129,20 +146,30 @@ def peer(sp, rep):
     r = json.loads(line[len("RESULT "):])
     return r["median_step_s"], r["losses"][-1], r["tp_collectives_per_rank"], r["torch"]
 
+def summary(sp, runs):
+    return {"pp": 2, "tp": 2, "sequence_parallel": sp == "true",
+            "median_step_s": round(statistics.median(r[0] for r in runs), 4),
+            "runs_step_s": [round(r[0], 4) for r in runs], "last_loss": runs[-1][1],
+            "collectives_profiled_step_per_rank": runs[-1][2]}
+
 out = {}
 for sp in ("false", "true"):
     suffix = "_sp" if sp == "true" else ""
     for key, get in ((f"pipe_pp2_tp2{suffix}", pipe), (f"torch_dtensor_pp2_tp2{suffix}", peer)):
         runs = [get(sp, rep) for rep in range(1, reps + 1)]
-        f = {"pp": 2, "tp": 2, "sequence_parallel": sp == "true",
-             "median_step_s": round(statistics.median(r[0] for r in runs), 4),
-             "runs_step_s": [round(r[0], 4) for r in runs], "last_loss": runs[-1][1],
-             "collectives_profiled_step_per_rank": runs[-1][2]}
+        f = summary(sp, runs)
         if key.startswith("torch"):
             f["torch"] = runs[-1][3]
         out[key] = f
     p, t = out[f"pipe_pp2_tp2{suffix}"], out[f"torch_dtensor_pp2_tp2{suffix}"]
     p["speed_vs_torch"] = round(t["median_step_s"] / p["median_step_s"], 3)
+    if baseline:
+        b = summary(sp, [pipe(sp, rep, "pipe_baseline") for rep in range(1, reps + 1)])
+        if baseline_commit:
+            b["baseline_commit"] = baseline_commit
+        b["speed_vs_torch"] = round(t["median_step_s"] / b["median_step_s"], 3)
+        p["speed_vs_baseline"] = round(b["median_step_s"] / p["median_step_s"], 3)
+        out[f"pipe_baseline_pp2_tp2{suffix}"] = b
 for key, f in out.items():
     print(f"{key}: {json.dumps(f)}")
 if record:

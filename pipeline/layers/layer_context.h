@@ -17,12 +17,16 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 namespace pp {
+namespace tensor_parallel {
+class SequenceParallelGrads;  // pipeline/tensor_parallel/sequence_parallel_grads.h
+}  // namespace tensor_parallel
 
 // The tensor-parallel slot of a layer: rank `rank` of `size` peers that hold one
 // shard each and communicate through `group` (the grid's model axis). size == 1
@@ -34,6 +38,12 @@ struct ModelParallelGroup {
   // Megatron's sequence parallelism: activations outside tensor-parallel regions
   // are sharded along the sequence dimension.
   bool sequence_parallel = false;
+  // Under sequence parallelism: where SequenceParallelReplicated records the
+  // parameters whole on every rank but applied to its sequence shard, whose
+  // gradients the runtime then sums over `group` once per step (the Trainer
+  // arms it; ModelParallelGroupOf makes it). Shared by every copy of the
+  // group. Null, or not armed: each backward sums them.
+  std::shared_ptr<tensor_parallel::SequenceParallelGrads> sequence_parallel_grads;
   // Every collective on `group` waits at most this long, then throws naming
   // the collective and `description`.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};

@@ -98,7 +98,9 @@ struct ShardedParam {
   bool counts_in_norm = true;
   // The local virtual stages whose backward passes write its gradient: once
   // StageDone has been told of all of them, its bucket may start early.
-  // Empty: only its group's StartReduceScatter starts it.
+  // Empty: only its group's StartReduceScatter starts it (the Trainer leaves
+  // it empty for a parameter whole on every tensor rank under sequence
+  // parallelism, whose gradient is summed over the model group in the tail).
   std::vector<int> writer_stages;
   // Its gradient is summed with copies on other ranks (REDUCE_TIED) before
   // it is final: never started early.

@@ -449,8 +449,9 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
                                 ? PipeModelDataParallelTopology(config.pp, config.tp, config.dp)
                                 : PipeDataParallelTopology(config.pp, config.dp));
         PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(world_of_rank, topology));
-        const ModelParallelGroup group =
+        ModelParallelGroup group =
             ModelParallelGroupOf(grid, config.timeout, config.sequence_parallel);
+        if (config.sequence_parallel_sum_per_backward) group.sequence_parallel_grads = nullptr;
         PP_ASSIGN_OR_RETURN(auto model,
                             PipelineModel::Create(split ? split->body : SpecsOf(config),
                                                   ModelOptionsOf(config, group), grid.stage_id()));
@@ -488,6 +489,11 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
         result.max_buffers_allocated_per_rank =
             std::max(result.max_buffers_allocated_per_rank, p2p.buffers_allocated);
         shard_dims.merge(ModelShardDims(*model));
+        if (group.sequence_parallel_grads) {
+          result.sequence_parallel_reductions.resize(world);
+          result.sequence_parallel_reductions[grid.global_rank()] =
+              group.sequence_parallel_grads->reductions();
+        }
         if (vocabulary) {
           vocab_size = vocabulary->vocab_size();
           auto copy = [&](const torch::Tensor& t) {

@@ -96,6 +96,10 @@ struct RunConfig {
   // Megatron's sequence parallelism on the model group (tp > 1; the model's
   // layers must support it, as GPT's do).
   bool sequence_parallel = false;
+  // Testing: the model group without SequenceParallelGrads, so the replicated
+  // parameters' gradients are summed in every backward (as before the Trainer
+  // summed them once per step; sequence_parallel_grads.h).
+  bool sequence_parallel_sum_per_backward = false;
   // TrainerOptions::p2p_scatter_gather (tp > 1 without sequence parallelism).
   bool p2p_scatter_gather = true;
   int chunks = 1;
@@ -170,6 +174,10 @@ struct RunResult {
   int64_t buffers_allocated = 0;
   int64_t buffers_reused = 0;
   int64_t max_buffers_allocated_per_rank = 0;
+  // Per global rank (sequence parallelism): the flat all-reduces that summed
+  // the replicated parameters' gradients over the model group
+  // (SequenceParallelGrads::reductions: one per step); empty without it.
+  std::vector<int64_t> sequence_parallel_reductions;
 };
 
 // ToSequential() trained on the same global batches (dp * microbatches

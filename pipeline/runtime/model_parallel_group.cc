@@ -1,7 +1,10 @@
 #include "pipeline/runtime/model_parallel_group.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
+
+#include "pipeline/tensor_parallel/sequence_parallel_grads.h"
 
 namespace pp {
 
@@ -15,6 +18,10 @@ ModelParallelGroup ModelParallelGroupOf(const ParallelGrid& grid, std::chrono::m
   group.timeout = timeout;
   group.description = grid.DescribeGroup("model group", grid.model_group_ranks());
   group.sequence_parallel = sequence_parallel;
+  // Armed by a Trainer over a model built with this group.
+  if (sequence_parallel) {
+    group.sequence_parallel_grads = std::make_shared<tensor_parallel::SequenceParallelGrads>();
+  }
   return group;
 }
 

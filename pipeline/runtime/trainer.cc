@@ -257,6 +257,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
                       MakeProgram(options.eval_schedule, so, true, vocab, &model->placement()));
 
   if (options.layer_runner) model->set_layer_runner(options.layer_runner);
+  const ModelParallelGroup& model_group = model->options().layer_environment.model_parallel;
+  if (model_group.is_parallel() && model_group.sequence_parallel &&
+      model_group.sequence_parallel_grads) {
+    // From now on the layers leave these gradients partial for the tail.
+    t->sequence_parallel_grads_ = model_group.sequence_parallel_grads;
+    t->sequence_parallel_grads_->set_deferred(true);
+  }
   t->params_ = model->parameters();
   PP_ASSIGN_OR_RETURN(t->ties_, MakeTies(*grid, *model));
   t->counted_params_ = CountedParams(t->params_, t->ties_, *model, *grid);
@@ -297,7 +304,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
     run_source = t->device_source_.get();
   }
   eo.p2p.global_ranks = grid->pipe_group_ranks();
-  const ModelParallelGroup& model_group = model->options().layer_environment.model_parallel;
   if (options.p2p_scatter_gather && model_group.is_parallel() && !model_group.sequence_parallel) {
     eo.p2p.split_payloads_over = model_group;
   }
@@ -332,6 +338,18 @@ absl::Status Trainer::MakeDistributedOptimizer() {
     if (!tie.group || tie.group->getSize() == 1) continue;
     for (const torch::Tensor& p : tie.params) tied.insert(p.unsafeGetTensorImpl());
   }
+  // Under sequence parallelism a parameter whole on every tp rank may be
+  // one whose gradient is summed over the model group at the step's first
+  // tail action (which ones is learnt in the forwards): none of them starts
+  // early, so its bucket waits for its stage's REDUCE_GRAD, after that sum.
+  std::set<const void*> sequence_partial;
+  if (sequence_parallel_grads_) {
+    const std::map<std::string, tensor_parallel::ShardSpec> sharded = ModelShardDims(*model_);
+    for (const auto& item : model_->named_parameters()) {
+      if (sharded.count(item.key()) == 0)
+        sequence_partial.insert(item.value().unsafeGetTensorImpl());
+    }
+  }
   // Which local stages' backward passes write each parameter's gradient.
   std::map<const void*, std::vector<int>> writers;
   for (int64_t c = 0; c < model_->num_chunks(); ++c) {
@@ -354,7 +372,9 @@ absl::Status Trainer::MakeDistributedOptimizer() {
       sharded.param = p;
       sharded.holder = MasterOf(p);
       sharded.counts_in_norm = counted.count(sharded.holder.unsafeGetTensorImpl()) > 0;
-      sharded.writer_stages = writers.at(p.unsafeGetTensorImpl());
+      if (sequence_partial.count(p.unsafeGetTensorImpl()) == 0) {
+        sharded.writer_stages = writers.at(p.unsafeGetTensorImpl());
+      }
       sharded.tied_across_ranks = tied.count(sharded.holder.unsafeGetTensorImpl()) > 0;
       group.push_back(std::move(sharded));
     }
@@ -421,7 +441,22 @@ absl::Status Trainer::ReplaceTrainSchedule(const Schedule& schedule) {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::SumSequenceParallelGrads() {
+  if (!sequence_parallel_grads_) return absl::OkStatus();
+  std::vector<torch::Tensor> holders = sequence_parallel_grads_->Recorded(params_);
+  if (master_) holders = master_->MastersOf(holders);
+  return TorchCall("the sequence-parallel gradients' all-reduce", [&] {
+    sequence_parallel_grads_->SumGrads(holders, model_->options().layer_environment.model_parallel);
+  });
+}
+
 absl::Status Trainer::Tail(const Action& action, StepResult& result) {
+  // The first tail action runs after every backward (B and W) of the step
+  // and before anything reads a gradient.
+  if (!sequence_parallel_summed_) {
+    sequence_parallel_summed_ = true;
+    PP_RETURN_IF_ERROR(SumSequenceParallelGrads());
+  }
   switch (action.type) {
     case ActionType::kReduceTiedGrads:
       if (!options_.reduce_tied_grads) return absl::OkStatus();
@@ -558,6 +593,7 @@ absl::StatusOr<StepResult> Trainer::Step(const StepObservation& observe) {
   result.step = step_;
   result.learning_rate = LearningRateAt(options_.lr_schedule, options_.optimizer.lr, step_);
   reduced_this_step_.clear();
+  sequence_parallel_summed_ = false;
   PP_RETURN_IF_ERROR(TorchCall("zero grads", [&] {
     if (dist_) {
       dist_->SetLearningRate(result.learning_rate);

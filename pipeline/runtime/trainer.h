@@ -17,7 +17,13 @@
 // model group (docs/tensor_parallelism.md). p2p, tie groups and the
 // data-parallel average then work per tensor-parallel rank, and the norm is
 // reduced over pipe x model with a parameter whole on every tp rank counted
-// once and a sharded one once per shard, as in the dense model.
+// once and a sharded one once per shard, as in the dense model. Under
+// sequence parallelism (a group made by ModelParallelGroupOf) the gradients
+// of the parameters whole on every tp rank but applied to sequence shards
+// (norms, row-parallel biases, position tables) are summed over the model
+// group once per step, one flat all-reduce per rank at the step's first tail
+// action, before the tied, data-parallel and distributed-optimizer
+// reductions, the norm and the update (sequence_parallel_grads.h).
 // Distributed optimizer (TrainerOptions::distributed_optimizer): REDUCE_GRAD
 // reduce-scatters the stage's gradient buckets over the data group (after
 // the tied all-reduce, so each tied gradient is whole before it is sliced),
@@ -59,6 +65,7 @@
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/runtime/vocab_layers.h"
 #include "pipeline/schedule/ir/lowering.h"
+#include "pipeline/tensor_parallel/sequence_parallel_grads.h"
 #include "topology/parallel_grid.h"
 
 namespace pp {
@@ -277,6 +284,9 @@ class Trainer {
  private:
   Trainer() = default;
   absl::Status Tail(const Action& action, StepResult& result);
+  // Sums the sequence-parallel replicated parameters' gradients (their fp32
+  // masters under bf16) over the model group: one flat all-reduce.
+  absl::Status SumSequenceParallelGrads();
   absl::Status OptimizerStep();
   // The global gradient norm (GlobalGradNorm, or ShardedGradNorm from the
   // distributed optimizer's slices).
@@ -310,6 +320,10 @@ class Trainer {
   std::map<int, int> dist_group_of_stage_;
   std::unique_ptr<BackwardProgress> progress_;  // with dist_
   std::set<const void*> reduced_this_step_;     // params averaged over data this step
+  // Armed under sequence parallelism (null otherwise); summed at the step's
+  // first tail action.
+  std::shared_ptr<tensor_parallel::SequenceParallelGrads> sequence_parallel_grads_;
+  bool sequence_parallel_summed_ = false;
   std::vector<ActionTiming> last_timings_;
   int64_t step_ = 0;
 };

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "pipeline/tensor_parallel/mappings.h"
+#include "pipeline/tensor_parallel/sequence_parallel_grads.h"
 
 namespace pp {
 namespace tensor_parallel {
@@ -101,7 +102,11 @@ std::map<std::string, ShardSpec> RowParallelLinearImpl::ShardDims() const {
 
 torch::Tensor SequenceParallelReplicated(const torch::Tensor& param,
                                          const ModelParallelGroup& group) {
-  return group.sequence_parallel ? CopyToTensorParallelRegion(param, group) : param;
+  if (!group.sequence_parallel) return param;
+  SequenceParallelGrads* deferred = group.sequence_parallel_grads.get();
+  if (deferred == nullptr || !deferred->deferred()) return CopyToTensorParallelRegion(param, group);
+  if (param.requires_grad() && torch::GradMode::is_enabled()) deferred->Record(param);
+  return param;
 }
 
 }  // namespace tensor_parallel

@@ -126,9 +126,15 @@ class RowParallelLinearImpl : public torch::nn::Module, public ShardedModule {
 TORCH_MODULE(RowParallelLinear);
 
 // A replicated parameter used on sequence shards (a norm's weight, a
-// row-parallel bias under sequence parallelism): forward is the parameter,
-// backward sums its gradient over the group, so every rank holds the
-// gradient of the whole sequence. The identity without sequence parallelism.
+// row-parallel bias, a position table under sequence parallelism): forward is
+// the parameter, and its gradient, this rank's sequence slice's part, is
+// summed over the group so that every rank holds the whole sequence's. Under
+// the Trainer (group.sequence_parallel_grads armed) the parameter is recorded
+// there and returned as is: the parts accumulate over the step's
+// micro-batches and the Trainer sums them once per step, one flat all-reduce
+// for all of them (sequence_parallel_grads.h, Megatron-core's
+// finalize_model_grads). Otherwise (not armed) each backward sums its part
+// (CopyToTensorParallelRegion). The identity without sequence parallelism.
 torch::Tensor SequenceParallelReplicated(const torch::Tensor& param,
                                          const ModelParallelGroup& group);
 

@@ -33,6 +33,12 @@ enum class PlantedFault {
   // Vocabulary parallelism with sequence parallelism (vocab_layers.cc): each
   // tensor rank takes the next tensor rank's slice of the sequence.
   kWrongVocabSequenceSlice,
+  // Sequence parallelism under the Trainer (sequence_parallel_grads.h): the
+  // once-per-step sum of the replicated parameters' gradients is skipped, so
+  // each rank keeps its own slice's part.
+  kSkipSequenceParallelGradSum,
+  // The same sum keeps only the first of those parameters' sums.
+  kSumOneSequenceParallelGrad,
 };
 
 // Process-wide; the previous fault is returned so a test can restore it.
