@@ -33,6 +33,10 @@ enum class PlantedFault {
   // Vocabulary parallelism with sequence parallelism (vocab_layers.cc): each
   // tensor rank takes the next tensor rank's slice of the sequence.
   kWrongVocabSequenceSlice,
+  // Vocabulary parallelism's one-barrier algorithm (vocab_passes.cc): each
+  // rank's partial hidden-state gradient is summed without its rescale by
+  // exp(m_r - M) / S, still relative to its own max.
+  kVocabPartialNotRescaled,
 };
 
 // Process-wide; the previous fault is returned so a test can restore it.

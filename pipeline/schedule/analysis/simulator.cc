@@ -426,14 +426,17 @@ double StageMultiplier(const SimulationCosts& costs, int stage) {
 
 // A compute leaf's duration: its stage's own cost (B = I + W when only those
 // are given), else the global one times the stage's multiplier.
-double ComputeCost(const SimulationCosts& costs, const Action& a) {
+// `vocab_barriers`: the schedule's (VocabCosts: one barrier moves half of
+// OUT_T into OUT_S).
+double ComputeCost(const SimulationCosts& costs, const Action& a, int vocab_barriers) {
   const double mb =
       costs.microbatch_multiplier.empty() ? 1.0 : costs.microbatch_multiplier[a.microbatch];
+  const double moved = vocab_barriers == 1 ? costs.vocab.output_t / 2 : 0.0;
   switch (a.type) {
     case ActionType::kVocabOutputS:
-      return costs.vocab.output_s * mb;
+      return (costs.vocab.output_s + moved) * mb;
     case ActionType::kVocabOutputT:
-      return costs.vocab.output_t * mb;
+      return (costs.vocab.output_t - moved) * mb;
     case ActionType::kVocabInputF:
       return costs.vocab.input_f * mb;
     case ActionType::kVocabInputB:
@@ -522,7 +525,9 @@ internal_schedule::ExecutionCosts MakeExecutionCosts(const LoweredProgram& progr
   exec_costs.message_latency = costs.comm;
   for (double bytes : costs.message_bytes) exec_costs.message_latency += costs.message.Of(bytes);
   exec_costs.blocking_sends = costs.blocking_sends;
-  exec_costs.compute = [&costs](const Action& a) { return ComputeCost(costs, a); };
+  exec_costs.compute = [&costs, barriers = program.vocab_barriers](const Action& a) {
+    return ComputeCost(costs, a, barriers);
+  };
   exec_costs.tail = [&costs, &tie_root](int rank, const Action& a) {
     return TailCost(costs, tie_root, rank, a);
   };

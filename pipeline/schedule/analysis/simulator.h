@@ -137,9 +137,14 @@ struct SimulationCosts {
   // micro-batch (times its multiplier), and each of their collectives once
   // all ranks are there (a collective of all ranks: it starts at the latest
   // arrival). The passes are busy time; the collectives are not.
+  // output_s and output_t are the two-barrier algorithm's passes (what
+  // auto's measurement schedule runs). A one-barrier schedule
+  // (Schedule::vocab_barriers 1) moves one of OUT_T's two [N, rows] x
+  // [rows, D] products into OUT_S: it is simulated with OUT_S = output_s +
+  // output_t / 2 and OUT_T = output_t / 2 (the same total).
   struct VocabCosts {
-    double output_s = 0;    // OUT_S
-    double output_t = 0;    // OUT_T
+    double output_s = 0;    // OUT_S (two barriers)
+    double output_t = 0;    // OUT_T (two barriers)
     double input_f = 0;     // IN_F
     double input_b = 0;     // IN_B
     double collective = 0;  // each OUT_BCAST, OUT_STATS, OUT_REDUCE, IN_REDUCE, IN_BCAST
