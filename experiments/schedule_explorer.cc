@@ -328,6 +328,8 @@ std::string Render(const Explored& e, const std::string& format) {
         {"microbatches", s.num_microbatches},
         {"chunks", s.num_chunks},
         {"stage_to_rank", placement},
+        // 0 without vocabulary passes, else Schedule::vocab_barriers.
+        {"vocab_barriers", s.vocab_parallel ? s.vocab_barriers : 0},
         {"ranks", RankLists(s.ranks)},
         {"lowered", RankLists(e.program.ranks)},
         {"simulation",

@@ -324,6 +324,18 @@ TEST(VocabSimulationTest, OneBarrierShortensTheStep) {
     // The same work: OUT_S + OUT_T per micro-batch and rank either way.
     EXPECT_NEAR(std::accumulate(a->busy.begin(), a->busy.end(), 0.0),
                 std::accumulate(b->busy.begin(), b->busy.end(), 0.0), 1e-9);
+    // The same passes measured on a one-barrier run (OUT_S 1, OUT_T 0.5,
+    // VOCAB_BARRIERS:1) simulate both algorithms alike.
+    absl::StatusOr<SimulationCosts> measured_one =
+        ParseSimulationCosts("OUT_S:1,OUT_T:0.5,VOCAB_COMM:0.05,VOCAB_BARRIERS:1");
+    ASSERT_TRUE(measured_one.ok()) << measured_one.status();
+    for (const char* name : {two, one}) {
+      absl::StatusOr<SimulationResult> x = Simulate(Made(name, 4, 8, v), split);
+      absl::StatusOr<SimulationResult> y = Simulate(Made(name, 4, 8, v), *measured_one);
+      ASSERT_TRUE(x.ok() && y.ok());
+      EXPECT_NEAR(x->makespan, y->makespan, 1e-9) << name;
+      EXPECT_EQ(x->busy, y->busy) << name;
+    }
     // 1F1B: 65 -> 63.5. ZB-V: 70 either way here (its W fill the waits the
     // second barrier made).
     if (v == 1) {
