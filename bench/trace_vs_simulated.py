@@ -56,9 +56,12 @@ def simulate(explorer, schedule, ranks, m, chunks, costs, defer, multipliers=Non
             f"--chunks={chunks}", "--format=json"]
     if schedule.startswith("csv:") and chunks == 2:
         base.append("--stage_to_rank=v")
-    placement = json.loads(subprocess.run(base, capture_output=True, text=True,
-                                          check=True).stdout)["stage_to_rank"]
+    shape = json.loads(subprocess.run(base, capture_output=True, text=True, check=True).stdout)
+    placement = shape["stage_to_rank"]
     extra, _ = trace_costs.explorer_args(costs, placement, step_all_reduce)
+    if shape.get("vocab_barriers") == 1:
+        # The traced OUT_S and OUT_T are the one-barrier algorithm's own.
+        extra = [a + ",VOCAB_BARRIERS:1" if a.startswith("--costs=") else a for a in extra]
     if not defer:
         extra = [a for a in extra if a != "--defer_receives"]
     if multipliers:

@@ -254,6 +254,9 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
     // OUT_S keeps, until OUT_T, its logits' exps (fp32), the head's input
     // and three statistics per token.
     in.options.vocab.pending_bytes = b * t * (rows * kFp32 + w * value_bytes + 3 * kFp32);
+    // One barrier: OUT_S's partial hidden-state gradient (fp32) until
+    // OUT_REDUCE (the planner counts it for one-barrier schedules only).
+    in.options.vocab.partial_bytes = b * t * w * kFp32;
   }
   if (config.parallelism().distributed_optimizer()) {
     in.options.distributed_optimizer_dp = std::max(1, config.parallelism().dp());

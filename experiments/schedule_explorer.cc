@@ -66,7 +66,9 @@ ABSL_FLAG(std::string, costs, "F:1,B:2,I:1,W:1,comm:0",
           "a RECV the receiving one once its message is there; "
           "STEP, REDUCE_TIED: the tail's optimizer step and tied-gradient all-reduce per rank; "
           "REDUCE_GRAD: one rank's data-parallel gradient reduce (1/v per chunk); OUT_S, OUT_T, "
-          "IN_F, IN_B: a rank's vocabulary passes per micro-batch (1f1b_vocab, zbv_vocab), "
+          "IN_F, IN_B: a rank's vocabulary passes per micro-batch (1f1b_vocab, zbv_vocab; "
+          "OUT_S and OUT_T as in the two-barrier form: 1f1b_vocab1 and zbv_vocab1 move half of "
+          "OUT_T into OUT_S), "
           "VOCAB_COMM: each of their collectives. Collectives "
           "start on all their ranks at the latest arrival: see --tie_groups, --step_all_reduce");
 ABSL_FLAG(std::string, microbatch_multiplier, "",
@@ -326,6 +328,8 @@ std::string Render(const Explored& e, const std::string& format) {
         {"microbatches", s.num_microbatches},
         {"chunks", s.num_chunks},
         {"stage_to_rank", placement},
+        // 0 without vocabulary passes, else Schedule::vocab_barriers.
+        {"vocab_barriers", s.vocab_parallel ? s.vocab_barriers : 0},
         {"ranks", RankLists(s.ranks)},
         {"lowered", RankLists(e.program.ranks)},
         {"simulation",

@@ -5,11 +5,14 @@
 #   - pp 2, 1F1B with the passes placed (AddVocabularyPasses): every step's
 #     loss within 1e-5 relative of the same run without it (the runtime's
 #     vocab_equivalence_test proves the maths case by case);
+#   - the same under 1f1b_vocab1 (the one-barrier output algorithm, OUT_T
+#     after the last stage's backward);
 #   - the same over the partition `profile` finds for the body;
 #   - pp 2 x dp 2 under zbv_vocab (V placement, split backward) against
 #     1F1B at dp 2 without it, and the same with the distributed optimizer
 #     and with schedule auto (measured, synthesised, switched, passes added
-#     to its choice);
+#     to its choice; the registered one-barrier schedules among its
+#     candidates);
 #   - checkpoints: the vocabulary run's are the dense model's (the table
 #     whole): resumed with it, steps 6-10 equal the straight run's bit for
 #     bit; resumed without it, within 1e-5; hf_convert exports it;
@@ -59,6 +62,10 @@ grep -q 'pp=2 x dp=1 (vocabulary parallel)' "$LOG" || fail "the header does not 
 close_losses "$(losses dense)" "$(losses vocab)" "vocabulary parallel vs dense, pp 2 1F1B" ||
   fail "vocabulary parallelism changes the losses"
 
+run vocab1 --microbatches=4 --vocab_parallel=true --schedule=1f1b_vocab1
+close_losses "$(losses dense)" "$(losses vocab1)" "one-barrier vocabulary parallel (1f1b_vocab1) vs dense, pp 2" ||
+  fail "the one-barrier algorithm changes the losses"
+
 # partition_method profile times the body's layers (rank 0 on its share of
 # the sample's embeddings); the losses stay the dense run's.
 run profile --microbatches=4 --vocab_parallel=true --partition=profile
@@ -82,6 +89,8 @@ grep -q 'schedule auto: ' "$LOG" || fail "schedule auto did not report its choic
 grep -Eq 'schedule auto: vocabulary passes OUT_S=[0-9.]+,OUT_T=[0-9.]+,IN_F=[0-9.]+,IN_B=[0-9.]+' "$LOG" &&
   grep -q 'lower bound .* (without the passes)' "$LOG" ||
   fail "schedule auto did not cost the vocabulary passes"
+# The registered one-barrier schedule is a candidate as it is.
+grep -Eq '1f1b_vocab1 +[0-9.]+ ' "$LOG" || fail "schedule auto did not simulate 1f1b_vocab1"
 close_losses "$(losses dense_dp2)" "$(losses auto)" "schedule auto with vocabulary parallelism vs dense 1F1B" ||
   fail "schedule auto's losses differ"
 

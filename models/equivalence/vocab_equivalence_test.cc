@@ -22,6 +22,14 @@
 // sequence parallelism: GPT under 1f1b_vocab, LLaMA untied under zbv_vocab.
 // The distributed optimizer at pp 2 x tp 2 x dp 2 (LLaMA untied, zbv_vocab),
 // and bf16 at pp 2 x tp 2 (VocabBf16Test, GPT under 1f1b_vocab).
+//
+// The one-barrier algorithm (the paper's Vocab-1: 1f1b_vocab1, zbv_vocab1),
+// a covering set of its own: GPT tied under 1f1b_vocab1 at pp 2 and under
+// zbv_vocab1 at pp 4; LLaMA untied under 1f1b_vocab1 at pp 2 with every
+// block checkpointed and under zbv_vocab1 at pp 2 x tp 2 with sequence
+// parallelism (each model meets each schedule; tp, sp and checkpointing once
+// each). Its planted bug (the partial gradient not rescaled by
+// exp(m_r - M) / S) fails it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -174,6 +182,19 @@ std::vector<Case> Cases() {
   }
   cases.push_back(
       {TensorParallelCase(kUntiedLlama, "zbv_vocab", 1), "llama_untied_zbv_vocab_pp2_tp2"});
+  // One barrier (Vocab-1).
+  cases.push_back({GptCase("1f1b_vocab1", 2, 1), "gpt_1f1b_vocab1_pp2"});
+  cases.push_back({GptCase("zbv_vocab1", 4, 1), "gpt_zbv_vocab1_pp4"});
+  {
+    RunConfig c = VocabCase(kUntiedLlama, "1f1b_vocab1", 2, 1);
+    CheckpointEveryBlock(c, "LlamaBlock");
+    cases.push_back({c, "llama_untied_1f1b_vocab1_pp2_ckpt"});
+  }
+  {
+    RunConfig c = TensorParallelCase(kUntiedLlama, "zbv_vocab1", 1);
+    c.sequence_parallel = true;
+    cases.push_back({c, "llama_untied_zbv_vocab1_pp2_tp2_sp"});
+  }
   // Sequence parallelism: the body's hidden states split along the sequence.
   for (const auto& [model, schedule] :
        {std::pair{&kGpt, "1f1b_vocab"}, std::pair{&kUntiedLlama, "zbv_vocab"}}) {
@@ -336,6 +357,16 @@ TEST(VocabPlantedFaultTest, EachIsCaught) {
         tp_internal::PlantedFault::kShiftedVocabRows}) {
     ExpectCaught(c, *sequential, fault, /*ranks_may_disagree=*/false);
   }
+}
+
+// The one-barrier algorithm's own bug: each rank's partial hidden-state
+// gradient summed relative to its own max, never rescaled to the softmax.
+TEST(VocabPlantedFaultTest, OneBarrierPartialNotRescaledIsCaught) {
+  const RunConfig c = GptCase("1f1b_vocab1", 2, 1);
+  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  ExpectCaught(c, *sequential, tensor_parallel::internal::PlantedFault::kVocabPartialNotRescaled,
+               /*ranks_may_disagree=*/false);
 }
 
 // Composed with tensor parallelism (pp 2 x tp 2), the tensor dimension's own

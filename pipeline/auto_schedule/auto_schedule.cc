@@ -194,7 +194,7 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
   // run: with the passes the Trainer adds (AddVocabularyPasses) and their
   // measured costs. The synthesiser orders the stages' actions only.
   auto as_run = [&](const Schedule& s) -> absl::StatusOr<SimulationResult> {
-    if (!vocabulary_passes) return SimulateAsExecuted(s, costs, defer_receives);
+    if (!vocabulary_passes || s.vocab_parallel) return SimulateAsExecuted(s, costs, defer_receives);
     PP_ASSIGN_OR_RETURN(Schedule with_passes, AddVocabularyPasses(s));
     return SimulateAsExecuted(with_passes, costs, defer_receives);
   };
@@ -227,9 +227,12 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
     if (name == "inference" || absl::StartsWith(name, "synth")) continue;
     absl::StatusOr<Schedule> schedule =
         MakeSchedule(name, {num_stages, num_microbatches, num_chunks, 0});
-    // A schedule with vocabulary passes is its base's with the passes added
-    // (the Trainer adds them to the choice under parallelism.vocab_parallel).
-    if (!schedule.ok() || schedule->forward_only || schedule->vocab_parallel ||
+    // Without vocabulary parallelism a schedule with passes cannot run; with
+    // it, a registered one with passes (1f1b_vocab1, ...: the one-barrier
+    // algorithm too) is a candidate as it is, the others with the passes the
+    // Trainer adds to the choice (two barriers).
+    if (!schedule.ok() || schedule->forward_only ||
+        (schedule->vocab_parallel && !vocabulary_passes) ||
         schedule->stage_to_rank != syn.schedule.stage_to_rank) {
       continue;
     }

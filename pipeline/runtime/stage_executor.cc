@@ -616,6 +616,20 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
     tensor_parallel::Broadcast(whole, group, vocab_->RootOf(holder), what_mb);
     return whole;
   };
+  // The output layer's algorithm (Schedule::vocab_barriers).
+  const bool one_barrier = program.vocab_barriers == 1;
+  // d step loss / d token loss, scaled as ScaledLoss scales the dense loss
+  // (1/m, or dp / global_loss_tokens with per-token loss).
+  auto grad_scale = [&] {
+    torch::Tensor scale =
+        ScaledLoss(VocabTokenWeights(*data, vocab_labels_key_, vocab_->ignore_index()), *data,
+                   program.num_microbatches);
+    if (options_.loss_normalization_fault == LossNormalizationFault::kDroppedMicroBatch &&
+        mb == program.num_microbatches - 1) {
+      scale.zero_();
+    }
+    return scale;
+  };
   switch (a.type) {
     case ActionType::kVocabInputF:
       st.vocab_embedded[mb] = vocab_->Embed(ids).contiguous();
@@ -644,8 +658,10 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
     case ActionType::kVocabOutputS: {
       torch::Tensor hidden = take(st.vocab_hidden);
       if (!hidden.defined()) return missing("its OUT_BCAST");
-      st.vocab_stats[mb] =
-          vocab_->OutputS(mb, hidden, data->batch.Get(vocab_labels_key_)).unsqueeze(0);
+      st.vocab_stats[mb] = vocab_
+                               ->OutputS(mb, hidden, data->batch.Get(vocab_labels_key_),
+                                         /*partial=*/one_barrier && !st.forward_only)
+                               .unsqueeze(0);
       return absl::OkStatus();
     }
     case ActionType::kVocabOutputStats: {
@@ -676,22 +692,19 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
       return absl::OkStatus();
     }
     case ActionType::kVocabOutputT: {
-      // d step loss / d token loss, scaled as ScaledLoss scales the dense
-      // loss (1/m, or dp / global_loss_tokens with per-token loss).
-      torch::Tensor scale =
-          ScaledLoss(VocabTokenWeights(*data, vocab_labels_key_, vocab_->ignore_index()), *data,
-                     program.num_microbatches);
-      if (options_.loss_normalization_fault == LossNormalizationFault::kDroppedMicroBatch &&
-          mb == program.num_microbatches - 1) {
-        scale.zero_();
+      if (one_barrier) {
+        vocab_->OutputWeightGrad(mb, grad_scale());
+      } else {
+        st.vocab_hidden_grad[mb] = vocab_->OutputT(mb, grad_scale()).contiguous();
       }
-      st.vocab_hidden_grad[mb] = vocab_->OutputT(mb, scale).contiguous();
       // The head rows' gradient is final for this micro-batch, as after a B.
       if (after_backward_) after_backward_();
       return absl::OkStatus();
     }
     case ActionType::kVocabOutputReduce: {
-      torch::Tensor share = take(st.vocab_hidden_grad);
+      // One barrier: OUT_S's partial, rescaled now that the stats are here.
+      torch::Tensor share = one_barrier ? vocab_->RescaledPartial(mb, grad_scale()).contiguous()
+                                        : take(st.vocab_hidden_grad);
       if (!share.defined()) return missing("its OUT_T");
       tensor_parallel::AllReduceInPlace(
           share, group, tensor_parallel::ReduceOp::kSum,

@@ -55,13 +55,14 @@ void VocabularyLayers::EmbedBackward(const torch::Tensor& ids, const torch::Tens
 }
 
 torch::Tensor VocabularyLayers::OutputS(int mb, const torch::Tensor& hidden,
-                                        const torch::Tensor& labels) {
+                                        const torch::Tensor& labels, bool partial) {
   torch::NoGradGuard no_grad;
   Pending& p = pending_[mb];
   p.hidden = hidden;
   last_hidden_ = hidden.detach();  // not the last stage's graph
   p.labels = labels;
   p.s = tensor_parallel::OutputS(hidden, head(), labels, vocab_size_, range_, ignore_index_);
+  if (partial) p.partial = tensor_parallel::OutputPartialGrad(p.s, head());
   return p.s.stats;
 }
 
@@ -76,10 +77,37 @@ torch::Tensor VocabularyLayers::Combine(int mb, const torch::Tensor& gathered) {
   return it->second.combined.loss;
 }
 
-torch::Tensor VocabularyLayers::OutputT(int mb, const torch::Tensor& grad_scale) {
+VocabularyLayers::Pending& VocabularyLayers::Combined(int mb, const char* pass) {
   auto it = pending_.find(mb);
-  TORCH_CHECK(it != pending_.end() && it->second.combined_set, "OUT_T of micro-batch ", mb,
+  TORCH_CHECK(it != pending_.end() && it->second.combined_set, pass, " of micro-batch ", mb,
               " before its OUT_S and OUT_STATS");
+  return it->second;
+}
+
+torch::Tensor VocabularyLayers::RescaledPartial(int mb, const torch::Tensor& grad_scale) {
+  Pending& p = Combined(mb, "OUT_REDUCE");
+  TORCH_CHECK(p.partial.defined(), "OUT_REDUCE of micro-batch ", mb,
+              ": its OUT_S kept no partial gradient (the one-barrier algorithm's)");
+  torch::NoGradGuard no_grad;
+  const torch::Tensor out =
+      tensor_parallel::RescaleOutputPartial(p.s, p.combined, p.partial, grad_scale, head());
+  p.partial = torch::Tensor();
+  return out;
+}
+
+void VocabularyLayers::OutputWeightGrad(int mb, const torch::Tensor& grad_scale) {
+  Combined(mb, "OUT_T");
+  torch::NoGradGuard no_grad;
+  auto it = pending_.find(mb);
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  Accumulate(head(),
+             tensor_parallel::OutputTWeightGrad(p.s, p.combined, grad_scale, p.hidden, head()));
+}
+
+torch::Tensor VocabularyLayers::OutputT(int mb, const torch::Tensor& grad_scale) {
+  Combined(mb, "OUT_T");
+  auto it = pending_.find(mb);
   torch::NoGradGuard no_grad;
   Pending p = std::move(it->second);
   pending_.erase(it);

@@ -25,6 +25,11 @@
 //                                         gradient); the head rows' gradient
 //   IN_B   EmbedBackward(ids, grad)    -> the embedding rows' gradient
 //
+// The one-barrier algorithm (Schedule::vocab_barriers 1): OUT_S also keeps
+// the partial hidden-state gradient (OutputS with `partial`), OUT_REDUCE sums
+// RescaledPartial's terms, and OUT_T is OutputWeightGrad (the head rows'
+// gradient only), which may run after the last stage's backward.
+//
 // Gradients accumulate into the shards' .grad (as autograd would), so the
 // optimizer, clipping and the data-parallel reduce treat the shards like any
 // parameter. Not thread-safe; one per rank.
@@ -80,11 +85,22 @@ class VocabularyLayers {
 
   torch::Tensor Embed(const torch::Tensor& ids) const;
   void EmbedBackward(const torch::Tensor& ids, const torch::Tensor& grad_output);
-  torch::Tensor OutputS(int mb, const torch::Tensor& hidden, const torch::Tensor& labels);
+  // `partial`: the one-barrier algorithm's, also computes and keeps this
+  // rank's partial hidden-state gradient (float32 [N, D]) for
+  // RescaledPartial.
+  torch::Tensor OutputS(int mb, const torch::Tensor& hidden, const torch::Tensor& labels,
+                        bool partial = false);
   // `gathered`: every rank's stats [p, N, 3]. The per-token loss [N..].
   torch::Tensor Combine(int mb, const torch::Tensor& gathered);
   // `grad_scale` [N..]: d step loss / d token loss. Ends micro-batch mb.
   torch::Tensor OutputT(int mb, const torch::Tensor& grad_scale);
+  // One barrier, after Combine: this rank's term of d step loss / d hidden
+  // [N.., D] float32 (summed onto the last stage); frees the partial.
+  // REQUIRES: OutputS(mb, .., partial = true).
+  torch::Tensor RescaledPartial(int mb, const torch::Tensor& grad_scale);
+  // One barrier's OUT_T, after Combine: the head rows' gradient only (into
+  // its .grad). Ends micro-batch mb.
+  void OutputWeightGrad(int mb, const torch::Tensor& grad_scale);
   // Ends micro-batch mb without OUT_T (evaluation: the loss is all it needs).
   void Drop(int mb) { pending_.erase(mb); }
   // Drops every micro-batch's state (a failed step).
@@ -143,7 +159,10 @@ class VocabularyLayers {
     torch::Tensor hidden, labels;
     tensor_parallel::CombinedOutputStats combined;
     bool combined_set = false;
+    torch::Tensor partial;  // one barrier: from OUT_S until RescaledPartial
   };
+  // Micro-batch mb's state once combined; throws naming `pass` otherwise.
+  Pending& Combined(int mb, const char* pass);
   static void Accumulate(torch::Tensor param, const torch::Tensor& grad);
 
   int64_t vocab_size_;

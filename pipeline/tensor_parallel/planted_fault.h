@@ -39,6 +39,10 @@ enum class PlantedFault {
   kSkipSequenceParallelGradSum,
   // The same sum keeps only the first of those parameters' sums.
   kSumOneSequenceParallelGrad,
+  // Vocabulary parallelism's one-barrier algorithm (vocab_passes.cc): each
+  // rank's partial hidden-state gradient is summed without its rescale by
+  // exp(m_r - M) / S, still relative to its own max.
+  kVocabPartialNotRescaled,
 };
 
 // Process-wide; the previous fault is returned so a test can restore it.

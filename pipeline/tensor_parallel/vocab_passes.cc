@@ -163,43 +163,118 @@ CombinedOutputStats CombineOutputStats(const torch::Tensor& gathered, const torc
   return c;
 }
 
-OutputGrads OutputT(const OutputSResult& s, const CombinedOutputStats& combined,
-                    const torch::Tensor& grad_scale, const torch::Tensor& hidden,
-                    const torch::Tensor& weight) {
+namespace {
+
+// The checks OutputT's variants share: `hidden` and `weight` are OutputS's,
+// `grad_scale` and `combined` cover its tokens.
+void CheckOutputT(const char* pass, const OutputSResult& s, const CombinedOutputStats& combined,
+                  const torch::Tensor& grad_scale, const torch::Tensor& hidden,
+                  const torch::Tensor& weight) {
   const int64_t tokens = s.exps.size(0);
   std::vector<int64_t> hidden_sizes = s.token_sizes;
   hidden_sizes.push_back(weight.dim() == 2 ? weight.size(1) : -1);
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) == s.exps.size(1) &&
                   hidden.sizes() == torch::IntArrayRef(hidden_sizes) &&
                   hidden.scalar_type() == weight.scalar_type(),
-              "OutputT: hidden states of shape ", hidden.sizes(), " (", hidden.scalar_type(),
+              pass, ": hidden states of shape ", hidden.sizes(), " (", hidden.scalar_type(),
               ") and weight of shape ", weight.sizes(), " (", weight.scalar_type(),
               ") are not OutputS's: it saw ", tokens, " tokens of shape ",
               torch::IntArrayRef(s.token_sizes), " and ", s.exps.size(1), " rows");
   TORCH_CHECK(grad_scale.numel() == tokens && combined.max.numel() == tokens &&
                   combined.sum_exp.numel() == tokens,
-              "OutputT: grad_scale of shape ", grad_scale.sizes(), " and combined statistics of ",
+              pass, ": grad_scale of shape ", grad_scale.sizes(), " and combined statistics of ",
               "shape ", combined.max.sizes(), " for OutputS's ", tokens, " tokens");
+}
 
-  // exp(logit - m_r) * exp(m_r - M) / sum = exp(logit - M) / sum, the softmax.
-  // A rank of padding only (m_r = -inf) has exps 0 and factor exp(-inf) = 0.
+// exp(m_r - M) / sum per token [N]: what turns this rank's exps (relative to
+// its own max m_r) into the softmax, exp(logit - m_r) * exp(m_r - M) / sum =
+// exp(logit - M) / sum. A rank of padding only (m_r = -inf) gets
+// exp(-inf) = 0.
+torch::Tensor SoftmaxFactor(const OutputSResult& s, const CombinedOutputStats& combined) {
   const torch::Tensor local_max = s.stats.select(1, kStatMax);
-  const torch::Tensor factor =
-      (local_max - combined.max.reshape({-1})).exp_().div_(combined.sum_exp.reshape({-1}));
-  const internal::LocalTargets t{s.ignored, s.in_range, s.local_target};
-  const torch::Tensor grad_logits =
-      internal::SoftmaxMinusOneHotInPlace(s.exps * factor.unsqueeze(-1), t,
-                                          grad_scale.reshape({-1}).to(torch::kFloat32))
-          .to(hidden.scalar_type());
+  return (local_max - combined.max.reshape({-1})).exp_().div_(combined.sum_exp.reshape({-1}));
+}
 
+internal::LocalTargets TargetsOf(const OutputSResult& s) {
+  return {s.ignored, s.in_range, s.local_target};
+}
+
+// d loss / d logits of this rank's columns [N, rows], in `dtype`.
+torch::Tensor GradLogits(const OutputSResult& s, const CombinedOutputStats& combined,
+                         const torch::Tensor& grad_scale, torch::ScalarType dtype) {
+  return internal::SoftmaxMinusOneHotInPlace(s.exps * SoftmaxFactor(s, combined).unsqueeze(-1),
+                                             TargetsOf(s),
+                                             grad_scale.reshape({-1}).to(torch::kFloat32))
+      .to(dtype);
+}
+
+std::vector<int64_t> HiddenSizes(const OutputSResult& s, const torch::Tensor& weight) {
+  std::vector<int64_t> sizes = s.token_sizes;
+  sizes.push_back(weight.size(1));
+  return sizes;
+}
+
+}  // namespace
+
+OutputGrads OutputT(const OutputSResult& s, const CombinedOutputStats& combined,
+                    const torch::Tensor& grad_scale, const torch::Tensor& hidden,
+                    const torch::Tensor& weight) {
+  CheckOutputT("OutputT", s, combined, grad_scale, hidden, weight);
+  const torch::Tensor grad_logits = GradLogits(s, combined, grad_scale, hidden.scalar_type());
   OutputGrads g;
   // The share in fp32 whatever the weight's dtype: the shares are summed
   // before the sum is rounded once to the hidden states' dtype, as the dense
   // head's one matrix product accumulates in fp32 and rounds once.
   g.grad_hidden_partial = torch::matmul(grad_logits.to(torch::kFloat32), weight.to(torch::kFloat32))
-                              .reshape(hidden_sizes);
-  g.grad_weight = torch::matmul(grad_logits.t(), hidden.reshape({tokens, -1}));
+                              .reshape(HiddenSizes(s, weight));
+  g.grad_weight = torch::matmul(grad_logits.t(), hidden.reshape({s.exps.size(0), -1}));
   return g;
+}
+
+torch::Tensor OutputTWeightGrad(const OutputSResult& s, const CombinedOutputStats& combined,
+                                const torch::Tensor& grad_scale, const torch::Tensor& hidden,
+                                const torch::Tensor& weight) {
+  CheckOutputT("OutputTWeightGrad", s, combined, grad_scale, hidden, weight);
+  const torch::Tensor grad_logits = GradLogits(s, combined, grad_scale, hidden.scalar_type());
+  return torch::matmul(grad_logits.t(), hidden.reshape({s.exps.size(0), -1}));
+}
+
+torch::Tensor OutputPartialGrad(const OutputSResult& s, const torch::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == s.exps.size(1),
+              "OutputPartialGrad: weight of shape ", weight.sizes(), " is not OutputS's (",
+              s.exps.size(1), " rows)");
+  // In fp32, as OutputT's share: summed over the ranks, rounded once.
+  return torch::matmul(s.exps, weight.to(torch::kFloat32));
+}
+
+torch::Tensor RescaleOutputPartial(const OutputSResult& s, const CombinedOutputStats& combined,
+                                   const torch::Tensor& partial, const torch::Tensor& grad_scale,
+                                   const torch::Tensor& weight) {
+  const int64_t tokens = s.exps.size(0);
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == s.exps.size(1) && partial.dim() == 2 &&
+                  partial.size(0) == tokens && partial.size(1) == weight.size(1) &&
+                  partial.scalar_type() == torch::kFloat32,
+              "RescaleOutputPartial: partial of shape ", partial.sizes(), " (",
+              partial.scalar_type(), ") and weight of shape ", weight.sizes(),
+              " are not OutputPartialGrad's for ", tokens, " tokens and ", s.exps.size(1), " rows");
+  TORCH_CHECK(grad_scale.numel() == tokens && combined.max.numel() == tokens &&
+                  combined.sum_exp.numel() == tokens,
+              "RescaleOutputPartial: grad_scale of shape ", grad_scale.sizes(),
+              " and combined statistics of shape ", combined.max.sizes(), " for OutputS's ", tokens,
+              " tokens");
+  const internal::LocalTargets t = TargetsOf(s);
+  // Planted (tests only): the partial left relative to this rank's own max.
+  const torch::Tensor factor =
+      internal::CurrentFault() == internal::PlantedFault::kVocabPartialNotRescaled
+          ? torch::ones({tokens}, partial.options())
+          : SoftmaxFactor(s, combined);
+  // The target's row where it is one of this rank's real rows, else 0.
+  const torch::Tensor target_rows = torch::embedding(weight, s.local_target).to(torch::kFloat32) *
+                                    t.in_range.to(torch::kFloat32).unsqueeze(-1);
+  const torch::Tensor grad_loss =
+      grad_scale.reshape({-1}).to(torch::kFloat32).masked_fill(t.ignored, 0);
+  return ((partial * factor.unsqueeze(-1) - target_rows) * grad_loss.unsqueeze(-1))
+      .reshape(HiddenSizes(s, weight));
 }
 
 torch::Tensor EmbeddingPartial(const torch::Tensor& ids, const torch::Tensor& weight,

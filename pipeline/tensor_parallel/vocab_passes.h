@@ -17,6 +17,19 @@
 //                       this rank's rows
 //     all-reduce (sum) of the hidden states' gradient [N, D] (in its dtype)
 //
+// That is the paper's two-barrier algorithm ("Vocab-2"): the last stage's
+// backward waits for both collectives and a T pass between them. Its
+// one-barrier algorithm ("Vocab-1", the paper's default) moves the hidden
+// states' gradient into S, relative to the rank's own max, and leaves T only
+// the weight gradient, which no other rank waits for:
+//
+//   OutputS + OutputPartialGrad   stats, and A_r = sum_j exp(y_j - m_r) W_j
+//     all-gather stats            -> [p, N, 3]
+//   CombineOutputStats
+//   RescaleOutputPartial          grad_scale (A_r exp(m_r - M) / S - [t here] W_t)
+//     all-reduce (sum)            -> the hidden states' gradient
+//   OutputTWeightGrad             grad of this rank's rows (any time later)
+//
 // Megatron's vocabulary-parallel cross-entropy (VocabParallelCrossEntropy,
 // vocab_parallel.h) all-reduces the max, then the sum of exps relative to it,
 // then the target's logit: three collectives, the second waiting on the first.
@@ -85,7 +98,8 @@ inline constexpr int64_t kStatTarget = 2;  // the target's logit here, else 0
 inline constexpr int64_t kNumOutputStats = 3;
 
 // What OutputT needs of OutputS. Holds a float32 [N, rows] tensor until
-// OutputT: the memory the paper's schedule accounts for between S and T.
+// OutputT (or OutputTWeightGrad): the memory the paper's schedule accounts
+// for between S and T.
 struct OutputSResult {
   // exp(logit - this rank's max), float32 [N, rows]; 0 in padding columns.
   torch::Tensor exps;
@@ -138,6 +152,25 @@ struct OutputGrads {
 OutputGrads OutputT(const OutputSResult& s, const CombinedOutputStats& combined,
                     const torch::Tensor& grad_scale, const torch::Tensor& hidden,
                     const torch::Tensor& weight);
+
+// The one-barrier algorithm's S-side term: exp(logit - m_r) through this
+// rank's rows, sum_j s.exps[:, j] W_j, float32 [N, D] (0 on a rank of padding
+// only, whose exps are 0). `weight` is OutputS's.
+torch::Tensor OutputPartialGrad(const OutputSResult& s, const torch::Tensor& weight);
+
+// This rank's term of d loss / d hidden from OutputPartialGrad's `partial`
+// once the stats are combined: grad_scale * (partial * exp(m_r - M) / S -
+// W_target if the target is one of this rank's rows), 0 for ignored tokens;
+// float32 [N.., D]. The ranks' terms sum to OutputT's grad_hidden_partial.
+torch::Tensor RescaleOutputPartial(const OutputSResult& s, const CombinedOutputStats& combined,
+                                   const torch::Tensor& partial, const torch::Tensor& grad_scale,
+                                   const torch::Tensor& weight);
+
+// OutputT's grad_weight alone (the one-barrier algorithm's T pass), the same
+// bits.
+torch::Tensor OutputTWeightGrad(const OutputSResult& s, const CombinedOutputStats& combined,
+                                const torch::Tensor& grad_scale, const torch::Tensor& hidden,
+                                const torch::Tensor& weight);
 
 // --- Input layer ---------------------------------------------------------------
 // ids [..], weight [rows, D] (this rank's rows of the table, `range`).

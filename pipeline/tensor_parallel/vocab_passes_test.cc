@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "pipeline/tensor_parallel/mappings.h"
+#include "pipeline/tensor_parallel/planted_fault.h"
 #include "pipeline/tensor_parallel/tp_testing.h"
 
 namespace pp {
@@ -75,6 +76,13 @@ struct Diffs {
   double grad_hidden = 0;
   double grad_weight = 0;
   bool ranks_agree = true;
+  // The one-barrier algorithm (OutputPartialGrad, RescaleOutputPartial,
+  // OutputTWeightGrad): its summed hidden states' gradient against the dense
+  // one and against the two-barrier sum, and whether its weight gradient has
+  // OutputT's bits.
+  double grad_hidden_one_barrier = 0;
+  double one_vs_two_barriers = 0;
+  bool weight_grad_bits_equal = true;
 
   double Worst() const { return std::max({loss, grad_hidden, grad_weight}); }
 };
@@ -119,6 +127,21 @@ Diffs OutputLayerDiffs(const PassCase& c, Fault fault) {
     EXPECT_EQ(grad_hidden.scalar_type(), torch::kFloat32);  // rounded by the caller
     EXPECT_EQ(grads.grad_weight.scalar_type(), c.dtype);
 
+    // The one-barrier algorithm from the same S: the partial relative to the
+    // rank's own max, rescaled once the stats are combined, then summed.
+    const torch::Tensor partial = OutputPartialGrad(s, weight);
+    EXPECT_EQ(partial.scalar_type(), torch::kFloat32);
+    torch::Tensor one_barrier =
+        RescaleOutputPartial(s, combined, partial, counted.to(torch::kFloat32) / count, weight);
+    EXPECT_EQ(one_barrier.sizes(), grads.grad_hidden_partial.sizes());
+    if (fault == Fault::kNone) {
+      EXPECT_FALSE(one_barrier.isnan().any().item<bool>());
+    }
+    AllReduceInPlace(one_barrier, g, ReduceOp::kSum, "the one-barrier hidden states' gradient");
+    const bool weight_bits = torch::equal(
+        OutputTWeightGrad(s, combined, counted.to(torch::kFloat32) / count, in.hidden, weight),
+        grads.grad_weight);
+
     // Every rank's combined statistics, to compare their bits.
     const torch::Tensor mine =
         torch::stack({combined.max, combined.sum_exp, combined.target_logit, combined.loss})
@@ -136,6 +159,7 @@ Diffs OutputLayerDiffs(const PassCase& c, Fault fault) {
       EXPECT_EQ(s.stats.narrow(1, kStatSumExp, 2).abs().max().item<double>(), 0.0);
       EXPECT_EQ(grads.grad_weight.abs().max().item<double>(), 0.0);
       EXPECT_EQ(grads.grad_hidden_partial.abs().max().item<double>(), 0.0);
+      EXPECT_EQ(partial.abs().max().item<double>(), 0.0);
     }
     const int64_t real = std::clamp<int64_t>(c.vocab - range.begin, 0, range.end - range.begin);
     if (fault == Fault::kNone && real < range.end - range.begin) {
@@ -153,6 +177,9 @@ Diffs OutputLayerDiffs(const PassCase& c, Fault fault) {
     TakeWorst(&diffs.grad_weight,
               RelativeDiff(grads.grad_weight, LocalVocabRows(dense_table.grad(), g)));
     diffs.ranks_agree = diffs.ranks_agree && agree;
+    TakeWorst(&diffs.grad_hidden_one_barrier, RelativeDiff(one_barrier, dense_hidden.grad()));
+    TakeWorst(&diffs.one_vs_two_barriers, RelativeDiff(one_barrier, grad_hidden));
+    diffs.weight_grad_bits_equal = diffs.weight_grad_bits_equal && weight_bits;
   }));
   return diffs;
 }
@@ -207,6 +234,24 @@ TEST_P(VocabPassesTest, OutputLayerEqualsTheDenseLossAndGradients) {
   EXPECT_TRUE(diffs.ranks_agree) << "the combined statistics differ between ranks";
 }
 
+// The one-barrier algorithm (the paper's Vocab-1) gives the two-barrier
+// gradients: the hidden states' to fp32 round-off (the same terms, summed in
+// another order), the weight's bit for bit. A rank of padding only
+// contributes 0, not NaN; ignored targets contribute nothing.
+TEST_P(VocabPassesTest, OneBarrierEqualsTwoBarriersAndTheDense) {
+  const PassCase c = GetParam();
+  const Diffs diffs = OutputLayerDiffs(c, Fault::kNone);
+  EXPECT_LE(diffs.grad_hidden_one_barrier, c.tolerance) << "against dense autograd";
+  if (c.dtype == torch::kFloat32) {
+    EXPECT_LE(diffs.one_vs_two_barriers, 1e-6) << "against the two-barrier sum";
+  } else {
+    // bf16: the two-barrier path rounds d loss / d logits to bf16 before its
+    // matmul, the one-barrier one keeps the exps in fp32.
+    EXPECT_LE(diffs.one_vs_two_barriers, c.tolerance) << "against the two-barrier sum";
+  }
+  EXPECT_TRUE(diffs.weight_grad_bits_equal) << "OutputTWeightGrad is OutputT's grad_weight";
+}
+
 TEST_P(VocabPassesTest, EmbeddingEqualsTheDenseTable) {
   const PassCase c = GetParam();
   EXPECT_LE(EmbeddingDiff(c, Fault::kNone), c.tolerance);
@@ -245,6 +290,11 @@ TEST(VocabPassesFaultTest, PlantedFaultsFailTheComparison) {
     EXPECT_FALSE(local_max.ranks_agree) << "each rank's own max must differ between ranks";
     EXPECT_GT(OutputLayerDiffs(c, Fault::kShiftedRange).Worst(), 1e-2) << "shifted range";
     EXPECT_GT(EmbeddingDiff(c, Fault::kShiftedRange), 1e-2) << "shifted embedding range";
+    const internal::PlantedFault previous =
+        internal::PlantFault(internal::PlantedFault::kVocabPartialNotRescaled);
+    const double not_rescaled = OutputLayerDiffs(c, Fault::kNone).grad_hidden_one_barrier;
+    internal::PlantFault(previous);
+    EXPECT_GT(not_rescaled, 1e-2) << "one-barrier partial not rescaled";
   }
 }
 

@@ -85,7 +85,8 @@ absl::Status CheckMemoryInputs(const Schedule& schedule, const std::vector<Stage
   }
   for (const auto& [name, value] :
        {std::pair<const char*, double>{"vocab.parameter_bytes", options.vocab.parameter_bytes},
-        {"vocab.pending_bytes", options.vocab.pending_bytes}}) {
+        {"vocab.pending_bytes", options.vocab.pending_bytes},
+        {"vocab.partial_bytes", options.vocab.partial_bytes}}) {
     if (!std::isfinite(value) || value < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("memory plan: ", name, " is ", value, "; must be finite and >= 0"));
@@ -200,7 +201,14 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
   double held = 0;
   // Messages this rank sent to another rank, kept until the step's tail.
   double sent = 0;
-  double vocab_held = 0;  // OUT_S results waiting for their OUT_T
+  double vocab_held = 0;  // OUT_S results waiting for their OUT_T (and OUT_REDUCE)
+  // One barrier: OUT_S's partial gradient, until OUT_REDUCE where the list
+  // has it.
+  const bool one_barrier = schedule.vocab_barriers == 1 && !schedule.forward_only;
+  const double partial = one_barrier ? vocab.partial_bytes : 0.0;
+  const bool lists_reduce =
+      std::any_of(schedule.ranks[r].begin(), schedule.ranks[r].end(),
+                  [](const Action& a) { return a.type == ActionType::kVocabOutputReduce; });
   auto consider = [&](double activations, double recompute, int step) {
     const double total = fixed + activations + recompute + sent + vocab_held;
     if (total > out.peak_bytes || out.peak_step < 0) {
@@ -222,9 +230,14 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
   for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
     for (const Action& a : Leaves(schedule.ranks[r][i])) {
       if (a.type == ActionType::kVocabOutputS) {
-        vocab_held += vocab.pending_bytes;
+        vocab_held += vocab.pending_bytes + partial;
         consider(held, 0, i);
         if (schedule.forward_only) vocab_held -= vocab.pending_bytes;  // no OUT_T
+        if (!lists_reduce) vocab_held -= partial;
+        continue;
+      }
+      if (a.type == ActionType::kVocabOutputReduce) {
+        vocab_held -= partial;
         continue;
       }
       if (a.type == ActionType::kVocabOutputT) {

@@ -78,6 +78,12 @@ struct VocabMemory {
   // logits (fp32, tokens x vocabulary / p), the head's input (tokens x
   // width), the statistics.
   double pending_bytes = 0;
+  // The one-barrier algorithm's (Schedule::vocab_barriers 1) partial
+  // hidden-state gradient (fp32, tokens x width), held from OUT_S until
+  // OUT_REDUCE. In a list without collectives (a compute-only schedule)
+  // OUT_REDUCE's place is not known: the bytes count at OUT_S only. Ignored
+  // for two-barrier schedules.
+  double partial_bytes = 0;
 };
 
 struct MemoryPlanOptions {
@@ -113,7 +119,7 @@ struct RankMemoryPlan {
   double sent_messages = 0;  // sent to other ranks, kept until the step's tail
   // The distributed optimizer's tail buffers, when they make the peak.
   double reduce_buffers = 0;
-  double vocab_pending = 0;  // OUT_S results held for OUT_T at the peak
+  double vocab_pending = 0;  // OUT_S results held for OUT_T (and OUT_REDUCE) at the peak
   int peak_step = -1;        // position in the rank's list where the peak is reached
   // (term name, bytes), biggest first, zero terms left out.
   std::vector<std::pair<std::string, double>> Terms() const;

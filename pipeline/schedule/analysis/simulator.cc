@@ -19,7 +19,7 @@ namespace {
 
 constexpr char kGlobalKeys[] =
     "F, B, I, W, comm, SEND, RECV, STEP, REDUCE_TIED, REDUCE_GRAD, OUT_S, OUT_T, IN_F, IN_B, "
-    "VOCAB_COMM";
+    "VOCAB_COMM, VOCAB_BARRIERS";
 constexpr char kStageKeys[] = "F, B, I, W, REDUCE_GRAD";
 constexpr char kRankKeys[] = "STEP, REDUCE_TIED, SEND, RECV";
 
@@ -112,6 +112,14 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
       costs.vocab.input_b = value;
     } else if (key == "VOCAB_COMM") {
       costs.vocab.collective = value;
+    } else if (key == "VOCAB_BARRIERS") {
+      if (value != 1 && value != 2) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cost VOCAB_BARRIERS:", value,
+                         " must be 1 or 2 (the vocabulary algorithm the OUT_S "
+                         "and OUT_T costs were measured in)"));
+      }
+      costs.vocab.barriers = static_cast<int>(value);
     } else {
       return UnknownKey(key, text, kGlobalKeys);
     }
@@ -315,6 +323,10 @@ absl::Status CheckCosts(const LoweredProgram& program, const SimulationCosts& co
           absl::StrCat("simulation cost ", name, " is ", value, "; costs must be finite and >= 0"));
     }
   }
+  if (costs.vocab.barriers != 1 && costs.vocab.barriers != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("simulation costs' vocab.barriers is ",
+                                                   costs.vocab.barriers, "; must be 1 or 2"));
+  }
   auto check_own = [](const std::optional<double>& v, absl::string_view what, int index,
                       absl::string_view key) -> absl::Status {
     if (v && (!(*v >= 0) || !std::isfinite(*v))) {
@@ -426,14 +438,20 @@ double StageMultiplier(const SimulationCosts& costs, int stage) {
 
 // A compute leaf's duration: its stage's own cost (B = I + W when only those
 // are given), else the global one times the stage's multiplier.
-double ComputeCost(const SimulationCosts& costs, const Action& a) {
+// `vocab_barriers`: the schedule's (VocabCosts: one barrier moves half of
+// the two-barrier OUT_T into OUT_S).
+double ComputeCost(const SimulationCosts& costs, const Action& a, int vocab_barriers) {
   const double mb =
       costs.microbatch_multiplier.empty() ? 1.0 : costs.microbatch_multiplier[a.microbatch];
+  // What moves from OUT_T to OUT_S (negative: back).
+  double moved = 0;
+  if (vocab_barriers == 1 && costs.vocab.barriers == 2) moved = costs.vocab.output_t / 2;
+  if (vocab_barriers == 2 && costs.vocab.barriers == 1) moved = -costs.vocab.output_t;
   switch (a.type) {
     case ActionType::kVocabOutputS:
-      return costs.vocab.output_s * mb;
+      return std::max(0.0, costs.vocab.output_s + moved) * mb;
     case ActionType::kVocabOutputT:
-      return costs.vocab.output_t * mb;
+      return (costs.vocab.output_t - moved) * mb;
     case ActionType::kVocabInputF:
       return costs.vocab.input_f * mb;
     case ActionType::kVocabInputB:
@@ -522,7 +540,9 @@ internal_schedule::ExecutionCosts MakeExecutionCosts(const LoweredProgram& progr
   exec_costs.message_latency = costs.comm;
   for (double bytes : costs.message_bytes) exec_costs.message_latency += costs.message.Of(bytes);
   exec_costs.blocking_sends = costs.blocking_sends;
-  exec_costs.compute = [&costs](const Action& a) { return ComputeCost(costs, a); };
+  exec_costs.compute = [&costs, barriers = program.vocab_barriers](const Action& a) {
+    return ComputeCost(costs, a, barriers);
+  };
   exec_costs.tail = [&costs, &tie_root](int rank, const Action& a) {
     return TailCost(costs, tie_root, rank, a);
   };

@@ -137,12 +137,22 @@ struct SimulationCosts {
   // micro-batch (times its multiplier), and each of their collectives once
   // all ranks are there (a collective of all ranks: it starts at the latest
   // arrival). The passes are busy time; the collectives are not.
+  // output_s and output_t are the passes of the algorithm `barriers` says
+  // (Schedule::vocab_barriers; 2 by default, what auto's measurement
+  // schedule runs). The one-barrier algorithm moves one of OUT_T's two
+  // [N, rows] x [rows, D] products into OUT_S, so a schedule of the other
+  // algorithm is simulated with half of the two-barrier OUT_T moved: from 2
+  // to 1, OUT_S = output_s + output_t / 2 and OUT_T = output_t / 2; from 1
+  // to 2, OUT_S = output_s - output_t and OUT_T = 2 output_t (the same
+  // total either way). Costs measured per type on a run of the schedule's
+  // own algorithm are taken as they are.
   struct VocabCosts {
     double output_s = 0;    // OUT_S
     double output_t = 0;    // OUT_T
     double input_f = 0;     // IN_F
     double input_b = 0;     // IN_B
     double collective = 0;  // each OUT_BCAST, OUT_STATS, OUT_REDUCE, IN_REDUCE, IN_BCAST
+    int barriers = 2;       // the algorithm output_s and output_t are of: 1 or 2
   };
   VocabCosts vocab;
   // false (default): buffered sends: a SEND returns at once and its RECV
@@ -162,9 +172,10 @@ inline constexpr double kMaxSimulationCost = 1e12;
 
 // "F:1,B:2,W:0,comm:0" (keys F, B, I, W, comm, SEND, RECV, STEP,
 // REDUCE_TIED, REDUCE_GRAD, and the vocabulary's OUT_S, OUT_T, IN_F, IN_B,
-// VOCAB_COMM (each collective), in any order; missing keys keep their defaults, except that a
-// missing B is I + W, so "F:1,I:1,W:2" means B = 3). InvalidArgument names a
-// bad key or value.
+// VOCAB_COMM (each collective), VOCAB_BARRIERS (1 or 2: the algorithm OUT_S
+// and OUT_T were measured in, VocabCosts::barriers), in any order; missing keys keep their
+// defaults, except that a missing B is I + W, so "F:1,I:1,W:2" means B = 3). InvalidArgument names
+// a bad key or value.
 absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text);
 
 // "0:F:1,B:2;1:F:1.2,I:1,W:1.1" -> stage_costs: ';'-separated

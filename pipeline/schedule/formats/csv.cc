@@ -26,6 +26,9 @@ namespace pp {
 namespace {
 
 constexpr absl::string_view kPlacementKey = "stage_to_rank";
+// The output layer's algorithm under vocabulary parallelism
+// (Schedule::vocab_barriers): "# vocab_barriers: 1"; without it, 2.
+constexpr absl::string_view kVocabBarriersKey = "vocab_barriers";
 
 // One cell of the file as written: where it is and what it says.
 struct Cell {
@@ -39,7 +42,16 @@ struct RawCsv {
   std::vector<std::vector<Cell>> rows;
   std::string placement;  // value of the `# stage_to_rank:` line, if any
   int placement_line = 0;
+  int vocab_barriers = 2;  // the `# vocab_barriers:` line's, if any
+  int vocab_barriers_line = 0;
 };
+
+// "# vocab_barriers: 1" for a one-barrier vocabulary schedule; nothing for
+// the two-barrier default (files written before the marker mean that).
+std::string VocabBarriersLine(bool vocab_parallel, int barriers) {
+  if (!vocab_parallel || barriers == 2) return "";
+  return absl::StrCat("# ", kVocabBarriersKey, ": ", barriers, "\n");
+}
 
 bool IsLooped(const std::vector<int>& placement, int p) {
   for (size_t s = 0; s < placement.size(); ++s) {
@@ -141,6 +153,24 @@ absl::StatusOr<RawCsv> SplitCsv(absl::string_view text, const CsvReadOptions& op
         }
         csv.placement = std::string(absl::StripAsciiWhitespace(stripped));
         csv.placement_line = line_number;
+      } else if (absl::ConsumePrefix(&stripped, kVocabBarriersKey)) {
+        stripped = absl::StripLeadingAsciiWhitespace(stripped);
+        int barriers = 0;
+        if ((!absl::ConsumePrefix(&stripped, ":") && !absl::ConsumePrefix(&stripped, "=")) ||
+            !absl::SimpleAtoi(absl::StripAsciiWhitespace(stripped), &barriers) ||
+            (barriers != 1 && barriers != 2)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(options.source, ": line ", line_number, ": \"", Shown(line),
+                           "\": expected \"# ", kVocabBarriersKey, ": 1\" or \"# ",
+                           kVocabBarriersKey, ": 2\" (the vocabulary output layer's algorithm)"));
+        }
+        if (csv.vocab_barriers_line != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              options.source, ": line ", line_number, ": a second \"# ", kVocabBarriersKey,
+              "\" line (the first is line ", csv.vocab_barriers_line, ")"));
+        }
+        csv.vocab_barriers = barriers;
+        csv.vocab_barriers_line = line_number;
       }
       continue;  // any other comment
     }
@@ -335,7 +365,8 @@ absl::StatusOr<std::vector<int>> ParseStageToRank(absl::string_view text, int nu
 }
 
 std::string ScheduleToCsv(const Schedule& schedule) {
-  std::string out = PlacementLine(schedule.stage_to_rank, schedule.num_stages);
+  std::string out = PlacementLine(schedule.stage_to_rank, schedule.num_stages) +
+                    VocabBarriersLine(schedule.vocab_parallel, schedule.vocab_barriers);
   for (const auto& actions : schedule.ranks) {
     out += absl::StrJoin(actions, ",", [](std::string* o, const Action& a) {
       absl::StrAppend(o, ActionToString(a));
@@ -346,7 +377,8 @@ std::string ScheduleToCsv(const Schedule& schedule) {
 }
 
 std::string ProgramToCsv(const LoweredProgram& program) {
-  std::string out = PlacementLine(program.stage_to_rank, program.num_stages);
+  std::string out = PlacementLine(program.stage_to_rank, program.num_stages) +
+                    VocabBarriersLine(program.vocab_parallel, program.vocab_barriers);
   for (const auto& actions : program.ranks) {
     // PyTorch 2.15's form (_add_wait_send, _add_reduce_grad): a forward send
     // is waited for after the local backward of its micro-batch (the peer
@@ -642,6 +674,12 @@ absl::StatusOr<Schedule> ParseCsvSchedule(absl::string_view text, const CsvReadO
   PP_RETURN_IF_ERROR(CheckStagesOnTheirRanks(csv, cells, placement, options));
   PP_RETURN_IF_ERROR(CheckPyTorchOnlyCells(csv, cells, placement, options));
   BuiltSchedule built = BuildSchedule(cells, placement, options);
+  if (csv.vocab_barriers_line != 0 && !built.schedule.vocab_parallel) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.source, ": line ", csv.vocab_barriers_line, ": \"# ", kVocabBarriersKey,
+        "\" in a file without vocabulary actions (OUT_S<mb>, ...)"));
+  }
+  built.schedule.vocab_barriers = csv.vocab_barriers;
 
   // Lowering and validation errors, with the CSV cell they point at.
   auto located = [&](const absl::Status& status) {

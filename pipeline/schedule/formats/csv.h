@@ -48,6 +48,14 @@
 // OUT_STATS<mb>, OUT_REDUCE<mb>, IN_REDUCE<mb>, IN_BCAST<mb> in the compute +
 // comms form; no stage number: every rank runs them) is a vocab_parallel
 // schedule. Every rank's row then holds each pass once per micro-batch.
+// The output layer's algorithm (Schedule::vocab_barriers) is a comment line,
+// written for the one-barrier form only:
+//
+//         # vocab_barriers: 1
+//
+// A file without it is the two-barrier form (files written before the marker
+// existed mean that); "# vocab_barriers: 2" says so explicitly. The line in
+// a file without vocabulary actions is refused.
 //
 // The shape comes from the file: p = rows, virtual stages = the placement's
 // size (looped/v: from the largest stage in any cell), v = stages / p, m =

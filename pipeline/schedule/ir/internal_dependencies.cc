@@ -126,7 +126,10 @@ absl::Status FindDependencies(const Schedule& schedule, const ComputePlaces& pla
               status = need({B(a.stage + 1, a.microbatch), I(a.stage + 1, a.microbatch)});
             }
             if (status.ok() && a.stage + 1 == num_virtual && vocab) {
-              status = need_on_every_rank(ActionType::kVocabOutputT);
+              // Its output gradient is OUT_REDUCE's sum, of OUT_T's shares
+              // or, in the one-barrier form, of OUT_S's.
+              status = need_on_every_rank(schedule.vocab_barriers == 1 ? ActionType::kVocabOutputS
+                                                                       : ActionType::kVocabOutputT);
             }
             break;
           case ActionType::kVocabOutputS:

@@ -49,6 +49,11 @@ absl::Status CheckProgram(const LoweredProgram& program) {
           "stage ", s, " is placed on rank ", program.stage_to_rank[s], ", outside [0, ", p, ")"));
     }
   }
+  if (program.vocab_parallel && program.vocab_barriers != 1 && program.vocab_barriers != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program \"", program.schedule_name, "\": vocab_barriers is ",
+                     program.vocab_barriers, "; the output layer's algorithm has 1 or 2 barriers"));
+  }
   // Static checks of every action.
   for (int r = 0; r < p; ++r) {
     for (int i = 0; i < static_cast<int>(program.ranks[r].size()); ++i) {
@@ -251,6 +256,13 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
                    ? ""
                    : absl::StrCat("it gathers the statistics of OUT_S", mb, ", which has not run");
       case ActionType::kVocabOutputReduce:
+        // One barrier: it rescales OUT_S's partial with OUT_STATS's result.
+        if (program.vocab_barriers == 1) {
+          return vocab_has(r, ActionType::kVocabOutputStats, mb)
+                     ? ""
+                     : absl::StrCat("it rescales OUT_S", mb, "'s partial with OUT_STATS", mb,
+                                    ", which has not run");
+        }
         return vocab_has(r, ActionType::kVocabOutputT, mb)
                    ? ""
                    : absl::StrCat("it sums the gradients of OUT_T", mb, ", which has not run");

@@ -123,6 +123,9 @@ class IdleIntervals {
 // The vocabulary's collectives of a vocab_parallel schedule as events of all
 // ranks (a = -1, b = type, c = micro-batch), each when the last of its
 // producers ends: every consumer depends on all of them, so starts no earlier.
+// In the one-barrier form (Schedule::vocab_barriers 1) OUT_REDUCE's producers
+// are OUT_S's, as OUT_STATS's: it follows OUT_STATS at once (the events sort
+// by type at one time, OUT_STATS first).
 void AppendVocabCollectives(const Schedule& schedule,
                             const internal_schedule::ComputeTiming& timing,
                             std::vector<Event>& events) {
@@ -149,6 +152,7 @@ void AppendVocabCollectives(const Schedule& schedule,
   auto add = [&](ActionType type, int mb, int time) {
     events.push_back({time, 0, -1, static_cast<int>(type), mb});
   };
+  if (schedule.vocab_barriers == 1) out_reduce = out_stats;
   for (int mb = 0; mb < m; ++mb) {
     add(ActionType::kVocabInputReduce, mb, in_reduce[mb]);
     add(ActionType::kVocabOutputBroadcast, mb, out_bcast[mb]);
@@ -282,6 +286,7 @@ LoweredProgram EmptyProgramOf(const Schedule& schedule) {
   program.num_chunks = schedule.num_chunks;
   program.forward_only = schedule.forward_only;
   program.vocab_parallel = schedule.vocab_parallel;
+  program.vocab_barriers = schedule.vocab_barriers;
   program.stage_to_rank = schedule.stage_to_rank;
   return program;
 }
@@ -294,6 +299,7 @@ Schedule ScheduleOf(const LoweredProgram& program) {
   schedule.num_chunks = program.num_chunks;
   schedule.forward_only = program.forward_only;
   schedule.vocab_parallel = program.vocab_parallel;
+  schedule.vocab_barriers = program.vocab_barriers;
   schedule.stage_to_rank = program.stage_to_rank;
   schedule.ranks = program.ranks;
   return schedule;

@@ -98,6 +98,7 @@ struct LoweredProgram {
   int num_chunks = 1;        // v
   bool forward_only = false;
   bool vocab_parallel = false;     // Schedule::vocab_parallel
+  int vocab_barriers = 2;          // Schedule::vocab_barriers
   std::vector<int> stage_to_rank;  // virtual stage -> rank
   RankActions ranks;               // ranks[r]: rank r's program
 
@@ -115,7 +116,8 @@ struct LoweredProgram {
 // input that is never produced, e.g. B before its F, or a cycle across ranks).
 absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOptions& options = {});
 
-// `schedule`'s facts (name, sizes, forward_only, vocab_parallel, placement)
+// `schedule`'s facts (name, sizes, forward_only, vocab_parallel and
+// vocab_barriers, placement)
 // in a program without actions; and back: a schedule of `program`'s facts
 // whose ranks are the program's action lists (what the memory planner and
 // the simulator read of a lowered program).

@@ -46,6 +46,15 @@ struct Schedule {
   // Stage 0's F then takes its input from IN_REDUCE, the last stage's B or I
   // its output gradient from OUT_REDUCE (lowering.h).
   bool vocab_parallel = false;
+  // The output layer's algorithm under vocab_parallel (the paper's naming):
+  // 2 ("Vocab-2"): OUT_T computes the hidden states' gradient, so the last
+  // stage's B or I waits for OUT_STATS, every rank's OUT_T and OUT_REDUCE.
+  // 1 ("Vocab-1"): OUT_S computes it relative to the rank's own max and
+  // OUT_REDUCE rescales and sums it right after OUT_STATS; the last stage's
+  // B or I waits for every rank's OUT_S and the two collectives, and OUT_T
+  // (the rows' weight gradient only) may run after it. Ignored without
+  // vocab_parallel.
+  int vocab_barriers = 2;
   // stage_to_rank[s] for every virtual stage s in [0, p * v).
   std::vector<int> stage_to_rank;
   // ranks[r]: rank r's compute actions (F, B, I, W) in execution order.

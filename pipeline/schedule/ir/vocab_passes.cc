@@ -24,7 +24,11 @@ struct Insertion {
 
 }  // namespace
 
-absl::StatusOr<Schedule> AddVocabularyPasses(const Schedule& base) {
+absl::StatusOr<Schedule> AddVocabularyPasses(const Schedule& base, int barriers) {
+  if (barriers != 1 && barriers != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "vocabulary passes with ", barriers, " barriers: the output layer's algorithm has 1 or 2"));
+  }
   if (base.vocab_parallel) {
     return absl::InvalidArgumentError(
         absl::StrCat("schedule \"", base.name, "\" already has vocabulary passes"));
@@ -56,9 +60,14 @@ absl::StatusOr<Schedule> AddVocabularyPasses(const Schedule& base) {
         }
         if (a.type == ActionType::kForward && a.stage == last) {
           insertions.push_back({timing->end[r][i], 1, Vocab(ActionType::kVocabOutputS, mb)});
-          if (!base.forward_only) {
+          if (!base.forward_only && barriers == 2) {
             insertions.push_back({timing->end[r][i], 2, Vocab(ActionType::kVocabOutputT, mb)});
           }
+        }
+        // One barrier: the last stage's backward needs no OUT_T, which goes
+        // where that backward has ended, filling slack as a W does.
+        if (backward && a.stage == last && barriers == 1) {
+          insertions.push_back({timing->end[r][i], 2, Vocab(ActionType::kVocabOutputT, mb)});
         }
         if (backward && a.stage == 0) {
           insertions.push_back({timing->end[r][i], 3, Vocab(ActionType::kVocabInputB, mb)});
@@ -74,8 +83,9 @@ absl::StatusOr<Schedule> AddVocabularyPasses(const Schedule& base) {
   std::sort(insertions.begin(), insertions.end());
 
   Schedule out = base;
-  out.name = absl::StrCat(base.name, "+vocab");
+  out.name = absl::StrCat(base.name, barriers == 1 ? "+vocab1" : "+vocab");
   out.vocab_parallel = true;
+  out.vocab_barriers = barriers;
   for (int r = 0; r < base.num_stages; ++r) {
     std::vector<Action>& actions = out.ranks[r];
     actions.clear();

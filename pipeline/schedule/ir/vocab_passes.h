@@ -9,18 +9,31 @@
 //                                                  -> OUT_REDUCE onto the last B/I
 //   IN_B   its rows' embedding gradient            <- IN_BCAST of stage 0's B/I
 //
-// (the collectives are Lower()'s, lowering.h). AddVocabularyPasses places the
-// passes into any schedule by its own timeline: with unit costs (lowering's),
-// each pass goes on every rank before the first action that starts no earlier
-// than the pass's input exists (OUT_S, OUT_T: the last stage's F has ended;
-// IN_B: stage 0's backward has ended) or, for IN_F, one pass ahead of stage
-// 0's F. So a collective waits at most for one action of each rank, and the
-// last stage's backward starts one OUT_S + OUT_T after its forward. This is
-// not the paper's hand-made Vocab-1/Vocab-2 placement: the passes follow the
-// base schedule, whichever it is, and the simulator costs the result.
+// (the collectives are Lower()'s, lowering.h). Both of the paper's output
+// algorithms are available (Schedule::vocab_barriers):
 //
-// Registered: "1f1b_vocab" and "zbv_vocab" (the 1F1B and V-shaped schedules
-// with their passes placed so).
+//   2 barriers ("Vocab-2"): as drawn above; the last stage's B/I waits for
+//     OUT_STATS, every rank's OUT_T and OUT_REDUCE.
+//   1 barrier ("Vocab-1", the paper's default): OUT_S also computes the
+//     rank's share of the hidden states' gradient relative to its own max,
+//     OUT_REDUCE rescales it with the gathered statistics and sums it right
+//     after OUT_STATS, and OUT_T only computes the rows' weight gradient, off
+//     the critical path.
+//
+// AddVocabularyPasses places the passes into any schedule by its own
+// timeline: with unit costs (lowering's), each pass goes on every rank before
+// the first action that starts no earlier than the pass's input exists
+// (OUT_S, and OUT_T with two barriers: the last stage's F has ended; OUT_T
+// with one barrier: the last stage's B or I of the micro-batch has ended;
+// IN_B: stage 0's backward has ended) or, for IN_F, one pass ahead of stage
+// 0's F. So a collective waits at most for one action of each rank. This is
+// not the paper's hand-derived placement (its offsets, and its collectives
+// run asynchronously beside compute); the passes follow the base schedule,
+// whichever it is, the collectives block, and the simulator costs the result.
+//
+// Registered: "1f1b_vocab" and "zbv_vocab" (two barriers), "1f1b_vocab1" and
+// "zbv_vocab1" (one barrier): the 1F1B and V-shaped schedules with their
+// passes placed so (schedules/vocab_schedules.cc).
 #ifndef PIPELINE_SCHEDULE_IR_VOCAB_PASSES_H_
 #define PIPELINE_SCHEDULE_IR_VOCAB_PASSES_H_
 
@@ -29,11 +42,13 @@
 
 namespace pp {
 
-// `base` with every rank's vocabulary passes inserted and vocab_parallel set;
-// its name gets "+vocab". InvalidArgument if `base` already has vocabulary
-// passes, is given as a lowered program (a CSV file with communication:
-// write the passes into the file instead) or its compute order cannot run.
-absl::StatusOr<Schedule> AddVocabularyPasses(const Schedule& base);
+// `base` with every rank's vocabulary passes inserted, vocab_parallel set and
+// vocab_barriers = `barriers` (1 or 2); its name gets "+vocab" (two
+// barriers) or "+vocab1" (one). InvalidArgument if `barriers` is neither,
+// `base` already has vocabulary passes, is given as a lowered program (a CSV
+// file with communication: write the passes into the file instead) or its
+// compute order cannot run.
+absl::StatusOr<Schedule> AddVocabularyPasses(const Schedule& base, int barriers = 2);
 
 }  // namespace pp
 

@@ -317,5 +317,28 @@ TEST(MemoryPlanTest, VocabularyRowsOnEveryRankAndOutputsHeldFromSToT) {
       << wrong.status();
 }
 
+// One barrier: OUT_S also keeps the partial hidden-state gradient (300
+// bytes) until OUT_REDUCE, and its exps (1000) until an OUT_T that now runs
+// after the last stage's backward. A two-barrier schedule ignores the
+// partial bytes.
+TEST(MemoryPlanTest, OneBarrierHoldsThePartialUntilOutReduce) {
+  MemoryPlanOptions options;
+  options.vocab = {5, 1000, 300};
+  absl::StatusOr<MemoryPlan> two = PlanMemory(Make("1f1b_vocab", 2, 4), Uniform(2), options);
+  ASSERT_TRUE(two.ok()) << two.status();
+  const Schedule one = Make("1f1b_vocab1", 2, 4);
+  absl::StatusOr<LoweredProgram> lowered = Lower(one);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  for (const Schedule& s : {one, ScheduleOf(*lowered)}) {
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(s, Uniform(2), options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(two->ranks[r].vocab_pending, 1000) << "rank " << r;
+      EXPECT_GE(plan->ranks[r].vocab_pending, 1300) << "rank " << r;
+      EXPECT_GE(plan->ranks[r].peak_bytes, two->ranks[r].peak_bytes + 300) << "rank " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pp
