@@ -4,11 +4,12 @@
 # on the text) and an untied head, through train_llama, each schedule with and
 # without parallelism.vocab_parallel:
 #   pp 2: 1f1b and 1f1b + passes, 1f1b_vocab1 (the one-barrier output
-#   algorithm), zbv and zbv_vocab (chunks 2); and, without
+#   algorithm), zbv, zbv_vocab and zbv_vocab1 (chunks 2); and, without
 #   it, the other registered schedules zb_h1 and interleaved_1f1b and 1f1b
 #   over the partition `profile` finds (the best a partition can do about
 #   the head);
-#   pp 4: 1f1b and 1f1b + passes.
+#   pp 4: 1f1b, 1f1b + passes and 1f1b_vocab1; zbv and zbv_vocab (V-Half's
+#   memory balance, the paper's pairing).
 # Each run is one record in bench/results/vocab_parallel.jsonl
 # (tools/results.py --record).
 #
@@ -48,9 +49,12 @@ COMMAND="bench/vocab_parallel.sh --steps $STEPS --width $WIDTH"
 RUNS="pp2_1f1b:2:1:1f1b:false:type:LlamaBlock pp2_1f1b_vocab:2:1:1f1b:true:type:LlamaBlock
 pp2_1f1b_vocab1:2:1:1f1b_vocab1:true:type:LlamaBlock
 pp2_zbv:2:2:zbv:false:type:LlamaBlock pp2_zbv_vocab:2:2:zbv_vocab:true:type:LlamaBlock
+pp2_zbv_vocab1:2:2:zbv_vocab1:true:type:LlamaBlock
 pp2_zb_h1:2:1:zb_h1:false:type:LlamaBlock pp2_interleaved_1f1b:2:2:interleaved_1f1b:false:type:LlamaBlock
 pp2_1f1b_profile:2:1:1f1b:false:profile
-pp4_1f1b:4:1:1f1b:false:type:LlamaBlock pp4_1f1b_vocab:4:1:1f1b:true:type:LlamaBlock"
+pp4_1f1b:4:1:1f1b:false:type:LlamaBlock pp4_1f1b_vocab:4:1:1f1b:true:type:LlamaBlock
+pp4_1f1b_vocab1:4:1:1f1b_vocab1:true:type:LlamaBlock
+pp4_zbv:4:2:zbv:false:type:LlamaBlock pp4_zbv_vocab:4:2:zbv_vocab:true:type:LlamaBlock"
 for run in $RUNS; do
   IFS=: read -r name pp chunks schedule vocab partition <<< "$run"
   bench_run "$name" "$BIN" --pp="$pp" --chunks="$chunks" --schedule="$schedule" \
