@@ -42,8 +42,10 @@ def record(summary, bench, command, exit_status, machine, state, note, commit, n
                        "state": state, "what": machine},
            "command": command, "exit_status": int(exit_status), "figures": figures,
            "summary": summary}
-    if host.get("gpu"):
-        rec["machine"]["gpu"] = host["gpu"]
+    # The CPU and its BLAS (the CPU runs' kernels), as every result record names them.
+    for key in ("gpu", "cpu_model", "blas"):
+        if host.get(key):
+            rec["machine"][key] = host[key]
     if note:
         rec["note"] = note
     return rec

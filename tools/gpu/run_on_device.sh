@@ -142,6 +142,13 @@ def run(cmd):
     except Exception as e:  # the summary must be written whatever is missing
         return "unavailable: %s" % e
 gpu = run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]) if device == "cuda" else ""
+cpu_model = ""
+try:
+    cpu_model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+except OSError:
+    pass
+# The BLAS of the CPU runs: the pip PyTorch's (MKL where it has it).
+blas = run([sys.executable, "-c", "import torch; print('MKL' if torch.backends.mkl.is_available() else 'not MKL (see torch.__config__.show())')"])
 try:
     manifest = json.load(open(os.path.join(here, "MANIFEST.json")))
 except Exception as e:
@@ -152,7 +159,8 @@ header = {"kit": "pipe GPU kit (issue #31)", "device_flag": device,
           "torch_pinned": pinned, "torch_found": found, "bundle": manifest,
           "machine": {"hostname": platform.node(), "nproc": os.cpu_count(),
                       "loadavg": os.getloadavg(), "kernel": platform.release(),
-                      "python": platform.python_version(), "gpu": gpu}}
+                      "python": platform.python_version(), "gpu": gpu,
+                      "cpu_model": cpu_model, "blas": blas}}
 json.dump(header, open(path, "w"))
 PY
   "$PYTHON" "$HERE/py/kit_summary.py" assemble "$records" "$host_json" "$out/summary.json" > /dev/null ||
