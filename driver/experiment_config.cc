@@ -30,6 +30,7 @@
 #include "pipeline/schedule/ir/lowering.h"
 #include "pipeline/schedule/ir/vocab_passes.h"
 #include "pipeline/schedule/schedules/registry.h"
+#include "topology/blas_kernel.h"
 #include "topology/device.h"
 #include "topology/host_staged_backend.h"
 #include "topology/transport_thread.h"
@@ -600,6 +601,26 @@ absl::Status CheckCheckpointableTypes(const driver::ParallelismConfig& par,
       "for every layer with parameters, or set interval 0"));
 }
 
+// threads.borrow_idle_cores: CPU ranks on OpenBLAS, whose threads split a
+// matrix product without changing its bits (pipeline/runtime/idle_core_threads.h).
+absl::Status CheckIdleCores(const ExperimentConfig& config) {
+  if (!config.threads().borrow_idle_cores()) return absl::OkStatus();
+  if (config.parallelism().device() != "cpu") {
+    return Invalid(
+        absl::StrCat("threads.borrow_idle_cores lends CPU cores to BLAS threads; "
+                     "parallelism.device is '",
+                     config.parallelism().device(), "' (use cpu, or leave it off)"));
+  }
+  const BlasKernel blas = ThisBlasKernel();
+  if (!blas.openblas) {
+    return Invalid(absl::StrCat(
+        "threads.borrow_idle_cores needs OpenBLAS, whose threads give every matrix product the "
+        "same bits; this LibTorch computes with ",
+        blas.blas, " (leave it off)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_size) {
@@ -615,6 +636,7 @@ absl::Status ValidateExperimentConfig(const ExperimentConfig& config, int world_
   PP_RETURN_IF_ERROR(CheckParts(config.parallelism(), specs));
   PP_RETURN_IF_ERROR(CheckCheckpointableTypes(config.parallelism(), specs));
   PP_RETURN_IF_ERROR(CheckSchedule(config.parallelism()));
+  PP_RETURN_IF_ERROR(CheckIdleCores(config));
   PP_RETURN_IF_ERROR(CheckDevice(config.parallelism()));
   PP_RETURN_IF_ERROR(CheckPrecision(config, /*probe_device=*/world_size > 0));
   // After the schedule and precision are known good: the per-rank cap.

@@ -59,6 +59,10 @@ ABSL_FLAG(std::string, p2p_static_shapes, "",
 ABSL_FLAG(std::string, p2p_post_receives_ahead, "",
           "override parallelism.p2p_post_receives_ahead (true: each p2p channel's next receive is "
           "posted as soon as the previous one is consumed, not at the moment of need)");
+ABSL_FLAG(std::string, borrow_idle_cores, "",
+          "override threads.borrow_idle_cores (true: an action during which the schedule keeps "
+          "this rank's pipeline peers on the machine waiting uses their cores for its matrix "
+          "products; CPU, OpenBLAS)");
 ABSL_FLAG(std::string, transport_thread_nice, "",
           "override parallelism.transport_thread_nice (0-19: nice value of each rank's Gloo "
           "transport thread)");
@@ -110,6 +114,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_p2p_static_shapes, "parallelism.p2p_static_shapes"},
       {&FLAGS_p2p_post_receives_ahead, "parallelism.p2p_post_receives_ahead"},
       {&FLAGS_transport_thread_nice, "parallelism.transport_thread_nice"},
+      {&FLAGS_borrow_idle_cores, "threads.borrow_idle_cores"},
       {&FLAGS_ranks_per_device, "parallelism.ranks_per_device"},
       {&FLAGS_precision, "precision"},
       {&FLAGS_lr, "optimizer.lr"},
@@ -207,6 +212,11 @@ int Main(int argc, char** argv, const std::string& default_config) {
       if (s.ok()) s = CheckCheckpointBeforeLaunch(*config);
       if (s.ok()) s = ProfileStepsFor(*config).status();
       if (s.ok()) s = CheckPlantedFault();
+      if (s.ok() && config->threads().borrow_idle_cores() && absl::GetFlag(FLAGS_bind_cores)) {
+        s = absl::InvalidArgumentError(
+            "threads.borrow_idle_cores lends a rank the cores of its idle peers, but the "
+            "launcher's --bind_cores pins every rank to its own: drop one of them");
+      }
       if (!s.ok()) config = absl::StatusOr<ExperimentConfig>(s);
     } else if (!s.ok()) {
       config = absl::StatusOr<ExperimentConfig>(s);

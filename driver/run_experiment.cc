@@ -47,6 +47,7 @@
 #include "topology/process_topology.h"
 #include "topology/rendezvous.h"
 #include "topology/wait_work.h"
+#include "topology/worker_resources.h"
 
 namespace pp {
 namespace {
@@ -75,6 +76,34 @@ absl::StatusOr<Cluster> JoinCluster(const driver::ParallelismConfig& par,
   PP_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Create(cluster.world, topology));
   cluster.grid = std::make_unique<ParallelGrid>(std::move(grid));
   return cluster;
+}
+
+// threads.borrow_idle_cores: this rank's machine. Ranks are numbered node by
+// node (the launcher, torchrun), so this node's are [rank - local_rank,
+// rank - local_rank + local_world_size).
+absl::StatusOr<IdleCoreOptions> IdleCoresOf(const World& world, const ParallelGrid& grid) {
+  if (const char* bound = std::getenv(kBoundCoresVariable); bound != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "threads.borrow_idle_cores lends a rank its idle peers' cores, but this worker is bound "
+        "to cores ",
+        bound, " (the launcher's --bind_cores): drop one of them"));
+  }
+  IdleCoreOptions o;
+  o.machine_cores = std::max<int>(1, static_cast<int>(AllowedCores().size()));
+  o.machine_ranks = world.local_world_size;
+  o.base_threads = CurrentWorkerThreads().blas;
+  if (o.base_threads < 1) {
+    return absl::FailedPreconditionError(
+        "threads.borrow_idle_cores: this process's BLAS threads cannot be read or set");
+  }
+  const int first = world.rank - world.local_rank;
+  const std::vector<int>& pipe = grid.pipe_group_ranks();
+  for (int s = 0; s < static_cast<int>(pipe.size()); ++s) {
+    if (s != grid.stage_id() && pipe[s] >= first && pipe[s] < first + world.local_world_size) {
+      o.pipe_peers_on_machine.push_back(s);
+    }
+  }
+  return o;
 }
 
 // The partition method every rank builds its stage with. `profile` times the
@@ -424,10 +453,24 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   // --device=cuda: weights on cuda:<LOCAL_RANK>; the Trainer moves the
   // micro-batches and keeps p2p and its collectives there (NCCL).
   to.executor.p2p.device = cluster.world.device;
+  if (config.threads().borrow_idle_cores()) {
+    PP_ASSIGN_OR_RETURN(to.idle_cores, IdleCoresOf(cluster.world, grid));
+    to.set_blas_threads = [](int threads) { return SetBlasThreads(threads); };
+  }
   PP_RETURN_IF_ERROR(
       TorchCall("moving the model to its device", [&] { model->to(to.executor.p2p.device); }));
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
+  if (const IdleCoreLender* lender = trainer->idle_core_lender(); lender != nullptr) {
+    std::vector<std::string> lent;
+    for (const auto& [action, threads] : lender->plan()) {
+      lent.push_back(absl::StrCat(ActionToString(action), ":", threads));
+    }
+    std::sort(lent.begin(), lent.end());
+    LOG(INFO) << "rank " << grid.global_rank() << ": idle cores lend BLAS threads to "
+              << lent.size() << " action(s) per step"
+              << (lent.empty() ? "" : absl::StrCat(" (", absl::StrJoin(lent, " "), ")"));
+  }
   // The actions' observers: the launcher's status page, --v=1's action lines.
   WorkerStatusObserver worker_status;
   ActionLog action_log;
@@ -504,6 +547,10 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   PP_RETURN_IF_ERROR(auto_schedule.Start(*trainer, trainer->step()));
   PP_ASSIGN_OR_RETURN(double train_seconds, TrainLoop(config, grid, *model, *trainer, checkpointer,
                                                       data, report, *obs, auto_schedule));
+  if (const IdleCoreLender* lender = trainer->idle_core_lender(); lender != nullptr) {
+    LOG(INFO) << "rank " << grid.global_rank() << ": idle cores lent BLAS threads to "
+              << lender->lent_actions() << " action(s) in this run";
+  }
   if (rank0) {
     const P2PStats p2p = trainer->p2p_stats();
     std::cout << "p2p (rank 0): " << p2p.tensor_messages << " messages sent ("

@@ -78,6 +78,7 @@ ABSL_DECLARE_FLAG(absl::Duration, restart_delay);
 ABSL_DECLARE_FLAG(absl::Duration, restart_join_timeout);
 ABSL_DECLARE_FLAG(int, intra_op_threads);
 ABSL_DECLARE_FLAG(int, blas_threads);
+ABSL_DECLARE_FLAG(bool, bind_cores);
 
 namespace pp {
 

@@ -78,6 +78,8 @@ config field 'precision' is given twice, by --set=precision=bf16 and by --precis
 config field 'steps' is given twice, by --set=steps=2 and by --steps=4|--steps=4 --set=steps=2
 gpt.num_heads (4) must be a multiple of parallelism.tp (3)|--tp=3
 parallelism.tp (0) must be at least 1|--tp=0
+threads.borrow_idle_cores lends a rank the cores of its idle peers, but the launcher's --bind_cores pins every rank to its own|--borrow_idle_cores=true --bind_cores
+threads.borrow_idle_cores lends CPU cores to BLAS threads; parallelism.device is 'cuda'|--borrow_idle_cores=true --device=cuda
 parallelism.pp (2) x parallelism.dp (1) x parallelism.tp (2) = 4 ranks, but 2 were started|--tp=2 --nproc_per_node=2
 parallelism.memory_cap_mib=12: pipeline rank 0 is predicted to peak at|--tp=2 --set=parallelism.memory_cap_mib=12
 parallelism.auto_costs ('F:1,I:1,W:1') is for parallelism.schedule 'auto'|--auto_costs=F:1,I:1,W:1

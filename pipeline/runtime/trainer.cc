@@ -318,6 +318,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   PP_RETURN_IF_ERROR(t->executor_->Validate(t->eval_program_));
   t->timer_ =
       std::make_unique<ActionTimer>(options.executor.p2p.device, options.executor.p2p.timeout);
+  if (options.idle_cores) {
+    if (!options.executor.p2p.device.is_cpu() || !options.set_blas_threads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TrainerOptions::idle_cores lends CPU cores to BLAS threads: it needs device cpu (not ",
+          options.executor.p2p.device.str(), ") and set_blas_threads"));
+    }
+    t->idle_cores_ =
+        std::make_unique<IdleCoreLender>(*options.idle_cores, options.set_blas_threads);
+    PP_RETURN_IF_ERROR(t->idle_cores_->Plan(t->train_program_, grid->stage_id()));
+  }
   if (t->master_) {
     t->executor_->set_after_backward([master = t->master_.get()] { master->AccumulateGrads(); });
   }
@@ -436,6 +446,7 @@ absl::Status Trainer::ReplaceTrainSchedule(const Schedule& schedule) {
   }
   if (!device().is_cpu()) PP_RETURN_IF_ERROR(CheckPairwiseP2POrder(program));
   PP_RETURN_IF_ERROR(executor_->Validate(program));
+  if (idle_cores_) PP_RETURN_IF_ERROR(idle_cores_->Plan(program, grid_->stage_id()));
   train_program_ = std::move(program);
   if (progress_) progress_->Reset(train_program_, grid_->stage_id());
   return absl::OkStatus();
@@ -608,8 +619,8 @@ absl::StatusOr<StepResult> Trainer::Step(const StepObservation& observe) {
   // The timer last: it times the action, not the other observers.
   // The distributed optimizer's progress first: its ActionEnd runs last,
   // outside the timed action.
-  ActionObservers observers(std::vector<ActionObserver*>{progress_.get(), action_observer_,
-                                                         timed ? timer_.get() : nullptr});
+  ActionObservers observers(std::vector<ActionObserver*>{
+      progress_.get(), action_observer_, idle_cores_.get(), timed ? timer_.get() : nullptr});
   executor_->set_observer(observers.empty() ? nullptr : &observers);
   absl::StatusOr<StepStats> stats =
       executor_->Run(train_program_, step_, [&](const Action& a) { return Tail(a, result); });

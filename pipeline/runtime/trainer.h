@@ -41,6 +41,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -59,6 +60,7 @@
 #include "pipeline/runtime/device_batches.h"
 #include "pipeline/runtime/distributed_optimizer.h"
 #include "pipeline/runtime/grad_sync.h"
+#include "pipeline/runtime/idle_core_threads.h"
 #include "pipeline/runtime/mixed_precision.h"
 #include "pipeline/runtime/optimizer.h"
 #include "pipeline/runtime/p2p.h"
@@ -152,6 +154,13 @@ struct TrainerOptions {
   // slice of the sequence.
   VocabularyLayers* vocabulary = nullptr;
   std::string vocabulary_labels_key = "labels";
+  // threads.borrow_idle_cores, CPU only (idle_core_threads.h): this rank's
+  // machine; each training step's actions that the schedule runs while
+  // pipeline peers on the machine wait get their cores as BLAS threads,
+  // set with `set_blas_threads` (topology's SetBlasThreads in a worker).
+  // Nullopt: every action keeps the worker's threads.
+  std::optional<IdleCoreOptions> idle_cores;
+  std::function<bool(int)> set_blas_threads;
 };
 
 struct StepResult {
@@ -273,6 +282,9 @@ class Trainer {
   // are untouched.
   absl::Status ReplaceTrainSchedule(const Schedule& schedule);
   const LoweredProgram& eval_program() const { return eval_program_; }
+  // TrainerOptions::idle_cores's lender (its plan, the actions it lent
+  // threads to); null without it.
+  const IdleCoreLender* idle_core_lender() const { return idle_cores_.get(); }
   // TrainerOptions::vocabulary (null without vocabulary parallelism).
   VocabularyLayers* vocabulary() const { return options_.vocabulary; }
   const TrainerOptions& options() const { return options_; }
@@ -319,6 +331,7 @@ class Trainer {
   // Virtual stage -> distributed optimizer group (-1: the vocabulary shards).
   std::map<int, int> dist_group_of_stage_;
   std::unique_ptr<BackwardProgress> progress_;  // with dist_
+  std::unique_ptr<IdleCoreLender> idle_cores_;  // with options_.idle_cores
   std::set<const void*> reduced_this_step_;     // params averaged over data this step
   // Armed under sequence parallelism (null otherwise); summed at the step's
   // first tail action.

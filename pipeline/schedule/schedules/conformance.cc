@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "pipeline/schedule/analysis/simulator.h"
 #include "pipeline/schedule/analysis/validator.h"
+#include "pipeline/schedule/ir/idle_peers.h"
 #include "pipeline/schedule/ir/lowering.h"
 #include "pipeline/schedule/schedules/registry.h"
 
@@ -101,6 +102,67 @@ absl::Status CheckSimulates(const LoweredProgram& program, const ScheduleOptions
   return absl::OkStatus();
 }
 
+// IdlePeersDuring's promise, under uneven costs (every virtual stage and
+// micro-batch its own multiplier, messages that take time) and both send
+// models: no compute of a peer it calls idle overlaps the action.
+absl::Status CheckIdlePeers(const Schedule& schedule, const LoweredProgram& program,
+                            const ScheduleOptions& o) {
+  const int p = o.num_stages;
+  std::vector<std::vector<std::vector<int>>> idle(p);
+  for (int r = 0; r < p; ++r) {
+    std::vector<int> peers;
+    for (int q = 0; q < p; ++q) {
+      if (q != r) peers.push_back(q);
+    }
+    absl::StatusOr<std::vector<std::vector<int>>> found = IdlePeersDuring(schedule, r, peers);
+    if (!found.ok()) return Fail(o, found.status().ToString());
+    idle[r] = *std::move(found);
+  }
+  SimulationCosts costs;
+  costs.comm = 0.3;
+  for (int s = 0; s < schedule.num_virtual_stages(); ++s) {
+    costs.stage_multiplier.push_back(0.5 + 0.37 * ((s * 7 + 3) % 5));
+  }
+  for (int mb = 0; mb < o.num_microbatches; ++mb) {
+    costs.microbatch_multiplier.push_back(0.6 + 0.29 * ((mb * 5 + 1) % 6));
+  }
+  for (bool blocking : {false, true}) {
+    costs.blocking_sends = blocking;
+    absl::StatusOr<SimulationResult> sim = SimulateProgram(program, costs);
+    if (!sim.ok()) return Fail(o, sim.status().ToString());
+    // Each rank's compute intervals, and each action's by its name.
+    std::vector<std::vector<std::pair<double, double>>> busy(p);
+    std::vector<std::map<std::string, std::pair<double, double>>> by_name(p);
+    for (const TraceEvent& e : sim->timeline) {
+      absl::StatusOr<Action> a = ParseAction(e.name);
+      if (!a.ok() || !(IsCompute(a->type) || IsVocabCompute(a->type))) continue;
+      busy[e.rank].emplace_back(e.start, e.end);
+      by_name[e.rank][e.name] = {e.start, e.end};
+    }
+    for (int r = 0; r < p; ++r) {
+      for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
+        double start = 1e300, end = -1e300;
+        for (const Action& leaf : Leaves(schedule.ranks[r][i])) {
+          const auto& [s, e] = by_name[r].at(ActionToString(leaf));
+          start = std::min(start, s);
+          end = std::max(end, e);
+        }
+        for (int q : idle[r][i]) {
+          for (const auto& [s, e] : busy[q]) {
+            if (s < end - 1e-9 && e > start + 1e-9) {
+              return Fail(o, absl::StrCat("rank ", q, " is called idle during ",
+                                          ActionToString(schedule.ranks[r][i]), " of rank ", r,
+                                          " [", start, ", ", end, ") but computes in [", s, ", ", e,
+                                          ")", blocking ? " (blocking sends)" : ""));
+            }
+          }
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckScheduleConformance(const std::string& name, const ScheduleOptions& o) {
@@ -123,7 +185,8 @@ absl::Status CheckScheduleConformance(const std::string& name, const ScheduleOpt
   PP_RETURN_IF_ERROR(CheckActionCounts(schedule, o));
   PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
   PP_RETURN_IF_ERROR(CheckLoweredProgram(schedule, program, o));
-  return CheckSimulates(program, o);
+  PP_RETURN_IF_ERROR(CheckSimulates(program, o));
+  return CheckIdlePeers(schedule, program, o);
 }
 
 namespace {
