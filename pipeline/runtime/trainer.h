@@ -152,6 +152,13 @@ struct TrainerOptions {
   // slice of the sequence.
   VocabularyLayers* vocabulary = nullptr;
   std::string vocabulary_labels_key = "labels";
+  // The output layer's algorithm of the passes Create (and
+  // ReplaceTrainSchedule) place into a training schedule without them
+  // (Schedule::vocab_barriers): 1 or 2 barriers; 0, not asked for: 2, and
+  // --schedule=auto weighs registered schedules of either form, where 1 or 2
+  // keeps it to that form (ChooseAutoSchedule). A schedule with its own
+  // passes keeps its form; evaluation has no backward and always takes 2.
+  int vocabulary_barriers = 0;
 };
 
 struct StepResult {
@@ -275,6 +282,8 @@ class Trainer {
   const LoweredProgram& eval_program() const { return eval_program_; }
   // TrainerOptions::vocabulary (null without vocabulary parallelism).
   VocabularyLayers* vocabulary() const { return options_.vocabulary; }
+  // TrainerOptions::vocabulary_barriers.
+  int vocabulary_barriers() const { return options_.vocabulary_barriers; }
   const TrainerOptions& options() const { return options_; }
   // Whether the executor runs DeferReceives(program): executor.defer_receives
   // on CPU, never on a device. What a simulation of this Trainer's steps
