@@ -366,7 +366,7 @@ absl::Status CheckSchedule(const driver::ParallelismConfig& par) {
     }
     if (!schedule->vocab_parallel) {
       absl::StatusOr<Schedule> with =
-          AddVocabularyPasses(*schedule, par.vocab_barriers() == 0 ? 2 : par.vocab_barriers());
+          AddVocabularyPasses(*schedule, PlacedVocabBarriers(par.vocab_barriers()));
       if (!with.ok()) {
         return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
                                     "' takes no vocabulary passes (parallelism.vocab_parallel): ",

@@ -77,7 +77,7 @@ std::vector<std::string> WhatWouldFit(const ExperimentConfig& config, const Sche
         continue;
       }
     } else if (par.vocab_parallel()) {
-      other = AddVocabularyPasses(*other, par.vocab_barriers() == 0 ? 2 : par.vocab_barriers());
+      other = AddVocabularyPasses(*other, PlacedVocabBarriers(par.vocab_barriers()));
       if (!other.ok()) continue;
     }
     const std::optional<double> peak = PlannedPeak(config, *other);
@@ -142,7 +142,7 @@ absl::StatusOr<Schedule> PlannedSchedule(const ExperimentConfig& config) {
                       MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0}));
   // The Trainer places the vocabulary passes into a schedule without them.
   if (par.vocab_parallel() && !schedule.vocab_parallel) {
-    return AddVocabularyPasses(schedule, par.vocab_barriers() == 0 ? 2 : par.vocab_barriers());
+    return AddVocabularyPasses(schedule, PlacedVocabBarriers(par.vocab_barriers()));
   }
   return schedule;
 }

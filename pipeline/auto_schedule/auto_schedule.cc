@@ -194,7 +194,7 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(
   auto as_run = [&](const Schedule& s) -> absl::StatusOr<SimulationResult> {
     if (!vocabulary_passes || s.vocab_parallel) return SimulateAsExecuted(s, costs, defer_receives);
     PP_ASSIGN_OR_RETURN(Schedule with_passes,
-                        AddVocabularyPasses(s, vocabulary_barriers == 0 ? 2 : vocabulary_barriers));
+                        AddVocabularyPasses(s, PlacedVocabBarriers(vocabulary_barriers)));
     return SimulateAsExecuted(with_passes, costs, defer_receives);
   };
   double synthesis_makespan = syn.makespan;

@@ -176,7 +176,7 @@ TEST(AutoScheduleTest, VocabularyPassesTakeTheFormAskedFor) {
                            /*vocabulary_passes=*/true, barriers);
     ASSERT_TRUE(choice.ok()) << choice.status();
     const std::string& table = choice->comparison;
-    absl::StatusOr<Schedule> placed = AddVocabularyPasses(*base, barriers == 0 ? 2 : barriers);
+    absl::StatusOr<Schedule> placed = AddVocabularyPasses(*base, PlacedVocabBarriers(barriers));
     ASSERT_TRUE(placed.ok()) << placed.status();
     absl::StatusOr<SimulationResult> sim = SimulateAsExecuted(*placed, costs, true);
     ASSERT_TRUE(sim.ok()) << sim.status();

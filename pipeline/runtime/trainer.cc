@@ -26,7 +26,7 @@ constexpr int kVocabularyStage = -1;
 // has them but the run has no vocabulary layers.
 absl::StatusOr<Schedule> WithVocabulary(Schedule schedule, bool vocab, int barriers) {
   if (vocab && !schedule.vocab_parallel) {
-    return AddVocabularyPasses(schedule, barriers == 0 ? 2 : barriers);
+    return AddVocabularyPasses(schedule, PlacedVocabBarriers(barriers));
   }
   if (!vocab && schedule.vocab_parallel) {
     return absl::InvalidArgumentError(
