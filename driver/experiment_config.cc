@@ -252,6 +252,16 @@ absl::Status CheckTensorParallel(const ExperimentConfig& config, const ModelInfo
 // cannot do yet (each refused by name).
 absl::Status CheckVocabParallel(const ExperimentConfig& config, const ModelInfo& model) {
   const auto& par = config.parallelism();
+  if (par.vocab_barriers() < 0 || par.vocab_barriers() > 2) {
+    return Invalid(absl::StrCat("parallelism.vocab_barriers (", par.vocab_barriers(),
+                                ") must be 1 (the one-barrier output algorithm) or 2 (two "
+                                "barriers), or 0 (the default: pipe's choice)"));
+  }
+  if (par.vocab_barriers() != 0 && !par.vocab_parallel()) {
+    return Invalid(absl::StrCat("parallelism.vocab_barriers (", par.vocab_barriers(),
+                                ") is set without parallelism.vocab_parallel; set "
+                                "vocab_parallel=true, or drop vocab_barriers"));
+  }
   if (!par.vocab_parallel()) return absl::OkStatus();
   if (!model.vocabulary_split) {
     return Invalid(absl::StrCat(
@@ -345,8 +355,19 @@ absl::Status CheckSchedule(const driver::ParallelismConfig& par) {
   RuntimeCapabilities capabilities = StageExecutorCapabilities();
   if (par.vocab_parallel()) {
     capabilities.vocab_parallel = true;
+    if (schedule->vocab_parallel && par.vocab_barriers() != 0 &&
+        schedule->vocab_barriers != par.vocab_barriers()) {
+      return Invalid(absl::StrCat(
+          "parallelism.schedule '", par.schedule(), "' has its own vocabulary passes with ",
+          schedule->vocab_barriers, " barrier", schedule->vocab_barriers == 1 ? "" : "s",
+          ", but parallelism.vocab_barriers is ", par.vocab_barriers(),
+          "; drop vocab_barriers, or choose a schedule of that form (the \"_vocab1\" "
+          "schedules have 1 barrier, \"_vocab\" 2, and any schedule without passes takes "
+          "either)"));
+    }
     if (!schedule->vocab_parallel) {
-      absl::StatusOr<Schedule> with = AddVocabularyPasses(*schedule);
+      absl::StatusOr<Schedule> with =
+          AddVocabularyPasses(*schedule, PlacedVocabBarriers(par.vocab_barriers()));
       if (!with.ok()) {
         return Invalid(absl::StrCat("parallelism.schedule '", par.schedule(),
                                     "' takes no vocabulary passes (parallelism.vocab_parallel): ",

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -263,6 +264,52 @@ TEST(ExperimentConfigTest, VocabParallel) {
   const std::string e = Error(blocks, 2);
   EXPECT_HAS(e, "model 'test_blocks' does not support vocabulary parallelism");
   EXPECT_HAS(e, "a model that does: gpt");
+}
+
+// parallelism.vocab_barriers: 1 places the one-barrier passes into any
+// schedule without its own (zb_h1, interleaved 1F1B, auto's measurement
+// schedule); -1, 3, set without vocab_parallel, or contradicting a
+// registered schedule's own form are refused naming the value and what is
+// valid. 0 (the default, which the config's defaults fill in) is pipe's
+// choice: a registered schedule keeps its own form.
+TEST(ExperimentConfigTest, VocabBarriers) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_vocab_parallel(true);
+  c.mutable_parallelism()->set_vocab_barriers(1);
+  for (const auto& [schedule, chunks] :
+       {std::pair{"1f1b", 1}, std::pair{"zb_h1", 1}, std::pair{"interleaved_1f1b", 2},
+        std::pair{"auto", 1}, std::pair{"1f1b_vocab1", 1}, std::pair{"zbv_vocab1", 2}}) {
+    ExperimentConfig v = c;
+    v.mutable_parallelism()->set_schedule(schedule);
+    v.mutable_parallelism()->set_chunks(chunks);
+    EXPECT_TRUE(ValidateExperimentConfig(v, 2).ok())
+        << schedule << ": " << ValidateExperimentConfig(v, 2);
+  }
+  for (int bad : {-1, 3}) {
+    ExperimentConfig v = c;
+    v.mutable_parallelism()->set_vocab_barriers(bad);
+    EXPECT_HAS(Error(v, 2), absl::StrCat("parallelism.vocab_barriers (", bad,
+                                         ") must be 1 (the one-barrier output algorithm) or 2"));
+  }
+  ExperimentConfig dense = c;
+  dense.mutable_parallelism()->set_vocab_parallel(false);
+  EXPECT_HAS(Error(dense, 2),
+             "parallelism.vocab_barriers (1) is set without parallelism.vocab_parallel");
+  ExperimentConfig two = c;
+  two.mutable_parallelism()->set_schedule("1f1b_vocab");
+  EXPECT_HAS(Error(two, 2),
+             "parallelism.schedule '1f1b_vocab' has its own vocabulary passes with 2 barriers, "
+             "but parallelism.vocab_barriers is 1");
+  ExperimentConfig one = c;
+  one.mutable_parallelism()->set_schedule("zbv_vocab1");
+  one.mutable_parallelism()->set_chunks(2);
+  one.mutable_parallelism()->set_vocab_barriers(2);
+  EXPECT_HAS(Error(one, 2),
+             "parallelism.schedule 'zbv_vocab1' has its own vocabulary passes with 1 barrier, "
+             "but parallelism.vocab_barriers is 2");
+  // 0, a registered schedule keeps its own form.
+  one.mutable_parallelism()->set_vocab_barriers(0);
+  EXPECT_TRUE(ValidateExperimentConfig(one, 2).ok()) << ValidateExperimentConfig(one, 2);
 }
 
 TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {

@@ -43,6 +43,9 @@ ABSL_FLAG(std::string, distributed_optimizer, "",
 ABSL_FLAG(std::string, vocab_parallel, "",
           "override parallelism.vocab_parallel (true: the token embedding and the LM head split "
           "by vocabulary over every pipeline rank, their passes in the schedule)");
+ABSL_FLAG(std::string, vocab_barriers, "",
+          "override parallelism.vocab_barriers (1 or 2: the output algorithm of the vocabulary "
+          "passes pipe places into a schedule; 0: pipe's choice)");
 ABSL_FLAG(std::string, schedule, "", "override parallelism.schedule");
 ABSL_FLAG(std::string, auto_costs, "",
           "override parallelism.auto_costs (--schedule=auto synthesises for these costs instead "
@@ -103,6 +106,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_sequence_parallel, "parallelism.sequence_parallel"},
       {&FLAGS_distributed_optimizer, "parallelism.distributed_optimizer"},
       {&FLAGS_vocab_parallel, "parallelism.vocab_parallel"},
+      {&FLAGS_vocab_barriers, "parallelism.vocab_barriers"},
       {&FLAGS_schedule, "parallelism.schedule"},
       {&FLAGS_auto_costs, "parallelism.auto_costs"},
       {&FLAGS_chunks, "parallelism.chunks"},

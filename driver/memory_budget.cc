@@ -67,10 +67,17 @@ std::vector<std::string> WhatWouldFit(const ExperimentConfig& config, const Sche
     if (name == schedule.name || name == "inference" || absl::StartsWith(name, "synth")) continue;
     absl::StatusOr<Schedule> other =
         MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0});
-    // A schedule with vocabulary passes is its base's with the passes added.
-    if (!other.ok() || other->forward_only || other->vocab_parallel) continue;
-    if (par.vocab_parallel()) {
-      other = AddVocabularyPasses(*other);
+    if (!other.ok() || other->forward_only) continue;
+    // Under vocabulary parallelism: a schedule with its own passes as it is
+    // (when config validation would take it: of the form asked for), any
+    // other with the passes the Trainer places; without it, none with passes.
+    if (other->vocab_parallel) {
+      if (!par.vocab_parallel() ||
+          (par.vocab_barriers() != 0 && other->vocab_barriers != par.vocab_barriers())) {
+        continue;
+      }
+    } else if (par.vocab_parallel()) {
+      other = AddVocabularyPasses(*other, PlacedVocabBarriers(par.vocab_barriers()));
       if (!other.ok()) continue;
     }
     const std::optional<double> peak = PlannedPeak(config, *other);
@@ -134,7 +141,9 @@ absl::StatusOr<Schedule> PlannedSchedule(const ExperimentConfig& config) {
   PP_ASSIGN_OR_RETURN(Schedule schedule,
                       MakeSchedule(name, {par.pp(), par.num_microbatches(), par.chunks(), 0}));
   // The Trainer places the vocabulary passes into a schedule without them.
-  if (par.vocab_parallel() && !schedule.vocab_parallel) return AddVocabularyPasses(schedule);
+  if (par.vocab_parallel() && !schedule.vocab_parallel) {
+    return AddVocabularyPasses(schedule, PlacedVocabBarriers(par.vocab_barriers()));
+  }
   return schedule;
 }
 

@@ -1,5 +1,6 @@
 #include "driver/memory_budget.h"
 
+#include <algorithm>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -203,6 +204,60 @@ TEST(MemoryBudgetTest, RefusalNamesRankBytesTermsAndWhatFits) {
   // The same cap holds 1F1B.
   c.mutable_parallelism()->set_schedule("1f1b");
   EXPECT_TRUE(CheckMemoryCap(c).ok()) << CheckMemoryCap(c);
+}
+
+// The largest rank's planned peak of `c` under the schedule the run trains
+// (PlannedSchedule: with the vocabulary passes the Trainer places).
+double PlannedRunPeak(const ExperimentConfig& c) {
+  absl::StatusOr<Schedule> schedule = PlannedSchedule(c);
+  EXPECT_TRUE(schedule.ok()) << schedule.status();
+  if (!schedule.ok()) return 0;
+  absl::StatusOr<std::optional<MemoryPlan>> plan = PlanRunMemory(c, *schedule);
+  EXPECT_TRUE(plan.ok() && plan->has_value()) << plan.status();
+  double peak = 0;
+  if (plan.ok() && plan->has_value()) {
+    for (const RankMemoryPlan& r : (*plan)->ranks) peak = std::max(peak, r.peak_bytes);
+  }
+  return peak;
+}
+
+// Under vocabulary parallelism the registered schedules with their own
+// passes are offered too (1f1b_vocab, 1f1b_vocab1), only those of the form
+// parallelism.vocab_barriers asks for when it is 1 or 2; without vocabulary
+// parallelism none is.
+TEST(MemoryBudgetTest, VocabularySchedulesAreOfferedToAVocabularyRun) {
+  ExperimentConfig c = SmallGpt("gpipe");
+  c.mutable_parallelism()->set_vocab_parallel(true);
+  double fitting = 0;
+  for (const char* name : {"1f1b_vocab", "1f1b_vocab1"}) {
+    ExperimentConfig other = c;
+    other.mutable_parallelism()->set_schedule(name);
+    fitting = std::max(fitting, PlannedRunPeak(other));
+  }
+  const double gpipe = PlannedRunPeak(c);
+  ASSERT_LT(fitting, gpipe);
+  c.mutable_parallelism()->set_memory_cap_mib((fitting + gpipe) / 2 / kMiB);
+  absl::Status s = CheckMemoryCap(c);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_HAS(s.message(), "schedule '1f1b_vocab'");
+  EXPECT_HAS(s.message(), "schedule '1f1b_vocab1'");
+  EXPECT_HAS(s.message(), "schedule '1f1b'");  // the passes placed
+  for (int barriers : {1, 2}) {
+    c.mutable_parallelism()->set_vocab_barriers(barriers);
+    s = CheckMemoryCap(c);
+    ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    const std::string message(s.message());
+    EXPECT_EQ(message.find("schedule '1f1b_vocab'") != std::string::npos, barriers == 2) << message;
+    EXPECT_EQ(message.find("schedule '1f1b_vocab1'") != std::string::npos, barriers == 1)
+        << message;
+  }
+  // A run without vocabulary parallelism is offered none of them.
+  ExperimentConfig dense = SmallGpt("gpipe");
+  dense.mutable_parallelism()->set_memory_cap_mib(
+      (Plan(SmallGpt("1f1b")).ranks[0].peak_bytes + Plan(dense).ranks[0].peak_bytes) / 2 / kMiB);
+  s = CheckMemoryCap(dense);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(std::string(s.message()).find("_vocab"), std::string::npos) << s.message();
 }
 
 // dp = 2: a cap between the peaks with and without the distributed

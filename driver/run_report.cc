@@ -61,9 +61,16 @@ void RunReport::Header(const std::string& data_description, int64_t tokens_per_s
                        const PipelineModel& model) const {
   if (!active()) return;
   const auto& par = config_->parallelism();
-  const std::string tp = absl::StrCat(par.tp() > 1 ? absl::StrCat(" x tp=", par.tp()) : "",
-                                      par.distributed_optimizer() ? " (distributed optimizer)" : "",
-                                      par.vocab_parallel() ? " (vocabulary parallel)" : "");
+  // The passes' form where the run asks for one (parallelism.vocab_barriers).
+  const std::string vocab =
+      !par.vocab_parallel() ? ""
+      : par.vocab_barriers() != 0
+          ? absl::StrCat(" (vocabulary parallel, ", par.vocab_barriers(),
+                         par.vocab_barriers() == 1 ? " barrier)" : " barriers)")
+          : " (vocabulary parallel)";
+  const std::string tp =
+      absl::StrCat(par.tp() > 1 ? absl::StrCat(" x tp=", par.tp()) : "",
+                   par.distributed_optimizer() ? " (distributed optimizer)" : "", vocab);
   std::cout << absl::StrFormat(
                    "%s: %s, pp=%d x dp=%d%s, schedule %s, chunks %d, %d micro-batches of %d; "
                    "%s; %d tokens/step\n",

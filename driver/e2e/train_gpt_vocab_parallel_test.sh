@@ -7,7 +7,10 @@
 #     vocab_equivalence_test proves the maths case by case);
 #   - the same under 1f1b_vocab1 (the one-barrier output algorithm, OUT_T
 #     after the last stage's backward);
-#   - the same over the partition `profile` finds for the body;
+#   - the same over the partition `profile` finds for the body; and the
+#     one-barrier passes placed into ZB-H1 (--vocab_barriers=1: a schedule
+#     without its own, split backward) over that partition (one run covers
+#     both: the profile partitioner with one barrier, and the flag);
 #   - pp 2 x dp 2 under zbv_vocab (V placement, split backward) against
 #     1F1B at dp 2 without it, and the same with the distributed optimizer
 #     and with schedule auto (measured, synthesised, switched, passes added
@@ -26,7 +29,7 @@
 #     vocab_parallel; the tp 1 run's resumed at tp 2 within 1e-5; schedule
 #     auto over the profile partition at tp 2 within 1e-5 of the tp 1 run;
 #   - refused before launch, by name: a vocabulary schedule without
-#     vocab_parallel, and for a model without a
+#     vocab_parallel, a bad --vocab_barriers, and for a model without a
 #     vocabulary split (BERT is not linked here: the message names the models
 #     that support it).
 set -uo pipefail
@@ -75,6 +78,15 @@ grep -qs "partition 'profile' measured by rank 0" "$LOG" "$TMP"/runs/profile-*/l
   fail "rank 0 did not profile the partition: $(ls "$TMP"/runs/profile-*/logs 2>&1 | tr '\n' ' ')"
 close_losses "$(losses dense)" "$(losses profile)" "vocabulary parallel over the profile partition vs dense" ||
   fail "the profile-partitioned vocabulary run's losses differ"
+run profile_vocab1 --microbatches=4 --vocab_parallel=true --vocab_barriers=1 --schedule=zb_h1 \
+  --partition=profile
+grep -q 'pp=2 x dp=1 (vocabulary parallel, 1 barrier)' "$LOG" ||
+  fail "the header does not name the one-barrier form"
+grep -qs "partition 'profile' measured by rank 0" "$LOG" "$TMP"/runs/profile_vocab1-*/logs/* ||
+  fail "rank 0 did not profile the partition under ZB-H1 with one barrier"
+close_losses "$(losses dense)" "$(losses profile_vocab1)" \
+  "one-barrier passes placed into ZB-H1 over the profile partition vs dense" ||
+  fail "the one-barrier passes placed into ZB-H1 change the losses"
 
 run dense_dp2 --dp=2 --microbatches=4
 run zbv_vocab --dp=2 --microbatches=4 --vocab_parallel=true --schedule=zbv_vocab --chunks=2
@@ -165,4 +177,6 @@ echo "ok: sampling with vocabulary parallelism gives the dense run's text: '$VOC
 
 refused vocab_schedule "has vocabulary passes; set parallelism.vocab_parallel=true" \
   --microbatches=4 --schedule=1f1b_vocab
+refused vocab_barriers "parallelism.vocab_barriers (3) must be 1" \
+  --microbatches=4 --vocab_parallel=true --vocab_barriers=3
 echo PASS

@@ -29,7 +29,12 @@
 // block checkpointed and under zbv_vocab1 at pp 2 x tp 2 with sequence
 // parallelism (each model meets each schedule; tp, sp and checkpointing once
 // each). Its planted bug (the partial gradient not rescaled by
-// exp(m_r - M) / S) fails it.
+// exp(m_r - M) / S) fails it. Where pipe places the one-barrier passes into
+// a schedule without its own (TrainerOptions::vocabulary_barriers 1,
+// parallelism.vocab_barriers), one case covers that with the distributed
+// optimizer: GPT under ZB-H1 (split backward) at pp 2 x dp 2; and bf16 under
+// 1f1b_vocab1 at pp 2 x dp 2 (VocabBf16Test's bound, the planted bug outside
+// it).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,7 +43,9 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "models/config_testing.h"
 #include "models/data/lm_data.h"
@@ -195,6 +202,15 @@ std::vector<Case> Cases() {
     c.sequence_parallel = true;
     cases.push_back({c, "llama_untied_zbv_vocab1_pp2_tp2_sp"});
   }
+  {
+    // The one-barrier passes placed into ZB-H1 by the Trainer, with the
+    // distributed optimizer.
+    RunConfig c = GptCase("zb_h1", 2, 2);
+    c.vocabulary_barriers = 1;
+    c.distributed_optimizer = true;
+    c.bucket_numel = 500;
+    cases.push_back({c, "gpt_zb_h1_plus_passes1_pp2_dp2_zero1"});
+  }
   // Sequence parallelism: the body's hidden states split along the sequence.
   for (const auto& [model, schedule] :
        {std::pair{&kGpt, "1f1b_vocab"}, std::pair{&kUntiedLlama, "zbv_vocab"}}) {
@@ -275,11 +291,24 @@ Deviation DeviationOf(const RunResult& want, const RunResult& got) {
 // vocabulary parallelism (its head vocabulary-parallel over the tensor group
 // only), and the bound is the same: what the vocabulary split adds must stay
 // within bf16's own round-off.
-class VocabBf16Test : public ::testing::TestWithParam<int> {};
+//
+// The one-barrier algorithm (1f1b_vocab1, pp 2 x dp 2) is held to the same
+// bound, and its own planted bug (the partial gradient not rescaled) must
+// fall outside it as well.
+struct Bf16Case {
+  int tp;
+  std::string schedule;
+  std::string name;
+};
+
+void PrintTo(const Bf16Case& c, std::ostream* os) { *os << c.name; }
+
+class VocabBf16Test : public ::testing::TestWithParam<Bf16Case> {};
 
 TEST_P(VocabBf16Test, AsCloseToFp32AsTheDenseBf16Model) {
-  const int tp = GetParam();
-  RunConfig c = tp == 1 ? GptCase("1f1b_vocab", 2, 2) : TensorParallelCase(kGpt, "1f1b_vocab", 1);
+  const int tp = GetParam().tp;
+  const std::string& schedule = GetParam().schedule;
+  RunConfig c = tp == 1 ? GptCase(schedule, 2, 2) : TensorParallelCase(kGpt, schedule, 1);
   absl::StatusOr<RunResult> fp32 = TrainSequential(c);
   ASSERT_TRUE(fp32.ok()) << fp32.status();
   c.precision = Precision::kBf16;
@@ -308,21 +337,30 @@ TEST_P(VocabBf16Test, AsCloseToFp32AsTheDenseBf16Model) {
   EXPECT_LE(pipeline_off.param, 2 * dense_off.param)
       << "dense bf16 is " << dense_off.param << " off fp32's weights";
   EXPECT_LT(pipeline->losses.back(), pipeline->losses.front());
-  // The bound has teeth: a shard off by one row is far outside it.
+  // The bound has teeth: a shard off by one row is far outside it, and so
+  // is the one-barrier algorithm's own bug.
   namespace tp_internal = tensor_parallel::internal;
-  const tp_internal::PlantedFault previous =
-      tp_internal::PlantFault(tp_internal::PlantedFault::kShiftedVocabRows);
-  absl::StatusOr<RunResult> broken = TrainPipeline(c);
-  tp_internal::PlantFault(previous);
-  ASSERT_TRUE(broken.ok()) << broken.status();
-  const Deviation broken_off = DeviationOf(*fp32, *broken);
-  EXPECT_GT(broken_off.step, 2 * dense_off.step);
-  EXPECT_GT(broken_off.param, 2 * dense_off.param);
+  std::vector<tp_internal::PlantedFault> faults = {tp_internal::PlantedFault::kShiftedVocabRows};
+  if (absl::EndsWith(schedule, "_vocab1")) {
+    faults.push_back(tp_internal::PlantedFault::kVocabPartialNotRescaled);
+  }
+  for (tp_internal::PlantedFault fault : faults) {
+    const tp_internal::PlantedFault previous = tp_internal::PlantFault(fault);
+    absl::StatusOr<RunResult> broken = TrainPipeline(c);
+    tp_internal::PlantFault(previous);
+    ASSERT_TRUE(broken.ok()) << broken.status();
+    const Deviation broken_off = DeviationOf(*fp32, *broken);
+    EXPECT_GT(broken_off.step, 2 * dense_off.step) << static_cast<int>(fault);
+    EXPECT_GT(broken_off.param, 2 * dense_off.param) << static_cast<int>(fault);
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(PipeOrPipeTimesTensor, VocabBf16Test, ::testing::Values(1, 2),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return info.param == 1 ? std::string("pp2_dp2") : std::string("pp2_tp2");
+INSTANTIATE_TEST_SUITE_P(PipeOrPipeTimesTensor, VocabBf16Test,
+                         ::testing::Values(Bf16Case{1, "1f1b_vocab", "pp2_dp2"},
+                                           Bf16Case{2, "1f1b_vocab", "pp2_tp2"},
+                                           Bf16Case{1, "1f1b_vocab1", "pp2_dp2_vocab1"}),
+                         [](const ::testing::TestParamInfo<Bf16Case>& info) {
+                           return info.param.name;
                          });
 
 // Trains `c` with `fault` planted and expects it caught: the run differs from

@@ -172,12 +172,10 @@ absl::StatusOr<SimulationCosts> CostsFromSums(const std::vector<double>& sums, i
   return costs;
 }
 
-absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& costs, int num_stages,
-                                                      int num_microbatches, int num_chunks,
-                                                      std::optional<double> memory_cap,
-                                                      bool defer_receives,
-                                                      const ScheduleFits& fits_bytes,
-                                                      bool vocabulary_passes) {
+absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(
+    const SimulationCosts& costs, int num_stages, int num_microbatches, int num_chunks,
+    std::optional<double> memory_cap, bool defer_receives, const ScheduleFits& fits_bytes,
+    bool vocabulary_passes, int vocabulary_barriers) {
   SynthesisOptions o;
   o.defer_receives = defer_receives;
   o.memory_cap = memory_cap;
@@ -195,7 +193,8 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
   // measured costs. The synthesiser orders the stages' actions only.
   auto as_run = [&](const Schedule& s) -> absl::StatusOr<SimulationResult> {
     if (!vocabulary_passes || s.vocab_parallel) return SimulateAsExecuted(s, costs, defer_receives);
-    PP_ASSIGN_OR_RETURN(Schedule with_passes, AddVocabularyPasses(s));
+    PP_ASSIGN_OR_RETURN(Schedule with_passes,
+                        AddVocabularyPasses(s, PlacedVocabBarriers(vocabulary_barriers)));
     return SimulateAsExecuted(with_passes, costs, defer_receives);
   };
   double synthesis_makespan = syn.makespan;
@@ -229,10 +228,12 @@ absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& cos
         MakeSchedule(name, {num_stages, num_microbatches, num_chunks, 0});
     // Without vocabulary parallelism a schedule with passes cannot run; with
     // it, a registered one with passes (1f1b_vocab1, ...: the one-barrier
-    // algorithm too) is a candidate as it is, the others with the passes the
-    // Trainer adds to the choice (two barriers).
+    // algorithm too) is a candidate as it is, unless the run asked for the
+    // other form, the others with the passes the Trainer adds to the choice.
     if (!schedule.ok() || schedule->forward_only ||
         (schedule->vocab_parallel && !vocabulary_passes) ||
+        (schedule->vocab_parallel && vocabulary_barriers != 0 &&
+         schedule->vocab_barriers != vocabulary_barriers) ||
         schedule->stage_to_rank != syn.schedule.stage_to_rank) {
       continue;
     }
@@ -424,7 +425,8 @@ absl::Status AutoScheduleRun::ChooseAndSwitch(const SimulationCosts& costs,
   PP_ASSIGN_OR_RETURN(
       AutoScheduleChoice choice,
       ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_, memory_cap_,
-                         trainer.defers_receives(), fits_bytes_, trainer.vocabulary() != nullptr));
+                         trainer.defers_receives(), fits_bytes_, trainer.vocabulary() != nullptr,
+                         trainer.vocabulary_barriers()));
   if (rank0) {
     std::string per_stage;
     for (const auto& [s, c] : costs.stage_costs) {

@@ -97,14 +97,15 @@ struct AutoScheduleChoice {
 // `vocabulary_passes` (parallelism.vocab_parallel): every candidate is
 // simulated with the vocabulary passes the Trainer adds to it
 // (AddVocabularyPasses) and `costs.vocab`; the chosen schedule is returned
-// without them.
+// without them. `vocabulary_barriers` (TrainerOptions::vocabulary_barriers):
+// the form of those passes, 1 or 2 barriers, and then only registered
+// schedules with passes of that form compete; 0 places two and lets
+// registered schedules of either form compete.
 using ScheduleFits = std::function<bool(const Schedule&)>;
-absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(const SimulationCosts& costs, int num_stages,
-                                                      int num_microbatches, int num_chunks,
-                                                      std::optional<double> memory_cap,
-                                                      bool defer_receives,
-                                                      const ScheduleFits& fits_bytes = {},
-                                                      bool vocabulary_passes = false);
+absl::StatusOr<AutoScheduleChoice> ChooseAutoSchedule(
+    const SimulationCosts& costs, int num_stages, int num_microbatches, int num_chunks,
+    std::optional<double> memory_cap, bool defer_receives, const ScheduleFits& fits_bytes = {},
+    bool vocabulary_passes = false, int vocabulary_barriers = 0);
 
 // The run loop's side of "auto" (inactive for any other schedule).
 class AutoScheduleRun {

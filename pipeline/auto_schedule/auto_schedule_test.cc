@@ -10,6 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "pipeline/schedule/analysis/validator.h"
+#include "pipeline/schedule/ir/vocab_passes.h"
 #include "pipeline/schedule/schedules/registry.h"
 
 namespace pp {
@@ -120,6 +121,17 @@ SimulationCosts FiwCosts(double f, double i, double w) {
   return costs;
 }
 
+// The step time (ms) of schedule `name` in a ChooseAutoSchedule comparison
+// table; -1 when it is not listed.
+double StepOf(const std::string& table, const std::string& name) {
+  for (absl::string_view line : absl::StrSplit(table, '\n')) {
+    std::vector<absl::string_view> cells = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    double ms = 0;
+    if (cells.size() > 1 && cells[0] == name && absl::SimpleAtod(cells[1], &ms)) return ms;
+  }
+  return -1.0;
+}
+
 // With vocabulary passes every candidate is simulated as it will run: the
 // passes' time is in every schedule's step (at least m OUT_S + OUT_T per
 // rank), and the chosen schedule comes back without them (the Trainer adds
@@ -138,21 +150,49 @@ TEST(AutoScheduleTest, VocabularyPassesAreInEveryCandidatesStep) {
       ChooseAutoSchedule(costs, p, m, 1, {}, /*defer_receives=*/true, {},
                          /*vocabulary_passes=*/true);
   ASSERT_TRUE(without.ok() && with.ok());
-  auto step_of = [](const std::string& table, const std::string& name) {
-    for (absl::string_view line : absl::StrSplit(table, '\n')) {
-      std::vector<absl::string_view> cells = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      double ms = 0;
-      if (cells.size() > 1 && cells[0] == name && absl::SimpleAtod(cells[1], &ms)) return ms;
-    }
-    return -1.0;
-  };
   for (const std::string name : {"auto", "1f1b", "zb_h1"}) {
-    const double a = step_of(without->comparison, name), b = step_of(with->comparison, name);
+    const double a = StepOf(without->comparison, name), b = StepOf(with->comparison, name);
     ASSERT_GT(a, 0) << name << "\n" << without->comparison;
     EXPECT_GE(b, a + m * (0.5 + 0.7) - 1e-9) << name << "\n" << with->comparison;
   }
   EXPECT_FALSE(with->chosen.vocab_parallel);
   EXPECT_TRUE(ValidateSchedule(with->chosen).ok());
+}
+
+// The form asked for (TrainerOptions::vocabulary_barriers): a schedule
+// without passes is simulated with the passes of that form, and only
+// registered schedules with passes of that form compete; not asked for (0),
+// two barriers are placed and both forms compete.
+TEST(AutoScheduleTest, VocabularyPassesTakeTheFormAskedFor) {
+  SimulationCosts costs = FiwCosts(1, 1, 1);
+  costs.vocab = {0.5, 1, 0.1, 0.1, 0.05};
+  const int p = 4, m = 8;
+  const absl::StatusOr<Schedule> base = MakeSchedule("1f1b", {p, m, 1, 0});
+  ASSERT_TRUE(base.ok()) << base.status();
+  for (int barriers : {0, 1, 2}) {
+    SCOPED_TRACE(barriers);
+    absl::StatusOr<AutoScheduleChoice> choice =
+        ChooseAutoSchedule(costs, p, m, 1, {}, /*defer_receives=*/true, {},
+                           /*vocabulary_passes=*/true, barriers);
+    ASSERT_TRUE(choice.ok()) << choice.status();
+    const std::string& table = choice->comparison;
+    absl::StatusOr<Schedule> placed = AddVocabularyPasses(*base, PlacedVocabBarriers(barriers));
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    absl::StatusOr<SimulationResult> sim = SimulateAsExecuted(*placed, costs, true);
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    EXPECT_NEAR(StepOf(table, "1f1b"), sim->makespan, 0.006) << table;
+    EXPECT_EQ(StepOf(table, "1f1b_vocab") > 0, barriers != 1) << table;
+    EXPECT_EQ(StepOf(table, "1f1b_vocab1") > 0, barriers != 2) << table;
+    EXPECT_FALSE(choice->chosen.vocab_parallel && barriers != 0 &&
+                 choice->chosen.vocab_barriers != barriers)
+        << choice->chosen_name;
+  }
+  // The two forms simulate differently here, so the placed form matters.
+  absl::StatusOr<Schedule> one = AddVocabularyPasses(*base, 1);
+  absl::StatusOr<Schedule> two = AddVocabularyPasses(*base, 2);
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_NE(SimulateAsExecuted(*one, costs, true)->makespan,
+            SimulateAsExecuted(*two, costs, true)->makespan);
 }
 
 // A heavier last stage (a large LM head): the chosen schedule validates, is

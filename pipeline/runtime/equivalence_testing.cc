@@ -356,6 +356,7 @@ TrainerOptions TrainerOptionsOf(const RunConfig& config, const torch::Device& de
   to.bucket_numel = config.bucket_numel;
   to.distributed_optimizer_fault = config.distributed_optimizer_fault;
   to.executor.loss_normalization_fault = config.loss_normalization_fault;
+  to.vocabulary_barriers = config.vocabulary_barriers;
   return to;
 }
 

@@ -151,6 +151,9 @@ struct RunConfig {
   // the dense names, the tables merged from every vocabulary rank (their
   // padding rows must still be zero).
   std::function<VocabularySplit()> vocabulary;
+  // TrainerOptions::vocabulary_barriers: the form of the passes the Trainer
+  // places into `schedule` when it has none (0: two barriers).
+  int vocabulary_barriers = 0;
   // Where the pipeline's ranks compute: kCuda puts rank r on cuda:r (pp * dp
   // GPUs, NCCL); the sequential reference always runs on the CPU.
   DeviceKind device = DeviceKind::kCpu;

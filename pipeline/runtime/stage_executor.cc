@@ -618,18 +618,6 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
   };
   // The output layer's algorithm (Schedule::vocab_barriers).
   const bool one_barrier = program.vocab_barriers == 1;
-  // d step loss / d token loss, scaled as ScaledLoss scales the dense loss
-  // (1/m, or dp / global_loss_tokens with per-token loss).
-  auto grad_scale = [&] {
-    torch::Tensor scale =
-        ScaledLoss(VocabTokenWeights(*data, vocab_labels_key_, vocab_->ignore_index()), *data,
-                   program.num_microbatches);
-    if (options_.loss_normalization_fault == LossNormalizationFault::kDroppedMicroBatch &&
-        mb == program.num_microbatches - 1) {
-      scale.zero_();
-    }
-    return scale;
-  };
   switch (a.type) {
     case ActionType::kVocabInputF:
       st.vocab_embedded[mb] = vocab_->Embed(ids).contiguous();
@@ -680,22 +668,37 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
           stats, over, 0, absl::StrCat("the softmax statistics of micro-batch ", mb));
       const torch::Tensor loss = vocab_->Combine(mb, gathered);
       if (st.forward_only) vocab_->Drop(mb);  // evaluation: no OUT_T
+      if (rank_ != last_rank && st.forward_only) return absl::OkStatus();
+      // As the dense loss reduces (ReduceTokenLosses): the mean over the
+      // counted tokens, or with per-token loss the mask (the Trainer divides
+      // by the global batch's trained tokens). Computed once for the loss
+      // and the passes' gradients.
+      const torch::Tensor weights =
+          VocabTokenWeights(*data, vocab_labels_key_, vocab_->ignore_index());
       if (rank_ == last_rank) {
-        // As the dense loss reduces (ReduceTokenLosses): the mean over the
-        // counted tokens, or with per-token loss the sum over the mask (the
-        // Trainer divides by the global batch's trained tokens).
-        const torch::Tensor weights =
-            VocabTokenWeights(*data, vocab_labels_key_, vocab_->ignore_index());
         st.stats.loss_sum += (loss * weights).sum().item<double>();
         st.stats.losses_computed += 1;
+      }
+      if (!st.forward_only) {
+        // d step loss / d token loss, scaled as ScaledLoss scales the dense
+        // loss (1/m, or dp / global_loss_tokens with per-token loss); OUT_T
+        // (and with one barrier OUT_REDUCE before it) reads it.
+        torch::Tensor scale = ScaledLoss(weights, *data, program.num_microbatches);
+        if (options_.loss_normalization_fault == LossNormalizationFault::kDroppedMicroBatch &&
+            mb == program.num_microbatches - 1) {
+          scale.zero_();
+        }
+        st.vocab_grad_scale[mb] = scale;
       }
       return absl::OkStatus();
     }
     case ActionType::kVocabOutputT: {
+      const torch::Tensor scale = take(st.vocab_grad_scale);  // its last reader
+      if (!scale.defined()) return missing("its OUT_STATS");
       if (one_barrier) {
-        vocab_->OutputWeightGrad(mb, grad_scale());
+        vocab_->OutputWeightGrad(mb, scale);
       } else {
-        st.vocab_hidden_grad[mb] = vocab_->OutputT(mb, grad_scale()).contiguous();
+        st.vocab_hidden_grad[mb] = vocab_->OutputT(mb, scale).contiguous();
       }
       // The head rows' gradient is final for this micro-batch, as after a B.
       if (after_backward_) after_backward_();
@@ -703,9 +706,15 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
     }
     case ActionType::kVocabOutputReduce: {
       // One barrier: OUT_S's partial, rescaled now that the stats are here.
-      torch::Tensor share = one_barrier ? vocab_->RescaledPartial(mb, grad_scale()).contiguous()
-                                        : take(st.vocab_hidden_grad);
-      if (!share.defined()) return missing("its OUT_T");
+      torch::Tensor share;
+      if (one_barrier) {
+        auto scale = st.vocab_grad_scale.find(mb);
+        if (scale == st.vocab_grad_scale.end()) return missing("its OUT_STATS");
+        share = vocab_->RescaledPartial(mb, scale->second).contiguous();
+      } else {
+        share = take(st.vocab_hidden_grad);
+        if (!share.defined()) return missing("its OUT_T");
+      }
       tensor_parallel::AllReduceInPlace(
           share, group, tensor_parallel::ReduceOp::kSum,
           absl::StrCat("the head input's gradient of micro-batch ", mb));

@@ -204,9 +204,10 @@ class StageExecutor {
     // Vocabulary parallelism, by micro-batch: IN_F's share, then on stage
     // 0's rank the sum (its F's input); the last stage's output (OUT_BCAST);
     // OUT_S's statistics; OUT_T's share of the output gradient, then on the
-    // last stage's rank the sum; stage 0's input gradient (IN_BCAST).
+    // last stage's rank the sum; stage 0's input gradient (IN_BCAST); the
+    // tokens' loss gradient scale (from OUT_STATS until OUT_T).
     std::map<int, torch::Tensor> vocab_embedded, vocab_hidden, vocab_stats, vocab_hidden_grad,
-        vocab_input_grad;
+        vocab_input_grad, vocab_grad_scale;
   };
 
   // post_receives_ahead: the step's receives per channel, in program order,

@@ -21,10 +21,13 @@ namespace {
 constexpr int kVocabularyStage = -1;
 
 // The schedule a run with (`vocab`) or without vocabulary parallelism trains:
-// `schedule` with the vocabulary passes added where it has none; refused
-// when it has them but the run has no vocabulary layers.
-absl::StatusOr<Schedule> WithVocabulary(Schedule schedule, bool vocab) {
-  if (vocab && !schedule.vocab_parallel) return AddVocabularyPasses(schedule);
+// `schedule` with the vocabulary passes added where it has none, with
+// `barriers` (TrainerOptions::vocabulary_barriers; 0: two); refused when it
+// has them but the run has no vocabulary layers.
+absl::StatusOr<Schedule> WithVocabulary(Schedule schedule, bool vocab, int barriers) {
+  if (vocab && !schedule.vocab_parallel) {
+    return AddVocabularyPasses(schedule, PlacedVocabBarriers(barriers));
+  }
   if (!vocab && schedule.vocab_parallel) {
     return absl::InvalidArgumentError(
         absl::StrCat("schedule '", schedule.name,
@@ -36,7 +39,7 @@ absl::StatusOr<Schedule> WithVocabulary(Schedule schedule, bool vocab) {
 
 // `placement`: the model's; an evaluation schedule is re-placed onto it.
 absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const ScheduleOptions& options,
-                                           bool want_forward_only, bool vocab,
+                                           bool want_forward_only, bool vocab, int barriers,
                                            const std::vector<int>* placement = nullptr) {
   PP_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(name, options));
   if (placement != nullptr && schedule.forward_only && schedule.stage_to_rank != *placement) {
@@ -59,7 +62,7 @@ absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const Schedu
         "; expected ",
         want_forward_only ? "a forward-only (evaluation) schedule" : "a training schedule"));
   }
-  PP_ASSIGN_OR_RETURN(schedule, WithVocabulary(std::move(schedule), vocab));
+  PP_ASSIGN_OR_RETURN(schedule, WithVocabulary(std::move(schedule), vocab, barriers));
   return Lower(schedule);
 }
 
@@ -245,7 +248,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   so.num_microbatches = options.num_microbatches;
   so.num_chunks = static_cast<int>(model->num_chunks());
   const bool vocab = options.vocabulary != nullptr;
-  PP_ASSIGN_OR_RETURN(t->train_program_, MakeProgram(options.schedule, so, false, vocab));
+  PP_ASSIGN_OR_RETURN(t->train_program_,
+                      MakeProgram(options.schedule, so, false, vocab, options.vocabulary_barriers));
   if (t->train_program_.stage_to_rank != model->placement()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule '", options.schedule, "' places virtual stages on ranks [",
@@ -253,8 +257,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
         "] but the model was partitioned for [", absl::StrJoin(model->placement(), ","),
         "]; build the PipelineModel with PipelineModelOptions::stage_to_rank = the schedule's"));
   }
-  PP_ASSIGN_OR_RETURN(t->eval_program_,
-                      MakeProgram(options.eval_schedule, so, true, vocab, &model->placement()));
+  PP_ASSIGN_OR_RETURN(t->eval_program_, MakeProgram(options.eval_schedule, so, true, vocab,
+                                                    /*barriers=*/0, &model->placement()));
 
   if (options.layer_runner) model->set_layer_runner(options.layer_runner);
   const ModelParallelGroup& model_group = model->options().layer_environment.model_parallel;
@@ -436,8 +440,8 @@ absl::Status Trainer::ReplaceTrainSchedule(const Schedule& schedule) {
                      " v=", schedule.num_chunks, " but this run has p=", grid_->num_stages(),
                      " m=", options_.num_microbatches, " v=", chunks));
   }
-  PP_ASSIGN_OR_RETURN(Schedule with_vocab,
-                      WithVocabulary(schedule, options_.vocabulary != nullptr));
+  PP_ASSIGN_OR_RETURN(Schedule with_vocab, WithVocabulary(schedule, options_.vocabulary != nullptr,
+                                                          options_.vocabulary_barriers));
   PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(with_vocab));
   if (program.stage_to_rank != model_->placement()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -154,6 +154,13 @@ struct TrainerOptions {
   // slice of the sequence.
   VocabularyLayers* vocabulary = nullptr;
   std::string vocabulary_labels_key = "labels";
+  // The output layer's algorithm of the passes Create (and
+  // ReplaceTrainSchedule) place into a training schedule without them
+  // (Schedule::vocab_barriers): 1 or 2 barriers; 0, not asked for: 2, and
+  // --schedule=auto weighs registered schedules of either form, where 1 or 2
+  // keeps it to that form (ChooseAutoSchedule). A schedule with its own
+  // passes keeps its form; evaluation has no backward and always takes 2.
+  int vocabulary_barriers = 0;
   // threads.borrow_idle_cores, CPU only (idle_core_threads.h): this rank's
   // machine; each training step's actions that the schedule runs while
   // pipeline peers on the machine wait get their cores as BLAS threads,
@@ -287,6 +294,8 @@ class Trainer {
   const IdleCoreLender* idle_core_lender() const { return idle_cores_.get(); }
   // TrainerOptions::vocabulary (null without vocabulary parallelism).
   VocabularyLayers* vocabulary() const { return options_.vocabulary; }
+  // TrainerOptions::vocabulary_barriers.
+  int vocabulary_barriers() const { return options_.vocabulary_barriers; }
   const TrainerOptions& options() const { return options_; }
   // Whether the executor runs DeferReceives(program): executor.defer_receives
   // on CPU, never on a device. What a simulation of this Trainer's steps

@@ -165,6 +165,17 @@ CombinedOutputStats CombineOutputStats(const torch::Tensor& gathered, const torc
 
 namespace {
 
+// `grad_scale` and `combined` cover OutputS's tokens: the check of every
+// pass that applies the combined statistics.
+void CheckTokens(const char* pass, const OutputSResult& s, const CombinedOutputStats& combined,
+                 const torch::Tensor& grad_scale) {
+  const int64_t tokens = s.exps.size(0);
+  TORCH_CHECK(grad_scale.numel() == tokens && combined.max.numel() == tokens &&
+                  combined.sum_exp.numel() == tokens,
+              pass, ": grad_scale of shape ", grad_scale.sizes(), " and combined statistics of ",
+              "shape ", combined.max.sizes(), " for OutputS's ", tokens, " tokens");
+}
+
 // The checks OutputT's variants share: `hidden` and `weight` are OutputS's,
 // `grad_scale` and `combined` cover its tokens.
 void CheckOutputT(const char* pass, const OutputSResult& s, const CombinedOutputStats& combined,
@@ -180,10 +191,7 @@ void CheckOutputT(const char* pass, const OutputSResult& s, const CombinedOutput
               ") and weight of shape ", weight.sizes(), " (", weight.scalar_type(),
               ") are not OutputS's: it saw ", tokens, " tokens of shape ",
               torch::IntArrayRef(s.token_sizes), " and ", s.exps.size(1), " rows");
-  TORCH_CHECK(grad_scale.numel() == tokens && combined.max.numel() == tokens &&
-                  combined.sum_exp.numel() == tokens,
-              pass, ": grad_scale of shape ", grad_scale.sizes(), " and combined statistics of ",
-              "shape ", combined.max.sizes(), " for OutputS's ", tokens, " tokens");
+  CheckTokens(pass, s, combined, grad_scale);
 }
 
 // exp(m_r - M) / sum per token [N]: what turns this rank's exps (relative to
@@ -214,6 +222,14 @@ std::vector<int64_t> HiddenSizes(const OutputSResult& s, const torch::Tensor& we
   return sizes;
 }
 
+// d loss / d weight of this rank's rows [rows, D] from GradLogits'
+// `grad_logits`: OutputT's and OutputTWeightGrad's one product, so that the
+// two give the same bits.
+torch::Tensor WeightGrad(const OutputSResult& s, const torch::Tensor& grad_logits,
+                         const torch::Tensor& hidden) {
+  return torch::matmul(grad_logits.t(), hidden.reshape({s.exps.size(0), -1}));
+}
+
 }  // namespace
 
 OutputGrads OutputT(const OutputSResult& s, const CombinedOutputStats& combined,
@@ -227,7 +243,7 @@ OutputGrads OutputT(const OutputSResult& s, const CombinedOutputStats& combined,
   // head's one matrix product accumulates in fp32 and rounds once.
   g.grad_hidden_partial = torch::matmul(grad_logits.to(torch::kFloat32), weight.to(torch::kFloat32))
                               .reshape(HiddenSizes(s, weight));
-  g.grad_weight = torch::matmul(grad_logits.t(), hidden.reshape({s.exps.size(0), -1}));
+  g.grad_weight = WeightGrad(s, grad_logits, hidden);
   return g;
 }
 
@@ -235,8 +251,7 @@ torch::Tensor OutputTWeightGrad(const OutputSResult& s, const CombinedOutputStat
                                 const torch::Tensor& grad_scale, const torch::Tensor& hidden,
                                 const torch::Tensor& weight) {
   CheckOutputT("OutputTWeightGrad", s, combined, grad_scale, hidden, weight);
-  const torch::Tensor grad_logits = GradLogits(s, combined, grad_scale, hidden.scalar_type());
-  return torch::matmul(grad_logits.t(), hidden.reshape({s.exps.size(0), -1}));
+  return WeightGrad(s, GradLogits(s, combined, grad_scale, hidden.scalar_type()), hidden);
 }
 
 torch::Tensor OutputPartialGrad(const OutputSResult& s, const torch::Tensor& weight) {
@@ -257,11 +272,7 @@ torch::Tensor RescaleOutputPartial(const OutputSResult& s, const CombinedOutputS
               "RescaleOutputPartial: partial of shape ", partial.sizes(), " (",
               partial.scalar_type(), ") and weight of shape ", weight.sizes(),
               " are not OutputPartialGrad's for ", tokens, " tokens and ", s.exps.size(1), " rows");
-  TORCH_CHECK(grad_scale.numel() == tokens && combined.max.numel() == tokens &&
-                  combined.sum_exp.numel() == tokens,
-              "RescaleOutputPartial: grad_scale of shape ", grad_scale.sizes(),
-              " and combined statistics of shape ", combined.max.sizes(), " for OutputS's ", tokens,
-              " tokens");
+  CheckTokens("RescaleOutputPartial", s, combined, grad_scale);
   const internal::LocalTargets t = TargetsOf(s);
   // Planted (tests only): the partial left relative to this rank's own max.
   const torch::Tensor factor =

@@ -50,6 +50,11 @@ namespace pp {
 // compute order cannot run.
 absl::StatusOr<Schedule> AddVocabularyPasses(const Schedule& base, int barriers = 2);
 
+// The form pipe places for a run that asks for `barriers` (TrainerOptions::
+// vocabulary_barriers, parallelism.vocab_barriers): 0, not asked, is two
+// barriers; 1 or 2 as asked.
+constexpr int PlacedVocabBarriers(int barriers) { return barriers == 0 ? 2 : barriers; }
+
 }  // namespace pp
 
 #endif  // PIPELINE_SCHEDULE_IR_VOCAB_PASSES_H_

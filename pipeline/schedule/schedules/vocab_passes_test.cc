@@ -60,22 +60,32 @@ TEST(VocabActionTest, RoundTripsWithoutAStage) {
 
 // The registered placements, on a covering set of shapes: p 1, 2, 4 (and 3,
 // odd); m below, at and above p. Every rank meets the collectives in one
-// order, and the passes sit where their inputs are.
+// order, and the passes sit where their inputs are. The one-barrier passes
+// placed into schedules without their own (`placed`: split backward in
+// ZB-H1, interleaving in interleaved 1F1B) keep the same invariants.
 TEST(VocabSchedulesTest, ValidateAndEveryRankMeetsTheCollectivesInOneOrder) {
   struct Case {
     const char* name;
     int p, m, v;
+    int placed = 0;  // AddVocabularyPasses(name, placed) where non-zero
   };
   for (const Case& c :
        {Case{"1f1b_vocab", 1, 3, 1}, Case{"1f1b_vocab", 2, 1, 1}, Case{"1f1b_vocab", 2, 5, 1},
         Case{"1f1b_vocab", 3, 7, 1}, Case{"1f1b_vocab", 4, 8, 1}, Case{"zbv_vocab", 2, 4, 2},
         Case{"zbv_vocab", 4, 8, 2}, Case{"zbv_vocab", 4, 3, 2}, Case{"1f1b_vocab1", 1, 3, 1},
         Case{"1f1b_vocab1", 2, 5, 1}, Case{"1f1b_vocab1", 3, 7, 1}, Case{"1f1b_vocab1", 4, 8, 1},
-        Case{"zbv_vocab1", 2, 4, 2}, Case{"zbv_vocab1", 4, 3, 2}}) {
-    SCOPED_TRACE(absl::StrCat(c.name, " p=", c.p, " m=", c.m));
-    const Schedule s = Made(c.name, c.p, c.m, c.v);
+        Case{"zbv_vocab1", 2, 4, 2}, Case{"zbv_vocab1", 4, 3, 2}, Case{"1f1b", 4, 8, 1, 1},
+        Case{"zb_h1", 4, 8, 1, 1}, Case{"zb_h1", 2, 5, 1, 1}, Case{"interleaved_1f1b", 2, 4, 2, 1},
+        Case{"interleaved_1f1b", 4, 8, 2, 1}}) {
+    SCOPED_TRACE(absl::StrCat(c.name, " p=", c.p, " m=", c.m, " placed=", c.placed));
+    Schedule s = Made(c.name, c.p, c.m, c.v);
+    if (c.placed != 0) {
+      absl::StatusOr<Schedule> placed = AddVocabularyPasses(s, c.placed);
+      ASSERT_TRUE(placed.ok()) << placed.status();
+      s = *std::move(placed);
+    }
     ASSERT_TRUE(s.vocab_parallel);
-    const bool one_barrier = absl::EndsWith(c.name, "_vocab1");
+    const bool one_barrier = c.placed == 1 || absl::EndsWith(c.name, "_vocab1");
     EXPECT_EQ(s.vocab_barriers, one_barrier ? 1 : 2);
     ASSERT_TRUE(ValidateSchedule(s).ok()) << ValidateSchedule(s);
     absl::StatusOr<LoweredProgram> program = Lower(s);
