@@ -93,6 +93,9 @@ ABSL_FLAG(std::string, save_on_signal, "",
 namespace pp {
 namespace {
 
+constexpr char kOpenBlasThreadTimeoutVariable[] = "OPENBLAS_THREAD_TIMEOUT";
+constexpr char kBorrowedThreadTimeout[] = "4";
+
 struct OverrideFlag {
   absl::Flag<std::string>* flag;
   const char* path;
@@ -182,8 +185,14 @@ absl::StatusOr<ExperimentConfig> LoadResolvedConfig(const std::string& default_c
 
 // Launcher side: the config's threads reach the workers as the launcher's
 // PP_INTRA_OP_THREADS / PP_BLAS_THREADS (its flags still win), unless the
-// person running it set those variables themselves.
+// person running it set those variables themselves. With borrow_idle_cores,
+// OpenBLAS's idle workers sleep at once (OPENBLAS_THREAD_TIMEOUT=4, 2^4
+// cycles) instead of yielding in a loop for ~0.1 s after each product, which
+// would take the core back from the peer the action borrowed it from.
 void ExportThreadConfig(const driver::ThreadsConfig& threads) {
+  if (threads.borrow_idle_cores()) {
+    setenv(kOpenBlasThreadTimeoutVariable, kBorrowedThreadTimeout, /*overwrite=*/0);
+  }
   if (threads.intra_op() > 0) {
     setenv("PP_INTRA_OP_THREADS", std::to_string(threads.intra_op()).c_str(), /*overwrite=*/0);
   }

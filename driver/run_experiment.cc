@@ -88,6 +88,11 @@ absl::StatusOr<IdleCoreOptions> IdleCoresOf(const World& world, const ParallelGr
         "to cores ",
         bound, " (the launcher's --bind_cores): drop one of them"));
   }
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) {
+    LOG(WARNING) << "threads.borrow_idle_cores without OPENBLAS_THREAD_TIMEOUT (pipe's launcher "
+                    "sets 4): after each lent action OpenBLAS's idle threads yield in a loop for "
+                    "~0.1 s on the cores they were lent";
+  }
   IdleCoreOptions o;
   o.machine_cores = std::max<int>(1, static_cast<int>(AllowedCores().size()));
   o.machine_ranks = world.local_world_size;
