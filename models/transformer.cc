@@ -47,6 +47,17 @@ const torch::Tensor& SelfAttentionImpl::FutureMask(int64_t time, const torch::De
   return future_;
 }
 
+const torch::Tensor& SelfAttentionImpl::AdditiveFutureMask(int64_t time,
+                                                           const torch::Device& device) {
+  if (!additive_future_.defined() || additive_future_.size(0) != time ||
+      additive_future_.device() != device || additive_future_.is_inference()) {
+    additive_future_ =
+        torch::zeros({time, time}, torch::TensorOptions().dtype(torch::kFloat).device(device))
+            .masked_fill_(FutureMask(time, device), std::numeric_limits<float>::lowest());
+  }
+  return additive_future_;
+}
+
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
                                          const torch::Tensor& key_mask,
                                          const torch::Tensor& document_ids) {
@@ -94,22 +105,38 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, bool causal,
   // scores (issue 29: context_length 3 with 4 heads trained NaN at step 1).
   const double root = std::sqrt(static_cast<double>(head_width));
   const bool exact = root == std::ldexp(1.0, std::ilogb(root));
-  torch::Tensor scores = torch::bmm(q, k.transpose(1, 2));
-  // Scale, mask and softmax in fp32 under bf16 (mixed precision: a bf16
-  // softmax over long rows loses the small weights, and float's lowest value
-  // used as the mask rounds to -inf in bf16). A no-op in fp32.
-  if (scores.scalar_type() != torch::kFloat) scores = scores.to(torch::kFloat);
-  if (exact) {
-    scores.mul_(1.0 / root);
-  } else {
-    scores.div_(root);
-  }
   // The lowest finite value rather than -inf: a row whose keys are all masked
   // then gets uniform weights instead of NaN.
   const double kMasked = std::numeric_limits<float>::lowest();
-  // In place (no copy of the scores; the matmul's backward does not need
-  // them), with the mask built once.
-  if (causal) scores.masked_fill_(FutureMask(time, x.device()), kMasked);
+  // fp32, an exact scale and the causal mask alone (the peer GPT's case):
+  // scale and mask in the product, as baddbmm(mask, q, k^T, 1, 1/root), whose
+  // beta 1 reads the mask (never uninitialised memory). The same bits as the
+  // path below: a power-of-two scale is exact before or after the sum, and
+  // float's lowest plus any score under 1e31 rounds back to lowest. But one
+  // pass over the scores instead of three, and no masked_fill in backward
+  // (the softmax's gradient is already 0 where its weight is).
+  const bool fused = exact && causal && q.scalar_type() == torch::kFloat &&
+                     !document_ids.defined() && !key_mask.defined();
+  torch::Tensor scores;
+  if (fused) {
+    scores = torch::baddbmm(
+        AdditiveFutureMask(time, x.device()).expand({batch * num_heads_, time, time}), q,
+        k.transpose(1, 2), /*beta=*/1, /*alpha=*/1.0 / root);
+  } else {
+    scores = torch::bmm(q, k.transpose(1, 2));
+    // Scale, mask and softmax in fp32 under bf16 (mixed precision: a bf16
+    // softmax over long rows loses the small weights, and float's lowest value
+    // used as the mask rounds to -inf in bf16). A no-op in fp32.
+    if (scores.scalar_type() != torch::kFloat) scores = scores.to(torch::kFloat);
+    if (exact) {
+      scores.mul_(1.0 / root);
+    } else {
+      scores.div_(root);
+    }
+    // In place (no copy of the scores; the matmul's backward does not need
+    // them), with the mask built once.
+    if (causal) scores.masked_fill_(FutureMask(time, x.device()), kMasked);
+  }
   if (document_ids.defined()) {
     scores.view({batch, num_heads_, time, time})
         .masked_fill_(CrossDocumentMask(document_ids, time), kMasked);

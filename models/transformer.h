@@ -56,6 +56,9 @@ class SelfAttentionImpl : public torch::nn::Module, public tensor_parallel::Shar
   // [time, time] bool, true above the diagonal (the future), cached for the
   // last time and device seen.
   const torch::Tensor& FutureMask(int64_t time, const torch::Device& device);
+  // The same as a float [time, time] to add: 0, and float's lowest value in
+  // the future; cached likewise.
+  const torch::Tensor& AdditiveFutureMask(int64_t time, const torch::Device& device);
   // The output projection's dropout (on this rank's sequence slice under
   // sequence parallelism).
   torch::Tensor OutDropout(const torch::Tensor& y);
@@ -71,6 +74,7 @@ class SelfAttentionImpl : public torch::nn::Module, public tensor_parallel::Shar
   torch::nn::Dropout attn_dropout_{nullptr};
   torch::nn::Dropout out_dropout_{nullptr};
   torch::Tensor future_;  // not a buffer: not saved, not moved by to()
+  torch::Tensor additive_future_;
 };
 TORCH_MODULE(SelfAttention);
 
