@@ -9,6 +9,7 @@
 
 #include "models/config_testing.h"
 #include "models/data/lm_data.h"
+#include "models/transformer.h"
 #include "pipeline/pipeline_model.h"
 
 namespace pp {
@@ -110,6 +111,43 @@ TEST(GptTest, TinyContextAttentionIgnoresGarbageInFreedMemory) {
       ASSERT_TRUE(!p.value().grad().defined() ||
                   torch::isfinite(p.value().grad()).all().item<bool>())
           << p.key() << " round " << round;
+    }
+  }
+}
+
+// The causal fp32 attention with a power-of-two scale takes its scores from
+// one baddbmm (additive mask, scale as alpha); the same attention with a key
+// mask that hides nothing takes the explicit path (bmm, scale, masked_fill).
+// Outputs and every gradient must agree bit for bit, at a context whose
+// scores go through LibTorch's naive small-product kernel (3^2 x 16 < 400,
+// on a heap of freed NaN, issue 29) and at one that calls the BLAS.
+TEST(GptTest, FusedAttentionScoresEqualTheExplicitPathBitForBit) {
+  for (int64_t time : {3, 32}) {
+    torch::manual_seed(0);
+    SelfAttention attention(/*width=*/64, /*num_heads=*/4, /*dropout=*/0.0);
+    const torch::Tensor x = torch::randn({2, time, 64});
+    const torch::Tensor upstream = torch::randn({2, time, 64});
+    auto run = [&](const torch::Tensor& key_mask) {
+      {
+        std::vector<torch::Tensor> junk;
+        for (int64_t elements = 1; elements <= 512; ++elements) {
+          junk.push_back(torch::full({elements}, std::numeric_limits<float>::quiet_NaN()));
+        }
+      }
+      attention->zero_grad();
+      torch::Tensor input = x.clone().requires_grad_(true);
+      torch::Tensor out = attention->forward(input, /*causal=*/true, key_mask);
+      out.backward(upstream);
+      std::vector<torch::Tensor> results = {out.detach(), input.grad()};
+      for (const torch::Tensor& p : attention->parameters()) results.push_back(p.grad().clone());
+      return results;
+    };
+    const std::vector<torch::Tensor> fused = run({});
+    const std::vector<torch::Tensor> explicit_path = run(torch::ones({2, time}, torch::kBool));
+    ASSERT_EQ(fused.size(), explicit_path.size());
+    for (size_t i = 0; i < fused.size(); ++i) {
+      ASSERT_TRUE(torch::isfinite(fused[i]).all().item<bool>()) << "time " << time << " #" << i;
+      EXPECT_TRUE(torch::equal(fused[i], explicit_path[i])) << "time " << time << " #" << i;
     }
   }
 }
