@@ -15,9 +15,9 @@ TMP=${TEST_TMPDIR:-$(mktemp -d)}
 CORPUS=$TMP/corpus.txt
 for i in $(seq 1 300); do echo "Stage $((i % 5)) waits for its peers; its cores need not. The bubble computes."; done > "$CORPUS"
 COMMON=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs" --sample_tokens=3
-  --pp=2 --microbatches=4 --eval_interval=2 --steps=4
+  --pp=2 --microbatches=4 --eval_interval=2
   --set=lr_schedule.name=constant,lr_schedule.warmup_steps=0,eval_batches=1,gpt.width=64,gpt.context_length=64,parallelism.micro_batch_size=4)
-run() { "$BIN" "${COMMON[@]}" "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_gpt $* exited non-zero"; exit 1; }; }
+run() { "$BIN" "${COMMON[@]}" --steps=4 "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_gpt $* exited non-zero"; exit 1; }; }
 losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$TMP"/runs/"$1"-*/metrics.jsonl; }
 eval_losses() { grep -o '"eval_loss":[^,}]*' "$TMP"/runs/"$1"-*/metrics.jsonl; }
 cores=$(nproc)
