@@ -70,6 +70,11 @@ absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const Schedu
 
 absl::Status CheckTrainerInputs(ParallelGrid* grid, PipelineModel* model, const LossFn& loss_fn,
                                 MicroBatchSource* source, const TrainerOptions& options) {
+  if (options.idle_cores && (!options.executor.p2p.device.is_cpu() || !options.set_blas_threads)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TrainerOptions::idle_cores lends CPU cores to BLAS threads: it needs device cpu (not ",
+        options.executor.p2p.device.str(), ") and set_blas_threads"));
+  }
   if (grid == nullptr || model == nullptr || source == nullptr || !loss_fn) {
     return absl::InvalidArgumentError(
         "Trainer::Create needs a grid, a model, a loss function and a source");
@@ -323,11 +328,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   t->timer_ =
       std::make_unique<ActionTimer>(options.executor.p2p.device, options.executor.p2p.timeout);
   if (options.idle_cores) {
-    if (!options.executor.p2p.device.is_cpu() || !options.set_blas_threads) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TrainerOptions::idle_cores lends CPU cores to BLAS threads: it needs device cpu (not ",
-          options.executor.p2p.device.str(), ") and set_blas_threads"));
-    }
     t->idle_cores_ =
         std::make_unique<IdleCoreLender>(*options.idle_cores, options.set_blas_threads);
     PP_RETURN_IF_ERROR(t->idle_cores_->Plan(t->train_program_, grid->stage_id()));

@@ -301,6 +301,52 @@ TEST(TrainerTest, ReplaceTrainScheduleTrainsOn) {
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5 * losses[0][i]) << i;
 }
 
+// TrainerOptions::idle_cores: each training step sets the planned BLAS
+// threads around the planned actions (1F1B at p = 2, m = 4: stage 0's first F
+// and last B) and none on stage 1; evaluation sets none; a replaced schedule
+// is planned afresh (GPipe: stage 1 lends too, to its last F and first B).
+// Without a setter the option is refused.
+TEST(TrainerTest, IdleCoresFollowThePlanAndAReplacedSchedule) {
+  absl::Status s = RunOnGrid(2, 1, seconds(20), [&](ParallelGrid& grid) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(auto model, ToyModel(grid));
+    ToySource source;
+    TrainerOptions o;
+    o.num_microbatches = 4;
+    o.idle_cores = IdleCoreOptions{.machine_cores = 2,
+                                   .machine_ranks = 2,
+                                   .base_threads = 1,
+                                   .pipe_peers_on_machine = {1 - grid.stage_id()}};
+    PP_RETURN_IF_ERROR(Check(
+        absl::IsInvalidArgument(Trainer::Create(&grid, model.get(), ToyLoss, &source, o).status()),
+        "idle cores without a setter refused"));
+    std::vector<int> calls;
+    o.set_blas_threads = [&calls](int threads) {
+      calls.push_back(threads);
+      return true;
+    };
+    PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), ToyLoss, &source, o));
+    const IdleCoreLender* lender = trainer->idle_core_lender();
+    PP_RETURN_IF_ERROR(Check(lender != nullptr, "a lender"));
+    const bool first = grid.stage_id() == 0;
+    using Plan = absl::flat_hash_map<Action, int>;
+    PP_RETURN_IF_ERROR(Check(lender->plan() == (first ? Plan{{F(0, 0), 2}, {B(0, 3), 2}} : Plan{}),
+                             "1f1b's plan"));
+    PP_RETURN_IF_ERROR(trainer->Step().status());
+    PP_RETURN_IF_ERROR(Check(calls == (first ? std::vector<int>{2, 1, 2, 1} : std::vector<int>{}),
+                             "the threads set in a step"));
+    PP_RETURN_IF_ERROR(trainer->Evaluate(&source, 0).status());
+    PP_RETURN_IF_ERROR(Check(calls.size() == (first ? 4u : 0u), "none in evaluation"));
+    PP_ASSIGN_OR_RETURN(Schedule gpipe, MakeSchedule("gpipe", {2, 4, 1, 0}));
+    PP_RETURN_IF_ERROR(trainer->ReplaceTrainSchedule(gpipe));
+    PP_RETURN_IF_ERROR(Check(lender->plan() == (first ? Plan{{F(0, 0), 2}, {B(0, 3), 2}}
+                                                      : Plan{{F(1, 3), 2}, {B(1, 0), 2}}),
+                             "gpipe's plan"));
+    PP_RETURN_IF_ERROR(trainer->Step().status());
+    return Check(lender->lent_actions() == (first ? 4 : 2), "lent actions");
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 }  // namespace
 }  // namespace testing_runtime
 }  // namespace pp
