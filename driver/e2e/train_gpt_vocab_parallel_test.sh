@@ -27,7 +27,8 @@
 #     checkpoint (the table written as tp 2 writes it, a row shard per tensor
 #     rank) resumed exactly at tp 2, within 1e-5 at tp 1 and at tp 2 without
 #     vocab_parallel; the tp 1 run's resumed at tp 2 within 1e-5; schedule
-#     auto over the profile partition at tp 2 within 1e-5 of the tp 1 run;
+#     auto over the profile partition at tp 2, asked for one barrier (no
+#     two-barrier schedule weighed), within 1e-5 of the tp 1 run;
 #   - refused before launch, by name: a vocabulary schedule without
 #     vocab_parallel, a bad --vocab_barriers, and for a model without a
 #     vocabulary split (BERT is not linked here: the message names the models
@@ -144,10 +145,15 @@ close_losses "$want" "$(losses resumed_dense_tp2)" "tp 2's vocabulary checkpoint
 run vocab_sp --microbatches=4 --vocab_parallel=true --tp=2 --sequence_parallel=true
 close_losses "$(losses vocab)" "$(losses vocab_sp)" "vocabulary parallel at pp 2 x tp 2 + sequence parallel vs tp 1" ||
   fail "vocabulary parallelism with sequence parallelism changes the losses"
-# Schedule auto and the profile partitioner at pp 2 x tp 2: tensor rank 0 of
-# stage 0 profiles the body, every rank measures the passes, and the losses
+# Schedule auto and the profile partitioner at pp 2 x tp 2, asked for the
+# one-barrier form: tensor rank 0 of stage 0 profiles the body, every rank
+# measures the passes, auto weighs no two-barrier schedule, and the losses
 # stay the tp 1 vocabulary run's.
-run vocab_tp2_auto --microbatches=4 --vocab_parallel=true --tp=2 --schedule=auto --partition=profile
+run vocab_tp2_auto --microbatches=4 --vocab_parallel=true --tp=2 --schedule=auto --partition=profile \
+  --vocab_barriers=1
+grep -q 'vocabulary parallel, 1 barrier' "$LOG" || fail "auto at tp 2 did not report the asked form"
+grep -Eq '1f1b_vocab1 +[0-9.]+ ' "$LOG" || fail "schedule auto did not simulate 1f1b_vocab1 at tp 2"
+if grep -Eq '(1f1b|zbv)_vocab +[0-9.]+ ' "$LOG"; then fail "schedule auto weighed a two-barrier schedule"; fi
 grep -qs "partition 'profile' measured by rank 0" "$LOG" "$TMP"/runs/vocab_tp2_auto-*/logs/* ||
   fail "rank 0 did not profile the partition at tp 2"
 grep -Eq 'schedule auto: vocabulary passes OUT_S=[0-9.]+,OUT_T=[0-9.]+,IN_F=[0-9.]+,IN_B=[0-9.]+' "$LOG" ||
