@@ -10,15 +10,13 @@
 # refused before launch.
 set -euo pipefail
 BIN=$1
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-TMP=${TEST_TMPDIR:-$(mktemp -d)}
+source driver/e2e/e2e_testing.sh  # TMP, write_corpus, must_run, losses
 CORPUS=$TMP/corpus.txt
-for i in $(seq 1 300); do echo "Stage $((i % 5)) waits for its peers; its cores need not. The bubble computes."; done > "$CORPUS"
+write_corpus "$CORPUS"
 COMMON=(--config=experiments/configs/gpt_small_pp2.textproto --data="$CORPUS" --output_dir="$TMP/runs" --sample_tokens=3
   --pp=2 --microbatches=4 --eval_interval=2
   --set=lr_schedule.name=constant,lr_schedule.warmup_steps=0,eval_batches=1,gpt.width=64,gpt.context_length=64,parallelism.micro_batch_size=4)
-run() { "$BIN" "${COMMON[@]}" --steps=4 "$@" > "$TMP/log" 2>&1 || { cat "$TMP/log"; echo "FAIL: train_gpt $* exited non-zero"; exit 1; }; }
-losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$TMP"/runs/"$1"-*/metrics.jsonl; }
+run() { must_run "$TMP/log" "$BIN" "${COMMON[@]}" --steps=4 "$@"; }
 eval_losses() { grep -o '"eval_loss":[^,}]*' "$TMP"/runs/"$1"-*/metrics.jsonl; }
 cores=$(nproc)
 
