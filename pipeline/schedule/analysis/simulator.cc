@@ -19,7 +19,7 @@ namespace {
 
 constexpr char kGlobalKeys[] =
     "F, B, I, W, comm, SEND, RECV, STEP, REDUCE_TIED, REDUCE_GRAD, OUT_S, OUT_T, IN_F, IN_B, "
-    "VOCAB_COMM, VOCAB_BARRIERS";
+    "VOCAB_COMM, VOCAB_BARRIERS, VOCAB_ASYNC";
 constexpr char kStageKeys[] = "F, B, I, W, REDUCE_GRAD";
 constexpr char kRankKeys[] = "STEP, REDUCE_TIED, SEND, RECV";
 
@@ -120,6 +120,13 @@ absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text) {
                          "and OUT_T costs were measured in)"));
       }
       costs.vocab.barriers = static_cast<int>(value);
+    } else if (key == "VOCAB_ASYNC") {
+      if (value != 0 && value != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cost VOCAB_ASYNC:", value,
+            " must be 0 (the vocabulary's collectives block) or 1 (they run beside compute)"));
+      }
+      costs.vocab.asynchronous = value == 1;
     } else {
       return UnknownKey(key, text, kGlobalKeys);
     }

@@ -153,6 +153,14 @@ struct SimulationCosts {
     double input_b = 0;     // IN_B
     double collective = 0;  // each OUT_BCAST, OUT_STATS, OUT_REDUCE, IN_REDUCE, IN_BCAST
     int barriers = 2;       // the algorithm output_s and output_t are of: 1 or 2
+    // false: each collective blocks its rank until every rank is there and it
+    // has run (end = latest arrival + collective). true (the runtime's
+    // TrainerOptions::vocabulary_async_collectives): a rank only posts it and
+    // goes on; the collective runs once every rank has posted it, and the
+    // rank waits only where its result is read (OUT_S after OUT_BCAST, OUT_T
+    // or the one-barrier OUT_REDUCE after OUT_STATS, IN_B after IN_BCAST,
+    // stage 0's F after IN_REDUCE, the last stage's B or I after OUT_REDUCE).
+    bool asynchronous = false;
   };
   VocabCosts vocab;
   // false (default): buffered sends: a SEND returns at once and its RECV
@@ -173,7 +181,8 @@ inline constexpr double kMaxSimulationCost = 1e12;
 // "F:1,B:2,W:0,comm:0" (keys F, B, I, W, comm, SEND, RECV, STEP,
 // REDUCE_TIED, REDUCE_GRAD, and the vocabulary's OUT_S, OUT_T, IN_F, IN_B,
 // VOCAB_COMM (each collective), VOCAB_BARRIERS (1 or 2: the algorithm OUT_S
-// and OUT_T were measured in, VocabCosts::barriers), in any order; missing keys keep their
+// and OUT_T were measured in, VocabCosts::barriers), VOCAB_ASYNC (0 or 1:
+// VocabCosts::asynchronous), in any order; missing keys keep their
 // defaults, except that a missing B is I + W, so "F:1,I:1,W:2" means B = 3). InvalidArgument names
 // a bad key or value.
 absl::StatusOr<SimulationCosts> ParseSimulationCosts(absl::string_view text);

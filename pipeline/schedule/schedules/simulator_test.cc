@@ -245,10 +245,14 @@ TEST(SimulationCostsTest, ParsesAndRejects) {
   EXPECT_THAT(std::string(ParseSimulationCosts("F:1e308,B:1e308").status().message()),
               HasSubstr("bad cost \"F:1e308\" in \"F:1e308,B:1e308\": expected KEY:VALUE with "
                         "KEY in F, B, I, W, comm, SEND, RECV, STEP, REDUCE_TIED, REDUCE_GRAD, "
-                        "OUT_S, OUT_T, IN_F, IN_B, VOCAB_COMM, VOCAB_BARRIERS and VALUE a number "
-                        "in [0, 1e+12]"));
+                        "OUT_S, OUT_T, IN_F, IN_B, VOCAB_COMM, VOCAB_BARRIERS, VOCAB_ASYNC and "
+                        "VALUE a number in [0, 1e+12]"));
   EXPECT_THAT(std::string(ParseSimulationCosts("VOCAB_BARRIERS:3").status().message()),
               HasSubstr("must be 1 or 2"));
+  EXPECT_THAT(std::string(ParseSimulationCosts("VOCAB_ASYNC:2").status().message()),
+              HasSubstr("cost VOCAB_ASYNC:2 must be 0"));
+  EXPECT_TRUE(ParseSimulationCosts("VOCAB_ASYNC:1")->vocab.asynchronous);
+  EXPECT_FALSE(ParseSimulationCosts("VOCAB_ASYNC:0")->vocab.asynchronous);
   // The vocabulary passes' costs.
   c = ParseSimulationCosts("OUT_S:0.5,OUT_T:1,IN_F:0.1,IN_B:0.2,VOCAB_COMM:0.05");
   ASSERT_TRUE(c.ok()) << c.status();
