@@ -554,6 +554,7 @@ internal_schedule::ExecutionCosts MakeExecutionCosts(const LoweredProgram& progr
     return TailCost(costs, tie_root, rank, a);
   };
   exec_costs.vocab_collective = [&costs](int, const Action&) { return costs.vocab.collective; };
+  exec_costs.async_vocab_collectives = costs.vocab.asynchronous;
   exec_costs.participants = [&costs, &tie_root, p, has_tied, has_step](int rank, const Action& a) {
     std::vector<int> group;
     for (int q = 0; q < p; ++q) {

@@ -1,6 +1,8 @@
 #include "pipeline/schedule/ir/internal_execution.h"
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -126,7 +128,8 @@ std::vector<int> Participants(const LoweredProgram& program, const ExecutionCost
 // Where each unfinished rank of a stuck execution waits (`pos`: each rank's
 // next action), and for whom.
 absl::Status DeadlockError(const LoweredProgram& program, const ExecutionCosts& costs,
-                           const std::vector<int>& pos) {
+                           const std::vector<int>& pos,
+                           const std::function<std::string(int)>& async_wait) {
   const int p = program.num_stages;
   std::string waits;
   int first = -1;
@@ -134,6 +137,11 @@ absl::Status DeadlockError(const LoweredProgram& program, const ExecutionCosts& 
     if (pos[r] == static_cast<int>(program.ranks[r].size())) continue;
     if (first < 0) first = r;
     const Action& a = program.ranks[r][pos[r]];
+    if (std::string awaited = async_wait(r); !awaited.empty()) {
+      absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ", ActionToString(a),
+                      " waits for ", awaited);
+      continue;
+    }
     if (IsCollective(a.type)) {
       absl::StrAppend(&waits, "\n  rank ", r, " step ", pos[r], ": ", ActionToString(a),
                       " waits for the other participants of the collective:");
@@ -282,6 +290,89 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
     }
   };
 
+  // Asynchronous vocabulary collectives (ExecutionCosts::
+  // async_vocab_collectives): per (type, micro-batch), how many ranks posted
+  // it, the latest post, and its completion once every rank has (-1 before).
+  const bool async_vocab = vocab && costs.async_vocab_collectives;
+  auto collective_key = [&](ActionType type, int mb) { return VocabTypeIndex(type) * m + mb; };
+  std::vector<int> posts(async_vocab ? kNumVocabTypes * m : 0, 0);
+  std::vector<double> latest_post(posts.size(), 0), completion(posts.size(), -1);
+  // The order of the posts: the transport matches collectives by their order
+  // on each rank (Gloo's tags), so every rank must post them in one order.
+  std::vector<Action> post_order;
+  std::vector<int> posted_by_rank(p, 0);
+  // The vocabulary collective whose result `leaf` reads, if any.
+  auto awaited = [&](const Action& leaf) -> std::optional<Action> {
+    const int mb = leaf.microbatch;
+    switch (leaf.type) {
+      case ActionType::kForward:
+        if (leaf.stage == 0) return Vocab(ActionType::kVocabInputReduce, mb);
+        break;
+      case ActionType::kBackward:
+      case ActionType::kBackwardInput:
+        if (leaf.stage == last) return Vocab(ActionType::kVocabOutputReduce, mb);
+        break;
+      case ActionType::kVocabOutputS:
+        return Vocab(ActionType::kVocabOutputBroadcast, mb);
+      case ActionType::kVocabOutputT:
+        return Vocab(ActionType::kVocabOutputStats, mb);
+      case ActionType::kVocabInputB:
+        return Vocab(ActionType::kVocabInputBroadcast, mb);
+      case ActionType::kVocabOutputReduce:
+        if (program.vocab_barriers == 1) return Vocab(ActionType::kVocabOutputStats, mb);
+        break;
+      default:
+        break;
+    }
+    return std::nullopt;
+  };
+  // The collectives rank r waits for before `a`: the one each leaf reads, or
+  // for a tail action every one the rank posted.
+  auto awaited_by = [&](int r, const Action& a) {
+    std::vector<Action> out;
+    if (IsTail(a.type)) {
+      for (int type = 0; type < kNumVocabTypes; ++type) {
+        const auto t = static_cast<ActionType>(static_cast<int>(ActionType::kVocabOutputS) + type);
+        if (!IsVocabCollective(t)) continue;
+        for (int mb = 0; mb < m; ++mb) {
+          if (vocab_has(r, t, mb)) out.push_back(Vocab(t, mb));
+        }
+      }
+      return out;
+    }
+    for (const Action& leaf : Leaves(a)) {
+      if (std::optional<Action> c = awaited(leaf)) out.push_back(*c);
+    }
+    return out;
+  };
+  // When rank r may start `a` as far as asynchronous collectives go: the
+  // latest completion it waits for (0 if none), or -1 while one has not
+  // completed (a rank has not posted it).
+  auto async_ready = [&](int r, const Action& a) {
+    double ready = 0;
+    if (!async_vocab) return ready;
+    for (const Action& c : awaited_by(r, a)) {
+      const double done = completion[collective_key(c.type, c.microbatch)];
+      if (done < 0) return -1.0;
+      ready = std::max(ready, done);
+    }
+    return ready;
+  };
+  // For a deadlock report: what rank r waits for if an asynchronous
+  // collective holds it ("" otherwise).
+  auto async_wait = [&](int r) -> std::string {
+    if (!async_vocab || pos[r] >= static_cast<int>(program.ranks[r].size())) return "";
+    for (const Action& c : awaited_by(r, program.ranks[r][pos[r]])) {
+      if (completion[collective_key(c.type, c.microbatch)] >= 0) continue;
+      std::string out = absl::StrCat(ActionToString(c), ", which has not been posted by");
+      for (int q = 0; q < p; ++q) {
+        if (!vocab_has(q, c.type, c.microbatch)) absl::StrAppend(&out, " rank ", q);
+      }
+      return out;
+    }
+    return "";
+  };
+
   bool progress = true;
   while (progress) {
     progress = false;
@@ -297,6 +388,37 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
             return ProgramError(program, r, i,
                                 absl::StrCat(ActionToString(leaf), " cannot run: ", missing));
           }
+        }
+        const double ready = async_ready(r, a);
+        if (ready < 0) break;  // waits for an asynchronous collective
+        if (async_vocab && IsVocabCollective(a.type)) {
+          if (vocab_has(r, a.type, a.microbatch)) {
+            return ProgramError(program, r, i,
+                                absl::StrCat(ActionToString(a), " is posted twice on rank ", r));
+          }
+          const int nth = posted_by_rank[r]++;
+          if (nth == static_cast<int>(post_order.size())) post_order.push_back(a);
+          if (post_order[nth] != a) {
+            return ProgramError(
+                program, r, i,
+                absl::StrCat(ActionToString(a), " is rank ", r, "'s vocabulary collective number ",
+                             nth + 1, ", where another rank's is ", ActionToString(post_order[nth]),
+                             ": asynchronous collectives are matched by their order, so every "
+                             "rank must post them in one order"));
+          }
+          // Posted: the rank goes on; the collective runs once all have it.
+          const double t = std::max(clock[r], ready);
+          ex.start[r][i] = ex.end[r][i] = clock[r] = t;
+          const int k = collective_key(a.type, a.microbatch);
+          latest_post[k] = std::max(latest_post[k], t);
+          if (++posts[k] == p) {
+            completion[k] =
+                latest_post[k] + (costs.vocab_collective ? costs.vocab_collective(r, a) : 0.0);
+          }
+          mark_done(r, a);
+          ++pos[r];
+          progress = true;
+          continue;
         }
         if (IsCollective(a.type)) {
           const std::vector<int> group = Participants(program, costs, r, a);
@@ -316,7 +438,7 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
                                program.ranks[q][pos[q]].type == a.type &&
                                program.ranks[q][pos[q]].stage == a.stage &&
                                program.ranks[q][pos[q]].microbatch == a.microbatch;
-            if (!there) {
+            if (!there || async_ready(q, program.ranks[q][pos[q]]) < 0) {
               gathered = false;
               break;
             }
@@ -330,7 +452,9 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
             }
           }
           double t = 0;
-          for (int q : group) t = std::max(t, clock[q]);
+          for (int q : group) {
+            t = std::max({t, clock[q], async_ready(q, program.ranks[q][pos[q]])});
+          }
           for (int q : group) {
             const int j = pos[q];
             const Action& own = program.ranks[q][j];
@@ -348,6 +472,7 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
           continue;
         }
         if (!IsCommunication(a.type)) {
+          clock[r] = std::max(clock[r], ready);
           ex.start[r][i] = clock[r];
           for (const Action& leaf : Leaves(a)) {
             clock[r] +=
@@ -407,7 +532,7 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
   }
   for (int r = 0; r < p; ++r) {
     if (pos[r] != static_cast<int>(program.ranks[r].size())) {
-      return DeadlockError(program, costs, pos);
+      return DeadlockError(program, costs, pos, async_wait);
     }
   }
   return ex;

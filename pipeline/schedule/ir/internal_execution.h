@@ -32,6 +32,16 @@ struct ExecutionCosts {
   // Duration of vocabulary collective `a` on `rank` once every rank is there
   // (they always involve all ranks); null: none.
   std::function<double(int rank, const Action& a)> vocab_collective;
+  // false: a vocabulary collective blocks each rank from its arrival until
+  // every rank is there and it has run. true: each rank posts it (a span of
+  // no time) and goes on; it completes at the latest post plus its duration,
+  // and a rank waits for that only where it reads the result (OUT_S after
+  // OUT_BCAST, OUT_T and the one-barrier OUT_REDUCE after OUT_STATS, IN_B
+  // after IN_BCAST, stage 0's F after IN_REDUCE, the last stage's B or I
+  // after OUT_REDUCE) and before its tail (every collective it posted). A
+  // program that runs with blocking collectives runs so too: each wait is
+  // at or after the point where the blocking form waited.
+  bool async_vocab_collectives = false;
   // Time a SEND occupies its rank (the sender's hand-off) before the message
   // leaves; null: none.
   std::function<double(int rank, const Action& a)> send;

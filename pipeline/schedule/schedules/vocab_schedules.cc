@@ -1,16 +1,65 @@
 // The 1F1B and V-shaped schedules with vocabulary parallelism: their passes
 // placed by AddVocabularyPasses (vocab_passes.h), with the output layer's
 // two-barrier algorithm ("_vocab") or its one-barrier one ("_vocab1").
+//
+// "_overlap": the paper's 1F1B (arXiv 2411.05288, section 5): every rank
+// runs as many more warm-up forwards as the algorithm has barriers, so that
+// the last stage runs the next forward while every rank's OUT_S (and with two
+// barriers OUT_T) and the collectives of a micro-batch are under way, instead
+// of waiting for them before its backward. It pays that many micro-batches'
+// activations on every rank. Made for asynchronous collectives (the Trainer's
+// vocabulary_async_collectives), which run beside that forward; blocking
+// ones still wait for each rank to reach them.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "pipeline/schedule/ir/vocab_passes.h"
 #include "pipeline/schedule/schedules/registry.h"
 
 namespace pp {
 namespace {
 
+// `schedule` (one forward and one backward per stage and micro-batch, each
+// rank's backwards after their forwards) reordered as 1F1B with `extra` more
+// warm-up forwards per rank than it has (at most all of them): the
+// forwards and the backwards each keep their order.
+absl::StatusOr<Schedule> WithMoreWarmup(Schedule schedule, int extra) {
+  for (std::vector<Action>& actions : schedule.ranks) {
+    std::vector<Action> forwards, backwards;
+    for (const Action& a : actions) {
+      if (a.type != ActionType::kForward && a.type != ActionType::kBackward) {
+        return absl::InvalidArgumentError(absl::StrCat("schedule \"", schedule.name, "\" has ",
+                                                       ActionToString(a),
+                                                       "; more warm-up needs F and B only"));
+      }
+      (a.type == ActionType::kForward ? forwards : backwards).push_back(a);
+    }
+    // 1F1B's warm-up forwards and the first of its steady state's pairs.
+    const auto first_backward = std::find_if(actions.begin(), actions.end(), [](const Action& a) {
+      return a.type == ActionType::kBackward;
+    });
+    const int leading = std::min(static_cast<int>(first_backward - actions.begin()) + extra,
+                                 static_cast<int>(forwards.size()));
+    actions.assign(forwards.begin(), forwards.begin() + leading);
+    size_t f = leading, b = 0;
+    while (b < backwards.size()) {
+      actions.push_back(backwards[b++]);
+      if (f < forwards.size()) actions.push_back(forwards[f++]);
+    }
+  }
+  return schedule;
+}
+
 absl::StatusOr<Schedule> WithVocabularyPasses(absl::string_view base_name, absl::string_view name,
-                                              const ScheduleOptions& options, int barriers = 2) {
+                                              const ScheduleOptions& options, int barriers = 2,
+                                              bool overlap = false) {
   absl::StatusOr<Schedule> base = MakeSchedule(base_name, options);
   if (!base.ok()) return base.status();
+  if (overlap) {
+    base = WithMoreWarmup(*std::move(base), barriers);
+    if (!base.ok()) return base.status();
+  }
   absl::StatusOr<Schedule> out = AddVocabularyPasses(*base, barriers);
   if (out.ok()) out->name = std::string(name);
   return out;
@@ -40,6 +89,19 @@ PP_REGISTER_SCHEDULE("zbv_vocab1",
                      "stage's backward (OUT_T after it)",
                      [](const ScheduleOptions& options) {
                        return WithVocabularyPasses("zbv", "zbv_vocab1", options, 1);
+                     });
+
+PP_REGISTER_SCHEDULE("1f1b_vocab_overlap",
+                     "1f1b_vocab with two more warm-up forwards per rank (the paper's 1F1B "
+                     "Vocab-2), so that the collectives can run beside compute",
+                     [](const ScheduleOptions& options) {
+                       return WithVocabularyPasses("1f1b", "1f1b_vocab_overlap", options, 2, true);
+                     });
+PP_REGISTER_SCHEDULE("1f1b_vocab1_overlap",
+                     "1f1b_vocab1 with one more warm-up forward per rank (the paper's 1F1B "
+                     "Vocab-1), so that the collectives can run beside compute",
+                     [](const ScheduleOptions& options) {
+                       return WithVocabularyPasses("1f1b", "1f1b_vocab1_overlap", options, 1, true);
                      });
 
 }  // namespace pp
