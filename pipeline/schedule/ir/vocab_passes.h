@@ -26,14 +26,18 @@
 // (OUT_S, and OUT_T with two barriers: the last stage's F has ended; OUT_T
 // with one barrier: the last stage's B or I of the micro-batch has ended;
 // IN_B: stage 0's backward has ended) or, for IN_F, one pass ahead of stage
-// 0's F. So a collective waits at most for one action of each rank. This is
-// not the paper's hand-derived placement (its offsets, and its collectives
-// run asynchronously beside compute); the passes follow the base schedule,
-// whichever it is, the collectives block, and the simulator costs the result.
+// 0's F. So a collective waits at most for one action of each rank. The
+// passes follow the base schedule, whichever it is, and the simulator costs
+// the result, with blocking collectives or asynchronous ones
+// (SimulationCosts::vocab.asynchronous: a rank waits only where it reads a
+// result).
 //
 // Registered: "1f1b_vocab" and "zbv_vocab" (two barriers), "1f1b_vocab1" and
 // "zbv_vocab1" (one barrier): the 1F1B and V-shaped schedules with their
-// passes placed so (schedules/vocab_schedules.cc).
+// passes placed so; "1f1b_vocab_overlap" and "1f1b_vocab1_overlap": the
+// paper's 1F1B, one more warm-up forward per barrier, so that the last stage
+// runs the next forward while the passes' asynchronous collectives are under
+// way (schedules/vocab_schedules.cc).
 #ifndef PIPELINE_SCHEDULE_IR_VOCAB_PASSES_H_
 #define PIPELINE_SCHEDULE_IR_VOCAB_PASSES_H_
 
