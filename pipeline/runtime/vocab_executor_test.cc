@@ -13,12 +13,14 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "pipeline/runtime/action_observer.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/runtime/vocab_layers.h"
 #include "pipeline/schedule/ir/lowering.h"
@@ -127,6 +129,34 @@ struct Case {
   bool shard_off_by_one = false;
   // StageExecutorOptions::vocabulary_async_collectives.
   bool async = false;
+  // > 0: rank 1 reaches micro-batch 0's IN_REDUCE this late, and rank 0
+  // writes how long that action took it into *in_reduce_ms.
+  int late_ms = 0;
+  double* in_reduce_ms = nullptr;
+};
+
+// Makes rank 1 late for micro-batch 0's IN_REDUCE; times the action on rank 0.
+class LateInputReduce : public ActionObserver {
+ public:
+  LateInputReduce(int rank, int late_ms, double* in_reduce_ms)
+      : rank_(rank), late_ms_(late_ms), in_reduce_ms_(in_reduce_ms) {}
+  void ActionStart(const ObservedStep&, const Action& a) override {
+    if (a.type != ActionType::kVocabInputReduce || a.microbatch != 0) return;
+    if (rank_ == 1) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms_));
+    start_ = std::chrono::steady_clock::now();
+  }
+  void ActionEnd(const ObservedStep&, const Action& a) override {
+    if (a.type != ActionType::kVocabInputReduce || a.microbatch != 0 || rank_ != 0) return;
+    *in_reduce_ms_ =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
+            .count();
+  }
+
+ private:
+  int rank_;
+  int late_ms_;
+  double* in_reduce_ms_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 // What one rank's step produced, for a bitwise comparison of two runs.
@@ -170,6 +200,8 @@ absl::Status RunCase(const Case& c, std::map<int, RankResult>* results = nullptr
     options.vocabulary_async_collectives = c.async;
     StageExecutor exec(world.rank, fns, LossFn(), &source, world.group, options);
     exec.set_vocabulary(&vocab);
+    LateInputReduce late(world.rank, c.late_ms, c.in_reduce_ms);
+    if (c.late_ms > 0) exec.set_observer(&late);
     PP_ASSIGN_OR_RETURN(StepStats stats,
                         exec.Run(program, 0, [](const Action&) { return absl::OkStatus(); }));
     if (results != nullptr) {
@@ -247,6 +279,29 @@ TEST(VocabExecutorTest, AsynchronousCollectivesGiveTheBlockingBits) {
       for (const auto& [stage, grad] : want.block_grads) {
         EXPECT_TRUE(torch::equal(got.block_grads.at(stage), grad)) << "block " << stage;
       }
+    }
+  }
+}
+
+// The asynchronous form does not wait in the collective's action: with rank
+// 1 late by 400 ms for micro-batch 0's IN_REDUCE, rank 0's IN_REDUCE returns
+// at once (it waits in stage 0's F instead); the blocking one waits for rank
+// 1. Both still train the dense model's gradients.
+TEST(VocabExecutorTest, AsynchronousCollectivesDoNotWaitInTheirAction) {
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "asynchronous" : "blocking");
+    double in_reduce_ms = -1;
+    Case c{"1f1b_vocab", 2, 2, 1, 11, false};
+    c.async = async;
+    c.late_ms = 400;
+    c.in_reduce_ms = &in_reduce_ms;
+    absl::Status s = RunCase(c);
+    ASSERT_TRUE(s.ok()) << s;
+    if (async) {
+      EXPECT_GE(in_reduce_ms, 0);
+      EXPECT_LT(in_reduce_ms, 200);
+    } else {
+      EXPECT_GT(in_reduce_ms, 200);
     }
   }
 }
