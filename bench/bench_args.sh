@@ -14,10 +14,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RECORD=0
+ASYNC=0
 
 # bench_parse_args "ACCEPTED" ARGS...: ACCEPTED lists the options the script
 # takes, of reps, steps, width (each with a value: --reps N sets REPS) and
-# record (--record sets RECORD=1). Anything else is refused, exit 2, naming
+# record (--record sets RECORD=1) and async (--async sets ASYNC=1: runs
+# with asynchronous vocabulary collectives added). Anything else is refused, exit 2, naming
 # what is accepted.
 bench_parse_args() {
   local accepted=$1 usage="" name
@@ -27,6 +29,7 @@ bench_parse_args() {
       reps | steps) usage+=", --$name N" ;;
       width) usage+=", --width W" ;;
       record) usage+=", --record" ;;
+      async) usage+=", --async" ;;
       *) echo "bench_parse_args: unknown option name '$name'" >&2; exit 2 ;;
     esac
   done
@@ -39,6 +42,9 @@ bench_parse_args() {
     fi
     if [[ $name == record ]]; then
       RECORD=1
+      shift
+    elif [[ $name == async ]]; then
+      ASYNC=1
       shift
     else
       printf -v "${name^^}" '%s' "$2"

@@ -51,7 +51,7 @@ def microbatch_multipliers(events, m):
 
 
 def simulate(explorer, schedule, ranks, m, chunks, costs, defer, multipliers=None,
-             step_all_reduce=False):
+             step_all_reduce=False, vocab_async=False):
     base = [explorer, f"--schedule={schedule}", f"--stages={ranks}", f"--microbatches={m}",
             f"--chunks={chunks}", "--format=json"]
     if schedule.startswith("csv:") and chunks == 2:
@@ -62,6 +62,10 @@ def simulate(explorer, schedule, ranks, m, chunks, costs, defer, multipliers=Non
     if shape.get("vocab_barriers") == 1:
         # The traced OUT_S and OUT_T are the one-barrier algorithm's own.
         extra = [a + ",VOCAB_BARRIERS:1" if a.startswith("--costs=") else a for a in extra]
+    if vocab_async:
+        # The run's vocabulary collectives were asynchronous
+        # (--vocab_async_collectives): simulated as started and waited where read.
+        extra = [a + ",VOCAB_ASYNC:1" if a.startswith("--costs=") else a for a in extra]
     if not defer:
         extra = [a for a in extra if a != "--defer_receives"]
     if multipliers:
@@ -99,6 +103,9 @@ def parse_args():
                     help="the model ties no layers across stages (LLaMA with tie_embeddings "
                          "false): REDUCE_TIED synchronises nobody; default: GPT's tied "
                          "embedding and head")
+    ap.add_argument("--vocab_async", action="store_true",
+                    help="the run had --vocab_async_collectives=true: its vocabulary "
+                         "collectives are simulated as asynchronous (VOCAB_ASYNC:1)")
     args = ap.parse_args()
     return args
 
@@ -121,12 +128,15 @@ def simulate_traced(args):
         span = (max(e["ts"] + e["dur"] for e in ev) - min(e["ts"] for e in ev)) * 1e-6
         lowered, placement = simulate(args.explorer, args.schedule, args.ranks,
                                       args.microbatches, args.chunks, costs, False,
-                                      step_all_reduce=step_all_reduce)
+                                      step_all_reduce=step_all_reduce,
+                                      vocab_async=args.vocab_async)
         deferred, _ = simulate(args.explorer, args.schedule, args.ranks, args.microbatches,
-                               args.chunks, costs, True, step_all_reduce=step_all_reduce)
+                               args.chunks, costs, True, step_all_reduce=step_all_reduce,
+                               vocab_async=args.vocab_async)
         multipliers = microbatch_multipliers(ev, args.microbatches)
         varlen, _ = simulate(args.explorer, args.schedule, args.ranks, args.microbatches,
-                             args.chunks, costs, True, multipliers, step_all_reduce)
+                             args.chunks, costs, True, multipliers, step_all_reduce,
+                             vocab_async=args.vocab_async)
         tied = ([] if costs["tie_groups"] == "none" else
                 sorted({placement[s] for s in costs["tie_groups"].split(",")}))
         replay = trace_costs.replay_step(ev, tied, step_all_reduce)

@@ -9,11 +9,14 @@
 #   over the partition `profile` finds (the best a partition can do about
 #   the head);
 #   pp 4: 1f1b, 1f1b + passes and 1f1b_vocab1; zbv and zbv_vocab (V-Half's
-#   memory balance, the paper's pairing).
+#   memory balance, the paper's pairing);
+#   with --async also pp 2's 1f1b_vocab, 1f1b_vocab1, zbv_vocab and
+#   zbv_vocab1 with --vocab_async_collectives=true (named *_async; each
+#   records its speedup over the same run with blocking collectives).
 # Each run is one record in bench/results/vocab_parallel.jsonl
 # (tools/results.py --record).
 #
-#   bench/vocab_parallel.sh [--steps N] [--width W] [--record]
+#   bench/vocab_parallel.sh [--steps N] [--width W] [--async] [--record]
 #
 # Figures per run: the median step time and tokens/s after 5 warm-up steps;
 # each rank's compute time per step (its compute actions in the traces of 10
@@ -30,7 +33,7 @@
 # shellcheck source=bench/bench_args.sh
 source "$(dirname "$0")/bench_args.sh"
 STEPS=20 WIDTH=256 VOCAB=32768
-bench_parse_args "steps width record" "$@"
+bench_parse_args "steps width async record" "$@"
 [[ $STEPS -ge 16 ]] || { echo "--steps must be at least 16 (5 warm-up, 10 traced)" >&2; exit 2; }
 bench_build //experiments:train_llama //experiments:schedule_explorer
 BIN=bazel-bin/experiments/train_llama
@@ -44,7 +47,7 @@ ids = [rng.randrange(int(sys.argv[2])) for _ in range(200000)]
 open(sys.argv[1], "wb").write(struct.pack(f"<{len(ids)}H", *ids))
 PY
 SET="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,llama.vocab_size=$VOCAB,llama.width=$WIDTH,llama.tokenizer=,llama.context_length=64,parallelism.micro_batch_size=2,data.path=$TMP/tokens.bin,data.eval_fraction=0,trace_step=6,trace_steps=10"
-COMMAND="bench/vocab_parallel.sh --steps $STEPS --width $WIDTH"
+COMMAND="bench/vocab_parallel.sh --steps $STEPS --width $WIDTH$([[ $ASYNC == 1 ]] && echo " --async")"
 # name:pp:chunks:schedule:vocab_parallel:partition_method
 RUNS="pp2_1f1b:2:1:1f1b:false:type:LlamaBlock pp2_1f1b_vocab:2:1:1f1b:true:type:LlamaBlock
 pp2_1f1b_vocab1:2:1:1f1b_vocab1:true:type:LlamaBlock
@@ -55,11 +58,19 @@ pp2_1f1b_profile:2:1:1f1b:false:profile
 pp4_1f1b:4:1:1f1b:false:type:LlamaBlock pp4_1f1b_vocab:4:1:1f1b:true:type:LlamaBlock
 pp4_1f1b_vocab1:4:1:1f1b_vocab1:true:type:LlamaBlock
 pp4_zbv:4:2:zbv:false:type:LlamaBlock pp4_zbv_vocab:4:2:zbv_vocab:true:type:LlamaBlock"
+if [[ $ASYNC == 1 ]]; then
+  RUNS+="
+pp2_1f1b_vocab_async:2:1:1f1b:true:type:LlamaBlock pp2_1f1b_vocab1_async:2:1:1f1b_vocab1:true:type:LlamaBlock
+pp2_zbv_vocab_async:2:2:zbv_vocab:true:type:LlamaBlock pp2_zbv_vocab1_async:2:2:zbv_vocab1:true:type:LlamaBlock"
+fi
 for run in $RUNS; do
   IFS=: read -r name pp chunks schedule vocab partition <<< "$run"
+  async=()
+  [[ $name == *_async ]] && async=(--vocab_async_collectives=true)
   bench_run "$name" "$BIN" --pp="$pp" --chunks="$chunks" --schedule="$schedule" \
     --vocab_parallel="$vocab" --microbatches=8 --steps="$STEPS" --sample_tokens=0 \
-    --output_dir="$TMP/runs" --name="$name" --set="$SET,parallelism.partition_method=$partition"
+    --output_dir="$TMP/runs" --name="$name" --set="$SET,parallelism.partition_method=$partition" \
+    "${async[@]}"
 done
 python3 - "$TMP" "$RECORD" "$COMMAND" "$RUNS" "$VOCAB" "$WIDTH" "$EXPLORER" <<'PY'
 import glob, json, re, statistics, subprocess, sys
@@ -67,14 +78,15 @@ tmp, record, command, runs = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.a
 vocab, width, explorer = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
 COMPUTE = re.compile(r"^(\d+(F|B|I|W)\d+|(OUT_S|OUT_T|IN_F|IN_B)\d+)$")
 
-def simulated(run_dir, pp, chunks, schedule, vocab_parallel):
+def simulated(run_dir, pp, chunks, schedule, vocab_parallel, vocab_async):
     """trace_vs_simulated's median errors over the traced steps (LLaMA's head is untied)."""
     if vocab_parallel == "true" and not re.search(r"_vocab1?$", schedule):
         schedule += "_vocab"  # the Trainer placed the passes as the registered one does
     out = subprocess.run(["python3", "bench/trace_vs_simulated.py", "--explorer", explorer,
                           "--run", run_dir, "--schedule", schedule, "--ranks", pp,
                           "--chunks", chunks, "--microbatches", "8", "--first", "6",
-                          "--count", "10", "--untied", "--json"],
+                          "--count", "10", "--untied", "--json"] +
+                         (["--vocab_async"] if vocab_async else []),
                          capture_output=True, text=True, check=True).stdout
     r = json.loads(out)
     return {"simulated_schedule": schedule,
@@ -99,16 +111,18 @@ def figures(name, pp, chunks, schedule, vocab_parallel, partition):
     busy = [round(statistics.median(compute[r]), 1) for r in sorted(compute)]
     step_s = statistics.median(m["step_s"] for m in steps)
     tokens = metrics[-1].get("tokens_per_step") or 8 * 2 * 64
+    vocab_async = name.endswith("_async")
     return {
         "pp": int(pp), "chunks": int(chunks), "schedule": schedule, "partition_method": partition,
         "vocab_parallel": vocab_parallel == "true", "vocab_size": vocab, "width": width,
+        **({"vocab_async_collectives": True} if vocab_async else {}),
         "step_s_median": round(step_s, 4), "tokens_per_s": round(tokens / step_s, 1),
         "compute_ms_per_rank": busy,
         "compute_max_over_min": round(max(busy) / min(busy), 3) if busy else None,
         "peak_mib_per_rank": [float(p) for _, p, _ in lines],
         "planned_peak_mib_per_rank": [float(p) for _, _, p in lines],
         "last_loss": metrics[-1]["loss"],
-        **simulated(run_dir, pp, chunks, schedule, vocab_parallel),
+        **simulated(run_dir, pp, chunks, schedule, vocab_parallel, vocab_async),
     }
 
 results = {}
@@ -117,7 +131,11 @@ for run in runs:
     results[name] = figures(name, pp, chunks, schedule, vocab_parallel, partition)
 for name, f in results.items():
     if f["vocab_parallel"]:
-        base = results[re.sub(r"_vocab1?$", "", name)]
+        if name.endswith("_async"):
+            blocking = results[name[:-len("_async")]]
+            f["speedup_vs_blocking"] = round(blocking["step_s_median"] / f["step_s_median"], 3)
+            f["last_loss_equals_blocking"] = f["last_loss"] == blocking["last_loss"]
+        base = results[re.sub(r"_vocab1?(_async)?$", "", name)]
         f["speedup_vs_same_schedule"] = round(base["step_s_median"] / f["step_s_median"], 3)
         f["last_loss_rel_diff"] = abs(f["last_loss"] / base["last_loss"] - 1)
         best = max((n for n, g in results.items() if g["pp"] == f["pp"] and not g["vocab_parallel"]),

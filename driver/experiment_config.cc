@@ -262,6 +262,12 @@ absl::Status CheckVocabParallel(const ExperimentConfig& config, const ModelInfo&
                                 ") is set without parallelism.vocab_parallel; set "
                                 "vocab_parallel=true, or drop vocab_barriers"));
   }
+  if (par.vocab_async_collectives() && !par.vocab_parallel()) {
+    return Invalid(
+        "parallelism.vocab_async_collectives (true) is set without parallelism.vocab_parallel "
+        "(it runs the vocabulary passes' collectives asynchronously); set vocab_parallel=true, "
+        "or drop vocab_async_collectives");
+  }
   if (!par.vocab_parallel()) return absl::OkStatus();
   if (!model.vocabulary_split) {
     return Invalid(absl::StrCat(

@@ -312,6 +312,32 @@ TEST(ExperimentConfigTest, VocabBarriers) {
   EXPECT_TRUE(ValidateExperimentConfig(one, 2).ok()) << ValidateExperimentConfig(one, 2);
 }
 
+// parallelism.vocab_async_collectives: accepted with vocab_parallel under
+// any training schedule (both output algorithms), refused without it,
+// naming the value and the fix.
+TEST(ExperimentConfigTest, VocabAsyncCollectives) {
+  ExperimentConfig c = Gpt();
+  c.mutable_parallelism()->set_vocab_parallel(true);
+  c.mutable_parallelism()->set_vocab_async_collectives(true);
+  for (const auto& [schedule, chunks] : {std::pair{"1f1b", 1}, std::pair{"1f1b_vocab1", 1},
+                                         std::pair{"zbv_vocab", 2}, std::pair{"auto", 1}}) {
+    ExperimentConfig v = c;
+    v.mutable_parallelism()->set_schedule(schedule);
+    v.mutable_parallelism()->set_chunks(chunks);
+    EXPECT_TRUE(ValidateExperimentConfig(v, 2).ok())
+        << schedule << ": " << ValidateExperimentConfig(v, 2);
+  }
+  ExperimentConfig dense = c;
+  dense.mutable_parallelism()->set_vocab_parallel(false);
+  const std::string e = Error(dense, 2);
+  EXPECT_HAS(e,
+             "parallelism.vocab_async_collectives (true) is set without "
+             "parallelism.vocab_parallel");
+  EXPECT_HAS(e, "set vocab_parallel=true, or drop vocab_async_collectives");
+  dense.mutable_parallelism()->set_vocab_async_collectives(false);
+  EXPECT_TRUE(ValidateExperimentConfig(dense, 2).ok()) << ValidateExperimentConfig(dense, 2);
+}
+
 TEST(ExperimentConfigTest, MicroBatchCountTheScheduleRejects) {
   ExperimentConfig c = Gpt();
   c.mutable_parallelism()->set_schedule("interleaved_1f1b");

@@ -46,6 +46,10 @@ ABSL_FLAG(std::string, vocab_parallel, "",
 ABSL_FLAG(std::string, vocab_barriers, "",
           "override parallelism.vocab_barriers (1 or 2: the output algorithm of the vocabulary "
           "passes pipe places into a schedule; 0: pipe's choice)");
+ABSL_FLAG(std::string, vocab_async_collectives, "",
+          "override parallelism.vocab_async_collectives (true: the vocabulary passes' "
+          "collectives run asynchronously, each waited for where its result is read; the same "
+          "bits)");
 ABSL_FLAG(std::string, schedule, "", "override parallelism.schedule");
 ABSL_FLAG(std::string, auto_costs, "",
           "override parallelism.auto_costs (--schedule=auto synthesises for these costs instead "
@@ -110,6 +114,7 @@ const std::vector<OverrideFlag>& OverrideFlagTable() {
       {&FLAGS_distributed_optimizer, "parallelism.distributed_optimizer"},
       {&FLAGS_vocab_parallel, "parallelism.vocab_parallel"},
       {&FLAGS_vocab_barriers, "parallelism.vocab_barriers"},
+      {&FLAGS_vocab_async_collectives, "parallelism.vocab_async_collectives"},
       {&FLAGS_schedule, "parallelism.schedule"},
       {&FLAGS_auto_costs, "parallelism.auto_costs"},
       {&FLAGS_chunks, "parallelism.chunks"},

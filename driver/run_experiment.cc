@@ -237,6 +237,7 @@ absl::StatusOr<TrainerOptions> MakeTrainerOptions(const ExperimentConfig& config
   to.executor.post_receives_ahead = par.p2p_post_receives_ahead();
   to.distributed_optimizer = par.distributed_optimizer();
   to.vocabulary_barriers = par.vocab_barriers();  // 0: pipe's choice, as the Trainer's
+  to.vocabulary_async_collectives = par.vocab_async_collectives();
   to.bucket_numel = par.ddp_bucket_size();
   if (par.activation_checkpointing().interval() > 0) {
     ActivationCheckpointPolicy policy;

@@ -61,13 +61,17 @@ void RunReport::Header(const std::string& data_description, int64_t tokens_per_s
                        const PipelineModel& model) const {
   if (!active()) return;
   const auto& par = config_->parallelism();
-  // The passes' form where the run asks for one (parallelism.vocab_barriers).
+  // The passes' form where the run asks for one (parallelism.vocab_barriers),
+  // and whether their collectives run asynchronously.
   const std::string vocab =
-      !par.vocab_parallel() ? ""
-      : par.vocab_barriers() != 0
-          ? absl::StrCat(" (vocabulary parallel, ", par.vocab_barriers(),
-                         par.vocab_barriers() == 1 ? " barrier)" : " barriers)")
-          : " (vocabulary parallel)";
+      !par.vocab_parallel()
+          ? ""
+          : absl::StrCat(" (vocabulary parallel",
+                         par.vocab_barriers() == 0 ? ""
+                         : par.vocab_barriers() == 1
+                             ? ", 1 barrier"
+                             : absl::StrCat(", ", par.vocab_barriers(), " barriers"),
+                         par.vocab_async_collectives() ? ", asynchronous collectives" : "", ")");
   const std::string tp =
       absl::StrCat(par.tp() > 1 ? absl::StrCat(" x tp=", par.tp()) : "",
                    par.distributed_optimizer() ? " (distributed optimizer)" : "", vocab);

@@ -53,16 +53,22 @@ absl::Status WaitWork(const WorkPtr& work, absl::string_view collective, absl::s
   return absl::OkStatus();
 }
 
-absl::Status RunCollective(absl::string_view collective, absl::string_view group,
-                           std::chrono::milliseconds timeout,
-                           const std::function<WorkPtr()>& start) {
-  WorkPtr work;
+absl::StatusOr<WorkPtr> StartWork(absl::string_view collective, absl::string_view group,
+                                  std::chrono::milliseconds timeout,
+                                  const std::function<WorkPtr()>& start) {
   try {
-    work = start();
+    return start();
   } catch (const std::exception& e) {
     return FromException(e, collective, group, timeout);
   }
-  return WaitWork(work, collective, group, timeout);
+}
+
+absl::Status RunCollective(absl::string_view collective, absl::string_view group,
+                           std::chrono::milliseconds timeout,
+                           const std::function<WorkPtr()>& start) {
+  absl::StatusOr<WorkPtr> work = StartWork(collective, group, timeout, start);
+  if (!work.ok()) return work.status();
+  return WaitWork(*work, collective, group, timeout);
 }
 
 std::string DescribeGroup(absl::string_view name, const std::vector<int>& ranks, int self) {

@@ -21,6 +21,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace pp {
@@ -34,6 +35,14 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 // A null `work` is InvalidArgument.
 [[nodiscard]] absl::Status WaitWork(const WorkPtr& work, absl::string_view collective,
                                     absl::string_view group, std::chrono::milliseconds timeout);
+
+// Starts the operation with `start` without waiting for it (an asynchronous
+// collective: wait later with WaitWork); an exception thrown by `start` (bad
+// tensors, a broken group) becomes the Status RunCollective would return.
+[[nodiscard]] absl::StatusOr<WorkPtr> StartWork(absl::string_view collective,
+                                                absl::string_view group,
+                                                std::chrono::milliseconds timeout,
+                                                const std::function<WorkPtr()>& start);
 
 // Starts the operation with `start` and waits for it as WaitWork does; an
 // exception thrown by `start` (bad tensors, a broken group) becomes the same

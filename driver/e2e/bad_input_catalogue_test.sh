@@ -91,6 +91,7 @@ data.packing_order 'longest' is unknown; valid: seed, cost|--set=data.packing=do
 data.packing_balance 'flops' is unknown; valid: tokens, cost|--set=data.packing=documents,data.packing_balance=flops
 makes micro-batches of varying shapes, which parallelism.p2p_static_shapes cannot send|--set=data.packing=documents --p2p_static_shapes=true
 data.packing 'documents' needs documents: data.source corpus or tokens, not synthetic|--set=data.packing=documents,data.source=synthetic
+parallelism.vocab_async_collectives (true) is set without parallelism.vocab_parallel|--vocab_async_collectives=true
 CASES_END
 )
 

@@ -6,7 +6,8 @@
 #     loss within 1e-5 relative of the same run without it (the runtime's
 #     vocab_equivalence_test proves the maths case by case);
 #   - the same under 1f1b_vocab1 (the one-barrier output algorithm, OUT_T
-#     after the last stage's backward);
+#     after the last stage's backward), and with
+#     --vocab_async_collectives=true the same run's losses exactly;
 #   - the same over the partition `profile` finds for the body; and the
 #     one-barrier passes placed into ZB-H1 (--vocab_barriers=1: a schedule
 #     without its own, split backward) over that partition (one run covers
@@ -30,7 +31,8 @@
 #     auto over the profile partition at tp 2, asked for one barrier (no
 #     two-barrier schedule weighed), within 1e-5 of the tp 1 run;
 #   - refused before launch, by name: a vocabulary schedule without
-#     vocab_parallel, a bad --vocab_barriers, and for a model without a
+#     vocab_parallel, a bad --vocab_barriers, --vocab_async_collectives
+#     without vocab_parallel, and for a model without a
 #     vocabulary split (BERT is not linked here: the message names the models
 #     that support it).
 set -uo pipefail
@@ -69,6 +71,15 @@ close_losses "$(losses dense)" "$(losses vocab)" "vocabulary parallel vs dense, 
 run vocab1 --microbatches=4 --vocab_parallel=true --schedule=1f1b_vocab1
 close_losses "$(losses dense)" "$(losses vocab1)" "one-barrier vocabulary parallel (1f1b_vocab1) vs dense, pp 2" ||
   fail "the one-barrier algorithm changes the losses"
+# Asynchronous collectives (each waited for where its result is read): the
+# same run's losses, every step to the printed digit.
+run vocab1_async --microbatches=4 --vocab_parallel=true --schedule=1f1b_vocab1 \
+  --vocab_async_collectives=true
+grep -q 'pp=2 x dp=1 (vocabulary parallel, asynchronous collectives)' "$LOG" ||
+  fail "the header does not name the asynchronous collectives"
+[[ "$(losses vocab1_async)" == "$(losses vocab1)" ]] ||
+  fail "asynchronous collectives change the losses: '$(losses vocab1_async | tr '\n' ' ')' vs '$(losses vocab1 | tr '\n' ' ')'"
+echo "ok: 1f1b_vocab1 with asynchronous collectives gives the blocking run's losses exactly"
 
 # partition_method profile times the body's layers (rank 0 on its share of
 # the sample's embeddings); the losses stay the dense run's.
@@ -185,4 +196,6 @@ refused vocab_schedule "has vocabulary passes; set parallelism.vocab_parallel=tr
   --microbatches=4 --schedule=1f1b_vocab
 refused vocab_barriers "parallelism.vocab_barriers (3) must be 1" \
   --microbatches=4 --vocab_parallel=true --vocab_barriers=3
+refused vocab_async "parallelism.vocab_async_collectives (true) is set without parallelism.vocab_parallel" \
+  --microbatches=4 --vocab_async_collectives=true
 echo PASS

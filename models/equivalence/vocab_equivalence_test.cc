@@ -35,6 +35,16 @@
 // optimizer: GPT under ZB-H1 (split backward) at pp 2 x dp 2; and bf16 under
 // 1f1b_vocab1 at pp 2 x dp 2 (VocabBf16Test's bound, the planted bug outside
 // it).
+//
+// Asynchronous collectives (TrainerOptions::vocabulary_async_collectives:
+// each started by its action, waited for where its result is read), a
+// covering set of its own: GPT tied under 1f1b_vocab1 at pp 2 (one barrier);
+// LLaMA untied under zbv_vocab at pp 2 x dp 2 with the distributed optimizer
+// (two barriers, V placement, split backward, the shards' reduce-scatter at
+// STEP); GPT under 1f1b_vocab at pp 2 x tp 2 with sequence parallelism (the
+// head input and the embedding's gradient summed, not broadcast). Each equals
+// ToSequential() as the other cases, and the blocking run of the same case
+// bit for bit. The planted missing sum and missing gather fail it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -226,6 +236,25 @@ std::vector<Case> Cases() {
     c.bucket_numel = 500;
     cases.push_back({c, "llama_untied_zbv_vocab_pp2_tp2_dp2_zero1"});
   }
+  // Asynchronous collectives.
+  {
+    RunConfig c = GptCase("1f1b_vocab1", 2, 1);
+    c.vocabulary_async_collectives = true;
+    cases.push_back({c, "gpt_1f1b_vocab1_pp2_async"});
+  }
+  {
+    RunConfig c = VocabCase(kUntiedLlama, "zbv_vocab", 2, 2);
+    c.distributed_optimizer = true;
+    c.bucket_numel = 500;
+    c.vocabulary_async_collectives = true;
+    cases.push_back({c, "llama_untied_zbv_vocab_pp2_dp2_zero1_async"});
+  }
+  {
+    RunConfig c = TensorParallelCase(kGpt, "1f1b_vocab", 1);
+    c.sequence_parallel = true;
+    c.vocabulary_async_collectives = true;
+    cases.push_back({c, "gpt_1f1b_vocab_pp2_tp2_sp_async"});
+  }
   return cases;
 }
 
@@ -245,6 +274,20 @@ TEST_P(VocabEquivalenceTest, PipelineEqualsSequential) {
     ASSERT_EQ(pipeline->params.count(split.head_name), 1u);
   }
   EXPECT_LT(pipeline->losses.back(), pipeline->losses.front());
+  if (c.config.vocabulary_async_collectives) {
+    // The same Gloo operations on the same tensors: the blocking run's bits.
+    RunConfig blocking_config = c.config;
+    blocking_config.vocabulary_async_collectives = false;
+    absl::StatusOr<RunResult> blocking = TrainPipeline(blocking_config);
+    ASSERT_TRUE(blocking.ok()) << blocking.status();
+    EXPECT_EQ(blocking->losses, pipeline->losses);
+    EXPECT_EQ(blocking->grad_norms, pipeline->grad_norms);
+    ASSERT_EQ(blocking->params.size(), pipeline->params.size());
+    for (const auto& [name, value] : blocking->params) {
+      ASSERT_EQ(pipeline->params.count(name), 1u) << name;
+      EXPECT_TRUE(torch::equal(pipeline->params.at(name), value)) << name;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, VocabEquivalenceTest, ::testing::ValuesIn(Cases()),
@@ -393,6 +436,24 @@ TEST(VocabPlantedFaultTest, EachIsCaught) {
   for (tp_internal::PlantedFault fault :
        {tp_internal::PlantedFault::kSkipAllReduce, tp_internal::PlantedFault::kSkipAllGather,
         tp_internal::PlantedFault::kShiftedVocabRows}) {
+    ExpectCaught(c, *sequential, fault, /*ranks_may_disagree=*/false);
+  }
+}
+
+// With asynchronous collectives the planted missing sums (IN_REDUCE,
+// OUT_REDUCE) and the missing gather of the statistics are still caught:
+// the started forms honour them as the blocking forms do.
+TEST(VocabPlantedFaultTest, EachIsCaughtWithAsynchronousCollectives) {
+  RunConfig c = GptCase("1f1b_vocab", 2, 1);
+  c.vocabulary_async_collectives = true;
+  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  absl::StatusOr<RunResult> clean = TrainPipeline(c);
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  ASSERT_EQ(CompareResults(*sequential, *clean, kRtol), "");
+  namespace tp_internal = tensor_parallel::internal;
+  for (tp_internal::PlantedFault fault :
+       {tp_internal::PlantedFault::kSkipAllReduce, tp_internal::PlantedFault::kSkipAllGather}) {
     ExpectCaught(c, *sequential, fault, /*ranks_may_disagree=*/false);
   }
 }

@@ -419,9 +419,14 @@ absl::Status AutoScheduleRun::Decide(int64_t step, double step_ms, const Paralle
       grid.global_rank() == 0, /*trial=*/true, trainer);
 }
 
-absl::Status AutoScheduleRun::ChooseAndSwitch(const SimulationCosts& costs,
+absl::Status AutoScheduleRun::ChooseAndSwitch(const SimulationCosts& measured,
                                               const std::string& what_costs, bool rank0, bool trial,
                                               Trainer& trainer) {
+  // The candidates are simulated with the vocabulary collectives the run
+  // executes: blocking, or started and waited for where read.
+  SimulationCosts costs = measured;
+  costs.vocab.asynchronous =
+      trainer.vocabulary() != nullptr && trainer.vocabulary_async_collectives();
   PP_ASSIGN_OR_RETURN(
       AutoScheduleChoice choice,
       ChooseAutoSchedule(costs, num_stages_, num_microbatches_, num_chunks_, memory_cap_,

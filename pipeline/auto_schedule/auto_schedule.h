@@ -155,10 +155,11 @@ class AutoScheduleRun {
   // says so; false (with a warning) when there is none or it does not fit
   // this run's shape.
   bool ResumeSavedSchedule(Trainer& trainer, int64_t first_step);
-  // Synthesises for `costs`, reports the comparison (rank 0, after
-  // `what_costs`) and switches to the choice; `trial` puts a switch away
-  // from the measurement schedule on trial.
-  absl::Status ChooseAndSwitch(const SimulationCosts& costs, const std::string& what_costs,
+  // Synthesises for `measured` (its VocabCosts::asynchronous set to the
+  // Trainer's vocabulary_async_collectives), reports the comparison (rank 0,
+  // after `what_costs`) and switches to the choice; `trial` puts a switch
+  // away from the measurement schedule on trial.
+  absl::Status ChooseAndSwitch(const SimulationCosts& measured, const std::string& what_costs,
                                bool rank0, bool trial, Trainer& trainer);
   // AfterStep's decisions for `step`, which took `step_ms` on this rank.
   absl::Status Decide(int64_t step, double step_ms, const ParallelGrid& grid, Trainer& trainer);

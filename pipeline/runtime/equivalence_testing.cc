@@ -357,6 +357,7 @@ TrainerOptions TrainerOptionsOf(const RunConfig& config, const torch::Device& de
   to.distributed_optimizer_fault = config.distributed_optimizer_fault;
   to.executor.loss_normalization_fault = config.loss_normalization_fault;
   to.vocabulary_barriers = config.vocabulary_barriers;
+  to.vocabulary_async_collectives = config.vocabulary_async_collectives;
   return to;
 }
 

@@ -154,6 +154,8 @@ struct RunConfig {
   // TrainerOptions::vocabulary_barriers: the form of the passes the Trainer
   // places into `schedule` when it has none (0: two barriers).
   int vocabulary_barriers = 0;
+  // TrainerOptions::vocabulary_async_collectives.
+  bool vocabulary_async_collectives = false;
   // Where the pipeline's ranks compute: kCuda puts rank r on cuda:r (pp * dp
   // GPUs, NCCL); the sequential reference always runs on the CPU.
   DeviceKind device = DeviceKind::kCpu;

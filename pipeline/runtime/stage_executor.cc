@@ -172,6 +172,7 @@ absl::Status StageExecutor::Forward(const Action& a, StepState& st) {
   int64_t id = data->batch.id;
   const bool vocab = st.program->vocab_parallel;
   if (s == 0 && vocab) {
+    PP_RETURN_IF_ERROR(FinishVocabCollective(st, ActionType::kVocabInputReduce, mb));
     auto it = st.vocab_embedded.find(mb);
     if (it == st.vocab_embedded.end()) {
       return absl::FailedPreconditionError(
@@ -267,6 +268,7 @@ absl::Status StageExecutor::Roots(const Action& a, StepState& st, StashEntry& en
   grads_received = false;
   const bool last = a.stage == st.program->num_virtual_stages() - 1;
   if (last && st.program->vocab_parallel) {
+    PP_RETURN_IF_ERROR(FinishVocabCollective(st, ActionType::kVocabOutputReduce, a.microbatch));
     auto g = st.vocab_hidden_grad.find(a.microbatch);
     if (g == st.vocab_hidden_grad.end()) {
       return absl::FailedPreconditionError(
@@ -526,8 +528,10 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, const TailFn
     case ActionType::kReduceTiedGrads:
     case ActionType::kReduceGrads:
     case ActionType::kOptimizerStep:
-      // Sends still in flight must complete before the tail's collectives and
-      // before the optimizer changes weights a later step depends on.
+      // Sends and vocabulary collectives still in flight must complete
+      // before the tail's collectives and before the optimizer reads the
+      // gradients and changes weights a later step depends on.
+      PP_RETURN_IF_ERROR(FinishVocabCollectives(st));
       PP_RETURN_IF_ERROR(p2p_.WaitSends());
       return tail ? tail(a) : absl::OkStatus();
     case ActionType::kBackwardInput:
@@ -597,24 +601,30 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
   // parallelism a slice each), whole on every rank of the group: a broadcast
   // from the stage's tensor rank 0, or the slices written into zeros and
   // summed (exact: one term per element is nonzero).
+  // Started; its result is `from`'s entry again once finished.
   auto whole_on_every_rank = [&](std::map<int, torch::Tensor>& from, int holder,
                                  torch::ScalarType dtype, const char* needs,
-                                 const std::string& what_mb) -> absl::StatusOr<torch::Tensor> {
+                                 const std::string& what_mb) -> absl::Status {
     torch::Tensor held;
     if (rank_ == holder) {
       held = take(from);
       if (!held.defined()) return missing(needs);
     }
+    tensor_parallel::PendingCollective work;
     if (vocab_->sequence_parallel()) {
       torch::Tensor whole = hidden_like_ids().to(dtype);
       if (held.defined()) vocab_->SequenceSlice(whole).copy_(held);
-      tensor_parallel::AllReduceInPlace(whole, group, tensor_parallel::ReduceOp::kSum, what_mb);
-      return whole;
+      work =
+          tensor_parallel::StartAllReduce(whole, group, tensor_parallel::ReduceOp::kSum, what_mb);
+    } else {
+      torch::Tensor whole =
+          held.defined() ? held.to(dtype).contiguous() : hidden_like_ids().to(dtype);
+      work = tensor_parallel::StartBroadcast(whole, group, vocab_->RootOf(holder), what_mb);
     }
-    torch::Tensor whole =
-        held.defined() ? held.to(dtype).contiguous() : hidden_like_ids().to(dtype);
-    tensor_parallel::Broadcast(whole, group, vocab_->RootOf(holder), what_mb);
-    return whole;
+    return StartVocabCollective(st, a, std::move(work), [&from, mb](torch::Tensor whole) {
+      from[mb] = std::move(whole);
+      return absl::OkStatus();
+    });
   };
   // The output layer's algorithm (Schedule::vocab_barriers).
   const bool one_barrier = program.vocab_barriers == 1;
@@ -625,25 +635,25 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
     case ActionType::kVocabInputReduce: {
       torch::Tensor share = take(st.vocab_embedded);
       if (!share.defined()) return missing("its IN_F");
-      tensor_parallel::AllReduceInPlace(share, group, tensor_parallel::ReduceOp::kSum,
-                                        absl::StrCat("the embedding of micro-batch ", mb));
-      if (rank_ == first_rank) {
-        // Sequence parallelism: stage 0's layers take this rank's slice.
-        if (vocab_->sequence_parallel()) share = vocab_->SequenceSlice(share).contiguous();
-        if (!st.forward_only) share.requires_grad_(true);
-        st.vocab_embedded[mb] = share;
-      }
-      return absl::OkStatus();
+      return StartVocabCollective(
+          st, a,
+          tensor_parallel::StartAllReduce(share, group, tensor_parallel::ReduceOp::kSum,
+                                          absl::StrCat("the embedding of micro-batch ", mb)),
+          [this, &st, mb, first_rank](torch::Tensor sum) {
+            if (rank_ != first_rank) return absl::OkStatus();
+            // Sequence parallelism: stage 0's layers take this rank's slice.
+            if (vocab_->sequence_parallel()) sum = vocab_->SequenceSlice(sum).contiguous();
+            if (!st.forward_only) sum.requires_grad_(true);
+            st.vocab_embedded[mb] = std::move(sum);
+            return absl::OkStatus();
+          });
     }
-    case ActionType::kVocabOutputBroadcast: {
-      PP_ASSIGN_OR_RETURN(
-          st.vocab_hidden[mb],
-          whole_on_every_rank(st.vocab_hidden, last_rank, vocab_->head().scalar_type(),
-                              "the last stage's F",
-                              absl::StrCat("the head's input of micro-batch ", mb)));
-      return absl::OkStatus();
-    }
+    case ActionType::kVocabOutputBroadcast:
+      return whole_on_every_rank(st.vocab_hidden, last_rank, vocab_->head().scalar_type(),
+                                 "the last stage's F",
+                                 absl::StrCat("the head's input of micro-batch ", mb));
     case ActionType::kVocabOutputS: {
+      PP_RETURN_IF_ERROR(FinishVocabCollective(st, ActionType::kVocabOutputBroadcast, mb));
       torch::Tensor hidden = take(st.vocab_hidden);
       if (!hidden.defined()) return missing("its OUT_BCAST");
       st.vocab_stats[mb] = vocab_
@@ -664,35 +674,44 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
         over.rank = rank_;
         over.size = pipe_group_->getSize();
       }
-      torch::Tensor gathered = tensor_parallel::AllGather(
-          stats, over, 0, absl::StrCat("the softmax statistics of micro-batch ", mb));
-      const torch::Tensor loss = vocab_->Combine(mb, gathered);
-      if (st.forward_only) vocab_->Drop(mb);  // evaluation: no OUT_T
-      if (rank_ != last_rank && st.forward_only) return absl::OkStatus();
-      // As the dense loss reduces (ReduceTokenLosses): the mean over the
-      // counted tokens, or with per-token loss the mask (the Trainer divides
-      // by the global batch's trained tokens). Computed once for the loss
-      // and the passes' gradients.
-      const torch::Tensor weights =
-          VocabTokenWeights(*data, vocab_labels_key_, vocab_->ignore_index());
-      if (rank_ == last_rank) {
-        st.stats.loss_sum += (loss * weights).sum().item<double>();
-        st.stats.losses_computed += 1;
-      }
-      if (!st.forward_only) {
-        // d step loss / d token loss, scaled as ScaledLoss scales the dense
-        // loss (1/m, or dp / global_loss_tokens with per-token loss); OUT_T
-        // (and with one barrier OUT_REDUCE before it) reads it.
-        torch::Tensor scale = ScaledLoss(weights, *data, program.num_microbatches);
-        if (options_.loss_normalization_fault == LossNormalizationFault::kDroppedMicroBatch &&
-            mb == program.num_microbatches - 1) {
-          scale.zero_();
-        }
-        st.vocab_grad_scale[mb] = scale;
-      }
-      return absl::OkStatus();
+      // Finished by the first reader of the combined statistics (OUT_T, or
+      // with one barrier OUT_REDUCE), or before the step's tail.
+      return StartVocabCollective(
+          st, a,
+          tensor_parallel::StartAllGather(
+              stats, over, 0, absl::StrCat("the softmax statistics of micro-batch ", mb)),
+          [this, &st, mb, data, last_rank](torch::Tensor gathered) {
+            const torch::Tensor loss = vocab_->Combine(mb, gathered);
+            if (st.forward_only) vocab_->Drop(mb);  // evaluation: no OUT_T
+            if (rank_ != last_rank && st.forward_only) return absl::OkStatus();
+            // As the dense loss reduces (ReduceTokenLosses): the mean over the
+            // counted tokens, or with per-token loss the mask (the Trainer
+            // divides by the global batch's trained tokens). Computed once
+            // for the loss and the passes' gradients.
+            const torch::Tensor weights =
+                VocabTokenWeights(*data, vocab_labels_key_, vocab_->ignore_index());
+            if (rank_ == last_rank) {
+              st.stats.loss_sum += (loss * weights).sum().item<double>();
+              st.stats.losses_computed += 1;
+            }
+            if (!st.forward_only) {
+              // d step loss / d token loss, scaled as ScaledLoss scales the
+              // dense loss (1/m, or dp / global_loss_tokens with per-token
+              // loss); OUT_T (and with one barrier OUT_REDUCE before it)
+              // reads it.
+              const int m = st.program->num_microbatches;
+              torch::Tensor scale = ScaledLoss(weights, *data, m);
+              if (options_.loss_normalization_fault == LossNormalizationFault::kDroppedMicroBatch &&
+                  mb == m - 1) {
+                scale.zero_();
+              }
+              st.vocab_grad_scale[mb] = scale;
+            }
+            return absl::OkStatus();
+          });
     }
     case ActionType::kVocabOutputT: {
+      PP_RETURN_IF_ERROR(FinishVocabCollective(st, ActionType::kVocabOutputStats, mb));
       const torch::Tensor scale = take(st.vocab_grad_scale);  // its last reader
       if (!scale.defined()) return missing("its OUT_STATS");
       if (one_barrier) {
@@ -708,6 +727,7 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
       // One barrier: OUT_S's partial, rescaled now that the stats are here.
       torch::Tensor share;
       if (one_barrier) {
+        PP_RETURN_IF_ERROR(FinishVocabCollective(st, ActionType::kVocabOutputStats, mb));
         auto scale = st.vocab_grad_scale.find(mb);
         if (scale == st.vocab_grad_scale.end()) return missing("its OUT_STATS");
         share = vocab_->RescaledPartial(mb, scale->second).contiguous();
@@ -715,24 +735,25 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
         share = take(st.vocab_hidden_grad);
         if (!share.defined()) return missing("its OUT_T");
       }
-      tensor_parallel::AllReduceInPlace(
-          share, group, tensor_parallel::ReduceOp::kSum,
-          absl::StrCat("the head input's gradient of micro-batch ", mb));
-      if (rank_ == last_rank) {
-        st.vocab_hidden_grad[mb] =
-            vocab_->sequence_parallel() ? vocab_->SequenceSlice(share).contiguous() : share;
-      }
-      return absl::OkStatus();
+      return StartVocabCollective(
+          st, a,
+          tensor_parallel::StartAllReduce(
+              share, group, tensor_parallel::ReduceOp::kSum,
+              absl::StrCat("the head input's gradient of micro-batch ", mb)),
+          [this, &st, mb, last_rank](torch::Tensor sum) {
+            if (rank_ == last_rank) {
+              st.vocab_hidden_grad[mb] =
+                  vocab_->sequence_parallel() ? vocab_->SequenceSlice(sum).contiguous() : sum;
+            }
+            return absl::OkStatus();
+          });
     }
-    case ActionType::kVocabInputBroadcast: {
-      PP_ASSIGN_OR_RETURN(
-          st.vocab_input_grad[mb],
-          whole_on_every_rank(st.vocab_input_grad, first_rank, vocab_->embedding().scalar_type(),
-                              "stage 0's backward",
-                              absl::StrCat("the embedding's gradient of micro-batch ", mb)));
-      return absl::OkStatus();
-    }
+    case ActionType::kVocabInputBroadcast:
+      return whole_on_every_rank(st.vocab_input_grad, first_rank, vocab_->embedding().scalar_type(),
+                                 "stage 0's backward",
+                                 absl::StrCat("the embedding's gradient of micro-batch ", mb));
     case ActionType::kVocabInputB: {
+      PP_RETURN_IF_ERROR(FinishVocabCollective(st, ActionType::kVocabInputBroadcast, mb));
       torch::Tensor grad = take(st.vocab_input_grad);
       if (!grad.defined()) return missing("its IN_BCAST");
       vocab_->EmbedBackward(ids, grad);
@@ -742,6 +763,42 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
     default:
       return absl::InternalError(absl::StrCat(what, ": not a vocabulary action"));
   }
+}
+
+absl::Status StageExecutor::StartVocabCollective(
+    StepState& st, const Action& a, tensor_parallel::PendingCollective work,
+    std::function<absl::Status(torch::Tensor)> finish) {
+  st.vocab_pending.push_back({a.type, a.microbatch, std::move(work), std::move(finish)});
+  if (st.vocab_async) return absl::OkStatus();
+  return FinishVocabCollective(st, a.type, a.microbatch);
+}
+
+absl::Status StageExecutor::FinishVocabCollective(StepState& st, ActionType type, int mb) {
+  auto until = std::find_if(
+      st.vocab_pending.begin(), st.vocab_pending.end(),
+      [&](const PendingVocabCollective& p) { return p.type == type && p.microbatch == mb; });
+  if (until == st.vocab_pending.end()) return absl::OkStatus();
+  ++until;
+  for (auto it = st.vocab_pending.begin(); it != until;) {
+    if (it->type != type) {
+      ++it;
+      continue;
+    }
+    // Out of the list first: a failed wait leaves nothing to wait for twice.
+    PendingVocabCollective pending = std::move(*it);
+    it = st.vocab_pending.erase(it);
+    PP_ASSIGN_OR_RETURN(torch::Tensor result, pending.work.Wait());
+    PP_RETURN_IF_ERROR(pending.finish(std::move(result)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::FinishVocabCollectives(StepState& st) {
+  while (!st.vocab_pending.empty()) {
+    const PendingVocabCollective& first = st.vocab_pending.front();
+    PP_RETURN_IF_ERROR(FinishVocabCollective(st, first.type, first.microbatch));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int64_t step,
@@ -755,6 +812,7 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
   st.program = &program;
   st.step = step;
   st.forward_only = program.forward_only;
+  st.vocab_async = options_.vocabulary_async_collectives && !program.forward_only;
   // Every rank runs the same kind of program at the same time, so both ends
   // of each channel switch together (static p2p shapes are learned per pass).
   p2p_.SetForwardOnly(program.forward_only);
@@ -821,7 +879,14 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
         if (!run(half)) return;
       }
     }
+    // Vocabulary collectives no action read (a program without a tail).
+    absl::Status s = FinishVocabCollectives(st);
+    if (!s.ok())
+      status_holder_ = absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
   });
+  // A failed step waits for none of its pending vocabulary collectives (each
+  // backend work ends by itself within the group's timeout).
+  st.vocab_pending.clear();
   if (status.ok() && !status_holder_.ok()) status = status_holder_;
   status_holder_ = absl::OkStatus();
   if (status.ok() && p2p_.posted_receives() != 0) {

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -50,6 +51,7 @@
 #include "pipeline/schedule/ir/capabilities.h"
 #include "pipeline/schedule/ir/defer_receives.h"
 #include "pipeline/schedule/ir/lowering.h"
+#include "pipeline/tensor_parallel/mappings.h"
 
 namespace pp {
 
@@ -96,6 +98,19 @@ struct StageExecutorOptions {
   // the step; a failed step aborts the posted ones. CPU (Gloo) only: on a
   // device posting does nothing (p2p.h).
   bool post_receives_ahead = false;
+  // Vocabulary parallelism (set_vocabulary), training steps only: each
+  // vocabulary collective (OUT_BCAST, OUT_STATS, OUT_REDUCE, IN_REDUCE,
+  // IN_BCAST) only starts, in program order, and the rank moves on; it is
+  // waited for (at most the group's timeout) where its result is first read:
+  // OUT_BCAST's by OUT_S, OUT_STATS's (the combined statistics, the loss and
+  // the gradient scale) by OUT_T or, with one barrier, OUT_REDUCE, OUT_REDUCE's
+  // by the last stage's B or I, IN_REDUCE's by stage 0's F, IN_BCAST's by IN_B;
+  // a result this rank never reads, and anything still pending, before the
+  // step's tail (REDUCE_TIED, REDUCE_GRAD, STEP) and before the step ends. The
+  // same Gloo operations on the same tensors as the blocking form, finished
+  // in the same order per kind: the same bits. Evaluation stays blocking. A
+  // failed step drops what is pending without waiting for it.
+  bool vocabulary_async_collectives = false;
 };
 
 // What StageExecutor can execute (checked by Validate, and by experiments
@@ -186,6 +201,14 @@ class StageExecutor {
     WeightGradTask weight;
     Activations output_grads;  // received output gradients, recycled after W
   };
+  // A vocabulary collective started by action (type, micro-batch) and what
+  // its result becomes when waited for (stored for its reader, or the loss).
+  struct PendingVocabCollective {
+    ActionType type;
+    int microbatch = 0;
+    tensor_parallel::PendingCollective work;
+    std::function<absl::Status(torch::Tensor)> finish;
+  };
   struct StepState {
     const LoweredProgram* program = nullptr;
     int64_t step = 0;
@@ -208,6 +231,11 @@ class StageExecutor {
     // tokens' loss gradient scale (from OUT_STATS until OUT_T).
     std::map<int, torch::Tensor> vocab_embedded, vocab_hidden, vocab_stats, vocab_hidden_grad,
         vocab_input_grad, vocab_grad_scale;
+    // The vocabulary collectives started and not yet finished, in the order
+    // they started (StageExecutorOptions::vocabulary_async_collectives; the
+    // blocking form finishes each as it starts).
+    bool vocab_async = false;
+    std::list<PendingVocabCollective> vocab_pending;
   };
 
   // post_receives_ahead: the step's receives per channel, in program order,
@@ -224,6 +252,17 @@ class StageExecutor {
   absl::Status Execute(const Action& action, StepState& st, const TailFn& tail);
   // The vocabulary passes and their collectives.
   absl::Status ExecuteVocabulary(const Action& action, StepState& st);
+  // Keeps the collective `action` started; blocking (not st.vocab_async), finishes it at once.
+  absl::Status StartVocabCollective(StepState& st, const Action& action,
+                                    tensor_parallel::PendingCollective work,
+                                    std::function<absl::Status(torch::Tensor)> finish);
+  // Waits for the collective of (`type`, `mb`) if it is pending, and for the
+  // collectives of `type` started before it (each kind finishes in program
+  // order, as the blocking form: the loss sums in the same order), then
+  // finishes them. OK when none is pending.
+  absl::Status FinishVocabCollective(StepState& st, ActionType type, int mb);
+  // Waits for and finishes every pending one, in the order they started.
+  absl::Status FinishVocabCollectives(StepState& st);
   absl::StatusOr<const MicroBatchData*> Data(StepState& st, int mb);
   absl::Status Forward(const Action& a, StepState& st);
   torch::Tensor ScaledLoss(const torch::Tensor& loss, const MicroBatchData& data,

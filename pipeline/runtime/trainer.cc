@@ -90,6 +90,12 @@ absl::Status CheckTrainerInputs(ParallelGrid* grid, PipelineModel* model, const 
     return absl::InvalidArgumentError(
         absl::StrCat("num_microbatches (", options.num_microbatches, ") must be >= 1"));
   }
+  if (options.vocabulary_async_collectives && options.vocabulary == nullptr) {
+    return absl::InvalidArgumentError(
+        "TrainerOptions::vocabulary_async_collectives (true) runs the vocabulary passes' "
+        "collectives asynchronously, but the run has no vocabulary layers "
+        "(TrainerOptions::vocabulary); set them, or leave it false");
+  }
   if (options.vocabulary != nullptr) {
     // Split over the replica's pipe x model ranks, pipe-major
     // (VocabularyGroupOf).
@@ -316,6 +322,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   if (options.p2p_scatter_gather && model_group.is_parallel() && !model_group.sequence_parallel) {
     eo.p2p.split_payloads_over = model_group;
   }
+  eo.vocabulary_async_collectives = options.vocabulary_async_collectives;
   eo.data_parallel_id = grid->data_parallel_id();
   eo.data_parallel_size = grid->data_parallel_size();
   t->defers_receives_ = eo.defer_receives;

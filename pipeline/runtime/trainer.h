@@ -161,6 +161,13 @@ struct TrainerOptions {
   // keeps it to that form (ChooseAutoSchedule). A schedule with its own
   // passes keeps its form; evaluation has no backward and always takes 2.
   int vocabulary_barriers = 0;
+  // The vocabulary collectives of a training step start and are waited for
+  // where their results are first read, so each rank computes while they
+  // run (StageExecutorOptions::vocabulary_async_collectives, which this
+  // sets): the same bits as blocking. --schedule=auto simulates it
+  // (SimulationCosts::VocabCosts::asynchronous). Refused without
+  // `vocabulary`.
+  bool vocabulary_async_collectives = false;
   // threads.borrow_idle_cores, CPU only (idle_core_threads.h): this rank's
   // machine; each training step's actions that the schedule runs while
   // pipeline peers on the machine wait get their cores as BLAS threads,
@@ -296,6 +303,8 @@ class Trainer {
   VocabularyLayers* vocabulary() const { return options_.vocabulary; }
   // TrainerOptions::vocabulary_barriers.
   int vocabulary_barriers() const { return options_.vocabulary_barriers; }
+  // TrainerOptions::vocabulary_async_collectives.
+  bool vocabulary_async_collectives() const { return options_.vocabulary_async_collectives; }
   const TrainerOptions& options() const { return options_; }
   // Whether the executor runs DeferReceives(program): executor.defer_receives
   // on CPU, never on a device. What a simulation of this Trainer's steps

@@ -258,6 +258,26 @@ TEST(TrainerTest, RejectsBadScheduleNames) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Asynchronous vocabulary collectives need vocabulary layers: refused
+// before anything runs, naming the option and the fix.
+TEST(TrainerTest, RejectsAsyncVocabularyCollectivesWithoutVocabulary) {
+  absl::Status s = RunOnGrid(1, 1, seconds(20), [&](ParallelGrid& grid) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(auto model, ToyModel(grid));
+    ToySource source;
+    TrainerOptions o;
+    o.vocabulary_async_collectives = true;
+    auto t = Trainer::Create(&grid, model.get(), ToyLoss, &source, o);
+    return Check(t.status().code() == absl::StatusCode::kInvalidArgument &&
+                     std::string(t.status().message())
+                             .find("TrainerOptions::vocabulary_async_collectives (true)") !=
+                         std::string::npos &&
+                     std::string(t.status().message()).find("TrainerOptions::vocabulary)") !=
+                         std::string::npos,
+                 "expected a refusal naming the option: " + t.status().ToString());
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 // A schedule replaced between steps trains on from where the old one left:
 // 1F1B then ZB-H1 gives 1F1B's losses (both equal sequential training), and a
 // schedule of another shape or placement is refused, the old one kept.

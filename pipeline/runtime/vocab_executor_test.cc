@@ -5,16 +5,22 @@
 // untied), zbv_vocab at p 2 (V placement, split backward I/W) with a
 // vocabulary that leaves padding rows; planted: a missing sum of the shares
 // (the IN_REDUCE/OUT_REDUCE all-reduces) and a shard off by one row; an
-// evaluation program reports the dense loss.
+// evaluation program reports the dense loss. Asynchronous collectives
+// (StageExecutorOptions::vocabulary_async_collectives): 1f1b_vocab and
+// zbv_vocab at p 2 in both output algorithms, and at p 4 tied, give the
+// blocking run's bits; the planted missing sum is caught with them too.
 #include <chrono>
 #include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "pipeline/runtime/action_observer.h"
 #include "pipeline/runtime/stage_executor.h"
 #include "pipeline/runtime/vocab_layers.h"
 #include "pipeline/schedule/ir/lowering.h"
@@ -121,9 +127,50 @@ struct Case {
   bool tied;
   // Planted: rank 1's shards cut from the table shifted by one row.
   bool shard_off_by_one = false;
+  // StageExecutorOptions::vocabulary_async_collectives.
+  bool async = false;
+  // > 0: rank 1 reaches micro-batch 0's IN_REDUCE this late, and rank 0
+  // writes how long that action took it into *in_reduce_ms.
+  int late_ms = 0;
+  double* in_reduce_ms = nullptr;
 };
 
-absl::Status RunCase(const Case& c) {
+// Makes rank 1 late for micro-batch 0's IN_REDUCE; times the action on rank 0.
+class LateInputReduce : public ActionObserver {
+ public:
+  LateInputReduce(int rank, int late_ms, double* in_reduce_ms)
+      : rank_(rank), late_ms_(late_ms), in_reduce_ms_(in_reduce_ms) {}
+  void ActionStart(const ObservedStep&, const Action& a) override {
+    if (a.type != ActionType::kVocabInputReduce || a.microbatch != 0) return;
+    if (rank_ == 1) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms_));
+    start_ = std::chrono::steady_clock::now();
+  }
+  void ActionEnd(const ObservedStep&, const Action& a) override {
+    if (a.type != ActionType::kVocabInputReduce || a.microbatch != 0 || rank_ != 0) return;
+    *in_reduce_ms_ =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
+            .count();
+  }
+
+ private:
+  int rank_;
+  int late_ms_;
+  double* in_reduce_ms_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// What one rank's step produced, for a bitwise comparison of two runs.
+struct RankResult {
+  double loss_sum = 0.0;
+  int64_t losses_computed = 0;
+  std::map<int, torch::Tensor> block_grads;
+  torch::Tensor embedding_grad, head_grad;
+};
+
+// Runs `c` and checks it against the dense model; with `results`, also
+// keeps each rank's step there (by rank).
+absl::Status RunCase(const Case& c, std::map<int, RankResult>* results = nullptr) {
+  std::mutex results_mutex;
   const int stages = c.p * c.v;
   const Dense dense = MakeDense(c.vocab, stages, c.tied);
   const DenseResult want = DenseStep(dense, c.vocab, c.m, c.tied);
@@ -149,10 +196,21 @@ absl::Status RunCase(const Case& c) {
       };
     }
     Source source(c.vocab);
-    StageExecutor exec(world.rank, fns, LossFn(), &source, world.group, StageExecutorOptions{});
+    StageExecutorOptions options;
+    options.vocabulary_async_collectives = c.async;
+    StageExecutor exec(world.rank, fns, LossFn(), &source, world.group, options);
     exec.set_vocabulary(&vocab);
+    LateInputReduce late(world.rank, c.late_ms, c.in_reduce_ms);
+    if (c.late_ms > 0) exec.set_observer(&late);
     PP_ASSIGN_OR_RETURN(StepStats stats,
                         exec.Run(program, 0, [](const Action&) { return absl::OkStatus(); }));
+    if (results != nullptr) {
+      RankResult mine{
+          stats.loss_sum, stats.losses_computed, {}, vocab.embedding().grad(), vocab.head().grad()};
+      for (const auto& [s, w] : weights) mine.block_grads[s] = w.grad();
+      std::lock_guard<std::mutex> lock(results_mutex);
+      (*results)[world.rank] = std::move(mine);
+    }
     for (const auto& [s, w] : weights) {
       PP_RETURN_IF_ERROR(Near(w.grad(), want.block_grads[s], absl::StrCat("block ", s)));
     }
@@ -188,6 +246,63 @@ TEST(VocabExecutorTest, GradientsAndLossEqualTheDenseModel) {
                               c.tied ? " tied" : " untied"));
     absl::Status s = RunCase(c);
     EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// Asynchronous collectives (started by their action, waited for where their
+// result is first read) train the same bits as blocking ones: every rank's
+// loss sum and every gradient torch::equal, for both output algorithms, with
+// V placement and split backward, tied and untied; and still the dense
+// model's.
+TEST(VocabExecutorTest, AsynchronousCollectivesGiveTheBlockingBits) {
+  for (Case c : {Case{"1f1b_vocab", 2, 4, 1, 11, false}, Case{"1f1b_vocab1", 2, 4, 1, 11, false},
+                 Case{"zbv_vocab", 2, 4, 2, 9, false}, Case{"zbv_vocab1", 2, 4, 2, 9, false},
+                 Case{"1f1b_vocab", 4, 6, 1, 13, true}, Case{"1f1b_vocab1", 4, 6, 1, 13, true}}) {
+    SCOPED_TRACE(absl::StrCat(c.schedule, " p=", c.p, " m=", c.m, " vocab=", c.vocab,
+                              c.tied ? " tied" : " untied"));
+    std::map<int, RankResult> blocking, async;
+    c.async = false;
+    absl::Status s = RunCase(c, &blocking);
+    ASSERT_TRUE(s.ok()) << s;
+    c.async = true;
+    s = RunCase(c, &async);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(async.size(), blocking.size());
+    for (const auto& [rank, want] : blocking) {
+      SCOPED_TRACE(absl::StrCat("rank ", rank));
+      const RankResult& got = async.at(rank);
+      EXPECT_EQ(got.loss_sum, want.loss_sum);
+      EXPECT_EQ(got.losses_computed, want.losses_computed);
+      EXPECT_TRUE(torch::equal(got.embedding_grad, want.embedding_grad));
+      if (!c.tied) EXPECT_TRUE(torch::equal(got.head_grad, want.head_grad));
+      ASSERT_EQ(got.block_grads.size(), want.block_grads.size());
+      for (const auto& [stage, grad] : want.block_grads) {
+        EXPECT_TRUE(torch::equal(got.block_grads.at(stage), grad)) << "block " << stage;
+      }
+    }
+  }
+}
+
+// The asynchronous form does not wait in the collective's action: with rank
+// 1 late by 400 ms for micro-batch 0's IN_REDUCE, rank 0's IN_REDUCE returns
+// at once (it waits in stage 0's F instead); the blocking one waits for rank
+// 1. Both still train the dense model's gradients.
+TEST(VocabExecutorTest, AsynchronousCollectivesDoNotWaitInTheirAction) {
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "asynchronous" : "blocking");
+    double in_reduce_ms = -1;
+    Case c{"1f1b_vocab", 2, 2, 1, 11, false};
+    c.async = async;
+    c.late_ms = 400;
+    c.in_reduce_ms = &in_reduce_ms;
+    absl::Status s = RunCase(c);
+    ASSERT_TRUE(s.ok()) << s;
+    if (async) {
+      EXPECT_GE(in_reduce_ms, 0);
+      EXPECT_LT(in_reduce_ms, 200);
+    } else {
+      EXPECT_GT(in_reduce_ms, 200);
+    }
   }
 }
 
@@ -229,12 +344,15 @@ TEST(VocabExecutorTest, ForwardOnlyReportsTheDenseLoss) {
 
 TEST(VocabExecutorTest, PlantedFaultsAreCaught) {
   const Case base{"1f1b_vocab", 2, 4, 1, 11, true};
-  {
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "asynchronous collectives" : "blocking collectives");
+    Case c = base;
+    c.async = async;
     // The shares are not summed: stage 0 sees one rank's rows of the
     // embedding, the last stage one rank's share of its output gradient.
     tensor_parallel::internal::PlantedFault before = tensor_parallel::internal::PlantFault(
         tensor_parallel::internal::PlantedFault::kSkipAllReduce);
-    absl::Status s = RunCase(base);
+    absl::Status s = RunCase(c);
     tensor_parallel::internal::PlantFault(before);
     EXPECT_FALSE(s.ok());
     EXPECT_NE(std::string(s.message()).find("max |pipeline - dense|"), std::string::npos) << s;

@@ -1,10 +1,12 @@
 #include "pipeline/tensor_parallel/mappings.h"
 
 #include <atomic>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "pipeline/tensor_parallel/planted_fault.h"
 #include "topology/wait_work.h"
 
@@ -45,12 +47,6 @@ const ModelParallelGroup& SavedGroup(AutogradContext* ctx) {
 }
 
 int64_t SavedDim(AutogradContext* ctx) { return ctx->saved_data["dim"].toInt(); }
-
-void Wait(const ModelParallelGroup& group, const std::string& collective,
-          const std::function<WorkPtr()>& start) {
-  const absl::Status status = RunCollective(collective, group.description, group.timeout, start);
-  TORCH_CHECK(status.ok(), "tensor parallelism: ", status.ToString());
-}
 
 // Gloo has no bf16 or fp16: such tensors travel as float32, and sums round
 // to the tensor's dtype once, after the whole group's sum.
@@ -158,63 +154,128 @@ torch::Tensor LocalSlice(const torch::Tensor& x, const ModelParallelGroup& group
   return x.narrow(dim, rank * part, part);
 }
 
-void AllReduceInPlace(torch::Tensor& x, const ModelParallelGroup& group, ReduceOp op,
-                      const std::string& what) {
-  if (!group.is_parallel()) return;
-  if (op == ReduceOp::kSum && internal::Fault() == internal::PlantedFault::kSkipAllReduce) return;
-  TORCH_CHECK(x.is_contiguous(), what, ": all-reduce needs a contiguous tensor");
-  if (IsReducedPrecision(x)) {
-    torch::Tensor wide = x.to(torch::kFloat32);
-    AllReduceInPlace(wide, group, op, what);
-    x.copy_(wide);
-    return;
+PendingCollective PendingCollective::Done(torch::Tensor result) {
+  return PendingCollective(WorkPtr(), "", "", std::chrono::milliseconds(0),
+                           [result = std::move(result)] { return result; });
+}
+
+PendingCollective::PendingCollective(absl::StatusOr<WorkPtr> work, std::string collective,
+                                     std::string group, std::chrono::milliseconds timeout,
+                                     std::function<torch::Tensor()> finish)
+    : work_(std::move(work)),
+      collective_(std::move(collective)),
+      group_(std::move(group)),
+      timeout_(timeout),
+      finish_(std::move(finish)) {}
+
+absl::StatusOr<torch::Tensor> PendingCollective::Wait() {
+  absl::StatusOr<WorkPtr> work = std::move(work_);
+  std::function<torch::Tensor()> finish = std::move(finish_);
+  work_ = WorkPtr();
+  finish_ = nullptr;
+  if (!work.ok()) return work.status();
+  if (*work) PP_RETURN_IF_ERROR(WaitWork(*work, collective_, group_, timeout_));
+  return finish ? finish() : torch::Tensor();
+}
+
+namespace {
+
+// Starts `start` on `group` (its exception becomes the Status Wait returns).
+PendingCollective Start(const ModelParallelGroup& group, std::string collective,
+                        const std::function<WorkPtr()>& start,
+                        std::function<torch::Tensor()> finish) {
+  absl::StatusOr<WorkPtr> work = StartWork(collective, group.description, group.timeout, start);
+  return PendingCollective(std::move(work), std::move(collective), group.description, group.timeout,
+                           std::move(finish));
+}
+
+// The blocking forms' wait: an autograd function has no Status to return.
+torch::Tensor Finish(PendingCollective pending) {
+  absl::StatusOr<torch::Tensor> result = pending.Wait();
+  TORCH_CHECK(result.ok(), "tensor parallelism: ", result.status().ToString());
+  return *std::move(result);
+}
+
+}  // namespace
+
+PendingCollective StartAllReduce(torch::Tensor x, const ModelParallelGroup& group, ReduceOp op,
+                                 const std::string& what) {
+  if (!group.is_parallel()) return PendingCollective::Done(std::move(x));
+  if (op == ReduceOp::kSum && internal::Fault() == internal::PlantedFault::kSkipAllReduce) {
+    return PendingCollective::Done(std::move(x));
   }
-  std::vector<torch::Tensor> tensors = {x};
+  TORCH_CHECK(x.is_contiguous(), what, ": all-reduce needs a contiguous tensor");
+  // Gloo has no bf16/fp16: summed in float32, rounded once when copied back.
+  torch::Tensor buffer = IsReducedPrecision(x) ? x.to(torch::kFloat32) : x;
+  std::vector<torch::Tensor> tensors = {buffer};
   c10d::AllreduceOptions options;
   options.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
   options.timeout = group.timeout;
-  Wait(group, absl::StrCat("all-reduce of ", what),
-       [&] { return group.group->allreduce(tensors, options); });
+  return Start(
+      group, absl::StrCat("all-reduce of ", what),
+      [&] { return group.group->allreduce(tensors, options); },
+      [x, buffer]() mutable {
+        if (!buffer.is_same(x)) x.copy_(buffer);
+        return x;
+      });
+}
+
+PendingCollective StartBroadcast(torch::Tensor x, const ModelParallelGroup& group, int64_t root,
+                                 const std::string& what) {
+  if (!group.is_parallel()) return PendingCollective::Done(std::move(x));
+  TORCH_CHECK(root >= 0 && root < group.size, what, ": broadcast root ", root, " outside [0, ",
+              group.size, ")");
+  TORCH_CHECK(x.is_contiguous(), what, ": broadcast needs a contiguous tensor");
+  // Gloo has no bf16/fp16; the cast is exact both ways.
+  torch::Tensor buffer = IsReducedPrecision(x) ? x.to(torch::kFloat32) : x;
+  std::vector<torch::Tensor> tensors = {buffer};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  options.timeout = group.timeout;
+  return Start(
+      group, absl::StrCat("broadcast of ", what),
+      [&] { return group.group->broadcast(tensors, options); },
+      [x, buffer]() mutable {
+        if (!buffer.is_same(x)) x.copy_(buffer);
+        return x;
+      });
+}
+
+PendingCollective StartAllGather(const torch::Tensor& x, const ModelParallelGroup& group,
+                                 int64_t dim, const std::string& what) {
+  if (!group.is_parallel()) return PendingCollective::Done(x);
+  dim = NormalDim(x, dim);
+  const torch::ScalarType dtype = x.scalar_type();
+  // Gloo has no bf16/fp16: gathered as float32 (exact), cast back after.
+  torch::Tensor input = (IsReducedPrecision(x) ? x.to(torch::kFloat32) : x).contiguous();
+  if (internal::Fault() == internal::PlantedFault::kSkipAllGather) {
+    return PendingCollective::Done(
+        torch::cat(std::vector<torch::Tensor>(group.size, input), dim).to(dtype));
+  }
+  std::vector<torch::Tensor> inputs = {input};
+  auto output = std::make_shared<std::vector<std::vector<torch::Tensor>>>(1);
+  for (int64_t r = 0; r < group.size; ++r) (*output)[0].push_back(torch::empty_like(input));
+  c10d::AllgatherOptions options;
+  options.timeout = group.timeout;
+  return Start(
+      group, absl::StrCat("all-gather of ", what),
+      [&] { return group.group->allgather(*output, inputs, options); },
+      [output, input, dim, dtype] { return torch::cat((*output)[0], dim).to(dtype); });
+}
+
+void AllReduceInPlace(torch::Tensor& x, const ModelParallelGroup& group, ReduceOp op,
+                      const std::string& what) {
+  Finish(StartAllReduce(x, group, op, what));
 }
 
 void Broadcast(torch::Tensor& x, const ModelParallelGroup& group, int64_t root,
                const std::string& what) {
-  if (!group.is_parallel()) return;
-  TORCH_CHECK(root >= 0 && root < group.size, what, ": broadcast root ", root, " outside [0, ",
-              group.size, ")");
-  TORCH_CHECK(x.is_contiguous(), what, ": broadcast needs a contiguous tensor");
-  if (IsReducedPrecision(x)) {  // Gloo has no bf16/fp16; the cast is exact both ways
-    torch::Tensor wide = x.to(torch::kFloat32);
-    Broadcast(wide, group, root, what);
-    x.copy_(wide);
-    return;
-  }
-  std::vector<torch::Tensor> tensors = {x};
-  c10d::BroadcastOptions options;
-  options.rootRank = root;
-  options.timeout = group.timeout;
-  Wait(group, absl::StrCat("broadcast of ", what),
-       [&] { return group.group->broadcast(tensors, options); });
+  Finish(StartBroadcast(x, group, root, what));
 }
 
 torch::Tensor AllGather(const torch::Tensor& x, const ModelParallelGroup& group, int64_t dim,
                         const std::string& what) {
-  if (!group.is_parallel()) return x;
-  dim = NormalDim(x, dim);
-  if (IsReducedPrecision(x)) {
-    return AllGather(x.to(torch::kFloat32), group, dim, what).to(x.scalar_type());
-  }
-  if (internal::Fault() == internal::PlantedFault::kSkipAllGather) {
-    return torch::cat(std::vector<torch::Tensor>(group.size, x), dim);
-  }
-  std::vector<torch::Tensor> input = {x.contiguous()};
-  std::vector<std::vector<torch::Tensor>> output(1);
-  for (int64_t r = 0; r < group.size; ++r) output[0].push_back(torch::empty_like(input[0]));
-  c10d::AllgatherOptions options;
-  options.timeout = group.timeout;
-  Wait(group, absl::StrCat("all-gather of ", what),
-       [&] { return group.group->allgather(output, input, options); });
-  return torch::cat(output[0], dim);
+  return Finish(StartAllGather(x, group, dim, what));
 }
 
 torch::Tensor ReduceScatter(const torch::Tensor& x, const ModelParallelGroup& group, int64_t dim,

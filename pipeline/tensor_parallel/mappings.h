@@ -31,12 +31,16 @@
 #ifndef PIPELINE_TENSOR_PARALLEL_MAPPINGS_H_
 #define PIPELINE_TENSOR_PARALLEL_MAPPINGS_H_
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <torch/torch.h>
 
+#include "absl/status/statusor.h"
 #include "pipeline/layers/layer_context.h"
+#include "topology/wait_work.h"
 
 namespace pp {
 namespace tensor_parallel {
@@ -79,6 +83,61 @@ void Broadcast(torch::Tensor& x, const ModelParallelGroup& group, int64_t root,
 // The group's tensors concatenated along `dim`, in group-rank order.
 torch::Tensor AllGather(const torch::Tensor& x, const ModelParallelGroup& group, int64_t dim,
                         const std::string& what);
+
+// The same collectives, started without waiting (vocabulary parallelism's
+// asynchronous collectives: the runtime computes beside them and waits where
+// it first reads the result). Each is the blocking form's path up to its
+// wait: the same Gloo operation on the same tensors, so the same bits, and
+// the same planted faults (a skipped collective is a PendingCollective with
+// nothing to wait for); the blocking forms are Start...().Wait().
+//
+// A PendingCollective owns what its collective reads and writes (the tensor,
+// its float32 copy under bf16/fp16, the all-gather's slots) until Wait, and
+// then finishes the result: a reduced-precision tensor's copy back, the
+// all-gather's concatenation. Move-only; not thread-safe. Destroyed without
+// Wait (a failed step), it waits for nothing: the backend's work keeps its
+// tensors and ends by itself (it runs with the group's timeout).
+class PendingCollective {
+ public:
+  // Nothing pending: Wait returns an undefined tensor.
+  PendingCollective() = default;
+  // Nothing to wait for: Wait returns `result` (a group of one, a planted
+  // skip).
+  static PendingCollective Done(torch::Tensor result);
+  // `work` (or the Status its start failed with) of `collective` on
+  // `group`; Wait waits for it at most `timeout`, then returns `finish()`.
+  PendingCollective(absl::StatusOr<WorkPtr> work, std::string collective, std::string group,
+                    std::chrono::milliseconds timeout, std::function<torch::Tensor()> finish);
+
+  PendingCollective(PendingCollective&&) = default;
+  PendingCollective& operator=(PendingCollective&&) = default;
+  PendingCollective(const PendingCollective&) = delete;
+  PendingCollective& operator=(const PendingCollective&) = delete;
+
+  // The result (all-reduce, broadcast: the tensor given, written in place;
+  // all-gather: the concatenation), after at most the group's timeout; a
+  // failed or timed-out collective is WaitWork's Status, naming it and the
+  // group. Call once: the object is empty afterwards.
+  absl::StatusOr<torch::Tensor> Wait();
+
+ private:
+  absl::StatusOr<WorkPtr> work_ = WorkPtr();
+  std::string collective_;
+  std::string group_;
+  std::chrono::milliseconds timeout_{0};
+  std::function<torch::Tensor()> finish_;
+};
+
+// In place on a contiguous tensor, as AllReduceInPlace: Wait returns `x`.
+PendingCollective StartAllReduce(torch::Tensor x, const ModelParallelGroup& group, ReduceOp op,
+                                 const std::string& what);
+// As Broadcast: Wait returns `x`, holding group rank `root`'s values.
+PendingCollective StartBroadcast(torch::Tensor x, const ModelParallelGroup& group, int64_t root,
+                                 const std::string& what);
+// As AllGather: Wait returns the concatenation.
+PendingCollective StartAllGather(const torch::Tensor& x, const ModelParallelGroup& group,
+                                 int64_t dim, const std::string& what);
+
 // This rank's slice along `dim` of the sum of the group's tensors.
 torch::Tensor ReduceScatter(const torch::Tensor& x, const ModelParallelGroup& group, int64_t dim,
                             const std::string& what);
