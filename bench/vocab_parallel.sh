@@ -12,7 +12,9 @@
 #   memory balance, the paper's pairing);
 #   with --async also pp 2's 1f1b_vocab, 1f1b_vocab1, zbv_vocab and
 #   zbv_vocab1 with --vocab_async_collectives=true (named *_async; each
-#   records its speedup over the same run with blocking collectives).
+#   records its speedup over the same run with blocking collectives), the
+#   paper's 1F1B placements 1f1b_vocab_overlap and 1f1b_vocab1_overlap with
+#   it at pp 2, and pp 4's 1f1b_vocab1 and 1f1b_vocab1_overlap with it.
 # Each run is one record in bench/results/vocab_parallel.jsonl
 # (tools/results.py --record).
 #
@@ -61,7 +63,11 @@ pp4_zbv:4:2:zbv:false:type:LlamaBlock pp4_zbv_vocab:4:2:zbv_vocab:true:type:Llam
 if [[ $ASYNC == 1 ]]; then
   RUNS+="
 pp2_1f1b_vocab_async:2:1:1f1b:true:type:LlamaBlock pp2_1f1b_vocab1_async:2:1:1f1b_vocab1:true:type:LlamaBlock
-pp2_zbv_vocab_async:2:2:zbv_vocab:true:type:LlamaBlock pp2_zbv_vocab1_async:2:2:zbv_vocab1:true:type:LlamaBlock"
+pp2_zbv_vocab_async:2:2:zbv_vocab:true:type:LlamaBlock pp2_zbv_vocab1_async:2:2:zbv_vocab1:true:type:LlamaBlock
+pp2_1f1b_vocab_overlap_async:2:1:1f1b_vocab_overlap:true:type:LlamaBlock
+pp2_1f1b_vocab1_overlap_async:2:1:1f1b_vocab1_overlap:true:type:LlamaBlock
+pp4_1f1b_vocab1_async:4:1:1f1b_vocab1:true:type:LlamaBlock
+pp4_1f1b_vocab1_overlap_async:4:1:1f1b_vocab1_overlap:true:type:LlamaBlock"
 fi
 for run in $RUNS; do
   IFS=: read -r name pp chunks schedule vocab partition <<< "$run"
@@ -80,7 +86,7 @@ COMPUTE = re.compile(r"^(\d+(F|B|I|W)\d+|(OUT_S|OUT_T|IN_F|IN_B)\d+)$")
 
 def simulated(run_dir, pp, chunks, schedule, vocab_parallel, vocab_async):
     """trace_vs_simulated's median errors over the traced steps (LLaMA's head is untied)."""
-    if vocab_parallel == "true" and not re.search(r"_vocab1?$", schedule):
+    if vocab_parallel == "true" and not re.search(r"_vocab1?(_overlap)?$", schedule):
         schedule += "_vocab"  # the Trainer placed the passes as the registered one does
     out = subprocess.run(["python3", "bench/trace_vs_simulated.py", "--explorer", explorer,
                           "--run", run_dir, "--schedule", schedule, "--ranks", pp,
@@ -132,10 +138,11 @@ for run in runs:
 for name, f in results.items():
     if f["vocab_parallel"]:
         if name.endswith("_async"):
-            blocking = results[name[:-len("_async")]]
+            # The overlap placements against their blocking base schedule.
+            blocking = results[re.sub(r"(_overlap)?_async$", "", name)]
             f["speedup_vs_blocking"] = round(blocking["step_s_median"] / f["step_s_median"], 3)
             f["last_loss_equals_blocking"] = f["last_loss"] == blocking["last_loss"]
-        base = results[re.sub(r"_vocab1?(_async)?$", "", name)]
+        base = results[re.sub(r"_vocab1?(_overlap)?(_async)?$", "", name)]
         f["speedup_vs_same_schedule"] = round(base["step_s_median"] / f["step_s_median"], 3)
         f["last_loss_rel_diff"] = abs(f["last_loss"] / base["last_loss"] - 1)
         best = max((n for n, g in results.items() if g["pp"] == f["pp"] and not g["vocab_parallel"]),

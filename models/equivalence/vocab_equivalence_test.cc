@@ -38,7 +38,9 @@
 //
 // Asynchronous collectives (TrainerOptions::vocabulary_async_collectives:
 // each started by its action, waited for where its result is read), a
-// covering set of its own: GPT tied under 1f1b_vocab1 at pp 2 (one barrier);
+// covering set of its own: GPT tied under 1f1b_vocab1_overlap at pp 2 (one
+// barrier, the paper's 1F1B with one more warm-up forward) and LLaMA untied
+// under 1f1b_vocab_overlap at pp 2 (two barriers, two more);
 // LLaMA untied under zbv_vocab at pp 2 x dp 2 with the distributed optimizer
 // (two barriers, V placement, split backward, the shards' reduce-scatter at
 // STEP); GPT under 1f1b_vocab at pp 2 x tp 2 with sequence parallelism (the
@@ -238,9 +240,14 @@ std::vector<Case> Cases() {
   }
   // Asynchronous collectives.
   {
-    RunConfig c = GptCase("1f1b_vocab1", 2, 1);
+    RunConfig c = GptCase("1f1b_vocab1_overlap", 2, 1);
     c.vocabulary_async_collectives = true;
-    cases.push_back({c, "gpt_1f1b_vocab1_pp2_async"});
+    cases.push_back({c, "gpt_1f1b_vocab1_overlap_pp2_async"});
+  }
+  {
+    RunConfig c = VocabCase(kUntiedLlama, "1f1b_vocab_overlap", 2, 1);
+    c.vocabulary_async_collectives = true;
+    cases.push_back({c, "llama_untied_1f1b_vocab_overlap_pp2_async"});
   }
   {
     RunConfig c = VocabCase(kUntiedLlama, "zbv_vocab", 2, 2);

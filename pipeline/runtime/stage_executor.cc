@@ -793,6 +793,14 @@ absl::Status StageExecutor::FinishVocabCollective(StepState& st, ActionType type
   return absl::OkStatus();
 }
 
+absl::Status StageExecutor::FinishVocabCollectivesReadBy(const Action& a, StepState& st) {
+  if (st.vocab_pending.empty()) return absl::OkStatus();
+  if (IsTail(a.type)) return FinishVocabCollectives(st);
+  const std::optional<Action> read =
+      VocabCollectiveReadBy(a, st.program->num_virtual_stages(), st.program->vocab_barriers);
+  return read ? FinishVocabCollective(st, read->type, read->microbatch) : absl::OkStatus();
+}
+
 absl::Status StageExecutor::FinishVocabCollectives(StepState& st) {
   while (!st.vocab_pending.empty()) {
     const PendingVocabCollective& first = st.vocab_pending.front();
@@ -838,9 +846,11 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
   if (observer != nullptr) observer->StepStart(observed);
   // Runs one action. False (with status_holder_ set) on error.
   auto run = [&](const Action& a) {
+    // Asynchronous vocabulary collectives: the wait for the results `a`
+    // reads is idle time before it, not part of its span.
+    absl::Status s = FinishVocabCollectivesReadBy(a, st);
     if (observer != nullptr) observer->ActionStart(observed, a);
-    absl::Status s;
-    if (post_ahead && IsReceive(a.type)) {
+    if (s.ok() && post_ahead && IsReceive(a.type)) {
       // Waits for the receive posted for it (posting it first if it could
       // not be posted yet: then it is its channel's next one).
       Channel& channel = channels[ChannelOf(a)];

@@ -263,6 +263,10 @@ class StageExecutor {
   absl::Status FinishVocabCollective(StepState& st, ActionType type, int mb);
   // Waits for and finishes every pending one, in the order they started.
   absl::Status FinishVocabCollectives(StepState& st);
+  // Finishes what leaf action `a` reads (VocabCollectiveReadBy), or before a
+  // tail action every pending one; run before the action is observed, so
+  // that its span holds no wait.
+  absl::Status FinishVocabCollectivesReadBy(const Action& a, StepState& st);
   absl::StatusOr<const MicroBatchData*> Data(StepState& st, int mb);
   absl::Status Forward(const Action& a, StepState& st);
   torch::Tensor ScaledLoss(const torch::Tensor& loss, const MicroBatchData& data,

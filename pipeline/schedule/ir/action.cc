@@ -130,6 +130,32 @@ bool IsVocabCollective(ActionType type) {
          type == ActionType::kVocabInputBroadcast;
 }
 
+std::optional<Action> VocabCollectiveReadBy(const Action& leaf, int num_virtual_stages,
+                                            int vocab_barriers) {
+  const int mb = leaf.microbatch;
+  switch (leaf.type) {
+    case ActionType::kForward:
+      if (leaf.stage == 0) return Vocab(ActionType::kVocabInputReduce, mb);
+      break;
+    case ActionType::kBackward:
+    case ActionType::kBackwardInput:
+      if (leaf.stage == num_virtual_stages - 1) return Vocab(ActionType::kVocabOutputReduce, mb);
+      break;
+    case ActionType::kVocabOutputS:
+      return Vocab(ActionType::kVocabOutputBroadcast, mb);
+    case ActionType::kVocabOutputT:
+      return Vocab(ActionType::kVocabOutputStats, mb);
+    case ActionType::kVocabOutputReduce:
+      if (vocab_barriers == 1) return Vocab(ActionType::kVocabOutputStats, mb);
+      break;
+    case ActionType::kVocabInputB:
+      return Vocab(ActionType::kVocabInputBroadcast, mb);
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
 bool HasStage(ActionType type) {
   return type != ActionType::kReduceTiedGrads && type != ActionType::kOptimizerStep &&
          !IsVocab(type);

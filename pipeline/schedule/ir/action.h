@@ -18,6 +18,7 @@
 #ifndef PIPELINE_SCHEDULE_IR_ACTION_H_
 #define PIPELINE_SCHEDULE_IR_ACTION_H_
 
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -140,6 +141,14 @@ inline Action I(int stage, int mb) { return {stage, ActionType::kBackwardInput, 
 inline Action W(int stage, int mb) { return {stage, ActionType::kBackwardWeight, mb}; }
 // A vocabulary action of micro-batch mb (no stage): Vocab(kVocabOutputS, 3).
 inline Action Vocab(ActionType type, int mb) { return {-1, type, mb}; }
+// The vocabulary collective whose result the leaf action `leaf` reads, in a
+// vocabulary-parallel program of `num_virtual_stages` stages whose output
+// layer has `vocab_barriers` (1 or 2): stage 0's F reads IN_REDUCE, the last
+// stage's B or I OUT_REDUCE, OUT_S OUT_BCAST, OUT_T (and with one barrier
+// OUT_REDUCE, which rescales with it) OUT_STATS, IN_B IN_BCAST; nullopt for
+// any other action. Where an asynchronous collective is waited for.
+std::optional<Action> VocabCollectiveReadBy(const Action& leaf, int num_virtual_stages,
+                                            int vocab_barriers);
 
 // The pair "(<forward>;<backward>)OVERLAP_F_B". REQUIRES nothing: whether the
 // halves form a valid pair (an F, then a B or I of another micro-batch) is

@@ -301,31 +301,6 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
   // on each rank (Gloo's tags), so every rank must post them in one order.
   std::vector<Action> post_order;
   std::vector<int> posted_by_rank(p, 0);
-  // The vocabulary collective whose result `leaf` reads, if any.
-  auto awaited = [&](const Action& leaf) -> std::optional<Action> {
-    const int mb = leaf.microbatch;
-    switch (leaf.type) {
-      case ActionType::kForward:
-        if (leaf.stage == 0) return Vocab(ActionType::kVocabInputReduce, mb);
-        break;
-      case ActionType::kBackward:
-      case ActionType::kBackwardInput:
-        if (leaf.stage == last) return Vocab(ActionType::kVocabOutputReduce, mb);
-        break;
-      case ActionType::kVocabOutputS:
-        return Vocab(ActionType::kVocabOutputBroadcast, mb);
-      case ActionType::kVocabOutputT:
-        return Vocab(ActionType::kVocabOutputStats, mb);
-      case ActionType::kVocabInputB:
-        return Vocab(ActionType::kVocabInputBroadcast, mb);
-      case ActionType::kVocabOutputReduce:
-        if (program.vocab_barriers == 1) return Vocab(ActionType::kVocabOutputStats, mb);
-        break;
-      default:
-        break;
-    }
-    return std::nullopt;
-  };
   // The collectives rank r waits for before `a`: the one each leaf reads, or
   // for a tail action every one the rank posted.
   auto awaited_by = [&](int r, const Action& a) {
@@ -341,7 +316,10 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
       return out;
     }
     for (const Action& leaf : Leaves(a)) {
-      if (std::optional<Action> c = awaited(leaf)) out.push_back(*c);
+      if (std::optional<Action> c =
+              VocabCollectiveReadBy(leaf, num_virtual, program.vocab_barriers)) {
+        out.push_back(*c);
+      }
     }
     return out;
   };
