@@ -17,10 +17,10 @@ RECORD=0
 ASYNC=0
 
 # bench_parse_args "ACCEPTED" ARGS...: ACCEPTED lists the options the script
-# takes, of reps, steps, width (each with a value: --reps N sets REPS) and
-# record (--record sets RECORD=1) and async (--async sets ASYNC=1: runs
-# with asynchronous vocabulary collectives added). Anything else is refused, exit 2, naming
-# what is accepted.
+# takes, of reps, steps, width, only (each with a value: --reps N sets REPS,
+# --only REGEX sets ONLY) and record (--record sets RECORD=1) and async
+# (--async sets ASYNC=1: runs with asynchronous vocabulary collectives
+# added). Anything else is refused, exit 2, naming what is accepted.
 bench_parse_args() {
   local accepted=$1 usage="" name
   shift
@@ -28,6 +28,7 @@ bench_parse_args() {
     case $name in
       reps | steps) usage+=", --$name N" ;;
       width) usage+=", --width W" ;;
+      only) usage+=", --only REGEX" ;;
       record) usage+=", --record" ;;
       async) usage+=", --async" ;;
       *) echo "bench_parse_args: unknown option name '$name'" >&2; exit 2 ;;

@@ -18,8 +18,15 @@
 # Each run is one record in bench/results/vocab_parallel.jsonl
 # (tools/results.py --record).
 #
-#   bench/vocab_parallel.sh [--steps N] [--width W] [--async] [--record]
+#   bench/vocab_parallel.sh [--steps N] [--width W] [--async] [--reps N]
+#                           [--only REGEX] [--record]
 #
+# --only keeps the runs whose name matches REGEX (bash =~); --reps N runs the
+# kept list N times, alternating, and a run's tokens/s is then the median of
+# its repetitions' (each repetition's own in tokens_per_s_per_rep; its speedup
+# over blocking collectives also per repetition); the traces, peaks and
+# simulator figures are its first repetition's. Figures against a run the
+# filter left out are not recorded.
 # Figures per run: the median step time and tokens/s after 5 warm-up steps;
 # each rank's compute time per step (its compute actions in the traces of 10
 # steps, median per rank; the max/min ratio is the balance); each rank's
@@ -34,8 +41,9 @@
 # per-rank compute times carry the balance.
 # shellcheck source=bench/bench_args.sh
 source "$(dirname "$0")/bench_args.sh"
-STEPS=20 WIDTH=256 VOCAB=32768
-bench_parse_args "steps width async record" "$@"
+STEPS=20 WIDTH=256 VOCAB=32768 REPS=1 ONLY=""
+bench_parse_args "steps width async reps only record" "$@"
+[[ $REPS =~ ^[1-9][0-9]*$ ]] || { echo "--reps must be a positive integer, not '$REPS'" >&2; exit 2; }
 [[ $STEPS -ge 16 ]] || { echo "--steps must be at least 16 (5 warm-up, 10 traced)" >&2; exit 2; }
 bench_build //experiments:train_llama //experiments:schedule_explorer
 BIN=bazel-bin/experiments/train_llama
@@ -50,6 +58,8 @@ open(sys.argv[1], "wb").write(struct.pack(f"<{len(ids)}H", *ids))
 PY
 SET="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,llama.vocab_size=$VOCAB,llama.width=$WIDTH,llama.tokenizer=,llama.context_length=64,parallelism.micro_batch_size=2,data.path=$TMP/tokens.bin,data.eval_fraction=0,trace_step=6,trace_steps=10"
 COMMAND="bench/vocab_parallel.sh --steps $STEPS --width $WIDTH$([[ $ASYNC == 1 ]] && echo " --async")"
+[[ $REPS == 1 ]] || COMMAND+=" --reps $REPS"
+[[ -z $ONLY ]] || COMMAND+=" --only '$ONLY'"
 # name:pp:chunks:schedule:vocab_parallel:partition_method
 RUNS="pp2_1f1b:2:1:1f1b:false:type:LlamaBlock pp2_1f1b_vocab:2:1:1f1b:true:type:LlamaBlock
 pp2_1f1b_vocab1:2:1:1f1b_vocab1:true:type:LlamaBlock
@@ -69,19 +79,28 @@ pp2_1f1b_vocab1_overlap_async:2:1:1f1b_vocab1_overlap:true:type:LlamaBlock
 pp4_1f1b_vocab1_async:4:1:1f1b_vocab1:true:type:LlamaBlock
 pp4_1f1b_vocab1_overlap_async:4:1:1f1b_vocab1_overlap:true:type:LlamaBlock"
 fi
-for run in $RUNS; do
-  IFS=: read -r name pp chunks schedule vocab partition <<< "$run"
-  async=()
-  [[ $name == *_async ]] && async=(--vocab_async_collectives=true)
-  bench_run "$name" "$BIN" --pp="$pp" --chunks="$chunks" --schedule="$schedule" \
-    --vocab_parallel="$vocab" --microbatches=8 --steps="$STEPS" --sample_tokens=0 \
-    --output_dir="$TMP/runs" --name="$name" --set="$SET,parallelism.partition_method=$partition" \
-    "${async[@]}"
+if [[ -n $ONLY ]]; then
+  kept=""
+  for run in $RUNS; do [[ ${run%%:*} =~ $ONLY ]] && kept+="$run "; done
+  RUNS=$kept
+  [[ -n $RUNS ]] || { echo "--only '$ONLY' matches no run" >&2; exit 2; }
+fi
+for ((rep = 1; rep <= REPS; ++rep)); do
+  for run in $RUNS; do
+    IFS=: read -r name pp chunks schedule vocab partition <<< "$run"
+    async=()
+    [[ $name == *_async ]] && async=(--vocab_async_collectives=true)
+    tag=$name.r$rep
+    bench_run "$tag" "$BIN" --pp="$pp" --chunks="$chunks" --schedule="$schedule" \
+      --vocab_parallel="$vocab" --microbatches=8 --steps="$STEPS" --sample_tokens=0 \
+      --output_dir="$TMP/runs" --name="$tag" --set="$SET,parallelism.partition_method=$partition" \
+      "${async[@]}"
+  done
 done
-python3 - "$TMP" "$RECORD" "$COMMAND" "$RUNS" "$VOCAB" "$WIDTH" "$EXPLORER" <<'PY'
+python3 - "$TMP" "$RECORD" "$COMMAND" "$RUNS" "$VOCAB" "$WIDTH" "$EXPLORER" "$REPS" <<'PY'
 import glob, json, re, statistics, subprocess, sys
 tmp, record, command, runs = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4].split()
-vocab, width, explorer = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
+vocab, width, explorer, reps = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], int(sys.argv[8])
 COMPUTE = re.compile(r"^(\d+(F|B|I|W)\d+|(OUT_S|OUT_T|IN_F|IN_B)\d+)$")
 
 def simulated(run_dir, pp, chunks, schedule, vocab_parallel, vocab_async):
@@ -100,11 +119,21 @@ def simulated(run_dir, pp, chunks, schedule, vocab_parallel, vocab_async):
             "replay_err_median": round(r["replay_err"], 4)}
 
 
+def metrics_of(run_dir):
+    return sorted((json.loads(l) for l in open(f"{run_dir}/metrics.jsonl")), key=lambda m: m["step"])
+
+
+def step_median(metrics):
+    return statistics.median(m["step_s"] for m in metrics if "step_s" in m and m["step"] > 5)
+
+
 def figures(name, pp, chunks, schedule, vocab_parallel, partition):
-    log = open(f"{tmp}/{name}.log").read()
-    run_dir = glob.glob(f"{tmp}/runs/{name}-*")[0]
-    metrics = sorted((json.loads(l) for l in open(f"{run_dir}/metrics.jsonl")), key=lambda m: m["step"])
-    steps = [m for m in metrics if "step_s" in m and m["step"] > 5]
+    log = open(f"{tmp}/{name}.r1.log").read()
+    run_dir = glob.glob(f"{tmp}/runs/{name}.r1-*")[0]
+    metrics = metrics_of(run_dir)
+    # Each repetition's median step (the first's is run_dir's).
+    rep_steps = [step_median(metrics_of(glob.glob(f"{tmp}/runs/{name}.r{k}-*")[0]))
+                 for k in range(1, reps + 1)]
     lines = re.findall(r"rank (\d+) stage \d+: step peak ([\d.]+) MiB.*?planner: peak ([\d.]+) MiB", log)
     compute = {}
     for path in glob.glob(f"{run_dir}/traces/step_*.json"):
@@ -115,7 +144,7 @@ def figures(name, pp, chunks, schedule, vocab_parallel, partition):
         for r, us in per_rank.items():
             compute.setdefault(r, []).append(us / 1000)
     busy = [round(statistics.median(compute[r]), 1) for r in sorted(compute)]
-    step_s = statistics.median(m["step_s"] for m in steps)
+    step_s = statistics.median(rep_steps)
     tokens = metrics[-1].get("tokens_per_step") or 8 * 2 * 64
     vocab_async = name.endswith("_async")
     return {
@@ -123,6 +152,8 @@ def figures(name, pp, chunks, schedule, vocab_parallel, partition):
         "vocab_parallel": vocab_parallel == "true", "vocab_size": vocab, "width": width,
         **({"vocab_async_collectives": True} if vocab_async else {}),
         "step_s_median": round(step_s, 4), "tokens_per_s": round(tokens / step_s, 1),
+        **({"reps": reps, "step_s_per_rep": [round(x, 4) for x in rep_steps],
+            "tokens_per_s_per_rep": [round(tokens / x, 1) for x in rep_steps]} if reps > 1 else {}),
         "compute_ms_per_rank": busy,
         "compute_max_over_min": round(max(busy) / min(busy), 3) if busy else None,
         "peak_mib_per_rank": [float(p) for _, p, _ in lines],
@@ -137,18 +168,23 @@ for run in runs:
     results[name] = figures(name, pp, chunks, schedule, vocab_parallel, partition)
 for name, f in results.items():
     if f["vocab_parallel"]:
-        if name.endswith("_async"):
-            # The overlap placements against their blocking base schedule.
-            blocking = results[re.sub(r"(_overlap)?_async$", "", name)]
+        # The overlap placements against their blocking base schedule.
+        blocking = results.get(re.sub(r"(_overlap)?_async$", "", name))
+        if name.endswith("_async") and blocking:
             f["speedup_vs_blocking"] = round(blocking["step_s_median"] / f["step_s_median"], 3)
+            if reps > 1:  # repetition k against blocking's repetition k
+                f["speedup_vs_blocking_per_rep"] = [
+                    round(b / a, 3) for a, b in zip(f["step_s_per_rep"], blocking["step_s_per_rep"])]
             f["last_loss_equals_blocking"] = f["last_loss"] == blocking["last_loss"]
-        base = results[re.sub(r"_vocab1?(_overlap)?(_async)?$", "", name)]
-        f["speedup_vs_same_schedule"] = round(base["step_s_median"] / f["step_s_median"], 3)
-        f["last_loss_rel_diff"] = abs(f["last_loss"] / base["last_loss"] - 1)
-        best = max((n for n, g in results.items() if g["pp"] == f["pp"] and not g["vocab_parallel"]),
-                   key=lambda n: results[n]["tokens_per_s"])
-        f["best_without"] = best
-        f["speedup_vs_best_without"] = round(f["tokens_per_s"] / results[best]["tokens_per_s"], 3)
+        base = results.get(re.sub(r"_vocab1?(_overlap)?(_async)?$", "", name))
+        if base:
+            f["speedup_vs_same_schedule"] = round(base["step_s_median"] / f["step_s_median"], 3)
+            f["last_loss_rel_diff"] = abs(f["last_loss"] / base["last_loss"] - 1)
+        without = [n for n, g in results.items() if g["pp"] == f["pp"] and not g["vocab_parallel"]]
+        if without:
+            best = max(without, key=lambda n: results[n]["tokens_per_s"])
+            f["best_without"] = best
+            f["speedup_vs_best_without"] = round(f["tokens_per_s"] / results[best]["tokens_per_s"], 3)
     print(name, json.dumps(f))
 if record:
     for name, f in results.items():
