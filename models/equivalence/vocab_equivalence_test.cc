@@ -413,6 +413,19 @@ INSTANTIATE_TEST_SUITE_P(PipeOrPipeTimesTensor, VocabBf16Test,
                            return info.param.name;
                          });
 
+// The sequential model's run of `c`, after checking that the clean pipeline
+// run equals it (so that a planted fault's difference is the fault's).
+absl::StatusOr<RunResult> SequentialMatchingTheCleanRun(const RunConfig& c) {
+  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  if (!sequential.ok()) return sequential.status();
+  absl::StatusOr<RunResult> clean = TrainPipeline(c);
+  if (!clean.ok()) return clean.status();
+  if (std::string diff = CompareResults(*sequential, *clean, kRtol); !diff.empty()) {
+    return absl::InternalError(absl::StrCat("the clean run differs: ", diff));
+  }
+  return sequential;
+}
+
 // Trains `c` with `fault` planted and expects it caught: the run differs from
 // `sequential`, or (only where `ranks_may_disagree`) its ranks disagree on
 // the loss, which TrainPipeline refuses.
@@ -443,11 +456,8 @@ TEST(VocabPlantedFaultTest, EachIsCaught) {
     SCOPED_TRACE(async ? "asynchronous collectives" : "blocking collectives");
     RunConfig c = GptCase("1f1b_vocab", 2, 1);
     c.vocabulary_async_collectives = async;
-    absl::StatusOr<RunResult> sequential = TrainSequential(c);
+    absl::StatusOr<RunResult> sequential = SequentialMatchingTheCleanRun(c);
     ASSERT_TRUE(sequential.ok()) << sequential.status();
-    absl::StatusOr<RunResult> clean = TrainPipeline(c);
-    ASSERT_TRUE(clean.ok()) << clean.status();
-    ASSERT_EQ(CompareResults(*sequential, *clean, kRtol), "");
     namespace tp_internal = tensor_parallel::internal;
     for (tp_internal::PlantedFault fault :
          {tp_internal::PlantedFault::kSkipAllReduce, tp_internal::PlantedFault::kSkipAllGather,
@@ -475,11 +485,8 @@ TEST(VocabPlantedFaultTest, OneBarrierPartialNotRescaledIsCaught) {
 // of the sequence.
 TEST(VocabPlantedFaultTest, TensorParallelFaultsAreCaught) {
   const RunConfig c = TensorParallelCase(kGpt, "1f1b_vocab", 1);
-  absl::StatusOr<RunResult> sequential = TrainSequential(c);
+  absl::StatusOr<RunResult> sequential = SequentialMatchingTheCleanRun(c);
   ASSERT_TRUE(sequential.ok()) << sequential.status();
-  absl::StatusOr<RunResult> clean = TrainPipeline(c);
-  ASSERT_TRUE(clean.ok()) << clean.status();
-  ASSERT_EQ(CompareResults(*sequential, *clean, kRtol), "");
   namespace tp_internal = tensor_parallel::internal;
   for (tp_internal::PlantedFault fault : {tp_internal::PlantedFault::kVocabStatsOverPipeOnly,
                                           tp_internal::PlantedFault::kShiftedVocabRows}) {
