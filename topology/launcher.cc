@@ -41,6 +41,7 @@
 #include "topology/blas_kernel.h"
 #include "topology/launcher_status.h"
 #include "topology/rendezvous.h"
+#include "topology/reserved_port.h"
 #include "topology/restart_rounds.h"
 
 extern char** environ;
@@ -721,9 +722,14 @@ absl::StatusOr<int> RunWorkers(const LaunchOptions& options, const std::vector<s
   PP_RETURN_IF_ERROR(Validate(options));
   if (argv.empty()) return absl::InvalidArgumentError("RunWorkers needs argv[0]");
   int port = options.master_port;
+  // Held until the workers end, restarts included (reserved_port.h): rank 0
+  // binds it seconds later, after its process has started.
+  std::optional<ReservedPort> reserved_port;
   if (port == 0) {
     PP_ASSIGN_OR_RETURN(
-        port, PickFreePort(IsLoopbackAddress(options.master_addr) ? "127.0.0.1" : "0.0.0.0"));
+        reserved_port,
+        ReservedPort::OnFreePort(IsLoopbackAddress(options.master_addr) ? "127.0.0.1" : "0.0.0.0"));
+    port = reserved_port->port();
   }
   const int world_size = options.nproc_per_node * options.nnodes;
   PP_ASSIGN_OR_RETURN(

@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "topology/reserved_port.h"
 
 namespace pp {
 namespace {
@@ -256,26 +257,8 @@ absl::StatusOr<std::string> LocalAddressTowards(const std::string& host) {
 }
 
 absl::StatusOr<int> PickFreePort(const std::string& address) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(): ", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = 0;
-  if (::inet_pton(AF_INET, address.c_str(), &addr.sin_addr) != 1) {
-    ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", address, "' is not an IPv4 address to pick a free port on"));
-  }
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return absl::UnavailableError(
-        absl::StrCat("cannot bind a free port on ", address, ": ", std::strerror(err)));
-  }
-  ::close(fd);
-  return static_cast<int>(ntohs(addr.sin_port));
+  PP_ASSIGN_OR_RETURN(const ReservedPort reserved, ReservedPort::OnFreePort(address));
+  return reserved.port();
 }
 
 }  // namespace pp

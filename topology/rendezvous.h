@@ -110,7 +110,8 @@ absl::StatusOr<World> Rendezvous(const DistEnv& env, const RendezvousOptions& op
 absl::StatusOr<World> RendezvousFromEnv(const RendezvousOptions& options);
 
 // A TCP port on `address` that was free a moment ago (bind to port 0, read the
-// port, close). Racy by nature; used to pick MASTER_PORT on a single node.
+// port, close). Racy by nature: fine where the store binds it at once (tests);
+// the launcher holds a ReservedPort (reserved_port.h) until its workers end.
 absl::StatusOr<int> PickFreePort(const std::string& address = "127.0.0.1");
 
 // The address this host sends from when it talks to `host` (a name or an
