@@ -94,4 +94,28 @@ if "zbv_vocab" in listed:
           "3:F:0.9,I:1,W:0.6",
           "0:STEP:0.5,REDUCE_TIED:0.3,SEND:0.05,RECV:0.02;1:STEP:0.8,SEND:0.07,RECV:0.03", True,
           "OUT_S:0.4,OUT_T:0.9,IN_F:0.1,IN_B:0.2,VOCAB_COMM:0.03")
+
+
+# Asynchronous vocabulary collectives (--vocab_async_collectives): a trace
+# shows each start as an action and the collective in flight as a background
+# span (pid 1, args.started_by) to its completion. VOCAB_COMM is then the
+# completion minus the latest start (rank 1's at 300 us): (350 - 300 and
+# 352 - 300) / 2 = 51 us; without the spans it would be the starts' ends (0).
+def async_collective(rank, start_us, completed_us):
+    start = {"ph": "X", "pid": 0, "tid": rank, "name": "OUT_STATS0", "cat": "OUT_STATS",
+             "ts": start_us, "dur": 1, "args": {"stage": 0, "microbatch": 0}}
+    flight = {"ph": "X", "pid": 1, "tid": rank, "name": "OUT_STATS0 in flight",
+              "cat": "background", "ts": start_us, "dur": completed_us - start_us,
+              "args": {"started_by": "OUT_STATS0", "stage": 0, "microbatch": 0}}
+    return [start, flight]
+
+
+trace = async_collective(0, 100, 350) + async_collective(1, 300, 352)
+without = trace_costs.vocab_costs([e for e in trace if e["pid"] == 0])["VOCAB_COMM"] * 1e6
+assert without < 1, without
+actions = trace_costs.attach_completions(trace)
+assert [e["pid"] for e in actions] == [0, 0], actions
+got = trace_costs.vocab_costs(actions)["VOCAB_COMM"] * 1e6
+assert abs(got - 51) < 1e-9, got
+print("ok asynchronous collectives: VOCAB_COMM from their completions")
 print("PASS")

@@ -22,10 +22,22 @@ def load_traced_steps(run_dir, metrics, first, count, chunks, ranks):
         trace = json.load(open(path))
         events = trace["traceEvents"] if isinstance(trace, dict) else trace
         step_s = next(s["step_s"] for s in metrics if s["step"] == k + 1)
-        traced.append((step_s, trace_costs([e for e in events if e.get("ph") == "X" and
-                                            e.get("pid", 0) == 0], chunks,
-                                           ranks)))
+        traced.append((step_s, trace_costs(attach_completions(events), chunks, ranks)))
     return traced
+
+
+def attach_completions(events):
+    """The actions (pid 0's complete events) of a trace, each that started a
+    collective without waiting for it (--vocab_async_collectives) with
+    args["completed_us"]: the end of its span in flight (pid 1's event whose
+    args name it as "started_by", on the same rank)."""
+    actions = [e for e in events if e.get("ph") == "X" and e.get("pid", 0) == 0]
+    done = {(e["tid"], e["args"]["started_by"]): e["ts"] + e["dur"] for e in events
+            if e.get("ph") == "X" and e.get("pid", 0) == 1 and "started_by" in e.get("args", {})}
+    for e in actions:
+        if (e["tid"], e["name"]) in done:
+            e.setdefault("args", {})["completed_us"] = done[(e["tid"], e["name"])]
+    return actions
 
 
 # Vocabulary parallelism's passes (one cost each, every rank alike) and its
@@ -38,7 +50,8 @@ def vocab_costs(events):
     """The vocabulary passes' mean durations and VOCAB_COMM, the mean over
     the collectives of each rank's end minus the latest start among the
     ranks (its own cost, the waiting left to the simulator), in seconds;
-    empty without vocabulary passes."""
+    empty without vocabulary passes. A collective started without waiting
+    (attach_completions) ends when it completed, not when its start did."""
     passes, collectives = {}, {}
     for e in events:
         if e.get("cat") in VOCAB_PASSES:
@@ -49,7 +62,8 @@ def vocab_costs(events):
     own = []
     for evs in collectives.values():
         latest = max(e["ts"] for e in evs)
-        own += [max(0.0, e["ts"] + e["dur"] - latest) * 1e-6 for e in evs]
+        own += [max(0.0, e.get("args", {}).get("completed_us", e["ts"] + e["dur"]) - latest) * 1e-6
+                for e in evs]
     if own:
         out["VOCAB_COMM"] = statistics.mean(own)
     return out

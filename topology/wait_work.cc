@@ -2,8 +2,10 @@
 
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +53,22 @@ absl::Status WaitWork(const WorkPtr& work, absl::string_view collective, absl::s
     return FromException(e, collective, group, timeout);
   }
   return absl::OkStatus();
+}
+
+bool RecordCompletionTime(const WorkPtr& work, std::shared_ptr<std::atomic<int64_t>> latest) {
+  try {
+    work->getFuture()->addCallback([latest = std::move(latest)](c10::ivalue::Future&) {
+      const int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch())
+                              .count();
+      int64_t seen = latest->load();
+      while (seen < now && !latest->compare_exchange_weak(seen, now)) {
+      }
+    });
+    return true;
+  } catch (const c10::Error&) {
+    return false;
+  }
 }
 
 absl::StatusOr<WorkPtr> StartWork(absl::string_view collective, absl::string_view group,

@@ -13,8 +13,11 @@
 #ifndef TOPOLOGY_WAIT_WORK_H_
 #define TOPOLOGY_WAIT_WORK_H_
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,6 +46,15 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
                                                 absl::string_view group,
                                                 std::chrono::milliseconds timeout,
                                                 const std::function<WorkPtr()>& start);
+
+// Raises `latest` to the steady_clock microseconds (ActionTiming's clock) at
+// which `work` completes, from the backend's thread through c10d's Work
+// future, so that the time an asynchronous collective was in flight can be
+// told apart from the time its reader waited. Several works may share one
+// `latest` (the last completion wins). The callback runs right after the work
+// completes, which may be just after a wait for it returns. False when the
+// work has no future (LibTorch 2.x Gloo's reduce_scatter): nothing is written.
+bool RecordCompletionTime(const WorkPtr& work, std::shared_ptr<std::atomic<int64_t>> latest);
 
 // Starts the operation with `start` and waits for it as WaitWork does; an
 // exception thrown by `start` (bad tensors, a broken group) becomes the same

@@ -80,6 +80,25 @@ grep -q 'pp=2 x dp=1 (vocabulary parallel, asynchronous collectives)' "$LOG" ||
 [[ "$(losses vocab1_async)" == "$(losses vocab1)" ]] ||
   fail "asynchronous collectives change the losses: '$(losses vocab1_async | tr '\n' ' ')' vs '$(losses vocab1 | tr '\n' ' ')'"
 echo "ok: 1f1b_vocab1 with asynchronous collectives gives the blocking run's losses exactly"
+# Its trace shows each collective in flight, from the action that started it
+# to its completion, in the background process; the blocking run's has none.
+in_flight() {  # in_flight NAME: "<collectives> <spans in flight>" of the run's trace.json
+  python3 - "$(ls -d "$TMP"/runs/"$1"-*/ | head -1)trace.json" <<'PY'
+import json, sys
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+started = {(e["tid"], e["name"]) for e in events if e.get("pid", 0) == 0 and
+           e["cat"] in ("OUT_BCAST", "OUT_STATS", "OUT_REDUCE", "IN_REDUCE", "IN_BCAST")}
+flights = [e for e in events if e.get("pid", 0) == 1 and "started_by" in e.get("args", {})]
+assert all((e["tid"], e["args"]["started_by"]) in started and e["dur"] >= 0 for e in flights), flights
+print(len(started), len(flights))
+PY
+}
+read -r collectives flights <<< "$(in_flight vocab1_async)" || fail "vocab1_async's trace.json is unreadable"
+[[ $collectives -gt 0 && $flights -eq $collectives ]] ||
+  fail "vocab1_async's trace shows $flights collectives in flight of $collectives started"
+read -r collectives flights <<< "$(in_flight vocab1)" || fail "vocab1's trace.json is unreadable"
+[[ $flights -eq 0 ]] || fail "the blocking run's trace shows $flights collectives in flight"
+echo "ok: the asynchronous run's trace shows its $collectives collectives in flight"
 
 # partition_method profile times the body's layers (rank 0 on its share of
 # the sample's embeddings); the losses stay the dense run's.

@@ -22,6 +22,11 @@ void ActionObservers::ActionEnd(const ObservedStep& step, const Action& action) 
   for (auto o = observers_.rbegin(); o != observers_.rend(); ++o) (*o)->ActionEnd(step, action);
 }
 
+void ActionObservers::CollectiveCompleted(const ObservedStep& step, const Action& started,
+                                          int64_t completed_us) {
+  for (ActionObserver* o : observers_) o->CollectiveCompleted(step, started, completed_us);
+}
+
 absl::Status ActionObservers::StepEnd(const ObservedStep& step, const absl::Status& status) {
   absl::Status first;
   for (auto o = observers_.rbegin(); o != observers_.rend(); ++o) {

@@ -16,8 +16,9 @@
 //
 // Calls come from the executor's thread, in order: StepStart, then per
 // executed action (an OVERLAP_F_B's halves one by one) ActionStart and, when
-// it succeeded, ActionEnd; StepEnd once the step's sends completed (also
-// after a failure, with its status).
+// it succeeded, ActionEnd; after a successful step's actions, per
+// asynchronous collective one CollectiveCompleted; StepEnd once the step's
+// sends completed (also after a failure, with its status).
 #ifndef PIPELINE_RUNTIME_ACTION_OBSERVER_H_
 #define PIPELINE_RUNTIME_ACTION_OBSERVER_H_
 
@@ -46,6 +47,12 @@ class ActionObserver {
   virtual void StepStart(const ObservedStep& step) {}
   virtual void ActionStart(const ObservedStep& step, const Action& action) {}
   virtual void ActionEnd(const ObservedStep& step, const Action& action) {}
+  // The collective that executed action `started` began without waiting for
+  // it (vocabulary_async_collectives) completed at `completed_us`
+  // (steady_clock microseconds, ActionTiming's clock, as the backend's thread
+  // reported it; the end of the wait for it where the backend reports none).
+  virtual void CollectiveCompleted(const ObservedStep& step, const Action& started,
+                                   int64_t completed_us) {}
   // `status`: the step's outcome. An error returned here (a device that does
   // not finish) fails a step that had succeeded.
   virtual absl::Status StepEnd(const ObservedStep& step, const absl::Status& status) {
@@ -64,6 +71,8 @@ class ActionObservers : public ActionObserver {
   void StepStart(const ObservedStep& step) override;
   void ActionStart(const ObservedStep& step, const Action& action) override;
   void ActionEnd(const ObservedStep& step, const Action& action) override;
+  void CollectiveCompleted(const ObservedStep& step, const Action& started,
+                           int64_t completed_us) override;
   absl::Status StepEnd(const ObservedStep& step, const absl::Status& status) override;
 
   bool empty() const { return observers_.empty(); }

@@ -96,6 +96,17 @@ void ActionTimer::ActionEnd(const ObservedStep& step, const Action& action) {
   if (IsCompute(action.type)) busy_us_ += t.end_us - t.start_us;
 }
 
+void ActionTimer::CollectiveCompleted(const ObservedStep& step, const Action& started,
+                                      int64_t completed_us) {
+  // The latest timing of the action (an action runs once per step).
+  for (auto t = timings_.rbegin(); t != timings_.rend(); ++t) {
+    if (t->action == started) {
+      t->completed_us = completed_us;
+      return;
+    }
+  }
+}
+
 absl::Status ActionTimer::StepEnd(const ObservedStep& step, const absl::Status& status) {
   if (!status.ok()) {
     // A failed step reports its own error; its device may never finish.

@@ -34,6 +34,10 @@ struct ActionTiming {
   // (on a device: the step start's host clock plus device time since).
   int64_t start_us = 0;
   int64_t end_us = 0;
+  // An action that started a collective without waiting for it
+  // (ActionObserver::CollectiveCompleted): when the collective completed;
+  // -1 for every other action.
+  int64_t completed_us = -1;
 };
 
 class ActionTimer : public ActionObserver {
@@ -47,6 +51,8 @@ class ActionTimer : public ActionObserver {
   void StepStart(const ObservedStep& step) override;
   void ActionStart(const ObservedStep& step, const Action& action) override;
   void ActionEnd(const ObservedStep& step, const Action& action) override;
+  void CollectiveCompleted(const ObservedStep& step, const Action& started,
+                           int64_t completed_us) override;
   absl::Status StepEnd(const ObservedStep& step, const absl::Status& status) override;
 
   // The last step's actions in program order (complete after StepEnd).

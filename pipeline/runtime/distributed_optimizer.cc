@@ -270,23 +270,6 @@ int64_t NowUs() {
       .count();
 }
 
-// Raises `latest` to now when `work` completes, from the backend's thread;
-// false if the work has no future (LibTorch 2.x Gloo's reduce_scatter:
-// "Work::getFuture not implemented").
-bool RecordCompletion(const WorkPtr& work, const std::shared_ptr<std::atomic<int64_t>>& latest) {
-  try {
-    work->getFuture()->addCallback([latest](c10::ivalue::Future&) {
-      const int64_t now = NowUs();
-      int64_t seen = latest->load();
-      while (seen < now && !latest->compare_exchange_weak(seen, now)) {
-      }
-    });
-    return true;
-  } catch (const c10::Error&) {
-    return false;
-  }
-}
-
 }  // namespace
 
 absl::Status DistributedOptimizer::StartBucket(Bucket& b) {
@@ -336,7 +319,7 @@ absl::Status DistributedOptimizer::StartBucket(Bucket& b) {
                                             " failed to start: ", e.what_without_backtrace()));
   }
   for (const WorkPtr& work : b.works) {
-    if (!RecordCompletion(work, b.completion_us)) b.end_at_wait = true;
+    if (!RecordCompletionTime(work, b.completion_us)) b.end_at_wait = true;
   }
   return absl::OkStatus();
 }

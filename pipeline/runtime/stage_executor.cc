@@ -1,8 +1,10 @@
 #include "pipeline/runtime/stage_executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <string>
+#include <thread>
 
 #include <glog/logging.h>
 
@@ -14,6 +16,12 @@
 
 namespace pp {
 namespace {
+
+int64_t SteadyMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // What the next stage on the same rank receives: the outputs cut from this
 // stage's graph (so each stage's backward stays its own), with the same
@@ -768,7 +776,11 @@ absl::Status StageExecutor::ExecuteVocabulary(const Action& a, StepState& st) {
 absl::Status StageExecutor::StartVocabCollective(
     StepState& st, const Action& a, tensor_parallel::PendingCollective work,
     std::function<absl::Status(torch::Tensor)> finish) {
-  st.vocab_pending.push_back({a.type, a.microbatch, std::move(work), std::move(finish)});
+  std::shared_ptr<const std::atomic<int64_t>> completed_us;
+  // Only an observed asynchronous step learns when its collectives completed.
+  if (st.vocab_async && observer_ != nullptr) completed_us = work.TrackCompletion();
+  st.vocab_pending.push_back(
+      {a.type, a.microbatch, a.stage, std::move(work), std::move(finish), std::move(completed_us)});
   if (st.vocab_async) return absl::OkStatus();
   return FinishVocabCollective(st, a.type, a.microbatch);
 }
@@ -788,9 +800,30 @@ absl::Status StageExecutor::FinishVocabCollective(StepState& st, ActionType type
     PendingVocabCollective pending = std::move(*it);
     it = st.vocab_pending.erase(it);
     PP_ASSIGN_OR_RETURN(torch::Tensor result, pending.work.Wait());
+    if (pending.completed_us != nullptr) {
+      st.vocab_finished.push_back({Action{pending.stage, pending.type, pending.microbatch},
+                                   pending.completed_us, SteadyMicros()});
+    }
     PP_RETURN_IF_ERROR(pending.finish(std::move(result)));
   }
   return absl::OkStatus();
+}
+
+void StageExecutor::ReportVocabCompletions(const ObservedStep& step,
+                                           const std::vector<FinishedVocabCollective>& finished,
+                                           ActionObserver& observer) {
+  int patience_ms = 100;
+  for (const FinishedVocabCollective& f : finished) {
+    int64_t completed = f.completed_us->load();
+    while (completed < 0 && patience_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      --patience_ms;
+      completed = f.completed_us->load();
+    }
+    // Complete when its wait returned: a callback that came later says so late.
+    observer.CollectiveCompleted(step, f.started,
+                                 completed < 0 ? f.waited_us : std::min(completed, f.waited_us));
+  }
 }
 
 absl::Status StageExecutor::FinishVocabCollectivesReadBy(const Action& a, StepState& st) {
@@ -897,6 +930,9 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
   // A failed step waits for none of its pending vocabulary collectives (each
   // backend work ends by itself within the group's timeout).
   st.vocab_pending.clear();
+  if (status.ok() && status_holder_.ok() && observer != nullptr) {
+    ReportVocabCompletions(observed, st.vocab_finished, *observer);
+  }
   if (status.ok() && !status_holder_.ok()) status = status_holder_;
   status_holder_ = absl::OkStatus();
   if (status.ok() && p2p_.posted_receives() != 0) {

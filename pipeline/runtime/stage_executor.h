@@ -25,6 +25,7 @@
 #ifndef PIPELINE_RUNTIME_STAGE_EXECUTOR_H_
 #define PIPELINE_RUNTIME_STAGE_EXECUTOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -206,8 +207,20 @@ class StageExecutor {
   struct PendingVocabCollective {
     ActionType type;
     int microbatch = 0;
+    int stage = 0;
     tensor_parallel::PendingCollective work;
     std::function<absl::Status(torch::Tensor)> finish;
+    // An observed asynchronous step: where the backend writes when the
+    // collective completed (PendingCollective::TrackCompletion); else null.
+    std::shared_ptr<const std::atomic<int64_t>> completed_us;
+  };
+  // A finished asynchronous collective whose completion the observer is told
+  // after the step's actions (the backend's callback may come just after the
+  // wait returns): the action that started it, and when the wait ended.
+  struct FinishedVocabCollective {
+    Action started;
+    std::shared_ptr<const std::atomic<int64_t>> completed_us;
+    int64_t waited_us = 0;
   };
   struct StepState {
     const LoweredProgram* program = nullptr;
@@ -236,6 +249,7 @@ class StageExecutor {
     // blocking form finishes each as it starts).
     bool vocab_async = false;
     std::list<PendingVocabCollective> vocab_pending;
+    std::vector<FinishedVocabCollective> vocab_finished;
   };
 
   // post_receives_ahead: the step's receives per channel, in program order,
@@ -263,6 +277,11 @@ class StageExecutor {
   absl::Status FinishVocabCollective(StepState& st, ActionType type, int mb);
   // Waits for and finishes every pending one, in the order they started.
   absl::Status FinishVocabCollectives(StepState& st);
+  // Tells `observer` when each of `finished` completed, giving the backend's
+  // callbacks up to 100 ms in all to report it (else the wait's end).
+  static void ReportVocabCompletions(const ObservedStep& step,
+                                     const std::vector<FinishedVocabCollective>& finished,
+                                     ActionObserver& observer);
   // Finishes what leaf action `a` reads (VocabCollectiveReadBy), or before a
   // tail action every pending one; run before the action is observed, so
   // that its span holds no wait.

@@ -703,9 +703,11 @@ std::string ReductionWindowName(int stage, int64_t bucket, bool ended_at_wait) {
 }  // namespace
 
 absl::StatusOr<std::string> Trainer::LastStepTrace() {
-  // Encode (stage, type, mb, start, end) per action, and per reduction
-  // window of the distributed optimizer (stage, kReductionWindowRow, bucket,
-  // start, end); all-gather the counts, then the padded event tables.
+  // Encode (stage, type, mb, start, end, completed) per action (completed:
+  // when the collective it started without waiting completed, else -1), and
+  // per reduction window of the distributed optimizer (stage,
+  // kReductionWindowRow, bucket, start, end, -1); all-gather the counts, then
+  // the padded event tables.
   const int world = grid_->world_size();
   std::vector<DistributedOptimizer::ReductionWindow> windows;
   if (dist_) windows = dist_->ReductionWindows();
@@ -722,7 +724,8 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
   for (int r = 0; r < world; ++r) counts[0][r] = counts[0][r].cpu();
   int64_t max_n = 1;
   for (int r = 0; r < world; ++r) max_n = std::max(max_n, counts[0][r].item<int64_t>());
-  torch::Tensor table = torch::zeros({max_n, 5}, torch::kLong);
+  constexpr int64_t kColumns = 6;
+  torch::Tensor table = torch::full({max_n, kColumns}, -1, torch::kLong);
   for (size_t i = 0; i < last_timings_.size(); ++i) {
     const ActionTiming& t = last_timings_[i];
     table[i][0] = t.action.stage;
@@ -730,6 +733,7 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
     table[i][2] = t.action.microbatch;
     table[i][3] = t.start_us;
     table[i][4] = t.end_us;
+    table[i][5] = t.completed_us;
   }
   for (size_t k = 0; k < windows.size(); ++k) {
     const int64_t i = static_cast<int64_t>(last_timings_.size() + k);
@@ -740,7 +744,7 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
     table[i][4] = windows[k].end_us;
   }
   std::vector<std::vector<at::Tensor>> tables(1);
-  for (int r = 0; r < world; ++r) tables[0].push_back(torch::empty({max_n, 5}, on_device));
+  for (int r = 0; r < world; ++r) tables[0].push_back(torch::empty({max_n, kColumns}, on_device));
   std::vector<at::Tensor> mine = {table.to(device())};
   PP_RETURN_IF_ERROR(RunCollective("trace all-gather", grid_->DescribeWorldGroup(), timeout(),
                                    [&] { return grid_->world_group()->allgather(tables, mine); }));
@@ -769,6 +773,13 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
       Action a{static_cast<int>(acc[i][0]), static_cast<ActionType>(acc[i][1]),
                static_cast<int>(acc[i][2])};
       events.push_back(TraceEvent{r, ActionToString(a), start, end});
+      if (acc[i][5] >= 0) {
+        TraceEvent flight{r, absl::StrCat(ActionToString(a), " in flight"), start,
+                          static_cast<double>(acc[i][5] - t0)};
+        flight.background = true;
+        flight.started_by = ActionToString(a);
+        events.push_back(std::move(flight));
+      }
     }
   }
   ChromeTraceOptions options;

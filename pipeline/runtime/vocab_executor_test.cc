@@ -135,35 +135,52 @@ struct Case {
   int late_ms = 0;
   double* in_reduce_ms = nullptr;
   double* reader_ms = nullptr;
+  // With late_ms: rank 0 writes how long after its IN_REDUCE's start the
+  // collective completed (ActionObserver::CollectiveCompleted; -1 if never
+  // told), and how many completions it was told of, of how many collectives.
+  double* in_reduce_flight_ms = nullptr;
+  int* completions_told = nullptr;
+  int* collectives_run = nullptr;
 };
 
 // Makes rank 1 late for micro-batch 0's IN_REDUCE; times that action and
 // stage 0's F of the micro-batch (its reader) on rank 0, as observed.
 class LateInputReduce : public ActionObserver {
  public:
-  LateInputReduce(int rank, int late_ms, double* in_reduce_ms, double* reader_ms)
-      : rank_(rank), late_ms_(late_ms), in_reduce_ms_(in_reduce_ms), reader_ms_(reader_ms) {}
+  LateInputReduce(int rank, const Case& c) : rank_(rank), c_(c) {}
   void ActionStart(const ObservedStep&, const Action& a) override {
     if (a == F(0, 0)) start_ = std::chrono::steady_clock::now();
+    if (rank_ == 0 && IsVocabCollective(a.type) && c_.collectives_run != nullptr) {
+      ++*c_.collectives_run;
+    }
     if (a.type != ActionType::kVocabInputReduce || a.microbatch != 0) return;
-    if (rank_ == 1) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms_));
+    if (rank_ == 1) std::this_thread::sleep_for(std::chrono::milliseconds(c_.late_ms));
     start_ = std::chrono::steady_clock::now();
+    in_reduce_start_ = start_;
   }
   void ActionEnd(const ObservedStep&, const Action& a) override {
     if (rank_ != 0) return;
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
             .count();
-    if (a == F(0, 0)) *reader_ms_ = ms;
-    if (a.type == ActionType::kVocabInputReduce && a.microbatch == 0) *in_reduce_ms_ = ms;
+    if (a == F(0, 0)) *c_.reader_ms = ms;
+    if (a.type == ActionType::kVocabInputReduce && a.microbatch == 0) *c_.in_reduce_ms = ms;
+  }
+  void CollectiveCompleted(const ObservedStep&, const Action& started,
+                           int64_t completed_us) override {
+    if (rank_ != 0 || c_.completions_told == nullptr) return;
+    ++*c_.completions_told;
+    if (started.type != ActionType::kVocabInputReduce || started.microbatch != 0) return;
+    const int64_t start_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(in_reduce_start_.time_since_epoch())
+            .count();
+    *c_.in_reduce_flight_ms = (completed_us - start_us) / 1000.0;
   }
 
  private:
   int rank_;
-  int late_ms_;
-  double* in_reduce_ms_;
-  double* reader_ms_;
-  std::chrono::steady_clock::time_point start_;
+  const Case& c_;
+  std::chrono::steady_clock::time_point start_, in_reduce_start_;
 };
 
 // What one rank's step produced, for a bitwise comparison of two runs.
@@ -207,7 +224,7 @@ absl::Status RunCase(const Case& c, std::map<int, RankResult>* results = nullptr
     options.vocabulary_async_collectives = c.async;
     StageExecutor exec(world.rank, fns, LossFn(), &source, world.group, options);
     exec.set_vocabulary(&vocab);
-    LateInputReduce late(world.rank, c.late_ms, c.in_reduce_ms, c.reader_ms);
+    LateInputReduce late(world.rank, c);
     if (c.late_ms > 0) exec.set_observer(&late);
     PP_ASSIGN_OR_RETURN(StepStats stats,
                         exec.Run(program, 0, [](const Action&) { return absl::OkStatus(); }));
@@ -295,26 +312,38 @@ TEST(VocabExecutorTest, AsynchronousCollectivesGiveTheBlockingBits) {
 // The asynchronous form does not wait in the collective's action: with rank
 // 1 late by 400 ms for micro-batch 0's IN_REDUCE, rank 0's IN_REDUCE returns
 // at once and the wait comes before stage 0's F, outside its observed span
-// (idle time, not the F's compute); the blocking one waits for rank 1 in the
-// IN_REDUCE. Both still train the dense model's gradients.
+// (idle time, not the F's compute), and the observer learns when the
+// collective completed; the blocking one waits for rank 1 in the IN_REDUCE.
+// Both still train the dense model's gradients.
 TEST(VocabExecutorTest, AsynchronousCollectivesDoNotWaitInTheirAction) {
   for (bool async : {false, true}) {
     SCOPED_TRACE(async ? "asynchronous" : "blocking");
-    double in_reduce_ms = -1, reader_ms = -1;
+    double in_reduce_ms = -1, reader_ms = -1, flight_ms = -1;
+    int told = 0, collectives = 0;
     Case c{"1f1b_vocab", 2, 2, 1, 11, false};
     c.async = async;
     c.late_ms = 400;
     c.in_reduce_ms = &in_reduce_ms;
     c.reader_ms = &reader_ms;
+    c.in_reduce_flight_ms = &flight_ms;
+    c.completions_told = &told;
+    c.collectives_run = &collectives;
     absl::Status s = RunCase(c);
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_GE(reader_ms, 0);
     EXPECT_LT(reader_ms, 200);
+    EXPECT_GT(collectives, 0);
     if (async) {
       EXPECT_GE(in_reduce_ms, 0);
       EXPECT_LT(in_reduce_ms, 200);
+      // The observer is told when each collective completed: the late
+      // IN_REDUCE only once rank 1 came, long after its start returned.
+      EXPECT_EQ(told, collectives);
+      EXPECT_GT(flight_ms, 200);
+      EXPECT_LT(flight_ms, 2000);
     } else {
       EXPECT_GT(in_reduce_ms, 200);
+      EXPECT_EQ(told, 0);  // blocking: the action's span is the collective
     }
   }
 }

@@ -178,6 +178,12 @@ absl::StatusOr<torch::Tensor> PendingCollective::Wait() {
   return finish ? finish() : torch::Tensor();
 }
 
+std::shared_ptr<const std::atomic<int64_t>> PendingCollective::TrackCompletion() const {
+  if (!work_.ok() || !*work_) return nullptr;
+  auto completed_us = std::make_shared<std::atomic<int64_t>>(-1);
+  return RecordCompletionTime(*work_, completed_us) ? completed_us : nullptr;
+}
+
 namespace {
 
 // Starts `start` on `group` (its exception becomes the Status Wait returns).

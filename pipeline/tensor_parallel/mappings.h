@@ -31,9 +31,11 @@
 #ifndef PIPELINE_TENSOR_PARALLEL_MAPPINGS_H_
 #define PIPELINE_TENSOR_PARALLEL_MAPPINGS_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <torch/torch.h>
@@ -119,6 +121,13 @@ class PendingCollective {
   // failed or timed-out collective is WaitWork's Status, naming it and the
   // group. Call once: the object is empty afterwards.
   absl::StatusOr<torch::Tensor> Wait();
+
+  // Has the backend write the steady_clock microseconds at which the
+  // collective completes into the returned cell (RecordCompletionTime; -1
+  // until then): how long it was in flight, for traces. Null when there is
+  // nothing to track (Done, a failed start, a backend without futures). Call
+  // before Wait.
+  std::shared_ptr<const std::atomic<int64_t>> TrackCompletion() const;
 
  private:
   absl::StatusOr<WorkPtr> work_ = WorkPtr();

@@ -61,6 +61,13 @@ std::string ChromeTraceJson(const std::vector<TraceEvent>& events,
       event["args"] = {{"stage", action->stage}, {"microbatch", action->microbatch}};
     }
     if (!e.overlap.empty()) event["args"]["overlap_f_b"] = e.overlap;
+    if (!e.started_by.empty()) {
+      event["args"]["started_by"] = e.started_by;
+      if (absl::StatusOr<Action> starter = ParseAction(e.started_by); starter.ok()) {
+        event["args"]["stage"] = starter->stage;
+        event["args"]["microbatch"] = starter->microbatch;
+      }
+    }
     trace_events.push_back(std::move(event));
   }
   nlohmann::json root = {{"traceEvents", trace_events}, {"displayTimeUnit", "ms"}};

@@ -27,6 +27,11 @@ struct TraceEvent {
   // shown in a process of its own, "background collectives", one track per
   // rank (pid 1; the actions are pid 0), category "background".
   bool background = false;
+  // A background collective that an action started without waiting for it
+  // (an asynchronous vocabulary collective): that action ("OUT_STATS3"), in
+  // the event's args as "started_by" with its stage and micro-batch; the
+  // span runs from the action's start to the collective's completion.
+  std::string started_by;
 };
 
 struct ChromeTraceOptions {

@@ -64,6 +64,26 @@ TEST(ChromeTraceTest, BackgroundEventsHaveAProcessOfTheirOwn) {
   EXPECT_EQ(process_names.size(), 2u);
 }
 
+// An asynchronous collective's span in flight names the action that started
+// it, with that action's stage and micro-batch.
+TEST(ChromeTraceTest, ACollectiveInFlightNamesItsStarter) {
+  TraceEvent flight{0, "OUT_STATS3 in flight", 2, 5};
+  flight.background = true;
+  flight.started_by = "OUT_STATS3";
+  nlohmann::json trace = nlohmann::json::parse(
+      ChromeTraceJson({{0, "OUT_STATS3", 2, 2.1}, flight}, ChromeTraceOptions{}));
+  int seen = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || e["pid"] != 1) continue;
+    ++seen;
+    EXPECT_EQ(e["cat"], "background") << e;
+    EXPECT_EQ(e["args"]["started_by"], "OUT_STATS3") << e;
+    EXPECT_EQ(e["args"]["microbatch"], 3) << e;
+    EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 3000) << e;
+  }
+  EXPECT_EQ(seen, 1);
+}
+
 TEST(ChromeTraceTest, WritesAFileAndReportsUnwritablePaths) {
   const std::string path = ::testing::TempDir() + "/trace.json";
   ASSERT_TRUE(WriteChromeTrace(path, {{0, "0F0", 0, 1}}).ok());
