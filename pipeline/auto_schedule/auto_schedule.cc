@@ -91,7 +91,10 @@ std::vector<double> LocalCostSums(const std::vector<std::vector<ActionTiming>>& 
         sums[vocab + 2 * v] += ms;
         sums[vocab + 2 * v + 1] += 1;
       } else if (IsVocabCollective(t.action.type)) {
-        vocab_collectives.push_back(ms);
+        // Started without waiting (asynchronous collectives): its cost is
+        // its time in flight, to when it completed, not its start's span.
+        const int64_t end = t.completed_us >= 0 ? t.completed_us : t.end_us;
+        vocab_collectives.push_back(static_cast<double>(end - t.start_us) / 1000.0);
       }
     }
   }

@@ -102,6 +102,27 @@ TEST(AutoScheduleTest, VocabularyPassCostsFromTimings) {
   EXPECT_EQ(dense->vocab.output_s + dense->vocab.output_t + dense->vocab.collective, 0.0);
 }
 
+// Asynchronous collectives: an action only starts its collective, which
+// completes later (ActionTiming::completed_us); its cost is the time in
+// flight, not the start's span.
+TEST(AutoScheduleTest, AsynchronousCollectivesCostTheirTimeInFlight) {
+  auto started = [](int64_t start_us, int64_t completed_us) {
+    ActionTiming t = Timed(ActionType::kVocabOutputStats, -1, start_us, start_us + 10);
+    t.completed_us = completed_us;
+    return t;
+  };
+  const std::vector<std::vector<ActionTiming>> rank0 = {
+      {Timed(ActionType::kForward, 0, 0, 1000), Timed(ActionType::kBackward, 0, 1000, 3000),
+       started(3000, 3300), started(3500, 3900)}};
+  const std::vector<std::vector<ActionTiming>> rank1 = {
+      {Timed(ActionType::kForward, 1, 0, 1000), Timed(ActionType::kBackward, 1, 1000, 3000),
+       started(3000, 3100)}};
+  absl::StatusOr<SimulationCosts> costs =
+      CostsFromSums(Add(LocalCostSums(rank0, 2, 1, 0), LocalCostSums(rank1, 2, 1, 1)), 2, 1);
+  ASSERT_TRUE(costs.ok()) << costs.status();
+  EXPECT_DOUBLE_EQ(costs->vocab.collective, 0.2);  // (0.3 + 0.1) / 2, each rank's smallest
+}
+
 TEST(AutoScheduleTest, StartingSchedule) {
   EXPECT_EQ(*StartingSchedule("1f1b", 1), "1f1b");
   EXPECT_EQ(*StartingSchedule("auto", 1), "zb_h1");
