@@ -51,7 +51,8 @@ def vocab_costs(events):
     the collectives of each rank's end minus the latest start among the
     ranks (its own cost, the waiting left to the simulator), in seconds;
     empty without vocabulary passes. A collective started without waiting
-    (attach_completions) ends when it completed, not when its start did."""
+    (attach_completions) ends when it completed, not when its start did, and
+    VOCAB_ASYNC is 1 (the simulator's asynchronous model)."""
     passes, collectives = {}, {}
     for e in events:
         if e.get("cat") in VOCAB_PASSES:
@@ -66,6 +67,8 @@ def vocab_costs(events):
                 for e in evs]
     if own:
         out["VOCAB_COMM"] = statistics.mean(own)
+    if any("completed_us" in e.get("args", {}) for evs in collectives.values() for e in evs):
+        out["VOCAB_ASYNC"] = 1  # the run's collectives were asynchronous: simulate them so
     return out
 
 

@@ -64,8 +64,10 @@ def simulate(explorer, schedule, ranks, m, chunks, costs, defer, multipliers=Non
         extra = [a + ",VOCAB_BARRIERS:1" if a.startswith("--costs=") else a for a in extra]
     if vocab_async:
         # The run's vocabulary collectives were asynchronous
-        # (--vocab_async_collectives): simulated as started and waited where read.
-        extra = [a + ",VOCAB_ASYNC:1" if a.startswith("--costs=") else a for a in extra]
+        # (--vocab_async_collectives): simulated as started and waited where read
+        # (a trace that shows them in flight says so itself).
+        extra = [a + ",VOCAB_ASYNC:1" if a.startswith("--costs=") and "VOCAB_ASYNC" not in a
+                 else a for a in extra]
     if not defer:
         extra = [a for a in extra if a != "--defer_receives"]
     if multipliers:
@@ -105,7 +107,8 @@ def parse_args():
                          "embedding and head")
     ap.add_argument("--vocab_async", action="store_true",
                     help="the run had --vocab_async_collectives=true: its vocabulary "
-                         "collectives are simulated as asynchronous (VOCAB_ASYNC:1)")
+                         "collectives are simulated as asynchronous (VOCAB_ASYNC:1); a "
+                         "trace that shows them in flight needs no flag")
     args = ap.parse_args()
     return args
 

@@ -350,7 +350,13 @@ std::string Render(const Explored& e, const std::string& format) {
     options.num_stages = s.num_stages;
     return RenderSvg(e.sim, options);
   }
-  if (format == "chrome") return ChromeTraceJson(e.sim.timeline) + "\n";
+  if (format == "chrome") {
+    // The collectives in flight (VOCAB_ASYNC) in the background process, as
+    // train_gpt's trace.json shows them.
+    std::vector<TraceEvent> events = e.sim.timeline;
+    events.insert(events.end(), e.sim.in_flight.begin(), e.sim.in_flight.end());
+    return ChromeTraceJson(events) + "\n";
+  }
   if (format == "csv") return ScheduleToCsv(s);
   if (format == "csv_comms") return ProgramToCsv(e.program);
   std::string text =

@@ -606,6 +606,13 @@ SimulationResult Summarize(const LoweredProgram& program, const internal_schedul
       if (!IsCompute(action.type)) {
         if (with_timeline) {
           result.timeline.push_back({r, ActionToString(action), ex.start[r][i], ex.end[r][i]});
+          if (!ex.completed.empty() && ex.completed[r][i] >= 0) {
+            TraceEvent flight{r, absl::StrCat(ActionToString(action), " in flight"), ex.start[r][i],
+                              ex.completed[r][i]};
+            flight.background = true;
+            flight.started_by = ActionToString(action);
+            result.in_flight.push_back(std::move(flight));
+          }
         }
         if (IsVocabCompute(action.type)) {
           result.busy[r] += ex.end[r][i] - ex.start[r][i];

@@ -224,6 +224,11 @@ struct SimulationResult {
   // Every executed action, in program order per rank; tail actions only
   // when they take time.
   std::vector<TraceEvent> timeline;
+  // With asynchronous vocabulary collectives (vocab.asynchronous), beside the
+  // timeline: each posted collective from its post to its completion, a
+  // background event naming the action that posted it (started_by), as a
+  // measured trace shows it ("OUT_STATS3 in flight").
+  std::vector<TraceEvent> in_flight;
 };
 
 // Simulates a lowered program; errors are the validator's (deadlock, missing

@@ -297,6 +297,12 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
   auto collective_key = [&](ActionType type, int mb) { return VocabTypeIndex(type) * m + mb; };
   std::vector<int> posts(async_vocab ? kNumVocabTypes * m : 0, 0);
   std::vector<double> latest_post(posts.size(), 0), completion(posts.size(), -1);
+  // Where each was posted, (rank, position), for Execution::completed.
+  std::vector<std::vector<std::pair<int, int>>> posted_at(posts.size());
+  if (async_vocab) {
+    ex.completed.resize(p);
+    for (int r = 0; r < p; ++r) ex.completed[r].assign(program.ranks[r].size(), -1);
+  }
   // The order of the posts: the transport matches collectives by their order
   // on each rank (Gloo's tags), so every rank must post them in one order.
   std::vector<Action> post_order;
@@ -389,9 +395,11 @@ absl::StatusOr<Execution> Execute(const LoweredProgram& program, const Execution
           ex.start[r][i] = ex.end[r][i] = clock[r] = t;
           const int k = collective_key(a.type, a.microbatch);
           latest_post[k] = std::max(latest_post[k], t);
+          posted_at[k].push_back({r, i});
           if (++posts[k] == p) {
             completion[k] =
                 latest_post[k] + (costs.vocab_collective ? costs.vocab_collective(r, a) : 0.0);
+            for (const auto& [q, j] : posted_at[k]) ex.completed[q][j] = completion[k];
           }
           mark_done(r, a);
           ++pos[r];

@@ -61,6 +61,10 @@ struct Execution {
   // Indexed [rank][position in program.ranks[rank]]. A message's span is its
   // transfer (latency), not the time a rank waited for its peer.
   std::vector<std::vector<double>> start, end;
+  // With async_vocab_collectives, indexed as start: when the vocabulary
+  // collective an action posted completed (-1 for every other action); empty
+  // without.
+  std::vector<std::vector<double>> completed;
 };
 
 // InvalidArgument, with the step x rank grid of the program and the offending

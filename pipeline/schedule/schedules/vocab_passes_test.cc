@@ -1,6 +1,7 @@
 #include "pipeline/schedule/ir/vocab_passes.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <string>
 #include <tuple>
@@ -411,7 +412,8 @@ TEST(VocabSimulationTest, SplittingAHeavyHeadBalancesTheRanksAndShortensTheStep)
 // Asynchronous collectives (SimulationCosts::vocab.asynchronous): a rank
 // posts each and goes on, and waits only where it reads the result. Never
 // slower than blocking ones, with the same busy time; each collective is a
-// post of no time on every rank's timeline. Covering set: every registered
+// post of no time on every rank's timeline, in flight until the last rank's
+// post plus its cost. Covering set: every registered
 // vocabulary schedule (1F1B and ZB-V, both forms, the "_overlap" 1F1B) at
 // p 2 and 4, one with uneven stage costs.
 TEST(VocabSimulationTest, AsynchronousCollectivesNeverLengthenTheStep) {
@@ -435,11 +437,24 @@ TEST(VocabSimulationTest, AsynchronousCollectivesNeverLengthenTheStep) {
         EXPECT_LE(b->makespan, a->makespan + 1e-9);
         for (int r = 0; r < p; ++r) EXPECT_NEAR(b->busy[r], a->busy[r], 1e-9) << "rank " << r;
         EXPECT_EQ(b->peak_memory, a->peak_memory);
+        // Each post is in flight (SimulationResult::in_flight) until the
+        // latest rank's post of it plus VOCAB_COMM; blocking, none is.
+        std::map<std::string, double> latest_post;
+        size_t posts = 0;
         for (const TraceEvent& e : b->timeline) {
           absl::StatusOr<Action> action = ParseAction(e.name);
           if (action.ok() && IsVocabCollective(action->type)) {
             EXPECT_EQ(e.start, e.end) << e.name << " on rank " << e.rank;
+            latest_post[e.name] = std::max(latest_post[e.name], e.start);
+            ++posts;
           }
+        }
+        EXPECT_TRUE(a->in_flight.empty());
+        ASSERT_EQ(b->in_flight.size(), posts);
+        for (const TraceEvent& e : b->in_flight) {
+          EXPECT_TRUE(e.background);
+          EXPECT_EQ(e.name, e.started_by + " in flight");
+          EXPECT_NEAR(e.end, latest_post.at(e.started_by) + 0.05, 1e-9) << e.name;
         }
       }
     }
