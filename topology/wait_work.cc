@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -58,9 +59,7 @@ absl::Status WaitWork(const WorkPtr& work, absl::string_view collective, absl::s
 bool RecordCompletionTime(const WorkPtr& work, std::shared_ptr<std::atomic<int64_t>> latest) {
   try {
     work->getFuture()->addCallback([latest = std::move(latest)](c10::ivalue::Future&) {
-      const int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
-                              std::chrono::steady_clock::now().time_since_epoch())
-                              .count();
+      const int64_t now = SteadyClockMicros();
       int64_t seen = latest->load();
       while (seen < now && !latest->compare_exchange_weak(seen, now)) {
       }
@@ -69,6 +68,22 @@ bool RecordCompletionTime(const WorkPtr& work, std::shared_ptr<std::atomic<int64
   } catch (const c10::Error&) {
     return false;
   }
+}
+
+std::optional<int64_t> AwaitCompletionTime(const std::atomic<int64_t>& latest, int* patience_ms) {
+  int64_t completed = latest.load();
+  while (completed < 0 && *patience_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    --*patience_ms;
+    completed = latest.load();
+  }
+  return completed < 0 ? std::nullopt : std::optional<int64_t>(completed);
+}
+
+int64_t SteadyClockMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 absl::StatusOr<WorkPtr> StartWork(absl::string_view collective, absl::string_view group,

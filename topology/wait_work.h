@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,16 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 // completes, which may be just after a wait for it returns. False when the
 // work has no future (LibTorch 2.x Gloo's reduce_scatter): nothing is written.
 bool RecordCompletionTime(const WorkPtr& work, std::shared_ptr<std::atomic<int64_t>> latest);
+
+// After the wait for a work RecordCompletionTime tracks: the time its cell
+// holds once the callback has run, waiting for that at most `*patience_ms`
+// (decreased by the wait, so that several calls share one budget and a
+// backend whose callbacks never come costs it once); nullopt if none came.
+std::optional<int64_t> AwaitCompletionTime(const std::atomic<int64_t>& latest, int* patience_ms);
+
+// steady_clock microseconds: the clock RecordCompletionTime writes (and
+// ActionTiming's).
+int64_t SteadyClockMicros();
 
 // Starts the operation with `start` and waits for it as WaitWork does; an
 // exception thrown by `start` (bad tensors, a broken group) becomes the same

@@ -1,10 +1,9 @@
 #include "pipeline/runtime/distributed_optimizer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <map>
+#include <optional>
 #include <set>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -262,19 +261,9 @@ absl::Status DistributedOptimizer::StageDone(int stage) {
   return absl::OkStatus();
 }
 
-namespace {
-
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 absl::Status DistributedOptimizer::StartBucket(Bucket& b) {
   b.started = true;
-  b.start_us = NowUs();
+  b.start_us = SteadyClockMicros();
   b.waited_us = -1;
   b.completion_us = std::make_shared<std::atomic<int64_t>>(-1);
   b.end_at_wait = false;
@@ -332,7 +321,7 @@ absl::Status DistributedOptimizer::WaitBucket(Bucket& b) {
   const bool waited = !b.works.empty();
   b.works.clear();
   b.input = torch::Tensor();
-  if (waited) b.waited_us = NowUs();
+  if (waited) b.waited_us = SteadyClockMicros();
   return absl::OkStatus();
 }
 
@@ -347,14 +336,10 @@ std::vector<DistributedOptimizer::ReductionWindow> DistributedOptimizer::Reducti
     // thread right after, which a loaded machine may delay: give them up to
     // 100 ms in all (a backend whose futures never call back costs no more)
     // before falling back to the wait's end.
-    int64_t completed = b.completion_us->load();
-    while (completed < 0 && !b.end_at_wait && patience_ms > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      --patience_ms;
-      completed = b.completion_us->load();
-    }
-    const bool at_wait = b.end_at_wait || completed < 0;
-    windows.push_back({b.group, index, b.start_us, at_wait ? b.waited_us : completed, at_wait});
+    const std::optional<int64_t> completed =
+        b.end_at_wait ? std::nullopt : AwaitCompletionTime(*b.completion_us, &patience_ms);
+    windows.push_back(
+        {b.group, index, b.start_us, completed.value_or(b.waited_us), !completed.has_value()});
   }
   return windows;
 }

@@ -1,10 +1,8 @@
 #include "pipeline/runtime/stage_executor.h"
 
 #include <algorithm>
-#include <chrono>
 #include <deque>
 #include <string>
-#include <thread>
 
 #include <glog/logging.h>
 
@@ -13,15 +11,10 @@
 #include "common/torch_status.h"
 #include "pipeline/tensor_parallel/mappings.h"
 #include "pipeline/tensor_parallel/planted_fault.h"
+#include "topology/wait_work.h"
 
 namespace pp {
 namespace {
-
-int64_t SteadyMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // What the next stage on the same rank receives: the outputs cut from this
 // stage's graph (so each stage's backward stays its own), with the same
@@ -802,7 +795,7 @@ absl::Status StageExecutor::FinishVocabCollective(StepState& st, ActionType type
     PP_ASSIGN_OR_RETURN(torch::Tensor result, pending.work.Wait());
     if (pending.completed_us != nullptr) {
       st.vocab_finished.push_back({Action{pending.stage, pending.type, pending.microbatch},
-                                   pending.completed_us, SteadyMicros()});
+                                   pending.completed_us, SteadyClockMicros()});
     }
     PP_RETURN_IF_ERROR(pending.finish(std::move(result)));
   }
@@ -814,15 +807,10 @@ void StageExecutor::ReportVocabCompletions(const ObservedStep& step,
                                            ActionObserver& observer) {
   int patience_ms = 100;
   for (const FinishedVocabCollective& f : finished) {
-    int64_t completed = f.completed_us->load();
-    while (completed < 0 && patience_ms > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      --patience_ms;
-      completed = f.completed_us->load();
-    }
     // Complete when its wait returned: a callback that came later says so late.
-    observer.CollectiveCompleted(step, f.started,
-                                 completed < 0 ? f.waited_us : std::min(completed, f.waited_us));
+    const int64_t completed =
+        AwaitCompletionTime(*f.completed_us, &patience_ms).value_or(f.waited_us);
+    observer.CollectiveCompleted(step, f.started, std::min(completed, f.waited_us));
   }
 }
 

@@ -774,11 +774,8 @@ absl::StatusOr<std::string> Trainer::LastStepTrace() {
                static_cast<int>(acc[i][2])};
       events.push_back(TraceEvent{r, ActionToString(a), start, end});
       if (acc[i][5] >= 0) {
-        TraceEvent flight{r, absl::StrCat(ActionToString(a), " in flight"), start,
-                          static_cast<double>(acc[i][5] - t0)};
-        flight.background = true;
-        flight.started_by = ActionToString(a);
-        events.push_back(std::move(flight));
+        events.push_back(
+            InFlightEvent(r, ActionToString(a), start, static_cast<double>(acc[i][5] - t0)));
       }
     }
   }

@@ -607,11 +607,8 @@ SimulationResult Summarize(const LoweredProgram& program, const internal_schedul
         if (with_timeline) {
           result.timeline.push_back({r, ActionToString(action), ex.start[r][i], ex.end[r][i]});
           if (!ex.completed.empty() && ex.completed[r][i] >= 0) {
-            TraceEvent flight{r, absl::StrCat(ActionToString(action), " in flight"), ex.start[r][i],
-                              ex.completed[r][i]};
-            flight.background = true;
-            flight.started_by = ActionToString(action);
-            result.in_flight.push_back(std::move(flight));
+            result.in_flight.push_back(
+                InFlightEvent(r, ActionToString(action), ex.start[r][i], ex.completed[r][i]));
           }
         }
         if (IsVocabCompute(action.type)) {

@@ -11,6 +11,13 @@
 
 namespace pp {
 
+TraceEvent InFlightEvent(int rank, const std::string& started_by, double start, double end) {
+  TraceEvent e{rank, absl::StrCat(started_by, " in flight"), start, end};
+  e.background = true;
+  e.started_by = started_by;
+  return e;
+}
+
 std::string ChromeTraceJson(const std::vector<TraceEvent>& events,
                             const ChromeTraceOptions& options) {
   nlohmann::json trace_events = nlohmann::json::array();

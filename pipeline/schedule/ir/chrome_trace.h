@@ -34,6 +34,10 @@ struct TraceEvent {
   std::string started_by;
 };
 
+// The span in flight of the collective `started_by` (an action string) began
+// without waiting for it: "<started_by> in flight", in the background.
+TraceEvent InFlightEvent(int rank, const std::string& started_by, double start, double end);
+
 struct ChromeTraceOptions {
   // Microseconds per unit of TraceEvent time (Chrome traces are in us):
   // 1 for measured microseconds, 1e6 for seconds; simulated unit costs look

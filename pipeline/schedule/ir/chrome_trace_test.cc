@@ -67,9 +67,8 @@ TEST(ChromeTraceTest, BackgroundEventsHaveAProcessOfTheirOwn) {
 // An asynchronous collective's span in flight names the action that started
 // it, with that action's stage and micro-batch.
 TEST(ChromeTraceTest, ACollectiveInFlightNamesItsStarter) {
-  TraceEvent flight{0, "OUT_STATS3 in flight", 2, 5};
-  flight.background = true;
-  flight.started_by = "OUT_STATS3";
+  const TraceEvent flight = InFlightEvent(0, "OUT_STATS3", 2, 5);
+  EXPECT_EQ(flight.name, "OUT_STATS3 in flight");
   nlohmann::json trace = nlohmann::json::parse(
       ChromeTraceJson({{0, "OUT_STATS3", 2, 2.1}, flight}, ChromeTraceOptions{}));
   int seen = 0;
