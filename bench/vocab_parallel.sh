@@ -8,8 +8,9 @@
 #   it, the other registered schedules zb_h1 and interleaved_1f1b and 1f1b
 #   over the partition `profile` finds (the best a partition can do about
 #   the head);
-#   pp 4: 1f1b, 1f1b + passes and 1f1b_vocab1; zbv and zbv_vocab (V-Half's
-#   memory balance, the paper's pairing);
+#   pp 4: 1f1b, 1f1b + passes and 1f1b_vocab1; zbv and zbv_vocab;
+#   at pp 2 and 4 vhalf and vhalf_vocab (V-Half: half of zbv's activations,
+#   the paper's balanced-memory pairing);
 #   with --async also pp 2's 1f1b_vocab, 1f1b_vocab1, zbv_vocab and
 #   zbv_vocab1 with --vocab_async_collectives=true (named *_async; each
 #   records its speedup over the same run with blocking collectives), the
@@ -69,7 +70,9 @@ pp2_zb_h1:2:1:zb_h1:false:type:LlamaBlock pp2_interleaved_1f1b:2:2:interleaved_1
 pp2_1f1b_profile:2:1:1f1b:false:profile
 pp4_1f1b:4:1:1f1b:false:type:LlamaBlock pp4_1f1b_vocab:4:1:1f1b:true:type:LlamaBlock
 pp4_1f1b_vocab1:4:1:1f1b_vocab1:true:type:LlamaBlock
-pp4_zbv:4:2:zbv:false:type:LlamaBlock pp4_zbv_vocab:4:2:zbv_vocab:true:type:LlamaBlock"
+pp4_zbv:4:2:zbv:false:type:LlamaBlock pp4_zbv_vocab:4:2:zbv_vocab:true:type:LlamaBlock
+pp2_vhalf:2:2:vhalf:false:type:LlamaBlock pp2_vhalf_vocab:2:2:vhalf_vocab:true:type:LlamaBlock
+pp4_vhalf:4:2:vhalf:false:type:LlamaBlock pp4_vhalf_vocab:4:2:vhalf_vocab:true:type:LlamaBlock"
 if [[ $ASYNC == 1 ]]; then
   RUNS+="
 pp2_1f1b_vocab_async:2:1:1f1b:true:type:LlamaBlock pp2_1f1b_vocab1_async:2:1:1f1b_vocab1:true:type:LlamaBlock

@@ -23,6 +23,11 @@
 // The distributed optimizer at pp 2 x tp 2 x dp 2 (LLaMA untied, zbv_vocab),
 // and bf16 at pp 2 x tp 2 (VocabBf16Test, GPT under 1f1b_vocab).
 //
+// V-Half (vhalf_vocab, vhalf_vocab1: the V schedule with half of zbv's
+// activations), a covering set of its own: GPT tied under vhalf_vocab at pp 4
+// with every block checkpointed, LLaMA untied under vhalf_vocab1 at pp 2 x
+// dp 2 with asynchronous collectives.
+//
 // The one-barrier algorithm (the paper's Vocab-1: 1f1b_vocab1, zbv_vocab1),
 // a covering set of its own: GPT tied under 1f1b_vocab1 at pp 2 and under
 // zbv_vocab1 at pp 4; LLaMA untied under 1f1b_vocab1 at pp 2 with every
@@ -120,7 +125,7 @@ RunConfig VocabCase(const VocabModel& model, const std::string& schedule, int pp
   c.schedule = schedule;
   c.pp = pp;
   c.dp = dp;
-  c.chunks = schedule.rfind("zbv", 0) == 0 ? 2 : 1;
+  c.chunks = schedule.rfind("zbv", 0) == 0 || schedule.rfind("vhalf", 0) == 0 ? 2 : 1;
   c.microbatches = 4;
   c.steps = 3;
   // SGD with momentum, as the suite's tensor-parallel cases: the gradient of
@@ -222,6 +227,17 @@ std::vector<Case> Cases() {
     c.distributed_optimizer = true;
     c.bucket_numel = 500;
     cases.push_back({c, "gpt_zb_h1_plus_passes1_pp2_dp2_zero1"});
+  }
+  // V-Half (half of zbv's activations, the paper's balanced-memory pairing).
+  {
+    RunConfig c = GptCase("vhalf_vocab", 4, 1);
+    CheckpointEveryBlock(c, "TransformerBlock");
+    cases.push_back({c, "gpt_vhalf_vocab_pp4_ckpt"});
+  }
+  {
+    RunConfig c = VocabCase(kUntiedLlama, "vhalf_vocab1", 2, 2);
+    c.vocabulary_async_collectives = true;
+    cases.push_back({c, "llama_untied_vhalf_vocab1_pp2_dp2_async"});
   }
   // Sequence parallelism: the body's hidden states split along the sequence.
   for (const auto& [model, schedule] :

@@ -11,6 +11,7 @@ namespace pp {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 Schedule MustMake(const std::string& name, int p, int m, int v = 1, int g = 0) {
   absl::StatusOr<Schedule> s = MakeSchedule(name, {p, m, v, g});
@@ -23,7 +24,7 @@ std::string Rank(const Schedule& s, int r) { return ActionsToString(s.ranks[r]);
 TEST(RegistryTest, ListsBuiltInsAndRejectsUnknownNames) {
   std::vector<std::string> names = RegisteredScheduleNames();
   for (const char* name : {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inference", "zb_h1",
-                           "zb_h2", "zbv", "dualpipev", "interleaved_zb"}) {
+                           "zb_h2", "zbv", "vhalf", "dualpipev", "interleaved_zb"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
   }
   absl::StatusOr<Schedule> s = MakeSchedule("2f2b", {});
@@ -218,6 +219,24 @@ TEST(ZbvTest, FewMicrobatchesAndChunkCount) {
   EXPECT_EQ(Rank(s, 1), "1F0 2F0 2I0 2W0 1I0 1W0");
   for (int v : {1, 3}) {
     absl::StatusOr<Schedule> bad = MakeSchedule("zbv", {2, 4, v, 0});
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << v;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("must be 2"));
+  }
+}
+
+// vhalf (vhalf.cc), p = 4, m = 8: V placement, and the squeezed warm-up
+// fills the building block's memory (p + 2 = 6 virtual-stage activations)
+// before the first backward: rank 0 runs five forwards of stage 0, then stage
+// 7's first forward, whose I and W come at once; the last rank hands stage 3
+// to stage 4 locally, forward after forward.
+TEST(VHalfTest, WarmupFillsTheBlocksMemory) {
+  Schedule s = MustMake("vhalf", 4, 8, 2);
+  EXPECT_EQ(s.stage_to_rank, VPlacement(4));
+  EXPECT_THAT(Rank(s, 0), StartsWith("0F0 0F1 0F2 0F3 0F4 7F0 7I0 7W0 7F1 "));
+  EXPECT_THAT(Rank(s, 3), StartsWith("3F0 4F0 3F1 4F1 3F2 4F2 4I0 4W0 3I0 3W0 "));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(s.ranks[r].size(), 6u * 8) << r;
+  for (int v : {1, 3}) {
+    absl::StatusOr<Schedule> bad = MakeSchedule("vhalf", {4, 8, v, 0});
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << v;
     EXPECT_THAT(std::string(bad.status().message()), HasSubstr("must be 2"));
   }

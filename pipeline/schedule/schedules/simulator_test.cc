@@ -349,6 +349,35 @@ TEST(ZeroBubbleSimulationTest, H2FillsWaitsWithWBelowTwoPMinusOne) {
   }
 }
 
+// vhalf (vhalf.cc) against zbv and 1F1B, each rank's work the same (F, I and
+// W cost 1 per rank's layers: 1/2 per chunk under V placement): the paper's
+// V-Half memory, at most p + 2 virtual-stage activations per rank at even p
+// (p + 1 at odd p) where zbv holds 2p, every rank alike once m >= 2p, for a
+// makespan below 1F1B's and at most p / 2 + 1 above zbv's.
+TEST(VHalfSimulationTest, ZbvsWorkInAboutHalfItsMemory) {
+  absl::StatusOr<SimulationCosts> half = ParseSimulationCosts("F:0.5,I:0.5,W:0.5");
+  ASSERT_TRUE(half.ok()) << half.status();
+  for (int p : {2, 3, 4, 6, 8}) {
+    for (int m : {1, p, 2 * p, 3 * p + 1}) {
+      SimulationResult vhalf = SimulateNamed("vhalf", p, m, 2, *half);
+      SimulationResult zbv = SimulateNamed("zbv", p, m, 2, *half);
+      SimulationResult base = SimulateNamed("1f1b", p, m, 1, EqualFIW());
+      const int block = p % 2 == 0 ? p + 2 : p + 1;
+      const int zbv_peak = *std::max_element(zbv.peak_inflight.begin(), zbv.peak_inflight.end());
+      for (int r = 0; r < p; ++r) {
+        EXPECT_LE(vhalf.peak_inflight[r], std::min(block, zbv_peak))
+            << "p=" << p << " m=" << m << " r=" << r;
+        if (m >= 2 * p) EXPECT_EQ(vhalf.peak_inflight[r], block) << "p=" << p << " m=" << m;
+      }
+      if (m >= 2 * p && p > 2) EXPECT_EQ(zbv_peak, 2 * p);
+      EXPECT_LT(vhalf.makespan, base.makespan) << "p=" << p << " m=" << m;
+      if (m >= 2 * p) {
+        EXPECT_LE(vhalf.makespan, zbv.makespan + p / 2 + 1) << "p=" << p << " m=" << m;
+      }
+    }
+  }
+}
+
 // F adds 1, B frees 1, I frees 42/74 and W 32/74 by default.
 TEST(SimulatorMemoryTest, PeakMemoryFollowsTheSplit) {
   SimulationResult base = SimulateNamed("1f1b", 4, 8);

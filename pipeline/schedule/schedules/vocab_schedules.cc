@@ -1,4 +1,4 @@
-// The 1F1B and V-shaped schedules with vocabulary parallelism: their passes
+// The 1F1B and V-shaped (zbv, vhalf) schedules with vocabulary parallelism: their passes
 // placed by AddVocabularyPasses (vocab_passes.h), with the output layer's
 // two-barrier algorithm ("_vocab") or its one-barrier one ("_vocab1").
 //
@@ -73,8 +73,7 @@ PP_REGISTER_SCHEDULE("1f1b_vocab",
                        return WithVocabularyPasses("1f1b", "1f1b_vocab", options);
                      });
 PP_REGISTER_SCHEDULE("zbv_vocab",
-                     "zbv (V-Half) with vocabulary parallelism: embedding and head split over "
-                     "all ranks",
+                     "zbv with vocabulary parallelism: embedding and head split over all ranks",
                      [](const ScheduleOptions& options) {
                        return WithVocabularyPasses("zbv", "zbv_vocab", options);
                      });
@@ -85,10 +84,23 @@ PP_REGISTER_SCHEDULE("1f1b_vocab1",
                        return WithVocabularyPasses("1f1b", "1f1b_vocab1", options, 1);
                      });
 PP_REGISTER_SCHEDULE("zbv_vocab1",
-                     "zbv (V-Half) with vocabulary parallelism, one barrier before the last "
-                     "stage's backward (OUT_T after it)",
+                     "zbv with vocabulary parallelism, one barrier before the last stage's "
+                     "backward (OUT_T after it)",
                      [](const ScheduleOptions& options) {
                        return WithVocabularyPasses("zbv", "zbv_vocab1", options, 1);
+                     });
+
+PP_REGISTER_SCHEDULE("vhalf_vocab",
+                     "vhalf with vocabulary parallelism: embedding and head split over all "
+                     "ranks, half of 1F1B's activations (the paper's V-Half Vocab-2)",
+                     [](const ScheduleOptions& options) {
+                       return WithVocabularyPasses("vhalf", "vhalf_vocab", options);
+                     });
+PP_REGISTER_SCHEDULE("vhalf_vocab1",
+                     "vhalf with vocabulary parallelism, one barrier before the last stage's "
+                     "backward (the paper's V-Half Vocab-1)",
+                     [](const ScheduleOptions& options) {
+                       return WithVocabularyPasses("vhalf", "vhalf_vocab1", options, 1);
                      });
 
 PP_REGISTER_SCHEDULE("1f1b_vocab_overlap",
