@@ -58,7 +58,8 @@ ids = [rng.randrange(int(sys.argv[2])) for _ in range(200000)]
 open(sys.argv[1], "wb").write(struct.pack(f"<{len(ids)}H", *ids))
 PY
 SET="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,llama.vocab_size=$VOCAB,llama.width=$WIDTH,llama.tokenizer=,llama.context_length=64,parallelism.micro_batch_size=2,data.path=$TMP/tokens.bin,data.eval_fraction=0,trace_step=6,trace_steps=10"
-COMMAND="bench/vocab_parallel.sh --steps $STEPS --width $WIDTH$([[ $ASYNC == 1 ]] && echo " --async")"
+COMMAND="bench/vocab_parallel.sh --steps $STEPS --width $WIDTH"
+[[ $ASYNC == 0 ]] || COMMAND+=" --async"
 [[ $REPS == 1 ]] || COMMAND+=" --reps $REPS"
 [[ -z $ONLY ]] || COMMAND+=" --only '$ONLY'"
 # name:pp:chunks:schedule:vocab_parallel:partition_method
