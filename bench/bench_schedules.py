@@ -45,7 +45,7 @@ import tempfile
 
 import trace_costs
 
-TWO_CHUNKS = {"zbv", "dualpipev", "interleaved_1f1b", "interleaved_zb"}
+TWO_CHUNKS = {"zbv", "vhalf", "dualpipev", "interleaved_1f1b", "interleaved_zb"}
 
 
 def run_train(args, schedule, m, out_dir, name):

@@ -33,7 +33,7 @@ import bench_common as bc
 
 # (schedule, chunks): every registered training schedule.
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("zb_h2", 1), ("interleaved_1f1b", 2),
-             ("interleaved_zb", 2), ("looped_bfs", 2), ("zbv", 2), ("dualpipev", 2)]
+             ("interleaved_zb", 2), ("looped_bfs", 2), ("zbv", 2), ("vhalf", 2), ("dualpipev", 2)]
 LINE = re.compile(r"rank (\d+) stage (\d+): step peak ([0-9.]+) MiB, current [0-9.]+ MiB.*"
                   r"planner: peak ([0-9.]+) MiB \(([+-]\d+)%\)")
 
