@@ -44,6 +44,44 @@ def attach_completions(events):
 # collectives over all pipe ranks (one cost, VOCAB_COMM), by trace category.
 VOCAB_PASSES = ("OUT_S", "OUT_T", "IN_F", "IN_B")
 VOCAB_COLLECTIVES = ("OUT_BCAST", "OUT_STATS", "OUT_REDUCE", "IN_REDUCE", "IN_BCAST")
+# The step's tail: with asynchronous collectives a rank waits for every one it
+# started before any of these.
+TAIL = ("REDUCE_TIED", "REDUCE_GRAD", "STEP")
+
+
+def collective_key(e):
+    """A collective: its kind and, for the vocabulary's, its micro-batch."""
+    return (e["cat"], e["args"]["microbatch"]) if e["cat"] in VOCAB_COLLECTIVES else e["cat"]
+
+
+def completion_us(e):
+    """When a collective's action's collective completed (us): the end of its
+    span in flight if it started one without waiting (attach_completions),
+    else the end of its own span."""
+    return e.get("args", {}).get("completed_us", e["ts"] + e["dur"])
+
+
+def is_async(events):
+    """Whether the trace's vocabulary collectives were asynchronous
+    (--vocab_async_collectives): some show a completion in flight."""
+    return any("completed_us" in e.get("args", {}) for e in events
+               if e.get("cat") in VOCAB_COLLECTIVES)
+
+
+def vocab_collective_costs(events):
+    """Per (rank, collective_key) of each vocabulary collective its own cost
+    (us): its completion minus the latest start among the ranks (the waiting
+    for the last rank is left to the model)."""
+    collectives = {}
+    for e in events:
+        if e.get("cat") in VOCAB_COLLECTIVES:
+            collectives.setdefault(collective_key(e), []).append(e)
+    own = {}
+    for key, evs in collectives.items():
+        latest = max(e["ts"] for e in evs)
+        for e in evs:
+            own[(e["tid"], key)] = max(0, completion_us(e) - latest)
+    return own
 
 
 def vocab_costs(events):
@@ -53,21 +91,15 @@ def vocab_costs(events):
     empty without vocabulary passes. A collective started without waiting
     (attach_completions) ends when it completed, not when its start did, and
     VOCAB_ASYNC is 1 (the simulator's asynchronous model)."""
-    passes, collectives = {}, {}
+    passes = {}
     for e in events:
         if e.get("cat") in VOCAB_PASSES:
             passes.setdefault(e["cat"], []).append(e["dur"] * 1e-6)
-        elif e.get("cat") in VOCAB_COLLECTIVES:
-            collectives.setdefault((e["cat"], e["args"]["microbatch"]), []).append(e)
     out = {k: statistics.mean(v) for k, v in passes.items()}
-    own = []
-    for evs in collectives.values():
-        latest = max(e["ts"] for e in evs)
-        own += [max(0.0, e.get("args", {}).get("completed_us", e["ts"] + e["dur"]) - latest) * 1e-6
-                for e in evs]
+    own = vocab_collective_costs(events)
     if own:
-        out["VOCAB_COMM"] = statistics.mean(own)
-    if any("completed_us" in e.get("args", {}) for evs in collectives.values() for e in evs):
+        out["VOCAB_COMM"] = statistics.mean(own.values()) * 1e-6
+    if is_async(events):
         out["VOCAB_ASYNC"] = 1  # the run's collectives were asynchronous: simulate them so
     return out
 
@@ -124,37 +156,98 @@ def message_of(recv):
     return ("SEND_F", st - 1, mb) if recv["cat"] == "RECV_F" else ("SEND_B", st + 1, mb)
 
 
-def replay_step(events, tied_ranks, step_all_reduce):
+# The collective each vocabulary pass reads, which an asynchronous collective's
+# reader waits for (VocabCollectiveReadBy in pipeline/schedule/ir/action.h);
+# stage 0's F reads IN_REDUCE, the last stage's B or I OUT_REDUCE (read_by).
+# OUT_REDUCE reads OUT_STATS in the one-barrier algorithm only; in the
+# two-barrier one its rank's OUT_T has waited for OUT_STATS already, so the
+# wait costs nothing there and the trace need not say which algorithm ran.
+VOCAB_READS = {"OUT_S": "OUT_BCAST", "OUT_T": "OUT_STATS", "OUT_REDUCE": "OUT_STATS",
+               "IN_B": "IN_BCAST"}
+
+
+def read_by(e, last_stage):
+    """The vocabulary collective (collective_key) whose result action e reads,
+    or None."""
+    cat, args = e["cat"], e.get("args", {})
+    if cat in VOCAB_READS:
+        return (VOCAB_READS[cat], args["microbatch"])
+    if cat == "F" and args.get("stage") == 0:
+        return ("IN_REDUCE", args["microbatch"])
+    if cat in ("B", "I") and args.get("stage") == last_stage:
+        return ("OUT_REDUCE", args["microbatch"])
+    return None
+
+
+def replay_step(events, tied_ranks, step_all_reduce, asynchronous=None):
     """The simulator's model run with every action's own measured duration
     instead of per-stage means (in seconds): each rank runs its traced actions
     in order; a compute or SEND takes its duration; a RECV completes at
     max(its rank's clock, its SEND's replayed end) + its own cost (as in
-    trace_costs); REDUCE_TIED (over tied_ranks), STEP (over all ranks with
-    step_all_reduce) and each vocabulary collective (over all ranks, per kind
-    and micro-batch) start at the latest arrival and take each rank's end
-    minus the latest traced start. A replay that matches the measured step
-    says the model's structure is right, so that what the mean-cost
-    prediction misses is the variation of the durations."""
+    trace_costs); REDUCE_TIED (over tied_ranks) and STEP (over all ranks with
+    step_all_reduce) start at the latest arrival and take each rank's end
+    minus the latest traced start. A vocabulary collective (over all ranks,
+    per kind and micro-batch) is, blocking, such a barrier too; asynchronous
+    (asynchronous=True, or None and is_async: the trace shows them in
+    flight), as the simulator's VOCAB_ASYNC:1, its action takes its own span
+    (the start) and the collective completes, per rank, at the latest
+    replayed start plus that rank's completion minus the latest traced
+    start; only the action that reads it (read_by), and the tail (every one
+    the rank started) and the step's end, wait for that. A replay that
+    matches the measured step says the model's structure is right, so that
+    what the mean-cost prediction misses is the variation of the
+    durations."""
+    if asynchronous is None:
+        asynchronous = is_async(events)
     ranks = sorted({e["tid"] for e in events})
     prog = {r: sorted((e for e in events if e["tid"] == r), key=lambda e: e["ts"]) for r in ranks}
     send_end = {(e["cat"], e["args"]["stage"], e["args"]["microbatch"]): e["ts"] + e["dur"]
                 for e in events if e["cat"] in ("SEND_F", "SEND_B")}
     groups = {"REDUCE_TIED": tied_ranks if len(tied_ranks) > 1 else [],
               "STEP": ranks if step_all_reduce else []}
-    groups.update({c: ranks for c in VOCAB_COLLECTIVES})
+    if not asynchronous:
+        groups.update({c: ranks for c in VOCAB_COLLECTIVES})
 
-    def collective_key(e):  # a collective: its kind and, for the vocabulary's, its micro-batch
-        return (e["cat"], e["args"]["microbatch"]) if e["cat"] in VOCAB_COLLECTIVES else e["cat"]
-
-    own = {}  # (rank, collective key) -> cost after the gathering
+    own = vocab_collective_costs(events)  # (rank, collective key) -> cost after the gathering
     latest = {}
     for e in events:
         if e["cat"] in groups and e["tid"] in groups[e["cat"]]:
             latest[collective_key(e)] = max(latest.get(collective_key(e), e["ts"]), e["ts"])
     for e in events:
-        if e["cat"] in groups:
+        if e["cat"] in groups and e["cat"] not in VOCAB_COLLECTIVES:
             own[(e["tid"], collective_key(e))] = (max(0, e["ts"] + e["dur"] - latest[collective_key(e)])
                                        if e["tid"] in groups[e["cat"]] else e["dur"])
+    # Asynchronous: each collective's replayed starts by rank, how many ranks
+    # start it, and what each rank started (in order).
+    starts, participants, started = {}, {}, {r: [] for r in ranks}
+    if asynchronous:
+        for e in events:
+            if e["cat"] in VOCAB_COLLECTIVES:
+                participants[collective_key(e)] = participants.get(collective_key(e), 0) + 1
+    last_stage = max((e["args"]["stage"] for e in events if e["cat"] in ("F", "B", "I", "W")),
+                     default=0)
+
+    def ready(r, keys):
+        """When rank r has the results of the collectives `keys` (0 if none),
+        or None while one of them is not started by every rank."""
+        t = 0
+        for key in keys:
+            if len(starts.get(key, ())) < participants[key]:
+                return None
+            t = max(t, max(starts[key].values()) + own[(r, key)])
+        return t
+
+    def waits_for(r, e):
+        """The collectives rank r waits for before action e: as the simulator
+        (the executor also finishes the same kind's earlier ones first, which
+        it does not model)."""
+        if not asynchronous:
+            return []
+        if e["cat"] in TAIL:
+            return started[r]
+        key = read_by(e, last_stage)
+        return [key] if key in participants else []
+
     t0 = min(e["ts"] for e in events)
     clock = {r: prog[r][0]["ts"] - t0 for r in ranks}
     pos = {r: 0 for r in ranks}
@@ -166,6 +259,10 @@ def replay_step(events, tied_ranks, step_all_reduce):
             while pos[r] < len(prog[r]):
                 e = prog[r][pos[r]]
                 cat = e["cat"]
+                wait = ready(r, waits_for(r, e))
+                if wait is None:
+                    break  # for a collective that a rank has not started yet
+                clock[r] = max(clock[r], wait)
                 if cat in ("SEND_F", "SEND_B"):
                     clock[r] += e["dur"]
                     sent[(cat, e["args"]["stage"], e["args"]["microbatch"])] = clock[r]
@@ -178,14 +275,19 @@ def replay_step(events, tied_ranks, step_all_reduce):
                 elif cat in groups and r in groups[cat]:
                     group = groups[cat]
                     if not all(pos[q] < len(prog[q]) and collective_key(prog[q][pos[q]]) == collective_key(e)
+                               and ready(q, waits_for(q, prog[q][pos[q]])) is not None
                                for q in group):
                         break
-                    t = max(clock[q] for q in group)
+                    t = max(max(clock[q], ready(q, waits_for(q, prog[q][pos[q]]))) for q in group)
                     for q in group:
                         clock[q] = t + own[(q, collective_key(e))]
                         pos[q] += 1
                     progress = True
                     continue
+                elif cat in VOCAB_COLLECTIVES:  # asynchronous: started, not waited for
+                    starts.setdefault(collective_key(e), {})[r] = clock[r]
+                    started[r].append(collective_key(e))
+                    clock[r] += e["dur"]
                 elif cat in groups:
                     clock[r] += own[(r, collective_key(e))]
                 else:
@@ -193,8 +295,10 @@ def replay_step(events, tied_ranks, step_all_reduce):
                 pos[r] += 1
                 progress = True
     if any(pos[r] < len(prog[r]) for r in ranks):
-        raise ValueError(f"replay stuck at {pos} (a RECV without its SEND?)")
-    return max(clock.values()) * 1e-6
+        raise ValueError(f"replay stuck at {pos} (a RECV without its SEND, or a collective "
+                         "a rank never reaches?)")
+    # A step ends once every collective its ranks started has completed.
+    return max(max(clock[r], ready(r, started[r])) for r in ranks) * 1e-6
 
 
 def collective_costs(tail, kind, participants):

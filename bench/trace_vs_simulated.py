@@ -14,7 +14,8 @@ program as Lower() places receives, and as the CPU runtime executes it
 (DeferReceives), and as executed with each micro-batch's own share of the
 step's compute (--microbatch_multiplier: variable-length micro-batches,
 whose work differs); and the replay with every action's own duration
-(trace_costs.replay_step: the model's structure). Then per rank the
+(trace_costs.replay_step: the model's structure, asynchronous collectives
+started and waited for where read, as simulated). Then per rank the
 step's time by action kind (compute, RECV waits, SENDs, tail, gaps between
 actions) and, with --v=1 logs, per (virtual stage, type) the median wall and
 thread CPU of the actions over the traced steps: where two schedules of the
@@ -107,7 +108,8 @@ def parse_args():
                          "embedding and head")
     ap.add_argument("--vocab_async", action="store_true",
                     help="the run had --vocab_async_collectives=true: its vocabulary "
-                         "collectives are simulated as asynchronous (VOCAB_ASYNC:1); a "
+                         "collectives are simulated and replayed as asynchronous "
+                         "(VOCAB_ASYNC:1); a "
                          "trace that shows them in flight needs no flag")
     args = ap.parse_args()
     return args
@@ -142,7 +144,9 @@ def simulate_traced(args):
                              vocab_async=args.vocab_async)
         tied = ([] if costs["tie_groups"] == "none" else
                 sorted({placement[s] for s in costs["tie_groups"].split(",")}))
-        replay = trace_costs.replay_step(ev, tied, step_all_reduce)
+        # Asynchronous collectives replay as such when the trace shows them
+        # in flight, or when --vocab_async says the run had them.
+        replay = trace_costs.replay_step(ev, tied, step_all_reduce, args.vocab_async or None)
         steps.append({"span_s": span, "sim_lowered_s": lowered, "sim_deferred_s": deferred,
                       "sim_microbatches_s": varlen, "microbatch_multipliers": multipliers,
                       "replay_s": replay})
