@@ -23,7 +23,7 @@
 // The distributed optimizer at pp 2 x tp 2 x dp 2 (LLaMA untied, zbv_vocab),
 // and bf16 at pp 2 x tp 2 (VocabBf16Test, GPT under 1f1b_vocab).
 //
-// V-Half (vhalf_vocab, vhalf_vocab1: the V schedule with half of zbv's
+// V-Half (vhalf_vocab, vhalf_vocab1: the V schedule with p + 2 of zbv's 2p
 // activations), a covering set of its own: GPT tied under vhalf_vocab at pp 4
 // with every block checkpointed, LLaMA untied under vhalf_vocab1 at pp 2 x
 // dp 2 with asynchronous collectives.
@@ -228,7 +228,7 @@ std::vector<Case> Cases() {
     c.bucket_numel = 500;
     cases.push_back({c, "gpt_zb_h1_plus_passes1_pp2_dp2_zero1"});
   }
-  // V-Half (half of zbv's activations, the paper's balanced-memory pairing).
+  // V-Half (p + 2 activations per rank where zbv holds 2p: the paper's pairing).
   {
     RunConfig c = GptCase("vhalf_vocab", 4, 1);
     CheckpointEveryBlock(c, "TransformerBlock");

@@ -1,9 +1,10 @@
 // V-Half (Qi et al., "Pipeline Parallelism with Controllable Memory", arXiv
 // 2405.15362): two chunks per rank in V placement (rank r holds virtual
-// stages r and 2p - 1 - r), backward split into I and W, and about half of
-// 1F1B's activation memory: p + 2 virtual-stage activations per rank at even
-// p (p + 1 at odd p), where 1F1B and zbv hold 2p. Its price is a longer
-// warm-up and cool-down than zbv's.
+// stages r and 2p - 1 - r), backward split into I and W, and less
+// activation memory than 1F1B, half of it as p grows: p + 2 virtual-stage
+// activations per rank at even p (p + 1 at odd p), where 1F1B's first rank
+// and every rank of zbv hold 2p. Its price is a longer warm-up and cool-down
+// than zbv's.
 //
 // Built as the paper builds it, on a grid of unit time slots:
 //  1. The building block, repeated every 6 slots: on rank r micro-batch k's
@@ -21,9 +22,10 @@
 //     W runs in any free slot), which tightens the cool-down, and the W's are
 //     placed again, chunk 1's first.
 //  4. Each rank's order is its slots' order.
-// One departure: at m <= p the last micro-batch's first forward comes before
-// rank 0's first I, so the block has no steady state; the reference then
-// never squeezes the cool-down, this squeezes it (within the same memory).
+// One departure: with few micro-batches (m <= p + 1 at even p, m <= p at odd
+// p) the last micro-batch's first forward comes before rank 0's first I, so
+// the block has no steady state; the authors' code then never squeezes the
+// cool-down, this squeezes it (within the same memory).
 // Any m >= 1; every move keeps the dependencies, and the validator checks the
 // result like any schedule's.
 #include <algorithm>
@@ -279,7 +281,7 @@ absl::StatusOr<Schedule> MakeVHalf(const ScheduleOptions& options) {
 
 PP_REGISTER_SCHEDULE("vhalf",
                      "V-Half (controllable-memory V): 2 chunks per rank in V placement, I/W split, "
-                     "about half of 1F1B's activation memory",
+                     "p + 2 activations per rank where zbv holds 2p",
                      MakeVHalf);
 
 }  // namespace pp

@@ -92,7 +92,7 @@ PP_REGISTER_SCHEDULE("zbv_vocab1",
 
 PP_REGISTER_SCHEDULE("vhalf_vocab",
                      "vhalf with vocabulary parallelism: embedding and head split over all "
-                     "ranks, half of 1F1B's activations (the paper's V-Half Vocab-2)",
+                     "ranks, p + 2 activations per rank (the paper's V-Half Vocab-2)",
                      [](const ScheduleOptions& options) {
                        return WithVocabularyPasses("vhalf", "vhalf_vocab", options);
                      });
