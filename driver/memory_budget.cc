@@ -248,8 +248,11 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
       m.boundary_bytes = stream;
     }
     // The first stage has no input gradients to compute: its I leaves the
-    // whole backward, and F's activations, to W.
+    // whole backward, and F's activations, to W, which regenerates a
+    // checkpointed range. (Under vocabulary parallelism its input, the
+    // summed embedding, has a gradient, which its I computes.)
     m.weight_pending_bytes = s == 0 ? m.activation_bytes : kSplitPendingFactor * full;
+    m.backward_in_weight = s == 0 && !vocab_parallel;
   }
   const std::string& opt = config.optimizer().name();
   in.options.optimizer = opt == "adamw"                      ? OptimizerKind::kAdamW

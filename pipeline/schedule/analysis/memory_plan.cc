@@ -269,12 +269,13 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
           backward_sends(a.stage);
           break;
         case ActionType::kBackwardInput:
-          consider(held, m.recompute_bytes, i);
+          consider(held, m.backward_in_weight ? 0 : m.recompute_bytes, i);
           held += m.weight_pending_bytes - input_frees * m.activation_bytes;
           backward_sends(a.stage);
           consider(held, 0, i);
           break;
         case ActionType::kBackwardWeight:
+          if (m.backward_in_weight) consider(held, m.recompute_bytes, i);
           held -= (1 - input_frees) * m.activation_bytes + m.weight_pending_bytes;
           break;
         default:

@@ -12,7 +12,7 @@
 // the rest at W, and holds the stage's weight_pending_bytes from I to W. With activation
 // checkpointing a stage's `activation_bytes` are only the checkpointed inputs, and its
 // `recompute_bytes` (the range's activations regenerated for the backward) are live during each B
-// or I of that stage only. Forward-only schedules keep one micro-batch's activations at a time and
+// or I of that stage only (during W where the stage's I computes nothing, backward_in_weight). Forward-only schedules keep one micro-batch's activations at a time and
 // no gradients or optimizer state.
 //
 // p2p buffers, what the CPU runtime (Gloo, pipeline/runtime/p2p.h) keeps:
@@ -69,6 +69,10 @@ struct StageMemory {
   // inputs and output gradients the weight gradients need; with
   // checkpointing the range I regenerated), freed by W.
   double weight_pending_bytes = 0;
+  // Its I computes no input gradient (the first stage's input, token ids,
+  // has none), so the whole backward runs in its W: with checkpointing the
+  // range is regenerated there, and recompute_bytes are live during W, not I.
+  bool backward_in_weight = false;
 };
 
 // What a rank holds for the vocabulary passes.

@@ -173,6 +173,22 @@ TEST(MemoryPlanTest, RecomputeKeepsInputsAndRegeneratesDuringBackward) {
   EXPECT_EQ(plan->ranks[1].peak_bytes, 110);
 }
 
+// A stage whose I computes nothing (the first stage: no input gradient)
+// regenerates its checkpointed range in W. One rank, F0 I0 F1 W0 I1 W1, the
+// checkpointed inputs (10) kept from F to W: the range's 100 bytes are live
+// at each I (peak 110, at I0 and I1), or with backward_in_weight at each W
+// instead, where W0 runs beside F1's inputs (peak 120).
+TEST(MemoryPlanTest, RecomputeInWeightWhenTheInputPassIsEmpty) {
+  Schedule schedule = Make("zb_h1", 1, 2);
+  schedule.ranks[0] = {F(0, 0), I(0, 0), F(0, 1), W(0, 0), I(0, 1), W(0, 1)};
+  StageMemory stage{0, 10, 100, 0, 10};
+  MemoryPlanOptions options;
+  options.split = MemorySplit{1, 0};
+  EXPECT_EQ(Peaks(schedule, {stage}, options), std::vector<double>{110});
+  stage.backward_in_weight = true;
+  EXPECT_EQ(Peaks(schedule, {stage}, options), std::vector<double>{120});
+}
+
 TEST(MemoryPlanTest, OptimizersAndTerms) {
   std::vector<StageMemory> stages(2, StageMemory{1000, 100, 0, 0});
   MemoryPlanOptions sgd;
