@@ -12,8 +12,9 @@
 // the rest at W, and holds the stage's weight_pending_bytes from I to W. With activation
 // checkpointing a stage's `activation_bytes` are only the checkpointed inputs, and its
 // `recompute_bytes` (the range's activations regenerated for the backward) are live during each B
-// or I of that stage only (during W where the stage's I computes nothing, backward_in_weight). Forward-only schedules keep one micro-batch's activations at a time and
-// no gradients or optimizer state.
+// or I of that stage only (each W instead where its I computes nothing: backward_in_weight).
+// Forward-only schedules keep one micro-batch's activations at a time and no gradients or
+// optimizer state.
 //
 // p2p buffers, what the CPU runtime (Gloo, pipeline/runtime/p2p.h) keeps:
 // - receive buffers: the pool keeps every buffer it ever handed out, so a
