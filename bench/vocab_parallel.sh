@@ -9,8 +9,8 @@
 #   over the partition `profile` finds (the best a partition can do about
 #   the head);
 #   pp 4: 1f1b, 1f1b + passes and 1f1b_vocab1; zbv and zbv_vocab;
-#   at pp 2 and 4 vhalf and vhalf_vocab (V-Half: half of zbv's activations,
-#   the paper's balanced-memory pairing);
+#   at pp 2 and 4 vhalf and vhalf_vocab (V-Half: p + 2 activations per
+#   rank where zbv holds 2p, the paper's balanced-memory pairing);
 #   with --async also pp 2's 1f1b_vocab, 1f1b_vocab1, zbv_vocab and
 #   zbv_vocab1 with --vocab_async_collectives=true (named *_async; each
 #   records its speedup over the same run with blocking collectives), the

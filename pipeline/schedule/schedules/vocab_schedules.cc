@@ -92,13 +92,13 @@ PP_REGISTER_SCHEDULE("zbv_vocab1",
 
 PP_REGISTER_SCHEDULE("vhalf_vocab",
                      "vhalf with vocabulary parallelism: embedding and head split over all "
-                     "ranks, p + 2 activations per rank (the paper's V-Half Vocab-2)",
+                     "ranks, p + 2 activations per rank",
                      [](const ScheduleOptions& options) {
                        return WithVocabularyPasses("vhalf", "vhalf_vocab", options);
                      });
 PP_REGISTER_SCHEDULE("vhalf_vocab1",
                      "vhalf with vocabulary parallelism, one barrier before the last stage's "
-                     "backward (the paper's V-Half Vocab-1)",
+                     "backward (OUT_T after it)",
                      [](const ScheduleOptions& options) {
                        return WithVocabularyPasses("vhalf", "vhalf_vocab1", options, 1);
                      });
