@@ -25,10 +25,15 @@ fail() {
   exit 1
 }
 source driver/e2e/e2e_testing.sh  # losses NAME: "step loss" lines, by step
-# Two consecutive free ports: the workers' store and the launchers' own.
+# Two consecutive free ports: the workers' store and the launchers' own,
+# below the kernel's ephemeral range, so that no outgoing connection (nor a
+# bind to port 0, as the launcher's own pick) takes them while the nodes start.
 PORT=$(python3 - <<'PY'
-import socket
-for p in range(29500 + __import__("os").getpid() % 5000, 65000, 2):
+import os, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+start = 10000 + os.getpid() % max(2, low - 10002)
+# (Anywhere else if that range is full.)
+for p in list(range(start, low - 1, 2)) + list(range(10000, start, 2)) + list(range(low, 65000, 2)):
     ok = True
     for q in (p, p + 1):
         s = socket.socket()
@@ -40,6 +45,8 @@ for p in range(29500 + __import__("os").getpid() % 5000, 65000, 2):
     if ok:
         print(p)
         break
+else:
+    raise SystemExit("no two consecutive free ports")
 PY
 )
 node() {  # node NAME RANK FLAGS...: a launcher in the background, its pid in NODE_PID
