@@ -27,9 +27,13 @@ import argparse
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import bench_common as bc
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import results  # noqa: E402  (tools/results.py)
 
 # (schedule, chunks): every registered training schedule.
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("zb_h2", 1), ("interleaved_1f1b", 2),
@@ -106,9 +110,9 @@ def main():
         "schema": "pipe-result/1", "date": start,
         "date_end": bc.utc_now().strftime("%Y-%m-%dT%H:%MZ"),
         "commit": args.commit,
-        "machine": {"nproc": os.cpu_count(), "loadavg": bc.loadavg_line().split()[0],
-                    "cpu_model": bc.cpu_model(),
-                    "state": args.state},
+        # tools/results.py's facts (CPU model, BLAS and its kernel, load), as
+        # every record written through it has them.
+        "machine": {**results.machine_facts(), "state": args.state},
         "command": f"bench/memory_planner.py --train_gpt {args.train_gpt} --steps {args.steps} "
                    f"--tp {args.tp} " + (f"--tp_pp {args.tp_pp} " if args.tp > 1 else "") +
                    f"(per configuration, e.g. {command})",
