@@ -15,7 +15,9 @@
 #   zbv_vocab1 with --vocab_async_collectives=true (named *_async; each
 #   records its speedup over the same run with blocking collectives), the
 #   paper's 1F1B placements 1f1b_vocab_overlap and 1f1b_vocab1_overlap with
-#   it at pp 2, and pp 4's 1f1b_vocab1 and 1f1b_vocab1_overlap with it.
+#   it at pp 2, and pp 4's 1f1b_vocab1 and 1f1b_vocab1_overlap with it; at
+#   pp 2 and 4 vhalf_vocab and the paper's V-Half placements
+#   vhalf_vocab_overlap and vhalf_vocab1_overlap with it.
 # Each run is one record in bench/results/vocab_parallel.jsonl
 # (tools/results.py --record).
 #
@@ -81,7 +83,13 @@ pp2_zbv_vocab_async:2:2:zbv_vocab:true:type:LlamaBlock pp2_zbv_vocab1_async:2:2:
 pp2_1f1b_vocab_overlap_async:2:1:1f1b_vocab_overlap:true:type:LlamaBlock
 pp2_1f1b_vocab1_overlap_async:2:1:1f1b_vocab1_overlap:true:type:LlamaBlock
 pp4_1f1b_vocab1_async:4:1:1f1b_vocab1:true:type:LlamaBlock
-pp4_1f1b_vocab1_overlap_async:4:1:1f1b_vocab1_overlap:true:type:LlamaBlock"
+pp4_1f1b_vocab1_overlap_async:4:1:1f1b_vocab1_overlap:true:type:LlamaBlock
+pp2_vhalf_vocab_async:2:2:vhalf_vocab:true:type:LlamaBlock
+pp2_vhalf_vocab_overlap_async:2:2:vhalf_vocab_overlap:true:type:LlamaBlock
+pp2_vhalf_vocab1_overlap_async:2:2:vhalf_vocab1_overlap:true:type:LlamaBlock
+pp4_vhalf_vocab_async:4:2:vhalf_vocab:true:type:LlamaBlock
+pp4_vhalf_vocab_overlap_async:4:2:vhalf_vocab_overlap:true:type:LlamaBlock
+pp4_vhalf_vocab1_overlap_async:4:2:vhalf_vocab1_overlap:true:type:LlamaBlock"
 fi
 if [[ -n $ONLY ]]; then
   kept=""

@@ -26,7 +26,10 @@
 // V-Half (vhalf_vocab, vhalf_vocab1: the V schedule with p + 2 of zbv's 2p
 // activations), a covering set of its own: GPT tied under vhalf_vocab at pp 4
 // with every block checkpointed, LLaMA untied under vhalf_vocab1 at pp 2 x
-// dp 2 with asynchronous collectives.
+// dp 2 with asynchronous collectives. The paper's V-Half placement
+// (vhalf_vocab_overlap, vhalf_vocab1_overlap) likewise: GPT tied under the
+// two-barrier one at pp 2 with asynchronous collectives, LLaMA untied under
+// the one-barrier one at pp 4 with every block checkpointed.
 //
 // The one-barrier algorithm (the paper's Vocab-1: 1f1b_vocab1, zbv_vocab1),
 // a covering set of its own: GPT tied under 1f1b_vocab1 at pp 2 and under
@@ -238,6 +241,18 @@ std::vector<Case> Cases() {
     RunConfig c = VocabCase(kUntiedLlama, "vhalf_vocab1", 2, 2);
     c.vocabulary_async_collectives = true;
     cases.push_back({c, "llama_untied_vhalf_vocab1_pp2_dp2_async"});
+  }
+  // The paper's V-Half (each backward a period later per barrier, the passes
+  // at its authors' points).
+  {
+    RunConfig c = GptCase("vhalf_vocab_overlap", 2, 1);
+    c.vocabulary_async_collectives = true;
+    cases.push_back({c, "gpt_vhalf_vocab_overlap_pp2_async"});
+  }
+  {
+    RunConfig c = VocabCase(kUntiedLlama, "vhalf_vocab1_overlap", 4, 1);
+    CheckpointEveryBlock(c, "LlamaBlock");
+    cases.push_back({c, "llama_untied_vhalf_vocab1_overlap_pp4_ckpt"});
   }
   // Sequence parallelism: the body's hidden states split along the sequence.
   for (const auto& [model, schedule] :

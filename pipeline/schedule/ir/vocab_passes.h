@@ -30,16 +30,21 @@
 // passes follow the base schedule, whichever it is, and the simulator costs
 // the result, with blocking collectives or asynchronous ones
 // (SimulationCosts::vocab.asynchronous: a rank waits only where it reads a
-// result).
+// result). PlaceVocabularyPasses puts them where a placement of its own
+// times them.
 //
-// Registered: "1f1b_vocab" and "zbv_vocab" (two barriers), "1f1b_vocab1" and
-// "zbv_vocab1" (one barrier): the 1F1B and V-shaped schedules with their
-// passes placed so; "1f1b_vocab_overlap" and "1f1b_vocab1_overlap": the
-// paper's 1F1B, one more warm-up forward per barrier, so that the last stage
-// runs the next forward while the passes' asynchronous collectives are under
-// way (schedules/vocab_schedules.cc).
+// Registered: "1f1b_vocab", "zbv_vocab" and "vhalf_vocab" (two barriers),
+// "1f1b_vocab1", "zbv_vocab1" and "vhalf_vocab1" (one barrier): the 1F1B and
+// V-shaped schedules with their passes placed so; "1f1b_vocab_overlap" and
+// "1f1b_vocab1_overlap": the paper's 1F1B, one more warm-up forward per
+// barrier, so that the last stage runs the next forward while the passes'
+// asynchronous collectives are under way; "vhalf_vocab_overlap" and
+// "vhalf_vocab1_overlap": the paper's V-Half, each backward a period later
+// per barrier, the passes at its authors' points (schedules/vocab_schedules.cc).
 #ifndef PIPELINE_SCHEDULE_IR_VOCAB_PASSES_H_
 #define PIPELINE_SCHEDULE_IR_VOCAB_PASSES_H_
+
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "pipeline/schedule/ir/schedule.h"
@@ -53,6 +58,25 @@ namespace pp {
 // file with communication: write the passes into the file instead) or its
 // compute order cannot run.
 absl::StatusOr<Schedule> AddVocabularyPasses(const Schedule& base, int barriers = 2);
+
+// A vocabulary pass and the time it goes at: on every rank, before the first
+// action that starts at or after `time`.
+struct TimedVocabPass {
+  double time;
+  Action action;  // Vocab(kVocabInputF | kVocabOutputS | kVocabOutputT | kVocabInputB, mb)
+};
+
+// `base` with `passes` inserted by their times (equal times keep the order
+// given), vocab_parallel set and vocab_barriers = `barriers`, named as
+// AddVocabularyPasses names it. `starts[r][i]` is when base.ranks[r][i]
+// starts on the timeline the passes are timed on. InvalidArgument as
+// AddVocabularyPasses, if `starts` is not shaped as base.ranks or
+// nondecreasing along a rank, and if `passes` is not each micro-batch's IN_F
+// and OUT_S (and unless forward_only, OUT_T and IN_B) once. Where the times
+// put a pass before its input, the validator refuses the result.
+absl::StatusOr<Schedule> PlaceVocabularyPasses(const Schedule& base, int barriers,
+                                               std::vector<TimedVocabPass> passes,
+                                               const std::vector<std::vector<double>>& starts);
 
 // The form pipe places for a run that asks for `barriers` (TrainerOptions::
 // vocabulary_barriers, parallelism.vocab_barriers): 0, not asked, is two

@@ -367,9 +367,13 @@ TEST(VHalfSimulationTest, ZbvsWorkInAboutHalfItsMemory) {
       for (int r = 0; r < p; ++r) {
         EXPECT_LE(vhalf.peak_inflight[r], std::min(block, zbv_peak))
             << "p=" << p << " m=" << m << " r=" << r;
-        if (m >= 2 * p) EXPECT_EQ(vhalf.peak_inflight[r], block) << "p=" << p << " m=" << m;
+        if (m >= 2 * p) {
+          EXPECT_EQ(vhalf.peak_inflight[r], block) << "p=" << p << " m=" << m;
+        }
       }
-      if (m >= 2 * p && p > 2) EXPECT_EQ(zbv_peak, 2 * p);
+      if (m >= 2 * p && p > 2) {
+        EXPECT_EQ(zbv_peak, 2 * p);
+      }
       EXPECT_LT(vhalf.makespan, base.makespan) << "p=" << p << " m=" << m;
       if (m >= 2 * p) {
         EXPECT_LE(vhalf.makespan, zbv.makespan + p / 2 + 1) << "p=" << p << " m=" << m;

@@ -1,33 +1,5 @@
-// V-Half (Qi et al., "Pipeline Parallelism with Controllable Memory", arXiv
-// 2405.15362): two chunks per rank in V placement (rank r holds virtual
-// stages r and 2p - 1 - r), backward split into I and W, and less
-// activation memory than 1F1B, half of it as p grows: p + 2 virtual-stage
-// activations per rank at even p (p + 1 at odd p), where 1F1B's first rank
-// and every rank of zbv hold 2p. Its price is a longer warm-up and cool-down
-// than zbv's.
-//
-// Built as the paper builds it, on a grid of unit time slots:
-//  1. The building block, repeated every 6 slots: on rank r micro-batch k's
-//     F of chunk 0, F of chunk 1, I of chunk 1 and I of chunk 0 sit in slots
-//     o + 6k with o = 2r, 3p - r - 2, 3p + g + 2r - 1, 6p + g - r - 2
-//     (g = 3 at even p, else 0: the paper's V-Half block as its authors'
-//     scheduler lays it out). The four offsets differ modulo 6 on every rank;
-//     the two free slots of each period are for W.
-//  2. W's fill the free slots, each after an I (oldest first).
-//  3. Squeeze: in slot order, each action of the warm-up and of the cool-down
-//     moves to the earliest free slot after its dependencies at which its
-//     rank's peak memory (F +1, W -1) stays within the block's; the steady
-//     state (from rank 0's first I of chunk 0 to the last micro-batch's first
-//     forward) stays as laid out. Then once more without the W's (a pending
-//     W runs in any free slot), which tightens the cool-down, and the W's are
-//     placed again, chunk 1's first.
-//  4. Each rank's order is its slots' order.
-// One departure: with few micro-batches (m <= p + 1 at even p, m <= p at odd
-// p) the last micro-batch's first forward comes before rank 0's first I, so
-// the block has no steady state; the authors' code then never squeezes the
-// cool-down, this squeezes it (within the same memory).
-// Any m >= 1; every move keeps the dependencies, and the validator checks the
-// result like any schedule's.
+#include "pipeline/schedule/schedules/vhalf.h"
+
 #include <algorithm>
 #include <array>
 #include <deque>
@@ -212,7 +184,12 @@ void Squeeze(std::vector<RankSlots>& ranks, int m, bool explicit_w) {
   }
 }
 
-absl::StatusOr<Schedule> MakeVHalf(const ScheduleOptions& options) {
+}  // namespace
+
+absl::StatusOr<Schedule> MakeVHalf(const ScheduleOptions& options, const VHalfLayout& layout,
+                                   std::vector<std::vector<double>>* slots) {
+  CHECK(layout.extra_gap >= 0 && layout.extra_gap % 6 == 0)
+      << "vhalf: extra_gap " << layout.extra_gap << " is not a multiple of the period, 6";
   if (options.num_chunks != 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("vhalf places exactly two chunks per rank (a V): num_chunks (",
@@ -221,7 +198,7 @@ absl::StatusOr<Schedule> MakeVHalf(const ScheduleOptions& options) {
   const int p = options.num_stages, m = options.num_microbatches;
   Schedule schedule = EmptyLoopedSchedule("vhalf", options);
   schedule.stage_to_rank = VPlacement(p);
-  const int g = p % 2 == 0 ? 3 : 0;
+  const int g = (p % 2 == 0 ? 3 : 0) + layout.extra_gap;
   std::vector<RankSlots> ranks(p);
   for (int r = 0; r < p; ++r) {
     const std::array<int, 4> offset = {2 * r, 3 * p - r - 2, 3 * p + g + 2 * r - 1,
@@ -230,28 +207,33 @@ absl::StatusOr<Schedule> MakeVHalf(const ScheduleOptions& options) {
       ranks[r].slot[kind].assign(m, 0);
       for (int k = 0; k < m; ++k) ranks[r].Put(static_cast<Kind>(kind), k, offset[kind] + 6 * k);
     }
-    PlaceAnonymousW(ranks[r]);
   }
-  Squeeze(ranks, m, /*explicit_w=*/true);
-  for (RankSlots& rank : ranks) {
-    for (int t : rank.slot[kW]) rank.at.erase(t);
-    rank.slot[kW].clear();
+  if (layout.squeeze) {
+    for (RankSlots& rank : ranks) PlaceAnonymousW(rank);
+    Squeeze(ranks, m, /*explicit_w=*/true);
+    for (RankSlots& rank : ranks) {
+      for (int t : rank.slot[kW]) rank.at.erase(t);
+      rank.slot[kW].clear();
+    }
+    Squeeze(ranks, m, /*explicit_w=*/false);
   }
-  Squeeze(ranks, m, /*explicit_w=*/false);
+  if (slots != nullptr) slots->assign(p, {});
   for (int r = 0; r < p; ++r) {
     const int s0 = r, s1 = 2 * p - 1 - r;
     std::vector<Action>& actions = schedule.ranks[r];
     std::deque<int> pending0, pending1;
-    auto run_one_w = [&] {
+    auto run_one_w = [&](int slot) {
       std::deque<int>& from = pending1.empty() ? pending0 : pending1;
       actions.push_back(W(&from == &pending1 ? s1 : s0, from.front()));
       from.pop_front();
+      if (slots != nullptr) (*slots)[r].push_back(slot);
     };
     int previous = -1;
     for (const auto& [t, item] : ranks[r].at) {
       for (int free = previous + 1; free < t && !(pending0.empty() && pending1.empty()); ++free) {
-        run_one_w();
+        run_one_w(free);
       }
+      if (slots != nullptr) (*slots)[r].push_back(t);
       switch (item.kind) {
         case kF0:
           actions.push_back(F(s0, item.index));
@@ -272,16 +254,14 @@ absl::StatusOr<Schedule> MakeVHalf(const ScheduleOptions& options) {
       }
       previous = t;
     }
-    while (!(pending0.empty() && pending1.empty())) run_one_w();
+    while (!(pending0.empty() && pending1.empty())) run_one_w(++previous);
   }
   return schedule;
 }
 
-}  // namespace
-
 PP_REGISTER_SCHEDULE("vhalf",
                      "V-Half (controllable-memory V): 2 chunks per rank in V placement, I/W split, "
                      "p + 2 activations per rank where zbv holds 2p",
-                     MakeVHalf);
+                     [](const ScheduleOptions& options) { return MakeVHalf(options); });
 
 }  // namespace pp
