@@ -249,10 +249,13 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
     }
     // The first stage has no input gradients to compute: its I leaves the
     // whole backward, and F's activations, to W, which regenerates a
-    // checkpointed range. (Under vocabulary parallelism its input, the
-    // summed embedding, has a gradient, which its I computes.)
-    m.weight_pending_bytes = s == 0 ? m.activation_bytes : kSplitPendingFactor * full;
-    m.backward_in_weight = s == 0 && !vocab_parallel;
+    // checkpointed range. Under vocabulary parallelism its input, the summed
+    // embedding, has a gradient, which its I computes as any stage's I does,
+    // leaving W as much (measured: GPT's pp 4 V-Half with the passes, stage
+    // 0's I holds 1.68 times its F's bytes until W).
+    const bool input_grads = s > 0 || vocab_parallel;
+    m.weight_pending_bytes = input_grads ? kSplitPendingFactor * full : m.activation_bytes;
+    m.backward_in_weight = !input_grads;
   }
   const std::string& opt = config.optimizer().name();
   in.options.optimizer = opt == "adamw"                      ? OptimizerKind::kAdamW
@@ -269,7 +272,31 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
     // One barrier: OUT_S's partial hidden-state gradient (fp32) until
     // OUT_REDUCE (the planner counts it for one-barrier schedules only).
     in.options.vocab.partial_bytes = b * t * w * kFp32;
+    // What each pass allocates and frees (pipeline/tensor_parallel/
+    // vocab_passes.cc), the tables in the module's dtype: OUT_S the logits
+    // (under bf16 also their fp32 copy, and the rows in fp32 for the
+    // partial); OUT_T d loss / d logits in fp32 (under bf16 also rounded),
+    // the rows' gradient before VocabularyLayers adds it to theirs (at most
+    // fp32) and the hidden states' (fp32); IN_B the rows' gradient,
+    // accumulated in fp32 (under bf16 also rounded), and the output
+    // gradient's rows in fp32. Measured at pp 2 (LLaMA, vocabulary 32768,
+    // width 256, 128 tokens): OUT_S +8.0 MiB beside its exps, OUT_T +24.0 MiB
+    // (bench/vocab_parallel.sh's runs, --v=1's action lines).
+    const double tokens = b * t;
+    const double rounded = bf16 ? value_bytes : 0;  // a second copy in the module's dtype
+    in.options.vocab.output_s_workspace_bytes =
+        tokens * rows * (value_bytes + (bf16 ? kFp32 : 0)) + (bf16 ? rows * w * kFp32 : 0);
+    in.options.vocab.output_t_workspace_bytes =
+        tokens * rows * (kFp32 + rounded) + rows * w * kFp32 + tokens * w * kFp32;
+    in.options.vocab.input_b_workspace_bytes = rows * w * (kFp32 + rounded) + tokens * w * kFp32;
   }
+  // MultiTensorAdamW's denominators, sqrt(v) + eps for every parameter at
+  // once (pipeline/runtime/multi_tensor_adamw.cc): a rank whose parameters
+  // outweigh its activations, as a vocabulary shard's does, peaks in the
+  // step (measured, the same LLaMA's pp 2 1f1b_vocab1 last rank: STEP +42.6
+  // MiB over its 42.6 MiB of parameters). SGD's per-parameter temporaries
+  // are not counted.
+  if (in.options.optimizer == OptimizerKind::kAdamW) in.options.step_temporary_factor = 1;
   if (config.parallelism().distributed_optimizer()) {
     in.options.distributed_optimizer_dp = std::max(1, config.parallelism().dp());
   }

@@ -32,16 +32,19 @@ double OptimizerStateFactor(OptimizerKind kind) {
 }
 
 std::vector<std::pair<std::string, double>> RankMemoryPlan::Terms() const {
-  std::vector<std::pair<std::string, double>> terms = {{"activations", activations},
-                                                       {"parameters", parameters},
-                                                       {"master weights", master_weights},
-                                                       {"gradients", gradients},
-                                                       {"optimizer state", optimizer_state},
-                                                       {"p2p buffers", p2p_buffers},
-                                                       {"recompute", recompute},
-                                                       {"sent messages", sent_messages},
-                                                       {"reduce buffers", reduce_buffers},
-                                                       {"vocabulary passes", vocab_pending}};
+  std::vector<std::pair<std::string, double>> terms = {
+      {"activations", activations},
+      {"parameters", parameters},
+      {"master weights", master_weights},
+      {"gradients", gradients},
+      {"optimizer state", optimizer_state},
+      {"p2p buffers", p2p_buffers},
+      {"recompute", recompute},
+      {"sent messages", sent_messages},
+      {"reduce buffers", reduce_buffers},
+      {"vocabulary passes", vocab_pending},
+      {"vocabulary pass temporaries", vocab_workspace},
+      {"optimizer step", step_temporaries}};
   terms.erase(
       std::remove_if(terms.begin(), terms.end(), [](const auto& t) { return t.second <= 0; }),
       terms.end());
@@ -86,7 +89,10 @@ absl::Status CheckMemoryInputs(const Schedule& schedule, const std::vector<Stage
   for (const auto& [name, value] :
        {std::pair<const char*, double>{"vocab.parameter_bytes", options.vocab.parameter_bytes},
         {"vocab.pending_bytes", options.vocab.pending_bytes},
-        {"vocab.partial_bytes", options.vocab.partial_bytes}}) {
+        {"vocab.partial_bytes", options.vocab.partial_bytes},
+        {"vocab.output_s_workspace_bytes", options.vocab.output_s_workspace_bytes},
+        {"vocab.output_t_workspace_bytes", options.vocab.output_t_workspace_bytes},
+        {"vocab.input_b_workspace_bytes", options.vocab.input_b_workspace_bytes}}) {
     if (!std::isfinite(value) || value < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("memory plan: ", name, " is ", value, "; must be finite and >= 0"));
@@ -96,6 +102,11 @@ absl::Status CheckMemoryInputs(const Schedule& schedule, const std::vector<Stage
                                                      schedule.name,
                                                      "', which has no vocabulary passes"));
     }
+  }
+  if (!std::isfinite(options.step_temporary_factor) || options.step_temporary_factor < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("memory plan: step_temporary_factor is ",
+                                                   options.step_temporary_factor,
+                                                   "; must be finite and >= 0"));
   }
   if (options.distributed_optimizer_dp < 1) {
     return absl::InvalidArgumentError(absl::StrCat("memory plan: distributed_optimizer_dp (",
@@ -190,10 +201,12 @@ void PlanFixedBytes(const Schedule& schedule, const std::vector<StageMemory>& st
 // live from I to W), and records the first step of the highest total.
 // REQUIRES: PlanFixedBytes filled `out`.
 // `tail_bytes`: held in the step's tail after every backward (the
-// distributed optimizer's buffers), beside the messages still unsent.
+// distributed optimizer's buffers), beside the messages still unsent;
+// `step_bytes`: the optimizer step's temporaries, once the sends are waited
+// for.
 absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<StageMemory>& stages,
                                 const VocabMemory& vocab, double input_frees, double tail_bytes,
-                                int r, RankMemoryPlan& out) {
+                                double step_bytes, int r, RankMemoryPlan& out) {
   const int num_virtual = schedule.num_virtual_stages();
   const double fixed =
       out.parameters + out.master_weights + out.gradients + out.optimizer_state + out.p2p_buffers;
@@ -209,14 +222,16 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
   const bool lists_reduce =
       std::any_of(schedule.ranks[r].begin(), schedule.ranks[r].end(),
                   [](const Action& a) { return a.type == ActionType::kVocabOutputReduce; });
-  auto consider = [&](double activations, double recompute, int step) {
-    const double total = fixed + activations + recompute + sent + vocab_held;
+  // `workspace`: a vocabulary pass's temporaries, live while it runs.
+  auto consider = [&](double activations, double recompute, int step, double workspace = 0) {
+    const double total = fixed + activations + recompute + sent + vocab_held + workspace;
     if (total > out.peak_bytes || out.peak_step < 0) {
       out.peak_bytes = total;
       out.activations = activations;
       out.recompute = recompute;
       out.sent_messages = sent;
       out.vocab_pending = vocab_held;
+      out.vocab_workspace = workspace;
       out.peak_step = step;
     }
   };
@@ -231,7 +246,7 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
     for (const Action& a : Leaves(schedule.ranks[r][i])) {
       if (a.type == ActionType::kVocabOutputS) {
         vocab_held += vocab.pending_bytes + partial;
-        consider(held, 0, i);
+        consider(held, 0, i, vocab.output_s_workspace_bytes);
         if (schedule.forward_only) vocab_held -= vocab.pending_bytes;  // no OUT_T
         if (!lists_reduce) vocab_held -= partial;
         continue;
@@ -241,7 +256,12 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
         continue;
       }
       if (a.type == ActionType::kVocabOutputT) {
+        consider(held, 0, i, vocab.output_t_workspace_bytes);  // its OUT_S result still held
         vocab_held -= vocab.pending_bytes;
+        continue;
+      }
+      if (a.type == ActionType::kVocabInputB) {
+        consider(held, 0, i, vocab.input_b_workspace_bytes);
         continue;
       }
       // A lowered program's sends, receives, collectives and tail
@@ -283,14 +303,21 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
       }
     }
   }
-  if (tail_bytes > 0 && fixed + tail_bytes + sent > out.peak_bytes) {
-    out.peak_bytes = fixed + tail_bytes + sent;
+  // The step's tail: every activation and OUT_S result freed.
+  auto consider_tail = [&](double total, double messages, double reduce, double temporaries) {
+    if (total <= out.peak_bytes) return;
+    out.peak_bytes = total;
     out.activations = 0;
     out.recompute = 0;
-    out.sent_messages = sent;
-    out.reduce_buffers = tail_bytes;
+    out.sent_messages = messages;
+    out.vocab_pending = 0;
+    out.vocab_workspace = 0;
+    out.reduce_buffers = reduce;
+    out.step_temporaries = temporaries;
     out.peak_step = static_cast<int>(schedule.ranks[r].size()) - 1;
-  }
+  };
+  if (tail_bytes > 0) consider_tail(fixed + tail_bytes + sent, sent, tail_bytes, 0);
+  if (step_bytes > 0) consider_tail(fixed + step_bytes, 0, 0, step_bytes);
   return absl::OkStatus();
 }
 
@@ -307,16 +334,20 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Schedule& schedule,
     PlanFixedBytes(schedule, stages, options, r, plan.ranks[r]);
     // The distributed optimizer's tail: the rank's gradients flattened in
     // fp32 for the reduce-scatter, and its slice of the reduced ones.
-    double tail_bytes = 0;
-    if (options.distributed_optimizer_dp > 1 && !schedule.forward_only) {
-      for (int s = 0; s < schedule.num_virtual_stages(); ++s) {
-        if (schedule.stage_to_rank[s] == r) tail_bytes += stages[s].parameter_bytes;
+    double fp32_parameters = options.vocab.parameter_bytes;
+    for (int s = 0; s < schedule.num_virtual_stages(); ++s) {
+      if (schedule.stage_to_rank[s] == r) fp32_parameters += stages[s].parameter_bytes;
+    }
+    double tail_bytes = 0, step_bytes = 0;
+    if (!schedule.forward_only) {
+      if (options.distributed_optimizer_dp > 1) {
+        tail_bytes = fp32_parameters * (1.0 + 1.0 / options.distributed_optimizer_dp);
       }
-      tail_bytes += options.vocab.parameter_bytes;
-      tail_bytes *= 1.0 + 1.0 / options.distributed_optimizer_dp;
+      step_bytes =
+          options.step_temporary_factor * fp32_parameters / options.distributed_optimizer_dp;
     }
     PP_RETURN_IF_ERROR(PlanActivationPeak(schedule, stages, options.vocab, input_frees, tail_bytes,
-                                          r, plan.ranks[r]));
+                                          step_bytes, r, plan.ranks[r]));
   }
   return plan;
 }

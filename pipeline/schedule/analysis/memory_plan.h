@@ -36,8 +36,14 @@
 // Vocabulary parallelism (Schedule::vocab_parallel, vocab_passes.h): every
 // rank holds its rows of the embedding and the head (VocabMemory, counted
 // with the parameters, their gradients and optimizer state; leave them out of
-// the first and last stages' parameter_bytes), and each micro-batch's OUT_S
-// result until its OUT_T.
+// the first and last stages' parameter_bytes), each micro-batch's OUT_S
+// result until its OUT_T, and during OUT_S, OUT_T and IN_B what the pass
+// allocates and frees (its logits, their gradient, the rows' gradient).
+//
+// The optimizer step (MemoryPlanOptions::step_temporary_factor): the
+// temporaries it allocates beside its state, live in the step's tail, when
+// every activation is freed; they make the peak of a rank whose parameters
+// outweigh its activations (a vocabulary shard's rank).
 #ifndef PIPELINE_SCHEDULE_ANALYSIS_MEMORY_PLAN_H_
 #define PIPELINE_SCHEDULE_ANALYSIS_MEMORY_PLAN_H_
 
@@ -89,6 +95,13 @@ struct VocabMemory {
   // OUT_REDUCE's place is not known: the bytes count at OUT_S only. Ignored
   // for two-barrier schedules.
   double partial_bytes = 0;
+  // Live during one pass only, beside what it keeps and every micro-batch's
+  // pending bytes: OUT_S's logits before their exps; OUT_T's gradient of the
+  // logits (fp32, tokens x vocabulary / p) and of the rows (rows x width,
+  // before it is added to theirs); IN_B's gradient of the embedding rows.
+  double output_s_workspace_bytes = 0;
+  double output_t_workspace_bytes = 0;
+  double input_b_workspace_bytes = 0;
 };
 
 struct MemoryPlanOptions {
@@ -109,6 +122,13 @@ struct MemoryPlanOptions {
   int distributed_optimizer_dp = 1;
   // Only with a vocab_parallel schedule (else all 0).
   VocabMemory vocab;
+  // Bytes the optimizer step allocates, and frees, per byte of the fp32
+  // parameters it updates (the fp32 masters under fp32_master_weights; 1/dp
+  // of them under the distributed optimizer): MultiTensorAdamW's denominators
+  // sqrt(v) + eps, one per parameter, 1 (pipeline/runtime/multi_tensor_adamw.h).
+  // 0: not counted. Live in the step's tail, after the sent messages are
+  // waited for.
+  double step_temporary_factor = 0;
 };
 
 // One rank's prediction: the peak and its terms at the peak.
@@ -124,8 +144,10 @@ struct RankMemoryPlan {
   double sent_messages = 0;  // sent to other ranks, kept until the step's tail
   // The distributed optimizer's tail buffers, when they make the peak.
   double reduce_buffers = 0;
-  double vocab_pending = 0;  // OUT_S results held for OUT_T (and OUT_REDUCE) at the peak
-  int peak_step = -1;        // position in the rank's list where the peak is reached
+  double vocab_pending = 0;     // OUT_S results held for OUT_T (and OUT_REDUCE) at the peak
+  double vocab_workspace = 0;   // the vocabulary pass running at the peak: its temporaries
+  double step_temporaries = 0;  // the optimizer step's, when the step makes the peak
+  int peak_step = -1;           // position in the rank's list where the peak is reached
   // (term name, bytes), biggest first, zero terms left out.
   std::vector<std::pair<std::string, double>> Terms() const;
 };
