@@ -183,10 +183,10 @@ absl::StatusOr<Explored> ExploreSchedule(Schedule schedule) {
   Explored out;
   out.schedule = std::move(schedule);
   PP_RETURN_IF_ERROR(ValidateSchedule(out.schedule));
-  PP_ASSIGN_OR_RETURN(out.program, Lower(out.schedule));
-  if (absl::GetFlag(FLAGS_defer_receives)) out.program = DeferReceives(out.program);
   PP_ASSIGN_OR_RETURN(out.costs,
                       FlagCosts(out.schedule.num_virtual_stages(), out.schedule.num_chunks));
+  PP_ASSIGN_OR_RETURN(out.program, Lower(out.schedule, LoweringFor(out.costs)));
+  if (absl::GetFlag(FLAGS_defer_receives)) out.program = DeferReceives(out.program);
   PP_ASSIGN_OR_RETURN(out.sim, SimulateProgram(out.program, out.costs));
   PP_RETURN_IF_ERROR(CheckFiniteSimulation(out.sim));
   return out;

@@ -38,9 +38,12 @@ absl::StatusOr<Schedule> WithVocabulary(Schedule schedule, bool vocab, int barri
 }
 
 // `placement`: the model's; an evaluation schedule is re-placed onto it.
+// `vocab_async`: lowered for asynchronous vocabulary collectives
+// (LoweringOptions::vocab_async_collectives).
 absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const ScheduleOptions& options,
                                            bool want_forward_only, bool vocab, int barriers,
-                                           const std::vector<int>* placement = nullptr) {
+                                           const std::vector<int>* placement = nullptr,
+                                           bool vocab_async = false) {
   PP_ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(name, options));
   if (placement != nullptr && schedule.forward_only && schedule.stage_to_rank != *placement) {
     // An evaluation schedule is placement-agnostic: each rank runs its
@@ -63,7 +66,9 @@ absl::StatusOr<LoweredProgram> MakeProgram(const std::string& name, const Schedu
         want_forward_only ? "a forward-only (evaluation) schedule" : "a training schedule"));
   }
   PP_ASSIGN_OR_RETURN(schedule, WithVocabulary(std::move(schedule), vocab, barriers));
-  return Lower(schedule);
+  LoweringOptions lowering;
+  lowering.vocab_async_collectives = vocab_async;
+  return Lower(schedule, lowering);
 }
 
 // Trainer::Create's steps.
@@ -260,7 +265,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   so.num_chunks = static_cast<int>(model->num_chunks());
   const bool vocab = options.vocabulary != nullptr;
   PP_ASSIGN_OR_RETURN(t->train_program_,
-                      MakeProgram(options.schedule, so, false, vocab, options.vocabulary_barriers));
+                      MakeProgram(options.schedule, so, false, vocab, options.vocabulary_barriers,
+                                  /*placement=*/nullptr, options.vocabulary_async_collectives));
   if (t->train_program_.stage_to_rank != model->placement()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule '", options.schedule, "' places virtual stages on ranks [",
@@ -449,7 +455,9 @@ absl::Status Trainer::ReplaceTrainSchedule(const Schedule& schedule) {
   }
   PP_ASSIGN_OR_RETURN(Schedule with_vocab, WithVocabulary(schedule, options_.vocabulary != nullptr,
                                                           options_.vocabulary_barriers));
-  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(with_vocab));
+  LoweringOptions lowering;
+  lowering.vocab_async_collectives = options_.vocabulary_async_collectives;
+  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(with_vocab, lowering));
   if (program.stage_to_rank != model_->placement()) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": it places virtual stages on ranks [", absl::StrJoin(program.stage_to_rank, ","),

@@ -686,7 +686,7 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
 absl::StatusOr<SimulationResult> SimulateAsExecuted(const Schedule& schedule,
                                                     const SimulationCosts& costs,
                                                     bool defer_receives, bool with_timeline) {
-  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule, LoweringFor(costs)));
   return SimulateProgram(defer_receives ? DeferReceives(program) : program, costs, with_timeline);
 }
 
@@ -697,8 +697,14 @@ absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
   return SimulateProgram(program, costs, /*with_timeline=*/true);
 }
 
+LoweringOptions LoweringFor(const SimulationCosts& costs) {
+  LoweringOptions options;
+  options.vocab_async_collectives = costs.vocab.asynchronous;
+  return options;
+}
+
 absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const SimulationCosts& costs) {
-  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule));
+  PP_ASSIGN_OR_RETURN(LoweredProgram program, Lower(schedule, LoweringFor(costs)));
   return SimulateProgram(program, costs);
 }
 

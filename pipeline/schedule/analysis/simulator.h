@@ -237,7 +237,12 @@ struct SimulationResult {
 absl::StatusOr<SimulationResult> SimulateProgram(const LoweredProgram& program,
                                                  const SimulationCosts& costs);
 
-// Lower(schedule) with default options, then SimulateProgram.
+// The lowering a schedule is simulated with under `costs`: the default
+// options, with vocab_async_collectives = costs.vocab.asynchronous (the
+// runtime lowers so under TrainerOptions::vocabulary_async_collectives).
+LoweringOptions LoweringFor(const SimulationCosts& costs);
+
+// Lower(schedule, LoweringFor(costs)), then SimulateProgram.
 absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const SimulationCosts& costs);
 
 // Simulate, but of the program as the runtime executes it: with

@@ -125,15 +125,18 @@ class IdleIntervals {
 // producers ends: every consumer depends on all of them, so starts no earlier.
 // In the one-barrier form (Schedule::vocab_barriers 1) OUT_REDUCE's producers
 // are OUT_S's, as OUT_STATS's: it follows OUT_STATS at once (the events sort
-// by type at one time, OUT_STATS first).
+// by type at one time, OUT_STATS first), or with `asynchronous` collectives
+// one unit before its reader, the last stage's B/I, if that is later
+// (LoweringOptions::vocab_async_collectives).
 void AppendVocabCollectives(const Schedule& schedule,
-                            const internal_schedule::ComputeTiming& timing,
+                            const internal_schedule::ComputeTiming& timing, bool asynchronous,
                             std::vector<Event>& events) {
   const int m = schedule.num_microbatches;
   const int last = schedule.num_virtual_stages() - 1;
   // Per micro-batch, the latest end of each collective's producers.
   std::vector<int> out_bcast(m, 0), out_stats(m, 0), out_reduce(m, 0), in_reduce(m, 0),
       in_bcast(m, 0);
+  std::vector<int> head_input_read(m, 0);  // the last stage's B/I starts
   for (int r = 0; r < schedule.num_stages; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
       const int end = timing.end[r][i];
@@ -146,13 +149,19 @@ void AppendVocabCollectives(const Schedule& schedule,
         if (a.type == ActionType::kVocabOutputT) out_reduce[mb] = std::max(out_reduce[mb], end);
         if (a.type == ActionType::kVocabInputF) in_reduce[mb] = std::max(in_reduce[mb], end);
         if (backward && a.stage == 0) in_bcast[mb] = end;
+        if (backward && a.stage == last) head_input_read[mb] = timing.start[r][i];
       }
     }
   }
   auto add = [&](ActionType type, int mb, int time) {
     events.push_back({time, 0, -1, static_cast<int>(type), mb});
   };
-  if (schedule.vocab_barriers == 1) out_reduce = out_stats;
+  if (schedule.vocab_barriers == 1) {
+    for (int mb = 0; mb < m; ++mb) {
+      out_reduce[mb] =
+          asynchronous ? std::max(out_stats[mb], head_input_read[mb] - 1) : out_stats[mb];
+    }
+  }
   for (int mb = 0; mb < m; ++mb) {
     add(ActionType::kVocabInputReduce, mb, in_reduce[mb]);
     add(ActionType::kVocabOutputBroadcast, mb, out_bcast[mb]);
@@ -167,7 +176,8 @@ void AppendVocabCollectives(const Schedule& schedule,
 // message between ranks at the earliest time both ends are between computes,
 // and every vocabulary collective when its last producer ends.
 std::vector<Event> SortedEvents(const Schedule& schedule,
-                                const internal_schedule::ComputeTiming& timing) {
+                                const internal_schedule::ComputeTiming& timing,
+                                bool vocab_async_collectives) {
   const IdleIntervals idle(timing, schedule.num_stages);
   std::vector<Event> events;
   for (int r = 0; r < schedule.num_stages; ++r) {
@@ -188,7 +198,9 @@ std::vector<Event> SortedEvents(const Schedule& schedule,
       }
     }
   }
-  if (schedule.vocab_parallel) AppendVocabCollectives(schedule, timing, events);
+  if (schedule.vocab_parallel) {
+    AppendVocabCollectives(schedule, timing, vocab_async_collectives, events);
+  }
   std::sort(events.begin(), events.end());
   return events;
 }
@@ -273,7 +285,8 @@ absl::StatusOr<LoweredProgram> Lower(const Schedule& schedule, const LoweringOpt
       internal_schedule::TimeComputeOrder(schedule, costs);
   if (!timing.ok()) return timing.status();
 
-  LoweredProgram program = ProgramOfEvents(schedule, SortedEvents(schedule, *timing));
+  LoweredProgram program =
+      ProgramOfEvents(schedule, SortedEvents(schedule, *timing, options.vocab_async_collectives));
   if (!schedule.forward_only && options.include_tail) AppendStepTail(program);
   return program;
 }
