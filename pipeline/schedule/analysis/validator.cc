@@ -179,6 +179,31 @@ std::vector<ActionType> VocabTypes(bool forward_only, bool with_collectives) {
   return types;
 }
 
+// One barrier: each rank's OUT_REDUCE<mb> rescales OUT_S<mb>'s partial with
+// the statistics, and its OUT_T<mb> ends what OUT_S kept (the runtime's
+// VocabularyLayers::OutputWeightGrad), so OUT_REDUCE comes first.
+absl::Status CheckOneBarrierReduceBeforeOutputT(const LoweredProgram& program) {
+  if (!program.vocab_parallel || program.vocab_barriers != 1 || program.forward_only) {
+    return absl::OkStatus();
+  }
+  for (int r = 0; r < static_cast<int>(program.ranks.size()); ++r) {
+    std::vector<bool> reduced(program.num_microbatches, false);
+    for (const Action& a : program.ranks[r]) {
+      if (a.microbatch < 0 || a.microbatch >= program.num_microbatches) continue;
+      if (a.type == ActionType::kVocabOutputReduce) reduced[a.microbatch] = true;
+      if (a.type == ActionType::kVocabOutputT && !reduced[a.microbatch]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("lowered program of \"", program.schedule_name, "\": rank ", r,
+                         " runs OUT_T", a.microbatch, " before OUT_REDUCE", a.microbatch,
+                         "; with one barrier OUT_REDUCE rescales OUT_S", a.microbatch,
+                         "'s partial gradient, which OUT_T ends: put OUT_REDUCE first\n",
+                         FormatGrid(program.ranks)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Every rank runs each vocabulary action of `types` exactly once per
 // micro-batch (none without vocabulary parallelism); `where` names the list.
 absl::Status CheckVocabularyCounts(const RankActions& ranks, int m, bool vocab_parallel,
@@ -251,6 +276,7 @@ absl::Status ValidateLoweredProgram(const LoweredProgram& program) {
       CheckVocabularyCounts(program.ranks, m, program.vocab_parallel,
                             VocabTypes(program.forward_only, /*with_collectives=*/true),
                             absl::StrCat("lowered program of \"", program.schedule_name, "\"")));
+  PP_RETURN_IF_ERROR(CheckOneBarrierReduceBeforeOutputT(program));
   for (int s = 0; s < num_virtual; ++s) {
     for (int mb = 0; mb < m; ++mb) {
       const int fwd = count(ActionType::kForward, s, mb);

@@ -1,6 +1,7 @@
 #include "pipeline/schedule/ir/lowering.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <glog/logging.h>
 
@@ -126,8 +127,9 @@ class IdleIntervals {
 // In the one-barrier form (Schedule::vocab_barriers 1) OUT_REDUCE's producers
 // are OUT_S's, as OUT_STATS's: it follows OUT_STATS at once (the events sort
 // by type at one time, OUT_STATS first), or with `asynchronous` collectives
-// one unit before its reader, the last stage's B/I, if that is later
-// (LoweringOptions::vocab_async_collectives).
+// one unit before its reader, the last stage's B/I, if that is later, and
+// before every rank's OUT_T of the micro-batch, which ends the OUT_S state it
+// rescales (LoweringOptions::vocab_async_collectives).
 void AppendVocabCollectives(const Schedule& schedule,
                             const internal_schedule::ComputeTiming& timing, bool asynchronous,
                             std::vector<Event>& events) {
@@ -137,6 +139,9 @@ void AppendVocabCollectives(const Schedule& schedule,
   std::vector<int> out_bcast(m, 0), out_stats(m, 0), out_reduce(m, 0), in_reduce(m, 0),
       in_bcast(m, 0);
   std::vector<int> head_input_read(m, 0);  // the last stage's B/I starts
+  // The first start of an OUT_T (one barrier: it ends OUT_S's state, which
+  // OUT_REDUCE rescales).
+  std::vector<int> first_output_t(m, std::numeric_limits<int>::max());
   for (int r = 0; r < schedule.num_stages; ++r) {
     for (int i = 0; i < static_cast<int>(schedule.ranks[r].size()); ++i) {
       const int end = timing.end[r][i];
@@ -146,7 +151,10 @@ void AppendVocabCollectives(const Schedule& schedule,
             a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput;
         if (a.type == ActionType::kForward && a.stage == last) out_bcast[mb] = end;
         if (a.type == ActionType::kVocabOutputS) out_stats[mb] = std::max(out_stats[mb], end);
-        if (a.type == ActionType::kVocabOutputT) out_reduce[mb] = std::max(out_reduce[mb], end);
+        if (a.type == ActionType::kVocabOutputT) {
+          out_reduce[mb] = std::max(out_reduce[mb], end);
+          first_output_t[mb] = std::min(first_output_t[mb], timing.start[r][i]);
+        }
         if (a.type == ActionType::kVocabInputF) in_reduce[mb] = std::max(in_reduce[mb], end);
         if (backward && a.stage == 0) in_bcast[mb] = end;
         if (backward && a.stage == last) head_input_read[mb] = timing.start[r][i];
@@ -159,7 +167,9 @@ void AppendVocabCollectives(const Schedule& schedule,
   if (schedule.vocab_barriers == 1) {
     for (int mb = 0; mb < m; ++mb) {
       out_reduce[mb] =
-          asynchronous ? std::max(out_stats[mb], head_input_read[mb] - 1) : out_stats[mb];
+          asynchronous
+              ? std::max(out_stats[mb], std::min(head_input_read[mb] - 1, first_output_t[mb]))
+              : out_stats[mb];
     }
   }
   for (int mb = 0; mb < m; ++mb) {

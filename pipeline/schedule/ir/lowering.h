@@ -32,7 +32,8 @@
 //   OUT_BCAST<mb>   after the last stage's F, before any rank's OUT_S;
 //   OUT_STATS<mb>   after every rank's OUT_S, before any rank's OUT_T;
 //   OUT_REDUCE<mb>  after every rank's OUT_T, before the last stage's B/I
-//                   (one barrier: after OUT_STATS, see vocab_async_collectives);
+//                   (one barrier: after OUT_STATS, before any rank's OUT_T,
+//                   see vocab_async_collectives);
 //   IN_REDUCE<mb>   after every rank's IN_F, before stage 0's F;
 //   IN_BCAST<mb>    after stage 0's B/I, before any rank's IN_B
 // (forward-only programs: IN_REDUCE, OUT_BCAST, OUT_STATS). A collective is
@@ -94,8 +95,9 @@ struct LoweringOptions {
   // one-barrier OUT_REDUCE rescales with OUT_STATS's result as it starts:
   // blocking, it goes right after OUT_STATS (one wait for both);
   // asynchronous, one unit before its reader, the last stage's B/I, where
-  // that is later, so that a rank does not wait for every rank's OUT_S there
-  // but for what has not arrived by then.
+  // that is later (and before every rank's OUT_T of the micro-batch, which
+  // ends the state it rescales), so that a rank does not wait for every
+  // rank's OUT_S there but for what has not arrived by then.
   bool vocab_async_collectives = false;
 };
 
