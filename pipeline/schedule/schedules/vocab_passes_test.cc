@@ -386,6 +386,12 @@ void Move(Schedule& s, int r, const Action& a, int to) {
   list.insert(list.begin() + to, a);
 }
 
+// `list` with `a` moved to just before `before`.
+void MoveBefore(std::vector<Action>& list, const Action& a, const Action& before) {
+  list.erase(std::find(list.begin(), list.end(), a));
+  list.insert(std::find(list.begin(), list.end(), before), a);
+}
+
 TEST(VocabValidatorTest, APassBeforeItsProducerIsRefused) {
   // Rank 0 computes its logits shard of micro-batch 0 before its own
   // embedding shard of that micro-batch: the head's input needs stage 0's F,
@@ -468,10 +474,8 @@ TEST(VocabValidatorTest, OneBarrierOutputTBeforeItsReduceIsRefused) {
   absl::StatusOr<LoweredProgram> program = Lower(Made("1f1b_vocab1", 2, 4));
   ASSERT_TRUE(program.ok()) << program.status();
   ASSERT_TRUE(ValidateLoweredProgram(*program).ok());
-  auto& list = program->ranks[0];
-  const Action t = Vocab(ActionType::kVocabOutputT, 1);
-  list.erase(std::find(list.begin(), list.end(), t));
-  list.insert(std::find(list.begin(), list.end(), Vocab(ActionType::kVocabOutputReduce, 1)), t);
+  MoveBefore(program->ranks[0], Vocab(ActionType::kVocabOutputT, 1),
+             Vocab(ActionType::kVocabOutputReduce, 1));
   EXPECT_THAT(std::string(ValidateLoweredProgram(*program).message()),
               HasSubstr("rank 0 runs OUT_T1 before OUT_REDUCE1"));
 }
