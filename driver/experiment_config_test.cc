@@ -258,6 +258,19 @@ TEST(ExperimentConfigTest, VocabParallel) {
   sharded.mutable_parallelism()->set_distributed_optimizer(true);
   EXPECT_TRUE(ValidateExperimentConfig(sharded, 4).ok()) << ValidateExperimentConfig(sharded, 4);
 
+  // On a GPU (the shards on each rank's device): only the device's own
+  // check may refuse it, here by its missing GPUs.
+  ExperimentConfig gpu = c;
+  gpu.mutable_parallelism()->set_device("cuda");
+  gpu.mutable_parallelism()->set_ranks_per_device(2);
+  if (absl::Status s = ValidateExperimentConfig(gpu, 2); !s.ok()) {
+    const std::string m(s.message());
+    EXPECT_EQ(m.find("vocab"), std::string::npos) << m;
+    EXPECT_HAS(m, "parallelism.device 'cuda'");
+  } else {
+    EXPECT_GE(VisibleCudaDevices(), 1);
+  }
+
   ExperimentConfig blocks = c;
   blocks.clear_model();
   blocks.mutable_model()->MutableExtension(test_blocks)->set_layers(4);

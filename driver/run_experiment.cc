@@ -466,6 +466,10 @@ absl::Status RunExperiment(const ExperimentConfig& config) {
   }
   PP_RETURN_IF_ERROR(
       TorchCall("moving the model to its device", [&] { model->to(to.executor.p2p.device); }));
+  if (vocabulary != nullptr) {
+    PP_RETURN_IF_ERROR(TorchCall("moving the vocabulary shards to their device",
+                                 [&] { vocabulary->to(to.executor.p2p.device); }));
+  }
   PP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(&grid, model.get(), loss_fn, data.train.get(), to));
   if (const IdleCoreLender* lender = trainer->idle_core_lender(); lender != nullptr) {

@@ -56,6 +56,17 @@
 // head input and the embedding's gradient summed, not broadcast). Each equals
 // ToSequential() as the other cases, and the blocking run of the same case
 // bit for bit. The planted missing sum and missing gather fail it.
+//
+// On GPUs (the shards on each rank's device, the passes' collectives over
+// NCCL, or with every rank on one GPU through the host-staged backend), a
+// covering set of its own, each case twice: "_cuda" (rank r on cuda:r,
+// skipped where pp x tp x dp GPUs are not visible) and "_cuda_shared" (every
+// rank on cuda:0): GPT tied under 1f1b_vocab at pp 2; LLaMA untied under
+// zbv_vocab1 at pp 2 x dp 2 with asynchronous collectives (one barrier, V
+// placement, dp); GPT tied under 1f1b_vocab at pp 2 x tp 2 with sequence
+// parallelism. Within the suite's GPU tolerance (kernels sum in other
+// orders than the CPU reference); the asynchronous case also within it of
+// its blocking run (cuBLAS and NCCL promise no bits across stream use).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -76,6 +87,8 @@
 #include "pipeline/autograd/activation_checkpointing.h"
 #include "pipeline/runtime/equivalence_testing.h"
 #include "pipeline/tensor_parallel/planted_fault.h"
+#include "topology/device.h"
+#include "topology/thread_ranks.h"
 
 namespace pp {
 namespace {
@@ -87,6 +100,9 @@ using testing_runtime::TrainPipeline;
 using testing_runtime::TrainSequential;
 
 constexpr double kRtol = 1e-5;
+// On a GPU the kernels sum in other orders than the CPU reference (the
+// equivalence suite's bound).
+constexpr double kCudaRtol = 1e-4;
 
 GptModelConfig VocabGpt() {
   return ParseModelConfig<GptModelConfig>(
@@ -298,6 +314,28 @@ std::vector<Case> Cases() {
     c.vocabulary_async_collectives = true;
     cases.push_back({c, "gpt_1f1b_vocab_pp2_tp2_sp_async"});
   }
+  // On GPUs: one GPU per rank (NCCL), and every rank on one GPU.
+  std::vector<Case> gpu;
+  gpu.push_back({GptCase("1f1b_vocab", 2, 1), "gpt_1f1b_vocab_pp2"});
+  {
+    RunConfig c = VocabCase(kUntiedLlama, "zbv_vocab1", 2, 2);
+    c.vocabulary_async_collectives = true;
+    gpu.push_back({c, "llama_untied_zbv_vocab1_pp2_dp2_async"});
+  }
+  {
+    RunConfig c = TensorParallelCase(kGpt, "1f1b_vocab", 1);
+    c.sequence_parallel = true;
+    gpu.push_back({c, "gpt_1f1b_vocab_pp2_tp2_sp"});
+  }
+  for (Case& g : gpu) {
+    g.config.device = DeviceKind::kCuda;
+    g.rtol = kCudaRtol;
+    const Case one_per_rank{g.config, absl::StrCat(g.name, "_cuda"), g.rtol, g.atol};
+    cases.push_back(one_per_rank);
+    g.config.ranks_per_device = g.config.pp * g.config.tp * g.config.dp;
+    g.name += "_cuda_shared";
+    cases.push_back(g);
+  }
   return cases;
 }
 
@@ -305,6 +343,12 @@ class VocabEquivalenceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(VocabEquivalenceTest, PipelineEqualsSequential) {
   const Case& c = GetParam();
+  const bool on_gpu = c.config.device != DeviceKind::kCpu;
+  if (absl::StatusOr<c10::Device> device = TestDevice(
+          c.config.device, c.config.pp * c.config.tp * c.config.dp, c.config.ranks_per_device);
+      !device.ok()) {
+    GTEST_SKIP() << device.status().message();
+  }
   absl::StatusOr<RunResult> pipeline = TrainPipeline(c.config);
   ASSERT_TRUE(pipeline.ok()) << pipeline.status();
   absl::StatusOr<RunResult> sequential = TrainSequential(c.config);
@@ -323,6 +367,10 @@ TEST_P(VocabEquivalenceTest, PipelineEqualsSequential) {
     blocking_config.vocabulary_async_collectives = false;
     absl::StatusOr<RunResult> blocking = TrainPipeline(blocking_config);
     ASSERT_TRUE(blocking.ok()) << blocking.status();
+    if (on_gpu) {
+      EXPECT_EQ(CompareResults(*blocking, *pipeline, c.rtol, c.atol), "");
+      return;
+    }
     EXPECT_EQ(blocking->losses, pipeline->losses);
     EXPECT_EQ(blocking->grad_norms, pipeline->grad_norms);
     ASSERT_EQ(blocking->params.size(), pipeline->params.size());

@@ -42,6 +42,28 @@ std::unique_ptr<LmBatchSource> Source() {
       tokens, {.seq_len = 8, .micro_batch_size = 2, .num_microbatches = 2, .dp_size = 1}));
 }
 
+// This rank's stage of two and its rows of the table split over them.
+struct VocabStage {
+  std::unique_ptr<PipelineModel> model;
+  std::unique_ptr<VocabularyLayers> vocabulary;
+  std::unique_ptr<LmBatchSource> source = Source();
+  TrainerOptions options;  // two micro-batches, the vocabulary's
+};
+absl::StatusOr<VocabStage> MakeVocabStage(ParallelGrid& grid) {
+  PP_ASSIGN_OR_RETURN(VocabularySplit split, MakeGptVocabularySplit(TinyGpt()));
+  PipelineModelOptions mo;
+  mo.num_stages = 2;
+  mo.partition_method = "type:TransformerBlock";
+  VocabStage stage;
+  PP_ASSIGN_OR_RETURN(stage.model, PipelineModel::Create(split.body, mo, grid.stage_id()));
+  PP_ASSIGN_OR_RETURN(stage.vocabulary,
+                      MakeVocabularyLayers(split, mo.base_seed, PipeGroupOf(grid, kTimeout)));
+  stage.options.num_microbatches = 2;
+  stage.options.executor.p2p.timeout = kTimeout;
+  stage.options.vocabulary = stage.vocabulary.get();
+  return stage;
+}
+
 // Two stages, the table split over them; `check` gets each rank's Trainer
 // after one step. `dense_names`: the layers know the split's dense names
 // (MakeVocabularyLayers), else they are built from the tables alone.
@@ -49,27 +71,17 @@ absl::Status WithVocabTrainer(
     bool dense_names,
     const std::function<absl::Status(ParallelGrid&, PipelineModel&, Trainer&)>& check) {
   return RunOnGrid(2, 1, kTimeout, [&](ParallelGrid& grid) -> absl::Status {
-    PP_ASSIGN_OR_RETURN(VocabularySplit split, MakeGptVocabularySplit(TinyGpt()));
-    PipelineModelOptions mo;
-    mo.num_stages = 2;
-    mo.partition_method = "type:TransformerBlock";
-    PP_ASSIGN_OR_RETURN(auto model, PipelineModel::Create(split.body, mo, grid.stage_id()));
-    PP_ASSIGN_OR_RETURN(auto vocabulary,
-                        MakeVocabularyLayers(split, mo.base_seed, PipeGroupOf(grid, kTimeout)));
+    PP_ASSIGN_OR_RETURN(VocabStage stage, MakeVocabStage(grid));
     if (!dense_names) {
       // A table of zeros: only the names matter here.
-      vocabulary = std::make_unique<VocabularyLayers>(torch::zeros({64, 16}), torch::Tensor(),
-                                                      /*tied=*/true, PipeGroupOf(grid, kTimeout));
+      stage.vocabulary = std::make_unique<VocabularyLayers>(
+          torch::zeros({64, 16}), torch::Tensor(), /*tied=*/true, PipeGroupOf(grid, kTimeout));
+      stage.options.vocabulary = stage.vocabulary.get();
     }
-    std::unique_ptr<LmBatchSource> source = Source();
-    TrainerOptions to;
-    to.num_microbatches = 2;
-    to.executor.p2p.timeout = kTimeout;
-    to.vocabulary = vocabulary.get();
-    PP_ASSIGN_OR_RETURN(auto trainer,
-                        Trainer::Create(&grid, model.get(), GptLoss, source.get(), to));
+    PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, stage.model.get(), GptLoss,
+                                                      stage.source.get(), stage.options));
     PP_RETURN_IF_ERROR(trainer->Step().status());
-    return check(grid, *model, *trainer);
+    return check(grid, *stage.model, *trainer);
   });
 }
 
@@ -137,6 +149,39 @@ TEST(VocabTrainerTest, VocabularyScheduleWithoutLayersIsRefused) {
     EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument) << trainer.status();
     EXPECT_NE(trainer.status().message().find(
                   "has vocabulary passes but the run has no vocabulary layers"),
+              std::string::npos)
+        << trainer.status();
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// The shards live on the run's device (VocabularyLayers::to, as
+// PipelineModel::to moves a stage): moved, they keep their rows and stay
+// trainable leaves; left elsewhere, the Trainer refuses them by name (here
+// on the meta device, since this machine may have no GPU).
+TEST(VocabTrainerTest, ShardsMustBeOnTheRunsDevice) {
+  absl::Status s = RunOnGrid(2, 1, kTimeout, [&](ParallelGrid& grid) -> absl::Status {
+    PP_ASSIGN_OR_RETURN(VocabStage stage, MakeVocabStage(grid));
+    VocabularyLayers* vocabulary = stage.vocabulary.get();
+    const torch::Tensor rows = vocabulary->embedding().detach().clone();
+    vocabulary->to(torch::kCPU);
+    EXPECT_TRUE(torch::equal(vocabulary->embedding(), rows));
+    EXPECT_TRUE(vocabulary->embedding().is_leaf());
+    EXPECT_TRUE(vocabulary->embedding().requires_grad());
+
+    vocabulary->to(torch::kMeta);
+    EXPECT_TRUE(vocabulary->embedding().is_meta());
+    EXPECT_TRUE(vocabulary->embedding().requires_grad());
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create(&grid, stage.model.get(), GptLoss, stage.source.get(), stage.options);
+    EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument) << trainer.status();
+    EXPECT_NE(trainer.status().message().find(
+                  "TrainerOptions::executor.p2p.device is cpu but the vocabulary shards"),
+              std::string::npos)
+        << trainer.status();
+    EXPECT_NE(trainer.status().message().find("are on meta; move them first "
+                                              "(VocabularyLayers::to)"),
               std::string::npos)
         << trainer.status();
     return absl::OkStatus();

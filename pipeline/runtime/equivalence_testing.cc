@@ -467,6 +467,7 @@ absl::StatusOr<RunResult> TrainPipeline(const RunConfig& config) {
               MakeVocabularyLayers(
                   *split, kSeed, VocabularyGroupOf(grid, config.timeout, config.sequence_parallel),
                   /*ignore_index=*/-100, /*tensor_size=*/config.tp));
+          vocabulary->to(world_of_rank.device);
           options.vocabulary = vocabulary.get();
         }
         PP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(&grid, model.get(), LossOf(config, group),

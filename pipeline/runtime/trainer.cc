@@ -228,6 +228,18 @@ absl::Status CheckParametersOn(const PipelineModel& model, const torch::Device& 
   return absl::OkStatus();
 }
 
+absl::Status CheckVocabularyOn(const VocabularyLayers& vocabulary, const torch::Device& device) {
+  for (const torch::Tensor& shard : vocabulary.parameters()) {
+    if (shard.device() != device) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TrainerOptions::executor.p2p.device is ", device.str(),
+                       " but the vocabulary shards (", c10::str(shard.sizes()), ") are on ",
+                       shard.device().str(), "; move them first (VocabularyLayers::to)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void BackwardProgress::Reset(const LoweredProgram& program, int rank) {
@@ -289,6 +301,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ParallelGrid* grid, Pip
   PP_ASSIGN_OR_RETURN(t->ties_, MakeTies(*grid, *model));
   t->counted_params_ = CountedParams(t->params_, t->ties_, *model, *grid);
   if (vocab) {
+    PP_RETURN_IF_ERROR(CheckVocabularyOn(*options.vocabulary, options.executor.p2p.device));
     // Each rank's rows are its own (over pipe x model, which the norm is
     // reduced over): every shard counts in the norm.
     for (const torch::Tensor& p : options.vocabulary->parameters()) {

@@ -28,6 +28,19 @@ VocabularyLayers::VocabularyLayers(const torch::Tensor& embedding, const torch::
   if (!tied) head_ = tensor_parallel::LocalVocabRows(head, group_).requires_grad_(true);
 }
 
+void VocabularyLayers::to(const torch::Device& device) {
+  TORCH_CHECK(pending_.empty(), "moving the vocabulary shards with ", pending_.size(),
+              " micro-batches between OUT_S and OUT_T");
+  auto moved = [&](const torch::Tensor& shard) {
+    TORCH_CHECK(!shard.grad().defined(), "moving a vocabulary shard that has a gradient");
+    torch::NoGradGuard no_grad;
+    return shard.detach().to(device).requires_grad_(true);
+  };
+  embedding_ = moved(embedding_);
+  if (!tied_) head_ = moved(head_);
+  last_hidden_ = torch::Tensor();
+}
+
 std::vector<torch::Tensor> VocabularyLayers::parameters() const {
   if (tied_) return {embedding_};
   return {embedding_, head_};

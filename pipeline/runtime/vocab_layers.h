@@ -108,6 +108,11 @@ class VocabularyLayers {
   // Micro-batches between OUT_S and their end (OUT_T or Drop).
   int pending() const { return static_cast<int>(pending_.size()); }
 
+  // Moves the shards to `device` (a GPU run's, as PipelineModel::to moves a
+  // stage), before a Trainer takes them. REQUIRES: no pending micro-batch
+  // and no gradient yet.
+  void to(const torch::Device& device);
+
   // The parameters: {embedding} when tied, else {embedding, head}.
   std::vector<torch::Tensor> parameters() const;
   const torch::Tensor& embedding() const { return embedding_; }

@@ -19,7 +19,9 @@
 #             for a third of them.
 # 4. compare: the same --compare_steps-step run on the CPU and on <device>
 #             (NVIDIA_TF32_OVERRIDE=0): pp = 1 and pp = 2 (shared GPU) in fp32,
-#             losses within 1e-4 relative; pp = 2 in bf16 within 2e-2.
+#             losses within 1e-4 relative; pp = 2 in bf16 within 2e-2; pp = 2
+#             (shared GPU) with vocabulary parallelism (zbv_vocab1,
+#             asynchronous collectives) in fp32 within 1e-4.
 # 5. bench:   bin/gpu_pp1 (pipe, pp = 1) and py/torch_gpt_reference.py (the
 #             same GPT in PyTorch) on <device>, alternating rounds, for the
 #             kit's small GPT and a wide one; tokens/s ratio against the 0.95
@@ -214,8 +216,9 @@ fi
 # The README's GPT on synthetic data (no corpus on the machine needed), at
 # pp = 1, and at pp = 2 with both ranks on one GPU (--ranks_per_device=2:
 # host-staged groups) when the device is cuda.
-train() {  # train NAME DEVICE STEPS LIMIT PP [PRECISION]
+train() {  # train NAME DEVICE STEPS LIMIT PP [PRECISION [FLAG...]]
   local name=$1 dev=$2 steps=$3 limit=$4 pp=$5 precision=${6:-fp32} t0 rc
+  local extra=("${@:7}")
   t0=$(date +%s)
   [[ -x $HERE/bin/train_gpt ]] || limit=0  # a partial bundle (bundle.sh --only)
   # The config's 20 warm-up steps, fewer in a short run (the schedule needs
@@ -225,7 +228,7 @@ train() {  # train NAME DEVICE STEPS LIMIT PP [PRECISION]
   [[ $dev == cuda && $pp -gt 1 ]] && shared=(--ranks_per_device="$pp")
   run_limited "$name" "$limit" "$work/logs/$name.log" "${pipe_env[@]}" "$HERE/bin/train_gpt" \
     --config="$HERE/experiments/configs/gpt_small_pp2.textproto" --pp="$pp" --device="$dev" \
-    "${shared[@]}" --precision="$precision" --steps="$steps" \
+    "${shared[@]}" --precision="$precision" --steps="$steps" "${extra[@]}" \
     --output_dir="$work/$name" --name="$name" --sample_tokens=0 --eval_interval=0 \
     --set=data.source=synthetic,log_interval=50,lr_schedule.warmup_steps=$warmup
   rc=$?
@@ -239,11 +242,13 @@ if stage_wanted train; then
   train "train_${device}_pp1" "$device" "$train_steps" "$(stage_limit 120)" 1
   train "train_${device}_pp2_shared" "$device" "$((train_steps / 3))" "$(stage_limit 120)" 2
 fi
-# compare NAME PP PRECISION RTOL: the same run on the CPU and on <device>.
+# compare NAME PP PRECISION RTOL [FLAG...]: the same run on the CPU and on <device>.
 compare() {
   local name=$1 pp=$2 precision=$3 rtol=$4
-  train "${name}_cpu" cpu "$compare_steps" "$(stage_limit 90)" "$pp" "$precision"
-  train "${name}_on_$device" "$device" "$compare_steps" "$(stage_limit 60)" "$pp" "$precision"
+  local extra=("${@:5}")
+  train "${name}_cpu" cpu "$compare_steps" "$(stage_limit 90)" "$pp" "$precision" "${extra[@]}"
+  train "${name}_on_$device" "$device" "$compare_steps" "$(stage_limit 60)" "$pp" "$precision" \
+    "${extra[@]}"
   record compare "$work/logs/${name}_cpu.metrics.jsonl" "$work/logs/${name}_on_$device.metrics.jsonl" \
     "$rtol" "$compare_steps" "$name"
   say "$name: $(tail -n1 "$records" | cut -c1-400)"
@@ -254,6 +259,10 @@ if stage_wanted compare; then
   compare compare_pp1 1 fp32 1e-4
   compare compare_pp2_shared 2 fp32 1e-4
   compare compare_pp2_shared_bf16 2 bf16 2e-2
+  # Vocabulary parallelism (the tied table split over both ranks): the
+  # paper's one-barrier ZB-V with asynchronous collectives.
+  compare compare_pp2_shared_vocab 2 fp32 1e-4 --vocab_parallel=true --schedule=zbv_vocab1 \
+    --chunks=2 --vocab_async_collectives=true
 fi
 
 # --- 5. bench -----------------------------------------------------------------
