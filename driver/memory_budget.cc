@@ -270,8 +270,10 @@ std::optional<RunMemoryInputs> RunMemoryInputsOf(const ExperimentConfig& config,
     // and three statistics per token.
     in.options.vocab.pending_bytes = b * t * (rows * kFp32 + w * value_bytes + 3 * kFp32);
     // One barrier: OUT_S's partial hidden-state gradient (fp32) until
-    // OUT_REDUCE (the planner counts it for one-barrier schedules only).
+    // OUT_REDUCE (the planner counts it for one-barrier schedules only),
+    // which asynchronous collectives lower as late as OUT_T.
     in.options.vocab.partial_bytes = b * t * w * kFp32;
+    in.options.vocab.async_collectives = par.vocab_async_collectives();
     // What each pass allocates and frees (pipeline/tensor_parallel/
     // vocab_passes.cc), the tables in the module's dtype: OUT_S the logits
     // (under bf16 also their fp32 copy, and the rows in fp32 for the

@@ -248,7 +248,7 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
         vocab_held += vocab.pending_bytes + partial;
         consider(held, 0, i, vocab.output_s_workspace_bytes);
         if (schedule.forward_only) vocab_held -= vocab.pending_bytes;  // no OUT_T
-        if (!lists_reduce) vocab_held -= partial;
+        if (!lists_reduce && !vocab.async_collectives) vocab_held -= partial;
         continue;
       }
       if (a.type == ActionType::kVocabOutputReduce) {
@@ -256,6 +256,9 @@ absl::Status PlanActivationPeak(const Schedule& schedule, const std::vector<Stag
         continue;
       }
       if (a.type == ActionType::kVocabOutputT) {
+        // Lowered for asynchronous collectives, OUT_REDUCE comes by OUT_T
+        // at the latest: its partial counts until then.
+        if (!lists_reduce && vocab.async_collectives) vocab_held -= partial;
         consider(held, 0, i, vocab.output_t_workspace_bytes);  // its OUT_S result still held
         vocab_held -= vocab.pending_bytes;
         continue;

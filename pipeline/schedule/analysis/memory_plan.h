@@ -92,9 +92,12 @@ struct VocabMemory {
   // The one-barrier algorithm's (Schedule::vocab_barriers 1) partial
   // hidden-state gradient (fp32, tokens x width), held from OUT_S until
   // OUT_REDUCE. In a list without collectives (a compute-only schedule)
-  // OUT_REDUCE's place is not known: the bytes count at OUT_S only. Ignored
-  // for two-barrier schedules.
+  // OUT_REDUCE's place is Lower()'s: right after OUT_STATS (the bytes count
+  // at OUT_S only), or with `async_collectives` as late as the micro-batch's
+  // OUT_T (LoweringOptions::vocab_async_collectives; counted until it).
+  // Ignored for two-barrier schedules.
   double partial_bytes = 0;
+  bool async_collectives = false;
   // Live during one pass only, beside what it keeps and every micro-batch's
   // pending bytes: OUT_S's logits before their exps; OUT_T's gradient of the
   // logits (fp32, tokens x vocabulary / p) and of the rows (rows x width,

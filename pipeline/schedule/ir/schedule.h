@@ -50,7 +50,9 @@ struct Schedule {
   // 2 ("Vocab-2"): OUT_T computes the hidden states' gradient, so the last
   // stage's B or I waits for OUT_STATS, every rank's OUT_T and OUT_REDUCE.
   // 1 ("Vocab-1"): OUT_S computes it relative to the rank's own max and
-  // OUT_REDUCE rescales and sums it right after OUT_STATS; the last stage's
+  // OUT_REDUCE rescales and sums it once OUT_STATS is done (lowered right
+  // after it, or with asynchronous collectives before its reader:
+  // LoweringOptions::vocab_async_collectives); the last stage's
   // B or I waits for every rank's OUT_S and the two collectives, and OUT_T
   // (the rows' weight gradient only) may run after it. Ignored without
   // vocab_parallel.

@@ -1,6 +1,7 @@
 #include "pipeline/schedule/ir/vocab_passes.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -43,15 +44,22 @@ absl::StatusOr<VocabAnchors> Anchors(const Schedule& base,
   const int m = base.num_microbatches;
   const int last = base.num_virtual_stages() - 1;
   VocabAnchors anchors;
-  for (std::vector<int>* v : {&anchors.first_forward_start, &anchors.last_forward_end,
-                              &anchors.last_backward_end, &anchors.first_backward_end}) {
-    v->assign(m, -1);
-  }
+  // The anchors in the order of their kinds below; the backward ones are
+  // absent from a forward-only schedule.
+  enum Kind { kFirstForwardStart, kLastForwardEnd, kLastBackwardEnd, kFirstBackwardEnd };
+  std::vector<int>* const lists[] = {&anchors.first_forward_start, &anchors.last_forward_end,
+                                     &anchors.last_backward_end, &anchors.first_backward_end};
+  for (std::vector<int>* v : lists) v->assign(m, -1);
   // How often each anchor was seen: each must be once per micro-batch.
-  std::map<std::pair<std::vector<int>*, int>, int> seen;
-  auto Set = [&](std::vector<int>& v, int mb, int time) {
-    if (mb >= 0 && mb < m) v[mb] = time;
-    ++seen[{&v, mb}];
+  std::vector<std::vector<int>> seen(std::size(lists), std::vector<int>(m, 0));
+  bool in_range = true;
+  auto Set = [&](Kind kind, int mb, int time) {
+    if (mb < 0 || mb >= m) {
+      in_range = false;
+      return;
+    }
+    (*lists[kind])[mb] = time;
+    ++seen[kind][mb];
   };
   for (int r = 0; r < base.num_stages; ++r) {
     for (int i = 0; i < static_cast<int>(base.ranks[r].size()); ++i) {
@@ -60,20 +68,21 @@ absl::StatusOr<VocabAnchors> Anchors(const Schedule& base,
             a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput;
         const int start = timing.start[r][i], end = timing.end[r][i];
         if (a.type == ActionType::kForward && a.stage == 0) {
-          Set(anchors.first_forward_start, a.microbatch, start);
+          Set(kFirstForwardStart, a.microbatch, start);
         }
         if (a.type == ActionType::kForward && a.stage == last) {
-          Set(anchors.last_forward_end, a.microbatch, end);
+          Set(kLastForwardEnd, a.microbatch, end);
         }
-        if (backward && a.stage == last) Set(anchors.last_backward_end, a.microbatch, end);
-        if (backward && a.stage == 0) Set(anchors.first_backward_end, a.microbatch, end);
+        if (backward && a.stage == last) Set(kLastBackwardEnd, a.microbatch, end);
+        if (backward && a.stage == 0) Set(kFirstBackwardEnd, a.microbatch, end);
       }
     }
   }
   const int kinds = base.forward_only ? 2 : 4;
-  bool once = static_cast<int>(seen.size()) == kinds * m;
-  for (const auto& [key, count] : seen)
-    once = once && count == 1 && key.second >= 0 && key.second < m;
+  bool once = in_range;
+  for (int kind = 0; kind < static_cast<int>(seen.size()); ++kind) {
+    for (int mb = 0; mb < m; ++mb) once = once && seen[kind][mb] == (kind < kinds ? 1 : 0);
+  }
   if (!once) {
     return absl::InvalidArgumentError(
         absl::StrCat("schedule \"", base.name, "\" does not run every micro-batch's first forward",
@@ -104,26 +113,24 @@ absl::StatusOr<Schedule> PlaceVocabularyPasses(const Schedule& base, int barrier
     kinds.push_back(ActionType::kVocabOutputT);
     kinds.push_back(ActionType::kVocabInputB);
   }
+  // Each of the m micro-batches' passes of `kinds` exactly once.
   std::map<std::pair<ActionType, int>, int> count;
-  for (const TimedVocabPass& pass : passes) ++count[{pass.action.type, pass.action.microbatch}];
+  for (const TimedVocabPass& pass : passes) {
+    if (std::find(kinds.begin(), kinds.end(), pass.action.type) == kinds.end() ||
+        pass.action.microbatch < 0 || pass.action.microbatch >= m) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vocabulary passes for schedule \"", base.name,
+                       "\": ", ActionToString(pass.action), " is not one of its ", m,
+                       " micro-batches' IN_F, OUT_S", base.forward_only ? "" : ", OUT_T, IN_B"));
+    }
+    ++count[{pass.action.type, pass.action.microbatch}];
+  }
   for (ActionType kind : kinds) {
     for (int mb = 0; mb < m; ++mb) {
-      const int n = count[{kind, mb}];
-      if (n != 1) {
+      if (const int n = count[{kind, mb}]; n != 1) {
         return absl::InvalidArgumentError(absl::StrCat(
             "vocabulary passes for schedule \"", base.name, "\": ", ActionToString(Vocab(kind, mb)),
             " is placed ", n, " times; each pass goes once"));
-      }
-    }
-  }
-  if (count.size() != kinds.size() * m) {
-    for (const TimedVocabPass& pass : passes) {
-      if (std::find(kinds.begin(), kinds.end(), pass.action.type) == kinds.end() ||
-          pass.action.microbatch < 0 || pass.action.microbatch >= m) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("vocabulary passes for schedule \"", base.name,
-                         "\": ", ActionToString(pass.action), " is not one of its ", m,
-                         " micro-batches' IN_F, OUT_S", base.forward_only ? "" : ", OUT_T, IN_B"));
       }
     }
   }

@@ -356,5 +356,40 @@ TEST(MemoryPlanTest, OneBarrierHoldsThePartialUntilOutReduce) {
   }
 }
 
+// With asynchronous collectives Lower() puts the one-barrier OUT_REDUCE
+// before its reader, as late as the micro-batch's OUT_T, so the partial may
+// outlive the next micro-batches' OUT_S. A compute-only schedule planned
+// with async_collectives counts it until OUT_T: never below the plan of the
+// program as lowered (whose OUT_REDUCE is where it runs), where counting it
+// at OUT_S only falls below on some rank.
+TEST(MemoryPlanTest, AsyncOneBarrierHoldsThePartialUntilOutputT) {
+  MemoryPlanOptions blocking;
+  blocking.vocab = {5, 1000, 300};
+  MemoryPlanOptions async = blocking;
+  async.vocab.async_collectives = true;
+  LoweringOptions lowering;
+  lowering.vocab_async_collectives = true;
+  int below = 0;
+  for (const auto& [name, v] : {std::pair<std::string, int>{"1f1b_vocab1", 1},
+                                {"1f1b_vocab1_overlap", 1},
+                                {"zbv_vocab1", 2},
+                                {"vhalf_vocab1_overlap", 2}}) {
+    const int p = 4;
+    const Schedule s = Make(name, p, 8, v);
+    absl::StatusOr<LoweredProgram> lowered = Lower(s, lowering);
+    ASSERT_TRUE(lowered.ok()) << name << ": " << lowered.status();
+    absl::StatusOr<MemoryPlan> as_lowered = PlanMemory(ScheduleOf(*lowered), Uniform(p * v), async);
+    absl::StatusOr<MemoryPlan> planned = PlanMemory(s, Uniform(p * v), async);
+    absl::StatusOr<MemoryPlan> at_out_s = PlanMemory(s, Uniform(p * v), blocking);
+    ASSERT_TRUE(as_lowered.ok() && planned.ok() && at_out_s.ok()) << name;
+    for (int r = 0; r < p; ++r) {
+      EXPECT_GE(planned->ranks[r].peak_bytes, as_lowered->ranks[r].peak_bytes)
+          << name << " rank " << r;
+      below += at_out_s->ranks[r].peak_bytes < as_lowered->ranks[r].peak_bytes;
+    }
+  }
+  EXPECT_GT(below, 0);
+}
+
 }  // namespace
 }  // namespace pp

@@ -1,6 +1,7 @@
 #include "pipeline/schedule/ir/vocab_passes.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <string>
@@ -188,6 +189,32 @@ TEST(AddVocabularyPassesTest, EveryRegisteredScheduleTakesThePasses) {
               HasSubstr("1 or 2"));
   EXPECT_THAT(std::string(AddVocabularyPasses(Made("1f1b_vocab", 2, 2)).status().message()),
               HasSubstr("already has vocabulary passes"));
+}
+
+// The passes are placed around each micro-batch's first and last forward and
+// backward: a schedule that never runs one of them is refused, naming the
+// schedule; one that runs an action twice or for a micro-batch it does not
+// have is refused before that, by the timing of its compute order.
+TEST(AddVocabularyPassesTest, RefusesAScheduleWithoutEachAnchorOnce) {
+  const Schedule base = Made("1f1b", 2, 2);
+  auto Edited = [&](const std::function<void(RankActions&)>& edit) {
+    Schedule s = base;
+    edit(s.ranks);
+    return std::string(AddVocabularyPasses(s).status().message());
+  };
+  const Action first_backward{0, ActionType::kBackward, 1};
+  EXPECT_THAT(Edited([&](RankActions& ranks) {
+                ranks[0].erase(std::find(ranks[0].begin(), ranks[0].end(), first_backward));
+              }),
+              HasSubstr("schedule \"1f1b\" does not run every micro-batch's first forward, last "
+                        "forward and first backward once"));
+  EXPECT_THAT(Edited([&](RankActions& ranks) { ranks[0].push_back(first_backward); }),
+              HasSubstr("0B1 appears twice"));
+  EXPECT_THAT(Edited([&](RankActions& ranks) {
+                ranks[0].push_back(Action{0, ActionType::kBackward, 2});
+              }),
+              HasSubstr("micro-batch 2 is outside [0, 2)"));
+  EXPECT_TRUE(AddVocabularyPasses(base).ok());
 }
 
 // PlaceVocabularyPasses refuses passes that are not each micro-batch's
