@@ -7,7 +7,8 @@
 #     vocab_equivalence_test proves the maths case by case);
 #   - the same under 1f1b_vocab1 (the one-barrier output algorithm, OUT_T
 #     after the last stage's backward), and with
-#     --vocab_async_collectives=true the same run's losses exactly;
+#     --vocab_async_collectives=true the same run's losses exactly, and
+#     (zbv_vocab1, a wider model) no more memory on any rank;
 #   - the same over the partition `profile` finds for the body; and the
 #     one-barrier passes placed into ZB-H1 (--vocab_barriers=1: a schedule
 #     without its own, split backward) over that partition (one run covers
@@ -99,6 +100,34 @@ read -r collectives flights <<< "$(in_flight vocab1_async)" || fail "vocab1_asyn
 read -r collectives flights <<< "$(in_flight vocab1)" || fail "vocab1's trace.json is unreadable"
 [[ $flights -eq 0 ]] || fail "the blocking run's trace shows $flights collectives in flight"
 echo "ok: the asynchronous run's trace shows its $collectives collectives in flight"
+# ... and hold no more memory than the blocking run: a result a rank never
+# reads (IN_REDUCE off stage 0's rank, OUT_REDUCE off the last stage's) is
+# released once complete, not kept to the step's tail (which held 8 of these
+# 256 KiB sums, 2 MiB, at rank 1's peak under zbv_vocab1 at this width).
+peaks() {  # peaks NAME: every rank's peak bytes, from the run's summary.json
+  python3 -c 'import json, sys; print(*[r["peak_bytes"] for r in json.load(open(sys.argv[1]))["ranks"]])' \
+    "$(ls -d "$TMP"/runs/"$1"-*/ | head -1)summary.json"
+}
+mem_run() {  # mem_run NAME FLAGS...: zbv_vocab1 at the width where a sum is 256 KiB
+  local name=$1; shift
+  LOG=$TMP/$name.log
+  timeout 300 "$BIN" --data="$CORPUS" --output_dir="$TMP/runs" --steps=3 --pp=2 --sample_tokens=0 \
+    --set="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=1,gpt.width=128,gpt.num_heads=4,gpt.context_length=64,parallelism.micro_batch_size=8" \
+    --name="$name" --microbatches=4 --vocab_parallel=true --schedule=zbv_vocab1 --chunks=2 "$@" \
+    > "$LOG" 2>&1 || fail "$name exited $?"
+}
+mem_run mem_blocking
+mem_run mem_async --vocab_async_collectives=true
+read -r -a blocking_peaks <<< "$(peaks mem_blocking)" || fail "mem_blocking has no summary.json"
+read -r -a async_peaks <<< "$(peaks mem_async)" || fail "mem_async has no summary.json"
+[[ ${#async_peaks[@]} -eq 2 && ${#blocking_peaks[@]} -eq 2 ]] ||
+  fail "want 2 ranks' peaks, got '${blocking_peaks[*]}' and '${async_peaks[*]}'"
+for r in 0 1; do
+  # Two sums' slack (524288 bytes): a collective still in flight when polled.
+  ((async_peaks[r] <= blocking_peaks[r] + 524288)) ||
+    fail "rank $r's peak with asynchronous collectives is ${async_peaks[r]} bytes, blocking ${blocking_peaks[r]}"
+done
+echo "ok: asynchronous collectives' peaks ${async_peaks[*]} bytes, blocking ${blocking_peaks[*]}"
 
 # partition_method profile times the body's layers (rank 0 on its share of
 # the sample's embeddings); the losses stay the dense run's.

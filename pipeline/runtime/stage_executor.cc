@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <set>
 #include <string>
 
 #include <glog/logging.h>
@@ -792,12 +793,32 @@ absl::Status StageExecutor::FinishVocabCollective(StepState& st, ActionType type
     // Out of the list first: a failed wait leaves nothing to wait for twice.
     PendingVocabCollective pending = std::move(*it);
     it = st.vocab_pending.erase(it);
-    PP_ASSIGN_OR_RETURN(torch::Tensor result, pending.work.Wait());
-    if (pending.completed_us != nullptr) {
-      st.vocab_finished.push_back({Action{pending.stage, pending.type, pending.microbatch},
-                                   pending.completed_us, SteadyClockMicros()});
+    PP_RETURN_IF_ERROR(FinishPendingVocabCollective(st, std::move(pending)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::FinishPendingVocabCollective(StepState& st,
+                                                         PendingVocabCollective pending) {
+  PP_ASSIGN_OR_RETURN(torch::Tensor result, pending.work.Wait());
+  if (pending.completed_us != nullptr) {
+    st.vocab_finished.push_back({Action{pending.stage, pending.type, pending.microbatch},
+                                 pending.completed_us, SteadyClockMicros()});
+  }
+  return pending.finish(std::move(result));
+}
+
+absl::Status StageExecutor::FinishCompletedVocabCollectives(StepState& st) {
+  std::set<ActionType> in_flight;  // kinds with an earlier one not yet complete
+  for (auto it = st.vocab_pending.begin(); it != st.vocab_pending.end();) {
+    if (in_flight.count(it->type) > 0 || !it->work.Completed()) {
+      in_flight.insert(it->type);
+      ++it;
+      continue;
     }
-    PP_RETURN_IF_ERROR(pending.finish(std::move(result)));
+    PendingVocabCollective pending = std::move(*it);
+    it = st.vocab_pending.erase(it);
+    PP_RETURN_IF_ERROR(FinishPendingVocabCollective(st, std::move(pending)));
   }
   return absl::OkStatus();
 }
@@ -870,6 +891,10 @@ absl::StatusOr<StepStats> StageExecutor::Run(const LoweredProgram& program, int6
     // Asynchronous vocabulary collectives: the wait for the results `a`
     // reads is idle time before it, not part of its span.
     absl::Status s = FinishVocabCollectivesReadBy(a, st);
+    // And the complete ones no action waited for yet: a result this rank
+    // never reads (IN_REDUCE off stage 0's rank, OUT_REDUCE off the last
+    // stage's) would otherwise keep its buffer until the step's tail.
+    if (s.ok() && st.vocab_async) s = FinishCompletedVocabCollectives(st);
     if (observer != nullptr) observer->ActionStart(observed, a);
     if (s.ok() && post_ahead && IsReceive(a.type)) {
       // Waits for the receive posted for it (posting it first if it could

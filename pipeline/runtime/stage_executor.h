@@ -277,6 +277,13 @@ class StageExecutor {
   absl::Status FinishVocabCollective(StepState& st, ActionType type, int mb);
   // Waits for and finishes every pending one, in the order they started.
   absl::Status FinishVocabCollectives(StepState& st);
+  // Finishes, without waiting, the pending ones already complete whose kind
+  // has none started before them still in flight (each kind still finishes
+  // in program order).
+  absl::Status FinishCompletedVocabCollectives(StepState& st);
+  // Waits for `pending` (taken off the list), records when for the
+  // observer, and runs its finish step.
+  absl::Status FinishPendingVocabCollective(StepState& st, PendingVocabCollective pending);
   // Tells `observer` when each of `finished` completed, giving the backend's
   // callbacks up to 100 ms in all to report it (else the wait's end).
   static void ReportVocabCompletions(const ObservedStep& step,

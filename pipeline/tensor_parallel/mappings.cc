@@ -178,6 +178,10 @@ absl::StatusOr<torch::Tensor> PendingCollective::Wait() {
   return finish ? finish() : torch::Tensor();
 }
 
+bool PendingCollective::Completed() const {
+  return !work_.ok() || !*work_ || (*work_)->isCompleted();
+}
+
 std::shared_ptr<const std::atomic<int64_t>> PendingCollective::TrackCompletion() const {
   if (!work_.ok() || !*work_) return nullptr;
   auto completed_us = std::make_shared<std::atomic<int64_t>>(-1);

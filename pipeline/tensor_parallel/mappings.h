@@ -122,6 +122,12 @@ class PendingCollective {
   // group. Call once: the object is empty afterwards.
   absl::StatusOr<torch::Tensor> Wait();
 
+  // Whether Wait would return without waiting: nothing pending, a failed
+  // start (Wait returns its Status), or the backend's work is complete
+  // (c10d::Work::isCompleted; a backend that never says so is never
+  // complete here, and Wait still waits for it).
+  bool Completed() const;
+
   // Has the backend write the steady_clock microseconds at which the
   // collective completes into the returned cell (RecordCompletionTime; -1
   // until then): how long it was in flight, for traces. Null when there is

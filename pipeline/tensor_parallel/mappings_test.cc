@@ -148,6 +148,8 @@ TEST(MappingsTest, StartedCollectivesGiveTheBlockingFormsBits) {
       absl::StatusOr<torch::Tensor> got_gather = started_gather.Wait();
       absl::StatusOr<torch::Tensor> got_broadcast = started_broadcast.Wait();
       absl::StatusOr<torch::Tensor> got_sum = started_sum.Wait();
+      EXPECT_TRUE(started_sum.Completed());  // emptied by its Wait
+      EXPECT_TRUE(PendingCollective::Done(x).Completed());
       ASSERT_TRUE(got_sum.ok() && got_broadcast.ok() && got_gather.ok());
       EXPECT_EQ(got_sum->scalar_type(), dtype);
       EXPECT_EQ(got_gather->scalar_type(), dtype);
@@ -214,6 +216,7 @@ TEST(MappingsTest, AStartedCollectiveWaitsAtMostItsTimeout) {
                               finished = true;
                               return torch::Tensor();
                             });
+  EXPECT_FALSE(pending.Completed());
   absl::StatusOr<torch::Tensor> sum = pending.Wait();
   ASSERT_FALSE(sum.ok());
   EXPECT_EQ(sum.status().code(), absl::StatusCode::kDeadlineExceeded) << sum.status();
