@@ -65,8 +65,11 @@ class StagedWork : public c10d::Work {
     copied_ = true;
     return true;
   }
-  // Complete once the results are on their way to the caller's tensors.
-  bool isCompleted() override { return copied_; }
+  // Complete once Gloo's operation is: the results are in the host buffers,
+  // and wait() returns at once, queueing their copies. (Complete only after
+  // wait() would leave a caller that polls, as asynchronous vocabulary
+  // collectives do to release results early, never seeing it complete.)
+  bool isCompleted() override { return copied_ || inner_->isCompleted(); }
   std::exception_ptr exception() const override { return inner_->exception(); }
   std::vector<at::Tensor> result() override { return targets_; }
   void abort() override { inner_->abort(); }

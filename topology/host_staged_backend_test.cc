@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
@@ -113,6 +114,27 @@ TEST_P(HostStagedBackendTest, CollectivesReduceBroadcastAndGather) {
     }
     if (!group->barrier()->wait(kTimeout)) return absl::AbortedError("barrier aborted");
     return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// A caller that polls sees the operation complete before its wait (the
+// runtime releases asynchronous collectives' results so), and the wait then
+// delivers the values.
+TEST_P(HostStagedBackendTest, CompletesBeforeItsWaitOnceGlooHas) {
+  absl::Status s = OnTwoRanks([&](const ProcessGroupPtr& group, int rank) -> absl::Status {
+    std::vector<at::Tensor> one = {torch::full({4}, rank + 1.0, Options())};
+    c10::intrusive_ptr<c10d::Work> work = group->allreduce(one);
+    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+    while (!work->isCompleted()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return absl::DeadlineExceededError("allreduce never completed without a wait");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!work->wait(kTimeout)) return absl::AbortedError("allreduce aborted");
+    return Expect(torch::equal(one[0].cpu(), torch::full({4}, 3.0)),
+                  absl::StrCat("allreduce gave ", one[0].cpu().toString()));
   });
   EXPECT_TRUE(s.ok()) << s;
 }
