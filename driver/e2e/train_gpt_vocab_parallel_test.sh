@@ -46,10 +46,13 @@ for i in $(seq 1 200); do echo "Rank $((i % 5)) keeps rows of the vocabulary; th
 COMMON=(--data="$CORPUS" --output_dir="$TMP/runs" --steps=10 --pp=2 --sample_tokens=0)
 SET=eval_interval=0,log_interval=1,lr_schedule.warmup_steps=2,gpt.width=32,gpt.num_heads=4,gpt.context_length=16,parallelism.micro_batch_size=2,checkpoint.resume_other_runs=true
 fail() { echo "FAIL: $*"; [[ -f ${LOG:-} ]] && tail -30 "$LOG"; exit 1; }
-run() {  # run NAME FLAGS...: a run that must succeed
+# run NAME FLAGS...: a run that must succeed. STEPS, SAMPLE_TOKENS and SET
+# may be given for one call (STEPS=3 run ...), as train_gpt takes each flag once.
+run() {
   local name=$1; shift
   LOG=$TMP/$name.log
-  timeout 300 "$BIN" "${COMMON[@]}" --set="$SET" --name="$name" "$@" > "$LOG" 2>&1 ||
+  timeout 300 "$BIN" --data="$CORPUS" --output_dir="$TMP/runs" --pp=2 --steps="${STEPS:-10}" \
+    --sample_tokens="${SAMPLE_TOKENS:-0}" --set="$SET" --name="$name" "$@" > "$LOG" 2>&1 ||
     fail "$name exited $?"
 }
 refused() {  # refused NAME MESSAGE FLAGS...: exit 2 before launch, naming MESSAGE
@@ -109,12 +112,8 @@ peaks() {  # peaks NAME: every rank's peak bytes, from the run's summary.json
     "$(ls -d "$TMP"/runs/"$1"-*/ | head -1)summary.json"
 }
 mem_run() {  # mem_run NAME FLAGS...: zbv_vocab1 at the width where a sum is 256 KiB
-  local name=$1; shift
-  LOG=$TMP/$name.log
-  timeout 300 "$BIN" --data="$CORPUS" --output_dir="$TMP/runs" --steps=3 --pp=2 --sample_tokens=0 \
-    --set="eval_interval=0,log_interval=1,lr_schedule.warmup_steps=1,gpt.width=128,gpt.num_heads=4,gpt.context_length=64,parallelism.micro_batch_size=8" \
-    --name="$name" --microbatches=4 --vocab_parallel=true --schedule=zbv_vocab1 --chunks=2 "$@" \
-    > "$LOG" 2>&1 || fail "$name exited $?"
+  STEPS=3 SET=eval_interval=0,log_interval=1,lr_schedule.warmup_steps=1,gpt.width=128,gpt.num_heads=4,gpt.context_length=64,parallelism.micro_batch_size=8 \
+    run "$@" --microbatches=4 --vocab_parallel=true --schedule=zbv_vocab1 --chunks=2
 }
 mem_run mem_blocking
 mem_run mem_async --vocab_async_collectives=true
@@ -227,10 +226,7 @@ close_losses "$want" "$(losses resumed_tp2)" "tp 1's checkpoint resumed at tp 2,
   fail "steps 6-10 resumed at tp 2 from the tp 1 vocabulary checkpoint differ"
 
 sample() {  # sample NAME FLAGS...: 4 steps, then 24 tokens of greedy text
-  local name=$1; shift
-  LOG=$TMP/$name.log
-  timeout 300 "$BIN" --data="$CORPUS" --output_dir="$TMP/runs" --steps=4 --pp=2 --sample_tokens=24 \
-    --set="$SET" --name="$name" --microbatches=4 "$@" > "$LOG" 2>&1 || fail "$name exited $?"
+  STEPS=4 SAMPLE_TOKENS=24 run "$@" --microbatches=4
 }
 sample dense_sample
 sample vocab_sample --vocab_parallel=true

@@ -217,25 +217,29 @@ std::map<int, std::function<Activations(const Activations&, const MicroBatch&)>>
   return stages;
 }
 
+// Refuses `tensor` off the run's device: "... but <what_is> on <its device>;
+// move <move>".
+absl::Status CheckOnDevice(const torch::Tensor& tensor, const std::string& what_is,
+                           const torch::Device& device, const std::string& move) {
+  if (tensor.device() == device) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("TrainerOptions::executor.p2p.device is ",
+                                                 device.str(), " but ", what_is, " on ",
+                                                 tensor.device().str(), "; move ", move));
+}
+
 absl::Status CheckParametersOn(const PipelineModel& model, const torch::Device& device) {
   for (const auto& item : model.named_parameters()) {
-    if (item.value().device() != device) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TrainerOptions::executor.p2p.device is ", device.str(), " but parameter ", item.key(),
-          " is on ", item.value().device().str(), "; move the model first (PipelineModel::to)"));
-    }
+    PP_RETURN_IF_ERROR(CheckOnDevice(item.value(), absl::StrCat("parameter ", item.key(), " is"),
+                                     device, "the model first (PipelineModel::to)"));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckVocabularyOn(const VocabularyLayers& vocabulary, const torch::Device& device) {
   for (const torch::Tensor& shard : vocabulary.parameters()) {
-    if (shard.device() != device) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TrainerOptions::executor.p2p.device is ", device.str(),
-                       " but the vocabulary shards (", c10::str(shard.sizes()), ") are on ",
-                       shard.device().str(), "; move them first (VocabularyLayers::to)"));
-    }
+    PP_RETURN_IF_ERROR(CheckOnDevice(
+        shard, absl::StrCat("the vocabulary shards (", c10::str(shard.sizes()), ") are"), device,
+        "them first (VocabularyLayers::to)"));
   }
   return absl::OkStatus();
 }
