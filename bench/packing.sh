@@ -34,7 +34,7 @@ bench_parse_args "steps record" "$@"
 [[ $STEPS -ge 12 ]] || { echo "--steps must be at least 12 (3 warm-up, 8 traced)" >&2; exit 2; }
 bench_build //experiments:train_llama //experiments:train_gpt //experiments:schedule_explorer
 tools/data/make_llama_data.sh >/dev/null
-PY=$(tools/python_env.sh hf-interop)/bin/python
+PY=$(tools/python_env.sh torch-newest)/bin/python
 bench_tmp
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TOK=data/llama_small/tokenizer.json

@@ -39,7 +39,7 @@ bench_parse_args "reps steps record" "$@"
 ((STEPS > 6)) || { echo "--steps must be above 6 (5 warm-up steps)" >&2; exit 2; }
 bench_build //experiments:train_gpt
 BIN=bazel-bin/experiments/train_gpt
-VENV=$(tools/python_env.sh hf-interop)
+VENV=$(tools/python_env.sh torch-newest)
 bench_tmp
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 SET="eval_interval=0,log_interval=1,data.source=synthetic,lr_schedule.name=constant"

@@ -24,7 +24,7 @@
 # the peer: without the tied table's gradient sum across the stages (pp 2)
 # the losses moved by 6.8e-4 relative and the gradient norms by 0.9; without
 # the tp sum of the shards' squares in the clipping norm, by 1.3e-3 and 0.39.
-# The venv is tools/python_env.sh's hf-interop (torch 2.15, transformers,
+# The venv is tools/python_env.sh's torch-newest (torch 2.15, transformers,
 # safetensors), made once per machine under the real home. Where it cannot be
 # made (no network, no python3-venv) the test prints "SKIPPED, NOT RUN" with
 # the reason, records a skipped case in its JUnit XML and exits 0.
@@ -37,9 +37,9 @@ home="$(getent passwd "$(id -u)" | cut -d: -f6)"
 source driver/e2e/e2e_testing.sh  # skip_test
 fail() { echo "FAIL: $*"; exit 1; }
 
-if ! venv="$(HOME="$home" "$PYENV" hf-interop 2> "$TMP/venv.log")"; then
+if ! venv="$(HOME="$home" "$PYENV" torch-newest 2> "$TMP/venv.log")"; then
   tail -5 "$TMP/venv.log"
-  skip_test torch_tp_gpt "tools/python_env.sh could not make the hf-interop venv (torch 2.15; no network?)"
+  skip_test torch_tp_gpt "tools/python_env.sh could not make the torch-newest venv (torch 2.15; no network?)"
 fi
 PY="$venv/bin/python"
 

@@ -44,7 +44,8 @@ PP_COPTS = ["-std=c++20"] + _WARNINGS
 PP_HOT_LOOP_COPTS = ["-O2"]
 
 # LibTorch's C++ API as a precompiled header (tools/pch.bzl), included first in
-# every pipe source file: a cold build takes a third of the time. -fpch-deps
+# every pipe source file that uses LibTorch: a cold build of such a file takes
+# a third of the time (half for a small one). -fpch-deps
 # lists LibTorch's headers in each file's .d (Bazel's record of what a compile
 # read), so a changed LibTorch recompiles it. Not under --config=fuzz (clang
 # cannot read gcc's .gch).
@@ -61,7 +62,12 @@ _PRECOMPILED_DEPS = select({
 # precompiled = False: a target whose files must not see LibTorch's API first
 # (one that defines an Abseil flag glog, which LibTorch includes, also
 # declares; one that defines a macro LibTorch's headers read, NDEBUG, before
-# including them).
+# including them), and every target none of whose files includes LibTorch
+# (the schedule IR and its schedules, file formats, most of observability):
+# the header is ~600 MB precompiled and loading it costs such a file more
+# than its own compile (4 s against 4 s of gcc 12 on the 2-core machine, for
+# each of ~120 files in each of CI's three builds). A target that does include
+# LibTorch builds either way; the header only makes it faster.
 def pp_cc_library(name, copts = [], deps = [], precompiled = True, **kwargs):
     native.cc_library(
         name = name,

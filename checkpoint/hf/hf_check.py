@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The transformers side of the models' Hugging Face interop tests
 (checkpoint/hf/hf_interop_testing.h), run with the real clients
-(transformers, safetensors, torch from tools/python_envs/hf-interop.txt).
+(transformers, safetensors, torch from tools/python_envs/torch-newest.txt).
 It names no model: transformers picks the class from the folder's config.json,
 and each model's package holds the script that makes its reference model.
 

@@ -1,9 +1,9 @@
 // A model's Hugging Face converter against the real clients: transformers,
-// safetensors and torch from the pinned venv tools/python_envs/hf-interop.txt
+// safetensors and torch from the pinned venv tools/python_envs/torch-newest.txt
 // (made once per machine by tools/python_env.sh; the first run downloads it),
 // driven through hf_check.py. A test that includes this lists
 // //checkpoint/hf:hf_check.py, //tools:python_env.sh and
-// //tools:python_envs/hf-interop.txt in its data and is tagged "local".
+// //tools:python_envs/torch-newest.txt in its data and is tagged "local".
 //
 //   ExportAndLoad: a pipe model exported to a folder loads in transformers
 //     with pipe's logits within 1e-4.
@@ -71,8 +71,8 @@ inline std::string RunCommand(const std::string& command, int* status) {
 inline std::string Python() {
   int status = 0;
   SetHomeForTheSharedVenv();
-  const std::string venv = RunCommand(Runfile("tools/python_env.sh") + " hf-interop", &status);
-  EXPECT_EQ(status, 0) << "tools/python_env.sh hf-interop failed";
+  const std::string venv = RunCommand(Runfile("tools/python_env.sh") + " torch-newest", &status);
+  EXPECT_EQ(status, 0) << "tools/python_env.sh torch-newest failed";
   return absl::StrCat(absl::StripSuffix(venv, "\n"), "/bin/python");
 }
 

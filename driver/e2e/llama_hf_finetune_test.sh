@@ -17,7 +17,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TMP=${TEST_TMPDIR:-$(mktemp -d)}
 # Bazel runs tests without HOME; the venv lives under the user's ~/.cache.
 [[ -n ${HOME:-} ]] || export HOME=$(getent passwd "$(id -u)" | cut -d: -f6)
-PY="$("$PYENV" hf-interop)/bin/python"
+PY="$("$PYENV" torch-newest)/bin/python"
 
 "$PY" "$HF_CHECK" make "$LLAMA_REFERENCE" "$TMP/hf" "$TMP/case.safetensors"
 "$CONVERT" import --model=llama --hf_dir="$TMP/hf" --checkpoint="$TMP/imported" > "$TMP/import.log"

@@ -1,4 +1,4 @@
-// tools/data/tokens.py (Hugging Face `tokenizers`, from the pinned hf-interop
+// tools/data/tokens.py (Hugging Face `tokenizers`, from the pinned torch-newest
 // venv) trains a BPE tokenizer on the licence texts in
 // /usr/share/common-licenses, offline, and writes the corpus in both token
 // formats; the C++ reader opens both and sees the same tokens, one document
@@ -49,11 +49,11 @@ std::string RunCommand(const std::string& command, int* status) {
   return out;
 }
 
-// "<the hf-interop venv's python> tokens.py", or "" when the venv cannot be made.
+// "<the torch-newest venv's python> tokens.py", or "" when the venv cannot be made.
 std::string ToolCommand() {
   int status = 0;
   SetHomeForTheSharedVenv();
-  const std::string venv = RunCommand(Runfile("tools/python_env.sh") + " hf-interop", &status);
+  const std::string venv = RunCommand(Runfile("tools/python_env.sh") + " torch-newest", &status);
   if (status != 0) return "";
   return absl::StrCat(absl::StripSuffix(venv, "\n"), "/bin/python ",
                       Runfile("tools/data/tokens.py"));
@@ -62,7 +62,7 @@ std::string ToolCommand() {
 TEST(TokenToolTest, TrainsATokenizerAndWritesBothFormats) {
   int status = 0;
   const std::string tool = ToolCommand();
-  ASSERT_FALSE(tool.empty()) << "tools/python_env.sh hf-interop failed";
+  ASSERT_FALSE(tool.empty()) << "tools/python_env.sh torch-newest failed";
   const std::string dir = testing::TempDir();
   const std::string corpus = "/usr/share/common-licenses";
   std::string out =
@@ -150,7 +150,7 @@ TEST(TokenToolTest, TrainsATokenizerAndWritesBothFormats) {
 TEST(TokenToolTest, FineTuningPairsCarryALossMask) {
   int status = 0;
   const std::string tool = ToolCommand();
-  ASSERT_FALSE(tool.empty()) << "tools/python_env.sh hf-interop failed";
+  ASSERT_FALSE(tool.empty()) << "tools/python_env.sh torch-newest failed";
   const std::string dir = testing::TempDir() + "/finetune";
   std::filesystem::create_directories(dir);
   const std::string corpus = "/usr/share/common-licenses";

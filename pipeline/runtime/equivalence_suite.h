@@ -9,10 +9,14 @@
 //                      "//third_party:gtest_main"])
 //
 // Matrix, for every registered training schedule: pp in {1, 2, 4} x dp in
-// {1, 2} x {SGD with momentum, AdamW} x micro-batch counts {1, p - 1, p,
-// 2p + 1} (those >= 1, each once; a count the schedule's own function
-// rejects is skipped) x activation checkpointing off / every block
-// (pipeline/autograd). Chunks: 2 where the schedule accepts them, else 1. The model is the toy
+// {1, 2} x micro-batch counts {1, p - 1, p, 2p + 1} (those >= 1, each once; a
+// count the schedule's own function rejects is skipped), each with SGD with
+// momentum and with AdamW, one of the two under activation checkpointing of
+// every block (pipeline/autograd), the other at the next count: a covering
+// set rather than the product (each (schedule, pp, dp) has two or more
+// counts, so it meets all four optimizer x checkpointing pairs, and every
+// count meets each optimizer and each checkpointing value). Chunks: 2 where
+// the schedule accepts them, else 1. The model is the toy
 // model of equivalence_testing.h (tied embedding and output projection, so the tied gradient
 // all-reduce is exercised whenever pp > 1). Three steps; per-step losses, grad norms and final
 // parameters must match within 1e-5 relative. Each (schedule, pp, dp) also has two "_cuda" cases

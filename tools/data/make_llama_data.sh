@@ -9,7 +9,7 @@
 #   train_megatron.bin/.idx the same tokens as Megatron's indexed dataset
 #
 # Then: ./bazelw run //experiments:train_llama. The Python packages come from
-# the pinned hf-interop venv (tools/python_env.sh makes it once; its first
+# the pinned torch-newest venv (tools/python_env.sh makes it once; its first
 # making downloads from the Python package index). VOCAB_SIZE=N changes the
 # vocabulary (set llama.vocab_size to match).
 set -euo pipefail
@@ -19,7 +19,7 @@ shift || true
 CORPUS=("$@")
 [[ ${#CORPUS[@]} -gt 0 ]] || CORPUS=(/usr/share/common-licenses)
 VOCAB_SIZE=${VOCAB_SIZE:-8192}
-PYTHON="$("$ROOT/tools/python_env.sh" hf-interop)/bin/python"
+PYTHON="$("$ROOT/tools/python_env.sh" torch-newest)/bin/python"
 TOOL="$ROOT/tools/data/tokens.py"
 mkdir -p "$OUT"
 "$PYTHON" "$TOOL" train --corpus "${CORPUS[@]}" --vocab_size "$VOCAB_SIZE" --out "$OUT/tokenizer.json"

@@ -39,7 +39,7 @@ import stat
 import struct
 import sys
 
-# numpy and tokenizers (the hf-interop venv) are imported where used, so that
+# numpy and tokenizers (the torch-newest venv) are imported where used, so that
 # bad arguments are refused, naming the value, by any python3.
 
 EOT = "<|endoftext|>"
