@@ -1,8 +1,11 @@
 // loss_curves: several runs' loss curves in one SVG, to compare them by eye.
 //
-//   ./bazelw run //observability:loss_curves -- --title="gpt_small_pp2: fp32 vs bf16" \
-//       --out=$PWD/docs/gpt_small_pp2_bf16_vs_fp32_loss.svg \
+//   ./bazelw run //observability:loss_curves -- --title="gpt_small_pp2: fp32 vs bf16"
+//       --out=$PWD/docs/gpt_small_pp2_bf16_vs_fp32_loss.svg
 //       fp32=/tmp/runs/gpt400_fp32-<time> bf16=/tmp/runs/gpt400_bf16-<time>
+//
+// (one command line, wrapped here without backslashes: gcc would join a
+// comment's line ending in one to the next, and warns.)
 //
 // Each LABEL=RUN_DIR reads RUN_DIR/metrics.jsonl (what train_gpt, train_bert
 // and train_llama write). Drawn by the writer of a run's own loss.svg

@@ -5,8 +5,11 @@
 // researcher's own trainer looks like when it needs a loop pipe's driver does
 // not have (examples/README.md, "Building on the libraries").
 //
-//   ./bazelw run //examples/library_api:train_from_libraries -- --steps=30 \
+//   ./bazelw run //examples/library_api:train_from_libraries -- --steps=30
 //       --checkpoint_dir=/tmp/library_api_ckpt
+//
+// (one command line, wrapped without a backslash, which gcc warns about in a
+// comment.)
 //
 // Two ranks (two pipeline stages) on this machine. It trains, saves a
 // checkpoint, takes one more step, loads the checkpoint back and checks that
