@@ -95,7 +95,7 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
           // their product: two of the four pairs per count, the other two at
           // the next, so each (schedule, pp, dp) meets all four pairs (every
           // shape has at least two counts) and every count meets each value.
-          const int ckpt_with_sgd = count_index++ % 2;
+          const bool sgd_checkpointed = count_index++ % 2 == 1;
           // Two chunks where the schedule takes them, else one; a count it
           // rejects either way is not a case (its own validation decides).
           int chunks = 2;
@@ -110,7 +110,7 @@ std::vector<EquivalenceCase> RegisteredEquivalenceCases() {
             supported = CheckRuntimeSupports(*program, StageExecutorCapabilities()).ok();
           }
           for (const std::string opt : {"sgd", "adamw"}) {
-            const bool ckpt = (opt == "sgd") == (ckpt_with_sgd == 1);
+            const bool ckpt = (opt == "sgd") == sgd_checkpointed;
             RunConfig c = MakeCase(info.name, pp, dp, m, chunks, opt, ckpt);
             cases.push_back(EquivalenceCase{
                 c, CaseName(info.name, pp, dp, chunks, m, opt, ckpt, ""), supported});
